@@ -1,0 +1,80 @@
+"""The on-disk layout of a pretraining run (see docs/run_layout.md), shared by pretraining and fine-tuning."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+SNAPSHOT_MARKER = "COMPLETE"
+SNAPSHOT_INFO = "snapshot.json"
+STATUS_FILE = "status.json"
+METRICS_FILE = "metrics.jsonl"
+RUN_CONFIG_FILE = "run_config.json"
+TERMINAL_STATUSES = ("finished", "diverged", "failed")
+
+
+def step_dirname(step: int) -> str:
+    return f"step_{step:08d}"
+
+
+def write_json_atomic(path: Path, payload: Any) -> None:
+    """Write JSON so that a reader never sees a half-written file (write to a temp file, then rename)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    with os.fdopen(fd, "w") as f:
+        json.dump(payload, f, indent=2, sort_keys=True, default=str)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """A complete weights-only snapshot of a pretraining run."""
+
+    path: Path
+    step: int
+    info: dict[str, Any]
+
+    @property
+    def run_name(self) -> str:
+        return str(self.info.get("run_name", self.path.parent.parent.name))
+
+    @property
+    def norm_placement(self) -> str:
+        return str(self.info.get("norm_placement", "unknown"))
+
+
+def list_snapshots(run_dir: str | Path) -> list[Snapshot]:
+    """Complete snapshots of a run, by step. Folders without the marker (still being written) are skipped."""
+    root = Path(run_dir) / "snapshots"
+    found = []
+    for path in sorted(root.glob("step_*")) if root.is_dir() else []:
+        if not (path / SNAPSHOT_MARKER).is_file():
+            continue
+        info = json.loads((path / SNAPSHOT_INFO).read_text())
+        found.append(Snapshot(path=path, step=int(info["step"]), info=info))
+    return sorted(found, key=lambda s: s.step)
+
+
+def read_status(run_dir: str | Path) -> dict[str, Any]:
+    path = Path(run_dir) / STATUS_FILE
+    return json.loads(path.read_text()) if path.is_file() else {"status": "unknown"}
+
+
+def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
+    """All lines of metrics.jsonl (a torn last line from a killed run is ignored)."""
+    path = Path(run_dir) / METRICS_FILE
+    rows = []
+    if path.is_file():
+        for line in path.read_text().splitlines():
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+    return rows

@@ -1,0 +1,732 @@
+"""BERT with a configurable LayerNorm placement (Xiong et al. 2020, "On Layer Normalization in the
+Transformer Architecture").
+
+One model file, read top to bottom: config, embeddings, attention, the layer (where the placements
+differ), encoder, heads, pretrained-model base, and the four task models. With
+``norm_placement="post"`` every parameter name and every output equals Hugging Face
+``BertModel`` / ``BertForPreTraining`` (proven by ``tests/test_modeling.py``), so a Hugging Face
+BERT state dict loads with ``strict=True``.
+
+Placements (``x`` is the residual stream, ``F`` a sub-layer: self-attention or feed-forward,
+each including its output projection and dropout):
+
+    post      x = LN(x + F(x))                 original BERT; the LN sits between residual blocks
+    pre       x = x + F(LN(x))                 plus one final LN after the last layer
+    sandwich  x = x + LN_b(F(LN(x)))           pre plus an LN on each branch output; final LN
+    deepnorm  x = LN(alpha * x + F(x))         post with alpha = (2N)^(1/4) and the value, attention
+                                               output and FFN weights initialised Xavier-normal
+                                               with gain beta = (8N)^(-1/4) (Wang et al. 2022)
+
+Each sub-layer owns one LayerNorm, the one Hugging Face calls ``attention.output.LayerNorm`` and
+``output.LayerNorm``; the placement only decides where it is applied. So Pre-LN has exactly one
+LayerNorm more than Post-LN (``encoder.final_layer_norm``), and sandwich adds ``branch_norm`` in
+each sub-layer on top of that.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal, get_args
+
+import torch
+import torch.nn.functional as F
+from huggingface_hub.dataclasses import strict
+from torch import nn
+from transformers import (
+    AutoConfig,
+    AutoModel,
+    AutoModelForMaskedLM,
+    AutoModelForPreTraining,
+    AutoModelForSequenceClassification,
+    BertConfig,
+    PreTrainedModel,
+)
+from transformers import initialization as init
+from transformers.activations import ACT2FN
+from transformers.masking_utils import create_bidirectional_mask
+from transformers.modeling_outputs import (
+    BaseModelOutputWithPooling,
+    MaskedLMOutput,
+    SequenceClassifierOutput,
+)
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+from transformers.utils import ModelOutput
+
+NormPlacement = Literal["post", "pre", "sandwich", "deepnorm"]
+InitScheme = Literal["bert", "xavier"]
+NORM_PLACEMENTS: tuple[str, ...] = get_args(NormPlacement)
+INIT_SCHEMES: tuple[str, ...] = get_args(InitScheme)
+# Placements whose residual stream is never normalised inside the stack, so they need a final LN.
+_FINAL_NORM_PLACEMENTS = ("pre", "sandwich")
+
+
+# --------------------------------------------------------------------------------------------------
+# Config
+# --------------------------------------------------------------------------------------------------
+
+
+@strict
+class LNBertConfig(BertConfig):
+    r"""BERT configuration plus the choices the paper leaves open, each explicit and with the same
+    default for every placement.
+
+    Args:
+        norm_placement: ``"post"`` (Hugging Face BERT exactly), ``"pre"`` (LN before each sub-layer,
+            final LN after the last layer), ``"sandwich"`` (pre plus an LN on each branch output) or
+            ``"deepnorm"`` (post with a scaled residual and down-scaled init).
+        embedding_layer_norm: keep BERT's LayerNorm on the summed embeddings (default ``True`` for
+            every placement, as in original BERT). ``False`` replaces it with the identity.
+        init_scheme: ``"bert"``: weights normal(0, ``initializer_range``) as original BERT;
+            ``"xavier"``: Xavier-normal weights (the setting of the paper's analysis). Biases zero,
+            norms gamma 1 / beta 0 in both. DeepNorm's beta-gain projections override this.
+        sparse_mlm_head: when MLM labels are given, run the MLM head only at positions whose label
+            is not -100. Loss and gradients equal the dense computation; ``prediction_logits`` then has
+            shape ``(num_masked, vocab_size)`` in row-major order of ``labels != -100``. Without labels
+            the head always runs densely.
+        tie_word_embeddings: tie the MLM decoder to the word embeddings (BERT does). Set explicitly
+            because transformers 5 no longer defaults it and untied weights fail silently.
+    """
+
+    model_type = "lnbert"
+
+    norm_placement: str = "post"
+    embedding_layer_norm: bool = True
+    init_scheme: str = "bert"
+    sparse_mlm_head: bool = True
+    tie_word_embeddings: bool = True
+
+    def __post_init__(self, **kwargs: Any) -> None:
+        if self.norm_placement not in NORM_PLACEMENTS:
+            raise ValueError(
+                f"norm_placement={self.norm_placement!r} is not a valid choice; "
+                f"valid choices: {', '.join(NORM_PLACEMENTS)}"
+            )
+        if self.init_scheme not in INIT_SCHEMES:
+            raise ValueError(
+                f"init_scheme={self.init_scheme!r} is not a valid choice; valid choices: {', '.join(INIT_SCHEMES)}"
+            )
+        if self.hidden_size % self.num_attention_heads != 0:
+            raise ValueError(
+                f"hidden_size={self.hidden_size} is not divisible by num_attention_heads="
+                f"{self.num_attention_heads}; choose num_attention_heads among the divisors of hidden_size"
+            )
+        super().__post_init__(**kwargs)
+
+    @property
+    def has_final_layer_norm(self) -> bool:
+        return self.norm_placement in _FINAL_NORM_PLACEMENTS
+
+    @property
+    def deepnorm_alpha(self) -> float:
+        """Residual scale of DeepNorm for an N-layer encoder: (2N)^(1/4); 1 for other placements."""
+        return (2 * self.num_hidden_layers) ** 0.25 if self.norm_placement == "deepnorm" else 1.0
+
+    @property
+    def deepnorm_beta(self) -> float:
+        """Init gain of DeepNorm's value, attention-output and FFN projections: (8N)^(-1/4)."""
+        return (8 * self.num_hidden_layers) ** -0.25
+
+
+# --------------------------------------------------------------------------------------------------
+# Embeddings and attention
+# --------------------------------------------------------------------------------------------------
+
+
+class LNBertEmbeddings(nn.Module):
+    """Word + position + token-type embeddings, then (optionally) LayerNorm and dropout."""
+
+    def __init__(self, config: LNBertConfig) -> None:
+        super().__init__()
+        self.word_embeddings = nn.Embedding(config.vocab_size, config.hidden_size, padding_idx=config.pad_token_id)
+        self.position_embeddings = nn.Embedding(config.max_position_embeddings, config.hidden_size)
+        self.token_type_embeddings = nn.Embedding(config.type_vocab_size, config.hidden_size)
+        norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.LayerNorm = norm if config.embedding_layer_norm else nn.Identity()
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+        self.register_buffer("position_ids", torch.arange(config.max_position_embeddings)[None], persistent=False)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        token_type_ids: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        seq_len = input_ids.shape[1]
+        if position_ids is None:
+            position_ids = self.position_ids[:, :seq_len]
+        if token_type_ids is None:
+            token_type_ids = torch.zeros_like(input_ids)
+        # Same summation order as Hugging Face BERT, so fp32 outputs match bit for bit.
+        embeddings = self.word_embeddings(input_ids) + self.token_type_embeddings(token_type_ids)
+        embeddings = embeddings + self.position_embeddings(position_ids)
+        return self.dropout(self.LayerNorm(embeddings))
+
+
+def eager_attention_forward(
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float,
+    dropout: float = 0.0,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Plain softmax attention; ``attention_mask`` is additive (0 / -inf), as transformers builds it."""
+    scores = torch.matmul(query, key.transpose(2, 3)) * scaling  # (B, nh, T, T)
+    if attention_mask is not None:
+        scores = scores + attention_mask
+    probs = F.dropout(scores.softmax(dim=-1), p=dropout, training=module.training)
+    out = torch.matmul(probs, value).transpose(1, 2).contiguous()  # (B, T, nh, hs)
+    return out, probs
+
+
+class LNBertSelfAttention(nn.Module):
+    """Q, K, V projections and scaled dot-product attention over all heads."""
+
+    def __init__(self, config: LNBertConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.head_size = config.hidden_size // config.num_attention_heads
+        self.scaling = self.head_size**-0.5
+        self.query = nn.Linear(config.hidden_size, config.hidden_size)
+        self.key = nn.Linear(config.hidden_size, config.hidden_size)
+        self.value = nn.Linear(config.hidden_size, config.hidden_size)
+        self.dropout = nn.Dropout(config.attention_probs_dropout_prob)
+        self.is_causal = False  # read by transformers' SDPA / flash attention interfaces
+
+    def forward(
+        self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        batch, seq_len, _ = hidden_states.shape
+        shape = (batch, seq_len, -1, self.head_size)
+        q = self.query(hidden_states).view(shape).transpose(1, 2)  # (B, nh, T, hs)
+        k = self.key(hidden_states).view(shape).transpose(1, 2)
+        v = self.value(hidden_states).view(shape).transpose(1, 2)
+        # The implementation is picked from transformers' table ("sdpa" by default, "eager", ...).
+        attention: Callable = ALL_ATTENTION_FUNCTIONS.get_interface(
+            self.config._attn_implementation, eager_attention_forward
+        )
+        out, probs = attention(
+            self, q, k, v, attention_mask, dropout=self.dropout.p if self.training else 0.0, scaling=self.scaling
+        )
+        return out.reshape(batch, seq_len, -1), probs
+
+
+def _layer_norm_or_identity(config: LNBertConfig, wanted: bool) -> nn.Module:
+    return nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps) if wanted else nn.Identity()
+
+
+class LNBertSelfOutput(nn.Module):
+    """Attention output projection and dropout, plus the attention sub-layer's LayerNorm(s)."""
+
+    def __init__(self, config: LNBertConfig) -> None:
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.branch_norm = _layer_norm_or_identity(config, config.norm_placement == "sandwich")
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        return self.dropout(self.dense(hidden_states))
+
+
+class LNBertAttention(nn.Module):
+    def __init__(self, config: LNBertConfig) -> None:
+        super().__init__()
+        self.self = LNBertSelfAttention(config)
+        self.output = LNBertSelfOutput(config)
+
+
+class LNBertIntermediate(nn.Module):
+    def __init__(self, config: LNBertConfig) -> None:
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.intermediate_size)
+        self.intermediate_act_fn = ACT2FN[config.hidden_act]
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        return self.intermediate_act_fn(self.dense(hidden_states))
+
+
+class LNBertOutput(nn.Module):
+    """FFN output projection and dropout, plus the FFN sub-layer's LayerNorm(s)."""
+
+    def __init__(self, config: LNBertConfig) -> None:
+        super().__init__()
+        self.dense = nn.Linear(config.intermediate_size, config.hidden_size)
+        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.branch_norm = _layer_norm_or_identity(config, config.norm_placement == "sandwich")
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        return self.dropout(self.dense(hidden_states))
+
+
+# --------------------------------------------------------------------------------------------------
+# The layer: the only place where the placements differ
+# --------------------------------------------------------------------------------------------------
+
+
+class LNBertLayer(nn.Module):
+    """One Transformer layer. ``LN_a``/``LN_f`` are ``attention.output.LayerNorm`` and ``output.LayerNorm``;
+    ``LN_ab``/``LN_fb`` are the sandwich branch norms; ``a`` is the DeepNorm residual scale.
+
+        post:                 pre:                  sandwich:                 deepnorm:
+        x ──┬──────┐          x ──┬─────────┐       x ──┬──────────────┐      x ──┬─────────┐
+            Attn   │              LN_a      │           LN_a           │          Attn      │ * a
+            └─(+)──┘              Attn      │           Attn           │          └──(+)────┘
+              LN_a                └──(+)────┘           LN_ab          │             LN_a
+        x ──┬──────┐          x ──┬─────────┐           └──(+)─────────┘      x ──┬─────────┐
+            FFN    │              LN_f      │       x ──┬──────────────┐          FFN       │ * a
+            └─(+)──┘              FFN       │           LN_f → FFN     │          └──(+)────┘
+              LN_f                └──(+)────┘           LN_fb          │             LN_f
+                                                        └──(+)─────────┘
+
+    The Hugging Face trap: BERT's post-LN is ``LN(x + F(x))``, not ``x + LN(F(x))``.
+    """
+
+    def __init__(self, config: LNBertConfig) -> None:
+        super().__init__()
+        self.placement = config.norm_placement
+        self.residual_scale = config.deepnorm_alpha
+        self.attention = LNBertAttention(config)
+        self.intermediate = LNBertIntermediate(config)
+        self.output = LNBertOutput(config)
+        if config.norm_placement == "deepnorm":
+            # Read by _init_weights: these four projections get Xavier-normal init with gain beta.
+            for linear in self.deepnorm_scaled_linears():
+                linear.deepnorm_gain = config.deepnorm_beta
+
+    def deepnorm_scaled_linears(self) -> tuple[nn.Linear, ...]:
+        """The projections DeepNorm down-scales at init: value, attention output, FFN in and out."""
+        return (self.attention.self.value, self.attention.output.dense, self.intermediate.dense, self.output.dense)
+
+    def _scaled_residual(self, x: torch.Tensor) -> torch.Tensor:
+        # Skip the multiply for alpha = 1 so Post-LN stays op-for-op Hugging Face BERT.
+        return x if self.residual_scale == 1.0 else x * self.residual_scale
+
+    def _attention_branch(
+        self, x: torch.Tensor, attention_mask: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        out, probs = self.attention.self(x, attention_mask)
+        return self.attention.output(out), probs
+
+    def _ffn_branch(self, x: torch.Tensor) -> torch.Tensor:
+        return self.output(self.intermediate(x))
+
+    def forward(
+        self, x: torch.Tensor, attention_mask: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        attn_out, ffn_out = self.attention.output, self.output
+        if self.placement in ("post", "deepnorm"):
+            branch, probs = self._attention_branch(x, attention_mask)
+            x = attn_out.LayerNorm(branch + self._scaled_residual(x))
+            x = ffn_out.LayerNorm(self._ffn_branch(x) + self._scaled_residual(x))
+        else:  # pre, sandwich (branch_norm is the identity for pre)
+            branch, probs = self._attention_branch(attn_out.LayerNorm(x), attention_mask)
+            x = x + attn_out.branch_norm(branch)
+            x = x + ffn_out.branch_norm(self._ffn_branch(ffn_out.LayerNorm(x)))
+        return x, probs
+
+
+class LNBertEncoder(nn.Module):
+    def __init__(self, config: LNBertConfig) -> None:
+        super().__init__()
+        self.layer = nn.ModuleList([LNBertLayer(config) for _ in range(config.num_hidden_layers)])
+        # Pre-LN's residual stream grows with depth (paper, Lemma 2); this final LN normalises it once
+        # for every consumer. Identity (no parameters) for placements that end in a LayerNorm anyway.
+        self.final_layer_norm = _layer_norm_or_identity(config, config.has_final_layer_norm)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        output_hidden_states: bool = False,
+        output_attentions: bool = False,
+    ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...] | None, tuple[torch.Tensor, ...] | None]:
+        hidden_states = [x] if output_hidden_states else None
+        attentions = [] if output_attentions else None
+        for layer in self.layer:
+            x, probs = layer(x, attention_mask)
+            if hidden_states is not None:
+                hidden_states.append(x)
+            if attentions is not None:
+                attentions.append(probs)
+        x = self.final_layer_norm(x)
+        if hidden_states is not None:
+            # As in Hugging Face, hidden_states[-1] is last_hidden_state (here: after the final LN).
+            hidden_states[-1] = x
+        return x, tuple(hidden_states) if hidden_states else None, tuple(attentions) if attentions else None
+
+
+# --------------------------------------------------------------------------------------------------
+# Heads (names as Hugging Face BERT)
+# --------------------------------------------------------------------------------------------------
+
+
+class LNBertPooler(nn.Module):
+    def __init__(self, config: LNBertConfig) -> None:
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.activation = nn.Tanh()
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        return self.activation(self.dense(hidden_states[:, 0]))  # the [CLS] token
+
+
+class LNBertPredictionHeadTransform(nn.Module):
+    def __init__(self, config: LNBertConfig) -> None:
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.transform_act_fn = ACT2FN[config.hidden_act]
+        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        return self.LayerNorm(self.transform_act_fn(self.dense(hidden_states)))
+
+
+class LNBertLMPredictionHead(nn.Module):
+    def __init__(self, config: LNBertConfig) -> None:
+        super().__init__()
+        self.transform = LNBertPredictionHeadTransform(config)
+        self.decoder = nn.Linear(config.hidden_size, config.vocab_size, bias=True)
+        self.bias = nn.Parameter(torch.zeros(config.vocab_size))  # tied to decoder.bias
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        return self.decoder(self.transform(hidden_states))
+
+
+class LNBertOnlyMLMHead(nn.Module):
+    def __init__(self, config: LNBertConfig) -> None:
+        super().__init__()
+        self.predictions = LNBertLMPredictionHead(config)
+
+
+class LNBertPreTrainingHeads(nn.Module):
+    def __init__(self, config: LNBertConfig) -> None:
+        super().__init__()
+        self.predictions = LNBertLMPredictionHead(config)
+        self.seq_relationship = nn.Linear(config.hidden_size, 2)
+
+
+def mlm_logits_and_loss(
+    head: LNBertLMPredictionHead, sequence_output: torch.Tensor, labels: torch.Tensor | None, sparse: bool
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """MLM logits and mean cross-entropy over positions whose label is not -100.
+
+    Sparse: gather the labelled positions first, so the transform and the (vocab x hidden) decoder
+    run on ~15% of the tokens; the loss and its gradients are those of the dense computation.
+    """
+    if labels is None:
+        return head(sequence_output), None
+    if sparse:
+        selected = labels != -100  # (B, T)
+        logits = head(sequence_output[selected])  # (num_masked, V)
+        return logits, F.cross_entropy(logits.float(), labels[selected])
+    logits = head(sequence_output)  # (B, T, V)
+    return logits, F.cross_entropy(logits.float().view(-1, logits.shape[-1]), labels.view(-1))
+
+
+# --------------------------------------------------------------------------------------------------
+# Models
+# --------------------------------------------------------------------------------------------------
+
+
+class LNBertPreTrainedModel(PreTrainedModel):
+    config_class = LNBertConfig
+    config: LNBertConfig
+    base_model_prefix = "bert"
+    supports_gradient_checkpointing = False
+    _supports_sdpa = True
+    _supports_flash_attn = True
+    _supports_flex_attn = True
+    _supports_attention_backend = True
+    _no_split_modules = ["LNBertEmbeddings", "LNBertLayer"]
+
+    @torch.no_grad()
+    def _init_weights(self, module: nn.Module) -> None:
+        config = self.config
+        if isinstance(module, nn.Linear):
+            if getattr(module, "deepnorm_gain", None) is not None:
+                # DeepNet (Wang et al. 2022): Xavier-normal with gain beta on V, attention output and FFN.
+                init.xavier_normal_(module.weight, gain=module.deepnorm_gain)
+            elif config.init_scheme == "xavier":
+                init.xavier_normal_(module.weight)
+            else:
+                init.normal_(module.weight, mean=0.0, std=config.initializer_range)
+            if module.bias is not None:
+                init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            if config.init_scheme == "xavier":
+                init.xavier_normal_(module.weight)
+            else:
+                init.normal_(module.weight, mean=0.0, std=config.initializer_range)
+            if module.padding_idx is not None and not getattr(module.weight, "_is_hf_initialized", False):
+                init.zeros_(module.weight[module.padding_idx])
+        elif isinstance(module, nn.LayerNorm):
+            init.ones_(module.weight)
+            init.zeros_(module.bias)
+        elif isinstance(module, LNBertLMPredictionHead):
+            init.zeros_(module.bias)
+        elif isinstance(module, LNBertEmbeddings):
+            init.copy_(module.position_ids, torch.arange(module.position_ids.shape[-1])[None])
+
+    def _check_loaded_keys(self, loading_info: dict[str, Any]) -> None:
+        """A snapshot of another placement must not load with silently missing or unused encoder weights.
+
+        Head mismatches (an MLM snapshot opened as a classifier) are normal and allowed.
+        """
+        prefix = self.base_model_prefix + "."
+        own = prefix if any(k.startswith(prefix) for k in self.state_dict()) else ""
+        body = [own + "embeddings.", own + "encoder."]
+        bad = {
+            kind: sorted(k for k in loading_info.get(kind, ()) if any(k.startswith(b) for b in body))
+            for kind in ("missing_keys", "unexpected_keys")
+        }
+        if bad["missing_keys"] or bad["unexpected_keys"]:
+            raise ValueError(
+                f"Checkpoint does not match norm_placement={self.config.norm_placement!r}: missing encoder "
+                f"weights {bad['missing_keys'][:6]}, unexpected encoder weights {bad['unexpected_keys'][:6]}. "
+                "Load it with the norm_placement it was trained with (leave norm_placement out of "
+                "from_pretrained to use the checkpoint's own config)."
+            )
+
+    @classmethod
+    def from_pretrained(cls, *args: Any, **kwargs: Any) -> LNBertPreTrainedModel:
+        """``PreTrainedModel.from_pretrained`` that fails loudly on encoder weight mismatches."""
+        wants_info = kwargs.pop("output_loading_info", False)
+        model, info = super().from_pretrained(*args, output_loading_info=True, **kwargs)
+        model._check_loaded_keys(info)
+        return (model, info) if wants_info else model
+
+
+class LNBertModel(LNBertPreTrainedModel):
+    """The encoder: embeddings, the layer stack, the final LN where the placement has one, the pooler."""
+
+    def __init__(self, config: LNBertConfig, add_pooling_layer: bool = True) -> None:
+        super().__init__(config)
+        self.embeddings = LNBertEmbeddings(config)
+        self.encoder = LNBertEncoder(config)
+        self.pooler = LNBertPooler(config) if add_pooling_layer else None
+        self.post_init()
+
+    def get_input_embeddings(self) -> nn.Embedding:
+        return self.embeddings.word_embeddings
+
+    def set_input_embeddings(self, value: nn.Embedding) -> None:
+        self.embeddings.word_embeddings = value
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        output_hidden_states: bool | None = None,
+        output_attentions: bool | None = None,
+        return_dict: bool | None = None,
+        **kwargs: Any,
+    ) -> BaseModelOutputWithPooling:
+        """``hidden_states`` (when asked for) holds ``num_hidden_layers + 1`` tensors: the embedding output,
+        then the residual stream after each layer, except that the last entry is ``last_hidden_state``,
+        i.e. after the final LN for Pre-LN/sandwich (as in Hugging Face, ``hidden_states[-1]`` is what the
+        heads see). The final LN feeds ``last_hidden_state``, the pooler and the MLM and NSP heads.
+        """
+        embeddings = self.embeddings(input_ids, token_type_ids, position_ids)
+        # Bool/additive mask in the form the chosen attention implementation wants (None: no padding).
+        mask = create_bidirectional_mask(config=self.config, inputs_embeds=embeddings, attention_mask=attention_mask)
+        sequence_output, hidden_states, attentions = self.encoder(
+            embeddings,
+            mask,
+            output_hidden_states=bool(output_hidden_states or self.config.output_hidden_states),
+            output_attentions=bool(output_attentions or self.config.output_attentions),
+        )
+        pooled = self.pooler(sequence_output) if self.pooler is not None else None
+        return BaseModelOutputWithPooling(
+            last_hidden_state=sequence_output, pooler_output=pooled, hidden_states=hidden_states, attentions=attentions
+        )
+
+
+@dataclass
+class LNBertForPreTrainingOutput(ModelOutput):
+    """As Hugging Face's ``BertForPreTrainingOutput``, plus the two losses separately (for logging)."""
+
+    loss: torch.Tensor | None = None
+    prediction_logits: torch.Tensor | None = None
+    seq_relationship_logits: torch.Tensor | None = None
+    hidden_states: tuple[torch.Tensor, ...] | None = None
+    attentions: tuple[torch.Tensor, ...] | None = None
+    mlm_loss: torch.Tensor | None = None
+    nsp_loss: torch.Tensor | None = None
+
+
+_TIED_MLM_KEYS = {
+    "cls.predictions.decoder.weight": "bert.embeddings.word_embeddings.weight",
+    "cls.predictions.decoder.bias": "cls.predictions.bias",
+}
+
+
+class LNBertForPreTraining(LNBertPreTrainedModel):
+    """Encoder + MLM head + NSP head, BERT's pretraining objective (loss = MLM + NSP)."""
+
+    _tied_weights_keys = _TIED_MLM_KEYS
+
+    def __init__(self, config: LNBertConfig) -> None:
+        super().__init__(config)
+        self.bert = LNBertModel(config)
+        self.cls = LNBertPreTrainingHeads(config)
+        self.post_init()
+
+    def get_output_embeddings(self) -> nn.Linear:
+        return self.cls.predictions.decoder
+
+    def set_output_embeddings(self, new_embeddings: nn.Linear) -> None:
+        self.cls.predictions.decoder = new_embeddings
+        self.cls.predictions.bias = new_embeddings.bias
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,
+        next_sentence_label: torch.Tensor | None = None,
+        output_hidden_states: bool | None = None,
+        output_attentions: bool | None = None,
+        return_dict: bool | None = None,
+        **kwargs: Any,
+    ) -> LNBertForPreTrainingOutput:
+        """``labels``: MLM targets, -100 where not predicted. ``next_sentence_label``: 0 if segment B
+        follows A, 1 if random. The loss is MLM + NSP when both are given, MLM alone when only
+        ``labels`` is (the MLM-only objective)."""
+        out = self.bert(
+            input_ids, attention_mask, token_type_ids, position_ids, output_hidden_states, output_attentions
+        )
+        heads = self.cls
+        logits, mlm_loss = mlm_logits_and_loss(
+            heads.predictions, out.last_hidden_state, labels, self.config.sparse_mlm_head
+        )
+        nsp_logits = heads.seq_relationship(out.pooler_output)
+        nsp_loss = None
+        if next_sentence_label is not None:
+            nsp_loss = F.cross_entropy(nsp_logits.float(), next_sentence_label.view(-1))
+        loss = None
+        if mlm_loss is not None:
+            loss = mlm_loss + nsp_loss if nsp_loss is not None else mlm_loss
+        return LNBertForPreTrainingOutput(
+            loss=loss,
+            prediction_logits=logits,
+            seq_relationship_logits=nsp_logits,
+            hidden_states=out.hidden_states,
+            attentions=out.attentions,
+            mlm_loss=mlm_loss,
+            nsp_loss=nsp_loss,
+        )
+
+
+class LNBertForMaskedLM(LNBertPreTrainedModel):
+    """Encoder (no pooler) + MLM head, as Hugging Face ``BertForMaskedLM``."""
+
+    _tied_weights_keys = _TIED_MLM_KEYS
+
+    def __init__(self, config: LNBertConfig) -> None:
+        super().__init__(config)
+        self.bert = LNBertModel(config, add_pooling_layer=False)
+        self.cls = LNBertOnlyMLMHead(config)
+        self.post_init()
+
+    def get_output_embeddings(self) -> nn.Linear:
+        return self.cls.predictions.decoder
+
+    def set_output_embeddings(self, new_embeddings: nn.Linear) -> None:
+        self.cls.predictions.decoder = new_embeddings
+        self.cls.predictions.bias = new_embeddings.bias
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,
+        output_hidden_states: bool | None = None,
+        output_attentions: bool | None = None,
+        return_dict: bool | None = None,
+        **kwargs: Any,
+    ) -> MaskedLMOutput:
+        out = self.bert(
+            input_ids, attention_mask, token_type_ids, position_ids, output_hidden_states, output_attentions
+        )
+        logits, loss = mlm_logits_and_loss(
+            self.cls.predictions, out.last_hidden_state, labels, self.config.sparse_mlm_head
+        )
+        return MaskedLMOutput(loss=loss, logits=logits, hidden_states=out.hidden_states, attentions=out.attentions)
+
+
+class LNBertForSequenceClassification(LNBertPreTrainedModel):
+    """Encoder + pooler + dropout + linear classifier, as Hugging Face ``BertForSequenceClassification``
+    (single-label classification with integer labels, regression when ``num_labels == 1``)."""
+
+    def __init__(self, config: LNBertConfig) -> None:
+        super().__init__(config)
+        self.num_labels = config.num_labels
+        self.bert = LNBertModel(config)
+        dropout = config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout_prob
+        self.dropout = nn.Dropout(dropout)
+        self.classifier = nn.Linear(config.hidden_size, config.num_labels)
+        self.post_init()
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,
+        output_hidden_states: bool | None = None,
+        output_attentions: bool | None = None,
+        return_dict: bool | None = None,
+        **kwargs: Any,
+    ) -> SequenceClassifierOutput:
+        out = self.bert(
+            input_ids, attention_mask, token_type_ids, position_ids, output_hidden_states, output_attentions
+        )
+        logits = self.classifier(self.dropout(out.pooler_output))
+        loss = None
+        if labels is not None:
+            if self.num_labels == 1:
+                loss = F.mse_loss(logits.squeeze(-1).float(), labels.float())
+            else:
+                loss = F.cross_entropy(logits.float(), labels.view(-1))
+        return SequenceClassifierOutput(
+            loss=loss, logits=logits, hidden_states=out.hidden_states, attentions=out.attentions
+        )
+
+
+def count_layer_norms(model: nn.Module) -> int:
+    return sum(isinstance(m, nn.LayerNorm) for m in model.modules())
+
+
+# Registration with the Auto classes: importing `pretrain` makes "lnbert" snapshots open anywhere.
+AutoConfig.register(LNBertConfig.model_type, LNBertConfig, exist_ok=True)
+AutoModel.register(LNBertConfig, LNBertModel, exist_ok=True)
+AutoModelForPreTraining.register(LNBertConfig, LNBertForPreTraining, exist_ok=True)
+AutoModelForMaskedLM.register(LNBertConfig, LNBertForMaskedLM, exist_ok=True)
+AutoModelForSequenceClassification.register(LNBertConfig, LNBertForSequenceClassification, exist_ok=True)
+
+__all__ = [
+    "INIT_SCHEMES",
+    "NORM_PLACEMENTS",
+    "LNBertConfig",
+    "LNBertForMaskedLM",
+    "LNBertForPreTraining",
+    "LNBertForPreTrainingOutput",
+    "LNBertForSequenceClassification",
+    "LNBertModel",
+    "LNBertPreTrainedModel",
+    "count_layer_norms",
+    "mlm_logits_and_loss",
+]

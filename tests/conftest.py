@@ -1,0 +1,42 @@
+"""Shared fixtures: tiny odd-sized configs, and the real data beside the checkout when it exists."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+# Tests never reach the Hub or W&B servers, and stay within the 2 CPU cores.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("WANDB_MODE", "offline")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+torch.set_num_threads(min(2, torch.get_num_threads()))
+
+ROOT = Path(__file__).resolve().parents[1]
+# Real data for development and CI sits beside the checkout; users will not have it.
+SHARED_DATA = Path(os.environ.get("LNBERT_SHARED_DATA", ROOT.parent / "shared" / "data"))
+
+TINY = dict(
+    vocab_size=99,
+    hidden_size=32,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    intermediate_size=37,
+    max_position_embeddings=64,
+)
+
+
+@pytest.fixture
+def tiny_kwargs() -> dict:
+    return dict(TINY)
+
+
+@pytest.fixture
+def shared_data() -> Path:
+    if not SHARED_DATA.is_dir():
+        pytest.skip(f"real data not found at {SHARED_DATA}")
+    return SHARED_DATA
