@@ -25,7 +25,6 @@ each sub-layer on top of that.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal, get_args

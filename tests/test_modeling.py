@@ -1,0 +1,376 @@
+"""The configurable-norm BERT: equivalence with Hugging Face BERT, placement structure, save/load, sparse MLM."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+from transformers import (
+    AutoModelForMaskedLM,
+    AutoModelForPreTraining,
+    AutoModelForSequenceClassification,
+    BertConfig,
+    BertForMaskedLM,
+    BertForPreTraining,
+    BertForSequenceClassification,
+)
+
+import pretrain  # noqa: F401  (registers the Auto classes)
+from pretrain.modeling import (
+    NORM_PLACEMENTS,
+    LNBertConfig,
+    LNBertForMaskedLM,
+    LNBertForPreTraining,
+    LNBertForSequenceClassification,
+    count_layer_norms,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+ATTN = ("sdpa", "eager")
+
+
+def make_batch(vocab: int = 99, batch: int = 3, seq: int = 11, padded: bool = True, seed: int = 0) -> dict:
+    g = torch.Generator().manual_seed(seed)
+    input_ids = torch.randint(1, vocab, (batch, seq), generator=g)
+    token_type_ids = torch.zeros_like(input_ids)
+    token_type_ids[:, seq // 2 :] = 1
+    attention_mask = torch.ones_like(input_ids)
+    if padded:  # rows of different true lengths, as a real batch padded to its longest
+        attention_mask[1, 7:] = 0
+        attention_mask[2, 3:] = 0
+        input_ids[attention_mask == 0] = 0
+    return dict(input_ids=input_ids, token_type_ids=token_type_ids, attention_mask=attention_mask)
+
+
+def mlm_labels(input_ids: torch.Tensor, seed: int = 1) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    labels = torch.full_like(input_ids, -100)
+    chosen = torch.rand(input_ids.shape, generator=g) < 0.3
+    chosen[0, 1] = True  # at least one labelled position
+    labels[chosen] = input_ids[chosen]
+    return labels
+
+
+def tiny_config(tiny_kwargs: dict, placement: str = "post", attn: str = "sdpa", **extra) -> LNBertConfig:
+    config = LNBertConfig(norm_placement=placement, **tiny_kwargs, **extra)
+    config._attn_implementation = attn
+    return config
+
+
+def hf_model(cls, tiny_kwargs: dict, attn: str, seed: int = 0, **extra):
+    torch.manual_seed(seed)
+    config = BertConfig(**tiny_kwargs, **extra)
+    config._attn_implementation = attn
+    return cls(config).eval()
+
+
+# --------------------------------------------------------------------------------------------------
+# Equivalence with Hugging Face BERT
+# --------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("padded", [False, True], ids=["full", "padded"])
+@pytest.mark.parametrize("attn", ATTN)
+def test_post_ln_equals_hf_bert_for_pretraining(tiny_kwargs, attn, padded):
+    hf = hf_model(BertForPreTraining, tiny_kwargs, attn)
+    ours = LNBertForPreTraining(tiny_config(tiny_kwargs, "post", attn))
+    ours.load_state_dict(hf.state_dict(), strict=True)
+    ours.eval()
+    batch = make_batch(padded=padded)
+    with torch.no_grad():
+        expected = hf(**batch, output_hidden_states=True)
+        got = ours(**batch, output_hidden_states=True)
+    torch.testing.assert_close(got.prediction_logits, expected.prediction_logits)
+    torch.testing.assert_close(got.seq_relationship_logits, expected.seq_relationship_logits)
+    assert len(got.hidden_states) == len(expected.hidden_states) == tiny_kwargs["num_hidden_layers"] + 1
+    for ours_h, hf_h in zip(got.hidden_states, expected.hidden_states, strict=True):
+        torch.testing.assert_close(ours_h, hf_h)
+
+
+@pytest.mark.parametrize("attn", ATTN)
+def test_hf_bert_loads_our_post_ln_weights(tiny_kwargs, attn):
+    """The reverse direction: our Post-LN state dict loads strictly into Hugging Face BERT."""
+    torch.manual_seed(1)
+    ours = LNBertForPreTraining(tiny_config(tiny_kwargs, "post", attn)).eval()
+    hf = hf_model(BertForPreTraining, tiny_kwargs, attn, seed=2)
+    hf.load_state_dict(ours.state_dict(), strict=True)
+    batch = make_batch()
+    with torch.no_grad():
+        got, expected = ours(**batch), hf(**batch)
+    torch.testing.assert_close(got.prediction_logits, expected.prediction_logits)
+    torch.testing.assert_close(got.seq_relationship_logits, expected.seq_relationship_logits)
+
+
+def test_pretraining_loss_equals_hf(tiny_kwargs):
+    hf = hf_model(BertForPreTraining, tiny_kwargs, "sdpa")
+    ours = LNBertForPreTraining(tiny_config(tiny_kwargs, "post", sparse_mlm_head=True))
+    ours.load_state_dict(hf.state_dict(), strict=True)
+    ours.eval()
+    batch = make_batch()
+    labels, nsp = mlm_labels(batch["input_ids"]), torch.tensor([0, 1, 0])
+    with torch.no_grad():
+        expected = hf(**batch, labels=labels, next_sentence_label=nsp).loss
+        got = ours(**batch, labels=labels, next_sentence_label=nsp)
+    torch.testing.assert_close(got.loss, expected)
+    torch.testing.assert_close(got.mlm_loss + got.nsp_loss, expected)
+
+
+@pytest.mark.parametrize(
+    ("hf_cls", "our_cls"),
+    [(BertForMaskedLM, LNBertForMaskedLM), (BertForSequenceClassification, LNBertForSequenceClassification)],
+)
+def test_task_models_equal_hf(tiny_kwargs, hf_cls, our_cls):
+    hf = hf_model(hf_cls, tiny_kwargs, "sdpa", num_labels=2)
+    ours = our_cls(tiny_config(tiny_kwargs, "post", num_labels=2))
+    ours.load_state_dict(hf.state_dict(), strict=True)
+    ours.eval()
+    batch = make_batch()
+    with torch.no_grad():
+        torch.testing.assert_close(ours(**batch).logits, hf(**batch).logits)
+
+
+def test_padding_positions_do_not_leak(tiny_kwargs):
+    """Changing tokens under the padding mask must not change the outputs at real positions."""
+    for placement in NORM_PLACEMENTS:
+        for attn in ATTN:
+            model = LNBertForPreTraining(tiny_config(tiny_kwargs, placement, attn)).eval()
+            batch = make_batch()
+            noisy = dict(batch, input_ids=batch["input_ids"].clone())
+            noisy["input_ids"][batch["attention_mask"] == 0] = 7
+            with torch.no_grad():
+                a, b = model(**batch), model(**noisy)
+            real = batch["attention_mask"].bool()
+            torch.testing.assert_close(a.prediction_logits[real], b.prediction_logits[real])
+            torch.testing.assert_close(a.seq_relationship_logits, b.seq_relationship_logits)
+
+
+# --------------------------------------------------------------------------------------------------
+# Placement structure
+# --------------------------------------------------------------------------------------------------
+
+
+def layer_norm_params(config: LNBertConfig) -> int:
+    return 2 * config.hidden_size
+
+
+def test_pre_ln_adds_exactly_one_layer_norm(tiny_kwargs):
+    post = LNBertForPreTraining(tiny_config(tiny_kwargs, "post"))
+    pre = LNBertForPreTraining(tiny_config(tiny_kwargs, "pre"))
+    n_post = sum(p.numel() for p in post.parameters())
+    n_pre = sum(p.numel() for p in pre.parameters())
+    assert n_pre - n_post == layer_norm_params(pre.config)
+    assert count_layer_norms(pre) == count_layer_norms(post) + 1
+    extra = set(pre.state_dict()) - set(post.state_dict())
+    assert extra == {"bert.encoder.final_layer_norm.weight", "bert.encoder.final_layer_norm.bias"}
+    assert set(post.state_dict()) <= set(pre.state_dict())
+
+
+@pytest.mark.parametrize("placement", NORM_PLACEMENTS)
+def test_word_embeddings_are_tied(tiny_kwargs, placement):
+    model = LNBertForPreTraining(tiny_config(tiny_kwargs, placement))
+    assert model.config.tie_word_embeddings is True
+    assert model.cls.predictions.decoder.weight is model.bert.embeddings.word_embeddings.weight
+
+
+@pytest.mark.parametrize("placement", ["pre", "sandwich"])
+def test_final_layer_norm_feeds_every_output(tiny_kwargs, placement):
+    config = tiny_config(tiny_kwargs, placement)
+    model = LNBertForPreTraining(config).eval()
+    final_ln = model.bert.encoder.final_layer_norm
+    assert isinstance(final_ln, nn.LayerNorm)
+    with torch.no_grad():  # non-trivial gamma/beta so that "applied" is visible
+        final_ln.weight.uniform_(0.5, 1.5)
+        final_ln.bias.uniform_(-0.5, 0.5)
+    raw = {}
+
+    def keep_residual_stream(module, inputs, output):  # returns None: the output is left unchanged
+        raw["x"] = output[0]
+
+    model.bert.encoder.layer[-1].register_forward_hook(keep_residual_stream)
+    batch = make_batch(padded=False)
+    with torch.no_grad():
+        out = model(**batch, output_hidden_states=True)
+        normed = final_ln(raw["x"])
+        base = model.bert(**batch)
+        torch.testing.assert_close(base.last_hidden_state, normed)
+        torch.testing.assert_close(out.hidden_states[-1], normed)
+        torch.testing.assert_close(base.pooler_output, model.bert.pooler(normed))
+        torch.testing.assert_close(out.prediction_logits, model.cls.predictions(normed))
+        torch.testing.assert_close(out.seq_relationship_logits, model.cls.seq_relationship(base.pooler_output))
+    # The intermediate hidden states are the raw residual stream, not normalised.
+    assert not torch.allclose(out.hidden_states[-2], final_ln(out.hidden_states[-2]))
+
+
+@pytest.mark.parametrize("placement", NORM_PLACEMENTS)
+def test_gradients_finite_and_reach_every_parameter(tiny_kwargs, placement):
+    model = LNBertForPreTraining(tiny_config(tiny_kwargs, placement))
+    batch = make_batch()
+    out = model(**batch, labels=mlm_labels(batch["input_ids"]), next_sentence_label=torch.tensor([0, 1, 1]))
+    out.loss.backward()
+    for name, param in model.named_parameters():
+        assert param.grad is not None, f"{name} gets no gradient"
+        assert torch.isfinite(param.grad).all(), f"{name} has non-finite gradients"
+
+
+def test_xavier_init_option(tiny_kwargs):
+    model = LNBertForPreTraining(tiny_config(tiny_kwargs, "pre", init_scheme="xavier"))
+    w = model.bert.encoder.layer[0].intermediate.dense.weight  # (37, 32)
+    expected = (2 / (37 + 32)) ** 0.5
+    assert abs(w.std().item() - expected) / expected < 0.1
+    bert_init = LNBertForPreTraining(tiny_config(tiny_kwargs, "pre"))
+    assert abs(bert_init.bert.encoder.layer[0].intermediate.dense.weight.std().item() - 0.02) < 0.003
+    assert torch.equal(model.bert.encoder.final_layer_norm.weight, torch.ones(32))
+
+
+# --------------------------------------------------------------------------------------------------
+# Sparse MLM head
+# --------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("placement", ["post", "pre"])
+def test_sparse_mlm_head_equals_dense(tiny_kwargs, placement):
+    torch.manual_seed(0)
+    dense = LNBertForPreTraining(tiny_config(tiny_kwargs, placement, sparse_mlm_head=False))
+    sparse = LNBertForPreTraining(tiny_config(tiny_kwargs, placement, sparse_mlm_head=True))
+    sparse.load_state_dict(dense.state_dict())
+    dense.eval(), sparse.eval()
+    batch = make_batch()
+    labels, nsp = mlm_labels(batch["input_ids"]), torch.tensor([1, 0, 1])
+    out_dense = dense(**batch, labels=labels, next_sentence_label=nsp)
+    out_sparse = sparse(**batch, labels=labels, next_sentence_label=nsp)
+    out_dense.loss.backward()
+    out_sparse.loss.backward()
+    torch.testing.assert_close(out_sparse.loss, out_dense.loss)
+    selected = labels != -100
+    assert out_sparse.prediction_logits.shape == (int(selected.sum()), tiny_kwargs["vocab_size"])
+    torch.testing.assert_close(out_sparse.prediction_logits, out_dense.prediction_logits[selected])
+    dense_grads = dict(dense.named_parameters())
+    for name, param in sparse.named_parameters():
+        torch.testing.assert_close(param.grad, dense_grads[name].grad, msg=f"gradient of {name}")
+
+
+def test_masked_lm_sparse_equals_dense(tiny_kwargs):
+    torch.manual_seed(0)
+    dense = LNBertForMaskedLM(tiny_config(tiny_kwargs, "pre", sparse_mlm_head=False)).eval()
+    sparse = LNBertForMaskedLM(tiny_config(tiny_kwargs, "pre", sparse_mlm_head=True)).eval()
+    sparse.load_state_dict(dense.state_dict())
+    batch = make_batch()
+    labels = mlm_labels(batch["input_ids"])
+    torch.testing.assert_close(sparse(**batch, labels=labels).loss, dense(**batch, labels=labels).loss)
+
+
+# --------------------------------------------------------------------------------------------------
+# LayerNorm Jacobian lemma (paper: ||J_LN(x)||_2 = sqrt(d) / ||x - mean(x)||_2 with gamma=1, beta=0)
+# --------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("scale", [0.1, 1.0, 10.0, 300.0])
+def test_layer_norm_jacobian_spectral_norm(tiny_kwargs, scale):
+    model = LNBertForPreTraining(tiny_config(tiny_kwargs, "pre")).double()
+    ln = model.bert.encoder.final_layer_norm  # the model's own module, gamma 1, beta 0 at init
+    assert torch.equal(ln.weight, torch.ones_like(ln.weight)) and torch.equal(ln.bias, torch.zeros_like(ln.bias))
+    d = ln.normalized_shape[0]
+    x = torch.randn(d, dtype=torch.float64, generator=torch.Generator().manual_seed(int(scale * 10))) * scale
+    jac = torch.autograd.functional.jacobian(ln, x)  # (d, d)
+    spectral = torch.linalg.matrix_norm(jac, ord=2).item()
+    expected = d**0.5 / torch.linalg.vector_norm(x - x.mean()).item()
+    assert abs(spectral - expected) / expected < 1e-3
+
+
+# --------------------------------------------------------------------------------------------------
+# Save / load through the Auto classes
+# --------------------------------------------------------------------------------------------------
+
+_RELOAD_SCRIPT = """
+import json, sys, torch
+import pretrain  # registers lnbert with the Auto classes
+from transformers import AutoModelForPreTraining
+model = AutoModelForPreTraining.from_pretrained(sys.argv[1]).eval()
+batch = torch.load(sys.argv[2])
+with torch.no_grad():
+    out = model(**batch)
+torch.save({"mlm": out.prediction_logits, "nsp": out.seq_relationship_logits, "cls": type(model).__name__}, sys.argv[3])
+"""
+
+
+@pytest.mark.parametrize("placement", NORM_PLACEMENTS)
+def test_save_and_load_in_fresh_process(tiny_kwargs, placement, tmp_path):
+    model = LNBertForPreTraining(tiny_config(tiny_kwargs, placement)).eval()
+    model.save_pretrained(tmp_path / "snap")
+    assert (tmp_path / "snap" / "model.safetensors").is_file()
+    saved = json.loads((tmp_path / "snap" / "config.json").read_text())
+    assert saved["model_type"] == "lnbert" and saved["norm_placement"] == placement
+    batch = make_batch()
+    torch.save(batch, tmp_path / "batch.pt")
+    with torch.no_grad():
+        expected = model(**batch)
+    subprocess.run(
+        [sys.executable, "-c", _RELOAD_SCRIPT, str(tmp_path / "snap"), str(tmp_path / "batch.pt"), str(tmp_path / "o.pt")],
+        check=True,
+        cwd=ROOT,
+    )
+    got = torch.load(tmp_path / "o.pt")
+    assert got["cls"] == "LNBertForPreTraining"
+    torch.testing.assert_close(got["mlm"], expected.prediction_logits, rtol=0, atol=0)
+    torch.testing.assert_close(got["nsp"], expected.seq_relationship_logits, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("placement", ["post", "pre"])
+def test_mlm_snapshot_opens_as_sequence_classifier(tiny_kwargs, placement, tmp_path):
+    mlm = LNBertForMaskedLM(tiny_config(tiny_kwargs, placement))
+    mlm.save_pretrained(tmp_path)
+    clf = AutoModelForSequenceClassification.from_pretrained(tmp_path, num_labels=2)
+    assert isinstance(clf, LNBertForSequenceClassification)
+    assert clf.config.norm_placement == placement
+    for name, value in mlm.bert.state_dict().items():
+        torch.testing.assert_close(clf.bert.state_dict()[name], value, msg=name)
+    assert AutoModelForMaskedLM.from_pretrained(tmp_path).config.norm_placement == placement
+    batch = make_batch()
+    logits = clf(**batch).logits
+    assert logits.shape == (3, 2) and torch.isfinite(logits).all()
+
+
+# --------------------------------------------------------------------------------------------------
+# Bad input
+# --------------------------------------------------------------------------------------------------
+
+
+def test_unknown_placement_is_rejected(tiny_kwargs):
+    with pytest.raises(ValueError, match=r"norm_placement='middle'.*valid choices: post, pre, sandwich, deepnorm"):
+        LNBertConfig(norm_placement="middle", **tiny_kwargs)
+
+
+def test_unknown_init_scheme_is_rejected(tiny_kwargs):
+    with pytest.raises(ValueError, match="init_scheme='kaiming'"):
+        LNBertConfig(init_scheme="kaiming", **tiny_kwargs)
+
+
+def test_hidden_size_not_divisible_by_heads(tiny_kwargs):
+    with pytest.raises(ValueError, match=r"hidden_size=30 is not divisible by num_attention_heads=4"):
+        LNBertConfig(**{**tiny_kwargs, "hidden_size": 30})
+
+
+@pytest.mark.parametrize(("saved", "loaded"), [("pre", "post"), ("post", "pre"), ("sandwich", "pre")])
+def test_loading_another_placement_fails_loudly(tiny_kwargs, tmp_path, saved, loaded):
+    LNBertForPreTraining(tiny_config(tiny_kwargs, saved)).save_pretrained(tmp_path)
+    with pytest.raises(ValueError, match=f"does not match norm_placement='{loaded}'"):
+        LNBertForPreTraining.from_pretrained(tmp_path, norm_placement=loaded)
+    with pytest.raises(ValueError, match="does not match norm_placement"):
+        AutoModelForPreTraining.from_pretrained(tmp_path, norm_placement=loaded)
+
+
+def test_hf_checkpoint_loads_into_post_ln_via_from_pretrained(tiny_kwargs, tmp_path):
+    """A Hugging Face BERT folder opens as our Post-LN model with no missing or unexpected weights."""
+    hf = hf_model(BertForPreTraining, tiny_kwargs, "sdpa")
+    hf.save_pretrained(tmp_path)
+    ours, info = LNBertForPreTraining.from_pretrained(tmp_path, output_loading_info=True)
+    assert ours.config.norm_placement == "post"
+    assert not info["missing_keys"] and not info["unexpected_keys"]
+    batch = make_batch()
+    with torch.no_grad():
+        torch.testing.assert_close(ours.eval()(**batch).prediction_logits, hf(**batch).prediction_logits)
