@@ -374,3 +374,9 @@ def test_hf_checkpoint_loads_into_post_ln_via_from_pretrained(tiny_kwargs, tmp_p
     batch = make_batch()
     with torch.no_grad():
         torch.testing.assert_close(ours.eval()(**batch).prediction_logits, hf(**batch).prediction_logits)
+
+
+def test_attention_defaults_to_sdpa_with_eager_as_option(tiny_kwargs):
+    assert LNBertForPreTraining(LNBertConfig(**tiny_kwargs)).config._attn_implementation == "sdpa"
+    eager = LNBertForPreTraining(LNBertConfig(**tiny_kwargs, attn_implementation="eager"))
+    assert eager.config._attn_implementation == "eager"
