@@ -1,0 +1,129 @@
+"""Tiny pretraining runs in the layout of docs/run_layout.md, built without the pretraining loop.
+
+``make_run`` writes RUN/status.json, RUN/metrics.jsonl (val/mlm_loss lines), RUN/tokenizer/ and
+RUN/snapshots/step_*/ (save_pretrained weights + tokenizer + snapshot.json + COMPLETE), so fine-tuning,
+the scheduler and the report are tested against the contract, not against pretrain/run.py.
+"""
+
+from __future__ import annotations
+
+import json
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import torch
+from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors, trainers
+from transformers import PreTrainedTokenizerFast
+
+from finetune.glue import TASKS, read_tsv
+from pretrain.artifacts import SNAPSHOT_INFO, SNAPSHOT_MARKER, step_dirname, write_json_atomic
+from pretrain.modeling import LNBertConfig, LNBertForPreTraining
+
+FIXTURE_GLUE = Path(__file__).resolve().parent / "fixtures" / "glue"
+SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]  # [PAD] = 0, as BERT
+
+
+@cache
+def tiny_tokenizer() -> PreTrainedTokenizerFast:
+    """A WordPiece tokenizer (vocabulary ~200) trained on the fixture GLUE sentences."""
+    texts = []
+    for task in TASKS.values():
+        for split in ("train", "dev"):
+            texts += [
+                t for e in read_tsv(FIXTURE_GLUE / task.folder / f"{split}.tsv", task) for t in (e.text_a, e.text_b)
+            ]
+    tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    tok.normalizer = normalizers.BertNormalizer(lowercase=True)
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tok.train_from_iterator(texts, trainers.WordPieceTrainer(vocab_size=200, special_tokens=SPECIAL_TOKENS))
+    cls, sep = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
+    tok.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1", special_tokens=[("[CLS]", cls), ("[SEP]", sep)]
+    )
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        unk_token="[UNK]",
+        pad_token="[PAD]",
+        cls_token="[CLS]",
+        sep_token="[SEP]",
+        mask_token="[MASK]",
+        model_input_names=["input_ids", "token_type_ids", "attention_mask"],
+    )
+
+
+def tiny_config(placement: str, vocab_size: int) -> LNBertConfig:
+    return LNBertConfig(
+        vocab_size=vocab_size,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=37,
+        max_position_embeddings=128,
+        norm_placement=placement,
+        pad_token_id=0,
+    )
+
+
+def write_snapshot(
+    run_dir: Path, run_name: str, placement: str, step: int, complete: bool = True, seed: int | None = None
+) -> Path:
+    tokenizer = tiny_tokenizer()
+    path = run_dir / "snapshots" / step_dirname(step)
+    torch.manual_seed(step if seed is None else seed)
+    LNBertForPreTraining(tiny_config(placement, len(tokenizer))).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    info = {
+        "step": step,
+        "tokens_seen": step * 1000,
+        "run_name": run_name,
+        "norm_placement": placement,
+        "metrics": {"val/mlm_loss": 5.0},
+        "pretrain_config": {},
+    }
+    write_json_atomic(path / SNAPSHOT_INFO, info)
+    if complete:
+        (path / SNAPSHOT_MARKER).write_text("")
+    return path
+
+
+def make_run(
+    root: Path,
+    name: str,
+    placement: str = "post",
+    steps: tuple[int, ...] = (10, 20),
+    incomplete_steps: tuple[int, ...] = (),
+    val_losses: dict[int, float] | None = None,
+    status: str = "finished",
+) -> Path:
+    """A pretraining run folder with complete snapshots at ``steps`` and marker-less ones at ``incomplete_steps``."""
+    run_dir = root / name
+    run_dir.mkdir(parents=True, exist_ok=True)
+    tiny_tokenizer().save_pretrained(run_dir / "tokenizer")
+    for step in steps:
+        write_snapshot(run_dir, name, placement, step)
+    for step in incomplete_steps:
+        write_snapshot(run_dir, name, placement, step, complete=False)
+    val_losses = val_losses or {s: 6.0 - s / 100 for s in (*steps, *incomplete_steps)}
+    lines: list[dict[str, Any]] = []
+    for step, loss in sorted(val_losses.items()):
+        lines.append({"step": step, "tokens_seen": step * 1000, "train/loss": loss + 0.1})
+        lines.append({"step": step, "tokens_seen": step * 1000, "val/mlm_loss": loss, "val/mlm_accuracy": 0.1})
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    set_status(run_dir, name, placement, status, max(val_losses))
+    return run_dir
+
+
+def set_status(run_dir: Path, name: str, placement: str, status: str, step: int) -> None:
+    write_json_atomic(
+        run_dir / "status.json",
+        {
+            "status": status,
+            "step": step,
+            "run_name": name,
+            "norm_placement": placement,
+            "updated": "2026-01-01T00:00:00",
+            "diverged_at_step": None,
+            "message": "",
+        },
+    )

@@ -1,0 +1,255 @@
+"""GLUE loading, one fine-tuning run on a tiny snapshot, the results store and the fine-tuning CLI."""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from pathlib import Path
+
+import pytest
+from torch import nn
+
+from finetune.config import FinetuneConfig, build, load_yaml, parse_config
+from finetune.glue import TASKS, batches, encode, get_task, load_task, read_tsv
+from finetune.run import RunConfig, make_optimizer, run
+from finetune.run import main as run_main
+from finetune.store import SCHEMA_VERSION, JobSpec, ResultStore, StoreVersionError
+from tests.finetune_fixtures import FIXTURE_GLUE, make_run, tiny_tokenizer, write_snapshot
+
+ROOT = Path(__file__).resolve().parents[1]
+# A few optimizer steps on a few examples: seconds on a shared CPU.
+QUICK = dict(batch_size=4, epochs=1, max_train_examples=8, max_eval_examples=8, torch_threads=1, progress=False)
+
+
+# --------------------------------------------------------------------------------------------------
+# GLUE data
+# --------------------------------------------------------------------------------------------------
+
+
+def test_mrpc_fixture_bom_and_unbalanced_quote() -> None:
+    splits = load_task("mrpc", FIXTURE_GLUE)
+    assert (len(splits["train"]), len(splits["dev"])) == (16, 8)
+    # The stray quote opens a field: with csv's default quoting it would swallow the following rows.
+    assert splits["train"][1].text_a == '" The best deal , said the minister .'
+    assert splits["train"][1].text_b == "Police denied the witness lied ."
+    assert [e.label for e in splits["train"][:4]] == [0, 1, 0, 1]
+    assert not splits["train"][0].text_a.startswith("\ufeff")
+
+
+def test_rte_fixture_string_labels() -> None:
+    dev = load_task("RTE", FIXTURE_GLUE)["dev"]
+    raw = (FIXTURE_GLUE / "RTE" / "dev.tsv").read_text().splitlines()[1:]
+    # entailment = 0 and not_entailment = 1, as in nyu-mll/glue on the Hub.
+    assert [e.label for e in dev] == [0 if line.endswith("\tentailment") else 1 for line in raw]
+    assert dev[2].text_b == 'The "deal was signed .'
+
+
+def test_real_glue_counts(shared_data: Path) -> None:
+    glue = shared_data / "glue"
+    mrpc, rte = load_task("mrpc", glue), load_task("rte", glue)
+    # GLUE's MRPC train has 3,668 pairs; the copy beside the checkout holds 3,667 data lines (wc -l: 3,668
+    # with the header), so the loader must return exactly the lines of the file.
+    assert len(mrpc["train"]) == len((glue / "MRPC" / "train.tsv").read_text(encoding="utf-8-sig").splitlines()) - 1
+    assert len(mrpc["train"]) in (3667, 3668)
+    assert (len(mrpc["dev"]), len(rte["train"]), len(rte["dev"])) == (408, 2490, 277)
+    assert {e.label for e in rte["train"]} == {0, 1}
+    assert sum(e.label for e in mrpc["dev"]) == 279  # 68% paraphrases on MRPC dev
+
+
+def test_unknown_task_lists_valid_ones() -> None:
+    with pytest.raises(ValueError, match="unknown GLUE task 'cola'; valid tasks: mrpc, rte"):
+        get_task("cola")
+    with pytest.raises(ValueError, match="valid tasks"):
+        RunConfig(model="x", task="sst2")
+
+
+def test_missing_task_folder_names_path_and_layout(tmp_path: Path) -> None:
+    (tmp_path / "MRPC").mkdir()
+    with pytest.raises(FileNotFoundError, match=r"RTE/train\.tsv.*index\tsentence1\tsentence2\tlabel"):
+        load_task("rte", tmp_path)
+    with pytest.raises(FileNotFoundError, match=str(tmp_path / "MRPC" / "dev.tsv")):
+        load_task("mrpc", tmp_path)
+
+
+def test_bad_label_and_missing_column(tmp_path: Path) -> None:
+    (tmp_path / "RTE").mkdir()
+    path = tmp_path / "RTE" / "train.tsv"
+    path.write_text("index\tsentence1\tsentence2\tlabel\n0\ta\tb\tmaybe\n")
+    with pytest.raises(ValueError, match=r"train\.tsv:2: label 'maybe'"):
+        read_tsv(path, TASKS["rte"])
+    path.write_text("index\ts1\ts2\tlabel\n")
+    with pytest.raises(ValueError, match="lacks the column"):
+        read_tsv(path, TASKS["rte"])
+
+
+def test_dynamic_padding_pads_to_batch_longest() -> None:
+    tokenizer = tiny_tokenizer()
+    features = encode(tokenizer, load_task("mrpc", FIXTURE_GLUE)["dev"], max_length=12)
+    assert max(len(f["input_ids"]) for f in features) <= 12
+    for batch in batches(features[:3], 3, tokenizer.pad_token_id):
+        lengths = [len(f["input_ids"]) for f in features[:3]]
+        assert batch["input_ids"].shape == (3, max(lengths))
+        assert batch["attention_mask"].sum(1).tolist() == lengths
+        assert set(batch["token_type_ids"].unique().tolist()) == {0, 1}
+
+
+# --------------------------------------------------------------------------------------------------
+# Fine-tuning and the store
+# --------------------------------------------------------------------------------------------------
+
+
+def test_weight_decay_skips_norms_and_biases_by_module_type() -> None:
+    class Odd(nn.Module):  # a norm whose name says nothing about being a norm
+        def __init__(self) -> None:
+            super().__init__()
+            self.proj = nn.Linear(4, 4)
+            self.zz = nn.LayerNorm(4)
+
+    model = Odd()
+    optimizer = make_optimizer(model, FinetuneConfig(), lr=1e-3)
+    decay, no_decay = (set(map(id, g["params"])) for g in optimizer.param_groups)
+    assert decay == {id(model.proj.weight)}
+    assert no_decay == {id(model.proj.bias), id(model.zz.weight), id(model.zz.bias)}
+
+
+def test_finetune_writes_rows_then_skips_them(tmp_path: Path) -> None:
+    run_dir = make_run(tmp_path, "pre_ln", "pre", steps=(10,))
+    snapshot = run_dir / "snapshots" / "step_00000010"
+    config = RunConfig(
+        model=str(snapshot),
+        task="mrpc",
+        data_dir=str(FIXTURE_GLUE),
+        lrs=[1e-3],
+        seeds=[0, 1],
+        store=str(tmp_path / "results.sqlite"),
+        recipe=FinetuneConfig(**QUICK),
+    )
+    rows = run(config)
+    assert [(r["status"], r["seed"], r["attempts"]) for r in rows] == [("done", 0, 1), ("done", 1, 1)]
+    row = rows[0]
+    assert (row["run_name"], row["placement"], row["pretrain_step"], row["tokens_seen"]) == (
+        "pre_ln",
+        "pre",
+        10,
+        10_000,
+    )
+    assert row["run_dir"] == str(run_dir.resolve())
+    assert 0.0 <= row["accuracy"] <= 1.0 and 0.0 <= row["f1"] <= 1.0 and row["dev_loss"] > 0
+    assert (row["epochs"], row["train_steps"]) == (1, 2)
+    with ResultStore(config.store) as store:
+        claims = sum(e["event"] == "claimed" for e in store.events())
+    assert run(config) == rows  # the second invocation recomputes nothing
+    with ResultStore(config.store) as store:
+        assert sum(e["event"] == "claimed" for e in store.events()) == claims == 2
+
+
+def test_finetune_is_deterministic_given_seed(tmp_path: Path) -> None:
+    snapshot = make_run(tmp_path, "post_ln", "post", steps=(10,)) / "snapshots" / "step_00000010"
+    results = []
+    for name in ("a", "b"):
+        config = RunConfig(
+            model=str(snapshot),
+            task="rte",
+            data_dir=str(FIXTURE_GLUE),
+            lrs=[1e-3],
+            seeds=[3],
+            store=str(tmp_path / f"{name}.sqlite"),
+            recipe=FinetuneConfig(**QUICK),
+        )
+        (row,) = run(config)
+        results.append((row["dev_loss"], row["accuracy"], row["f1"], row["train_loss"]))
+    assert results[0] == results[1]
+    assert results[0][2] is None  # RTE has no F1
+
+
+def test_rewritten_snapshot_gets_a_new_hash(tmp_path: Path) -> None:
+    run_dir = make_run(tmp_path, "post_ln", "post", steps=(10,))
+    path = run_dir / "snapshots" / "step_00000010"
+    with ResultStore(tmp_path / "s.sqlite") as store:
+        first = store.snapshot_hash(path)
+        assert store.snapshot_hash(path) == first
+        write_snapshot(run_dir, "post_ln", "post", 10, seed=123)  # other weights in the same folder
+        assert store.snapshot_hash(path) != first
+
+
+def _spec(**overrides: object) -> JobSpec:
+    values = dict(
+        run_name="r",
+        run_dir="/r",
+        placement="post",
+        pretrain_step=1,
+        tokens_seen=None,
+        model_path="/r/s",
+        snapshot_hash="h",
+        task="mrpc",
+        lr=2e-5,
+        seed=0,
+        recipe={"epochs": 3},
+        data_dir=None,
+    )
+    return JobSpec(**{**values, **overrides})
+
+
+def test_store_lease_expiry_hands_job_over_and_only_claimant_completes(tmp_path: Path) -> None:
+    with ResultStore(tmp_path / "s.sqlite") as store:
+        ids, added = store.enqueue([_spec(), _spec(seed=1)])
+        assert added == 2 and store.enqueue([_spec()]) == ([ids[0]], 0)
+        a = store.claim("host-a:1", lease_s=0.05, max_attempts=3, only_ids=ids[:1])
+        assert a is not None and store.claim("host-b:2", lease_s=60, max_attempts=3, only_ids=ids[:1]) is None
+        time.sleep(0.1)
+        b = store.claim("host-b:2", lease_s=60, max_attempts=3, only_ids=ids[:1])
+        assert b is not None and (b.id, b.attempt) == (a.id, 2)
+        assert not store.complete(a.id, "host-a:1", {"accuracy": 0.1})  # A lost its lease: result discarded
+        assert store.complete(b.id, "host-b:2", {"accuracy": 0.9})
+        assert store.claim("host-c:3", lease_s=60, max_attempts=3, only_ids=ids[:1]) is None  # done stays done
+        events = [(e["event"], e["worker"]) for e in store.events()]
+        assert events.count(("done", "host-b:2")) == 1 and ("discarded", "host-a:1") in events
+        (done,) = store.rows("done")
+        assert done["accuracy"] == 0.9
+        assert store.counts(3)[("r", "mrpc")] == {"queued": 1, "running": 0, "done": 1, "failed": 0, "retrying": 0}
+
+
+def test_store_from_newer_schema_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "s.sqlite"
+    ResultStore(path).close()
+    with sqlite3.connect(path) as db:
+        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+        db.execute(f"PRAGMA user_version = {SCHEMA_VERSION + 1}")
+    with pytest.raises(StoreVersionError, match=r"schema version 2, newer than this code's 1.*Upgrade"):
+        ResultStore(path)
+
+
+# --------------------------------------------------------------------------------------------------
+# Configuration and CLI
+# --------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("preset", sorted((ROOT / "configs" / "finetune").glob("*.yaml")), ids=lambda p: p.name)
+def test_presets_parse(preset: Path) -> None:
+    config = build(RunConfig, {**load_yaml(preset), "model": "m"})
+    assert config.recipe.batch_size >= 1 and config.lrs and config.seeds
+
+
+def test_cli_overrides_and_errors(capsys: pytest.CaptureFixture[str]) -> None:
+    preset = ROOT / "configs" / "finetune" / "bert_glue.yaml"
+    config = parse_config(
+        RunConfig,
+        ["--config", str(preset), "--model", "m", "--lrs", "1e-5,2e-5", "--recipe.epochs", "2", "--data-dir", "d"],
+    )
+    assert (config.lrs, config.recipe.epochs, config.data_dir, config.seeds) == (
+        [1e-5, 2e-5],
+        2,
+        "d",
+        [0, 1, 2, 3, 4, 5],
+    )
+    with pytest.raises(ValueError, match=r"recipe\.epochs=0 must be at least 1"):
+        parse_config(RunConfig, ["--model", "m", "--recipe.epochs", "0"])
+    with pytest.raises(ValueError, match=r"recipe\.warmup_ratio='lots' is not a valid float"):
+        parse_config(RunConfig, ["--model", "m", "--recipe.warmup_ratio", "lots"])
+    with pytest.raises(ValueError, match=r"unknown config key.*recipe\.epoch\b.*valid keys"):
+        build(RunConfig, {"model": "m", "recipe": {"epoch": 3}})
+    with pytest.raises(SystemExit) as exit_info:
+        run_main(["--help"])
+    assert exit_info.value.code == 0
+    help_text = capsys.readouterr().out
+    assert "--recipe.warmup_ratio" in help_text and "Fraction of the optimizer steps with linear warm-up" in help_text
