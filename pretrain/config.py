@@ -1,0 +1,582 @@
+"""The pretraining configuration: typed dataclasses, one source of truth.
+
+A YAML preset (``--config FILE``) and dotted command-line overrides (``--train.max_steps=100``, values parsed
+as YAML, so ``--data.sources='[{"kind": "json", "path": "x.jsonl"}]'`` works) are merged into one nested dict
+and turned into a :class:`PretrainConfig` by a single generic loader (:func:`from_dict`), which reads the
+field types from the dataclasses. ``--help`` is generated from the same dataclasses. Every field has a
+docstring under it; every check lives in a ``__post_init__`` and names the key to change.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import difflib
+import functools
+import inspect
+import math
+import operator
+import textwrap
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Union, get_args, get_origin
+
+import yaml
+
+from pretrain.data import DataConfig
+from pretrain.modeling import InitScheme, LNBertConfig, NormPlacement
+
+
+class ConfigError(ValueError):
+    """A configuration value or key is wrong; the message names the key and the fix."""
+
+
+# --------------------------------------------------------------------------------------------------
+# The schema
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclass(kw_only=True)
+class ModelConfig:
+    """The BERT encoder and its LayerNorm placement (turned into an ``LNBertConfig`` by :meth:`to_lnbert`)."""
+
+    norm_placement: NormPlacement = "post"
+    """Where the LayerNorms go: post (original BERT), pre (Xiong et al. 2020), sandwich, deepnorm."""
+    hidden_size: int = 128
+    """Width of the residual stream (BERT-base: 768)."""
+    num_hidden_layers: int = 2
+    """Number of Transformer layers (BERT-base: 12)."""
+    num_attention_heads: int = 4
+    """Attention heads per layer; must divide hidden_size (BERT-base: 12)."""
+    intermediate_size: int = 512
+    """Inner width of the feed-forward sub-layer (BERT-base: 3072)."""
+    vocab_size: int | None = None
+    """Rows of the word-embedding table; null: the tokenizer's size. Must be >= the tokenizer's size."""
+    max_position_embeddings: int = 128
+    """Longest sequence the position embeddings cover (BERT-base: 512); must be >= data.max_seq_length."""
+    hidden_dropout_prob: float = 0.1
+    """Dropout on embeddings and sub-layer outputs (BERT: 0.1)."""
+    attention_probs_dropout_prob: float = 0.1
+    """Dropout on attention probabilities (BERT: 0.1)."""
+    init_scheme: InitScheme = "bert"
+    """Weight init: bert = normal(0, 0.02); xavier = Xavier-normal (the paper's analysis setting)."""
+    embedding_layer_norm: bool = True
+    """Keep BERT's LayerNorm on the summed embeddings (same for every placement)."""
+    sparse_mlm_head: bool = True
+    """Run the MLM head only at masked positions (same loss and gradients, less compute)."""
+    attn_implementation: Literal["sdpa", "eager"] = "sdpa"
+    """Attention kernel: sdpa (PyTorch scaled_dot_product_attention) or eager (plain softmax)."""
+
+    def __post_init__(self) -> None:
+        for key in ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size"):
+            _require(getattr(self, key) > 0, f"model.{key}", "must be a positive integer")
+        _require(
+            self.hidden_size % self.num_attention_heads == 0,
+            "model.num_attention_heads",
+            f"must divide model.hidden_size={self.hidden_size}; choose a divisor of hidden_size",
+        )
+        for key in ("hidden_dropout_prob", "attention_probs_dropout_prob"):
+            _require(0.0 <= getattr(self, key) < 1.0, f"model.{key}", "must be in [0, 1)")
+        _require(self.vocab_size is None or self.vocab_size > 0, "model.vocab_size", "must be positive or null")
+
+    def to_lnbert(self, vocab_size: int) -> LNBertConfig:
+        """The model config; ``vocab_size`` is the resolved one (``self.vocab_size`` or the tokenizer's)."""
+        config = LNBertConfig(
+            vocab_size=vocab_size,
+            hidden_size=self.hidden_size,
+            num_hidden_layers=self.num_hidden_layers,
+            num_attention_heads=self.num_attention_heads,
+            intermediate_size=self.intermediate_size,
+            max_position_embeddings=self.max_position_embeddings,
+            hidden_dropout_prob=self.hidden_dropout_prob,
+            attention_probs_dropout_prob=self.attention_probs_dropout_prob,
+            norm_placement=self.norm_placement,
+            init_scheme=self.init_scheme,
+            embedding_layer_norm=self.embedding_layer_norm,
+            sparse_mlm_head=self.sparse_mlm_head,
+        )
+        config._attn_implementation = self.attn_implementation
+        return config
+
+
+@dataclass(kw_only=True)
+class OptimConfig:
+    """AdamW and the learning-rate schedule (weight decay never applies to LayerNorm parameters or biases)."""
+
+    lr: float = 1e-3
+    """Peak learning rate (paper: Post-LN 1e-4, Pre-LN 3e-4 for BERT-base)."""
+    warmup_steps: int | None = None
+    """Linear warm-up length in optimizer steps; null: use warmup_fraction. Paper: Post-LN 10000, Pre-LN 0."""
+    warmup_fraction: float = 0.0
+    """Warm-up as a fraction of train.max_steps, used when warmup_steps is null."""
+    scheduler: str = "linear"
+    """Any transformers.get_scheduler name: linear, cosine, constant_with_warmup, inverse_sqrt, ..."""
+    betas: tuple[float, float] = (0.9, 0.999)
+    """AdamW (beta1, beta2) (BERT: 0.9, 0.999)."""
+    eps: float = 1e-6
+    """AdamW epsilon (BERT: 1e-6)."""
+    weight_decay: float = 0.01
+    """Decoupled weight decay on weight matrices and embeddings (BERT: 0.01)."""
+    max_grad_norm: float = 1.0
+    """Clip the total gradient norm to this value; 0 disables clipping (the norm is still logged)."""
+    implementation: Literal["auto", "fused", "foreach", "for_loop"] = "auto"
+    """AdamW kernel: auto (PyTorch's choice), fused (CUDA), foreach, or for_loop (the reference loop)."""
+
+    def __post_init__(self) -> None:
+        _require(self.lr > 0, "optim.lr", "must be > 0")
+        _require(self.warmup_steps is None or self.warmup_steps >= 0, "optim.warmup_steps", "must be >= 0 or null")
+        _require(0.0 <= self.warmup_fraction < 1.0, "optim.warmup_fraction", "must be in [0, 1)")
+        _require(
+            all(0.0 <= b < 1.0 for b in self.betas), "optim.betas", "both betas must be in [0, 1), e.g. [0.9, 0.999]"
+        )
+        _require(self.eps > 0, "optim.eps", "must be > 0")
+        _require(self.weight_decay >= 0, "optim.weight_decay", "must be >= 0")
+        _require(self.max_grad_norm >= 0, "optim.max_grad_norm", "must be >= 0 (0 disables clipping)")
+        from transformers.trainer_utils import SchedulerType
+
+        names = [s.value for s in SchedulerType]
+        _require(self.scheduler in names, "optim.scheduler", f"must be one of {', '.join(names)}")
+
+    def resolved_warmup_steps(self, max_steps: int) -> int:
+        if self.warmup_steps is not None:
+            return self.warmup_steps
+        return math.ceil(self.warmup_fraction * max_steps)
+
+
+@dataclass(kw_only=True)
+class TrainConfig:
+    """The loop: steps, batch, precision, evaluation, checkpoints, snapshots, resume."""
+
+    output_dir: str = ""
+    """Run directory (layout: docs/run_layout.md); empty: runs/<run_name>."""
+    run_name: str = ""
+    """Name of the run in status.json, snapshots and trackers; empty: lnbert-<norm_placement>."""
+    seed: int = 0
+    """Seed for initialisation, data order, masking and dropout."""
+    max_steps: int = 300
+    """Optimizer steps in the whole run; the LR schedule spans exactly these steps (BERT: 1000000)."""
+    stop_at_step: int | None = None
+    """Stop cleanly (checkpoint, status preempted) at this step without changing the schedule; null: never.
+    For splitting a long run into jobs: resume with --train.resume=auto."""
+    per_device_batch_size: int = 32
+    """Sequences per device per micro-batch. Global batch = this x processes x gradient_accumulation_steps."""
+    gradient_accumulation_steps: int = 1
+    """Micro-batches per optimizer step (through accelerator.accumulate)."""
+    mixed_precision: Literal["no", "bf16", "fp16"] = "no"
+    """Autocast precision; fp16 needs a GPU (it uses a loss scaler)."""
+    eval_every: int = 100
+    """Evaluate on the validation split every this many steps (and at the end); 0: only at the end."""
+    eval_batches: int = 20
+    """Validation batches per evaluation (per process); 0: the whole validation split."""
+    log_every: int = 10
+    """Log training metrics (incl. per-layer gradient norms) every this many steps."""
+    checkpoint_every: int = 100
+    """Save a full resumable checkpoint every this many steps (and at the end); 0: only at the end."""
+    keep_last_checkpoints: int = 2
+    """Number of full checkpoints kept (oldest deleted first); at least 1."""
+    snapshot_every: int = 0
+    """Save a weights-only snapshot every this many steps; 0: none on a fixed interval."""
+    snapshot_steps: list[int] = field(default_factory=list)
+    """Extra steps at which to save weights-only snapshots, e.g. log-spaced [1000, 3000, 10000, ...]."""
+    snapshot_at_start: bool = True
+    """Save a snapshot of the initial weights (step 0)."""
+    snapshot_at_end: bool = True
+    """Save a snapshot of the final weights when the run finishes."""
+    num_workers: int = 0
+    """DataLoader worker processes (0: load in the main process)."""
+    compile: bool = False
+    """Wrap the model in torch.compile (not with DeepSpeed)."""
+    resume: str = ""
+    """Empty: start a new run (output_dir must not hold another one); auto: continue from the latest complete
+    checkpoint in output_dir; or a path to a checkpoint folder (e.g. of a shorter-sequence phase)."""
+    peak_flops_per_device: float = 312e12
+    """Peak FLOP/s of one device for train/mfu (A100 bf16 dense: 312e12; H100 SXM bf16: 989e12); 0 disables MFU."""
+
+    def __post_init__(self) -> None:
+        _require(self.max_steps > 0, "train.max_steps", "must be > 0")
+        _require(
+            self.stop_at_step is None or 0 < self.stop_at_step <= self.max_steps,
+            "train.stop_at_step",
+            f"must be in [1, train.max_steps={self.max_steps}] or null",
+        )
+        for key in ("per_device_batch_size", "gradient_accumulation_steps", "log_every", "keep_last_checkpoints"):
+            _require(getattr(self, key) > 0, f"train.{key}", "must be a positive integer")
+        for key in ("eval_every", "eval_batches", "checkpoint_every", "snapshot_every", "num_workers"):
+            _require(getattr(self, key) >= 0, f"train.{key}", "must be >= 0")
+        _require(all(s >= 0 for s in self.snapshot_steps), "train.snapshot_steps", "steps must be >= 0")
+        _require(self.peak_flops_per_device >= 0, "train.peak_flops_per_device", "must be >= 0 (0 disables MFU)")
+
+    def is_snapshot_step(self, step: int) -> bool:
+        on_interval = self.snapshot_every > 0 and step % self.snapshot_every == 0
+        return on_interval or step in self.snapshot_steps or (step == 0 and self.snapshot_at_start)
+
+
+@dataclass(kw_only=True)
+class TrackingConfig:
+    """Experiment tracking through Accelerate's trackers; RUN/metrics.jsonl is always written as well."""
+
+    backend: Literal["none", "wandb", "tensorboard"] = "none"
+    """Tracker: wandb, tensorboard (into RUN/tensorboard) or none (metrics.jsonl only)."""
+    project: str = "lnbert"
+    """W&B project / TensorBoard run group."""
+    run_name: str = ""
+    """Name shown in the tracker; empty: train.run_name."""
+    group: str = ""
+    """W&B group (e.g. one comparison of placements); empty: none."""
+    tags: list[str] = field(default_factory=list)
+    """Extra W&B tags; the norm placement is always added."""
+    wandb_mode: Literal["online", "offline", "disabled"] = "online"
+    """W&B mode; offline writes RUN/wandb/offline-run-* for `wandb sync` later (the WANDB_MODE env var wins)."""
+
+
+@dataclass(kw_only=True)
+class PretrainConfig:
+    """Everything a pretraining run reads. Written resolved to RUN/run_config.json."""
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    """The encoder and its norm placement."""
+    data: DataConfig = field(default_factory=lambda: DataConfig(vocab_size=2048))
+    """Corpus, tokenizer, NSP/MLM instance creation (pretrain/data.py)."""
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    """Optimizer and learning-rate schedule."""
+    train: TrainConfig = field(default_factory=TrainConfig)
+    """The training loop, checkpoints and snapshots."""
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    """Experiment tracking."""
+
+    def __post_init__(self) -> None:
+        train, optim = self.train, self.optim
+        if not train.run_name:
+            train.run_name = f"lnbert-{self.model.norm_placement}"
+        if not train.output_dir:
+            train.output_dir = str(Path("runs") / train.run_name)
+        warmup = optim.resolved_warmup_steps(train.max_steps)
+        _require(
+            warmup <= train.max_steps,
+            "optim.warmup_steps",
+            f"= {warmup} exceeds train.max_steps={train.max_steps}; lower it or raise train.max_steps",
+        )
+        _require(
+            self.model.max_position_embeddings >= self.data.max_seq_length,
+            "model.max_position_embeddings",
+            f"= {self.model.max_position_embeddings} is smaller than data.max_seq_length={self.data.max_seq_length}; "
+            "raise it (BERT-base: 512) or lower data.max_seq_length",
+        )
+        if self.data.tokenizer is None and self.model.vocab_size is not None:
+            _require(
+                self.data.vocab_size <= self.model.vocab_size,
+                "data.vocab_size",
+                f"= {self.data.vocab_size} (the WordPiece vocabulary to train) exceeds model.vocab_size="
+                f"{self.model.vocab_size}; lower data.vocab_size or set model.vocab_size to null",
+            )
+
+
+# Fields that may change between a run and its resumption without making it "another run".
+RESUMABLE_CHANGES = frozenset(
+    {
+        "train.resume",
+        "train.max_steps",
+        "train.stop_at_step",
+        "train.eval_every",
+        "train.eval_batches",
+        "train.log_every",
+        "train.checkpoint_every",
+        "train.keep_last_checkpoints",
+        "train.snapshot_every",
+        "train.snapshot_steps",
+        "train.snapshot_at_end",
+        "train.num_workers",
+        "train.peak_flops_per_device",
+        "data.num_proc",
+        "data.cache_dir",
+    }
+)
+
+
+def _require(ok: bool, key: str, message: str) -> None:
+    if not ok:
+        raise ConfigError(f"{key} {message}")
+
+
+# --------------------------------------------------------------------------------------------------
+# The generic loader: nested dict -> dataclasses, using the type hints
+# --------------------------------------------------------------------------------------------------
+
+
+def _is_optional(tp: Any) -> bool:
+    return get_origin(tp) in (Union, types.UnionType) and type(None) in get_args(tp)
+
+
+def type_name(tp: Any) -> str:
+    """A short human name for a type hint, as shown by --help and in error messages."""
+    origin = get_origin(tp)
+    if origin is Literal:
+        return "|".join(str(a) for a in get_args(tp))
+    if origin in (Union, types.UnionType):
+        return " | ".join("null" if a is type(None) else type_name(a) for a in get_args(tp))
+    if origin in (list, tuple):
+        return f"{origin.__name__}[{', '.join(type_name(a) for a in get_args(tp))}]"
+    if dataclasses.is_dataclass(tp):
+        return tp.__name__
+    return getattr(tp, "__name__", str(tp))
+
+
+def _convert(value: Any, tp: Any, key: str) -> Any:
+    """``value`` as type ``tp``; a ConfigError naming ``key`` when it does not fit."""
+    origin = get_origin(tp)
+
+    def wrong() -> ConfigError:
+        return ConfigError(f"{key} expects {type_name(tp)}, got {value!r}")
+
+    if _is_optional(tp):
+        if value is None:
+            return None
+        inner = [a for a in get_args(tp) if a is not type(None)]
+        return _convert(value, functools.reduce(operator.or_, inner), key)
+    if origin is Literal:
+        if value not in get_args(tp):
+            raise ConfigError(f"{key} must be one of {', '.join(map(str, get_args(tp)))}; got {value!r}")
+        return value
+    if dataclasses.is_dataclass(tp):
+        if isinstance(value, tp):
+            return value
+        if not isinstance(value, dict):
+            raise wrong()
+        return from_dict(tp, value, prefix=key)
+    if origin is list:
+        if not isinstance(value, (list, tuple)):
+            raise wrong()
+        (item,) = get_args(tp)
+        return [_convert(v, item, f"{key}[{i}]") for i, v in enumerate(value)]
+    if origin is tuple:
+        items = get_args(tp)
+        if not isinstance(value, (list, tuple)) or len(value) != len(items):
+            raise wrong()
+        return tuple(_convert(v, t, f"{key}[{i}]") for i, (v, t) in enumerate(zip(value, items, strict=True)))
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise wrong()
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            # 1e6 is a float in YAML; accept it when it is a whole number (max_steps: 1e6).
+            if isinstance(value, float) and value.is_integer():
+                return int(value)
+            raise wrong()
+        return value
+    if tp is float:
+        if isinstance(value, bool):
+            raise wrong()
+        if isinstance(value, (int, float)):
+            return float(value)
+        if isinstance(value, str):  # PyYAML reads "1e-4" (no dot) as a string
+            try:
+                return float(value)
+            except ValueError:
+                raise wrong() from None
+        raise wrong()
+    if tp is str:
+        if not isinstance(value, str):
+            raise wrong()
+        return value
+    raise TypeError(f"{key}: unsupported config type {tp!r}")  # a schema bug, not a user error
+
+
+def _unknown_key(key: str, prefix: str, valid: list[str]) -> ConfigError:
+    full = f"{prefix}.{key}" if prefix else key
+    close = difflib.get_close_matches(key, valid, n=1)
+    hint = f"; did you mean '{prefix + '.' if prefix else ''}{close[0]}'?" if close else ""
+    return ConfigError(f"unknown key '{full}'{hint} (valid keys: {', '.join(valid)})")
+
+
+def from_dict(cls: type, data: dict[str, Any], prefix: str = "") -> Any:
+    """Build dataclass ``cls`` from a nested dict: unknown keys and wrong types raise ConfigError."""
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls) if f.init]
+    kwargs = {}
+    for key, value in data.items():
+        if key not in names:
+            raise _unknown_key(key, prefix, names)
+        kwargs[key] = _convert(value, hints[key], f"{prefix}.{key}" if prefix else key)
+    try:
+        return cls(**kwargs)
+    except ConfigError:
+        raise
+    except (ValueError, TypeError) as err:  # checks of dataclasses defined elsewhere (pretrain/data.py)
+        raise ConfigError(f"{prefix or cls.__name__}: {err}") from err
+
+
+def to_dict(config: Any) -> dict[str, Any]:
+    """The config as plain JSON/YAML values (tuples become lists)."""
+    return _plain(dataclasses.asdict(config))
+
+
+def _plain(value: Any) -> Any:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return _plain(dataclasses.asdict(value))
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
+
+
+def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """{"train": {"seed": 0}} -> {"train.seed": 0} (lists stay values)."""
+    flat = {}
+    for key, value in tree.items():
+        name = f"{prefix}.{key}" if prefix else key
+        if isinstance(value, dict):
+            flat.update(flatten(value, name))
+        else:
+            flat[name] = value
+    return flat
+
+
+# --------------------------------------------------------------------------------------------------
+# Command line: --config FILE, --a.b=value overrides, --help
+# --------------------------------------------------------------------------------------------------
+
+
+def _set_override(tree: dict[str, Any], dotted: str, value: Any) -> None:
+    """Put ``value`` at ``dotted`` in ``tree``, checking every part of the path against the schema."""
+    parts = dotted.split(".")
+    cls: Any = PretrainConfig
+    node = tree
+    for depth, part in enumerate(parts):
+        prefix = ".".join(parts[:depth])
+        if not dataclasses.is_dataclass(cls):
+            raise ConfigError(f"unknown key '{dotted}': '{prefix}' has no sub-keys")
+        hints = typing.get_type_hints(cls)
+        if part not in hints:
+            raise _unknown_key(part, prefix, [f.name for f in dataclasses.fields(cls)])
+        cls = hints[part]
+        if depth == len(parts) - 1:
+            node[part] = value
+        else:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"'{'.'.join(parts[: depth + 1])}' in the config file is not a mapping")
+
+
+def load_yaml(path: str | Path) -> dict[str, Any]:
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"config file {path} not found; pass an existing YAML preset to --config")
+    loaded = yaml.safe_load(path.read_text())
+    if loaded is None:
+        return {}
+    if not isinstance(loaded, dict):
+        raise ConfigError(f"{path}: a config file must be a mapping of sections (model, data, optim, ...)")
+    return loaded
+
+
+def parse_args(argv: list[str]) -> PretrainConfig:
+    """``[--config FILE] [--section.key=value | --section.key value ...]`` -> a validated PretrainConfig."""
+    tree: dict[str, Any] = {}
+    overrides: list[tuple[str, Any]] = []
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if not arg.startswith("--"):
+            raise ConfigError(f"unexpected argument {arg!r}; overrides look like --train.max_steps=100")
+        name, eq, raw = arg[2:].partition("=")
+        if not eq:
+            if i + 1 >= len(argv):
+                raise ConfigError(f"--{name} needs a value (--{name}=VALUE)")
+            raw = argv[i + 1]
+            i += 1
+        i += 1
+        if name == "config":
+            tree = _merge(tree, load_yaml(raw))
+        else:
+            try:
+                value = yaml.safe_load(raw) if raw != "" else ""
+            except yaml.YAMLError as err:
+                raise ConfigError(f"--{name}: cannot parse {raw!r} as a YAML value ({err})") from err
+            overrides.append((name, value))
+    for name, value in overrides:
+        _set_override(tree, name, value)
+    return from_dict(PretrainConfig, tree)
+
+
+def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    merged = dict(base)
+    for key, value in extra.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = _merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def field_docs(cls: type) -> dict[str, str]:
+    """Per-field documentation: ``metadata["help"]``, a docstring under the field, or ``#:`` comments above it."""
+    docs: dict[str, str] = {}
+    try:
+        source = textwrap.dedent(inspect.getsource(cls))
+    except (OSError, TypeError):
+        source = ""
+    if source:
+        lines = source.splitlines()
+        body = ast.parse(source).body[0].body  # type: ignore[attr-defined]
+        for node, after in zip(body, [*body[1:], None], strict=True):
+            if not (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)):
+                continue
+            name = node.target.id
+            if isinstance(after, ast.Expr) and isinstance(after.value, ast.Constant) and isinstance(after.value.value, str):
+                docs[name] = inspect.cleandoc(after.value.value)
+                continue
+            comments = []
+            for line in reversed(lines[: node.lineno - 1]):
+                if not line.strip().startswith("#:"):
+                    break
+                comments.insert(0, line.strip()[2:].strip())
+            if comments:
+                docs[name] = " ".join(comments)
+    for f in dataclasses.fields(cls):
+        if "help" in f.metadata:
+            docs[f.name] = str(f.metadata["help"])
+    return docs
+
+
+def _yaml_value(value: Any) -> str:
+    text = yaml.safe_dump(_plain(value), default_flow_style=True, width=1000).strip()
+    return text.removesuffix("...").strip()
+
+
+def help_text() -> str:
+    """The --help text, generated from the dataclasses: every key with its type, default and doc."""
+    out = [
+        "usage: python pretrain/run.py [--config PRESET.yaml] [--section.key=VALUE ...]",
+        "       accelerate launch [accelerate options] pretrain/run.py [same arguments]",
+        "",
+        "Values are YAML: --train.max_steps=100  --optim.betas='[0.9, 0.98]'",
+        "                 --data.sources='[{kind: json, path: data/corpus/wiki.jsonl}]'",
+        "Later arguments win; overrides win over the preset. Defaults below are the built-in default run's.",
+    ]
+    out += _help_section(PretrainConfig, "", PretrainConfig())
+    return "\n".join(out)
+
+
+def _help_section(cls: type, prefix: str, defaults: Any) -> list[str]:
+    out: list[str] = []
+    hints = typing.get_type_hints(cls)
+    docs = field_docs(cls)
+    for f in dataclasses.fields(cls):
+        key = f"{prefix}.{f.name}" if prefix else f.name
+        tp = hints[f.name]
+        default = getattr(defaults, f.name)
+        if dataclasses.is_dataclass(tp):
+            out += ["", f"{key}: {docs.get(f.name, '')}"]
+            out += _help_section(tp, key, default)
+            continue
+        out.append(f"  --{key}  ({type_name(tp)}, default: {_yaml_value(default)})")
+        out += ["      " + line for line in textwrap.wrap(docs.get(f.name, ""), 100)]
+        item = get_args(tp)[0] if get_origin(tp) is list and get_args(tp) else None
+        if item is not None and dataclasses.is_dataclass(item):
+            out.append(f"      each item ({item.__name__}):")
+            out += ["    " + line for line in _help_section(item, f"{key}[]", item())]
+    return out

@@ -1,0 +1,604 @@
+"""Pretrain BERT (MLM + NSP) with a chosen LayerNorm placement, under Accelerate.
+
+    python pretrain/run.py                                   # built-in tiny default, offline, a few minutes on CPU
+    python pretrain/run.py --config configs/pretrain/small_pre_ln.yaml --data.sources='[...]'
+    accelerate launch --config_file configs/accelerate/8gpu.yaml pretrain/run.py --config configs/pretrain/bert_base_pre_ln.yaml
+    python pretrain/run.py --help                            # every config key with its type, default and doc
+
+Plain functions, read top to bottom: ``main`` -> ``setup`` -> ``build_*`` -> ``train`` (-> ``train_step``,
+``evaluate``, ``save_checkpoint``, ``save_snapshot``) -> final status. What a run writes is described in
+docs/run_layout.md. Exit codes: 0 finished, diverged (an experimental outcome, recorded in status.json) or
+preempted (SIGTERM/SIGINT or train.stop_at_step: checkpoint saved, continue with --train.resume=auto);
+2 bad configuration or input (message on stderr, nothing trained); 1 an unexpected error (status failed).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import datetime
+import hashlib
+import json
+import math
+import os
+import signal
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from accelerate import Accelerator
+from accelerate.utils import InitProcessGroupKwargs, ProjectConfiguration, set_seed
+from torch import nn
+from torch.utils.data import DataLoader, Sampler
+from tqdm.auto import tqdm
+from transformers import get_scheduler
+
+from pretrain.artifacts import (
+    METRICS_FILE,
+    RUN_CONFIG_FILE,
+    STATUS_FILE,
+    write_json_atomic,
+)
+from pretrain.checkpointing import (
+    CHECKPOINTS,
+    SNAPSHOTS,
+    TrainState,
+    load_checkpoint,
+    resolve_resume,
+    save_checkpoint,
+    save_snapshot,
+)
+from pretrain.config import ConfigError, PretrainConfig, help_text, parse_args, to_dict
+from pretrain.data import MaskingCollator, PretrainingData, build_pretraining_data
+from pretrain.modeling import LNBertForPreTraining
+from pretrain.tracking import (
+    clip_coefficient,
+    flops_per_token,
+    init_trackers,
+    layer_grad_norms,
+    log_metrics,
+    model_flops_utilisation,
+)
+
+
+class TrainingFailed(RuntimeError):
+    """An unexpected error after training started (status.json says failed); never a configuration error."""
+
+
+# --------------------------------------------------------------------------------------------------
+# Setup
+# --------------------------------------------------------------------------------------------------
+
+
+def _env_flag(name: str) -> bool:
+    return os.environ.get(name, "").lower() in ("1", "true", "yes")
+
+
+def check_environment(cfg: PretrainConfig) -> None:
+    """Combinations that only the hardware/launcher can rule out; fail before any work."""
+    on_cpu = not torch.cuda.is_available() or _env_flag("ACCELERATE_USE_CPU")
+    if cfg.train.mixed_precision == "fp16" and on_cpu:
+        raise ConfigError(
+            "train.mixed_precision=fp16 needs a GPU (its loss scaler is CUDA-only); use bf16 or no on CPU"
+        )
+    if cfg.train.compile and _env_flag("ACCELERATE_USE_DEEPSPEED"):
+        raise ConfigError("train.compile=true does not work with DeepSpeed; set --train.compile=false")
+
+
+def setup(cfg: PretrainConfig) -> Accelerator:
+    on_cpu = not torch.cuda.is_available() or _env_flag("ACCELERATE_USE_CPU")
+    distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1 or _env_flag("ACCELERATE_USE_DEEPSPEED")
+    kwargs_handlers = []
+    if on_cpu and distributed:
+        # DeepSpeed on CPU needs gloo (it would pick an accelerator backend); a single process needs none.
+        kwargs_handlers.append(InitProcessGroupKwargs(backend="gloo"))
+    accelerator = Accelerator(
+        mixed_precision=cfg.train.mixed_precision,
+        gradient_accumulation_steps=cfg.train.gradient_accumulation_steps,
+        log_with=None if cfg.tracking.backend == "none" else cfg.tracking.backend,
+        project_config=ProjectConfiguration(
+            project_dir=cfg.train.output_dir, logging_dir=str(Path(cfg.train.output_dir) / "tensorboard")
+        ),
+        # The scheduler is stepped once per optimizer step, and its horizon is train.max_steps.
+        step_scheduler_with_optimizer=False,
+        kwargs_handlers=kwargs_handlers,
+    )
+    plugin = accelerator.state.deepspeed_plugin
+    if plugin is not None and plugin.deepspeed_config.get("gradient_clipping") == "auto":
+        # Accelerate would fill "auto" with 1.0; the value lives in the project config.
+        plugin.deepspeed_config["gradient_clipping"] = cfg.optim.max_grad_norm
+    return accelerator
+
+
+def build_model(cfg: PretrainConfig, vocab_size: int) -> LNBertForPreTraining:
+    model = LNBertForPreTraining(cfg.model.to_lnbert(vocab_size))
+    return torch.compile(model) if cfg.train.compile else model
+
+
+def build_optimizer(model: nn.Module, cfg: PretrainConfig) -> torch.optim.AdamW:
+    """AdamW; no weight decay on LayerNorm parameters and biases, chosen by module type, not by name."""
+    no_decay: set[int] = set()
+    for module in model.modules():
+        if isinstance(module, nn.LayerNorm):
+            no_decay.update(id(p) for p in module.parameters(recurse=False))
+        for name, param in module.named_parameters(recurse=False):
+            if name == "bias":
+                no_decay.add(id(param))
+    params = list(model.parameters())  # de-duplicated: tied weights appear once
+    groups = [
+        {"params": [p for p in params if id(p) not in no_decay], "weight_decay": cfg.optim.weight_decay},
+        {"params": [p for p in params if id(p) in no_decay], "weight_decay": 0.0},
+    ]
+    impl = cfg.optim.implementation
+    kernel = {} if impl == "auto" else {"fused": impl == "fused", "foreach": impl == "foreach"}
+    return torch.optim.AdamW(groups, lr=cfg.optim.lr, betas=cfg.optim.betas, eps=cfg.optim.eps, **kernel)
+
+
+class EpochSampler(Sampler[int]):
+    """A fresh permutation per epoch from ``seed + epoch`` alone, so an epoch's order is reproducible on resume.
+
+    ``epoch`` is set by the training loop. (No ``set_epoch`` method on purpose: Accelerate's data loaders call
+    it with their own iteration counter, which restarts at 0 for a resumed, batch-skipping loader.)
+    """
+
+    def __init__(self, size: int, seed: int) -> None:
+        self.size, self.seed, self.epoch = size, seed, 0
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __iter__(self) -> Iterator[int]:
+        generator = torch.Generator().manual_seed(self.seed + self.epoch)
+        return iter(torch.randperm(self.size, generator=generator).tolist())
+
+
+@dataclass
+class Loaders:
+    train: DataLoader
+    validation: DataLoader
+    train_collator: MaskingCollator
+    sampler: EpochSampler | None
+
+
+def build_dataloaders(cfg: PretrainConfig, data: PretrainingData, num_processes: int) -> Loaders:
+    train_cfg = cfg.train
+    batch = train_cfg.per_device_batch_size
+    collator = MaskingCollator(data.tokenizer, mlm_probability=cfg.data.mlm_probability, seed=train_cfg.seed)
+    # Own generators: creating a loader iterator then draws no number from the global RNG, which dropout uses.
+    common = dict(num_workers=train_cfg.num_workers, generator=torch.Generator().manual_seed(train_cfg.seed))
+    sampler = None
+    if isinstance(data.train, torch.utils.data.IterableDataset) or not hasattr(data.train, "__len__"):
+        train = DataLoader(data.train, batch_size=batch, collate_fn=collator, drop_last=True, **common)
+    else:
+        if len(data.train) < batch * num_processes:
+            raise ValueError(
+                f"the training split has {len(data.train)} instances, fewer than one global micro-batch "
+                f"({batch} x {num_processes} processes); add documents or lower train.per_device_batch_size"
+            )
+        sampler = EpochSampler(len(data.train), train_cfg.seed)
+        train = DataLoader(data.train, batch_size=batch, sampler=sampler, collate_fn=collator, drop_last=True, **common)
+    validation = data.validation
+    if train_cfg.eval_batches:
+        # A fixed subset iterated to the end (breaking out of a prepared loader confuses Accelerate's state).
+        validation = validation.select(range(min(len(validation), train_cfg.eval_batches * batch * num_processes)))
+    # Validation masks are fixed (epoch 0 of their own collator), so every evaluation sees the same task.
+    val_collator = MaskingCollator(data.tokenizer, mlm_probability=cfg.data.mlm_probability, seed=train_cfg.seed)
+    val_loader = DataLoader(validation, batch_size=batch, collate_fn=val_collator, **common)
+    return Loaders(train=train, validation=val_loader, train_collator=collator, sampler=sampler)
+
+
+def data_fingerprint(cfg: PretrainConfig, num_processes: int) -> str:
+    """What fixes the sequence of batches: data config, seed, batch size, processes (a position is only
+    meaningful for the same sequence)."""
+    data = {k: v for k, v in to_dict(cfg.data).items() if k not in ("num_proc", "cache_dir")}
+    key = [data, cfg.train.seed, cfg.train.per_device_batch_size, num_processes]
+    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+
+
+# --------------------------------------------------------------------------------------------------
+# Status, preemption
+# --------------------------------------------------------------------------------------------------
+
+
+def write_status(
+    accelerator: Accelerator, cfg: PretrainConfig, status: str, step: int, message: str = "", diverged_at: int | None = None
+) -> None:
+    if not accelerator.is_main_process:
+        return
+    write_json_atomic(
+        Path(cfg.train.output_dir) / STATUS_FILE,
+        {
+            "status": status,
+            "step": step,
+            "run_name": cfg.train.run_name,
+            "norm_placement": cfg.model.norm_placement,
+            "updated": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "diverged_at_step": diverged_at,
+            "message": message,
+        },
+    )
+
+
+@dataclass
+class StopRequest:
+    """Set by SIGTERM/SIGINT; the loop checks it at each step boundary (all processes agree via a reduce)."""
+
+    signal_name: str = ""
+
+    @contextlib.contextmanager
+    def installed(self) -> Iterator[StopRequest]:
+        previous = {}
+        try:
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                previous[sig] = signal.signal(sig, self._handle)
+        except ValueError:  # not in the main thread (e.g. called from a worker thread): no handlers
+            pass
+        try:
+            yield self
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if self.signal_name and signum == signal.SIGINT:
+            raise KeyboardInterrupt  # a second Ctrl-C: stop now, without a checkpoint
+        self.signal_name = signal.Signals(signum).name
+
+
+# --------------------------------------------------------------------------------------------------
+# Training
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Job:
+    """The prepared objects of one run (plain data; the functions below do the work)."""
+
+    cfg: PretrainConfig
+    resolved: dict[str, Any]
+    accelerator: Accelerator
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: Any
+    loaders: Loaders
+    tokenizer: Any
+    run_dir: Path
+    flops_per_token: float
+    last_eval: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class StepStats:
+    """Per-step sums over micro-batches and processes."""
+
+    loss: float
+    mlm_loss: float
+    nsp_loss: float
+    tokens: int
+    finite: bool
+    stop: bool
+    grad_norm: float
+    layer_grad_norms: dict[str, float]
+
+
+def batch_iterator(job: Job, state: TrainState) -> Iterator[dict[str, torch.Tensor]]:
+    """Micro-batches from the current position on, epoch after epoch, keeping state.epoch/batches_in_epoch."""
+    while True:
+        job.loaders.train_collator.set_epoch(state.epoch)  # masks are a function of (seed, epoch, instance)
+        if job.loaders.sampler is not None:
+            job.loaders.sampler.epoch = state.epoch
+        loader = job.loaders.train
+        if state.batches_in_epoch:
+            loader = job.accelerator.skip_first_batches(loader, state.batches_in_epoch)
+        if hasattr(loader, "set_epoch"):
+            loader.set_epoch(state.epoch)  # for streaming datasets (shuffle buffer) and Accelerate's counters
+        for batch in loader:
+            state.batches_in_epoch += 1
+            yield batch
+        state.epoch += 1
+        state.batches_in_epoch = 0
+
+
+def train_step(
+    job: Job, batches: Iterator[dict[str, torch.Tensor]], stop: StopRequest, with_layer_norms: bool
+) -> StepStats:
+    """Accumulate gradients over micro-batches until Accelerate syncs, check the loss, then step.
+
+    When the loss is not finite on any process, no optimizer step is taken (under DeepSpeed the engine has
+    already stepped inside ``backward``; no checkpoint is written from that state either way).
+    """
+    accelerator, model = job.accelerator, job.model
+    sums = torch.zeros(5, device=accelerator.device)  # loss, mlm, nsp, tokens, micro-batches
+    for batch in batches:
+        with accelerator.accumulate(model):
+            out = model(**batch)
+            accelerator.backward(out.loss)
+            nsp = out.nsp_loss.detach() if out.nsp_loss is not None else torch.zeros((), device=sums.device)
+            sums += torch.stack(
+                [out.loss.detach().float(), out.mlm_loss.detach().float(), nsp.float(),
+                 batch["attention_mask"].sum().float(), torch.ones((), device=sums.device)]
+            )
+            if not accelerator.sync_gradients:
+                continue
+            # One all-reduce per step: the losses for logging, the finite check and the stop request.
+            flags = torch.tensor([float(bool(stop.signal_name))], device=sums.device)
+            totals = accelerator.reduce(torch.cat([sums, flags]), reduction="sum")
+            finite = bool(torch.isfinite(totals[:3]).all())
+            grad_norm, layer_norms = float("nan"), {}
+            if finite:
+                max_norm = job.cfg.optim.max_grad_norm
+                norm = accelerator.clip_grad_norm_(model.parameters(), max_norm if max_norm > 0 else float("inf"))
+                grad_norm = float(norm) if norm is not None else float("nan")
+                finite = math.isfinite(grad_norm) or norm is None
+                if with_layer_norms and accelerator.state.deepspeed_plugin is None:  # ZeRO partitions gradients
+                    unwrapped = accelerator.unwrap_model(model, keep_torch_compile=False)
+                    layer_norms = layer_grad_norms(unwrapped, 1 / clip_coefficient(grad_norm, max_norm))
+                if finite:
+                    job.optimizer.step()
+                    job.scheduler.step()
+            job.optimizer.zero_grad(set_to_none=True)
+            micro = totals[4].item()
+            return StepStats(
+                loss=totals[0].item() / micro,
+                mlm_loss=totals[1].item() / micro,
+                nsp_loss=totals[2].item() / micro,
+                tokens=int(totals[3].item()),
+                finite=finite,
+                stop=totals[5].item() > 0,
+                grad_norm=grad_norm,
+                layer_grad_norms=layer_norms,
+            )
+    raise RuntimeError("the training data ran out")  # batch_iterator loops over epochs forever
+
+
+@torch.no_grad()
+def evaluate(job: Job) -> dict[str, float]:
+    """Validation MLM loss and accuracy (over masked tokens) and NSP accuracy, over all processes."""
+    accelerator, model = job.accelerator, job.model
+    model.eval()
+    totals = torch.zeros(5, dtype=torch.float64, device=accelerator.device)
+    for batch in job.loaders.validation:
+        out = model(**batch)
+        labels = batch["labels"]
+        selected = labels != -100  # (B, T)
+        logits = out.prediction_logits
+        if logits.dim() == 3:  # dense MLM head: (B, T, V); the sparse head already gives (num_masked, V)
+            logits = logits[selected]
+        targets = labels[selected]
+        rows = selected.nonzero()[:, 0]  # example of each masked token, in the sparse head's row-major order
+        per_example = torch.zeros(labels.shape[0], 4, device=labels.device)
+        token_loss = F.cross_entropy(logits.float(), targets, reduction="none")
+        per_example[:, 0].index_add_(0, rows, token_loss)
+        per_example[:, 1].index_add_(0, rows, (logits.argmax(-1) == targets).float())
+        per_example[:, 2] = selected.sum(1).float()
+        if "next_sentence_label" in batch:
+            nsp_right = out.seq_relationship_logits.argmax(-1) == batch["next_sentence_label"].view(-1)
+            per_example[:, 3] = nsp_right.float()
+        # gather_for_metrics drops the samples Accelerate duplicated to even out the last batch.
+        gathered = accelerator.gather_for_metrics(per_example)
+        totals += torch.cat([gathered.sum(0).double(), torch.tensor([len(gathered)], device=totals.device)])
+    model.train()
+    loss_sum, correct, masked, nsp_correct, examples = totals.tolist()
+    metrics = {
+        "val/mlm_loss": loss_sum / max(masked, 1),
+        "val/mlm_accuracy": correct / max(masked, 1),
+    }
+    if job.cfg.data.objective == "mlm_nsp":
+        metrics["val/nsp_accuracy"] = nsp_correct / max(examples, 1)
+    return metrics
+
+
+def snapshot(job: Job, state: TrainState) -> None:
+    info = {
+        "step": state.step,
+        "tokens_seen": state.tokens_seen,
+        "run_name": job.cfg.train.run_name,
+        "norm_placement": job.cfg.model.norm_placement,
+        "metrics": dict(job.last_eval),
+        "pretrain_config": job.resolved,
+    }
+    save_snapshot(job.accelerator, job.model, job.tokenizer, job.run_dir, info)
+
+
+def run_evaluation(job: Job, state: TrainState) -> None:
+    job.last_eval = evaluate(job)
+    log_metrics(job.accelerator, job.run_dir, {"tokens_seen": state.tokens_seen, **job.last_eval}, state.step)
+
+
+def train(job: Job, state: TrainState, stop: StopRequest) -> str:
+    """The loop. Returns the outcome: finished, diverged or preempted."""
+    cfg, accelerator = job.cfg, job.accelerator
+    train_cfg = cfg.train
+    last_step = train_cfg.stop_at_step or train_cfg.max_steps
+    if state.step == 0:
+        run_evaluation(job, state)
+        if train_cfg.snapshot_at_start:
+            snapshot(job, state)
+    batches = batch_iterator(job, state)
+    progress = tqdm(
+        total=train_cfg.max_steps, initial=state.step, disable=not accelerator.is_local_main_process, desc="pretrain"
+    )
+    window_tokens, window_start = 0, time.perf_counter()
+    while state.step < last_step:
+        next_step = state.step + 1
+        log_now = next_step % train_cfg.log_every == 0 or next_step == last_step
+        stats = train_step(job, batches, stop, with_layer_norms=log_now)
+        if not stats.finite:
+            message = (
+                f"loss or gradient not finite at step {state.step + 1} (loss {stats.loss}); the run diverged. "
+                "No checkpoint or snapshot was written from this state."
+            )
+            write_status(accelerator, cfg, "diverged", state.step, message, diverged_at=state.step + 1)
+            log_metrics(accelerator, job.run_dir, {"tokens_seen": state.tokens_seen, "diverged": 1}, state.step + 1)
+            accelerator.print(f"\n{message}")
+            progress.close()
+            return "diverged"
+        state.step += 1
+        state.tokens_seen += stats.tokens
+        window_tokens += stats.tokens
+        progress.update(1)
+        if log_now:
+            elapsed = time.perf_counter() - window_start
+            tokens_per_s = window_tokens / max(elapsed, 1e-9)
+            metrics = {
+                "tokens_seen": state.tokens_seen,
+                "train/loss": stats.loss,
+                "train/mlm_loss": stats.mlm_loss,
+                "train/lr": job.scheduler.get_last_lr()[0],
+                "train/grad_norm": stats.grad_norm,
+                "train/tokens_per_s": tokens_per_s,
+                "train/mfu": model_flops_utilisation(
+                    tokens_per_s, job.flops_per_token, train_cfg.peak_flops_per_device, accelerator.num_processes
+                ),
+                "train/epoch": state.epoch,
+            }
+            if cfg.data.objective == "mlm_nsp":
+                metrics["train/nsp_loss"] = stats.nsp_loss
+            metrics.update(stats.layer_grad_norms)
+            log_metrics(accelerator, job.run_dir, metrics, state.step)
+            progress.set_postfix(loss=f"{stats.loss:.3f}", lr=f"{metrics['train/lr']:.2e}")
+            window_tokens, window_start = 0, time.perf_counter()
+        done = state.step == last_step
+        preempted = stats.stop and not done
+        if (train_cfg.eval_every and state.step % train_cfg.eval_every == 0) or done:
+            run_evaluation(job, state)
+        if (train_cfg.checkpoint_every and state.step % train_cfg.checkpoint_every == 0) or done or preempted:
+            save_checkpoint(accelerator, job.run_dir, state, train_cfg.keep_last_checkpoints)
+        if train_cfg.is_snapshot_step(state.step) or (done and train_cfg.snapshot_at_end and last_step == train_cfg.max_steps):
+            snapshot(job, state)
+        if preempted:
+            progress.close()
+            accelerator.print(f"\nstop requested ({stop.signal_name}) at step {state.step}; checkpoint saved")
+            return "preempted"
+    progress.close()
+    return "finished" if state.step >= train_cfg.max_steps else "preempted"
+
+
+# --------------------------------------------------------------------------------------------------
+# Entry point
+# --------------------------------------------------------------------------------------------------
+
+
+def prepare_job(cfg: PretrainConfig, accelerator: Accelerator, resume_from: Path | None) -> tuple[Job, TrainState]:
+    run_dir = Path(cfg.train.output_dir)
+    set_seed(cfg.train.seed)
+    data = build_pretraining_data(
+        cfg.data,
+        seed=cfg.train.seed,
+        save_tokenizer_to=run_dir / "tokenizer" if accelerator.is_main_process else None,
+        main_process_first=accelerator.main_process_first,
+        model_vocab_size=cfg.model.vocab_size,
+    )
+    vocab_size = cfg.model.vocab_size or len(data.tokenizer)
+    if len(data.tokenizer) > vocab_size:
+        raise ConfigError(
+            f"model.vocab_size={vocab_size} is smaller than the tokenizer's {len(data.tokenizer)} tokens; "
+            "raise model.vocab_size or set it to null (use the tokenizer's size)"
+        )
+    resolved = to_dict(cfg)
+    resolved["model"]["vocab_size"] = vocab_size  # what the model was built with
+    set_seed(cfg.train.seed)  # the same initial weights whatever data preparation drew
+    model = build_model(cfg, vocab_size)
+    optimizer = build_optimizer(model, cfg)
+    max_steps = cfg.train.max_steps
+    scheduler = get_scheduler(
+        cfg.optim.scheduler,
+        optimizer,
+        num_warmup_steps=cfg.optim.resolved_warmup_steps(max_steps),
+        num_training_steps=max_steps,
+    )
+    loaders = build_dataloaders(cfg, data, accelerator.num_processes)
+    model, optimizer, loaders.train, loaders.validation, scheduler = accelerator.prepare(
+        model, optimizer, loaders.train, loaders.validation, scheduler
+    )
+    unwrapped = accelerator.unwrap_model(model, keep_torch_compile=False)
+    job = Job(
+        cfg=cfg,
+        resolved=resolved,
+        accelerator=accelerator,
+        model=model,
+        optimizer=optimizer,
+        scheduler=scheduler,
+        loaders=loaders,
+        tokenizer=data.tokenizer,
+        run_dir=run_dir,
+        flops_per_token=flops_per_token(unwrapped, unwrapped.config, cfg.data.max_seq_length),
+    )
+    fingerprint = data_fingerprint(cfg, accelerator.num_processes)
+    state = TrainState(data_fingerprint=fingerprint)
+    if resume_from is not None:
+        state = load_checkpoint(accelerator, resume_from)
+        if state.data_fingerprint != fingerprint:
+            accelerator.print(
+                f"resuming {resume_from} with different data or batch settings: the data starts from its beginning"
+            )
+            state = dataclasses.replace(state, epoch=0, batches_in_epoch=0, data_fingerprint=fingerprint)
+    return job, state
+
+
+def pretrain(cfg: PretrainConfig) -> str:
+    """Run one pretraining job described by ``cfg``; returns finished, diverged or preempted."""
+    check_environment(cfg)
+    accelerator = setup(cfg)
+    run_dir = Path(cfg.train.output_dir)
+    resume_from = resolve_resume(run_dir, to_dict(cfg), cfg.train.resume)
+    accelerator.wait_for_everyone()  # every process has checked the directory before the main one writes
+    job, state = prepare_job(cfg, accelerator, resume_from)
+    if accelerator.is_main_process:
+        write_json_atomic(run_dir / RUN_CONFIG_FILE, job.resolved)
+    write_status(accelerator, cfg, "running", state.step)
+    init_trackers(accelerator, cfg, job.resolved)
+    accelerator.print(
+        f"run {cfg.train.run_name}: {cfg.model.norm_placement}-LN, {accelerator.num_processes} process(es), "
+        f"global batch {cfg.train.per_device_batch_size * accelerator.num_processes * cfg.train.gradient_accumulation_steps}"
+        + (f", resuming at step {state.step} from {resume_from}" if resume_from else "")
+    )
+    try:
+        with StopRequest().installed() as stop:
+            outcome = train(job, state, stop)
+    except BaseException as err:
+        write_status(accelerator, cfg, "failed", state.step, f"{type(err).__name__}: {err}")
+        if isinstance(err, Exception):
+            raise TrainingFailed(f"training failed at step {state.step}: {type(err).__name__}: {err}") from err
+        raise
+    finally:
+        accelerator.end_training()
+    if outcome == "finished":
+        write_status(accelerator, cfg, "finished", state.step, "training finished")
+    elif outcome == "preempted":
+        write_status(
+            accelerator, cfg, "preempted", state.step, "stopped with a checkpoint; continue with --train.resume=auto"
+        )
+    accelerator.print(
+        f"\n{outcome} at step {state.step}. Run directory {run_dir}:\n"
+        f"  checkpoints  {run_dir / CHECKPOINTS}\n"
+        f"  snapshots    {run_dir / SNAPSHOTS}\n"
+        f"  metrics      {run_dir / METRICS_FILE}\n"
+        f"  status       {run_dir / STATUS_FILE}"
+    )
+    return outcome
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse the arguments and run; bad configuration raises ConfigError/ValueError/FileNotFoundError."""
+    argv = sys.argv[1:] if argv is None else argv
+    if "-h" in argv or "--help" in argv:
+        print(help_text())
+        return 0
+    pretrain(parse_args(argv))
+    return 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except (ValueError, FileNotFoundError) as err:  # ConfigError is a ValueError
+        if os.environ.get("LNBERT_TRACEBACK"):
+            raise
+        print(f"error: {err}\n(set LNBERT_TRACEBACK=1 to see the traceback)", file=sys.stderr)
+        sys.exit(2)

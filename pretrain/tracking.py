@@ -1,0 +1,108 @@
+"""What a run logs: Accelerate trackers (W&B, TensorBoard), RUN/metrics.jsonl, gradient norms, throughput, MFU."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+from accelerate import Accelerator
+from torch import nn
+
+from pretrain.artifacts import METRICS_FILE
+from pretrain.config import PretrainConfig, flatten
+from pretrain.modeling import LNBertConfig, LNBertEmbeddings
+
+
+def init_trackers(accelerator: Accelerator, cfg: PretrainConfig, resolved: dict[str, Any]) -> None:
+    """Start the configured tracker (no-op for backend none) with the resolved config as the run config."""
+    tracking = cfg.tracking
+    if tracking.backend == "none":
+        return
+    name = tracking.run_name or cfg.train.run_name
+    init_kwargs: dict[str, Any] = {}
+    if tracking.backend == "wandb":
+        wandb_kwargs: dict[str, Any] = {
+            "name": name,
+            "tags": [cfg.model.norm_placement, *tracking.tags],
+            "dir": str(Path(cfg.train.output_dir)),  # offline runs land in RUN/wandb/ for `wandb sync`
+            # The environment wins so that WANDB_MODE=offline works for any preset.
+            "mode": os.environ.get("WANDB_MODE", tracking.wandb_mode),
+        }
+        if tracking.group:
+            wandb_kwargs["group"] = tracking.group
+        init_kwargs["wandb"] = wandb_kwargs
+    # TensorBoard's hparams take scalars and strings only, so lists become strings.
+    config = {k: v if isinstance(v, (int, float, str, bool)) else json.dumps(v) for k, v in flatten(resolved).items()}
+    accelerator.init_trackers(tracking.project if tracking.backend == "wandb" else name, config, init_kwargs)
+
+
+def log_metrics(accelerator: Accelerator, run_dir: Path, metrics: dict[str, Any], step: int) -> None:
+    """Send ``metrics`` to the trackers and append them to RUN/metrics.jsonl (main process only)."""
+    metrics = {"step": step, **metrics}
+    accelerator.log(metrics, step=step)
+    if accelerator.is_main_process:
+        with open(Path(run_dir) / METRICS_FILE, "a") as f:
+            f.write(json.dumps(metrics, sort_keys=True) + "\n")
+
+
+# --------------------------------------------------------------------------------------------------
+# Gradient norms
+# --------------------------------------------------------------------------------------------------
+
+
+def layer_grad_norms(model: nn.Module, clip_factor: float = 1.0) -> dict[str, float]:
+    """L2 norm of the gradient of each layer's attention weights (Q, K, V, output) and FFN weights (in, out).
+
+    ``model`` is the unwrapped LNBertForPreTraining; ``clip_factor`` undoes gradient clipping (the norms are
+    read after clipping, so they are divided by the clip coefficient to report the raw gradient).
+    """
+    norms = {}
+    for index, layer in enumerate(model.bert.encoder.layer):
+        groups = {
+            "attn": [layer.attention.self.query, layer.attention.self.key, layer.attention.self.value,
+                     layer.attention.output.dense],
+            "ffn": [layer.intermediate.dense, layer.output.dense],
+        }
+        for name, linears in groups.items():
+            grads = [lin.weight.grad for lin in linears if lin.weight.grad is not None]
+            if grads:
+                norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g.float()) for g in grads]))
+                norms[f"grad_norm/layer_{index:02d}/{name}"] = norm.item() * clip_factor
+    return norms
+
+
+def clip_coefficient(total_norm: float, max_norm: float) -> float:
+    """The factor torch.nn.utils.clip_grad_norm_ multiplied the gradients by (1 when not clipped)."""
+    if max_norm <= 0:
+        return 1.0
+    return min(1.0, max_norm / (total_norm + 1e-6))
+
+
+# --------------------------------------------------------------------------------------------------
+# Throughput and model FLOPs utilisation
+# --------------------------------------------------------------------------------------------------
+
+
+def non_embedding_parameters(model: nn.Module) -> int:
+    """Parameters outside the embedding tables (the N of the 6N FLOPs-per-token rule)."""
+    embedding = sum(p.numel() for m in model.modules() if isinstance(m, LNBertEmbeddings) for p in m.parameters())
+    # The MLM decoder is tied to the word embeddings; count its parameters once, as embeddings.
+    return sum(p.numel() for p in model.parameters()) - embedding
+
+
+def flops_per_token(model: nn.Module, config: LNBertConfig, seq_len: int) -> float:
+    """Training FLOPs per token: 6N for the weight matmuls (forward + backward) plus 12 L H T for attention
+    scores and values (PaLM, Chowdhery et al. 2022, appendix B). The MLM decoder runs on the ~15% masked
+    tokens only (sparse head) and is left out, so this slightly undercounts."""
+    n = non_embedding_parameters(model)
+    return 6 * n + 12 * config.num_hidden_layers * config.hidden_size * seq_len
+
+
+def model_flops_utilisation(tokens_per_s: float, flops_per_tok: float, peak_per_device: float, devices: int) -> float:
+    """Achieved model FLOP/s over the peak of all devices; 0 when the peak is not configured."""
+    if peak_per_device <= 0:
+        return 0.0
+    return tokens_per_s * flops_per_tok / (peak_per_device * devices)

@@ -1,0 +1,205 @@
+"""The pretraining config: presets and CLI overrides parse into one schema; bad input fails with the key and fix."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import typing
+from pathlib import Path
+
+import pytest
+import yaml
+
+from pretrain.config import (
+    ConfigError,
+    DataConfig,
+    ModelConfig,
+    OptimConfig,
+    PretrainConfig,
+    TrackingConfig,
+    TrainConfig,
+    field_docs,
+    from_dict,
+    help_text,
+    parse_args,
+    to_dict,
+)
+from pretrain.run import check_environment
+
+ROOT = Path(__file__).resolve().parents[1]
+PRETRAIN_PRESETS = sorted((ROOT / "configs" / "pretrain").glob("*.yaml"))
+DEEPSPEED_CONFIGS = sorted((ROOT / "configs" / "deepspeed").glob("*.json"))
+ACCELERATE_CONFIGS = sorted((ROOT / "configs" / "accelerate").glob("*.yaml"))
+SECTIONS = (ModelConfig, OptimConfig, TrainConfig, TrackingConfig, PretrainConfig)
+
+
+def test_every_config_dir_has_files() -> None:
+    assert len(PRETRAIN_PRESETS) >= 6 and len(DEEPSPEED_CONFIGS) >= 2 and len(ACCELERATE_CONFIGS) >= 4
+
+
+@pytest.mark.parametrize("preset", PRETRAIN_PRESETS, ids=lambda p: p.name)
+def test_pretrain_presets_parse_into_the_schema(preset: Path) -> None:
+    if preset.name.endswith("_seq512.yaml"):  # an overlay on its phase-1 preset
+        base = ROOT / "configs" / "pretrain" / preset.name.replace("_seq512", "")
+        cfg = parse_args(["--config", str(base), "--config", str(preset)])
+        assert cfg.data.max_seq_length == 512 <= cfg.model.max_position_embeddings
+    else:
+        cfg = parse_args(["--config", str(preset)])
+    assert "../shared" not in preset.read_text()
+    assert cfg.model.norm_placement in ("post", "pre")
+
+
+def test_bert_base_presets_follow_the_paper() -> None:
+    post = parse_args(["--config", str(ROOT / "configs/pretrain/bert_base_post_ln.yaml")])
+    pre = parse_args(["--config", str(ROOT / "configs/pretrain/bert_base_pre_ln.yaml")])
+    assert (post.model.hidden_size, post.model.num_hidden_layers, post.model.num_attention_heads) == (768, 12, 12)
+    assert post.model.intermediate_size == 3072 and post.model.vocab_size == 30522
+    assert (post.optim.lr, post.optim.warmup_steps, post.optim.scheduler) == (1e-4, 10000, "linear")
+    assert (pre.optim.lr, pre.optim.warmup_steps) == (3e-4, 0)
+    assert post.optim.betas == (0.9, 0.999) and post.optim.eps == 1e-6 and post.optim.weight_decay == 0.01
+    assert post.train.max_steps == 1_000_000 and post.data.max_seq_length == 128
+    assert post.train.per_device_batch_size * 8 * post.train.gradient_accumulation_steps == 256
+    assert post.data.tokenizer == "bert-base-uncased"
+    # Identical apart from placement, schedule and names.
+    differing = _differences(to_dict(post), to_dict(pre))
+    assert differing == {"model.norm_placement", "optim.lr", "optim.warmup_steps", "train.output_dir", "train.run_name"}
+
+
+def test_small_presets_differ_only_in_placement_and_schedule() -> None:
+    post = parse_args(["--config", str(ROOT / "configs/pretrain/small_post_ln.yaml")])
+    pre = parse_args(["--config", str(ROOT / "configs/pretrain/small_pre_ln.yaml")])
+    differing = _differences(to_dict(post), to_dict(pre))
+    assert differing == {"model.norm_placement", "optim.lr", "optim.warmup_fraction", "train.output_dir", "train.run_name"}
+    assert post.optim.resolved_warmup_steps(post.train.max_steps) == 20
+    assert pre.optim.resolved_warmup_steps(pre.train.max_steps) == 0
+    assert all(s.kind == "json" for s in post.data.sources)
+
+
+def _differences(a: dict, b: dict, prefix: str = "") -> set[str]:
+    out = set()
+    for key in a:
+        name = f"{prefix}{key}"
+        if isinstance(a[key], dict):
+            out |= _differences(a[key], b[key], name + ".")
+        elif a[key] != b[key]:
+            out.add(name)
+    return out
+
+
+@pytest.mark.parametrize("path", DEEPSPEED_CONFIGS, ids=lambda p: p.name)
+def test_deepspeed_configs_leave_batch_and_clipping_to_the_project_config(path: Path) -> None:
+    ds = json.loads(path.read_text())
+    for key in ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "gradient_clipping"):
+        assert ds[key] == "auto", key
+    assert ds["bf16"]["enabled"] == "auto" and ds["fp16"]["enabled"] == "auto"
+    assert ds["zero_optimization"]["stage"] in (1, 2)
+    assert "optimizer" not in ds and "scheduler" not in ds  # both come from pretrain/run.py
+
+
+@pytest.mark.parametrize("path", ACCELERATE_CONFIGS, ids=lambda p: p.name)
+def test_accelerate_configs_load(path: Path) -> None:
+    from accelerate.commands.config.config_args import load_config_from_file
+
+    config = load_config_from_file(str(path))
+    assert config.num_processes >= 1
+    raw = yaml.safe_load(path.read_text())
+    if raw["distributed_type"] == "DEEPSPEED":
+        assert (ROOT / raw["deepspeed_config"]["deepspeed_config_file"]).is_file()
+
+
+def test_yaml_and_cli_give_the_same_config(tmp_path: Path) -> None:
+    preset = tmp_path / "p.yaml"
+    preset.write_text("train:\n  max_steps: 100\noptim:\n  betas: [0.9, 0.98]\n  lr: 1e-4\n")
+    from_yaml = parse_args(["--config", str(preset)])
+    from_cli = parse_args(["--train.max_steps=100", "--optim.betas", "[0.9, 0.98]", "--optim.lr=1e-4"])
+    assert from_yaml == from_cli
+    assert from_cli.optim.lr == 1e-4 and from_cli.optim.betas == (0.9, 0.98)
+    # Overrides win over the preset.
+    assert parse_args(["--config", str(preset), "--train.max_steps=7"]).train.max_steps == 7
+
+
+def test_list_of_dataclasses_from_the_cli() -> None:
+    cfg = parse_args(['--data.sources=[{"kind": "json", "path": "a.jsonl", "weight": 2}, {kind: text, path: b.txt}]'])
+    assert [(s.kind, s.path, s.weight) for s in cfg.data.sources] == [("json", "a.jsonl", 2.0), ("text", "b.txt", 1.0)]
+
+
+def test_resolved_config_round_trips_through_json() -> None:
+    cfg = parse_args(["--model.norm_placement=pre", "--train.snapshot_steps=[1, 10, 100]"])
+    assert from_dict(PretrainConfig, json.loads(json.dumps(to_dict(cfg)))) == cfg
+    assert cfg.train.run_name == "lnbert-pre" and cfg.train.output_dir == "runs/lnbert-pre"
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--train.max_step=10"], r"unknown key 'train.max_step'; did you mean 'train.max_steps'\?"),
+        (["--trian.seed=1"], r"unknown key 'trian'; did you mean 'train'\?"),
+        (['--data.sources=[{"kind": "json", "paht": "x"}]'], r"unknown key 'data.sources\[0\].paht'; did you mean"),
+        (["--train.max_steps=abc"], r"train.max_steps expects int, got 'abc'"),
+        (["--train.compile=maybe"], r"train.compile expects bool, got 'maybe'"),
+        (["--optim.lr=fast"], r"optim.lr expects float, got 'fast'"),
+        (["--optim.betas=[0.9]"], r"optim.betas expects tuple\[float, float\]"),
+        (["--model.norm_placement=middle"], r"model.norm_placement must be one of post, pre, sandwich, deepnorm"),
+        (["--train.mixed_precision=fp8"], r"train.mixed_precision must be one of no, bf16, fp16"),
+        (["--optim.scheduler=triangle"], r"optim.scheduler must be one of .*linear"),
+        (["--optim.warmup_steps=500", "--train.max_steps=100"], r"optim.warmup_steps = 500 exceeds train.max_steps=100"),
+        (["--model.num_attention_heads=5"], r"model.num_attention_heads must divide model.hidden_size=128"),
+        (["--data.max_seq_length=512"], r"model.max_position_embeddings = 128 is smaller than data.max_seq_length=512"),
+        (["--model.vocab_size=1000", "--data.vocab_size=4000"], r"data.vocab_size = 4000 .* exceeds model.vocab_size=1000"),
+        (["--data.sources=[{kind: tape}]"], r"data.sources\[0\]: .*kind='tape' is unknown"),
+        (["--train.stop_at_step=500"], r"train.stop_at_step must be in \[1, train.max_steps=300\]"),
+        (["--model.hidden_size"], r"--model.hidden_size needs a value"),
+        (["max_steps=3"], r"unexpected argument 'max_steps=3'"),
+    ],
+)
+def test_bad_configs_name_the_key_and_the_fix(argv: list[str], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        parse_args(argv)
+
+
+def test_missing_preset_file(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match=r"config file .*nope.yaml not found"):
+        parse_args(["--config", str(tmp_path / "nope.yaml")])
+
+
+def test_unknown_key_in_a_preset(tmp_path: Path) -> None:
+    preset = tmp_path / "p.yaml"
+    preset.write_text("optim:\n  learning_rate: 0.1\n")
+    with pytest.raises(ConfigError, match=r"unknown key 'optim.learning_rate'"):
+        parse_args(["--config", str(preset)])
+
+
+def test_fp16_on_cpu_and_deepspeed_with_compile_fail_before_any_work(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("torch.cuda.is_available", lambda: False)
+    with pytest.raises(ConfigError, match=r"train.mixed_precision=fp16 needs a GPU"):
+        check_environment(parse_args(["--train.mixed_precision=fp16"]))
+    monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")
+    with pytest.raises(ConfigError, match=r"train.compile=true does not work with DeepSpeed"):
+        check_environment(parse_args(["--train.compile=true"]))
+
+
+@pytest.mark.parametrize("cls", [*SECTIONS, DataConfig], ids=lambda c: c.__name__)
+def test_every_field_is_documented(cls: type) -> None:
+    docs = field_docs(cls)
+    missing = [f.name for f in dataclasses.fields(cls) if not docs.get(f.name)]
+    assert not missing, f"{cls.__name__} fields without a docstring: {missing}"
+
+
+def test_help_lists_every_field_with_type_default_and_doc() -> None:
+    text = help_text()
+    for cls, section in [(ModelConfig, "model"), (OptimConfig, "optim"), (TrainConfig, "train"),
+                         (TrackingConfig, "tracking"), (DataConfig, "data")]:
+        hints = typing.get_type_hints(cls)
+        for f in dataclasses.fields(cls):
+            assert f"--{section}.{f.name}  (" in text, f.name
+        assert "default:" in text and hints
+    assert "Where the LayerNorms go" in text
+    assert "--train.max_steps  (int, default: 300)" in text
+    assert "--data.sources[].kind" in text
+
+
+def test_main_help_exits_zero(capsys: pytest.CaptureFixture[str]) -> None:
+    from pretrain.run import main
+
+    assert main(["--help"]) == 0
+    assert "--optim.warmup_steps" in capsys.readouterr().out
