@@ -182,6 +182,8 @@ class PretrainingData(NamedTuple):
 
 _SKIPPED_STDLIB_DIRS = {"test", "tests", "idlelib", "lib2to3", "site-packages", "dist-packages", "turtledemo",
                         "ensurepip", "__pycache__", "pydoc_data"}  # fmt: skip
+# Modules with a one-line docstring (or test strings such as "¶ π 😀") are not prose worth a document.
+_MIN_PYTHON_DOC_WORDS = 20
 
 
 def _reflow(text: str) -> str:
@@ -209,23 +211,23 @@ def iter_python_docs() -> Iterator[str]:
        (79 documents, about 465 KB in Python 3.11).
     2. One document per standard-library module: its module, class and function docstrings, parsed with
        ``ast`` (not imported) from the stdlib folder, skipping tests, idlelib, lib2to3 and site-packages
-       (about 530 documents, 1.5 MB in Python 3.11).
+       (about 380 documents, 1.5 MB in Python 3.11).
 
-    Lines are reflowed to one paragraph per line. Together about 2 MB of text (~0.4M tokens): enough for a
+    Lines are reflowed to one paragraph per line. Together about 460 documents, 2 MB of text, 0.3M words: enough for a
     few hundred steps of a tiny model, not for a real BERT.
     """
     from pydoc_data.topics import topics
 
     for name in sorted(topics):
         text = _reflow(topics[name])
-        if text:
+        if len(text.split()) >= _MIN_PYTHON_DOC_WORDS:
             yield text
     stdlib = Path(sysconfig.get_paths()["stdlib"])
     for folder, subdirs, files in os.walk(stdlib):
         subdirs[:] = sorted(d for d in subdirs if d not in _SKIPPED_STDLIB_DIRS and not d.startswith("config-"))
         for file in sorted(f for f in files if f.endswith(".py")):
             text = _reflow(_module_docstrings(Path(folder) / file))
-            if text:
+            if len(text.split()) >= _MIN_PYTHON_DOC_WORDS:
                 yield text
 
 
@@ -303,8 +305,10 @@ def _load_source(source: SourceConfig, index: int, cfg: DataConfig) -> datasets.
     elif source.kind == "hub":
         try:
             ds = datasets.load_dataset(source.path, source.name, split=source.split, streaming=cfg.streaming, cache_dir=hf_cache)
-        except FileNotFoundError as e:  # DatasetNotFoundError is one; name the config key, not only the Hub id
-            raise FileNotFoundError(f"{where}: dataset not found ({e}); check data.sources[{index}].path/name") from e
+        except (FileNotFoundError, ConnectionError) as e:  # DatasetNotFoundError, or offline: name the config key
+            raise FileNotFoundError(
+                f"{where}: Hub dataset not found or not reachable ({e}); check data.sources[{index}].path and .name"
+            ) from e
     else:
         files = resolve_local_files(source, index)
         if all(p.stat().st_size == 0 for p in files):
