@@ -1,0 +1,183 @@
+"""Shared pieces of the benchmarks: device and machine description, timing, GEMM peak, result files."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import subprocess
+import time
+from collections.abc import Callable
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import torch
+
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
+
+# Dense (no sparsity) peak TFLOP/s per card, (bf16, tf32), from the vendors' data sheets. Matched by substring of
+# torch.cuda.get_device_name(), first match wins, so the more specific names come first.
+GPU_PEAK_TFLOPS: tuple[tuple[str, float, float], ...] = (
+    ("H100 PCIe", 756.0, 378.0),
+    ("H100 NVL", 835.0, 418.0),
+    ("H100", 989.0, 494.7),  # SXM
+    ("H200", 989.0, 494.7),
+    ("H800", 989.0, 494.7),
+    ("GH200", 989.0, 494.7),
+    ("A100", 312.0, 156.0),
+    ("A800", 312.0, 156.0),
+    ("L40S", 362.0, 183.0),
+    ("A10G", 70.0, 35.0),
+    ("A10", 125.0, 62.5),
+    ("L4", 121.0, 60.0),
+)
+
+
+def pick_device(name: str) -> torch.device:
+    """``"auto"``: CUDA when available, else CPU; ``"cpu"``/``"cuda"`` as given (``"cuda"`` must exist)."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name not in ("cpu", "cuda"):
+        raise ValueError(f"--device={name!r} is not a valid choice; valid choices: auto, cpu, cuda")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device=cuda but torch.cuda.is_available() is False; use --device cpu or auto")
+    return torch.device(name)
+
+
+def configure_device(device: torch.device) -> None:
+    """TF32 for fp32 matmuls on CUDA (what anyone training on Ampere+ does); nothing to do on CPU."""
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def timed(fn: Callable[[], Any], device: torch.device) -> float:
+    """Wall-clock seconds of one call, with the device queue drained before and after."""
+    synchronize(device)
+    start = time.perf_counter()
+    fn()
+    synchronize(device)
+    return time.perf_counter() - start
+
+
+def spread(values: list[float]) -> dict[str, float]:
+    """Median and the noise around it: interquartile range and min/max, relative to the median."""
+    med = statistics.median(values)
+    if len(values) >= 4:
+        q1, _, q3 = statistics.quantiles(values, n=4)
+    else:
+        q1, q3 = min(values), max(values)
+    return {
+        "median": med,
+        "min": min(values),
+        "max": max(values),
+        "iqr_rel": (q3 - q1) / med if med else 0.0,
+        "range_rel": (max(values) - min(values)) / med if med else 0.0,
+        "n": len(values),
+    }
+
+
+def cpu_model() -> str:
+    try:
+        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=False).stdout
+    except FileNotFoundError:
+        return platform.processor() or "unknown"
+    for line in out.splitlines():
+        if line.startswith("Model name:"):
+            return line.split(":", 1)[1].strip()
+    return platform.processor() or "unknown"
+
+
+def machine_info(device: torch.device) -> dict[str, Any]:
+    info: dict[str, Any] = {
+        "device": str(device),
+        "cpu_model": cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "mkldnn": torch.backends.mkldnn.is_available(),
+        "load_average": os.getloadavg() if hasattr(os, "getloadavg") else None,
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+    }
+    try:
+        import transformers
+
+        info["transformers"] = transformers.__version__
+    except ImportError:  # the benchmarks that compare against Hugging Face need it; the rest do not
+        info["transformers"] = None
+    if device.type == "cuda":
+        info["gpu"] = torch.cuda.get_device_name(device)
+        info["cuda"] = torch.version.cuda
+    return info
+
+
+def table_peak_tflops(gpu_name: str) -> dict[str, float] | None:
+    """Data-sheet dense peak of a known card, ``{"bf16": ..., "fp32": ...}`` (fp32 means TF32), else None."""
+    for key, bf16, tf32 in GPU_PEAK_TFLOPS:
+        if key in gpu_name:
+            return {"bf16": bf16, "fp32": tf32}
+    return None
+
+
+def measured_gemm_tflops(dtype: torch.dtype, device: torch.device, size: int, reps: int = 5) -> float:
+    """Best-of-``reps`` TFLOP/s of one ``size`` x ``size`` matmul: the machine's own practical limit."""
+    a = torch.randn(size, size, device=device).to(dtype)
+    b = torch.randn(size, size, device=device).to(dtype)
+    for _ in range(2):  # warm-up: oneDNN/cuBLAS pick and cache their kernels on the first calls
+        torch.mm(a, b)
+    best = min(timed(lambda: torch.mm(a, b), device) for _ in range(reps))
+    return 2 * size**3 / best / 1e12
+
+
+def gemm_peaks(device: torch.device, size: int | None = None, earlier: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Measured fp32 and bf16 GEMM TFLOP/s, plus the data-sheet figures on a known GPU.
+
+    ``reference`` is what MFU is computed against: the data sheet on a known GPU, the measured GEMM otherwise.
+    Pass the result of an ``earlier`` call to keep the best of both (on a shared machine, a busy spell during
+    one measurement would otherwise flatter every MFU figure).
+    """
+    size = size or (8192 if device.type == "cuda" else 2048)
+    measured = {
+        "fp32": measured_gemm_tflops(torch.float32, device, size),
+        "bf16": measured_gemm_tflops(torch.bfloat16, device, size),
+    }
+    if earlier is not None:
+        measured = {k: max(v, earlier["measured_tflops"][k]) for k, v in measured.items()}
+    table = table_peak_tflops(torch.cuda.get_device_name(device)) if device.type == "cuda" else None
+    return {
+        "gemm_size": size,
+        "measured_tflops": measured,
+        "datasheet_tflops": table,
+        "reference": "datasheet" if table else "measured",
+        "reference_tflops": table or measured,
+    }
+
+
+def write_results(name: str, payload: dict[str, Any], out: Path | None = None) -> Path:
+    """Write ``payload`` as JSON to ``out`` or ``benchmarks/results/<name>-<UTC time>.json``."""
+    if out is None:
+        stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+        out = RESULTS_DIR / f"{name}-{stamp}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(payload, indent=2, default=str) + "\n")
+    return out
+
+
+def format_table(headers: list[str], rows: list[list[Any]]) -> str:
+    """A plain Markdown table (pastes straight into BENCHMARKS.md)."""
+    cells = [[str(c) for c in row] for row in rows]
+    widths = [max(len(h), *(len(r[i]) for r in cells)) if cells else len(h) for i, h in enumerate(headers)]
+    lines = [
+        "| " + " | ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)) + " |",
+        "|" + "|".join("-" * (w + 2) for w in widths) + "|",
+    ]
+    lines += ["| " + " | ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) + " |" for row in cells]
+    return "\n".join(lines)

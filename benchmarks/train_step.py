@@ -1,0 +1,480 @@
+"""Training-step throughput of our BERT against Hugging Face ``BertForPreTraining``, interleaved in one process.
+
+One step = forward + backward + AdamW step on a random batch with 15% MLM labels and NSP labels. Every variant
+sees the same batches, shapes, precision and optimizer; the variants take turns (rotated order) within each
+repetition, so a slow spell on the shared machine hits all of them, and the ratio ours/HF is taken per repetition
+(paired) before the median. The GEMM peak is measured in the same run, so MFU is against this machine's limit
+(on a known GPU, against the data sheet).
+
+    python -m benchmarks.train_step                                   # BERT-base + small, fp32 + bf16
+    python -m benchmarks.train_step --shapes small --reps 5           # a quick look (~1 minute on 2 cores)
+    python -m benchmarks.train_step --variants hf,post,post+dense,post+compile --shapes small
+    python -m benchmarks.train_step --profile post --shapes base --precisions bf16 --reps 3
+
+Variants are ``MODEL[+MOD...]``: MODEL is ``hf`` or a norm placement (``post``, ``pre``, ``sandwich``,
+``deepnorm``); MODs: ``dense`` (ours: MLM head on every position, as Hugging Face), ``eager`` (eager attention
+instead of SDPA), ``compile`` (``torch.compile`` the model; compile time reported as the first step), an
+optimizer (``fused``, ``foreach``, ``loop``: overrides ``--optimizer``), and ours' fast-path switches from
+``FAST_PATH_MODS``.
+
+FLOPs per token = 6N + 12·L·H·T (N: matmul weights a token passes through, forward+backward = 6 per weight;
+12·L·H·T: attention scores and weighted sum). The MLM head (transform + vocab decoder) counts for every token
+("dense-head" count) or for the masked 15% only ("sparse-head" count, what our default executes). ``exec`` FLOP/s
+uses what the variant actually executes; ``tok/s`` is the headline, comparable across variants.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import gc
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from benchmarks.common import (
+    configure_device,
+    format_table,
+    gemm_peaks,
+    machine_info,
+    pick_device,
+    spread,
+    timed,
+    write_results,
+)
+
+# Named shapes: (layers, hidden, heads, seq, vocab, batch). The small one is the CPU pretraining size.
+SHAPES: dict[str, dict[str, int]] = {
+    "base": dict(layers=12, hidden=768, heads=12, seq=128, vocab=30522, batch=8),
+    "small": dict(layers=4, hidden=256, heads=4, seq=128, vocab=30522, batch=8),
+    "tiny": dict(layers=2, hidden=32, heads=4, seq=16, vocab=99, batch=2),  # for tests only
+}
+PRECISIONS = ("fp32", "bf16")
+MODELS = ("hf", "post", "pre", "sandwich", "deepnorm")
+OPTIMIZERS = ("fused", "foreach", "loop")
+# Fast-path switches of LNBertConfig, as variant MODs: name -> config overrides (ours only).
+FAST_PATH_MODS: dict[str, dict[str, Any]] = {
+    "dense": {"sparse_mlm_head": False},
+}
+OTHER_MODS = ("eager", "compile", *OPTIMIZERS)
+MLM_FRACTION = 0.15
+MASK_TOKEN_ID = 103  # [MASK] in the bert-base-uncased vocabulary; any id works for timing
+
+
+@dataclass
+class Variant:
+    """One model/option combination, parsed from ``MODEL[+MOD...]``."""
+
+    spec: str
+    model: str
+    config_overrides: dict[str, Any] = field(default_factory=dict)
+    attn_implementation: str = "sdpa"
+    compile: bool = False
+    optimizer: str | None = None  # None: --optimizer
+
+    @property
+    def is_hf(self) -> bool:
+        return self.model == "hf"
+
+    @property
+    def sparse_head(self) -> bool:
+        return not self.is_hf and self.config_overrides.get("sparse_mlm_head", True)
+
+
+def parse_variant(spec: str) -> Variant:
+    model, *mods = spec.strip().split("+")
+    if model not in MODELS:
+        raise ValueError(f"variant {spec!r}: model {model!r} is not one of {', '.join(MODELS)}")
+    variant = Variant(spec=spec.strip(), model=model)
+    for mod in mods:
+        if mod in FAST_PATH_MODS:
+            if variant.is_hf:
+                raise ValueError(f"variant {spec!r}: {mod!r} is a switch of our model; Hugging Face has no such switch")
+            variant.config_overrides.update(FAST_PATH_MODS[mod])
+        elif mod == "eager":
+            variant.attn_implementation = "eager"
+        elif mod == "compile":
+            variant.compile = True
+        elif mod in OPTIMIZERS:
+            variant.optimizer = mod
+        else:
+            valid = ", ".join([*FAST_PATH_MODS, *OTHER_MODS])
+            raise ValueError(f"variant {spec!r}: unknown modifier {mod!r}; valid modifiers: {valid}")
+    return variant
+
+
+def parse_list(text: str, valid: tuple[str, ...] | dict[str, Any], flag: str) -> list[str]:
+    items = [t.strip() for t in text.split(",") if t.strip()]
+    bad = [t for t in items if t not in valid]
+    if bad or not items:
+        raise ValueError(f"{flag}={text!r}: {bad or 'empty'} not valid; valid choices: {', '.join(valid)}")
+    return items
+
+
+# --------------------------------------------------------------------------------------------------
+# FLOPs
+# --------------------------------------------------------------------------------------------------
+
+
+def flops_per_token(shape: dict[str, int], masked_fraction: float, sparse_head: bool) -> float:
+    """Training FLOPs per token: 6N + 12·L·H·T, with the MLM head counted densely or on masked tokens only.
+
+    N counts matmul weights only (embedding lookups are not matmuls); the pooler and NSP head run once per
+    sequence, so they add 6·(H² + 2H)/T per token.
+    """
+    layers, hidden, seq, vocab = shape["layers"], shape["hidden"], shape["seq"], shape["vocab"]
+    intermediate = 4 * hidden
+    encoder = layers * (4 * hidden * hidden + 2 * hidden * intermediate)
+    head = hidden * hidden + vocab * hidden  # transform dense + tied decoder
+    pooler_nsp = (hidden * hidden + 2 * hidden) / seq
+    head_share = masked_fraction if sparse_head else 1.0
+    return 6 * (encoder + head_share * head + pooler_nsp) + 12 * layers * hidden * seq
+
+
+# --------------------------------------------------------------------------------------------------
+# Models, data, optimizer
+# --------------------------------------------------------------------------------------------------
+
+
+def hf_config_kwargs(shape: dict[str, int]) -> dict[str, Any]:
+    return dict(
+        vocab_size=shape["vocab"],
+        hidden_size=shape["hidden"],
+        num_hidden_layers=shape["layers"],
+        num_attention_heads=shape["heads"],
+        intermediate_size=4 * shape["hidden"],
+        max_position_embeddings=max(512, shape["seq"]),
+        tie_word_embeddings=True,
+    )
+
+
+def build_model(variant: Variant, shape: dict[str, int], seed: int) -> nn.Module:
+    """Hugging Face ``BertForPreTraining`` or our ``LNBertForPreTraining``; same seed, same init scheme.
+
+    Our Post-LN and Hugging Face built from the same seed have the same weights (the equivalence tests load one
+    state dict into the other strictly); we do not rely on it, only on the shapes.
+    """
+    torch.manual_seed(seed)
+    if variant.is_hf:
+        from transformers import BertConfig, BertForPreTraining
+
+        config = BertConfig(**hf_config_kwargs(shape))
+        return BertForPreTraining._from_config(config, attn_implementation=variant.attn_implementation)
+    from pretrain.modeling import LNBertConfig, LNBertForPreTraining
+
+    config = LNBertConfig(**hf_config_kwargs(shape), norm_placement=variant.model, **variant.config_overrides)
+    return LNBertForPreTraining._from_config(config, attn_implementation=variant.attn_implementation)
+
+
+def make_optimizer(model: nn.Module, kind: str, device: torch.device) -> torch.optim.Optimizer:
+    """AdamW as BERT pretraining uses it (lr 1e-4, weight decay 0.01) in one of torch's implementations."""
+    if kind not in OPTIMIZERS:
+        raise ValueError(f"optimizer {kind!r} is not valid; valid choices: {', '.join(OPTIMIZERS)}")
+    impl = {"fused": dict(fused=True), "foreach": dict(foreach=True), "loop": dict(foreach=False, fused=False)}[kind]
+    return torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01, **impl)
+
+
+def random_batch(shape: dict[str, int], device: torch.device, generator: torch.Generator) -> dict[str, torch.Tensor]:
+    """Token ids, a sentence-pair segment split, exactly round(15% · T) MLM targets per row (never [CLS])."""
+    batch, seq, vocab = shape["batch"], shape["seq"], shape["vocab"]
+    low = min(1000, vocab // 2)  # above the special tokens of a BERT vocabulary
+    input_ids = torch.randint(low, vocab, (batch, seq), generator=generator)
+    input_ids[:, 0] = 101 % vocab
+    token_type_ids = torch.zeros(batch, seq, dtype=torch.long)
+    token_type_ids[:, seq // 2 :] = 1
+    n_masked = max(1, round(MLM_FRACTION * seq))
+    labels = torch.full((batch, seq), -100, dtype=torch.long)
+    for row in range(batch):
+        positions = 1 + torch.randperm(seq - 1, generator=generator)[:n_masked]
+        labels[row, positions] = input_ids[row, positions]
+        input_ids[row, positions] = MASK_TOKEN_ID % vocab
+    tensors = {
+        "input_ids": input_ids,
+        "attention_mask": torch.ones(batch, seq, dtype=torch.long),
+        "token_type_ids": token_type_ids,
+        "labels": labels,
+        "next_sentence_label": torch.randint(0, 2, (batch,), generator=generator),
+    }
+    return {k: v.to(device) for k, v in tensors.items()}
+
+
+def autocast_context(precision: str, device: torch.device) -> Callable[[], contextlib.AbstractContextManager]:
+    if precision == "fp32":
+        return contextlib.nullcontext
+    return lambda: torch.autocast(device.type, dtype=torch.bfloat16)
+
+
+@dataclass
+class Runner:
+    """A model, its optimizer and a one-step closure."""
+
+    variant: Variant
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    step: Callable[[dict[str, torch.Tensor]], torch.Tensor]
+    first_step_s: float = 0.0
+
+
+def make_runner(
+    variant: Variant, shape: dict[str, int], precision: str, optimizer: str, device: torch.device, seed: int
+) -> Runner:
+    model = build_model(variant, shape, seed).to(device).train()
+    opt = make_optimizer(model, variant.optimizer or optimizer, device)
+    forward = torch.compile(model) if variant.compile else model
+    autocast = autocast_context(precision, device)
+
+    def step(batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        opt.zero_grad(set_to_none=True)
+        with autocast():
+            loss = forward(**batch).loss
+        loss.backward()
+        opt.step()
+        return loss.detach()
+
+    return Runner(variant, model, opt, step)
+
+
+# --------------------------------------------------------------------------------------------------
+# Measurement
+# --------------------------------------------------------------------------------------------------
+
+
+def measure_group(
+    variants: list[Variant], shape: dict[str, int], precision: str, args: argparse.Namespace, device: torch.device
+) -> dict[str, Any]:
+    """All variants of one (shape, precision): warm-up, then ``reps`` interleaved timed steps each."""
+    generator = torch.Generator().manual_seed(args.seed)
+    batches = [random_batch(shape, device, generator) for _ in range(2)]
+    runners = [make_runner(v, shape, precision, args.optimizer, device, args.seed) for v in variants]
+    for runner in runners:  # the first step includes compilation / kernel selection: reported, not timed
+        runner.first_step_s = timed(lambda r=runner: r.step(batches[0]), device)
+        for _ in range(args.warmup - 1):
+            runner.step(batches[0])
+    times: dict[str, list[float]] = {v.spec: [] for v in variants}
+    losses: dict[str, float] = {}
+    for rep in range(args.reps):
+        batch = batches[rep % len(batches)]
+        shift = rep % len(runners)
+        for runner in runners[shift:] + runners[:shift]:  # rotate who goes first
+            seconds, loss = timed_step(runner, batch, device)
+            times[runner.variant.spec].append(seconds)
+            losses[runner.variant.spec] = loss
+    profile = None
+    if args.profile:
+        target = next((r for r in runners if r.variant.spec == args.profile), None)
+        if target is None:
+            raise ValueError(f"--profile={args.profile!r} is not among --variants {[v.spec for v in variants]}")
+        profile = profile_step(target, batches[0], device, args.profile_rows)
+    result = summarise(variants, runners, times, losses, shape, precision, args)
+    result["profile"] = profile
+    result["profile_variant"] = args.profile
+    del runners
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return result
+
+
+def timed_step(runner: Runner, batch: dict[str, torch.Tensor], device: torch.device) -> tuple[float, float]:
+    """Seconds of one training step and its loss."""
+    holder: list[torch.Tensor] = []
+    seconds = timed(lambda: holder.append(runner.step(batch)), device)
+    return seconds, float(holder[0])
+
+
+def profile_step(runner: Runner, batch: dict[str, torch.Tensor], device: torch.device, rows: int) -> str:
+    """Top ops of one step by self time (the table that shows where the time goes)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with profile(activities=activities, record_shapes=False) as prof:
+        runner.step(batch)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+    sort_by = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
+    return prof.key_averages().table(sort_by=sort_by, row_limit=rows, max_name_column_width=60)
+
+
+def summarise(
+    variants: list[Variant],
+    runners: list[Runner],
+    times: dict[str, list[float]],
+    losses: dict[str, float],
+    shape: dict[str, int],
+    precision: str,
+    args: argparse.Namespace,
+) -> dict[str, Any]:
+    tokens = shape["batch"] * shape["seq"]
+    masked = max(1, round(MLM_FRACTION * shape["seq"])) / shape["seq"]
+    dense_fpt = flops_per_token(shape, masked, sparse_head=False)
+    sparse_fpt = flops_per_token(shape, masked, sparse_head=True)
+    baseline = next((v.spec for v in variants if v.spec == args.baseline), None)
+    rows = []
+    for variant, runner in zip(variants, runners, strict=True):
+        t = times[variant.spec]
+        stats = spread(t)
+        fpt = sparse_fpt if variant.sparse_head else dense_fpt
+        row: dict[str, Any] = {
+            "variant": variant.spec,
+            "step_s": stats,
+            "tokens_per_s": tokens / stats["median"],
+            "exec_flops_per_token": fpt,
+            "exec_tflops": fpt * tokens / stats["median"] / 1e12,
+            "dense_count_tflops": dense_fpt * tokens / stats["median"] / 1e12,
+            "first_step_s": runner.first_step_s,
+            "loss": losses.get(variant.spec),
+        }
+        if baseline is not None:
+            # Paired: both timed in the same repetition, so shared-machine drift cancels.
+            ratios = [b / o for o, b in zip(t, times[baseline], strict=True)]
+            row["speedup_vs_baseline"] = spread(ratios)
+        rows.append(row)
+    return {
+        "shape": shape,
+        "precision": precision,
+        "tokens_per_step": tokens,
+        "masked_fraction": masked,
+        "flops_per_token": {"dense_head": dense_fpt, "sparse_head": sparse_fpt},
+        "baseline": baseline,
+        "rows": rows,
+    }
+
+
+def add_mfu(group: dict[str, Any], peaks: dict[str, Any]) -> None:
+    """MFU of each row against the reference peak of the group's precision (executed and dense-count FLOPs)."""
+    peak = peaks["reference_tflops"][group["precision"]]
+    for row in group["rows"]:
+        row["mfu_exec"] = row["exec_tflops"] / peak
+        row["mfu_dense_count"] = row["dense_count_tflops"] / peak
+
+
+def print_group(group: dict[str, Any], shape_name: str) -> None:
+    fpt = group["flops_per_token"]
+    print(
+        f"\n## {shape_name} {group['shape']} — {group['precision']}; FLOPs/token: dense-head "
+        f"{fpt['dense_head'] / 1e6:.1f} M, sparse-head {fpt['sparse_head'] / 1e6:.1f} M"
+    )
+    headers = [
+        "variant",
+        "step s (median)",
+        "noise IQR",
+        "tok/s",
+        f"x {group['baseline']}",
+        "exec TFLOP/s",
+        "MFU exec",
+        "MFU dense-count",
+        "1st step s",
+    ]
+    rows = []
+    for r in group["rows"]:
+        speed = r.get("speedup_vs_baseline")
+        speed_txt = f"{speed['median']:.2f} ({speed['min']:.2f}-{speed['max']:.2f})" if speed else "-"
+        rows.append(
+            [
+                r["variant"],
+                f"{r['step_s']['median']:.4f}",
+                f"{100 * r['step_s']['iqr_rel']:.1f}%",
+                f"{r['tokens_per_s']:.0f}",
+                speed_txt,
+                f"{r['exec_tflops']:.3f}",
+                f"{100 * r['mfu_exec']:.1f}%",
+                f"{100 * r['mfu_dense_count']:.1f}%",
+                f"{r['first_step_s']:.2f}",
+            ]
+        )
+    print(format_table(headers, rows))
+    if group.get("profile"):
+        print(f"\nprofile of one step of {group['profile_variant']} (top ops by self time):")
+        print(group["profile"])
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--shapes", default="base,small", help=f"comma list of {', '.join(SHAPES)}")
+    parser.add_argument("--precisions", default="fp32,bf16", help="comma list of fp32 (TF32 on CUDA), bf16 (autocast)")
+    parser.add_argument("--variants", default="hf,post,pre", help="comma list of MODEL[+MOD...] (see above)")
+    parser.add_argument("--baseline", default="hf", help="variant the speed-ups are relative to")
+    parser.add_argument(
+        "--optimizer",
+        default="fused",
+        choices=OPTIMIZERS,
+        help="AdamW implementation for every variant (fused is Hugging Face Trainer's default)",
+    )
+    parser.add_argument("--batch", type=int, help="override the shapes' batch size")
+    parser.add_argument("--seq", type=int, help="override the shapes' sequence length")
+    parser.add_argument("--reps", type=int, default=5, help="timed steps per variant (interleaved)")
+    parser.add_argument("--warmup", type=int, default=2, help="untimed steps per variant first (>= 1)")
+    parser.add_argument("--device", default="auto", help="auto (CUDA when available), cpu or cuda")
+    parser.add_argument("--threads", type=int, help="torch.set_num_threads (CPU); default: torch's choice")
+    parser.add_argument("--gemm-size", type=int, help="square matmul size for the peak (default 2048 CPU, 8192 GPU)")
+    parser.add_argument("--profile", help="variant to profile for one step per group (top ops by self time)")
+    parser.add_argument("--profile-rows", type=int, default=25)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", type=Path, help="JSON path (default benchmarks/results/train_step-<time>.json)")
+    args = parser.parse_args(argv)
+    args.shape_names = parse_list(args.shapes, SHAPES, "--shapes")
+    args.precision_names = parse_list(args.precisions, PRECISIONS, "--precisions")
+    args.variant_list = [parse_variant(s) for s in args.variants.split(",") if s.strip()]
+    if len({v.spec for v in args.variant_list}) != len(args.variant_list):
+        parser.error(f"--variants={args.variants!r} names a variant twice")
+    if args.reps < 1 or args.warmup < 1:
+        parser.error("--reps and --warmup must be >= 1")
+    return args
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    args = parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    device = pick_device(args.device)
+    configure_device(device)
+    info = machine_info(device)
+    print(f"machine: {info}")
+    args.peaks = gemm_peaks(device, args.gemm_size)
+    measured = args.peaks["measured_tflops"]
+    print(
+        f"GEMM peak ({args.peaks['gemm_size']}^2, measured): fp32 {measured['fp32']:.3f} TFLOP/s, "
+        f"bf16 {measured['bf16']:.3f} TFLOP/s; MFU reference: {args.peaks['reference']} {args.peaks['reference_tflops']}"
+    )
+    groups = []
+    start_peaks = args.peaks
+    for shape_name in args.shape_names:
+        shape = dict(SHAPES[shape_name])
+        if args.batch:
+            shape["batch"] = args.batch
+        if args.seq:
+            shape["seq"] = args.seq
+        for precision in args.precision_names:
+            group = measure_group(args.variant_list, shape, precision, args, device)
+            group["shape_name"] = shape_name
+            add_mfu(group, start_peaks)
+            print_group(group, shape_name)
+            groups.append(group)
+    # Measure the peak again and keep the best: a busy spell on a shared machine must not inflate MFU.
+    args.peaks = gemm_peaks(device, args.gemm_size, earlier=start_peaks)
+    measured = args.peaks["measured_tflops"]
+    print(
+        f"\n# Summary (MFU against the best GEMM peak of start and end: fp32 {measured['fp32']:.3f}, "
+        f"bf16 {measured['bf16']:.3f} TFLOP/s measured; reference {args.peaks['reference']})"
+    )
+    for group in groups:
+        add_mfu(group, args.peaks)
+        print_group({**group, "profile": None}, group["shape_name"])
+    payload = {
+        "benchmark": "train_step",
+        "machine": info,
+        "peaks": args.peaks,
+        "args": {k: v for k, v in vars(args).items() if k not in ("variant_list", "peaks")},
+        "groups": groups,
+    }
+    path = write_results("train_step", payload, args.out)
+    print(f"\nwrote {path}")
+    return payload
+
+
+if __name__ == "__main__":
+    main()

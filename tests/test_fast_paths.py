@@ -1,0 +1,215 @@
+"""Fast paths give the same numbers as the plain paths (within precision), and the benchmark harness runs.
+
+Speed is never asserted here (the machine is shared); the figures are in BENCHMARKS.md.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from benchmarks import common, train_step
+from pretrain.modeling import NORM_PLACEMENTS, LNBertConfig, LNBertForPreTraining
+
+
+def _batch(vocab: int, batch: int = 3, seq: int = 11, seed: int = 0) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    labels = torch.full((batch, seq), -100)
+    mask = torch.rand(batch, seq, generator=g) < 0.3
+    mask[0, 1] = True  # at least one MLM target
+    labels[mask] = torch.randint(0, vocab, (int(mask.sum()),), generator=g)
+    attention_mask = torch.ones(batch, seq, dtype=torch.long)
+    attention_mask[1, -3:] = 0  # padding in one row
+    return dict(
+        input_ids=torch.randint(0, vocab, (batch, seq), generator=g),
+        attention_mask=attention_mask,
+        token_type_ids=torch.randint(0, 2, (batch, seq), generator=g),
+        labels=labels,
+        next_sentence_label=torch.randint(0, 2, (batch,), generator=g),
+    )
+
+
+def _loss_and_grads(model: LNBertForPreTraining, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict]:
+    model.zero_grad(set_to_none=True)
+    loss = model(**batch).loss
+    loss.backward()
+    return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+def _pair(tiny_kwargs: dict, placement: str, **fast: object) -> tuple[LNBertForPreTraining, LNBertForPreTraining]:
+    """The same weights twice: plain paths, and with the given fast-path switches. Dropout off to compare."""
+    plain_cfg = LNBertConfig(
+        **tiny_kwargs,
+        norm_placement=placement,
+        sparse_mlm_head=False,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+    )
+    torch.manual_seed(0)
+    plain = LNBertForPreTraining(plain_cfg).train()
+    fast_cfg = LNBertConfig(**{**plain_cfg.to_dict(), **fast})
+    fast_model = LNBertForPreTraining(fast_cfg).train()
+    fast_model.load_state_dict(plain.state_dict(), strict=True)
+    return plain, fast_model
+
+
+# --------------------------------------------------------------------------------------------------
+# Fast paths: numerics
+# --------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("placement", NORM_PLACEMENTS)
+def test_sparse_mlm_head_matches_dense_loss_and_gradients(tiny_kwargs: dict, placement: str) -> None:
+    dense, sparse = _pair(tiny_kwargs, placement, sparse_mlm_head=True)
+    batch = _batch(tiny_kwargs["vocab_size"])
+    dense_loss, dense_grads = _loss_and_grads(dense, batch)
+    sparse_loss, sparse_grads = _loss_and_grads(sparse, batch)
+    torch.testing.assert_close(sparse_loss, dense_loss, rtol=1e-6, atol=1e-6)
+    assert sparse_grads.keys() == dense_grads.keys()
+    for name, grad in dense_grads.items():
+        torch.testing.assert_close(sparse_grads[name], grad, rtol=1e-5, atol=1e-6, msg=name)
+
+
+def test_sparse_mlm_head_logits_are_the_dense_logits_at_labelled_positions(tiny_kwargs: dict) -> None:
+    dense, sparse = _pair(tiny_kwargs, "post", sparse_mlm_head=True)
+    dense.eval()
+    sparse.eval()
+    batch = _batch(tiny_kwargs["vocab_size"])
+    selected = batch["labels"] != -100
+    with torch.no_grad():
+        dense_logits = dense(**batch).prediction_logits
+        sparse_logits = sparse(**batch).prediction_logits
+    assert sparse_logits.shape == (int(selected.sum()), tiny_kwargs["vocab_size"])
+    torch.testing.assert_close(sparse_logits, dense_logits[selected])
+
+
+# --------------------------------------------------------------------------------------------------
+# Benchmark harness: the code paths a CPU can reach, and the GPU-only bits through monkeypatch
+# --------------------------------------------------------------------------------------------------
+
+
+def test_flops_per_token_bert_base_matches_hand_count() -> None:
+    shape = train_step.SHAPES["base"]
+    h, v, t, n_layers = 768, 30522, 128, 12
+    encoder = n_layers * 12 * h * h  # 4 H² attention + 8 H² FFN per layer
+    head = h * h + v * h
+    attention = 12 * n_layers * h * t
+    pooler = (h * h + 2 * h) / t
+    dense = train_step.flops_per_token(shape, 0.15, sparse_head=False)
+    sparse = train_step.flops_per_token(shape, 0.15, sparse_head=True)
+    assert dense == pytest.approx(6 * (encoder + head + pooler) + attention)
+    assert sparse == pytest.approx(6 * (encoder + 0.15 * head + pooler) + attention)
+    assert 660e6 < dense < 670e6  # the familiar ~6 x 110M
+
+
+def test_parse_variant_reads_model_and_modifiers() -> None:
+    v = train_step.parse_variant("post+dense+compile+foreach")
+    assert (v.model, v.compile, v.optimizer, v.sparse_head) == ("post", True, "foreach", False)
+    assert train_step.parse_variant("pre").sparse_head
+    assert not train_step.parse_variant("hf").sparse_head
+    assert train_step.parse_variant("hf+eager").attn_implementation == "eager"
+
+
+@pytest.mark.parametrize(
+    ("spec", "match"),
+    [
+        ("gpt2", "model 'gpt2' is not one of"),
+        ("post+turbo", "unknown modifier 'turbo'"),
+        ("hf+dense", "switch of our model"),
+    ],
+)
+def test_parse_variant_rejects_bad_specs(spec: str, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        train_step.parse_variant(spec)
+
+
+def test_parse_args_rejects_unknown_shape_and_precision() -> None:
+    with pytest.raises(ValueError, match="--shapes"):
+        train_step.parse_args(["--shapes", "huge"])
+    with pytest.raises(ValueError, match="--precisions"):
+        train_step.parse_args(["--precisions", "fp8"])
+
+
+def test_random_batch_has_fifteen_percent_targets_at_mask_tokens() -> None:
+    shape = dict(train_step.SHAPES["small"], batch=4)
+    batch = train_step.random_batch(shape, torch.device("cpu"), torch.Generator().manual_seed(0))
+    selected = batch["labels"] != -100
+    assert (selected.sum(1) == round(0.15 * shape["seq"])).all()
+    assert not selected[:, 0].any()
+    assert (batch["input_ids"][selected] == train_step.MASK_TOKEN_ID).all()
+    assert (batch["labels"][selected] >= 1000).all()
+
+
+def test_train_step_benchmark_runs_end_to_end_on_cpu(tmp_path) -> None:
+    out = tmp_path / "r.json"
+    payload = train_step.main(
+        [
+            "--shapes",
+            "tiny",
+            "--precisions",
+            "fp32,bf16",
+            "--variants",
+            "hf,post,pre+dense+foreach",
+            "--reps",
+            "2",
+            "--warmup",
+            "1",
+            "--device",
+            "cpu",
+            "--gemm-size",
+            "64",
+            "--profile",
+            "post",
+            "--profile-rows",
+            "5",
+            "--out",
+            str(out),
+        ]
+    )
+    saved = json.loads(out.read_text())
+    assert [g["precision"] for g in saved["groups"]] == ["fp32", "bf16"]
+    for group in payload["groups"]:
+        assert [r["variant"] for r in group["rows"]] == ["hf", "post", "pre+dense+foreach"]
+        for row in group["rows"]:
+            assert row["step_s"]["n"] == 2 and row["tokens_per_s"] > 0 and row["loss"] > 0
+            assert row["speedup_vs_baseline"]["median"] > 0
+        assert "aten::" in group["profile"]
+    assert payload["peaks"]["measured_tflops"]["bf16"] > 0
+
+
+def test_gpu_peak_table_knows_hopper_and_ampere() -> None:
+    assert common.table_peak_tflops("NVIDIA H100 80GB HBM3") == {"bf16": 989.0, "fp32": 494.7}
+    assert common.table_peak_tflops("NVIDIA H200")["bf16"] == 989.0
+    assert common.table_peak_tflops("NVIDIA H100 PCIe")["bf16"] == 756.0
+    assert common.table_peak_tflops("NVIDIA A100-SXM4-80GB")["bf16"] == 312.0
+    assert common.table_peak_tflops("Some Future GPU") is None
+
+
+def test_cuda_timing_synchronises_and_enables_tf32(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[str] = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: calls.append("sync"))
+    common.timed(lambda: calls.append("work"), torch.device("cuda"))
+    assert calls == ["sync", "work", "sync"]
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
+    common.configure_device(torch.device("cuda"))
+    assert torch.backends.cuda.matmul.allow_tf32 and torch.backends.cudnn.allow_tf32
+
+
+def test_cuda_peaks_use_the_datasheet_of_a_known_card(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(common, "measured_gemm_tflops", lambda dtype, device, size, reps=5: 1.0)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H200")
+    peaks = common.gemm_peaks(torch.device("cuda"))
+    assert peaks["gemm_size"] == 8192 and peaks["reference"] == "datasheet"
+    assert peaks["reference_tflops"]["bf16"] == 989.0
+
+
+def test_pick_device_explains_missing_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert common.pick_device("auto").type == "cpu"
+    with pytest.raises(ValueError, match=r"torch\.cuda\.is_available"):
+        common.pick_device("cuda")
+    with pytest.raises(ValueError, match="valid choices"):
+        common.pick_device("tpu")
