@@ -143,6 +143,8 @@ def _convert(value: Any, tp: Any, key: str) -> Any:
     try:
         if origin in (list, tuple):
             (item_tp, *_) = get_args(inner)
+            if isinstance(value, str) and value.strip().startswith("["):
+                value = yaml.safe_load(value)  # --lrs='[2e-5, 3e-5]' as in pretrain's YAML-valued options
             items = value.split(",") if isinstance(value, str) else list(value)
             return [_convert(item, item_tp, key) for item in items if item != ""]
         if inner is bool:
@@ -210,7 +212,7 @@ def make_parser(cls: type, prog: str | None = None, description: str | None = No
         description=description or inspect.getdoc(cls),
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="Values come from the built-in defaults, then --config, then the options given here. "
-        "Lists are comma-separated (--lrs 2e-5,3e-5); 'null' clears an optional value.",
+        "Lists are comma-separated or YAML (--lrs 2e-5,3e-5 or --lrs='[2e-5, 3e-5]'); 'null' clears an optional value.",
     )
     parser.add_argument("--config", type=Path, help="YAML preset (e.g. configs/finetune/bert_glue.yaml)")
     for name, tp, f, owner in _flat_fields(cls):

@@ -345,6 +345,8 @@ class ResultStore:
 
     def claimable(self, max_attempts: int) -> int:
         """Jobs a worker could claim now: queued, failed with attempts left, or running on an expired lease."""
+        with self._transaction():
+            self._release_dead_claims(time.time())
         return self.db.execute(
             "SELECT COUNT(*) FROM jobs WHERE status = 'queued' OR (status = 'failed' AND attempts < ?)"
             " OR (status = 'running' AND lease_expires < ?)",

@@ -1,0 +1,215 @@
+"""The scheduler: snapshot discovery, skipping done work, crash recovery, concurrency, retries, SLURM."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from finetune.config import build
+from finetune.schedule import ScheduleConfig, main, schedule
+from finetune.store import ResultStore
+from pretrain.artifacts import SNAPSHOT_MARKER
+from tests.finetune_fixtures import FIXTURE_GLUE, make_run, set_status
+
+ROOT = Path(__file__).resolve().parents[1]
+QUICK = dict(batch_size=4, epochs=1, max_train_examples=8, max_eval_examples=8, torch_threads=1, progress=False)
+
+
+def config_for(tmp_path: Path, runs: list[Path], **overrides: Any) -> ScheduleConfig:
+    values: dict[str, Any] = dict(
+        runs=[str(r) for r in runs],
+        store=str(tmp_path / "results.sqlite"),
+        tasks=["mrpc"],
+        data_dir=str(FIXTURE_GLUE),
+        lrs=[1e-3],
+        seeds=[0],
+        poll_interval_s=0.1,
+        recipe=dict(QUICK),
+    )
+    values.update(overrides)
+    return build(ScheduleConfig, values)
+
+
+def cli_args(config: ScheduleConfig) -> list[str]:
+    """The command line that gives ``config`` (for schedulers started as separate processes)."""
+    args = ["--runs", ",".join(config.runs), "--store", config.store, "--tasks", ",".join(config.tasks)]
+    args += ["--data-dir", str(config.data_dir), "--lrs", ",".join(map(str, config.lrs))]
+    args += ["--seeds", ",".join(map(str, config.seeds)), "--max-attempts", str(config.max_attempts)]
+    recipe = config.recipe
+    for key in ("batch_size", "epochs", "max_train_examples", "max_eval_examples", "torch_threads", "progress"):
+        args += [f"--recipe.{key}", str(getattr(recipe, key))]
+    return args
+
+
+def start_scheduler(config: ScheduleConfig, *extra: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "finetune.schedule", *cli_args(config), "--once", *extra],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,  # its own process group, so the test can kill exactly it
+    )
+
+
+def events(config: ScheduleConfig) -> list[dict[str, Any]]:
+    with ResultStore(config.store) as store:
+        return store.events()
+
+
+def done_rows(config: ScheduleConfig) -> list[dict[str, Any]]:
+    with ResultStore(config.store) as store:
+        return store.rows("done")
+
+
+def test_once_runs_complete_snapshots_and_skips_done_work(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    run_dir = make_run(tmp_path, "post_ln", "post", steps=(10, 30), incomplete_steps=(20,))
+    config = config_for(tmp_path, [run_dir], tasks=["mrpc", "rte"])
+    schedule(config)
+    rows = done_rows(config)
+    # The folder without COMPLETE (step 20) is being written: no jobs for it.
+    assert sorted((r["pretrain_step"], r["task"]) for r in rows) == [
+        (10, "mrpc"),
+        (10, "rte"),
+        (30, "mrpc"),
+        (30, "rte"),
+    ]
+    claims = [e for e in events(config) if e["event"] == "claimed"]
+    assert len(claims) == 4
+    capsys.readouterr()
+    schedule(config)  # a second pass finds everything done
+    assert "0 new jobs" in capsys.readouterr().out
+    assert len([e for e in events(config) if e["event"] == "claimed"]) == 4
+    assert main(["status", "--store", config.store]) == 0
+    table = capsys.readouterr().out
+    assert "post_ln" in table and "rte" in table and table.splitlines()[-1].split()[1:] == ["0", "0", "4", "0", "0"]
+
+
+@pytest.mark.slow  # two spawned workers import torch and transformers: ~30 s on 2 busy cores
+def test_local_pool_of_two_workers(tmp_path: Path) -> None:
+    runs = [make_run(tmp_path, "post_ln", "post", steps=(10,)), make_run(tmp_path, "pre_ln", "pre", steps=(10,))]
+    config = config_for(tmp_path, runs, workers=2, total_threads=2)
+    schedule(config)
+    rows = done_rows(config)
+    assert sorted((r["run_name"], r["placement"]) for r in rows) == [("post_ln", "post"), ("pre_ln", "pre")]
+    workers = {e["worker"] for e in events(config) if e["event"] == "done"}
+    assert len(workers) >= 1 and str(os.getpid()) not in {w.rsplit(":", 1)[1] for w in workers}
+
+
+@pytest.mark.slow  # a scheduler subprocess imports torch and transformers: ~15 s on 2 busy cores
+def test_killed_scheduler_loses_no_job_and_repeats_none(tmp_path: Path) -> None:
+    run_dir = make_run(tmp_path, "post_ln", "post", steps=(10,))
+    # Enough optimizer steps that the job is still running when the scheduler is killed.
+    config = config_for(tmp_path, [run_dir], recipe={**QUICK, "epochs": 300, "batch_size": 8})
+    process = start_scheduler(config)
+    deadline = time.time() + 120
+    while not (Path(config.store).exists() and any(e["event"] == "claimed" for e in events(config))):
+        assert process.poll() is None and time.time() < deadline, process.communicate()[0]
+        time.sleep(0.05)
+    os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
+    with ResultStore(config.store) as store:
+        (row,) = store.rows()
+    assert row["status"] == "running" and row["claimed_by"].endswith(f":{process.pid}")
+    schedule(config)  # the restart takes the dead process's job over at once (its pid is gone)
+    (row,) = done_rows(config)
+    assert row["attempts"] == 2
+    kinds = [(e["event"], e["worker"].rsplit(":", 1)[1]) for e in events(config)]
+    me, dead = str(os.getpid()), str(process.pid)
+    assert kinds == [("claimed", dead), ("lease_expired", me), ("claimed", me), ("done", me)]
+
+
+@pytest.mark.slow  # two scheduler subprocesses: ~20 s on 2 busy cores
+def test_two_schedulers_at_once_complete_every_job_once(tmp_path: Path) -> None:
+    run_dir = make_run(tmp_path, "pre_ln", "pre", steps=(10, 20))
+    config = config_for(tmp_path, [run_dir], seeds=[0, 1])
+    processes = [start_scheduler(config) for _ in range(2)]
+    for process in processes:
+        output = process.communicate(timeout=300)[0]
+        assert process.returncode == 0, output
+    assert len(done_rows(config)) == 4
+    done = [e["job_id"] for e in events(config) if e["event"] == "done"]
+    assert sorted(done) == sorted(set(done)) and len(done) == 4
+    assert not [e for e in events(config) if e["event"] in ("discarded", "failed")]
+
+
+def test_failing_job_is_recorded_and_retried_up_to_max_attempts(tmp_path: Path) -> None:
+    run_dir = make_run(tmp_path, "post_ln", "post", steps=(10,))
+    (run_dir / "snapshots" / "step_00000010" / "model.safetensors").write_bytes(b"not a safetensors file")
+    config = config_for(tmp_path, [run_dir], max_attempts=2)
+    schedule(config)
+    with ResultStore(config.store) as store:
+        (row,) = store.rows()
+        assert (row["status"], row["attempts"]) == ("failed", 2)
+        assert "Error" in row["error"] and len(row["error"]) > 10
+        assert store.counts(2)[("post_ln", "mrpc")]["failed"] == 1
+    schedule(config)  # attempts used up: not tried again
+    assert [e["event"] for e in events(config)] == ["claimed", "failed", "claimed", "failed"]
+
+
+def test_follow_picks_up_new_snapshots_until_the_run_ends(tmp_path: Path) -> None:
+    run_dir = make_run(tmp_path, "pre_ln", "pre", steps=(10,), incomplete_steps=(20,), status="running")
+    config = config_for(tmp_path, [run_dir], mode="follow")
+    follower = threading.Thread(target=schedule, args=(config,), daemon=True)
+    follower.start()
+    deadline = time.time() + 120
+    while not (Path(config.store).exists() and done_rows(config)):
+        assert follower.is_alive() and time.time() < deadline
+        time.sleep(0.1)
+    assert follower.is_alive()  # the run is still going: keep following
+    (run_dir / "snapshots" / "step_00000020" / SNAPSHOT_MARKER).write_text("")
+    set_status(run_dir, "pre_ln", "pre", "finished", 20)
+    follower.join(timeout=120)
+    assert not follower.is_alive()
+    assert sorted(r["pretrain_step"] for r in done_rows(config)) == [10, 20]
+
+
+def test_slurm_backend_writes_array_script_and_calls_sbatch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    log = tmp_path / "sbatch_args.txt"
+    sbatch = bin_dir / "sbatch"
+    sbatch.write_text(f'#!/bin/sh\necho "$@" >> {log}\necho "4242;cluster"\n')
+    sbatch.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    run_dir = make_run(tmp_path, "post_ln", "post", steps=(10, 20))
+    slurm = dict(dir=str(tmp_path / "slurm"), partition="cpu", extra=["--account=abc"], cpus_per_task=1)
+    config = config_for(tmp_path, [run_dir], seeds=[0, 1], backend="slurm", workers=3, slurm=slurm)
+    schedule(config)
+    (call,) = log.read_text().splitlines()
+    flag, array, script = call.split()
+    assert (flag, array) == ("--parsable", "--array=0-2")
+    text = Path(script).read_text()
+    for line in (
+        "#SBATCH --array=0-2",
+        "#SBATCH --partition=cpu",
+        "#SBATCH --account=abc",
+        "#SBATCH --cpus-per-task=1",
+    ):
+        assert line in text.splitlines()
+    command = text.splitlines()[-1].split()
+    assert command[:5] == ["exec", "python", "-m", "finetune.schedule", "worker"]
+    # What one array task does: drain the queue with the resolved config the script names.
+    assert main(command[4:]) == 0
+    assert len(done_rows(config)) == 4
+    schedule(config)  # nothing new: no second submission
+    assert len(log.read_text().splitlines()) == 1
+
+
+def test_schedule_cli_errors(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="backend='pbs' is not valid; valid choices: local, slurm"):
+        main(["--runs", str(tmp_path), "--backend", "pbs"])
+    with pytest.raises(ValueError, match="valid tasks: mrpc, rte"):
+        main(["--runs", str(tmp_path), "--tasks", "mrpc,qnli"])
+    with pytest.raises(FileNotFoundError, match=r"run folder.*nowhere"):
+        main(["--runs", str(tmp_path / "nowhere"), "--once"])
+    with pytest.raises(FileNotFoundError, match=r"RTE/train\.tsv"):
+        main(["--runs", str(tmp_path), "--data-dir", str(tmp_path), "--tasks", "rte", "--once"])
