@@ -26,7 +26,9 @@ import dataclasses
 import glob
 import hashlib
 import json
+import logging
 import os
+import random
 import re
 import shutil
 import sys
@@ -34,6 +36,7 @@ import sysconfig
 import uuid
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
+from functools import partial
 from itertools import chain, islice
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -43,6 +46,8 @@ import numpy as np
 import torch
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 from transformers import AutoTokenizer, BertTokenizerFast, PreTrainedTokenizerBase, PreTrainedTokenizerFast
+
+logger = logging.getLogger(__name__)
 
 SOURCE_KINDS: tuple[str, ...] = ("hub", "json", "parquet", "text", "python_docs")
 OBJECTIVES: tuple[str, ...] = ("mlm_nsp", "mlm")
@@ -57,7 +62,7 @@ ID_SHIFT = 24
 VALIDATION_ID_OFFSET = 1 << 60
 STREAMING_VALIDATION_DOCUMENTS = 1000
 # Bump when the instance format or algorithm changes, so stale caches are never reused.
-CACHE_FORMAT_VERSION = 1
+CACHE_FORMAT_VERSION = 3
 LOCAL_SUFFIXES: dict[str, tuple[str, ...]] = {
     "json": (".json", ".jsonl", ".json.gz", ".jsonl.gz"),
     "parquet": (".parquet",),
@@ -498,7 +503,12 @@ def _training_texts(cfg: DataConfig, seed: int) -> Iterator[str]:
         train = docs.skip(_streaming_validation_count(cfg))
     else:
         train, _ = split_documents(docs, cfg, seed=seed)
-    return (row["text"] for row in train)
+    return _texts(train)
+
+
+def _texts(docs: datasets.Dataset | datasets.IterableDataset) -> Iterator[str]:
+    for batch in docs.iter(batch_size=1000):
+        yield from batch["text"]
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -512,8 +522,9 @@ _SENTENCE_END = re.compile(r"(?:(?<=[.!?])|(?<=[.!?][\"')\]]))\s+(?=[\"'(\[]?[A-
 
 
 def split_sentences(text: str) -> list[str]:
-    """Paragraphs (lines) split into sentences; empty pieces dropped."""
-    return [s for line in text.split("\n") for s in _SENTENCE_END.split(line.strip()) if s]
+    """Paragraphs (lines) split into sentences; empty pieces dropped (whitespace-only ones tokenise to nothing)."""
+    # One regex pass over the whole document: a sentence end becomes a line break.
+    return [s for s in _SENTENCE_END.sub("\n", text).split("\n") if s]
 
 
 def tokenize_documents(texts: list[str], tokenizer: Tokenizer) -> list[list[list[int]]]:
@@ -545,17 +556,17 @@ def _truncated_lengths(len_a: int, len_b: int, max_total: int) -> tuple[int, int
     return len_a - excess // 2, len_b - (excess + 1) // 2
 
 
-def _truncate(tokens: list[int], keep: int, rng: np.random.Generator) -> list[int]:
+def _truncate(tokens: list[int], keep: int, rng: random.Random) -> list[int]:
     """Keep ``keep`` tokens; as BERT, each removed token comes from the front or the back with probability 1/2."""
     removed = len(tokens) - keep
     if removed <= 0:
         return tokens
-    front = int(rng.binomial(removed, 0.5))
+    front = rng.getrandbits(removed).bit_count()  # Binomial(removed, 1/2): one fair coin per removed token
     return tokens[front : front + keep]
 
 
 def create_nsp_instances(
-    documents: list[list[list[int]]], cfg: DataConfig, rng: np.random.Generator, *, cls_id: int, sep_id: int
+    documents: list[list[list[int]]], cfg: DataConfig, rng: random.Random, *, cls_id: int, sep_id: int
 ) -> list[tuple[list[int], int, int]]:
     """BERT's create_instances_from_document over a pool of documents (each a list of token-id sentences).
 
@@ -569,7 +580,7 @@ def create_nsp_instances(
     for d, doc in enumerate(documents):
         target = max_tokens
         if rng.random() < cfg.short_seq_prob:
-            target = int(rng.integers(2, max_tokens + 1))
+            target = rng.randint(2, max_tokens)
         chunk: list[list[int]] = []
         length, i = 0, 0
         while i < len(doc):
@@ -579,18 +590,18 @@ def create_nsp_instances(
                 if len(chunk) == 1 and len(chunk[0]) >= 2:
                     # One over-long sentence: split it at a random token. (BERT forces a random next here, which
                     # skews the labels towards 1 on corpora with long sentences.)
-                    cut = int(rng.integers(1, len(chunk[0])))
+                    cut = rng.randrange(1, len(chunk[0]))
                     chunk, a_end, unused = [chunk[0][:cut], chunk[0][cut:]], 1, 0
                 else:
-                    a_end = int(rng.integers(1, len(chunk))) if len(chunk) >= 2 else 1
+                    a_end = rng.randrange(1, len(chunk)) if len(chunk) >= 2 else 1
                     unused = len(chunk) - a_end
                 tokens_a = list(chain.from_iterable(chunk[:a_end]))
                 random_next = len(documents) > 1 and (len(chunk) == 1 or rng.random() < cfg.nsp_random_prob)
                 if random_next:
-                    other = int(rng.integers(0, len(documents) - 1))
+                    other = rng.randrange(len(documents) - 1)
                     other += other >= d  # any document but this one
                     pool = documents[other]
-                    start = int(rng.integers(0, len(pool)))
+                    start = rng.randrange(len(pool))
                     tokens_b: list[int] = []
                     for sentence in pool[start:]:
                         tokens_b.extend(sentence)
@@ -616,31 +627,54 @@ def create_packed_instances(documents: list[list[list[int]]], cfg: DataConfig, *
     return [[cls_id, *stream[k : k + body], sep_id] for k in range(0, len(stream), body)]
 
 
+def _stable_hash63(text: str) -> int:
+    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little") >> 1
+
+
 def _instances_from_chunks(
-    batch: dict[str, list], indices: list[int], *, tokenizer: Tokenizer, cfg: DataConfig, seed: int, id_offset: int
+    batch: dict[str, list], indices: list[int], *, tokenizer: Tokenizer, cfg: DataConfig, seed: int, part: str
 ) -> dict[str, list]:
-    """Batched map function: each input row is a chunk of documents (column "text": list[str]); outputs instances."""
+    """Batched map function: each input row is a chunk of documents (column "text": list[str]); outputs instances.
+
+    ``part`` is "train" or "validation" (materialised: instance_id = chunk index << ID_SHIFT | position, validation
+    offset by VALIDATION_ID_OFFSET) or "stream" (ids and randomness keyed by the chunk's content, because stream
+    positions restart in every DataLoader worker that reads a shard).
+    """
     out: dict[str, list] = {"input_ids": [], "token_type_ids": [], "instance_id": []}
     if cfg.objective == "mlm_nsp":
         out["next_sentence_label"] = []
     cls_id, sep_id = tokenizer.token_to_id("[CLS]"), tokenizer.token_to_id("[SEP]")
     for texts, chunk_index in zip(batch["text"], indices, strict=True):
         documents = tokenize_documents(texts, tokenizer)
-        base = id_offset + (chunk_index << ID_SHIFT)
+        if part == "stream":
+            key = f"{len(texts)}/{texts[0]}"
+            chunk_key = _stable_hash63(key)
+            make_id = partial(_stream_instance_id, chunk_key)
+        else:
+            chunk_key = chunk_index
+            base = (VALIDATION_ID_OFFSET if part == "validation" else 0) + (chunk_index << ID_SHIFT)
+            make_id = base.__add__
         if cfg.objective == "mlm_nsp":
-            rng = np.random.default_rng([seed, chunk_index, id_offset > 0])
+            if len(documents) == 1:
+                logger.warning("a chunk of %s documents has a single document: its next-sentence labels are all 0", part)
+            # Python's generator: scalar draws cost ~0.1 us against ~2 us for numpy's. String seeds are stable.
+            rng = random.Random(f"{seed}/{part}/{chunk_key}")
             made = create_nsp_instances(documents, cfg, rng, cls_id=cls_id, sep_id=sep_id)
             for k, (ids, len_cls_a_sep, label) in enumerate(made):
                 out["input_ids"].append(ids)
                 out["token_type_ids"].append([0] * len_cls_a_sep + [1] * (len(ids) - len_cls_a_sep))
                 out["next_sentence_label"].append(label)
-                out["instance_id"].append(base + k)
+                out["instance_id"].append(make_id(k))
         else:
             for k, ids in enumerate(create_packed_instances(documents, cfg, cls_id=cls_id, sep_id=sep_id)):
                 out["input_ids"].append(ids)
                 out["token_type_ids"].append([0] * len(ids))
-                out["instance_id"].append(base + k)
+                out["instance_id"].append(make_id(k))
     return out
+
+
+def _stream_instance_id(chunk_key: int, k: int) -> int:
+    return _stable_hash63(f"{chunk_key}/{k}")
 
 
 def instance_features(objective: str) -> datasets.Features:
@@ -683,7 +717,7 @@ def make_instances(
         remove_columns=chunks.column_names,
         features=instance_features(cfg.objective),
         fn_kwargs={"tokenizer": _plain_backend(tokenizer), "cfg": cfg, "seed": seed,
-                   "id_offset": VALIDATION_ID_OFFSET if validation else 0},
+                   "part": name},
         num_proc=num_proc,
         # Our own cache key decides reuse; skip datasets' function hashing and keep its files in our work dir.
         new_fingerprint=f"lnbert-{name}-{uuid.uuid4().hex}",
@@ -704,7 +738,7 @@ def stream_instances(
         with_indices=True,
         remove_columns=["text"],
         features=instance_features(cfg.objective),
-        fn_kwargs={"tokenizer": _plain_backend(tokenizer), "cfg": cfg, "seed": seed, "id_offset": 0},
+        fn_kwargs={"tokenizer": _plain_backend(tokenizer), "cfg": cfg, "seed": seed, "part": "stream"},
     )
 
 
@@ -779,7 +813,7 @@ def build_pretraining_data(
     with main_process_first():
         tokenizer = load_or_train_tokenizer(
             cfg, save_dir=save_tokenizer_to, model_vocab_size=model_vocab_size, seed=seed,
-            training_texts=lambda: (row["text"] for row in split()[0]),
+            training_texts=lambda: _texts(split()[0]),
         )  # fmt: skip
         if cfg.streaming:
             train_docs, val_docs = split()

@@ -254,7 +254,7 @@ def _synthetic_documents(n_docs: int, seed: int = 0) -> list[list[list[int]]]:
 
 def test_random_next_comes_from_another_document() -> None:
     cfg = DataConfig(max_seq_length=40)
-    instances = D.create_nsp_instances(_synthetic_documents(60), cfg, np.random.default_rng(0), cls_id=2, sep_id=3)
+    instances = D.create_nsp_instances(_synthetic_documents(60), cfg, random.Random(0), cls_id=2, sep_id=3)
     assert len(instances) > 100
     for ids, len_cls_a_sep, label in instances:
         assert len(ids) <= 40
