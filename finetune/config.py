@@ -222,9 +222,12 @@ def make_parser(cls: type, prog: str | None = None, description: str | None = No
             choices = f" Choices: {', '.join(map(str, get_args(inner)))}."
         help_text = f"{field_docs(owner).get(f.name, '')}{choices} (default: {_default_text(f)})"
         help_text = help_text.replace("%", "%%")  # argparse formats help with %
-        parser.add_argument(f"--{name}", dest=name, default=None, metavar=name.split(".")[-1].upper(), help=help_text)
+        # A bare boolean flag (--wandb) means true; --wandb false still works.
+        flag = dict(nargs="?", const="true") if inner is bool else {}
+        metavar = name.split(".")[-1].upper()
+        parser.add_argument(f"--{name}", dest=name, default=None, metavar=metavar, help=help_text, **flag)
         if "_" in name:  # accept --data-dir as well as --data_dir
-            parser.add_argument(f"--{name.replace('_', '-')}", dest=name, default=None, help=argparse.SUPPRESS)
+            parser.add_argument(f"--{name.replace('_', '-')}", dest=name, default=None, help=argparse.SUPPRESS, **flag)
     return parser
 
 

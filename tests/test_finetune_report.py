@@ -1,0 +1,143 @@
+"""The Figure 5 report: steps to a validation loss, best-lr points with t-intervals, figures, summary, W&B."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from finetune.report import ReportConfig, report, steps_to_loss
+from finetune.report import main as report_main
+from finetune.store import JobSpec, ResultStore
+from tests.finetune_fixtures import set_status
+
+# Synthetic validation curves: Post-LN falls 1 per 100 steps, Pre-LN 1 per 60 steps.
+POST = {step: 8 - step / 100 for step in range(0, 501, 100)}
+PRE = {step: 8 - step / 60 for step in range(0, 301, 100)}
+# (run, step, lr) -> accuracies over 3 seeds
+RESULTS = {
+    ("post_ln", 100, 1e-5): [0.60, 0.62, 0.64],
+    ("post_ln", 100, 2e-5): [0.70, 0.72, 0.74],
+    ("post_ln", 300, 2e-5): [0.75, 0.75, 0.78],
+    ("pre_ln", 100, 1e-5): [0.80, 0.82, 0.84],
+    ("pre_ln", 100, 2e-5): [0.70, 0.90, 0.71],
+}
+
+
+def write_run(root: Path, name: str, placement: str, curve: dict[int, float]) -> Path:
+    run_dir = root / name
+    run_dir.mkdir(parents=True)
+    lines = [{"step": s, "tokens_seen": s, "val/mlm_loss": loss} for s, loss in curve.items()]
+    lines.insert(1, {"step": 50, "tokens_seen": 50, "train/loss": 1.0})  # training lines are not curve points
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines) + '{"step": 9')
+    set_status(run_dir, name, placement, "finished", max(curve))
+    return run_dir
+
+
+def write_results(store_path: Path, runs: dict[str, Path]) -> None:
+    with ResultStore(store_path) as store:
+        for (name, step, lr), accuracies in RESULTS.items():
+            for task in ("mrpc", "rte"):
+                for seed, accuracy in enumerate(accuracies):
+                    spec = JobSpec(
+                        run_name=name,
+                        run_dir=str(runs[name].resolve()),
+                        placement="post" if name == "post_ln" else "pre",
+                        pretrain_step=step,
+                        tokens_seen=None,
+                        model_path="/m",
+                        snapshot_hash=f"{name}{step}",
+                        task=task,
+                        lr=lr,
+                        seed=seed,
+                        recipe={"epochs": 3},
+                        data_dir=None,
+                    )
+                    (job_id,), _ = store.enqueue([spec])
+                    assert store.claim("w:1", 60, 1, [job_id]) is not None
+                    f1 = accuracy - 0.1 if task == "mrpc" else None
+                    store.complete(job_id, "w:1", {"accuracy": accuracy, "f1": f1, "dev_loss": 0.5})
+
+
+@pytest.fixture
+def runs(tmp_path: Path) -> dict[str, Path]:
+    runs = {
+        "post_ln": write_run(tmp_path, "post_ln", "post", POST),
+        "pre_ln": write_run(tmp_path, "pre_ln", "pre", PRE),
+    }
+    write_results(tmp_path / "results.sqlite", runs)
+    return runs
+
+
+def test_steps_to_loss_interpolates() -> None:
+    curve = sorted(PRE.items())
+    assert steps_to_loss(curve, 5.5) == pytest.approx(150.0)
+    assert steps_to_loss(curve, 8.0) == 0.0
+    assert steps_to_loss(curve, 2.0) is None
+
+
+def test_report_figures_table_and_points(runs: dict[str, Path], tmp_path: Path) -> None:
+    config = ReportConfig(
+        runs=[str(runs["post_ln"]), str(runs["pre_ln"])],
+        store=str(tmp_path / "results.sqlite"),
+        out=str(tmp_path / "fig"),
+    )
+    result = report(config)
+    # Default target: the smallest loss both runs reach (3.0); Pre-LN gets there in 300 steps, Post-LN in 500.
+    assert result["target_loss"] == pytest.approx(3.0)
+    assert [(r["run"], r["steps"], r["ratio"]) for r in result["steps"]] == [
+        ("post_ln (post)", pytest.approx(500.0), pytest.approx(1.0)),
+        ("pre_ln (pre)", pytest.approx(300.0), pytest.approx(0.6)),
+    ]
+    mrpc = {(p["run"], p["step"]): p for p in result["points"] if p["task"] == "mrpc"}
+    best = mrpc[("post_ln (post)", 100)]
+    assert (best["lr"], best["seeds"]) == (2e-5, 3) and best["accuracy"] == pytest.approx(0.72)
+    # t(0.975, 2) = 4.3027: half-width = 4.3027 * 0.02 / sqrt(3)
+    assert best["accuracy_ci"] == pytest.approx(4.302653 * 0.02 / math.sqrt(3), rel=1e-5)
+    assert best["f1"] == pytest.approx(0.62)
+    # Best lr by mean accuracy (0.82 beats 0.77), not by the single best seed (0.90).
+    assert mrpc[("pre_ln (pre)", 100)]["lr"] == 1e-5
+    rte = [p for p in result["points"] if p["task"] == "rte"]
+    assert len(rte) == 3 and all(p["f1"] is None for p in rte)
+    for image in ("figure5a_val_loss.png", "figure5b_mrpc.png", "figure5c_rte.png"):
+        assert (tmp_path / "fig" / image).read_bytes()[:4] == b"\x89PNG"
+    summary = (tmp_path / "fig" / "summary.md").read_text()
+    assert "| pre_ln (pre) | 300 | 0.600 | 40.0% |" in summary
+    assert "| MRPC | post_ln (post) | 100 | 2e-05 | 3 | 72.00 ± 4.97 | 62.00 ± 4.97 |" in summary
+    assert "![figure5c_rte](figure5c_rte.png)" in summary
+
+
+def test_report_cli_with_target_loss_and_wandb_offline(
+    runs: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    out = tmp_path / "fig"
+    args = [
+        "--runs",
+        f"{runs['post_ln']},{runs['pre_ln']}",
+        "--store",
+        str(tmp_path / "results.sqlite"),
+        "--out",
+        str(out),
+    ]
+    assert report_main([*args, "--target-loss", "5.5", "--wandb"]) == 0
+    assert "| post_ln (post) | 250 | 1.000 | 0.0% |" in capsys.readouterr().out
+    offline = sorted((out / "wandb").glob("offline-run-*"))
+    assert len(offline) == 3  # one per pretraining run, and the report with figures and the table
+    assert all(list(run.glob("*.wandb")) for run in offline)
+
+
+def test_report_refuses_mixed_recipes_and_missing_store(runs: dict[str, Path], tmp_path: Path) -> None:
+    with ResultStore(tmp_path / "results.sqlite") as store:
+        store.db.execute("UPDATE jobs SET recipe_hash = 'other' WHERE id = 1")
+    config = ReportConfig(
+        runs=[str(runs["post_ln"])], store=str(tmp_path / "results.sqlite"), out=str(tmp_path / "fig")
+    )
+    with pytest.raises(ValueError, match=r"several fine-tuning recipes.*--recipe_hash"):
+        report(config)
+    config = ReportConfig(runs=[str(runs["post_ln"])], store=str(tmp_path / "none.sqlite"), out=str(tmp_path / "fig"))
+    with pytest.raises(FileNotFoundError, match=r"results store .*none\.sqlite not found"):
+        report(config)
