@@ -117,7 +117,7 @@ class DataConfig:
     vocab_size: int = 30522
     """Vocabulary size of a trained tokenizer (ignored when ``tokenizer`` is set)."""
     lowercase: bool = True
-    """Lowercase (and strip accents) in a trained tokenizer, as bert-base-uncased (ignored when ``tokenizer`` is set)."""
+    """Lowercase and strip accents in a trained tokenizer, as bert-base-uncased (ignored when ``tokenizer`` is set)."""
     max_seq_length: int = 128
     """Tokens per instance including [CLS]/[SEP]."""
     objective: str = "mlm_nsp"
@@ -185,8 +185,18 @@ class PretrainingData(NamedTuple):
 # Sources -> documents
 # ----------------------------------------------------------------------------------------------------------------------
 
-_SKIPPED_STDLIB_DIRS = {"test", "tests", "idlelib", "lib2to3", "site-packages", "dist-packages", "turtledemo",
-                        "ensurepip", "__pycache__", "pydoc_data"}  # fmt: skip
+_SKIPPED_STDLIB_DIRS = {
+    "test",
+    "tests",
+    "idlelib",
+    "lib2to3",
+    "site-packages",
+    "dist-packages",
+    "turtledemo",
+    "ensurepip",
+    "__pycache__",
+    "pydoc_data",
+}
 # Modules with a one-line docstring (or test strings such as "¶ π 😀") are not prose worth a document.
 _MIN_PYTHON_DOC_WORDS = 20
 
@@ -204,7 +214,9 @@ def _module_docstrings(path: Path) -> str:
         tree = ast.parse(path.read_bytes(), filename=str(path))
     except (SyntaxError, ValueError):  # a stdlib file for another Python version; not worth a crash
         return ""
-    nodes = (n for n in ast.walk(tree) if isinstance(n, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef))
+    nodes = (
+        n for n in ast.walk(tree) if isinstance(n, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef)
+    )
     return "\n\n".join(d for d in (ast.get_docstring(n) for n in nodes) if d)
 
 
@@ -252,7 +264,9 @@ def resolve_local_files(source: SourceConfig, index: int) -> list[Path]:
     elif path.is_file():
         files = [path]
     else:
-        raise FileNotFoundError(f"{where}: no such file or folder ({path.resolve()}); fix the path of the {source.kind} source")
+        raise FileNotFoundError(
+            f"{where}: no such file or folder ({path.resolve()}); fix the path of the {source.kind} source"
+        )
     if not files:
         raise FileNotFoundError(
             f"{where}: no {source.kind} files ({', '.join(LOCAL_SUFFIXES[source.kind])}) found; fix the path or glob"
@@ -279,7 +293,7 @@ def check_utf8(path: Path, *, chunk_bytes: int = 1 << 24) -> None:
                 bad_line = line + e.object[pending : e.start].count(b"\n") if e.start >= pending else line
                 raise ValueError(
                     f"{path}: invalid UTF-8 at byte offset {bad} (line {bad_line}): {e.reason}. The corpus must be "
-                    f"UTF-8; re-encode it, e.g. `iconv -f latin1 -t utf-8 {path.name} > fixed.{path.name.split('.')[-1]}`"
+                    f"UTF-8; re-encode it, e.g. `iconv -f latin1 -t utf-8 {path.name} > utf8-{path.name}`"
                 ) from None
             if not chunk:
                 return
@@ -300,7 +314,11 @@ def source_fingerprint(source: SourceConfig, index: int) -> dict[str, Any]:
 
 def _load_source(source: SourceConfig, index: int, cfg: DataConfig) -> datasets.Dataset | datasets.IterableDataset:
     """One source as a dataset with a single string column "text", empty documents dropped."""
-    where = f"data.sources[{index}] ({source.kind} {source.path!r})" if source.path else f"data.sources[{index}] ({source.kind})"
+    where = (
+        f"data.sources[{index}] ({source.kind} {source.path!r})"
+        if source.path
+        else f"data.sources[{index}] ({source.kind})"
+    )
     hf_cache = str(Path(cfg.cache_dir) / "hf")
     if source.kind == "python_docs":
         if cfg.streaming:
@@ -309,7 +327,9 @@ def _load_source(source: SourceConfig, index: int, cfg: DataConfig) -> datasets.
             ds = datasets.Dataset.from_dict({"text": [d["text"] for d in _python_docs_generator(cfg.max_documents)]})
     elif source.kind == "hub":
         try:
-            ds = datasets.load_dataset(source.path, source.name, split=source.split, streaming=cfg.streaming, cache_dir=hf_cache)
+            ds = datasets.load_dataset(
+                source.path, source.name, split=source.split, streaming=cfg.streaming, cache_dir=hf_cache
+            )
         except (FileNotFoundError, ConnectionError) as e:  # DatasetNotFoundError, or offline: name the config key
             raise FileNotFoundError(
                 f"{where}: Hub dataset not found or not reachable ({e}); check data.sources[{index}].path and .name"
@@ -325,9 +345,13 @@ def _load_source(source: SourceConfig, index: int, cfg: DataConfig) -> datasets.
         # "text": blank-line separated blocks are documents, as in original BERT's input files.
         extra = {"sample_by": "paragraph"} if source.kind == "text" else {}
         ds = datasets.load_dataset(
-            source.kind, data_files=[str(p) for p in files], split="train", streaming=cfg.streaming,
-            cache_dir=hf_cache, **extra,
-        )  # fmt: skip
+            source.kind,
+            data_files=[str(p) for p in files],
+            split="train",
+            streaming=cfg.streaming,
+            cache_dir=hf_cache,
+            **extra,
+        )
     columns = ds.column_names
     if columns is None:  # a streamed source without declared features: look at the first record
         first = next(iter(ds), None)
@@ -453,14 +477,15 @@ def _load_named_tokenizer(name: str) -> PreTrainedTokenizerFast:
         ) from e
 
 
+# DataConfig fields a trained tokenizer depends on (besides the sources and the seed, which pick the documents).
+_TOKENIZER_KEY_FIELDS = ("vocab_size", "lowercase", "validation_fraction", "validation_documents", "max_documents",
+                         "tokenizer_train_documents", "streaming")  # fmt: skip
+
+
 def _tokenizer_cache_key(cfg: DataConfig, seed: int) -> str:
-    return _hash({
-        "version": CACHE_FORMAT_VERSION,
-        "sources": [source_fingerprint(s, i) for i, s in enumerate(cfg.sources)],
-        "seed": seed,
-        **{k: getattr(cfg, k) for k in ("vocab_size", "lowercase", "validation_fraction", "validation_documents",
-                                        "max_documents", "tokenizer_train_documents", "streaming")},
-    })  # fmt: skip
+    sources = [source_fingerprint(s, i) for i, s in enumerate(cfg.sources)]
+    fields = {k: getattr(cfg, k) for k in _TOKENIZER_KEY_FIELDS}
+    return _hash({"version": CACHE_FORMAT_VERSION, "sources": sources, "seed": seed, **fields})
 
 
 def load_or_train_tokenizer(
@@ -619,7 +644,9 @@ def create_nsp_instances(
     return instances
 
 
-def create_packed_instances(documents: list[list[list[int]]], cfg: DataConfig, *, cls_id: int, sep_id: int) -> list[list[int]]:
+def create_packed_instances(
+    documents: list[list[list[int]]], cfg: DataConfig, *, cls_id: int, sep_id: int
+) -> list[list[int]]:
     """The "mlm" objective: documents joined with [SEP] and cut into full-length [CLS] ... [SEP] sequences
     (the last one of the pool may be shorter)."""
     stream = list(chain.from_iterable(chain(chain.from_iterable(doc), (sep_id,)) for doc in documents))
@@ -656,7 +683,9 @@ def _instances_from_chunks(
             make_id = base.__add__
         if cfg.objective == "mlm_nsp":
             if len(documents) == 1:
-                logger.warning("a chunk of %s documents has a single document: its next-sentence labels are all 0", part)
+                logger.warning(
+                    "a chunk of %s documents has a single document: its next-sentence labels are all 0", part
+                )
             # Python's generator: scalar draws cost ~0.1 us against ~2 us for numpy's. String seeds are stable.
             rng = random.Random(f"{seed}/{part}/{chunk_key}")
             made = create_nsp_instances(documents, cfg, rng, cls_id=cls_id, sep_id=sep_id)
@@ -716,14 +745,13 @@ def make_instances(
         with_indices=True,
         remove_columns=chunks.column_names,
         features=instance_features(cfg.objective),
-        fn_kwargs={"tokenizer": _plain_backend(tokenizer), "cfg": cfg, "seed": seed,
-                   "part": name},
+        fn_kwargs={"tokenizer": _plain_backend(tokenizer), "cfg": cfg, "seed": seed, "part": name},
         num_proc=num_proc,
         # Our own cache key decides reuse; skip datasets' function hashing and keep its files in our work dir.
         new_fingerprint=f"lnbert-{name}-{uuid.uuid4().hex}",
         cache_file_name=str(work_dir / f"{name}.arrow") if work_dir is not None else None,
         desc=f"Tokenising and making {name} instances",
-    )  # fmt: skip
+    )
 
 
 def stream_instances(
@@ -760,8 +788,15 @@ def data_cache_key(cfg: DataConfig, tokenizer: PreTrainedTokenizerFast, *, seed:
     fields = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg) if f.name not in _FIELDS_NOT_IN_KEY}
     fields["sources"] = [source_fingerprint(s, i) for i, s in enumerate(cfg.sources)]
     vocab_hash = hashlib.sha256(tokenizer.backend_tokenizer.to_str().encode()).hexdigest()
-    return _hash({"version": CACHE_FORMAT_VERSION, "docs_per_chunk": DOCS_PER_CHUNK, "config": fields,
-                  "tokenizer": vocab_hash, "seed": seed})  # fmt: skip
+    return _hash(
+        {
+            "version": CACHE_FORMAT_VERSION,
+            "docs_per_chunk": DOCS_PER_CHUNK,
+            "config": fields,
+            "tokenizer": vocab_hash,
+            "seed": seed,
+        }
+    )
 
 
 @contextlib.contextmanager
@@ -802,7 +837,9 @@ def build_pretraining_data(
             docs = documents()
             if cfg.streaming:
                 n_val = _streaming_validation_count(cfg)
-                val = datasets.Dataset.from_list(list(docs.take(n_val)), features=datasets.Features({"text": datasets.Value("string")}))
+                val = datasets.Dataset.from_list(
+                    list(docs.take(n_val)), features=datasets.Features({"text": datasets.Value("string")})
+                )
                 if len(val) < 1:
                     raise ValueError("the streamed corpus has no documents to hold out for validation")
                 docs_memo["split"] = (docs.skip(n_val), val)
@@ -812,9 +849,12 @@ def build_pretraining_data(
 
     with main_process_first():
         tokenizer = load_or_train_tokenizer(
-            cfg, save_dir=save_tokenizer_to, model_vocab_size=model_vocab_size, seed=seed,
+            cfg,
+            save_dir=save_tokenizer_to,
+            model_vocab_size=model_vocab_size,
+            seed=seed,
             training_texts=lambda: _texts(split()[0]),
-        )  # fmt: skip
+        )
         if cfg.streaming:
             train_docs, val_docs = split()
             validation = make_instances(val_docs, tokenizer, cfg, seed=seed, validation=True)
@@ -827,7 +867,9 @@ def build_pretraining_data(
                 work = tmp / "work"
                 work.mkdir()
                 for name, part in (("train", train_docs), ("validation", val_docs)):
-                    made = make_instances(part, tokenizer, cfg, seed=seed, validation=name == "validation", work_dir=work)
+                    made = make_instances(
+                        part, tokenizer, cfg, seed=seed, validation=name == "validation", work_dir=work
+                    )
                     if len(made) == 0:
                         raise ValueError(f"no {name} instances could be made: the {name} documents hold no tokens")
                     made.save_to_disk(str(tmp / name))
@@ -913,7 +955,9 @@ class MaskingCollator:
             "labels": torch.from_numpy(labels),
         }
         if "next_sentence_label" in examples[0]:
-            batch["next_sentence_label"] = torch.tensor([int(e["next_sentence_label"]) for e in examples], dtype=torch.long)
+            batch["next_sentence_label"] = torch.tensor(
+                [int(e["next_sentence_label"]) for e in examples], dtype=torch.long
+            )
         return batch
 
 

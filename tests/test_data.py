@@ -29,11 +29,65 @@ from pretrain.data import (
 datasets.disable_progress_bars()
 
 WORDS = [
-    "the", "a", "of", "and", "to", "in", "is", "was", "for", "on", "that", "with", "as", "by", "at", "from", "it",
-    "his", "her", "they", "which", "were", "an", "river", "city", "king", "army", "music", "school", "water",
-    "light", "stone", "house", "garden", "winter", "summer", "north", "south", "early", "later", "small", "great",
-    "old", "new", "people", "church", "bridge", "train", "island", "forest", "language", "story", "number", "field",
-    "paper", "market", "table", "window", "mountain",
+    "the",
+    "a",
+    "of",
+    "and",
+    "to",
+    "in",
+    "is",
+    "was",
+    "for",
+    "on",
+    "that",
+    "with",
+    "as",
+    "by",
+    "at",
+    "from",
+    "it",
+    "his",
+    "her",
+    "they",
+    "which",
+    "were",
+    "an",
+    "river",
+    "city",
+    "king",
+    "army",
+    "music",
+    "school",
+    "water",
+    "light",
+    "stone",
+    "house",
+    "garden",
+    "winter",
+    "summer",
+    "north",
+    "south",
+    "early",
+    "later",
+    "small",
+    "great",
+    "old",
+    "new",
+    "people",
+    "church",
+    "bridge",
+    "train",
+    "island",
+    "forest",
+    "language",
+    "story",
+    "number",
+    "field",
+    "paper",
+    "market",
+    "table",
+    "window",
+    "mountain",
 ]
 
 
@@ -56,13 +110,16 @@ def make_documents(n: int, *, seed: int = 0, tag: str = "") -> list[str]:
 
 
 def write_jsonl(path: Path, texts: list[str], column: str = "text") -> Path:
-    path.write_text("".join(json.dumps({"id": str(i), column: t}) + "\n" for i, t in enumerate(texts)), encoding="utf-8")
+    path.write_text(
+        "".join(json.dumps({"id": str(i), column: t}) + "\n" for i, t in enumerate(texts)), encoding="utf-8"
+    )
     return path
 
 
 def tiny_config(tmp_path: Path, sources: list[SourceConfig], **overrides) -> DataConfig:
-    kwargs = dict(sources=sources, vocab_size=300, max_seq_length=32, cache_dir=str(tmp_path / "cache"),
-                  validation_fraction=0.05)  # fmt: skip
+    kwargs = dict(
+        sources=sources, vocab_size=300, max_seq_length=32, cache_dir=str(tmp_path / "cache"), validation_fraction=0.05
+    )
     kwargs.update(overrides)
     return DataConfig(**kwargs)
 
@@ -96,7 +153,9 @@ def check_nsp_instance(ex: dict, *, max_len: int, cls_id: int, sep_id: int) -> N
 def test_config_validation_names_key_and_choices() -> None:
     with pytest.raises(ValueError, match=r"data\.objective='bert'.*mlm_nsp, mlm"):
         DataConfig(objective="bert")
-    with pytest.raises(ValueError, match=r"data\.sources\[\]\.kind='csv' is unknown.*hub, json, parquet, text, python_docs"):
+    with pytest.raises(
+        ValueError, match=r"data\.sources\[\]\.kind='csv' is unknown.*hub, json, parquet, text, python_docs"
+    ):
         SourceConfig(kind="csv", path="x.csv")
     with pytest.raises(ValueError, match=r"data\.sources\[\]\.path is required"):
         SourceConfig(kind="json")
@@ -132,8 +191,12 @@ def test_local_formats_load_documents(tmp_path: Path, kind: str) -> None:
     else:
         write_jsonl(folder / "part-0.jsonl", texts[:4])
         write_jsonl(folder / "part-1.jsonl", texts[4:])
-        path = {"json": folder / "part-0.jsonl", "json-folder": folder, "json-glob": folder / "part-*.jsonl",
-                "hub-local": folder}[kind]  # fmt: skip
+        path = {
+            "json": folder / "part-0.jsonl",
+            "json-folder": folder,
+            "json-glob": folder / "part-*.jsonl",
+            "hub-local": folder,
+        }[kind]
         texts = texts[:4] if kind == "json" else texts
         # A Hub dataset is read by datasets.load_dataset(path, name, split=...); a local folder in the Hub's
         # layout takes the same code path without network.
@@ -146,8 +209,11 @@ def test_local_formats_load_documents(tmp_path: Path, kind: str) -> None:
 def test_mixing_follows_weights(tmp_path: Path) -> None:
     a = write_jsonl(tmp_path / "a.jsonl", make_documents(400, seed=1, tag="alpha"))
     b = write_jsonl(tmp_path / "b.jsonl", make_documents(400, seed=2, tag="beta"))
-    cfg = tiny_config(tmp_path, [SourceConfig(kind="json", path=str(a), weight=3.0),
-                                 SourceConfig(kind="json", path=str(b), weight=1.0)], max_documents=400)  # fmt: skip
+    cfg = tiny_config(
+        tmp_path,
+        [SourceConfig(kind="json", path=str(a), weight=3.0), SourceConfig(kind="json", path=str(b), weight=1.0)],
+        max_documents=400,
+    )
     texts = load_documents(cfg, seed=0)["text"]
     assert len(texts) == 400
     share_a = sum(" alpha " in t for t in texts) / len(texts)
@@ -187,7 +253,9 @@ def test_tokenizer_named_by_folder_and_model_vocab_check(tmp_path: Path, json_co
     trained = load_or_train_tokenizer(json_config, save_dir=tmp_path / "tok", seed=0)
     cfg = tiny_config(tmp_path, json_config.sources, tokenizer=str(tmp_path / "tok"))
     assert load_or_train_tokenizer(cfg, model_vocab_size=len(trained)).get_vocab() == trained.get_vocab()
-    with pytest.raises(ValueError, match=rf"has {len(trained)} tokens but the model's vocabulary has 120.*model\.vocab_size"):
+    with pytest.raises(
+        ValueError, match=rf"has {len(trained)} tokens but the model's vocabulary has 120.*model\.vocab_size"
+    ):
         load_or_train_tokenizer(cfg, model_vocab_size=120)
 
 
@@ -203,8 +271,17 @@ def test_tokenizer_not_found_is_named(tmp_path: Path, json_config: DataConfig) -
 def _save_word_level(folder: Path, words: list[str]) -> Path:
     tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="[UNK]"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    special = {k: v for k, v in (("unk_token", "[UNK]"), ("pad_token", "[PAD]"), ("cls_token", "[CLS]"),
-                                 ("sep_token", "[SEP]"), ("mask_token", "[MASK]")) if v in words}  # fmt: skip
+    special = {
+        k: v
+        for k, v in (
+            ("unk_token", "[UNK]"),
+            ("pad_token", "[PAD]"),
+            ("cls_token", "[CLS]"),
+            ("sep_token", "[SEP]"),
+            ("mask_token", "[MASK]"),
+        )
+        if v in words
+    }
     PreTrainedTokenizerFast(tokenizer_object=tok, **special).save_pretrained(folder)
     return folder
 
@@ -370,8 +447,13 @@ def test_cache_hit_and_miss(tmp_path: Path, json_config: DataConfig, corpus: Pat
 
 
 def test_streaming_yields_instances(tmp_path: Path, corpus: Path) -> None:
-    cfg = tiny_config(tmp_path, [SourceConfig(kind="json", path=str(corpus))], streaming=True,
-                      max_documents=120, shuffle_buffer_size=50)  # fmt: skip
+    cfg = tiny_config(
+        tmp_path,
+        [SourceConfig(kind="json", path=str(corpus))],
+        streaming=True,
+        max_documents=120,
+        shuffle_buffer_size=50,
+    )
     data = build_pretraining_data(cfg, seed=0)
     assert isinstance(data.train, datasets.IterableDataset)
     assert isinstance(data.validation, datasets.Dataset) and len(data.validation) > 0
@@ -406,7 +488,9 @@ def test_missing_file_is_named(tmp_path: Path) -> None:
 def test_empty_corpus_names_source(tmp_path: Path, corpus: Path) -> None:
     empty = tmp_path / "empty.jsonl"
     empty.write_text("")
-    cfg = tiny_config(tmp_path, [SourceConfig(kind="json", path=str(corpus)), SourceConfig(kind="json", path=str(empty))])
+    cfg = tiny_config(
+        tmp_path, [SourceConfig(kind="json", path=str(corpus)), SourceConfig(kind="json", path=str(empty))]
+    )
     with pytest.raises(ValueError, match=r"data\.sources\[1\] \(json .*empty\.jsonl'\): empty corpus"):
         load_documents(cfg, seed=0)
     blank = write_jsonl(tmp_path / "blank.jsonl", ["", "   \n "])
@@ -421,7 +505,9 @@ def test_invalid_utf8_names_file_offset_and_line(tmp_path: Path) -> None:
     bad.write_bytes((good * 2).encode() + '{"text": "Caf\xe9 au lait."}\n'.encode("latin-1"))
     offset = len((good * 2).encode()) + len(b'{"text": "Caf')
     cfg = tiny_config(tmp_path, [SourceConfig(kind="json", path=str(bad))])
-    with pytest.raises(ValueError, match=rf"latin1\.jsonl: invalid UTF-8 at byte offset {offset} \(line 3\).*re-encode"):
+    with pytest.raises(
+        ValueError, match=rf"latin1\.jsonl: invalid UTF-8 at byte offset {offset} \(line 3\).*re-encode"
+    ):
         load_documents(cfg, seed=0)
     text = tmp_path / "bad.txt"
     text.write_bytes(b"Fine.\n\n\xff\xfeBroken.\n")
@@ -465,9 +551,18 @@ def _random_examples(n: int, vocab: int, seed: int = 0) -> list[dict]:
     rng = np.random.default_rng(seed)
     out = []
     for i in range(n):
-        a, b = rng.integers(5, vocab, rng.integers(5, 40)).tolist(), rng.integers(5, vocab, rng.integers(5, 40)).tolist()
-        out.append({"input_ids": [2, *a, 3, *b, 3], "token_type_ids": [0] * (len(a) + 2) + [1] * (len(b) + 1),
-                    "next_sentence_label": i % 2, "instance_id": 1000 + 7 * i})  # fmt: skip
+        a, b = (
+            rng.integers(5, vocab, rng.integers(5, 40)).tolist(),
+            rng.integers(5, vocab, rng.integers(5, 40)).tolist(),
+        )
+        out.append(
+            {
+                "input_ids": [2, *a, 3, *b, 3],
+                "token_type_ids": [0] * (len(a) + 2) + [1] * (len(b) + 1),
+                "next_sentence_label": i % 2,
+                "instance_id": 1000 + 7 * i,
+            }
+        )
     return out
 
 
@@ -539,8 +634,7 @@ def test_collator_feeds_built_instances(json_config: DataConfig) -> None:
 
 def test_shared_wiki_corpus_builds_instances(tmp_path: Path, shared_data: Path) -> None:
     source = SourceConfig(kind="json", path=str(shared_data / "corpus" / "wiki.jsonl"))
-    cfg = tiny_config(tmp_path, [source], max_documents=12, max_seq_length=64, vocab_size=500,
-                      validation_documents=2)  # fmt: skip
+    cfg = tiny_config(tmp_path, [source], max_documents=12, max_seq_length=64, vocab_size=500, validation_documents=2)
     data = build_pretraining_data(cfg, seed=0)
     assert len(data.validation) > 0 and len(data.train) > 50
     tok = data.tokenizer
