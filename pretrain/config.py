@@ -286,6 +286,7 @@ RESUMABLE_CHANGES = frozenset(
         "train.keep_last_checkpoints",
         "train.snapshot_every",
         "train.snapshot_steps",
+        "train.snapshot_at_start",
         "train.snapshot_at_end",
         "train.num_workers",
         "train.peak_flops_per_device",
