@@ -51,6 +51,9 @@ class FinetuneConfig:
     """Clip the global gradient norm to this value (BERT: 1.0); 0 disables clipping."""
     eval_batch_size: int = 64
     """Sequences per batch when evaluating on the dev set (does not change results)."""
+    random_init: bool = False
+    """Ignore the model's weights and fine-tune its architecture from random initialisation (the baseline
+    without pretraining); the tokenizer is still the model's."""
     max_train_examples: int | None = None
     """Use only the first N training examples (quick checks); None uses them all."""
     max_eval_examples: int | None = None

@@ -202,7 +202,7 @@ def finetune(
     model_path: str, task: str, data: TaskData, lr: float, seed: int, recipe: FinetuneConfig
 ) -> dict[str, Any]:
     """Train a classifier from ``model_path`` on ``data.train`` and score it on ``data.dev``."""
-    from transformers import AutoModelForSequenceClassification, set_seed
+    from transformers import AutoConfig, AutoModelForSequenceClassification, set_seed
     from transformers.utils import logging as hf_logging
 
     start = time.perf_counter()
@@ -215,7 +215,11 @@ def finetune(
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()
     try:
-        model = AutoModelForSequenceClassification.from_pretrained(model_path, num_labels=2).to(device)
+        if recipe.random_init:
+            config = AutoConfig.from_pretrained(model_path, num_labels=2)
+            model = AutoModelForSequenceClassification.from_config(config).to(device)
+        else:
+            model = AutoModelForSequenceClassification.from_pretrained(model_path, num_labels=2).to(device)
     finally:
         hf_logging.set_verbosity(verbosity)
     optimizer = make_optimizer(model, recipe, lr)

@@ -285,6 +285,11 @@ def submit_slurm(config: ScheduleConfig, n_tasks: int) -> str:
 # --------------------------------------------------------------------------------------------------
 
 
+def print_progress(config: ScheduleConfig) -> None:
+    with ResultStore(config.store) as store:
+        print(f"[{time.strftime('%H:%M:%S')}] {_totals(store, config.max_attempts)}", flush=True)
+
+
 def check_inputs(config: ScheduleConfig) -> None:
     """Fail on the user's input before any job does: run folders and (local) GLUE files must exist."""
     missing = [r for r in config.runs if not Path(r).is_dir()]
@@ -307,6 +312,10 @@ def schedule(config: ScheduleConfig) -> None:
         if pool is not None and claimable:
             pool.fill(claimable)
             if config.mode == "once":
+                while pool.alive():  # a progress line every poll interval until the workers are done
+                    time.sleep(min(config.poll_interval_s, 5.0))
+                    if pool.alive():
+                        print_progress(config)
                 pool.join()
         elif pool is None and added:
             submit_slurm(config, min(config.workers, claimable))

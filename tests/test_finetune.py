@@ -162,6 +162,24 @@ def test_finetune_is_deterministic_given_seed(tmp_path: Path) -> None:
     assert results[0][2] is None  # RTE has no F1
 
 
+def test_random_init_baseline_is_a_separate_recipe(tmp_path: Path) -> None:
+    snapshot = make_run(tmp_path, "post_ln", "post", steps=(10,)) / "snapshots" / "step_00000010"
+    rows = {}
+    for random_init in (False, True):
+        config = RunConfig(
+            model=str(snapshot),
+            task="rte",
+            data_dir=str(FIXTURE_GLUE),
+            lrs=[1e-3],
+            seeds=[0],
+            store=str(tmp_path / "results.sqlite"),
+            recipe=FinetuneConfig(**QUICK, random_init=random_init),
+        )
+        (rows[random_init],) = run(config)
+    assert rows[True]["recipe_hash"] != rows[False]["recipe_hash"] and rows[True]["id"] != rows[False]["id"]
+    assert rows[True]["dev_loss"] != rows[False]["dev_loss"]  # other weights under the same seed
+
+
 def test_rewritten_snapshot_gets_a_new_hash(tmp_path: Path) -> None:
     run_dir = make_run(tmp_path, "post_ln", "post", steps=(10,))
     path = run_dir / "snapshots" / "step_00000010"
