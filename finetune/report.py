@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import sys
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,7 +28,7 @@ from scipy import stats
 
 from finetune.config import parse_config
 from finetune.glue import get_task
-from finetune.store import ResultStore
+from finetune.store import ResultStore, StoreVersionError
 from pretrain.artifacts import RUN_CONFIG_FILE, read_metrics, read_status
 
 VAL_LOSS = "val/mlm_loss"
@@ -397,5 +398,14 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def cli() -> int:
+    """``main`` for the command line: bad input ends with its message and exit code 2, not a traceback."""
+    try:
+        return main()
+    except (ValueError, FileNotFoundError, StoreVersionError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+
+
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(cli())

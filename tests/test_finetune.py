@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sqlite3
+import sys
 import time
 from pathlib import Path
 
@@ -12,6 +13,7 @@ from torch import nn
 from finetune.config import FinetuneConfig, build, load_yaml, parse_config
 from finetune.glue import TASKS, batches, encode, get_task, load_task, read_tsv
 from finetune.run import RunConfig, make_optimizer, run
+from finetune.run import cli as run_cli
 from finetune.run import main as run_main
 from finetune.store import SCHEMA_VERSION, JobSpec, ResultStore, StoreVersionError
 from tests.finetune_fixtures import FIXTURE_GLUE, make_run, tiny_tokenizer, write_snapshot
@@ -54,6 +56,51 @@ def test_real_glue_counts(shared_data: Path) -> None:
     assert (len(mrpc["dev"]), len(rte["train"]), len(rte["dev"])) == (408, 2490, 277)
     assert {e.label for e in rte["train"]} == {0, 1}
     assert sum(e.label for e in mrpc["dev"]) == 279  # 68% paraphrases on MRPC dev
+
+
+def test_hub_loader_matches_tsv_loader(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The Hub path (nyu-mll/glue) and the TSV path give the same examples and label ids."""
+    import datasets
+
+    local = load_task("rte", FIXTURE_GLUE)
+    calls = []
+
+    def fake_load_dataset(name: str, config: str) -> datasets.DatasetDict:
+        calls.append((name, config))
+        names = TASKS[config].label_names
+        return datasets.DatasetDict(
+            {
+                hub_split: datasets.Dataset.from_dict(
+                    {
+                        "sentence1": [e.text_a for e in local[split]],
+                        "sentence2": [e.text_b for e in local[split]],
+                        "label": [e.label for e in local[split]],
+                        "idx": list(range(len(local[split]))),
+                    },
+                    features=datasets.Features(
+                        {
+                            "sentence1": datasets.Value("string"),
+                            "sentence2": datasets.Value("string"),
+                            "label": datasets.ClassLabel(names=list(names)),
+                            "idx": datasets.Value("int32"),
+                        }
+                    ),
+                )
+                for split, hub_split in (("train", "train"), ("dev", "validation"))
+            }
+        )
+
+    monkeypatch.setattr(datasets, "load_dataset", fake_load_dataset)
+    assert load_task("rte") == local
+    assert calls == [("nyu-mll/glue", "rte")]
+
+
+def test_cli_bad_input_exits_2_with_message(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(sys, "argv", ["finetune.run", "--model", "m", "--task", "cola"])
+    assert run_cli() == 2
+    assert "error: unknown GLUE task 'cola'; valid tasks: mrpc, rte" in capsys.readouterr().err
 
 
 def test_unknown_task_lists_valid_ones() -> None:
