@@ -44,13 +44,13 @@ class ModelConfig:
 
     norm_placement: NormPlacement = "post"
     """Where the LayerNorms go: post (original BERT), pre (Xiong et al. 2020), sandwich, deepnorm."""
-    hidden_size: int = 128
+    hidden_size: int = 64
     """Width of the residual stream (BERT-base: 768)."""
     num_hidden_layers: int = 2
     """Number of Transformer layers (BERT-base: 12)."""
     num_attention_heads: int = 4
     """Attention heads per layer; must divide hidden_size (BERT-base: 12)."""
-    intermediate_size: int = 512
+    intermediate_size: int = 256
     """Inner width of the feed-forward sub-layer (BERT-base: 3072)."""
     vocab_size: int | None = None
     """Rows of the word-embedding table; null: the tokenizer's size. Must be >= the tokenizer's size."""
@@ -168,7 +168,7 @@ class TrainConfig:
     """Autocast precision; fp16 needs a GPU (it uses a loss scaler)."""
     eval_every: int = 100
     """Evaluate on the validation split every this many steps (and at the end); 0: only at the end."""
-    eval_batches: int = 20
+    eval_batches: int = 10
     """Validation batches per evaluation (per process); 0: the whole validation split."""
     log_every: int = 10
     """Log training metrics (incl. per-layer gradient norms) every this many steps."""
@@ -237,7 +237,7 @@ class PretrainConfig:
 
     model: ModelConfig = field(default_factory=ModelConfig)
     """The encoder and its norm placement."""
-    data: DataConfig = field(default_factory=lambda: DataConfig(vocab_size=2048))
+    data: DataConfig = field(default_factory=lambda: DataConfig(vocab_size=2048, max_seq_length=64, validation_fraction=0.02))
     """Corpus, tokenizer, NSP/MLM instance creation (pretrain/data.py)."""
     optim: OptimConfig = field(default_factory=OptimConfig)
     """Optimizer and learning-rate schedule."""

@@ -423,11 +423,14 @@ def train(job: Job, state: TrainState, stop: StopRequest) -> str:
     progress = tqdm(
         total=train_cfg.max_steps, initial=state.step, disable=not accelerator.is_local_main_process, desc="pretrain"
     )
-    window_tokens, window_start = 0, time.perf_counter()
+    # Throughput counts the time spent in training steps only (not evaluation or saving).
+    window_tokens, window_time = 0, 0.0
     while state.step < last_step:
         next_step = state.step + 1
         log_now = next_step % train_cfg.log_every == 0 or next_step == last_step
+        started = time.perf_counter()
         stats = train_step(job, batches, stop, with_layer_norms=log_now)
+        window_time += time.perf_counter() - started
         if not stats.finite:
             message = (
                 f"loss or gradient not finite at step {state.step + 1} (loss {stats.loss}); the run diverged. "
@@ -443,8 +446,7 @@ def train(job: Job, state: TrainState, stop: StopRequest) -> str:
         window_tokens += stats.tokens
         progress.update(1)
         if log_now:
-            elapsed = time.perf_counter() - window_start
-            tokens_per_s = window_tokens / max(elapsed, 1e-9)
+            tokens_per_s = window_tokens / max(window_time, 1e-9)
             metrics = {
                 "tokens_seen": state.tokens_seen,
                 "train/loss": stats.loss,
@@ -462,7 +464,7 @@ def train(job: Job, state: TrainState, stop: StopRequest) -> str:
             metrics.update(stats.layer_grad_norms)
             log_metrics(accelerator, job.run_dir, metrics, state.step)
             progress.set_postfix(loss=f"{stats.loss:.3f}", lr=f"{metrics['train/lr']:.2e}")
-            window_tokens, window_start = 0, time.perf_counter()
+            window_tokens, window_time = 0, 0.0
         done = state.step == last_step
         preempted = stats.stop and not done
         if (train_cfg.eval_every and state.step % train_cfg.eval_every == 0) or done:

@@ -143,7 +143,7 @@ def test_resolved_config_round_trips_through_json() -> None:
         (["--train.mixed_precision=fp8"], r"train.mixed_precision must be one of no, bf16, fp16"),
         (["--optim.scheduler=triangle"], r"optim.scheduler must be one of .*linear"),
         (["--optim.warmup_steps=500", "--train.max_steps=100"], r"optim.warmup_steps = 500 exceeds train.max_steps=100"),
-        (["--model.num_attention_heads=5"], r"model.num_attention_heads must divide model.hidden_size=128"),
+        (["--model.num_attention_heads=5"], r"model.num_attention_heads must divide model.hidden_size=64"),
         (["--data.max_seq_length=512"], r"model.max_position_embeddings = 128 is smaller than data.max_seq_length=512"),
         (["--model.vocab_size=1000", "--data.vocab_size=4000"], r"data.vocab_size = 4000 .* exceeds model.vocab_size=1000"),
         (["--data.sources=[{kind: tape}]"], r"data.sources\[0\]: .*kind='tape' is unknown"),

@@ -46,6 +46,15 @@ def fresh_accelerate_state() -> None:
     GradientState._reset_state()
 
 
+@pytest.fixture(autouse=True)
+def one_thread() -> None:
+    """Tiny models run fastest on one thread, and far faster than two when other jobs share the cores."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 def tiny_args(run_dir: Path, cache: Path, *extra: str) -> list[str]:
     return [
         *TINY_MODEL,
@@ -194,7 +203,7 @@ def test_leftover_temp_folder_is_ignored(tmp_path: Path, data_cache: Path) -> No
 def test_sigterm_saves_a_checkpoint_and_marks_preempted(tmp_path: Path, data_cache: Path) -> None:
     run = tmp_path / "sigterm"
     argv = tiny_args(run, data_cache, "--train.max_steps=100000", "--train.checkpoint_every=0", "--train.eval_every=0")
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen([sys.executable, str(RUN_PY), *argv], cwd=tmp_path, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
     try:
@@ -286,7 +295,8 @@ def test_command_line_errors_exit_2_with_the_message(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_true_default_run_finishes_offline(tmp_path: Path) -> None:
     """`python pretrain/run.py` with no arguments, in a fresh directory, offline, well under 5 minutes."""
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "WANDB_MODE": "offline"}
+    # One thread: other jobs share the CI cores, and oversubscribed OpenMP threads slow tiny models 10x.
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "WANDB_MODE": "offline", "OMP_NUM_THREADS": "1"}
     start = time.time()
     result = subprocess.run([sys.executable, str(RUN_PY)], cwd=tmp_path, env=env, capture_output=True, text=True,
                             timeout=600)  # fmt: skip
@@ -343,3 +353,20 @@ def test_deepspeed_zero2_one_process(tmp_path: Path, data_cache: Path) -> None:
     assert read_status(run)["status"] == "finished"
     assert (latest_checkpoint(run) / "pytorch_model").is_dir()  # DeepSpeed's own checkpoint layout
     assert [s.step for s in list_snapshots(run)] == [0, 3]
+
+
+@pytest.mark.parametrize("backend", ["tensorboard", "wandb"])
+def test_trackers_write_offline(tmp_path: Path, data_cache: Path, backend: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """TensorBoard event files in RUN/tensorboard; W&B offline runs in RUN/wandb (for `wandb sync` later)."""
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    run = tmp_path / backend
+    argv = tiny_args(run, data_cache, f"--tracking.backend={backend}", "--train.max_steps=2",
+                     "--tracking.tags=[unit-test]", "--tracking.group=g")  # fmt: skip
+    assert main(argv) == 0
+    if backend == "tensorboard":
+        assert list((run / "tensorboard").rglob("events.out.tfevents.*"))
+    else:
+        offline = list((run / "wandb").glob("offline-run-*"))
+        assert len(offline) == 1 and list(offline[0].glob("run-*.wandb"))
+    assert any("train/loss" in r for r in read_metrics(run))  # metrics.jsonl is written whatever the tracker

@@ -1,0 +1,44 @@
+#!/bin/bash
+# Train Post-LN and Pre-LN on the same data with the same seed (one after the other), then print where the
+# runs are. The two presets of a pair differ only in norm_placement and the LR schedule (the paper's
+# recipes), so the validation curves in RUN/metrics.jsonl compare the placements.
+#
+#   launch/compare_placements.sh small  --data.sources='[{kind: json, path: /data/wiki.jsonl}]'
+#   launch/compare_placements.sh base                               # BERT-base presets (GPUs; see README)
+#   LAUNCH="accelerate launch --config_file configs/accelerate/8gpu.yaml" launch/compare_placements.sh base
+#
+# Arguments after the scale go to both runs (e.g. --train.max_steps=300 --data.max_documents=500).
+# Variables: LAUNCH (default "python"), OUT (default runs/compare-<scale>), SEED (default 0).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+SCALE=${1:?usage: launch/compare_placements.sh small|base [--key=value ...]}
+shift
+case "$SCALE" in
+  small) POST=configs/pretrain/small_post_ln.yaml; PRE=configs/pretrain/small_pre_ln.yaml ;;
+  base)  POST=configs/pretrain/bert_base_post_ln.yaml; PRE=configs/pretrain/bert_base_pre_ln.yaml ;;
+  *) echo "unknown scale '$SCALE'; use small or base" >&2; exit 2 ;;
+esac
+LAUNCH=${LAUNCH:-python}
+OUT=${OUT:-runs/compare-$SCALE}
+SEED=${SEED:-0}
+
+for placement in post pre; do
+  preset=$POST; [[ $placement == pre ]] && preset=$PRE
+  echo "=== $placement-LN: $preset -> $OUT/$placement"
+  # shellcheck disable=SC2086  # LAUNCH is a command line
+  $LAUNCH pretrain/run.py --config "$preset" --train.seed="$SEED" \
+    --train.output_dir="$OUT/$placement" --train.run_name="$SCALE-$placement-ln" \
+    --tracking.group="compare-$SCALE-seed$SEED" "$@"
+done
+
+python - "$OUT" <<'PY'
+import sys
+from pretrain.artifacts import read_metrics, read_status
+out = sys.argv[1]
+for placement in ("post", "pre"):
+    run = f"{out}/{placement}"
+    val = [(r["step"], r["val/mlm_loss"]) for r in read_metrics(run) if "val/mlm_loss" in r]
+    curve = "  ".join(f"{s}:{v:.3f}" for s, v in val)
+    print(f"{placement:>4}-LN  status={read_status(run)['status']}  val/mlm_loss  {curve}")
+PY

@@ -1,0 +1,85 @@
+"""launch/: the SLURM script builds the right per-node `accelerate launch` line; the comparison script runs both
+placements with the same seed and data."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from pretrain.artifacts import read_metrics, read_status
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _fake(bin_dir: Path, name: str, body: str) -> None:
+    path = bin_dir / name
+    path.write_text("#!/bin/bash\n" + body)
+    path.chmod(0o755)
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+def test_slurm_script_launches_one_accelerate_per_node(tmp_path: Path) -> None:
+    """srun, scontrol and accelerate are stand-ins that record what they were asked to do (2 nodes)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    log = tmp_path / "calls.log"
+    _fake(bin_dir, "scontrol", 'printf "gpu-node-07\\ngpu-node-08\\n"\n')
+    # srun runs the task once per node with that node's SLURM_NODEID, as SLURM does.
+    _fake(bin_dir, "srun", 'shift  # --kill-on-bad-exit\nfor id in 0 1; do SLURM_NODEID=$id "$@"; done\n')
+    _fake(bin_dir, "accelerate", f'echo "accelerate $*" >> {log}\n')
+    run_dir = tmp_path / "out"
+    (run_dir / "checkpoints" / "step_00000010").mkdir(parents=True)
+    (run_dir / "checkpoints" / "step_00000010" / "train_state.json").write_text("{}")
+    env = {
+        **os.environ,
+        "PATH": f"{bin_dir}:{os.environ['PATH']}",
+        "SLURM_JOB_NODELIST": "gpu-node-[07-08]",
+        "SLURM_NNODES": "2",
+        "PRESET": "configs/pretrain/small_pre_ln.yaml",
+    }
+    result = subprocess.run(
+        ["bash", str(ROOT / "launch" / "slurm_pretrain.sbatch"), f"--train.output_dir={run_dir}"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    calls = log.read_text().splitlines()
+    assert len(calls) == 2
+    for rank, call in enumerate(calls):
+        assert f"--machine_rank {rank} " in call
+        assert "--num_machines 2 --num_processes 16" in call
+        assert "--main_process_ip gpu-node-07 --main_process_port 29500" in call
+        assert call.endswith(
+            f"pretrain/run.py --config configs/pretrain/small_pre_ln.yaml --train.resume=auto --train.output_dir={run_dir}"
+        )
+
+
+@pytest.mark.slow
+def test_compare_placements_runs_both_with_the_same_seed(tmp_path: Path) -> None:
+    out = tmp_path / "compare"
+    tiny = [
+        "--data.sources=[{kind: python_docs}]", "--data.max_documents=30", "--data.validation_documents=2",
+        "--data.vocab_size=300", "--data.max_seq_length=32", f"--data.cache_dir={tmp_path / 'cache'}",
+        "--model.hidden_size=32", "--model.num_hidden_layers=2", "--model.intermediate_size=37",
+        "--model.max_position_embeddings=64", "--train.max_steps=4", "--train.eval_every=2", "--train.eval_batches=1",
+        "--train.per_device_batch_size=8", "--train.snapshot_steps=[]",
+    ]  # fmt: skip
+    env = {**os.environ, "OUT": str(out), "SEED": "3"}
+    result = subprocess.run(
+        ["bash", str(ROOT / "launch" / "compare_placements.sh"), "small", *tiny],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    for placement in ("post", "pre"):
+        run = out / placement
+        assert read_status(run)["status"] == "finished"
+        assert read_status(run)["norm_placement"] == placement
+        assert any("val/mlm_loss" in r for r in read_metrics(run))
+    configs = [json.loads((out / p / "run_config.json").read_text()) for p in ("post", "pre")]
+    assert configs[0]["train"]["seed"] == configs[1]["train"]["seed"] == 3
+    assert configs[0]["data"] == configs[1]["data"]
+    assert " post-LN  status=finished" in result.stdout and "  pre-LN  status=finished" in result.stdout
