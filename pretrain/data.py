@@ -208,16 +208,27 @@ def _reflow(text: str) -> str:
     return "\n".join(p for p in paragraphs if p)
 
 
+_DOCUMENTED = (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
+
+
+def _documented_nodes(node: ast.AST) -> Iterator[ast.AST]:
+    """Module, class and function nodes in source order, descending only through statement lists (the bodies of
+    classes, functions, if/try/with/for blocks): ast.walk into every expression costs several times more."""
+    if isinstance(node, _DOCUMENTED):
+        yield node
+    for name in ("body", "orelse", "finalbody", "handlers"):
+        for child in getattr(node, name, ()):
+            if isinstance(child, ast.stmt | ast.excepthandler):
+                yield from _documented_nodes(child)
+
+
 def _module_docstrings(path: Path) -> str:
     """Module, class and function docstrings of one Python file, in source order."""
     try:
         tree = ast.parse(path.read_bytes(), filename=str(path))
     except (SyntaxError, ValueError):  # a stdlib file for another Python version; not worth a crash
         return ""
-    nodes = (
-        n for n in ast.walk(tree) if isinstance(n, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef)
-    )
-    return "\n\n".join(d for d in (ast.get_docstring(n) for n in nodes) if d)
+    return "\n\n".join(d for d in (ast.get_docstring(n) for n in _documented_nodes(tree)) if d)
 
 
 def iter_python_docs() -> Iterator[str]:
@@ -248,7 +259,9 @@ def iter_python_docs() -> Iterator[str]:
                 yield text
 
 
-def _python_docs_generator(max_documents: int | None) -> Iterator[dict[str, str]]:
+def _python_docs_generator(max_documents: int | None, python_version: str) -> Iterator[dict[str, str]]:
+    """Rows for ``datasets``' generator builders; ``python_version`` only keys datasets' cache (the stdlib changes
+    with it), so later builds skip the few seconds of parsing."""
     for text in islice(iter_python_docs(), max_documents):
         yield {"text": text}
 
@@ -322,9 +335,11 @@ def _load_source(source: SourceConfig, index: int, cfg: DataConfig) -> datasets.
     hf_cache = str(Path(cfg.cache_dir) / "hf")
     if source.kind == "python_docs":
         if cfg.streaming:
-            ds = datasets.IterableDataset.from_generator(_python_docs_generator, gen_kwargs={"max_documents": None})
+            gen_kwargs = {"max_documents": None, "python_version": sys.version}
+            ds = datasets.IterableDataset.from_generator(_python_docs_generator, gen_kwargs=gen_kwargs)
         else:
-            ds = datasets.Dataset.from_dict({"text": [d["text"] for d in _python_docs_generator(cfg.max_documents)]})
+            gen_kwargs = {"max_documents": cfg.max_documents, "python_version": sys.version}
+            ds = datasets.Dataset.from_generator(_python_docs_generator, gen_kwargs=gen_kwargs, cache_dir=hf_cache)
     elif source.kind == "hub":
         try:
             ds = datasets.load_dataset(

@@ -228,6 +228,7 @@ def test_python_docs_source_is_nontrivial(tmp_path: Path) -> None:
     # 79 pydoc topics (the language reference) then standard-library module docstrings.
     assert sum(len(t) for t in texts) > 300_000
     assert any("for" in t and "loop" in t for t in texts[:79])
+    assert "Abstract Base Classes" in "".join(texts[79:])  # the docstring of _collections_abc
     assert all(len(t) > 20 and "\n\n" not in t for t in texts)
 
 
