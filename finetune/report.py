@@ -95,8 +95,9 @@ def run_info(run_dir: str | Path) -> RunInfo:
 
 def val_loss_curve(run_dir: str | Path) -> list[tuple[int, float]]:
     """(step, validation MLM loss) by step; a step logged twice (a resumed run) keeps its last value."""
-    by_step = {int(m["step"]): float(m[VAL_LOSS]) for m in read_metrics(run_dir) if VAL_LOSS in m}
-    return sorted(by_step.items())
+    by_step = {int(m["step"]): float(m[VAL_LOSS]) for m in read_metrics(run_dir) if m.get(VAL_LOSS) is not None}
+    # A diverged run logs nan/inf: not a point on the curve.
+    return sorted((step, loss) for step, loss in by_step.items() if math.isfinite(loss))
 
 
 def steps_to_loss(curve: list[tuple[int, float]], target: float) -> float | None:
@@ -160,11 +161,13 @@ def select_rows(rows: list[dict[str, Any]], recipe_hash: str | None) -> list[dic
 
 def best_lr_points(rows: list[dict[str, Any]], runs: list[RunInfo], task: str) -> list[dict[str, Any]]:
     """For each (run, step): the lr with the best mean dev accuracy, with its mean, CI and seed count."""
-    labels = {str(run.path): run.label for run in runs}
     groups: dict[tuple[str, int], dict[float, list[dict[str, Any]]]] = defaultdict(lambda: defaultdict(list))
-    for row in rows:
-        if row["task"] == task and row["run_dir"] in labels:
-            groups[(labels[row["run_dir"]], row["pretrain_step"])][row["lr"]].append(row)
+    for run in runs:
+        mine = [r for r in rows if r["task"] == task and r["run_dir"] == str(run.path)]
+        # Results computed where the run folder had another path (a cluster mount): match by run name.
+        mine = mine or [r for r in rows if r["task"] == task and r["run_name"] == run.name]
+        for row in mine:
+            groups[(run.label, row["pretrain_step"])][row["lr"]].append(row)
     points = []
     for (label, step), by_lr in sorted(groups.items()):
         lr, group = max(by_lr.items(), key=lambda item: (np.mean([r["accuracy"] for r in item[1]]), -item[0]))

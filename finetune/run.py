@@ -292,11 +292,11 @@ def _heartbeat(settings: WorkerSettings, job: Job, worker: str, stop: threading.
 def execute(job: Job, store: ResultStore, settings: WorkerSettings, cache: DataCache, worker: str) -> bool:
     """Run one claimed job; record its results or its error. True if it completed."""
     spec = job.spec
-    recipe = FinetuneConfig(**spec.recipe, **settings.runtime)
     stop = threading.Event()
     beat = threading.Thread(target=_heartbeat, args=(settings, job, worker, stop, os.getppid()), daemon=True)
     beat.start()
     try:
+        recipe = FinetuneConfig(**spec.recipe, **settings.runtime)
         data = cache.get(spec.model_path, spec.task, spec.data_dir, recipe)
         results = finetune(spec.model_path, spec.task, data, spec.lr, spec.seed, recipe)
     except Exception as err:  # recorded in the store and retried; the worker goes on with other jobs

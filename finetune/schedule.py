@@ -186,6 +186,8 @@ def _totals(store: ResultStore, max_attempts: int) -> str:
 
 def worker_settings(config: ScheduleConfig, threads: int, exit_with_parent: bool) -> WorkerSettings:
     recipe = replace(config.recipe, torch_threads=config.recipe.torch_threads or threads)
+    # Progress bars of several workers would interleave: the scheduler prints counts instead.
+    recipe = replace(recipe, progress=recipe.progress and config.workers == 1)
     return WorkerSettings(
         store=config.store,
         lease_s=config.lease_s,

@@ -31,6 +31,7 @@ def write_run(root: Path, name: str, placement: str, curve: dict[int, float]) ->
     run_dir.mkdir(parents=True)
     lines = [{"step": s, "tokens_seen": s, "val/mlm_loss": loss} for s, loss in curve.items()]
     lines.insert(1, {"step": 50, "tokens_seen": 50, "train/loss": 1.0})  # training lines are not curve points
+    lines.append({"step": max(curve) + 100, "tokens_seen": 0, "val/mlm_loss": float("nan")})  # diverged: no point
     (run_dir / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines) + '{"step": 9')
     set_status(run_dir, name, placement, "finished", max(curve))
     return run_dir
