@@ -102,6 +102,13 @@ class SourceConfig:
             raise ValueError(f"data.sources[].path is required for kind {self.kind!r} (a Hub dataset name or a file)")
         if not (self.weight > 0 and np.isfinite(self.weight)):
             raise ValueError(f"data.sources[].weight={self.weight} must be a positive number")
+        if self.kind != "hub" and (self.name is not None or self.split != "train"):
+            raise ValueError(
+                f"data.sources[].name/split only apply to kind 'hub' (got kind {self.kind!r}, name={self.name!r}, "
+                f"split={self.split!r}); local files form one split: point path at the files of the split you want"
+            )
+        if self.kind == "python_docs" and self.path:
+            raise ValueError(f"data.sources[].path={self.path!r} is not used by kind 'python_docs'; remove it")
         if not self.text_column:
             raise ValueError("data.sources[].text_column must name the column holding the text (e.g. 'text')")
 

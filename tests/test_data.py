@@ -159,6 +159,10 @@ def test_config_validation_names_key_and_choices() -> None:
         SourceConfig(kind="csv", path="x.csv")
     with pytest.raises(ValueError, match=r"data\.sources\[\]\.path is required"):
         SourceConfig(kind="json")
+    with pytest.raises(ValueError, match=r"data\.sources\[\]\.name/split only apply to kind 'hub'"):
+        SourceConfig(kind="json", path="a.jsonl", split="validation")
+    with pytest.raises(ValueError, match=r"data\.sources\[\]\.path='x' is not used by kind 'python_docs'"):
+        SourceConfig(path="x")
     with pytest.raises(ValueError, match=r"data\.sources\[\]\.weight"):
         SourceConfig(weight=0)
     with pytest.raises(ValueError, match=r"data\.mlm_probability"):
