@@ -67,6 +67,19 @@ def timed(fn: Callable[[], Any], device: torch.device) -> float:
     return time.perf_counter() - start
 
 
+def timed_with_cpu(fn: Callable[[], Any], device: torch.device) -> tuple[float, float]:
+    """(wall-clock seconds, CPU seconds of this process, all threads) of one call.
+
+    On a shared, oversubscribed CPU the wall clock also counts time spent waiting for a core; the process's
+    CPU time counts only the work done (plus OpenMP spinning), so ratios of CPU time are the steadier measure.
+    """
+    synchronize(device)
+    cpu, start = time.process_time(), time.perf_counter()
+    fn()
+    synchronize(device)
+    return time.perf_counter() - start, time.process_time() - cpu
+
+
 def spread(values: list[float]) -> dict[str, float]:
     """Median and the noise around it: interquartile range and min/max, relative to the median."""
     med = statistics.median(values)

@@ -44,6 +44,7 @@ from benchmarks.common import (
     pick_device,
     spread,
     timed,
+    timed_with_cpu,
     write_results,
 )
 
@@ -59,6 +60,7 @@ OPTIMIZERS = ("fused", "foreach", "loop")
 # Fast-path switches of LNBertConfig, as variant MODs: name -> config overrides (ours only).
 FAST_PATH_MODS: dict[str, dict[str, Any]] = {
     "dense": {"sparse_mlm_head": False},
+    "qkv": {"fused_qkv": True},
 }
 OTHER_MODS = ("eager", "compile", *OPTIMIZERS)
 MLM_FRACTION = 0.15
@@ -255,13 +257,15 @@ def measure_group(
         for _ in range(args.warmup - 1):
             runner.step(batches[0])
     times: dict[str, list[float]] = {v.spec: [] for v in variants}
+    cpu_times: dict[str, list[float]] = {v.spec: [] for v in variants}
     losses: dict[str, float] = {}
     for rep in range(args.reps):
         batch = batches[rep % len(batches)]
         shift = rep % len(runners)
         for runner in runners[shift:] + runners[:shift]:  # rotate who goes first
-            seconds, loss = timed_step(runner, batch, device)
+            seconds, cpu_seconds, loss = timed_step(runner, batch, device)
             times[runner.variant.spec].append(seconds)
+            cpu_times[runner.variant.spec].append(cpu_seconds)
             losses[runner.variant.spec] = loss
     profile = None
     if args.profile:
@@ -269,7 +273,7 @@ def measure_group(
         if target is None:
             raise ValueError(f"--profile={args.profile!r} is not among --variants {[v.spec for v in variants]}")
         profile = profile_step(target, batches[0], device, args.profile_rows)
-    result = summarise(variants, runners, times, losses, shape, precision, args)
+    result = summarise(variants, runners, times, cpu_times, losses, shape, precision, args)
     result["profile"] = profile
     result["profile_variant"] = args.profile
     del runners
@@ -279,11 +283,11 @@ def measure_group(
     return result
 
 
-def timed_step(runner: Runner, batch: dict[str, torch.Tensor], device: torch.device) -> tuple[float, float]:
-    """Seconds of one training step and its loss."""
+def timed_step(runner: Runner, batch: dict[str, torch.Tensor], device: torch.device) -> tuple[float, float, float]:
+    """Wall-clock and process CPU seconds of one training step, and its loss."""
     holder: list[torch.Tensor] = []
-    seconds = timed(lambda: holder.append(runner.step(batch)), device)
-    return seconds, float(holder[0])
+    seconds, cpu_seconds = timed_with_cpu(lambda: holder.append(runner.step(batch)), device)
+    return seconds, cpu_seconds, float(holder[0])
 
 
 def profile_step(runner: Runner, batch: dict[str, torch.Tensor], device: torch.device, rows: int) -> str:
@@ -303,6 +307,7 @@ def summarise(
     variants: list[Variant],
     runners: list[Runner],
     times: dict[str, list[float]],
+    cpu_times: dict[str, list[float]],
     losses: dict[str, float],
     shape: dict[str, int],
     precision: str,
@@ -321,6 +326,7 @@ def summarise(
         row: dict[str, Any] = {
             "variant": variant.spec,
             "step_s": stats,
+            "step_cpu_s": spread(cpu_times[variant.spec]),
             "tokens_per_s": tokens / stats["median"],
             "exec_flops_per_token": fpt,
             "exec_tflops": fpt * tokens / stats["median"] / 1e12,
@@ -332,6 +338,8 @@ def summarise(
             # Paired: both timed in the same repetition, so shared-machine drift cancels.
             ratios = [b / o for o, b in zip(t, times[baseline], strict=True)]
             row["speedup_vs_baseline"] = spread(ratios)
+            cpu_ratios = [b / o for o, b in zip(cpu_times[variant.spec], cpu_times[baseline], strict=True)]
+            row["cpu_time_speedup_vs_baseline"] = spread(cpu_ratios)
         rows.append(row)
     return {
         "shape": shape,
@@ -363,7 +371,9 @@ def print_group(group: dict[str, Any], shape_name: str) -> None:
         "step s (median)",
         "noise IQR",
         "tok/s",
-        f"x {group['baseline']}",
+        f"x {group['baseline']} (wall, min-max)",
+        f"x {group['baseline']} (CPU time)",
+        "CPU s/step",
         "exec TFLOP/s",
         "MFU exec",
         "MFU dense-count",
@@ -371,15 +381,16 @@ def print_group(group: dict[str, Any], shape_name: str) -> None:
     ]
     rows = []
     for r in group["rows"]:
-        speed = r.get("speedup_vs_baseline")
-        speed_txt = f"{speed['median']:.2f} ({speed['min']:.2f}-{speed['max']:.2f})" if speed else "-"
+        speed, cpu_speed = r.get("speedup_vs_baseline"), r.get("cpu_time_speedup_vs_baseline")
         rows.append(
             [
                 r["variant"],
                 f"{r['step_s']['median']:.4f}",
                 f"{100 * r['step_s']['iqr_rel']:.1f}%",
                 f"{r['tokens_per_s']:.0f}",
-                speed_txt,
+                f"{speed['median']:.2f} ({speed['min']:.2f}-{speed['max']:.2f})" if speed else "-",
+                f"{cpu_speed['median']:.2f} (IQR {100 * cpu_speed['iqr_rel']:.0f}%)" if cpu_speed else "-",
+                f"{r['step_cpu_s']['median']:.3f}",
                 f"{r['exec_tflops']:.3f}",
                 f"{100 * r['mfu_exec']:.1f}%",
                 f"{100 * r['mfu_dense_count']:.1f}%",

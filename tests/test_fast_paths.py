@@ -85,6 +85,55 @@ def test_sparse_mlm_head_logits_are_the_dense_logits_at_labelled_positions(tiny_
     torch.testing.assert_close(sparse_logits, dense_logits[selected])
 
 
+def _relative_error(got: torch.Tensor, expected: torch.Tensor) -> float:
+    return float((got.float() - expected.float()).norm() / expected.float().norm().clamp_min(1e-12))
+
+
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+@pytest.mark.parametrize("placement", ["post", "pre"])
+def test_fused_qkv_matches_separate_projections_in_fp32(tiny_kwargs: dict, placement: str, attn: str) -> None:
+    plain, fused = _pair(tiny_kwargs, placement, fused_qkv=True)
+    for model in (plain, fused):
+        model.config._attn_implementation = attn
+    batch = _batch(tiny_kwargs["vocab_size"])
+    plain_loss, plain_grads = _loss_and_grads(plain, batch)
+    fused_loss, fused_grads = _loss_and_grads(fused, batch)
+    torch.testing.assert_close(fused_loss, plain_loss)
+    assert fused_grads.keys() == plain_grads.keys()  # Q, K and V each get their own gradient
+    for name, grad in plain_grads.items():
+        torch.testing.assert_close(fused_grads[name], grad, rtol=1e-4, atol=1e-6, msg=name)
+
+
+@pytest.mark.parametrize("placement", ["post", "pre"])
+def test_fused_qkv_matches_separate_projections_under_bf16_autocast(tiny_kwargs: dict, placement: str) -> None:
+    """Both bf16 paths round differently, so each is compared with the fp32 result: fused is no worse."""
+    plain, fused = _pair(tiny_kwargs, placement, fused_qkv=True)
+    batch = _batch(tiny_kwargs["vocab_size"])
+    ref_loss, ref_grads = _loss_and_grads(plain, batch)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        plain_loss, plain_grads = _loss_and_grads(plain, batch)
+        fused_loss, fused_grads = _loss_and_grads(fused, batch)
+    assert abs(float(fused_loss - plain_loss)) < 2e-2 * float(ref_loss)
+    for name, ref in ref_grads.items():
+        if ref.norm() == 0:
+            continue
+        plain_err = _relative_error(plain_grads[name], ref)
+        fused_err = _relative_error(fused_grads[name], ref)
+        assert fused_err < max(2 * plain_err, 2e-2), f"{name}: fused {fused_err:.2e}, separate {plain_err:.2e}"
+
+
+def test_fused_qkv_keeps_hugging_face_parameter_names(tiny_kwargs: dict) -> None:
+    from transformers import BertConfig, BertForPreTraining
+
+    torch.manual_seed(0)
+    hf = BertForPreTraining(BertConfig(**tiny_kwargs)).eval()
+    ours = LNBertForPreTraining(LNBertConfig(**tiny_kwargs, fused_qkv=True)).eval()
+    ours.load_state_dict(hf.state_dict(), strict=True)
+    batch = {k: v for k, v in _batch(tiny_kwargs["vocab_size"]).items() if k in ("input_ids", "attention_mask")}
+    with torch.no_grad():
+        torch.testing.assert_close(ours(**batch).prediction_logits, hf(**batch).prediction_logits)
+
+
 # --------------------------------------------------------------------------------------------------
 # Benchmark harness: the code paths a CPU can reach, and the GPU-only bits through monkeypatch
 # --------------------------------------------------------------------------------------------------

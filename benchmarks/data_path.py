@@ -1,0 +1,235 @@
+"""Data path: corpus -> instances throughput, padding waste, and how long training waits for data.
+
+    python -m benchmarks.data_path --corpus PATH/TO/wiki.jsonl --max-documents 400
+    python -m benchmarks.data_path --corpus 'corpus/*.jsonl' --tokenizer PATH/TO/tokenizer --workers 0,2
+
+1. Preprocessing: ``pretrain.data.make_instances`` (sentence split, tokenise, BERT NSP instances) against a plain
+   ``datasets.map`` tokenisation of the same documents with the same tokenizer, alternated ``--reps`` times;
+   throughput is corpus tokens per second for both (the tokens the plain tokenisation produces).
+2. Padding waste of the instances' real length distribution: share of padding positions in a batch padded to
+   ``max_seq_length``, to the batch's longest (rounded up to a multiple of 8, as ``MaskingCollator`` does), and
+   the share removed by packing (``data.objective=mlm`` makes full-length sequences, so about none).
+3. Data wait: the small model trains ``--steps`` steps from a ``DataLoader`` over the instances with
+   ``MaskingCollator``; the time in ``next(iterator)`` over the whole step time is the share lost to data.
+
+The WordPiece tokenizer is trained on the subset first when ``--tokenizer`` is not given (timed separately).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader
+
+from benchmarks.common import configure_device, format_table, machine_info, pick_device, spread, write_results
+from benchmarks.train_step import autocast_context, make_optimizer
+from pretrain import data as data_lib
+from pretrain.modeling import LNBertConfig, LNBertForPreTraining
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--corpus", required=True, help="JSON Lines file, glob or folder with a 'text' column")
+    parser.add_argument("--max-documents", type=int, default=400, help="documents to read from the corpus")
+    parser.add_argument("--tokenizer", help="tokenizer folder; default: train WordPiece on the subset")
+    parser.add_argument("--vocab-size", type=int, default=30522, help="vocabulary of a trained tokenizer")
+    parser.add_argument("--max-seq-length", type=int, default=128)
+    parser.add_argument("--reps", type=int, default=3, help="alternating repetitions of both preprocessing paths")
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--steps", type=int, default=12, help="training steps per worker setting (data wait)")
+    parser.add_argument("--workers", default="0,1", help="comma list of DataLoader num_workers to compare")
+    parser.add_argument("--precision", default="bf16", choices=("fp32", "bf16"))
+    parser.add_argument("--device", default="auto")
+    parser.add_argument("--cache-dir", type=Path, help="scratch folder (default: a temporary folder)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", type=Path, help="JSON path (default benchmarks/results/data_path-<time>.json)")
+    args = parser.parse_args(argv)
+    try:
+        args.worker_list = [int(w) for w in args.workers.split(",") if w.strip()]
+    except ValueError:
+        parser.error(f"--workers={args.workers!r} must be a comma list of integers, e.g. 0,2")
+    if not args.worker_list or min(args.worker_list) < 0:
+        parser.error(f"--workers={args.workers!r} must list numbers >= 0")
+    if args.reps < 1 or args.steps < 2:
+        parser.error("--reps must be >= 1 and --steps >= 2")
+    return args
+
+
+def data_config(args: argparse.Namespace, cache_dir: Path) -> data_lib.DataConfig:
+    return data_lib.DataConfig(
+        sources=[data_lib.SourceConfig(kind="json", path=args.corpus)],
+        tokenizer=args.tokenizer,
+        vocab_size=args.vocab_size,
+        max_seq_length=args.max_seq_length,
+        max_documents=args.max_documents,
+        cache_dir=str(cache_dir),
+    )
+
+
+def plain_tokenisation(docs: Any, tokenizer: Any) -> tuple[float, int]:
+    """Seconds and tokens of ``datasets.map`` with the tokenizer alone: the floor any pipeline pays."""
+    start = time.perf_counter()
+    out = docs.map(
+        lambda b: tokenizer(b["text"], add_special_tokens=False),
+        batched=True,
+        remove_columns=docs.column_names,
+        new_fingerprint=f"plain-{uuid.uuid4().hex}",
+    )
+    seconds = time.perf_counter() - start
+    return seconds, int(sum(len(ids) for ids in out["input_ids"]))
+
+
+def our_instances(docs: Any, tokenizer: Any, cfg: data_lib.DataConfig, work_dir: Path, seed: int) -> tuple[float, Any]:
+    work_dir.mkdir(parents=True, exist_ok=True)
+    start = time.perf_counter()
+    made = data_lib.make_instances(docs, tokenizer, cfg, seed=seed, validation=False, work_dir=work_dir)
+    return time.perf_counter() - start, made
+
+
+def padding_waste(lengths: np.ndarray, batch: int, max_len: int, seed: int, multiple: int = 8) -> dict[str, float]:
+    """Share of padding positions over random batches: padded to max_len, or to the batch's longest."""
+    order = np.random.default_rng(seed).permutation(len(lengths))
+    n_batches = len(order) // batch
+    if n_batches == 0:
+        raise ValueError(f"only {len(lengths)} instances, fewer than one batch of {batch}; raise --max-documents")
+    real = fixed = longest = 0
+    for i in range(n_batches):
+        rows = lengths[order[i * batch : (i + 1) * batch]]
+        width = -(-int(rows.max()) // multiple) * multiple
+        real += int(rows.sum())
+        fixed += batch * max_len
+        longest += batch * min(width, max_len)
+    return {
+        "pad_share_fixed_length": 1 - real / fixed,
+        "pad_share_pad_to_longest": 1 - real / longest,
+        "pad_share_packed": 0.0,  # packing fills every row to max_len (objective "mlm")
+        "mean_length": float(lengths.mean()),
+        "share_full_length": float((lengths == max_len).mean()),
+    }
+
+
+def data_wait(instances: Any, tokenizer: Any, args: argparse.Namespace, workers: int,
+              device: torch.device) -> dict[str, Any]:  # fmt: skip
+    """Share of training time spent in ``next(loader)``: small model, sparse head, fused AdamW."""
+    config = LNBertConfig(
+        vocab_size=len(tokenizer), hidden_size=256, num_hidden_layers=4, num_attention_heads=4,
+        intermediate_size=1024, max_position_embeddings=512, tie_word_embeddings=True, fused_qkv=True,
+    )  # fmt: skip
+    torch.manual_seed(args.seed)
+    model = LNBertForPreTraining(config).to(device).train()
+    optimizer = make_optimizer(model, "fused", device)
+    autocast = autocast_context(args.precision, device)
+    collator = data_lib.MaskingCollator(tokenizer, seed=args.seed)
+    loader = DataLoader(
+        instances, batch_size=args.batch, shuffle=True, collate_fn=collator, drop_last=True,
+        num_workers=workers, pin_memory=device.type == "cuda", persistent_workers=False,
+        generator=torch.Generator().manual_seed(args.seed),
+    )  # fmt: skip
+    iterator = iter(loader)
+    waits, steps = [], []
+    for step in range(args.steps):
+        start = time.perf_counter()
+        try:
+            batch = next(iterator)
+        except StopIteration:
+            iterator = iter(loader)
+            batch = next(iterator)
+        got = time.perf_counter()
+        batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
+        optimizer.zero_grad(set_to_none=True)
+        with autocast():
+            loss = model(**batch).loss
+        loss.backward()
+        optimizer.step()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        if step > 0:  # the first batch includes starting the workers
+            waits.append(got - start)
+            steps.append(time.perf_counter() - start)
+    return {
+        "workers": workers,
+        "wait_share": sum(waits) / sum(steps),
+        "wait_s": spread(waits),
+        "step_s": spread(steps),
+        "first_batch_included": False,
+    }
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    args = parse_args(argv)
+    device = pick_device(args.device)
+    configure_device(device)
+    with tempfile.TemporaryDirectory(prefix="lnbert-data-bench-") as tmp:
+        cache_dir = args.cache_dir or Path(tmp)
+        cfg = data_config(args, cache_dir)
+        docs = data_lib.load_documents(cfg, seed=args.seed)
+        start = time.perf_counter()
+        tokenizer = data_lib.load_or_train_tokenizer(cfg, seed=args.seed)
+        tokenizer_s = time.perf_counter() - start
+        print(f"{len(docs)} documents; tokenizer ({len(tokenizer)} tokens) ready in {tokenizer_s:.1f} s")
+        ours_s, plain_s = [], []
+        corpus_tokens, made = 0, None
+        for rep in range(args.reps):
+            seconds, made = our_instances(docs, tokenizer, cfg, cache_dir / f"work-{rep}", args.seed)
+            ours_s.append(seconds)
+            seconds, corpus_tokens = plain_tokenisation(docs, tokenizer)
+            plain_s.append(seconds)
+        lengths = np.array([len(ids) for ids in made["input_ids"]])
+        pre = {
+            "documents": len(docs),
+            "corpus_tokens": corpus_tokens,
+            "instances": len(made),
+            "instance_tokens": int(lengths.sum()),
+            "tokenizer_s": tokenizer_s,
+            "ours_s": spread(ours_s),
+            "plain_map_s": spread(plain_s),
+            "ours_tokens_per_s": corpus_tokens / statistics.median(ours_s),
+            "plain_map_tokens_per_s": corpus_tokens / statistics.median(plain_s),
+        }
+        waste = padding_waste(lengths, args.batch, args.max_seq_length, args.seed)
+        waits = [data_wait(made, tokenizer, args, w, device) for w in args.worker_list]
+    print("\n## Preprocessing (corpus tokens/s, median of alternated reps)")
+    print(format_table(
+        ["path", "median s", "noise IQR", "corpus tok/s"],
+        [["pretrain.data.make_instances", f"{pre['ours_s']['median']:.2f}", f"{100 * pre['ours_s']['iqr_rel']:.0f}%",
+          f"{pre['ours_tokens_per_s']:.0f}"],
+         ["datasets.map(tokenizer)", f"{pre['plain_map_s']['median']:.2f}",
+          f"{100 * pre['plain_map_s']['iqr_rel']:.0f}%", f"{pre['plain_map_tokens_per_s']:.0f}"]],
+    ))  # fmt: skip
+    print(f"{pre['documents']} documents, {corpus_tokens} tokens -> {pre['instances']} instances")
+    print("\n## Padding (share of positions that are padding)")
+    print(format_table(
+        ["fixed max_seq_length", "pad to batch longest (x8)", "packed (mlm)", "mean length", "full-length share"],
+        [[f"{100 * waste['pad_share_fixed_length']:.1f}%", f"{100 * waste['pad_share_pad_to_longest']:.1f}%",
+          f"{100 * waste['pad_share_packed']:.1f}%", f"{waste['mean_length']:.1f}",
+          f"{100 * waste['share_full_length']:.1f}%"]],
+    ))  # fmt: skip
+    print(f"\n## Data wait ({args.precision}, batch {args.batch}, small model, {args.steps - 1} timed steps)")
+    print(format_table(
+        ["num_workers", "wait share", "wait ms (median)", "step s (median)"],
+        [[w["workers"], f"{100 * w['wait_share']:.2f}%", f"{1e3 * w['wait_s']['median']:.2f}",
+          f"{w['step_s']['median']:.3f}"] for w in waits],
+    ))  # fmt: skip
+    payload = {
+        "benchmark": "data_path",
+        "machine": machine_info(device),
+        "args": {k: v for k, v in vars(args).items() if k != "worker_list"},
+        "preprocessing": pre,
+        "padding": waste,
+        "data_wait": waits,
+    }
+    path = write_results("data_path", payload, args.out)
+    print(f"\nwrote {path}")
+    return payload
+
+
+if __name__ == "__main__":
+    main()
