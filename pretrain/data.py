@@ -130,9 +130,10 @@ class DataConfig:
     objective: str = "mlm_nsp"
     """"mlm_nsp" (BERT: segment pairs + next-sentence prediction) or "mlm" (full-length packed sequences, no NSP)."""
     short_seq_prob: float = 0.1
-    """Probability of a shorter random target length (BERT: lessens the pretrain/fine-tune length mismatch)."""
+    """Probability of a shorter random target length (BERT: lessens the pretrain/fine-tune length mismatch);
+    mlm_nsp only."""
     nsp_random_prob: float = 0.5
-    """Probability that segment B is a random segment from another document (next_sentence_label 1)."""
+    """Probability that segment B is a random segment from another document (next_sentence_label 1); mlm_nsp only."""
     mlm_probability: float = 0.15
     """Share of the non-special tokens chosen for masked-LM prediction (used by MaskingCollator)."""
     validation_fraction: float = 0.005
