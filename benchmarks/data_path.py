@@ -30,7 +30,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from benchmarks.common import configure_device, format_table, machine_info, pick_device, spread, write_results
-from benchmarks.train_step import autocast_context, make_optimizer
+from benchmarks.train_step import SHAPES, autocast_context, make_optimizer
 from pretrain import data as data_lib
 from pretrain.modeling import LNBertConfig, LNBertForPreTraining
 
@@ -47,6 +47,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=12, help="training steps per worker setting (data wait)")
     parser.add_argument("--workers", default="0,1", help="comma list of DataLoader num_workers to compare")
     parser.add_argument("--precision", default="bf16", choices=("fp32", "bf16"))
+    parser.add_argument("--shape", default="small", choices=list(SHAPES), help="model trained in the data-wait part")
     parser.add_argument("--device", default="auto")
     parser.add_argument("--cache-dir", type=Path, help="scratch folder (default: a temporary folder)")
     parser.add_argument("--seed", type=int, default=0)
@@ -118,10 +119,12 @@ def padding_waste(lengths: np.ndarray, batch: int, max_len: int, seed: int, mult
 
 def data_wait(instances: Any, tokenizer: Any, args: argparse.Namespace, workers: int,
               device: torch.device) -> dict[str, Any]:  # fmt: skip
-    """Share of training time spent in ``next(loader)``: small model, sparse head, fused AdamW."""
+    """Share of training time spent in ``next(loader)``: ``--shape`` model, sparse head, fused QKV, fused AdamW."""
+    shape = SHAPES[args.shape]
     config = LNBertConfig(
-        vocab_size=len(tokenizer), hidden_size=256, num_hidden_layers=4, num_attention_heads=4,
-        intermediate_size=1024, max_position_embeddings=512, tie_word_embeddings=True, fused_qkv=True,
+        vocab_size=len(tokenizer), hidden_size=shape["hidden"], num_hidden_layers=shape["layers"],
+        num_attention_heads=shape["heads"], intermediate_size=4 * shape["hidden"],
+        max_position_embeddings=max(512, args.max_seq_length), tie_word_embeddings=True, fused_qkv=True,
     )  # fmt: skip
     torch.manual_seed(args.seed)
     model = LNBertForPreTraining(config).to(device).train()
@@ -212,7 +215,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
           f"{100 * waste['pad_share_packed']:.1f}%", f"{waste['mean_length']:.1f}",
           f"{100 * waste['share_full_length']:.1f}%"]],
     ))  # fmt: skip
-    print(f"\n## Data wait ({args.precision}, batch {args.batch}, small model, {args.steps - 1} timed steps)")
+    print(f"\n## Data wait ({args.precision}, batch {args.batch}, {args.shape} model, {args.steps - 1} timed steps)")
     print(format_table(
         ["num_workers", "wait share", "wait ms (median)", "step s (median)"],
         [[w["workers"], f"{100 * w['wait_share']:.2f}%", f"{1e3 * w['wait_s']['median']:.2f}",

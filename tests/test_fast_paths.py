@@ -262,3 +262,65 @@ def test_pick_device_explains_missing_cuda(monkeypatch: pytest.MonkeyPatch) -> N
         common.pick_device("cuda")
     with pytest.raises(ValueError, match="valid choices"):
         common.pick_device("tpu")
+
+
+def _sentences(n: int, seed: int) -> list[str]:
+    rng = torch.Generator().manual_seed(seed)
+    # 150 made-up words: enough distinct characters and pieces for a WordPiece vocabulary of a few hundred.
+    letters = "abcdefghijklmnopqrstuvwxyz"
+    words = ["".join(letters[(7 * i + 3 * j * j) % 26] for j in range(3 + i % 5)) for i in range(150)]
+    out = []
+    for _ in range(n):
+        idx = torch.randint(0, len(words), (int(torch.randint(4, 12, (1,), generator=rng)),), generator=rng)
+        out.append(" ".join(words[i] for i in idx).capitalize() + ".")
+    return out
+
+
+def test_data_path_benchmark_runs_on_a_small_corpus(tmp_path) -> None:
+    from benchmarks import data_path
+
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("".join(json.dumps({"text": " ".join(_sentences(30, seed))}) + "\n" for seed in range(12)))
+    payload = data_path.main([
+        "--corpus", str(corpus), "--max-documents", "12", "--vocab-size", "200", "--max-seq-length", "32",
+        "--reps", "1", "--batch", "2", "--steps", "3", "--workers", "0", "--shape", "tiny", "--precision", "fp32",
+        "--device", "cpu", "--cache-dir", str(tmp_path / "cache"), "--out", str(tmp_path / "d.json"),
+    ])  # fmt: skip
+    pre = payload["preprocessing"]
+    assert pre["instances"] > 0 and pre["corpus_tokens"] > 0 and pre["ours_tokens_per_s"] > 0
+    pad = payload["padding"]
+    assert 0 <= pad["pad_share_pad_to_longest"] <= pad["pad_share_fixed_length"] < 1
+    assert 0 <= payload["data_wait"][0]["wait_share"] < 1
+    assert json.loads((tmp_path / "d.json").read_text())["benchmark"] == "data_path"
+
+
+def test_padding_waste_counts_positions() -> None:
+    from benchmarks.data_path import padding_waste
+
+    waste = padding_waste(torch.tensor([8, 8, 16, 16]).numpy(), batch=2, max_len=32, seed=0)
+    assert waste["pad_share_fixed_length"] == pytest.approx(1 - 48 / 128)
+    # Batches of two, padded to their longest rounded up to 8: at most 16 wide each.
+    assert waste["pad_share_pad_to_longest"] <= 1 - 48 / 64 + 1e-9
+    with pytest.raises(ValueError, match="fewer than one batch"):
+        padding_waste(torch.tensor([8]).numpy(), batch=2, max_len=32, seed=0)
+
+
+def test_finetune_throughput_benchmark_runs_on_a_small_task(tmp_path) -> None:
+    from benchmarks import finetune_throughput
+
+    task_dir = tmp_path / "MRPC"
+    task_dir.mkdir()
+    header = "Quality\t#1 ID\t#2 ID\t#1 String\t#2 String\n"
+    for split, n in (("train", 24), ("dev", 6)):
+        a, b = _sentences(n, 1), _sentences(n, 2)
+        rows = "".join(f"{i % 2}\t{i}\t{i + 100}\t{a[i]}\t{b[i]}\n" for i in range(n))
+        (task_dir / f"{split}.tsv").write_text(header + rows)
+    payload = finetune_throughput.main([
+        "--data-dir", str(tmp_path), "--shape", "tiny", "--batch", "4", "--reps", "2", "--device", "cpu",
+        "--out", str(tmp_path / "f.json"),
+    ])  # fmt: skip
+    assert [g["precision"] for g in payload["groups"]] == ["fp32", "bf16"]
+    for group in payload["groups"]:
+        ours, hf = group["rows"]
+        assert (ours["model"], hf["model"]) == ("ours", "hf")
+        assert ours["examples_per_s"] > 0 and ours["speedup_vs_hf"]["median"] > 0
