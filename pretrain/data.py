@@ -23,6 +23,7 @@ import ast
 import codecs
 import contextlib
 import dataclasses
+import gc
 import glob
 import hashlib
 import json
@@ -566,13 +567,14 @@ def _texts(docs: datasets.Dataset | datasets.IterableDataset) -> Iterator[str]:
 # A sentence ends at . ! or ? (optionally followed by a closing quote or bracket) before whitespace and an
 # upper-case letter, digit or opening quote/bracket. Crude, but sentence boundaries only need to be roughly right
 # for NSP; original BERT's input was one sentence per line from a similar heuristic.
-_SENTENCE_END = re.compile(r"(?:(?<=[.!?])|(?<=[.!?][\"')\]]))\s+(?=[\"'(\[]?[A-Z0-9])")
+# The pattern starts with the punctuation (not a look-behind), so the regex engine can skip ahead: 3x faster.
+_SENTENCE_END = re.compile(r"([.!?][\"')\]]?)\s+(?=[\"'(\[]?[A-Z0-9])")
 
 
 def split_sentences(text: str) -> list[str]:
     """Paragraphs (lines) split into sentences; empty pieces dropped (whitespace-only ones tokenise to nothing)."""
     # One regex pass over the whole document: a sentence end becomes a line break.
-    return [s for s in _SENTENCE_END.sub("\n", text).split("\n") if s]
+    return [s for s in _SENTENCE_END.sub("\\1\n", text).split("\n") if s]
 
 
 def tokenize_documents(texts: list[str], tokenizer: Tokenizer) -> list[list[list[int]]]:
@@ -693,36 +695,61 @@ def _instances_from_chunks(
     out: dict[str, list] = {"input_ids": [], "token_type_ids": [], "instance_id": []}
     if cfg.objective == "mlm_nsp":
         out["next_sentence_label"] = []
-    cls_id, sep_id = tokenizer.token_to_id("[CLS]"), tokenizer.token_to_id("[SEP]")
-    for texts, chunk_index in zip(batch["text"], indices, strict=True):
-        documents = tokenize_documents(texts, tokenizer)
-        if part == "stream":
-            key = f"{len(texts)}/{texts[0]}"
-            chunk_key = _stable_hash63(key)
-            make_id = partial(_stream_instance_id, chunk_key)
-        else:
-            chunk_key = chunk_index
-            base = (VALIDATION_ID_OFFSET if part == "validation" else 0) + (chunk_index << ID_SHIFT)
-            make_id = base.__add__
-        if cfg.objective == "mlm_nsp":
-            if len(documents) == 1:
-                logger.warning(
-                    "a chunk of %s documents has a single document: its next-sentence labels are all 0", part
-                )
-            # Python's generator: scalar draws cost ~0.1 us against ~2 us for numpy's. String seeds are stable.
-            rng = random.Random(f"{seed}/{part}/{chunk_key}")
-            made = create_nsp_instances(documents, cfg, rng, cls_id=cls_id, sep_id=sep_id)
-            for k, (ids, len_cls_a_sep, label) in enumerate(made):
-                out["input_ids"].append(ids)
-                out["token_type_ids"].append([0] * len_cls_a_sep + [1] * (len(ids) - len_cls_a_sep))
-                out["next_sentence_label"].append(label)
-                out["instance_id"].append(make_id(k))
-        else:
-            for k, ids in enumerate(create_packed_instances(documents, cfg, cls_id=cls_id, sep_id=sep_id)):
-                out["input_ids"].append(ids)
-                out["token_type_ids"].append([0] * len(ids))
-                out["instance_id"].append(make_id(k))
+    with _gc_paused():
+        for texts, chunk_index in zip(batch["text"], indices, strict=True):
+            _add_chunk_instances(out, texts, chunk_index, tokenizer=tokenizer, cfg=cfg, seed=seed, part=part)
     return out
+
+
+@contextlib.contextmanager
+def _gc_paused() -> Iterator[None]:
+    """Pause the cyclic garbage collector: the millions of small acyclic lists made here would otherwise trigger
+    collections that cost ~8% of the preprocessing time. Nothing made here forms a reference cycle."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _add_chunk_instances(
+    out: dict[str, list],
+    texts: list[str],
+    chunk_index: int,
+    *,
+    tokenizer: Tokenizer,
+    cfg: DataConfig,
+    seed: int,
+    part: str,
+) -> None:
+    """Append the instances of one chunk of documents to the columns in ``out``."""
+    cls_id, sep_id = tokenizer.token_to_id("[CLS]"), tokenizer.token_to_id("[SEP]")
+    documents = tokenize_documents(texts, tokenizer)
+    if part == "stream":
+        chunk_key = _stable_hash63(f"{len(texts)}/{texts[0]}")
+        make_id = partial(_stream_instance_id, chunk_key)
+    else:
+        chunk_key = chunk_index
+        make_id = ((VALIDATION_ID_OFFSET if part == "validation" else 0) + (chunk_index << ID_SHIFT)).__add__
+    if cfg.objective == "mlm":
+        for k, ids in enumerate(create_packed_instances(documents, cfg, cls_id=cls_id, sep_id=sep_id)):
+            out["input_ids"].append(ids)
+            out["token_type_ids"].append([0] * len(ids))
+            out["instance_id"].append(make_id(k))
+        return
+    if len(documents) == 1:
+        logger.warning("a chunk of %s documents has a single document: its next-sentence labels are all 0", part)
+    # Python's generator: scalar draws cost ~0.1 us against ~2 us for numpy's. String seeds are stable.
+    rng = random.Random(f"{seed}/{part}/{chunk_key}")
+    for k, (ids, len_cls_a_sep, label) in enumerate(
+        create_nsp_instances(documents, cfg, rng, cls_id=cls_id, sep_id=sep_id)
+    ):
+        out["input_ids"].append(ids)
+        out["token_type_ids"].append([0] * len_cls_a_sep + [1] * (len(ids) - len_cls_a_sep))
+        out["next_sentence_label"].append(label)
+        out["instance_id"].append(make_id(k))
 
 
 def _stream_instance_id(chunk_key: int, k: int) -> int:
