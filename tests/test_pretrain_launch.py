@@ -82,4 +82,4 @@ def test_compare_placements_runs_both_with_the_same_seed(tmp_path: Path) -> None
     configs = [json.loads((out / p / "run_config.json").read_text()) for p in ("post", "pre")]
     assert configs[0]["train"]["seed"] == configs[1]["train"]["seed"] == 3
     assert configs[0]["data"] == configs[1]["data"]
-    assert " post-LN  status=finished" in result.stdout and "  pre-LN  status=finished" in result.stdout
+    assert "post-LN  status=finished" in result.stdout and " pre-LN  status=finished" in result.stdout
