@@ -1,0 +1,126 @@
+"""The analysis subcommands: the paper's identities hold numerically, and each command writes its table and PNG."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+
+import pytest
+import torch
+
+from pretrain import analysis
+from pretrain.modeling import LNBertConfig, LNBertModel
+
+# --------------------------------------------------------------------------------------------------
+# ln-jacobian
+# --------------------------------------------------------------------------------------------------
+
+
+def test_layer_norm_jacobian_norm_is_sqrt_d_over_centred_norm():
+    rows = analysis.ln_jacobian_rows(dims=[16, 64, 200], scales=[1e-2, 1.0, 1e2], eps=1e-12, seed=0)
+    assert len(rows) == 9
+    for row in rows:
+        assert row["rel_err"] < 1e-3, row
+        assert row["measured"] == pytest.approx(math.sqrt(row["d"]) / row["y_norm"], rel=1e-3)
+
+
+def test_layer_norm_jacobian_identity_breaks_when_eps_dominates():
+    # Guard against a measurement that would agree with anything: once ||y||^2/d is far below eps the
+    # paper's formula is wrong by orders of magnitude, and only the eps-exact value still matches.
+    (row,) = analysis.ln_jacobian_rows(dims=[32], scales=[1e-4], eps=1e-5, seed=0)
+    assert row["rel_err"] > 0.9
+    assert row["rel_err_eps"] < 1e-6
+
+
+def test_ln_jacobian_command_writes_table_and_png(tmp_path, capsys):
+    out = tmp_path / "lnj"
+    assert analysis.main(["ln-jacobian", "--dims", "8", "24", "--scales", "0.1", "10", "--out", str(out)]) == 0
+    assert "largest relative error" in capsys.readouterr().out
+    assert (out / "ln_jacobian.png").stat().st_size > 1000
+    results = json.loads((out / "results.json").read_text())
+    assert [(r["d"], r["scale"]) for r in results["rows"]] == [(8, 0.1), (8, 10.0), (24, 0.1), (24, 10.0)]
+    assert "sqrt(d)/||y||" in (out / "table.txt").read_text()
+
+
+# --------------------------------------------------------------------------------------------------
+# init-scale
+# --------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def simplified_scales() -> dict[str, tuple[list[float], list[float]]]:
+    """Mean and standard error over 400 weight draws, d = 64, 6 layers (seeded: the test is deterministic)."""
+    return {
+        placement: analysis.mean_and_sem(
+            analysis.simplified_stream_scale(placement, 64, 6, seq_len=8, num_sequences=2, num_draws=400, seed=1)
+        )
+        for placement in ("post", "pre")
+    }
+
+
+def test_simplified_post_ln_ffn_sum_is_one_and_a_half_d(simplified_scales):
+    mean, sem = simplified_scales["post"]
+    for m, s in zip(mean, sem, strict=True):
+        assert s < 0.02  # enough draws that the 4-sigma band below is narrow
+        assert abs(m - 1.5) < 4 * s + 1e-3, (mean, sem)
+
+
+def test_simplified_pre_ln_stream_within_paper_bounds(simplified_scales):
+    mean, sem = simplified_scales["pre"]
+    for layer, (m, s) in enumerate(zip(mean, sem, strict=True), start=1):
+        low, high = analysis.paper_bounds(layer)
+        assert low + 3 * s < m < high - 3 * s, (layer, m, s)
+    assert all(b > a for a, b in itertools.pairwise(mean))  # grows with depth
+
+
+def test_simplified_setting_rejects_other_placements():
+    with pytest.raises(ValueError, match="covers 'post' and 'pre' only"):
+        analysis.simplified_stream_scale("sandwich", 8, 1, 2, 1, 1, seed=0)
+
+
+@pytest.mark.parametrize("placement", ["pre", "sandwich"])
+def test_model_stream_hooks_read_the_raw_residual_stream(tiny_kwargs, placement):
+    config = LNBertConfig(
+        **tiny_kwargs, norm_placement=placement, init_scheme="xavier", hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+    )  # fmt: skip
+    scales = analysis.model_stream_scale(config, batch_size=2, seq_len=7, seed=0)
+    torch.manual_seed(0)
+    model = LNBertModel(config, add_pooling_layer=False).eval()
+    ids = torch.randint(0, config.vocab_size, (2, 7), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        hidden = model(ids, output_hidden_states=True).hidden_states
+    d = config.hidden_size
+    expected = [(h.double().pow(2).sum(-1) / d).mean().item() for h in hidden[1:]]
+    assert scales[:-1] == pytest.approx(expected[:-1], rel=1e-6)
+    # hidden_states[-1] is after the final LayerNorm (norm^2/d = 1); the hook sees the stream before it.
+    assert expected[-1] == pytest.approx(1.0, abs=1e-4)
+    assert scales[-1] > scales[0] > 1.2  # Xavier init: the stream grows layer by layer
+
+
+def test_model_stream_hook_reads_post_ln_ffn_sum(tiny_kwargs):
+    config = LNBertConfig(
+        **tiny_kwargs, norm_placement="post", init_scheme="xavier", hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+    )  # fmt: skip
+    scales = analysis.model_stream_scale(config, batch_size=4, seq_len=16, seed=0)
+    assert len(scales) == config.num_hidden_layers
+    # Every Post-LN hidden state has ||x||^2/d = 1; the hook reads the FFN LayerNorm's input instead,
+    # x_post5 = x_post3 + FFN(x_post3), whose expected size is 1 plus the FFN output's share.
+    assert all(s > 1.05 for s in scales), scales
+
+
+def test_init_scale_command_writes_table_and_png(tmp_path, tiny_kwargs):
+    out = tmp_path / "scale"
+    argv = [
+        "init-scale", "--num-layers", "2", "--paper-hidden-size", "16", "--seeds", "8", "--model-seeds", "1",
+        "--hidden-size", "32", "--num-heads", "2", "--vocab-size", "99", "--seq-len", "9", "--batch-size", "2",
+        "--placements", "post", "deepnorm", "--init-schemes", "xavier", "--out", str(out),
+    ]  # fmt: skip
+    assert analysis.main(argv) == 0
+    assert (out / "init_scale.png").stat().st_size > 1000
+    results = json.loads((out / "results.json").read_text())
+    assert sorted(results["model"]) == ["deepnorm/xavier", "post/xavier"]
+    assert len(results["simplified"]["pre"]["mean"]) == 2
+    assert "bound lo" in (out / "table.txt").read_text()
