@@ -63,6 +63,7 @@ from pretrain.tracking import (
     layer_grad_norms,
     log_metrics,
     model_flops_utilisation,
+    rewind_metrics,
 )
 
 
@@ -553,6 +554,8 @@ def pretrain(cfg: PretrainConfig) -> str:
     job, state = prepare_job(cfg, accelerator, resume_from)
     if accelerator.is_main_process:
         write_json_atomic(run_dir / RUN_CONFIG_FILE, job.resolved)
+    if resume_from is not None and accelerator.is_main_process and resume_from.parent.parent.resolve() == run_dir.resolve():
+        job.last_eval = rewind_metrics(run_dir, state.step)
     write_status(accelerator, cfg, "running", state.step)
     init_trackers(accelerator, cfg, job.resolved)
     accelerator.print(

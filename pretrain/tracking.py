@@ -11,7 +11,7 @@ import torch
 from accelerate import Accelerator
 from torch import nn
 
-from pretrain.artifacts import METRICS_FILE
+from pretrain.artifacts import METRICS_FILE, read_metrics
 from pretrain.config import PretrainConfig, flatten
 from pretrain.modeling import LNBertConfig, LNBertEmbeddings
 
@@ -46,6 +46,19 @@ def log_metrics(accelerator: Accelerator, run_dir: Path, metrics: dict[str, Any]
     if accelerator.is_main_process:
         with open(Path(run_dir) / METRICS_FILE, "a") as f:
             f.write(json.dumps(metrics, sort_keys=True) + "\n")
+
+
+def rewind_metrics(run_dir: Path, step: int) -> dict[str, float]:
+    """On resume from ``step``: drop the lines a killed run logged after its checkpoint (they are logged again),
+    and return the latest validation metrics up to ``step``. Main process only."""
+    path = Path(run_dir) / METRICS_FILE
+    rows = [row for row in read_metrics(run_dir) if row.get("step", 0) <= step]
+    if path.is_file():
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_text("".join(json.dumps(row, sort_keys=True) + "\n" for row in rows))
+        os.replace(tmp, path)
+    evaluations = [row for row in rows if any(k.startswith("val/") for k in row)]
+    return {k: v for k, v in evaluations[-1].items() if k.startswith("val/")} if evaluations else {}
 
 
 # --------------------------------------------------------------------------------------------------

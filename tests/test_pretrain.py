@@ -381,3 +381,15 @@ def test_trackers_write_offline(tmp_path: Path, data_cache: Path, backend: str, 
         offline = list((run / "wandb").glob("offline-run-*"))
         assert len(offline) == 1 and list(offline[0].glob("run-*.wandb"))
     assert any("train/loss" in r for r in read_metrics(run))  # metrics.jsonl is written whatever the tracker
+
+
+def test_resume_after_a_kill_drops_the_lines_logged_after_the_checkpoint(tmp_path: Path, data_cache: Path) -> None:
+    run = tmp_path / "killed"
+    assert main(tiny_args(run, data_cache, "--train.stop_at_step=3")) == 0
+    # As if the process had been killed at step 5, after logging steps 4 and 5 but before a checkpoint.
+    with open(run / "metrics.jsonl", "a") as f:
+        f.write(json.dumps({"step": 4, "tokens_seen": 1, "train/loss": 99.0}) + "\n")
+        f.write('{"step": 5, "tokens_se')  # a torn last line
+    assert main(tiny_args(run, data_cache, "--train.resume=auto")) == 0
+    steps = [r["step"] for r in read_metrics(run) if "train/loss" in r]
+    assert steps == [1, 2, 3, 4, 5, 6] and 99.0 not in train_losses(run).values()
