@@ -146,6 +146,8 @@ def _convert(value: Any, tp: Any, key: str) -> Any:
     try:
         if origin in (list, tuple):
             (item_tp, *_) = get_args(inner)
+            if isinstance(value, list) and len(value) == 1 and isinstance(value[0], str):
+                value = value[0]  # one command-line word: a comma-separated or YAML list
             if isinstance(value, str) and value.strip().startswith("["):
                 value = yaml.safe_load(value)  # --lrs='[2e-5, 3e-5]' as in pretrain's YAML-valued options
             items = value.split(",") if isinstance(value, str) else list(value)
@@ -215,7 +217,7 @@ def make_parser(cls: type, prog: str | None = None, description: str | None = No
         description=description or inspect.getdoc(cls),
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="Values come from the built-in defaults, then --config, then the options given here. "
-        "Lists are comma-separated or YAML (--lrs 2e-5,3e-5 or --lrs='[2e-5, 3e-5]'); 'null' clears an optional value.",
+        "Lists: --lrs 2e-5 3e-5, --lrs 2e-5,3e-5 or --lrs='[2e-5, 3e-5]'; 'null' clears an optional value.",
     )
     parser.add_argument("--config", type=Path, help="YAML preset (e.g. configs/finetune/bert_glue.yaml)")
     for name, tp, f, owner in _flat_fields(cls):
@@ -225,8 +227,10 @@ def make_parser(cls: type, prog: str | None = None, description: str | None = No
             choices = f" Choices: {', '.join(map(str, get_args(inner)))}."
         help_text = f"{field_docs(owner).get(f.name, '')}{choices} (default: {_default_text(f)})"
         help_text = help_text.replace("%", "%%")  # argparse formats help with %
-        # A bare boolean flag (--wandb) means true; --wandb false still works.
-        flag = dict(nargs="?", const="true") if inner is bool else {}
+        # A bare boolean flag (--wandb) means true; --wandb false still works. Lists take several values.
+        flag: dict[str, Any] = dict(nargs="?", const="true") if inner is bool else {}
+        if get_origin(inner) in (list, tuple):
+            flag = dict(nargs="+")
         metavar = name.split(".")[-1].upper()
         parser.add_argument(f"--{name}", dest=name, default=None, metavar=metavar, help=help_text, **flag)
         if "_" in name:  # accept --data-dir as well as --data_dir

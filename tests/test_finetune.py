@@ -307,6 +307,9 @@ def test_cli_overrides_and_errors(capsys: pytest.CaptureFixture[str]) -> None:
         "d",
         [0, 1, 2, 3, 4, 5],
     )
+    for lrs in (["1e-5", "2e-5"], ["[1e-5, 2e-5]"]):  # several words, or one YAML list as pretrain takes them
+        assert parse_config(RunConfig, ["--model", "m", "--lrs", *lrs]).lrs == [1e-5, 2e-5]
+    assert parse_config(RunConfig, ["--model", "m", "--recipe.random_init"]).recipe.random_init is True
     with pytest.raises(ValueError, match=r"recipe\.epochs=0 must be at least 1"):
         parse_config(RunConfig, ["--model", "m", "--recipe.epochs", "0"])
     with pytest.raises(ValueError, match=r"recipe\.warmup_ratio='lots' is not a valid float"):
