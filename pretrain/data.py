@@ -121,7 +121,9 @@ class DataConfig:
     sources: list[SourceConfig] = field(default_factory=lambda: [SourceConfig()])
     """Corpus sources; several are mixed by weight."""
     tokenizer: str | None = None
-    """Hub name (e.g. "bert-base-uncased") or local folder; None: train WordPiece on the training documents."""
+    """Hub name (e.g. "bert-base-uncased") or local folder; None: train WordPiece on the training documents.
+    WordPiece training is not bit-reproducible (tokenizers issue #1794: hash-map order breaks ties), so a trained
+    tokenizer is cached under cache_dir and saved with the run; to resume elsewhere, point this at RUN/tokenizer."""
     vocab_size: int = 30522
     """Vocabulary size of a trained tokenizer (ignored when ``tokenizer`` is set)."""
     lowercase: bool = True
