@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pretrain.modeling import NORM_PLACEMENTS, LNBertConfig, LNBertModel
+from pretrain.modeling import NORM_PLACEMENTS, LNBertConfig, LNBertForMaskedLM, LNBertModel
 
 DEFAULT_OUT = Path("runs") / "analysis"
 
@@ -259,10 +259,13 @@ def mean_and_sem(samples: torch.Tensor) -> tuple[list[float], list[float]]:
     return samples.mean(dim=0).tolist(), sem.tolist()
 
 
-def model_config(args: argparse.Namespace, placement: str, init_scheme: str, num_layers: int) -> LNBertConfig:
+def model_config(
+    args: argparse.Namespace, placement: str, init_scheme: str, num_layers: int, vocab_size: int, pad_token_id: int = 0
+) -> LNBertConfig:
     """A model config from the shared size flags, dropout off (measurements at initialisation)."""
     return LNBertConfig(
-        vocab_size=args.vocab_size,
+        vocab_size=vocab_size,
+        pad_token_id=pad_token_id,
         hidden_size=args.hidden_size,
         num_hidden_layers=num_layers,
         num_attention_heads=args.num_heads,
@@ -351,7 +354,7 @@ def cmd_init_scale(args: argparse.Namespace) -> int:
     model_rows = []
     for init_scheme in args.init_schemes:
         for placement in args.placements:
-            config = model_config(args, placement, init_scheme, args.num_layers)
+            config = model_config(args, placement, init_scheme, args.num_layers, args.vocab_size)
             samples = [
                 model_stream_scale(config, args.batch_size, args.seq_len, args.seed + s)
                 for s in range(args.model_seeds)
@@ -399,6 +402,172 @@ def plot_init_scale(results: dict[str, Any], layers: list[int], path: Path) -> N
     ax2.set_ylabel("E||x||^2 / d  (post: FFN-LN input; pre: stream)")
     ax2.set_yscale("log")
     ax2.legend(fontsize=8)
+    save_figure(fig, path)
+
+
+# --------------------------------------------------------------------------------------------------
+# init-grads: FFN gradient norms at initialisation (paper, Theorem 1 and Figure 3)
+# --------------------------------------------------------------------------------------------------
+
+
+def load_mlm_data(args: argparse.Namespace) -> Any:
+    """Real text through the pretraining data pipeline: Python's own documentation (no download) or a JSONL file.
+
+    ``objective="mlm"`` gives full-length packed sequences; the measurement uses the MLM loss only.
+    """
+    from pretrain.data import DataConfig, SourceConfig, build_pretraining_data
+
+    if args.data is not None and not Path(args.data).exists():
+        raise FileNotFoundError(f"--data {args.data}: no such file; give a JSON Lines file with a 'text' field")
+    source = SourceConfig(kind="json", path=str(args.data)) if args.data else SourceConfig(kind="python_docs")
+    cfg = DataConfig(
+        sources=[source],
+        tokenizer=args.tokenizer,
+        vocab_size=args.vocab_size,
+        max_seq_length=args.seq_len,
+        objective="mlm",
+        max_documents=args.max_documents,
+        cache_dir=str(args.cache_dir),
+    )
+    return build_pretraining_data(cfg, seed=0)
+
+
+def mlm_batch(data: Any, batch_size: int, seed: int) -> dict[str, torch.Tensor]:
+    """``batch_size`` training instances drawn by ``seed``, dynamically masked as in pretraining (15%)."""
+    from pretrain.data import MaskingCollator
+
+    n = len(data.train)
+    if n < batch_size:
+        raise ValueError(
+            f"only {n} training instances for --batch-size {batch_size}; raise --max-documents or lower --batch-size"
+        )
+    rows = torch.randperm(n, generator=torch.Generator().manual_seed(seed))[:batch_size].tolist()
+    collator = MaskingCollator(data.tokenizer, mlm_probability=0.15, seed=seed)
+    return collator([data.train[i] for i in rows])
+
+
+def ffn_gradient_norms(
+    config: LNBertConfig, batch: dict[str, torch.Tensor], seed: int, device: str = "cpu"
+) -> tuple[list[float], list[float]]:
+    """Frobenius norms of dL/dW1 and dL/dW2 (``intermediate.dense.weight``, ``output.dense.weight``) per layer.
+
+    A fresh model initialised under ``seed``; L is the MLM loss of one batch. Dropout is off (eval mode and
+    zero dropout probabilities) so the numbers are those of the deterministic network; autograd still runs.
+    """
+    torch.manual_seed(seed)
+    model = LNBertForMaskedLM(config).to(device).eval()
+    inputs = {k: batch[k].to(device) for k in ("input_ids", "attention_mask", "token_type_ids", "labels")}
+    model(**inputs).loss.backward()
+    layers = model.bert.encoder.layer
+    w1 = [layer.intermediate.dense.weight.grad.norm().item() for layer in layers]
+    w2 = [layer.output.dense.weight.grad.norm().item() for layer in layers]
+    return w1, w2
+
+
+def measure_init_grads(
+    args: argparse.Namespace, data: Any, init_scheme: str, placement: str, depth: int
+) -> dict[str, list[list[float]]]:
+    """Per-seed, per-layer W1/W2 gradient norms of one (init, placement, depth); seed s uses batch s."""
+    w1s, w2s = [], []
+    for s in range(args.seeds):
+        batch = mlm_batch(data, args.batch_size, args.seed + s)
+        config = model_config(args, placement, init_scheme, depth, len(data.tokenizer), data.tokenizer.pad_token_id)
+        w1, w2 = ffn_gradient_norms(config, batch, args.seed + s, args.device)
+        w1s.append(w1)
+        w2s.append(w2)
+    return {"w1": w1s, "w2": w2s}
+
+
+def _mean_sem(values: list[float]) -> tuple[float, float]:
+    mean, sem = mean_and_sem(torch.tensor(values).unsqueeze(1))
+    return mean[0], sem[0]
+
+
+def cmd_init_grads(args: argparse.Namespace) -> int:
+    data = load_mlm_data(args)
+    depths = sorted(set(args.depths) | {args.num_layers})
+    raw: dict[str, Any] = {}
+    for init_scheme in args.init_schemes:
+        for placement in args.placements:
+            for depth in depths:
+                raw[f"{init_scheme}/{placement}/{depth}"] = measure_init_grads(
+                    args, data, init_scheme, placement, depth
+                )
+                print(f"measured {init_scheme}/{placement}/depth {depth}", flush=True)
+
+    source = args.data or "python_docs"
+    header = (
+        f"MLM on {source} (vocab {len(data.tokenizer)}), hidden {args.hidden_size}, FFN "
+        f"{args.intermediate_size or 4 * args.hidden_size}, batch {args.batch_size} x {args.seq_len}, "
+        f"mean over {args.seeds} seeds (+- standard error); dropout off"
+    )
+    sections = [header]
+    for init_scheme in args.init_schemes:
+        per_layer = []
+        for layer in range(args.num_layers):
+            row: list[Any] = [layer + 1]
+            for placement in args.placements:
+                grads = raw[f"{init_scheme}/{placement}/{args.num_layers}"]
+                row += [_mean_sem([g[layer] for g in grads["w1"]])[0], _mean_sem([g[layer] for g in grads["w2"]])[0]]
+            per_layer.append(row)
+        headers = ["layer", *(f"{p} {w}" for p in args.placements for w in ("W1", "W2"))]
+        sections.append(
+            f"init {init_scheme}: ||dL/dW||_F per layer, depth {args.num_layers}\n" + format_table(headers, per_layer)
+        )
+        by_depth = []
+        for depth in args.depths:
+            row = [depth]
+            for placement in args.placements:
+                mean, sem = _mean_sem([g[-1] for g in raw[f"{init_scheme}/{placement}/{depth}"]["w2"]])
+                row.append(f"{mean:.4g} +- {sem:.2g}")
+            by_depth.append(row)
+        ratio_row: list[Any] = [f"{min(args.depths)}/{max(args.depths)}"]
+        for placement in args.placements:
+            shallow = _mean_sem([g[-1] for g in raw[f"{init_scheme}/{placement}/{min(args.depths)}"]["w2"]])[0]
+            deep = _mean_sem([g[-1] for g in raw[f"{init_scheme}/{placement}/{max(args.depths)}"]["w2"]])[0]
+            ratio_row.append(f"{shallow / deep:.3f}")
+        by_depth.append(ratio_row)
+        sections.append(
+            f"init {init_scheme}: last layer ||dL/dW2||_F vs depth (last row: ratio shallow/deep; Pre-LN theory "
+            f"sqrt({max(args.depths)}/{min(args.depths)}) = {math.sqrt(max(args.depths) / min(args.depths)):.3f}, "
+            "Post-LN theory 1)\n" + format_table(["depth", *args.placements], by_depth)
+        )
+    out = Path(args.out)
+    results = {"args": _jsonable_args(args), "vocab_size": len(data.tokenizer), "depths": depths, "raw": raw}
+    write_outputs(out, "\n\n".join(sections), results)
+    plot_init_grads(args, raw, out / "init_grads.png")
+    return 0
+
+
+def _jsonable_args(args: argparse.Namespace) -> dict[str, Any]:
+    return {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k != "func"}
+
+
+def plot_init_grads(args: argparse.Namespace, raw: dict[str, Any], path: Path) -> None:
+    plt = pyplot()
+    n_rows = len(args.init_schemes)
+    fig, axes = plt.subplots(n_rows, 3, figsize=(15, 4.2 * n_rows), squeeze=False)
+    layers = list(range(1, args.num_layers + 1))
+    for row, init_scheme in enumerate(args.init_schemes):
+        ax_w1, ax_w2, ax_depth = axes[row]
+        for placement in args.placements:
+            color = f"C{NORM_PLACEMENTS.index(placement)}"
+            grads = raw[f"{init_scheme}/{placement}/{args.num_layers}"]
+            for ax, key in ((ax_w1, "w1"), (ax_w2, "w2")):
+                mean, sem = mean_and_sem(torch.tensor(grads[key]))
+                ax.errorbar(layers, mean, yerr=sem, fmt="o-", color=color, label=placement, capsize=2)
+            stats = [_mean_sem([g[-1] for g in raw[f"{init_scheme}/{placement}/{d}"]["w2"]]) for d in args.depths]
+            ax_depth.errorbar(args.depths, [m for m, _ in stats], yerr=[s for _, s in stats], fmt="o-",
+                              color=color, label=placement, capsize=2)  # fmt: skip
+        for ax, title in ((ax_w1, "W1 (intermediate.dense)"), (ax_w2, "W2 (output.dense)")):
+            ax.set_title(f"{init_scheme} init: ||dL/d{title.split()[0]}||_F per layer, depth {args.num_layers}")
+            ax.set_xlabel("layer")
+        ax_depth.set_title(f"{init_scheme} init: last layer ||dL/dW2||_F vs depth")
+        ax_depth.set_xlabel("number of layers")
+        for ax in (ax_w1, ax_w2, ax_depth):
+            ax.set_yscale("log")
+            ax.set_ylabel("gradient norm")
+            ax.legend(fontsize=8)
     save_figure(fig, path)
 
 
@@ -516,6 +685,42 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=str(DEFAULT_OUT / "init_scale"), help="output folder (default %(default)s)")
     p.set_defaults(func=cmd_init_scale)
+
+    p = sub.add_parser(
+        "init-grads",
+        help="FFN W1/W2 gradient norms at init per layer and per depth (paper's Figure 3)",
+        description=(
+            "For each init scheme and placement, initialise LNBertForMaskedLM under --seeds seeds, take the MLM "
+            "loss of one real masked batch per seed (the pretraining data pipeline: Python's documentation by "
+            "default, or --data FILE.jsonl) with dropout off, and record ||dL/dW1||_F and ||dL/dW2||_F of every "
+            "layer's FFN (intermediate.dense.weight, output.dense.weight). Reports the per-layer profile at "
+            "--num-layers and the last layer's W2 gradient against --depths. Paper: Post-LN's last-layer gradient "
+            "does not depend on depth and per-layer gradients grow toward the output; Pre-LN's shrink like "
+            "1/sqrt(L) and are nearly uniform across layers. Writes table.txt, results.json, init_grads.png."
+        ),
+    )
+    p.add_argument("--placements", nargs="+", choices=NORM_PLACEMENTS, default=list(NORM_PLACEMENTS),
+                   help="placements (default: all)")  # fmt: skip
+    p.add_argument("--init-schemes", nargs="+", choices=("bert", "xavier"), default=["xavier", "bert"],
+                   help="xavier: the paper's setting; bert: normal(0, 0.02) (default: both)")  # fmt: skip
+    p.add_argument("--num-layers", type=_positive_int, default=12, help="depth of the per-layer profile (%(default)s)")
+    p.add_argument("--depths", type=_positive_int, nargs="+", default=[6, 8, 10, 12, 14],
+                   help="depths for the last-layer W2 curve (default: 6 8 10 12 14)")  # fmt: skip
+    p.add_argument("--seeds", type=_positive_int, default=10, help="model inits and batches to average (%(default)s)")
+    _add_model_size_flags(p, hidden=128, seq_len=128, batch=8)
+    p.set_defaults(vocab_size=8000)
+    data = p.add_argument_group("data (real text through pretrain.data)")
+    data.add_argument("--data", type=Path, default=None,
+                      help="JSON Lines file with a 'text' field (default: Python's own documentation, no download)")  # fmt: skip
+    data.add_argument("--tokenizer", default=None,
+                      help="tokenizer name or folder (default: train WordPiece of --vocab-size on the data)")  # fmt: skip
+    data.add_argument("--max-documents", type=_positive_int, default=400, help="documents read (default %(default)s)")
+    data.add_argument("--cache-dir", type=Path, default=Path("runs") / ".cache" / "data",
+                      help="data cache, shared with pretraining (default %(default)s)")  # fmt: skip
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="(default %(default)s)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default=str(DEFAULT_OUT / "init_grads"), help="output folder (default %(default)s)")
+    p.set_defaults(func=cmd_init_grads)
     return parser
 
 
