@@ -105,7 +105,7 @@ def test_report_figures_table_and_points(runs: dict[str, Path], tmp_path: Path) 
     for image in ("figure5a_val_loss.png", "figure5b_mrpc.png", "figure5c_rte.png"):
         assert (tmp_path / "fig" / image).read_bytes()[:4] == b"\x89PNG"
     summary = (tmp_path / "fig" / "summary.md").read_text()
-    assert "| pre_ln (pre) | 300 | 0.600 | 40.0% |" in summary
+    assert "| pre_ln (pre) | 300 | 0.600 | 1.67x |" in summary
     assert "| MRPC | post_ln (post) | 100 | 2e-05 | 3 | 72.00 ± 4.97 | 62.00 ± 4.97 |" in summary
     assert "![figure5c_rte](figure5c_rte.png)" in summary
 
@@ -125,7 +125,7 @@ def test_report_cli_with_target_loss_and_wandb_offline(
         str(out),
     ]
     assert report_main([*args, "--target-loss", "5.5", "--wandb"]) == 0
-    assert "| post_ln (post) | 250 | 1.000 | 0.0% |" in capsys.readouterr().out
+    assert "| post_ln (post) | 250 | 1.000 | 1.00x |" in capsys.readouterr().out
     offline = sorted((out / "wandb").glob("offline-run-*"))
     assert len(offline) == 3  # one per pretraining run, and the report with figures and the table
     assert all(list(run.glob("*.wandb")) for run in offline)
