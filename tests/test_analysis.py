@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import itertools
 import json
 import math
@@ -124,3 +125,91 @@ def test_init_scale_command_writes_table_and_png(tmp_path, tiny_kwargs):
     assert sorted(results["model"]) == ["deepnorm/xavier", "post/xavier"]
     assert len(results["simplified"]["pre"]["mean"]) == 2
     assert "bound lo" in (out / "table.txt").read_text()
+
+
+# --------------------------------------------------------------------------------------------------
+# init-grads
+# --------------------------------------------------------------------------------------------------
+
+
+def grads_args(cache_dir, **overrides) -> argparse.Namespace:
+    """Namespace as the init-grads parser builds it, at a tiny size."""
+    argv = ["init-grads", "--cache-dir", str(cache_dir), "--hidden-size", "32", "--num-heads", "2", "--seq-len", "32",
+            "--batch-size", "8", "--vocab-size", "300", "--max-documents", "40", "--device", "cpu"]  # fmt: skip
+    args = analysis.build_parser().parse_args(argv)
+    for key, value in overrides.items():
+        setattr(args, key, value)
+    return args
+
+
+@pytest.fixture(scope="module")
+def python_docs_data(tmp_path_factory):
+    """40 documents of Python's documentation, a 300-token WordPiece vocabulary, 32-token MLM sequences."""
+    args = grads_args(tmp_path_factory.mktemp("cache"))
+    return args, analysis.load_mlm_data(args)
+
+
+def test_ffn_gradient_norms_are_deterministic_and_per_layer(python_docs_data):
+    args, data = python_docs_data
+    batch = analysis.mlm_batch(data, 4, seed=3)
+    assert (batch["labels"] != -100).any()
+    config = analysis.model_config(args, "pre", "xavier", 3, len(data.tokenizer), data.tokenizer.pad_token_id)
+    w1, w2 = analysis.ffn_gradient_norms(config, batch, seed=5)
+    assert len(w1) == len(w2) == 3
+    assert all(math.isfinite(v) and v > 0 for v in w1 + w2)
+    assert analysis.ffn_gradient_norms(config, batch, seed=5) == (w1, w2)  # dropout off: same numbers
+    assert analysis.ffn_gradient_norms(config, batch, seed=6) != (w1, w2)
+
+
+def test_pre_ln_last_layer_gradient_shrinks_with_depth(python_docs_data):
+    # Paper, Theorem 1: Pre-LN's ||dL/dW2|| of the last layer scales like 1/sqrt(L) (here: expect ~2x from 2 to 8).
+    args, data = python_docs_data
+    args = argparse.Namespace(**{**vars(args), "seeds": 10, "seed": 0})
+    last = {}
+    for depth in (2, 8):
+        w2 = analysis.measure_init_grads(args, data, "xavier", "pre", depth)["w2"]
+        last[depth] = analysis.mean_and_sem(torch.tensor([[g[-1]] for g in w2]))
+    (shallow,), (shallow_sem,) = last[2]
+    (deep,), (deep_sem,) = last[8]
+    assert shallow - deep > 3 * math.hypot(shallow_sem, deep_sem), last
+    assert shallow / deep > 1.4, last
+
+
+def test_init_grads_command_on_a_jsonl_file(tmp_path):
+    words = [
+        "river",
+        "bridge",
+        "city",
+        "house",
+        "garden",
+        "street",
+        "market",
+        "school",
+        "window",
+        "table",
+        "light",
+        "paper",
+    ]
+    lines = [
+        json.dumps({"text": " ".join(f"The {words[(i + k) % 12]} is near the {words[(3 * i + k) % 12]}." for k in range(30))})
+        for i in range(40)
+    ]  # fmt: skip
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("\n".join(lines) + "\n")
+    out = tmp_path / "grads"
+    argv = ["init-grads", "--data", str(corpus), "--cache-dir", str(tmp_path / "cache"), "--hidden-size", "16",
+            "--num-heads", "2", "--seq-len", "16", "--batch-size", "2", "--vocab-size", "120", "--seeds", "2",
+            "--num-layers", "2", "--depths", "1", "3", "--placements", "post", "sandwich", "--init-schemes", "bert",
+            "--out", str(out)]  # fmt: skip
+    assert analysis.main(argv) == 0
+    assert (out / "init_grads.png").stat().st_size > 1000
+    results = json.loads((out / "results.json").read_text())
+    assert sorted(results["raw"]) == sorted(f"bert/{p}/{d}" for p in ("post", "sandwich") for d in (1, 2, 3))
+    assert len(results["raw"]["bert/post/3"]["w2"]) == 2 and len(results["raw"]["bert/post/3"]["w2"][0]) == 3
+    table = (out / "table.txt").read_text()
+    assert "post W1" in table and "1/3" in table
+
+
+def test_init_grads_rejects_a_missing_data_file(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no such file"):
+        analysis.main(["init-grads", "--data", str(tmp_path / "nope.jsonl"), "--out", str(tmp_path)])
