@@ -393,3 +393,28 @@ def test_resume_after_a_kill_drops_the_lines_logged_after_the_checkpoint(tmp_pat
     assert main(tiny_args(run, data_cache, "--train.resume=auto")) == 0
     steps = [r["step"] for r in read_metrics(run) if "train/loss" in r]
     assert steps == [1, 2, 3, 4, 5, 6] and 99.0 not in train_losses(run).values()
+
+
+@pytest.mark.slow
+def test_sigterm_to_the_launcher_preempts_every_process(tmp_path: Path, data_cache: Path) -> None:
+    """SLURM signals `accelerate launch`; it forwards SIGTERM to both workers, which agree on the step to stop at."""
+    run = tmp_path / "ddp-sigterm"
+    argv = tiny_args(run, data_cache, "--train.max_steps=100000", "--train.checkpoint_every=0", "--train.eval_every=0")
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+           "--main_process_port", "29521", str(RUN_PY), *argv]  # fmt: skip
+    env = {**os.environ, "ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.time() + 300
+        while time.time() < deadline and not any(r.get("step", 0) >= 3 for r in read_metrics(run)):
+            assert proc.poll() is None, "the run ended before it was signalled"
+            time.sleep(0.5)
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=120)  # the launcher's own exit code is torchrun's; status.json tells the outcome
+    finally:
+        proc.kill()
+    status = read_status(run)
+    assert status["status"] == "preempted", status
+    checkpoint = latest_checkpoint(run)
+    assert json.loads((checkpoint / "train_state.json").read_text())["step"] == status["step"]
+    assert {p.name for p in checkpoint.glob("random_states_*.pkl")} == {"random_states_0.pkl", "random_states_1.pkl"}
