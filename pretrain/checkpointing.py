@@ -124,7 +124,9 @@ def config_differences(saved: dict[str, Any], current: dict[str, Any]) -> list[s
     """Dotted keys whose values differ, ignoring those a resumed run may change (RESUMABLE_CHANGES)."""
     old, new = flatten(saved), flatten(current)
     keys = sorted(set(old) | set(new))
-    return [k for k in keys if k not in RESUMABLE_CHANGES and old.get(k) != new.get(k)]
+    return [
+        k for k in keys if k not in RESUMABLE_CHANGES and not k.startswith("tracking.") and old.get(k) != new.get(k)
+    ]
 
 
 def resolve_resume(run_dir: Path, resolved: dict[str, Any], resume: str) -> Path | None:

@@ -273,9 +273,11 @@ class PretrainConfig:
             )
 
 
-# Fields that may change between a run and its resumption without making it "another run".
+# Fields that may change between a run and its resumption without making it "another run" (plus every
+# tracking.* field: where the metrics are shown does not change the run).
 RESUMABLE_CHANGES = frozenset(
     {
+        "train.output_dir",  # the same directory, perhaps written relative to another working directory
         "train.resume",
         "train.max_steps",
         "train.stop_at_step",
