@@ -572,6 +572,155 @@ def plot_init_grads(args: argparse.Namespace, raw: dict[str, Any], path: Path) -
 
 
 # --------------------------------------------------------------------------------------------------
+# grid: warm-up x peak learning rate, each cell a short pretraining run through pretrain/run.py
+# --------------------------------------------------------------------------------------------------
+
+
+def cell_name(placement: str, warmup: int, lr: float) -> str:
+    return f"{placement}-w{warmup}-lr{lr:g}"
+
+
+def cell_overrides(args: argparse.Namespace, placement: str, warmup: int, lr: float, run_dir: Path) -> list[str]:
+    """pretrain/run.py arguments of one cell: the grid's size and this cell's placement, warm-up and lr.
+
+    Evaluation, checkpoint and snapshot happen once, at the end (only the final validation loss is read);
+    ``--set`` overrides come last, so they win.
+    """
+    argv = [f"--config={args.config}"] if args.config else []
+    argv += [
+        f"--model.norm_placement={placement}",
+        f"--optim.lr={lr}",
+        f"--optim.warmup_steps={warmup}",
+        f"--train.max_steps={args.max_steps}",
+        f"--train.output_dir={run_dir}",
+        f"--train.run_name=grid-{cell_name(placement, warmup, lr)}",
+        f"--train.seed={args.seed}",
+        f"--model.num_hidden_layers={args.num_layers}",
+        f"--model.hidden_size={args.hidden_size}",
+        f"--model.num_attention_heads={args.num_heads}",
+        f"--model.intermediate_size={args.intermediate_size or 4 * args.hidden_size}",
+        "--train.eval_every=0",
+        "--train.checkpoint_every=0",
+        "--train.snapshot_at_start=false",
+        "--train.snapshot_at_end=false",
+        "--tracking.backend=none",
+    ]
+    return argv + [f"--{item}" for item in args.set]
+
+
+def read_cell(run_dir: Path) -> dict[str, Any]:
+    """Outcome of one finished cell: status, final validation MLM loss, divergence step (pretrain.artifacts)."""
+    from pretrain.artifacts import read_metrics, read_status
+
+    status = read_status(run_dir)
+    val = [row for row in read_metrics(run_dir) if "val/mlm_loss" in row]
+    return {
+        "status": status.get("status", "unknown"),
+        "diverged_at_step": status.get("diverged_at_step"),
+        "val_mlm_loss": val[-1]["val/mlm_loss"] if val else None,
+        "val_step": val[-1]["step"] if val else None,
+        "message": status.get("message", ""),
+    }
+
+
+def run_cell(args: argparse.Namespace, placement: str, warmup: int, lr: float) -> dict[str, Any]:
+    """Run one cell in a subprocess (a fresh interpreter per run, as a user would launch it); a cell whose
+    run directory already holds a finished or diverged run is read, not rerun, so a stopped grid continues."""
+    import subprocess
+    import sys
+
+    from pretrain.artifacts import read_status
+
+    name = cell_name(placement, warmup, lr)
+    run_dir = Path(args.out) / "runs" / name
+    if read_status(run_dir).get("status") in ("finished", "diverged"):
+        print(f"{name}: already done, reading {run_dir}", flush=True)
+        return read_cell(run_dir)
+    argv = cell_overrides(args, placement, warmup, lr, run_dir)
+    if run_dir.exists():
+        argv.append("--train.resume=auto")  # an interrupted cell continues from its last checkpoint
+    log = Path(args.out) / "logs" / f"{name}.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    print(f"{name}: python -m pretrain.run {' '.join(argv)}  (log: {log})", flush=True)
+    with log.open("w") as f:
+        code = subprocess.run(
+            [sys.executable, "-m", "pretrain.run", *argv], stdout=f, stderr=subprocess.STDOUT
+        ).returncode
+    cell = read_cell(run_dir)
+    if code != 0:
+        tail = log.read_text().strip().splitlines()[-3:]
+        cell.update(status="failed", message=f"exit code {code}: {' | '.join(tail)}")
+    return cell
+
+
+def describe_cell(cell: dict[str, Any]) -> str:
+    if cell["status"] == "diverged":
+        return f"div@{cell['diverged_at_step']}"
+    if cell["status"] == "finished" and cell["val_mlm_loss"] is not None:
+        return f"{cell['val_mlm_loss']:.3f}"
+    return cell["status"]
+
+
+def cmd_grid(args: argparse.Namespace) -> int:
+    out = Path(args.out)
+    cells: dict[str, dict[str, Any]] = {}
+    for placement in args.placements:
+        for warmup in args.warmup_steps:
+            for lr in args.lrs:
+                cells[cell_name(placement, warmup, lr)] = run_cell(args, placement, warmup, lr)
+    sections = [
+        f"final val/mlm_loss after {args.max_steps} steps (depth {args.num_layers}, hidden {args.hidden_size}); "
+        "div@N: diverged (non-finite loss or gradient) at step N"
+    ]
+    for placement in args.placements:
+        rows = [
+            [warmup, *(describe_cell(cells[cell_name(placement, warmup, lr)]) for lr in args.lrs)]
+            for warmup in args.warmup_steps
+        ]
+        sections.append(f"{placement}-LN\n" + format_table(["warm-up \\ lr", *(f"{lr:g}" for lr in args.lrs)], rows))
+    failed = {name: cell["message"] for name, cell in cells.items() if cell["status"] not in ("finished", "diverged")}
+    if failed:
+        sections.append("cells that did not complete:\n" + "\n".join(f"  {k}: {v}" for k, v in failed.items()))
+    write_outputs(out, "\n\n".join(sections), {"args": _jsonable_args(args), "cells": cells})
+    plot_grid(args, cells, out / "grid.png")
+    return 1 if failed else 0
+
+
+def plot_grid(args: argparse.Namespace, cells: dict[str, dict[str, Any]], path: Path) -> None:
+    """One heat map per placement (rows warm-up, columns lr) on a shared colour scale of the final val loss."""
+    plt = pyplot()
+    losses = [c["val_mlm_loss"] for c in cells.values() if c["status"] == "finished" and c["val_mlm_loss"] is not None]
+    vmin, vmax = (min(losses), max(losses)) if losses else (0.0, 1.0)
+    n = len(args.placements)
+    fig, axes = plt.subplots(1, n, figsize=(1.6 + 1.3 * len(args.lrs) * n, 1.4 + 0.8 * len(args.warmup_steps)),
+                             squeeze=False)  # fmt: skip
+    cmap = plt.get_cmap("viridis").with_extremes(bad="lightgray")  # NaN: diverged / failed cells
+    image = None
+    for ax, placement in zip(axes[0], args.placements, strict=True):
+        grid = torch.full((len(args.warmup_steps), len(args.lrs)), float("nan"))
+        for i, warmup in enumerate(args.warmup_steps):
+            for j, lr in enumerate(args.lrs):
+                cell = cells[cell_name(placement, warmup, lr)]
+                if cell["status"] == "finished" and cell["val_mlm_loss"] is not None:
+                    grid[i, j] = cell["val_mlm_loss"]
+                value = grid[i, j].item()
+                colour = "white" if math.isnan(value) or value < (vmin + vmax) / 2 else "black"
+                ax.text(j, i, describe_cell(cell), ha="center", va="center", fontsize=9,
+                        color="black" if math.isnan(value) else colour)  # fmt: skip
+        image = ax.imshow(grid.numpy(), cmap=cmap, vmin=vmin, vmax=vmax, aspect="auto")
+        ax.set_xticks(range(len(args.lrs)), [f"{lr:g}" for lr in args.lrs])
+        ax.set_yticks(range(len(args.warmup_steps)), [str(w) for w in args.warmup_steps])
+        ax.set_xlabel("peak learning rate")
+        ax.set_ylabel("warm-up steps")
+        ax.set_title(f"{placement}-LN: final val MLM loss")
+    if image is not None:
+        fig.colorbar(image, ax=list(axes[0]), shrink=0.9, label="val/mlm_loss (gray: diverged)")
+    fig.savefig(path, dpi=120, bbox_inches="tight")
+    plt.close(fig)
+    print(f"wrote {path}")
+
+
+# --------------------------------------------------------------------------------------------------
 # Command line
 # --------------------------------------------------------------------------------------------------
 
@@ -588,6 +737,15 @@ def _positive_float(text: str) -> float:
     if not value > 0:
         raise argparse.ArgumentTypeError(f"{text!r} must be a positive number")
     return value
+
+
+def _override(text: str) -> str:
+    key, sep, _ = text.removeprefix("--").partition("=")
+    if not sep or "." not in key:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not KEY=VALUE with a dotted key, e.g. train.per_device_batch_size=16"
+        )
+    return text.removeprefix("--")
 
 
 def _add_model_size_flags(parser: argparse.ArgumentParser, hidden: int, seq_len: int, batch: int) -> None:
@@ -721,6 +879,38 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=str(DEFAULT_OUT / "init_grads"), help="output folder (default %(default)s)")
     p.set_defaults(func=cmd_init_grads)
+
+    p = sub.add_parser(
+        "grid",
+        help="warm-up x peak-lr grid of short pretraining runs per placement (paper's warm-up claim)",
+        description=(
+            "Each cell is a short pretraining run through the normal pipeline (python -m pretrain.run in a "
+            "subprocess, one after another) with this cell's placement, --optim.warmup_steps and --optim.lr, "
+            "evaluated once at the end. Reads the final val/mlm_loss from RUN/metrics.jsonl or the divergence "
+            "step from RUN/status.json, prints a table per placement and draws annotated heat maps. Runs live in "
+            "OUT/runs/<placement>-w<warmup>-lr<lr>, logs in OUT/logs; cells already finished or diverged are "
+            "read, not rerun. Anything else of pretrain/run.py (data, batch size, sequence length, ...) goes "
+            "through --config and --set. Paper: Post-LN needs warm-up; Pre-LN trains without it. "
+            "Writes table.txt, results.json, grid.png."
+        ),
+    )
+    p.add_argument("--placements", nargs="+", choices=NORM_PLACEMENTS, default=["post", "pre"],
+                   help="placements (default: post pre)")  # fmt: skip
+    p.add_argument("--warmup-steps", type=int, nargs="+", default=[0, 30, 100],
+                   help="warm-up steps, rows of the grid (default: 0 30 100)")  # fmt: skip
+    p.add_argument("--lrs", type=_positive_float, nargs="+", default=[1e-4, 3e-4, 1e-3, 3e-3],
+                   help="peak learning rates, columns of the grid (default: 1e-4 3e-4 1e-3 3e-3)")  # fmt: skip
+    p.add_argument("--max-steps", type=_positive_int, default=300, help="steps per run (default %(default)s)")
+    p.add_argument("--num-layers", type=_positive_int, default=12, help="depth (default %(default)s)")
+    p.add_argument("--hidden-size", type=_positive_int, default=128, help="hidden size (default %(default)s)")
+    p.add_argument("--num-heads", type=_positive_int, default=2, help="attention heads (default %(default)s)")
+    p.add_argument("--intermediate-size", type=_positive_int, default=None, help="FFN width (default 4 * hidden)")
+    p.add_argument("--config", default=None, help="a pretrain/run.py preset YAML applied to every cell first")
+    p.add_argument("--set", type=_override, action="append", default=[], metavar="KEY=VALUE",
+                   help="extra pretrain/run.py override for every cell, repeatable, e.g. --set train.per_device_batch_size=16")  # fmt: skip
+    p.add_argument("--seed", type=int, default=0, help="train.seed of every cell (default %(default)s)")
+    p.add_argument("--out", default=str(DEFAULT_OUT / "grid"), help="output folder (default %(default)s)")
+    p.set_defaults(func=cmd_grid)
     return parser
 
 
