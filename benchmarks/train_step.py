@@ -10,6 +10,12 @@ repetition, so a slow spell on the shared machine hits all of them, and the rati
     python -m benchmarks.train_step --shapes small --reps 5           # a quick look (~1 minute on 2 cores)
     python -m benchmarks.train_step --variants hf,post,post+dense,post+compile --shapes small
     python -m benchmarks.train_step --profile post --shapes base --precisions bf16 --reps 3
+    python -m benchmarks.train_step --threads 1 ...     # on a shared, busy CPU: read the CPU-time columns
+
+On a CPU shared with other jobs, wall-clock times swing by 50-100% (two OpenMP threads wait for each other
+whenever one is descheduled). With ``--threads 1`` the process CPU time per step is steady (IQR a few %), so
+the "x baseline (CPU time)", "tok/CPU-s" and "MFU exec (CPU time)" columns (against the GEMM's FLOPs per
+CPU-second, measured the same way) are the figures to read there; on an idle machine or a GPU, the wall-clock ones.
 
 Variants are ``MODEL[+MOD...]``: MODEL is ``hf`` or a norm placement (``post``, ``pre``, ``sandwich``,
 ``deepnorm``); MODs: ``dense`` (ours: MLM head on every position, as Hugging Face), ``eager`` (eager attention
@@ -28,6 +34,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import gc
+import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -275,6 +282,7 @@ def measure_group(
         profile = profile_step(target, batches[0], device, args.profile_rows)
     result = summarise(variants, runners, times, cpu_times, losses, shape, precision, args)
     result["profile"] = profile
+    result["device"] = device.type
     result["profile_variant"] = args.profile
     del runners
     gc.collect()
@@ -299,7 +307,7 @@ def profile_step(runner: Runner, batch: dict[str, torch.Tensor], device: torch.d
         runner.step(batch)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
-    sort_by = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
+    sort_by = "self_device_time_total" if device.type == "cuda" else "self_cpu_time_total"
     return prof.key_averages().table(sort_by=sort_by, row_limit=rows, max_name_column_width=60)
 
 
@@ -327,6 +335,7 @@ def summarise(
             "variant": variant.spec,
             "step_s": stats,
             "step_cpu_s": spread(cpu_times[variant.spec]),
+            "tokens_per_cpu_s": tokens / statistics.median(cpu_times[variant.spec]),
             "tokens_per_s": tokens / stats["median"],
             "exec_flops_per_token": fpt,
             "exec_tflops": fpt * tokens / stats["median"] / 1e12,
@@ -355,9 +364,15 @@ def summarise(
 def add_mfu(group: dict[str, Any], peaks: dict[str, Any]) -> None:
     """MFU of each row against the reference peak of the group's precision (executed and dense-count FLOPs)."""
     peak = peaks["reference_tflops"][group["precision"]]
+    peak_cpu = peaks["measured_tflop_per_cpu_s"][group["precision"]]
+    tokens = group["tokens_per_step"]
     for row in group["rows"]:
         row["mfu_exec"] = row["exec_tflops"] / peak
         row["mfu_dense_count"] = row["dense_count_tflops"] / peak
+        # FLOPs per CPU-second of the step against the GEMM's: insensitive to other processes on the machine.
+        # Only meaningful where the CPU does the work.
+        cpu_rate = row["exec_flops_per_token"] * tokens / row["step_cpu_s"]["median"] / 1e12
+        row["mfu_exec_cpu_time"] = cpu_rate / peak_cpu if group["device"] == "cpu" else None
 
 
 def print_group(group: dict[str, Any], shape_name: str) -> None:
@@ -374,9 +389,11 @@ def print_group(group: dict[str, Any], shape_name: str) -> None:
         f"x {group['baseline']} (wall, min-max)",
         f"x {group['baseline']} (CPU time)",
         "CPU s/step",
+        "tok/CPU-s",
         "exec TFLOP/s",
         "MFU exec",
         "MFU dense-count",
+        "MFU exec (CPU time)",
         "1st step s",
     ]
     rows = []
@@ -391,9 +408,11 @@ def print_group(group: dict[str, Any], shape_name: str) -> None:
                 f"{speed['median']:.2f} ({speed['min']:.2f}-{speed['max']:.2f})" if speed else "-",
                 f"{cpu_speed['median']:.2f} (IQR {100 * cpu_speed['iqr_rel']:.0f}%)" if cpu_speed else "-",
                 f"{r['step_cpu_s']['median']:.3f}",
+                f"{r['tokens_per_cpu_s']:.0f}",
                 f"{r['exec_tflops']:.3f}",
                 f"{100 * r['mfu_exec']:.1f}%",
                 f"{100 * r['mfu_dense_count']:.1f}%",
+                f"{100 * r['mfu_exec_cpu_time']:.1f}%" if r["mfu_exec_cpu_time"] is not None else "-",
                 f"{r['first_step_s']:.2f}",
             ]
         )
@@ -447,6 +466,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     print(f"machine: {info}")
     args.peaks = gemm_peaks(device, args.gemm_size)
     measured = args.peaks["measured_tflops"]
+    per_cpu = args.peaks["measured_tflop_per_cpu_s"]
+    print(
+        f"GEMM per CPU-second: fp32 {per_cpu['fp32']:.3f}, bf16 {per_cpu['bf16']:.3f} TFLOP per CPU-s "
+        f"({torch.get_num_threads()} threads)"
+    )
     print(
         f"GEMM peak ({args.peaks['gemm_size']}^2, measured): fp32 {measured['fp32']:.3f} TFLOP/s, "
         f"bf16 {measured['bf16']:.3f} TFLOP/s; MFU reference: {args.peaks['reference']} {args.peaks['reference_tflops']}"

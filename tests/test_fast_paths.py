@@ -193,34 +193,15 @@ def test_random_batch_has_fifteen_percent_targets_at_mask_tokens() -> None:
 
 def test_train_step_benchmark_runs_end_to_end_on_cpu(tmp_path) -> None:
     out = tmp_path / "r.json"
-    payload = train_step.main(
-        [
-            "--shapes",
-            "tiny",
-            "--precisions",
-            "fp32,bf16",
-            "--variants",
-            "hf,post,pre+dense+foreach",
-            "--reps",
-            "2",
-            "--warmup",
-            "1",
-            "--device",
-            "cpu",
-            "--gemm-size",
-            "64",
-            "--profile",
-            "post",
-            "--profile-rows",
-            "5",
-            "--out",
-            str(out),
-        ]
-    )
+    payload = train_step.main([
+        "--shapes", "tiny", "--precisions", "fp32,bf16", "--variants", "hf,pre+dense+qkv+foreach", "--reps", "2",
+        "--warmup", "1", "--device", "cpu", "--gemm-size", "64", "--profile", "hf", "--profile-rows", "5",
+        "--out", str(out),
+    ])  # fmt: skip
     saved = json.loads(out.read_text())
     assert [g["precision"] for g in saved["groups"]] == ["fp32", "bf16"]
     for group in payload["groups"]:
-        assert [r["variant"] for r in group["rows"]] == ["hf", "post", "pre+dense+foreach"]
+        assert [r["variant"] for r in group["rows"]] == ["hf", "pre+dense+qkv+foreach"]
         for row in group["rows"]:
             assert row["step_s"]["n"] == 2 and row["tokens_per_s"] > 0 and row["loss"] > 0
             assert row["speedup_vs_baseline"]["median"] > 0
@@ -248,7 +229,7 @@ def test_cuda_timing_synchronises_and_enables_tf32(monkeypatch: pytest.MonkeyPat
 
 
 def test_cuda_peaks_use_the_datasheet_of_a_known_card(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(common, "measured_gemm_tflops", lambda dtype, device, size, reps=5: 1.0)
+    monkeypatch.setattr(common, "measured_gemm", lambda dtype, device, size, reps=5: (1.0, 1.0))
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H200")
     peaks = common.gemm_peaks(torch.device("cuda"))
     assert peaks["gemm_size"] == 8192 and peaks["reference"] == "datasheet"
