@@ -30,6 +30,7 @@ from pretrain.artifacts import (
 from pretrain.config import RESUMABLE_CHANGES, flatten
 
 TRAIN_STATE_FILE = "train_state.json"
+TOKENIZER_DIR = "tokenizer"
 CHECKPOINTS = "checkpoints"
 SNAPSHOTS = "snapshots"
 
@@ -176,6 +177,10 @@ def _check_same_run(run_dir: Path, resolved: dict[str, Any]) -> None:
     saved = json.loads(config_file.read_text())
     if resolved["model"]["vocab_size"] is None:  # null means "the tokenizer's size", saved resolved
         resolved = {**resolved, "model": {**resolved["model"], "vocab_size": saved["model"]["vocab_size"]}}
+    tokenizer = resolved["data"]["tokenizer"]
+    if saved["data"]["tokenizer"] is None and tokenizer and Path(tokenizer).resolve() == (run_dir / TOKENIZER_DIR).resolve():
+        # The run's own trained tokenizer, named explicitly (to resume where the data cache is gone): the same run.
+        resolved = {**resolved, "data": {**resolved["data"], "tokenizer": None}}
     diff = config_differences(saved, resolved)
     if diff:
         raise ValueError(

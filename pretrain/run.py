@@ -47,6 +47,7 @@ from pretrain.artifacts import (
 from pretrain.checkpointing import (
     CHECKPOINTS,
     SNAPSHOTS,
+    TOKENIZER_DIR,
     TrainState,
     load_checkpoint,
     resolve_resume,
@@ -193,11 +194,27 @@ def build_dataloaders(cfg: PretrainConfig, data: PretrainingData, num_processes:
     return Loaders(train=train, validation=val_loader, train_collator=collator, sampler=sampler)
 
 
-def data_fingerprint(cfg: PretrainConfig, num_processes: int) -> str:
-    """What fixes the sequence of batches: data config, seed, batch size, processes (a position is only
-    meaningful for the same sequence)."""
-    data = {k: v for k, v in to_dict(cfg.data).items() if k not in ("num_proc", "cache_dir")}
-    key = [data, cfg.train.seed, cfg.train.per_device_batch_size, num_processes]
+def check_same_trained_tokenizer(tokenizer: Any, saved_dir: Path) -> None:
+    """A resumed run must see the vocabulary it was trained with. WordPiece training is not bit-reproducible, so
+    a tokenizer re-trained after the data cache was lost can differ from the run's; refuse to continue then."""
+    saved = saved_dir / "tokenizer.json"
+    if not saved.is_file():
+        return
+    vocab = json.loads(tokenizer.backend_tokenizer.to_str())["model"]["vocab"]
+    if json.loads(saved.read_text())["model"]["vocab"] != vocab:
+        raise ValueError(
+            f"the WordPiece tokenizer trained now differs from the one the checkpoint was trained with ({saved_dir}); "
+            f"tokenizer training is not bit-reproducible and data.cache_dir no longer holds the original. Resume with "
+            f"--data.tokenizer={saved_dir}"
+        )
+
+
+def data_fingerprint(cfg: PretrainConfig, num_processes: int, tokenizer: Any) -> str:
+    """What fixes the sequence of batches: data config, vocabulary, seed, batch size, processes (a position is
+    only meaningful for the same sequence). The vocabulary counts, not the tokenizer's name or folder."""
+    data = {k: v for k, v in to_dict(cfg.data).items() if k not in ("num_proc", "cache_dir", "tokenizer")}
+    vocab = hashlib.sha256(json.dumps(tokenizer.get_vocab(), sort_keys=True).encode()).hexdigest()
+    key = [data, vocab, cfg.train.seed, cfg.train.per_device_batch_size, num_processes]
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -489,14 +506,18 @@ def train(job: Job, state: TrainState, stop: StopRequest) -> str:
 
 def prepare_job(cfg: PretrainConfig, accelerator: Accelerator, resume_from: Path | None) -> tuple[Job, TrainState]:
     run_dir = Path(cfg.train.output_dir)
+    same_run = resume_from is not None and resume_from.parent.parent.resolve() == run_dir.resolve()
     set_seed(cfg.train.seed)
     data = build_pretraining_data(
         cfg.data,
         seed=cfg.train.seed,
-        save_tokenizer_to=run_dir / "tokenizer" if accelerator.is_main_process else None,
+        # A resumed run keeps the tokenizer it saved (never overwritten by a re-trained one).
+        save_tokenizer_to=run_dir / TOKENIZER_DIR if accelerator.is_main_process and not same_run else None,
         main_process_first=accelerator.main_process_first,
         model_vocab_size=cfg.model.vocab_size,
     )
+    if resume_from is not None and cfg.data.tokenizer is None:
+        check_same_trained_tokenizer(data.tokenizer, resume_from.parent.parent / TOKENIZER_DIR)
     vocab_size = cfg.model.vocab_size or len(data.tokenizer)
     if len(data.tokenizer) > vocab_size:
         raise ConfigError(
@@ -532,7 +553,7 @@ def prepare_job(cfg: PretrainConfig, accelerator: Accelerator, resume_from: Path
         run_dir=run_dir,
         flops_per_token=flops_per_token(unwrapped, unwrapped.config, cfg.data.max_seq_length),
     )
-    fingerprint = data_fingerprint(cfg, accelerator.num_processes)
+    fingerprint = data_fingerprint(cfg, accelerator.num_processes, data.tokenizer)
     state = TrainState(data_fingerprint=fingerprint)
     if resume_from is not None:
         state = load_checkpoint(accelerator, resume_from)

@@ -418,3 +418,21 @@ def test_sigterm_to_the_launcher_preempts_every_process(tmp_path: Path, data_cac
     checkpoint = latest_checkpoint(run)
     assert json.loads((checkpoint / "train_state.json").read_text())["step"] == status["step"]
     assert {p.name for p in checkpoint.glob("random_states_*.pkl")} == {"random_states_0.pkl", "random_states_1.pkl"}
+
+
+def test_resume_refuses_a_retrained_tokenizer_that_differs(tmp_path: Path, data_cache: Path) -> None:
+    """WordPiece training is not bit-reproducible: if the tokenizer trained on resume is not the run's, stop and
+    say how to continue (with the run's own saved tokenizer)."""
+    run = tmp_path / "tok"
+    assert main(tiny_args(run, data_cache, "--train.stop_at_step=3")) == 0
+    saved = run / "tokenizer" / "tokenizer.json"
+    spec = json.loads(saved.read_text())
+    vocab = spec["model"]["vocab"]
+    a, b = sorted(vocab, key=vocab.get)[-2:]  # as if training had broken a tie the other way
+    vocab[a], vocab[b] = vocab[b], vocab[a]
+    saved.write_text(json.dumps(spec))
+    with pytest.raises(ValueError, match=r"tokenizer trained now differs .* Resume with --data.tokenizer=.*tokenizer"):
+        main(tiny_args(run, data_cache, "--train.resume=auto"))
+    assert json.loads(saved.read_text())["model"]["vocab"][a] == vocab[a]  # the run's tokenizer is untouched
+    assert main(tiny_args(run, data_cache, "--train.resume=auto", f"--data.tokenizer={run / 'tokenizer'}")) == 0
+    assert read_status(run)["status"] == "finished"
