@@ -140,10 +140,10 @@ def steps_table(runs: list[RunInfo], curves: dict[str, list[tuple[int, float]]],
 
 
 def confidence_interval(values: list[float], level: float = 0.95) -> float:
-    """Half-width of the t-distribution interval of the mean; 0 for a single value."""
+    """Half-width of the t-distribution interval of the mean; nan (undefined, drawn without a bar) for one value."""
     n = len(values)
     if n < 2:
-        return 0.0
+        return float("nan")
     return float(stats.t.ppf(0.5 + level / 2, n - 1) * np.std(values, ddof=1) / math.sqrt(n))
 
 
@@ -254,6 +254,11 @@ def _fmt(value: float | None, spec: str) -> str:
     return "—" if value is None else format(value, spec)
 
 
+def _mean_ci(mean: float, ci: float) -> str:
+    """Percent, with the interval when there is one (a single seed has none)."""
+    return f"{100 * mean:.2f}" + ("" if math.isnan(ci) else f" ± {100 * ci:.2f}")
+
+
 def summary_markdown(
     target: float | None, table: list[dict[str, Any]], points: list[dict[str, Any]], images: list[Path]
 ) -> str:
@@ -283,10 +288,10 @@ def summary_markdown(
         "|---|---|---:|---:|---:|---:|---:|",
     ]
     for p in points:
-        f1 = "—" if p["f1"] is None else f"{100 * p['f1']:.2f} ± {100 * p['f1_ci']:.2f}"
+        f1 = "—" if p["f1"] is None else _mean_ci(p["f1"], p["f1_ci"])
         lines.append(
             f"| {p['task'].upper()} | {p['run']} | {p['step']} | {p['lr']:g} | {p['seeds']} | "
-            f"{100 * p['accuracy']:.2f} ± {100 * p['accuracy_ci']:.2f} | {f1} |"
+            f"{_mean_ci(p['accuracy'], p['accuracy_ci'])} | {f1} |"
         )
     lines += ["", "## Figures", ""] + [f"![{image.stem}]({image.name})" for image in images]
     return "\n".join(lines) + "\n"

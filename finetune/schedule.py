@@ -314,10 +314,12 @@ def schedule(config: ScheduleConfig) -> None:
         if pool is not None and claimable:
             pool.fill(claimable)
             if config.mode == "once":
+                last = time.monotonic()
                 while pool.alive():  # a progress line every poll interval until the workers are done
-                    time.sleep(min(config.poll_interval_s, 5.0))
-                    if pool.alive():
+                    time.sleep(0.5)
+                    if time.monotonic() - last >= config.poll_interval_s and pool.alive():
                         print_progress(config)
+                        last = time.monotonic()
                 pool.join()
         elif pool is None and added:
             submit_slurm(config, min(config.workers, claimable))

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from finetune.report import ReportConfig, report, steps_to_loss
+from finetune.report import ReportConfig, confidence_interval, report, steps_to_loss
 from finetune.report import main as report_main
 from finetune.store import JobSpec, ResultStore
 from tests.finetune_fixtures import set_status
@@ -70,6 +70,11 @@ def runs(tmp_path: Path) -> dict[str, Path]:
     }
     write_results(tmp_path / "results.sqlite", runs)
     return runs
+
+
+def test_confidence_interval_uses_t_distribution() -> None:
+    assert confidence_interval([0.7, 0.72, 0.74]) == pytest.approx(4.302653 * 0.02 / math.sqrt(3), rel=1e-5)
+    assert math.isnan(confidence_interval([0.7]))  # undefined for one seed: no error bar, no "± 0"
 
 
 def test_steps_to_loss_interpolates() -> None:
