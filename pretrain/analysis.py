@@ -15,6 +15,8 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import subprocess
+import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -23,6 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from pretrain.artifacts import read_metrics, read_status
 from pretrain.modeling import NORM_PLACEMENTS, LNBertConfig, LNBertForMaskedLM, LNBertModel
 
 DEFAULT_OUT = Path("runs") / "analysis"
@@ -310,7 +313,7 @@ def model_stream_scale(config: LNBertConfig, batch_size: int, seq_len: int, seed
 
 def cmd_init_scale(args: argparse.Namespace) -> int:
     layers = list(range(1, args.num_layers + 1))
-    results: dict[str, Any] = {"args": {k: v for k, v in vars(args).items() if k != "func"}, "simplified": {}}
+    results: dict[str, Any] = {"args": _jsonable_args(args), "simplified": {}}
     for placement in ("post", "pre"):
         samples = simplified_stream_scale(
             placement,
@@ -415,6 +418,7 @@ def load_mlm_data(args: argparse.Namespace) -> Any:
 
     ``objective="mlm"`` gives full-length packed sequences; the measurement uses the MLM loss only.
     """
+    # Imported here: `datasets` takes seconds to import and the other subcommands do not need it.
     from pretrain.data import DataConfig, SourceConfig, build_pretraining_data
 
     if args.data is not None and not Path(args.data).exists():
@@ -434,7 +438,7 @@ def load_mlm_data(args: argparse.Namespace) -> Any:
 
 def mlm_batch(data: Any, batch_size: int, seed: int) -> dict[str, torch.Tensor]:
     """``batch_size`` training instances drawn by ``seed``, dynamically masked as in pretraining (15%)."""
-    from pretrain.data import MaskingCollator
+    from pretrain.data import MaskingCollator  # lazily, as in load_mlm_data
 
     n = len(data.train)
     if n < batch_size:
@@ -610,8 +614,6 @@ def cell_overrides(args: argparse.Namespace, placement: str, warmup: int, lr: fl
 
 def read_cell(run_dir: Path) -> dict[str, Any]:
     """Outcome of one finished cell: status, final validation MLM loss, divergence step (pretrain.artifacts)."""
-    from pretrain.artifacts import read_metrics, read_status
-
     status = read_status(run_dir)
     val = [row for row in read_metrics(run_dir) if "val/mlm_loss" in row]
     return {
@@ -626,11 +628,6 @@ def read_cell(run_dir: Path) -> dict[str, Any]:
 def run_cell(args: argparse.Namespace, placement: str, warmup: int, lr: float) -> dict[str, Any]:
     """Run one cell in a subprocess (a fresh interpreter per run, as a user would launch it); a cell whose
     run directory already holds a finished or diverged run is read, not rerun, so a stopped grid continues."""
-    import subprocess
-    import sys
-
-    from pretrain.artifacts import read_status
-
     name = cell_name(placement, warmup, lr)
     run_dir = Path(args.out) / "runs" / name
     if read_status(run_dir).get("status") in ("finished", "diverged"):
@@ -769,7 +766,7 @@ def _add_model_size_flags(parser: argparse.ArgumentParser, hidden: int, seq_len:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m pretrain.analysis",
-        description=__doc__.split("\n\n")[0],
+        description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="SUBCOMMAND")
