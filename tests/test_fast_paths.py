@@ -271,6 +271,7 @@ def test_data_path_benchmark_runs_on_a_small_corpus(tmp_path) -> None:
     assert pre["instances"] > 0 and pre["corpus_tokens"] > 0 and pre["ours_tokens_per_s"] > 0
     pad = payload["padding"]
     assert 0 <= pad["pad_share_pad_to_longest"] <= pad["pad_share_fixed_length"] < 1
+    assert 0 <= pad["pad_share_packed_pad_to_longest"] < 1
     assert 0 <= payload["data_wait"][0]["wait_share"] < 1
     assert json.loads((tmp_path / "d.json").read_text())["benchmark"] == "data_path"
 
