@@ -51,6 +51,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--no-hf", action="store_true", help="time our model only")
     parser.add_argument("--device", default="auto")
+    parser.add_argument("--threads", type=int, help="torch.set_num_threads (CPU); 1 gives steady CPU-time ratios")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
         "--out", type=Path, help="JSON path (default benchmarks/results/finetune_throughput-<time>.json)"
@@ -151,6 +152,8 @@ def time_training(
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     device = pick_device(args.device)
     configure_device(device)
     splits = load_task(args.task, args.data_dir)
