@@ -59,6 +59,8 @@ from benchmarks.common import (
 SHAPES: dict[str, dict[str, int]] = {
     "base": dict(layers=12, hidden=768, heads=12, seq=128, vocab=30522, batch=8),
     "small": dict(layers=4, hidden=256, heads=4, seq=128, vocab=30522, batch=8),
+    # configs/pretrain/small_*.yaml: 4 x 128, a trained 8192-token vocabulary, batch 32.
+    "preset": dict(layers=4, hidden=128, heads=4, seq=128, vocab=8192, batch=32),
     "tiny": dict(layers=2, hidden=32, heads=4, seq=16, vocab=99, batch=2),  # for tests only
 }
 PRECISIONS = ("fp32", "bf16")
