@@ -67,7 +67,11 @@ class ModelConfig:
     sparse_mlm_head: bool = True
     """Run the MLM head only at masked positions (same loss and gradients, less compute)."""
     attn_implementation: Literal["sdpa", "eager"] = "sdpa"
-    """Attention kernel: sdpa (PyTorch scaled_dot_product_attention) or eager (plain softmax)."""
+    """Attention kernel: sdpa (PyTorch scaled_dot_product_attention) or eager (plain softmax; faster under
+    bf16 autocast on CPU, where SDPA's CPU kernel computes in fp32; see BENCHMARKS.md)."""
+    fused_qkv: bool = False
+    """Compute Q, K, V with one GEMM (same parameters and names; equal within float rounding). A few % faster
+    under bf16 (BENCHMARKS.md); off by default so Post-LN stays op-for-op Hugging Face BERT."""
 
     def __post_init__(self) -> None:
         for key in ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size"):
@@ -96,6 +100,7 @@ class ModelConfig:
             init_scheme=self.init_scheme,
             embedding_layer_norm=self.embedding_layer_norm,
             sparse_mlm_head=self.sparse_mlm_head,
+            fused_qkv=self.fused_qkv,
         )
         config._attn_implementation = self.attn_implementation
         return config
@@ -122,7 +127,8 @@ class OptimConfig:
     max_grad_norm: float = 1.0
     """Clip the total gradient norm to this value; 0 disables clipping (the norm is still logged)."""
     implementation: Literal["auto", "fused", "foreach", "for_loop"] = "auto"
-    """AdamW kernel: auto (PyTorch's choice), fused (CUDA), foreach, or for_loop (the reference loop)."""
+    """AdamW kernel: auto (PyTorch's choice: foreach on CUDA, the for_loop on CPU), fused (one kernel; CUDA and
+    CPU, the fastest on both, BENCHMARKS.md), foreach, or for_loop (the reference loop)."""
 
     def __post_init__(self) -> None:
         _require(self.lr > 0, "optim.lr", "must be > 0")
