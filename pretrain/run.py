@@ -172,7 +172,11 @@ def build_dataloaders(cfg: PretrainConfig, data: PretrainingData, num_processes:
     batch = train_cfg.per_device_batch_size
     collator = MaskingCollator(data.tokenizer, mlm_probability=cfg.data.mlm_probability, seed=train_cfg.seed)
     # Own generators: creating a loader iterator then draws no number from the global RNG, which dropout uses.
-    common = dict(num_workers=train_cfg.num_workers, generator=torch.Generator().manual_seed(train_cfg.seed))
+    common = dict(
+        num_workers=train_cfg.num_workers,
+        generator=torch.Generator().manual_seed(train_cfg.seed),
+        pin_memory=torch.cuda.is_available(),  # page-locked batches copy to the GPU asynchronously
+    )
     sampler = None
     if isinstance(data.train, torch.utils.data.IterableDataset) or not hasattr(data.train, "__len__"):
         train = DataLoader(data.train, batch_size=batch, collate_fn=collator, drop_last=True, **common)
