@@ -83,3 +83,18 @@ def test_compare_placements_runs_both_with_the_same_seed(tmp_path: Path) -> None
     assert configs[0]["train"]["seed"] == configs[1]["train"]["seed"] == 3
     assert configs[0]["data"] == configs[1]["data"]
     assert "post-LN  status=finished" in result.stdout and " pre-LN  status=finished" in result.stdout
+
+
+@pytest.mark.parametrize("script", sorted(p.name for p in (ROOT / "launch").glob("*.sh")))
+def test_launch_scripts_parse(script: str) -> None:
+    result = subprocess.run(["bash", "-n", str(ROOT / "launch" / script)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+
+
+def test_reproduce_script_names_its_missing_inputs(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if k not in ("CORPUS", "GLUE")}
+    result = subprocess.run(
+        ["bash", str(ROOT / "launch" / "reproduce_cpu.sh")], cwd=tmp_path, env=env, capture_output=True, text=True
+    )
+    assert result.returncode != 0
+    assert "set CORPUS to a folder with wiki.jsonl and books.jsonl" in result.stderr
