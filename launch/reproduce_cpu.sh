@@ -8,7 +8,7 @@
 # tokenizer: Post-LN (1% warm-up, peak 1e-4), Pre-LN (no warm-up, 3e-4), Post-LN at 3e-4 (does it diverge?).
 # The scheduler fine-tunes every snapshot of the first two on MRPC and RTE (3 seeds) while they train; then
 # the report draws the three Figure 5 panels and a warm-up x lr grid is run at depth 12.
-# On 2 shared CPU cores this took about 50 minutes (docs/results.md); every process uses one thread.
+# On 2 shared CPU cores this took about an hour (docs/results.md); every process uses one thread.
 #
 # Knobs (environment): OUT, STEPS, SNAPSHOTS, SEEDS, LRS, FT_EPOCHS, FT_MAX_TRAIN (0: all), FT_WORKERS.
 # The runs recorded in docs/results.md used fp32 and SDPA (PRECISION below); the presets now default to the

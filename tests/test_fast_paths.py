@@ -222,10 +222,16 @@ def test_cuda_timing_synchronises_and_enables_tf32(monkeypatch: pytest.MonkeyPat
     monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: calls.append("sync"))
     common.timed(lambda: calls.append("work"), torch.device("cuda"))
     assert calls == ["sync", "work", "sync"]
-    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
-    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
-    common.configure_device(torch.device("cuda"))
-    assert torch.backends.cuda.matmul.allow_tf32 and torch.backends.cudnn.allow_tf32
+    # Saved and restored by hand: torch's cuBLAS flags live behind __getattr__/__setattr__, which monkeypatch's
+    # undo mistakes for a missing attribute (it then tries delattr).
+    saved = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
+    try:
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+        common.configure_device(torch.device("cuda"))
+        assert torch.backends.cuda.matmul.allow_tf32 and torch.backends.cudnn.allow_tf32
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
 
 
 def test_cuda_peaks_use_the_datasheet_of_a_known_card(monkeypatch: pytest.MonkeyPatch) -> None:
