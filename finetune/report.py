@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import sys
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,7 +27,7 @@ from scipy import stats
 
 from finetune.config import parse_config
 from finetune.glue import get_task
-from finetune.store import ResultStore, StoreVersionError
+from finetune.store import ResultStore, run_cli
 from pretrain.artifacts import RUN_CONFIG_FILE, read_metrics, read_status
 
 VAL_LOSS = "val/mlm_loss"
@@ -408,11 +407,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def cli() -> int:
     """``main`` for the command line: bad input ends with its message and exit code 2, not a traceback."""
-    try:
-        return main()
-    except (ValueError, FileNotFoundError, StoreVersionError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+    return run_cli(main)
 
 
 if __name__ == "__main__":

@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -33,7 +32,7 @@ from tqdm.auto import tqdm
 import pretrain  # noqa: F401  (registers the "lnbert" model type with the Auto classes)
 from finetune.config import DEFAULT_LRS, DEFAULT_SEEDS, FinetuneConfig, parse_config, validate_grid
 from finetune.glue import Example, batches, compute_metrics, encode, get_task, load_task
-from finetune.store import Job, JobSpec, ResultStore, StoreVersionError, worker_id
+from finetune.store import Job, JobSpec, ResultStore, run_cli, worker_id
 from pretrain.artifacts import SNAPSHOT_INFO
 
 # Normalisation layers get no weight decay, selected by module type (names differ between models).
@@ -388,11 +387,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def cli() -> int:
     """``main`` for the command line: bad input ends with its message and exit code 2, not a traceback."""
-    try:
-        return main()
-    except (ValueError, FileNotFoundError, StoreVersionError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+    return run_cli(main)
 
 
 if __name__ == "__main__":

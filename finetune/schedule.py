@@ -42,7 +42,7 @@ from finetune.config import (
 )
 from finetune.glue import get_task, load_task
 from finetune.run import RUNTIME_FIELDS, WorkerSettings, job_specs, work
-from finetune.store import JobSpec, ResultStore, StoreVersionError
+from finetune.store import JobSpec, ResultStore, run_cli
 from pretrain.artifacts import TERMINAL_STATUSES, list_snapshots, read_status
 
 Backend = Literal["local", "slurm"]
@@ -376,11 +376,7 @@ def load_config(path: str | Path, **overrides: Any) -> ScheduleConfig:
 
 def cli() -> int:
     """``main`` for the command line: bad input ends with its message and exit code 2, not a traceback."""
-    try:
-        return main()
-    except (ValueError, FileNotFoundError, StoreVersionError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+    return run_cli(main)
 
 
 if __name__ == "__main__":
