@@ -34,14 +34,8 @@ from finetune.config import DEFAULT_LRS, DEFAULT_SEEDS, FinetuneConfig, parse_co
 from finetune.glue import Example, batches, compute_metrics, encode, get_task, load_task
 from finetune.store import Job, JobSpec, ResultStore, run_cli, worker_id
 from pretrain.artifacts import SNAPSHOT_INFO
+from pretrain.optim import weight_decay_groups
 
-# Normalisation layers get no weight decay, selected by module type (names differ between models).
-NORM_TYPES: tuple[type[nn.Module], ...] = (
-    nn.LayerNorm,
-    nn.GroupNorm,
-    nn.BatchNorm1d,
-    *([nn.RMSNorm] if hasattr(nn, "RMSNorm") else []),
-)
 RUNTIME_FIELDS = ("eval_batch_size", "torch_threads", "device", "progress")
 
 
@@ -121,13 +115,7 @@ def resolve_device(name: str) -> torch.device:
 
 def make_optimizer(model: nn.Module, recipe: FinetuneConfig, lr: float) -> torch.optim.AdamW:
     """AdamW; weight decay on every weight except biases and the parameters of normalisation layers."""
-    decay, no_decay = [], []
-    for module in model.modules():
-        for name, param in module.named_parameters(recurse=False):
-            if not param.requires_grad:
-                continue
-            (no_decay if isinstance(module, NORM_TYPES) or name == "bias" else decay).append(param)
-    groups = [{"params": decay, "weight_decay": recipe.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    groups = weight_decay_groups(model, recipe.weight_decay)
     return torch.optim.AdamW(groups, lr=lr, betas=(recipe.adam_beta1, recipe.adam_beta2), eps=recipe.adam_eps)
 
 

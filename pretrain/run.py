@@ -57,6 +57,7 @@ from pretrain.checkpointing import (
 from pretrain.config import ConfigError, PretrainConfig, help_text, parse_args, to_dict
 from pretrain.data import MaskingCollator, PretrainingData, build_pretraining_data
 from pretrain.modeling import LNBertForPreTraining
+from pretrain.optim import weight_decay_groups
 from pretrain.tracking import (
     clip_coefficient,
     flops_per_token,
@@ -123,19 +124,8 @@ def build_model(cfg: PretrainConfig, vocab_size: int) -> LNBertForPreTraining:
 
 
 def build_optimizer(model: nn.Module, cfg: PretrainConfig) -> torch.optim.AdamW:
-    """AdamW; no weight decay on LayerNorm parameters and biases, chosen by module type, not by name."""
-    no_decay: set[int] = set()
-    for module in model.modules():
-        if isinstance(module, nn.LayerNorm):
-            no_decay.update(id(p) for p in module.parameters(recurse=False))
-        for name, param in module.named_parameters(recurse=False):
-            if name == "bias":
-                no_decay.add(id(param))
-    params = list(model.parameters())  # de-duplicated: tied weights appear once
-    groups = [
-        {"params": [p for p in params if id(p) not in no_decay], "weight_decay": cfg.optim.weight_decay},
-        {"params": [p for p in params if id(p) in no_decay], "weight_decay": 0.0},
-    ]
+    """AdamW; no weight decay on normalisation parameters and biases, chosen by module type, not by name."""
+    groups = weight_decay_groups(model, cfg.optim.weight_decay)
     impl = cfg.optim.implementation
     kernel = {} if impl == "auto" else {"fused": impl == "fused", "foreach": impl == "foreach"}
     return torch.optim.AdamW(groups, lr=cfg.optim.lr, betas=cfg.optim.betas, eps=cfg.optim.eps, **kernel)
