@@ -214,6 +214,10 @@ def plot_loss(
     if target is not None:
         ax.axhline(target, color="grey", linestyle="--", linewidth=0.8, label=f"target {target:.3g}")
     ax.set(xlabel="pretraining step", ylabel="validation MLM loss", title="(a) validation loss")
+    return _save(plt, fig, ax, path)
+
+
+def _save(plt: Any, fig: Any, ax: Any, path: Path) -> Path:
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
@@ -241,12 +245,7 @@ def plot_task(runs: list[RunInfo], points: list[dict[str, Any]], task: str, pane
         ylabel="dev accuracy (%)",
         title=f"({panel}) {task.upper()}: best lr, mean ± 95% CI over seeds",
     )
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, ax, path)
 
 
 def _fmt(value: float | None, spec: str) -> str:
