@@ -13,6 +13,7 @@ linear decay, max length 128, AdamW with weight decay 0.01 except on biases and 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -116,7 +117,15 @@ def resolve_device(name: str) -> torch.device:
 def make_optimizer(model: nn.Module, recipe: FinetuneConfig, lr: float) -> torch.optim.AdamW:
     """AdamW; weight decay on every weight except biases and the parameters of normalisation layers."""
     groups = weight_decay_groups(model, recipe.weight_decay)
-    return torch.optim.AdamW(groups, lr=lr, betas=(recipe.adam_beta1, recipe.adam_beta2), eps=recipe.adam_eps)
+    # The fused kernel (CPU and CUDA) is the fastest; it agrees with the for-loop one to rounding.
+    return torch.optim.AdamW(
+        groups, lr=lr, betas=(recipe.adam_beta1, recipe.adam_beta2), eps=recipe.adam_eps, fused=True
+    )
+
+
+def autocast(device: torch.device, mixed_precision: str) -> contextlib.AbstractContextManager:
+    """bf16 autocast of the forward pass, or nothing in fp32."""
+    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=mixed_precision == "bf16")
 
 
 def linear_warmup_decay(warmup_steps: int, total_steps: int) -> Callable[[int], float]:
@@ -132,14 +141,20 @@ def linear_warmup_decay(warmup_steps: int, total_steps: int) -> Callable[[int], 
 
 @torch.no_grad()
 def evaluate(
-    model: nn.Module, features: list[dict[str, Any]], batch_size: int, pad_id: int, device: torch.device
+    model: nn.Module,
+    features: list[dict[str, Any]],
+    batch_size: int,
+    pad_id: int,
+    device: torch.device,
+    mixed_precision: str = "no",
 ) -> dict[str, Any]:
     """Dev loss, labels and predictions (in file order)."""
     model.eval()
     losses, labels, predictions = 0.0, [], []
     for batch in batches(features, batch_size, pad_id):
         batch = {k: v.to(device) for k, v in batch.items()}
-        logits = model(**{k: v for k, v in batch.items() if k != "labels"}).logits.float()
+        with autocast(device, mixed_precision):
+            logits = model(**{k: v for k, v in batch.items() if k != "labels"}).logits.float()
         losses += F.cross_entropy(logits, batch["labels"], reduction="sum").item()
         labels.append(batch["labels"].cpu().numpy())
         predictions.append(logits.argmax(-1).cpu().numpy())
@@ -223,7 +238,8 @@ def finetune(
         epoch_loss = 0.0
         for batch in batches(data.train, recipe.batch_size, data.pad_id, generator=order):
             batch = {k: v.to(device) for k, v in batch.items()}
-            loss = model(**batch).loss
+            with autocast(device, recipe.mixed_precision):
+                loss = model(**batch).loss
             loss.backward()
             if recipe.max_grad_norm > 0:
                 torch.nn.utils.clip_grad_norm_(model.parameters(), recipe.max_grad_norm)
@@ -234,7 +250,7 @@ def finetune(
             bar.update()
             bar.set_postfix(loss=f"{loss.item():.3f}")
     bar.close()
-    result = evaluate(model, data.dev, recipe.eval_batch_size, data.pad_id, device)
+    result = evaluate(model, data.dev, recipe.eval_batch_size, data.pad_id, device, recipe.mixed_precision)
     metrics = compute_metrics(get_task(task), result["labels"], result["predictions"])
     return {
         **metrics,

@@ -209,10 +209,12 @@ def test_finetune_is_deterministic_given_seed(tmp_path: Path) -> None:
     assert results[0][2] is None  # RTE has no F1
 
 
-def test_random_init_baseline_is_a_separate_recipe(tmp_path: Path) -> None:
+@pytest.mark.parametrize("variant", [{"random_init": True}, {"mixed_precision": "bf16"}])
+def test_recipe_variants_are_stored_apart(tmp_path: Path, variant: dict) -> None:
+    """The random-init baseline and bf16 training are other recipes: own hash, own rows, other numbers."""
     snapshot = make_run(tmp_path, "post_ln", "post", steps=(10,)) / "snapshots" / "step_00000010"
     rows = {}
-    for random_init in (False, True):
+    for name, extra in (("base", {}), ("variant", variant)):
         config = RunConfig(
             model=str(snapshot),
             task="rte",
@@ -220,11 +222,13 @@ def test_random_init_baseline_is_a_separate_recipe(tmp_path: Path) -> None:
             lrs=[1e-3],
             seeds=[0],
             store=str(tmp_path / "results.sqlite"),
-            recipe=FinetuneConfig(**QUICK, random_init=random_init),
+            recipe=FinetuneConfig(**QUICK, **extra),
         )
-        (rows[random_init],) = run(config)
-    assert rows[True]["recipe_hash"] != rows[False]["recipe_hash"] and rows[True]["id"] != rows[False]["id"]
-    assert rows[True]["dev_loss"] != rows[False]["dev_loss"]  # other weights under the same seed
+        (rows[name],) = run(config)
+    assert rows["variant"]["recipe_hash"] != rows["base"]["recipe_hash"]
+    assert rows["variant"]["id"] != rows["base"]["id"]
+    assert rows["variant"]["dev_loss"] != rows["base"]["dev_loss"]  # other weights, or other rounding
+    assert 0 < rows["variant"]["dev_loss"] < 10
 
 
 def test_rewritten_snapshot_gets_a_new_hash(tmp_path: Path) -> None:
@@ -293,6 +297,11 @@ def test_store_from_newer_schema_is_refused(tmp_path: Path) -> None:
 def test_presets_parse(preset: Path) -> None:
     config = build(RunConfig, {**load_yaml(preset), "model": "m"})
     assert config.recipe.batch_size >= 1 and config.lrs and config.seeds
+
+
+def test_mixed_precision_choices_are_checked() -> None:
+    with pytest.raises(ValueError, match=r"recipe\.mixed_precision='fp16' must be 'no' or 'bf16'"):
+        FinetuneConfig(mixed_precision="fp16")
 
 
 def test_cli_overrides_and_errors(capsys: pytest.CaptureFixture[str]) -> None:
