@@ -832,7 +832,9 @@ def _hash(obj: Any) -> str:
 
 
 # DataConfig fields that do not change the instances: masking is dynamic, the rest are mechanics.
-_FIELDS_NOT_IN_KEY = {"mlm_probability", "cache_dir", "num_proc", "streaming", "shuffle_buffer_size"}
+# Not in the key: masking and mechanics, and the tokenizer's name (it enters by content, so a run handed the
+# folder of a tokenizer trained earlier reuses the instances made with it).
+_FIELDS_NOT_IN_KEY = {"mlm_probability", "cache_dir", "num_proc", "streaming", "shuffle_buffer_size", "tokenizer"}
 
 
 def data_cache_key(cfg: DataConfig, tokenizer: PreTrainedTokenizerFast, *, seed: int) -> str:

@@ -441,6 +441,10 @@ def test_cache_hit_and_miss(tmp_path: Path, json_config: DataConfig, corpus: Pat
     build_pretraining_data(tiny_config(tmp_path, json_config.sources, mlm_probability=0.2, num_proc=2), seed=0)
     assert calls["tokenize"] == 2  # masking and mechanics are not part of the key
 
+    saved = str(tmp_path / "run" / "tokenizer")
+    build_pretraining_data(tiny_config(tmp_path, json_config.sources, tokenizer=saved), seed=0)
+    assert calls == {"tokenize": 2, "train_tokenizer": 1}  # the same tokenizer by path: same instances
+
     build_pretraining_data(tiny_config(tmp_path, json_config.sources, max_seq_length=24), seed=0)
     assert calls == {"tokenize": 4, "train_tokenizer": 1}  # instance field changed: miss; tokenizer reused
     build_pretraining_data(json_config, seed=1)
