@@ -4,76 +4,102 @@
 #   CORPUS=path/to/corpus GLUE=path/to/glue bash launch/reproduce_cpu.sh
 #
 # CORPUS holds wiki.jsonl and books.jsonl ({"text": ...} per line); GLUE holds MRPC/ and RTE/ in the
-# original GLUE TSV layout. Three pretraining runs of the small presets (4 x 128) on the same data, seed and
-# tokenizer: Post-LN (1% warm-up, peak 1e-4), Pre-LN (no warm-up, 3e-4), Post-LN at 3e-4 (does it diverge?).
-# The scheduler fine-tunes every snapshot of the first two on MRPC and RTE (3 seeds) while they train; then
-# the report draws the three Figure 5 panels and a warm-up x lr grid is run at depth 12.
-# On 2 shared CPU cores this took about an hour (docs/results.md); every process uses one thread.
+# original GLUE TSV layout. Three pretraining runs of the small presets (4 x 128, bf16 autocast) on the same
+# data, seed and tokenizer: Post-LN (1% warm-up, peak 1e-4), Pre-LN (no warm-up, 3e-4), and Post-LN at 3e-4
+# (does it diverge?). While they train, the scheduler fine-tunes every snapshot of the first two on all of
+# MRPC and RTE (3 epochs, 3 seeds); then the report draws the three Figure 5 panels. Steps 1-4 took about
+# 85 minutes on 2 CPU cores (docs/results.md). Steps 5-6 (random-init baseline, warm-up x lr grid at depth 12)
+# come after and are timed separately. Every process uses one thread; OUT/timing.txt records each phase.
 #
-# Knobs (environment): OUT, STEPS, SNAPSHOTS, SEEDS, LRS, FT_EPOCHS, FT_MAX_TRAIN (0: all), FT_WORKERS.
-# The runs recorded in docs/results.md used fp32 and SDPA (PRECISION below); the presets now default to the
-# faster bf16 path (BENCHMARKS.md): set PRECISION="" to use it.
+# Knobs (environment): OUT, STEPS, SNAPSHOTS, SEEDS, LRS, FT_EPOCHS, FT_MAX_TRAIN (empty: all),
+# FT_PRECISION (bf16 or no), FT_WORKERS, GRID_STEPS, SKIP_GRID=1.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 : "${CORPUS:?set CORPUS to a folder with wiki.jsonl and books.jsonl}"
 : "${GLUE:?set GLUE to a folder with MRPC/ and RTE/ (GLUE TSV layout)}"
 OUT=${OUT:-runs/repro}
-STEPS=${STEPS:-600}
-SNAPSHOTS=${SNAPSHOTS:-[100, 200, 300, 450, 600]}
+STEPS=${STEPS:-3000}
+SNAPSHOTS=${SNAPSHOTS:-[600, 1200, 1800, 2400, 3000]}
 SEEDS=${SEEDS:-0 1 2}
 LRS=${LRS:-1e-4}
-FT_EPOCHS=${FT_EPOCHS:-1}
-FT_MAX_TRAIN=${FT_MAX_TRAIN:-2000}
+FT_EPOCHS=${FT_EPOCHS:-3}
+FT_MAX_TRAIN=${FT_MAX_TRAIN:-}
+FT_PRECISION=${FT_PRECISION:-bf16}
 FT_WORKERS=${FT_WORKERS:-2}
-PRECISION=${PRECISION-"--train.mixed_precision=no --model.attn_implementation=sdpa --model.fused_qkv=false --optim.implementation=auto"}
+GRID_STEPS=${GRID_STEPS:-200}
 export OMP_NUM_THREADS=1  # several single-threaded jobs share the cores; 2 threads each would thrash
 mkdir -p "$OUT"
+phase() { echo "$(date -u +%FT%TZ) $SECONDS s  $*" | tee -a "$OUT/timing.txt"; }
 
-sources="[{kind: json, path: $CORPUS/wiki.jsonl}, {kind: json, path: $CORPUS/books.jsonl}]"
+# Documents are mixed by weight until the first source runs out: 34:1 (about 2734 articles : 81 books) uses
+# nearly all of both, and makes the 2% held-out documents a validation set of both kinds.
+sources="[{kind: json, path: $CORPUS/wiki.jsonl, weight: 34}, {kind: json, path: $CORPUS/books.jsonl, weight: 1}]"
 common=(
   --data.sources="$sources"
+  --data.validation_fraction=0.02
   --data.cache_dir="$OUT/cache"
   --train.max_steps="$STEPS"
   --train.snapshot_steps="$SNAPSHOTS"
   --train.snapshot_at_start=false
-  --train.checkpoint_every=200
-  --train.eval_every=50
+  --train.checkpoint_every=1000
+  --train.eval_every=100
+  --train.eval_batches=20
   --train.seed=0
 )
-# shellcheck disable=SC2206
-common+=($PRECISION)
 pretrain() {  # name preset [overrides...]
   local name=$1 preset=$2; shift 2
   python pretrain/run.py --config "configs/pretrain/$preset.yaml" "${common[@]}" \
     --train.output_dir="$OUT/$name" --train.run_name="$name" "$@" > "$OUT/$name.log" 2>&1
 }
+recipe=(--recipe.epochs "$FT_EPOCHS" --recipe.mixed_precision "$FT_PRECISION")
+[[ -n $FT_MAX_TRAIN ]] && recipe+=(--recipe.max_train_examples "$FT_MAX_TRAIN")
 
 # 1. The tokenizer (WordPiece, 8192, trained on the corpus) and the instances, built once and shared.
+phase "1. tokenizer and instances"
 pretrain warm_cache small_post_ln --train.max_steps=1 --train.snapshot_steps='[]' --train.snapshot_at_end=false
 tokenizer="$OUT/warm_cache/tokenizer"
 
-# 2. Post-LN and Pre-LN side by side (same data order, masks, seed and tokenizer), fine-tuned as they go.
+# 2. The three runs side by side (same data order, masks, seed and tokenizer); the first two are fine-tuned
+#    as their snapshots appear.
+phase "2. pretraining (3 runs) and scheduled fine-tuning"
 pretrain post_ln small_post_ln --data.tokenizer="$tokenizer" &
 pretrain pre_ln small_pre_ln --data.tokenizer="$tokenizer" &
+pretrain post_ln_lr3e-4 small_post_ln --data.tokenizer="$tokenizer" --optim.lr=3e-4 &
 python -m finetune.schedule --runs "$OUT/post_ln" "$OUT/pre_ln" --data_dir "$GLUE" --tasks mrpc rte \
   --lrs $LRS --seeds $SEEDS --store "$OUT/finetune.sqlite" --mode follow --workers "$FT_WORKERS" \
-  --total_threads "$FT_WORKERS" --recipe.epochs "$FT_EPOCHS" --recipe.max_train_examples "$FT_MAX_TRAIN" \
-  > "$OUT/finetune.log" 2>&1 &
+  --total_threads "$FT_WORKERS" "${recipe[@]}" > "$OUT/finetune.log" 2>&1 &
 scheduler=$!
-wait %1 %2
-
-# 3. Post-LN at Pre-LN's learning rate.
-pretrain post_ln_lr3e-4 small_post_ln --data.tokenizer="$tokenizer" --optim.lr=3e-4
+wait %1 %2 %3
+phase "   pretraining done"
 wait "$scheduler"
+phase "   fine-tuning done"
 
-# 4. Figure 5.
+# 3. Figure 5.
 python -m finetune.report --runs "$OUT/post_ln" "$OUT/pre_ln" "$OUT/post_ln_lr3e-4" --store "$OUT/finetune.sqlite" \
   --tasks mrpc rte --out "$OUT/report" > "$OUT/report.log" 2>&1
+phase "3. report written: $OUT/report/summary.md"
 
-# 5. Warm-up x peak-lr grid at depth 12 (Post-LN needs warm-up?), same data.
-python -m pretrain.analysis grid --config configs/pretrain/small_post_ln.yaml --placements post pre \
-  --warmup-steps 0 30 --lrs 1e-3 --max-steps 150 --num-layers 12 --hidden-size 128 --num-heads 4 \
-  --set "data.sources=$sources" --set data.tokenizer="$tokenizer" --set data.cache_dir="$OUT/cache" \
-  --set "train.snapshot_steps=[]" --set train.eval_batches=10 --out "$OUT/grid" > "$OUT/grid.log" 2>&1
-echo "done: $OUT/report/summary.md, $OUT/grid/table.txt"
+# 4. The baseline without pretraining: the same architecture, tokenizer and recipe from random weights (own
+#    store: another recipe), one task per core.
+last=$(printf "%s/pre_ln/snapshots/step_%08d" "$OUT" "$STEPS")
+for task in mrpc rte; do
+  python -m finetune.run --model "$last" --task "$task" --data_dir "$GLUE" --lrs $LRS --seeds $SEEDS \
+    --store "$OUT/finetune_random_init.sqlite" --recipe.torch_threads 1 --recipe.progress false "${recipe[@]}" \
+    --recipe.random_init true > "$OUT/finetune_random_init_$task.log" 2>&1 &
+done
+wait
+phase "4. random-init baseline done"
+
+# 5. Warm-up x peak-lr grid at depth 12 (does Post-LN need warm-up?), same data; one placement per core,
+#    then one pass that reads both and draws the heat maps.
+[[ ${SKIP_GRID:-0} == 1 ]] && exit 0
+grid=(python -m pretrain.analysis grid --config configs/pretrain/small_post_ln.yaml --warmup-steps 0 50
+  --lrs 3e-4 1e-3 3e-3 --max-steps "$GRID_STEPS" --num-layers 12 --hidden-size 128 --num-heads 4
+  --set "data.sources=$sources" --set data.validation_fraction=0.02 --set data.tokenizer="$tokenizer"
+  --set data.cache_dir="$OUT/cache" --set "train.snapshot_steps=[]" --set train.eval_batches=20 --out "$OUT/grid")
+"${grid[@]}" --placements post > "$OUT/grid_post.log" 2>&1 &
+"${grid[@]}" --placements pre > "$OUT/grid_pre.log" 2>&1 &
+wait
+"${grid[@]}" --placements post pre > "$OUT/grid.log" 2>&1
+phase "5. grid done: $OUT/grid/table.txt"
