@@ -7,9 +7,9 @@
 # original GLUE TSV layout. Three pretraining runs of the small presets (4 x 128, bf16 autocast) on the same
 # data, seed and tokenizer: Post-LN (1% warm-up, peak 1e-4), Pre-LN (no warm-up, 3e-4), and Post-LN at 3e-4
 # (does it diverge?). While they train, the scheduler fine-tunes every snapshot of the first two on all of
-# MRPC and RTE (3 epochs, 3 seeds); then the report draws the three Figure 5 panels. Steps 1-4 took about
-# 85 minutes on 2 CPU cores (docs/results.md). Steps 5-6 (random-init baseline, warm-up x lr grid at depth 12)
-# come after and are timed separately. Every process uses one thread; OUT/timing.txt records each phase.
+# MRPC and RTE (3 epochs, 3 seeds); then the report draws the three Figure 5 panels. Steps 1-3 took 83 minutes
+# on 2 CPU cores; step 4 (random-init baseline) 5 minutes and step 5 (warm-up x lr grid at depth 12) 31 more
+# (docs/results.md). Every process uses one thread; OUT/timing.txt records each phase.
 #
 # Knobs (environment): OUT, STEPS, SNAPSHOTS, SEEDS, LRS, FT_EPOCHS, FT_MAX_TRAIN (empty: all),
 # FT_PRECISION (bf16 or no), FT_WORKERS, GRID_STEPS, SKIP_GRID=1.
