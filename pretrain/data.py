@@ -831,9 +831,8 @@ def _hash(obj: Any) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:20]
 
 
-# DataConfig fields that do not change the instances: masking is dynamic, the rest are mechanics.
-# Not in the key: masking and mechanics, and the tokenizer's name (it enters by content, so a run handed the
-# folder of a tokenizer trained earlier reuses the instances made with it).
+# DataConfig fields that do not change the instances: masking is dynamic, the rest are mechanics, and the
+# tokenizer's name (it enters the key by content, so a run handed a trained tokenizer's folder reuses its instances).
 _FIELDS_NOT_IN_KEY = {"mlm_probability", "cache_dir", "num_proc", "streaming", "shuffle_buffer_size", "tokenizer"}
 
 
