@@ -33,7 +33,7 @@ mkdir -p "$OUT"
 phase() { echo "$(date -u +%FT%TZ) $SECONDS s  $*" | tee -a "$OUT/timing.txt"; }
 
 # Documents are mixed by weight until the first source runs out: 34:1 (about 2734 articles : 81 books) uses
-# nearly all of both, and makes the 2% held-out documents a validation set of both kinds.
+# 94% of the documents, and makes the 2% held-out documents a validation set of both kinds.
 sources="[{kind: json, path: $CORPUS/wiki.jsonl, weight: 34}, {kind: json, path: $CORPUS/books.jsonl, weight: 1}]"
 common=(
   --data.sources="$sources"
