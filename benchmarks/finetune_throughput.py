@@ -3,8 +3,9 @@
     python -m benchmarks.finetune_throughput --data-dir PATH/TO/glue              # random-init small model
     python -m benchmarks.finetune_throughput --data-dir PATH/TO/glue --model runs/x/snapshots/step_00010000
 
-One training step is exactly ``finetune.run``'s: dynamic padding (``finetune.glue.batches``), forward, backward,
-gradient clipping, AdamW with its weight-decay groups (``finetune.run.make_optimizer``). Our
+One training step is ``finetune.run.train_step`` on a batch padded as in fine-tuning (``finetune.glue.batches``):
+forward (bf16 autocast in the bf16 rows), backward, gradient clipping, fused AdamW with its weight-decay groups
+(``finetune.run.make_optimizer``). Our
 ``LNBertForSequenceClassification`` and Hugging Face ``BertForSequenceClassification`` (same shape; same weights
 when the model is Post-LN) take turns on the same batches; the median over ``--reps`` is reported, with the noise.
 Without ``--model``, a random-init model of ``--shape`` is used with a WordPiece tokenizer trained on the task's
@@ -31,10 +32,10 @@ from benchmarks.common import (
     timed_with_cpu,
     write_results,
 )
-from benchmarks.train_step import PRECISIONS, SHAPES, autocast_context, parse_list
+from benchmarks.train_step import PRECISIONS, SHAPES, parse_list
 from finetune.config import FinetuneConfig
 from finetune.glue import batches, encode, load_task
-from finetune.run import make_optimizer
+from finetune.run import make_optimizer, train_step
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -107,21 +108,14 @@ def time_training(
     models: dict[str, nn.Module], features: list[dict], pad_id: int, args: argparse.Namespace, precision: str,
     device: torch.device,
 ) -> dict[str, Any]:  # fmt: skip
-    recipe = FinetuneConfig(batch_size=args.batch)
-    autocast = autocast_context(precision, device)
+    recipe = FinetuneConfig(batch_size=args.batch, mixed_precision="bf16" if precision == "bf16" else "no")
     steps = {}
     for name, model in models.items():
         model.to(device).train()
         optimizer = make_optimizer(model, recipe, lr=2e-5)
 
         def step(batch: dict[str, torch.Tensor], model: nn.Module = model, optimizer: Any = optimizer) -> None:
-            batch = {k: v.to(device) for k, v in batch.items()}
-            with autocast():
-                loss = model(**batch).loss
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), recipe.max_grad_norm)
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
+            train_step(model, batch, optimizer, recipe, device)
 
         steps[name] = step
     order = torch.Generator().manual_seed(args.seed)

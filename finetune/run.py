@@ -128,6 +128,25 @@ def autocast(device: torch.device, mixed_precision: str) -> contextlib.AbstractC
     return torch.autocast(device.type, dtype=torch.bfloat16, enabled=mixed_precision == "bf16")
 
 
+def train_step(
+    model: nn.Module,
+    batch: dict[str, torch.Tensor],
+    optimizer: torch.optim.Optimizer,
+    recipe: FinetuneConfig,
+    device: torch.device,
+) -> torch.Tensor:
+    """One optimizer step on one batch (the learning-rate schedule is the caller's); returns the loss."""
+    batch = {k: v.to(device) for k, v in batch.items()}
+    with autocast(device, recipe.mixed_precision):
+        loss = model(**batch).loss
+    loss.backward()
+    if recipe.max_grad_norm > 0:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), recipe.max_grad_norm)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return loss.detach()
+
+
 def linear_warmup_decay(warmup_steps: int, total_steps: int) -> Callable[[int], float]:
     """LR multiplier: linear from 0 to 1 over warm-up, then linear to 0 at the last step (BERT)."""
 
@@ -237,15 +256,8 @@ def finetune(
         model.train()
         epoch_loss = 0.0
         for batch in batches(data.train, recipe.batch_size, data.pad_id, generator=order):
-            batch = {k: v.to(device) for k, v in batch.items()}
-            with autocast(device, recipe.mixed_precision):
-                loss = model(**batch).loss
-            loss.backward()
-            if recipe.max_grad_norm > 0:
-                torch.nn.utils.clip_grad_norm_(model.parameters(), recipe.max_grad_norm)
-            optimizer.step()
+            loss = train_step(model, batch, optimizer, recipe, device)
             scheduler.step()
-            optimizer.zero_grad(set_to_none=True)
             epoch_loss += loss.item()
             bar.update()
             bar.set_postfix(loss=f"{loss.item():.3f}")
