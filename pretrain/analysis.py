@@ -70,9 +70,12 @@ def pyplot() -> Any:
     return plt
 
 
-def save_figure(fig: Any, path: Path) -> None:
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+def save_figure(fig: Any, path: Path, *, tight_layout: bool = True) -> None:
+    """Save at 120 dpi, cropped to the drawing. ``tight_layout=False`` where a colour bar spans several axes
+    (matplotlib cannot lay those out and warns)."""
+    if tight_layout:
+        fig.tight_layout()
+    fig.savefig(path, dpi=120, bbox_inches="tight")
     pyplot().close(fig)
     print(f"wrote {path}")
 
@@ -701,9 +704,9 @@ def plot_grid(args: argparse.Namespace, cells: dict[str, dict[str, Any]], path: 
                 if cell["status"] == "finished" and cell["val_mlm_loss"] is not None:
                     grid[i, j] = cell["val_mlm_loss"]
                 value = grid[i, j].item()
-                colour = "white" if math.isnan(value) or value < (vmin + vmax) / 2 else "black"
+                dark = not math.isnan(value) and value < (vmin + vmax) / 2  # the low end of viridis is dark
                 ax.text(j, i, describe_cell(cell), ha="center", va="center", fontsize=9,
-                        color="black" if math.isnan(value) else colour)  # fmt: skip
+                        color="white" if dark else "black")  # fmt: skip
         image = ax.imshow(grid.numpy(), cmap=cmap, vmin=vmin, vmax=vmax, aspect="auto")
         ax.set_xticks(range(len(args.lrs)), [f"{lr:g}" for lr in args.lrs])
         ax.set_yticks(range(len(args.warmup_steps)), [str(w) for w in args.warmup_steps])
@@ -712,9 +715,7 @@ def plot_grid(args: argparse.Namespace, cells: dict[str, dict[str, Any]], path: 
         ax.set_title(f"{placement}-LN: final val MLM loss")
     if image is not None:
         fig.colorbar(image, ax=list(axes[0]), shrink=0.9, label="val/mlm_loss (gray: diverged)")
-    fig.savefig(path, dpi=120, bbox_inches="tight")
-    plt.close(fig)
-    print(f"wrote {path}")
+    save_figure(fig, path, tight_layout=False)
 
 
 # --------------------------------------------------------------------------------------------------
