@@ -91,15 +91,11 @@ done
 wait
 phase "4. random-init baseline done"
 
-# 5. Warm-up x peak-lr grid at depth 12 (does Post-LN need warm-up?), same data; one placement per core,
-#    then one pass that reads both and draws the heat maps.
+# 5. Warm-up x peak-lr grid at depth 12 (does Post-LN need warm-up?), same data; two cells at a time.
 [[ ${SKIP_GRID:-0} == 1 ]] && exit 0
-grid=(python -m pretrain.analysis grid --config configs/pretrain/small_post_ln.yaml --warmup-steps 0 50
-  --lrs 3e-4 1e-3 3e-3 --max-steps "$GRID_STEPS" --num-layers 12 --hidden-size 128 --num-heads 4
-  --set "data.sources=$sources" --set data.validation_fraction=0.02 --set data.tokenizer="$tokenizer"
-  --set data.cache_dir="$OUT/cache" --set "train.snapshot_steps=[]" --set train.eval_batches=20 --out "$OUT/grid")
-"${grid[@]}" --placements post > "$OUT/grid_post.log" 2>&1 &
-"${grid[@]}" --placements pre > "$OUT/grid_pre.log" 2>&1 &
-wait
-"${grid[@]}" --placements post pre > "$OUT/grid.log" 2>&1
+python -m pretrain.analysis grid --config configs/pretrain/small_post_ln.yaml --placements post pre --jobs 2 \
+  --warmup-steps 0 50 --lrs 3e-4 1e-3 3e-3 --max-steps "$GRID_STEPS" --num-layers 12 --hidden-size 128 --num-heads 4 \
+  --set "data.sources=$sources" --set data.validation_fraction=0.02 --set data.tokenizer="$tokenizer" \
+  --set data.cache_dir="$OUT/cache" --set "train.snapshot_steps=[]" --set train.eval_batches=20 --out "$OUT/grid" \
+  > "$OUT/grid.log" 2>&1
 phase "5. grid done: $OUT/grid/table.txt"

@@ -18,6 +18,7 @@ import math
 import subprocess
 import sys
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -663,11 +664,12 @@ def describe_cell(cell: dict[str, Any]) -> str:
 
 def cmd_grid(args: argparse.Namespace) -> int:
     out = Path(args.out)
-    cells: dict[str, dict[str, Any]] = {}
-    for placement in args.placements:
-        for warmup in args.warmup_steps:
-            for lr in args.lrs:
-                cells[cell_name(placement, warmup, lr)] = run_cell(args, placement, warmup, lr)
+    grid = [(p, w, lr) for p in args.placements for w in args.warmup_steps for lr in args.lrs]
+    # Each cell is its own process, so threads only wait on them; give each process its share of the cores
+    # (OMP_NUM_THREADS) when running several.
+    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+        outcomes = pool.map(lambda cell: run_cell(args, *cell), grid)
+        cells = {cell_name(*cell): outcome for cell, outcome in zip(grid, outcomes, strict=True)}
     sections = [
         f"final val/mlm_loss after {args.max_steps} steps (depth {args.num_layers}, hidden {args.hidden_size}); "
         "div@N: diverged (non-finite loss or gradient) at step N"
@@ -883,7 +885,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="warm-up x peak-lr grid of short pretraining runs per placement (paper's warm-up claim)",
         description=(
             "Each cell is a short pretraining run through the normal pipeline (python -m pretrain.run in a "
-            "subprocess, one after another) with this cell's placement, --optim.warmup_steps and --optim.lr, "
+            "subprocess; --jobs at once) with this cell's placement, --optim.warmup_steps and --optim.lr, "
             "evaluated once at the end. Reads the final val/mlm_loss from RUN/metrics.jsonl or the divergence "
             "step from RUN/status.json, prints a table per placement and draws annotated heat maps. Runs live in "
             "OUT/runs/<placement>-w<warmup>-lr<lr>, logs in OUT/logs; cells already finished or diverged are "
@@ -907,6 +909,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--set", type=_override, action="append", default=[], metavar="KEY=VALUE",
                    help="extra pretrain/run.py override for every cell, repeatable, e.g. --set train.per_device_batch_size=16")  # fmt: skip
     p.add_argument("--seed", type=int, default=0, help="train.seed of every cell (default %(default)s)")
+    p.add_argument("--jobs", type=_positive_int, default=1,
+                   help="cells run at once, each its own process (default %(default)s); on a CPU, set "
+                        "OMP_NUM_THREADS to cores / jobs")  # fmt: skip
     p.add_argument("--out", default=str(DEFAULT_OUT / "grid"), help="output folder (default %(default)s)")
     p.set_defaults(func=cmd_grid)
     return parser

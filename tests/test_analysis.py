@@ -264,7 +264,7 @@ def test_grid_command_runs_cells_through_the_pipeline(tmp_path):
             "--num-layers", "2", "--hidden-size", "16", "--num-heads", "2", "--out", str(out),
             "--set", "data.max_documents=40", "--set", "data.vocab_size=200", "--set", "data.max_seq_length=32",
             "--set", "train.per_device_batch_size=4", "--set", "train.eval_batches=2",
-            "--set", f"data.cache_dir={tmp_path / 'cache'}"]  # fmt: skip
+            "--set", f"data.cache_dir={tmp_path / 'cache'}", "--jobs", "2"]  # fmt: skip
     assert analysis.main(argv) == 0
     cells = json.loads((out / "results.json").read_text())["cells"]
     ok, blown = cells["pre-w0-lr0.001"], cells["pre-w0-lr1e+06"]
