@@ -68,7 +68,7 @@ def task_tokenizer(splits: dict[str, list], folder: Path) -> Any:
     """WordPiece trained on the task's training sentences, saved and reopened as AutoTokenizer would."""
     from transformers import AutoTokenizer
 
-    from pretrain.data import train_wordpiece_tokenizer
+    from pretrain.tokenizer import train_wordpiece_tokenizer
 
     texts = [t for e in splits["train"] for t in (e.text_a, e.text_b) if t]
     train_wordpiece_tokenizer(texts, vocab_size=30522).save_pretrained(folder)
