@@ -34,7 +34,7 @@ import pretrain  # noqa: F401  (registers the "lnbert" model type with the Auto 
 from finetune.config import DEFAULT_LRS, DEFAULT_SEEDS, FinetuneConfig, parse_config, validate_grid
 from finetune.glue import Example, batches, compute_metrics, encode, get_task, load_task
 from finetune.store import Job, JobSpec, ResultStore, run_cli, worker_id
-from pretrain.artifacts import SNAPSHOT_INFO
+from pretrain.layout import SNAPSHOT_INFO
 from pretrain.optim import weight_decay_groups
 
 RUNTIME_FIELDS = ("eval_batch_size", "torch_threads", "device", "progress")

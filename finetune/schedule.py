@@ -43,7 +43,7 @@ from finetune.config import (
 from finetune.glue import get_task, load_task
 from finetune.run import RUNTIME_FIELDS, WorkerSettings, job_specs, work
 from finetune.store import JobSpec, ResultStore, run_cli
-from pretrain.artifacts import TERMINAL_STATUSES, list_snapshots, read_status
+from pretrain.layout import TERMINAL_STATUSES, list_snapshots, read_status
 
 Backend = Literal["local", "slurm"]
 Mode = Literal["once", "follow"]

@@ -38,12 +38,6 @@ from torch.utils.data import DataLoader, Sampler
 from tqdm.auto import tqdm
 from transformers import get_scheduler
 
-from pretrain.artifacts import (
-    METRICS_FILE,
-    RUN_CONFIG_FILE,
-    STATUS_FILE,
-    write_json_atomic,
-)
 from pretrain.checkpointing import (
     CHECKPOINTS,
     SNAPSHOTS,
@@ -56,6 +50,12 @@ from pretrain.checkpointing import (
 )
 from pretrain.config import ConfigError, PretrainConfig, help_text, parse_args, to_dict
 from pretrain.data import MaskingCollator, PretrainingData, build_pretraining_data
+from pretrain.layout import (
+    METRICS_FILE,
+    RUN_CONFIG_FILE,
+    STATUS_FILE,
+    write_json_atomic,
+)
 from pretrain.modeling import LNBertForPreTraining
 from pretrain.optim import weight_decay_groups
 from pretrain.tracking import (

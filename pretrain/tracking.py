@@ -11,8 +11,8 @@ import torch
 from accelerate import Accelerator
 from torch import nn
 
-from pretrain.artifacts import METRICS_FILE, read_metrics
 from pretrain.config import PretrainConfig, flatten
+from pretrain.layout import METRICS_FILE, read_metrics
 from pretrain.modeling import LNBertConfig, LNBertEmbeddings
 
 

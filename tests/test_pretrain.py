@@ -16,8 +16,8 @@ import torch
 from accelerate.state import AcceleratorState, GradientState
 from safetensors.torch import load_file
 
-from pretrain.artifacts import list_snapshots, read_metrics, read_status
 from pretrain.checkpointing import latest_checkpoint, list_checkpoints
+from pretrain.layout import list_snapshots, read_metrics, read_status
 from pretrain.modeling import LNBertForPreTraining
 from pretrain.run import main
 
