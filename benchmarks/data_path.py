@@ -30,13 +30,15 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
-from benchmarks.common import configure_device, format_table, machine_info, pick_device, spread, write_results
-from benchmarks.train_step import SHAPES, autocast_context, make_optimizer
+from benchmarks.common import configure_device, format_table, machine_info, spread, write_results
+from benchmarks.train_step import ADAMW, SHAPES, autocast_context
 from pretrain.collator import MaskingCollator
 from pretrain.corpus import SourceConfig, load_documents
 from pretrain.data import DataConfig
+from pretrain.device import pick_device
 from pretrain.instances import make_instances
 from pretrain.modeling import LNBertConfig, LNBertForPreTraining
+from pretrain.optim import build_adamw
 from pretrain.tokenizer import load_or_train_tokenizer
 
 
@@ -132,7 +134,7 @@ def data_wait(instances: Any, tokenizer: Any, args: argparse.Namespace, workers:
     )  # fmt: skip
     torch.manual_seed(args.seed)
     model = LNBertForPreTraining(config).to(device).train()
-    optimizer = make_optimizer(model, "fused", device)
+    optimizer = build_adamw(model, **ADAMW, implementation="fused")
     autocast = autocast_context(args.precision, device)
     collator = MaskingCollator(tokenizer, seed=args.seed)
     loader = DataLoader(
