@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 # Bump when the instance format or algorithm changes, so stale caches are never reused.
-CACHE_FORMAT_VERSION = 3
+CACHE_FORMAT_VERSION = 4
 
 
 def content_hash(obj: Any) -> str:

@@ -178,7 +178,11 @@ def _check_same_run(run_dir: Path, resolved: dict[str, Any]) -> None:
     if resolved["model"]["vocab_size"] is None:  # null means "the tokenizer's size", saved resolved
         resolved = {**resolved, "model": {**resolved["model"], "vocab_size": saved["model"]["vocab_size"]}}
     tokenizer = resolved["data"]["tokenizer"]
-    if saved["data"]["tokenizer"] is None and tokenizer and Path(tokenizer).resolve() == (run_dir / TOKENIZER_DIR).resolve():
+    if (
+        saved["data"]["tokenizer"] is None
+        and tokenizer
+        and Path(tokenizer).resolve() == (run_dir / TOKENIZER_DIR).resolve()
+    ):
         # The run's own trained tokenizer, named explicitly (to resume where the data cache is gone): the same run.
         resolved = {**resolved, "data": {**resolved["data"], "tokenizer": None}}
     diff = config_differences(saved, resolved)

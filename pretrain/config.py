@@ -252,7 +252,9 @@ class PretrainConfig:
 
     model: ModelConfig = field(default_factory=ModelConfig)
     """The encoder and its norm placement."""
-    data: DataConfig = field(default_factory=lambda: DataConfig(vocab_size=2048, max_seq_length=64, validation_fraction=0.02))
+    data: DataConfig = field(
+        default_factory=lambda: DataConfig(vocab_size=2048, max_seq_length=64, validation_fraction=0.02)
+    )
     """Corpus, tokenizer, NSP/MLM instance creation (pretrain/data.py)."""
     optim: OptimConfig = field(default_factory=OptimConfig)
     """Optimizer and learning-rate schedule."""
@@ -544,7 +546,11 @@ def field_docs(cls: type) -> dict[str, str]:
             if not (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)):
                 continue
             name = node.target.id
-            if isinstance(after, ast.Expr) and isinstance(after.value, ast.Constant) and isinstance(after.value.value, str):
+            if (
+                isinstance(after, ast.Expr)
+                and isinstance(after.value, ast.Constant)
+                and isinstance(after.value.value, str)
+            ):
                 docs[name] = inspect.cleandoc(after.value.value)
                 continue
             comments = []

@@ -1,6 +1,8 @@
 """The corpus: sources read into one stream of documents, and the split into training and validation documents.
 
-    sources (Hub / JSONL / Parquet / text / python_docs)  --weights-->  one dataset of documents (column "text")
+    sources (Hub / JSONL / Parquet / text / python_docs)
+      -> documents: one row each, or rows_per_document consecutive rows joined (a sentence-per-row book corpus)
+      --weights (per document, or per word: data.weight_by)-->  one dataset of documents (columns "text", "source")
       -> held-out documents (validation, split BY DOCUMENT before anything else, as the paper's 199:1)
 
 Local json/text files are checked to be UTF-8 first (the readers fail deep inside pyarrow otherwise). The
@@ -14,12 +16,14 @@ import ast
 import codecs
 import dataclasses
 import glob
+import logging
 import os
 import re
 import sys
 import sysconfig
 from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import partial
 from itertools import islice
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -30,12 +34,15 @@ import numpy as np
 if TYPE_CHECKING:
     from pretrain.data import DataConfig
 
+logger = logging.getLogger(__name__)
+
 SOURCE_KINDS: tuple[str, ...] = ("hub", "json", "parquet", "text", "python_docs")
 LOCAL_SUFFIXES: dict[str, tuple[str, ...]] = {
     "json": (".json", ".jsonl", ".json.gz", ".jsonl.gz"),
     "parquet": (".parquet",),
     "text": (".txt", ".text"),
 }
+DOCUMENT_FEATURES = datasets.Features({"text": datasets.Value("string"), "source": datasets.Value("int16")})
 # Held-out documents of a streamed corpus of unknown size without max_documents or validation_documents.
 STREAMING_VALIDATION_DOCUMENTS = 1000
 
@@ -57,8 +64,13 @@ class SourceConfig:
     text_column: str = "text"
     """Column holding the document text (json, parquet, hub)."""
     weight: float = 1.0
-    """Relative sampling weight when several sources are mixed: documents are drawn from source i with
-    probability weight_i / sum(weights) until the first source runs out (no document is repeated)."""
+    """Relative share of source i in the mixture, counted in documents or in words (``data.weight_by``):
+    documents are drawn from the sources at random in that proportion until the first source runs out (no
+    document is repeated). Original BERT's corpus: 2.5B words of Wikipedia, 0.8B of BookCorpus."""
+    rows_per_document: int = 1
+    """Consecutive rows joined (one per line) into one document. 1: every row is a document (articles). A
+    corpus stored one sentence per row in reading order (bookcorpus/bookcorpus) needs more, or every
+    "document" is one sentence and next-sentence prediction has no real next sentence to learn from."""
 
     def __post_init__(self) -> None:
         if self.kind not in SOURCE_KINDS:
@@ -76,6 +88,8 @@ class SourceConfig:
             raise ValueError(f"data.sources[].path={self.path!r} is not used by kind 'python_docs'; remove it")
         if not self.text_column:
             raise ValueError("data.sources[].text_column must name the column holding the text (e.g. 'text')")
+        if self.rows_per_document < 1:
+            raise ValueError(f"data.sources[].rows_per_document={self.rows_per_document} must be >= 1")
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -227,6 +241,17 @@ def source_fingerprint(source: SourceConfig, index: int) -> dict[str, Any]:
     return fields
 
 
+def corpus_bytes(cfg: DataConfig) -> int | None:
+    """Size of the corpus's files (python_docs: 0, it is a few MB); None when a source is on the Hub (unknown)."""
+    total = 0
+    for index, source in enumerate(cfg.sources):
+        if source.kind == "hub":
+            return None
+        if source.kind in LOCAL_SUFFIXES:
+            total += sum(p.stat().st_size for p in resolve_local_files(source, index))
+    return total
+
+
 # ----------------------------------------------------------------------------------------------------------------------
 # Sources -> documents -> (train, validation)
 # ----------------------------------------------------------------------------------------------------------------------
@@ -288,18 +313,25 @@ def load_source(source: SourceConfig, index: int, cfg: DataConfig) -> datasets.D
     ds = ds.select_columns([source.text_column])
     if source.text_column != "text":
         ds = ds.rename_column(source.text_column, "text")
-    if not cfg.streaming and source.kind != "python_docs" and cfg.max_documents is not None:
-        ds = ds.select(range(min(len(ds), cfg.max_documents)))
-    elif cfg.streaming and cfg.max_documents is not None:
-        ds = ds.take(cfg.max_documents)
+    if ds.features is not None and ds.features["text"] != datasets.Value("string"):
+        ds = ds.cast_column("text", datasets.Value("string"))
+    # The source of every document, for the per-source report after preparation (2 bytes a row; the text stays
+    # memory-mapped).
+    if cfg.streaming:
+        ds = ds.map(partial(_tag_source, source=index), batched=True)
+    else:
+        ds = ds.add_column("source", np.full(len(ds), index, dtype=np.int16), feature=datasets.Value("int16"))
+    rows = None if cfg.max_documents is None else cfg.max_documents * source.rows_per_document
+    if rows is not None:
+        ds = ds.take(rows) if cfg.streaming else ds.select(range(min(len(ds), rows)))
     ds = ds.filter(_has_text, batched=True)
+    if source.rows_per_document > 1:
+        ds = group_rows(ds, source.rows_per_document)
     if cfg.streaming:
         if next(iter(ds), None) is None:
             raise ValueError(f"{where}: empty corpus, no document has text in column {source.text_column!r}")
     elif len(ds) == 0:
         raise ValueError(f"{where}: empty corpus, no document has text in column {source.text_column!r}")
-    if ds.features is not None and ds.features["text"] != datasets.Value("string"):
-        ds = ds.cast_column("text", datasets.Value("string"))
     return ds
 
 
@@ -307,15 +339,83 @@ def _has_text(batch: dict[str, list]) -> list[bool]:
     return [isinstance(t, str) and not t.isspace() and t != "" for t in batch["text"]]
 
 
+def _tag_source(batch: dict[str, list], *, source: int) -> dict[str, list]:
+    return {"source": [source] * len(batch["text"])}
+
+
+def _join_rows(batch: dict[str, list], *, rows_per_document: int) -> dict[str, list]:
+    """Batched map function: every rows_per_document consecutive rows become one document, one row per line (the
+    sentence splitter treats a line as a paragraph, so a sentence per row stays a sentence)."""
+    texts, sources = batch["text"], batch["source"]
+    starts = range(0, len(texts), rows_per_document)
+    return {
+        "text": ["\n".join(texts[k : k + rows_per_document]) for k in starts],
+        "source": [sources[k] for k in starts],
+    }
+
+
+def group_rows(
+    ds: datasets.Dataset | datasets.IterableDataset, rows_per_document: int
+) -> datasets.Dataset | datasets.IterableDataset:
+    """Consecutive rows joined into documents of ``rows_per_document`` rows (the last one may be shorter).
+
+    One process in order: a map batch always starts at a multiple of its size, a multiple of rows_per_document,
+    so groups never straddle batches (workers would cut the rows at arbitrary shard boundaries)."""
+    batch_size = rows_per_document * max(1, 1000 // rows_per_document)
+    kwargs = (
+        {} if isinstance(ds, datasets.IterableDataset) else {"desc": f"Joining {rows_per_document} rows a document"}
+    )
+    return ds.map(
+        partial(_join_rows, rows_per_document=rows_per_document),
+        batched=True,
+        batch_size=batch_size,
+        remove_columns=["text", "source"],
+        **kwargs,
+    )
+
+
+# Documents sampled per source to estimate its mean words per document (data.weight_by="words"): the relative
+# standard error of the mean is about (coefficient of variation) / sqrt(n), ~3% for Wikipedia's article lengths.
+WORD_COUNT_SAMPLE = 2000
+
+
+def mean_words_per_document(ds: datasets.Dataset | datasets.IterableDataset, *, seed: int) -> float:
+    """Mean whitespace-separated words per document, from a seeded random sample (streamed: the first documents)."""
+    if isinstance(ds, datasets.IterableDataset):
+        texts = [row["text"] for row in ds.take(WORD_COUNT_SAMPLE)]
+    else:
+        rng = np.random.default_rng([seed, 0x30D5])
+        n = min(len(ds), WORD_COUNT_SAMPLE)
+        texts = ds.select(np.sort(rng.choice(len(ds), size=n, replace=False)))["text"]
+    return float(np.mean([len(t.split()) for t in texts]))
+
+
+def mixture_probabilities(
+    parts: list[datasets.Dataset | datasets.IterableDataset], cfg: DataConfig, *, seed: int
+) -> np.ndarray:
+    """Per source, the probability that the next document comes from it. weight_by "documents": the weights
+    themselves; "words": weight / mean words per document, so that source i supplies weight_i / sum(weights)
+    of the mixture's words (a source of long articles gets fewer draws than one of short documents)."""
+    weights = np.array([s.weight for s in cfg.sources], dtype=float)
+    if cfg.weight_by == "words":
+        words = np.array([mean_words_per_document(p, seed=seed) for p in parts])
+        logger.info("mean words per document by source: %s", ", ".join(f"{w:.0f}" for w in words))
+        weights = weights / words
+    return weights / weights.sum()
+
+
 def load_documents(cfg: DataConfig, *, seed: int) -> datasets.Dataset | datasets.IterableDataset:
-    """All sources mixed by weight into one dataset of documents (column "text"), at most max_documents."""
+    """All sources mixed by weight into one dataset of documents (columns "text" and "source"), at most
+    max_documents."""
     parts = [load_source(s, i, cfg) for i, s in enumerate(cfg.sources)]
     if len(parts) == 1:
         docs = parts[0]
     else:
-        weights = np.array([s.weight for s in cfg.sources], dtype=float)
         docs = datasets.interleave_datasets(
-            parts, probabilities=(weights / weights.sum()).tolist(), seed=seed, stopping_strategy="first_exhausted"
+            parts,
+            probabilities=mixture_probabilities(parts, cfg, seed=seed).tolist(),
+            seed=seed,
+            stopping_strategy="first_exhausted",
         )
     if cfg.max_documents is not None:
         docs = docs.take(cfg.max_documents) if cfg.streaming else docs.select(range(min(len(docs), cfg.max_documents)))
@@ -330,9 +430,7 @@ def split_documents(
     documents come shuffled. Streamed: the first documents of the stream are held out (and materialised)."""
     if isinstance(docs, datasets.IterableDataset):
         n_val = _streaming_validation_count(cfg)
-        val = datasets.Dataset.from_list(
-            list(docs.take(n_val)), features=datasets.Features({"text": datasets.Value("string")})
-        )
+        val = datasets.Dataset.from_list(list(docs.take(n_val)), features=DOCUMENT_FEATURES)
         if len(val) < 1:
             raise ValueError("the streamed corpus has no documents to hold out for validation")
         return docs.skip(n_val), val

@@ -28,9 +28,18 @@ import datasets
 from transformers import PreTrainedTokenizerFast
 
 from pretrain.collator import MaskingCollator
-from pretrain.corpus import SourceConfig, document_texts, load_documents, split_documents
-from pretrain.instances import OBJECTIVES, cached_instances, make_instances, stream_instances
-from pretrain.tokenizer import MIN_PLAUSIBLE_VOCAB, load_or_train_tokenizer
+from pretrain.corpus import SourceConfig, corpus_bytes, document_texts, load_documents, split_documents
+from pretrain.instances import (
+    OBJECTIVES,
+    SUMMARY_FILE,
+    cached_instances,
+    make_instances,
+    prepared_dir,
+    stream_instances,
+)
+from pretrain.tokenizer import MIN_PLAUSIBLE_VOCAB, load_or_train_tokenizer, trained_tokenizer_dir
+
+WEIGHT_UNITS: tuple[str, ...] = ("documents", "words")
 
 
 @dataclass(kw_only=True)
@@ -39,6 +48,10 @@ class DataConfig:
 
     sources: list[SourceConfig] = field(default_factory=lambda: [SourceConfig()])
     """Corpus sources; several are mixed by weight."""
+    weight_by: str = "documents"
+    """What the sources' weights count: "documents" (source i supplies weight_i / sum(weights) of the documents)
+    or "words" (of the words, estimated from a sample of each source's documents; what matches original BERT's
+    2.5B words of Wikipedia to 0.8B of BookCorpus whatever the sources' document lengths)."""
     tokenizer: str | None = None
     """Hub name (e.g. "bert-base-uncased") or local folder; None: train WordPiece on the training documents.
     WordPiece training is not bit-reproducible (tokenizers issue #1794: hash-map order breaks ties), so a trained
@@ -81,6 +94,8 @@ class DataConfig:
         self.sources = [SourceConfig(**s) if isinstance(s, dict) else s for s in self.sources]
         if not self.sources:
             raise ValueError("data.sources must list at least one source (e.g. [{kind: python_docs}])")
+        if self.weight_by not in WEIGHT_UNITS:
+            raise ValueError(f"data.weight_by={self.weight_by!r} must be one of {', '.join(WEIGHT_UNITS)}")
         if self.objective not in OBJECTIVES:
             raise ValueError(f"data.objective={self.objective!r} must be one of {', '.join(OBJECTIVES)}")
         if self.max_seq_length < 8:
@@ -111,6 +126,45 @@ class PretrainingData(NamedTuple):
     tokenizer: PreTrainedTokenizerFast
 
 
+# A corpus this small is prepared inline, while the other processes wait at the barrier: at the data path's ~0.6 MB
+# of text per second and core (BENCHMARKS.md) that is under two minutes, far inside the barrier's timeout (10
+# minutes for NCCL in PyTorch's CUDA builds, 30 for gloo). Anything larger is prepared by pretrain/prepare.py first.
+INLINE_PREPARATION_MAX_BYTES = 64 * 2**20
+
+
+class PreparationRequired(ValueError):
+    """Several processes would wait at a barrier while one prepares a large corpus; the message names the command
+    that prepares it first."""
+
+
+def is_prepared(cfg: DataConfig, *, seed: int) -> bool:
+    """Whether everything the training needs from ``cfg.cache_dir`` is there: the trained tokenizer (when one is
+    trained) and, unless streaming, the prepared instances."""
+    if cfg.tokenizer is None and not (trained_tokenizer_dir(cfg, seed) / "tokenizer.json").is_file():
+        return False
+    if cfg.streaming:
+        return True
+    tokenizer = load_or_train_tokenizer(cfg, seed=seed)  # loads; nothing is trained when the line above passed
+    return (prepared_dir(cfg, tokenizer, seed=seed) / SUMMARY_FILE).is_file()
+
+
+def check_prepared_for_distributed(cfg: DataConfig, *, seed: int, num_processes: int, prepare_command: str) -> None:
+    """Raise PreparationRequired when ``num_processes`` > 1 and a corpus too large to prepare under a barrier is
+    not prepared yet."""
+    if num_processes <= 1 or is_prepared(cfg, seed=seed):
+        return
+    size = corpus_bytes(cfg)
+    if size is not None and size <= INLINE_PREPARATION_MAX_BYTES:
+        return
+    what = "a Hugging Face Hub dataset" if size is None else f"{size / 2**20:,.0f} MiB of files"
+    raise PreparationRequired(
+        f"the data is not prepared: data.cache_dir={cfg.cache_dir} holds no prepared instances for this config, and "
+        f"the corpus ({what}) is too large to prepare while {num_processes - 1} other processes wait at a barrier "
+        f"(it times out after 10 minutes under NCCL). Prepare it once, on any machine that sees data.cache_dir "
+        f"(a CPU node will do), with the same arguments:\n    {prepare_command}\nthen start the training again"
+    )
+
+
 def build_pretraining_data(
     cfg: DataConfig,
     *,
@@ -118,11 +172,18 @@ def build_pretraining_data(
     save_tokenizer_to: Path | None = None,
     main_process_first: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
     model_vocab_size: int | None = None,
+    num_processes: int = 1,
+    prepare_command: str = "python -m pretrain.prepare [the same arguments]",
+    progress: bool = False,
 ) -> PretrainingData:
     """Tokenizer, training and validation instances; built once (inside ``main_process_first()``), then reused
     from ``cfg.cache_dir`` by every later call with the same inputs. In streaming mode the training instances
     are made on the fly and only the validation instances are materialised. The corpus is read only when
-    something is not cached, and then once."""
+    something is not cached, and then once.
+
+    With several processes (``num_processes``) a large corpus must have been prepared by ``pretrain/prepare.py``
+    (``prepare_command``): otherwise PreparationRequired is raised before any process waits at a barrier."""
+    check_prepared_for_distributed(cfg, seed=seed, num_processes=num_processes, prepare_command=prepare_command)
 
     @functools.cache
     def documents() -> tuple[datasets.Dataset | datasets.IterableDataset, datasets.Dataset]:
@@ -141,8 +202,16 @@ def build_pretraining_data(
             validation = make_instances(val_docs, tokenizer, cfg, seed=seed, validation=True)
             train = stream_instances(train_docs, tokenizer, cfg, seed=seed)
         else:
-            train, validation = cached_instances(documents, tokenizer, cfg, seed=seed)
+            train, validation = cached_instances(documents, tokenizer, cfg, seed=seed, progress=progress)
     return PretrainingData(train=train, validation=validation, tokenizer=tokenizer)
 
 
-__all__ = ["DataConfig", "MaskingCollator", "PretrainingData", "SourceConfig", "build_pretraining_data"]
+__all__ = [
+    "DataConfig",
+    "MaskingCollator",
+    "PreparationRequired",
+    "PretrainingData",
+    "SourceConfig",
+    "build_pretraining_data",
+    "is_prepared",
+]

@@ -19,23 +19,32 @@ import contextlib
 import dataclasses
 import gc
 import hashlib
+import json
 import logging
+import multiprocessing
+import os
 import random
 import re
 import shutil
 import uuid
 from collections.abc import Callable, Iterator
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass
 from functools import partial
 from itertools import chain
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import datasets
+import pyarrow.compute as pc
+from datasets.arrow_writer import ArrowWriter
 from tokenizers import Tokenizer
+from tqdm.auto import tqdm
 from transformers import PreTrainedTokenizerFast
 
-from pretrain.cache import CACHE_FORMAT_VERSION, atomic_dir, content_hash
+from pretrain.cache import CACHE_FORMAT_VERSION, content_hash
 from pretrain.corpus import source_fingerprint
+from pretrain.layout import write_json_atomic
 
 if TYPE_CHECKING:
     from pretrain.data import DataConfig
@@ -68,16 +77,15 @@ def split_sentences(text: str) -> list[str]:
 
 
 def tokenize_documents(texts: list[str], tokenizer: Tokenizer) -> list[list[list[int]]]:
-    """Per document, its sentences as token ids (no special tokens), in one batched call of the Rust tokenizer."""
+    """Per document, its sentences as token ids (no special tokens), in one batched call of the Rust tokenizer;
+    a document with no tokens is an empty list (callers drop it)."""
     per_doc = [split_sentences(t) for t in texts]
     flat = [s for sents in per_doc for s in sents]
     ids = [e.ids for e in tokenizer.encode_batch_fast(flat, add_special_tokens=False)] if flat else []
     out, pos = [], 0
     for sents in per_doc:
-        doc = [s for s in ids[pos : pos + len(sents)] if s]
+        out.append([s for s in ids[pos : pos + len(sents)] if s])
         pos += len(sents)
-        if doc:
-            out.append(doc)
     return out
 
 
@@ -107,10 +115,10 @@ def _truncate(tokens: list[int], keep: int, rng: random.Random) -> list[int]:
 
 def create_nsp_instances(
     documents: list[list[list[int]]], cfg: DataConfig, rng: random.Random, *, cls_id: int, sep_id: int
-) -> list[tuple[list[int], int, int]]:
+) -> list[tuple[list[int], int, int, int]]:
     """BERT's create_instances_from_document over a pool of documents (each a list of token-id sentences).
 
-    Returns (input_ids, length of "[CLS] A [SEP]", is_random_next) per instance. Sentences accumulate up to a
+    Returns (input_ids, length of "[CLS] A [SEP]", is_random_next, index of A's document) per instance. Sentences accumulate up to a
     target length (max_seq_length - 3, or with probability short_seq_prob a random shorter one); A is a random
     prefix of the accumulated chunk; B is the rest (label 0) or, with probability nsp_random_prob, a segment of
     another document in the pool (label 1), in which case the unused sentences are put back.
@@ -153,7 +161,8 @@ def create_nsp_instances(
                 if tokens_b:  # empty only for a one-sentence chunk with no other document to draw from
                     len_a, len_b = _truncated_lengths(len(tokens_a), len(tokens_b), max_tokens)
                     tokens_a, tokens_b = _truncate(tokens_a, len_a, rng), _truncate(tokens_b, len_b, rng)
-                    instances.append(([cls_id, *tokens_a, sep_id, *tokens_b, sep_id], len_a + 2, int(random_next)))
+                    ids = [cls_id, *tokens_a, sep_id, *tokens_b, sep_id]
+                    instances.append((ids, len_a + 2, int(random_next), d))
                 chunk, length = [], 0
             i += 1
     return instances
@@ -187,12 +196,20 @@ def _instances_from_chunks(
     offset by VALIDATION_ID_OFFSET) or "stream" (ids and randomness keyed by the chunk's content, because stream
     positions restart in every DataLoader worker that reads a shard).
     """
-    out: dict[str, list] = {"input_ids": [], "token_type_ids": [], "instance_id": []}
-    if cfg.objective == "mlm_nsp":
-        out["next_sentence_label"] = []
+    out = _empty_columns(cfg.objective)
+    sources = batch.get("source", [None] * len(batch["text"]))
     with _gc_paused():
-        for texts, chunk_index in zip(batch["text"], indices, strict=True):
-            _add_chunk_instances(out, texts, chunk_index, tokenizer=tokenizer, cfg=cfg, seed=seed, part=part)
+        for texts, chunk_sources, chunk_index in zip(batch["text"], sources, indices, strict=True):
+            _add_chunk_instances(
+                out, texts, chunk_index, tokenizer=tokenizer, cfg=cfg, seed=seed, part=part, sources=chunk_sources
+            )
+    return out
+
+
+def _empty_columns(objective: str) -> dict[str, list]:
+    out: dict[str, list] = {"input_ids": [], "token_type_ids": [], "instance_id": []}
+    if objective == "mlm_nsp":
+        out["next_sentence_label"] = []
     return out
 
 
@@ -209,6 +226,29 @@ def _gc_paused() -> Iterator[None]:
             gc.enable()
 
 
+@dataclass
+class SourceStats:
+    """What one source contributed to a set of instances (summed over shards for the preparation summary)."""
+
+    documents: int = 0
+    """Documents with at least one token."""
+    single_sentence_documents: int = 0
+    """Documents of one sentence: their only "true next" pairs are two halves of that sentence."""
+    sentences: int = 0
+    document_tokens: int = 0
+    """Corpus tokens (no special tokens), the unit of the throughput figures."""
+    instances: int = 0
+    """Instances whose segment A comes from this source (mlm_nsp; packed "mlm" instances are not attributed)."""
+    true_next: int = 0
+    """Of those, instances whose segment B is the true continuation of A (next_sentence_label 0)."""
+    real_tokens: int = 0
+    """Tokens of those instances, [CLS] and [SEP] included (padding excluded)."""
+
+    def add(self, other: SourceStats) -> None:
+        for f in dataclasses.fields(self):
+            setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
+
+
 def _add_chunk_instances(
     out: dict[str, list],
     texts: list[str],
@@ -218,10 +258,25 @@ def _add_chunk_instances(
     cfg: DataConfig,
     seed: int,
     part: str,
+    sources: list[int] | None = None,
+    stats: dict[int, SourceStats] | None = None,
 ) -> None:
-    """Append the instances of one chunk of documents to the columns in ``out``."""
+    """Append the instances of one chunk of documents to the columns in ``out``; count what each source
+    (``sources``: one per text) contributed into ``stats`` when given."""
     cls_id, sep_id = tokenizer.token_to_id("[CLS]"), tokenizer.token_to_id("[SEP]")
-    documents = tokenize_documents(texts, tokenizer)
+    tokenized = tokenize_documents(texts, tokenizer)
+    kept = [k for k, doc in enumerate(tokenized) if doc]
+    documents = [tokenized[k] for k in kept]
+    doc_sources = [sources[k] if sources is not None else 0 for k in kept]
+    if stats is not None:
+        for doc, source in zip(documents, doc_sources, strict=True):
+            counts = stats.setdefault(source, SourceStats())
+            counts.documents += 1
+            counts.single_sentence_documents += len(doc) == 1
+            counts.sentences += len(doc)
+            counts.document_tokens += sum(map(len, doc))
+    if not documents:
+        return
     if part == "stream":
         chunk_key = _stable_hash63(f"{len(texts)}/{texts[0]}")
         make_id = partial(_stream_instance_id, chunk_key)
@@ -238,13 +293,18 @@ def _add_chunk_instances(
         logger.warning("a chunk of %s documents has a single document: its next-sentence labels are all 0", part)
     # Python's generator: scalar draws cost ~0.1 us against ~2 us for numpy's. String seeds are stable.
     rng = random.Random(f"{seed}/{part}/{chunk_key}")
-    for k, (ids, len_cls_a_sep, label) in enumerate(
+    for k, (ids, len_cls_a_sep, label, d) in enumerate(
         create_nsp_instances(documents, cfg, rng, cls_id=cls_id, sep_id=sep_id)
     ):
         out["input_ids"].append(ids)
         out["token_type_ids"].append([0] * len_cls_a_sep + [1] * (len(ids) - len_cls_a_sep))
         out["next_sentence_label"].append(label)
         out["instance_id"].append(make_id(k))
+        if stats is not None:
+            counts = stats[doc_sources[d]]
+            counts.instances += 1
+            counts.true_next += label == 0
+            counts.real_tokens += len(ids)
 
 
 def _stream_instance_id(chunk_key: int, k: int) -> int:
@@ -309,7 +369,7 @@ def stream_instances(
         batched=True,
         batch_size=1,
         with_indices=True,
-        remove_columns=["text"],
+        remove_columns=["text", "source"],
         features=instance_features(cfg.objective),
         fn_kwargs={"tokenizer": _plain_backend(tokenizer), "cfg": cfg, "seed": seed, "part": "stream"},
     )
@@ -340,26 +400,220 @@ def data_cache_key(cfg: DataConfig, tokenizer: PreTrainedTokenizerFast, *, seed:
     )
 
 
+def prepared_dir(cfg: DataConfig, tokenizer: PreTrainedTokenizerFast, *, seed: int) -> Path:
+    """The folder the prepared instances of this config live in (complete when it exists)."""
+    return Path(cfg.cache_dir) / f"instances-{data_cache_key(cfg, tokenizer, seed=seed)}"
+
+
 def cached_instances(
     documents: Callable[[], tuple[datasets.Dataset, datasets.Dataset]],
     tokenizer: PreTrainedTokenizerFast,
     cfg: DataConfig,
     *,
     seed: int,
+    progress: bool = False,
 ) -> tuple[datasets.Dataset, datasets.Dataset]:
     """(train, validation) instances from ``cfg.cache_dir``; on a miss they are made first from ``documents()``
-    (the training and validation documents, read only then) and saved, atomically, for every later call."""
-    cached = Path(cfg.cache_dir) / f"instances-{data_cache_key(cfg, tokenizer, seed=seed)}"
-    if not (cached / "validation").is_dir():
-        train_docs, val_docs = documents()
-        with atomic_dir(cached) as tmp:
-            work = tmp / "work"
-            work.mkdir()
-            for name, part in (("train", train_docs), ("validation", val_docs)):
-                made = make_instances(part, tokenizer, cfg, seed=seed, validation=name == "validation", work_dir=work)
-                if len(made) == 0:
-                    raise ValueError(f"no {name} instances could be made: the {name} documents hold no tokens")
-                made.save_to_disk(str(tmp / name))
-                del made
-            shutil.rmtree(work)
-    return datasets.load_from_disk(str(cached / "train")), datasets.load_from_disk(str(cached / "validation"))
+    (the training and validation documents, read only then), shard by shard, for every later call."""
+    folder = prepared_dir(cfg, tokenizer, seed=seed)
+    if not (folder / SUMMARY_FILE).is_file():
+        prepare_instances(documents, tokenizer, cfg, seed=seed, folder=folder, progress=progress)
+    return load_prepared(folder)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Preparation, shard by shard
+# ----------------------------------------------------------------------------------------------------------------------
+
+# Chunks per shard: the unit of resumption (a killed preparation redoes only the shards that were in progress),
+# of the work handed to each process and of the progress bar. 64 chunks = 16,384 documents, about 10M tokens of
+# Wikipedia, about a minute for one core (BENCHMARKS.md). Not part of the cache key: the instances do not depend
+# on it, only their grouping into files.
+SHARD_CHUNKS = 64
+SUMMARY_FILE = "summary.json"
+PARTS = ("train", "validation")
+
+
+def _shard_name(index: int) -> str:
+    return f"shard-{index:05d}"
+
+
+def _write_shard(
+    docs: datasets.Dataset,
+    path: Path,
+    *,
+    first_chunk: int,
+    tokenizer_json: str,
+    cfg: DataConfig,
+    seed: int,
+    part: str,
+) -> dict[int, SourceStats]:
+    """The instances of ``docs`` (consecutive chunks from ``first_chunk`` on) written to ``path`` (Arrow file),
+    then their per-source counts to ``path.with_suffix(".json")``, the shard's completion marker. Both are
+    written under temporary names and renamed, so a killed process leaves no shard that looks complete."""
+    tokenizer = Tokenizer.from_str(tokenizer_json)
+    tokenizer.no_truncation()
+    tokenizer.no_padding()
+    stats: dict[int, SourceStats] = {}
+    tmp = path.with_name(f"{path.name}.tmp-{uuid.uuid4().hex[:8]}")
+    try:
+        with ArrowWriter(features=instance_features(cfg.objective), path=str(tmp)) as writer:
+            for k, batch in enumerate(docs.iter(batch_size=DOCS_PER_CHUNK)):
+                out = _empty_columns(cfg.objective)
+                with _gc_paused():
+                    _add_chunk_instances(
+                        out,
+                        batch["text"],
+                        first_chunk + k,
+                        tokenizer=tokenizer,
+                        cfg=cfg,
+                        seed=seed,
+                        part=part,
+                        sources=batch["source"],
+                        stats=stats,
+                    )
+                writer.write_batch(out)
+            writer.finalize()
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    write_json_atomic(path.with_suffix(".json"), {str(k): dataclasses.asdict(v) for k, v in sorted(stats.items())})
+    return stats
+
+
+def _read_shard_stats(marker: Path) -> dict[int, SourceStats]:
+    return {int(k): SourceStats(**v) for k, v in json.loads(marker.read_text()).items()}
+
+
+def _shards(docs: datasets.Dataset) -> list[tuple[int, range]]:
+    """(first chunk, document range) per shard."""
+    step = SHARD_CHUNKS * DOCS_PER_CHUNK
+    return [
+        (start // DOCS_PER_CHUNK, range(start, min(start + step, len(docs)))) for start in range(0, len(docs), step)
+    ]
+
+
+def prepare_instances(
+    documents: Callable[[], tuple[datasets.Dataset, datasets.Dataset]],
+    tokenizer: PreTrainedTokenizerFast,
+    cfg: DataConfig,
+    *,
+    seed: int,
+    folder: Path,
+    progress: bool = False,
+) -> dict[str, Any]:
+    """Make the training and validation instances into ``folder`` and return the summary.
+
+    The work goes to ``folder`` + ".partial", one shard (SHARD_CHUNKS chunks of documents) per Arrow file, with
+    ``data.num_proc`` processes; a rerun after a kill reuses the finished shards. When all are done the summary
+    is written and the folder renamed into place. The result does not depend on num_proc or SHARD_CHUNKS.
+    """
+    partial_dir = folder.with_name(folder.name + ".partial")
+    train_docs, val_docs = documents()
+    tokenizer_json = _plain_backend(tokenizer).to_str()
+    jobs = []
+    for name, docs in zip(PARTS, (train_docs, val_docs), strict=True):
+        (partial_dir / name).mkdir(parents=True, exist_ok=True)
+        for index, (first_chunk, rows) in enumerate(_shards(docs)):
+            path = partial_dir / name / f"{_shard_name(index)}.arrow"
+            jobs.append((name, docs.select(rows), path, first_chunk))
+    done = [job for job in jobs if job[2].with_suffix(".json").is_file()]
+    todo = [job for job in jobs if not job[2].with_suffix(".json").is_file()]
+    stats: dict[str, dict[int, SourceStats]] = {name: {} for name in PARTS}
+
+    def collect(name: str, shard_stats: dict[int, SourceStats]) -> None:
+        for source, counts in shard_stats.items():
+            stats[name].setdefault(source, SourceStats()).add(counts)
+
+    for name, _, path, _ in done:
+        collect(name, _read_shard_stats(path.with_suffix(".json")))
+    total = len(train_docs) + len(val_docs)
+    bar = tqdm(
+        total=total,
+        initial=sum(len(job[1]) for job in done),
+        unit="doc",
+        desc="Preparing instances",
+        disable=not progress,
+        dynamic_ncols=True,
+    )
+    if done:
+        bar.write(f"resuming: {len(done)} of {len(jobs)} shards already made in {partial_dir}")
+    kwargs = {"tokenizer_json": tokenizer_json, "cfg": cfg, "seed": seed}
+    with bar:
+        if cfg.num_proc == 1 or len(todo) <= 1:
+            for name, docs, path, first_chunk in todo:
+                collect(name, _write_shard(docs, path, first_chunk=first_chunk, part=name, **kwargs))
+                bar.update(len(docs))
+        else:
+            # spawn, not fork: the parent may hold Rust tokenizer threads, which a forked child inherits locked.
+            context = multiprocessing.get_context("spawn")
+            with ProcessPoolExecutor(max_workers=min(cfg.num_proc, len(todo)), mp_context=context) as pool:
+                futures = {
+                    pool.submit(_write_shard, docs, path, first_chunk=first_chunk, part=name, **kwargs): (
+                        name,
+                        len(docs),
+                    )
+                    for name, docs, path, first_chunk in todo
+                }
+                for future in as_completed(futures):
+                    name, n_docs = futures[future]
+                    collect(name, future.result())
+                    bar.update(n_docs)
+    for name in PARTS:
+        if sum(s.document_tokens for s in stats[name].values()) == 0:
+            raise ValueError(f"no {name} instances could be made: the {name} documents hold no tokens")
+    summary = {
+        "config": {
+            "max_seq_length": cfg.max_seq_length,
+            "objective": cfg.objective,
+            "sources": [dataclasses.asdict(s) for s in cfg.sources],
+            "weight_by": cfg.weight_by,
+        },
+        "seed": seed,
+        **{name: _part_summary(partial_dir / name, stats[name], cfg.max_seq_length) for name in PARTS},
+    }
+    summary["disk_bytes"] = _disk_bytes(partial_dir)
+    write_json_atomic(partial_dir / SUMMARY_FILE, summary)
+    try:
+        os.replace(partial_dir, folder)
+    except OSError:  # another process (another node) finished the same preparation first; identical content
+        if not (folder / SUMMARY_FILE).is_file():
+            raise
+        shutil.rmtree(partial_dir, ignore_errors=True)
+    return summary
+
+
+def _part_summary(part_dir: Path, stats: dict[int, SourceStats], max_seq_length: int) -> dict[str, Any]:
+    """Shards, instances, real tokens and padding (against max_seq_length-token rows) of one part, counted from its
+    files (the offsets of the input_ids column only, not the tokens), and the per-source counts."""
+    files = sorted(p.name for p in part_dir.glob("shard-*.arrow"))
+    instances = real_tokens = 0
+    for f in files:
+        column = datasets.Dataset.from_file(str(part_dir / f)).data.column("input_ids")
+        instances += len(column)
+        real_tokens += sum(int(pc.sum(pc.list_value_length(c)).as_py() or 0) for c in column.chunks)
+    return {
+        "shards": files,
+        "instances": instances,
+        "real_tokens": real_tokens,
+        "padding_fraction": 1 - real_tokens / (instances * max_seq_length) if instances else 0.0,
+        "by_source": {str(k): dataclasses.asdict(v) for k, v in sorted(stats.items())},
+    }
+
+
+def _disk_bytes(folder: Path) -> int:
+    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
+
+
+def load_prepared(folder: Path) -> tuple[datasets.Dataset, datasets.Dataset]:
+    """(train, validation) instances of a prepared folder: its shard files, memory-mapped, in order."""
+    summary = json.loads((folder / SUMMARY_FILE).read_text())
+    loaded = []
+    for name in PARTS:
+        shards = [datasets.Dataset.from_file(str(folder / name / f)) for f in summary[name]["shards"]]
+        loaded.append(shards[0] if len(shards) == 1 else datasets.concatenate_datasets(shards))
+    return loaded[0], loaded[1]
+
+
+def read_summary(folder: Path) -> dict[str, Any]:
+    return json.loads((folder / SUMMARY_FILE).read_text())

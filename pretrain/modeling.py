@@ -333,9 +333,7 @@ class LNBertLayer(nn.Module):
     def _ffn_branch(self, x: torch.Tensor) -> torch.Tensor:
         return self.output(self.intermediate(x))
 
-    def forward(
-        self, x: torch.Tensor, attention_mask: torch.Tensor | None
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def forward(self, x: torch.Tensor, attention_mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
         attn_out, ffn_out = self.attention.output, self.output
         if self.placement in ("post", "deepnorm"):
             branch, probs = self._attention_branch(x, attention_mask)

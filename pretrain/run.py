@@ -210,7 +210,12 @@ def data_fingerprint(cfg: PretrainConfig, num_processes: int, tokenizer: Any) ->
 
 
 def write_status(
-    accelerator: Accelerator, cfg: PretrainConfig, status: str, step: int, message: str = "", diverged_at: int | None = None
+    accelerator: Accelerator,
+    cfg: PretrainConfig,
+    status: str,
+    step: int,
+    message: str = "",
+    diverged_at: int | None = None,
 ) -> None:
     if not accelerator.is_main_process:
         return
@@ -324,8 +329,13 @@ def train_step(
             accelerator.backward(out.loss)
             nsp = out.nsp_loss.detach() if out.nsp_loss is not None else torch.zeros((), device=sums.device)
             sums += torch.stack(
-                [out.loss.detach().float(), out.mlm_loss.detach().float(), nsp.float(),
-                 batch["attention_mask"].sum().float(), torch.ones((), device=sums.device)]
+                [
+                    out.loss.detach().float(),
+                    out.mlm_loss.detach().float(),
+                    nsp.float(),
+                    batch["attention_mask"].sum().float(),
+                    torch.ones((), device=sums.device),
+                ]
             )
             if not accelerator.sync_gradients:
                 continue
@@ -475,7 +485,9 @@ def train(job: Job, state: TrainState, stop: StopRequest) -> str:
             run_evaluation(job, state)
         if (train_cfg.checkpoint_every and state.step % train_cfg.checkpoint_every == 0) or done or preempted:
             save_checkpoint(accelerator, job.run_dir, state, train_cfg.keep_last_checkpoints)
-        if train_cfg.is_snapshot_step(state.step) or (done and train_cfg.snapshot_at_end and last_step == train_cfg.max_steps):
+        if train_cfg.is_snapshot_step(state.step) or (
+            done and train_cfg.snapshot_at_end and last_step == train_cfg.max_steps
+        ):
             snapshot(job, state)
         if preempted:
             progress.close()
@@ -573,7 +585,11 @@ def pretrain(cfg: PretrainConfig) -> str:
     job, state = prepare_job(cfg, accelerator, resume_from)
     if accelerator.is_main_process:
         write_json_atomic(run_dir / RUN_CONFIG_FILE, job.resolved)
-    if resume_from is not None and accelerator.is_main_process and resume_from.parent.parent.resolve() == run_dir.resolve():
+    if (
+        resume_from is not None
+        and accelerator.is_main_process
+        and resume_from.parent.parent.resolve() == run_dir.resolve()
+    ):
         job.last_eval = rewind_metrics(run_dir, state.step)
     write_status(accelerator, cfg, "running", state.step)
     init_trackers(accelerator, cfg, job.resolved)

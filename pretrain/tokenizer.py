@@ -78,14 +78,19 @@ def _load_named_tokenizer(name: str) -> PreTrainedTokenizerFast:
 
 
 # DataConfig fields a trained tokenizer depends on (besides the sources and the seed, which pick the documents).
-_TOKENIZER_KEY_FIELDS = ("vocab_size", "lowercase", "validation_fraction", "validation_documents", "max_documents",
-                         "tokenizer_train_documents", "streaming")  # fmt: skip
+_TOKENIZER_KEY_FIELDS = ("vocab_size", "lowercase", "weight_by", "validation_fraction", "validation_documents",
+                         "max_documents", "tokenizer_train_documents", "streaming")  # fmt: skip
 
 
 def _tokenizer_cache_key(cfg: DataConfig, seed: int) -> str:
     sources = [source_fingerprint(s, i) for i, s in enumerate(cfg.sources)]
     fields = {k: getattr(cfg, k) for k in _TOKENIZER_KEY_FIELDS}
     return content_hash({"version": CACHE_FORMAT_VERSION, "sources": sources, "seed": seed, **fields})
+
+
+def trained_tokenizer_dir(cfg: DataConfig, seed: int) -> Path:
+    """Where the WordPiece tokenizer trained for this config is cached."""
+    return Path(cfg.cache_dir) / f"tokenizer-{_tokenizer_cache_key(cfg, seed)}"
 
 
 def load_or_train_tokenizer(
@@ -106,7 +111,7 @@ def load_or_train_tokenizer(
         tokenizer = _load_named_tokenizer(cfg.tokenizer)
         name = cfg.tokenizer
     else:
-        cached = Path(cfg.cache_dir) / f"tokenizer-{_tokenizer_cache_key(cfg, seed)}"
+        cached = trained_tokenizer_dir(cfg, seed)
         name = f"WordPiece trained on the corpus ({cached})"
         if not (cached / "tokenizer.json").is_file():
             texts = training_texts() if training_texts is not None else _training_texts(cfg, seed)

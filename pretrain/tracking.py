@@ -74,8 +74,12 @@ def layer_grad_norms(model: nn.Module, clip_factor: float = 1.0) -> dict[str, fl
     norms = {}
     for index, layer in enumerate(model.bert.encoder.layer):
         groups = {
-            "attn": [layer.attention.self.query, layer.attention.self.key, layer.attention.self.value,
-                     layer.attention.output.dense],
+            "attn": [
+                layer.attention.self.query,
+                layer.attention.self.key,
+                layer.attention.self.value,
+                layer.attention.output.dense,
+            ],
             "ffn": [layer.intermediate.dense, layer.output.dense],
         }
         for name, linears in groups.items():

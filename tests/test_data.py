@@ -209,7 +209,7 @@ def test_local_formats_load_documents(tmp_path: Path, kind: str) -> None:
         # layout takes the same code path without network.
         source = SourceConfig(kind="hub" if kind == "hub-local" else "json", path=str(path))
     docs = load_documents(tiny_config(tmp_path, [source]), seed=0)
-    assert docs.column_names == ["text"]
+    assert docs.column_names == ["text", "source"]
     assert [t.strip() for t in docs["text"]] == texts
 
 
@@ -341,18 +341,19 @@ def test_random_next_comes_from_another_document() -> None:
     cfg = DataConfig(max_seq_length=40)
     instances = create_nsp_instances(_synthetic_documents(60), cfg, random.Random(0), cls_id=2, sep_id=3)
     assert len(instances) > 100
-    for ids, len_cls_a_sep, label in instances:
+    for ids, len_cls_a_sep, label, d in instances:
         assert len(ids) <= 40
         a, b = ids[1 : len_cls_a_sep - 1], ids[len_cls_a_sep:-1]
         assert a and b
         doc_a, doc_b = {t // 1000 for t in a}, {t // 1000 for t in b}
         assert len(doc_a) == len(doc_b) == 1  # each segment is a contiguous piece of one document
+        assert doc_a == {d + 1}  # the instance names segment A's document (tokens of document d: 1000 * (d + 1) + ...)
         assert a == sorted(a) and b == sorted(b)
         if label == 1:
             assert doc_a != doc_b
         else:
             assert doc_a == doc_b and a[-1] < b[0]  # the actual continuation
-    assert 0.4 < np.mean([label for *_, label in instances]) < 0.6
+    assert 0.4 < np.mean([label for _, _, label, _ in instances]) < 0.6
 
 
 def test_truncation_matches_bert_truncate_seq_pair() -> None:

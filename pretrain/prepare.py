@@ -1,0 +1,168 @@
+"""Data preparation as its own step, run once before a multi-process training (a CPU node will do):
+
+    python -m pretrain.prepare --config configs/pretrain/bert_base_post_ln.yaml [--section.key=VALUE ...]
+
+It reads the same configuration as pretrain/run.py (the ``data`` section, ``train.seed`` and ``model.vocab_size``
+matter; the rest is accepted so the two commands take the same arguments) and builds what training reads from
+``data.cache_dir``: the tokenizer (trained and cached when ``data.tokenizer`` is null) and the training and
+validation instances, shard by shard with ``data.num_proc`` processes, with a progress bar and an ETA.
+
+Interrupted (kill, preemption, time limit), it resumes: finished shards are kept in ``instances-KEY.partial/``
+and a rerun makes only the others; the folder is renamed to ``instances-KEY/`` when complete. A prepared config
+is reported again without work. At the end it prints a summary (documents, instances, tokens, padding, disk size)
+and, per source, the share of the tokens, the fraction of instances whose second segment is the true next
+segment and the mean real tokens per instance, with a warning for a source whose documents are too short to
+make real next-sentence pairs. The same report is in ``instances-KEY/summary.json``.
+
+Training then finds the prepared instances (same arguments, same cache key) and starts without a preparation
+under a barrier; with several processes and an unprepared large corpus it stops with exit code 2 and prints this
+command (pretrain/data.py: check_prepared_for_distributed).
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import sys
+import time
+from typing import Any
+
+from pretrain.config import PretrainConfig, help_text, parse_args
+from pretrain.data import DataConfig, build_pretraining_data
+from pretrain.instances import SUMMARY_FILE, prepared_dir, read_summary
+
+PROG = "python -m pretrain.prepare"
+# A source whose documents are mostly one sentence cannot make real next-sentence pairs: the "true next" segment
+# of a one-sentence document is the second half of that sentence.
+MAX_SINGLE_SENTENCE_SHARE = 0.5
+# Instances with fewer real tokens than this share of max_seq_length are mostly padding.
+MIN_FILL = 0.5
+
+
+def prepare_command(argv: list[str]) -> str:
+    """The command that prepares the data of a training run started with ``argv``."""
+    return f"{PROG} {shlex.join(argv)}".strip()
+
+
+def source_label(cfg: DataConfig, index: int) -> str:
+    source = cfg.sources[index]
+    return f"{index}: {source.kind} {source.path}".rstrip() + (
+        f" ({source.rows_per_document} rows/doc)" if source.rows_per_document > 1 else ""
+    )
+
+
+def source_checks(summary: dict[str, Any], cfg: DataConfig) -> tuple[list[dict[str, Any]], list[str]]:
+    """Per source of the training instances: share of the corpus tokens (and the weight's target share), documents,
+    sentences per document, share of one-sentence documents, instances, fraction of true-next pairs, mean real
+    tokens per instance; and the warnings (documents too short for real next-sentence pairs, mostly padding)."""
+    by_source = summary["train"]["by_source"]
+    total_tokens = sum(s["document_tokens"] for s in by_source.values()) or 1
+    weights = [s.weight for s in cfg.sources]
+    rows, warnings = [], []
+    for index in range(len(cfg.sources)):
+        s = by_source.get(str(index))
+        if s is None or s["documents"] == 0:
+            warnings.append(f"source {source_label(cfg, index)} contributed no training documents")
+            continue
+        row = {
+            "source": source_label(cfg, index),
+            "token_share": s["document_tokens"] / total_tokens,
+            "target_share": weights[index] / sum(weights),
+            "documents": s["documents"],
+            "sentences_per_document": s["sentences"] / s["documents"],
+            "single_sentence_documents": s["single_sentence_documents"] / s["documents"],
+            "instances": s["instances"],
+            "true_next": s["true_next"] / s["instances"] if s["instances"] else None,
+            "real_tokens_per_instance": s["real_tokens"] / s["instances"] if s["instances"] else None,
+        }
+        rows.append(row)
+        if cfg.objective != "mlm_nsp":
+            continue
+        if row["single_sentence_documents"] > MAX_SINGLE_SENTENCE_SHARE:
+            warnings.append(
+                f"source {row['source']}: {100 * row['single_sentence_documents']:.0f}% of its documents are one "
+                f"sentence, too short to make real next-sentence pairs (the 'true next' segment of such a document "
+                f"is the second half of its sentence). If it stores one sentence per row in reading order, set "
+                f"data.sources[{index}].rows_per_document (the BERT-base presets use 256 for bookcorpus)"
+            )
+        if (
+            row["real_tokens_per_instance"] is not None
+            and row["real_tokens_per_instance"] < MIN_FILL * cfg.max_seq_length
+        ):
+            warnings.append(
+                f"source {row['source']}: its instances hold {row['real_tokens_per_instance']:.0f} real tokens on "
+                f"average out of data.max_seq_length={cfg.max_seq_length}: mostly padding (documents too short)"
+            )
+    return rows, warnings
+
+
+def format_report(summary: dict[str, Any], cfg: DataConfig, folder: os.PathLike | str) -> str:
+    """The summary and the per-source check as text."""
+    lines = [f"prepared instances: {folder}  ({summary['disk_bytes'] / 2**30:.2f} GiB on disk)"]
+    lines.append(f"  {'':<11}{'documents':>12}{'instances':>12}{'tokens':>15}{'padding':>9}")
+    for name in ("train", "validation"):
+        part = summary[name]
+        documents = sum(s["documents"] for s in part["by_source"].values())
+        lines.append(
+            f"  {name:<11}{documents:>12,}{part['instances']:>12,}{part['real_tokens']:>15,}"
+            f"{100 * part['padding_fraction']:>8.1f}%"
+        )
+    lines.append(
+        "  (tokens: real tokens of the instances, [CLS]/[SEP] included; padding: share of the positions of "
+        f"{cfg.max_seq_length}-token rows that are padding)"
+    )
+    rows, warnings = source_checks(summary, cfg)
+    lines.append(f"per source (training instances; mixture weighted by {cfg.weight_by}):")
+    lines.append(
+        f"  {'source':<44}{'tokens':>8}{'target':>8}{'docs':>11}{'sent/doc':>9}{'1-sent':>8}"
+        f"{'instances':>11}{'true next':>10}{'real tok':>9}"
+    )
+    for r in rows:
+        true_next = f"{100 * r['true_next']:.1f}%" if r["true_next"] is not None else "-"
+        real = f"{r['real_tokens_per_instance']:.1f}" if r["real_tokens_per_instance"] is not None else "-"
+        lines.append(
+            f"  {r['source'][:43]:<44}{100 * r['token_share']:>7.1f}%{100 * r['target_share']:>7.1f}%"
+            f"{r['documents']:>11,}{r['sentences_per_document']:>9.1f}{100 * r['single_sentence_documents']:>7.1f}%"
+            f"{r['instances']:>11,}{true_next:>10}{real:>9}"
+        )
+    lines += [f"WARNING: {w}" for w in warnings]
+    return "\n".join(lines)
+
+
+def prepare(cfg: PretrainConfig, *, progress: bool = True) -> dict[str, Any]:
+    """Prepare (or find prepared) the data of ``cfg``; print and return the summary."""
+    start = time.perf_counter()
+    data = build_pretraining_data(
+        cfg.data, seed=cfg.train.seed, model_vocab_size=cfg.model.vocab_size, progress=progress
+    )
+    if cfg.data.streaming:
+        print(
+            f"streaming: the tokenizer is ready ({len(data.tokenizer)} tokens) and {len(data.validation):,} validation "
+            f"instances are made; training instances are made on the fly, nothing else to prepare"
+        )
+        return {"streaming": True, "validation_instances": len(data.validation)}
+    folder = prepared_dir(cfg.data, data.tokenizer, seed=cfg.train.seed)
+    summary = read_summary(folder)
+    print(format_report(summary, cfg.data, folder))
+    print(f"done in {time.perf_counter() - start:.0f} s; {folder / SUMMARY_FILE}")
+    return summary
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if "-h" in argv or "--help" in argv:
+        print(__doc__)
+        print(help_text().replace("python pretrain/run.py", PROG))
+        return 0
+    prepare(parse_args(argv))
+    return 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except (ValueError, FileNotFoundError) as err:  # ConfigError is a ValueError
+        if os.environ.get("LNBERT_TRACEBACK"):
+            raise
+        print(f"error: {err}\n(set LNBERT_TRACEBACK=1 to see the traceback)", file=sys.stderr)
+        sys.exit(2)
