@@ -311,6 +311,7 @@ RESUMABLE_CHANGES = frozenset(
         "train.peak_flops_per_device",
         "data.num_proc",
         "data.cache_dir",
+        "data.max_inline_preparation_mb",
     }
 )
 

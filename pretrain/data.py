@@ -88,6 +88,11 @@ class DataConfig:
     """Documents in the shuffle buffer of a streamed corpus."""
     num_proc: int = 1
     """Worker processes for tokenisation (the result does not depend on it)."""
+    max_inline_preparation_mb: float = 64.0
+    """Largest corpus (MiB of local files) that a run of several processes prepares itself, its other processes
+    waiting at a barrier; a larger one (or a Hub dataset) must be prepared first with ``python -m
+    pretrain.prepare`` (the run stops with that command otherwise). 64 MiB take under two minutes at the data
+    path's ~0.6 MB/s per core (BENCHMARKS.md), far inside the barrier's timeout (NCCL: 10 minutes)."""
 
     def __post_init__(self) -> None:
         # Configs parsed from YAML arrive as dicts.
@@ -113,6 +118,8 @@ class DataConfig:
             raise ValueError(f"data.validation_documents={self.validation_documents} must be >= 1 or null")
         if self.max_documents is not None and self.max_documents < 2:
             raise ValueError(f"data.max_documents={self.max_documents} must be >= 2 (one to train, one to validate)")
+        if not self.max_inline_preparation_mb >= 0:
+            raise ValueError(f"data.max_inline_preparation_mb={self.max_inline_preparation_mb} must be >= 0")
         for key in ("tokenizer_train_documents", "shuffle_buffer_size", "num_proc"):
             if getattr(self, key) < 1:
                 raise ValueError(f"data.{key}={getattr(self, key)} must be >= 1")
@@ -124,12 +131,6 @@ class PretrainingData(NamedTuple):
     validation: datasets.Dataset
     """Same columns, from held-out documents; always materialised."""
     tokenizer: PreTrainedTokenizerFast
-
-
-# A corpus this small is prepared inline, while the other processes wait at the barrier: at the data path's ~0.6 MB
-# of text per second and core (BENCHMARKS.md) that is under two minutes, far inside the barrier's timeout (10
-# minutes for NCCL in PyTorch's CUDA builds, 30 for gloo). Anything larger is prepared by pretrain/prepare.py first.
-INLINE_PREPARATION_MAX_BYTES = 64 * 2**20
 
 
 class PreparationRequired(ValueError):
@@ -154,13 +155,14 @@ def check_prepared_for_distributed(cfg: DataConfig, *, seed: int, num_processes:
     if num_processes <= 1 or is_prepared(cfg, seed=seed):
         return
     size = corpus_bytes(cfg)
-    if size is not None and size <= INLINE_PREPARATION_MAX_BYTES:
+    if size is not None and size <= cfg.max_inline_preparation_mb * 2**20:
         return
     what = "a Hugging Face Hub dataset" if size is None else f"{size / 2**20:,.0f} MiB of files"
     raise PreparationRequired(
         f"the data is not prepared: data.cache_dir={cfg.cache_dir} holds no prepared instances for this config, and "
-        f"the corpus ({what}) is too large to prepare while {num_processes - 1} other processes wait at a barrier "
-        f"(it times out after 10 minutes under NCCL). Prepare it once, on any machine that sees data.cache_dir "
+        f"the corpus ({what}) is too large to prepare while {num_processes - 1} other process(es) wait at a barrier "
+        f"(data.max_inline_preparation_mb={cfg.max_inline_preparation_mb:g}; NCCL's barrier times out after 10 "
+        f"minutes). Prepare it once, on any machine that sees data.cache_dir "
         f"(a CPU node will do), with the same arguments:\n    {prepare_command}\nthen start the training again"
     )
 

@@ -381,7 +381,8 @@ def stream_instances(
 
 # DataConfig fields that do not change the instances: masking is dynamic, the rest are mechanics, and the
 # tokenizer's name (it enters the key by content, so a run handed a trained tokenizer's folder reuses its instances).
-_FIELDS_NOT_IN_KEY = {"mlm_probability", "cache_dir", "num_proc", "streaming", "shuffle_buffer_size", "tokenizer"}
+_FIELDS_NOT_IN_KEY = {"mlm_probability", "cache_dir", "num_proc", "streaming", "shuffle_buffer_size", "tokenizer",
+                      "max_inline_preparation_mb"}  # fmt: skip
 
 
 def data_cache_key(cfg: DataConfig, tokenizer: PreTrainedTokenizerFast, *, seed: int) -> str:

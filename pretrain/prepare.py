@@ -39,8 +39,10 @@ MAX_SINGLE_SENTENCE_SHARE = 0.5
 MIN_FILL = 0.5
 
 
-def prepare_command(argv: list[str]) -> str:
-    """The command that prepares the data of a training run started with ``argv``."""
+def prepare_command(argv: list[str] | None) -> str:
+    """The command that prepares the data of a training run started with ``argv`` (its same arguments)."""
+    if argv is None:
+        return f"{PROG} [the arguments of this run]"
     return f"{PROG} {shlex.join(argv)}".strip()
 
 

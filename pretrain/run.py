@@ -59,6 +59,7 @@ from pretrain.layout import (
 )
 from pretrain.modeling import LNBertForPreTraining
 from pretrain.optim import build_adamw
+from pretrain.prepare import prepare_command
 from pretrain.tracking import (
     clip_coefficient,
     init_trackers,
@@ -198,7 +199,8 @@ def check_same_trained_tokenizer(tokenizer: Any, saved_dir: Path) -> None:
 def data_fingerprint(cfg: PretrainConfig, num_processes: int, tokenizer: Any) -> str:
     """What fixes the sequence of batches: data config, vocabulary, seed, batch size, processes (a position is
     only meaningful for the same sequence). The vocabulary counts, not the tokenizer's name or folder."""
-    data = {k: v for k, v in to_dict(cfg.data).items() if k not in ("num_proc", "cache_dir", "tokenizer")}
+    mechanics = ("num_proc", "cache_dir", "tokenizer", "max_inline_preparation_mb")
+    data = {k: v for k, v in to_dict(cfg.data).items() if k not in mechanics}
     vocab = hashlib.sha256(json.dumps(tokenizer.get_vocab(), sort_keys=True).encode()).hexdigest()
     key = [data, vocab, cfg.train.seed, cfg.train.per_device_batch_size, num_processes]
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
@@ -502,7 +504,9 @@ def train(job: Job, state: TrainState, stop: StopRequest) -> str:
 # --------------------------------------------------------------------------------------------------
 
 
-def prepare_job(cfg: PretrainConfig, accelerator: Accelerator, resume_from: Path | None) -> tuple[Job, TrainState]:
+def prepare_job(
+    cfg: PretrainConfig, accelerator: Accelerator, resume_from: Path | None, prepare_command: str
+) -> tuple[Job, TrainState]:
     run_dir = Path(cfg.train.output_dir)
     same_run = resume_from is not None and resume_from.parent.parent.resolve() == run_dir.resolve()
     set_seed(cfg.train.seed)
@@ -513,6 +517,9 @@ def prepare_job(cfg: PretrainConfig, accelerator: Accelerator, resume_from: Path
         save_tokenizer_to=run_dir / TOKENIZER_DIR if accelerator.is_main_process and not same_run else None,
         main_process_first=accelerator.main_process_first,
         model_vocab_size=cfg.model.vocab_size,
+        # Several processes: a large corpus must have been prepared by pretrain/prepare.py (not under a barrier).
+        num_processes=accelerator.num_processes,
+        prepare_command=prepare_command,
     )
     if resume_from is not None and cfg.data.tokenizer is None:
         check_same_trained_tokenizer(data.tokenizer, resume_from.parent.parent / TOKENIZER_DIR)
@@ -575,14 +582,15 @@ def prepare_job(cfg: PretrainConfig, accelerator: Accelerator, resume_from: Path
     return job, state
 
 
-def pretrain(cfg: PretrainConfig) -> str:
-    """Run one pretraining job described by ``cfg``; returns finished, diverged or preempted."""
+def pretrain(cfg: PretrainConfig, argv: list[str] | None = None) -> str:
+    """Run one pretraining job described by ``cfg`` (parsed from ``argv``, which the message naming the data
+    preparation command repeats); returns finished, diverged or preempted."""
     check_environment(cfg)
     accelerator = setup(cfg)
     run_dir = Path(cfg.train.output_dir)
     resume_from = resolve_resume(run_dir, to_dict(cfg), cfg.train.resume)
     accelerator.wait_for_everyone()  # every process has checked the directory before the main one writes
-    job, state = prepare_job(cfg, accelerator, resume_from)
+    job, state = prepare_job(cfg, accelerator, resume_from, prepare_command(argv))
     if accelerator.is_main_process:
         write_json_atomic(run_dir / RUN_CONFIG_FILE, job.resolved)
     if (
@@ -630,7 +638,7 @@ def main(argv: list[str] | None = None) -> int:
     if "-h" in argv or "--help" in argv:
         print(help_text())
         return 0
-    pretrain(parse_args(argv))
+    pretrain(parse_args(argv), argv)
     return 0
 
 

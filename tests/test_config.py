@@ -70,7 +70,13 @@ def test_small_presets_differ_only_in_placement_and_schedule() -> None:
     post = parse_args(["--config", str(ROOT / "configs/pretrain/small_post_ln.yaml")])
     pre = parse_args(["--config", str(ROOT / "configs/pretrain/small_pre_ln.yaml")])
     differing = _differences(to_dict(post), to_dict(pre))
-    assert differing == {"model.norm_placement", "optim.lr", "optim.warmup_fraction", "train.output_dir", "train.run_name"}
+    assert differing == {
+        "model.norm_placement",
+        "optim.lr",
+        "optim.warmup_fraction",
+        "train.output_dir",
+        "train.run_name",
+    }
     assert post.optim.resolved_warmup_steps(post.train.max_steps) == 20
     assert pre.optim.resolved_warmup_steps(pre.train.max_steps) == 0
     assert all(s.kind == "json" for s in post.data.sources)
@@ -90,7 +96,12 @@ def _differences(a: dict, b: dict, prefix: str = "") -> set[str]:
 @pytest.mark.parametrize("path", DEEPSPEED_CONFIGS, ids=lambda p: p.name)
 def test_deepspeed_configs_leave_batch_and_clipping_to_the_project_config(path: Path) -> None:
     ds = json.loads(path.read_text())
-    for key in ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "gradient_clipping"):
+    for key in (
+        "train_batch_size",
+        "train_micro_batch_size_per_gpu",
+        "gradient_accumulation_steps",
+        "gradient_clipping",
+    ):
         assert ds[key] == "auto", key
     assert ds["bf16"]["enabled"] == "auto" and ds["fp16"]["enabled"] == "auto"
     assert ds["zero_optimization"]["stage"] in (1, 2)
@@ -143,10 +154,16 @@ def test_resolved_config_round_trips_through_json() -> None:
         (["--model.norm_placement=middle"], r"model.norm_placement must be one of post, pre, sandwich, deepnorm"),
         (["--train.mixed_precision=fp8"], r"train.mixed_precision must be one of no, bf16, fp16"),
         (["--optim.scheduler=triangle"], r"optim.scheduler must be one of .*linear"),
-        (["--optim.warmup_steps=500", "--train.max_steps=100"], r"optim.warmup_steps = 500 exceeds train.max_steps=100"),
+        (
+            ["--optim.warmup_steps=500", "--train.max_steps=100"],
+            r"optim.warmup_steps = 500 exceeds train.max_steps=100",
+        ),
         (["--model.num_attention_heads=5"], r"model.num_attention_heads must divide model.hidden_size=64"),
         (["--data.max_seq_length=512"], r"model.max_position_embeddings = 128 is smaller than data.max_seq_length=512"),
-        (["--model.vocab_size=1000", "--data.vocab_size=4000"], r"data.vocab_size = 4000 .* exceeds model.vocab_size=1000"),
+        (
+            ["--model.vocab_size=1000", "--data.vocab_size=4000"],
+            r"data.vocab_size = 4000 .* exceeds model.vocab_size=1000",
+        ),
         (["--data.sources=[{kind: tape}]"], r"data.sources\[0\]: .*kind='tape' is unknown"),
         (["--train.stop_at_step=500"], r"train.stop_at_step must be in \[1, train.max_steps=300\]"),
         (["--model.hidden_size"], r"--model.hidden_size needs a value"),
@@ -188,8 +205,13 @@ def test_every_field_is_documented(cls: type) -> None:
 
 def test_help_lists_every_field_with_type_default_and_doc() -> None:
     text = help_text()
-    for cls, section in [(ModelConfig, "model"), (OptimConfig, "optim"), (TrainConfig, "train"),
-                         (TrackingConfig, "tracking"), (DataConfig, "data")]:
+    for cls, section in [
+        (ModelConfig, "model"),
+        (OptimConfig, "optim"),
+        (TrainConfig, "train"),
+        (TrackingConfig, "tracking"),
+        (DataConfig, "data"),
+    ]:
         hints = typing.get_type_hints(cls)
         for f in dataclasses.fields(cls):
             assert f"--{section}.{f.name}  (" in text, f.name
@@ -208,7 +230,11 @@ def test_main_help_exits_zero(capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_tensorboard_backend_without_the_extra_names_the_install(monkeypatch: pytest.MonkeyPatch) -> None:
     real_find_spec = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "tensorboard" else real_find_spec(name, *a))
-    with pytest.raises(ConfigError, match=r"tracking.backend is tensorboard, which is not installed: .*\[tensorboard\]"):
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "tensorboard" else real_find_spec(name, *a)
+    )
+    with pytest.raises(
+        ConfigError, match=r"tracking.backend is tensorboard, which is not installed: .*\[tensorboard\]"
+    ):
         TrackingConfig(backend="tensorboard")
     TrackingConfig(backend="none")  # the other backends do not need it

@@ -144,7 +144,9 @@ def test_fused_qkv_keeps_hugging_face_parameter_names(tiny_kwargs: dict) -> None
 
 def test_flops_per_token_matches_a_hand_count_for_a_tiny_config() -> None:
     # L=2, H=32, I=37, V=99, T=16: every matmul of the model, counted by hand.
-    config = LNBertConfig(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37)
+    config = LNBertConfig(
+        vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37
+    )
     per_layer = 4 * 32 * 32 + 2 * 32 * 37  # Q, K, V, attention output; FFN in and out
     mlm_head = 32 * 32 + 99 * 32  # transform dense, vocabulary decoder
     pooler_nsp = (32 * 32 + 32 * 2) / 16  # once per sequence of 16 tokens

@@ -351,7 +351,15 @@ def test_save_and_load_in_fresh_process(tiny_kwargs, placement, tmp_path):
     with torch.no_grad():
         expected = model(**batch)
     subprocess.run(
-        [sys.executable, "-c", _RELOAD_SCRIPT, str(tmp_path / "snap"), str(tmp_path / "batch.pt"), str(tmp_path / "o.pt"), str(torch.get_num_threads())],
+        [
+            sys.executable,
+            "-c",
+            _RELOAD_SCRIPT,
+            str(tmp_path / "snap"),
+            str(tmp_path / "batch.pt"),
+            str(tmp_path / "o.pt"),
+            str(torch.get_num_threads()),
+        ],
         check=True,
         cwd=ROOT,
     )

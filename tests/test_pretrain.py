@@ -93,7 +93,11 @@ def test_tiny_run_writes_the_documented_layout(tmp_path: Path, data_cache: Path)
     snapshots = list_snapshots(run)
     assert [s.step for s in snapshots] == [0, 4, 6]
     info = snapshots[-1].info
-    assert info["tokens_seen"] > 0 and "val/mlm_loss" in info["metrics"] and info["pretrain_config"]["train"]["max_steps"] == 6
+    assert (
+        info["tokens_seen"] > 0
+        and "val/mlm_loss" in info["metrics"]
+        and info["pretrain_config"]["train"]["max_steps"] == 6
+    )
     # A snapshot opens with the Auto classes, with clean key names.
     model = LNBertForPreTraining.from_pretrained(snapshots[-1].path)
     assert model.config.norm_placement == "post"
@@ -102,8 +106,16 @@ def test_tiny_run_writes_the_documented_layout(tmp_path: Path, data_cache: Path)
     rows = read_metrics(run)
     assert all("step" in r and "tokens_seen" in r for r in rows)
     last_train = [r for r in rows if "train/loss" in r][-1]
-    for key in ("train/mlm_loss", "train/nsp_loss", "train/lr", "train/grad_norm", "train/tokens_per_s", "train/mfu",
-                "grad_norm/layer_00/attn", "grad_norm/layer_01/ffn"):
+    for key in (
+        "train/mlm_loss",
+        "train/nsp_loss",
+        "train/lr",
+        "train/grad_norm",
+        "train/tokens_per_s",
+        "train/mfu",
+        "grad_norm/layer_00/attn",
+        "grad_norm/layer_01/ffn",
+    ):
         assert key in last_train, key
     assert {"val/mlm_loss", "val/mlm_accuracy", "val/nsp_accuracy"} <= set(rows[-1])
     assert (run / "tokenizer" / "tokenizer.json").is_file()
@@ -112,7 +124,12 @@ def test_tiny_run_writes_the_documented_layout(tmp_path: Path, data_cache: Path)
 def test_default_config_runs_through_the_same_entry_point(tmp_path: Path, data_cache: Path) -> None:
     """The built-in default (tiny model, python_docs, trained WordPiece), cut to a few steps."""
     run = tmp_path / "default"
-    argv = [f"--train.output_dir={run}", f"--data.cache_dir={data_cache}", "--train.max_steps=3", "--train.eval_batches=1"]
+    argv = [
+        f"--train.output_dir={run}",
+        f"--data.cache_dir={data_cache}",
+        "--train.max_steps=3",
+        "--train.eval_batches=1",
+    ]
     assert main(argv) == 0
     assert read_status(run)["status"] == "finished"
     assert [s.step for s in list_snapshots(run)] == [0, 3]
@@ -168,7 +185,9 @@ def test_nan_loss_stops_as_diverged_without_checkpoint(tmp_path: Path, data_cach
         assert all(torch.isfinite(t).all() for t in load_file(snapshot.path / "model.safetensors").values())
 
 
-def test_nan_from_the_model_is_caught_in_that_step(tmp_path: Path, data_cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_nan_from_the_model_is_caught_in_that_step(
+    tmp_path: Path, data_cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     calls = {"n": 0}
     forward = LNBertForPreTraining.forward
 
@@ -225,7 +244,9 @@ def test_sigterm_saves_a_checkpoint_and_marks_preempted(tmp_path: Path, data_cac
     status = read_status(run)
     assert status["status"] == "preempted", status
     checkpoint = latest_checkpoint(run)
-    assert checkpoint is not None and json.loads((checkpoint / "train_state.json").read_text())["step"] == status["step"]
+    assert (
+        checkpoint is not None and json.loads((checkpoint / "train_state.json").read_text())["step"] == status["step"]
+    )
     assert "stop requested (SIGTERM)" in output
 
 
@@ -242,7 +263,9 @@ def _corpus(tmp_path: Path, name: str, content: bytes) -> str:
 
 def test_missing_data_file(tmp_path: Path, data_cache: Path) -> None:
     with pytest.raises(FileNotFoundError, match=r"no such file or folder .*nowhere.jsonl"):
-        main(tiny_args(tmp_path / "r", data_cache, f'--data.sources=[{{kind: json, path: "{tmp_path}/nowhere.jsonl"}}]'))
+        main(
+            tiny_args(tmp_path / "r", data_cache, f'--data.sources=[{{kind: json, path: "{tmp_path}/nowhere.jsonl"}}]')
+        )
 
 
 def test_empty_corpus(tmp_path: Path, data_cache: Path) -> None:
@@ -302,7 +325,13 @@ def test_command_line_errors_exit_2_with_the_message(tmp_path: Path) -> None:
 def test_true_default_run_finishes_offline(tmp_path: Path) -> None:
     """`python pretrain/run.py` with no arguments, in a fresh directory, offline, well under 5 minutes."""
     # One thread: other jobs share the CI cores, and oversubscribed OpenMP threads slow tiny models 10x.
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "WANDB_MODE": "offline", "OMP_NUM_THREADS": "1"}
+    env = {
+        **os.environ,
+        "HF_HUB_OFFLINE": "1",
+        "HF_DATASETS_OFFLINE": "1",
+        "WANDB_MODE": "offline",
+        "OMP_NUM_THREADS": "1",
+    }
     start = time.time()
     result = subprocess.run([sys.executable, str(RUN_PY)], cwd=tmp_path, env=env, capture_output=True, text=True,
                             timeout=600)  # fmt: skip
@@ -373,7 +402,9 @@ def test_deepspeed_zero2_one_process(tmp_path: Path, data_cache: Path) -> None:
 
 
 @pytest.mark.parametrize("backend", ["tensorboard", "wandb"])
-def test_trackers_write_offline(tmp_path: Path, data_cache: Path, backend: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_trackers_write_offline(
+    tmp_path: Path, data_cache: Path, backend: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """TensorBoard event files in RUN/tensorboard; W&B offline runs in RUN/wandb (for `wandb sync` later)."""
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")

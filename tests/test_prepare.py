@@ -1,0 +1,267 @@
+"""Data preparation as its own step (pretrain/prepare.py): documents from consecutive rows, the mixture weighted by
+words, the per-source next-sentence check, resumable shard-wise preparation, and the refusal to prepare a large
+corpus while other processes wait at a barrier. Tiny local files in the two Hub shapes: articles (one document a
+row) and a book corpus stored one sentence per row in reading order."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import datasets
+import numpy as np
+import pytest
+
+import pretrain.instances
+from pretrain.corpus import load_documents
+from pretrain.data import DataConfig, PreparationRequired, SourceConfig, build_pretraining_data, is_prepared
+from pretrain.instances import SUMMARY_FILE, prepared_dir, read_summary
+from pretrain.prepare import format_report, source_checks
+from pretrain.prepare import main as prepare_main
+from tests.test_data import WORDS, make_documents, tiny_config, write_jsonl
+from tests.test_pretrain import _accelerate, tiny_args
+
+datasets.disable_progress_bars()
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def write_books(path: Path, n_books: int, sentences_per_book: int, *, seed: int = 0) -> list[list[str]]:
+    """A sentence-per-row book corpus in reading order (bookcorpus/bookcorpus's shape): one JSON row per sentence,
+    sentence k of book b reads "Book b line k ..." so that its place can be read back."""
+    rng = random.Random(seed)
+    books = []
+    for b in range(n_books):
+        books.append(
+            [
+                f"Book {b} line {k} " + " ".join(rng.choice(WORDS) for _ in range(rng.randint(4, 9))) + "."
+                for k in range(sentences_per_book)
+            ]
+        )
+    write_jsonl(path, [s for book in books for s in book])
+    return books
+
+
+def test_rows_per_document_joins_consecutive_rows(tmp_path: Path) -> None:
+    rows = [f"Sentence {k} is here." for k in range(10)]
+    rows[5] = " "  # an empty row is dropped before grouping
+    path = write_jsonl(tmp_path / "books.jsonl", rows)
+    for streaming in (False, True):
+        cfg = tiny_config(
+            tmp_path, [SourceConfig(kind="json", path=str(path), rows_per_document=4)], streaming=streaming
+        )
+        docs = list(load_documents(cfg, seed=0))
+        kept = [r for r in rows if r.strip()]
+        assert [d["text"] for d in docs] == ["\n".join(kept[k : k + 4]) for k in range(0, len(kept), 4)]
+        assert {d["source"] for d in docs} == {0}
+    # max_documents counts documents (of max_documents * rows_per_document rows at most), not rows.
+    cfg = tiny_config(tmp_path, [SourceConfig(kind="json", path=str(path), rows_per_document=3)], max_documents=2)
+    capped = load_documents(cfg, seed=0)["text"]
+    assert capped[0] == "Sentence 0 is here.\nSentence 1 is here.\nSentence 2 is here." and len(capped) == 2
+    with pytest.raises(ValueError, match="rows_per_document=0 must be >= 1"):
+        SourceConfig(kind="json", path="x.jsonl", rows_per_document=0)
+
+
+def _word_share(docs: datasets.Dataset, source: int) -> float:
+    words = Counter()
+    for row in docs:
+        words[row["source"]] += len(row["text"].split())
+    return words[source] / sum(words.values())
+
+
+def test_weight_by_words_gives_each_source_its_share_of_words(tmp_path: Path) -> None:
+    rng = random.Random(0)
+    long_docs = [" ".join(rng.choice(WORDS) for _ in range(200)) + "." for _ in range(400)]
+    short_docs = [" ".join(rng.choice(WORDS) for _ in range(20)) + "." for _ in range(4000)]
+    sources = [
+        SourceConfig(kind="json", path=str(write_jsonl(tmp_path / "long.jsonl", long_docs)), weight=3.0),
+        SourceConfig(kind="json", path=str(write_jsonl(tmp_path / "short.jsonl", short_docs)), weight=1.0),
+    ]
+    by_words = load_documents(tiny_config(tmp_path, sources, weight_by="words"), seed=0)
+    assert _word_share(by_words, 0) == pytest.approx(0.75, abs=0.03)
+    by_documents = load_documents(tiny_config(tmp_path, sources), seed=0)
+    assert Counter(by_documents["source"])[0] / len(by_documents) == pytest.approx(0.75, abs=0.03)
+    assert _word_share(by_documents, 0) > 0.95  # the same weights counted in documents: long documents dominate
+    with pytest.raises(ValueError, match=r"data.weight_by='tokens' must be one of documents, words"):
+        DataConfig(weight_by="tokens")
+
+
+def two_shapes(tmp_path: Path, *, rows_per_document: int, **overrides) -> DataConfig:
+    """Articles (one a row) and a sentence-per-row book file, mixed 1:1 by words."""
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    articles = write_jsonl(tmp_path / "wiki.jsonl", make_documents(150, seed=1))
+    books = tmp_path / "books.jsonl"
+    write_books(books, n_books=6, sentences_per_book=150)
+    sources = [
+        SourceConfig(kind="json", path=str(articles)),
+        SourceConfig(kind="json", path=str(books), rows_per_document=rows_per_document),
+    ]
+    return tiny_config(tmp_path, sources, weight_by="words", max_seq_length=64, **overrides)
+
+
+def test_check_reports_true_next_fractions_and_warns_on_one_sentence_documents(tmp_path: Path) -> None:
+    cfg = two_shapes(tmp_path, rows_per_document=1)
+    data = build_pretraining_data(cfg, seed=0)
+    summary = read_summary(prepared_dir(cfg, data.tokenizer, seed=0))
+    # The per-source counts agree with the instances on disk.
+    by_source = summary["train"]["by_source"]
+    labels = np.array(data.train["next_sentence_label"])
+    assert sum(s["instances"] for s in by_source.values()) == len(data.train) == summary["train"]["instances"]
+    assert sum(s["true_next"] for s in by_source.values()) == int((labels == 0).sum())
+    assert sum(s["real_tokens"] for s in by_source.values()) == sum(map(len, data.train["input_ids"]))
+    rows, warnings = source_checks(summary, cfg)
+    books = rows[1]
+    assert books["single_sentence_documents"] == 1.0 and books["sentences_per_document"] == 1.0
+    assert books["real_tokens_per_instance"] < 0.5 * cfg.max_seq_length
+    assert any("1: json" in w and "one sentence" in w and "rows_per_document" in w for w in warnings)
+    assert any("1: json" in w and "mostly padding" in w for w in warnings)
+    assert not any(w.startswith("source 0:") for w in warnings)
+    assert "true next" in format_report(summary, cfg, "X")
+
+    grouped = two_shapes(tmp_path / "grouped", rows_per_document=16)
+    data = build_pretraining_data(grouped, seed=0)
+    summary = read_summary(prepared_dir(grouped, data.tokenizer, seed=0))
+    rows, warnings = source_checks(summary, grouped)
+    assert warnings == []
+    for row in rows:
+        assert row["single_sentence_documents"] == 0.0
+        assert row["true_next"] == pytest.approx(0.5, abs=0.1)  # data.nsp_random_prob = 0.5
+    assert rows[1]["real_tokens_per_instance"] > 0.7 * grouped.max_seq_length  # books: now long documents
+
+
+class Killed(Exception):
+    pass
+
+
+def test_preparation_resumes_from_its_finished_shards(tmp_path: Path, monkeypatch) -> None:
+    corpus = write_jsonl(tmp_path / "corpus.jsonl", make_documents(700))
+    cfg = tiny_config(tmp_path, [SourceConfig(kind="json", path=str(corpus))])
+    monkeypatch.setattr(pretrain.instances, "SHARD_CHUNKS", 1)  # 3 training shards of 256 documents
+    written = []
+    write_shard = pretrain.instances._write_shard
+
+    def dies_on_the_second_shard(docs, path, **kwargs):
+        written.append(path.name)
+        if written == ["shard-00000.arrow", "shard-00001.arrow"]:
+            raise Killed  # as a kill in the middle of the preparation
+        return write_shard(docs, path, **kwargs)
+
+    monkeypatch.setattr(pretrain.instances, "_write_shard", dies_on_the_second_shard)
+    with pytest.raises(Killed):
+        build_pretraining_data(cfg, seed=0)
+    assert not is_prepared(cfg, seed=0)
+    partial = list(Path(cfg.cache_dir).glob("instances-*.partial"))
+    assert len(partial) == 1 and sorted(p.name for p in (partial[0] / "train").iterdir()) == ["shard-00000.arrow",
+                                                                                      "shard-00000.json"]  # fmt: skip
+    written.clear()
+    data = build_pretraining_data(cfg, seed=0)
+    assert written == ["shard-00001.arrow", "shard-00002.arrow", "shard-00000.arrow"]  # the rest, then validation
+    assert is_prepared(cfg, seed=0) and not list(Path(cfg.cache_dir).glob("instances-*.partial"))
+
+    # The same instances as a preparation in one go.
+    monkeypatch.setattr(pretrain.instances, "_write_shard", write_shard)
+    data.tokenizer.save_pretrained(tmp_path / "tok")
+    fresh = build_pretraining_data(
+        tiny_config(tmp_path / "fresh", cfg.sources, tokenizer=str(tmp_path / "tok")), seed=0
+    )
+    assert (
+        fresh.train["input_ids"] == data.train["input_ids"] and fresh.train["instance_id"] == data.train["instance_id"]
+    )
+    assert fresh.validation["input_ids"] == data.validation["input_ids"]
+
+
+@pytest.mark.slow
+def test_prepared_instances_do_not_depend_on_processes_or_shards(tmp_path: Path, monkeypatch) -> None:
+    """data.num_proc=2 (spawned processes, one shard each at a time) and one-chunk shards give the instances of one
+    process making one shard."""
+    corpus = write_jsonl(tmp_path / "corpus.jsonl", make_documents(700))
+    cfg = tiny_config(tmp_path, [SourceConfig(kind="json", path=str(corpus))])
+    one = build_pretraining_data(cfg, seed=0)
+    one.tokenizer.save_pretrained(tmp_path / "tok")
+    monkeypatch.setattr(pretrain.instances, "SHARD_CHUNKS", 1)
+    two = build_pretraining_data(
+        tiny_config(tmp_path / "two", cfg.sources, num_proc=2, tokenizer=str(tmp_path / "tok")), seed=0
+    )
+    assert len(read_summary(prepared_dir(cfg, one.tokenizer, seed=0))["train"]["shards"]) == 1
+    assert len(list((tmp_path / "two" / "cache").glob("instances-*/train/shard-*.arrow"))) == 3
+    assert two.train["input_ids"] == one.train["input_ids"] and two.train["instance_id"] == one.train["instance_id"]
+    assert two.validation["input_ids"] == one.validation["input_ids"]
+
+
+def test_several_processes_refuse_to_prepare_a_large_corpus(tmp_path: Path) -> None:
+    corpus = write_jsonl(tmp_path / "corpus.jsonl", make_documents(120))
+    large = tiny_config(tmp_path, [SourceConfig(kind="json", path=str(corpus))], max_inline_preparation_mb=0)
+    with pytest.raises(
+        PreparationRequired, match=r"(?s)too large to prepare while 1 other.*\n    python -m pretrain\.prepare --X"
+    ):
+        build_pretraining_data(large, seed=0, num_processes=2, prepare_command="python -m pretrain.prepare --X")
+    assert not Path(large.cache_dir).exists()  # nothing was read or written
+    hub = tiny_config(tmp_path, [SourceConfig(kind="hub", path="org/some-corpus")])
+    with pytest.raises(PreparationRequired, match="a Hugging Face Hub dataset"):
+        build_pretraining_data(hub, seed=0, num_processes=8)
+    # A small corpus is prepared inline; one process always prepares; a prepared corpus is found.
+    small = tiny_config(tmp_path / "small", large.sources)
+    build_pretraining_data(small, seed=0, num_processes=2)
+    build_pretraining_data(large, seed=0)
+    assert is_prepared(large, seed=0)
+    build_pretraining_data(large, seed=0, num_processes=2)
+    # Streaming needs only the trained tokenizer prepared.
+    streamed = tiny_config(
+        tmp_path / "stream", large.sources, max_inline_preparation_mb=0, streaming=True, validation_documents=5
+    )
+    with pytest.raises(PreparationRequired):
+        build_pretraining_data(streamed, seed=0, num_processes=2)
+    assert not is_prepared(streamed, seed=0)
+    build_pretraining_data(streamed, seed=0)
+    assert is_prepared(streamed, seed=0)
+
+
+def test_prepare_command_prints_summary_and_is_idempotent(tmp_path: Path, capsys) -> None:
+    cfg = two_shapes(tmp_path, rows_per_document=16)
+    args = [
+        f"--data.sources={json.dumps([vars(s) for s in cfg.sources])}",
+        "--data.weight_by=words", "--data.vocab_size=300", "--data.max_seq_length=64",
+        f"--data.cache_dir={tmp_path / 'cache'}", "--model.max_position_embeddings=64",
+    ]  # fmt: skip
+    assert prepare_main(args) == 0
+    first = capsys.readouterr()
+    assert "prepared instances:" in first.out and "true next" in first.out and "WARNING" not in first.out
+    assert "Preparing instances" in first.err  # the progress bar (tqdm: done/total, rate, remaining time)
+    (folder,) = (tmp_path / "cache").glob("instances-*")
+    assert (folder / SUMMARY_FILE).is_file()
+    assert prepare_main(args) == 0  # prepared: reported again, nothing made
+    again = capsys.readouterr()
+    assert "prepared instances:" in again.out and "Preparing instances" not in again.err
+    assert [p.name for p in (tmp_path / "cache").glob("instances-*")] == [folder.name]
+    with pytest.raises(ValueError, match=r"unknown key 'data\.rows_per_doc'"):
+        prepare_main([*args, "--data.rows_per_doc=3"])
+
+
+@pytest.mark.slow
+def test_two_process_training_refuses_then_finds_the_prepared_cache(tmp_path: Path) -> None:
+    """`accelerate launch --multi_gpu --num_processes 2` (CPU): without prepared data it stops and prints the
+    command; after that command it starts from the prepared cache without preparing anything."""
+    articles = write_jsonl(tmp_path / "wiki.jsonl", make_documents(60, seed=1))
+    write_books(tmp_path / "books.jsonl", n_books=3, sentences_per_book=100)
+    sources = (
+        f"[{{kind: json, path: {articles}}}, {{kind: json, path: {tmp_path / 'books.jsonl'}, rows_per_document: 8}}]"
+    )
+    argv = tiny_args(tmp_path / "run", tmp_path / "cache", f"--data.sources={sources}", "--data.weight_by=words",
+                     "--data.max_inline_preparation_mb=0", "--train.max_steps=2")  # fmt: skip
+    refused = _accelerate(["--multi_gpu", "--num_processes", "2", "--main_process_port", "29527"], argv, tmp_path)
+    assert refused.returncode != 0
+    assert "python -m pretrain.prepare " in refused.stderr and "--data.max_inline_preparation_mb=0" in refused.stderr
+    assert not list((tmp_path / "cache").glob("instances-*"))
+    prepared = subprocess.run([sys.executable, "-m", "pretrain.prepare", *argv], cwd=tmp_path, capture_output=True,
+                              text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT)})  # fmt: skip
+    assert prepared.returncode == 0, prepared.stderr[-3000:]
+    (folder,) = (tmp_path / "cache").glob("instances-*")
+    started = _accelerate(["--multi_gpu", "--num_processes", "2", "--main_process_port", "29528"], argv, tmp_path)
+    assert started.returncode == 0, started.stdout[-3000:] + started.stderr[-3000:]
+    assert "2 process(es)" in started.stdout
+    assert "Preparing instances" not in started.stderr
+    assert [p.name for p in (tmp_path / "cache").glob("instances-*")] == [folder.name]  # nothing else prepared
