@@ -265,3 +265,27 @@ def test_two_process_training_refuses_then_finds_the_prepared_cache(tmp_path: Pa
     assert "2 process(es)" in started.stdout
     assert "Preparing instances" not in started.stderr
     assert [p.name for p in (tmp_path / "cache").glob("instances-*")] == [folder.name]  # nothing else prepared
+
+
+def test_submit_script_chains_preparation_and_training(tmp_path: Path) -> None:
+    """launch/submit_pretrain.sh: the preparation job, then the training with --dependency=afterok on it; both
+    with the same preset and overrides. sbatch is a stand-in that records its arguments."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    log = tmp_path / "sbatch.log"
+    (bin_dir / "sbatch").write_text(f'#!/bin/bash\necho "$*" >> {log}\necho "$((4000 + $(wc -l < {log})));cluster"\n')
+    (bin_dir / "sbatch").chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "PRESET": "configs/pretrain/bert_base_post_ln.yaml",
+           "TRAIN_SBATCH_ARGS": "--nodes=4 --partition=gpu"}  # fmt: skip
+    result = subprocess.run(["bash", str(ROOT / "launch" / "submit_pretrain.sh"), "--train.output_dir=/shared/run"],
+                            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    prepare, train = log.read_text().splitlines()
+    assert prepare == "--parsable launch/slurm_prepare.sbatch --train.output_dir=/shared/run"
+    assert train == (
+        "--parsable --dependency=afterok:4001 --nodes=4 --partition=gpu launch/slurm_pretrain.sbatch "
+        "--train.output_dir=/shared/run"
+    )
+    assert "preparation job 4001, then training job 4002 (starts when 4001 succeeds)" in result.stdout
+    script = (ROOT / "launch" / "slurm_prepare.sbatch").read_text()
+    assert 'python -m pretrain.prepare --config "$PRESET"' in script
