@@ -275,7 +275,12 @@ def load_source(source: SourceConfig, index: int, cfg: DataConfig) -> datasets.D
     elif source.kind == "hub":
         try:
             ds = datasets.load_dataset(
-                source.path, source.name, split=source.split, streaming=cfg.streaming, cache_dir=hf_cache
+                source.path,
+                source.name,
+                split=source.split,
+                streaming=cfg.streaming,
+                cache_dir=hf_cache,
+                num_proc=cfg.num_proc if cfg.num_proc > 1 and not cfg.streaming else None,  # one per Parquet file
             )
         except (FileNotFoundError, ConnectionError) as e:  # DatasetNotFoundError, or offline: name the config key
             raise FileNotFoundError(
@@ -297,6 +302,8 @@ def load_source(source: SourceConfig, index: int, cfg: DataConfig) -> datasets.D
             split="train",
             streaming=cfg.streaming,
             cache_dir=hf_cache,
+            # Reading into Arrow runs one process per file: a single file gains nothing, a folder of shards does.
+            num_proc=min(cfg.num_proc, len(files)) if cfg.num_proc > 1 and not cfg.streaming else None,
             **extra,
         )
     columns = ds.column_names

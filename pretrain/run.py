@@ -139,7 +139,10 @@ class EpochSampler(Sampler[int]):
 
     def __iter__(self) -> Iterator[int]:
         generator = torch.Generator().manual_seed(self.seed + self.epoch)
-        return iter(torch.randperm(self.size, generator=generator).tolist())
+        # Converted to Python ints a slice at a time: the whole permutation as a list costs ~36 bytes an instance
+        # (1.6 GB a process for the presets' ~45M instances; BENCHMARKS.md "Preparing the corpus").
+        for chunk in torch.randperm(self.size, generator=generator).split(1 << 16):
+            yield from chunk.tolist()
 
 
 @dataclass
