@@ -523,6 +523,7 @@ def prepare_job(
         # Several processes: a large corpus must have been prepared by pretrain/prepare.py (not under a barrier).
         num_processes=accelerator.num_processes,
         prepare_command=prepare_command,
+        progress=accelerator.is_main_process,
     )
     if resume_from is not None and cfg.data.tokenizer is None:
         check_same_trained_tokenizer(data.tokenizer, resume_from.parent.parent / TOKENIZER_DIR)
