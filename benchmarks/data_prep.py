@@ -17,6 +17,11 @@
    validation documents, fill the shuffle buffer, make the first instances), with the streamed throughput and
    memory over ``stream_batches`` batches.
 
+4. What grows with the number of documents and rows rather than characters: reading, grouping, mixing and splitting
+   two sources of ``scaling_rows`` short rows each (one a document, and 256 rows a document), at two sizes: the
+   peak memory of the process and the time; the slope is the cost per row at the presets' 6.4M articles and 74M
+   BookCorpus rows.
+
 Results go to a JSON file; the table printed at the end is the one in BENCHMARKS.md ("Preparing the corpus").
 """
 
@@ -61,6 +66,9 @@ class DataPrepConfig:
     """Per-device batch (the presets': 32)."""
     stream_batches: int = 200
     """Batches read in streaming mode to measure its throughput."""
+    scaling_rows: list[int] = field(default_factory=lambda: [1_000_000, 4_000_000])
+    """Rows per source of the per-document memory check (4.): short one-line documents, so that what grows with
+    the number of documents and rows (not characters) shows; [] skips it."""
     seed: int = 0
     """train.seed of the preparation."""
     out: str | None = None
@@ -244,6 +252,35 @@ def measure_first_batch(preset: str, files: str, tokenizer: str, cache: str, bat
     return result
 
 
+def measure_rows(folder: str, rows: int, seed: int) -> dict:
+    """Read, group, mix and split two sources of ``rows`` short rows each (fresh process): peak memory and times."""
+    from pretrain.corpus import load_documents, load_source, split_documents
+    from pretrain.data import DataConfig, SourceConfig
+
+    base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    paths = [Path(folder) / f"{name}-{rows}.jsonl" for name in ("articles", "sentences")]
+    for path in paths:
+        if not path.is_file():
+            with path.open("w") as f:
+                f.writelines(f'{{"text": "Row {k} of the file is a short sentence."}}\n' for k in range(rows))
+    sources = [SourceConfig(kind="json", path=str(paths[0]), weight=2.5),
+               SourceConfig(kind="json", path=str(paths[1]), weight=0.8, rows_per_document=256)]  # fmt: skip
+    cfg = DataConfig(sources=sources, weight_by="words", cache_dir=str(Path(folder) / f"cache-{rows}"))
+    t0 = time.perf_counter()
+    articles = load_source(sources[0], 0, cfg)
+    t1 = time.perf_counter()
+    books = load_source(sources[1], 1, cfg)
+    t2 = time.perf_counter()
+    docs = load_documents(cfg, seed=seed)  # the sources again (from datasets' cache), then the mixture
+    split_documents(docs, cfg, seed=seed)
+    t3 = time.perf_counter()
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    shutil.rmtree(cfg.cache_dir, ignore_errors=True)
+    return {"rows_per_source": rows, "articles": len(articles), "book_documents": len(books),
+            "mixed_documents": len(docs), "read_articles_s": t1 - t0, "read_group_books_s": t2 - t1,
+            "mix_split_s": t3 - t2, "rss_after_imports_mb": base, "peak_mb": peak}  # fmt: skip
+
+
 def in_fresh_process(fn: Any, *args: Any) -> dict:
     """``fn(*args)`` in a spawned process (its own peak memory, nothing cached in memory from before)."""
     with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:  # may start its own
@@ -290,6 +327,10 @@ def main(cfg: DataPrepConfig) -> dict[str, Any]:
             shutil.rmtree(cache, ignore_errors=True)
         results["path"] = str(write_results("data_prep", results, out))
         out = Path(results["path"])  # one file, rewritten after every size
+    if cfg.scaling_rows:
+        (work / "rows").mkdir(parents=True, exist_ok=True)
+        results["rows"] = [in_fresh_process(measure_rows, str(work / "rows"), n, cfg.seed) for n in cfg.scaling_rows]
+        results["path"] = str(write_results("data_prep", results, out))
     print(report(results))
     return results
 
@@ -319,6 +360,12 @@ def report(results: dict[str, Any]) -> str:
                 f"{st['stream_real_tokens_per_s'] / 1e3:.0f}k real tokens/s ({st['stream_instances_per_s']:.0f} "
                 f"instances/s), peak {st['main_peak_mb']:.0f} MiB"
             )
+    for r in results.get("rows", []):
+        lines.append(
+            f"{r['rows_per_source']:,} rows a source -> {r['mixed_documents']:,} mixed documents: read "
+            f"{r['read_articles_s']:.0f} s, read + group 256 {r['read_group_books_s']:.0f} s, mix + split "
+            f"{r['mix_split_s']:.0f} s, peak {r['peak_mb']:.0f} MiB (after imports {r['rss_after_imports_mb']:.0f})"
+        )
     return "\n".join(lines)
 
 

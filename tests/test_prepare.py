@@ -289,3 +289,25 @@ def test_submit_script_chains_preparation_and_training(tmp_path: Path) -> None:
     assert "preparation job 4001, then training job 4002 (starts when 4001 succeeds)" in result.stdout
     script = (ROOT / "launch" / "slurm_prepare.sbatch").read_text()
     assert 'python -m pretrain.prepare --config "$PRESET"' in script
+
+
+def test_benchmark_files_have_the_two_hub_shapes(tmp_path: Path) -> None:
+    """benchmarks/data_prep.py's files: articles one a row, books one sentence a row in book order, in the presets'
+    word mixture (2.5 : 0.8), repeated up to the size asked for."""
+    from benchmarks.data_prep import WIKI_SHARE, build_files
+
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    write_jsonl(corpus / "wiki.jsonl", make_documents(20, seed=1))
+    books = ["First sentence of a book. Second one here!\nA new paragraph starts. It ends.", "Another book. Its end."]
+    write_jsonl(corpus / "books.jsonl", books)
+    info = build_files(corpus, tmp_path / "files", 0.01)  # 10,000 characters: several passes over each file
+    wiki = [json.loads(line)["text"] for line in (tmp_path / "files" / "wiki.jsonl").open()]
+    rows = [json.loads(line)["text"] for line in (tmp_path / "files" / "books.jsonl").open()]
+    assert wiki[:20] == make_documents(20, seed=1) and info["wiki"]["passes"] > 1
+    sentences = ["First sentence of a book.", "Second one here!", "A new paragraph starts.", "It ends.",
+                 "Another book.", "Its end."]  # fmt: skip
+    assert rows[:12] == sentences + sentences
+    assert sum(map(len, wiki)) == info["wiki"]["chars"] >= WIKI_SHARE * 10_000
+    assert sum(map(len, rows)) == info["books"]["chars"] >= (1 - WIKI_SHARE) * 10_000 - 1
+    assert build_files(corpus, tmp_path / "files", 0.01) == info  # built once per size
