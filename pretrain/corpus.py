@@ -331,9 +331,10 @@ def load_source(source: SourceConfig, index: int, cfg: DataConfig) -> datasets.D
     rows = None if cfg.max_documents is None else cfg.max_documents * source.rows_per_document
     if rows is not None:
         ds = ds.take(rows) if cfg.streaming else ds.select(range(min(len(ds), rows)))
-    ds = ds.filter(_has_text, batched=True)
     if source.rows_per_document > 1:
-        ds = group_rows(ds, source.rows_per_document)
+        ds = group_rows(ds, source.rows_per_document)  # drops empty rows too: one pass over the rows, not two
+    else:
+        ds = ds.filter(_has_text, batched=True)
     if cfg.streaming:
         if next(iter(ds), None) is None:
             raise ValueError(f"{where}: empty corpus, no document has text in column {source.text_column!r}")
@@ -352,19 +353,22 @@ def _tag_source(batch: dict[str, list], *, source: int) -> dict[str, list]:
 
 def _join_rows(batch: dict[str, list], *, rows_per_document: int) -> dict[str, list]:
     """Batched map function: every rows_per_document consecutive rows become one document, one row per line (the
-    sentence splitter treats a line as a paragraph, so a sentence per row stays a sentence)."""
+    sentence splitter treats a line as a paragraph, so a sentence per row stays a sentence); empty rows are
+    left out, and a group of empty rows makes no document."""
     texts, sources = batch["text"], batch["source"]
-    starts = range(0, len(texts), rows_per_document)
-    return {
-        "text": ["\n".join(texts[k : k + rows_per_document]) for k in starts],
-        "source": [sources[k] for k in starts],
-    }
+    out: dict[str, list] = {"text": [], "source": []}
+    for k in range(0, len(texts), rows_per_document):
+        text = "\n".join(t for t in texts[k : k + rows_per_document] if t and not t.isspace())
+        if text:
+            out["text"].append(text)
+            out["source"].append(sources[k])
+    return out
 
 
 def group_rows(
     ds: datasets.Dataset | datasets.IterableDataset, rows_per_document: int
 ) -> datasets.Dataset | datasets.IterableDataset:
-    """Consecutive rows joined into documents of ``rows_per_document`` rows (the last one may be shorter).
+    """Rows k * rows_per_document to (k + 1) * rows_per_document - 1 joined into document k (empty rows left out).
 
     One process in order: a map batch always starts at a multiple of its size, a multiple of rows_per_document,
     so groups never straddle batches (workers would cut the rows at arbitrary shard boundaries)."""

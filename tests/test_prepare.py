@@ -48,15 +48,15 @@ def write_books(path: Path, n_books: int, sentences_per_book: int, *, seed: int 
 
 def test_rows_per_document_joins_consecutive_rows(tmp_path: Path) -> None:
     rows = [f"Sentence {k} is here." for k in range(10)]
-    rows[5] = " "  # an empty row is dropped before grouping
+    rows[5] = " "  # an empty row is left out of its group
     path = write_jsonl(tmp_path / "books.jsonl", rows)
     for streaming in (False, True):
         cfg = tiny_config(
             tmp_path, [SourceConfig(kind="json", path=str(path), rows_per_document=4)], streaming=streaming
         )
         docs = list(load_documents(cfg, seed=0))
-        kept = [r for r in rows if r.strip()]
-        assert [d["text"] for d in docs] == ["\n".join(kept[k : k + 4]) for k in range(0, len(kept), 4)]
+        groups = [rows[0:4], [rows[4], *rows[6:8]], rows[8:10]]  # rows 4k to 4k + 3
+        assert [d["text"] for d in docs] == ["\n".join(group) for group in groups]
         assert {d["source"] for d in docs} == {0}
     # max_documents counts documents (of max_documents * rows_per_document rows at most), not rows.
     cfg = tiny_config(tmp_path, [SourceConfig(kind="json", path=str(path), rows_per_document=3)], max_documents=2)
