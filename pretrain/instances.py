@@ -505,11 +505,12 @@ def prepare_instances(
 ) -> dict[str, Any]:
     """Make the training and validation instances into ``folder`` and return the summary.
 
-    The work goes to ``folder`` + ".partial", one shard (SHARD_CHUNKS chunks of documents) per Arrow file, with
+    The work goes to ``folder`` + ".partial-SHARD_CHUNKS", one shard (SHARD_CHUNKS chunks of documents) per Arrow file, with
     ``data.num_proc`` processes; a rerun after a kill reuses the finished shards. When all are done the summary
     is written and the folder renamed into place. The result does not depend on num_proc or SHARD_CHUNKS.
     """
-    partial_dir = folder.with_name(folder.name + ".partial")
+    # The shard size is in the name: finished shards are only reused with the document ranges they were made for.
+    partial_dir = folder.with_name(f"{folder.name}.partial-{SHARD_CHUNKS}")
     train_docs, val_docs = documents()
     tokenizer_json = _plain_backend(tokenizer).to_str()
     jobs = []
@@ -563,6 +564,8 @@ def prepare_instances(
     for name in PARTS:
         if sum(s.document_tokens for s in stats[name].values()) == 0:
             raise ValueError(f"no {name} instances could be made: the {name} documents hold no tokens")
+    for leftover in partial_dir.glob("*/*.tmp-*"):  # from a killed attempt: every shard is finished now
+        leftover.unlink(missing_ok=True)
     summary = {
         "config": {
             "max_seq_length": cfg.max_seq_length,

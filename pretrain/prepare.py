@@ -7,7 +7,7 @@ matter; the rest is accepted so the two commands take the same arguments) and bu
 ``data.cache_dir``: the tokenizer (trained and cached when ``data.tokenizer`` is null) and the training and
 validation instances, shard by shard with ``data.num_proc`` processes, with a progress bar and an ETA.
 
-Interrupted (kill, preemption, time limit), it resumes: finished shards are kept in ``instances-KEY.partial/``
+Interrupted (kill, preemption, time limit), it resumes: finished shards are kept in ``instances-KEY.partial-N/``
 and a rerun makes only the others; the folder is renamed to ``instances-KEY/`` when complete. A prepared config
 is reported again without work. At the end it prints a summary (documents, instances, tokens, padding, disk size)
 and, per source, the share of the tokens, the fraction of instances whose second segment is the true next
