@@ -100,7 +100,9 @@ def source_checks(summary: dict[str, Any], cfg: DataConfig) -> tuple[list[dict[s
 
 def format_report(summary: dict[str, Any], cfg: DataConfig, folder: os.PathLike | str) -> str:
     """The summary and the per-source check as text."""
-    lines = [f"prepared instances: {folder}  ({summary['disk_bytes'] / 2**30:.2f} GiB on disk)"]
+    size = summary["disk_bytes"]
+    on_disk = f"{size / 2**30:.2f} GiB" if size >= 2**30 else f"{size / 2**20:.1f} MiB"
+    lines = [f"prepared instances: {folder}  ({on_disk} on disk)"]
     lines.append(f"  {'':<11}{'documents':>12}{'instances':>12}{'tokens':>15}{'padding':>9}")
     for name in ("train", "validation"):
         part = summary[name]
