@@ -672,8 +672,18 @@ def summarize_run(run_dir: Path) -> dict[str, Any]:
         "min_train_loss": min(finite) if finite else None,
         "tokens_per_s_median": statistics.median(speeds) if speeds else None,
         "mfu_median": statistics.median(mfus) if mfus else None,
-        "snapshots": sorted(str(p.parent) for p in (run_dir / "snapshots").glob("*/COMPLETE")),
+        "snapshots": complete_snapshots(run_dir),
     }
+
+
+def complete_snapshots(run_dir: Path) -> list[dict[str, Any]]:
+    """Snapshots with their COMPLETE marker, by step (read from snapshot.json, never from the folder name)."""
+    found = []
+    for marker in (run_dir / "snapshots").glob("*/COMPLETE"):
+        info = read_json(marker.parent / "snapshot.json") or {}
+        if isinstance(info.get("step"), int):
+            found.append({"path": str(marker.parent), "step": info["step"]})
+    return sorted(found, key=lambda s: s["step"])
 
 
 def smoothed(points: list[tuple[int, float]], window: int = 3) -> list[tuple[int, float]]:
@@ -784,7 +794,7 @@ def stage_pretrain(ctx: Context, emit: Callable[[dict[str, Any]], None]) -> None
     # One MRPC job per final snapshot, side by side (three processes share the GPU and the 16 cores).
     jobs = {}
     for name, run in result["runs"].items():
-        final = [s for s in run["snapshots"] if s.endswith(f"step_{run.get('step') or 0:08d}")]
+        final = [s["path"] for s in run["snapshots"] if s["step"] == run.get("step")]
         if run.get("status") == "finished" and final:
             store = work / "finetune" / f"{name}.sqlite"
             store.parent.mkdir(parents=True, exist_ok=True)
