@@ -52,6 +52,7 @@ STAGES = ("environment", "cuda_tests", "throughput", "pretrain")
 BUDGETS_S: dict[str, float] = {"environment": 60, "cuda_tests": 60, "throughput": 90, "pretrain": 180}
 TOTAL_S = 360.0
 KILL_GRACE_S = 5.0
+TIMED_OUT_RC = 124  # a stage's exit code when its own deadline cut its work short (as timeout(1))
 
 # Stage 4 sizing (seconds on one H200, estimated before any run; the check reports what they really took, so the
 # next person can correct them). Data preparation: WordPiece on the corpus + instances with 16 processes.
@@ -114,14 +115,13 @@ class Context:
         return Path(self.work) / "stages" / f"{name}.json"
 
 
-def write_json_atomic(path: Path, payload: Any) -> None:
+def write_text_atomic(path: Path, text: str) -> None:
     """Temp file + rename: a reader (or a kill) never sees half a file. Permissions follow the umask."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "w") as f:
-            json.dump(payload, f, indent=2, default=str)
-            f.write("\n")
+            f.write(text)
         umask = os.umask(0)
         os.umask(umask)
         os.chmod(tmp, 0o666 & ~umask)
@@ -131,14 +131,8 @@ def write_json_atomic(path: Path, payload: Any) -> None:
         raise
 
 
-def write_text_atomic(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(tmp, 0o666 & ~umask)
-    os.replace(tmp, path)
+def write_json_atomic(path: Path, payload: Any) -> None:
+    write_text_atomic(path, json.dumps(payload, indent=2, default=str) + "\n")
 
 
 def read_json(path: Path) -> dict[str, Any] | None:
@@ -269,7 +263,7 @@ def run_check(ctx: Context) -> dict[str, Any]:
         publish(ctx, results)
         cmd = [sys.executable, str(Path(__file__).resolve()), "--stage", name, "--context", str(work / "context.json")]
         rc, seconds = run_process(cmd, log, budget, env, grace=KILL_GRACE_S)
-        status = "timed_out" if rc is None else ("ok" if rc == 0 else "failed")
+        status = "timed_out" if rc in (None, TIMED_OUT_RC) else ("ok" if rc == 0 else "failed")
         record: dict[str, Any] = {"status": status, "seconds": round(seconds, 1), "budget_s": round(budget, 1)}
         record["result"] = read_json(ctx.stage_file(name)) or {}
         if status != "ok":
@@ -493,6 +487,8 @@ def stage_cuda_tests(ctx: Context, emit: Callable[[dict[str, Any]], None]) -> No
     result.update(returncode=rc, timed_out=rc is None, seconds=round(seconds, 1))
     emit(result)
     print(tail(log, 40))
+    if rc is None:
+        raise SystemExit(TIMED_OUT_RC)
     if rc not in (0, 5):  # 5: nothing collected
         raise SystemExit(1)
 
@@ -775,8 +771,9 @@ def stage_pretrain(ctx: Context, emit: Callable[[dict[str, Any]], None]) -> None
         run_dir = work / "runs" / name
         # Leave time for the fine-tuning of whatever has finished.
         timeout = ctx.deadline - time.time() - (0 if ctx.dry_run else FINETUNE_S)
-        rc, seconds = run_process(pretrain_command(ctx, name, plan, peak_flops), work / "logs" / f"{name}.log",
-                                  timeout, env)  # fmt: skip
+        log = work / "logs" / f"{name}.log"
+        rc, seconds = run_process(pretrain_command(ctx, name, plan, peak_flops), log, timeout, env)
+        print(f"--- {name}: exit code {rc} after {seconds:.1f} s; end of its log ---\n{tail(log, 30)}", flush=True)
         result["runs"][name] = {"returncode": rc, "timed_out": rc is None, "seconds": round(seconds, 1),
                                 **summarize_run(run_dir)}  # fmt: skip
         emit(result)
@@ -804,9 +801,18 @@ def stage_pretrain(ctx: Context, emit: Callable[[dict[str, Any]], None]) -> None
             run["mrpc"] = {"skipped": f"no final snapshot (status {run.get('status')})"}
     for name, proc in jobs.items():
         rc = wait_process(proc, ctx.deadline - time.time() - 2)
+        print(
+            f"--- MRPC of {name}: exit code {rc}; end of its log ---\n{tail(work / 'logs' / f'finetune_{name}.log', 15)}"
+        )
         store = work / "finetune" / f"{name}.sqlite"
         result["runs"][name]["mrpc"] = {"returncode": rc, **(finetune_accuracy(store) if store.exists() else {})}
         emit(result)
+    # A diverged run is a result (exit code 0); a crash or a killed job is not.
+    codes = [(r["returncode"], (r.get("mrpc") or {}).get("returncode", 0)) for r in result["runs"].values()]
+    if any(None in pair for pair in codes):
+        raise SystemExit(TIMED_OUT_RC)
+    if any(pair != (0, 0) for pair in codes):
+        raise SystemExit(1)
 
 
 # --------------------------------------------------------------------------------------------------
