@@ -619,14 +619,9 @@ class LNBertForPreTraining(LNBertPreTrainedModel):
         follows A, 1 if random. The loss is MLM + NSP when both are given, MLM alone when only
         ``labels`` is (the MLM-only objective)."""
         out = self.bert(
-            input_ids,
-            attention_mask,
-            token_type_ids,
-            position_ids,
-            output_hidden_states,
-            output_attentions,
-            return_dict=True,
-        )
+            input_ids, attention_mask, token_type_ids, position_ids, output_hidden_states, output_attentions,
+            return_dict=True,  # this model's return_dict applies to its own output, not to the encoder's
+        )  # fmt: skip
         heads = self.cls
         logits, mlm_loss = mlm_logits_and_loss(
             heads.predictions, out.last_hidden_state, labels, self.config.sparse_mlm_head
@@ -680,14 +675,9 @@ class LNBertForMaskedLM(LNBertPreTrainedModel):
         **kwargs: Any,
     ) -> MaskedLMOutput:
         out = self.bert(
-            input_ids,
-            attention_mask,
-            token_type_ids,
-            position_ids,
-            output_hidden_states,
-            output_attentions,
-            return_dict=True,
-        )
+            input_ids, attention_mask, token_type_ids, position_ids, output_hidden_states, output_attentions,
+            return_dict=True,  # this model's return_dict applies to its own output, not to the encoder's
+        )  # fmt: skip
         logits, loss = mlm_logits_and_loss(
             self.cls.predictions, out.last_hidden_state, labels, self.config.sparse_mlm_head
         )
@@ -720,14 +710,9 @@ class LNBertForSequenceClassification(LNBertPreTrainedModel):
         **kwargs: Any,
     ) -> SequenceClassifierOutput:
         out = self.bert(
-            input_ids,
-            attention_mask,
-            token_type_ids,
-            position_ids,
-            output_hidden_states,
-            output_attentions,
-            return_dict=True,
-        )
+            input_ids, attention_mask, token_type_ids, position_ids, output_hidden_states, output_attentions,
+            return_dict=True,  # this model's return_dict applies to its own output, not to the encoder's
+        )  # fmt: skip
         logits = self.classifier(self.dropout(out.pooler_output))
         loss = None
         if labels is not None:
