@@ -93,7 +93,7 @@ def _rows(path: Path) -> Any:
 
 def _write_repeated(out: Path, rows: Any, target_chars: int) -> dict[str, int]:
     """Rows from ``rows()`` (a fresh iterator per pass) written as {"text": ...} lines until ``target_chars``."""
-    chars = n = passes = 0
+    chars = words = n = passes = 0
     tmp = out.with_suffix(".tmp")
     with tmp.open("w", encoding="utf-8") as f:
         while chars < target_chars:
@@ -101,11 +101,12 @@ def _write_repeated(out: Path, rows: Any, target_chars: int) -> dict[str, int]:
             for text in rows():
                 f.write(json.dumps({"text": text}) + "\n")
                 chars += len(text)
+                words += len(text.split())
                 n += 1
                 if chars >= target_chars:
                     break
     os.replace(tmp, out)
-    return {"rows": n, "chars": chars, "passes": passes}
+    return {"rows": n, "chars": chars, "words": words, "passes": passes}
 
 
 def build_files(corpus: Path, folder: Path, mchars: float) -> dict[str, Any]:
