@@ -426,10 +426,10 @@ def cached_instances(
 # Preparation, shard by shard
 # ----------------------------------------------------------------------------------------------------------------------
 
-# Chunks per shard: the unit of resumption (a killed preparation redoes only the shards that were in progress),
-# of the work handed to each process and of the progress bar. 64 chunks = 16,384 documents, about 10M tokens of
-# Wikipedia, about a minute for one core (BENCHMARKS.md). Not part of the cache key: the instances do not depend
-# on it, only their grouping into files.
+# Chunks per shard at most: the unit of resumption (a killed preparation redoes only the shards that were in
+# progress), of the work handed to each process and of the progress bar. 64 chunks = 16,384 documents, about 10M
+# tokens of Wikipedia, about a minute for one core (BENCHMARKS.md). A small corpus gets smaller shards
+# (shard_chunks). Not part of the cache key: the instances do not depend on it, only their grouping into files.
 SHARD_CHUNKS = 64
 SUMMARY_FILE = "summary.json"
 PARTS = ("train", "validation")
@@ -486,9 +486,15 @@ def _read_shard_stats(marker: Path) -> dict[int, SourceStats]:
     return {int(k): SourceStats(**v) for k, v in json.loads(marker.read_text()).items()}
 
 
-def _shards(docs: datasets.Dataset) -> list[tuple[int, range]]:
+def shard_chunks(train_documents: int, num_proc: int) -> int:
+    """Chunks per shard: SHARD_CHUNKS, or fewer for a small corpus, so that every process gets a few shards."""
+    chunks = -(-train_documents // DOCS_PER_CHUNK)
+    return max(1, min(SHARD_CHUNKS, -(-chunks // (4 * num_proc))))
+
+
+def _shards(docs: datasets.Dataset, chunks_per_shard: int) -> list[tuple[int, range]]:
     """(first chunk, document range) per shard."""
-    step = SHARD_CHUNKS * DOCS_PER_CHUNK
+    step = chunks_per_shard * DOCS_PER_CHUNK
     return [
         (start // DOCS_PER_CHUNK, range(start, min(start + step, len(docs)))) for start in range(0, len(docs), step)
     ]
@@ -505,18 +511,19 @@ def prepare_instances(
 ) -> dict[str, Any]:
     """Make the training and validation instances into ``folder`` and return the summary.
 
-    The work goes to ``folder`` + ".partial-SHARD_CHUNKS", one shard (SHARD_CHUNKS chunks of documents) per Arrow file, with
+    The work goes to ``folder`` + ".partial-N", one shard (N chunks of documents, shard_chunks) per Arrow file, with
     ``data.num_proc`` processes; a rerun after a kill reuses the finished shards. When all are done the summary
     is written and the folder renamed into place. The result does not depend on num_proc or SHARD_CHUNKS.
     """
-    # The shard size is in the name: finished shards are only reused with the document ranges they were made for.
-    partial_dir = folder.with_name(f"{folder.name}.partial-{SHARD_CHUNKS}")
     train_docs, val_docs = documents()
+    chunks_per_shard = shard_chunks(len(train_docs), cfg.num_proc)
+    # The shard size is in the name: finished shards are only reused with the document ranges they were made for.
+    partial_dir = folder.with_name(f"{folder.name}.partial-{chunks_per_shard}")
     tokenizer_json = _plain_backend(tokenizer).to_str()
     jobs = []
     for name, docs in zip(PARTS, (train_docs, val_docs), strict=True):
         (partial_dir / name).mkdir(parents=True, exist_ok=True)
-        for index, (first_chunk, rows) in enumerate(_shards(docs)):
+        for index, (first_chunk, rows) in enumerate(_shards(docs, chunks_per_shard)):
             path = partial_dir / name / f"{_shard_name(index)}.arrow"
             jobs.append((name, docs.select(rows), path, first_chunk))
     done = [job for job in jobs if job[2].with_suffix(".json").is_file()]

@@ -140,7 +140,7 @@ class Killed(Exception):
 def test_preparation_resumes_from_its_finished_shards(tmp_path: Path, monkeypatch) -> None:
     corpus = write_jsonl(tmp_path / "corpus.jsonl", make_documents(700))
     cfg = tiny_config(tmp_path, [SourceConfig(kind="json", path=str(corpus))])
-    monkeypatch.setattr(pretrain.instances, "SHARD_CHUNKS", 1)  # 3 training shards of 256 documents
+    monkeypatch.setattr(pretrain.instances, "SHARD_CHUNKS", 1)  # 3 training shards of one chunk (256 documents)
     written = []
     write_shard = pretrain.instances._write_shard
 
@@ -182,9 +182,11 @@ def test_prepared_instances_do_not_depend_on_processes_or_shards(tmp_path: Path,
     process making one shard."""
     corpus = write_jsonl(tmp_path / "corpus.jsonl", make_documents(700))
     cfg = tiny_config(tmp_path, [SourceConfig(kind="json", path=str(corpus))])
-    one = build_pretraining_data(cfg, seed=0)
+    with monkeypatch.context() as m:
+        m.setattr(pretrain.instances, "shard_chunks", lambda *_: 64)  # one shard of all 3 chunks
+        one = build_pretraining_data(cfg, seed=0)
     one.tokenizer.save_pretrained(tmp_path / "tok")
-    monkeypatch.setattr(pretrain.instances, "SHARD_CHUNKS", 1)
+    assert pretrain.instances.shard_chunks(700, 2) == 1  # a small corpus: shards of one chunk for 2 processes
     two = build_pretraining_data(
         tiny_config(tmp_path / "two", cfg.sources, num_proc=2, tokenizer=str(tmp_path / "tok")), seed=0
     )
