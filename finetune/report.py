@@ -1,7 +1,7 @@
 """Figure 5 of Xiong et al. 2020 from pretraining logs and the fine-tuning results store.
 
-    python -m finetune.report --runs runs/post_ln runs/pre_ln --store outputs/finetune/results.sqlite \
-        --out outputs/figure5 [--target-loss 1.69] [--wandb]
+    python -m finetune.report --runs='[runs/post_ln, runs/pre_ln]' --store=outputs/finetune/results.sqlite \
+        --out=outputs/figure5 [--target_loss=1.69] [--wandb]
 
 Panels: (a) validation MLM loss against pretraining step, one line per run (RUN/metrics.jsonl); (b) MRPC and
 (c) RTE dev accuracy against pretraining step: for each (run, step) the learning rate with the best mean dev
@@ -25,10 +25,10 @@ from typing import Any
 import numpy as np
 from scipy import stats
 
-from finetune.config import parse_config
 from finetune.glue import get_task
-from finetune.store import ResultStore, run_cli
+from finetune.store import ResultStore, StoreVersionError
 from pretrain.artifacts import RUN_CONFIG_FILE, read_metrics, read_status
+from pretrain.cli import parse, require, run_cli
 
 VAL_LOSS = "val/mlm_loss"
 
@@ -57,12 +57,10 @@ class ReportConfig:
     """W&B group; unset: the pretraining runs' tracking.group, so the fine-tuning curves sit beside them."""
 
     def __post_init__(self) -> None:
-        if not self.runs:
-            raise ValueError("runs is empty; pass the pretraining run folders with --runs RUN1,RUN2")
+        require(bool(self.runs), "runs", "is empty; pass the pretraining run folders with --runs='[RUN1, RUN2]'")
         for task in self.tasks:
             get_task(task)
-        if self.target_loss is not None and self.target_loss <= 0:
-            raise ValueError(f"target_loss={self.target_loss} must be positive")
+        require(self.target_loss is None or self.target_loss > 0, "target_loss", f"must be > 0; got {self.target_loss}")
 
 
 @dataclass(frozen=True)
@@ -397,7 +395,7 @@ def report(config: ReportConfig) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    config = parse_config(ReportConfig, argv, prog="python -m finetune.report", description=__doc__)
+    config = parse(ReportConfig, argv, prog="python -m finetune.report", description=__doc__)
     result = report(config)
     print(result["summary"].read_text())
     print(f"wrote {', '.join(str(p) for p in result['images'])} and {result['summary']}")
@@ -406,7 +404,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def cli() -> int:
     """``main`` for the command line: bad input ends with its message and exit code 2, not a traceback."""
-    return run_cli(main)
+    return run_cli(main, errors=(StoreVersionError,))
 
 
 if __name__ == "__main__":
