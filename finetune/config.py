@@ -11,7 +11,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Literal, get_args
 
-from pretrain.cli import require
+from finetune.glue import get_task
+from pretrain.cli import ConfigError, require
 
 Device = Literal["auto", "cpu", "cuda"]
 DEVICES: tuple[str, ...] = get_args(Device)
@@ -88,6 +89,15 @@ DEFAULT_LRS: tuple[float, ...] = (2e-5, 3e-5, 5e-5)
 DEFAULT_SEEDS: tuple[int, ...] = (0, 1, 2, 3, 4, 5)
 
 
+def check_tasks(key: str, names: list[str]) -> None:
+    """Every name in ``names`` is a GLUE task this project knows; the error names ``key``."""
+    for name in names:
+        try:
+            get_task(name)
+        except ValueError as err:
+            raise ConfigError(f"{key}: {err}") from None
+
+
 def validate_grid(lrs: list[float], seeds: list[int]) -> None:
     """The learning rates and seeds of a grid (``lrs`` and ``seeds`` keys of run and schedule)."""
     require(
@@ -102,4 +112,4 @@ def validate_grid(lrs: list[float], seeds: list[int]) -> None:
     )
 
 
-__all__ = ["DEFAULT_LRS", "DEFAULT_SEEDS", "DEVICES", "FinetuneConfig", "validate_grid"]
+__all__ = ["DEFAULT_LRS", "DEFAULT_SEEDS", "DEVICES", "FinetuneConfig", "check_tasks", "validate_grid"]

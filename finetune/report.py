@@ -25,10 +25,11 @@ from typing import Any
 import numpy as np
 from scipy import stats
 
-from finetune.glue import get_task
+from finetune.config import check_tasks
 from finetune.store import ResultStore, StoreVersionError
 from pretrain.artifacts import RUN_CONFIG_FILE, read_metrics, read_status
 from pretrain.cli import parse, require, run_cli
+from pretrain.reporting import pyplot, save_figure
 
 VAL_LOSS = "val/mlm_loss"
 
@@ -58,8 +59,7 @@ class ReportConfig:
 
     def __post_init__(self) -> None:
         require(bool(self.runs), "runs", "is empty; pass the pretraining run folders with --runs='[RUN1, RUN2]'")
-        for task in self.tasks:
-            get_task(task)
+        check_tasks("tasks", self.tasks)
         require(self.target_loss is None or self.target_loss > 0, "target_loss", f"must be > 0; got {self.target_loss}")
 
 
@@ -191,19 +191,10 @@ def best_lr_points(rows: list[dict[str, Any]], runs: list[RunInfo], task: str) -
 # --------------------------------------------------------------------------------------------------
 
 
-def _pyplot() -> Any:
-    import matplotlib
-
-    matplotlib.use("Agg")  # files only: no display needed
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
 def plot_loss(
     runs: list[RunInfo], curves: dict[str, list[tuple[int, float]]], target: float | None, path: Path
 ) -> Path:
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(5, 3.6))
     for run in runs:
         if curves[run.label]:
@@ -212,20 +203,17 @@ def plot_loss(
     if target is not None:
         ax.axhline(target, color="grey", linestyle="--", linewidth=0.8, label=f"target {target:.3g}")
     ax.set(xlabel="pretraining step", ylabel="validation MLM loss", title="(a) validation loss")
-    return _save(plt, fig, ax, path)
+    return _finish(fig, ax, path)
 
 
-def _save(plt: Any, fig: Any, ax: Any, path: Path) -> Path:
+def _finish(fig: Any, ax: Any, path: Path) -> Path:
     ax.grid(alpha=0.3)
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def plot_task(runs: list[RunInfo], points: list[dict[str, Any]], task: str, panel: str, path: Path) -> Path:
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(5, 3.6))
     for run in runs:
         mine = [p for p in points if p["run"] == run.label]
@@ -243,7 +231,7 @@ def plot_task(runs: list[RunInfo], points: list[dict[str, Any]], task: str, pane
         ylabel="dev accuracy (%)",
         title=f"({panel}) {task.upper()}: best lr, mean ± 95% CI over seeds",
     )
-    return _save(plt, fig, ax, path)
+    return _finish(fig, ax, path)
 
 
 def _fmt(value: float | None, spec: str) -> str:

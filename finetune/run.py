@@ -32,7 +32,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 import pretrain  # noqa: F401  (registers the "lnbert" model type with the Auto classes)
-from finetune.config import DEFAULT_LRS, DEFAULT_SEEDS, FinetuneConfig, validate_grid
+from finetune.config import DEFAULT_LRS, DEFAULT_SEEDS, FinetuneConfig, check_tasks, validate_grid
 from finetune.glue import Example, batches, compute_metrics, encode, get_task, load_task
 from finetune.store import Job, JobSpec, ResultStore, StoreVersionError, worker_id
 from pretrain.artifacts import SNAPSHOT_INFO
@@ -66,7 +66,7 @@ class RunConfig:
     """The fine-tuning recipe."""
 
     def __post_init__(self) -> None:
-        get_task(self.task)
+        check_tasks("task", [self.task])
         validate_grid(self.lrs, self.seeds)
         require(self.max_attempts >= 1, "max_attempts", f"must be >= 1; got {self.max_attempts}")
         require(self.lease_s > 0, "lease_s", f"must be > 0; got {self.lease_s}")

@@ -29,8 +29,8 @@ from typing import Literal
 
 import yaml
 
-from finetune.config import DEFAULT_LRS, DEFAULT_SEEDS, FinetuneConfig, validate_grid
-from finetune.glue import get_task, load_task
+from finetune.config import DEFAULT_LRS, DEFAULT_SEEDS, FinetuneConfig, check_tasks, validate_grid
+from finetune.glue import load_task
 from finetune.run import RUNTIME_FIELDS, WorkerSettings, job_specs, work
 from finetune.store import JobSpec, ResultStore, StoreVersionError
 from pretrain.artifacts import TERMINAL_STATUSES, list_snapshots, read_status
@@ -103,8 +103,7 @@ class ScheduleConfig:
 
     def __post_init__(self) -> None:
         require(bool(self.runs), "runs", "is empty; pass one or more pretraining run folders: --runs='[RUN1, RUN2]'")
-        for task in self.tasks:
-            get_task(task)
+        check_tasks("tasks", self.tasks)
         validate_grid(self.lrs, self.seeds)
         for key in ("workers", "max_attempts"):
             require(getattr(self, key) >= 1, key, f"must be >= 1; got {getattr(self, key)}")
