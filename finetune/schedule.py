@@ -113,6 +113,11 @@ class ScheduleConfig:
 
 
 @dataclass(kw_only=True)
+class WorkerConfig(ScheduleConfig):
+    """One worker: claim jobs from the store and run them until none is left (what a slurm array task runs)."""
+
+
+@dataclass(kw_only=True)
 class StatusConfig:
     """Job counts per run and task in a results store (queued, running, done, failed)."""
 
@@ -340,7 +345,7 @@ def schedule(config: ScheduleConfig) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    commands = {"run": ScheduleConfig, "worker": ScheduleConfig, "status": StatusConfig}
+    commands = {"run": ScheduleConfig, "worker": WorkerConfig, "status": StatusConfig}
     command, config = parse_command(
         commands, argv, prog="python -m finetune.schedule", description=__doc__, default="run"
     )
