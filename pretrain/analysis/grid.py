@@ -13,8 +13,8 @@ from typing import Any
 import torch
 
 from pretrain.analysis.common import DEFAULT_OUT, write_outputs
-from pretrain.artifacts import read_metrics, read_status
 from pretrain.cli import field_type, require, to_dict
+from pretrain.layout import read_metrics, read_status
 from pretrain.modeling import NormPlacement
 from pretrain.reporting import format_table, pyplot, save_figure
 
@@ -111,7 +111,7 @@ def cell_overrides(args: GridConfig, placement: str, warmup: int, lr: float, run
 
 
 def read_cell(run_dir: Path) -> dict[str, Any]:
-    """Outcome of one finished cell: status, final validation MLM loss, divergence step (pretrain.artifacts)."""
+    """Outcome of one finished cell: status, final validation MLM loss, divergence step (pretrain.layout)."""
     status = read_status(run_dir)
     val = [row for row in read_metrics(run_dir) if "val/mlm_loss" in row]
     return {
