@@ -39,8 +39,9 @@ from itertools import islice
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import RESULTS_DIR, format_table, write_results
+from benchmarks.common import RESULTS_DIR, write_results
 from pretrain.cli import parse, require, run_cli
+from pretrain.reporting import format_table
 
 # The presets' mixture: 2.5B words of Wikipedia to 0.8B of BookCorpus (original BERT's corpus).
 WIKI_SHARE = 2.5 / 3.3
@@ -349,7 +350,7 @@ def report(results: dict[str, Any]) -> str:
             ])  # fmt: skip
     table = format_table(
         ["corpus", "num_proc", "corpus tokens", "read+mix s", "instances s", "total s", "tok/s per process",
-         "main peak MiB", "worker peak MiB", "GiB per 1B tokens"], rows,
+         "main peak MiB", "worker peak MiB", "GiB per 1B tokens"], rows, style="markdown",
     )  # fmt: skip
     lines = [table, ""]
     for size in results["sizes"]:

@@ -27,9 +27,11 @@ import sys
 import time
 from typing import Any
 
+from pretrain.cli import run_cli
 from pretrain.config import PretrainConfig, help_text, parse_args
 from pretrain.data import DataConfig, build_pretraining_data
 from pretrain.instances import SUMMARY_FILE, prepared_dir, read_summary
+from pretrain.reporting import format_table
 
 PROG = "python -m pretrain.prepare"
 # A source whose documents are mostly one sentence cannot make real next-sentence pairs: the "true next" segment
@@ -102,35 +104,31 @@ def format_report(summary: dict[str, Any], cfg: DataConfig, folder: os.PathLike 
     """The summary and the per-source check as text."""
     size = summary["disk_bytes"]
     on_disk = f"{size / 2**30:.2f} GiB" if size >= 2**30 else f"{size / 2**20:.1f} MiB"
-    lines = [f"prepared instances: {folder}  ({on_disk} on disk)"]
-    lines.append(f"  {'':<11}{'documents':>12}{'instances':>12}{'tokens':>15}{'padding':>9}")
+    parts = []
     for name in ("train", "validation"):
         part = summary[name]
         documents = sum(s["documents"] for s in part["by_source"].values())
-        lines.append(
-            f"  {name:<11}{documents:>12,}{part['instances']:>12,}{part['real_tokens']:>15,}"
-            f"{100 * part['padding_fraction']:>8.1f}%"
-        )
-    lines.append(
-        "  (tokens: real tokens of the instances, [CLS]/[SEP] included; padding: share of the positions of "
-        f"{cfg.max_seq_length}-token rows that are padding)"
-    )
+        parts.append([name, f"{documents:,}", f"{part['instances']:,}", f"{part['real_tokens']:,}",
+                      f"{100 * part['padding_fraction']:.1f}%"])  # fmt: skip
     rows, warnings = source_checks(summary, cfg)
-    lines.append(f"per source (training instances; mixture weighted by {cfg.weight_by}):")
-    lines.append(
-        f"  {'source':<44}{'tokens':>8}{'target':>8}{'docs':>11}{'sent/doc':>9}{'1-sent':>8}"
-        f"{'instances':>11}{'true next':>10}{'real tok':>9}"
-    )
-    for r in rows:
-        true_next = f"{100 * r['true_next']:.1f}%" if r["true_next"] is not None else "-"
-        real = f"{r['real_tokens_per_instance']:.1f}" if r["real_tokens_per_instance"] is not None else "-"
-        lines.append(
-            f"  {r['source'][:43]:<44}{100 * r['token_share']:>7.1f}%{100 * r['target_share']:>7.1f}%"
-            f"{r['documents']:>11,}{r['sentences_per_document']:>9.1f}{100 * r['single_sentence_documents']:>7.1f}%"
-            f"{r['instances']:>11,}{true_next:>10}{real:>9}"
-        )
-    lines += [f"WARNING: {w}" for w in warnings]
-    return "\n".join(lines)
+    sources = [
+        [r["source"], f"{100 * r['token_share']:.1f}%", f"{100 * r['target_share']:.1f}%", f"{r['documents']:,}",
+         f"{r['sentences_per_document']:.1f}", f"{100 * r['single_sentence_documents']:.1f}%", f"{r['instances']:,}",
+         f"{100 * r['true_next']:.1f}%" if r["true_next"] is not None else "-",
+         f"{r['real_tokens_per_instance']:.1f}" if r["real_tokens_per_instance"] is not None else "-"]
+        for r in rows
+    ]  # fmt: skip
+    return "\n".join([
+        f"prepared instances: {folder}  ({on_disk} on disk)",
+        format_table(["", "documents", "instances", "tokens", "padding"], parts),
+        f"(tokens: real tokens of the instances, [CLS]/[SEP] included; padding: share of the positions of "
+        f"{cfg.max_seq_length}-token rows that are padding)",
+        "",
+        f"per source (training instances; mixture weighted by {cfg.weight_by}; target: the weights' share):",
+        format_table(["source", "tokens", "target", "documents", "sent/doc", "1-sentence", "instances", "true next",
+                      "real tokens"], sources),
+        *[f"WARNING: {w}" for w in warnings],
+    ])  # fmt: skip
 
 
 def prepare(cfg: PretrainConfig, *, progress: bool = True) -> dict[str, Any]:
@@ -163,10 +161,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except (ValueError, FileNotFoundError) as err:  # ConfigError is a ValueError
-        if os.environ.get("LNBERT_TRACEBACK"):
-            raise
-        print(f"error: {err}\n(set LNBERT_TRACEBACK=1 to see the traceback)", file=sys.stderr)
-        sys.exit(2)
+    sys.exit(run_cli(main))  # bad input: the message on stderr and exit code 2
