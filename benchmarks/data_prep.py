@@ -167,10 +167,15 @@ def _config(preset: str, files: Path, tokenizer: str, cache: Path, num_proc: int
 
 
 def _peak_mb() -> dict[str, float]:
-    """Peak resident memory (MiB) of this process and of its largest finished child (the pool's workers)."""
-    own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    children = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
-    return {"main_peak_mb": own, "worker_peak_mb": children}
+    """Peak resident memory (MiB) of this process and of its largest finished child (the pool's workers), and the
+    CPU seconds (user + system) of this process and of all its finished children."""
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return {
+        "main_peak_mb": own.ru_maxrss / 1024,
+        "worker_peak_mb": children.ru_maxrss / 1024,
+        "main_cpu_s": own.ru_utime + own.ru_stime,
+        "workers_cpu_s": children.ru_utime + children.ru_stime,
+    }
 
 
 def _disk(path: Path) -> int:
@@ -194,8 +199,12 @@ def measure_preparation(preset: str, files: str, tokenizer: str, cache: str, num
     tok = load_or_train_tokenizer(cfg, seed=seed)
     folder = prepared_dir(cfg, tok, seed=seed)
     t3 = time.perf_counter()
+    before = _peak_mb()
     summary = prepare_instances(lambda: (train, val), tok, cfg, seed=seed, folder=folder)
     t4 = time.perf_counter()
+    after = _peak_mb()
+    # CPU seconds of the instance phase, all processes (the pool's workers have exited: they are counted).
+    instances_cpu_s = sum(after[k] - before[k] for k in ("main_cpu_s", "workers_cpu_s"))
     by_source = summary["train"]["by_source"]
     return {
         "num_proc": num_proc,
@@ -203,6 +212,7 @@ def measure_preparation(preset: str, files: str, tokenizer: str, cache: str, num
         "load_mix_s": t1 - t0,
         "split_s": t2 - t1,
         "instances_s": t4 - t3,
+        "instances_cpu_s": instances_cpu_s,
         "total_s": t4 - t0,
         "corpus_tokens": sum(
             s["document_tokens"] for p in ("train", "validation") for s in summary[p]["by_source"].values()
@@ -345,11 +355,13 @@ def report(results: dict[str, Any]) -> str:
                 f"{size['mchars']:g}M chars", run["num_proc"], f"{run['corpus_tokens'] / 1e6:.1f}M",
                 f"{run['load_mix_s']:.0f}", f"{run['instances_s']:.0f}", f"{run['total_s']:.0f}",
                 f"{run['corpus_tokens'] / run['instances_s'] / run['num_proc'] / 1e3:.0f}k",
+                f"{run['corpus_tokens'] / run['instances_cpu_s'] / 1e3:.0f}k",
                 f"{run['main_peak_mb']:.0f}", f"{run['worker_peak_mb']:.0f}" if run["num_proc"] > 1 else "-",
                 f"{run['instances_bytes'] / run['real_tokens'] * 1e9 / 2**30:.1f}",
             ])  # fmt: skip
     table = format_table(
         ["corpus", "num_proc", "corpus tokens", "read+mix s", "instances s", "total s", "tok/s per process",
+         "tok per CPU-s",
          "main peak MiB", "worker peak MiB", "GiB per 1B tokens"], rows, style="markdown",
     )  # fmt: skip
     lines = [table, ""]
