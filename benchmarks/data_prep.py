@@ -32,12 +32,15 @@ import multiprocessing
 import os
 import resource
 import shutil
+import threading
 import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from itertools import islice
 from pathlib import Path
 from typing import Any
+
+import psutil
 
 from benchmarks.common import RESULTS_DIR, write_results
 from pretrain.cli import parse, require, run_cli
@@ -67,6 +70,8 @@ class DataPrepConfig:
     """Per-device batch (the presets': 32)."""
     stream_batches: int = 200
     """Batches read in streaming mode to measure its throughput."""
+    first_batch: bool = True
+    """Measure the time to the first batch (prepared and streamed) at every size."""
     scaling_rows: list[int] = field(default_factory=lambda: [1_000_000, 4_000_000])
     """Rows per source of the per-document memory check (4.): short one-line documents, so that what grows with
     the number of documents and rows (not characters) shows; [] skips it."""
@@ -178,6 +183,42 @@ def _peak_mb() -> dict[str, float]:
     }
 
 
+class AnonymousMemory:
+    """Peak anonymous resident memory (MiB; /proc/PID/status RssAnon) of this process and of its largest child,
+    sampled every 0.2 s. Unlike the peak RSS it leaves out the pages of memory-mapped files (the Arrow caches),
+    which the kernel drops when memory is short: it is what a process holds."""
+
+    def __init__(self) -> None:
+        self.main = self.worker = 0.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+
+    @staticmethod
+    def _anon_mb(pid: int) -> float:
+        try:
+            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+                if line.startswith("RssAnon:"):
+                    return int(line.split()[1]) / 1024
+        except OSError:  # the process ended
+            pass
+        return 0.0
+
+    def _sample(self) -> None:
+        me = psutil.Process()
+        while not self._stop.wait(0.2):
+            self.main = max(self.main, self._anon_mb(me.pid))
+            for child in me.children(recursive=True):
+                self.worker = max(self.worker, self._anon_mb(child.pid))
+
+    def __enter__(self) -> AnonymousMemory:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
 def _disk(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) if path.exists() else 0
 
@@ -191,6 +232,7 @@ def measure_preparation(preset: str, files: str, tokenizer: str, cache: str, num
 
     cfg = _config(preset, Path(files), tokenizer, Path(cache), num_proc).data
     after_imports = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    anon = AnonymousMemory().__enter__()
     t0 = time.perf_counter()
     docs = load_documents(cfg, seed=seed)
     t1 = time.perf_counter()
@@ -203,6 +245,7 @@ def measure_preparation(preset: str, files: str, tokenizer: str, cache: str, num
     summary = prepare_instances(lambda: (train, val), tok, cfg, seed=seed, folder=folder)
     t4 = time.perf_counter()
     after = _peak_mb()
+    anon.__exit__()
     # CPU seconds of the instance phase, all processes (the pool's workers have exited: they are counted).
     instances_cpu_s = sum(after[k] - before[k] for k in ("main_cpu_s", "workers_cpu_s"))
     by_source = summary["train"]["by_source"]
@@ -223,6 +266,8 @@ def measure_preparation(preset: str, files: str, tokenizer: str, cache: str, num
         "by_source": by_source,
         "instances_bytes": _disk(folder),
         "hf_cache_bytes": _disk(Path(cache) / "hf"),
+        "main_anon_peak_mb": anon.main,
+        "worker_anon_peak_mb": anon.worker,
         "rss_start_mb": baseline,
         "rss_after_imports_mb": after_imports,
         **_peak_mb(),
@@ -278,6 +323,7 @@ def measure_rows(folder: str, rows: int, seed: int) -> dict:
     sources = [SourceConfig(kind="json", path=str(paths[0]), weight=2.5),
                SourceConfig(kind="json", path=str(paths[1]), weight=0.8, rows_per_document=256)]  # fmt: skip
     cfg = DataConfig(sources=sources, weight_by="words", cache_dir=str(Path(folder) / f"cache-{rows}"))
+    anon = AnonymousMemory().__enter__()
     t0 = time.perf_counter()
     articles = load_source(sources[0], 0, cfg)
     t1 = time.perf_counter()
@@ -287,10 +333,11 @@ def measure_rows(folder: str, rows: int, seed: int) -> dict:
     split_documents(docs, cfg, seed=seed)
     t3 = time.perf_counter()
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    anon.__exit__()
     shutil.rmtree(cfg.cache_dir, ignore_errors=True)
     return {"rows_per_source": rows, "articles": len(articles), "book_documents": len(books),
             "mixed_documents": len(docs), "read_articles_s": t1 - t0, "read_group_books_s": t2 - t1,
-            "mix_split_s": t3 - t2, "rss_after_imports_mb": base, "peak_mb": peak}  # fmt: skip
+            "mix_split_s": t3 - t2, "rss_after_imports_mb": base, "peak_mb": peak, "anon_peak_mb": anon.main}  # fmt: skip
 
 
 def in_fresh_process(fn: Any, *args: Any) -> dict:
@@ -325,7 +372,7 @@ def main(cfg: DataPrepConfig) -> dict[str, Any]:
             )
             size["prepare"].append(run)
             print(json.dumps(run)[:600], flush=True)
-            if num_proc == cfg.num_procs[-1]:  # keep the last cache for the first-batch measurement
+            if cfg.first_batch and num_proc == cfg.num_procs[-1]:  # keep the last cache for the first-batch measurement
                 size["first_batch"] = in_fresh_process(
                     measure_first_batch, cfg.preset, str(files), tokenizer, str(cache), cfg.batch, False, 0, cfg.seed
                 )
@@ -356,13 +403,14 @@ def report(results: dict[str, Any]) -> str:
                 f"{run['load_mix_s']:.0f}", f"{run['instances_s']:.0f}", f"{run['total_s']:.0f}",
                 f"{run['corpus_tokens'] / run['instances_s'] / run['num_proc'] / 1e3:.0f}k",
                 f"{run['corpus_tokens'] / run['instances_cpu_s'] / 1e3:.0f}k",
-                f"{run['main_peak_mb']:.0f}", f"{run['worker_peak_mb']:.0f}" if run["num_proc"] > 1 else "-",
+                f"{run['main_peak_mb']:.0f} ({run.get('main_anon_peak_mb', 0):.0f})",
+                f"{run['worker_peak_mb']:.0f} ({run.get('worker_anon_peak_mb', 0):.0f})" if run["num_proc"] > 1 else "-",
                 f"{run['instances_bytes'] / run['real_tokens'] * 1e9 / 2**30:.1f}",
             ])  # fmt: skip
     table = format_table(
         ["corpus", "num_proc", "corpus tokens", "read+mix s", "instances s", "total s", "tok/s per process",
          "tok per CPU-s",
-         "main peak MiB", "worker peak MiB", "GiB per 1B tokens"], rows, style="markdown",
+         "main peak MiB (anon)", "worker peak MiB (anon)", "GiB per 1B tokens"], rows, style="markdown",
     )  # fmt: skip
     lines = [table, ""]
     for size in results["sizes"]:
@@ -378,7 +426,8 @@ def report(results: dict[str, Any]) -> str:
         lines.append(
             f"{r['rows_per_source']:,} rows a source -> {r['mixed_documents']:,} mixed documents: read "
             f"{r['read_articles_s']:.0f} s, read + group 256 {r['read_group_books_s']:.0f} s, mix + split "
-            f"{r['mix_split_s']:.0f} s, peak {r['peak_mb']:.0f} MiB (after imports {r['rss_after_imports_mb']:.0f})"
+            f"{r['mix_split_s']:.0f} s, peak {r['peak_mb']:.0f} MiB (after imports {r['rss_after_imports_mb']:.0f}), "
+            f"anonymous {r.get('anon_peak_mb', 0):.0f} MiB"
         )
     return "\n".join(lines)
 
