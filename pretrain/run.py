@@ -64,9 +64,12 @@ from pretrain.tracking import (
     init_trackers,
     layer_grad_norms,
     log_metrics,
+    log_snapshot,
     model_flops_utilisation,
+    record_outcome,
     rewind_metrics,
 )
+from pretrain.wandb_logging import check_credentials, wandb_mode
 
 
 class TrainingFailed(RuntimeError):
@@ -91,6 +94,8 @@ def check_environment(cfg: PretrainConfig) -> None:
         )
     if cfg.train.compile and _env_flag("ACCELERATE_USE_DEEPSPEED"):
         raise ConfigError("train.compile=true does not work with DeepSpeed; set --train.compile=false")
+    if cfg.tracking.backend == "wandb":
+        check_credentials(wandb_mode(cfg.tracking.wandb_mode), cfg.train.output_dir)
 
 
 def setup(cfg: PretrainConfig) -> Accelerator:
@@ -234,6 +239,7 @@ def write_status(
             "message": message,
         },
     )
+    record_outcome(accelerator, status, step, diverged_at)
 
 
 @dataclass
@@ -414,7 +420,8 @@ def snapshot(job: Job, state: TrainState) -> None:
         "metrics": dict(job.last_eval),
         "pretrain_config": job.resolved,
     }
-    save_snapshot(job.accelerator, job.model, job.tokenizer, job.run_dir, info)
+    path = save_snapshot(job.accelerator, job.model, job.tokenizer, job.run_dir, info)
+    log_snapshot(job.accelerator, job.run_dir, path, state.step)
 
 
 def run_evaluation(job: Job, state: TrainState) -> None:
@@ -571,8 +578,8 @@ def pretrain(cfg: PretrainConfig) -> str:
         write_json_atomic(run_dir / RUN_CONFIG_FILE, job.resolved)
     if resume_from is not None and accelerator.is_main_process and resume_from.parent.parent.resolve() == run_dir.resolve():
         job.last_eval = rewind_metrics(run_dir, state.step)
+    init_trackers(accelerator, cfg, job.resolved, job.model, resume_from)
     write_status(accelerator, cfg, "running", state.step)
-    init_trackers(accelerator, cfg, job.resolved)
     accelerator.print(
         f"run {cfg.train.run_name}: {cfg.model.norm_placement}-LN, {accelerator.num_processes} process(es), "
         f"global batch {cfg.train.per_device_batch_size * accelerator.num_processes * cfg.train.gradient_accumulation_steps}"
@@ -583,17 +590,17 @@ def pretrain(cfg: PretrainConfig) -> str:
             outcome = train(job, state, stop)
     except BaseException as err:
         write_status(accelerator, cfg, "failed", state.step, f"{type(err).__name__}: {err}")
+        accelerator.end_training()
         if isinstance(err, Exception):
             raise TrainingFailed(f"training failed at step {state.step}: {type(err).__name__}: {err}") from err
         raise
-    finally:
-        accelerator.end_training()
     if outcome == "finished":
         write_status(accelerator, cfg, "finished", state.step, "training finished")
     elif outcome == "preempted":
         write_status(
             accelerator, cfg, "preempted", state.step, "stopped with a checkpoint; continue with --train.resume=auto"
         )
+    accelerator.end_training()  # after the final status, which the trackers' summary records
     accelerator.print(
         f"\n{outcome} at step {state.step}. Run directory {run_dir}:\n"
         f"  checkpoints  {run_dir / CHECKPOINTS}\n"
