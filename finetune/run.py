@@ -34,6 +34,7 @@ import pretrain  # noqa: F401  (registers the "lnbert" model type with the Auto 
 from finetune.config import DEFAULT_LRS, DEFAULT_SEEDS, FinetuneConfig, parse_config, validate_grid
 from finetune.glue import Example, batches, compute_metrics, encode, get_task, load_task
 from finetune.store import Job, JobSpec, ResultStore, run_cli, worker_id
+from finetune.tracking import WandbSettings, check_wandb, job_run
 from pretrain.artifacts import SNAPSHOT_INFO
 from pretrain.optim import weight_decay_groups
 
@@ -62,6 +63,10 @@ class RunConfig:
     """Seconds a claim stays valid without a heartbeat (a dead worker's job is retried after this)."""
     recipe: FinetuneConfig = field(default_factory=FinetuneConfig)
     """The fine-tuning recipe."""
+    wandb: bool = False
+    """Log one W&B run per job (job_type finetune; WANDB_MODE=offline logs locally, beside the store)."""
+    wandb_project: str | None = None
+    """W&B project of the job runs; unset: the pretraining run's tracking.project (else lnbert)."""
 
     def __post_init__(self) -> None:
         get_task(self.task)
@@ -221,9 +226,16 @@ class DataCache:
 
 
 def finetune(
-    model_path: str, task: str, data: TaskData, lr: float, seed: int, recipe: FinetuneConfig
+    model_path: str,
+    task: str,
+    data: TaskData,
+    lr: float,
+    seed: int,
+    recipe: FinetuneConfig,
+    on_step: Callable[[int, float, float], None] | None = None,
 ) -> dict[str, Any]:
-    """Train a classifier from ``model_path`` on ``data.train`` and score it on ``data.dev``."""
+    """Train a classifier from ``model_path`` on ``data.train`` and score it on ``data.dev``; ``on_step(step,
+    loss, lr)`` is called after every optimizer step (the W&B job run's training curve)."""
     from transformers import AutoConfig, AutoModelForSequenceClassification, set_seed
     from transformers.utils import logging as hf_logging
 
@@ -251,14 +263,18 @@ def finetune(
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, linear_warmup_decay(warmup_steps, total_steps))
     order = torch.Generator().manual_seed(seed)  # data order, independent of the model's RNG use
     bar = tqdm(total=total_steps, desc=f"{task} lr={lr:g} seed={seed}", disable=not recipe.progress, leave=False)
-    epoch_loss = 0.0
+    epoch_loss, step = 0.0, 0
     for _ in range(recipe.epochs):
         model.train()
         epoch_loss = 0.0
         for batch in batches(data.train, recipe.batch_size, data.pad_id, generator=order):
             loss = train_step(model, batch, optimizer, recipe, device)
+            lr_used = scheduler.get_last_lr()[0]
             scheduler.step()
             epoch_loss += loss.item()
+            step += 1
+            if on_step is not None:
+                on_step(step, loss.item(), lr_used)
             bar.update()
             bar.set_postfix(loss=f"{loss.item():.3f}")
     bar.close()
@@ -290,6 +306,8 @@ class WorkerSettings:
     """The recipe's runtime fields (threads, device, progress, eval batch size) for this worker."""
     exit_with_parent: bool = False
     """Pool workers stop when the scheduler that started them dies (its lease-holding jobs then expire)."""
+    wandb: WandbSettings | None = None
+    """One W&B run per job when set (finetune/tracking.py)."""
 
 
 def _heartbeat(settings: WorkerSettings, job: Job, worker: str, stop: threading.Event, parent: int) -> None:
@@ -313,7 +331,12 @@ def execute(job: Job, store: ResultStore, settings: WorkerSettings, cache: DataC
     try:
         recipe = FinetuneConfig(**spec.recipe, **settings.runtime)
         data = cache.get(spec.model_path, spec.task, spec.data_dir, recipe)
-        results = finetune(spec.model_path, spec.task, data, spec.lr, spec.seed, recipe)
+        with job_run(spec, settings.wandb) as tracked:
+            results = finetune(
+                spec.model_path, spec.task, data, spec.lr, spec.seed, recipe, tracked.log_step if tracked else None
+            )
+            if tracked:
+                tracked.finish(results)
     except Exception as err:  # recorded in the store and retried; the worker goes on with other jobs
         stop.set()
         beat.join()
@@ -357,6 +380,8 @@ def run(config: RunConfig) -> list[dict[str, Any]]:
     data_dir = str(Path(config.data_dir).resolve()) if config.data_dir else None
     if data_dir is not None:
         load_task(config.task, data_dir)  # fail now, on the user's input, rather than inside every job
+    tracking = WandbSettings(project=config.wandb_project, dir=str(Path(config.store).parent)) if config.wandb else None
+    check_wandb(tracking)
     with ResultStore(config.store) as store:
         specs = job_specs(
             describe_model(config.model, store), config.task, config.lrs, config.seeds, config.recipe, data_dir
@@ -367,7 +392,13 @@ def run(config: RunConfig) -> list[dict[str, Any]]:
     )
     runtime = {k: getattr(config.recipe, k) for k in RUNTIME_FIELDS}
     work(
-        WorkerSettings(store=config.store, lease_s=config.lease_s, max_attempts=config.max_attempts, runtime=runtime),
+        WorkerSettings(
+            store=config.store,
+            lease_s=config.lease_s,
+            max_attempts=config.max_attempts,
+            runtime=runtime,
+            wandb=tracking,
+        ),
         ids,
     )
     with ResultStore(config.store) as store:

@@ -43,6 +43,7 @@ from finetune.config import (
 from finetune.glue import get_task, load_task
 from finetune.run import RUNTIME_FIELDS, WorkerSettings, job_specs, work
 from finetune.store import JobSpec, ResultStore, run_cli
+from finetune.tracking import WandbSettings, check_wandb
 from pretrain.artifacts import TERMINAL_STATUSES, list_snapshots, read_status
 
 Backend = Literal["local", "slurm"]
@@ -109,6 +110,10 @@ class ScheduleConfig:
     """The fine-tuning recipe of every job."""
     slurm: SlurmConfig = field(default_factory=SlurmConfig)
     """Settings of the slurm backend."""
+    wandb: bool = False
+    """Log one W&B run per job (job_type finetune; WANDB_MODE=offline logs locally, beside the store)."""
+    wandb_project: str | None = None
+    """W&B project of the job runs; unset: the pretraining run's tracking.project (else lnbert)."""
 
     def __post_init__(self) -> None:
         if not self.runs:
@@ -194,6 +199,7 @@ def worker_settings(config: ScheduleConfig, threads: int, exit_with_parent: bool
         max_attempts=config.max_attempts,
         runtime={k: getattr(recipe, k) for k in RUNTIME_FIELDS},
         exit_with_parent=exit_with_parent,
+        wandb=WandbSettings(project=config.wandb_project, dir=str(Path(config.store).parent)) if config.wandb else None,
     )
 
 
@@ -300,6 +306,7 @@ def check_inputs(config: ScheduleConfig) -> None:
     if config.data_dir is not None:
         for task in config.tasks:
             load_task(task, config.data_dir)
+    check_wandb(worker_settings(config, 1, False).wandb)
 
 
 def schedule(config: ScheduleConfig) -> None:
