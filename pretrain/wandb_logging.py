@@ -48,7 +48,7 @@ def wandb_mode(configured: str = "online") -> str:
     return os.environ.get("WANDB_MODE", configured)
 
 
-def check_credentials(mode: str, run_dir: str | Path = "RUN") -> None:
+def check_credentials(mode: str, run_dir: str | Path = "RUN", fix: str | None = None) -> None:
     """Fail before any work when W&B would log online without credentials (it would stop the run later, or
     prompt for a key on a cluster node). Reads WANDB_API_KEY, ~/.netrc and W&B's settings; no network."""
     if mode in ("offline", "disabled", "dryrun"):
@@ -56,11 +56,13 @@ def check_credentials(mode: str, run_dir: str | Path = "RUN") -> None:
     import wandb
 
     if not wandb.login(verify=False, prompt=False):
+        fix = fix or (
+            f"or log offline with WANDB_MODE=offline and upload later with `wandb sync {Path(run_dir) / 'wandb'}/"
+            "offline-run-*`, or turn W&B off (--tracking.backend=none for pretraining, no --wandb for fine-tuning "
+            "and the report)"
+        )
         raise WandbCredentialsError(
-            "W&B logging is on but no W&B credentials were found. Either log in once with `wandb login` "
-            "(or set WANDB_API_KEY), or log offline with WANDB_MODE=offline and upload later with "
-            f"`wandb sync {Path(run_dir) / 'wandb'}/offline-run-*`, or turn W&B off (--tracking.backend=none "
-            "for pretraining, no --wandb for fine-tuning and the report)."
+            f"no W&B credentials found. Log in once with `wandb login` (or set WANDB_API_KEY); {fix}."
         )
 
 
