@@ -139,7 +139,7 @@ def build_workspace(config: DashboardConfig, entity: str) -> Any:
 
 def save_workspace(workspace: Any, comparison: str) -> Any:
     """Create the view under its stable name, or update it when the project already has it."""
-    _, ws = _libraries()
+    _libraries()  # a clear message when wandb-workspaces is missing
     from wandb_workspaces.workspaces import internal
 
     name = f"nw-{view_slug(comparison)}-v"

@@ -1,7 +1,7 @@
 """Read back what W&B actually logged offline: the records of RUN/wandb/offline-run-*/run-*.wandb.
 
 A ``.wandb`` file is W&B's transaction log of ``wandb.proto`` records (run, config, history, summary, metric
-definitions, artifacts, exit). Since wandb 0.2x its Python datastore reader is gone; W&B's own reader is
+definitions, artifacts, exit). wandb 0.31 no longer ships a Python reader for it; W&B's own reader is
 ``wandb leet inspect --json FILE`` (one JSON object per record, protobuf field names), used here.
 """
 
