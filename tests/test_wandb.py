@@ -248,7 +248,6 @@ def test_job_run_ids_are_deterministic(finetuned: tuple[Path, list[dict], list[L
 
 
 def test_dashboard_view_has_figure5_gradients_throughput_and_outcomes() -> None:
-    pytest.importorskip("wandb_workspaces")
     from finetune.dashboard import DashboardConfig, build_workspace
 
     workspace = build_workspace(DashboardConfig(comparison="bert-base-placements", project="lnbert"), "team")
@@ -277,7 +276,6 @@ def test_dashboard_view_has_figure5_gradients_throughput_and_outcomes() -> None:
 
 
 def test_dashboard_creates_then_updates_the_same_view(monkeypatch: pytest.MonkeyPatch) -> None:
-    pytest.importorskip("wandb_workspaces")
     import wandb_workspaces.workspaces as ws
     from wandb_workspaces.workspaces import internal
 
@@ -306,7 +304,6 @@ def test_dashboard_creates_then_updates_the_same_view(monkeypatch: pytest.Monkey
 
 
 def test_dashboard_cli(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    pytest.importorskip("wandb_workspaces")
     from finetune.dashboard import main
 
     assert main(["--comparison", "cmp", "--dry_run"]) == 0
