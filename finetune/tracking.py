@@ -91,7 +91,9 @@ def job_config(spec: JobSpec, pretraining: dict[str, Any]) -> dict[str, Any]:
     }
     if pretraining["id"] and spec.pretrain_step >= 0:
         # The snapshot's model artifact (logged by the pretraining run): which checkpoint gave this number.
-        config["snapshot_artifact"] = f"{snapshot_artifact_name(pretraining['id'])}:{snapshot_alias(spec.pretrain_step)}"
+        config["snapshot_artifact"] = (
+            f"{snapshot_artifact_name(pretraining['id'])}:{snapshot_alias(spec.pretrain_step)}"
+        )
     return config
 
 

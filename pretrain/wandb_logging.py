@@ -28,7 +28,8 @@ from pretrain.artifacts import SNAPSHOT_INFO, write_json_atomic
 
 WANDB_RUN_FILE = "wandb_run.json"
 """RUN/wandb_run.json: {"id", "group", "project"} of the run's W&B run (docs/run_layout.md)."""
-# Runs that need no fine-tuning recipe to be compared: everything else in the config is the recipe.
+# Fields that do not change what a run learns (identity, paths, cadence of logs and saves, how the batch is split
+# over devices); everything else in the resolved config is the recipe.
 _NOT_RECIPE = {
     "train": {"output_dir", "run_name", "seed", "resume", "stop_at_step", "num_workers", "eval_every", "eval_batches",
               "log_every", "checkpoint_every", "keep_last_checkpoints", "snapshot_every", "snapshot_steps",

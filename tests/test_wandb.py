@@ -16,12 +16,15 @@ import pytest
 import torch
 from accelerate.state import AcceleratorState, GradientState
 
+import finetune.run as finetune_run
 from finetune.config import FinetuneConfig
 from finetune.run import RunConfig, describe_model, job_specs, run
+from finetune.schedule import ScheduleConfig, worker_settings
 from finetune.store import ResultStore
-from finetune.tracking import job_run_id
+from finetune.tracking import WandbSettings, job_run_id
 from pretrain.artifacts import RUN_CONFIG_FILE, write_json_atomic
 from pretrain.config import parse_args, to_dict
+from pretrain.modeling import LNBertForPreTraining
 from pretrain.run import main as pretrain_main
 from pretrain.wandb_logging import WANDB_RUN_FILE, WandbCredentialsError, pretrain_group, recipe, short_hash
 from tests.finetune_fixtures import FIXTURE_GLUE, make_run
@@ -137,6 +140,30 @@ def test_the_512_token_phase_continues_the_same_wandb_run(pretrained: Path, tmp_
     assert json.loads((cont / WANDB_RUN_FILE).read_text())["continued_from"] == str(pretrained.resolve())
 
 
+def test_a_diverged_run_says_so_in_its_summary(
+    pretrained: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without the outcome in the summary, a diverged run would look finished in the runs table."""
+    forward = LNBertForPreTraining.forward
+
+    def poisoned(self: LNBertForPreTraining, *args: object, **kwargs: object) -> object:
+        out = forward(self, *args, **kwargs)
+        if self.training:
+            out.loss = out.loss * float("nan")
+        return out
+
+    monkeypatch.setattr(LNBertForPreTraining, "forward", poisoned)
+    run_dir = tmp_path / "nan"
+    torch.set_num_threads(1)
+    try:
+        assert pretrain_main(tiny_args(run_dir, pretrained.parent / "cache", "--tracking.backend=wandb")) == 0
+    finally:
+        _reset_accelerate()
+    (logged,) = read_runs(run_dir / "wandb")
+    assert (logged.summary["status"], logged.summary["diverged_at_step"]) == ("diverged", 1)
+    assert logged.group.startswith("lnbert-post-")  # no comparison set: the default prefix
+
+
 def test_group_pools_seeds_never_placements() -> None:
     def group(*overrides: str) -> str:
         cfg = parse_args(["--tracking.comparison=cmp", *overrides])
@@ -221,16 +248,46 @@ def test_one_wandb_run_per_finetuning_job(finetuned: tuple[Path, list[dict], lis
     for row in rows:
         job = by_seed[row["seed"]]
         config = job.config
-        assert (config["norm_placement"], config["pretrain_step"], config["task"], config["lr"]) == ("pre", 10, "mrpc", 1e-3)
+        assert (config["norm_placement"], config["pretrain_step"], config["task"], config["lr"]) == (
+            "pre",
+            10,
+            "mrpc",
+            1e-3,
+        )
         assert (config["pretrain_run_id"], config["comparison"]) == ("pretrain01", "cmp")
         assert config["recipe_hash"] == row["recipe_hash"] and config["recipe"]["batch_size"] == 4
         assert config["snapshot_artifact"] == "snapshot-pretrain01:step-10"
         assert job.summary["accuracy"] == pytest.approx(row["accuracy"])
         assert job.summary["mrpc/accuracy"] == pytest.approx(row["accuracy"])
-        assert job.summary["f1"] == pytest.approx(row["f1"]) and job.summary["dev_loss"] == pytest.approx(row["dev_loss"])
+        assert job.summary["f1"] == pytest.approx(row["f1"]) and job.summary["dev_loss"] == pytest.approx(
+            row["dev_loss"]
+        )
         assert job.metrics["train/*"]["step_metric"] == "train_step"
         assert [row["train_step"] for row in job.history] == [1, 2]  # the training-loss curve, per step
         assert all("train/loss" in row for row in job.history)
+
+
+def test_a_failing_job_ends_its_wandb_run_as_failed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken(*args: object, **kwargs: object) -> dict:
+        raise RuntimeError("out of memory")
+
+    monkeypatch.setattr(finetune_run, "finetune", broken)
+    snapshot = make_run(tmp_path, "r", steps=(10,)) / "snapshots" / "step_00000010"
+    config = RunConfig(model=str(snapshot), task="rte", data_dir=str(FIXTURE_GLUE), lrs=[1e-3], seeds=[0],
+                       store=str(tmp_path / "results.sqlite"), recipe=FinetuneConfig(**QUICK), wandb=True,
+                       max_attempts=1)  # fmt: skip
+    (row,) = run(config)
+    assert row["status"] == "failed" and "out of memory" in row["error"]
+    (logged,) = read_runs(tmp_path / "wandb")
+    assert (logged.summary["status"], logged.exit_code) == ("failed", 1)
+    assert logged.group.startswith("r-rte-step10-")  # a run without W&B id: grouped by its name
+
+
+def test_scheduler_workers_get_the_wandb_settings(tmp_path: Path) -> None:
+    config = ScheduleConfig(runs=[str(tmp_path)], store=str(tmp_path / "s" / "results.sqlite"), wandb=True,
+                            wandb_project="p")  # fmt: skip
+    assert worker_settings(config, 1, False).wandb == WandbSettings(project="p", dir=str(tmp_path / "s"))
+    assert worker_settings(ScheduleConfig(runs=[str(tmp_path)]), 1, False).wandb is None
 
 
 def test_job_run_ids_are_deterministic(finetuned: tuple[Path, list[dict], list[LoggedRun]]) -> None:
@@ -256,7 +313,10 @@ def test_dashboard_view_has_figure5_gradients_throughput_and_outcomes() -> None:
     figure5 = panels["Figure 5"]
     assert (figure5[0].x, figure5[0].y, figure5[0].groupby_aggfunc) == ("Step", ["val/mlm_loss"], "mean")
     scatter = [p for p in figure5 if type(p).__name__ == "ScatterPlot"]
-    assert [(p.x.name, p.y.name) for p in scatter] == [("pretrain_step", "mrpc/accuracy"), ("pretrain_step", "rte/accuracy")]
+    assert [(p.x.name, p.y.name) for p in scatter] == [
+        ("pretrain_step", "mrpc/accuracy"),
+        ("pretrain_step", "rte/accuracy"),
+    ]
     report_lines = [p for p in figure5[1:] if type(p).__name__ == "LinePlot"]
     assert [(p.x, p.metric_regex) for p in report_lines] == [
         ("pretrain_step", "figure5/mrpc_accuracy/.*"),

@@ -67,8 +67,16 @@ def read_run(run_folder: Path) -> LoggedRun:
         kind = record["type"]
         body = record.get(kind, {})
         if kind == "run":
-            run.id, run.group, run.job_type = body.get("run_id", ""), body.get("run_group", ""), body.get("job_type", "")
-            run.name, run.project, run.tags = body.get("display_name", ""), body.get("project", ""), body.get("tags", [])
+            run.id, run.group, run.job_type = (
+                body.get("run_id", ""),
+                body.get("run_group", ""),
+                body.get("job_type", ""),
+            )
+            run.name, run.project, run.tags = (
+                body.get("display_name", ""),
+                body.get("project", ""),
+                body.get("tags", []),
+            )
             run.resumed = bool(body.get("resume"))
             _merge(run.config, body.get("config", {}).get("update", {}))
         elif kind == "config":
