@@ -111,12 +111,13 @@ def run_identity(run_dir: Path, resume_from: Path | None, group: str, project: s
     - continued from another run's checkpoint (the 512-token phase): that run's id and group, so the phase
       extends the same W&B run and curve (its config is updated to the new phase's).
     """
-    own = read_run_file(run_dir)
     if resume_from is not None:
         source = Path(resume_from).resolve().parent.parent
-        inherited = own if source == Path(run_dir).resolve() else read_run_file(source)
-        if inherited.get("id"):
-            identity = {**inherited, "continued_from": str(source)} if inherited is not own else inherited
+        if source == Path(run_dir).resolve():
+            identity = read_run_file(run_dir)
+        else:
+            identity = {**read_run_file(source), "continued_from": str(source)}
+        if identity.get("id"):
             write_json_atomic(Path(run_dir) / WANDB_RUN_FILE, identity)
             return identity
     # W&B run ids are [a-z0-9]; 12 random hex digits never collide within a project in practice.
