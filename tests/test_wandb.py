@@ -21,12 +21,19 @@ from finetune.config import FinetuneConfig
 from finetune.run import RunConfig, describe_model, job_specs, run
 from finetune.schedule import ScheduleConfig, worker_settings
 from finetune.store import ResultStore
-from finetune.tracking import WandbSettings, job_run_id
+from finetune.tracking import WandbSettings, job_run, job_run_id
 from pretrain.artifacts import RUN_CONFIG_FILE, write_json_atomic
 from pretrain.config import parse_args, to_dict
 from pretrain.modeling import LNBertForPreTraining
 from pretrain.run import main as pretrain_main
-from pretrain.wandb_logging import WANDB_RUN_FILE, WandbCredentialsError, pretrain_group, recipe, short_hash
+from pretrain.wandb_logging import (
+    WANDB_RUN_FILE,
+    WandbCredentialsError,
+    pretrain_group,
+    recipe,
+    short_hash,
+    snapshot_artifact,
+)
 from tests.finetune_fixtures import FIXTURE_GLUE, make_run
 from tests.test_pretrain import tiny_args
 from tests.wandb_records import LoggedRun, read_runs
@@ -119,6 +126,8 @@ def test_snapshots_are_model_artifacts_by_reference(pretrained: Path, pretrain_r
     # References to the files where they are (nothing uploaded), with their checksums.
     assert {e["ref"] for e in entries} == {f.as_uri() for f in snapshot.iterdir()}
     assert all(e.get("digest") for e in entries)
+    # What a fine-tuning run uses has the same digest: W&B resolves it to this version (the lineage link).
+    assert snapshot_artifact(snapshot, run_id).manifest.digest() == artifacts[1]["digest"]
 
 
 def test_the_512_token_phase_continues_the_same_wandb_run(pretrained: Path, tmp_path: Path) -> None:
@@ -281,6 +290,35 @@ def test_a_failing_job_ends_its_wandb_run_as_failed(tmp_path: Path, monkeypatch:
     (logged,) = read_runs(tmp_path / "wandb")
     assert (logged.summary["status"], logged.exit_code) == ("failed", 1)
     assert logged.group.startswith("r-rte-step10-")  # a run without W&B id: grouped by its name
+
+
+def test_online_job_runs_use_their_snapshot_artifact(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """W&B has no artifacts offline, so the online call is checked against a stand-in for wandb.init."""
+    import wandb
+
+    used = []
+
+    class Run:
+        summary: dict = {}
+
+        def define_metric(self, *args: object, **kwargs: object) -> None: ...
+
+        def use_artifact(self, artifact: object) -> None:
+            used.append(artifact)
+
+        def finish(self, exit_code: int = 0) -> None: ...
+
+    monkeypatch.setenv("WANDB_MODE", "online")
+    monkeypatch.setattr(wandb, "init", lambda **kwargs: Run())
+    run_dir = make_run(tmp_path, "r", steps=(10,))
+    write_json_atomic(run_dir / WANDB_RUN_FILE, {"id": "abc", "group": "g", "project": "p"})
+    with ResultStore(tmp_path / "results.sqlite") as store:
+        description = describe_model(str(run_dir / "snapshots" / "step_00000010"), store)
+    (spec,) = job_specs(description, "rte", [1e-3], [0], FinetuneConfig(**QUICK), None)
+    with job_run(spec, WandbSettings(dir=str(tmp_path))):
+        pass
+    (artifact,) = used
+    assert (artifact.name, artifact.type, artifact.metadata["step"]) == ("snapshot-abc", "model", 10)
 
 
 def test_scheduler_workers_get_the_wandb_settings(tmp_path: Path) -> None:
