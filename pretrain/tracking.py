@@ -77,15 +77,16 @@ def init_trackers(
         "norm_placement": cfg.model.norm_placement,
         "comparison": tracking.comparison,
         "recipe_hash": recipe_hash,
-        "continued_from": identity.get("continued_from"),
     }
+    if identity.get("continued_from"):
+        config["continued_from"] = identity["continued_from"]  # the run folder whose checkpoint this run continued
     wandb_kwargs: dict[str, Any] = {
         "name": name,
         "id": identity.get("id"),
         "resume": "allow",
         "group": identity.get("group", group),
         "job_type": "pretrain",
-        "tags": sorted({cfg.model.norm_placement, *([tracking.comparison] if tracking.comparison else []), *tracking.tags}),
+        "tags": sorted({cfg.model.norm_placement, *tracking.tags} | ({tracking.comparison} - {""})),
         "dir": str(Path(cfg.train.output_dir)),  # offline runs land in RUN/wandb/ for `wandb sync`
         "mode": wandb_mode(tracking.wandb_mode),
     }
