@@ -28,7 +28,7 @@ from finetune.config import parse_config
 from finetune.glue import get_task
 from finetune.store import ResultStore, run_cli
 from finetune.tracking import pretraining_run
-from pretrain.artifacts import RUN_CONFIG_FILE, read_metrics, read_status
+from pretrain.layout import RUN_CONFIG_FILE, read_metrics, read_status
 from pretrain.wandb_logging import check_credentials, short_hash, wandb_mode
 
 VAL_LOSS = "val/mlm_loss"

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from finetune.store import JobSpec, recipe_hash
-from pretrain.artifacts import RUN_CONFIG_FILE
+from pretrain.layout import RUN_CONFIG_FILE
 from pretrain.wandb_logging import (
     check_credentials,
     read_run_file,

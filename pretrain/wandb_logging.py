@@ -24,7 +24,7 @@ import secrets
 from pathlib import Path
 from typing import Any
 
-from pretrain.artifacts import SNAPSHOT_INFO, write_json_atomic
+from pretrain.layout import SNAPSHOT_INFO, write_json_atomic
 
 WANDB_RUN_FILE = "wandb_run.json"
 """RUN/wandb_run.json: {"id", "group", "project"} of the run's W&B run (docs/run_layout.md)."""

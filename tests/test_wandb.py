@@ -16,14 +16,15 @@ import pytest
 import torch
 from accelerate.state import AcceleratorState, GradientState
 
-import finetune.run as finetune_run
+import finetune.worker as finetune_worker
 from finetune.config import FinetuneConfig
-from finetune.run import RunConfig, describe_model, job_specs, run
+from finetune.run import RunConfig, run
 from finetune.schedule import ScheduleConfig, worker_settings
 from finetune.store import ResultStore
 from finetune.tracking import WandbSettings, job_run, job_run_id
-from pretrain.artifacts import RUN_CONFIG_FILE, write_json_atomic
+from finetune.worker import describe_model, job_specs
 from pretrain.config import parse_args, to_dict
+from pretrain.layout import RUN_CONFIG_FILE, write_json_atomic
 from pretrain.modeling import LNBertForPreTraining
 from pretrain.run import main as pretrain_main
 from pretrain.wandb_logging import (
@@ -91,6 +92,8 @@ def test_a_preempted_and_resumed_run_is_one_wandb_run(pretrained: Path, pretrain
 
 def test_pretrain_group_job_type_tags_and_config(pretrained: Path, pretrain_runs: list[LoggedRun]) -> None:
     resolved = json.loads((pretrained / RUN_CONFIG_FILE).read_text())
+    model = LNBertForPreTraining.from_pretrained(pretrained / "snapshots" / "step_00000006")
+    parameters = sum(p.numel() for p in model.parameters())
     for logged in pretrain_runs:
         assert logged.job_type == "pretrain"
         assert logged.group == f"unit-post-{logged.config['recipe_hash']}"
@@ -100,7 +103,7 @@ def test_pretrain_group_job_type_tags_and_config(pretrained: Path, pretrain_runs
         assert (config["norm_placement"], config["comparison"]) == ("post", "unit")
         assert config["global_batch_size"] == 8 and config["tokens_per_step"] == 8 * 32
         assert config["warmup_steps"] == 0 and config["num_processes"] == 1
-        assert config["parameters"] > config["non_embedding_parameters"] > 0
+        assert config["parameters"] == parameters
         # Native values for W&B (TensorBoard alone gets JSON strings): lists stay lists, sections stay nested.
         assert config["optim"]["betas"] == [0.9, 0.999] and config["model"] == resolved["model"]
 
@@ -280,7 +283,7 @@ def test_a_failing_job_ends_its_wandb_run_as_failed(tmp_path: Path, monkeypatch:
     def broken(*args: object, **kwargs: object) -> dict:
         raise RuntimeError("out of memory")
 
-    monkeypatch.setattr(finetune_run, "finetune", broken)
+    monkeypatch.setattr(finetune_worker, "finetune", broken)
     snapshot = make_run(tmp_path, "r", steps=(10,)) / "snapshots" / "step_00000010"
     config = RunConfig(model=str(snapshot), task="rte", data_dir=str(FIXTURE_GLUE), lrs=[1e-3], seeds=[0],
                        store=str(tmp_path / "results.sqlite"), recipe=FinetuneConfig(**QUICK), wandb=True,
