@@ -56,6 +56,8 @@ def check_credentials(mode: str, run_dir: str | Path = "RUN", fix: str | None = 
         return
     import wandb
 
+    if wandb.setup().settings.mode in ("offline", "disabled", "dryrun"):  # `wandb offline` in this directory
+        return
     if not wandb.login(verify=False, prompt=False):
         fix = fix or (
             f"or log offline with WANDB_MODE=offline and upload later with `wandb sync {Path(run_dir) / 'wandb'}/"

@@ -8,8 +8,7 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -39,7 +38,6 @@ from tests.finetune_fixtures import FIXTURE_GLUE, make_run
 from tests.test_pretrain import tiny_args
 from tests.wandb_records import LoggedRun, read_runs
 
-ROOT = Path(__file__).resolve().parents[1]
 QUICK = dict(batch_size=4, epochs=1, max_train_examples=8, max_eval_examples=8, torch_threads=1, progress=False)
 
 
@@ -189,26 +187,34 @@ def test_group_pools_seeds_never_placements() -> None:
     assert group("--model.norm_placement=post", "--optim.lr=0.5") != post  # another recipe: not pooled
 
 
-def test_online_without_credentials_fails_before_training(tmp_path: Path) -> None:
-    run_dir = tmp_path / "run"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
-    env.update(HOME=str(tmp_path), NETRC=str(tmp_path / "no-netrc"), WANDB_CONFIG_DIR=str(tmp_path / "wandb-config"),
-               PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")  # fmt: skip
-    result = subprocess.run(
-        [sys.executable, "pretrain/run.py", f"--train.output_dir={run_dir}", "--tracking.backend=wandb"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
-    assert result.returncode == 2, result.stderr[-2000:]
-    assert "wandb login" in result.stderr and "WANDB_MODE=offline" in result.stderr
-    assert "Traceback" not in result.stderr
-    assert not run_dir.exists()  # nothing written: the same command starts the run once logged in
+@pytest.fixture
+def no_credentials(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """W&B online, and no API key in the environment, a .netrc or W&B's settings files."""
+    import wandb
 
-
-def test_finetune_and_report_check_credentials_first(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    for key in ("WANDB_MODE", "WANDB_API_KEY"):
+    for key in ("WANDB_MODE", "WANDB_API_KEY", "WANDB_IDENTITY_TOKEN_FILE"):
         monkeypatch.delenv(key, raising=False)
     monkeypatch.setenv("NETRC", str(tmp_path / "no-netrc"))
     monkeypatch.setenv("WANDB_CONFIG_DIR", str(tmp_path / "wandb-config"))
+    monkeypatch.chdir(tmp_path)  # no ./wandb/settings either
+    wandb.teardown()  # W&B reads its settings once per process: from these ...
+    yield
+    wandb.teardown()  # ... and, for the next test, from the restored ones
+
+
+@pytest.mark.usefixtures("no_credentials")
+def test_online_without_credentials_fails_before_training(tmp_path: Path) -> None:
+    """A bad-input error (a ValueError: exit code 2 from the command line, as every config error) before any
+    work, so the run folder stays as it was and the same command starts the run once logged in."""
+    run_dir = tmp_path / "run"
+    with pytest.raises(WandbCredentialsError, match=r"wandb login.*WANDB_MODE=offline.*--tracking.backend=none"):
+        pretrain_main([f"--train.output_dir={run_dir}", "--tracking.backend=wandb"])
+    assert issubclass(WandbCredentialsError, ValueError)
+    assert not run_dir.exists()
+
+
+@pytest.mark.usefixtures("no_credentials")
+def test_finetune_and_report_check_credentials_first(tmp_path: Path) -> None:
     snapshot = make_run(tmp_path, "r", steps=(10,)) / "snapshots" / "step_00000010"
     config = RunConfig(model=str(snapshot), task="mrpc", data_dir=str(FIXTURE_GLUE), lrs=[1e-3], seeds=[0],
                        store=str(tmp_path / "results.sqlite"), wandb=True)  # fmt: skip
@@ -404,15 +410,13 @@ def test_dashboard_creates_then_updates_the_same_view(monkeypatch: pytest.Monkey
     assert first._internal_id == second._internal_id == "id-0"
 
 
-def test_dashboard_cli(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+@pytest.mark.usefixtures("no_credentials")
+def test_dashboard_cli(capsys: pytest.CaptureFixture[str]) -> None:
+    """--dry_run builds and prints the view without W&B; saving it needs credentials, and says so."""
     from finetune.dashboard import main
 
     assert main(["--comparison", "cmp", "--dry_run"]) == 0
     out = capsys.readouterr().out
     assert "section 'Figure 5'" in out and "grouped by" in out and "summary:status" in out
-    for key in ("WANDB_MODE", "WANDB_API_KEY"):
-        monkeypatch.delenv(key, raising=False)
-    monkeypatch.setenv("NETRC", str(tmp_path / "no-netrc"))
-    monkeypatch.setenv("WANDB_CONFIG_DIR", str(tmp_path / "wandb-config"))
     with pytest.raises(WandbCredentialsError, match=r"wandb login.*--dry_run"):
         main(["--comparison", "cmp"])
