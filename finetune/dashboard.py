@@ -1,7 +1,7 @@
 """Create or update the saved W&B workspace view that compares the placements of one comparison.
 
-    python -m finetune.dashboard --comparison bert-base-placements              # --project lnbert --entity ME
-    python -m finetune.dashboard --comparison bert-base-placements --dry_run    # build it and print it, offline
+    python -m finetune.dashboard --comparison=bert-base-placements             # --project=lnbert --entity=ME
+    python -m finetune.dashboard --comparison=bert-base-placements --dry_run   # build it and print it, offline
 
 The view (built with wandb-workspaces, the W&B team's library for saved views; ``pip install -e ".[dashboard]"``)
 shows the runs whose config ``comparison`` is the given one, grouped by ``norm_placement``, so every panel
@@ -23,9 +23,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from finetune.config import parse_config
-from finetune.glue import get_task
-from finetune.store import run_cli
+from finetune.config import check_tasks
+from pretrain.cli import parse, require, run_cli
 from pretrain.wandb_logging import check_credentials
 
 # Runs-table columns: config:KEY, summary:KEY (a nested summary as KEY.min), run:ATTRIBUTE.
@@ -66,10 +65,8 @@ class DashboardConfig:
     """Build the view and print what it holds without contacting W&B."""
 
     def __post_init__(self) -> None:
-        if not self.comparison.strip():
-            raise ValueError("comparison is empty; pass the tracking.comparison of the runs, e.g. --comparison NAME")
-        for task in self.tasks:
-            get_task(task)
+        require(bool(self.comparison.strip()), "comparison", "is empty; pass the runs' tracking.comparison: --comparison=NAME")
+        check_tasks("tasks", self.tasks)
 
 
 def _libraries() -> tuple[Any, Any]:
@@ -169,7 +166,7 @@ def describe(workspace: Any) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    config = parse_config(DashboardConfig, argv, prog="python -m finetune.dashboard", description=__doc__)
+    config = parse(DashboardConfig, argv, prog="python -m finetune.dashboard", description=__doc__)
     if config.dry_run:
         print(describe(build_workspace(config, config.entity or "ENTITY")))
         return 0

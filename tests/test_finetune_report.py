@@ -123,16 +123,15 @@ def test_report_cli_with_target_loss_and_wandb_offline(
     monkeypatch.setenv("WANDB_SILENT", "true")
     out = tmp_path / "fig"
     args = [
-        "--runs",
-        f"{runs['post_ln']},{runs['pre_ln']}",
+        f"--runs=[{runs['post_ln']}, {runs['pre_ln']}]",
         "--store",
         str(tmp_path / "results.sqlite"),
         "--out",
         str(out),
     ]
-    assert report_main([*args, "--target-loss", "5.5", "--wandb"]) == 0
+    assert report_main([*args, "--target_loss=5.5", "--wandb"]) == 0
     assert "| post_ln (post) | 250 | 1.000 | 1.00x |" in capsys.readouterr().out
-    assert report_main([*args, "--target-loss", "5.5", "--wandb"]) == 0  # re-run: updates the same W&B run
+    assert report_main([*args, "--target_loss=5.5", "--wandb"]) == 0  # re-run: updates the same W&B run
     first, second = read_runs(out / "wandb")
     assert first.id == second.id and first.id.startswith("report-") and second.resumed
     assert (second.job_type, second.config["norm_placement"]) == ("report", ["post", "pre"])

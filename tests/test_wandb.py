@@ -415,8 +415,8 @@ def test_dashboard_cli(capsys: pytest.CaptureFixture[str]) -> None:
     """--dry_run builds and prints the view without W&B; saving it needs credentials, and says so."""
     from finetune.dashboard import main
 
-    assert main(["--comparison", "cmp", "--dry_run"]) == 0
+    assert main(["--comparison=cmp", "--dry_run"]) == 0
     out = capsys.readouterr().out
     assert "section 'Figure 5'" in out and "grouped by" in out and "summary:status" in out
     with pytest.raises(WandbCredentialsError, match=r"wandb login.*--dry_run"):
-        main(["--comparison", "cmp"])
+        main(["--comparison=cmp"])
