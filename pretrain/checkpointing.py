@@ -27,6 +27,7 @@ from pretrain.artifacts import (
     RUN_CONFIG_FILE,
     SNAPSHOT_INFO,
     SNAPSHOT_MARKER,
+    current_umask,
     step_dirname,
     write_json_atomic,
 )
@@ -100,6 +101,15 @@ def remove_temp_folders(root: Path) -> None:
             shutil.rmtree(path) if path.is_dir() else path.unlink()
 
 
+def follow_umask(folder: Path) -> None:
+    """Give every file under ``folder`` the mode the user's umask asks for: libraries that write through
+    mkstemp (transformers' save_pretrained) create 0600 files that colleagues on a cluster cannot read."""
+    mode = 0o666 & ~current_umask()
+    for path in Path(folder).rglob("*"):
+        if path.is_file():
+            path.chmod(mode)
+
+
 def save_checkpoint(accelerator: Accelerator, run_dir: Path, state: TrainState, keep_last: int) -> Path:
     """Save the full training state atomically into RUN/checkpoints/step_XXXXXXXX; keep the last ``keep_last``.
 
@@ -117,6 +127,7 @@ def save_checkpoint(accelerator: Accelerator, run_dir: Path, state: TrainState, 
     if accelerator.is_main_process:
         fault_point("checkpoint_files", state.step)
         write_json_atomic(tmp / TRAIN_STATE_FILE, dataclasses.asdict(state))
+        follow_umask(tmp)
         write_manifest(tmp)  # after every file, before the rename that makes the folder a checkpoint
         if final.exists():  # the same step saved again (resumed and stopped at once): replace it
             old = root / f".{final.name}.old"
@@ -272,6 +283,7 @@ def save_snapshot(
         unwrapped.save_pretrained(path, state_dict=state_dict)
         tokenizer.save_pretrained(path)
         write_json_atomic(path / SNAPSHOT_INFO, info)
+        follow_umask(path)
         write_manifest(path)
         fault_point("snapshot_files", info["step"])
         (path / SNAPSHOT_MARKER).write_text("")

@@ -53,6 +53,7 @@ from pretrain.checkpointing import (
     TOKENIZER_DIR,
     TrainState,
     fault_point,
+    follow_umask,
     load_checkpoint,
     resolve_resume,
     save_checkpoint,
@@ -626,6 +627,8 @@ def pretrain(cfg: PretrainConfig) -> str:
         same_run = resume_from is not None and resume_from.parent.parent.resolve() == run_dir.resolve()
         # From step 0 (a new run, or one killed before its first checkpoint) no line of an earlier try is kept.
         setup.last_eval = rewind_metrics(run_dir, state.step if same_run else -1)
+        if (run_dir / TOKENIZER_DIR).is_dir():
+            follow_umask(run_dir / TOKENIZER_DIR)
     accelerator.print(
         f"run {cfg.train.run_name}: {cfg.model.norm_placement}-LN, {accelerator.num_processes} process(es), "
         "global batch "
