@@ -22,7 +22,13 @@ from pretrain.artifacts import DEAD_AFTER_S, is_dead, list_snapshots, read_metri
 from pretrain.checkpointing import latest_checkpoint, list_checkpoints
 from pretrain.manifest import MANIFEST_FILE
 from pretrain.run import TrainingFailed, main
-from tests.test_pretrain import RUN_PY, data_cache, fresh_accelerate_state, one_thread, tiny_args  # noqa: F401
+from tests import test_pretrain
+from tests.test_pretrain import RUN_PY, tiny_args
+
+# test_pretrain's fixtures: one data cache per module, a clean Accelerate state per test, one thread.
+data_cache = test_pretrain.data_cache
+fresh_accelerate_state = test_pretrain.fresh_accelerate_state
+one_thread = test_pretrain.one_thread
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -126,7 +132,7 @@ def test_no_checkpoint_that_verifies_is_an_error_not_a_fresh_start(tmp_path: Pat
     run = tmp_path / "run"
     assert main(tiny_args(run, data_cache, "--train.stop_at_step=3", "--train.checkpoint_every=0")) == 0
     _damage(latest_checkpoint(run) / "optimizer.bin", "truncated")
-    with pytest.raises(ValueError, match="no checkpoint under .* matches its manifest"):
+    with pytest.raises(ValueError, match=r"no checkpoint under .* matches its manifest"):
         main(tiny_args(run, data_cache, "--train.resume=auto"))
 
 
@@ -211,7 +217,7 @@ def test_a_full_disk_while_recording_failure_keeps_the_original_error(
 
     real = run_module.write_status
 
-    def status_fails_when_failed(acc, cfg, status, *args, **kwargs):  # noqa: ANN001, ANN202
+    def status_fails_when_failed(acc, cfg, status, *args, **kwargs):
         if status == "failed":
             raise OSError(errno.ENOSPC, "No space left on device")
         return real(acc, cfg, status, *args, **kwargs)
