@@ -180,8 +180,8 @@ def resolve_resume(
 
     ``resume=""`` (the same command run again): a new run in an empty folder; the identical run found in the
     folder is continued (from its newest verified checkpoint, or from step 0 when it stopped before its first
-    one); anything else is refused. ``resume="auto"``: the run in the folder (the same run, resumable keys may
-    differ), from its newest verified checkpoint or from step 0. A path: that checkpoint, which must verify.
+    one); anything else is refused. ``resume="auto"``: the same, except that keys in RESUMABLE_CHANGES may
+    differ (and a folder without a run gets one, with a warning). A path: that checkpoint, which must verify.
     """
     run_dir = Path(run_dir)
     config_file = run_dir / RUN_CONFIG_FILE
@@ -189,12 +189,8 @@ def resolve_resume(
     holds_run = config_file.is_file() or bool(checkpoints)
     if resume in ("", "auto"):
         if not holds_run:
-            if resume == "auto":
-                raise FileNotFoundError(
-                    f"--train.resume=auto: nothing to resume in {str(run_dir)!r} (no {RUN_CONFIG_FILE} and no "
-                    f"complete checkpoint under {run_dir / CHECKPOINTS}). Drop --train.resume to start a new run "
-                    "there, or point --train.output_dir at the run to continue."
-                )
+            if resume == "auto":  # e.g. killed while preparing data, before run_config.json: the same run, anew
+                warn(f"--train.resume=auto: nothing to resume in {run_dir} (no {RUN_CONFIG_FILE}, no checkpoint): starting the run")
             return None
         if resume == "" and _differences(run_dir, resolved, IDENTICAL_RUN_IGNORES):
             raise ValueError(
