@@ -34,7 +34,8 @@ import pretrain  # noqa: F401  (registers the "lnbert" model type with the Auto 
 from finetune.config import DEFAULT_LRS, DEFAULT_SEEDS, FinetuneConfig, parse_config, validate_grid
 from finetune.glue import Example, batches, compute_metrics, encode, get_task, load_task
 from finetune.store import Job, JobSpec, ResultStore, run_cli, worker_id
-from pretrain.artifacts import SNAPSHOT_INFO
+from pretrain.artifacts import SNAPSHOT_INFO, SNAPSHOT_MARKER
+from pretrain.manifest import ManifestError, verify_manifest
 from pretrain.optim import weight_decay_groups
 
 RUNTIME_FIELDS = ("eval_batch_size", "torch_threads", "device", "progress")
@@ -75,11 +76,26 @@ class RunConfig:
 # --------------------------------------------------------------------------------------------------
 
 
+def check_snapshot(path: Path) -> None:
+    """A pretraining snapshot is used only when complete (COMPLETE marker) and its files match its manifest."""
+    if not (path / SNAPSHOT_MARKER).is_file():
+        raise ValueError(
+            f"--model {str(path)!r} is a snapshot without its {SNAPSHOT_MARKER} marker: it is still being written, "
+            "or its run was killed while writing it (the resumed run writes it again). Use a complete snapshot."
+        )
+    try:
+        verify_manifest(path)
+    except ManifestError as err:
+        raise ValueError(f"--model {str(path)!r} is a damaged snapshot: {err}") from None
+
+
 def describe_model(model: str, store: ResultStore) -> dict[str, Any]:
     """Run name, placement, step and content hash of a snapshot folder, or of a Hub model (step -1)."""
     path = Path(model)
     if path.is_dir():
         info_path = path / SNAPSHOT_INFO
+        if info_path.is_file():  # a pretraining snapshot (a plain Hugging Face folder has no snapshot.json)
+            check_snapshot(path)
         info = json.loads(info_path.read_text()) if info_path.is_file() else {}
         config = json.loads((path / "config.json").read_text()) if (path / "config.json").is_file() else {}
         run_dir = path.resolve().parent.parent if info else path.resolve()
@@ -94,7 +110,15 @@ def describe_model(model: str, store: ResultStore) -> dict[str, Any]:
         }
     from transformers import AutoConfig
 
-    config = AutoConfig.from_pretrained(model)
+    if path.exists() or model.startswith((".", "/", "~")) or model.count("/") > 1:
+        raise FileNotFoundError(f"--model {model!r}: no such model folder (a Hub name is NAME or ORG/NAME)")
+    try:
+        config = AutoConfig.from_pretrained(model)
+    except (OSError, ValueError) as err:  # offline, unknown name, or a name the Hub rejects
+        raise FileNotFoundError(
+            f"--model {model!r} is neither a model folder nor a model found on the Hugging Face Hub: "
+            f"{str(err).splitlines()[0]}"
+        ) from None
     # Hugging Face BERT is Post-LN; an lnbert model on the Hub says so in its config.
     placement = getattr(config, "norm_placement", "post" if config.model_type == "bert" else config.model_type)
     return {

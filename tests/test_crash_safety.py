@@ -268,3 +268,55 @@ def test_the_manifest_lists_every_file(tmp_path: Path, data_cache: Path) -> None
         listed = json.loads((folder / MANIFEST_FILE).read_text())["files"]
         on_disk = {p.name for p in folder.iterdir()} - {MANIFEST_FILE, "COMPLETE"}
         assert set(listed) == on_disk and all(len(e["sha256"]) == 64 for e in listed.values())
+
+
+# --------------------------------------------------------------------------------------------------
+# 4. Fine-tuning refuses incomplete or damaged snapshots; clear errors for a missing model and empty data
+# --------------------------------------------------------------------------------------------------
+
+
+def _finetune(tmp_path: Path, model: str, capsys: pytest.CaptureFixture) -> tuple[int, str]:
+    """finetune.run on ``model`` through its command-line wrapper: (exit code, stderr)."""
+    from finetune.config import FinetuneConfig
+    from finetune.run import RunConfig, run
+    from finetune.store import run_cli
+    from tests.finetune_fixtures import FIXTURE_GLUE
+
+    config = RunConfig(model=model, task="mrpc", data_dir=str(FIXTURE_GLUE), lrs=[1e-3], seeds=[0],
+                       store=str(tmp_path / "results.sqlite"), recipe=FinetuneConfig(max_train_examples=8))  # fmt: skip
+    capsys.readouterr()
+    code = run_cli(lambda: bool(run(config)) and 0)
+    return code, capsys.readouterr().err
+
+
+@pytest.mark.parametrize("damage", ["no COMPLETE", "overwritten"])
+def test_finetune_refuses_an_incomplete_or_damaged_snapshot(tmp_path: Path, damage: str, capsys: pytest.CaptureFixture) -> None:
+    from tests.finetune_fixtures import write_snapshot
+
+    snapshot = write_snapshot(tmp_path / "run", "post_ln", "post", 10)
+    if damage == "no COMPLETE":
+        (snapshot / "COMPLETE").unlink()
+    else:
+        _damage(snapshot / "model.safetensors", "overwritten")
+    code, err = _finetune(tmp_path, str(snapshot), capsys)
+    expected = "without its COMPLETE marker" if damage == "no COMPLETE" else "model.safetensors does not match its checksum"
+    assert code == 2 and expected in err, err
+
+
+@pytest.mark.parametrize("model", ["runs/pre_ln/snapshots/step_00000010", "/nowhere/snapshot", "no-such-model-xyz"])
+def test_finetune_names_a_model_that_does_not_exist(tmp_path: Path, model: str, capsys: pytest.CaptureFixture) -> None:
+    code, err = _finetune(tmp_path, model, capsys)
+    assert code == 2 and f"--model {model!r}" in err, err
+
+
+def test_a_header_only_glue_file_is_a_clear_error(tmp_path: Path) -> None:
+    from finetune.glue import load_task
+    from tests.finetune_fixtures import FIXTURE_GLUE
+
+    glue = tmp_path / "glue"
+    (glue / "MRPC").mkdir(parents=True)
+    (glue / "MRPC" / "dev.tsv").write_text((FIXTURE_GLUE / "MRPC" / "dev.tsv").read_text())
+    header = (FIXTURE_GLUE / "MRPC" / "train.tsv").read_text().splitlines()[0]
+    (glue / "MRPC" / "train.tsv").write_text(header + "\n")
+    with pytest.raises(ValueError, match=r"train.tsv has its header line but no examples"):
+        load_task("mrpc", glue)
