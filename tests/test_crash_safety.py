@@ -320,3 +320,34 @@ def test_a_header_only_glue_file_is_a_clear_error(tmp_path: Path) -> None:
     (glue / "MRPC" / "train.tsv").write_text(header + "\n")
     with pytest.raises(ValueError, match=r"train.tsv has its header line but no examples"):
         load_task("mrpc", glue)
+
+
+# --------------------------------------------------------------------------------------------------
+# Corpus lines: invalid JSON named by file and line; records without a string text counted, all-bad refused
+# --------------------------------------------------------------------------------------------------
+
+
+def _json_corpus(tmp_path: Path, lines: list[str]) -> str:
+    path = tmp_path / "corpus.jsonl"
+    path.write_text("".join(line + "\n" for line in lines))
+    return f'--data.sources=[{{"kind": "json", "path": "{path}"}}]'
+
+
+def test_a_corpus_line_that_is_not_json_is_named(tmp_path: Path, data_cache: Path) -> None:
+    source = _json_corpus(tmp_path, ['{"text": "fine"}', '{"text": "torn', '{"text": "fine"}'])
+    with pytest.raises(ValueError, match=r"corpus.jsonl line 2 is not valid JSON"):
+        main(tiny_args(tmp_path / "r", data_cache, source))
+
+
+def test_corpus_lines_without_text_are_counted_and_an_all_bad_source_refused(
+    tmp_path: Path, data_cache: Path, capsys: pytest.CaptureFixture
+) -> None:
+    from pretrain.data import check_json_lines
+
+    path = tmp_path / "c.jsonl"
+    path.write_text('{"text": "a document"}\n{"body": "no text"}\n{"text": 5}\n')
+    check_json_lines(path, "text", "data.sources[0]")
+    assert "2 of 3 lines have no string 'text' field (first: line 2)" in capsys.readouterr().err
+    path.write_text('{"body": "no text"}\n{"text": null}\n')
+    with pytest.raises(ValueError, match=r"none of its 2 lines has a string 'text' field"):
+        check_json_lines(path, "text", "data.sources[0]")
