@@ -32,7 +32,7 @@ from pretrain.artifacts import (
     write_json_atomic,
 )
 from pretrain.config import RESUMABLE_CHANGES, flatten
-from pretrain.manifest import ManifestError, verify_manifest, write_manifest
+from pretrain.manifest import ManifestError, folder_size, verify_manifest, write_manifest
 
 # Keys that may differ when the same command is run again in the same folder (it then continues that run).
 IDENTICAL_RUN_IGNORES = frozenset({"train.output_dir", "train.resume", "train.num_workers", "data.num_proc", "data.cache_dir"})
@@ -108,6 +108,23 @@ def follow_umask(folder: Path) -> None:
     for path in Path(folder).rglob("*"):
         if path.is_file():
             path.chmod(mode)
+
+
+def free_space_problem(run_dir: Path, model: torch.nn.Module, checkpoint: bool, snapshot: bool) -> str:
+    """A message when the disk of ``run_dir`` lacks room for the saves due now, else "". The checkpoint's size
+    is the latest one's (or, before the first, weights plus two AdamW moments); a snapshot's is the weights'."""
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    needed = weights if snapshot else 0
+    if checkpoint:
+        latest = latest_checkpoint(run_dir)
+        needed += folder_size(latest) if latest else 3 * weights
+    free = shutil.disk_usage(run_dir).free
+    if free >= 1.1 * needed:
+        return ""
+    return (
+        f"disk full: {free / 1e9:.2f} GB free at {run_dir}, the next save needs about {needed / 1e9:.2f} GB. Free "
+        "space there, then continue with --train.resume=auto (from the latest checkpoint)"
+    )
 
 
 def save_checkpoint(accelerator: Accelerator, run_dir: Path, state: TrainState, keep_last: int) -> Path:

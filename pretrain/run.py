@@ -54,6 +54,7 @@ from pretrain.checkpointing import (
     TrainState,
     fault_point,
     follow_umask,
+    free_space_problem,
     load_checkpoint,
     resolve_resume,
     save_checkpoint,
@@ -438,6 +439,16 @@ def snapshot(setup: TrainingSetup, state: TrainState) -> None:
     save_snapshot(setup.accelerator, setup.model, setup.tokenizer, setup.run_dir, info)
 
 
+def disk_full(setup: TrainingSetup, checkpoint: bool, snapshot: bool) -> str:
+    """The main process checks the free space before a save; every process learns the answer (one reduce)."""
+    accelerator = setup.accelerator
+    problem = ""
+    if accelerator.is_main_process:
+        problem = free_space_problem(setup.run_dir, setup.model, checkpoint, snapshot)
+    full = accelerator.reduce(torch.tensor([float(bool(problem))], device=accelerator.device), reduction="sum")
+    return (problem or "disk full at the main process's run directory") if full.item() > 0 else ""
+
+
 def snapshot_path(setup: TrainingSetup, step: int) -> Path:
     return setup.run_dir / SNAPSHOTS / step_dirname(step)
 
@@ -468,7 +479,7 @@ def run_evaluation(setup: TrainingSetup, state: TrainState) -> None:
 
 
 def train(setup: TrainingSetup, state: TrainState, stop: StopRequest) -> str:
-    """The loop. Returns the outcome: finished, diverged or preempted."""
+    """The loop. Returns the outcome: finished, diverged, preempted or "preempted (disk full)"."""
     cfg, accelerator = setup.cfg, setup.accelerator
     train_cfg = cfg.train
     last_step = train_cfg.stop_at_step or train_cfg.max_steps
@@ -531,11 +542,18 @@ def train(setup: TrainingSetup, state: TrainState, stop: StopRequest) -> str:
         preempted = stats.stop and not done
         if (train_cfg.eval_every and state.step % train_cfg.eval_every == 0) or done:
             run_evaluation(setup, state)
+        save_snapshot_now = snapshot_due(train_cfg, state.step, last_step)
+        save_checkpoint_now = (train_cfg.checkpoint_every and state.step % train_cfg.checkpoint_every == 0) or done or preempted
+        if (save_snapshot_now or save_checkpoint_now) and (problem := disk_full(setup, save_checkpoint_now, save_snapshot_now)):
+            write_status(accelerator, cfg, "preempted", state.step, problem)
+            accelerator.print(f"\nstopped at step {state.step}: {problem}")
+            progress.close()
+            return "preempted (disk full)"
         # The snapshot first: a kill between the two leaves the previous checkpoint as the latest, and the
         # resumed run passes this step again and writes the snapshot again (docs/run_layout.md).
-        if snapshot_due(train_cfg, state.step, last_step):
+        if save_snapshot_now:
             snapshot(setup, state)
-        if (train_cfg.checkpoint_every and state.step % train_cfg.checkpoint_every == 0) or done or preempted:
+        if save_checkpoint_now:
             save_checkpoint(accelerator, setup.run_dir, state, train_cfg.keep_last_checkpoints)
         fault_point("step", state.step)
         heartbeat.beat(state.step)
@@ -660,7 +678,7 @@ def pretrain(cfg: PretrainConfig) -> str:
         accelerator.end_training()
     if outcome == "finished":
         write_status(accelerator, cfg, "finished", state.step, "training finished")
-    elif outcome == "preempted":
+    elif outcome == "preempted":  # a "preempted (disk full)" status was written with its message
         write_status(
             accelerator, cfg, "preempted", state.step, "stopped with a checkpoint; continue with --train.resume=auto"
         )

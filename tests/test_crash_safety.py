@@ -6,6 +6,7 @@ random kills are in tests/faults/kill_trials.py (a few of its trials run as a sl
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import errno
 import json
@@ -351,3 +352,100 @@ def test_corpus_lines_without_text_are_counted_and_an_all_bad_source_refused(
     path.write_text('{"body": "no text"}\n{"text": null}\n')
     with pytest.raises(ValueError, match=r"none of its 2 lines has a string 'text' field"):
         check_json_lines(path, "text", "data.sources[0]")
+
+
+# --------------------------------------------------------------------------------------------------
+# 9. A full disk stops the run cleanly before a save, previous checkpoints intact
+# --------------------------------------------------------------------------------------------------
+
+
+def test_a_full_disk_stops_before_the_save_with_a_message(
+    tmp_path: Path, data_cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import shutil
+
+    real = shutil.disk_usage
+    checks = []
+
+    def disk_usage(path: object) -> object:
+        checks.append(path)
+        usage = real(path)
+        return usage._replace(free=10_000) if len(checks) > 1 else usage  # full after the first save
+
+    monkeypatch.setattr(shutil, "disk_usage", disk_usage)
+    run = tmp_path / "run"
+    argv = tiny_args(run, data_cache)
+    assert main(argv) == 0
+    status = read_status(run)
+    assert status["status"] == "preempted" and status["step"] == 6
+    assert "disk full" in status["message"] and str(run) in status["message"]
+    assert [step for step, _ in list_checkpoints(run)] == [3]
+    assert not [p for p in (run / "checkpoints").iterdir() if p.name.startswith(".")]
+    monkeypatch.setattr(shutil, "disk_usage", real)
+    assert main([*argv, "--train.resume=auto"]) == 0
+    assert read_status(run)["status"] == "finished" and snapshot_steps(run) == [0, 6]
+
+
+# --------------------------------------------------------------------------------------------------
+# 8. A frozen process fails the run within train.collective_timeout_s, with a message naming it (slow)
+# --------------------------------------------------------------------------------------------------
+
+
+def _worker_of_rank(launcher: int, rank: int) -> int | None:
+    import psutil
+
+    for child in psutil.Process(launcher).children(recursive=True):
+        try:
+            if "run.py" in " ".join(child.cmdline()) and child.environ().get("RANK") == str(rank):
+                return child.pid
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return None
+
+
+@pytest.mark.slow
+def test_a_frozen_process_fails_the_run_with_a_message_naming_the_timeout(tmp_path: Path, data_cache: Path) -> None:
+    import signal
+    import time
+
+    run = tmp_path / "frozen"
+    argv = tiny_args(run, data_cache, "--train.max_steps=100000", "--train.checkpoint_every=0", "--train.eval_every=0",
+                     "--train.collective_timeout_s=20")  # fmt: skip
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+           "--main_process_port", "29531", str(RUN_PY), *argv]  # fmt: skip
+    env = {**os.environ, "ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    frozen = None
+    try:
+        deadline = time.time() + 300
+        while time.time() < deadline and not any(r.get("step", 0) >= 2 for r in read_metrics(run)):
+            assert proc.poll() is None, proc.stdout.read()[-3000:]
+            time.sleep(0.5)
+        frozen = _worker_of_rank(proc.pid, 1)
+        assert frozen is not None
+        os.kill(frozen, signal.SIGSTOP)
+        started = time.time()
+        output, _ = proc.communicate(timeout=240)
+        waited = time.time() - started
+    finally:
+        proc.kill()
+        if frozen is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(frozen, signal.SIGKILL)
+    status = read_status(run)
+    assert status["status"] == "failed", (status, output[-3000:])
+    assert "train.collective_timeout_s=20" in status["message"], (status, output[-3000:])
+    assert waited < 200
+
+
+@pytest.mark.slow
+def test_kill_trials_script(tmp_path: Path) -> None:
+    """Two trials of tests/faults/kill_trials.py (a random kill killed again while resuming, and a kill while
+    the step-0 snapshot is written); the script runs any number of trials."""
+    script = ROOT / "tests" / "faults" / "kill_trials.py"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    result = subprocess.run([sys.executable, str(script), "--trials", "2", "--workdir", str(tmp_path)],
+                            capture_output=True, text=True, env=env, timeout=900)  # fmt: skip
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    summary = json.loads(next(line for line in reversed(result.stdout.splitlines()) if line.startswith("{")))
+    assert summary["passed"] == 2 and summary["kills"] == 3

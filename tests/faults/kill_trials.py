@@ -221,7 +221,8 @@ def main() -> int:
     summary = {"trials": args.trials, "kills": kills, "by_kind": by_kind, "passed": args.trials - failed,
                "failed": failed, "seconds": round(time.monotonic() - began)}  # fmt: skip
     print(json.dumps(summary))
-    print(f"trial folders in {workdir}" if args.keep or failed else "")
+    if args.keep or failed:
+        print(f"trial folders in {workdir}")
     return 1 if failed else 0
 
 
