@@ -1,6 +1,7 @@
 """Pretrain BERT (MLM + NSP) with a chosen LayerNorm placement, under Accelerate.
 
-    python pretrain/run.py                                   # built-in tiny default, offline, a few minutes on CPU
+    accelerate launch --quiet pretrain/run.py                # built-in tiny default, offline, on CPU or one GPU
+    python pretrain/run.py                                   # the same in this process
     python pretrain/run.py --config configs/pretrain/small_pre_ln.yaml --data.sources='[...]'
     accelerate launch --config_file configs/accelerate/8gpu.yaml pretrain/run.py --config configs/pretrain/bert_base_pre_ln.yaml
     python pretrain/run.py --help                            # every config key with its type, default and doc
@@ -8,8 +9,9 @@
 Plain functions, read top to bottom: ``main`` -> ``build_accelerator`` -> ``build_*`` -> ``train`` (-> ``train_step``,
 ``evaluate``, ``save_checkpoint``, ``save_snapshot``) -> final status. What a run writes is described in
 docs/run_layout.md. Exit codes: 0 finished, diverged (an experimental outcome, recorded in status.json) or
-preempted (SIGTERM/SIGINT or train.stop_at_step: checkpoint saved, continue with --train.resume=auto);
-2 bad configuration or input (message on stderr, nothing trained); 1 an unexpected error (status failed).
+preempted (SIGTERM/SIGINT or train.stop_at_step: checkpoint saved, continue with --train.resume=auto; or no disk
+space for the next save); 2 bad configuration or input (message on stderr, nothing trained); 1 an unexpected error
+(status failed). The same command run again continues the run in train.output_dir, or reports it finished.
 """
 
 from __future__ import annotations
