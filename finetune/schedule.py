@@ -26,7 +26,7 @@ import sys
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Literal, get_args
+from typing import Literal, get_args
 
 import yaml
 
@@ -34,16 +34,14 @@ from finetune.config import (
     DEFAULT_LRS,
     DEFAULT_SEEDS,
     FinetuneConfig,
-    build,
-    load_yaml,
     parse_config,
     to_dict,
     validate_grid,
 )
 from finetune.glue import get_task, load_task
-from finetune.run import RUNTIME_FIELDS, WorkerSettings, job_specs, work
 from finetune.store import JobSpec, ResultStore, run_cli
-from pretrain.artifacts import TERMINAL_STATUSES, list_snapshots, read_status
+from finetune.worker import RUNTIME_FIELDS, WorkerSettings, describe_model, job_specs, work
+from pretrain.layout import TERMINAL_STATUSES, list_snapshots, read_status
 
 Backend = Literal["local", "slurm"]
 Mode = Literal["once", "follow"]
@@ -138,15 +136,7 @@ def discover(config: ScheduleConfig, store: ResultStore) -> list[JobSpec]:
     for run in config.runs:
         run_dir = Path(run).resolve()
         for snapshot in list_snapshots(run_dir):
-            description = {
-                "run_name": snapshot.run_name,
-                "run_dir": str(run_dir),
-                "placement": snapshot.norm_placement,
-                "pretrain_step": snapshot.step,
-                "tokens_seen": snapshot.info.get("tokens_seen"),
-                "model_path": str(snapshot.path.resolve()),
-                "snapshot_hash": store.snapshot_hash(snapshot.path),
-            }
+            description = describe_model(snapshot.path, store)
             for task in config.tasks:
                 specs += job_specs(description, task, config.lrs, config.seeds, config.recipe, data_dir)
     return specs
@@ -367,11 +357,6 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     schedule(config)
     return 0
-
-
-def load_config(path: str | Path, **overrides: Any) -> ScheduleConfig:
-    """A ScheduleConfig from a YAML file plus keyword overrides (used by tests and notebooks)."""
-    return build(ScheduleConfig, {**load_yaml(path), **overrides})
 
 
 def cli() -> int:

@@ -23,7 +23,8 @@ import torch
 from accelerate import Accelerator
 from transformers import PreTrainedTokenizerBase
 
-from pretrain.artifacts import (
+from pretrain.config import RESUMABLE_CHANGES, flatten
+from pretrain.layout import (
     RUN_CONFIG_FILE,
     SNAPSHOT_INFO,
     SNAPSHOT_MARKER,
@@ -31,7 +32,6 @@ from pretrain.artifacts import (
     step_dirname,
     write_json_atomic,
 )
-from pretrain.config import RESUMABLE_CHANGES, flatten
 from pretrain.manifest import ManifestError, folder_size, verify_manifest, write_manifest
 
 # Keys that may differ when the same command is run again in the same folder (it then continues that run).

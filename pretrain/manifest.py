@@ -11,7 +11,7 @@ import hashlib
 import json
 from pathlib import Path
 
-from pretrain.artifacts import write_json_atomic
+from pretrain.layout import write_json_atomic
 
 MANIFEST_FILE = "manifest.json"
 _CHUNK = 1 << 24

@@ -19,8 +19,8 @@ import pytest
 from safetensors.torch import load_file
 
 import pretrain.run as run_module
-from pretrain.artifacts import DEAD_AFTER_S, is_dead, list_snapshots, read_metrics, read_status, write_json_atomic
 from pretrain.checkpointing import latest_checkpoint, list_checkpoints
+from pretrain.layout import DEAD_AFTER_S, is_dead, list_snapshots, read_metrics, read_status, write_json_atomic
 from pretrain.manifest import MANIFEST_FILE
 from pretrain.run import TrainingFailed, main
 from tests import test_pretrain
@@ -343,7 +343,7 @@ def test_a_corpus_line_that_is_not_json_is_named(tmp_path: Path, data_cache: Pat
 def test_corpus_lines_without_text_are_counted_and_an_all_bad_source_refused(
     tmp_path: Path, data_cache: Path, capsys: pytest.CaptureFixture
 ) -> None:
-    from pretrain.data import check_json_lines
+    from pretrain.corpus import check_json_lines
 
     path = tmp_path / "c.jsonl"
     path.write_text('{"text": "a document"}\n{"body": "no text"}\n{"text": 5}\n')

@@ -34,8 +34,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from pretrain.artifacts import list_snapshots, read_metrics, read_status  # noqa: E402
 from pretrain.checkpointing import latest_checkpoint  # noqa: E402
+from pretrain.layout import list_snapshots, read_metrics, read_status  # noqa: E402
 
 MAX_STEPS = 12
 CHECKPOINT_EVERY = 4
