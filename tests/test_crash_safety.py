@@ -449,3 +449,13 @@ def test_kill_trials_script(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     summary = json.loads(next(line for line in reversed(result.stdout.splitlines()) if line.startswith("{")))
     assert summary["passed"] == 2 and summary["kills"] == 3
+
+
+def test_a_failed_json_write_leaves_no_temp_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def disk_full(*args: object, **kwargs: object) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(json, "dump", disk_full)
+    with pytest.raises(OSError, match="No space left"):
+        write_json_atomic(tmp_path / "status.json", {"status": "failed"})
+    assert list(tmp_path.iterdir()) == []
