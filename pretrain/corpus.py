@@ -222,7 +222,7 @@ def check_json_lines(path: Path, text_column: str, where: str) -> None:
     line (``datasets`` buries it in a long DatasetGenerationError); lines whose ``text_column`` is missing or
     not a string are counted and reported (they would be dropped or converted silently); a file where every
     line is like that is refused. A ``.json`` file that is one JSON document (not JSON Lines) is left alone."""
-    bad, total, first_bad = 0, 0, None
+    bad, total, first_bad, columns = 0, 0, None, None
     with path.open(encoding="utf-8") as f:
         for line_no, line in enumerate(f, start=1):
             if not line.strip():
@@ -237,13 +237,16 @@ def check_json_lines(path: Path, text_column: str, where: str) -> None:
                     "line of a JSON Lines corpus must be one JSON object"
                 ) from None
             total += 1
+            if columns is None and isinstance(record, dict):
+                columns = list(record)
             if not isinstance(record, dict) or not isinstance(record.get(text_column), str):
                 bad += 1
                 first_bad = first_bad or line_no
     if total and bad == total:
         raise ValueError(
-            f"{where}: {path}: none of its {total} lines has a string {text_column!r} field; set "
-            "data.sources[...].text_column to the field that holds the text"
+            f"{where}: text column {text_column!r} not found; columns are {columns or []} (none of the {total} "
+            f"lines of {path} has a string {text_column!r} field). Set data.sources[...].text_column to the field "
+            "that holds the text"
         )
     if bad:
         print(

@@ -350,7 +350,7 @@ def test_corpus_lines_without_text_are_counted_and_an_all_bad_source_refused(
     check_json_lines(path, "text", "data.sources[0]")
     assert "2 of 3 lines have no string 'text' field (first: line 2)" in capsys.readouterr().err
     path.write_text('{"body": "no text"}\n{"text": null}\n')
-    with pytest.raises(ValueError, match=r"none of its 2 lines has a string 'text' field"):
+    with pytest.raises(ValueError, match=r"text column 'text' not found; columns are \['body'\] \(none of the 2 lines"):
         check_json_lines(path, "text", "data.sources[0]")
 
 
