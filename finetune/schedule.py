@@ -1,13 +1,14 @@
 """Fine-tune every complete snapshot of one or more pretraining runs, as they appear.
 
-    python -m finetune.schedule --runs runs/post_ln runs/pre_ln --data-dir path/to/glue --once
-    python -m finetune.schedule --runs runs/post_ln runs/pre_ln --data-dir path/to/glue --follow --workers 4
-    python -m finetune.schedule --config configs/finetune/bert_glue.yaml --runs ... --backend slurm
-    python -m finetune.schedule status --store outputs/finetune/results.sqlite
+    python -m finetune.schedule --runs='[runs/post_ln, runs/pre_ln]' --data_dir=path/to/glue --mode=once
+    python -m finetune.schedule --runs='[runs/post_ln, runs/pre_ln]' --data_dir=path/to/glue --mode=follow --workers=4
+    python -m finetune.schedule --config=configs/finetune/bert_glue.yaml --runs='[...]' --backend=slurm
+    python -m finetune.schedule status --store=outputs/finetune/results.sqlite
+    python -m finetune.schedule [run|worker|status] --help
 
 Every snapshot folder with its COMPLETE marker becomes task x lr x seed jobs in the results store (folders
-without the marker are still being written and are ignored). ``--once`` runs what exists and exits;
-``--follow`` polls until every run's status.json says finished/diverged/failed and no work is left.
+without the marker are still being written and are ignored). ``--mode=once`` runs what exists and exits;
+``--mode=follow`` polls until every run's status.json says finished/diverged/failed and no work is left.
 
 Backends: ``local`` runs N worker processes here (CPU threads split between them); ``slurm`` writes a
 job-array script and submits it with ``sbatch``; each array task is a worker
@@ -17,30 +18,22 @@ lease, so several schedulers, restarts and killed workers neither lose nor repea
 
 from __future__ import annotations
 
-import argparse
 import multiprocessing as mp
 import os
 import shlex
 import subprocess
-import sys
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Literal, get_args
+from typing import Literal
 
 import yaml
 
-from finetune.config import (
-    DEFAULT_LRS,
-    DEFAULT_SEEDS,
-    FinetuneConfig,
-    parse_config,
-    to_dict,
-    validate_grid,
-)
-from finetune.glue import get_task, load_task
-from finetune.store import JobSpec, ResultStore, run_cli
+from finetune.config import DEFAULT_LRS, DEFAULT_SEEDS, FinetuneConfig, check_tasks, validate_grid
+from finetune.glue import load_task
+from finetune.store import JobSpec, ResultStore, StoreVersionError
 from finetune.worker import RUNTIME_FIELDS, WorkerSettings, describe_model, job_specs, work
+from pretrain.cli import parse_command, require, run_cli, to_dict
 from pretrain.layout import TERMINAL_STATUSES, list_snapshots, read_status
 
 Backend = Literal["local", "slurm"]
@@ -64,13 +57,13 @@ class SlurmConfig:
     mem: str | None = None
     """#SBATCH --mem (e.g. 16G; unset: the cluster's default)."""
     extra: list[str] = field(default_factory=list)
-    """Further sbatch options, one per entry, e.g. --account=abc."""
+    """Further sbatch options, one per entry, e.g. ['--account=abc']."""
     python: str = "python"
     """The interpreter an array task runs (an absolute path if the cluster nodes need one)."""
 
     def __post_init__(self) -> None:
-        if self.cpus_per_task < 1 or self.gpus_per_task < 0:
-            raise ValueError("slurm.cpus_per_task must be >= 1 and slurm.gpus_per_task >= 0")
+        require(self.cpus_per_task >= 1, "slurm.cpus_per_task", f"must be >= 1; got {self.cpus_per_task}")
+        require(self.gpus_per_task >= 0, "slurm.gpus_per_task", f"must be >= 0; got {self.gpus_per_task}")
 
 
 @dataclass(kw_only=True)
@@ -89,11 +82,11 @@ class ScheduleConfig:
     """Peak learning rates (the report picks the best per snapshot by mean dev accuracy)."""
     seeds: list[int] = field(default_factory=lambda: list(DEFAULT_SEEDS))
     """Random seeds per (snapshot, task, lr); the paper uses 6."""
-    mode: str = "once"
+    mode: Mode = "once"
     """once: run the jobs of the snapshots that exist, then exit. follow: keep polling until all runs end."""
     poll_interval_s: float = 60.0
     """Seconds between looks for new snapshots in follow mode."""
-    backend: str = "local"
+    backend: Backend = "local"
     """local: worker processes on this machine. slurm: a job array through sbatch."""
     workers: int = 1
     """Local worker processes, or the size of each slurm job array. 1 runs jobs in this process."""
@@ -109,19 +102,32 @@ class ScheduleConfig:
     """Settings of the slurm backend."""
 
     def __post_init__(self) -> None:
-        if not self.runs:
-            raise ValueError("runs is empty; pass one or more pretraining run folders with --runs RUN1,RUN2")
-        for task in self.tasks:
-            get_task(task)
+        require(bool(self.runs), "runs", "is empty; pass one or more pretraining run folders: --runs='[RUN1, RUN2]'")
+        check_tasks("tasks", self.tasks)
         validate_grid(self.lrs, self.seeds)
-        if self.mode not in get_args(Mode):
-            raise ValueError(f"mode={self.mode!r} is not valid; valid choices: {', '.join(get_args(Mode))}")
-        if self.backend not in get_args(Backend):
-            raise ValueError(f"backend={self.backend!r} is not valid; valid choices: {', '.join(get_args(Backend))}")
-        if self.workers < 1 or self.max_attempts < 1 or self.lease_s <= 0 or self.poll_interval_s <= 0:
-            raise ValueError("workers and max_attempts must be >= 1; lease_s and poll_interval_s > 0")
-        if self.total_threads < 0:
-            raise ValueError(f"total_threads={self.total_threads} must be >= 0 (0: all cores)")
+        for key in ("workers", "max_attempts"):
+            require(getattr(self, key) >= 1, key, f"must be >= 1; got {getattr(self, key)}")
+        for key in ("lease_s", "poll_interval_s"):
+            require(getattr(self, key) > 0, key, f"must be > 0; got {getattr(self, key)}")
+        require(self.total_threads >= 0, "total_threads", f"must be >= 0 (0: all cores); got {self.total_threads}")
+
+
+@dataclass(kw_only=True)
+class WorkerConfig(ScheduleConfig):
+    """One worker: claim jobs from the store and run them until none is left (what a slurm array task runs)."""
+
+
+@dataclass(kw_only=True)
+class StatusConfig:
+    """Job counts per run and task in a results store (queued, running, done, failed)."""
+
+    store: str = "outputs/finetune/results.sqlite"
+    """Results store (SQLite) to read."""
+    max_attempts: int = 3
+    """Tries per job, as given to the scheduler (tells failed jobs from those still to be retried)."""
+
+    def __post_init__(self) -> None:
+        require(self.max_attempts >= 1, "max_attempts", f"must be >= 1; got {self.max_attempts}")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -331,27 +337,16 @@ def schedule(config: ScheduleConfig) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    command = argv.pop(0) if argv and argv[0] in ("run", "status", "worker") else "run"
-    if command == "status":
-        parser = argparse.ArgumentParser(
-            prog="python -m finetune.schedule status", description="Job counts per run and task."
-        )
-        parser.add_argument(
-            "--store", default=ScheduleConfig.__dataclass_fields__["store"].default, help="results store"
-        )
-        parser.add_argument("--max-attempts", type=int, default=3, help="tries per job (splits failed from retrying)")
-        args = parser.parse_args(argv)
-        if not Path(args.store).is_file():
-            raise FileNotFoundError(f"results store {args.store} does not exist; pass --store PATH")
-        with ResultStore(args.store) as store:
-            print("\n".join(status_lines(store, args.max_attempts)))
-        return 0
-    # --once / --follow are shorthands for --mode once / --mode follow.
-    argv = [{"--once": "--mode=once", "--follow": "--mode=follow"}.get(a, a) for a in argv]
-    config: ScheduleConfig = parse_config(
-        ScheduleConfig, argv, prog=f"python -m finetune.schedule {command}", description=__doc__
+    commands = {"run": ScheduleConfig, "worker": WorkerConfig, "status": StatusConfig}
+    command, config = parse_command(
+        commands, argv, prog="python -m finetune.schedule", description=__doc__, default="run"
     )
+    if command == "status":
+        if not Path(config.store).is_file():
+            raise FileNotFoundError(f"results store {config.store} does not exist; pass --store=PATH")
+        with ResultStore(config.store) as store:
+            print("\n".join(status_lines(store, config.max_attempts)))
+        return 0
     if command == "worker":  # a slurm array task: drain the queue with this node's threads
         work(worker_settings(config, config.recipe.torch_threads or (os.cpu_count() or 1), exit_with_parent=False))
         return 0
@@ -361,7 +356,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def cli() -> int:
     """``main`` for the command line: bad input ends with its message and exit code 2, not a traceback."""
-    return run_cli(main)
+    return run_cli(main, errors=(StoreVersionError,))
 
 
 if __name__ == "__main__":

@@ -22,9 +22,8 @@ import json
 import os
 import socket
 import sqlite3
-import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -88,15 +87,6 @@ CREATE TABLE IF NOT EXISTS snapshot_hashes (
 
 class StoreVersionError(RuntimeError):
     """The store was written by a newer version of this code."""
-
-
-def run_cli(main: Callable[[], int]) -> int:
-    """Run a command-line ``main``: bad input ends with its message and exit code 2, not a traceback."""
-    try:
-        return main()
-    except (ValueError, FileNotFoundError, StoreVersionError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
 
 
 def recipe_hash(recipe: dict[str, Any]) -> str:

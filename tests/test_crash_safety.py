@@ -280,7 +280,7 @@ def _finetune(tmp_path: Path, model: str, capsys: pytest.CaptureFixture) -> tupl
     """finetune.run on ``model`` through its command-line wrapper: (exit code, stderr)."""
     from finetune.config import FinetuneConfig
     from finetune.run import RunConfig, run
-    from finetune.store import run_cli
+    from pretrain.cli import run_cli
     from tests.finetune_fixtures import FIXTURE_GLUE
 
     config = RunConfig(model=model, task="mrpc", data_dir=str(FIXTURE_GLUE), lrs=[1e-3], seeds=[0],
