@@ -60,9 +60,8 @@ def check_credentials(mode: str, run_dir: str | Path = "RUN", fix: str | None = 
         return
     if not wandb.login(verify=False, prompt=False):
         fix = fix or (
-            f"or log offline with WANDB_MODE=offline and upload later with `wandb sync {Path(run_dir) / 'wandb'}/"
-            "offline-run-*`, or turn W&B off (--tracking.backend=none for pretraining, no --wandb for fine-tuning "
-            "and the report)"
+            f"or log offline: WANDB_MODE=offline now, `wandb sync {Path(run_dir) / 'wandb'}/offline-run-*` later; "
+            "or turn W&B off (--tracking.backend=none for pretraining, no --wandb for fine-tuning and the report)"
         )
         raise WandbCredentialsError(
             f"no W&B credentials found. Log in once with `wandb login` (or set WANDB_API_KEY); {fix}."
