@@ -23,8 +23,11 @@ import numpy as np
 from finetune.config import DEFAULT_LRS, DEFAULT_SEEDS, FinetuneConfig, check_tasks, validate_grid
 from finetune.glue import load_task
 from finetune.store import ResultStore, StoreVersionError
+from finetune.tracking import WandbSettings, check_wandb
 from finetune.worker import RUNTIME_FIELDS, WorkerSettings, describe_model, job_specs, work
 from pretrain.cli import parse, require, run_cli
+from pretrain.layout import SNAPSHOT_INFO, SNAPSHOT_MARKER
+from pretrain.manifest import ManifestError, verify_manifest
 
 
 @dataclass(kw_only=True)
@@ -49,6 +52,10 @@ class RunConfig:
     """Seconds a claim stays valid without a heartbeat (a dead worker's job is retried after this)."""
     recipe: FinetuneConfig = field(default_factory=FinetuneConfig)
     """The fine-tuning recipe."""
+    wandb: bool = False
+    """Log one W&B run per job (job_type finetune; WANDB_MODE=offline logs locally, beside the store)."""
+    wandb_project: str | None = None
+    """W&B project of the job runs; unset: the pretraining run's tracking.project (else lnbert)."""
 
     def __post_init__(self) -> None:
         check_tasks("task", [self.task])
@@ -57,11 +64,30 @@ class RunConfig:
         require(self.lease_s > 0, "lease_s", f"must be > 0; got {self.lease_s}")
 
 
+def check_snapshot(path: Path) -> None:
+    """A pretraining snapshot (a folder with snapshot.json; a plain Hugging Face folder has none) is used only
+    when complete (COMPLETE marker) and when its files match its manifest."""
+    if not (path / SNAPSHOT_INFO).is_file():
+        return
+    if not (path / SNAPSHOT_MARKER).is_file():
+        raise ValueError(
+            f"--model {str(path)!r} is a snapshot without its {SNAPSHOT_MARKER} marker: it is still being written, "
+            "or its run was killed while writing it (the resumed run writes it again). Use a complete snapshot."
+        )
+    try:
+        verify_manifest(path)
+    except ManifestError as err:
+        raise ValueError(f"--model {str(path)!r} is a damaged snapshot: {err}") from None
+
+
 def run(config: RunConfig) -> list[dict[str, Any]]:
     """Enqueue the grid for one model and task, run what is not done, and return the grid's rows."""
+    check_snapshot(Path(config.model))
     data_dir = str(Path(config.data_dir).resolve()) if config.data_dir else None
     if data_dir is not None:
         load_task(config.task, data_dir)  # fail now, on the user's input, rather than inside every job
+    tracking = WandbSettings(project=config.wandb_project, dir=str(Path(config.store).parent)) if config.wandb else None
+    check_wandb(tracking)
     with ResultStore(config.store) as store:
         specs = job_specs(
             describe_model(config.model, store), config.task, config.lrs, config.seeds, config.recipe, data_dir
@@ -72,7 +98,13 @@ def run(config: RunConfig) -> list[dict[str, Any]]:
     )
     runtime = {k: getattr(config.recipe, k) for k in RUNTIME_FIELDS}
     work(
-        WorkerSettings(store=config.store, lease_s=config.lease_s, max_attempts=config.max_attempts, runtime=runtime),
+        WorkerSettings(
+            store=config.store,
+            lease_s=config.lease_s,
+            max_attempts=config.max_attempts,
+            runtime=runtime,
+            wandb=tracking,
+        ),
         ids,
     )
     with ResultStore(config.store) as store:

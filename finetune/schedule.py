@@ -32,6 +32,7 @@ import yaml
 from finetune.config import DEFAULT_LRS, DEFAULT_SEEDS, FinetuneConfig, check_tasks, validate_grid
 from finetune.glue import load_task
 from finetune.store import JobSpec, ResultStore, StoreVersionError
+from finetune.tracking import WandbSettings, check_wandb
 from finetune.worker import RUNTIME_FIELDS, WorkerSettings, describe_model, job_specs, work
 from pretrain.cli import parse_command, require, run_cli, to_dict
 from pretrain.layout import TERMINAL_STATUSES, list_snapshots, read_status
@@ -100,6 +101,10 @@ class ScheduleConfig:
     """The fine-tuning recipe of every job."""
     slurm: SlurmConfig = field(default_factory=SlurmConfig)
     """Settings of the slurm backend."""
+    wandb: bool = False
+    """Log one W&B run per job (job_type finetune; WANDB_MODE=offline logs locally, beside the store)."""
+    wandb_project: str | None = None
+    """W&B project of the job runs; unset: the pretraining run's tracking.project (else lnbert)."""
 
     def __post_init__(self) -> None:
         require(bool(self.runs), "runs", "is empty; pass one or more pretraining run folders: --runs='[RUN1, RUN2]'")
@@ -190,6 +195,7 @@ def worker_settings(config: ScheduleConfig, threads: int, exit_with_parent: bool
         max_attempts=config.max_attempts,
         runtime={k: getattr(recipe, k) for k in RUNTIME_FIELDS},
         exit_with_parent=exit_with_parent,
+        wandb=WandbSettings(project=config.wandb_project, dir=str(Path(config.store).parent)) if config.wandb else None,
     )
 
 
@@ -296,6 +302,7 @@ def check_inputs(config: ScheduleConfig) -> None:
     if config.data_dir is not None:
         for task in config.tasks:
             load_task(task, config.data_dir)
+    check_wandb(worker_settings(config, 1, False).wandb)
 
 
 def schedule(config: ScheduleConfig) -> None:

@@ -17,6 +17,7 @@ from typing import Any
 
 from finetune.config import FinetuneConfig
 from finetune.store import ClaimedJob, JobSpec, ResultStore, worker_id
+from finetune.tracking import WandbSettings, job_run
 from finetune.train import DataCache, finetune
 from pretrain.layout import SNAPSHOT_INFO
 
@@ -49,7 +50,16 @@ def describe_model(model: str | Path, store: ResultStore) -> dict[str, Any]:
     if not path.is_dir():
         from transformers import AutoConfig
 
-        config = AutoConfig.from_pretrained(str(model)).to_dict()
+        name = str(model)
+        if path.exists() or name.startswith((".", "/", "~")) or name.count("/") > 1:
+            raise FileNotFoundError(f"--model {name!r}: no such model folder (a Hub name is NAME or ORG/NAME)")
+        try:
+            config = AutoConfig.from_pretrained(name).to_dict()
+        except (OSError, ValueError) as err:  # offline, unknown name, or a name the Hub rejects
+            raise FileNotFoundError(
+                f"--model {name!r} is neither a model folder nor a model found on the Hugging Face Hub: "
+                f"{str(err).splitlines()[0]}"
+            ) from None
         return {
             "run_name": str(model),
             "run_dir": str(model),
@@ -104,6 +114,8 @@ class WorkerSettings:
     """The recipe's runtime fields (threads, device, progress, eval batch size) for this worker."""
     exit_with_parent: bool = False
     """Pool workers stop when the scheduler that started them dies (its lease-holding jobs then expire)."""
+    wandb: WandbSettings | None = None
+    """One W&B run per job when set (finetune/tracking.py)."""
 
 
 def _heartbeat(settings: WorkerSettings, job: ClaimedJob, worker: str, stop: threading.Event, parent: int) -> None:
@@ -127,7 +139,12 @@ def execute(job: ClaimedJob, store: ResultStore, settings: WorkerSettings, cache
     try:
         recipe = FinetuneConfig(**spec.recipe, **settings.runtime)
         data = cache.get(spec.model_path, spec.task, spec.data_dir, recipe)
-        results = finetune(spec.model_path, spec.task, data, spec.lr, spec.seed, recipe)
+        with job_run(spec, settings.wandb) as tracked:
+            results = finetune(
+                spec.model_path, spec.task, data, spec.lr, spec.seed, recipe, tracked.log_step if tracked else None
+            )
+            if tracked:
+                tracked.finish(results)
     except Exception as err:  # recorded in the store and retried; the worker goes on with other jobs
         stop.set()
         beat.join()

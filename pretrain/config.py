@@ -203,6 +203,10 @@ class TrainConfig:
     resume: str = ""
     """Empty: start a new run (output_dir must not hold another one); auto: continue from the latest complete
     checkpoint in output_dir; or a path to a checkpoint folder (e.g. of a shorter-sequence phase)."""
+    collective_timeout_s: int = 1800
+    """Seconds a process waits for the others at a collective (all-reduce, barrier) before the run fails with a
+    message naming this key: a frozen or lost process stops the run instead of blocking it forever. Must cover
+    the slowest wait: the main process preparing data (first run) or writing a checkpoint."""
     peak_flops_per_device: float = 312e12
     """Peak FLOP/s of one device for train/mfu (A100 bf16 dense: 312e12; H100 SXM bf16: 989e12); 0 disables MFU."""
 
@@ -213,7 +217,8 @@ class TrainConfig:
             "train.stop_at_step",
             f"must be in [1, train.max_steps={self.max_steps}] or null",
         )
-        for key in ("per_device_batch_size", "gradient_accumulation_steps", "log_every", "keep_last_checkpoints"):
+        for key in ("per_device_batch_size", "gradient_accumulation_steps", "log_every", "keep_last_checkpoints",
+                    "collective_timeout_s"):
             _require(getattr(self, key) > 0, f"train.{key}", "must be a positive integer")
         for key in ("eval_every", "eval_batches", "checkpoint_every", "snapshot_every", "num_workers"):
             _require(getattr(self, key) >= 0, f"train.{key}", "must be >= 0")
@@ -235,10 +240,15 @@ class TrackingConfig:
     """W&B project / TensorBoard run group."""
     run_name: str = ""
     """Name shown in the tracker; empty: train.run_name."""
+    comparison: str = ""
+    """The comparison this run belongs to (e.g. bert-base-placements): a W&B tag and the config key
+    ``comparison`` that the dashboard (python -m finetune.dashboard) filters on. Give every run of a comparison
+    (both placements, all seeds) the same value."""
     group: str = ""
-    """W&B group (e.g. one comparison of placements); empty: none."""
+    """W&B group; empty (recommended): {comparison}-{placement}-{recipe hash}, so a group pools only seeds of one
+    placement and recipe. W&B draws a group as one mean line: never put two placements in one group."""
     tags: list[str] = field(default_factory=list)
-    """Extra W&B tags; the norm placement is always added."""
+    """Extra W&B tags; the norm placement and the comparison are always added."""
     wandb_mode: Literal["online", "offline", "disabled"] = "online"
     """W&B mode; offline writes RUN/wandb/offline-run-* for `wandb sync` later (the WANDB_MODE env var wins)."""
 
@@ -314,6 +324,7 @@ RESUMABLE_CHANGES = frozenset(
         "train.snapshot_at_end",
         "train.num_workers",
         "train.peak_flops_per_device",
+        "train.collective_timeout_s",
         "data.num_proc",
         "data.cache_dir",
         "data.max_inline_preparation_mb",
