@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import fcntl
 import gc
 import hashlib
 import json
@@ -418,8 +419,24 @@ def cached_instances(
     (the training and validation documents, read only then), shard by shard, for every later call."""
     folder = prepared_dir(cfg, tokenizer, seed=seed)
     if not (folder / SUMMARY_FILE).is_file():
-        prepare_instances(documents, tokenizer, cfg, seed=seed, folder=folder, progress=progress)
+        # One preparation at a time per cache key: runs started side by side (the analysis grid) wait for the
+        # first and reuse its result. The lock goes with its process, so a killed preparation blocks nobody.
+        with _locked(folder.with_name(f"{folder.name}.lock")):
+            if not (folder / SUMMARY_FILE).is_file():
+                prepare_instances(documents, tokenizer, cfg, seed=seed, folder=folder, progress=progress)
     return load_prepared(folder)
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    """An exclusive advisory lock (flock) on ``path``, held for the block."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 # ----------------------------------------------------------------------------------------------------------------------
