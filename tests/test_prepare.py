@@ -235,12 +235,12 @@ def test_prepare_command_prints_summary_and_is_idempotent(tmp_path: Path, capsys
     first = capsys.readouterr()
     assert "prepared instances:" in first.out and "true next" in first.out and "WARNING" not in first.out
     assert "Preparing instances" in first.err  # the progress bar (tqdm: done/total, rate, remaining time)
-    (folder,) = (tmp_path / "cache").glob("instances-*")
+    (folder,) = (tmp_path / "cache").glob("instances-*/")
     assert (folder / SUMMARY_FILE).is_file()
     assert prepare_main(args) == 0  # prepared: reported again, nothing made
     again = capsys.readouterr()
     assert "prepared instances:" in again.out and "Preparing instances" not in again.err
-    assert [p.name for p in (tmp_path / "cache").glob("instances-*")] == [folder.name]
+    assert [p.name for p in (tmp_path / "cache").glob("instances-*/")] == [folder.name]
     with pytest.raises(ValueError, match=r"unknown key 'data\.rows_per_doc'"):
         prepare_main([*args, "--data.rows_per_doc=3"])
 
@@ -259,16 +259,16 @@ def test_two_process_training_refuses_then_finds_the_prepared_cache(tmp_path: Pa
     refused = _accelerate(["--multi_gpu", "--num_processes", "2", "--main_process_port", "29527"], argv, tmp_path)
     assert refused.returncode != 0
     assert "python -m pretrain.prepare " in refused.stderr and "--data.max_inline_preparation_mb=0" in refused.stderr
-    assert not list((tmp_path / "cache").glob("instances-*"))
+    assert not list((tmp_path / "cache").glob("instances-*/"))
     prepared = subprocess.run([sys.executable, "-m", "pretrain.prepare", *argv], cwd=tmp_path, capture_output=True,
                               text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT)})  # fmt: skip
     assert prepared.returncode == 0, prepared.stderr[-3000:]
-    (folder,) = (tmp_path / "cache").glob("instances-*")
+    (folder,) = (tmp_path / "cache").glob("instances-*/")
     started = _accelerate(["--multi_gpu", "--num_processes", "2", "--main_process_port", "29528"], argv, tmp_path)
     assert started.returncode == 0, started.stdout[-3000:] + started.stderr[-3000:]
     assert "2 process(es)" in started.stdout
     assert "Preparing instances" not in started.stderr
-    assert [p.name for p in (tmp_path / "cache").glob("instances-*")] == [folder.name]  # nothing else prepared
+    assert [p.name for p in (tmp_path / "cache").glob("instances-*/")] == [folder.name]  # nothing else prepared
 
 
 def test_submit_script_chains_preparation_and_training(tmp_path: Path) -> None:
