@@ -18,7 +18,7 @@ import json
 import math
 import os
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +29,7 @@ from finetune.config import parse_config
 from finetune.glue import get_task
 from finetune.store import ResultStore, run_cli
 from pretrain.artifacts import RUN_CONFIG_FILE, read_metrics, read_status
+from pretrain.identity import read_run_id
 
 VAL_LOSS = "val/mlm_loss"
 
@@ -68,12 +69,12 @@ class ReportConfig:
 @dataclass(frozen=True)
 class RunInfo:
     path: Path
+    run_id: str
+    """The run's identity (RUN/run_id): results are matched by it, never by name or path."""
     name: str
     placement: str
-
-    @property
-    def label(self) -> str:
-        return f"{self.name} ({self.placement})"
+    label: str
+    """Legend and table label; unique among the runs of one report."""
 
 
 # --------------------------------------------------------------------------------------------------
@@ -88,8 +89,26 @@ def run_info(run_dir: str | Path) -> RunInfo:
     status = read_status(path)
     config_path = path / RUN_CONFIG_FILE
     config = json.loads(config_path.read_text()) if config_path.is_file() else {}
-    placement = status.get("norm_placement") or config.get("model", {}).get("norm_placement", "unknown")
-    return RunInfo(path=path, name=str(status.get("run_name") or path.name), placement=str(placement))
+    placement = str(status.get("norm_placement") or config.get("model", {}).get("norm_placement", "unknown"))
+    name = str(status.get("run_name") or path.name)
+    return RunInfo(path=path, run_id=read_run_id(path), name=name, placement=placement, label=f"{name} ({placement})")
+
+
+def run_infos(run_dirs: list[str]) -> list[RunInfo]:
+    """The runs of a report, labelled apart: runs that share a name get their folder name (or id) added."""
+    runs = [run_info(r) for r in run_dirs]
+    ids = [run.run_id for run in runs]
+    if len(set(ids)) < len(ids):
+        raise ValueError(f"--runs names one run twice (run ids {', '.join(ids)}); pass each run folder once")
+    labels = [run.label for run in runs]
+    out = []
+    for run in runs:
+        if labels.count(run.label) > 1:
+            folders = [r.path.name for r in runs if r.label == run.label]
+            suffix = run.path.name if folders.count(run.path.name) == 1 else run.run_id
+            run = replace(run, label=f"{run.label} [{suffix}]")
+        out.append(run)
+    return out
 
 
 def val_loss_curve(run_dir: str | Path) -> list[tuple[int, float]]:
@@ -162,10 +181,8 @@ def best_lr_points(rows: list[dict[str, Any]], runs: list[RunInfo], task: str) -
     """For each (run, step): the lr with the best mean dev accuracy, with its mean, CI and seed count."""
     groups: dict[tuple[str, int], dict[float, list[dict[str, Any]]]] = defaultdict(lambda: defaultdict(list))
     for run in runs:
-        mine = [r for r in rows if r["task"] == task and r["run_dir"] == str(run.path)]
-        # Results computed where the run folder had another path (a cluster mount): match by run name.
-        mine = mine or [r for r in rows if r["task"] == task and r["run_name"] == run.name]
-        for row in mine:
+        # By run id: a run folder moved or mounted elsewhere is the same run; another run of the same name is not.
+        for row in (r for r in rows if r["task"] == task and r["run_id"] == run.run_id):
             groups[(run.label, row["pretrain_step"])][row["lr"]].append(row)
     points = []
     for (label, step), by_lr in sorted(groups.items()):
@@ -328,7 +345,7 @@ def log_wandb(
             **settings,
             name=f"{run.name}-finetune",
             job_type="finetune",
-            config={"run": run.name, "placement": run.placement},
+            config={"run": run.name, "run_id": run.run_id, "placement": run.placement},
             tags=[run.placement],
             reinit="finish_previous",
         )
@@ -373,7 +390,7 @@ def log_wandb(
 
 def report(config: ReportConfig) -> dict[str, Any]:
     """Write the figures and summary.md to ``config.out``; returns what they show."""
-    runs = [run_info(r) for r in config.runs]
+    runs = run_infos(config.runs)
     curves = {run.label: val_loss_curve(run.path) for run in runs}
     target = config.target_loss if config.target_loss is not None else default_target(curves)
     table = steps_table(runs, curves, target) if target is not None else []

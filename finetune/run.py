@@ -16,10 +16,8 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-import os
-import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,11 +31,11 @@ from tqdm.auto import tqdm
 import pretrain  # noqa: F401  (registers the "lnbert" model type with the Auto classes)
 from finetune.config import DEFAULT_LRS, DEFAULT_SEEDS, FinetuneConfig, parse_config, validate_grid
 from finetune.glue import Example, batches, compute_metrics, encode, get_task, load_task
-from finetune.store import Job, JobSpec, ResultStore, run_cli, worker_id
+from finetune.manifest import ResultsFolder
+from finetune.store import ResultStore, run_cli
 from pretrain.artifacts import SNAPSHOT_INFO
+from pretrain.identity import read_run_id
 from pretrain.optim import weight_decay_groups
-
-RUNTIME_FIELDS = ("eval_batch_size", "torch_threads", "device", "progress")
 
 
 @dataclass(kw_only=True)
@@ -56,18 +54,20 @@ class RunConfig:
     """Random seeds (classifier init, dropout, data order); the paper uses 6 per point."""
     store: str = "outputs/finetune/results.sqlite"
     """Results store (SQLite file), shared with the scheduler and read by the report."""
+    results_dir: str | None = None
+    """Folder of manifests and result files; unset: beside the store, STORE_STEM.d/ (as finetune.schedule)."""
     max_attempts: int = 2
     """Tries per job before it stays failed."""
-    lease_s: float = 300.0
-    """Seconds a claim stays valid without a heartbeat (a dead worker's job is retried after this)."""
+    retry_failed: bool = False
+    """Try again the jobs of this grid that failed every attempt (after fixing the cause)."""
     recipe: FinetuneConfig = field(default_factory=FinetuneConfig)
     """The fine-tuning recipe."""
 
     def __post_init__(self) -> None:
         get_task(self.task)
         validate_grid(self.lrs, self.seeds)
-        if self.max_attempts < 1 or self.lease_s <= 0:
-            raise ValueError("max_attempts must be >= 1 and lease_s > 0")
+        if self.max_attempts < 1:
+            raise ValueError(f"max_attempts={self.max_attempts} must be >= 1")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -83,14 +83,18 @@ def describe_model(model: str, store: ResultStore) -> dict[str, Any]:
         info = json.loads(info_path.read_text()) if info_path.is_file() else {}
         config = json.loads((path / "config.json").read_text()) if (path / "config.json").is_file() else {}
         run_dir = path.resolve().parent.parent if info else path.resolve()
+        snapshot_hash = store.snapshot_hash(path)
+        # A snapshot belongs to its run; a loose model folder is its own "run", named by its content.
+        run_id = read_run_id(run_dir) if info else f"model-{snapshot_hash}"
         return {
+            "run_id": run_id,
             "run_name": str(info.get("run_name", path.resolve().name)),
             "run_dir": str(run_dir),
             "placement": str(info.get("norm_placement", config.get("norm_placement", "post"))),
             "pretrain_step": int(info.get("step", -1)),
             "tokens_seen": info.get("tokens_seen"),
             "model_path": str(path.resolve()),
-            "snapshot_hash": store.snapshot_hash(path),
+            "snapshot_hash": snapshot_hash,
         }
     from transformers import AutoConfig
 
@@ -98,6 +102,7 @@ def describe_model(model: str, store: ResultStore) -> dict[str, Any]:
     # Hugging Face BERT is Post-LN; an lnbert model on the Hub says so in its config.
     placement = getattr(config, "norm_placement", "post" if config.model_type == "bert" else config.model_type)
     return {
+        "run_id": f"hub-{model}",
         "run_name": model,
         "run_dir": model,
         "placement": placement,
@@ -275,104 +280,33 @@ def finetune(
 
 
 # --------------------------------------------------------------------------------------------------
-# Jobs: claim from the store, run with a heartbeat, record
+# Jobs: through a manifest and result files, in this process (the scheduler's path with one worker)
 # --------------------------------------------------------------------------------------------------
 
 
-@dataclass(kw_only=True)
-class WorkerSettings:
-    """How a worker process runs claimed jobs (not part of a job's identity)."""
-
-    store: str
-    lease_s: float
-    max_attempts: int
-    runtime: dict[str, Any]
-    """The recipe's runtime fields (threads, device, progress, eval batch size) for this worker."""
-    exit_with_parent: bool = False
-    """Pool workers stop when the scheduler that started them dies (its lease-holding jobs then expire)."""
-
-
-def _heartbeat(settings: WorkerSettings, job: Job, worker: str, stop: threading.Event, parent: int) -> None:
-    """Keep the job's lease alive from a thread with its own connection (sqlite connections are per thread)."""
-    store = ResultStore(settings.store)
-    try:
-        while not stop.wait(settings.lease_s / 4):
-            if settings.exit_with_parent and os.getppid() != parent:
-                os._exit(1)  # the scheduler died: stop at once; the expired lease hands the job to another worker
-            store.heartbeat(job.id, worker, settings.lease_s)
-    finally:
-        store.close()
-
-
-def execute(job: Job, store: ResultStore, settings: WorkerSettings, cache: DataCache, worker: str) -> bool:
-    """Run one claimed job; record its results or its error. True if it completed."""
-    spec = job.spec
-    stop = threading.Event()
-    beat = threading.Thread(target=_heartbeat, args=(settings, job, worker, stop, os.getppid()), daemon=True)
-    beat.start()
-    try:
-        recipe = FinetuneConfig(**spec.recipe, **settings.runtime)
-        data = cache.get(spec.model_path, spec.task, spec.data_dir, recipe)
-        results = finetune(spec.model_path, spec.task, data, spec.lr, spec.seed, recipe)
-    except Exception as err:  # recorded in the store and retried; the worker goes on with other jobs
-        stop.set()
-        beat.join()
-        store.fail(job.id, worker, f"{type(err).__name__}: {err}")
-        print(f"[{worker}] job {job.id} failed (attempt {job.attempt}): {type(err).__name__}: {err}", flush=True)
-        return False
-    stop.set()
-    beat.join()
-    return store.complete(job.id, worker, results)
-
-
-def work(settings: WorkerSettings, only_ids: Sequence[int] | None = None) -> int:
-    """Claim and run jobs until none is left to claim; returns how many this worker completed."""
-    worker = worker_id()
-    cache = DataCache()
-    completed = 0
-    with ResultStore(settings.store) as store:
-        while (job := store.claim(worker, settings.lease_s, settings.max_attempts, only_ids)) is not None:
-            completed += execute(job, store, settings, cache, worker)
-    return completed
-
-
-def job_specs(
-    description: dict[str, Any],
-    task: str,
-    lrs: Sequence[float],
-    seeds: Sequence[int],
-    recipe: FinetuneConfig,
-    data_dir: str | None,
-) -> list[JobSpec]:
-    """One job per (lr, seed) for a described model and a task."""
-    return [
-        JobSpec(**description, task=task, lr=float(lr), seed=int(seed), recipe=recipe.result_key(), data_dir=data_dir)
-        for lr in lrs
-        for seed in seeds
-    ]
-
-
 def run(config: RunConfig) -> list[dict[str, Any]]:
-    """Enqueue the grid for one model and task, run what is not done, and return the grid's rows."""
+    """Queue the grid for one model and task, run what is not done, and return the grid's rows."""
+    from finetune.backends import InProcess
+    from finetune.schedule import RUNTIME_FIELDS, collect, job_specs, results_dir, submit
+
     data_dir = str(Path(config.data_dir).resolve()) if config.data_dir else None
     if data_dir is not None:
         load_task(config.task, data_dir)  # fail now, on the user's input, rather than inside every job
+    folder = ResultsFolder(results_dir(config.store, config.results_dir))
+    runtime = {"data_dir": data_dir, "recipe": {k: getattr(config.recipe, k) for k in RUNTIME_FIELDS}}
     with ResultStore(config.store) as store:
-        specs = job_specs(
-            describe_model(config.model, store), config.task, config.lrs, config.seeds, config.recipe, data_dir
-        )
-        ids, added = store.enqueue(specs)
-    print(
-        f"{len(ids)} jobs for {config.model} on {config.task}: {added} new, {len(ids) - added} already in {config.store}"
-    )
-    runtime = {k: getattr(config.recipe, k) for k in RUNTIME_FIELDS}
-    work(
-        WorkerSettings(store=config.store, lease_s=config.lease_s, max_attempts=config.max_attempts, runtime=runtime),
-        ids,
-    )
-    with ResultStore(config.store) as store:
-        rows = [r for r in store.rows() if r["id"] in set(ids)]
-    return rows
+        specs = job_specs(describe_model(config.model, store), config.task, config.lrs, config.seeds, config.recipe)
+        added = store.enqueue(specs)
+        store.ingest(folder)  # results another process wrote since
+        if config.retry_failed:
+            store.retry_failed()
+        keys = {spec.key for spec in specs}
+        print(f"{len(specs)} jobs for {config.model} on {config.task}: {added} new, in {config.store}")
+        backend = InProcess()
+        # The store may hold other work (a scheduler's): this command runs only its own grid.
+        while submit(store, folder, backend, runtime, config.max_attempts, only=keys):
+            collect(store, folder, backend)
+        return [r for r in store.rows() if r["key"] in keys]
 
 
 def summarize(rows: list[dict[str, Any]]) -> str:

@@ -56,6 +56,7 @@ from pretrain.checkpointing import (
 )
 from pretrain.config import ConfigError, PretrainConfig, help_text, parse_args, to_dict
 from pretrain.data import MaskingCollator, PretrainingData, build_pretraining_data
+from pretrain.identity import ensure_run_id
 from pretrain.modeling import LNBertForPreTraining
 from pretrain.optim import weight_decay_groups
 from pretrain.tracking import (
@@ -569,6 +570,7 @@ def pretrain(cfg: PretrainConfig) -> str:
     job, state = prepare_job(cfg, accelerator, resume_from)
     if accelerator.is_main_process:
         write_json_atomic(run_dir / RUN_CONFIG_FILE, job.resolved)
+        ensure_run_id(run_dir)  # once per run: fine-tuning results are keyed by it (pretrain/identity.py)
     if resume_from is not None and accelerator.is_main_process and resume_from.parent.parent.resolve() == run_dir.resolve():
         job.last_eval = rewind_metrics(run_dir, state.step)
     write_status(accelerator, cfg, "running", state.step)
