@@ -75,7 +75,8 @@ class InProcess:
         return ""
 
     def live_tasks(self, submission: dict[str, Any]) -> tuple[set[int], dict[int, str]]:
-        return set(), {}
+        # Its jobs ran inside a scheduler that has returned (or was killed, when this is another one).
+        return set(), dict.fromkeys(range(submission["tasks"]), "the scheduler that ran it in-process stopped")
 
     def close(self) -> None:
         pass
