@@ -191,12 +191,13 @@ class SlurmArray:
         command = ["squeue", "--noheader", "--array", f"--jobs={job_id}", "--format=%K %T"]
         try:
             output = _slurm(command)
-        except RuntimeError as err:
-            if "Invalid job id" not in str(err):  # the controller forgets finished jobs: they are not live
-                raise
-            output = ""
+        except SlurmError as err:
+            if "Invalid job id" not in str(err):  # a busy or restarting controller: ask again next pass
+                print(f"warning: {err}; taking every task of SLURM job {job_id} as still running", flush=True)
+                return set(range(submission["tasks"])), {}
+            output = ""  # the controller forgets finished jobs: none is live
         live = {int(line.split()[0]) for line in output.splitlines() if line.strip()}
-        return live, self.states(job_id)
+        return live, self.states(job_id) if len(live) < submission["tasks"] else {}
 
     def states(self, job_id: str) -> dict[int, str]:
         """The final state of each ended task from sacct (PREEMPTED, TIMEOUT, ...); empty if sacct fails."""
@@ -204,7 +205,7 @@ class SlurmArray:
             output = _slurm(
                 ["sacct", "--noheader", "--parsable2", "--allocations", f"--jobs={job_id}", "--format=JobID,State"]
             )
-        except RuntimeError:
+        except SlurmError:
             return {}
         states = {}
         for line in output.splitlines():
@@ -217,11 +218,15 @@ class SlurmArray:
         pass  # array tasks run on: their results are ingested by the next pass or the next scheduler
 
 
+class SlurmError(RuntimeError):
+    """A SLURM command failed (the message has the command, its exit code and its error output)."""
+
+
 def _slurm(command: list[str]) -> str:
     try:
         result = subprocess.run(command, capture_output=True, text=True, check=True)
     except FileNotFoundError:
         raise FileNotFoundError(f"{command[0]} is not on PATH: run the slurm backend on a SLURM login node") from None
     except subprocess.CalledProcessError as err:
-        raise RuntimeError(f"{shlex.join(command)} failed ({err.returncode}): {err.stderr.strip()}") from None
+        raise SlurmError(f"{shlex.join(command)} failed ({err.returncode}): {err.stderr.strip()}") from None
     return result.stdout

@@ -84,8 +84,12 @@ def describe_model(model: str, store: ResultStore) -> dict[str, Any]:
         config = json.loads((path / "config.json").read_text()) if (path / "config.json").is_file() else {}
         run_dir = path.resolve().parent.parent if info else path.resolve()
         snapshot_hash = store.snapshot_hash(path)
-        # A snapshot belongs to its run; a loose model folder is its own "run", named by its content.
-        run_id = read_run_id(run_dir) if info else f"model-{snapshot_hash}"
+        # A snapshot belongs to its run; a loose model folder (or a snapshot copied out of its run) is its own
+        # "run", named by its content.
+        try:
+            run_id = read_run_id(run_dir) if info else f"model-{snapshot_hash}"
+        except FileNotFoundError:
+            run_id = f"model-{snapshot_hash}"
         return {
             "run_id": run_id,
             "run_name": str(info.get("run_name", path.resolve().name)),

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, get_args
 
-from finetune.backends import Backend, InProcess, LocalArray, SlurmArray, SlurmConfig
+from finetune.backends import Backend, InProcess, LocalArray, SlurmArray, SlurmConfig, SlurmError
 from finetune.config import (
     DEFAULT_LRS,
     DEFAULT_SEEDS,
@@ -308,16 +308,27 @@ def submit(
     store.mark_submitted(
         submission, str(path), [(job.spec.key, job.attempt, manifest.task_of(i)) for i, job in enumerate(jobs)]
     )
-    store.set_handle(submission, backend.start(path, tasks, submission))
+    try:
+        store.set_handle(submission, backend.start(path, tasks, submission))
+    except (SlurmError, FileNotFoundError) as err:  # nothing started: this attempt failed, with the reason
+        store.tasks_ended(submission, range(tasks), dict.fromkeys(range(tasks), f"not started: {err}"))
+        store.end_submission(submission)
+        raise
     return len(jobs)
 
 
-def collect(store: ResultStore, folder: ResultsFolder, backend: Backend) -> tuple[int, int, int]:
+def collect(
+    store: ResultStore, folder: ResultsFolder, backend: Backend, slurm: SlurmConfig | None = None
+) -> tuple[int, int, int]:
     """Take in result files and ended tasks. Returns (jobs done, attempts failed, tasks still live)."""
+    # A submission is asked about by the kind of backend that started it (a restart may use another one).
+    others: dict[str, Backend] = {"inprocess": InProcess(), "local": LocalArray(1)}
+    others["slurm"] = SlurmArray(1, slurm or SlurmConfig())
+    by_name = {**others, backend.name: backend}
     # Which tasks live is asked before the files are read: a task that writes its last result and exits in
     # between is then still live here, rather than ended without that result.
     submissions = store.open_submissions()
-    liveness = {s["id"]: backend.live_tasks(s) for s in submissions}
+    liveness = {s["id"]: by_name[s["backend"]].live_tasks(s) for s in submissions}
     done, failed = store.ingest(folder)
     live = 0
     for s in submissions:
@@ -359,7 +370,7 @@ def schedule(config: ScheduleConfig) -> list[dict[str, Any]]:
             # Whether the runs ended is read before looking for snapshots, so none written before the end is missed.
             ended = runs_ended(config) if config.mode == "follow" else {}
             with ResultStore(config.store) as store:
-                done, failed, live = collect(store, folder, backend)
+                done, failed, live = collect(store, folder, backend, config.slurm)
                 added = store.enqueue(discover(config, store))
                 if config.retry_failed and first:
                     print(f"queued {store.retry_failed()} failed job(s) again (--retry_failed)", flush=True)
@@ -434,7 +445,11 @@ def main(argv: list[str] | None = None) -> int:
     config: ScheduleConfig = parse_config(
         ScheduleConfig, argv, prog=f"python -m finetune.schedule {command}", description=__doc__
     )
-    failures = schedule(config)
+    try:
+        failures = schedule(config)
+    except SlurmError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     if failures:
         print_failures(failures)
         return 1

@@ -107,7 +107,10 @@ def task_counts(log_dir: Path) -> list[dict[str, int]]:
 def test_preempted_task_is_requeued_by_slurm_and_every_job_is_done_once(tmp_path: Path, slurm: FakeSlurm) -> None:
     run_dir = make_run(tmp_path, "post_ln", "post", steps=(10,))
     # Jobs of a second or so, so that the preemption lands while task 0 is inside its second job.
-    config = slurm_config(tmp_path, [run_dir], seeds=[0, 1, 2, 3], workers=2, recipe={**QUICK, "epochs": 100})
+    slurm_options = {"partition": "cpu", "extra": ["--account=abc"]}
+    config = slurm_config(
+        tmp_path, [run_dir], seeds=[0, 1, 2, 3], workers=2, recipe={**QUICK, "epochs": 40}, slurm=slurm_options
+    )
     thread, out = in_thread(config)
     slurm.wait_until(lambda: any(f["worker"].get("slurm_array_task_id") == "0" for f in done_files(config).values()))
     slurm.command("preempt", "1000_0")
@@ -121,7 +124,8 @@ def test_preempted_task_is_requeued_by_slurm_and_every_job_is_done_once(tmp_path
     # The requeued run skipped the job its first run had finished.
     assert sum(c["skipped"] for c in task_counts(tmp_path / "slurm")) >= 1
     script = next((tmp_path / "slurm").glob("*.sbatch")).read_text().splitlines()
-    assert "#SBATCH --array=0-1" in script and "#SBATCH --requeue" in script
+    for line in ("--array=0-1", "--requeue", "--partition=cpu", "--account=abc", "--cpus-per-task=1"):
+        assert f"#SBATCH {line}" in script
     assert script[-1].split()[2:5] == ["-m", "finetune.task", str(folder(config).manifest_path(1))]
 
 
@@ -144,17 +148,17 @@ def test_task_preempted_without_requeue_is_found_and_resubmitted(tmp_path: Path,
     assert [j["attempt"] for j in manifest["jobs"]] == [2, 2]
 
 
-@pytest.mark.slow  # four array-task processes: ~40 s on 2 busy cores
+@pytest.mark.slow  # three array-task processes: ~30 s on 2 busy cores
 def test_duplicate_copies_and_a_task_run_twice_record_each_job_once(
     tmp_path: Path, slurm: FakeSlurm, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     run_dir = make_run(tmp_path, "pre_ln", "pre", steps=(10,))
-    config = slurm_config(tmp_path, [run_dir], seeds=[0, 1, 2])
-    monkeypatch.setenv("FAKE_SLURM_COPIES", "2")  # every task runs twice at once, on "two nodes"
+    config = slurm_config(tmp_path, [run_dir], seeds=[0, 1])
+    monkeypatch.setenv("FAKE_SLURM_COPIES", "2")  # the task runs twice at once, on "two nodes"
     assert schedule(config) == []
     counts = task_counts(tmp_path / "slurm")
-    assert len(counts) == 2 and sum(c["done"] for c in counts) == 3  # each result written exactly once
-    assert sum(c["done"] + c["duplicate"] + c["skipped"] for c in counts) == 6
+    assert len(counts) == 2 and sum(c["done"] for c in counts) == 2  # each result written exactly once
+    assert sum(c["done"] + c["duplicate"] + c["skipped"] for c in counts) == 4
     files = done_files(config)
     before = {key: folder(config).done_path(key).read_bytes() for key in files}
     assert sorted(files) == sorted(r["key"] for r in rows(config, "done"))
@@ -163,7 +167,7 @@ def test_duplicate_copies_and_a_task_run_twice_record_each_job_once(
     done_rows = rows(config, "done")
     subprocess.run(["scontrol", "requeue", "1000_0"], check=True)
     slurm.wait_until(lambda: slurm.tasks()["1000_0"]["state"] == "COMPLETED" and slurm.tasks()["1000_0"]["runs"] == 2)
-    assert task_counts(tmp_path / "slurm")[-1]["skipped"] == 3
+    assert task_counts(tmp_path / "slurm")[-1]["skipped"] == 2
     assert {key: folder(config).done_path(key).read_bytes() for key in files} == before
     assert main(["ingest", "--store", config.store]) == 0
     assert rows(config, "done") == done_rows
@@ -316,9 +320,9 @@ def _alive(pid: int) -> bool:
 @pytest.mark.slow  # a scheduler and two worker processes import torch: ~30 s on 2 busy cores
 def test_killed_scheduler_stops_its_workers_and_a_restart_records_each_job_once(tmp_path: Path) -> None:
     run_dir = make_run(tmp_path, "post_ln", "post", steps=(10,))
-    config = config_for(tmp_path, [run_dir], seeds=[0, 1, 2, 3, 4, 5], workers=2, recipe={**QUICK, "epochs": 60})
+    config = config_for(tmp_path, [run_dir], seeds=[0, 1, 2, 3, 4, 5], workers=2, recipe={**QUICK, "epochs": 30})
     args = [a for a in cli_args(config) if not a.startswith("--seeds")] + ["--seeds=0,1,2,3,4,5", "--workers=2"]
-    args += ["--recipe.epochs=60", f"--data_dir={FIXTURE_GLUE}"]
+    args += ["--recipe.epochs=30", f"--data_dir={FIXTURE_GLUE}"]
     process = subprocess.Popen(
         [sys.executable, "-m", "finetune.schedule", *args], cwd=ROOT, start_new_session=True, stdout=subprocess.DEVNULL
     )
@@ -339,3 +343,20 @@ def test_killed_scheduler_stops_its_workers_and_a_restart_records_each_job_once(
     assert len(done_files(config)) <= killed_at + 2 < 6
     assert schedule(replace(config, workers=1)) == []  # the restart
     assert len(done_files(config)) == 6 and len(rows(config, "done")) == 6
+
+
+def test_a_refused_sbatch_is_an_error_and_a_failed_attempt(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "sbatch").write_text("#!/bin/sh\necho 'sbatch: error: invalid partition specified: gpu' >&2\nexit 1\n")
+    (bin_dir / "sbatch").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    run_dir = make_run(tmp_path, "post_ln", "post", steps=(10,))
+    config = slurm_config(tmp_path, [run_dir])
+    args = [*cli_args(config), "--backend=slurm", f"--slurm.dir={tmp_path / 'slurm'}", "--slurm.partition=gpu"]
+    assert main(args) == 2
+    assert "invalid partition specified: gpu" in capsys.readouterr().err
+    (row,) = rows(config)
+    assert (row["status"], row["attempts"]) == ("failed", 1) and "not started: sbatch" in row["error"]
