@@ -233,8 +233,9 @@ class FakeSlurm:
         folder = self.root / "tasks"
         return {p.stem: read(p) for p in sorted(folder.glob("*.json"))} if folder.is_dir() else {}
 
-    def command(self, *args: str) -> None:
-        subprocess.run([sys.executable, __file__, *args], check=True, env={**os.environ, **self.env()})
+    def preempt(self, target: str) -> None:
+        """As ``python tests/fake_slurm.py preempt JOB_TASK``, without starting a process (no delay)."""
+        interrupt(target, "PREEMPTING")
 
     def wait_until(self, condition: Any, timeout_s: float = 240) -> None:
         deadline = time.time() + timeout_s

@@ -106,20 +106,20 @@ def task_counts(log_dir: Path) -> list[dict[str, int]]:
 @pytest.mark.slow  # array tasks are processes that import torch: ~30 s on 2 busy cores
 def test_preempted_task_is_requeued_by_slurm_and_every_job_is_done_once(tmp_path: Path, slurm: FakeSlurm) -> None:
     run_dir = make_run(tmp_path, "post_ln", "post", steps=(10,))
-    # Jobs of a second or so, so that the preemption lands while task 0 is inside its second job.
+    # Three jobs of a second or so per task, so that the preemption lands while task 0 still has work.
     slurm_options = {"partition": "cpu", "extra": ["--account=abc"]}
     config = slurm_config(
-        tmp_path, [run_dir], seeds=[0, 1, 2, 3], workers=2, recipe={**QUICK, "epochs": 40}, slurm=slurm_options
+        tmp_path, [run_dir], seeds=[0, 1, 2, 3, 4, 5], workers=2, recipe={**QUICK, "epochs": 100}, slurm=slurm_options
     )
     thread, out = in_thread(config)
     slurm.wait_until(lambda: any(f["worker"].get("slurm_array_task_id") == "0" for f in done_files(config).values()))
-    slurm.command("preempt", "1000_0")
+    slurm.preempt("1000_0")
     thread.join(timeout=300)
     assert out == [[]]  # no job failed for good
     assert slurm.tasks()["1000_0"]["runs"] == 2 and slurm.tasks()["1000_0"]["state"] == "COMPLETED"
     assert len(slurm.calls()) == 1  # SLURM requeued the task: the scheduler submitted nothing again
     done = rows(config, "done")
-    assert len(done) == 4 and sorted(done_files(config)) == sorted(r["key"] for r in done)
+    assert len(done) == 6 and sorted(done_files(config)) == sorted(r["key"] for r in done)
     assert all(r["attempts"] == 1 for r in done)
     # The requeued run skipped the job its first run had finished.
     assert sum(c["skipped"] for c in task_counts(tmp_path / "slurm")) >= 1
@@ -135,7 +135,7 @@ def test_task_preempted_without_requeue_is_found_and_resubmitted(tmp_path: Path,
     config = slurm_config(tmp_path, [run_dir], seeds=[0, 1], slurm={"requeue": False})
     thread, out = in_thread(config)
     slurm.wait_until(lambda: slurm.tasks().get("1000_0", {}).get("state") == "RUNNING")
-    slurm.command("preempt", "1000_0")  # before the task wrote any result
+    slurm.preempt("1000_0")  # before the task wrote any result
     thread.join(timeout=300)
     assert out == [[]]
     assert [c["job"] for c in slurm.calls()] == [1000, 1001]  # the missing results were submitted again
