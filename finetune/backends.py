@@ -191,8 +191,8 @@ class SlurmArray:
         command = ["squeue", "--noheader", "--array", f"--jobs={job_id}", "--format=%K %T"]
         try:
             output = _slurm(command)
-        except SlurmError as err:
-            if "Invalid job id" not in str(err):  # a busy or restarting controller: ask again next pass
+        except (SlurmError, FileNotFoundError) as err:
+            if "Invalid job id" not in str(err):  # a busy controller, or no SLURM here: ask again next pass
                 print(f"warning: {err}; taking every task of SLURM job {job_id} as still running", flush=True)
                 return set(range(submission["tasks"])), {}
             output = ""  # the controller forgets finished jobs: none is live
@@ -205,7 +205,7 @@ class SlurmArray:
             output = _slurm(
                 ["sacct", "--noheader", "--parsable2", "--allocations", f"--jobs={job_id}", "--format=JobID,State"]
             )
-        except SlurmError:
+        except (SlurmError, FileNotFoundError):
             return {}
         states = {}
         for line in output.splitlines():

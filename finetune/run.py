@@ -301,12 +301,12 @@ def run(config: RunConfig) -> list[dict[str, Any]]:
     with ResultStore(config.store) as store:
         specs = job_specs(describe_model(config.model, store), config.task, config.lrs, config.seeds, config.recipe)
         added = store.enqueue(specs)
-        store.ingest(folder)  # results another process wrote since
+        backend = InProcess()
+        collect(store, folder, backend)  # results written since, and the jobs of an earlier run that was killed
         if config.retry_failed:
             store.retry_failed()
         keys = {spec.key for spec in specs}
         print(f"{len(specs)} jobs for {config.model} on {config.task}: {added} new, in {config.store}")
-        backend = InProcess()
         # The store may hold other work (a scheduler's): this command runs only its own grid.
         while submit(store, folder, backend, runtime, config.max_attempts, only=keys):
             collect(store, folder, backend)

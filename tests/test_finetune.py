@@ -12,9 +12,10 @@ from torch import nn
 from finetune.config import FinetuneConfig, build, load_yaml, parse_config
 from finetune.glue import TASKS, batches, encode, get_task, load_task, read_tsv
 from finetune.manifest import JobSpec, ManifestJob, ResultsFolder
-from finetune.run import RunConfig, make_optimizer, run
+from finetune.run import RunConfig, describe_model, make_optimizer, run
 from finetune.run import cli as run_cli
 from finetune.run import main as run_main
+from finetune.schedule import job_specs
 from finetune.store import SCHEMA_VERSION, ResultStore, StoreVersionError
 from tests.finetune_fixtures import FIXTURE_GLUE, make_run, tiny_tokenizer, write_snapshot
 
@@ -190,6 +191,25 @@ def test_finetune_writes_rows_then_skips_them(tmp_path: Path) -> None:
     with ResultStore(config.store) as store:
         assert sum(e["event"] == "submitted" for e in store.events()) == submitted == 2
     assert len(list((tmp_path / "results.d" / "done").glob("*.json"))) == 2  # one result file per job
+
+
+def test_finetune_run_takes_over_the_jobs_of_a_killed_run(tmp_path: Path) -> None:
+    snapshot = make_run(tmp_path, "pre_ln", "pre", steps=(10,)) / "snapshots" / "step_00000010"
+    config = RunConfig(
+        model=str(snapshot),
+        task="mrpc",
+        data_dir=str(FIXTURE_GLUE),
+        lrs=[1e-3],
+        seeds=[0],
+        store=str(tmp_path / "results.sqlite"),
+        recipe=FinetuneConfig(**QUICK),
+    )
+    with ResultStore(config.store) as store:  # what a run killed inside its job leaves behind
+        (spec,) = job_specs(describe_model(config.model, store), "mrpc", [1e-3], [0], config.recipe)
+        store.enqueue([spec])
+        store.mark_submitted(store.new_submission("inprocess", 1), "m.json", [(spec.key, 1, 0)])
+    (row,) = run(config)
+    assert (row["status"], row["attempts"]) == ("done", 2)
 
 
 def test_finetune_is_deterministic_given_seed(tmp_path: Path) -> None:
