@@ -257,7 +257,7 @@ def test_result_files_follow_the_umask_and_the_first_copy_wins(tmp_path: Path) -
 
 
 # --------------------------------------------------------------------------------------------------
-# Failed jobs, exit codes, follow mode, orphaned workers
+# Failed jobs, exit codes, follow mode, local workers and their scheduler
 # --------------------------------------------------------------------------------------------------
 
 
@@ -341,6 +341,8 @@ def test_killed_scheduler_stops_its_workers_and_a_restart_records_each_job_once(
         assert time.time() < deadline, "workers kept running after their scheduler was killed"
         time.sleep(0.1)
     assert len(done_files(config)) <= killed_at + 2 < 6
+    # Two worker processes (not the scheduler) wrote them: the local "array" runs the same task code as SLURM.
+    assert {f["worker"]["pid"] for f in done_files(config).values()} == set(workers)
     assert schedule(replace(config, workers=1)) == []  # the restart
     assert len(done_files(config)) == 6 and len(rows(config, "done")) == 6
 

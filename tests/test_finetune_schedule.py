@@ -107,18 +107,6 @@ def test_once_runs_complete_snapshots_and_skips_done_work(tmp_path: Path, capsys
     )
 
 
-@pytest.mark.slow  # two spawned workers import torch and transformers: ~30 s on 2 busy cores
-def test_local_pool_of_two_workers(tmp_path: Path) -> None:
-    runs = [make_run(tmp_path, "post_ln", "post", steps=(10,)), make_run(tmp_path, "pre_ln", "pre", steps=(10,))]
-    config = config_for(tmp_path, runs, workers=2, total_threads=2)
-    schedule(config)
-    rows = done_rows(config)
-    assert sorted((r["run_name"], r["placement"]) for r in rows) == [("post_ln", "post"), ("pre_ln", "pre")]
-    files = ResultsFolder(Path(config.store).with_suffix(".d")).done_files()
-    workers = {f["worker"]["pid"] for f in files}
-    assert len(files) == 2 and len(workers) == 2 and os.getpid() not in workers  # two processes, one job each
-
-
 @pytest.mark.slow  # a scheduler subprocess imports torch and transformers: ~15 s on 2 busy cores
 def test_killed_scheduler_loses_no_job_and_repeats_none(tmp_path: Path) -> None:
     run_dir = make_run(tmp_path, "post_ln", "post", steps=(10,))
