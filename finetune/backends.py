@@ -1,6 +1,6 @@
 """Where a manifest's tasks run: in this process, as local worker processes, or as a SLURM job array.
 
-Every backend runs the same task code (finetune/task.py) on the same manifest, and tells the scheduler which
+Every backend runs the same task code (finetune/worker.py) on the same manifest, and tells the scheduler which
 of a submission's tasks are still alive; a task that ended while some of its jobs have no result file is
 how the scheduler finds preempted, killed or timed-out work (finetune/schedule.py submits it again).
 """
@@ -69,7 +69,7 @@ class InProcess:
     name, size = "inprocess", 1
 
     def start(self, manifest: Path, tasks: int, submission: int) -> str:
-        from finetune.task import run_task  # imports torch and transformers: only where jobs run
+        from finetune.worker import run_task  # imports torch and transformers: only where jobs run
 
         run_task(manifest, 0)
         return ""
@@ -93,7 +93,7 @@ def _pid_alive(pid: int) -> bool:
 
 
 class LocalArray:
-    """A local "array": one worker process per task (``python -m finetune.task MANIFEST --index=i``).
+    """A local "array": one worker process per task (``python -m finetune.worker MANIFEST --index=i``).
 
     The workers get this process's pid and stop before their next job once it is gone, so a killed
     scheduler leaves no worker running on for long (each finishes the job it holds and records it).
@@ -107,7 +107,7 @@ class LocalArray:
 
     def start(self, manifest: Path, tasks: int, submission: int) -> str:
         for index in range(tasks):
-            command = [sys.executable, "-m", "finetune.task", str(manifest), f"--index={index}"]
+            command = [sys.executable, "-m", "finetune.worker", str(manifest), f"--index={index}"]
             command.append(f"--parent_pid={os.getpid()}")
             self.processes[(submission, index)] = subprocess.Popen(command)
         pids = ",".join(str(self.processes[(submission, i)].pid) for i in range(tasks))
@@ -140,7 +140,7 @@ class LocalArray:
 
 
 class SlurmArray:
-    """A SLURM job array per submission: ``sbatch`` a script whose tasks run ``python -m finetune.task``."""
+    """A SLURM job array per submission: ``sbatch`` a script whose tasks run ``python -m finetune.worker``."""
 
     name = "slurm"
 
@@ -164,13 +164,13 @@ class SlurmArray:
         options += [f"--gres=gpu:{slurm.gpus_per_task}"] if slurm.gpus_per_task else []
         options += [f"--mem={slurm.mem}"] if slurm.mem else []
         options += slurm.extra
-        command = f"{shlex.quote(slurm.python)} -m finetune.task {shlex.quote(str(manifest))}"
+        command = f"{shlex.quote(slurm.python)} -m finetune.worker {shlex.quote(str(manifest))}"
         path = folder / f"finetune_{submission:06d}.sbatch"
         path.write_text(
             "#!/bin/bash\n"
             + "".join(f"#SBATCH {option}\n" for option in options)
             + "# Task $SLURM_ARRAY_TASK_ID runs its share of the manifest's jobs and writes one result file per job\n"
-            + "# beside it (finetune/task.py); it never opens the results store.\n"
+            + "# beside it (finetune/worker.py); it never opens the results store.\n"
             + f"cd {shlex.quote(os.getcwd())}\n"
             + f"exec {command}\n"
         )

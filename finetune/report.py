@@ -28,8 +28,8 @@ from scipy import stats
 from finetune.config import parse_config
 from finetune.glue import get_task
 from finetune.store import ResultStore, run_cli
-from pretrain.artifacts import RUN_CONFIG_FILE, read_metrics, read_status
 from pretrain.identity import read_run_id
+from pretrain.layout import RUN_CONFIG_FILE, read_metrics, read_status
 
 VAL_LOSS = "val/mlm_loss"
 

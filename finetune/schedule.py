@@ -11,7 +11,7 @@ the snapshot's content hash and the recipe. This process is the only writer of t
 it takes in the result files the tasks wrote, finds tasks that ended without writing all of theirs (preempted,
 killed, out of time) and writes a manifest of the jobs still to run, whose tasks run on the backend:
 ``local`` (N worker processes here; 1 runs the jobs in this process) or ``slurm`` (one ``sbatch`` job array
-per manifest). Tasks read only the manifest and write only result files (finetune/manifest.py, task.py).
+per manifest). Tasks read only the manifest and write only result files (finetune/manifest.py, worker.py).
 
 ``--once`` runs the jobs of the snapshots that exist until each is done or failed ``max_attempts`` times;
 ``--follow`` also picks up new snapshots until every run is finished, diverged, failed or dead (status.json
@@ -37,20 +37,18 @@ from finetune.config import (
     DEFAULT_LRS,
     DEFAULT_SEEDS,
     FinetuneConfig,
-    build,
-    load_yaml,
     parse_config,
     validate_grid,
 )
 from finetune.glue import get_task, load_task
 from finetune.manifest import JobSpec, Manifest, ManifestJob, ResultsFolder, recipe_hash
 from finetune.store import ResultStore, run_cli
-from pretrain.artifacts import METRICS_FILE, STATUS_FILE, TERMINAL_STATUSES, list_snapshots, read_status
+from finetune.worker import RUNTIME_FIELDS, describe_model, job_specs
 from pretrain.identity import read_run_id
+from pretrain.layout import METRICS_FILE, STATUS_FILE, TERMINAL_STATUSES, list_snapshots, read_status
 
 BackendName = Literal["local", "slurm"]
 Mode = Literal["once", "follow"]
-RUNTIME_FIELDS = ("eval_batch_size", "torch_threads", "device", "progress")
 # Training examples of the GLUE tasks on the Hub (nyu-mll/glue), for the cost estimate without --data_dir.
 GLUE_TRAIN_SIZES = {"mrpc": 3668, "rte": 2490}
 
@@ -149,17 +147,6 @@ def results_dir(store: str | Path, configured: str | None) -> Path:
 # --------------------------------------------------------------------------------------------------
 
 
-def job_specs(
-    description: dict[str, Any], task: str, lrs: list[float], seeds: list[int], recipe: FinetuneConfig
-) -> list[JobSpec]:
-    """One job per (lr, seed) for a described model and a task."""
-    return [
-        JobSpec(**description, task=task, lr=float(lr), seed=int(seed), recipe=recipe.result_key())
-        for lr in lrs
-        for seed in seeds
-    ]
-
-
 def discover(config: ScheduleConfig, store: ResultStore) -> list[JobSpec]:
     """The jobs of every complete snapshot of every run (snapshots without the COMPLETE marker are skipped)."""
     specs = []
@@ -167,17 +154,9 @@ def discover(config: ScheduleConfig, store: ResultStore) -> list[JobSpec]:
         run_dir = Path(run).resolve()
         if not run_dir.is_dir():
             continue  # follow mode: the run has not started yet
+        read_run_id(run_dir)  # a folder without an identity is refused here, with the reason
         for snapshot in list_snapshots(run_dir):
-            description = {
-                "run_id": read_run_id(run_dir),
-                "run_name": snapshot.run_name,
-                "run_dir": str(run_dir),
-                "placement": snapshot.norm_placement,
-                "pretrain_step": snapshot.step,
-                "tokens_seen": snapshot.info.get("tokens_seen"),
-                "model_path": str(snapshot.path.resolve()),
-                "snapshot_hash": store.snapshot_hash(snapshot.path),
-            }
+            description = describe_model(snapshot.path, store)
             for task in config.tasks:
                 specs += job_specs(description, task, config.lrs, config.seeds, config.recipe)
     return specs
@@ -454,11 +433,6 @@ def main(argv: list[str] | None = None) -> int:
         print_failures(failures)
         return 1
     return 0
-
-
-def load_config(path: str | Path, **overrides: Any) -> ScheduleConfig:
-    """A ScheduleConfig from a YAML file plus keyword overrides (used by tests and notebooks)."""
-    return build(ScheduleConfig, {**load_yaml(path), **overrides})
 
 
 def cli() -> int:

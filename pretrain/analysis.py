@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pretrain.artifacts import read_metrics, read_status
+from pretrain.layout import read_metrics, read_status
 from pretrain.modeling import NORM_PLACEMENTS, LNBertConfig, LNBertForMaskedLM, LNBertModel
 
 DEFAULT_OUT = Path("runs") / "analysis"
@@ -617,7 +617,7 @@ def cell_overrides(args: argparse.Namespace, placement: str, warmup: int, lr: fl
 
 
 def read_cell(run_dir: Path) -> dict[str, Any]:
-    """Outcome of one finished cell: status, final validation MLM loss, divergence step (pretrain.artifacts)."""
+    """Outcome of one finished cell: status, final validation MLM loss, divergence step (pretrain.layout)."""
     status = read_status(run_dir)
     val = [row for row in read_metrics(run_dir) if "val/mlm_loss" in row]
     return {

@@ -16,8 +16,9 @@ import time
 import uuid
 from pathlib import Path
 
+from pretrain.layout import RUN_CONFIG_FILE
+
 RUN_ID_FILE = "run_id"
-LEGACY_CONFIG_FILE = "run_config.json"  # pretrain.artifacts.RUN_CONFIG_FILE (kept here to avoid a cycle)
 
 
 def new_run_id() -> str:
@@ -48,10 +49,10 @@ def read_run_id(run_dir: str | Path) -> str:
         run_id = path.read_text().strip()
         if run_id:
             return run_id
-    legacy = run_dir / LEGACY_CONFIG_FILE
+    legacy = run_dir / RUN_CONFIG_FILE
     if legacy.is_file():
         return "legacy-" + hashlib.sha256(legacy.read_bytes()).hexdigest()[:16]
     raise FileNotFoundError(
-        f"{run_dir} has neither {RUN_ID_FILE} nor {LEGACY_CONFIG_FILE}: it is not a pretraining run folder "
+        f"{run_dir} has neither {RUN_ID_FILE} nor {RUN_CONFIG_FILE}: it is not a pretraining run folder "
         "(RUN/ of docs/run_layout.md); pass the folder that holds snapshots/ and status.json"
     )

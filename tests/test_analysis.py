@@ -234,7 +234,7 @@ def test_grid_cell_arguments_and_set_overrides_win(tmp_path):
 
 
 def test_grid_reads_finished_and_diverged_cells(tmp_path):
-    from pretrain.artifacts import write_json_atomic
+    from pretrain.layout import write_json_atomic
 
     finished, diverged = tmp_path / "a", tmp_path / "b"
     write_json_atomic(finished / "status.json", {"status": "finished", "step": 20, "diverged_at_step": None})

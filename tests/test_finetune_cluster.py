@@ -126,7 +126,7 @@ def test_preempted_task_is_requeued_by_slurm_and_every_job_is_done_once(tmp_path
     script = next((tmp_path / "slurm").glob("*.sbatch")).read_text().splitlines()
     for line in ("--array=0-1", "--requeue", "--partition=cpu", "--account=abc", "--cpus-per-task=1"):
         assert f"#SBATCH {line}" in script
-    assert script[-1].split()[2:5] == ["-m", "finetune.task", str(folder(config).manifest_path(1))]
+    assert script[-1].split()[2:5] == ["-m", "finetune.worker", str(folder(config).manifest_path(1))]
 
 
 @pytest.mark.slow  # two submissions of array-task processes: ~30 s on 2 busy cores
