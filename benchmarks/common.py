@@ -175,15 +175,3 @@ def write_results(name: str, payload: dict[str, Any], out: Path | None = None) -
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(payload, indent=2, default=str) + "\n")
     return out
-
-
-def format_table(headers: list[str], rows: list[list[Any]]) -> str:
-    """A plain Markdown table (pastes straight into BENCHMARKS.md)."""
-    cells = [[str(c) for c in row] for row in rows]
-    widths = [max(len(h), *(len(r[i]) for r in cells)) if cells else len(h) for i, h in enumerate(headers)]
-    lines = [
-        "| " + " | ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)) + " |",
-        "|" + "|".join("-" * (w + 2) for w in widths) + "|",
-    ]
-    lines += ["| " + " | ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) + " |" for row in cells]
-    return "\n".join(lines)

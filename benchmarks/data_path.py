@@ -1,7 +1,7 @@
 """Data path: corpus -> instances throughput, padding waste, and how long training waits for data.
 
-    python -m benchmarks.data_path --corpus PATH/TO/wiki.jsonl --max-documents 400
-    python -m benchmarks.data_path --corpus 'corpus/*.jsonl' --tokenizer PATH/TO/tokenizer --workers 0,2
+    python -m benchmarks.data_path --corpus=PATH/TO/wiki.jsonl --max_documents=400
+    python -m benchmarks.data_path --corpus='corpus/*.jsonl' --tokenizer=PATH/TO/tokenizer --workers='[0, 2]'
 
 1. Preprocessing: ``pretrain.instances.make_instances`` (sentence split, tokenise, BERT NSP instances) against a plain
    ``datasets.map`` tokenisation of the same documents with the same tokenizer, alternated ``--reps`` times;
@@ -17,12 +17,12 @@ The WordPiece tokenizer is trained on the subset first when ``--tokenizer`` is n
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import statistics
 import tempfile
 import time
 import uuid
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -30,8 +30,9 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
-from benchmarks.common import configure_device, format_table, machine_info, spread, write_results
-from benchmarks.train_step import ADAMW, SHAPES, autocast_context
+from benchmarks.common import configure_device, machine_info, spread, write_results
+from benchmarks.train_step import ADAMW, SHAPES, Precision, ShapeName, autocast_context
+from pretrain.cli import parse, require, run_cli
 from pretrain.collator import MaskingCollator
 from pretrain.corpus import SourceConfig, load_documents
 from pretrain.data import DataConfig
@@ -39,39 +40,58 @@ from pretrain.device import pick_device
 from pretrain.instances import make_instances
 from pretrain.modeling import LNBertConfig, LNBertForPreTraining
 from pretrain.optim import build_adamw
+from pretrain.reporting import format_table
 from pretrain.tokenizer import load_or_train_tokenizer
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--corpus", required=True, help="JSON Lines file, glob or folder with a 'text' column")
-    parser.add_argument("--max-documents", type=int, default=400, help="documents to read from the corpus")
-    parser.add_argument("--tokenizer", help="tokenizer folder; default: train WordPiece on the subset")
-    parser.add_argument("--vocab-size", type=int, default=30522, help="vocabulary of a trained tokenizer")
-    parser.add_argument("--max-seq-length", type=int, default=128)
-    parser.add_argument("--reps", type=int, default=3, help="alternating repetitions of both preprocessing paths")
-    parser.add_argument("--batch", type=int, default=8)
-    parser.add_argument("--steps", type=int, default=12, help="training steps per worker setting (data wait)")
-    parser.add_argument("--workers", default="0,1", help="comma list of DataLoader num_workers to compare")
-    parser.add_argument("--precision", default="bf16", choices=("fp32", "bf16"))
-    parser.add_argument("--shape", default="small", choices=list(SHAPES), help="model trained in the data-wait part")
-    parser.add_argument("--device", default="auto")
-    parser.add_argument("--cache-dir", type=Path, help="scratch folder (default: a temporary folder)")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", type=Path, help="JSON path (default benchmarks/results/data_path-<time>.json)")
-    args = parser.parse_args(argv)
-    try:
-        args.worker_list = [int(w) for w in args.workers.split(",") if w.strip()]
-    except ValueError:
-        parser.error(f"--workers={args.workers!r} must be a comma list of integers, e.g. 0,2")
-    if not args.worker_list or min(args.worker_list) < 0:
-        parser.error(f"--workers={args.workers!r} must list numbers >= 0")
-    if args.reps < 1 or args.steps < 2:
-        parser.error("--reps must be >= 1 and --steps >= 2")
-    return args
+@dataclass(kw_only=True)
+class DataPathConfig:
+    """Corpus -> instances throughput, padding waste and data wait (see the module docstring)."""
+
+    corpus: str
+    """JSON Lines file, glob or folder with a 'text' column."""
+    max_documents: int = 400
+    """Documents to read from the corpus."""
+    tokenizer: str | None = None
+    """Tokenizer folder; null: train WordPiece on the subset."""
+    vocab_size: int = 30522
+    """Vocabulary of a trained tokenizer."""
+    max_seq_length: int = 128
+    """Longest instance, in tokens."""
+    reps: int = 3
+    """Alternating repetitions of both preprocessing paths."""
+    batch: int = 8
+    """Sequences per batch in the data-wait part."""
+    steps: int = 12
+    """Training steps per worker setting (data wait); the first is not timed."""
+    workers: list[int] = field(default_factory=lambda: [0, 1])
+    """DataLoader num_workers settings to compare."""
+    precision: Precision = "bf16"
+    """fp32 or bf16 (autocast) in the data-wait part."""
+    shape: ShapeName = "small"
+    """Model trained in the data-wait part."""
+    device: str = "auto"
+    """auto (CUDA when available), cpu or cuda."""
+    cache_dir: str | None = None
+    """Scratch folder; null: a temporary folder."""
+    seed: int = 0
+    """Seed of the instances and the model."""
+    out: str | None = None
+    """JSON path; null: benchmarks/results/data_path-<time>.json."""
+
+    def __post_init__(self) -> None:
+        require(bool(self.workers) and min(self.workers) >= 0, "workers", f"must list numbers >= 0; got {self.workers}")
+        require(self.reps >= 1, "reps", "must be >= 1")
+        require(self.steps >= 2, "steps", "must be >= 2")
+        for key in ("max_documents", "vocab_size", "max_seq_length", "batch"):
+            require(getattr(self, key) >= 1, key, "must be >= 1")
 
 
-def data_config(args: argparse.Namespace, cache_dir: Path) -> DataConfig:
+def parse_args(argv: list[str] | None = None) -> DataPathConfig:
+    return parse(DataPathConfig, argv, prog="python -m benchmarks.data_path", description=__doc__ or "")
+
+
+def data_config(args: DataPathConfig, cache_dir: Path) -> DataConfig:
     return DataConfig(
         sources=[SourceConfig(kind="json", path=args.corpus)],
         tokenizer=args.tokenizer,
@@ -123,7 +143,7 @@ def padding_waste(lengths: np.ndarray, batch: int, max_len: int, seed: int, mult
     }
 
 
-def data_wait(instances: Any, tokenizer: Any, args: argparse.Namespace, workers: int,
+def data_wait(instances: Any, tokenizer: Any, args: DataPathConfig, workers: int,
               device: torch.device) -> dict[str, Any]:  # fmt: skip
     """Share of training time spent in ``next(loader)``: ``--shape`` model, sparse head, fused QKV, fused AdamW."""
     shape = SHAPES[args.shape]
@@ -177,7 +197,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     device = pick_device(args.device)
     configure_device(device)
     with tempfile.TemporaryDirectory(prefix="lnbert-data-bench-") as tmp:
-        cache_dir = args.cache_dir or Path(tmp)
+        cache_dir = Path(args.cache_dir) if args.cache_dir else Path(tmp)
         cfg = data_config(args, cache_dir)
         docs = load_documents(cfg, seed=args.seed)
         start = time.perf_counter()
@@ -210,7 +230,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         packed_waste = padding_waste(packed_lengths, args.batch, args.max_seq_length, args.seed)
         waste["pad_share_packed_pad_to_longest"] = packed_waste["pad_share_pad_to_longest"]
         waste["packed_mean_length"] = packed_waste["mean_length"]
-        waits = [data_wait(made, tokenizer, args, w, device) for w in args.worker_list]
+        waits = [data_wait(made, tokenizer, args, w, device) for w in args.workers]
     print("\n## Preprocessing (corpus tokens/s, median of alternated reps)")
     print(format_table(
         ["path", "median s", "noise IQR", "corpus tok/s"],
@@ -218,6 +238,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
           f"{pre['ours_tokens_per_s']:.0f}"],
          ["datasets.map(tokenizer)", f"{pre['plain_map_s']['median']:.2f}",
           f"{100 * pre['plain_map_s']['iqr_rel']:.0f}%", f"{pre['plain_map_tokens_per_s']:.0f}"]],
+        style="markdown",
     ))  # fmt: skip
     print(f"{pre['documents']} documents, {corpus_tokens} tokens -> {pre['instances']} instances")
     print("\n## Padding (share of positions that are padding)")
@@ -227,25 +248,37 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         [[f"{100 * waste['pad_share_fixed_length']:.1f}%", f"{100 * waste['pad_share_pad_to_longest']:.1f}%",
           f"{100 * waste['pad_share_packed_pad_to_longest']:.1f}%", f"{waste['mean_length']:.1f}",
           f"{100 * waste['share_full_length']:.1f}%"]],
+        style="markdown",
     ))  # fmt: skip
     print(f"\n## Data wait ({args.precision}, batch {args.batch}, {args.shape} model, {args.steps - 1} timed steps)")
     print(format_table(
         ["num_workers", "wait share", "wait ms (median)", "step s (median)"],
         [[w["workers"], f"{100 * w['wait_share']:.2f}%", f"{1e3 * w['wait_s']['median']:.2f}",
           f"{w['step_s']['median']:.3f}"] for w in waits],
+        style="markdown",
     ))  # fmt: skip
     payload = {
         "benchmark": "data_path",
         "machine": machine_info(device),
-        "args": {k: v for k, v in vars(args).items() if k != "worker_list"},
+        "args": vars(args),
         "preprocessing": pre,
         "padding": waste,
         "data_wait": waits,
     }
-    path = write_results("data_path", payload, args.out)
+    path = write_results("data_path", payload, Path(args.out) if args.out else None)
     print(f"\nwrote {path}")
     return payload
 
 
+def cli() -> int:
+    """``main`` for the command line: bad options end with their message and exit code 2."""
+
+    def run() -> int:
+        main()
+        return 0
+
+    return run_cli(run)
+
+
 if __name__ == "__main__":
-    main()
+    raise SystemExit(cli())

@@ -1,7 +1,7 @@
 """Fine-tuning throughput (examples/s) on a GLUE task, our classifier against Hugging Face's, interleaved.
 
-    python -m benchmarks.finetune_throughput --data-dir PATH/TO/glue              # random-init small model
-    python -m benchmarks.finetune_throughput --data-dir PATH/TO/glue --model runs/x/snapshots/step_00010000
+    python -m benchmarks.finetune_throughput --data_dir=PATH/TO/glue              # random-init small model
+    python -m benchmarks.finetune_throughput --data_dir=PATH/TO/glue --model=runs/x/snapshots/step_00010000
 
 One training step is ``finetune.train.train_step`` on a batch padded as in fine-tuning (``finetune.glue.batches``):
 forward (bf16 autocast in the bf16 rows), backward, gradient clipping, fused AdamW with its weight-decay groups
@@ -14,8 +14,8 @@ training sentences (throughput does not depend on the weights).
 
 from __future__ import annotations
 
-import argparse
 import tempfile
+from dataclasses import dataclass, field
 from itertools import cycle, islice
 from pathlib import Path
 from typing import Any
@@ -25,43 +25,60 @@ from torch import nn
 
 from benchmarks.common import (
     configure_device,
-    format_table,
     machine_info,
     spread,
     timed_with_cpu,
     write_results,
 )
-from benchmarks.train_step import PRECISIONS, SHAPES, parse_list
+from benchmarks.train_step import SHAPES, Precision, ShapeName
 from finetune.config import FinetuneConfig
 from finetune.glue import batches, encode, load_task
 from finetune.train import make_optimizer, train_step
+from pretrain.cli import parse, require, run_cli
 from pretrain.device import pick_device
+from pretrain.reporting import format_table
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument(
-        "--data-dir", required=True, help="GLUE folder holding MRPC/ and RTE/ (the original download layout)"
-    )
-    parser.add_argument("--task", default="mrpc", help="GLUE task (mrpc or rte)")
-    parser.add_argument("--model", help="snapshot folder (save_pretrained + tokenizer); default: random-init")
-    parser.add_argument("--shape", default="small", choices=list(SHAPES), help="model shape without --model")
-    parser.add_argument("--batch", type=int, default=32, help="training batch (BERT's GLUE recipe: 32)")
-    parser.add_argument("--precisions", default="fp32,bf16", help="comma list of fp32, bf16 (autocast)")
-    parser.add_argument("--reps", type=int, default=5, help="timed steps per model (interleaved)")
-    parser.add_argument("--warmup", type=int, default=1)
-    parser.add_argument("--no-hf", action="store_true", help="time our model only")
-    parser.add_argument("--device", default="auto")
-    parser.add_argument("--threads", type=int, help="torch.set_num_threads (CPU); 1 gives steady CPU-time ratios")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument(
-        "--out", type=Path, help="JSON path (default benchmarks/results/finetune_throughput-<time>.json)"
-    )
-    args = parser.parse_args(argv)
-    args.precision_names = parse_list(args.precisions, PRECISIONS, "--precisions")
-    if args.reps < 1 or args.warmup < 0 or args.batch < 1:
-        parser.error("--reps and --batch must be >= 1, --warmup >= 0")
-    return args
+@dataclass(kw_only=True)
+class FinetuneThroughputConfig:
+    """Fine-tuning throughput of our classifier against Hugging Face's (see the module docstring)."""
+
+    data_dir: str
+    """GLUE folder holding MRPC/ and RTE/ (the original download layout)."""
+    task: str = "mrpc"
+    """GLUE task (mrpc or rte)."""
+    model: str | None = None
+    """Snapshot folder (save_pretrained + tokenizer); null: a random-init model of shape."""
+    shape: ShapeName = "small"
+    """Model shape without model."""
+    batch: int = 32
+    """Training batch (BERT's GLUE recipe: 32)."""
+    precisions: list[Precision] = field(default_factory=lambda: ["fp32", "bf16"])
+    """fp32 and/or bf16 (autocast)."""
+    reps: int = 5
+    """Timed steps per model (interleaved)."""
+    warmup: int = 1
+    """Untimed steps per model first."""
+    no_hf: bool = False
+    """Time our model only."""
+    device: str = "auto"
+    """auto (CUDA when available), cpu or cuda."""
+    threads: int | None = None
+    """torch.set_num_threads (CPU); 1 gives steady CPU-time ratios; null: torch's choice."""
+    seed: int = 0
+    """Seed of the models and the batch order."""
+    out: str | None = None
+    """JSON path; null: benchmarks/results/finetune_throughput-<time>.json."""
+
+    def __post_init__(self) -> None:
+        require(self.reps >= 1 and self.batch >= 1, "reps/batch", "must be >= 1")
+        require(self.warmup >= 0, "warmup", "must be >= 0")
+        require(bool(self.precisions), "precisions", "must not be empty")
+        require(self.threads is None or self.threads >= 1, "threads", "must be >= 1 or null")
+
+
+def parse_args(argv: list[str] | None = None) -> FinetuneThroughputConfig:
+    return parse(FinetuneThroughputConfig, argv, prog="python -m benchmarks.finetune_throughput", description=__doc__ or "")
 
 
 def task_tokenizer(splits: dict[str, list], folder: Path) -> Any:
@@ -75,7 +92,7 @@ def task_tokenizer(splits: dict[str, list], folder: Path) -> Any:
     return AutoTokenizer.from_pretrained(str(folder))
 
 
-def build_models(args: argparse.Namespace, vocab_size: int) -> dict[str, nn.Module]:
+def build_models(args: FinetuneThroughputConfig, vocab_size: int) -> dict[str, nn.Module]:
     """Ours (from --model or random) and, unless --no-hf, Hugging Face's with the same shape (and Post-LN weights)."""
     from transformers import BertConfig, BertForSequenceClassification
 
@@ -105,7 +122,7 @@ def build_models(args: argparse.Namespace, vocab_size: int) -> dict[str, nn.Modu
 
 
 def time_training(
-    models: dict[str, nn.Module], features: list[dict], pad_id: int, args: argparse.Namespace, precision: str,
+    models: dict[str, nn.Module], features: list[dict], pad_id: int, args: FinetuneThroughputConfig, precision: str,
     device: torch.device,
 ) -> dict[str, Any]:  # fmt: skip
     recipe = FinetuneConfig(batch_size=args.batch, mixed_precision="bf16" if precision == "bf16" else "no")
@@ -162,7 +179,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     lengths = [len(f["input_ids"]) for f in features]
     models = build_models(args, len(tokenizer))
     groups = []
-    for precision in args.precision_names:
+    for precision in args.precisions:
         groups.append(time_training(models, features, tokenizer.pad_token_id, args, precision, device))
     print(f"\n## {args.task} fine-tuning steps, batch {args.batch}, mean length {sum(lengths) / len(lengths):.1f}")
     table = []
@@ -175,19 +192,30 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 f"{cpu_speed['median']:.2f}" if cpu_speed else "-",
             ])  # fmt: skip
     print(format_table(
-        ["precision", "model", "step s (median)", "noise IQR", "examples/s", "x hf (wall)", "x hf (CPU time)"], table
+        ["precision", "model", "step s (median)", "noise IQR", "examples/s", "x hf (wall)", "x hf (CPU time)"], table,
+        style="markdown",
     ))  # fmt: skip
     payload = {
         "benchmark": "finetune_throughput",
         "machine": machine_info(device),
-        "args": {k: v for k, v in vars(args).items() if k != "precision_names"},
+        "args": vars(args),
         "mean_length": sum(lengths) / len(lengths),
         "groups": groups,
     }
-    path = write_results("finetune_throughput", payload, args.out)
+    path = write_results("finetune_throughput", payload, Path(args.out) if args.out else None)
     print(f"\nwrote {path}")
     return payload
 
 
+def cli() -> int:
+    """``main`` for the command line: bad options end with their message and exit code 2."""
+
+    def run() -> int:
+        main()
+        return 0
+
+    return run_cli(run)
+
+
 if __name__ == "__main__":
-    main()
+    raise SystemExit(cli())

@@ -7,13 +7,14 @@ repetition, so a slow spell on the shared machine hits all of them, and the rati
 (on a known GPU, against the data sheet).
 
     python -m benchmarks.train_step                                   # BERT-base + small, fp32 + bf16
-    python -m benchmarks.train_step --shapes small --reps 5           # a quick look (~1 minute on 2 cores)
-    python -m benchmarks.train_step --variants hf,post,post+dense,post+compile --shapes small
-    python -m benchmarks.train_step --profile post --shapes base --precisions bf16 --reps 3
-    python -m benchmarks.train_step --threads 1 ...     # on a shared, busy CPU: read the CPU-time columns
+    python -m benchmarks.train_step --shapes='[small]' --reps=5       # a quick look (~1 minute on 2 cores)
+    python -m benchmarks.train_step --variants='[hf, post, post+dense, post+compile]' --shapes='[small]'
+    python -m benchmarks.train_step --profile=post --shapes='[base]' --precisions='[bf16]' --reps=3
+    python -m benchmarks.train_step --threads=1 ...     # on a shared, busy CPU: read the CPU-time columns
+    python -m benchmarks.train_step --help              # every option (lists are YAML lists)
 
 On a CPU shared with other jobs, wall-clock times swing by 50-100% (two OpenMP threads wait for each other
-whenever one is descheduled). With ``--threads 1`` the process CPU time per step is steady (IQR a few %), so
+whenever one is descheduled). With ``--threads=1`` the process CPU time per step is steady (IQR a few %), so
 the "x baseline (CPU time)", "tok/CPU-s" and "MFU exec (CPU time)" columns (against the GEMM's FLOPs per
 CPU-second, measured the same way) are the figures to read there; on an idle machine or a GPU, the wall-clock ones.
 
@@ -32,14 +33,13 @@ uses what the variant actually executes; ``tok/s`` is the headline, comparable a
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import gc
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, get_args
 
 import torch
 from torch import nn
@@ -47,7 +47,6 @@ from transformers import BertConfig
 
 from benchmarks.common import (
     configure_device,
-    format_table,
     gemm_peaks,
     machine_info,
     spread,
@@ -55,9 +54,11 @@ from benchmarks.common import (
     timed_with_cpu,
     write_results,
 )
+from pretrain.cli import ConfigError, parse, require, run_cli
 from pretrain.device import pick_device
 from pretrain.flops import flops_per_token
 from pretrain.optim import build_adamw
+from pretrain.reporting import format_table
 
 # Named shapes: (layers, hidden, heads, seq, vocab, batch). The small one is the CPU pretraining size.
 SHAPES: dict[str, dict[str, int]] = {
@@ -67,11 +68,16 @@ SHAPES: dict[str, dict[str, int]] = {
     "preset": dict(layers=4, hidden=128, heads=4, seq=128, vocab=8192, batch=32),
     "tiny": dict(layers=2, hidden=32, heads=4, seq=16, vocab=99, batch=2),  # for tests only
 }
-PRECISIONS = ("fp32", "bf16")
+ShapeName = Literal["base", "small", "preset", "tiny"]
+Precision = Literal["fp32", "bf16"]
+Optimizer = Literal["fused", "foreach", "loop"]
+assert set(get_args(ShapeName)) == set(SHAPES)
+PRECISIONS: tuple[str, ...] = get_args(Precision)
 MODELS = ("hf", "post", "pre", "sandwich", "deepnorm")
 # AdamW as BERT pretraining uses it; variants pick the kernel (OPTIMIZERS: name -> build_adamw's implementation).
 ADAMW: dict[str, Any] = dict(lr=1e-4, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.01)
 OPTIMIZERS: dict[str, str] = {"fused": "fused", "foreach": "foreach", "loop": "for_loop"}
+assert set(get_args(Optimizer)) == set(OPTIMIZERS)
 # Fast-path switches of LNBertConfig, as variant MODs: name -> config overrides (ours only).
 FAST_PATH_MODS: dict[str, dict[str, Any]] = {
     "dense": {"sparse_mlm_head": False},
@@ -122,14 +128,6 @@ def parse_variant(spec: str) -> Variant:
             valid = ", ".join([*FAST_PATH_MODS, *OTHER_MODS])
             raise ValueError(f"variant {spec!r}: unknown modifier {mod!r}; valid modifiers: {valid}")
     return variant
-
-
-def parse_list(text: str, valid: tuple[str, ...] | dict[str, Any], flag: str) -> list[str]:
-    items = [t.strip() for t in text.split(",") if t.strip()]
-    bad = [t for t in items if t not in valid]
-    if bad or not items:
-        raise ValueError(f"{flag}={text!r}: {bad or 'empty'} not valid; valid choices: {', '.join(valid)}")
-    return items
 
 
 # --------------------------------------------------------------------------------------------------
@@ -233,7 +231,7 @@ def make_runner(
 
 
 def measure_group(
-    variants: list[Variant], shape: dict[str, int], precision: str, args: argparse.Namespace, device: torch.device
+    variants: list[Variant], shape: dict[str, int], precision: str, args: TrainStepConfig, device: torch.device
 ) -> dict[str, Any]:
     """All variants of one (shape, precision): warm-up, then ``reps`` interleaved timed steps each."""
     generator = torch.Generator().manual_seed(args.seed)
@@ -299,7 +297,7 @@ def summarise(
     losses: dict[str, float],
     shape: dict[str, int],
     precision: str,
-    args: argparse.Namespace,
+    args: TrainStepConfig,
 ) -> dict[str, Any]:
     tokens = shape["batch"] * shape["seq"]
     masked = max(1, round(MLM_FRACTION * shape["seq"])) / shape["seq"]
@@ -397,44 +395,65 @@ def print_group(group: dict[str, Any], shape_name: str) -> None:
                 f"{r['first_step_s']:.2f}",
             ]
         )
-    print(format_table(headers, rows))
+    print(format_table(headers, rows, style="markdown"))
     if group.get("profile"):
         print(f"\nprofile of one step of {group['profile_variant']} (top ops by self time):")
         print(group["profile"])
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--shapes", default="base,small", help=f"comma list of {', '.join(SHAPES)}")
-    parser.add_argument("--precisions", default="fp32,bf16", help="comma list of fp32 (TF32 on CUDA), bf16 (autocast)")
-    parser.add_argument("--variants", default="hf,post,pre", help="comma list of MODEL[+MOD...] (see above)")
-    parser.add_argument("--baseline", default="hf", help="variant the speed-ups are relative to")
-    parser.add_argument(
-        "--optimizer",
-        default="fused",
-        choices=OPTIMIZERS,
-        help="AdamW implementation for every variant (fused is Hugging Face Trainer's default)",
-    )
-    parser.add_argument("--batch", type=int, help="override the shapes' batch size")
-    parser.add_argument("--seq", type=int, help="override the shapes' sequence length")
-    parser.add_argument("--reps", type=int, default=5, help="timed steps per variant (interleaved)")
-    parser.add_argument("--warmup", type=int, default=2, help="untimed steps per variant first (>= 1)")
-    parser.add_argument("--device", default="auto", help="auto (CUDA when available), cpu or cuda")
-    parser.add_argument("--threads", type=int, help="torch.set_num_threads (CPU); default: torch's choice")
-    parser.add_argument("--gemm-size", type=int, help="square matmul size for the peak (default 2048 CPU, 8192 GPU)")
-    parser.add_argument("--profile", help="variant to profile for one step per group (top ops by self time)")
-    parser.add_argument("--profile-rows", type=int, default=25)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", type=Path, help="JSON path (default benchmarks/results/train_step-<time>.json)")
-    args = parser.parse_args(argv)
-    args.shape_names = parse_list(args.shapes, SHAPES, "--shapes")
-    args.precision_names = parse_list(args.precisions, PRECISIONS, "--precisions")
-    args.variant_list = [parse_variant(s) for s in args.variants.split(",") if s.strip()]
-    if len({v.spec for v in args.variant_list}) != len(args.variant_list):
-        parser.error(f"--variants={args.variants!r} names a variant twice")
-    if args.reps < 1 or args.warmup < 1:
-        parser.error("--reps and --warmup must be >= 1")
-    return args
+@dataclass(kw_only=True)
+class TrainStepConfig:
+    """Training-step throughput of our BERT against Hugging Face's, interleaved (see the module docstring)."""
+
+    shapes: list[ShapeName] = field(default_factory=lambda: ["base", "small"])
+    """Named shapes to time (base, small, preset, tiny)."""
+    precisions: list[Precision] = field(default_factory=lambda: ["fp32", "bf16"])
+    """fp32 (TF32 on CUDA) and/or bf16 (autocast)."""
+    variants: list[str] = field(default_factory=lambda: ["hf", "post", "pre"])
+    """Variants MODEL[+MOD...] (see above), e.g. '[hf, post, post+qkv]'."""
+    baseline: str = "hf"
+    """Variant the speed-ups are relative to."""
+    optimizer: Optimizer = "fused"
+    """AdamW implementation for every variant (fused is Hugging Face Trainer's default)."""
+    batch: int | None = None
+    """Override the shapes' batch size."""
+    seq: int | None = None
+    """Override the shapes' sequence length."""
+    reps: int = 5
+    """Timed steps per variant (interleaved)."""
+    warmup: int = 2
+    """Untimed steps per variant first (>= 1)."""
+    device: str = "auto"
+    """auto (CUDA when available), cpu or cuda."""
+    threads: int | None = None
+    """torch.set_num_threads (CPU); null: torch's choice."""
+    gemm_size: int | None = None
+    """Square matmul size for the peak; null: 2048 on CPU, 8192 on GPU."""
+    profile: str | None = None
+    """Variant to profile for one step per group (top ops by self time)."""
+    profile_rows: int = 25
+    """Rows of the profile table."""
+    seed: int = 0
+    """Seed of the batches and the models."""
+    out: str | None = None
+    """JSON path; null: benchmarks/results/train_step-<time>.json."""
+    variant_list: list[Variant] = field(init=False, default_factory=list)
+
+    def __post_init__(self) -> None:
+        try:
+            self.variant_list = [parse_variant(s) for s in self.variants]
+        except ValueError as err:
+            raise ConfigError(f"variants: {err}") from None
+        require(bool(self.variant_list), "variants", "must name at least one variant")
+        require(len({v.spec for v in self.variant_list}) == len(self.variant_list), "variants", "names a variant twice")
+        require(bool(self.shapes) and bool(self.precisions), "shapes/precisions", "must not be empty")
+        require(self.reps >= 1 and self.warmup >= 1, "reps/warmup", "must be >= 1")
+        for key in ("batch", "seq", "threads", "gemm_size"):
+            require(getattr(self, key) is None or getattr(self, key) >= 1, key, "must be >= 1 or null")
+
+
+def parse_args(argv: list[str] | None = None) -> TrainStepConfig:
+    return parse(TrainStepConfig, argv, prog="python -m benchmarks.train_step", description=__doc__ or "")
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -458,13 +477,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     )
     groups = []
     start_peaks = args.peaks
-    for shape_name in args.shape_names:
+    for shape_name in args.shapes:
         shape = dict(SHAPES[shape_name])
         if args.batch:
             shape["batch"] = args.batch
         if args.seq:
             shape["seq"] = args.seq
-        for precision in args.precision_names:
+        for precision in args.precisions:
             group = measure_group(args.variant_list, shape, precision, args, device)
             group["shape_name"] = shape_name
             add_mfu(group, start_peaks)
@@ -487,10 +506,20 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "args": {k: v for k, v in vars(args).items() if k not in ("variant_list", "peaks")},
         "groups": groups,
     }
-    path = write_results("train_step", payload, args.out)
+    path = write_results("train_step", payload, Path(args.out) if args.out else None)
     print(f"\nwrote {path}")
     return payload
 
 
+def cli() -> int:
+    """``main`` for the command line: bad options end with their message and exit code 2."""
+
+    def run() -> int:
+        main()
+        return 0
+
+    return run_cli(run)
+
+
 if __name__ == "__main__":
-    main()
+    raise SystemExit(cli())

@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from pretrain.cli import require
+
 
 @dataclass(kw_only=True)
 class SlurmConfig:
@@ -38,13 +40,13 @@ class SlurmConfig:
     """#SBATCH --requeue: a preempted task is put back in the queue by SLURM and continues with the jobs that
     have no result file yet. Tasks that end without requeue are found by the scheduler and submitted again."""
     extra: list[str] = field(default_factory=list)
-    """Further sbatch options, one per entry, e.g. --account=abc."""
+    """Further sbatch options, one per entry, e.g. ['--account=abc']."""
     python: str = "python"
     """The interpreter an array task runs (an absolute path if the cluster nodes need one)."""
 
     def __post_init__(self) -> None:
-        if self.cpus_per_task < 1 or self.gpus_per_task < 0:
-            raise ValueError("slurm.cpus_per_task must be >= 1 and slurm.gpus_per_task >= 0")
+        require(self.cpus_per_task >= 1, "slurm.cpus_per_task", f"must be >= 1; got {self.cpus_per_task}")
+        require(self.gpus_per_task >= 0, "slurm.gpus_per_task", f"must be >= 0; got {self.gpus_per_task}")
 
 
 class Backend(Protocol):

@@ -1,7 +1,7 @@
 """Figure 5 of Xiong et al. 2020 from pretraining logs and the fine-tuning results store.
 
-    python -m finetune.report --runs runs/post_ln runs/pre_ln --store outputs/finetune/results.sqlite \
-        --out outputs/figure5 [--target-loss 1.69] [--wandb]
+    python -m finetune.report --runs='[runs/post_ln, runs/pre_ln]' --store=outputs/finetune/results.sqlite \
+        --out=outputs/figure5 [--target_loss=1.69] [--wandb]
 
 Panels: (a) validation MLM loss against pretraining step, one line per run (RUN/metrics.jsonl); (b) MRPC and
 (c) RTE dev accuracy against pretraining step: for each (run, step) the learning rate with the best mean dev
@@ -25,11 +25,12 @@ from typing import Any
 import numpy as np
 from scipy import stats
 
-from finetune.config import parse_config
-from finetune.glue import get_task
-from finetune.store import ResultStore, run_cli
+from finetune.config import check_tasks
+from finetune.store import ResultStore, StoreVersionError
+from pretrain.cli import parse, require, run_cli
 from pretrain.identity import read_run_id
 from pretrain.layout import RUN_CONFIG_FILE, read_metrics, read_status
+from pretrain.reporting import pyplot, save_figure
 
 VAL_LOSS = "val/mlm_loss"
 
@@ -58,12 +59,9 @@ class ReportConfig:
     """W&B group; unset: the pretraining runs' tracking.group, so the fine-tuning curves sit beside them."""
 
     def __post_init__(self) -> None:
-        if not self.runs:
-            raise ValueError("runs is empty; pass the pretraining run folders with --runs RUN1,RUN2")
-        for task in self.tasks:
-            get_task(task)
-        if self.target_loss is not None and self.target_loss <= 0:
-            raise ValueError(f"target_loss={self.target_loss} must be positive")
+        require(bool(self.runs), "runs", "is empty; pass the pretraining run folders with --runs='[RUN1, RUN2]'")
+        check_tasks("tasks", self.tasks)
+        require(self.target_loss is None or self.target_loss > 0, "target_loss", f"must be > 0; got {self.target_loss}")
 
 
 @dataclass(frozen=True)
@@ -210,19 +208,10 @@ def best_lr_points(rows: list[dict[str, Any]], runs: list[RunInfo], task: str) -
 # --------------------------------------------------------------------------------------------------
 
 
-def _pyplot() -> Any:
-    import matplotlib
-
-    matplotlib.use("Agg")  # files only: no display needed
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
 def plot_loss(
     runs: list[RunInfo], curves: dict[str, list[tuple[int, float]]], target: float | None, path: Path
 ) -> Path:
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(5, 3.6))
     for run in runs:
         if curves[run.label]:
@@ -231,20 +220,17 @@ def plot_loss(
     if target is not None:
         ax.axhline(target, color="grey", linestyle="--", linewidth=0.8, label=f"target {target:.3g}")
     ax.set(xlabel="pretraining step", ylabel="validation MLM loss", title="(a) validation loss")
-    return _save(plt, fig, ax, path)
+    return _finish(fig, ax, path)
 
 
-def _save(plt: Any, fig: Any, ax: Any, path: Path) -> Path:
+def _finish(fig: Any, ax: Any, path: Path) -> Path:
     ax.grid(alpha=0.3)
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def plot_task(runs: list[RunInfo], points: list[dict[str, Any]], task: str, panel: str, path: Path) -> Path:
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(5, 3.6))
     for run in runs:
         mine = [p for p in points if p["run"] == run.label]
@@ -262,7 +248,7 @@ def plot_task(runs: list[RunInfo], points: list[dict[str, Any]], task: str, pane
         ylabel="dev accuracy (%)",
         title=f"({panel}) {task.upper()}: best lr, mean ± 95% CI over seeds",
     )
-    return _save(plt, fig, ax, path)
+    return _finish(fig, ax, path)
 
 
 def _fmt(value: float | None, spec: str) -> str:
@@ -414,7 +400,7 @@ def report(config: ReportConfig) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    config = parse_config(ReportConfig, argv, prog="python -m finetune.report", description=__doc__)
+    config = parse(ReportConfig, argv, prog="python -m finetune.report", description=__doc__)
     result = report(config)
     print(result["summary"].read_text())
     print(f"wrote {', '.join(str(p) for p in result['images'])} and {result['summary']}")
@@ -423,7 +409,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def cli() -> int:
     """``main`` for the command line: bad input ends with its message and exit code 2, not a traceback."""
-    return run_cli(main)
+    return run_cli(main, errors=(StoreVersionError,))
 
 
 if __name__ == "__main__":

@@ -1,8 +1,9 @@
 """Fine-tune one model on one GLUE task (MRPC or RTE) over a grid of learning rates and seeds.
 
-    python -m finetune.run --model runs/pre_ln/snapshots/step_00010000 --task mrpc --data-dir path/to/glue
-    python -m finetune.run --model bert-base-uncased --task rte            # a Hub model, GLUE from the Hub
-    python -m finetune.run --config configs/finetune/bert_glue.yaml --model ... --lrs 2e-5 --seeds 0,1
+    python -m finetune.run --model=runs/pre_ln/snapshots/step_00010000 --task=mrpc --data_dir=path/to/glue
+    python -m finetune.run --model=bert-base-uncased --task=rte            # a Hub model, GLUE from the Hub
+    python -m finetune.run --config=configs/finetune/bert_glue.yaml --model=... --lrs='[2e-5]' --seeds='[0, 1]'
+    python -m finetune.run --help                                          # every key, its type, default and doc
 
 The model is any folder written by pretraining (``snapshots/step_*``; ``import pretrain`` registers the
 ``lnbert`` Auto classes) or any BERT-like model that ``AutoModelForSequenceClassification`` opens. Each
@@ -21,12 +22,13 @@ from typing import Any
 import numpy as np
 
 from finetune.backends import InProcess
-from finetune.config import DEFAULT_LRS, DEFAULT_SEEDS, FinetuneConfig, parse_config, validate_grid
-from finetune.glue import get_task, load_task
+from finetune.config import DEFAULT_LRS, DEFAULT_SEEDS, FinetuneConfig, check_tasks, validate_grid
+from finetune.glue import load_task
 from finetune.manifest import ResultsFolder
 from finetune.schedule import collect, results_dir, submit
-from finetune.store import ResultStore, run_cli
+from finetune.store import ResultStore, StoreVersionError
 from finetune.worker import RUNTIME_FIELDS, describe_model, job_specs
+from pretrain.cli import parse, require, run_cli
 
 
 @dataclass(kw_only=True)
@@ -55,11 +57,9 @@ class RunConfig:
     """The fine-tuning recipe."""
 
     def __post_init__(self) -> None:
-        get_task(self.task)
+        check_tasks("task", [self.task])
         validate_grid(self.lrs, self.seeds)
-        if self.max_attempts < 1:
-            raise ValueError(f"max_attempts={self.max_attempts} must be >= 1")
-
+        require(self.max_attempts >= 1, "max_attempts", f"must be >= 1; got {self.max_attempts}")
 
 
 def run(config: RunConfig) -> list[dict[str, Any]]:
@@ -107,7 +107,7 @@ def summarize(rows: list[dict[str, Any]]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    config = parse_config(RunConfig, argv, prog="python -m finetune.run", description=__doc__)
+    config = parse(RunConfig, argv, prog="python -m finetune.run", description=__doc__)
     rows = run(config)
     print(summarize(rows))
     return 0 if all(r["status"] == "done" for r in rows) else 1
@@ -115,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def cli() -> int:
     """``main`` for the command line: bad input ends with its message and exit code 2, not a traceback."""
-    return run_cli(main)
+    return run_cli(main, errors=(StoreVersionError,))
 
 
 if __name__ == "__main__":

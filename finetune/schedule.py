@@ -1,10 +1,11 @@
 """Fine-tune every complete snapshot of one or more pretraining runs, as they appear.
 
-    python -m finetune.schedule --runs runs/post_ln runs/pre_ln --data-dir path/to/glue --once
-    python -m finetune.schedule --runs runs/post_ln runs/pre_ln --data-dir path/to/glue --follow --workers 4
-    python -m finetune.schedule --config configs/finetune/bert_glue.yaml --runs ... --backend slurm --follow
-    python -m finetune.schedule status --store outputs/finetune/results.sqlite
-    python -m finetune.schedule ingest --store outputs/finetune/results.sqlite   # rebuild from result files
+    python -m finetune.schedule --runs='[runs/post_ln, runs/pre_ln]' --data_dir=path/to/glue --mode=once
+    python -m finetune.schedule --runs='[runs/post_ln, runs/pre_ln]' --data_dir=path/to/glue --mode=follow --workers=4
+    python -m finetune.schedule --config=configs/finetune/bert_glue.yaml --runs='[...]' --backend=slurm --mode=follow
+    python -m finetune.schedule status --store=outputs/finetune/results.sqlite
+    python -m finetune.schedule ingest --store=outputs/finetune/results.sqlite   # rebuild from result files
+    python -m finetune.schedule [run|status|ingest] --help
 
 Every snapshot folder with its COMPLETE marker becomes task x lr x seed jobs, keyed by the run's id (RUN/run_id),
 the snapshot's content hash and the recipe. This process is the only writer of the results store. On each pass
@@ -13,15 +14,14 @@ killed, out of time) and writes a manifest of the jobs still to run, whose tasks
 ``local`` (N worker processes here; 1 runs the jobs in this process) or ``slurm`` (one ``sbatch`` job array
 per manifest). Tasks read only the manifest and write only result files (finetune/manifest.py, worker.py).
 
-``--once`` runs the jobs of the snapshots that exist until each is done or failed ``max_attempts`` times;
-``--follow`` also picks up new snapshots until every run is finished, diverged, failed or dead (status.json
+``--mode=once`` runs the jobs of the snapshots that exist until each is done or failed ``max_attempts`` times;
+``--mode=follow`` also picks up new snapshots until every run is finished, diverged, failed or dead (status.json
 ``running`` but not updated for ``dead_after_min``), or until ``--until``. The exit code is 1 when jobs failed
 every attempt (they are listed with their errors); ``--retry_failed=true`` queues them again.
 """
 
 from __future__ import annotations
 
-import argparse
 import datetime
 import math
 import os
@@ -30,20 +30,15 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, get_args
+from typing import Any, Literal
 
 from finetune.backends import Backend, InProcess, LocalArray, SlurmArray, SlurmConfig, SlurmError
-from finetune.config import (
-    DEFAULT_LRS,
-    DEFAULT_SEEDS,
-    FinetuneConfig,
-    parse_config,
-    validate_grid,
-)
-from finetune.glue import get_task, load_task
+from finetune.config import DEFAULT_LRS, DEFAULT_SEEDS, FinetuneConfig, check_tasks, validate_grid
+from finetune.glue import load_task
 from finetune.manifest import JobSpec, Manifest, ManifestJob, ResultsFolder, recipe_hash
-from finetune.store import ResultStore, run_cli
+from finetune.store import ResultStore, StoreVersionError
 from finetune.worker import RUNTIME_FIELDS, describe_model, job_specs
+from pretrain.cli import parse_command, require, run_cli
 from pretrain.identity import read_run_id
 from pretrain.layout import METRICS_FILE, STATUS_FILE, TERMINAL_STATUSES, list_snapshots, read_status
 
@@ -74,7 +69,7 @@ class ScheduleConfig:
     """Peak learning rates (the report picks the best per snapshot by mean dev accuracy)."""
     seeds: list[int] = field(default_factory=lambda: list(DEFAULT_SEEDS))
     """Random seeds per (snapshot, task, lr); the paper uses 6."""
-    mode: str = "once"
+    mode: Mode = "once"
     """once: run the jobs of the snapshots that exist, then exit. follow: keep polling until all runs end."""
     poll_interval_s: float = 60.0
     """Seconds between passes (taking in results, looking for new snapshots and ended tasks)."""
@@ -84,7 +79,7 @@ class ScheduleConfig:
     dead_after_min: float = 30.0
     """A run whose status.json says running, with neither it nor metrics.jsonl written for this many minutes,
     is dead (it crashed without saying so): follow mode stops waiting for it."""
-    backend: str = "local"
+    backend: BackendName = "local"
     """local: worker processes on this machine. slurm: one job array per submission, through sbatch."""
     workers: int = 1
     """Local worker processes, or the tasks of each slurm job array. 1 (local) runs jobs in this process."""
@@ -102,25 +97,39 @@ class ScheduleConfig:
     """Settings of the slurm backend."""
 
     def __post_init__(self) -> None:
-        if not self.runs:
-            raise ValueError("runs is empty; pass one or more pretraining run folders with --runs RUN1,RUN2")
-        for task in self.tasks:
-            get_task(task)
+        require(bool(self.runs), "runs", "is empty; pass one or more pretraining run folders: --runs='[RUN1, RUN2]'")
+        check_tasks("tasks", self.tasks)
         validate_grid(self.lrs, self.seeds)
-        if self.mode not in get_args(Mode):
-            raise ValueError(f"mode={self.mode!r} is not valid; valid choices: {', '.join(get_args(Mode))}")
-        if self.backend not in get_args(BackendName):
-            raise ValueError(
-                f"backend={self.backend!r} is not valid; valid choices: {', '.join(get_args(BackendName))}"
-            )
-        if self.workers < 1 or self.max_attempts < 1 or self.poll_interval_s <= 0 or self.dead_after_min <= 0:
-            raise ValueError("workers and max_attempts must be >= 1; poll_interval_s and dead_after_min > 0")
-        if self.total_threads < 0:
-            raise ValueError(f"total_threads={self.total_threads} must be >= 0 (0: all cores)")
-        if self.step_time_s is not None and self.step_time_s <= 0:
-            raise ValueError(f"step_time_s={self.step_time_s} must be positive, or null to measure it")
+        for key in ("workers", "max_attempts"):
+            require(getattr(self, key) >= 1, key, f"must be >= 1; got {getattr(self, key)}")
+        for key in ("poll_interval_s", "dead_after_min"):
+            require(getattr(self, key) > 0, key, f"must be > 0; got {getattr(self, key)}")
+        require(self.total_threads >= 0, "total_threads", f"must be >= 0 (0: all cores); got {self.total_threads}")
+        ok = self.step_time_s is None or self.step_time_s > 0
+        require(ok, "step_time_s", f"must be > 0, or null to measure it; got {self.step_time_s}")
         if self.until is not None:
             parse_until(self.until)
+
+
+@dataclass(kw_only=True)
+class StatusConfig:
+    """Job counts per run and task in a results store (queued, submitted, done, failed)."""
+
+    store: str = "outputs/finetune/results.sqlite"
+    """Results store (SQLite) to read."""
+    max_attempts: int = 3
+    """Tries per job, as given to the scheduler (tells failed jobs from those still to be retried)."""
+
+    def __post_init__(self) -> None:
+        require(self.max_attempts >= 1, "max_attempts", f"must be >= 1; got {self.max_attempts}")
+
+
+@dataclass(kw_only=True)
+class IngestConfig(StatusConfig):
+    """Take the result files into a store (a deleted store comes back with the same rows), then show its counts."""
+
+    results_dir: str | None = None
+    """Folder of manifests and result files; unset: beside the store, STORE_STEM.d/."""
 
 
 def parse_until(value: str, now: float | None = None) -> float:
@@ -388,56 +397,37 @@ def schedule(config: ScheduleConfig) -> list[dict[str, Any]]:
 # --------------------------------------------------------------------------------------------------
 
 
-def _store_command(command: str, argv: list[str]) -> int:
-    """``status`` (job counts) and ``ingest`` (take in result files, e.g. into a new store)."""
-    parser = argparse.ArgumentParser(
-        prog=f"python -m finetune.schedule {command}",
-        description="Job counts per run and task."
-        if command == "status"
-        else "Take the result files into the store (a deleted store comes back with the same rows).",
+def main(argv: list[str] | None = None) -> int:
+    commands = {"run": ScheduleConfig, "status": StatusConfig, "ingest": IngestConfig}
+    command, config = parse_command(
+        commands, argv, prog="python -m finetune.schedule", description=__doc__, default="run"
     )
-    default_store = ScheduleConfig.__dataclass_fields__["store"].default
-    parser.add_argument("--store", default=default_store, help="results store")
-    parser.add_argument("--results_dir", "--results-dir", default=None, help="result files (default: STORE_STEM.d/)")
-    parser.add_argument("--max_attempts", "--max-attempts", type=int, default=3, help="splits failed from retrying")
-    args = parser.parse_args(argv)
-    if command == "status" and not Path(args.store).is_file():
-        raise FileNotFoundError(f"results store {args.store} does not exist; pass --store PATH")
-    with ResultStore(args.store) as store:
+    if command == "run":
+        try:
+            failures = schedule(config)
+        except SlurmError as err:
+            print(f"error: {err}", file=sys.stderr)
+            return 2
+        if failures:
+            print_failures(failures)
+            return 1
+        return 0
+    if command == "status" and not Path(config.store).is_file():
+        raise FileNotFoundError(f"results store {config.store} does not exist; pass --store=PATH")
+    with ResultStore(config.store) as store:
         if command == "ingest":
-            folder = ResultsFolder(results_dir(args.store, args.results_dir))
+            folder = ResultsFolder(results_dir(config.store, config.results_dir))
             if not folder.root.is_dir():
-                raise FileNotFoundError(f"results folder {folder.root} does not exist; pass --results_dir PATH")
+                raise FileNotFoundError(f"results folder {folder.root} does not exist; pass --results_dir=PATH")
             done, failed = store.ingest(folder)
             print(f"took in {done} results and {failed} failed attempts from {folder.root}")
-        print("\n".join(status_lines(store, args.max_attempts)))
-    return 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    command = argv.pop(0) if argv and argv[0] in ("run", "status", "ingest") else "run"
-    if command in ("status", "ingest"):
-        return _store_command(command, argv)
-    # --once / --follow are shorthands for --mode once / --mode follow.
-    argv = [{"--once": "--mode=once", "--follow": "--mode=follow"}.get(a, a) for a in argv]
-    config: ScheduleConfig = parse_config(
-        ScheduleConfig, argv, prog=f"python -m finetune.schedule {command}", description=__doc__
-    )
-    try:
-        failures = schedule(config)
-    except SlurmError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    if failures:
-        print_failures(failures)
-        return 1
+        print("\n".join(status_lines(store, config.max_attempts)))
     return 0
 
 
 def cli() -> int:
     """``main`` for the command line: bad input ends with its message and exit code 2, not a traceback."""
-    return run_cli(main)
+    return run_cli(main, errors=(StoreVersionError,))
 
 
 if __name__ == "__main__":

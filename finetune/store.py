@@ -17,9 +17,8 @@ from __future__ import annotations
 import hashlib
 import json
 import sqlite3
-import sys
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -104,15 +103,6 @@ CREATE TABLE IF NOT EXISTS snapshot_hashes (
 
 class StoreVersionError(RuntimeError):
     """The store was written by another version of this code."""
-
-
-def run_cli(main: Callable[[], int]) -> int:
-    """Run a command-line ``main``: bad input ends with its message and exit code 2, not a traceback."""
-    try:
-        return main()
-    except (ValueError, FileNotFoundError, StoreVersionError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
 
 
 class ResultStore:

@@ -711,7 +711,7 @@ def steps_to_loss(runs: dict[str, dict[str, Any]], reference: str = "post_ln") -
 def finetune_command(snapshot: Path, glue: str, store: Path, dry_run: bool) -> list[str]:
     """One MRPC job (one lr, one seed) with ``finetune.run``; kept in one place as its flag style may change."""
     cmd = [sys.executable, "-m", "finetune.run", "--model", str(snapshot), "--task", "mrpc", "--data_dir", glue,
-           "--lrs", str(FINETUNE_LR), "--seeds", "0", "--store", str(store), "--recipe.mixed_precision", "bf16",
+           f"--lrs=[{FINETUNE_LR}]", "--seeds=[0]", "--store", str(store), "--recipe.mixed_precision", "bf16",
            "--recipe.progress", "false"]  # fmt: skip
     if dry_run:
         cmd += ["--recipe.epochs", "1", "--recipe.max_train_examples", "32", "--recipe.max_eval_examples", "16"]

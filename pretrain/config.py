@@ -1,37 +1,42 @@
 """The pretraining configuration: typed dataclasses, one source of truth.
 
 A YAML preset (``--config FILE``) and dotted command-line overrides (``--train.max_steps=100``, values parsed
-as YAML, so ``--data.sources='[{"kind": "json", "path": "x.jsonl"}]'`` works) are merged into one nested dict
-and turned into a :class:`PretrainConfig` by a single generic loader (:func:`from_dict`), which reads the
-field types from the dataclasses. ``--help`` is generated from the same dataclasses. Every field has a
-docstring under it; every check lives in a ``__post_init__`` and names the key to change.
+as YAML, so ``--data.sources='[{"kind": "json", "path": "x.jsonl"}]'`` works) become a :class:`PretrainConfig`
+through the project's one loader (pretrain/cli.py), which reads the field types from the dataclasses and
+generates ``--help`` from them. Every field has a docstring under it; every check lives in a
+``__post_init__`` and names the key to change.
 """
 
 from __future__ import annotations
 
-import ast
-import dataclasses
-import difflib
-import functools
 import importlib.util
-import inspect
 import math
-import operator
-import textwrap
-import types
-import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Union, get_args, get_origin
+from typing import Literal
 
-import yaml
-
+from pretrain.cli import ConfigError, field_docs, flatten, from_dict, parse, to_dict
+from pretrain.cli import help_text as _help_text
+from pretrain.cli import require as _require
 from pretrain.data import DataConfig
 from pretrain.modeling import InitScheme, LNBertConfig, NormPlacement
 
-
-class ConfigError(ValueError):
-    """A configuration value or key is wrong; the message names the key and the fix."""
+__all__ = [
+    "RESUMABLE_CHANGES",
+    "ConfigError",
+    "DataConfig",
+    "ModelConfig",
+    "OptimConfig",
+    "PretrainConfig",
+    "TrackingConfig",
+    "TrainConfig",
+    "field_docs",
+    "flatten",
+    "from_dict",
+    "help_text",
+    "parse_args",
+    "to_dict",
+]
 
 
 # --------------------------------------------------------------------------------------------------
@@ -252,7 +257,9 @@ class PretrainConfig:
 
     model: ModelConfig = field(default_factory=ModelConfig)
     """The encoder and its norm placement."""
-    data: DataConfig = field(default_factory=lambda: DataConfig(vocab_size=2048, max_seq_length=64, validation_fraction=0.02))
+    data: DataConfig = field(
+        default_factory=lambda: DataConfig(vocab_size=2048, max_seq_length=64, validation_fraction=0.02)
+    )
     """Corpus, tokenizer, NSP/MLM instance creation (pretrain/data.py)."""
     optim: OptimConfig = field(default_factory=OptimConfig)
     """Optimizer and learning-rate schedule."""
@@ -313,288 +320,24 @@ RESUMABLE_CHANGES = frozenset(
 )
 
 
-def _require(ok: bool, key: str, message: str) -> None:
-    if not ok:
-        raise ConfigError(f"{key} {message}")
-
-
 # --------------------------------------------------------------------------------------------------
-# The generic loader: nested dict -> dataclasses, using the type hints
+# Command line (the loader is pretrain/cli.py, shared by every command)
 # --------------------------------------------------------------------------------------------------
 
+PROG = "python pretrain/run.py"
+USAGE = f"""usage: {PROG} [--config PRESET.yaml ...] [--section.key=VALUE ...]
+       accelerate launch [accelerate options] pretrain/run.py [same arguments]
 
-def _is_optional(tp: Any) -> bool:
-    return get_origin(tp) in (Union, types.UnionType) and type(None) in get_args(tp)
-
-
-def type_name(tp: Any) -> str:
-    """A short human name for a type hint, as shown by --help and in error messages."""
-    origin = get_origin(tp)
-    if origin is Literal:
-        return "|".join(str(a) for a in get_args(tp))
-    if origin in (Union, types.UnionType):
-        return " | ".join("null" if a is type(None) else type_name(a) for a in get_args(tp))
-    if origin in (list, tuple):
-        return f"{origin.__name__}[{', '.join(type_name(a) for a in get_args(tp))}]"
-    if dataclasses.is_dataclass(tp):
-        return tp.__name__
-    return getattr(tp, "__name__", str(tp))
-
-
-def _convert(value: Any, tp: Any, key: str) -> Any:
-    """``value`` as type ``tp``; a ConfigError naming ``key`` when it does not fit."""
-    origin = get_origin(tp)
-
-    def wrong() -> ConfigError:
-        return ConfigError(f"{key} expects {type_name(tp)}, got {value!r}")
-
-    if _is_optional(tp):
-        if value is None:
-            return None
-        inner = [a for a in get_args(tp) if a is not type(None)]
-        return _convert(value, functools.reduce(operator.or_, inner), key)
-    if origin is Literal:
-        if value not in get_args(tp):
-            raise ConfigError(f"{key} must be one of {', '.join(map(str, get_args(tp)))}; got {value!r}")
-        return value
-    if dataclasses.is_dataclass(tp):
-        if isinstance(value, tp):
-            return value
-        if not isinstance(value, dict):
-            raise wrong()
-        return from_dict(tp, value, prefix=key)
-    if origin is list:
-        if not isinstance(value, (list, tuple)):
-            raise wrong()
-        (item,) = get_args(tp)
-        return [_convert(v, item, f"{key}[{i}]") for i, v in enumerate(value)]
-    if origin is tuple:
-        items = get_args(tp)
-        if not isinstance(value, (list, tuple)) or len(value) != len(items):
-            raise wrong()
-        return tuple(_convert(v, t, f"{key}[{i}]") for i, (v, t) in enumerate(zip(value, items, strict=True)))
-    if tp is bool:
-        if not isinstance(value, bool):
-            raise wrong()
-        return value
-    if tp is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            # 1e6 is a float in YAML; accept it when it is a whole number (max_steps: 1e6).
-            if isinstance(value, float) and value.is_integer():
-                return int(value)
-            raise wrong()
-        return value
-    if tp is float:
-        if isinstance(value, bool):
-            raise wrong()
-        if isinstance(value, (int, float)):
-            return float(value)
-        if isinstance(value, str):  # PyYAML reads "1e-4" (no dot) as a string
-            try:
-                return float(value)
-            except ValueError:
-                raise wrong() from None
-        raise wrong()
-    if tp is str:
-        if not isinstance(value, str):
-            raise wrong()
-        return value
-    raise TypeError(f"{key}: unsupported config type {tp!r}")  # a schema bug, not a user error
-
-
-def _unknown_key(key: str, prefix: str, valid: list[str]) -> ConfigError:
-    full = f"{prefix}.{key}" if prefix else key
-    close = difflib.get_close_matches(key, valid, n=1)
-    hint = f"; did you mean '{prefix + '.' if prefix else ''}{close[0]}'?" if close else ""
-    return ConfigError(f"unknown key '{full}'{hint} (valid keys: {', '.join(valid)})")
-
-
-def from_dict(cls: type, data: dict[str, Any], prefix: str = "") -> Any:
-    """Build dataclass ``cls`` from a nested dict: unknown keys and wrong types raise ConfigError."""
-    hints = typing.get_type_hints(cls)
-    names = [f.name for f in dataclasses.fields(cls) if f.init]
-    kwargs = {}
-    for key, value in data.items():
-        if key not in names:
-            raise _unknown_key(key, prefix, names)
-        kwargs[key] = _convert(value, hints[key], f"{prefix}.{key}" if prefix else key)
-    try:
-        return cls(**kwargs)
-    except ConfigError:
-        raise
-    except (ValueError, TypeError) as err:  # checks of dataclasses defined elsewhere (pretrain/data.py)
-        raise ConfigError(f"{prefix or cls.__name__}: {err}") from err
-
-
-def to_dict(config: Any) -> dict[str, Any]:
-    """The config as plain JSON/YAML values (tuples become lists)."""
-    return _plain(dataclasses.asdict(config))
-
-
-def _plain(value: Any) -> Any:
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return _plain(dataclasses.asdict(value))
-    if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    return value
-
-
-def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    """{"train": {"seed": 0}} -> {"train.seed": 0} (lists stay values)."""
-    flat = {}
-    for key, value in tree.items():
-        name = f"{prefix}.{key}" if prefix else key
-        if isinstance(value, dict):
-            flat.update(flatten(value, name))
-        else:
-            flat[name] = value
-    return flat
-
-
-# --------------------------------------------------------------------------------------------------
-# Command line: --config FILE, --a.b=value overrides, --help
-# --------------------------------------------------------------------------------------------------
-
-
-def _set_override(tree: dict[str, Any], dotted: str, value: Any) -> None:
-    """Put ``value`` at ``dotted`` in ``tree``, checking every part of the path against the schema."""
-    parts = dotted.split(".")
-    cls: Any = PretrainConfig
-    node = tree
-    for depth, part in enumerate(parts):
-        prefix = ".".join(parts[:depth])
-        if not dataclasses.is_dataclass(cls):
-            raise ConfigError(f"unknown key '{dotted}': '{prefix}' has no sub-keys")
-        hints = typing.get_type_hints(cls)
-        if part not in hints:
-            raise _unknown_key(part, prefix, [f.name for f in dataclasses.fields(cls)])
-        cls = hints[part]
-        if depth == len(parts) - 1:
-            node[part] = value
-        else:
-            node = node.setdefault(part, {})
-            if not isinstance(node, dict):
-                raise ConfigError(f"'{'.'.join(parts[: depth + 1])}' in the config file is not a mapping")
-
-
-def load_yaml(path: str | Path) -> dict[str, Any]:
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"config file {path} not found; pass an existing YAML preset to --config")
-    loaded = yaml.safe_load(path.read_text())
-    if loaded is None:
-        return {}
-    if not isinstance(loaded, dict):
-        raise ConfigError(f"{path}: a config file must be a mapping of sections (model, data, optim, ...)")
-    return loaded
+Examples: --train.max_steps=100  --optim.betas='[0.9, 0.98]'
+          --data.sources='[{{kind: json, path: data/corpus/wiki.jsonl}}]'
+Defaults below are the built-in default run's."""
 
 
 def parse_args(argv: list[str]) -> PretrainConfig:
-    """``[--config FILE] [--section.key=value | --section.key value ...]`` -> a validated PretrainConfig."""
-    tree: dict[str, Any] = {}
-    overrides: list[tuple[str, Any]] = []
-    i = 0
-    while i < len(argv):
-        arg = argv[i]
-        if not arg.startswith("--"):
-            raise ConfigError(f"unexpected argument {arg!r}; overrides look like --train.max_steps=100")
-        name, eq, raw = arg[2:].partition("=")
-        if not eq:
-            if i + 1 >= len(argv):
-                raise ConfigError(f"--{name} needs a value (--{name}=VALUE)")
-            raw = argv[i + 1]
-            i += 1
-        i += 1
-        if name == "config":
-            tree = _merge(tree, load_yaml(raw))
-        else:
-            try:
-                value = yaml.safe_load(raw) if raw != "" else ""
-            except yaml.YAMLError as err:
-                raise ConfigError(f"--{name}: cannot parse {raw!r} as a YAML value ({err})") from err
-            overrides.append((name, value))
-    for name, value in overrides:
-        _set_override(tree, name, value)
-    return from_dict(PretrainConfig, tree)
-
-
-def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
-    merged = dict(base)
-    for key, value in extra.items():
-        if isinstance(value, dict) and isinstance(merged.get(key), dict):
-            merged[key] = _merge(merged[key], value)
-        else:
-            merged[key] = value
-    return merged
-
-
-def field_docs(cls: type) -> dict[str, str]:
-    """Per-field documentation: ``metadata["help"]``, a docstring under the field, or ``#:`` comments above it."""
-    docs: dict[str, str] = {}
-    try:
-        source = textwrap.dedent(inspect.getsource(cls))
-    except (OSError, TypeError):
-        source = ""
-    if source:
-        lines = source.splitlines()
-        body = ast.parse(source).body[0].body  # type: ignore[attr-defined]
-        for node, after in zip(body, [*body[1:], None], strict=True):
-            if not (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)):
-                continue
-            name = node.target.id
-            if isinstance(after, ast.Expr) and isinstance(after.value, ast.Constant) and isinstance(after.value.value, str):
-                docs[name] = inspect.cleandoc(after.value.value)
-                continue
-            comments = []
-            for line in reversed(lines[: node.lineno - 1]):
-                if not line.strip().startswith("#:"):
-                    break
-                comments.insert(0, line.strip()[2:].strip())
-            if comments:
-                docs[name] = " ".join(comments)
-    for f in dataclasses.fields(cls):
-        if "help" in f.metadata:
-            docs[f.name] = str(f.metadata["help"])
-    return docs
-
-
-def _yaml_value(value: Any) -> str:
-    text = yaml.safe_dump(_plain(value), default_flow_style=True, width=1000).strip()
-    return text.removesuffix("...").strip()
+    """``[--config FILE ...] [--section.key=value | --section.key value ...]`` -> a validated PretrainConfig."""
+    return parse(PretrainConfig, argv, prog=PROG, usage=USAGE)
 
 
 def help_text() -> str:
-    """The --help text, generated from the dataclasses: every key with its type, default and doc."""
-    out = [
-        "usage: python pretrain/run.py [--config PRESET.yaml] [--section.key=VALUE ...]",
-        "       accelerate launch [accelerate options] pretrain/run.py [same arguments]",
-        "",
-        "Values are YAML: --train.max_steps=100  --optim.betas='[0.9, 0.98]'",
-        "                 --data.sources='[{kind: json, path: data/corpus/wiki.jsonl}]'",
-        "Later arguments win; overrides win over the preset. Defaults below are the built-in default run's.",
-    ]
-    out += _help_section(PretrainConfig, "", PretrainConfig())
-    return "\n".join(out)
-
-
-def _help_section(cls: type, prefix: str, defaults: Any) -> list[str]:
-    out: list[str] = []
-    hints = typing.get_type_hints(cls)
-    docs = field_docs(cls)
-    for f in dataclasses.fields(cls):
-        key = f"{prefix}.{f.name}" if prefix else f.name
-        tp = hints[f.name]
-        default = getattr(defaults, f.name)
-        if dataclasses.is_dataclass(tp):
-            out += ["", f"{key}: {docs.get(f.name, '')}"]
-            out += _help_section(tp, key, default)
-            continue
-        out.append(f"  --{key}  ({type_name(tp)}, default: {_yaml_value(default)})")
-        out += ["      " + line for line in textwrap.wrap(docs.get(f.name, ""), 100)]
-        item = get_args(tp)[0] if get_origin(tp) is list and get_args(tp) else None
-        if item is not None and dataclasses.is_dataclass(item):
-            out.append(f"      each item ({item.__name__}):")
-            out += ["    " + line for line in _help_section(item, f"{key}[]", item())]
-    return out
+    """The --help text of pretrain/run.py, generated from the dataclasses."""
+    return _help_text(PretrainConfig, prog=PROG, usage=USAGE, defaults=PretrainConfig())

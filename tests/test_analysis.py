@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import argparse
+import dataclasses
 import itertools
 import json
 import math
@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from pretrain import analysis
+from pretrain.cli import ConfigError
 from pretrain.modeling import LNBertConfig, LNBertModel
 
 # --------------------------------------------------------------------------------------------------
@@ -36,7 +37,7 @@ def test_layer_norm_jacobian_identity_breaks_when_eps_dominates():
 
 def test_ln_jacobian_command_writes_table_and_png(tmp_path, capsys):
     out = tmp_path / "lnj"
-    assert analysis.main(["ln-jacobian", "--dims", "8", "24", "--scales", "0.1", "10", "--out", str(out)]) == 0
+    assert analysis.main(["ln-jacobian", "--dims=[8, 24]", "--scales", "[0.1, 10]", "--out", str(out)]) == 0
     assert "largest relative error" in capsys.readouterr().out
     assert (out / "ln_jacobian.png").stat().st_size > 1000
     results = json.loads((out / "results.json").read_text())
@@ -115,9 +116,9 @@ def test_model_stream_hook_reads_post_ln_ffn_sum(tiny_kwargs):
 def test_init_scale_command_writes_table_and_png(tmp_path, tiny_kwargs):
     out = tmp_path / "scale"
     argv = [
-        "init-scale", "--num-layers", "2", "--paper-hidden-size", "16", "--seeds", "8", "--model-seeds", "1",
-        "--hidden-size", "32", "--num-heads", "2", "--vocab-size", "99", "--seq-len", "9", "--batch-size", "2",
-        "--placements", "post", "deepnorm", "--init-schemes", "xavier", "--out", str(out),
+        "init-scale", "--num_layers=2", "--paper_hidden_size=16", "--seeds=8", "--model_seeds=1",
+        "--hidden_size=32", "--num_heads=2", "--vocab_size=99", "--seq_len=9", "--batch_size=2",
+        "--placements=[post, deepnorm]", "--init_schemes=[xavier]", "--out", str(out),
     ]  # fmt: skip
     assert analysis.main(argv) == 0
     assert (out / "init_scale.png").stat().st_size > 1000
@@ -132,14 +133,13 @@ def test_init_scale_command_writes_table_and_png(tmp_path, tiny_kwargs):
 # --------------------------------------------------------------------------------------------------
 
 
-def grads_args(cache_dir, **overrides) -> argparse.Namespace:
-    """Namespace as the init-grads parser builds it, at a tiny size."""
-    argv = ["init-grads", "--cache-dir", str(cache_dir), "--hidden-size", "32", "--num-heads", "2", "--seq-len", "32",
-            "--batch-size", "8", "--vocab-size", "300", "--max-documents", "40", "--device", "cpu"]  # fmt: skip
-    args = analysis.build_parser().parse_args(argv)
-    for key, value in overrides.items():
-        setattr(args, key, value)
-    return args
+def grads_args(cache_dir, **overrides) -> analysis.InitGradsConfig:
+    """The init-grads config as its command line gives it, at a tiny size."""
+    argv = ["init-grads", "--cache_dir", str(cache_dir), "--hidden_size=32", "--num_heads=2", "--seq_len=32",
+            "--batch_size=8", "--vocab_size=300", "--max_documents=40", "--device=cpu"]  # fmt: skip
+    command, args = analysis.parse_args(argv)
+    assert command == "init-grads"
+    return dataclasses.replace(args, **overrides)
 
 
 @pytest.fixture(scope="module")
@@ -164,7 +164,7 @@ def test_ffn_gradient_norms_are_deterministic_and_per_layer(python_docs_data):
 def test_pre_ln_last_layer_gradient_shrinks_with_depth(python_docs_data):
     # Paper, Theorem 1: Pre-LN's ||dL/dW2|| of the last layer scales like 1/sqrt(L) (here: expect ~2x from 2 to 8).
     args, data = python_docs_data
-    args = argparse.Namespace(**{**vars(args), "seeds": 10, "seed": 0})
+    args = dataclasses.replace(args, seeds=10, seed=0)
     last = {}
     for depth in (2, 8):
         w2 = analysis.measure_init_grads(args, data, "xavier", "pre", depth)["w2"]
@@ -197,9 +197,9 @@ def test_init_grads_command_on_a_jsonl_file(tmp_path):
     corpus = tmp_path / "corpus.jsonl"
     corpus.write_text("\n".join(lines) + "\n")
     out = tmp_path / "grads"
-    argv = ["init-grads", "--data", str(corpus), "--cache-dir", str(tmp_path / "cache"), "--hidden-size", "16",
-            "--num-heads", "2", "--seq-len", "16", "--batch-size", "2", "--vocab-size", "120", "--seeds", "2",
-            "--num-layers", "3", "--depths", "1", "3", "--placements", "post", "sandwich", "--init-schemes", "bert",
+    argv = ["init-grads", "--data", str(corpus), "--cache_dir", str(tmp_path / "cache"), "--hidden_size=16",
+            "--num_heads=2", "--seq_len=16", "--batch_size=2", "--vocab_size=120", "--seeds=2",
+            "--num_layers=3", "--depths=[1, 3]", "--placements=[post, sandwich]", "--init_schemes=[bert]",
             "--out", str(out)]  # fmt: skip
     assert analysis.main(argv) == 0
     assert (out / "init_grads.png").stat().st_size > 1000
@@ -220,17 +220,18 @@ def test_init_grads_rejects_a_missing_data_file(tmp_path):
 # --------------------------------------------------------------------------------------------------
 
 
-def test_grid_cell_arguments_and_set_overrides_win(tmp_path):
-    argv = ["grid", "--num-layers", "3", "--hidden-size", "48", "--set", "train.max_steps=7",
-            "--set=--data.vocab_size=500"]  # fmt: skip
-    args = analysis.build_parser().parse_args(argv)
+def test_grid_cell_arguments_and_overrides_win(tmp_path):
+    argv = ["grid", "--num_layers=3", "--hidden_size=48", "--overrides=[train.max_steps=7, --data.vocab_size=500]"]
+    _, args = analysis.parse_args(argv)
     argv = analysis.cell_overrides(args, "pre", 0, 3e-4, tmp_path / "cell")
     assert "--model.norm_placement=pre" in argv and "--optim.lr=0.0003" in argv and "--optim.warmup_steps=0" in argv
     assert "--model.num_hidden_layers=3" in argv and "--model.intermediate_size=192" in argv
     assert f"--train.output_dir={tmp_path / 'cell'}" in argv
     assert argv[-2:] == ["--train.max_steps=7", "--data.vocab_size=500"]  # last: they win in pretrain/run.py
-    with pytest.raises(SystemExit):
-        analysis.build_parser().parse_args(["grid", "--set", "max_steps"])
+    with pytest.raises(ConfigError, match="overrides item 'max_steps' is not KEY=VALUE"):
+        analysis.parse_args(["grid", "--overrides=[max_steps]"])
+    with pytest.raises(ConfigError, match=r"unknown key 'train\.max_step'; did you mean 'train\.max_steps'"):
+        analysis.parse_args(["grid", "--overrides=[train.max_step=3]"])
 
 
 def test_grid_reads_finished_and_diverged_cells(tmp_path):
@@ -260,11 +261,12 @@ def _run_is_importable() -> bool:
 @pytest.mark.skipif(not _run_is_importable(), reason="pretrain.run is not importable")
 def test_grid_command_runs_cells_through_the_pipeline(tmp_path):
     out = tmp_path / "grid"
-    argv = ["grid", "--placements", "pre", "--warmup-steps", "0", "--lrs", "1e-3", "1e6", "--max-steps", "20",
-            "--num-layers", "2", "--hidden-size", "16", "--num-heads", "2", "--out", str(out),
-            "--set", "data.max_documents=40", "--set", "data.vocab_size=200", "--set", "data.max_seq_length=32",
-            "--set", "train.per_device_batch_size=4", "--set", "train.eval_batches=2",
-            "--set", f"data.cache_dir={tmp_path / 'cache'}", "--jobs", "2"]  # fmt: skip
+    argv = ["grid", "--placements=[pre]", "--warmup_steps=[0]", "--lrs=[1e-3, 1e6]", "--max_steps=20",
+            "--num_layers=2", "--hidden_size=16", "--num_heads=2", "--out", str(out),
+            "--overrides", json.dumps(["data.max_documents=40", "data.vocab_size=200", "data.max_seq_length=32",
+                                       "train.per_device_batch_size=4", "train.eval_batches=2",
+                                       f"data.cache_dir={tmp_path / 'cache'}"]),
+            "--jobs=2"]  # fmt: skip
     assert analysis.main(argv) == 0
     cells = json.loads((out / "results.json").read_text())["cells"]
     ok, blown = cells["pre-w0-lr0.001"], cells["pre-w0-lr1e+06"]

@@ -159,7 +159,7 @@ def test_bad_configs_name_the_key_and_the_fix(argv: list[str], message: str) -> 
 
 
 def test_missing_preset_file(tmp_path: Path) -> None:
-    with pytest.raises(FileNotFoundError, match=r"config file .*nope.yaml not found"):
+    with pytest.raises(ConfigError, match=r"config file .*nope.yaml not found"):
         parse_args(["--config", str(tmp_path / "nope.yaml")])
 
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch import nn
 
-from finetune.config import FinetuneConfig, build, load_yaml, parse_config
+from finetune.config import FinetuneConfig
 from finetune.glue import TASKS, batches, encode, get_task, load_task, read_tsv
 from finetune.manifest import JobSpec, ManifestJob, ResultsFolder
 from finetune.run import RunConfig, run
@@ -21,6 +21,7 @@ from finetune.schedule import ScheduleConfig, discover
 from finetune.store import SCHEMA_VERSION, ResultStore, StoreVersionError
 from finetune.train import make_optimizer, make_scheduler
 from finetune.worker import describe_model, job_specs
+from pretrain.cli import ConfigError, from_dict, load_yaml, parse
 from pretrain.layout import SNAPSHOT_INFO
 from tests.finetune_fixtures import FIXTURE_GLUE, make_run, tiny_tokenizer, write_snapshot
 
@@ -106,7 +107,7 @@ def test_cli_bad_input_exits_2_with_message(
 ) -> None:
     monkeypatch.setattr(sys, "argv", ["finetune.run", "--model", "m", "--task", "cola"])
     assert run_cli() == 2
-    assert "error: unknown GLUE task 'cola'; valid tasks: mrpc, rte" in capsys.readouterr().err
+    assert "error: task: unknown GLUE task 'cola'; valid tasks: mrpc, rte" in capsys.readouterr().err
 
 
 def test_unknown_task_lists_valid_ones() -> None:
@@ -374,36 +375,35 @@ def test_store_from_newer_schema_is_refused(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("preset", sorted((ROOT / "configs" / "finetune").glob("*.yaml")), ids=lambda p: p.name)
 def test_presets_parse(preset: Path) -> None:
-    config = build(RunConfig, {**load_yaml(preset), "model": "m"})
+    config = from_dict(RunConfig, {**load_yaml(preset), "model": "m"})
     assert config.recipe.batch_size >= 1 and config.lrs and config.seeds
 
 
 def test_mixed_precision_choices_are_checked() -> None:
-    with pytest.raises(ValueError, match=r"recipe\.mixed_precision='fp16' must be 'no' or 'bf16'"):
+    with pytest.raises(ValueError, match=r"recipe\.mixed_precision must be 'no' or 'bf16'; got 'fp16'"):
         FinetuneConfig(mixed_precision="fp16")
 
 
 def test_cli_overrides_and_errors(capsys: pytest.CaptureFixture[str]) -> None:
     preset = ROOT / "configs" / "finetune" / "bert_glue.yaml"
-    config = parse_config(
-        RunConfig,
-        ["--config", str(preset), "--model", "m", "--lrs", "1e-5,2e-5", "--recipe.epochs", "2", "--data-dir", "d"],
-    )
-    assert (config.lrs, config.recipe.epochs, config.data_dir, config.seeds) == (
-        [1e-5, 2e-5],
-        2,
-        "d",
-        [0, 1, 2, 3, 4, 5],
-    )
-    for lrs in (["1e-5", "2e-5"], ["[1e-5, 2e-5]"]):  # several words, or one YAML list as pretrain takes them
-        assert parse_config(RunConfig, ["--model", "m", "--lrs", *lrs]).lrs == [1e-5, 2e-5]
-    assert parse_config(RunConfig, ["--model", "m", "--recipe.random_init"]).recipe.random_init is True
-    with pytest.raises(ValueError, match=r"recipe\.epochs=0 must be at least 1"):
-        parse_config(RunConfig, ["--model", "m", "--recipe.epochs", "0"])
-    with pytest.raises(ValueError, match=r"recipe\.warmup_ratio='lots' is not a valid float"):
-        parse_config(RunConfig, ["--model", "m", "--recipe.warmup_ratio", "lots"])
-    with pytest.raises(ValueError, match=r"unknown config key.*recipe\.epoch\b.*valid keys"):
-        build(RunConfig, {"model": "m", "recipe": {"epoch": 3}})
+
+    def parse_run(*argv: str) -> RunConfig:
+        return parse(RunConfig, list(argv), prog="finetune.run")
+
+    config = parse_run("--config", str(preset), "--model=m", "--lrs=[1e-5, 2e-5]", "--recipe.epochs", "2", "--data_dir=d")
+    assert (config.lrs, config.recipe.epochs, config.data_dir, config.seeds) == ([1e-5, 2e-5], 2, "d", [0, 1, 2, 3, 4, 5])
+    assert parse_run("--model", "m", "--recipe.random_init").recipe.random_init is True  # a bare flag: true
+    assert parse_run("--model", "m", "--recipe.random_init", "--task=rte").recipe.random_init is True
+    for argv, message in [
+        (["--lrs", "1e-5", "2e-5"], r"unexpected argument '2e-5'.*lists are YAML"),  # space-separated: not a list
+        (["--lrs=1e-5,2e-5"], r"lrs expects list\[float\], got '1e-5,2e-5'; lists are YAML"),
+        (["--recipe.epochs", "0"], r"recipe\.epochs must be at least 1; got 0"),
+        (["--recipe.warmup_ratio", "lots"], r"recipe\.warmup_ratio expects float, got 'lots'"),
+        (["--recipe.epoch=3"], r"unknown key 'recipe\.epoch'; did you mean 'recipe\.epochs'\?"),
+        (["--data-dir=d"], r"unknown key 'data-dir'; did you mean 'data_dir'\?"),
+    ]:
+        with pytest.raises(ConfigError, match=message):
+            parse_run("--model=m", *argv)
     with pytest.raises(SystemExit) as exit_info:
         run_main(["--help"])
     assert exit_info.value.code == 0

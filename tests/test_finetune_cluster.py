@@ -18,11 +18,11 @@ from typing import Any
 
 import pytest
 
-from finetune.config import build
 from finetune.manifest import JobSpec, ManifestJob, ResultsFolder
 from finetune.report import ReportConfig, report
 from finetune.schedule import ScheduleConfig, main, parse_until, run_state, schedule
 from finetune.store import ResultStore
+from pretrain.cli import from_dict
 from tests.fake_slurm import FakeSlurm
 from tests.finetune_fixtures import FIXTURE_GLUE, make_run
 
@@ -45,7 +45,7 @@ def config_for(tmp_path: Path, runs: list[Path], **overrides: Any) -> ScheduleCo
         recipe=dict(QUICK),
     )
     values.update(overrides)
-    return build(ScheduleConfig, values)
+    return from_dict(ScheduleConfig, values)
 
 
 def rows(config: ScheduleConfig, status: str | None = None) -> list[dict[str, Any]]:
@@ -169,7 +169,7 @@ def test_duplicate_copies_and_a_task_run_twice_record_each_job_once(
     slurm.wait_until(lambda: slurm.tasks()["1000_0"]["state"] == "COMPLETED" and slurm.tasks()["1000_0"]["runs"] == 2)
     assert task_counts(tmp_path / "slurm")[-1]["skipped"] == 2
     assert {key: folder(config).done_path(key).read_bytes() for key in files} == before
-    assert main(["ingest", "--store", config.store]) == 0
+    assert main(["ingest", f"--store={config.store}"]) == 0
     assert rows(config, "done") == done_rows
 
 
@@ -188,7 +188,7 @@ def test_store_rebuilt_from_result_files_gives_the_same_rows(tmp_path: Path) -> 
     before = [{c: r[c] for c in SAME} for r in rows(config)]
     assert sorted(r["status"] for r in before) == ["done"] * 4 + ["failed"] * 2
     Path(config.store).unlink()
-    assert main(["ingest", "--store", config.store]) == 0
+    assert main(["ingest", f"--store={config.store}"]) == 0
     assert [{c: r[c] for c in SAME} for r in rows(config)] == before
     schedule(config)  # and the scheduler itself, on the rebuilt store, has nothing to redo
     with ResultStore(config.store) as store:
@@ -262,8 +262,9 @@ def test_result_files_follow_the_umask_and_the_first_copy_wins(tmp_path: Path) -
 
 
 def cli_args(config: ScheduleConfig) -> list[str]:
-    args = [f"--runs={','.join(config.runs)}", f"--store={config.store}", "--tasks=mrpc", "--lrs=1e-3", "--seeds=0"]
-    args += [f"--recipe.{k}={v}" for k, v in QUICK.items()] + ["--poll_interval_s=0.2", "--once"]
+    args = [f"--runs={json.dumps(config.runs)}", f"--store={config.store}", "--tasks=[mrpc]", "--lrs=[1e-3]"]
+    args += ["--seeds=[0]", "--poll_interval_s=0.2", "--mode=once"]
+    args += [f"--recipe.{k}={json.dumps(v)}" for k, v in QUICK.items()]
     return args
 
 
@@ -321,7 +322,7 @@ def _alive(pid: int) -> bool:
 def test_killed_scheduler_stops_its_workers_and_a_restart_records_each_job_once(tmp_path: Path) -> None:
     run_dir = make_run(tmp_path, "post_ln", "post", steps=(10,))
     config = config_for(tmp_path, [run_dir], seeds=[0, 1, 2, 3, 4, 5], workers=2, recipe={**QUICK, "epochs": 30})
-    args = [a for a in cli_args(config) if not a.startswith("--seeds")] + ["--seeds=0,1,2,3,4,5", "--workers=2"]
+    args = [a for a in cli_args(config) if not a.startswith("--seeds")] + ["--seeds=[0, 1, 2, 3, 4, 5]", "--workers=2"]
     args += ["--recipe.epochs=30", f"--data_dir={FIXTURE_GLUE}"]
     process = subprocess.Popen(
         [sys.executable, "-m", "finetune.schedule", *args], cwd=ROOT, start_new_session=True, stdout=subprocess.DEVNULL

@@ -126,14 +126,13 @@ def test_report_cli_with_target_loss_and_wandb_offline(
     monkeypatch.setenv("WANDB_SILENT", "true")
     out = tmp_path / "fig"
     args = [
-        "--runs",
-        f"{runs['post_ln']},{runs['pre_ln']}",
+        f"--runs=[{runs['post_ln']}, {runs['pre_ln']}]",
         "--store",
         str(tmp_path / "results.sqlite"),
         "--out",
         str(out),
     ]
-    assert report_main([*args, "--target-loss", "5.5", "--wandb"]) == 0
+    assert report_main([*args, "--target_loss=5.5", "--wandb"]) == 0
     assert "| post_ln (post) | 250 | 1.000 | 1.00x |" in capsys.readouterr().out
     offline = sorted((out / "wandb").glob("offline-run-*"))
     assert len(offline) == 3  # one per pretraining run, and the report with figures and the table

@@ -4,6 +4,7 @@ SLURM, result files and run identity: tests/test_finetune_cluster.py."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -16,10 +17,10 @@ from typing import Any
 
 import pytest
 
-from finetune.config import build
 from finetune.manifest import ResultsFolder
 from finetune.schedule import ScheduleConfig, main, schedule
 from finetune.store import ResultStore
+from pretrain.cli import from_dict
 from pretrain.layout import SNAPSHOT_MARKER
 from tests.finetune_fixtures import FIXTURE_GLUE, make_run, set_status
 
@@ -39,23 +40,23 @@ def config_for(tmp_path: Path, runs: list[Path], **overrides: Any) -> ScheduleCo
         recipe=dict(QUICK),
     )
     values.update(overrides)
-    return build(ScheduleConfig, values)
+    return from_dict(ScheduleConfig, values)
 
 
 def cli_args(config: ScheduleConfig) -> list[str]:
     """The command line that gives ``config`` (for schedulers started as separate processes)."""
-    args = ["--runs", ",".join(config.runs), "--store", config.store, "--tasks", ",".join(config.tasks)]
-    args += ["--data-dir", str(config.data_dir), "--lrs", ",".join(map(str, config.lrs))]
-    args += ["--seeds", ",".join(map(str, config.seeds)), "--max-attempts", str(config.max_attempts)]
+    args = [f"--runs={json.dumps(config.runs)}", "--store", config.store, f"--tasks={json.dumps(config.tasks)}"]
+    args += ["--data_dir", str(config.data_dir), f"--lrs={json.dumps(config.lrs)}"]
+    args += [f"--seeds={json.dumps(config.seeds)}", f"--max_attempts={config.max_attempts}"]
     recipe = config.recipe
     for key in ("batch_size", "epochs", "max_train_examples", "max_eval_examples", "torch_threads", "progress"):
-        args += [f"--recipe.{key}", str(getattr(recipe, key))]
+        args += [f"--recipe.{key}={json.dumps(getattr(recipe, key))}"]
     return args
 
 
 def start_scheduler(config: ScheduleConfig, *extra: str) -> subprocess.Popen:
     return subprocess.Popen(
-        [sys.executable, "-m", "finetune.schedule", *cli_args(config), "--once", *extra],
+        [sys.executable, "-m", "finetune.schedule", *cli_args(config), "--mode=once", *extra],
         cwd=ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -174,15 +175,18 @@ def test_follow_picks_up_new_snapshots_until_the_run_ends(tmp_path: Path) -> Non
 
 
 def test_schedule_cli_errors(tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match="backend='pbs' is not valid; valid choices: local, slurm"):
-        main(["--runs", str(tmp_path), "--backend", "pbs"])
+    runs = f"--runs=[{tmp_path}]"
+    with pytest.raises(ValueError, match="backend must be one of local, slurm; got 'pbs'"):
+        main([runs, "--backend", "pbs"])
     with pytest.raises(ValueError, match="valid tasks: mrpc, rte"):
-        main(["--runs", str(tmp_path), "--tasks", "mrpc,qnli"])
+        main([runs, "--tasks=[mrpc, qnli]"])
+    with pytest.raises(ValueError, match=r"unknown key 'once'.*mode"):  # the old spelling: the valid keys are named
+        main([runs, "--once"])
     with pytest.raises(FileNotFoundError, match=r"run folder.*nowhere"):
-        main(["--runs", str(tmp_path / "nowhere"), "--once"])
+        main([f"--runs=[{tmp_path / 'nowhere'}]", "--mode=once"])
     with pytest.raises(FileNotFoundError, match=r"RTE/train\.tsv"):
-        main(["--runs", str(tmp_path), "--data-dir", str(tmp_path), "--tasks", "rte", "--once"])
+        main([runs, "--data_dir", str(tmp_path), "--tasks=[rte]", "--mode=once"])
     with pytest.raises(ValueError, match=r"until='soon' is neither a duration"):
-        main(["--runs", str(tmp_path), "--until", "soon"])
+        main([runs, "--until=soon"])
     with pytest.raises(FileNotFoundError, match=r"results folder .*nothing\.d does not exist"):
-        main(["ingest", "--store", str(tmp_path / "nothing.sqlite")])
+        main(["ingest", f"--store={tmp_path / 'nothing.sqlite'}"])

@@ -1,0 +1,82 @@
+"""What the analysis subcommands share: the output folder, results files, model sizes, mean and error."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from pretrain.cli import require
+from pretrain.modeling import LNBertConfig
+
+DEFAULT_OUT = Path("runs") / "analysis"
+
+
+def write_outputs(out_dir: Path, table: str, results: dict[str, Any]) -> None:
+    """Print the table and store it with the raw numbers, so a figure can be redrawn without rerunning."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    print(table)
+    (out_dir / "table.txt").write_text(table + "\n")
+    (out_dir / "results.json").write_text(json.dumps(results, indent=2, sort_keys=True) + "\n")
+
+
+@dataclass(kw_only=True)
+class ModelSize:
+    """The size of the LNBertModel a measurement initialises (subclasses set their own defaults)."""
+
+    hidden_size: int = 256
+    """Hidden size d."""
+    num_heads: int = 4
+    """Attention heads."""
+    intermediate_size: int | None = None
+    """FFN width; null: 4 * hidden_size."""
+    vocab_size: int = 30522
+    """Vocabulary size."""
+    seq_len: int = 128
+    """Tokens per sequence."""
+    batch_size: int = 8
+    """Sequences per batch."""
+    seed: int = 0
+    """Seed of the first draw (draw s uses seed + s)."""
+    out: str = str(DEFAULT_OUT)
+    """Output folder for table.txt, results.json and the PNG."""
+
+    def __post_init__(self) -> None:
+        for key in ("hidden_size", "num_heads", "vocab_size", "seq_len", "batch_size"):
+            require(getattr(self, key) > 0, key, f"must be a positive integer; got {getattr(self, key)}")
+        require(
+            self.intermediate_size is None or self.intermediate_size > 0,
+            "intermediate_size",
+            f"must be a positive integer or null; got {self.intermediate_size}",
+        )
+
+
+def mean_and_sem(samples: torch.Tensor) -> tuple[list[float], list[float]]:
+    """Per-column mean and standard error of the mean over the rows (independent draws), shape (n, L)."""
+    samples = samples.double()
+    n = samples.shape[0]
+    sem = samples.std(dim=0) / math.sqrt(n) if n > 1 else torch.zeros(samples.shape[1], dtype=torch.float64)
+    return samples.mean(dim=0).tolist(), sem.tolist()
+
+
+def model_config(
+    size: ModelSize, placement: str, init_scheme: str, num_layers: int, vocab_size: int, pad_token_id: int = 0
+) -> LNBertConfig:
+    """A model config of ``size``, dropout off (measurements at initialisation)."""
+    return LNBertConfig(
+        vocab_size=vocab_size,
+        pad_token_id=pad_token_id,
+        hidden_size=size.hidden_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=size.num_heads,
+        intermediate_size=size.intermediate_size or 4 * size.hidden_size,
+        max_position_embeddings=max(512, size.seq_len),
+        norm_placement=placement,
+        init_scheme=init_scheme,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+    )

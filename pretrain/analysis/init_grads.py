@@ -1,0 +1,222 @@
+"""init-grads: FFN gradient norms at initialisation (paper, Theorem 1 and Figure 3)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+
+from pretrain.analysis.common import DEFAULT_OUT, ModelSize, mean_and_sem, model_config, write_outputs
+from pretrain.cli import require, to_dict
+from pretrain.modeling import NORM_PLACEMENTS, InitScheme, LNBertConfig, LNBertForMaskedLM, NormPlacement
+from pretrain.reporting import format_table, pyplot, save_figure
+
+
+@dataclass(kw_only=True)
+class InitGradsConfig(ModelSize):
+    """FFN W1/W2 gradient norms at init per layer and per depth (paper's Figure 3).
+
+    For each init scheme and placement, initialise LNBertForMaskedLM under seeds seeds, take the MLM loss of
+    one real masked batch per seed (the pretraining data pipeline: Python's documentation by default, or
+    --data=FILE.jsonl) with dropout off, and record ||dL/dW1||_F and ||dL/dW2||_F of every layer's FFN
+    (intermediate.dense.weight, output.dense.weight). Reports the per-layer profile at num_layers and the last
+    layer's W2 gradient against depths. Paper: Post-LN's last-layer gradient does not depend on depth and
+    per-layer gradients grow toward the output; Pre-LN's shrink like 1/sqrt(L) and are nearly uniform across
+    layers. Writes table.txt, results.json, init_grads.png."""
+
+    placements: list[NormPlacement] = field(default_factory=lambda: list(NORM_PLACEMENTS))
+    """Placements to measure."""
+    init_schemes: list[InitScheme] = field(default_factory=lambda: ["xavier", "bert"])
+    """xavier: the paper's setting; bert: normal(0, 0.02)."""
+    num_layers: int = 12
+    """Depth of the per-layer profile."""
+    depths: list[int] = field(default_factory=lambda: [6, 8, 10, 12, 14])
+    """Depths for the last-layer W2 curve."""
+    seeds: int = 10
+    """Model initialisations and batches to average."""
+    data: str | None = None
+    """JSON Lines file with a 'text' field; null: Python's own documentation (no download)."""
+    tokenizer: str | None = None
+    """Tokenizer name or folder; null: train a WordPiece of vocab_size on the data."""
+    max_documents: int = 400
+    """Documents read."""
+    cache_dir: str = str(Path("runs") / ".cache" / "data")
+    """Data cache, shared with pretraining."""
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    """Where to compute: auto (cuda when available), cpu or cuda."""
+    hidden_size: int = 128
+    num_heads: int = 2
+    vocab_size: int = 8000
+    out: str = str(DEFAULT_OUT / "init_grads")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        for key in ("num_layers", "seeds", "max_documents"):
+            require(getattr(self, key) > 0, key, f"must be a positive integer; got {getattr(self, key)}")
+        require(bool(self.depths) and all(d > 0 for d in self.depths), "depths", f"must be positive; got {self.depths}")
+
+
+def resolve_device(name: str) -> str:
+    return ("cuda" if torch.cuda.is_available() else "cpu") if name == "auto" else name
+
+
+def load_mlm_data(args: InitGradsConfig) -> Any:
+    """Real text through the pretraining data pipeline: Python's own documentation (no download) or a JSONL file.
+
+    ``objective="mlm"`` gives full-length packed sequences; the measurement uses the MLM loss only.
+    """
+    # Imported here: `datasets` takes seconds to import and the other subcommands do not need it.
+    from pretrain.data import DataConfig, SourceConfig, build_pretraining_data
+
+    if args.data is not None and not Path(args.data).exists():
+        raise FileNotFoundError(f"--data={args.data}: no such file; give a JSON Lines file with a 'text' field")
+    source = SourceConfig(kind="json", path=str(args.data)) if args.data else SourceConfig(kind="python_docs")
+    cfg = DataConfig(
+        sources=[source],
+        tokenizer=args.tokenizer,
+        vocab_size=args.vocab_size,
+        max_seq_length=args.seq_len,
+        objective="mlm",
+        max_documents=args.max_documents,
+        cache_dir=str(args.cache_dir),
+    )
+    return build_pretraining_data(cfg, seed=0)
+
+
+def mlm_batch(data: Any, batch_size: int, seed: int) -> dict[str, torch.Tensor]:
+    """``batch_size`` training instances drawn by ``seed``, dynamically masked as in pretraining (15%)."""
+    from pretrain.data import MaskingCollator  # lazily, as in load_mlm_data
+
+    n = len(data.train)
+    if n < batch_size:
+        raise ValueError(
+            f"only {n} training instances for --batch_size={batch_size}; raise --max_documents or lower --batch_size"
+        )
+    rows = torch.randperm(n, generator=torch.Generator().manual_seed(seed))[:batch_size].tolist()
+    collator = MaskingCollator(data.tokenizer, mlm_probability=0.15, seed=seed)
+    return collator([data.train[i] for i in rows])
+
+
+def ffn_gradient_norms(
+    config: LNBertConfig, batch: dict[str, torch.Tensor], seed: int, device: str = "cpu"
+) -> tuple[list[float], list[float]]:
+    """Frobenius norms of dL/dW1 and dL/dW2 (``intermediate.dense.weight``, ``output.dense.weight``) per layer.
+
+    A fresh model initialised under ``seed``; L is the MLM loss of one batch. Dropout is off (eval mode and
+    zero dropout probabilities) so the numbers are those of the deterministic network; autograd still runs.
+    """
+    torch.manual_seed(seed)
+    model = LNBertForMaskedLM(config).to(device).eval()
+    inputs = {k: batch[k].to(device) for k in ("input_ids", "attention_mask", "token_type_ids", "labels")}
+    model(**inputs).loss.backward()
+    layers = model.bert.encoder.layer
+    w1 = [layer.intermediate.dense.weight.grad.norm().item() for layer in layers]
+    w2 = [layer.output.dense.weight.grad.norm().item() for layer in layers]
+    return w1, w2
+
+
+def measure_init_grads(
+    args: InitGradsConfig, data: Any, init_scheme: str, placement: str, depth: int
+) -> dict[str, list[list[float]]]:
+    """Per-seed, per-layer W1/W2 gradient norms of one (init, placement, depth); seed s uses batch s."""
+    w1s, w2s = [], []
+    for s in range(args.seeds):
+        batch = mlm_batch(data, args.batch_size, args.seed + s)
+        config = model_config(args, placement, init_scheme, depth, len(data.tokenizer), data.tokenizer.pad_token_id)
+        w1, w2 = ffn_gradient_norms(config, batch, args.seed + s, resolve_device(args.device))
+        w1s.append(w1)
+        w2s.append(w2)
+    return {"w1": w1s, "w2": w2s}
+
+
+def _mean_sem(values: list[float]) -> tuple[float, float]:
+    mean, sem = mean_and_sem(torch.tensor(values).unsqueeze(1))
+    return mean[0], sem[0]
+
+
+def run(args: InitGradsConfig) -> int:
+    data = load_mlm_data(args)
+    depths = sorted(set(args.depths) | {args.num_layers})
+    raw: dict[str, Any] = {}
+    for init_scheme in args.init_schemes:
+        for placement in args.placements:
+            for depth in depths:
+                raw[f"{init_scheme}/{placement}/{depth}"] = measure_init_grads(
+                    args, data, init_scheme, placement, depth
+                )
+                print(f"measured {init_scheme}/{placement}/depth {depth}", flush=True)
+
+    source = args.data or "python_docs"
+    header = (
+        f"MLM on {source} (vocab {len(data.tokenizer)}), hidden {args.hidden_size}, FFN "
+        f"{args.intermediate_size or 4 * args.hidden_size}, batch {args.batch_size} x {args.seq_len}, "
+        f"mean over {args.seeds} seeds (+- standard error); dropout off"
+    )
+    sections = [header]
+    for init_scheme in args.init_schemes:
+        per_layer = []
+        for layer in range(args.num_layers):
+            row: list[Any] = [layer + 1]
+            for placement in args.placements:
+                grads = raw[f"{init_scheme}/{placement}/{args.num_layers}"]
+                row += [_mean_sem([g[layer] for g in grads["w1"]])[0], _mean_sem([g[layer] for g in grads["w2"]])[0]]
+            per_layer.append(row)
+        headers = ["layer", *(f"{p} {w}" for p in args.placements for w in ("W1", "W2"))]
+        sections.append(
+            f"init {init_scheme}: ||dL/dW||_F per layer, depth {args.num_layers}\n" + format_table(headers, per_layer)
+        )
+        by_depth = []
+        for depth in args.depths:
+            row = [depth]
+            for placement in args.placements:
+                mean, sem = _mean_sem([g[-1] for g in raw[f"{init_scheme}/{placement}/{depth}"]["w2"]])
+                row.append(f"{mean:.4g} +- {sem:.2g}")
+            by_depth.append(row)
+        ratio_row: list[Any] = [f"{min(args.depths)}/{max(args.depths)}"]
+        for placement in args.placements:
+            shallow = _mean_sem([g[-1] for g in raw[f"{init_scheme}/{placement}/{min(args.depths)}"]["w2"]])[0]
+            deep = _mean_sem([g[-1] for g in raw[f"{init_scheme}/{placement}/{max(args.depths)}"]["w2"]])[0]
+            ratio_row.append(f"{shallow / deep:.3f}")
+        by_depth.append(ratio_row)
+        sections.append(
+            f"init {init_scheme}: last layer ||dL/dW2||_F vs depth (last row: ratio shallow/deep; Pre-LN theory "
+            f"sqrt({max(args.depths)}/{min(args.depths)}) = {math.sqrt(max(args.depths) / min(args.depths)):.3f}, "
+            "Post-LN theory 1)\n" + format_table(["depth", *args.placements], by_depth)
+        )
+    out = Path(args.out)
+    results = {"args": to_dict(args), "vocab_size": len(data.tokenizer), "depths": depths, "raw": raw}
+    write_outputs(out, "\n\n".join(sections), results)
+    plot_init_grads(args, raw, out / "init_grads.png")
+    return 0
+
+
+def plot_init_grads(args: InitGradsConfig, raw: dict[str, Any], path: Path) -> None:
+    plt = pyplot()
+    n_rows = len(args.init_schemes)
+    fig, axes = plt.subplots(n_rows, 3, figsize=(15, 4.2 * n_rows), squeeze=False)
+    layers = list(range(1, args.num_layers + 1))
+    for row, init_scheme in enumerate(args.init_schemes):
+        ax_w1, ax_w2, ax_depth = axes[row]
+        for placement in args.placements:
+            color = f"C{NORM_PLACEMENTS.index(placement)}"
+            grads = raw[f"{init_scheme}/{placement}/{args.num_layers}"]
+            for ax, key in ((ax_w1, "w1"), (ax_w2, "w2")):
+                mean, sem = mean_and_sem(torch.tensor(grads[key]))
+                ax.errorbar(layers, mean, yerr=sem, fmt="o-", color=color, label=placement, capsize=2)
+            stats = [_mean_sem([g[-1] for g in raw[f"{init_scheme}/{placement}/{d}"]["w2"]]) for d in args.depths]
+            ax_depth.errorbar(args.depths, [m for m, _ in stats], yerr=[s for _, s in stats], fmt="o-",
+                              color=color, label=placement, capsize=2)  # fmt: skip
+        for ax, title in ((ax_w1, "W1 (intermediate.dense)"), (ax_w2, "W2 (output.dense)")):
+            ax.set_title(f"{init_scheme} init: ||dL/d{title.split()[0]}||_F per layer, depth {args.num_layers}")
+            ax.set_xlabel("layer")
+        ax_depth.set_title(f"{init_scheme} init: last layer ||dL/dW2||_F vs depth")
+        ax_depth.set_xlabel("number of layers")
+        for ax in (ax_w1, ax_w2, ax_depth):
+            ax.set_yscale("log")
+            ax.set_ylabel("gradient norm")
+            ax.legend(fontsize=8)
+    print(f"wrote {save_figure(fig, path)}")
+

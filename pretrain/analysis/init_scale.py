@@ -1,0 +1,242 @@
+"""init-scale: the size of the hidden states at initialisation (paper, Lemma 2)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from pretrain.analysis.common import DEFAULT_OUT, ModelSize, mean_and_sem, model_config, write_outputs
+from pretrain.cli import require, to_dict
+from pretrain.modeling import NORM_PLACEMENTS, InitScheme, LNBertConfig, LNBertModel, NormPlacement
+from pretrain.reporting import format_table, pyplot, save_figure
+
+
+@dataclass(kw_only=True)
+class InitScaleConfig(ModelSize):
+    """E||x_l||^2/d at init: Post-LN about 1.5, Pre-LN within (1 + l/2, 1 + 3l/2).
+
+    (i) The paper's simplified Transformer (Lemma 2): single head with W_Q = W_K = 0 (uniform attention),
+    Xavier-normal d x d weights, zero biases, ReLU FFN of width d, inputs x_0 ~ N(0, I_d). Post-LN:
+    E||x_post5||^2/d, the FFN output added to its normalised input (paper: 1.5 at every layer). Pre-LN:
+    E||x_l||^2/d of the residual stream after l layers against the bounds 1 + l/2 and 1 + 3l/2. Averaged over
+    seeds weight draws x paper_sequences sequences. (ii) The same quantities on LNBertModel at its real
+    initialisation (GELU, FFN 4d, BERT 0.02 or Xavier), read with forward hooks, dropout off; its size is
+    hidden_size, num_heads, ... below. Writes table.txt, results.json, init_scale.png."""
+
+    num_layers: int = 12
+    """Layers L."""
+    paper_hidden_size: int = 256
+    """d of (i)."""
+    paper_seq_len: int = 8
+    """Tokens per sequence in (i); uniform attention averages over them."""
+    paper_sequences: int = 4
+    """Sequences per weight draw in (i)."""
+    seeds: int = 200
+    """Weight draws in (i)."""
+    model_seeds: int = 3
+    """Model initialisations in (ii)."""
+    placements: list[NormPlacement] = field(default_factory=lambda: ["post", "pre"])
+    """Placements measured in (ii)."""
+    init_schemes: list[InitScheme] = field(default_factory=lambda: ["bert", "xavier"])
+    """Initialisations measured in (ii)."""
+    hidden_size: int = 256
+    seq_len: int = 128
+    batch_size: int = 8
+    out: str = str(DEFAULT_OUT / "init_scale")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        for key in ("num_layers", "paper_hidden_size", "paper_seq_len", "paper_sequences", "seeds", "model_seeds"):
+            require(getattr(self, key) > 0, key, f"must be a positive integer; got {getattr(self, key)}")
+
+
+def paper_bounds(layer: int) -> tuple[float, float]:
+    """Lemma 2's Pre-LN bounds on E||x_l||^2/d, with ``layer`` = number of layers applied to x_0 ~ N(0, I)."""
+    return 1 + layer / 2, 1 + 3 * layer / 2
+
+
+def simplified_stream_scale(
+    placement: str, hidden_size: int, num_layers: int, seq_len: int, num_sequences: int, num_draws: int, seed: int
+) -> torch.Tensor:
+    """||.||^2/d per weight draw and layer, shape ``(num_draws, num_layers)``, in the paper's simplified Transformer.
+
+    Single head, W_Q = W_K = 0 (so attention is the uniform average over the sequence), Xavier-normal
+    d x d weights for W_V, W_O, W_1, W_2 (std 1/sqrt(d)), zero biases, ReLU FFN of width d, gamma 1 /
+    beta 0 LayerNorms, inputs x_0 ~ N(0, I_d). For ``post``: ||x_post5||^2/d (the FFN output added to its
+    normalised input, the quantity of Lemma 2); for ``pre``: ||x_l||^2/d (the residual stream after layer
+    l); each averaged over the ``num_sequences x seq_len`` tokens of one independent draw of all weights.
+
+    Uniform attention makes the tokens of a sequence ever more alike with depth, so precision comes from
+    many weight draws, not many tokens. The draws run batched (one bmm per projection) because thousands
+    of tiny matmuls crawl on a busy CPU; float32 is ample for a mean of squares.
+    """
+    if placement not in ("post", "pre"):
+        raise ValueError(f"placement={placement!r}: the paper's simplified setting covers 'post' and 'pre' only")
+    generator = torch.Generator().manual_seed(seed)
+    d = hidden_size
+
+    def xavier() -> torch.Tensor:  # one Xavier-normal d x d matrix per draw: std sqrt(2 / (d + d))
+        return torch.randn(num_draws, d, d, generator=generator) / math.sqrt(d)
+
+    def layer_norm(v: torch.Tensor) -> torch.Tensor:
+        return F.layer_norm(v, (d,), eps=1e-12)
+
+    def mean_sq(v: torch.Tensor) -> torch.Tensor:
+        return v.double().pow(2).sum(-1).mean(dim=(1, 2)) / d  # (S,)
+
+    x = torch.randn(num_draws, num_sequences, seq_len, d, generator=generator)  # (S, B, T, d)
+    scales = []
+    for _ in range(num_layers):
+        w_v, w_o, w_1, w_2 = xavier(), xavier(), xavier(), xavier()  # (S, d, d), shared by a draw's sequences
+
+        def attention(v: torch.Tensor, w_v: torch.Tensor = w_v, w_o: torch.Tensor = w_o) -> torch.Tensor:
+            mean = v.mean(dim=2).bmm(w_v).bmm(w_o)  # (S, B, d): uniform attention weights 1/T
+            return mean.unsqueeze(2).expand_as(v)
+
+        def ffn(v: torch.Tensor, w_1: torch.Tensor = w_1, w_2: torch.Tensor = w_2) -> torch.Tensor:
+            flat = v.reshape(num_draws, -1, d)  # (S, B*T, d)
+            return torch.relu(flat.bmm(w_1)).bmm(w_2).view_as(v)
+
+        if placement == "post":
+            x3 = layer_norm(x + attention(x))
+            x5 = x3 + ffn(x3)
+            scales.append(mean_sq(x5))
+            x = layer_norm(x5)
+        else:
+            x3 = x + attention(layer_norm(x))
+            x = x3 + ffn(layer_norm(x3))
+            scales.append(mean_sq(x))
+    return torch.stack(scales, dim=1)
+
+
+def model_stream_scale(config: LNBertConfig, batch_size: int, seq_len: int, seed: int) -> list[float]:
+    """E||.||^2/d per layer of the real model at init, read with forward hooks, on random token ids.
+
+    Post-LN and DeepNorm: the input of the FFN LayerNorm (x_post5 = x_post3 + FFN(x_post3), scaled by
+    alpha for DeepNorm). Pre-LN and sandwich: the residual stream after each layer (``hidden_states[-1]``
+    would be after the final LN, so the layer outputs are hooked instead).
+    """
+    torch.manual_seed(seed)
+    model = LNBertModel(config, add_pooling_layer=False).eval()
+    d = config.hidden_size
+    captured: list[float] = []
+
+    def record(v: torch.Tensor) -> None:
+        captured.append((v.double().pow(2).sum(-1) / d).mean().item())
+
+    hooks = []
+    for layer in model.encoder.layer:
+        if config.norm_placement in ("post", "deepnorm"):
+            hooks.append(layer.output.LayerNorm.register_forward_pre_hook(lambda _m, inputs: record(inputs[0])))
+        else:
+            hooks.append(layer.register_forward_hook(lambda _m, _inputs, output: record(output[0])))
+    generator = torch.Generator().manual_seed(seed)
+    input_ids = torch.randint(0, config.vocab_size, (batch_size, seq_len), generator=generator)
+    with torch.no_grad():
+        model(input_ids)
+    for hook in hooks:
+        hook.remove()
+    return captured
+
+
+def run(args: InitScaleConfig) -> int:
+    layers = list(range(1, args.num_layers + 1))
+    results: dict[str, Any] = {"args": to_dict(args), "simplified": {}}
+    for placement in ("post", "pre"):
+        samples = simplified_stream_scale(
+            placement,
+            args.paper_hidden_size,
+            args.num_layers,
+            args.paper_seq_len,
+            args.paper_sequences,
+            args.seeds,
+            args.seed,
+        )
+        mean, sem = mean_and_sem(samples)
+        results["simplified"][placement] = {"mean": mean, "sem": sem}
+    rows = []
+    for i, layer in enumerate(layers):
+        low, high = paper_bounds(layer)
+        post = results["simplified"]["post"]
+        pre = results["simplified"]["pre"]
+        rows.append(
+            [
+                layer,
+                post["mean"][i],
+                post["sem"][i],
+                1.5,
+                pre["mean"][i],
+                pre["sem"][i],
+                low,
+                high,
+                "yes" if low <= pre["mean"][i] <= high else "NO",
+            ]
+        )
+    table = (
+        f"(i) paper's simplified setting: d={args.paper_hidden_size}, T={args.paper_seq_len} tokens, uniform "
+        f"attention, Xavier, ReLU FFN width d, {args.seeds} seeds x {args.paper_sequences} sequences\n"
+        + format_table(
+            ["layer", "post ||x5||^2/d", "sem", "paper", "pre ||x_l||^2/d", "sem", "bound lo", "bound hi", "inside"],
+            rows,
+        )
+    )
+
+    results["model"] = {}
+    model_rows = []
+    for init_scheme in args.init_schemes:
+        for placement in args.placements:
+            config = model_config(args, placement, init_scheme, args.num_layers, args.vocab_size)
+            samples = [
+                model_stream_scale(config, args.batch_size, args.seq_len, args.seed + s)
+                for s in range(args.model_seeds)
+            ]
+            mean, sem = mean_and_sem(torch.tensor(samples))
+            results["model"][f"{placement}/{init_scheme}"] = {"mean": mean, "sem": sem}
+            model_rows.append([placement, init_scheme, *(f"{m:.3f}" for m in mean)])
+    table += (
+        f"\n\n(ii) LNBertModel at init (hidden {args.hidden_size}, FFN {args.intermediate_size or 4 * args.hidden_size}, "
+        f"GELU, {args.num_heads} heads, random ids, batch {args.batch_size} x {args.seq_len}, {args.model_seeds} seeds): "
+        "E||.||^2/d per layer; post/deepnorm: FFN-LN input x_post5, pre/sandwich: residual stream x_l\n"
+        + format_table(["placement", "init", *(f"l={layer}" for layer in layers)], model_rows)
+    )
+    out = Path(args.out)
+    write_outputs(out, table, results)
+    plot_init_scale(results, layers, out / "init_scale.png")
+    return 0
+
+
+def plot_init_scale(results: dict[str, Any], layers: list[int], path: Path) -> None:
+    plt = pyplot()
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.4))
+    ax1.fill_between(
+        layers,
+        [paper_bounds(lay)[0] for lay in layers],
+        [paper_bounds(lay)[1] for lay in layers],
+        color="C1",
+        alpha=0.15,
+        label="Pre-LN bounds (1+l/2, 1+3l/2)",
+    )
+    ax1.axhline(1.5, color="C0", ls=":", label="Post-LN paper: 1.5")
+    for color, placement, what in (("C0", "post", "||x_post5||^2/d"), ("C1", "pre", "||x_l||^2/d")):
+        stats = results["simplified"][placement]
+        ax1.errorbar(layers, stats["mean"], yerr=stats["sem"], fmt="o-", color=color, label=f"{placement}: {what}")
+    ax1.set_title("(i) paper's simplified Transformer (Lemma 2)")
+    ax1.set_xlabel("layer l")
+    ax1.set_ylabel("E||x||^2 / d")
+    ax1.legend(fontsize=8)
+    for key, stats in results["model"].items():
+        placement, init_scheme = key.split("/")
+        color = f"C{NORM_PLACEMENTS.index(placement)}"  # one colour per placement, line style per init
+        ax2.plot(layers, stats["mean"], "o-" if init_scheme == "xavier" else "s--", color=color, label=key)
+    ax2.set_title("(ii) LNBertModel at init")
+    ax2.set_xlabel("layer l")
+    ax2.set_ylabel("E||x||^2 / d  (post: FFN-LN input; pre: stream)")
+    ax2.set_yscale("log")
+    ax2.legend(fontsize=8)
+    print(f"wrote {save_figure(fig, path)}")
+
