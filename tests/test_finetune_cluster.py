@@ -12,7 +12,6 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -342,9 +341,10 @@ def test_killed_scheduler_stops_its_workers_and_a_restart_records_each_job_once(
         assert time.time() < deadline, "workers kept running after their scheduler was killed"
         time.sleep(0.1)
     assert len(done_files(config)) <= killed_at + 2 < 6
-    # Two worker processes (not the scheduler) wrote them: the local "array" runs the same task code as SLURM.
-    assert {f["worker"]["pid"] for f in done_files(config).values()} == set(workers)
-    assert schedule(replace(config, workers=1)) == []  # the restart
+    # The worker processes (not the scheduler) wrote them: the local "array" runs the same task code as SLURM.
+    # (A worker still importing torch when the scheduler died runs no job at all.)
+    assert {f["worker"]["pid"] for f in done_files(config).values()} <= set(workers) and len(workers) == 2
+    assert schedule(config) == []  # the restart, with two local workers again, finishes the rest
     assert len(done_files(config)) == 6 and len(rows(config, "done")) == 6
 
 
