@@ -16,7 +16,7 @@ per manifest). Tasks read only the manifest and write only result files (finetun
 
 ``--mode=once`` runs the jobs of the snapshots that exist until each is done or failed ``max_attempts`` times;
 ``--mode=follow`` also picks up new snapshots until every run is finished, diverged, failed or dead (status.json
-``running`` but not updated for ``dead_after_min``), or until ``--until``. The exit code is 1 when jobs failed
+``running`` but its heartbeat older than ``dead_after_min``), or until ``--until``. The exit code is 1 when jobs failed
 every attempt (they are listed with their errors); ``--retry_failed=true`` queues them again.
 """
 
@@ -40,7 +40,7 @@ from finetune.store import ResultStore, StoreVersionError
 from finetune.worker import RUNTIME_FIELDS, describe_model, job_specs
 from pretrain.cli import parse_command, require, run_cli
 from pretrain.identity import read_run_id
-from pretrain.layout import METRICS_FILE, STATUS_FILE, TERMINAL_STATUSES, list_snapshots, read_status
+from pretrain.layout import DEAD_AFTER_S, TERMINAL_STATUSES, is_dead, list_snapshots, read_status
 
 BackendName = Literal["local", "slurm"]
 Mode = Literal["once", "follow"]
@@ -76,9 +76,9 @@ class ScheduleConfig:
     until: str | None = None
     """Stop following at this time: an ISO date-time (2026-12-01T06:00, local time unless it has an offset) or a
     duration from now (90m, 8h, 45s). Submitted SLURM tasks run on; the next scheduler takes in their results."""
-    dead_after_min: float = 30.0
-    """A run whose status.json says running, with neither it nor metrics.jsonl written for this many minutes,
-    is dead (it crashed without saying so): follow mode stops waiting for it."""
+    dead_after_min: float = DEAD_AFTER_S / 60
+    """A run whose status.json says running but whose heartbeat ("updated", refreshed every few seconds while it
+    trains) is older than this many minutes is dead (it crashed without saying so): follow mode stops waiting."""
     backend: BackendName = "local"
     """local: worker processes on this machine. slurm: one job array per submission, through sbatch."""
     workers: int = 1
@@ -172,22 +172,9 @@ def discover(config: ScheduleConfig, store: ResultStore) -> list[JobSpec]:
 
 
 def run_state(run_dir: str | Path, dead_after_min: float, now: float | None = None) -> str:
-    """The run's status.json status, or ``dead`` for a ``running`` run that stopped writing anything."""
-    run_dir = Path(run_dir)
-    status = str(read_status(run_dir).get("status"))
-    if status != "running":
-        return status
-    # The newest sign of life: status.json or metrics.jsonl (appended at every logging step).
-    written = [p.stat().st_mtime for p in (run_dir / STATUS_FILE, run_dir / METRICS_FILE) if p.is_file()]
-    updated = read_status(run_dir).get("updated")
-    if updated:
-        try:
-            stamp = datetime.datetime.fromisoformat(str(updated))
-            written.append(stamp.timestamp())  # naive stamps are local time, as fromisoformat reads them
-        except ValueError:
-            pass
-    now = time.time() if now is None else now
-    return "dead" if written and now - max(written) > 60 * dead_after_min else "running"
+    """The run's status.json status, or ``dead`` for a ``running`` run whose heartbeat stopped (layout.is_dead)."""
+    status = read_status(run_dir)
+    return "dead" if is_dead(status, now, after_s=60 * dead_after_min) else str(status.get("status"))
 
 
 def runs_ended(config: ScheduleConfig) -> dict[str, str]:

@@ -4,6 +4,7 @@ identity, retrying failed jobs with corrected input, follow mode ending on a dea
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import shutil
@@ -289,13 +290,11 @@ def test_follow_ends_on_a_dead_run_and_at_until(tmp_path: Path, capsys: pytest.C
     assert run_state(run_dir, 1) == "running"
     assert schedule(config_for(tmp_path, [run_dir], mode="follow", until="1s")) == []  # alive: --until ends it
     assert "stopping at --until" in capsys.readouterr().out
-    # It crashed without saying so: status.json still says running, but nothing was written for 2 minutes.
+    # It crashed without saying so: status.json still says running, but its heartbeat is 2 minutes old.
     status = json.loads((run_dir / "status.json").read_text())
-    (run_dir / "status.json").write_text(json.dumps({**status, "updated": "2026-01-01T00:00:00+00:00"}))
-    old = time.time() - 120
-    for name in ("status.json", "metrics.jsonl"):
-        os.utime(run_dir / name, (old, old))
-    assert run_state(run_dir, 1) == "dead"
+    stale = datetime.datetime.fromtimestamp(time.time() - 120, datetime.timezone.utc).isoformat()
+    (run_dir / "status.json").write_text(json.dumps({**status, "updated": stale}))
+    assert run_state(run_dir, 1) == "dead" and run_state(run_dir, 3) == "running"
     assert schedule(config) == []
     assert f"every run ended: {run_dir} dead" in capsys.readouterr().out
     assert len(rows(config, "done")) == 1
