@@ -15,6 +15,7 @@ linear decay, max length 128, AdamW with weight decay 0.01 except on biases and 
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,7 @@ from finetune.glue import load_task
 from finetune.manifest import ResultsFolder
 from finetune.schedule import collect, results_dir, submit
 from finetune.store import ResultStore, StoreVersionError
+from finetune.tracking import WandbSettings, check_wandb
 from finetune.worker import RUNTIME_FIELDS, describe_model, job_specs
 from pretrain.cli import parse, require, run_cli
 from pretrain.layout import SNAPSHOT_INFO, SNAPSHOT_MARKER
@@ -57,6 +59,10 @@ class RunConfig:
     """Try again the jobs of this grid that failed every attempt (after fixing the cause)."""
     recipe: FinetuneConfig = field(default_factory=FinetuneConfig)
     """The fine-tuning recipe."""
+    wandb: bool = False
+    """Log one W&B run per job (job_type finetune; WANDB_MODE=offline logs locally, beside the store)."""
+    wandb_project: str | None = None
+    """W&B project of the job runs; unset: the pretraining run's tracking.project (else lnbert)."""
 
     def __post_init__(self) -> None:
         check_tasks("task", [self.task])
@@ -89,8 +95,11 @@ def run(config: RunConfig) -> list[dict[str, Any]]:
     data_dir = str(Path(config.data_dir).resolve()) if config.data_dir else None
     if data_dir is not None:
         load_task(config.task, data_dir)  # fail now, on the user's input, rather than inside every job
+    tracking = WandbSettings(project=config.wandb_project, dir=str(Path(config.store).parent)) if config.wandb else None
+    check_wandb(tracking)
     folder = ResultsFolder(results_dir(config.store, config.results_dir))
     runtime = {"data_dir": data_dir, "recipe": {k: getattr(config.recipe, k) for k in RUNTIME_FIELDS}}
+    runtime["wandb"] = dataclasses.asdict(tracking) if tracking else None
     with ResultStore(config.store) as store:
         specs = job_specs(describe_model(config.model, store), config.task, config.lrs, config.seeds, config.recipe)
         added = store.enqueue(specs)

@@ -22,6 +22,7 @@ every attempt (they are listed with their errors); ``--retry_failed=true`` queue
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import math
 import os
@@ -37,6 +38,7 @@ from finetune.config import DEFAULT_LRS, DEFAULT_SEEDS, FinetuneConfig, check_ta
 from finetune.glue import load_task
 from finetune.manifest import JobSpec, Manifest, ManifestJob, ResultsFolder, recipe_hash
 from finetune.store import ResultStore, StoreVersionError
+from finetune.tracking import WandbSettings, check_wandb
 from finetune.worker import RUNTIME_FIELDS, describe_model, job_specs
 from pretrain.cli import parse_command, require, run_cli
 from pretrain.identity import read_run_id
@@ -95,6 +97,10 @@ class ScheduleConfig:
     """The fine-tuning recipe of every job."""
     slurm: SlurmConfig = field(default_factory=SlurmConfig)
     """Settings of the slurm backend."""
+    wandb: bool = False
+    """Log one W&B run per job (job_type finetune; WANDB_MODE=offline logs locally, beside the store)."""
+    wandb_project: str | None = None
+    """W&B project of the job runs; unset: the pretraining run's tracking.project (else lnbert)."""
 
     def __post_init__(self) -> None:
         require(bool(self.runs), "runs", "is empty; pass one or more pretraining run folders: --runs='[RUN1, RUN2]'")
@@ -260,7 +266,13 @@ def runtime_settings(config: ScheduleConfig) -> dict[str, Any]:
     values = {k: getattr(recipe, k) for k in RUNTIME_FIELDS}
     values.update(torch_threads=recipe.torch_threads or threads, progress=progress)
     data_dir = str(Path(config.data_dir).resolve()) if config.data_dir else None
-    return {"data_dir": data_dir, "recipe": values}
+    wandb = wandb_settings(config)
+    return {"data_dir": data_dir, "recipe": values, "wandb": dataclasses.asdict(wandb) if wandb else None}
+
+
+def wandb_settings(config: ScheduleConfig) -> WandbSettings | None:
+    """One W&B run per job when --wandb (finetune/tracking.py); offline runs go beside the store."""
+    return WandbSettings(project=config.wandb_project, dir=str(Path(config.store).parent)) if config.wandb else None
 
 
 def submit(
@@ -330,6 +342,7 @@ def check_inputs(config: ScheduleConfig) -> None:
     if config.data_dir is not None:
         for task in config.tasks:
             load_task(task, config.data_dir)
+    check_wandb(wandb_settings(config))
 
 
 def schedule(config: ScheduleConfig) -> list[dict[str, Any]]:

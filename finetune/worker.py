@@ -21,6 +21,7 @@ from typing import Any
 from finetune.config import FinetuneConfig
 from finetune.manifest import JobSpec, Manifest, ManifestJob, ResultsFolder, load_manifest
 from finetune.store import ResultStore
+from finetune.tracking import WandbSettings, job_run
 from finetune.train import DataCache, finetune
 from pretrain.identity import read_run_id
 from pretrain.layout import SNAPSHOT_INFO
@@ -119,7 +120,13 @@ def run_job(job: ManifestJob, manifest: Manifest, folder: ResultsFolder, cache: 
     try:
         recipe = FinetuneConfig(**spec.recipe, **runtime["recipe"])
         data = cache.get(spec.model_path, spec.task, runtime["data_dir"], recipe)
-        results = finetune(spec.model_path, spec.task, data, spec.lr, spec.seed, recipe)
+        tracking = WandbSettings(**runtime["wandb"]) if runtime.get("wandb") else None
+        with job_run(spec, tracking) as tracked:
+            results = finetune(
+                spec.model_path, spec.task, data, spec.lr, spec.seed, recipe, tracked.log_step if tracked else None
+            )
+            if tracked:
+                tracked.finish(results)
     except Exception as err:  # recorded for the scheduler, which retries it; go on with the next job
         error = f"{type(err).__name__}: {err}"
         folder.write_failed(job, manifest.submission, error)

@@ -18,6 +18,7 @@ import yaml
 from benchmarks.data_path import DataPathConfig
 from benchmarks.finetune_throughput import FinetuneThroughputConfig
 from benchmarks.train_step import TrainStepConfig
+from finetune.dashboard import DashboardConfig
 from finetune.report import ReportConfig
 from finetune.run import RunConfig
 from finetune.schedule import ScheduleConfig, StatusConfig
@@ -46,6 +47,7 @@ CASES: list[tuple[type, list[str]]] = [
     *[(ScheduleConfig, ["--runs=[r]", "--config", str(p)]) for p in FINETUNE_PRESETS],
     (StatusConfig, []),
     (ReportConfig, ["--runs=[r]"]),
+    (DashboardConfig, ["--comparison=c"]),
     (LnJacobianConfig, []),
     (InitScaleConfig, []),
     (InitGradsConfig, []),

@@ -14,6 +14,7 @@ from finetune.report import main as report_main
 from finetune.store import ResultStore
 from pretrain.identity import ensure_run_id, read_run_id
 from tests.finetune_fixtures import set_status
+from tests.wandb_records import read_runs
 
 # Synthetic validation curves: Post-LN falls 1 per 100 steps, Pre-LN 1 per 60 steps.
 POST = {step: 8 - step / 100 for step in range(0, 501, 100)}
@@ -134,9 +135,19 @@ def test_report_cli_with_target_loss_and_wandb_offline(
     ]
     assert report_main([*args, "--target_loss=5.5", "--wandb"]) == 0
     assert "| post_ln (post) | 250 | 1.000 | 1.00x |" in capsys.readouterr().out
-    offline = sorted((out / "wandb").glob("offline-run-*"))
-    assert len(offline) == 3  # one per pretraining run, and the report with figures and the table
-    assert all(list(run.glob("*.wandb")) for run in offline)
+    assert report_main([*args, "--target_loss=5.5", "--wandb"]) == 0  # re-run: updates the same W&B run
+    first, second = read_runs(out / "wandb")
+    assert first.id == second.id and first.id.startswith("report-") and second.resumed
+    assert (second.job_type, second.config["norm_placement"]) == ("report", ["post", "pre"])
+    assert second.metrics["figure5/*"]["step_metric"] == "pretrain_step"
+    curve = [(row["pretrain_step"], row["figure5/val_mlm_loss/pre_ln (pre)"]) for row in second.history
+             if "figure5/val_mlm_loss/pre_ln (pre)" in row]  # fmt: skip
+    assert curve == sorted(PRE.items())
+    assert any(row.get("figure5/mrpc_accuracy/post_ln (post)") == pytest.approx(0.72) for row in second.history)
+    tables = next(row for row in second.history if "tables/seed_rows._type" in row)  # nested values: dotted keys
+    for key in ("tables/seed_rows", "tables/steps_to_loss", "tables/best_lr_points"):
+        assert tables[f"{key}._type"] == "table-file"
+    assert tables["tables/seed_rows.nrows"] == 2 * sum(len(accuracies) for accuracies in RESULTS.values())
 
 
 def test_report_refuses_mixed_recipes_and_missing_store(runs: dict[str, Path], tmp_path: Path) -> None:
