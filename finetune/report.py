@@ -306,7 +306,7 @@ def summary_markdown(
 
 def report_run_id(runs: list[RunInfo], recipe: str | None, tasks: list[str]) -> str:
     """Deterministic: the same runs, recipe and tasks always update the same W&B report run."""
-    identity = [pretraining_run(str(run.path))["id"] or run.name for run in runs]
+    identity = [pretraining_run(str(run.path))["id"] or run.run_id for run in runs]
     return f"report-{short_hash({'runs': identity, 'recipe': recipe, 'tasks': sorted(tasks)}, 16)}"
 
 
@@ -317,8 +317,8 @@ def _table(rows: list[dict[str, Any]], columns: list[str]) -> Any:
 
 
 def _of(row: dict[str, Any], runs: list[RunInfo]) -> bool:
-    """A store row belongs to one of the runs (by folder, or by name where results came from another mount)."""
-    return any(row["run_dir"] == str(run.path) or row["run_name"] == run.name for run in runs)
+    """A store row belongs to one of the runs (by run id: not by name, and wherever the folder is mounted)."""
+    return any(row["run_id"] == run.run_id for run in runs)
 
 
 def log_wandb(
@@ -373,7 +373,7 @@ def log_wandb(
     for step in sorted(by_step):
         wb.log({"pretrain_step": step, **by_step[step]})
     placement = {run.label: run.placement for run in runs}
-    seed_columns = ["run_name", "placement", "pretrain_step", "task", "lr", "seed", "accuracy", "f1", "dev_loss",
+    seed_columns = ["run_name", "run_id", "placement", "pretrain_step", "task", "lr", "seed", "accuracy", "f1", "dev_loss",
                     "recipe_hash", "snapshot_hash"]  # fmt: skip
     wb.log(
         {
