@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import math
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +28,7 @@ from finetune.config import check_tasks
 from finetune.store import ResultStore, StoreVersionError
 from finetune.tracking import pretraining_run
 from pretrain.cli import parse, require, run_cli
+from pretrain.identity import read_run_id
 from pretrain.layout import RUN_CONFIG_FILE, read_metrics, read_status
 from pretrain.reporting import pyplot, save_figure
 from pretrain.wandb_logging import check_credentials, short_hash, wandb_mode
@@ -67,12 +68,12 @@ class ReportConfig:
 @dataclass(frozen=True)
 class RunInfo:
     path: Path
+    run_id: str
+    """The run's identity (RUN/run_id): results are matched by it, never by name or path."""
     name: str
     placement: str
-
-    @property
-    def label(self) -> str:
-        return f"{self.name} ({self.placement})"
+    label: str
+    """Legend and table label; unique among the runs of one report."""
 
 
 # --------------------------------------------------------------------------------------------------
@@ -87,8 +88,26 @@ def run_info(run_dir: str | Path) -> RunInfo:
     status = read_status(path)
     config_path = path / RUN_CONFIG_FILE
     config = json.loads(config_path.read_text()) if config_path.is_file() else {}
-    placement = status.get("norm_placement") or config.get("model", {}).get("norm_placement", "unknown")
-    return RunInfo(path=path, name=str(status.get("run_name") or path.name), placement=str(placement))
+    placement = str(status.get("norm_placement") or config.get("model", {}).get("norm_placement", "unknown"))
+    name = str(status.get("run_name") or path.name)
+    return RunInfo(path=path, run_id=read_run_id(path), name=name, placement=placement, label=f"{name} ({placement})")
+
+
+def run_infos(run_dirs: list[str]) -> list[RunInfo]:
+    """The runs of a report, labelled apart: runs that share a name get their folder name (or id) added."""
+    runs = [run_info(r) for r in run_dirs]
+    ids = [run.run_id for run in runs]
+    if len(set(ids)) < len(ids):
+        raise ValueError(f"--runs names one run twice (run ids {', '.join(ids)}); pass each run folder once")
+    labels = [run.label for run in runs]
+    out = []
+    for run in runs:
+        if labels.count(run.label) > 1:
+            folders = [r.path.name for r in runs if r.label == run.label]
+            suffix = run.path.name if folders.count(run.path.name) == 1 else run.run_id
+            run = replace(run, label=f"{run.label} [{suffix}]")
+        out.append(run)
+    return out
 
 
 def val_loss_curve(run_dir: str | Path) -> list[tuple[int, float]]:
@@ -161,10 +180,8 @@ def best_lr_points(rows: list[dict[str, Any]], runs: list[RunInfo], task: str) -
     """For each (run, step): the lr with the best mean dev accuracy, with its mean, CI and seed count."""
     groups: dict[tuple[str, int], dict[float, list[dict[str, Any]]]] = defaultdict(lambda: defaultdict(list))
     for run in runs:
-        mine = [r for r in rows if r["task"] == task and r["run_dir"] == str(run.path)]
-        # Results computed where the run folder had another path (a cluster mount): match by run name.
-        mine = mine or [r for r in rows if r["task"] == task and r["run_name"] == run.name]
-        for row in mine:
+        # By run id: a run folder moved or mounted elsewhere is the same run; another run of the same name is not.
+        for row in (r for r in rows if r["task"] == task and r["run_id"] == run.run_id):
             groups[(run.label, row["pretrain_step"])][row["lr"]].append(row)
     points = []
     for (label, step), by_lr in sorted(groups.items()):
@@ -289,7 +306,7 @@ def summary_markdown(
 
 def report_run_id(runs: list[RunInfo], recipe: str | None, tasks: list[str]) -> str:
     """Deterministic: the same runs, recipe and tasks always update the same W&B report run."""
-    identity = [pretraining_run(str(run.path))["id"] or run.name for run in runs]
+    identity = [pretraining_run(str(run.path))["id"] or run.run_id for run in runs]
     return f"report-{short_hash({'runs': identity, 'recipe': recipe, 'tasks': sorted(tasks)}, 16)}"
 
 
@@ -300,8 +317,8 @@ def _table(rows: list[dict[str, Any]], columns: list[str]) -> Any:
 
 
 def _of(row: dict[str, Any], runs: list[RunInfo]) -> bool:
-    """A store row belongs to one of the runs (by folder, or by name where results came from another mount)."""
-    return any(row["run_dir"] == str(run.path) or row["run_name"] == run.name for run in runs)
+    """A store row belongs to one of the runs (by run id: not by name, and wherever the folder is mounted)."""
+    return any(row["run_id"] == run.run_id for run in runs)
 
 
 def log_wandb(
@@ -356,7 +373,7 @@ def log_wandb(
     for step in sorted(by_step):
         wb.log({"pretrain_step": step, **by_step[step]})
     placement = {run.label: run.placement for run in runs}
-    seed_columns = ["run_name", "placement", "pretrain_step", "task", "lr", "seed", "accuracy", "f1", "dev_loss",
+    seed_columns = ["run_name", "run_id", "placement", "pretrain_step", "task", "lr", "seed", "accuracy", "f1", "dev_loss",
                     "recipe_hash", "snapshot_hash"]  # fmt: skip
     wb.log(
         {
@@ -390,7 +407,7 @@ def report(config: ReportConfig) -> dict[str, Any]:
     """Write the figures and summary.md to ``config.out``; returns what they show."""
     if config.wandb:
         check_credentials(wandb_mode(), Path(config.out))
-    runs = [run_info(r) for r in config.runs]
+    runs = run_infos(config.runs)
     curves = {run.label: val_loss_curve(run.path) for run in runs}
     target = config.target_loss if config.target_loss is not None else default_target(curves)
     table = steps_table(runs, curves, target) if target is not None else []

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from finetune.store import JobSpec, recipe_hash
+from finetune.manifest import JobSpec, recipe_hash
 from pretrain.layout import RUN_CONFIG_FILE
 from pretrain.wandb_logging import (
     check_credentials,
@@ -62,9 +62,9 @@ def pretraining_run(run_dir: str) -> dict[str, Any]:
 
 
 def job_run_id(spec: JobSpec) -> str:
-    """Deterministic: the same job (snapshot content, task, lr, seed, recipe) always logs to the same run."""
-    key = {"snapshot": spec.snapshot_hash, "task": spec.task, "lr": spec.lr, "seed": spec.seed, "recipe": spec.recipe}
-    return f"ft-{short_hash(key, 16)}"
+    """Deterministic: the same job (its key: run id, snapshot content, task, lr, seed, recipe) always logs to the
+    same run; two runs of one name with equal weights do not share one."""
+    return f"ft-{short_hash(spec.key, 16)}"
 
 
 def job_group(spec: JobSpec, pretrain_group: str | None) -> str:

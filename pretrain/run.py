@@ -58,6 +58,7 @@ from pretrain.checkpointing import (
 from pretrain.config import ConfigError, PretrainConfig, TrainConfig, help_text, parse_args, to_dict
 from pretrain.data import MaskingCollator, PretrainingData, build_pretraining_data
 from pretrain.flops import flops_per_token
+from pretrain.identity import ensure_run_id
 from pretrain.layout import (
     HEARTBEAT_EVERY_S,
     METRICS_FILE,
@@ -677,6 +678,7 @@ def pretrain(cfg: PretrainConfig, argv: list[str] | None = None) -> str:
     setup, state = prepare_training(cfg, accelerator, resume_from, prepare_command(argv))
     if accelerator.is_main_process:
         write_json_atomic(run_dir / RUN_CONFIG_FILE, setup.resolved)
+        ensure_run_id(run_dir)  # once per run: fine-tuning results are keyed by it (pretrain/identity.py)
         same_run = resume_from is not None and resume_from.parent.parent.resolve() == run_dir.resolve()
         # From step 0 (a new run, or one killed before its first checkpoint) no line of an earlier try is kept.
         setup.last_eval = rewind_metrics(run_dir, state.step if same_run else -1)

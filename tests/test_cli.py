@@ -146,7 +146,7 @@ def test_floats_must_be_finite_everywhere(cls: type, base_argv: list[str], bad: 
 
 def test_float_keys_are_found() -> None:
     assert {"optim.lr", "optim.betas", "train.peak_flops_per_device"} <= set(_float_keys(PretrainConfig))
-    assert {"lrs", "lease_s", "recipe.max_grad_norm", "recipe.adam_eps"} <= set(_float_keys(RunConfig))
+    assert {"lrs", "recipe.max_grad_norm", "recipe.adam_eps"} <= set(_float_keys(RunConfig))
     assert {"lrs", "eps"} <= set(_float_keys(GridConfig)) | set(_float_keys(LnJacobianConfig))
 
 
@@ -161,7 +161,6 @@ def test_float_keys_are_found() -> None:
         (["--lrs=[]"], r"lrs must be a non-empty list"),
         (["--seeds=[-1]"], r"seeds must be a non-empty list of distinct integers >= 0"),
         (["--seeds=[1, 1]"], r"seeds must be a non-empty list of distinct integers"),
-        (["--lease_s=0"], r"lease_s must be > 0"),
         (["--max_attempts=0"], r"max_attempts must be >= 1"),
     ],
 )

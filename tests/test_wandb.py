@@ -18,7 +18,7 @@ from accelerate.state import AcceleratorState, GradientState
 import finetune.worker as finetune_worker
 from finetune.config import FinetuneConfig
 from finetune.run import RunConfig, run
-from finetune.schedule import ScheduleConfig, worker_settings
+from finetune.schedule import ScheduleConfig, wandb_settings
 from finetune.store import ResultStore
 from finetune.tracking import WandbSettings, job_run, job_run_id
 from finetune.worker import describe_model, job_specs
@@ -323,7 +323,7 @@ def test_online_job_runs_use_their_snapshot_artifact(tmp_path: Path, monkeypatch
     write_json_atomic(run_dir / WANDB_RUN_FILE, {"id": "abc", "group": "g", "project": "p"})
     with ResultStore(tmp_path / "results.sqlite") as store:
         description = describe_model(str(run_dir / "snapshots" / "step_00000010"), store)
-    (spec,) = job_specs(description, "rte", [1e-3], [0], FinetuneConfig(**QUICK), None)
+    (spec,) = job_specs(description, "rte", [1e-3], [0], FinetuneConfig(**QUICK))
     with job_run(spec, WandbSettings(dir=str(tmp_path))):
         pass
     (artifact,) = used
@@ -333,8 +333,8 @@ def test_online_job_runs_use_their_snapshot_artifact(tmp_path: Path, monkeypatch
 def test_scheduler_workers_get_the_wandb_settings(tmp_path: Path) -> None:
     config = ScheduleConfig(runs=[str(tmp_path)], store=str(tmp_path / "s" / "results.sqlite"), wandb=True,
                             wandb_project="p")  # fmt: skip
-    assert worker_settings(config, 1, False).wandb == WandbSettings(project="p", dir=str(tmp_path / "s"))
-    assert worker_settings(ScheduleConfig(runs=[str(tmp_path)]), 1, False).wandb is None
+    assert wandb_settings(config) == WandbSettings(project="p", dir=str(tmp_path / "s"))
+    assert wandb_settings(ScheduleConfig(runs=[str(tmp_path)])) is None
 
 
 def test_job_run_ids_are_deterministic(finetuned: tuple[Path, list[dict], list[LoggedRun]]) -> None:
@@ -342,7 +342,7 @@ def test_job_run_ids_are_deterministic(finetuned: tuple[Path, list[dict], list[L
     run_dir, _, logged = finetuned
     with ResultStore(run_dir.parent / "results.sqlite") as store:
         description = describe_model(str(run_dir / "snapshots" / "step_00000010"), store)
-    specs = job_specs(description, "mrpc", [1e-3], [0, 1], FinetuneConfig(**QUICK), str(FIXTURE_GLUE))
+    specs = job_specs(description, "mrpc", [1e-3], [0, 1], FinetuneConfig(**QUICK))
     assert {job_run_id(spec) for spec in specs} == {r.id for r in logged}
 
 
