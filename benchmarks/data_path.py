@@ -1,7 +1,7 @@
 """Data path: corpus -> instances throughput, padding waste, and how long training waits for data.
 
-    python -m benchmarks.data_path --corpus PATH/TO/wiki.jsonl --max-documents 400
-    python -m benchmarks.data_path --corpus 'corpus/*.jsonl' --tokenizer PATH/TO/tokenizer --workers 0,2
+    python -m benchmarks.data_path --corpus=PATH/TO/wiki.jsonl --max_documents=400
+    python -m benchmarks.data_path --corpus='corpus/*.jsonl' --tokenizer=PATH/TO/tokenizer --workers='[0, 2]'
 
 1. Preprocessing: ``pretrain.data.make_instances`` (sentence split, tokenise, BERT NSP instances) against a plain
    ``datasets.map`` tokenisation of the same documents with the same tokenizer, alternated ``--reps`` times;
@@ -266,9 +266,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
 def cli() -> int:
     """``main`` for the command line: bad options end with their message and exit code 2."""
-    main()
-    return 0
+
+    def run() -> int:
+        main()
+        return 0
+
+    return run_cli(run)
 
 
 if __name__ == "__main__":
-    raise SystemExit(run_cli(cli))
+    raise SystemExit(cli())

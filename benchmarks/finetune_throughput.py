@@ -1,7 +1,7 @@
 """Fine-tuning throughput (examples/s) on a GLUE task, our classifier against Hugging Face's, interleaved.
 
-    python -m benchmarks.finetune_throughput --data-dir PATH/TO/glue              # random-init small model
-    python -m benchmarks.finetune_throughput --data-dir PATH/TO/glue --model runs/x/snapshots/step_00010000
+    python -m benchmarks.finetune_throughput --data_dir=PATH/TO/glue              # random-init small model
+    python -m benchmarks.finetune_throughput --data_dir=PATH/TO/glue --model=runs/x/snapshots/step_00010000
 
 One training step is ``finetune.run.train_step`` on a batch padded as in fine-tuning (``finetune.glue.batches``):
 forward (bf16 autocast in the bf16 rows), backward, gradient clipping, fused AdamW with its weight-decay groups
@@ -209,9 +209,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
 def cli() -> int:
     """``main`` for the command line: bad options end with their message and exit code 2."""
-    main()
-    return 0
+
+    def run() -> int:
+        main()
+        return 0
+
+    return run_cli(run)
 
 
 if __name__ == "__main__":
-    raise SystemExit(run_cli(cli))
+    raise SystemExit(cli())

@@ -7,13 +7,14 @@ repetition, so a slow spell on the shared machine hits all of them, and the rati
 (on a known GPU, against the data sheet).
 
     python -m benchmarks.train_step                                   # BERT-base + small, fp32 + bf16
-    python -m benchmarks.train_step --shapes small --reps 5           # a quick look (~1 minute on 2 cores)
-    python -m benchmarks.train_step --variants hf,post,post+dense,post+compile --shapes small
-    python -m benchmarks.train_step --profile post --shapes base --precisions bf16 --reps 3
-    python -m benchmarks.train_step --threads 1 ...     # on a shared, busy CPU: read the CPU-time columns
+    python -m benchmarks.train_step --shapes='[small]' --reps=5       # a quick look (~1 minute on 2 cores)
+    python -m benchmarks.train_step --variants='[hf, post, post+dense, post+compile]' --shapes='[small]'
+    python -m benchmarks.train_step --profile=post --shapes='[base]' --precisions='[bf16]' --reps=3
+    python -m benchmarks.train_step --threads=1 ...     # on a shared, busy CPU: read the CPU-time columns
+    python -m benchmarks.train_step --help              # every option (lists are YAML lists)
 
 On a CPU shared with other jobs, wall-clock times swing by 50-100% (two OpenMP threads wait for each other
-whenever one is descheduled). With ``--threads 1`` the process CPU time per step is steady (IQR a few %), so
+whenever one is descheduled). With ``--threads=1`` the process CPU time per step is steady (IQR a few %), so
 the "x baseline (CPU time)", "tok/CPU-s" and "MFU exec (CPU time)" columns (against the GEMM's FLOPs per
 CPU-second, measured the same way) are the figures to read there; on an idle machine or a GPU, the wall-clock ones.
 
@@ -532,9 +533,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
 def cli() -> int:
     """``main`` for the command line: bad options end with their message and exit code 2."""
-    main()
-    return 0
+
+    def run() -> int:
+        main()
+        return 0
+
+    return run_cli(run)
 
 
 if __name__ == "__main__":
-    raise SystemExit(run_cli(cli))
+    raise SystemExit(cli())

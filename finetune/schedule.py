@@ -57,7 +57,7 @@ class SlurmConfig:
     mem: str | None = None
     """#SBATCH --mem (e.g. 16G; unset: the cluster's default)."""
     extra: list[str] = field(default_factory=list)
-    """Further sbatch options, one per entry, e.g. --account=abc."""
+    """Further sbatch options, one per entry, e.g. ['--account=abc']."""
     python: str = "python"
     """The interpreter an array task runs (an absolute path if the cluster nodes need one)."""
 

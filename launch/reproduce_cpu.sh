@@ -52,8 +52,9 @@ pretrain() {  # name preset [overrides...]
   python pretrain/run.py --config "configs/pretrain/$preset.yaml" "${common[@]}" \
     --train.output_dir="$OUT/$name" --train.run_name="$name" "$@" > "$OUT/$name.log" 2>&1
 }
-recipe=(--recipe.epochs "$FT_EPOCHS" --recipe.mixed_precision "$FT_PRECISION")
-[[ -n $FT_MAX_TRAIN ]] && recipe+=(--recipe.max_train_examples "$FT_MAX_TRAIN")
+recipe=(--recipe.epochs="$FT_EPOCHS" --recipe.mixed_precision="$FT_PRECISION")
+[[ -n $FT_MAX_TRAIN ]] && recipe+=(--recipe.max_train_examples="$FT_MAX_TRAIN")
+lrs="[${LRS// /, }]" seeds="[${SEEDS// /, }]"  # the knobs are space-separated; the options take YAML lists
 
 # 1. The tokenizer (WordPiece, 8192, trained on the corpus) and the instances, built once and shared.
 phase "1. tokenizer and instances"
@@ -66,9 +67,9 @@ phase "2. pretraining (3 runs) and scheduled fine-tuning"
 pretrain post_ln small_post_ln --data.tokenizer="$tokenizer" &
 pretrain pre_ln small_pre_ln --data.tokenizer="$tokenizer" &
 pretrain post_ln_lr3e-4 small_post_ln --data.tokenizer="$tokenizer" --optim.lr=3e-4 &
-python -m finetune.schedule --runs "$OUT/post_ln" "$OUT/pre_ln" --data_dir "$GLUE" --tasks mrpc rte \
-  --lrs $LRS --seeds $SEEDS --store "$OUT/finetune.sqlite" --mode follow --workers "$FT_WORKERS" \
-  --total_threads "$FT_WORKERS" "${recipe[@]}" > "$OUT/finetune.log" 2>&1 &
+python -m finetune.schedule --runs="[$OUT/post_ln, $OUT/pre_ln]" --data_dir="$GLUE" --tasks='[mrpc, rte]' \
+  --lrs="$lrs" --seeds="$seeds" --store="$OUT/finetune.sqlite" --mode=follow --workers="$FT_WORKERS" \
+  --total_threads="$FT_WORKERS" "${recipe[@]}" > "$OUT/finetune.log" 2>&1 &
 scheduler=$!
 wait %1 %2 %3
 phase "   pretraining done"
@@ -76,26 +77,26 @@ wait "$scheduler"
 phase "   fine-tuning done"
 
 # 3. Figure 5.
-python -m finetune.report --runs "$OUT/post_ln" "$OUT/pre_ln" "$OUT/post_ln_lr3e-4" --store "$OUT/finetune.sqlite" \
-  --tasks mrpc rte --out "$OUT/report" > "$OUT/report.log" 2>&1
+python -m finetune.report --runs="[$OUT/post_ln, $OUT/pre_ln, $OUT/post_ln_lr3e-4]" --store="$OUT/finetune.sqlite" \
+  --tasks='[mrpc, rte]' --out="$OUT/report" > "$OUT/report.log" 2>&1
 phase "3. report written: $OUT/report/summary.md"
 
 # 4. The baseline without pretraining: the same architecture, tokenizer and recipe from random weights (own
 #    store: another recipe), one task per core.
 last=$(printf "%s/pre_ln/snapshots/step_%08d" "$OUT" "$STEPS")
 for task in mrpc rte; do
-  python -m finetune.run --model "$last" --task "$task" --data_dir "$GLUE" --lrs $LRS --seeds $SEEDS \
-    --store "$OUT/finetune_random_init.sqlite" --recipe.torch_threads 1 --recipe.progress false "${recipe[@]}" \
-    --recipe.random_init true > "$OUT/finetune_random_init_$task.log" 2>&1 &
+  python -m finetune.run --model="$last" --task="$task" --data_dir="$GLUE" --lrs="$lrs" --seeds="$seeds" \
+    --store="$OUT/finetune_random_init.sqlite" --recipe.torch_threads=1 --recipe.progress=false "${recipe[@]}" \
+    --recipe.random_init=true > "$OUT/finetune_random_init_$task.log" 2>&1 &
 done
 wait
 phase "4. random-init baseline done"
 
 # 5. Warm-up x peak-lr grid at depth 12 (does Post-LN need warm-up?), same data; two cells at a time.
 [[ ${SKIP_GRID:-0} == 1 ]] && exit 0
-python -m pretrain.analysis grid --config configs/pretrain/small_post_ln.yaml --placements post pre --jobs 2 \
-  --warmup-steps 0 50 --lrs 3e-4 1e-3 3e-3 --max-steps "$GRID_STEPS" --num-layers 12 --hidden-size 128 --num-heads 4 \
-  --set "data.sources=$sources" --set data.validation_fraction=0.02 --set data.tokenizer="$tokenizer" \
-  --set data.cache_dir="$OUT/cache" --set "train.snapshot_steps=[]" --set train.eval_batches=20 --out "$OUT/grid" \
-  > "$OUT/grid.log" 2>&1
+overrides="[\"data.sources=$sources\", data.validation_fraction=0.02, \"data.tokenizer=$tokenizer\",
+  \"data.cache_dir=$OUT/cache\", \"train.snapshot_steps=[]\", train.eval_batches=20]"
+python -m pretrain.analysis grid --preset=configs/pretrain/small_post_ln.yaml --placements='[post, pre]' --jobs=2 \
+  --warmup_steps='[0, 50]' --lrs='[3e-4, 1e-3, 3e-3]' --max_steps="$GRID_STEPS" --num_layers=12 --hidden_size=128 \
+  --num_heads=4 --overrides="$overrides" --out="$OUT/grid" > "$OUT/grid.log" 2>&1
 phase "5. grid done: $OUT/grid/table.txt"

@@ -431,9 +431,9 @@ def help_text(cls: type, *, prog: str, description: str = "", usage: str = "", d
         out += ["", description.strip()]
     out += [
         "",
-        "Options are --key=VALUE (or --key VALUE); sections use dotted keys (--recipe.epochs=2); keys are spelled",
-        "as in the YAML presets. Values are YAML: lists --key='[1e-5, 3e-5]', null clears an optional value, and a",
-        "bare --flag sets a boolean to true. --config PRESET.yaml is repeatable; presets merge in order, then the",
+        "Options are --key=VALUE (or --key VALUE), --section.key=VALUE in a section; keys are spelled as in the",
+        "YAML presets. Values are YAML: lists --key='[1e-5, 3e-5]', null clears an optional value, and a bare",
+        "--flag sets a boolean to true. --config PRESET.yaml is repeatable; presets merge in order, then the",
         "options in order (later wins).",
         "",
     ]

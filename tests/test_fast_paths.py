@@ -174,11 +174,15 @@ def test_parse_variant_rejects_bad_specs(spec: str, match: str) -> None:
         train_step.parse_variant(spec)
 
 
-def test_parse_args_rejects_unknown_shape_and_precision() -> None:
-    with pytest.raises(ValueError, match="--shapes"):
-        train_step.parse_args(["--shapes", "huge"])
-    with pytest.raises(ValueError, match="--precisions"):
-        train_step.parse_args(["--precisions", "fp8"])
+def test_parse_args_rejects_unknown_shape_precision_and_variant() -> None:
+    with pytest.raises(ValueError, match=r"shapes\[0\] must be one of base, small, preset, tiny; got 'huge'"):
+        train_step.parse_args(["--shapes=[huge]"])
+    with pytest.raises(ValueError, match=r"precisions\[1\] must be one of fp32, bf16; got 'fp8'"):
+        train_step.parse_args(["--precisions=[fp32, fp8]"])
+    with pytest.raises(ValueError, match=r"shapes expects list.*lists are YAML"):
+        train_step.parse_args(["--shapes=base,small"])
+    with pytest.raises(ValueError, match=r"variants: variant 'post\+turbo': unknown modifier"):
+        train_step.parse_args(["--variants=[post+turbo]"])
 
 
 def test_random_batch_has_fifteen_percent_targets_at_mask_tokens() -> None:
@@ -194,8 +198,8 @@ def test_random_batch_has_fifteen_percent_targets_at_mask_tokens() -> None:
 def test_train_step_benchmark_runs_end_to_end_on_cpu(tmp_path) -> None:
     out = tmp_path / "r.json"
     payload = train_step.main([
-        "--shapes", "tiny", "--precisions", "fp32,bf16", "--variants", "hf,pre+dense+qkv+foreach", "--reps", "2",
-        "--warmup", "1", "--device", "cpu", "--gemm-size", "64", "--profile", "hf", "--profile-rows", "5",
+        "--shapes=[tiny]", "--precisions=[fp32, bf16]", "--variants=[hf, pre+dense+qkv+foreach]", "--reps", "2",
+        "--warmup", "1", "--device", "cpu", "--gemm_size", "64", "--profile", "hf", "--profile_rows", "5",
         "--out", str(out),
     ])  # fmt: skip
     saved = json.loads(out.read_text())
@@ -269,9 +273,9 @@ def test_data_path_benchmark_runs_on_a_small_corpus(tmp_path) -> None:
     corpus = tmp_path / "corpus.jsonl"
     corpus.write_text("".join(json.dumps({"text": " ".join(_sentences(30, seed))}) + "\n" for seed in range(12)))
     payload = data_path.main([
-        "--corpus", str(corpus), "--max-documents", "12", "--vocab-size", "200", "--max-seq-length", "32",
-        "--reps", "1", "--batch", "2", "--steps", "3", "--workers", "0", "--shape", "tiny", "--precision", "fp32",
-        "--device", "cpu", "--cache-dir", str(tmp_path / "cache"), "--out", str(tmp_path / "d.json"),
+        "--corpus", str(corpus), "--max_documents", "12", "--vocab_size", "200", "--max_seq_length", "32",
+        "--reps", "1", "--batch", "2", "--steps", "3", "--workers=[0]", "--shape", "tiny", "--precision", "fp32",
+        "--device", "cpu", "--cache_dir", str(tmp_path / "cache"), "--out", str(tmp_path / "d.json"),
     ])  # fmt: skip
     pre = payload["preprocessing"]
     assert pre["instances"] > 0 and pre["corpus_tokens"] > 0 and pre["ours_tokens_per_s"] > 0
@@ -304,7 +308,7 @@ def test_finetune_throughput_benchmark_runs_on_a_small_task(tmp_path) -> None:
         rows = "".join(f"{i % 2}\t{i}\t{i + 100}\t{a[i]}\t{b[i]}\n" for i in range(n))
         (task_dir / f"{split}.tsv").write_text(header + rows)
     payload = finetune_throughput.main([
-        "--data-dir", str(tmp_path), "--shape", "tiny", "--batch", "4", "--reps", "2", "--device", "cpu",
+        "--data_dir", str(tmp_path), "--shape", "tiny", "--batch", "4", "--reps", "2", "--device", "cpu",
         "--out", str(tmp_path / "f.json"),
     ])  # fmt: skip
     assert [g["precision"] for g in payload["groups"]] == ["fp32", "bf16"]

@@ -1,0 +1,276 @@
+"""The one command-line loader (pretrain/cli.py) as every command uses it: overrides change only the key they
+name, floats must be finite, bad YAML names its file and line, and --help shows exactly what is accepted."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+import subprocess
+import sys
+import typing
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from benchmarks.data_path import DataPathConfig
+from benchmarks.finetune_throughput import FinetuneThroughputConfig
+from benchmarks.train_step import TrainStepConfig
+from finetune.report import ReportConfig
+from finetune.run import RunConfig
+from finetune.schedule import ScheduleConfig, StatusConfig
+from pretrain.analysis import GridConfig, InitGradsConfig, InitScaleConfig, LnJacobianConfig
+from pretrain.cli import ConfigError, field_type, flatten, parse, to_dict
+from pretrain.config import PretrainConfig
+
+ROOT = Path(__file__).resolve().parents[1]
+PRETRAIN_PRESETS = sorted((ROOT / "configs" / "pretrain").glob("*.yaml"))
+FINETUNE_PRESETS = sorted((ROOT / "configs" / "finetune").glob("*.yaml"))
+
+
+def _base_argv(preset: Path) -> list[str]:
+    if preset.name.endswith("_seq512.yaml"):  # an overlay on its phase-1 preset
+        return ["--config", str(preset.with_name(preset.name.replace("_seq512", ""))), "--config", str(preset)]
+    return ["--config", str(preset)]
+
+
+# (schema, the arguments of one starting configuration: required keys and presets)
+CASES: list[tuple[type, list[str]]] = [
+    (PretrainConfig, []),
+    *[(PretrainConfig, _base_argv(p)) for p in PRETRAIN_PRESETS],
+    (RunConfig, ["--model=m"]),
+    *[(RunConfig, ["--model=m", "--config", str(p)]) for p in FINETUNE_PRESETS],
+    (ScheduleConfig, ["--runs=[r]"]),
+    *[(ScheduleConfig, ["--runs=[r]", "--config", str(p)]) for p in FINETUNE_PRESETS],
+    (StatusConfig, []),
+    (ReportConfig, ["--runs=[r]"]),
+    (LnJacobianConfig, []),
+    (InitScaleConfig, []),
+    (InitGradsConfig, []),
+    (GridConfig, []),
+    (TrainStepConfig, []),
+    (DataPathConfig, ["--corpus=c.jsonl"]),
+    (FinetuneThroughputConfig, ["--data_dir=glue"]),
+]
+CASE_IDS = [f"{cls.__name__}-{Path(argv[-1]).name if argv else 'default'}" for cls, argv in CASES]
+
+
+def _resolve(cls: type, argv: list[str]) -> dict[str, Any]:
+    return flatten(to_dict(parse(cls, argv, prog="test")))
+
+
+def _leaf_keys(cls: type, prefix: str = "") -> list[str]:
+    keys = []
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        if not f.init:
+            continue
+        tp = hints[f.name]
+        key = f"{prefix}{f.name}"
+        keys += _leaf_keys(tp, f"{key}.") if dataclasses.is_dataclass(tp) else [key]
+    return keys
+
+
+def _yaml(value: Any) -> str:
+    return yaml.safe_dump(value, default_flow_style=True, width=10_000).strip().removesuffix("...").strip()
+
+
+def _changed(value: Any) -> Any:
+    """A different value of the same type, or None when there is no obvious one."""
+    if isinstance(value, bool):
+        return not value
+    if isinstance(value, int):
+        return value + 1
+    if isinstance(value, float):
+        return value * 0.5 if value else 0.5
+    return None
+
+
+@pytest.mark.parametrize(("cls", "base_argv"), CASES, ids=CASE_IDS)
+def test_an_override_changes_only_the_key_it_names(cls: type, base_argv: list[str]) -> None:
+    # The bug this guards against: on the built-in default, --data.max_documents=500 rebuilt `data` from
+    # DataConfig's own defaults (vocab_size 2048 -> 30522, max_seq_length 64 -> 128, ...).
+    base = _resolve(cls, base_argv)
+    flat_keys = _leaf_keys(cls)
+    assert set(flat_keys) <= set(base)
+    changed_some = 0
+    for key in flat_keys:
+        # The key's own current value: nothing may change.
+        assert _resolve(cls, [*base_argv, f"--{key}={_yaml(base[key])}"]) == base, key
+        new = _changed(base[key])
+        if new is None:
+            continue
+        try:
+            after = _resolve(cls, [*base_argv, f"--{key}={_yaml(new)}"])
+        except ConfigError:  # out of range, or inconsistent with another key: the loader says so
+            continue
+        differing = {k for k in base if after[k] != base[k]}
+        assert differing == {key}, (key, differing)
+        changed_some += 1
+    assert changed_some > 0
+
+
+def test_the_data_section_keeps_its_default_when_one_key_is_given() -> None:
+    cfg = parse(PretrainConfig, ["--data.max_documents=500"], prog="test")
+    default = PretrainConfig().data
+    assert (cfg.data.vocab_size, cfg.data.max_seq_length, cfg.data.validation_fraction) == (2048, 64, 0.02)
+    assert dataclasses.replace(default, max_documents=500) == cfg.data
+
+
+def _float_keys(cls: type) -> dict[str, int]:
+    """Keys whose type holds floats -> how many (1 for a float or list of floats, n for a tuple of n)."""
+    keys = {}
+    for key in _leaf_keys(cls):
+        tp = field_type(cls, key)
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        if tp is float or (float in args and typing.get_origin(tp) is not tuple):
+            keys[key] = 1
+        elif typing.get_origin(tp) is tuple and float in args:
+            keys[key] = len(args)
+    return keys
+
+
+@pytest.mark.parametrize(("cls", "base_argv"), [c for c in CASES if "--config" not in c[1]], ids=lambda v: getattr(v, "__name__", ""))
+@pytest.mark.parametrize("bad", [".nan", "nan", ".inf", "-.inf", "inf", "1e999"])
+def test_floats_must_be_finite_everywhere(cls: type, base_argv: list[str], bad: str) -> None:
+    for key, n in _float_keys(cls).items():
+        origin = typing.get_origin(field_type(cls, key))
+        value = f"[{', '.join([bad] * n)}]" if origin in (list, tuple) else bad
+        with pytest.raises(ConfigError, match=rf"^{re.escape(key)}(\[0\])? must be a finite number"):
+            parse(cls, [*base_argv, f"--{key}={value}"], prog="test")
+
+
+def test_float_keys_are_found() -> None:
+    assert {"optim.lr", "optim.betas", "train.peak_flops_per_device"} <= set(_float_keys(PretrainConfig))
+    assert {"lrs", "lease_s", "recipe.max_grad_norm", "recipe.adam_eps"} <= set(_float_keys(RunConfig))
+    assert {"lrs", "eps"} <= set(_float_keys(GridConfig)) | set(_float_keys(LnJacobianConfig))
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--recipe.max_grad_norm=-1"], r"recipe\.max_grad_norm must be >= 0"),
+        (["--recipe.adam_eps=0"], r"recipe\.adam_eps must be > 0"),
+        (["--recipe.adam_beta2=1"], r"recipe\.adam_beta2 must lie in \[0, 1\)"),
+        (["--recipe.weight_decay=-0.1"], r"recipe\.weight_decay must be >= 0"),
+        (["--lrs=[0.001, 0]"], r"lrs must be a non-empty list of positive learning rates"),
+        (["--lrs=[]"], r"lrs must be a non-empty list"),
+        (["--seeds=[-1]"], r"seeds must be a non-empty list of distinct integers >= 0"),
+        (["--seeds=[1, 1]"], r"seeds must be a non-empty list of distinct integers"),
+        (["--lease_s=0"], r"lease_s must be > 0"),
+        (["--max_attempts=0"], r"max_attempts must be >= 1"),
+    ],
+)
+def test_finetune_ranges_name_the_key(argv: list[str], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        parse(RunConfig, ["--model=m", *argv], prog="test")
+
+
+def _cli_exit(module: Any, argv: list[str], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> str:
+    monkeypatch.setattr(sys, "argv", ["prog", *argv])
+    assert module.cli() == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "Traceback" not in err
+    return err
+
+
+def test_every_command_exits_2_on_nan(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
+    import benchmarks.train_step
+    import finetune.report
+    import finetune.run
+    import finetune.schedule
+    import pretrain.analysis.cli
+
+    for module, argv in [
+        (finetune.run, ["--model=m", "--recipe.max_grad_norm", "nan"]),
+        (finetune.run, ["--model=m", "--lrs=[.nan]"]),
+        (finetune.schedule, ["--runs=[r]", "--recipe.adam_eps=nan"]),
+        (finetune.schedule, ["status", "--max_attempts=nan"]),  # an int key: NaN is not an int either
+        (finetune.report, ["--runs=[r]", "--target_loss=.inf"]),
+        (pretrain.analysis.cli, ["ln-jacobian", "--eps=nan"]),
+        (pretrain.analysis.cli, ["grid", "--lrs=[1e-3, .nan]"]),
+        (benchmarks.train_step, ["--reps=.nan"]),
+    ]:
+        err = _cli_exit(module, argv, monkeypatch, capsys)
+        assert "nan" in err or "inf" in err, err
+
+
+def test_malformed_yaml_names_the_file_and_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    import finetune.run
+
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("store: x.sqlite\nrecipe:\n  epochs: 2\n  batch_size: [1, 2\n")
+    with pytest.raises(ConfigError, match=r"bad\.yaml, line \d+, column \d+: not valid YAML"):
+        parse(RunConfig, ["--model=m", "--config", str(bad)], prog="test")
+    err = _cli_exit(finetune.run, ["--model=m", f"--config={bad}"], monkeypatch, capsys)
+    assert f"{bad}, line" in err
+    tabs = tmp_path / "tabs.yaml"
+    tabs.write_text("model:\n\thidden_size: 8\n")
+    with pytest.raises(ConfigError, match=r"tabs\.yaml, line 2, column 1: not valid YAML"):
+        parse(PretrainConfig, ["--config", str(tabs)], prog="test")
+
+
+@pytest.mark.slow
+def test_pretrain_run_exits_2_on_bad_yaml_and_nan(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("train:\n  max_steps: 10\n  seed: {\n")
+    for argv, expected in [([f"--config={bad}"], f"{bad}, line"), (["--optim.max_grad_norm=nan"], "finite")]:
+        done = subprocess.run(
+            [sys.executable, "pretrain/run.py", *argv], cwd=ROOT, capture_output=True, text=True, timeout=120
+        )
+        assert done.returncode == 2, done.stderr
+        assert expected in done.stderr and "Traceback" not in done.stderr
+
+
+# An option spelled in a help text; "#SBATCH --partition" and quoted sbatch options are not ours.
+SPELLED = r"(?<![\w'-])(?<!#SBATCH )--([A-Za-z][\w.-]*)"
+
+
+def _help(cls: type, capsys: pytest.CaptureFixture) -> str:
+    with pytest.raises(SystemExit) as exit_info:
+        parse(cls, ["--help"], prog="test", description=cls.__doc__ or "")
+    assert exit_info.value.code == 0
+    return capsys.readouterr().out
+
+
+@pytest.mark.parametrize("cls", sorted({c for c, _ in CASES}, key=lambda c: c.__name__), ids=lambda c: c.__name__)
+def test_help_shows_exactly_what_the_parser_accepts(cls: type, capsys: pytest.CaptureFixture) -> None:
+    text = _help(cls, capsys)
+    for key in _leaf_keys(cls):
+        assert f"--{key}  (" in text, key
+    for spelled in set(re.findall(SPELLED, text)) - {"config", "help", "key", "section.key", "flag"}:
+        field_type(cls, spelled)  # raises for a spelling the parser does not accept
+
+
+def test_module_docstrings_show_accepted_spellings() -> None:
+    """The usage examples at the top of each command (shown by --help) use only keys its parser accepts."""
+    import benchmarks.data_path
+    import benchmarks.finetune_throughput
+    import benchmarks.train_step
+    import finetune.report
+    import finetune.run
+    import finetune.schedule
+
+    for module, cls in [
+        (finetune.run, RunConfig),
+        (finetune.schedule, ScheduleConfig),
+        (finetune.report, ReportConfig),
+        (benchmarks.train_step, TrainStepConfig),
+        (benchmarks.data_path, DataPathConfig),
+        (benchmarks.finetune_throughput, FinetuneThroughputConfig),
+    ]:
+        doc = module.__doc__ or ""
+        for spelled in set(re.findall(SPELLED, doc)) - {"config", "help"}:
+            field_type(cls, spelled)
+
+
+def test_bare_flags_lists_and_order() -> None:
+    cfg = parse(ReportConfig, ["--runs", "[a, b]", "--wandb", "--target_loss", "2"], prog="test")
+    assert (cfg.runs, cfg.wandb, cfg.target_loss) == (["a", "b"], True, 2.0)
+    assert parse(ReportConfig, ["--runs=[a]", "--wandb", "--wandb=false"], prog="test").wandb is False
+    assert parse(ReportConfig, ["--runs=[a]", "--target_loss=2", "--target_loss=null"], prog="test").target_loss is None
+    assert math.isclose(parse(RunConfig, ["--model=m", "--lrs=[1e-4]"], prog="test").lrs[0], 1e-4)
