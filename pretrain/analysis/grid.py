@@ -41,7 +41,7 @@ class GridConfig:
     says to look at: per-layer gradient norms at the first steps and the relative change of the output by the
     first updates (Liu et al. 2020; probes.py). Runs live in OUT/runs/<cell>, logs in OUT/logs. A stopped grid
     continues with the same command: finished and diverged cells are read, not rerun, and an interrupted cell
-    resumes from its last checkpoint (--train.resume=auto). Cells run in the order of the axes as given,
+    resumes from its last checkpoint (pretrain/run.py with train.resume=auto). Cells run in the order of the axes as given,
     placements innermost. Anything else of pretrain/run.py (data, batch size, precision, ...) goes through
     preset and overrides. Writes table.txt, results.json, grid.png, boundary.png."""
 
@@ -239,7 +239,7 @@ def _start_over(run_dir: Path) -> None:
 class Stopper:
     """Stops the grid cleanly on SIGTERM or SIGINT (Ctrl-C): the running cells get SIGTERM, on which
     pretrain/run.py saves a checkpoint at the next step boundary and exits (status preempted), and cells not yet
-    started are skipped. The next sitting reads what ended and resumes the rest (--train.resume=auto)."""
+    started are skipped. The next sitting reads what ended and resumes the rest (train.resume=auto)."""
 
     def __init__(self) -> None:
         self.requested = threading.Event()
