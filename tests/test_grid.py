@@ -219,6 +219,20 @@ def test_boundary_settings_get_more_seeds_and_disagreeing_seeds_are_shown():
     assert grid.describe_setting(plateau, "failed to train") == "plateau 6.400 (2)"
 
 
+def test_read_cell_takes_the_last_line_of_a_step_logged_twice(tmp_path):
+    """A run killed after its checkpoint at step 2 had logged step 3; the resumed run logs step 3 again."""
+    write_json_atomic(tmp_path / "status.json", {"status": "finished", "step": 4, "diverged_at_step": None})
+    lines = (
+        [{"step": 0, "val/mlm_loss": 7.6}]
+        + [{"step": step, "train/mlm_loss": loss} for step, loss in ((1, 7.5), (2, 7.0), (3, 9.9), (3, 6.8), (4, 6.5))]
+        + [{"step": 4, "val/mlm_loss": 6.6}]
+    )
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines) + '{"st')
+    cell = grid.read_cell(tmp_path)
+    assert cell["train_curve"] == [[1, 7.5], [2, 7.0], [3, 6.8], [4, 6.5]]
+    assert (cell["status"], cell["val_mlm_loss"], cell["val_step"]) == ("finished", 6.6, 4)
+
+
 class FakeRun:
     """Stands in for pretrain/run.py's process: records its arguments, writes a status, and (when ``block``) runs
     until it is sent a signal, like a training run."""
@@ -294,8 +308,14 @@ def test_a_stopped_grid_stops_its_running_cells_and_starts_no_more(tmp_path, fak
 @pytest.mark.slow
 def test_grid_runs_cells_at_two_depths_and_continues_after_a_stop(tmp_path):
     out = tmp_path / "grid"
-    overrides = ["data.max_documents=40", "data.vocab_size=200", "data.max_seq_length=32",
-                 "train.per_device_batch_size=4", "train.eval_batches=2", f"data.cache_dir={tmp_path / 'cache'}"]
+    overrides = [
+        "data.max_documents=40",
+        "data.vocab_size=200",
+        "data.max_seq_length=32",
+        "train.per_device_batch_size=4",
+        "train.eval_batches=2",
+        f"data.cache_dir={tmp_path / 'cache'}",
+    ]
     argv = ["grid", "--placements=[pre]", "--depths=[1, 2]", "--warmup_steps=[0]", "--lrs=[1e-3, 1e6]",
             "--max_steps=6", "--hidden_sizes=[16]", "--probe_steps=2", "--boundary_seeds=0", "--jobs=2",
             "--out", str(out)]  # fmt: skip

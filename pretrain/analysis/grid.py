@@ -199,12 +199,15 @@ def read_cell(run_dir: Path) -> dict[str, Any]:
     status = read_status(run_dir)
     rows = read_metrics(run_dir)
     val = [row for row in rows if "val/mlm_loss" in row]
+    # A run killed after its last checkpoint logs some steps twice (before the kill and after resuming): the
+    # later line is the one the finished run continued from.
+    curve = {row["step"]: row["train/mlm_loss"] for row in rows if "train/mlm_loss" in row}
     return {
         "status": status.get("status", "unknown"),
         "diverged_at_step": status.get("diverged_at_step"),
         "val_mlm_loss": val[-1]["val/mlm_loss"] if val else None,
         "val_step": val[-1]["step"] if val else None,
-        "train_curve": [[row["step"], row["train/mlm_loss"]] for row in rows if "train/mlm_loss" in row],
+        "train_curve": sorted([step, loss] for step, loss in curve.items()),
         "message": status.get("message", ""),
     }
 
