@@ -88,8 +88,11 @@ def _run_data(run_dir: Path, batch_size: int) -> tuple[dict[str, float], dict[st
 def output_changes(run_dir: Path, batch: dict[str, torch.Tensor], max_step: int) -> list[dict[str, float]]:
     """The relative change of the encoder output on ``batch`` between consecutive complete snapshots up to
     ``max_step`` (fp32, eval mode: dropout off): ``[{"from": t0, "to": t1, "change": ...}, ...]``."""
+    from transformers.utils import logging as hf_logging
+
     from pretrain.modeling import LNBertForPreTraining
 
+    hf_logging.disable_progress_bar()  # one "Loading weights" bar per snapshot would bury the grid's own lines
     outputs = []
     for snap in [s for s in list_snapshots(run_dir) if s.step <= max_step]:
         model = LNBertForPreTraining.from_pretrained(snap.path).eval()
