@@ -569,5 +569,6 @@ def plot_probes(args: GridConfig, results: dict[Cell, dict[str, Any]], shown: li
         for ax in (grad_ax, change_ax):
             if ax.has_data():
                 ax.set_yscale("log")
-        loss_ax.legend(fontsize=7)
+        if loss_ax.get_legend_handles_labels()[0]:
+            loss_ax.legend(fontsize=7)
     print(f"wrote {save_figure(fig, path)}")
