@@ -35,17 +35,6 @@ GPU_PEAK_TFLOPS: tuple[tuple[str, float, float], ...] = (
 )
 
 
-def pick_device(name: str) -> torch.device:
-    """``"auto"``: CUDA when available, else CPU; ``"cpu"``/``"cuda"`` as given (``"cuda"`` must exist)."""
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name not in ("cpu", "cuda"):
-        raise ValueError(f"--device={name!r} is not a valid choice; valid choices: auto, cpu, cuda")
-    if name == "cuda" and not torch.cuda.is_available():
-        raise ValueError("--device=cuda but torch.cuda.is_available() is False; use --device cpu or auto")
-    return torch.device(name)
-
-
 def configure_device(device: torch.device) -> None:
     """TF32 for fp32 matmuls on CUDA (what anyone training on Ampere+ does); nothing to do on CPU."""
     if device.type == "cuda":

@@ -3,7 +3,7 @@
     python -m benchmarks.data_path --corpus=PATH/TO/wiki.jsonl --max_documents=400
     python -m benchmarks.data_path --corpus='corpus/*.jsonl' --tokenizer=PATH/TO/tokenizer --workers='[0, 2]'
 
-1. Preprocessing: ``pretrain.data.make_instances`` (sentence split, tokenise, BERT NSP instances) against a plain
+1. Preprocessing: ``pretrain.instances.make_instances`` (sentence split, tokenise, BERT NSP instances) against a plain
    ``datasets.map`` tokenisation of the same documents with the same tokenizer, alternated ``--reps`` times;
    throughput is corpus tokens per second for both (the tokens the plain tokenisation produces).
 2. Padding waste of the instances' real length distribution: share of padding positions in a batch padded to
@@ -30,12 +30,18 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
-from benchmarks.common import configure_device, machine_info, pick_device, spread, write_results
-from benchmarks.train_step import SHAPES, Precision, ShapeName, autocast_context, make_optimizer
-from pretrain import data as data_lib
+from benchmarks.common import configure_device, machine_info, spread, write_results
+from benchmarks.train_step import ADAMW, SHAPES, Precision, ShapeName, autocast_context
 from pretrain.cli import parse, require, run_cli
+from pretrain.collator import MaskingCollator
+from pretrain.corpus import SourceConfig, load_documents
+from pretrain.data import DataConfig
+from pretrain.device import pick_device
+from pretrain.instances import make_instances
 from pretrain.modeling import LNBertConfig, LNBertForPreTraining
+from pretrain.optim import build_adamw
 from pretrain.reporting import format_table
+from pretrain.tokenizer import load_or_train_tokenizer
 
 
 @dataclass(kw_only=True)
@@ -85,9 +91,9 @@ def parse_args(argv: list[str] | None = None) -> DataPathConfig:
     return parse(DataPathConfig, argv, prog="python -m benchmarks.data_path", description=__doc__ or "")
 
 
-def data_config(args: DataPathConfig, cache_dir: Path) -> data_lib.DataConfig:
-    return data_lib.DataConfig(
-        sources=[data_lib.SourceConfig(kind="json", path=args.corpus)],
+def data_config(args: DataPathConfig, cache_dir: Path) -> DataConfig:
+    return DataConfig(
+        sources=[SourceConfig(kind="json", path=args.corpus)],
         tokenizer=args.tokenizer,
         vocab_size=args.vocab_size,
         max_seq_length=args.max_seq_length,
@@ -109,10 +115,10 @@ def plain_tokenisation(docs: Any, tokenizer: Any) -> tuple[float, int]:
     return seconds, int(sum(len(ids) for ids in out["input_ids"]))
 
 
-def our_instances(docs: Any, tokenizer: Any, cfg: data_lib.DataConfig, work_dir: Path, seed: int) -> tuple[float, Any]:
+def our_instances(docs: Any, tokenizer: Any, cfg: DataConfig, work_dir: Path, seed: int) -> tuple[float, Any]:
     work_dir.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
-    made = data_lib.make_instances(docs, tokenizer, cfg, seed=seed, validation=False, work_dir=work_dir)
+    made = make_instances(docs, tokenizer, cfg, seed=seed, validation=False, work_dir=work_dir)
     return time.perf_counter() - start, made
 
 
@@ -148,9 +154,9 @@ def data_wait(instances: Any, tokenizer: Any, args: DataPathConfig, workers: int
     )  # fmt: skip
     torch.manual_seed(args.seed)
     model = LNBertForPreTraining(config).to(device).train()
-    optimizer = make_optimizer(model, "fused", device)
+    optimizer = build_adamw(model, **ADAMW, implementation="fused")
     autocast = autocast_context(args.precision, device)
-    collator = data_lib.MaskingCollator(tokenizer, seed=args.seed)
+    collator = MaskingCollator(tokenizer, seed=args.seed)
     loader = DataLoader(
         instances, batch_size=args.batch, shuffle=True, collate_fn=collator, drop_last=True,
         num_workers=workers, pin_memory=device.type == "cuda", persistent_workers=False,
@@ -193,9 +199,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="lnbert-data-bench-") as tmp:
         cache_dir = Path(args.cache_dir) if args.cache_dir else Path(tmp)
         cfg = data_config(args, cache_dir)
-        docs = data_lib.load_documents(cfg, seed=args.seed)
+        docs = load_documents(cfg, seed=args.seed)
         start = time.perf_counter()
-        tokenizer = data_lib.load_or_train_tokenizer(cfg, seed=args.seed)
+        tokenizer = load_or_train_tokenizer(cfg, seed=args.seed)
         tokenizer_s = time.perf_counter() - start
         print(f"{len(docs)} documents; tokenizer ({len(tokenizer)} tokens) ready in {tokenizer_s:.1f} s")
         ours_s, plain_s = [], []
@@ -228,7 +234,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     print("\n## Preprocessing (corpus tokens/s, median of alternated reps)")
     print(format_table(
         ["path", "median s", "noise IQR", "corpus tok/s"],
-        [["pretrain.data.make_instances", f"{pre['ours_s']['median']:.2f}", f"{100 * pre['ours_s']['iqr_rel']:.0f}%",
+        [["pretrain.instances.make_instances", f"{pre['ours_s']['median']:.2f}", f"{100 * pre['ours_s']['iqr_rel']:.0f}%",
           f"{pre['ours_tokens_per_s']:.0f}"],
          ["datasets.map(tokenizer)", f"{pre['plain_map_s']['median']:.2f}",
           f"{100 * pre['plain_map_s']['iqr_rel']:.0f}%", f"{pre['plain_map_tokens_per_s']:.0f}"]],

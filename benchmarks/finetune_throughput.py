@@ -3,9 +3,9 @@
     python -m benchmarks.finetune_throughput --data_dir=PATH/TO/glue              # random-init small model
     python -m benchmarks.finetune_throughput --data_dir=PATH/TO/glue --model=runs/x/snapshots/step_00010000
 
-One training step is ``finetune.run.train_step`` on a batch padded as in fine-tuning (``finetune.glue.batches``):
+One training step is ``finetune.train.train_step`` on a batch padded as in fine-tuning (``finetune.glue.batches``):
 forward (bf16 autocast in the bf16 rows), backward, gradient clipping, fused AdamW with its weight-decay groups
-(``finetune.run.make_optimizer``). Our
+(``finetune.train.make_optimizer``). Our
 ``LNBertForSequenceClassification`` and Hugging Face ``BertForSequenceClassification`` (same shape; same weights
 when the model is Post-LN) take turns on the same batches; the median over ``--reps`` is reported, with the noise.
 Without ``--model``, a random-init model of ``--shape`` is used with a WordPiece tokenizer trained on the task's
@@ -26,7 +26,6 @@ from torch import nn
 from benchmarks.common import (
     configure_device,
     machine_info,
-    pick_device,
     spread,
     timed_with_cpu,
     write_results,
@@ -34,8 +33,9 @@ from benchmarks.common import (
 from benchmarks.train_step import SHAPES, Precision, ShapeName
 from finetune.config import FinetuneConfig
 from finetune.glue import batches, encode, load_task
-from finetune.run import make_optimizer, train_step
+from finetune.train import make_optimizer, train_step
 from pretrain.cli import parse, require, run_cli
+from pretrain.device import pick_device
 from pretrain.reporting import format_table
 
 
@@ -85,7 +85,7 @@ def task_tokenizer(splits: dict[str, list], folder: Path) -> Any:
     """WordPiece trained on the task's training sentences, saved and reopened as AutoTokenizer would."""
     from transformers import AutoTokenizer
 
-    from pretrain.data import train_wordpiece_tokenizer
+    from pretrain.tokenizer import train_wordpiece_tokenizer
 
     texts = [t for e in splits["train"] for t in (e.text_a, e.text_b) if t]
     train_wordpiece_tokenizer(texts, vocab_size=30522).save_pretrained(folder)

@@ -24,9 +24,10 @@ instead of SDPA), ``compile`` (``torch.compile`` the model; compile time reporte
 optimizer (``fused``, ``foreach``, ``loop``: overrides ``--optimizer``), and ours' fast-path switches from
 ``FAST_PATH_MODS``.
 
-FLOPs per token = 6N + 12·L·H·T (N: matmul weights a token passes through, forward+backward = 6 per weight;
-12·L·H·T: attention scores and weighted sum). The MLM head (transform + vocab decoder) counts for every token
-("dense-head" count) or for the masked 15% only ("sparse-head" count, what our default executes). ``exec`` FLOP/s
+FLOPs per token = 6N + 12·L·H·T (``pretrain.flops.flops_per_token``, the count the logged ``train/mfu`` uses too;
+N: matmul weights a token passes through, forward+backward = 6 per weight; 12·L·H·T: attention scores and weighted
+sum). The MLM head (transform + vocab decoder) counts for every token ("dense-head" count) or for the masked 15%
+only ("sparse-head" count, what our default executes). ``exec`` FLOP/s
 uses what the variant actually executes; ``tok/s`` is the headline, comparable across variants.
 """
 
@@ -42,18 +43,21 @@ from typing import Any, Literal, get_args
 
 import torch
 from torch import nn
+from transformers import BertConfig
 
 from benchmarks.common import (
     configure_device,
     gemm_peaks,
     machine_info,
-    pick_device,
     spread,
     timed,
     timed_with_cpu,
     write_results,
 )
 from pretrain.cli import ConfigError, parse, require, run_cli
+from pretrain.device import pick_device
+from pretrain.flops import flops_per_token
+from pretrain.optim import build_adamw
 from pretrain.reporting import format_table
 
 # Named shapes: (layers, hidden, heads, seq, vocab, batch). The small one is the CPU pretraining size.
@@ -70,7 +74,10 @@ Optimizer = Literal["fused", "foreach", "loop"]
 assert set(get_args(ShapeName)) == set(SHAPES)
 PRECISIONS: tuple[str, ...] = get_args(Precision)
 MODELS = ("hf", "post", "pre", "sandwich", "deepnorm")
-OPTIMIZERS: tuple[str, ...] = get_args(Optimizer)
+# AdamW as BERT pretraining uses it; variants pick the kernel (OPTIMIZERS: name -> build_adamw's implementation).
+ADAMW: dict[str, Any] = dict(lr=1e-4, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.01)
+OPTIMIZERS: dict[str, str] = {"fused": "fused", "foreach": "foreach", "loop": "for_loop"}
+assert set(get_args(Optimizer)) == set(OPTIMIZERS)
 # Fast-path switches of LNBertConfig, as variant MODs: name -> config overrides (ours only).
 FAST_PATH_MODS: dict[str, dict[str, Any]] = {
     "dense": {"sparse_mlm_head": False},
@@ -124,26 +131,6 @@ def parse_variant(spec: str) -> Variant:
 
 
 # --------------------------------------------------------------------------------------------------
-# FLOPs
-# --------------------------------------------------------------------------------------------------
-
-
-def flops_per_token(shape: dict[str, int], masked_fraction: float, sparse_head: bool) -> float:
-    """Training FLOPs per token: 6N + 12·L·H·T, with the MLM head counted densely or on masked tokens only.
-
-    N counts matmul weights only (embedding lookups are not matmuls); the pooler and NSP head run once per
-    sequence, so they add 6·(H² + 2H)/T per token.
-    """
-    layers, hidden, seq, vocab = shape["layers"], shape["hidden"], shape["seq"], shape["vocab"]
-    intermediate = 4 * hidden
-    encoder = layers * (4 * hidden * hidden + 2 * hidden * intermediate)
-    head = hidden * hidden + vocab * hidden  # transform dense + tied decoder
-    pooler_nsp = (hidden * hidden + 2 * hidden) / seq
-    head_share = masked_fraction if sparse_head else 1.0
-    return 6 * (encoder + head_share * head + pooler_nsp) + 12 * layers * hidden * seq
-
-
-# --------------------------------------------------------------------------------------------------
 # Models, data, optimizer
 # --------------------------------------------------------------------------------------------------
 
@@ -168,7 +155,7 @@ def build_model(variant: Variant, shape: dict[str, int], seed: int) -> nn.Module
     """
     torch.manual_seed(seed)
     if variant.is_hf:
-        from transformers import BertConfig, BertForPreTraining
+        from transformers import BertForPreTraining
 
         config = BertConfig(**hf_config_kwargs(shape))
         return BertForPreTraining._from_config(config, attn_implementation=variant.attn_implementation)
@@ -176,14 +163,6 @@ def build_model(variant: Variant, shape: dict[str, int], seed: int) -> nn.Module
 
     config = LNBertConfig(**hf_config_kwargs(shape), norm_placement=variant.model, **variant.config_overrides)
     return LNBertForPreTraining._from_config(config, attn_implementation=variant.attn_implementation)
-
-
-def make_optimizer(model: nn.Module, kind: str, device: torch.device) -> torch.optim.Optimizer:
-    """AdamW as BERT pretraining uses it (lr 1e-4, weight decay 0.01) in one of torch's implementations."""
-    if kind not in OPTIMIZERS:
-        raise ValueError(f"optimizer {kind!r} is not valid; valid choices: {', '.join(OPTIMIZERS)}")
-    impl = {"fused": dict(fused=True), "foreach": dict(foreach=True), "loop": dict(foreach=False, fused=False)}[kind]
-    return torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01, **impl)
 
 
 def random_batch(shape: dict[str, int], device: torch.device, generator: torch.Generator) -> dict[str, torch.Tensor]:
@@ -231,7 +210,7 @@ def make_runner(
     variant: Variant, shape: dict[str, int], precision: str, optimizer: str, device: torch.device, seed: int
 ) -> Runner:
     model = build_model(variant, shape, seed).to(device).train()
-    opt = make_optimizer(model, variant.optimizer or optimizer, device)
+    opt = build_adamw(model, **ADAMW, implementation=OPTIMIZERS[variant.optimizer or optimizer])
     forward = torch.compile(model) if variant.compile else model
     autocast = autocast_context(precision, device)
 
@@ -322,8 +301,9 @@ def summarise(
 ) -> dict[str, Any]:
     tokens = shape["batch"] * shape["seq"]
     masked = max(1, round(MLM_FRACTION * shape["seq"])) / shape["seq"]
-    dense_fpt = flops_per_token(shape, masked, sparse_head=False)
-    sparse_fpt = flops_per_token(shape, masked, sparse_head=True)
+    config = BertConfig(**hf_config_kwargs(shape))
+    dense_fpt = flops_per_token(config, shape["seq"])
+    sparse_fpt = flops_per_token(config, shape["seq"], mlm_head_share=masked)
     baseline = next((v.spec for v in variants if v.spec == args.baseline), None)
     rows = []
     for variant, runner in zip(variants, runners, strict=True):

@@ -27,8 +27,8 @@ from scipy import stats
 
 from finetune.config import check_tasks
 from finetune.store import ResultStore, StoreVersionError
-from pretrain.artifacts import RUN_CONFIG_FILE, read_metrics, read_status
 from pretrain.cli import parse, require, run_cli
+from pretrain.layout import RUN_CONFIG_FILE, read_metrics, read_status
 from pretrain.reporting import pyplot, save_figure
 
 VAL_LOSS = "val/mlm_loss"

@@ -31,10 +31,10 @@ import yaml
 
 from finetune.config import DEFAULT_LRS, DEFAULT_SEEDS, FinetuneConfig, check_tasks, validate_grid
 from finetune.glue import load_task
-from finetune.run import RUNTIME_FIELDS, WorkerSettings, job_specs, work
 from finetune.store import JobSpec, ResultStore, StoreVersionError
-from pretrain.artifacts import TERMINAL_STATUSES, list_snapshots, read_status
+from finetune.worker import RUNTIME_FIELDS, WorkerSettings, describe_model, job_specs, work
 from pretrain.cli import parse_command, require, run_cli, to_dict
+from pretrain.layout import TERMINAL_STATUSES, list_snapshots, read_status
 
 Backend = Literal["local", "slurm"]
 Mode = Literal["once", "follow"]
@@ -113,6 +113,11 @@ class ScheduleConfig:
 
 
 @dataclass(kw_only=True)
+class WorkerConfig(ScheduleConfig):
+    """One worker: claim jobs from the store and run them until none is left (what a slurm array task runs)."""
+
+
+@dataclass(kw_only=True)
 class StatusConfig:
     """Job counts per run and task in a results store (queued, running, done, failed)."""
 
@@ -137,15 +142,7 @@ def discover(config: ScheduleConfig, store: ResultStore) -> list[JobSpec]:
     for run in config.runs:
         run_dir = Path(run).resolve()
         for snapshot in list_snapshots(run_dir):
-            description = {
-                "run_name": snapshot.run_name,
-                "run_dir": str(run_dir),
-                "placement": snapshot.norm_placement,
-                "pretrain_step": snapshot.step,
-                "tokens_seen": snapshot.info.get("tokens_seen"),
-                "model_path": str(snapshot.path.resolve()),
-                "snapshot_hash": store.snapshot_hash(snapshot.path),
-            }
+            description = describe_model(snapshot.path, store)
             for task in config.tasks:
                 specs += job_specs(description, task, config.lrs, config.seeds, config.recipe, data_dir)
     return specs
@@ -340,7 +337,7 @@ def schedule(config: ScheduleConfig) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    commands = {"run": ScheduleConfig, "worker": ScheduleConfig, "status": StatusConfig}
+    commands = {"run": ScheduleConfig, "worker": WorkerConfig, "status": StatusConfig}
     command, config = parse_command(
         commands, argv, prog="python -m finetune.schedule", description=__doc__, default="run"
     )

@@ -134,7 +134,7 @@ class JobSpec:
 
 
 @dataclass(frozen=True)
-class Job:
+class ClaimedJob:
     """A claimed job: its row id, the spec, and the attempt number this claim is."""
 
     id: int
@@ -247,7 +247,7 @@ class ResultStore:
 
     def claim(
         self, worker: str, lease_s: float, max_attempts: int, only_ids: Sequence[int] | None = None
-    ) -> Job | None:
+    ) -> ClaimedJob | None:
         """Take the oldest job that is queued, failed with attempts left, or whose worker's lease expired."""
         now = time.time()
         with self._transaction():
@@ -276,7 +276,7 @@ class ResultStore:
                 (worker, now + lease_s, now, row["id"]),
             )
             self._event(row["id"], "claimed", worker)
-        return Job(id=row["id"], spec=_spec_from_row(row), attempt=row["attempts"] + 1)
+        return ClaimedJob(id=row["id"], spec=_spec_from_row(row), attempt=row["attempts"] + 1)
 
     def heartbeat(self, job_id: int, worker: str, lease_s: float) -> bool:
         """Extend the lease; False if this worker no longer holds the job."""

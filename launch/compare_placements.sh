@@ -34,7 +34,7 @@ done
 
 python - "$OUT" <<'PY'
 import sys
-from pretrain.artifacts import read_metrics, read_status
+from pretrain.layout import read_metrics, read_status
 out = sys.argv[1]
 for placement in ("post", "pre"):
     run = f"{out}/{placement}"

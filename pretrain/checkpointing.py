@@ -20,14 +20,14 @@ import torch
 from accelerate import Accelerator
 from transformers import PreTrainedTokenizerBase
 
-from pretrain.artifacts import (
+from pretrain.config import RESUMABLE_CHANGES, flatten
+from pretrain.layout import (
     RUN_CONFIG_FILE,
     SNAPSHOT_INFO,
     SNAPSHOT_MARKER,
     step_dirname,
     write_json_atomic,
 )
-from pretrain.config import RESUMABLE_CHANGES, flatten
 
 TRAIN_STATE_FILE = "train_state.json"
 TOKENIZER_DIR = "tokenizer"

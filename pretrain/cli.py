@@ -56,6 +56,12 @@ def require(ok: bool, key: str, message: str) -> None:
 # --------------------------------------------------------------------------------------------------
 
 
+@functools.cache
+def _hints(cls: type) -> dict[str, Any]:
+    """The resolved type hints of a dataclass (cached: resolving them is the loader's slowest step)."""
+    return typing.get_type_hints(cls)
+
+
 def _is_optional(tp: Any) -> bool:
     return get_origin(tp) in (Union, types.UnionType) and type(None) in get_args(tp)
 
@@ -170,7 +176,7 @@ def from_dict(cls: type[T], data: dict[str, Any], prefix: str = "", base: T | No
     Keys the dict leaves out take the values of ``base`` if given, else the field defaults; a nested section
     given as a dict starts from the field's default value (its default_factory), not from the section class's
     defaults, so ``{"data": {"max_documents": 5}}`` changes that one key of the default ``data``."""
-    hints = typing.get_type_hints(cls)
+    hints = _hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
     kwargs = dict(_kept_from_base(cls, base)) if base is not None else {}
     for key, value in data.items():
@@ -256,7 +262,7 @@ def field_type(cls: type, dotted: str) -> Any:
         prefix = ".".join(parts[:depth])
         if not dataclasses.is_dataclass(tp):
             raise ConfigError(f"unknown key '{dotted}': '{prefix}' has no sub-keys")
-        hints = typing.get_type_hints(tp)
+        hints = _hints(tp)
         if part not in hints:
             raise _unknown_key(part, prefix, [f.name for f in dataclasses.fields(tp)])
         tp = hints[part]
@@ -443,7 +449,7 @@ def help_text(cls: type, *, prog: str, description: str = "", usage: str = "", d
 
 def _help_section(cls: type, prefix: str, defaults: Any) -> list[str]:
     out: list[str] = []
-    hints = typing.get_type_hints(cls)
+    hints = _hints(cls)
     docs = field_docs(cls)
     for f in dataclasses.fields(cls):
         if not f.init:

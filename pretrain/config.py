@@ -9,6 +9,7 @@ generates ``--help`` from them. Every field has a docstring under it; every chec
 
 from __future__ import annotations
 
+import importlib.util
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -240,6 +241,14 @@ class TrackingConfig:
     """Extra W&B tags; the norm placement is always added."""
     wandb_mode: Literal["online", "offline", "disabled"] = "online"
     """W&B mode; offline writes RUN/wandb/offline-run-* for `wandb sync` later (the WANDB_MODE env var wins)."""
+
+    def __post_init__(self) -> None:
+        # TensorBoard is an optional extra: say so now rather than from inside Accelerate once training started.
+        _require(
+            self.backend != "tensorboard" or importlib.util.find_spec("tensorboard") is not None,
+            "tracking.backend",
+            "is tensorboard, which is not installed: pip install -e '.[tensorboard]' (or choose wandb or none)",
+        )
 
 
 @dataclass(kw_only=True)

@@ -52,6 +52,7 @@ from transformers.modeling_outputs import (
 )
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.utils import ModelOutput
+from transformers.utils.generic import can_return_tuple
 
 NormPlacement = Literal["post", "pre", "sandwich", "deepnorm"]
 InitScheme = Literal["bert", "xavier"]
@@ -456,7 +457,8 @@ class LNBertPreTrainedModel(PreTrainedModel):
     base_model_prefix = "bert"
     supports_gradient_checkpointing = False
     _supports_sdpa = True
-    _supports_flash_attn = True
+    # Flex attention gives sdpa's outputs (tests/test_modeling.py; on CPU, torch runs it without gradients only).
+    # No flash-attention claim: it needs the flash_attn package and a GPU, and no test here could exercise it.
     _supports_flex_attn = True
     _supports_attention_backend = True
     _no_split_modules = ["LNBertEmbeddings", "LNBertLayer"]
@@ -534,6 +536,7 @@ class LNBertModel(LNBertPreTrainedModel):
     def set_input_embeddings(self, value: nn.Embedding) -> None:
         self.embeddings.word_embeddings = value
 
+    @can_return_tuple
     def forward(
         self,
         input_ids: torch.Tensor,
@@ -542,7 +545,6 @@ class LNBertModel(LNBertPreTrainedModel):
         position_ids: torch.Tensor | None = None,
         output_hidden_states: bool | None = None,
         output_attentions: bool | None = None,
-        return_dict: bool | None = None,
         **kwargs: Any,
     ) -> BaseModelOutputWithPooling:
         """``hidden_states`` (when asked for) holds ``num_hidden_layers + 1`` tensors: the embedding output,
@@ -602,6 +604,7 @@ class LNBertForPreTraining(LNBertPreTrainedModel):
         self.cls.predictions.decoder = new_embeddings
         self.cls.predictions.bias = new_embeddings.bias
 
+    @can_return_tuple
     def forward(
         self,
         input_ids: torch.Tensor,
@@ -612,15 +615,15 @@ class LNBertForPreTraining(LNBertPreTrainedModel):
         next_sentence_label: torch.Tensor | None = None,
         output_hidden_states: bool | None = None,
         output_attentions: bool | None = None,
-        return_dict: bool | None = None,
         **kwargs: Any,
     ) -> LNBertForPreTrainingOutput:
         """``labels``: MLM targets, -100 where not predicted. ``next_sentence_label``: 0 if segment B
         follows A, 1 if random. The loss is MLM + NSP when both are given, MLM alone when only
         ``labels`` is (the MLM-only objective)."""
         out = self.bert(
-            input_ids, attention_mask, token_type_ids, position_ids, output_hidden_states, output_attentions
-        )
+            input_ids, attention_mask, token_type_ids, position_ids, output_hidden_states, output_attentions,
+            return_dict=True,  # this model's return_dict applies to its own output, not to the encoder's
+        )  # fmt: skip
         heads = self.cls
         logits, mlm_loss = mlm_logits_and_loss(
             heads.predictions, out.last_hidden_state, labels, self.config.sparse_mlm_head
@@ -661,6 +664,7 @@ class LNBertForMaskedLM(LNBertPreTrainedModel):
         self.cls.predictions.decoder = new_embeddings
         self.cls.predictions.bias = new_embeddings.bias
 
+    @can_return_tuple
     def forward(
         self,
         input_ids: torch.Tensor,
@@ -670,12 +674,12 @@ class LNBertForMaskedLM(LNBertPreTrainedModel):
         labels: torch.Tensor | None = None,
         output_hidden_states: bool | None = None,
         output_attentions: bool | None = None,
-        return_dict: bool | None = None,
         **kwargs: Any,
     ) -> MaskedLMOutput:
         out = self.bert(
-            input_ids, attention_mask, token_type_ids, position_ids, output_hidden_states, output_attentions
-        )
+            input_ids, attention_mask, token_type_ids, position_ids, output_hidden_states, output_attentions,
+            return_dict=True,  # this model's return_dict applies to its own output, not to the encoder's
+        )  # fmt: skip
         logits, loss = mlm_logits_and_loss(
             self.cls.predictions, out.last_hidden_state, labels, self.config.sparse_mlm_head
         )
@@ -695,6 +699,7 @@ class LNBertForSequenceClassification(LNBertPreTrainedModel):
         self.classifier = nn.Linear(config.hidden_size, config.num_labels)
         self.post_init()
 
+    @can_return_tuple
     def forward(
         self,
         input_ids: torch.Tensor,
@@ -704,12 +709,12 @@ class LNBertForSequenceClassification(LNBertPreTrainedModel):
         labels: torch.Tensor | None = None,
         output_hidden_states: bool | None = None,
         output_attentions: bool | None = None,
-        return_dict: bool | None = None,
         **kwargs: Any,
     ) -> SequenceClassifierOutput:
         out = self.bert(
-            input_ids, attention_mask, token_type_ids, position_ids, output_hidden_states, output_attentions
-        )
+            input_ids, attention_mask, token_type_ids, position_ids, output_hidden_states, output_attentions,
+            return_dict=True,  # this model's return_dict applies to its own output, not to the encoder's
+        )  # fmt: skip
         logits = self.classifier(self.dropout(out.pooler_output))
         loss = None
         if labels is not None:

@@ -1,10 +1,14 @@
-"""AdamW parameter groups shared by pretraining and fine-tuning."""
+"""AdamW as pretraining, fine-tuning and the benchmarks build it: one builder, weight decay chosen by module type."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal, get_args
 
+import torch
 from torch import nn
+
+AdamWImplementation = Literal["auto", "fused", "foreach", "for_loop"]
+ADAMW_IMPLEMENTATIONS: tuple[str, ...] = get_args(AdamWImplementation)
 
 # Normalisation layers get no weight decay, selected by module type: names differ between models, and a
 # name-substring rule ("LayerNorm.weight") silently misses norms called otherwise (final_layer_norm, ...).
@@ -31,3 +35,29 @@ def weight_decay_groups(model: nn.Module, weight_decay: float) -> list[dict[str,
         {"params": [p for p in params if id(p) not in no_decay], "weight_decay": weight_decay},
         {"params": [p for p in params if id(p) in no_decay], "weight_decay": 0.0},
     ]
+
+
+def build_adamw(
+    model: nn.Module,
+    *,
+    lr: float,
+    betas: tuple[float, float],
+    eps: float,
+    weight_decay: float,
+    implementation: AdamWImplementation = "fused",
+) -> torch.optim.AdamW:
+    """AdamW over ``weight_decay_groups`` (no decay on biases and normalisation parameters).
+
+    ``implementation``: "auto" (PyTorch's choice: foreach on CUDA, the for-loop on CPU), "fused" (one kernel, CPU
+    and CUDA; the fastest on both, BENCHMARKS.md; it agrees with the for-loop to rounding), "foreach" or "for_loop"
+    (the reference loop).
+    """
+    if implementation not in ADAMW_IMPLEMENTATIONS:
+        raise ValueError(
+            f"AdamW implementation {implementation!r} is not valid; valid choices: {', '.join(ADAMW_IMPLEMENTATIONS)}"
+        )
+    kernel = (
+        {} if implementation == "auto" else {"fused": implementation == "fused", "foreach": implementation == "foreach"}
+    )
+    groups = weight_decay_groups(model, weight_decay)
+    return torch.optim.AdamW(groups, lr=lr, betas=betas, eps=eps, **kernel)

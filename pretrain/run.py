@@ -38,12 +38,6 @@ from torch.utils.data import DataLoader, Sampler
 from tqdm.auto import tqdm
 from transformers import get_scheduler
 
-from pretrain.artifacts import (
-    METRICS_FILE,
-    RUN_CONFIG_FILE,
-    STATUS_FILE,
-    write_json_atomic,
-)
 from pretrain.checkpointing import (
     CHECKPOINTS,
     SNAPSHOTS,
@@ -56,11 +50,17 @@ from pretrain.checkpointing import (
 )
 from pretrain.config import ConfigError, PretrainConfig, help_text, parse_args, to_dict
 from pretrain.data import MaskingCollator, PretrainingData, build_pretraining_data
+from pretrain.flops import flops_per_token
+from pretrain.layout import (
+    METRICS_FILE,
+    RUN_CONFIG_FILE,
+    STATUS_FILE,
+    write_json_atomic,
+)
 from pretrain.modeling import LNBertForPreTraining
-from pretrain.optim import weight_decay_groups
+from pretrain.optim import build_adamw
 from pretrain.tracking import (
     clip_coefficient,
-    flops_per_token,
     init_trackers,
     layer_grad_norms,
     log_metrics,
@@ -121,14 +121,6 @@ def setup(cfg: PretrainConfig) -> Accelerator:
 def build_model(cfg: PretrainConfig, vocab_size: int) -> LNBertForPreTraining:
     model = LNBertForPreTraining(cfg.model.to_lnbert(vocab_size))
     return torch.compile(model) if cfg.train.compile else model
-
-
-def build_optimizer(model: nn.Module, cfg: PretrainConfig) -> torch.optim.AdamW:
-    """AdamW; no weight decay on normalisation parameters and biases, chosen by module type, not by name."""
-    groups = weight_decay_groups(model, cfg.optim.weight_decay)
-    impl = cfg.optim.implementation
-    kernel = {} if impl == "auto" else {"fused": impl == "fused", "foreach": impl == "foreach"}
-    return torch.optim.AdamW(groups, lr=cfg.optim.lr, betas=cfg.optim.betas, eps=cfg.optim.eps, **kernel)
 
 
 class EpochSampler(Sampler[int]):
@@ -522,7 +514,15 @@ def prepare_job(cfg: PretrainConfig, accelerator: Accelerator, resume_from: Path
     resolved["model"]["vocab_size"] = vocab_size  # what the model was built with
     set_seed(cfg.train.seed)  # the same initial weights whatever data preparation drew
     model = build_model(cfg, vocab_size)
-    optimizer = build_optimizer(model, cfg)
+    optim = cfg.optim
+    optimizer = build_adamw(
+        model,
+        lr=optim.lr,
+        betas=optim.betas,
+        eps=optim.eps,
+        weight_decay=optim.weight_decay,
+        implementation=optim.implementation,
+    )
     max_steps = cfg.train.max_steps
     scheduler = get_scheduler(
         cfg.optim.scheduler,
@@ -545,7 +545,11 @@ def prepare_job(cfg: PretrainConfig, accelerator: Accelerator, resume_from: Path
         loaders=loaders,
         tokenizer=data.tokenizer,
         run_dir=run_dir,
-        flops_per_token=flops_per_token(unwrapped, unwrapped.config, cfg.data.max_seq_length),
+        flops_per_token=flops_per_token(
+            unwrapped.config,
+            cfg.data.max_seq_length,
+            mlm_head_share=cfg.data.mlm_probability if unwrapped.config.sparse_mlm_head else 1.0,
+        ),
     )
     fingerprint = data_fingerprint(cfg, accelerator.num_processes, data.tokenizer)
     state = TrainState(data_fingerprint=fingerprint)

@@ -11,9 +11,8 @@ import torch
 from accelerate import Accelerator
 from torch import nn
 
-from pretrain.artifacts import METRICS_FILE, read_metrics
 from pretrain.config import PretrainConfig, flatten
-from pretrain.modeling import LNBertConfig, LNBertEmbeddings
+from pretrain.layout import METRICS_FILE, read_metrics
 
 
 def init_trackers(accelerator: Accelerator, cfg: PretrainConfig, resolved: dict[str, Any]) -> None:
@@ -97,21 +96,6 @@ def clip_coefficient(total_norm: float, max_norm: float) -> float:
 # --------------------------------------------------------------------------------------------------
 # Throughput and model FLOPs utilisation
 # --------------------------------------------------------------------------------------------------
-
-
-def non_embedding_parameters(model: nn.Module) -> int:
-    """Parameters outside the embedding tables (the N of the 6N FLOPs-per-token rule)."""
-    embedding = sum(p.numel() for m in model.modules() if isinstance(m, LNBertEmbeddings) for p in m.parameters())
-    # The MLM decoder is tied to the word embeddings; count its parameters once, as embeddings.
-    return sum(p.numel() for p in model.parameters()) - embedding
-
-
-def flops_per_token(model: nn.Module, config: LNBertConfig, seq_len: int) -> float:
-    """Training FLOPs per token: 6N for the weight matmuls (forward + backward) plus 12 L H T for attention
-    scores and values (PaLM, Chowdhery et al. 2022, appendix B). The MLM decoder runs on the ~15% masked
-    tokens only (sparse head) and is left out, so this slightly undercounts."""
-    n = non_embedding_parameters(model)
-    return 6 * n + 12 * config.num_hidden_layers * config.hidden_size * seq_len
 
 
 def model_flops_utilisation(tokens_per_s: float, flops_per_tok: float, peak_per_device: float, devices: int) -> float:

@@ -17,7 +17,7 @@ from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processor
 from transformers import PreTrainedTokenizerFast
 
 from finetune.glue import TASKS, read_tsv
-from pretrain.artifacts import SNAPSHOT_INFO, SNAPSHOT_MARKER, step_dirname, write_json_atomic
+from pretrain.layout import SNAPSHOT_INFO, SNAPSHOT_MARKER, step_dirname, write_json_atomic
 from pretrain.modeling import LNBertConfig, LNBertForPreTraining
 
 FIXTURE_GLUE = Path(__file__).resolve().parent / "fixtures" / "glue"

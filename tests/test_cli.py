@@ -215,15 +215,18 @@ def test_malformed_yaml_names_the_file_and_line(
 
 
 @pytest.mark.slow
-def test_pretrain_run_exits_2_on_bad_yaml_and_nan(tmp_path: Path) -> None:
+def test_pretrain_run_exits_2_on_bad_yaml(tmp_path: Path) -> None:
     bad = tmp_path / "bad.yaml"
     bad.write_text("train:\n  max_steps: 10\n  seed: {\n")
-    for argv, expected in [([f"--config={bad}"], f"{bad}, line"), (["--optim.max_grad_norm=nan"], "finite")]:
-        done = subprocess.run(
-            [sys.executable, "pretrain/run.py", *argv], cwd=ROOT, capture_output=True, text=True, timeout=120
-        )
-        assert done.returncode == 2, done.stderr
-        assert expected in done.stderr and "Traceback" not in done.stderr
+    done = subprocess.run(
+        [sys.executable, "pretrain/run.py", f"--config={bad}", "--optim.lr=1e-3"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 2, done.stderr
+    assert f"{bad}, line 4, column 1: not valid YAML" in done.stderr and "Traceback" not in done.stderr
 
 
 # An option spelled in a help text; "#SBATCH --partition" and quoted sbatch options are not ours.

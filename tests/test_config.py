@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import json
 import typing
 from pathlib import Path
@@ -203,3 +204,11 @@ def test_main_help_exits_zero(capsys: pytest.CaptureFixture[str]) -> None:
 
     assert main(["--help"]) == 0
     assert "--optim.warmup_steps" in capsys.readouterr().out
+
+
+def test_tensorboard_backend_without_the_extra_names_the_install(monkeypatch: pytest.MonkeyPatch) -> None:
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "tensorboard" else real_find_spec(name, *a))
+    with pytest.raises(ConfigError, match=r"tracking.backend is tensorboard, which is not installed: .*\[tensorboard\]"):
+        TrackingConfig(backend="tensorboard")
+    TrackingConfig(backend="none")  # the other backends do not need it

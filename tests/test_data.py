@@ -16,15 +16,18 @@ import torch
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
-from pretrain import data as D
-from pretrain.data import (
-    DataConfig,
-    MaskingCollator,
-    SourceConfig,
-    build_pretraining_data,
-    load_documents,
-    load_or_train_tokenizer,
+import pretrain.instances
+import pretrain.tokenizer
+from pretrain.corpus import check_utf8, load_documents, split_documents
+from pretrain.data import DataConfig, MaskingCollator, SourceConfig, build_pretraining_data
+from pretrain.instances import (
+    _plain_backend,
+    _truncated_lengths,
+    create_nsp_instances,
+    make_instances,
+    tokenize_documents,
 )
+from pretrain.tokenizer import SPECIAL_TOKENS, load_or_train_tokenizer, train_wordpiece_tokenizer
 
 datasets.disable_progress_bars()
 
@@ -243,7 +246,7 @@ def test_python_docs_source_is_nontrivial(tmp_path: Path) -> None:
 
 def test_trained_tokenizer_is_bert_wordpiece_and_saved(tmp_path: Path, json_config: DataConfig) -> None:
     tok = load_or_train_tokenizer(json_config, save_dir=tmp_path / "tok", seed=0)
-    assert [tok.convert_tokens_to_ids(t) for t in D.SPECIAL_TOKENS] == [0, 1, 2, 3, 4]
+    assert [tok.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS] == [0, 1, 2, 3, 4]
     assert 100 <= len(tok) <= json_config.vocab_size
     reloaded = AutoTokenizer.from_pretrained(tmp_path / "tok")
     assert isinstance(reloaded, PreTrainedTokenizerFast)
@@ -336,7 +339,7 @@ def _synthetic_documents(n_docs: int, seed: int = 0) -> list[list[list[int]]]:
 
 def test_random_next_comes_from_another_document() -> None:
     cfg = DataConfig(max_seq_length=40)
-    instances = D.create_nsp_instances(_synthetic_documents(60), cfg, random.Random(0), cls_id=2, sep_id=3)
+    instances = create_nsp_instances(_synthetic_documents(60), cfg, random.Random(0), cls_id=2, sep_id=3)
     assert len(instances) > 100
     for ids, len_cls_a_sep, label in instances:
         assert len(ids) <= 40
@@ -364,7 +367,7 @@ def test_truncation_matches_bert_truncate_seq_pair() -> None:
     rng = random.Random(0)
     for _ in range(2000):
         la, lb, m = rng.randint(1, 80), rng.randint(1, 80), rng.randint(2, 100)
-        assert D._truncated_lengths(la, lb, m) == bert(la, lb, m)
+        assert _truncated_lengths(la, lb, m) == bert(la, lb, m)
 
 
 def test_mlm_objective_packs_full_sequences(tmp_path: Path, corpus: Path) -> None:
@@ -377,37 +380,37 @@ def test_mlm_objective_packs_full_sequences(tmp_path: Path, corpus: Path) -> Non
     assert all(len(r) == 32 for r in rows[:-1])  # one chunk of documents: only the last one may be short
     assert all(set(t) == {0} for t in data.train["token_type_ids"])
     # The bodies, joined, are the training documents' tokens with [SEP] between documents.
-    train_docs, _ = D.split_documents(load_documents(cfg, seed=0), cfg, seed=0)
+    train_docs, _ = split_documents(load_documents(cfg, seed=0), cfg, seed=0)
     expected = []
-    for doc in D.tokenize_documents(train_docs["text"], D._plain_backend(data.tokenizer)):
+    for doc in tokenize_documents(train_docs["text"], _plain_backend(data.tokenizer)):
         expected += [t for sentence in doc for t in sentence] + [sep]
     assert [t for r in rows for t in r[1:-1]] == expected
 
 
 def test_validation_split_is_by_document(tmp_path: Path, json_config: DataConfig) -> None:
     docs = load_documents(json_config, seed=0)
-    train, val = D.split_documents(docs, json_config, seed=0)
+    train, val = split_documents(docs, json_config, seed=0)
     assert len(val) == round(0.05 * 120) and len(train) + len(val) == 120
     assert not set(train["text"]) & set(val["text"])
     assert sorted([*train["text"], *val["text"]]) == sorted(docs["text"])
     one = tiny_config(tmp_path, json_config.sources, validation_fraction=0.001)
-    assert len(D.split_documents(docs, one, seed=0)[1]) == 1  # at least one document
+    assert len(split_documents(docs, one, seed=0)[1]) == 1  # at least one document
     # The validation instances are made from the held-out documents only.
     data = build_pretraining_data(json_config, seed=0)
-    only_val = D.make_instances(val, data.tokenizer, json_config, seed=0, validation=True)
+    only_val = make_instances(val, data.tokenizer, json_config, seed=0, validation=True)
     assert only_val["input_ids"] == data.validation["input_ids"]
-    assert D.split_documents(docs, json_config, seed=1)[1]["text"] != val["text"]  # the seed picks them
+    assert split_documents(docs, json_config, seed=1)[1]["text"] != val["text"]  # the seed picks them
 
 
 def test_instances_are_deterministic_and_independent_of_num_proc(tmp_path: Path) -> None:
     corpus = write_jsonl(tmp_path / "big.jsonl", make_documents(600))  # three chunks of documents
     cfg = tiny_config(tmp_path, [SourceConfig(kind="json", path=str(corpus))])
     tok = load_or_train_tokenizer(cfg, seed=0)
-    train, _ = D.split_documents(load_documents(cfg, seed=0), cfg, seed=0)
-    one = D.make_instances(train, tok, cfg, seed=0, validation=False)
-    two = D.make_instances(train, tok, tiny_config(tmp_path, cfg.sources, num_proc=2), seed=0, validation=False)
+    train, _ = split_documents(load_documents(cfg, seed=0), cfg, seed=0)
+    one = make_instances(train, tok, cfg, seed=0, validation=False)
+    two = make_instances(train, tok, tiny_config(tmp_path, cfg.sources, num_proc=2), seed=0, validation=False)
     assert one["input_ids"] == two["input_ids"] and one["instance_id"] == two["instance_id"]
-    other_seed = D.make_instances(train, tok, cfg, seed=1, validation=False)
+    other_seed = make_instances(train, tok, cfg, seed=1, validation=False)
     assert other_seed["input_ids"] != one["input_ids"]
 
 
@@ -418,7 +421,7 @@ def test_instances_are_deterministic_and_independent_of_num_proc(tmp_path: Path)
 
 def test_cache_hit_and_miss(tmp_path: Path, json_config: DataConfig, corpus: Path, monkeypatch) -> None:
     calls = Counter()
-    tokenize, train_tok = D.tokenize_documents, D.train_wordpiece_tokenizer
+    tokenize, train_tok = tokenize_documents, train_wordpiece_tokenizer
 
     def counting_tokenize(*args, **kwargs):
         calls["tokenize"] += 1
@@ -428,8 +431,8 @@ def test_cache_hit_and_miss(tmp_path: Path, json_config: DataConfig, corpus: Pat
         calls["train_tokenizer"] += 1
         return train_tok(*args, **kwargs)
 
-    monkeypatch.setattr(D, "tokenize_documents", counting_tokenize)
-    monkeypatch.setattr(D, "train_wordpiece_tokenizer", counting_train)
+    monkeypatch.setattr(pretrain.instances, "tokenize_documents", counting_tokenize)
+    monkeypatch.setattr(pretrain.tokenizer, "train_wordpiece_tokenizer", counting_train)
     first = build_pretraining_data(json_config, seed=0, save_tokenizer_to=tmp_path / "run" / "tokenizer")
     assert calls == {"tokenize": 2, "train_tokenizer": 1}  # one chunk each of train and validation documents
     assert (tmp_path / "run" / "tokenizer" / "tokenizer.json").is_file()
@@ -476,7 +479,7 @@ def test_streaming_yields_instances(tmp_path: Path, corpus: Path) -> None:
     # Streaming holds out the first documents of the stream (round(0.05 * 120) = 6).
     val_cfg = tiny_config(tmp_path, cfg.sources)
     held_out = load_documents(val_cfg, seed=0)["text"][:6]
-    expected = D.make_instances(datasets.Dataset.from_dict({"text": held_out}), tok, cfg, seed=0, validation=True)
+    expected = make_instances(datasets.Dataset.from_dict({"text": held_out}), tok, cfg, seed=0, validation=True)
     assert data.validation["input_ids"] == expected["input_ids"]
 
 
@@ -528,9 +531,9 @@ def test_invalid_utf8_across_read_chunks(tmp_path: Path) -> None:
     path = tmp_path / "split.txt"
     path.write_bytes(b"ab\ncd" + "é".encode()[:1] + b"x\n")  # a broken two-byte sequence at offset 5
     with pytest.raises(ValueError, match=r"byte offset 5 \(line 2\)"):
-        D.check_utf8(path, chunk_bytes=3)
+        check_utf8(path, chunk_bytes=3)
     path.write_bytes("ab\ncé\né".encode())
-    D.check_utf8(path, chunk_bytes=5)  # valid sequences split across reads are fine
+    check_utf8(path, chunk_bytes=5)  # valid sequences split across reads are fine
 
 
 def test_missing_text_column_names_existing_columns(tmp_path: Path) -> None:
@@ -553,7 +556,7 @@ def test_unreachable_hub_dataset_names_source(tmp_path: Path) -> None:
 
 @pytest.fixture(scope="module")
 def mask_tokenizer(tmp_path_factory) -> PreTrainedTokenizerFast:
-    return D.train_wordpiece_tokenizer(make_documents(200), vocab_size=300)
+    return train_wordpiece_tokenizer(make_documents(200), vocab_size=300)
 
 
 def _random_examples(n: int, vocab: int, seed: int = 0) -> list[dict]:

@@ -9,8 +9,11 @@ import json
 
 import pytest
 import torch
+from transformers import BertConfig
 
 from benchmarks import common, train_step
+from pretrain.device import pick_device
+from pretrain.flops import flops_per_token
 from pretrain.modeling import NORM_PLACEMENTS, LNBertConfig, LNBertForPreTraining
 
 
@@ -139,18 +142,25 @@ def test_fused_qkv_keeps_hugging_face_parameter_names(tiny_kwargs: dict) -> None
 # --------------------------------------------------------------------------------------------------
 
 
-def test_flops_per_token_bert_base_matches_hand_count() -> None:
-    shape = train_step.SHAPES["base"]
-    h, v, t, n_layers = 768, 30522, 128, 12
-    encoder = n_layers * 12 * h * h  # 4 H² attention + 8 H² FFN per layer
-    head = h * h + v * h
-    attention = 12 * n_layers * h * t
-    pooler = (h * h + 2 * h) / t
-    dense = train_step.flops_per_token(shape, 0.15, sparse_head=False)
-    sparse = train_step.flops_per_token(shape, 0.15, sparse_head=True)
-    assert dense == pytest.approx(6 * (encoder + head + pooler) + attention)
-    assert sparse == pytest.approx(6 * (encoder + 0.15 * head + pooler) + attention)
-    assert 660e6 < dense < 670e6  # the familiar ~6 x 110M
+def test_flops_per_token_matches_a_hand_count_for_a_tiny_config() -> None:
+    # L=2, H=32, I=37, V=99, T=16: every matmul of the model, counted by hand.
+    config = LNBertConfig(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37)
+    per_layer = 4 * 32 * 32 + 2 * 32 * 37  # Q, K, V, attention output; FFN in and out
+    mlm_head = 32 * 32 + 99 * 32  # transform dense, vocabulary decoder
+    pooler_nsp = (32 * 32 + 32 * 2) / 16  # once per sequence of 16 tokens
+    attention = 2 * (2 * 2 * 32 * 16) * 3  # 2 layers x (scores + weighted sum: 2 FLOPs x H x T each) x fwd+bwd
+    dense = 6 * (2 * per_layer + mlm_head + pooler_nsp) + attention
+    assert flops_per_token(config, 16) == pytest.approx(dense)
+    sparse = 6 * (2 * per_layer + 0.15 * mlm_head + pooler_nsp) + attention
+    assert flops_per_token(config, 16, mlm_head_share=0.15) == pytest.approx(sparse)
+    # Hugging Face's BertConfig spells the shape the same way: the benchmarks count Hugging Face's model with it.
+    hf = BertConfig(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37)
+    assert flops_per_token(hf, 16) == flops_per_token(config, 16)
+
+
+def test_flops_per_token_bert_base_is_the_familiar_6_x_110m() -> None:
+    base = BertConfig()  # 12 x 768, vocabulary 30522
+    assert 660e6 < flops_per_token(base, 128) < 670e6
 
 
 def test_parse_variant_reads_model_and_modifiers() -> None:
@@ -248,11 +258,11 @@ def test_cuda_peaks_use_the_datasheet_of_a_known_card(monkeypatch: pytest.Monkey
 
 def test_pick_device_explains_missing_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    assert common.pick_device("auto").type == "cpu"
-    with pytest.raises(ValueError, match=r"torch\.cuda\.is_available"):
-        common.pick_device("cuda")
-    with pytest.raises(ValueError, match="valid choices"):
-        common.pick_device("tpu")
+    assert pick_device("auto").type == "cpu"
+    with pytest.raises(ValueError, match=r"--device=cuda but torch\.cuda\.is_available"):
+        pick_device("cuda")
+    with pytest.raises(ValueError, match=r"recipe\.device='tpu' is not a valid choice; valid choices: auto, cpu, cuda"):
+        pick_device("tpu", flag="recipe.device")
 
 
 def _sentences(n: int, seed: int) -> list[str]:

@@ -2,21 +2,27 @@
 
 from __future__ import annotations
 
+import json
 import sqlite3
 import sys
 import time
 from pathlib import Path
 
 import pytest
+import torch
 from torch import nn
 
 from finetune.config import FinetuneConfig
 from finetune.glue import TASKS, batches, encode, get_task, load_task, read_tsv
-from finetune.run import RunConfig, make_optimizer, run
+from finetune.run import RunConfig, run
 from finetune.run import cli as run_cli
 from finetune.run import main as run_main
+from finetune.schedule import ScheduleConfig, discover
 from finetune.store import SCHEMA_VERSION, JobSpec, ResultStore, StoreVersionError
+from finetune.train import make_optimizer, make_scheduler
+from finetune.worker import describe_model
 from pretrain.cli import ConfigError, from_dict, load_yaml, parse
+from pretrain.layout import SNAPSHOT_INFO
 from tests.finetune_fixtures import FIXTURE_GLUE, make_run, tiny_tokenizer, write_snapshot
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -158,6 +164,38 @@ def test_weight_decay_skips_norms_and_biases_by_module_type() -> None:
     decay, no_decay = (set(map(id, g["params"])) for g in optimizer.param_groups)
     assert decay == {id(model.proj.weight)}
     assert no_decay == {id(model.proj.bias), id(model.zz.weight), id(model.zz.bias)}
+
+
+def test_lr_schedule_is_berts_linear_warmup_then_decay() -> None:
+    """10 steps, 30% warm-up, peak 1: from 0 up over 3 steps, then down to 0 at step 10 (get_scheduler "linear")."""
+    optimizer = torch.optim.SGD([nn.Parameter(torch.zeros(1))], lr=1.0)
+    scheduler = make_scheduler(optimizer, FinetuneConfig(warmup_ratio=0.3), total_steps=10)
+    lrs = []
+    for _ in range(10):
+        lrs.append(optimizer.param_groups[0]["lr"])
+        optimizer.step()
+        scheduler.step()
+    assert lrs == pytest.approx([0, 1 / 3, 2 / 3, 1, 6 / 7, 5 / 7, 4 / 7, 3 / 7, 2 / 7, 1 / 7])
+    # The hand-written schedule it replaces agreed from the end of warm-up on; in warm-up it ran one step ahead
+    # ((step + 1) / warmup), where BERT, pretraining and get_scheduler start from 0.
+    old = [(s + 1) / 3 if s < 3 else (10 - s) / 7 for s in range(10)]
+    assert lrs[3:] == pytest.approx(old[3:]) and lrs[1:3] == pytest.approx(old[:2])
+
+
+def test_one_job_key_for_a_snapshot_however_it_is_found(tmp_path: Path) -> None:
+    """finetune.run (a model path) and the scheduler (a run's snapshots) describe a snapshot the same way, with the
+    same fallbacks when snapshot.json lacks the run name or placement."""
+    run_dir = make_run(tmp_path, "post_ln", "post", steps=(10,))
+    snapshot = run_dir / "snapshots" / "step_00000010"
+    info = json.loads((snapshot / SNAPSHOT_INFO).read_text())
+    del info["run_name"], info["norm_placement"]
+    (snapshot / SNAPSHOT_INFO).write_text(json.dumps(info))
+    with ResultStore(tmp_path / "results.sqlite") as store:
+        described = describe_model(str(snapshot), store)
+        discovered = discover(ScheduleConfig(runs=[str(run_dir)], lrs=[1e-3], seeds=[0], tasks=["mrpc"]), store)
+    assert described["run_name"] == "post_ln" and described["placement"] == "post"  # run folder; config.json
+    assert described["run_dir"] == str(run_dir.resolve()) and described["pretrain_step"] == 10
+    assert {k: getattr(discovered[0], k) for k in described} == described
 
 
 def test_finetune_writes_rows_then_skips_them(tmp_path: Path) -> None:

@@ -16,8 +16,8 @@ import pytest
 
 from finetune.schedule import ScheduleConfig, main, schedule
 from finetune.store import ResultStore
-from pretrain.artifacts import SNAPSHOT_MARKER
 from pretrain.cli import from_dict
+from pretrain.layout import SNAPSHOT_MARKER
 from tests.finetune_fixtures import FIXTURE_GLUE, make_run, set_status
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -19,6 +19,7 @@ from transformers import (
     BertForPreTraining,
     BertForSequenceClassification,
 )
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 import pretrain  # noqa: F401  (registers the Auto classes)
 from pretrain.modeling import (
@@ -27,6 +28,7 @@ from pretrain.modeling import (
     LNBertForMaskedLM,
     LNBertForPreTraining,
     LNBertForSequenceClassification,
+    LNBertModel,
     count_layer_norms,
 )
 
@@ -132,6 +134,44 @@ def test_task_models_equal_hf(tiny_kwargs, hf_cls, our_cls):
     batch = make_batch()
     with torch.no_grad():
         torch.testing.assert_close(ours(**batch).logits, hf(**batch).logits)
+
+
+@pytest.mark.parametrize("cls", [LNBertModel, LNBertForPreTraining, LNBertForMaskedLM, LNBertForSequenceClassification])
+def test_return_dict_false_returns_the_outputs_tuple(tiny_kwargs, cls):
+    """As Hugging Face: ``return_dict=False`` (or ``config.return_dict = False``) gives ``output.to_tuple()``."""
+    model = cls(tiny_config(tiny_kwargs, "pre", num_labels=2)).eval()
+    batch = make_batch()
+    labels = {"labels": mlm_labels(batch["input_ids"])} if cls is LNBertForMaskedLM else {}
+    with torch.no_grad():
+        expected = model(**batch, **labels).to_tuple()
+        as_tuple = model(**batch, **labels, return_dict=False)
+        model.config.return_dict = False
+        from_config = model(**batch, **labels)
+        assert not isinstance(model(**batch, **labels, return_dict=True), tuple)
+    for got in (as_tuple, from_config):
+        assert isinstance(got, tuple) and len(got) == len(expected)
+        for a, b in zip(got, expected, strict=True):
+            torch.testing.assert_close(a, b)
+
+
+@pytest.mark.parametrize("placement", ["post", "pre"])
+def test_flex_attention_gives_sdpas_outputs(tiny_kwargs, placement, monkeypatch):
+    """The ``_supports_flex_attn`` claim: flex attention runs our attention with the padding mask and agrees with
+    sdpa. Without gradients (torch has no backward for flex attention on CPU)."""
+    calls = []
+    flex = ALL_ATTENTION_FUNCTIONS["flex_attention"]
+    monkeypatch.setitem(ALL_ATTENTION_FUNCTIONS, "flex_attention", lambda *a, **k: calls.append(1) or flex(*a, **k))
+    sdpa = LNBertForPreTraining(tiny_config(tiny_kwargs, placement, "sdpa")).eval()
+    config = tiny_config(tiny_kwargs, placement)
+    flex_model = LNBertForPreTraining._from_config(config, attn_implementation="flex_attention").eval()
+    flex_model.load_state_dict(sdpa.state_dict())
+    batch = make_batch()
+    real = batch["attention_mask"].bool()
+    with torch.no_grad():
+        expected, got = sdpa(**batch), flex_model(**batch)
+    assert len(calls) == tiny_kwargs["num_hidden_layers"]
+    torch.testing.assert_close(got.prediction_logits[real], expected.prediction_logits[real])
+    torch.testing.assert_close(got.seq_relationship_logits, expected.seq_relationship_logits)
 
 
 def test_padding_positions_do_not_leak(tiny_kwargs):

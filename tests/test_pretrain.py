@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -16,8 +17,8 @@ import torch
 from accelerate.state import AcceleratorState, GradientState
 from safetensors.torch import load_file
 
-from pretrain.artifacts import list_snapshots, read_metrics, read_status
 from pretrain.checkpointing import latest_checkpoint, list_checkpoints
+from pretrain.layout import list_snapshots, read_metrics, read_status
 from pretrain.modeling import LNBertForPreTraining
 from pretrain.run import main
 
@@ -186,18 +187,23 @@ def test_nan_from_the_model_is_caught_in_that_step(tmp_path: Path, data_cache: P
     assert [step for step, _ in list_checkpoints(run)] == [1, 2]
 
 
-def test_leftover_temp_folder_is_ignored(tmp_path: Path, data_cache: Path) -> None:
+def test_leftover_temp_folder_is_never_used_for_resume(tmp_path: Path, data_cache: Path) -> None:
     run = tmp_path / "atomic"
     assert main(tiny_args(run, data_cache, "--train.stop_at_step=3")) == 0
-    # A save killed half-way: a temp folder with some files but no train_state.json, and one with a later step.
-    for name in (".step_00000004.tmp", "step_00000009"):
-        partial = run / "checkpoints" / name
-        partial.mkdir()
-        (partial / "model.safetensors").write_bytes(b"torn")
+    checkpoints = run / "checkpoints"
+    # A save killed just before its rename: a temp folder as complete as can be (step 3's files, a train_state.json
+    # that says step 5). And a torn folder of a later step, with no train_state.json.
+    leftover = checkpoints / ".step_00000005.tmp"
+    shutil.copytree(checkpoints / "step_00000003", leftover)
+    state = json.loads((leftover / "train_state.json").read_text())
+    (leftover / "train_state.json").write_text(json.dumps({**state, "step": 5}))
+    (checkpoints / "step_00000009").mkdir()
+    (checkpoints / "step_00000009" / "model.safetensors").write_bytes(b"torn")
     assert latest_checkpoint(run).name == "step_00000003"
     assert main(tiny_args(run, data_cache, "--train.resume=auto")) == 0
     assert read_status(run)["status"] == "finished"
-    assert not (run / "checkpoints" / ".step_00000004.tmp").exists() or latest_checkpoint(run).name == "step_00000006"
+    # Resumed from step 3, so steps 4 and 5 were trained; from the temp folder they would have been skipped.
+    assert [r["step"] for r in read_metrics(run) if "train/loss" in r] == [1, 2, 3, 4, 5, 6]
 
 
 def test_sigterm_saves_a_checkpoint_and_marks_preempted(tmp_path: Path, data_cache: Path) -> None:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from pretrain.artifacts import read_metrics, read_status
+from pretrain.layout import read_metrics, read_status
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -21,8 +21,8 @@ import torch
 
 from pretrain.analysis import outcomes, probes
 from pretrain.analysis.common import DEFAULT_OUT, write_outputs
-from pretrain.artifacts import read_metrics, read_status
 from pretrain.cli import field_type, require, to_dict
+from pretrain.layout import read_metrics, read_status
 from pretrain.modeling import NORM_PLACEMENTS, NormPlacement
 from pretrain.reporting import format_table, pyplot, save_figure
 
@@ -195,7 +195,7 @@ def cell_overrides(args: GridConfig, cell: Cell, run_dir: Path) -> list[str]:
 
 
 def read_cell(run_dir: Path) -> dict[str, Any]:
-    """Status, training MLM loss curve, final validation MLM loss and divergence step of one run."""
+    """Status, training MLM loss curve, final validation MLM loss and divergence step of one run (pretrain.layout)."""
     status = read_status(run_dir)
     rows = read_metrics(run_dir)
     val = [row for row in rows if "val/mlm_loss" in row]

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from pretrain.artifacts import RUN_CONFIG_FILE, list_snapshots, read_metrics, write_json_atomic
+from pretrain.layout import RUN_CONFIG_FILE, list_snapshots, read_metrics, write_json_atomic
 
 PROBE_FILE = "grid_probe.json"
 """Written into a finished or diverged run's folder by the grid, so a later pass reads it instead of measuring."""

@@ -40,14 +40,7 @@ class Snapshot:
     path: Path
     step: int
     info: dict[str, Any]
-
-    @property
-    def run_name(self) -> str:
-        return str(self.info.get("run_name", self.path.parent.parent.name))
-
-    @property
-    def norm_placement(self) -> str:
-        return str(self.info.get("norm_placement", "unknown"))
+    """The snapshot's snapshot.json (run name, norm placement, tokens seen, metrics, ...)."""
 
 
 def list_snapshots(run_dir: str | Path) -> list[Snapshot]:

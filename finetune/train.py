@@ -1,0 +1,189 @@
+"""Fine-tuning one job: a classifier trained from a model on one GLUE task with one (lr, seed), scored on dev.
+
+The recipe is original BERT's (batch 32, 3 epochs, 10% linear warm-up then linear decay, max length 128, AdamW
+with weight decay 0.01 except on biases and norms). ``finetune`` is what a worker (finetune/worker.py) runs for
+each claimed job; ``DataCache`` keeps a task's tokenized features across the jobs of one snapshot.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+from tqdm.auto import tqdm
+from transformers import get_scheduler
+
+import pretrain  # noqa: F401  (registers the "lnbert" model type with the Auto classes)
+from finetune.config import FinetuneConfig
+from finetune.glue import Example, batches, compute_metrics, encode, get_task, load_task
+from pretrain.device import pick_device
+from pretrain.optim import build_adamw
+
+
+def make_optimizer(model: nn.Module, recipe: FinetuneConfig, lr: float) -> torch.optim.AdamW:
+    """The recipe's AdamW (fused kernel: the fastest on CPU and CUDA, BENCHMARKS.md) at peak learning rate ``lr``."""
+    return build_adamw(
+        model,
+        lr=lr,
+        betas=(recipe.adam_beta1, recipe.adam_beta2),
+        eps=recipe.adam_eps,
+        weight_decay=recipe.weight_decay,
+        implementation="fused",
+    )
+
+
+def make_scheduler(
+    optimizer: torch.optim.Optimizer, recipe: FinetuneConfig, total_steps: int
+) -> torch.optim.lr_scheduler.LRScheduler:
+    """BERT's schedule, as pretraining's (``get_scheduler``): the learning rate rises linearly from 0 over the first
+    ``warmup_ratio`` of the steps, then falls linearly to 0 at the last step."""
+    warmup_steps = int(recipe.warmup_ratio * total_steps)
+    return get_scheduler("linear", optimizer, num_warmup_steps=warmup_steps, num_training_steps=total_steps)
+
+
+def autocast(device: torch.device, mixed_precision: str) -> contextlib.AbstractContextManager:
+    """bf16 autocast of the forward pass, or nothing in fp32."""
+    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=mixed_precision == "bf16")
+
+
+def train_step(
+    model: nn.Module,
+    batch: dict[str, torch.Tensor],
+    optimizer: torch.optim.Optimizer,
+    recipe: FinetuneConfig,
+    device: torch.device,
+) -> torch.Tensor:
+    """One optimizer step on one batch (the learning-rate schedule is the caller's); returns the loss."""
+    batch = {k: v.to(device) for k, v in batch.items()}
+    with autocast(device, recipe.mixed_precision):
+        loss = model(**batch).loss
+    loss.backward()
+    if recipe.max_grad_norm > 0:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), recipe.max_grad_norm)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return loss.detach()
+
+
+
+
+@torch.no_grad()
+def evaluate(
+    model: nn.Module,
+    features: list[dict[str, Any]],
+    batch_size: int,
+    pad_id: int,
+    device: torch.device,
+    mixed_precision: str = "no",
+) -> dict[str, Any]:
+    """Dev loss, labels and predictions (in file order)."""
+    model.eval()
+    losses, labels, predictions = 0.0, [], []
+    for batch in batches(features, batch_size, pad_id):
+        batch = {k: v.to(device) for k, v in batch.items()}
+        with autocast(device, mixed_precision):
+            logits = model(**{k: v for k, v in batch.items() if k != "labels"}).logits.float()
+        losses += F.cross_entropy(logits, batch["labels"], reduction="sum").item()
+        labels.append(batch["labels"].cpu().numpy())
+        predictions.append(logits.argmax(-1).cpu().numpy())
+    return {
+        "dev_loss": losses / len(features),
+        "labels": np.concatenate(labels),
+        "predictions": np.concatenate(predictions),
+    }
+
+
+@dataclass
+class TaskData:
+    """A task's examples tokenized for one tokenizer (kept across the jobs of one snapshot)."""
+
+    train: list[dict[str, Any]]
+    dev: list[dict[str, Any]]
+    pad_id: int
+
+
+class DataCache:
+    """Loaded tasks and tokenized features, reused while a worker runs jobs of the same snapshot."""
+
+    def __init__(self) -> None:
+        self.tasks: dict[tuple[str, str | None], dict[str, list[Example]]] = {}
+        self.features: dict[tuple[Any, ...], TaskData] = {}
+
+    def get(self, model_path: str, task: str, data_dir: str | None, recipe: FinetuneConfig) -> TaskData:
+        from transformers import AutoTokenizer
+
+        key = (model_path, task, data_dir, recipe.max_length, recipe.max_train_examples, recipe.max_eval_examples)
+        if key not in self.features:
+            if (task, data_dir) not in self.tasks:
+                self.tasks[(task, data_dir)] = load_task(task, data_dir)
+            splits = self.tasks[(task, data_dir)]
+            tokenizer = AutoTokenizer.from_pretrained(model_path)
+            if tokenizer.pad_token_id is None:
+                raise ValueError(f"the tokenizer of {model_path} has no padding token; save one with the model")
+            self.features.clear()  # one snapshot at a time: tokenized features are cheap to rebuild
+            self.features[key] = TaskData(
+                train=encode(tokenizer, splits["train"][: recipe.max_train_examples], recipe.max_length),
+                dev=encode(tokenizer, splits["dev"][: recipe.max_eval_examples], recipe.max_length),
+                pad_id=tokenizer.pad_token_id,
+            )
+        return self.features[key]
+
+
+def finetune(
+    model_path: str, task: str, data: TaskData, lr: float, seed: int, recipe: FinetuneConfig
+) -> dict[str, Any]:
+    """Train a classifier from ``model_path`` on ``data.train`` and score it on ``data.dev``."""
+    from transformers import AutoConfig, AutoModelForSequenceClassification, set_seed
+    from transformers.utils import logging as hf_logging
+
+    start = time.perf_counter()
+    if recipe.torch_threads:
+        torch.set_num_threads(recipe.torch_threads)
+    device = pick_device(recipe.device, flag="recipe.device")
+    set_seed(seed)  # python, numpy, torch: the classifier's init and dropout
+    # The load report lists the pretraining heads as unused and the classifier as new: expected here, and
+    # an lnbert snapshot of another placement still fails loudly (LNBertPreTrainedModel.from_pretrained).
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        if recipe.random_init:
+            config = AutoConfig.from_pretrained(model_path, num_labels=2)
+            model = AutoModelForSequenceClassification.from_config(config).to(device)
+        else:
+            model = AutoModelForSequenceClassification.from_pretrained(model_path, num_labels=2).to(device)
+    finally:
+        hf_logging.set_verbosity(verbosity)
+    optimizer = make_optimizer(model, recipe, lr)
+    steps_per_epoch = math.ceil(len(data.train) / recipe.batch_size)
+    total_steps = steps_per_epoch * recipe.epochs
+    scheduler = make_scheduler(optimizer, recipe, total_steps)
+    order = torch.Generator().manual_seed(seed)  # data order, independent of the model's RNG use
+    bar = tqdm(total=total_steps, desc=f"{task} lr={lr:g} seed={seed}", disable=not recipe.progress, leave=False)
+    epoch_loss = 0.0
+    for _ in range(recipe.epochs):
+        model.train()
+        epoch_loss = 0.0
+        for batch in batches(data.train, recipe.batch_size, data.pad_id, generator=order):
+            loss = train_step(model, batch, optimizer, recipe, device)
+            scheduler.step()
+            epoch_loss += loss.item()
+            bar.update()
+            bar.set_postfix(loss=f"{loss.item():.3f}")
+    bar.close()
+    result = evaluate(model, data.dev, recipe.eval_batch_size, data.pad_id, device, recipe.mixed_precision)
+    metrics = compute_metrics(get_task(task), result["labels"], result["predictions"])
+    return {
+        **metrics,
+        "dev_loss": result["dev_loss"],
+        "train_loss": epoch_loss / steps_per_epoch,  # mean over the last epoch
+        "epochs": recipe.epochs,
+        "train_steps": total_steps,
+        "wall_time_s": time.perf_counter() - start,
+    }

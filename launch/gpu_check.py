@@ -1,0 +1,1002 @@
+"""The GPU check: environment, CUDA correctness, throughput against Hugging Face, and a BERT-base comparison of
+the LayerNorm placements at GPU scale, in at most 6 minutes on one H200 (so that a rerun fits the 15 minutes a
+GPU is lent for).
+
+    bash launch/prepare_gpu_check.sh                      # here, once: wheels + corpus + GLUE into .gpu_payload/
+    bash launch/gpu_check.sh OUT --corpus .gpu_payload/corpus --glue .gpu_payload/glue
+    bash launch/gpu_check.sh OUT --corpus C --glue G --dry-run     # CPU, tiny shapes, every stage (CI runs this)
+
+Stages, in order, each in its own process under its own time budget (a stage that overruns is killed, with its
+process group, and recorded as ``timed_out`` with whatever it had written; the next stage still runs):
+
+1. ``environment`` (60 s): GPU, driver, versions; installs the carried wheels the machine lacks (``--wheels``,
+   into WORK/site, which every later stage has on its path) and the project (``pip install --no-deps -e .``);
+   measured bf16 and TF32 GEMM peaks (8192^3).
+2. ``cuda_tests`` (60 s): ``pytest tests/test_cuda.py`` (skipped where CUDA is absent), outcomes parsed.
+3. ``throughput`` (90 s): ``benchmarks.train_step`` at BERT-base, seq 128, bf16 autocast, batch 64 and 128:
+   Hugging Face (SDPA), ours Post-LN and Pre-LN, then ``torch.compile`` (compile time apart); MFU against stage 1's
+   measured peak and the data sheet.
+4. ``pretrain`` (the rest of the 6 minutes): three BERT-base runs through ``accelerate launch pretrain/run.py``
+   (Post-LN paper recipe, Pre-LN, Post-LN at 3e-4), steps sized from stage 3's throughput so that all three fit,
+   then one MRPC fine-tuning job per final snapshot.
+
+Written as the stages finish: OUT/results.json (atomically), OUT/summary.md, OUT/loss_curves.png, OUT/check.log
+(every stage's output). OUT stays at four files (the GPU tool brings back at most eight); runs, caches and installed
+wheels go to --work.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+import os
+import re
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+STAGES = ("environment", "cuda_tests", "throughput", "pretrain")
+# Seconds per stage on one H200; the last stage gets the rest of TOTAL_S (at least its own figure when earlier
+# stages overran). Brief: 60 + 60 + 90 s, 6 minutes in all.
+BUDGETS_S: dict[str, float] = {"environment": 60, "cuda_tests": 60, "throughput": 90, "pretrain": 180}
+TOTAL_S = 360.0
+KILL_GRACE_S = 5.0
+TIMED_OUT_RC = 124  # a stage's exit code when its own deadline cut its work short (as timeout(1))
+
+# Stage 4 sizing (seconds on one H200, estimated before any run; the check reports what they really took, so the
+# next person can correct them). Data preparation: WordPiece on the corpus + instances with 16 processes.
+DATA_PREP_S = 40.0
+RUN_OVERHEAD_S = 20.0  # per pretraining run: start, imports, model init, cache load, snapshots, final checkpoint
+FINETUNE_S = 45.0  # the three MRPC jobs side by side, process start included
+MARGIN_S = 10.0
+LOOP_EFFICIENCY = 0.8  # the real loop (data, clipping, scheduler, logging) against the benchmark's bare step
+FALLBACK_TOKENS_PER_S = 200_000.0  # when stage 3 left no figure: a conservative H200 guess, flagged as such
+MIN_STEPS, MAX_STEPS = 20, 3000
+PRETRAIN_BATCH, PRETRAIN_SEQ = 256, 128
+WARMUP_FRACTION = 0.1  # the preset's 10k of 1M (1%) would warm up for 2-3 steps of a run this short: no warm-up
+FINETUNE_LR = 3e-5  # the middle of BERT's grid
+
+TINY_MODEL = [  # --dry-run: the tests' tiny, odd-sized model
+    "--model.hidden_size=32",
+    "--model.num_hidden_layers=2",
+    "--model.num_attention_heads=4",
+    "--model.intermediate_size=37",
+    "--model.max_position_embeddings=64",
+    "--model.vocab_size=null",
+]
+
+
+# --------------------------------------------------------------------------------------------------
+# Plumbing: context, atomic JSON, stage processes
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclass(kw_only=True)
+class Context:
+    """What every stage needs; written to WORK/context.json for the stage processes."""
+
+    out: str
+    """Folder for results.json, summary.md, loss_curves.png, check.log."""
+    work: str
+    """Folder for runs, caches, logs and installed wheels."""
+    corpus: str
+    """JSON Lines corpus ({"text": ...} per line; .jsonl.gz too): a file or a folder of such files."""
+    glue: str
+    """Folder with MRPC/train.tsv and MRPC/dev.tsv (GLUE layout)."""
+    wheels: str | None = None
+    """Folder of wheels to install where their distribution is missing; None: install nothing."""
+    dry_run: bool = False
+    """CPU, tiny shapes, a few steps; every stage runs."""
+    started: float = 0.0
+    """time.time() when the check started."""
+    total_s: float = TOTAL_S
+    """Wall-clock budget of the whole check."""
+    budgets: dict[str, float] = field(default_factory=lambda: dict(BUDGETS_S))
+    """Seconds per stage."""
+    deadline: float = 0.0
+    """time.time() by which the running stage is killed (set per stage)."""
+
+    @property
+    def results_path(self) -> Path:
+        return Path(self.out) / "results.json"
+
+    def stage_file(self, name: str) -> Path:
+        return Path(self.work) / "stages" / f"{name}.json"
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    """Temp file + rename: a reader (or a kill) never sees half a file. Permissions follow the umask."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_json_atomic(path: Path, payload: Any) -> None:
+    write_text_atomic(path, json.dumps(payload, indent=2, default=str) + "\n")
+
+
+def read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads(path.read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
+
+
+def stage_env(ctx: Context) -> dict[str, str]:
+    """The environment of stage processes: this checkout and the installed wheels first on the path, offline."""
+    env = dict(os.environ)
+    paths = [str(REPO), str(Path(ctx.work) / "site"), env.get("PYTHONPATH", "")]
+    env["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
+    env.update(HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TRANSFORMERS_OFFLINE="1", WANDB_MODE="offline")
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+# Child process groups of this process, killed when this process is told to stop (see on_terminate).
+ACTIVE: set[subprocess.Popen] = set()
+
+
+def kill_group(proc: subprocess.Popen, grace: float = KILL_GRACE_S) -> None:
+    """SIGTERM to the process group (accelerate's children included), SIGKILL after ``grace`` seconds (at once
+    when 0: pretrain/run.py takes SIGTERM as a preemption and would spend the time saving a checkpoint)."""
+    signals = ((signal.SIGTERM, grace), (signal.SIGKILL, KILL_GRACE_S)) if grace else ((signal.SIGKILL, KILL_GRACE_S),)
+    for sig, wait in signals:
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=wait)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def on_terminate(signum: int, frame: Any) -> None:
+    """SIGTERM (the orchestrator's timeout, or a user): take the child process groups down, then exit."""
+    for proc in list(ACTIVE):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+    raise SystemExit(128 + signum)
+
+
+def start_process(cmd: list[str], log: Path, env: dict[str, str], cwd: Path = REPO) -> subprocess.Popen:
+    """Start ``cmd`` in its own process group, output appended to ``log``."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "a") as f:
+        f.write(f"$ {' '.join(cmd)}\n")
+        f.flush()
+        proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
+    ACTIVE.add(proc)
+    return proc
+
+
+def wait_process(proc: subprocess.Popen, timeout: float, grace: float = 0.0) -> int | None:
+    """Exit code, or None when it ran past ``timeout`` and was killed."""
+    try:
+        return proc.wait(timeout=max(timeout, 1.0))
+    except subprocess.TimeoutExpired:
+        kill_group(proc, grace)
+        return None
+    except BaseException:  # Ctrl-C here: take the children down too
+        kill_group(proc, 0)
+        raise
+    finally:
+        ACTIVE.discard(proc)
+
+
+def run_process(
+    cmd: list[str], log: Path, timeout: float, env: dict[str, str], grace: float = 0.0
+) -> tuple[int | None, float]:
+    """Run ``cmd`` in its own process group with output to ``log``; (exit code or None if it timed out, seconds)."""
+    start = time.time()
+    rc = wait_process(start_process(cmd, log, env), timeout, grace)
+    return rc, time.time() - start
+
+
+def tail(path: Path, lines: int = 25) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except FileNotFoundError:
+        return ""
+
+
+# --------------------------------------------------------------------------------------------------
+# Orchestration
+# --------------------------------------------------------------------------------------------------
+
+
+def stage_budget(ctx: Context, name: str) -> float:
+    """The stage's own budget; the last stage gets what is left of the total (never less than a minimum)."""
+    if name == STAGES[-1]:
+        left = ctx.total_s - (time.time() - ctx.started)
+        return max(left, min(ctx.budgets[name], 30.0 if ctx.dry_run else 60.0))
+    return ctx.budgets[name]
+
+
+def run_check(ctx: Context) -> dict[str, Any]:
+    out, work = Path(ctx.out), Path(ctx.work)
+    out.mkdir(parents=True, exist_ok=True)
+    (work / "stages").mkdir(parents=True, exist_ok=True)
+    (work / "site").mkdir(exist_ok=True)  # on every stage's path from its start: the wheels land here
+    results: dict[str, Any] = {
+        "check": "lnbert GPU check (launch/gpu_check.py)",
+        "dry_run": ctx.dry_run,
+        "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ctx.started)),
+        "corpus": ctx.corpus,
+        "glue": ctx.glue,
+        "work": ctx.work,
+        "budgets_s": {name: ctx.budgets[name] for name in STAGES} | {"total": ctx.total_s},
+        "stages": {name: {"status": "pending"} for name in STAGES},
+    }
+    publish(ctx, results)
+    env = stage_env(ctx)
+    check_log = out / "check.log"
+    for name in STAGES:
+        budget = stage_budget(ctx, name)
+        ctx.deadline = time.time() + budget
+        write_json_atomic(work / "context.json", asdict(ctx))
+        ctx.stage_file(name).unlink(missing_ok=True)
+        log = work / "logs" / f"{name}.log"
+        print(f"[gpu_check] stage {name} (budget {budget:.0f} s) ...", flush=True)
+        results["stages"][name] = {"status": "running", "budget_s": round(budget, 1)}
+        publish(ctx, results)
+        cmd = [sys.executable, str(Path(__file__).resolve()), "--stage", name, "--context", str(work / "context.json")]
+        rc, seconds = run_process(cmd, log, budget, env, grace=KILL_GRACE_S)
+        status = "timed_out" if rc in (None, TIMED_OUT_RC) else ("ok" if rc == 0 else "failed")
+        record: dict[str, Any] = {"status": status, "seconds": round(seconds, 1), "budget_s": round(budget, 1)}
+        record["result"] = read_json(ctx.stage_file(name)) or {}
+        if status != "ok":
+            record["log_tail"] = tail(log)
+        results["stages"][name] = record
+        with open(check_log, "a") as f:
+            f.write(f"\n===== stage {name}: {status} in {seconds:.1f} s (budget {budget:.0f} s) =====\n")
+            f.write(log.read_text(errors="replace") if log.exists() else "")
+        results["elapsed_s"] = round(time.time() - ctx.started, 1)
+        publish(ctx, results)
+        print(f"[gpu_check] stage {name}: {status} in {seconds:.1f} s", flush=True)
+    return results
+
+
+def publish(ctx: Context, results: dict[str, Any]) -> None:
+    write_json_atomic(ctx.results_path, results)
+    write_text_atomic(Path(ctx.out) / "summary.md", summary_markdown(results))
+
+
+# --------------------------------------------------------------------------------------------------
+# Stage 1: environment
+# --------------------------------------------------------------------------------------------------
+
+
+def package_versions(names: list[str]) -> dict[str, str | None]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    found: dict[str, str | None] = {}
+    for name in names:
+        try:
+            found[name] = version(name)
+        except PackageNotFoundError:
+            found[name] = None
+    return found
+
+
+def wheel_distribution(path: Path) -> str:
+    """Distribution name of a wheel file (``pyarrow-21.0.0-cp312-...whl`` -> ``pyarrow``), normalised."""
+    return re.sub(r"[-_.]+", "-", path.name.split("-")[0]).lower()
+
+
+def wheel_requirements(path: Path) -> list[str]:
+    """The Requires-Dist lines of a wheel (read from its METADATA, without installing it)."""
+    import zipfile
+
+    with zipfile.ZipFile(path) as wheel:
+        meta = next(n for n in wheel.namelist() if n.endswith(".dist-info/METADATA"))
+        text = wheel.read(meta).decode()
+    return [line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("Requires-Dist:")]
+
+
+def wheels_to_install(wheels: list[Path], present: dict[str, str | None]) -> list[Path]:
+    """Wheels whose distribution is missing, or present at a version another carried wheel does not accept (e.g. an
+    older pyarrow than the carried datasets needs: carry a newer one with EXTRA_WHEELS and it is used)."""
+    from packaging.requirements import Requirement
+
+    rejected: set[str] = set()
+    for wheel in wheels:
+        for line in wheel_requirements(wheel):
+            req = Requirement(line)
+            name = re.sub(r"[-_.]+", "-", req.name).lower()
+            have = present.get(name)
+            if req.marker is not None and not req.marker.evaluate({"extra": ""}):
+                continue
+            if have is not None and req.specifier and not req.specifier.contains(have, prereleases=True):
+                rejected.add(name)
+    return [w for w in wheels if present[wheel_distribution(w)] is None or wheel_distribution(w) in rejected]
+
+
+def install_wheels(ctx: Context) -> dict[str, Any]:
+    """Install the carried wheels the machine lacks (see wheels_to_install) into WORK/site, which is first on every
+    stage's path; ``pip install --no-index --no-deps`` never reaches the network. The machine's own versions stay
+    for the rest; their fit is checked afterwards (unmet_requirements). In a dry run the plan is recorded only.
+    """
+    report: dict[str, Any] = {"wheels_dir": ctx.wheels, "installed": [], "already_present": {}, "dry_run": ctx.dry_run}
+    if not ctx.wheels:
+        report["note"] = "no --wheels folder given: nothing to install"
+        return report
+    wheels = sorted(Path(ctx.wheels).glob("*.whl"))
+    if not wheels:
+        report["note"] = f"no wheels in {ctx.wheels}"
+        return report
+    present = package_versions([wheel_distribution(w) for w in wheels])
+    chosen = wheels_to_install(wheels, present)
+    report["already_present"] = {k: v for k, v in present.items() if v is not None}
+    report["installed"] = [w.name for w in chosen]
+    if chosen and not ctx.dry_run:
+        cmd = [sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
+               "--disable-pip-version-check", "--target", str(Path(ctx.work) / "site"), *map(str, chosen)]  # fmt: skip
+        proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        report["pip_returncode"] = proc.returncode
+        if proc.returncode:
+            report["pip_error"] = (proc.stdout + proc.stderr)[-2000:]
+    return report
+
+
+def unmet_requirements(dists: list[str]) -> list[str]:
+    """Requirements (without extras) of ``dists`` that the installed packages do not meet, as readable lines."""
+    from importlib.metadata import PackageNotFoundError, requires, version
+
+    from packaging.requirements import Requirement
+
+    unmet = []
+    for dist in dists:
+        try:
+            reqs = requires(dist) or []
+        except PackageNotFoundError:
+            unmet.append(f"{dist}: not installed")
+            continue
+        for line in reqs:
+            req = Requirement(line)
+            if req.marker is not None and not req.marker.evaluate({"extra": ""}):
+                continue
+            try:
+                have = version(req.name)
+            except PackageNotFoundError:
+                unmet.append(f"{dist} needs {req}: missing")
+                continue
+            if req.specifier and not req.specifier.contains(have, prereleases=True):
+                unmet.append(f"{dist} needs {req}: found {have}")
+    return unmet
+
+
+def install_project(ctx: Context) -> dict[str, Any]:
+    """``pip install --no-deps -e .`` (offline: no build isolation). The stages also have the checkout on their
+    path, so a failure here is reported and does not stop the check."""
+    if ctx.dry_run:
+        return {"skipped": "dry run: the local environment is left alone"}
+    cmd = [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-index", "--no-build-isolation",
+           "--disable-pip-version-check", "-e", str(REPO)]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    return {"returncode": proc.returncode, "output": (proc.stdout + proc.stderr)[-1500:]}
+
+
+def gpu_description() -> dict[str, Any]:
+    import torch
+
+    info: dict[str, Any] = {"cuda_available": torch.cuda.is_available()}
+    if not torch.cuda.is_available():
+        return info
+    props = torch.cuda.get_device_properties(0)
+    info.update(name=props.name, memory_gib=round(props.total_memory / 2**30, 1), sm_count=props.multi_processor_count,
+                capability=f"{props.major}.{props.minor}", cuda=torch.version.cuda,
+                bf16_supported=torch.cuda.is_bf16_supported())  # fmt: skip
+    smi = shutil.which("nvidia-smi")
+    if smi:
+        query = [smi, "--query-gpu=driver_version,memory.total", "--format=csv,noheader"]
+        proc = subprocess.run(query, capture_output=True, text=True, check=False)
+        info["nvidia_smi"] = proc.stdout.strip() or proc.stderr.strip()
+    return info
+
+
+def stage_environment(ctx: Context, emit: Callable[[dict[str, Any]], None]) -> None:
+    result: dict[str, Any] = {}
+    result["install"] = install_wheels(ctx)
+    emit(result)
+    import importlib
+
+    importlib.invalidate_caches()
+    names = ["torch", "transformers", "accelerate", "tokenizers", "datasets", "huggingface-hub", "numpy",
+             "pyarrow", "pandas", "dill", "multiprocess", "scikit-learn", "matplotlib", "pytest"]  # fmt: skip
+    result["versions"] = package_versions(names)
+    carried = sorted({wheel_distribution(w) for w in Path(ctx.wheels).glob("*.whl")}) if ctx.wheels else []
+    result["unmet_requirements"] = unmet_requirements(carried) if carried else []
+    result["project_install"] = install_project(ctx)
+    imports = {}
+    for module in ("datasets", "pretrain.data", "finetune.run"):
+        try:
+            importlib.import_module(module)
+            imports[module] = "ok"
+        except Exception as err:  # reported, not fatal: stages 2 and 3 need neither
+            imports[module] = f"{type(err).__name__}: {err}"
+    result["imports"] = imports
+    emit(result)
+    import torch
+
+    from benchmarks.common import gemm_peaks, machine_info
+
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    result["gpu"] = gpu_description()
+    result["machine"] = machine_info(device)
+    emit(result)
+    torch.backends.cuda.matmul.allow_tf32 = True  # the fp32 figure is TF32, as the data sheet's
+    result["gemm"] = gemm_peaks(device, 256 if ctx.dry_run else 8192)
+    emit(result)
+
+
+# --------------------------------------------------------------------------------------------------
+# Stage 2: CUDA correctness (tests/test_cuda.py)
+# --------------------------------------------------------------------------------------------------
+
+OUTCOME_LINE = re.compile(r"^(tests/\S+::\S+)\s+(PASSED|FAILED|SKIPPED|ERROR|XFAIL|XPASS)\b")
+FAILURE_LINE = re.compile(r"^(?:FAILED|ERROR) (tests/\S+::\S+) - (.*)$")  # -rA summary
+SKIP_LINE = re.compile(r"^SKIPPED \[\d+\] \S+?:\d+: (.*)$")  # -rA summary
+
+
+def parse_pytest_output(text: str) -> dict[str, Any]:
+    """Per-test outcomes from ``pytest -v -rA`` output (works on the output of a run killed half way)."""
+    tests: dict[str, dict[str, Any]] = {}
+    skip_reasons: set[str] = set()
+    for line in map(str.strip, text.splitlines()):
+        if match := OUTCOME_LINE.match(line):
+            tests[match.group(1)] = {"outcome": match.group(2).lower()}
+        elif (match := FAILURE_LINE.match(line)) and match.group(1) in tests:
+            tests[match.group(1)]["message"] = match.group(2)[:500]
+        elif match := SKIP_LINE.match(line):
+            skip_reasons.add(match.group(1))
+    counts: dict[str, int] = {}
+    for t in tests.values():
+        counts[t["outcome"]] = counts.get(t["outcome"], 0) + 1
+    return {"counts": counts, "tests": tests, "skip_reasons": sorted(skip_reasons)}
+
+
+def stage_cuda_tests(ctx: Context, emit: Callable[[dict[str, Any]], None]) -> None:
+    log = Path(ctx.work) / "logs" / "pytest_cuda.log"
+    log.unlink(missing_ok=True)
+    cmd = [sys.executable, "-m", "pytest", "-v", "-rA", "-p", "no:cacheprovider", "tests/test_cuda.py"]
+    # Leave a few seconds to parse what ran if pytest itself overruns.
+    rc, seconds = run_process(cmd, log, ctx.deadline - time.time() - 4, stage_env(ctx))
+    result = parse_pytest_output(log.read_text(errors="replace"))
+    result.update(returncode=rc, timed_out=rc is None, seconds=round(seconds, 1))
+    emit(result)
+    print(tail(log, 40))
+    if rc is None:
+        raise SystemExit(TIMED_OUT_RC)
+    if rc not in (0, 5):  # 5: nothing collected
+        raise SystemExit(1)
+
+
+# --------------------------------------------------------------------------------------------------
+# Stage 3: throughput against Hugging Face
+# --------------------------------------------------------------------------------------------------
+
+
+def earlier_result(ctx: Context, stage: str) -> dict[str, Any]:
+    results = read_json(ctx.results_path) or {}
+    return results.get("stages", {}).get(stage, {}).get("result", {}) or {}
+
+
+def stage_throughput(ctx: Context, emit: Callable[[dict[str, Any]], None]) -> None:
+    from argparse import Namespace
+
+    import torch
+
+    from benchmarks.common import configure_device, gemm_peaks
+    from benchmarks.train_step import SHAPES, add_mfu, measure_group, parse_variant
+
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    configure_device(device)
+    peaks = earlier_result(ctx, "environment").get("gemm") or gemm_peaks(device, 256 if ctx.dry_run else 8192)
+    shape = SHAPES["tiny" if ctx.dry_run else "base"]
+    batches = [2] if ctx.dry_run else [64, 128]
+    bench = Namespace(seed=0, optimizer="fused", warmup=2, reps=2 if ctx.dry_run else 10, profile=None,
+                      profile_rows=0, baseline="hf")  # fmt: skip
+    result: dict[str, Any] = {"shape": shape, "precision": "bf16", "peaks": peaks, "groups": []}
+    plan = [(batch, ["hf", "post", "pre"]) for batch in batches]
+    if ctx.dry_run:  # torch.compile on a CPU takes minutes (BENCHMARKS.md: 341 s); the GPU run does it
+        result["compile"] = "skipped in the dry run"
+    else:
+        plan.append((batches[-1], ["hf", "post+compile"]))
+    for batch, specs in plan:
+        group = measure_group([parse_variant(s) for s in specs], dict(shape, batch=batch), "bf16", bench, device)
+        add_mfu(group, peaks)
+        measured = peaks["measured_tflops"]["bf16"]
+        sheet = (peaks.get("datasheet_tflops") or {}).get("bf16")
+        for row in group["rows"]:
+            row["mfu_vs_measured_gemm"] = row["exec_tflops"] / measured
+            row["mfu_vs_datasheet"] = row["exec_tflops"] / sheet if sheet else None
+        result["groups"].append({"batch": batch, **group})
+        emit(result)
+
+
+# --------------------------------------------------------------------------------------------------
+# Stage 4: BERT-base comparison through the real entry point
+# --------------------------------------------------------------------------------------------------
+
+# name -> (preset, extra overrides); the runs share data, seed and tokenizer (one cache).
+RUNS: dict[str, tuple[str, list[str]]] = {
+    "post_ln": ("configs/pretrain/bert_base_post_ln.yaml", []),  # paper recipe: warm-up, peak 1e-4
+    "pre_ln": ("configs/pretrain/bert_base_pre_ln.yaml", []),  # no warm-up, 3e-4
+    "post_ln_lr3e-4": ("configs/pretrain/bert_base_post_ln.yaml", ["--optim.lr=3e-4"]),  # the paper: diverges
+}
+
+
+def benchmark_tokens_per_s(throughput: dict[str, Any]) -> float | None:
+    """Stage 3's tokens/s of our Post-LN at its largest batch (the closest to the loop's 256 x 128)."""
+    best = None
+    for group in throughput.get("groups", []):
+        for row in group["rows"]:
+            if row["variant"] == "post":
+                best = row["tokens_per_s"]
+    return best
+
+
+def plan_steps(seconds: float, tokens_per_s: float | None, dry_run: bool) -> dict[str, Any]:
+    """Steps per run so that three runs plus data preparation and fine-tuning fit in ``seconds``."""
+    if dry_run:
+        return {
+            "model": "tiny (2 x 32)",
+            "steps": 4,
+            "batch": 8,
+            "seq": 32,
+            "warmup_steps": 1,
+            "note": "dry run: fixed tiny plan",
+        }
+    measured = tokens_per_s is not None
+    rate = (tokens_per_s if measured else FALLBACK_TOKENS_PER_S) * LOOP_EFFICIENCY
+    train_s = seconds - DATA_PREP_S - len(RUNS) * RUN_OVERHEAD_S - FINETUNE_S - MARGIN_S
+    steps = int(max(train_s, 0) / len(RUNS) * rate / (PRETRAIN_BATCH * PRETRAIN_SEQ))
+    steps = min(max(steps, MIN_STEPS), MAX_STEPS)
+    return {
+        "model": "BERT-base",
+        "steps": steps,
+        "batch": PRETRAIN_BATCH,
+        "seq": PRETRAIN_SEQ,
+        "warmup_steps": max(1, round(WARMUP_FRACTION * steps)),
+        "budget_s": round(seconds, 1),
+        "training_s_per_run_planned": round(train_s / len(RUNS), 1),
+        "tokens_per_s_used": round(rate),
+        "tokens_per_s_source": "stage 3 (ours Post-LN) x loop efficiency" if measured else "fallback guess",
+    }
+
+
+def pretrain_command(ctx: Context, name: str, plan: dict[str, Any], peak_flops: float) -> list[str]:
+    preset, extra = RUNS[name]
+    steps = plan["steps"]
+    work = Path(ctx.work)
+    if ctx.dry_run:
+        launch = ["--cpu", "--num_processes", "1", "--num_machines", "1", "--mixed_precision", "no",
+                  "--dynamo_backend", "no"]  # fmt: skip
+    else:
+        launch = ["--config_file", str(REPO / "configs/accelerate/1gpu.yaml")]
+    sources = f"[{{kind: json, path: {json.dumps(str(Path(ctx.corpus).resolve()))}}}]"
+    args = [
+        f"--data.sources={sources}",
+        "--data.tokenizer=null",  # trained on the corpus by the first run, then cached for the other two
+        f"--data.cache_dir={work / 'cache'}",
+        f"--train.output_dir={work / 'runs' / name}",
+        f"--train.run_name={name}",
+        f"--train.max_steps={steps}",
+        f"--train.per_device_batch_size={plan['batch']}",
+        "--train.gradient_accumulation_steps=1",
+        "--train.mixed_precision=bf16",
+        f"--train.log_every={max(1, steps // 40)}",
+        f"--train.eval_every={max(1, steps // 4)}",
+        "--train.eval_batches=4",
+        "--train.checkpoint_every=0",  # only the final checkpoint
+        f"--train.snapshot_steps=[{max(1, steps // 2)}]",
+        "--train.snapshot_every=0",
+        "--train.snapshot_at_start=false",
+        f"--train.peak_flops_per_device={peak_flops}",
+        "--tracking.backend=none",
+    ]
+    if name != "pre_ln":  # Post-LN runs: warm-up scaled to the run (Pre-LN: the preset's none)
+        args.append(f"--optim.warmup_steps={plan['warmup_steps']}")
+    if ctx.dry_run:
+        args += [*TINY_MODEL, "--data.vocab_size=300", f"--data.max_seq_length={plan['seq']}",
+                 "--data.max_documents=40", "--data.validation_documents=2", "--data.num_proc=1",
+                 "--train.num_workers=0"]  # fmt: skip
+    else:
+        args += ["--data.vocab_size=30522", f"--data.max_seq_length={plan['seq']}",
+                 f"--data.num_proc={min(16, os.cpu_count() or 1)}", "--data.validation_documents=20"]  # fmt: skip
+    return [sys.executable, "-m", "accelerate.commands.launch", *launch, str(REPO / "pretrain/run.py"),
+            "--config", str(REPO / preset), *args, *extra]  # fmt: skip
+
+
+def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
+    """RUN/metrics.jsonl (docs/run_layout.md); a torn last line is skipped."""
+    rows = []
+    try:
+        lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    except FileNotFoundError:
+        return rows
+    for line in lines:
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return rows
+
+
+def summarize_run(run_dir: Path) -> dict[str, Any]:
+    status = read_json(run_dir / "status.json") or {}
+    rows = read_metrics(run_dir)
+    # MLM loss (the NSP part saturates early and is not what the paper compares); the total where it is absent.
+    key = "train/mlm_loss" if any("train/mlm_loss" in r for r in rows) else "train/loss"
+    train = [(r["step"], r[key]) for r in rows if key in r]
+    val = [(r["step"], r["val/mlm_loss"]) for r in rows if "val/mlm_loss" in r]
+    # The first logged window includes CUDA warm-up and the first batches: left out of the loop's speed.
+    speeds = [r["train/tokens_per_s"] for r in rows if "train/tokens_per_s" in r][1:]
+    mfus = [r["train/mfu"] for r in rows if r.get("train/mfu") is not None][1:]
+    finite = [loss for _, loss in train if math.isfinite(loss)]
+    return {
+        "status": status.get("status"),
+        "step": status.get("step"),
+        "diverged_at_step": status.get("diverged_at_step"),
+        "message": status.get("message"),
+        "train_loss_key": key,
+        "train_loss": train,
+        "val_mlm_loss": val,
+        "final_train_loss": finite[-1] if finite else None,
+        "min_train_loss": min(finite) if finite else None,
+        "tokens_per_s_median": statistics.median(speeds) if speeds else None,
+        "mfu_median": statistics.median(mfus) if mfus else None,
+        "snapshots": complete_snapshots(run_dir),
+    }
+
+
+def complete_snapshots(run_dir: Path) -> list[dict[str, Any]]:
+    """Snapshots with their COMPLETE marker, by step (read from snapshot.json, never from the folder name)."""
+    found = []
+    for marker in (run_dir / "snapshots").glob("*/COMPLETE"):
+        info = read_json(marker.parent / "snapshot.json") or {}
+        if isinstance(info.get("step"), int):
+            found.append({"path": str(marker.parent), "step": info["step"]})
+    return sorted(found, key=lambda s: s["step"])
+
+
+def smoothed(points: list[tuple[int, float]], window: int = 3) -> list[tuple[int, float]]:
+    out = []
+    for i in range(len(points)):
+        chunk = [v for _, v in points[max(0, i - window + 1) : i + 1]]
+        out.append((points[i][0], sum(chunk) / len(chunk)))
+    return out
+
+
+def steps_to_loss(runs: dict[str, dict[str, Any]], reference: str = "post_ln") -> dict[str, Any]:
+    """Steps each run needs to reach the reference run's final (smoothed) training loss, and the ratio to it.
+
+    The paper's measure of "Pre-LN reaches the same loss in fewer steps"; None where a run never gets there."""
+    ref = smoothed(runs.get(reference, {}).get("train_loss") or [])
+    if not ref:
+        return {"target_loss": None}
+    target = ref[-1][1]
+    reached = {}
+    for name, run in runs.items():
+        curve = smoothed(run.get("train_loss") or [])
+        reached[name] = next((step for step, loss in curve if loss <= target), None)
+    ratio = {
+        name: (reached[reference] / step if step and reached.get(reference) else None) for name, step in reached.items()
+    }
+    return {"target_loss": target, "reference": reference, "steps": reached, "speedup_vs_reference": ratio}
+
+
+def finetune_command(snapshot: Path, glue: str, store: Path, dry_run: bool) -> list[str]:
+    """One MRPC job (one lr, one seed) with ``finetune.run``; kept in one place as its flag style may change."""
+    cmd = [sys.executable, "-m", "finetune.run", "--model", str(snapshot), "--task", "mrpc", "--data_dir", glue,
+           f"--lrs=[{FINETUNE_LR}]", "--seeds=[0]", "--store", str(store), "--recipe.mixed_precision", "bf16",
+           "--recipe.progress", "false"]  # fmt: skip
+    if dry_run:
+        cmd += ["--recipe.epochs", "1", "--recipe.max_train_examples", "32", "--recipe.max_eval_examples", "16"]
+    return cmd
+
+
+def finetune_accuracy(store: Path) -> dict[str, Any]:
+    from finetune.store import ResultStore
+
+    with ResultStore(store) as results:
+        rows = results.rows()
+    done = [r for r in rows if r.get("status") == "done"]
+    if not done:
+        return {"accuracy": None, "status": [r.get("status") for r in rows], "error": [r.get("error") for r in rows]}
+    return {"accuracy": done[0].get("accuracy"), "f1": done[0].get("f1"), "wall_time_s": done[0].get("wall_time_s")}
+
+
+def plot_losses(runs: dict[str, dict[str, Any]], plan: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    for name, run in runs.items():
+        if run.get("train_loss"):
+            steps, losses = zip(*run["train_loss"], strict=True)
+            (line,) = ax.plot(steps, losses, label=f"{name} (train)")
+            if run.get("val_mlm_loss"):
+                vs, vl = zip(*run["val_mlm_loss"], strict=True)
+                ax.plot(vs, vl, "o", color=line.get_color(), label=f"{name} (val MLM)")
+            if run.get("diverged_at_step") is not None:
+                ax.axvline(run["diverged_at_step"], color=line.get_color(), linestyle=":")
+    ax.set_xlabel("step")
+    ax.set_ylabel("MLM loss")
+    ax.set_title(f"{plan['model']} pretraining, batch {plan['batch']} x {plan['seq']}, bf16")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".png")
+    os.close(fd)
+    fig.savefig(tmp, dpi=110)
+    plt.close(fig)
+    os.replace(tmp, path)
+
+
+def stage_pretrain(ctx: Context, emit: Callable[[dict[str, Any]], None]) -> None:
+    work = Path(ctx.work)
+    env = stage_env(ctx)
+    throughput = earlier_result(ctx, "throughput")
+    gemm = earlier_result(ctx, "environment").get("gemm") or {}
+    peak_tflops = (gemm.get("measured_tflops") or {}).get("bf16")
+    plan = plan_steps(ctx.deadline - time.time(), benchmark_tokens_per_s(throughput), ctx.dry_run)
+    peak_flops = peak_tflops * 1e12 if peak_tflops else 0.0
+    result: dict[str, Any] = {"plan": plan, "runs": {}, "peak_flops_for_mfu": peak_flops}
+    emit(result)
+    for name in RUNS:
+        run_dir = work / "runs" / name
+        # Leave time for the fine-tuning of whatever has finished.
+        timeout = ctx.deadline - time.time() - (0 if ctx.dry_run else FINETUNE_S)
+        log = work / "logs" / f"{name}.log"
+        rc, seconds = run_process(pretrain_command(ctx, name, plan, peak_flops), log, timeout, env)
+        print(f"--- {name}: exit code {rc} after {seconds:.1f} s; end of its log ---\n{tail(log, 30)}", flush=True)
+        result["runs"][name] = {"returncode": rc, "timed_out": rc is None, "seconds": round(seconds, 1),
+                                **summarize_run(run_dir)}  # fmt: skip
+        emit(result)
+    bench = benchmark_tokens_per_s(throughput)
+    for run in result["runs"].values():
+        speed = run.get("tokens_per_s_median")
+        run["tokens_per_s_vs_stage3"] = speed / bench if speed and bench else None
+        mfu = run.get("mfu_median")
+        sheet = ((gemm.get("datasheet_tflops") or {}).get("bf16") or 0) * 1e12
+        run["mfu_vs_datasheet"] = mfu * peak_flops / sheet if mfu and sheet else None
+    result["steps_to_loss"] = steps_to_loss(result["runs"])
+    plot_losses(result["runs"], plan, Path(ctx.out) / "loss_curves.png")
+    result["loss_curves"] = str(Path(ctx.out) / "loss_curves.png")
+    emit(result)
+    # One MRPC job per final snapshot, side by side (three processes share the GPU and the 16 cores).
+    jobs = {}
+    for name, run in result["runs"].items():
+        final = [s["path"] for s in run["snapshots"] if s["step"] == run.get("step")]
+        if run.get("status") == "finished" and final:
+            store = work / "finetune" / f"{name}.sqlite"
+            store.parent.mkdir(parents=True, exist_ok=True)
+            log = work / "logs" / f"finetune_{name}.log"
+            jobs[name] = start_process(finetune_command(Path(final[0]), ctx.glue, store, ctx.dry_run), log, env)
+        else:
+            run["mrpc"] = {"skipped": f"no final snapshot (status {run.get('status')})"}
+    for name, proc in jobs.items():
+        rc = wait_process(proc, ctx.deadline - time.time() - 2)
+        print(
+            f"--- MRPC of {name}: exit code {rc}; end of its log ---\n{tail(work / 'logs' / f'finetune_{name}.log', 15)}"
+        )
+        store = work / "finetune" / f"{name}.sqlite"
+        result["runs"][name]["mrpc"] = {"returncode": rc, **(finetune_accuracy(store) if store.exists() else {})}
+        emit(result)
+    # A diverged run is a result (exit code 0); a crash or a killed job is not.
+    codes = [(r["returncode"], (r.get("mrpc") or {}).get("returncode", 0)) for r in result["runs"].values()]
+    if any(None in pair for pair in codes):
+        raise SystemExit(TIMED_OUT_RC)
+    if any(pair != (0, 0) for pair in codes):
+        raise SystemExit(1)
+
+
+# --------------------------------------------------------------------------------------------------
+# Summary
+# --------------------------------------------------------------------------------------------------
+
+
+def fmt(value: Any, spec: str = ".3g", pct: bool = False) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    return f"{100 * value:.1f}%" if pct else format(value, spec)
+
+
+def summary_markdown(results: dict[str, Any]) -> str:
+    stages = results["stages"]
+    lines = [f"# GPU check{' (dry run, CPU)' if results['dry_run'] else ''}", "",
+             f"Started {results['started']}; elapsed {results.get('elapsed_s', '-')} s of {results['budgets_s']['total']:.0f}.",
+             "", "| stage | status | seconds | budget s |", "|---|---|---|---|"]  # fmt: skip
+    for name in STAGES:
+        s = stages[name]
+        lines.append(f"| {name} | {s['status']} | {s.get('seconds', '-')} | {s.get('budget_s', '-')} |")
+    env = stages["environment"].get("result") or {}
+    if env:
+        gpu, gemm = env.get("gpu", {}), env.get("gemm", {})
+        lines += ["", "## 1. Environment", ""]
+        if gpu.get("cuda_available"):
+            lines.append(f"- GPU: {gpu.get('name')}, {gpu.get('memory_gib')} GiB, CUDA {gpu.get('cuda')}, "
+                         f"nvidia-smi: {gpu.get('nvidia_smi', '-')}")  # fmt: skip
+        else:
+            lines.append("- GPU: none (CUDA not available)")
+        versions = env.get("versions", {})
+        lines.append("- versions: " + ", ".join(f"{k} {v}" for k, v in versions.items() if v))
+        install = env.get("install", {})
+        lines.append(f"- wheels installed: {', '.join(install.get('installed', [])) or 'none'}"
+                     f"{' (planned only: dry run)' if install.get('dry_run') and install.get('installed') else ''}")  # fmt: skip
+        if install.get("pip_error"):
+            lines.append(f"- **pip install failed**: {install['pip_error'][-300:]}")
+        if env.get("unmet_requirements"):
+            lines.append(f"- **unmet requirements**: {'; '.join(env['unmet_requirements'])}")
+        bad = {k: v for k, v in env.get("imports", {}).items() if v != "ok"}
+        lines.append(f"- imports: {bad or 'all ok'}")
+        if gemm:
+            m, sheet = gemm["measured_tflops"], gemm.get("datasheet_tflops")
+            lines.append(f"- GEMM {gemm['gemm_size']}^3 measured: bf16 {m['bf16']:.1f} TFLOP/s, fp32/TF32 "
+                         f"{m['fp32']:.1f} TFLOP/s; data sheet: {sheet or 'unknown card'}")  # fmt: skip
+    tests = stages["cuda_tests"].get("result") or {}
+    if tests:
+        lines += ["", "## 2. CUDA correctness (tests/test_cuda.py)", "",
+                  f"- outcomes: {tests.get('counts')}" + (" (pytest timed out)" if tests.get("timed_out") else "")]  # fmt: skip
+        for name, t in tests.get("tests", {}).items():
+            if t["outcome"] not in ("passed", "skipped"):
+                lines.append(f"- **{t['outcome']}** `{name}`: {t.get('message', '')}")
+        for reason in tests.get("skip_reasons", []):
+            lines.append(f"- skipped: {reason}")
+    thr = stages["throughput"].get("result") or {}
+    if thr.get("groups"):
+        lines += ["", f"## 3. Throughput, {thr['shape']['layers']} x {thr['shape']['hidden']}, seq {thr['shape']['seq']}, "
+                  "bf16 autocast", "",
+                  "| batch | variant | step ms | tokens/s | x HF | MFU vs measured GEMM | MFU vs data sheet | 1st step s |",
+                  "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+        for g in thr["groups"]:
+            for r in g["rows"]:
+                speed = (r.get("speedup_vs_baseline") or {}).get("median")
+                lines.append(f"| {g['batch']} | {r['variant']} | {1e3 * r['step_s']['median']:.1f} | {r['tokens_per_s']:.0f} "
+                             f"| {fmt(speed, '.2f')} | {fmt(r.get('mfu_vs_measured_gemm'), pct=True)} "
+                             f"| {fmt(r.get('mfu_vs_datasheet'), pct=True)} | {r['first_step_s']:.1f} |")  # fmt: skip
+        if thr.get("compile"):
+            lines.append(f"\ntorch.compile: {thr['compile']}")
+        lines.append(
+            "\n1st step s of a `+compile` row is the compile time; MFU counts executed FLOPs (ours: sparse MLM head)."
+        )
+    pre = stages["pretrain"].get("result") or {}
+    if pre.get("runs"):
+        plan = pre["plan"]
+        lines += ["", "## 4. Pretraining comparison (accelerate launch pretrain/run.py)", "",
+                  f"{plan['steps']} steps of {plan['batch']} x {plan['seq']} per run, Post-LN warm-up {plan['warmup_steps']} steps; "
+                  f"steps from {plan.get('tokens_per_s_source', 'a fixed plan')}.", "",
+                  "| run | status | diverged at | final MLM loss | min MLM loss | tokens/s (loop) | vs stage 3 | MFU vs measured | MFU vs data sheet | MRPC acc | seconds |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+        for name, r in pre["runs"].items():
+            acc = (r.get("mrpc") or {}).get("accuracy")
+            lines.append(f"| {name} | {r.get('status')} | {fmt(r.get('diverged_at_step'))} | {fmt(r.get('final_train_loss'), '.3f')} "
+                         f"| {fmt(r.get('min_train_loss'), '.3f')} | {fmt(r.get('tokens_per_s_median'), '.0f')} "
+                         f"| {fmt(r.get('tokens_per_s_vs_stage3'), '.2f')} | {fmt(r.get('mfu_median'), pct=True)} "
+                         f"| {fmt(r.get('mfu_vs_datasheet'), pct=True)} | {fmt(acc, '.3f')} | {r.get('seconds')} |")  # fmt: skip
+        stl = pre.get("steps_to_loss") or {}
+        if stl.get("target_loss") is not None:
+            lines.append(f"\nSteps to reach post_ln's final smoothed training MLM loss {stl['target_loss']:.3f}: "
+                         + ", ".join(f"{k} {fmt(v)} (x{fmt(stl['speedup_vs_reference'].get(k), '.2f')})"
+                                     for k, v in stl["steps"].items()))  # fmt: skip
+        if pre.get("loss_curves"):
+            lines.append("\nLoss curves: `loss_curves.png`.")
+    for name in STAGES:
+        if stages[name].get("log_tail"):
+            lines += ["", f"## {name}: {stages[name]['status']}, last lines of its log", "", "```",
+                      stages[name]["log_tail"], "```"]  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
+# --------------------------------------------------------------------------------------------------
+# Command line
+# --------------------------------------------------------------------------------------------------
+
+STAGE_FUNCTIONS: dict[str, Callable[[Context, Callable[[dict[str, Any]], None]], None]] = {
+    "environment": stage_environment,
+    "cuda_tests": stage_cuda_tests,
+    "throughput": stage_throughput,
+    "pretrain": stage_pretrain,
+}
+
+
+def run_stage(name: str, context_path: Path) -> int:
+    signal.signal(signal.SIGTERM, on_terminate)
+    ctx = Context(**json.loads(context_path.read_text()))
+    STAGE_FUNCTIONS[name](ctx, lambda result: write_json_atomic(ctx.stage_file(name), result))
+    return 0
+
+
+def parse_budgets(items: list[str]) -> dict[str, float]:
+    budgets = dict(BUDGETS_S)
+    for item in items:
+        name, _, seconds = item.partition("=")
+        if name not in budgets:
+            raise ValueError(f"--budget {item!r}: unknown stage {name!r}; stages: {', '.join(STAGES)}")
+        try:
+            budgets[name] = float(seconds)
+        except ValueError:
+            raise ValueError(
+                f"--budget {item!r}: {seconds!r} is not a number of seconds (e.g. throughput=90)"
+            ) from None
+        if not budgets[name] > 0:
+            raise ValueError(f"--budget {item!r}: the budget must be > 0 seconds")
+    return budgets
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("out", nargs="?", type=Path, help="output folder (results.json, summary.md, ...)")
+    parser.add_argument("--corpus", help="JSON Lines corpus: a .jsonl/.jsonl.gz file or a folder of them")
+    parser.add_argument("--glue", help="folder with MRPC/train.tsv and MRPC/dev.tsv")
+    parser.add_argument("--wheels", help="wheels to install where missing (default: .gpu_payload/wheels if present)")
+    parser.add_argument("--work", type=Path, help="runs, caches, logs (default: a new folder under /tmp)")
+    parser.add_argument("--dry-run", action="store_true", help="CPU, tiny shapes, a few steps, every stage")
+    parser.add_argument(
+        "--budget", action="append", default=[], metavar="STAGE=SECONDS", help="override a stage's budget"
+    )
+    parser.add_argument("--total", type=float, default=TOTAL_S, help="wall-clock budget of the whole check (s)")
+    parser.add_argument("--stage", choices=STAGES, help=argparse.SUPPRESS)
+    parser.add_argument("--context", type=Path, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    signal.signal(signal.SIGTERM, on_terminate)
+    if args.stage:
+        return run_stage(args.stage, args.context)
+    problems = []
+    if args.out is None:
+        problems.append("give the output folder: gpu_check.sh OUT --corpus PATH --glue PATH")
+    if not args.corpus or not Path(args.corpus).exists():
+        problems.append(f"--corpus {args.corpus!r} does not exist (prepare it with launch/prepare_gpu_check.sh)")
+    if not args.glue or not (Path(args.glue) / "MRPC" / "train.tsv").is_file():
+        problems.append(f"--glue {args.glue!r} has no MRPC/train.tsv (the GLUE layout: GLUE/MRPC/train.tsv, dev.tsv)")
+    wheels = args.wheels or (
+        str(REPO / ".gpu_payload" / "wheels") if (REPO / ".gpu_payload" / "wheels").is_dir() else None
+    )
+    if args.wheels and not Path(args.wheels).is_dir():
+        problems.append(f"--wheels {args.wheels!r} is not a folder")
+    try:
+        budgets = parse_budgets(args.budget)
+    except ValueError as err:
+        problems.append(str(err))
+        budgets = dict(BUDGETS_S)
+    if problems:
+        print("gpu_check: " + "\n".join(problems), file=sys.stderr)
+        return 2
+    work = args.work or Path(tempfile.mkdtemp(prefix="lnbert-gpu-check-"))
+    ctx = Context(out=str(args.out.resolve()), work=str(work.resolve()), corpus=str(Path(args.corpus).resolve()),
+                  glue=str(Path(args.glue).resolve()), wheels=str(Path(wheels).resolve()) if wheels else None,
+                  dry_run=args.dry_run, started=time.time(), total_s=args.total, budgets=budgets)  # fmt: skip
+    results = run_check(ctx)
+    print(f"\n[gpu_check] done in {results['elapsed_s']} s: {ctx.out}/summary.md, results.json; work folder {ctx.work}")
+    print(summary_markdown(results))
+    return 0 if all(s["status"] == "ok" for s in results["stages"].values()) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

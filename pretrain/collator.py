@@ -1,0 +1,87 @@
+"""Dynamic masking: the collate function that turns a list of instances into a padded, masked-LM batch.
+
+Masks are a pure function of (seed, epoch, instance_id), so resumed runs and any number of DataLoader workers
+see the same masks.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from transformers import PreTrainedTokenizerBase
+
+
+class MaskingCollator:
+    """Pads a list of instances to the batch's longest (rounded up to a multiple of pad_to_multiple_of) and
+    applies BERT's dynamic masking: mlm_probability of the non-special, non-padding tokens (rounded, at least
+    one, as original BERT) are chosen; 80% -> [MASK], 10% -> a random non-special token, 10% unchanged; labels
+    are -100 elsewhere. Masks are a pure function of (seed, epoch, instance_id), so a resumed run (and any
+    number of DataLoader workers) reproduces exactly the same masks; set_epoch gives each epoch new ones."""
+
+    def __init__(
+        self,
+        tokenizer: PreTrainedTokenizerBase,
+        *,
+        mlm_probability: float = 0.15,
+        seed: int = 0,
+        pad_to_multiple_of: int | None = 8,
+    ) -> None:
+        if not 0.0 < mlm_probability < 1.0:
+            raise ValueError(f"mlm_probability={mlm_probability} must be in (0, 1) (BERT: 0.15)")
+        if tokenizer.mask_token_id is None or tokenizer.pad_token_id is None:
+            raise ValueError("the tokenizer needs [MASK] and [PAD] tokens for masked-LM pretraining")
+        self.mlm_probability = mlm_probability
+        self.seed = seed
+        self.pad_to_multiple_of = pad_to_multiple_of
+        self.epoch = 0
+        self.mask_id = tokenizer.mask_token_id
+        self.pad_id = tokenizer.pad_token_id
+        self.special_ids = np.array(sorted(set(tokenizer.all_special_ids)), dtype=np.int64)
+        self.random_ids = np.setdiff1d(np.arange(len(tokenizer), dtype=np.int64), self.special_ids)
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def mask(self, input_ids: np.ndarray, instance_id: int) -> tuple[np.ndarray, np.ndarray]:
+        """(masked input_ids, labels) for one unpadded instance."""
+        rng = np.random.default_rng([self.seed, self.epoch, int(instance_id)])
+        labels = np.full(input_ids.shape, -100, dtype=np.int64)
+        candidates = np.flatnonzero(~np.isin(input_ids, self.special_ids))
+        if len(candidates) == 0:
+            return input_ids, labels
+        n_chosen = max(1, round(self.mlm_probability * len(candidates)))
+        chosen = rng.choice(candidates, size=n_chosen, replace=False)
+        labels[chosen] = input_ids[chosen]
+        masked = input_ids.copy()
+        action = rng.random(n_chosen)
+        masked[chosen[action < 0.8]] = self.mask_id
+        to_random = chosen[(action >= 0.8) & (action < 0.9)]
+        masked[to_random] = rng.choice(self.random_ids, size=len(to_random))
+        return masked, labels
+
+    def __call__(self, examples: list[dict]) -> dict[str, torch.Tensor]:
+        lengths = [len(e["input_ids"]) for e in examples]
+        width = max(lengths)
+        if self.pad_to_multiple_of:
+            width = -(-width // self.pad_to_multiple_of) * self.pad_to_multiple_of
+        n = len(examples)
+        input_ids = np.full((n, width), self.pad_id, dtype=np.int64)  # (B, T)
+        labels = np.full((n, width), -100, dtype=np.int64)
+        token_type_ids = np.zeros((n, width), dtype=np.int64)
+        attention_mask = np.zeros((n, width), dtype=np.int64)
+        for row, (example, length) in enumerate(zip(examples, lengths, strict=True)):
+            ids = np.asarray(example["input_ids"], dtype=np.int64)
+            input_ids[row, :length], labels[row, :length] = self.mask(ids, int(example["instance_id"]))
+            token_type_ids[row, :length] = np.asarray(example["token_type_ids"], dtype=np.int64)
+            attention_mask[row, :length] = 1
+        batch = {
+            "input_ids": torch.from_numpy(input_ids),
+            "attention_mask": torch.from_numpy(attention_mask),
+            "token_type_ids": torch.from_numpy(token_type_ids),
+            "labels": torch.from_numpy(labels),
+        }
+        if "next_sentence_label" in examples[0]:
+            batch["next_sentence_label"] = torch.tensor(
+                [int(e["next_sentence_label"]) for e in examples], dtype=torch.long
+            )
+        return batch

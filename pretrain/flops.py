@@ -1,0 +1,30 @@
+"""Model FLOPs per trained token of a BERT encoder with its pretraining heads: the one count behind the logged
+``train/mfu`` and the MFU columns of BENCHMARKS.md."""
+
+from __future__ import annotations
+
+from transformers import PretrainedConfig
+
+
+def flops_per_token(config: PretrainedConfig, seq_len: int, *, mlm_head_share: float = 1.0) -> float:
+    """Training FLOPs (forward + backward) per token of a BERT ``config`` (``LNBertConfig`` or Hugging Face's
+    ``BertConfig``: L layers, hidden size H, intermediate size I, vocabulary V) on sequences of ``seq_len`` = T tokens:
+    6N + 12·L·H·T (PaLM, Chowdhery et al. 2022, appendix B).
+
+    N counts the weights of the matrix multiplications a token passes through (2 FLOPs per weight forward,
+    4 backward), biases, norms and embedding lookups left out (they are not matmuls):
+
+    - encoder: L · (4·H² + 2·H·I) (query, key, value, attention output; the two feed-forward matrices);
+    - MLM head: H² + V·H (transform dense and the vocabulary decoder), times ``mlm_head_share``: 1.0 when the
+      head runs on every position (dense, as Hugging Face), the masked fraction (about
+      ``data.mlm_probability``) when it runs on the masked positions only (``sparse_mlm_head``, our default);
+    - pooler and NSP classifier: H² + 2·H, run once per sequence, so divided by T.
+
+    12·L·H·T is attention itself: the scores Q·Kᵀ and the weighted sum of values, 2·2·H·T forward per token
+    per layer, times 3 for forward + backward.
+    """
+    layers, hidden, intermediate = config.num_hidden_layers, config.hidden_size, config.intermediate_size
+    encoder = layers * (4 * hidden * hidden + 2 * hidden * intermediate)
+    mlm_head = hidden * hidden + config.vocab_size * hidden
+    pooler_nsp = (hidden * hidden + 2 * hidden) / seq_len
+    return 6 * (encoder + mlm_head_share * mlm_head + pooler_nsp) + 12 * layers * hidden * seq_len

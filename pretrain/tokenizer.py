@@ -1,0 +1,127 @@
+"""The WordPiece tokenizer: a named one (Hub or local folder) checked for BERT's needs, or one trained on the
+training documents and cached under ``data.cache_dir``.
+
+A trained tokenizer's ids are fixed by SPECIAL_TOKENS' order: [PAD]=0, [UNK]=1, [CLS]=2, [SEP]=3, [MASK]=4.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from itertools import islice
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+from transformers import AutoTokenizer, BertTokenizerFast, PreTrainedTokenizerBase, PreTrainedTokenizerFast
+
+from pretrain.cache import CACHE_FORMAT_VERSION, atomic_dir, content_hash
+from pretrain.corpus import document_texts, load_documents, source_fingerprint, split_documents
+
+if TYPE_CHECKING:
+    from pretrain.data import DataConfig
+
+# Order fixes the ids of a trained tokenizer: [PAD]=0, [UNK]=1, [CLS]=2, [SEP]=3, [MASK]=4.
+SPECIAL_TOKENS: tuple[str, ...] = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
+# A tokenizer this small is a loading accident (transformers 5 can return a ~5-token stub), not a vocabulary.
+MIN_PLAUSIBLE_VOCAB = 100
+
+
+def train_wordpiece_tokenizer(texts: Iterable[str], *, vocab_size: int, lowercase: bool = True) -> BertTokenizerFast:
+    """A BERT WordPiece tokenizer trained on ``texts`` (BERT normaliser and pre-tokenizer, [CLS]/[SEP] template),
+    with [PAD]=0, [UNK]=1, [CLS]=2, [SEP]=3, [MASK]=4."""
+    tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    tok.normalizer = normalizers.BertNormalizer(lowercase=lowercase, strip_accents=lowercase)
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tok.decoder = decoders.WordPiece()
+    trainer = trainers.WordPieceTrainer(vocab_size=vocab_size, special_tokens=list(SPECIAL_TOKENS), min_frequency=2)
+    tok.train_from_iterator(texts, trainer=trainer)
+    cls, sep = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
+    tok.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1", special_tokens=[("[CLS]", cls), ("[SEP]", sep)]
+    )
+    return BertTokenizerFast(tokenizer_object=tok, do_lower_case=lowercase, strip_accents=lowercase)
+
+
+def check_tokenizer(tokenizer: PreTrainedTokenizerBase, *, name: str, model_vocab_size: int | None = None) -> None:
+    """Reject tokenizers that cannot feed BERT pretraining, with the fix in the message."""
+    if not tokenizer.is_fast:
+        raise ValueError(f"tokenizer {name!r} is not a fast (Rust) tokenizer; pretraining needs one")
+    size = len(tokenizer)
+    if size < MIN_PLAUSIBLE_VOCAB:
+        raise ValueError(
+            f"tokenizer {name!r} has only {size} tokens; that is not a real vocabulary (a wrong name or folder can "
+            f"load a stub). Check data.tokenizer, or set it to null to train a WordPiece tokenizer"
+        )
+    missing = [t for t in ("cls_token", "sep_token", "mask_token", "pad_token") if getattr(tokenizer, t) is None]
+    missing += [t for t in ("[CLS]", "[SEP]", "[MASK]", "[PAD]") if t not in tokenizer.get_vocab()]
+    if missing:
+        raise ValueError(f"tokenizer {name!r} lacks BERT special tokens {missing}; use a BERT (WordPiece) tokenizer")
+    if model_vocab_size is not None and size > model_vocab_size:
+        raise ValueError(
+            f"tokenizer {name!r} has {size} tokens but the model's vocabulary has {model_vocab_size}; "
+            f"set model.vocab_size >= {size} (or a smaller data.vocab_size for a trained tokenizer)"
+        )
+
+
+def _load_named_tokenizer(name: str) -> PreTrainedTokenizerFast:
+    path = Path(name).expanduser()
+    looks_local = path.is_absolute() or name.startswith((".", "~")) or path.exists()
+    if looks_local and not path.is_dir():
+        raise FileNotFoundError(f"data.tokenizer={name!r}: no such tokenizer folder ({path.resolve()})")
+    try:
+        return AutoTokenizer.from_pretrained(str(path) if looks_local else name)
+    except (OSError, ValueError) as e:  # not on the Hub, offline, or no tokenizer files in the repo
+        raise ValueError(
+            f"data.tokenizer={name!r}: tokenizer not found (neither a local folder nor loadable from the Hugging Face "
+            f"Hub: {e}). Fix the name, or set data.tokenizer to null to train a WordPiece tokenizer"
+        ) from e
+
+
+# DataConfig fields a trained tokenizer depends on (besides the sources and the seed, which pick the documents).
+_TOKENIZER_KEY_FIELDS = ("vocab_size", "lowercase", "validation_fraction", "validation_documents", "max_documents",
+                         "tokenizer_train_documents", "streaming")  # fmt: skip
+
+
+def _tokenizer_cache_key(cfg: DataConfig, seed: int) -> str:
+    sources = [source_fingerprint(s, i) for i, s in enumerate(cfg.sources)]
+    fields = {k: getattr(cfg, k) for k in _TOKENIZER_KEY_FIELDS}
+    return content_hash({"version": CACHE_FORMAT_VERSION, "sources": sources, "seed": seed, **fields})
+
+
+def load_or_train_tokenizer(
+    cfg: DataConfig,
+    *,
+    save_dir: Path | None = None,
+    model_vocab_size: int | None = None,
+    seed: int = 0,
+    training_texts: Callable[[], Iterable[str]] | None = None,
+) -> PreTrainedTokenizerFast:
+    """The tokenizer named by ``data.tokenizer`` (Hub name or local folder), or a WordPiece tokenizer trained on
+    the training documents (cached under cache_dir, keyed by the corpus, seed and tokenizer fields).
+
+    ``training_texts`` returns the training documents' texts (build_pretraining_data passes the ones it already
+    read); by default the corpus is read and split here. Saved to ``save_dir`` (a folder AutoTokenizer opens).
+    """
+    if cfg.tokenizer is not None:
+        tokenizer = _load_named_tokenizer(cfg.tokenizer)
+        name = cfg.tokenizer
+    else:
+        cached = Path(cfg.cache_dir) / f"tokenizer-{_tokenizer_cache_key(cfg, seed)}"
+        name = f"WordPiece trained on the corpus ({cached})"
+        if not (cached / "tokenizer.json").is_file():
+            texts = training_texts() if training_texts is not None else _training_texts(cfg, seed)
+            tokenizer = train_wordpiece_tokenizer(
+                islice(texts, cfg.tokenizer_train_documents), vocab_size=cfg.vocab_size, lowercase=cfg.lowercase
+            )
+            with atomic_dir(cached) as tmp:
+                tokenizer.save_pretrained(tmp)
+        tokenizer = AutoTokenizer.from_pretrained(str(cached))
+    check_tokenizer(tokenizer, name=name, model_vocab_size=model_vocab_size)
+    if save_dir is not None:
+        tokenizer.save_pretrained(save_dir)
+    return tokenizer
+
+
+def _training_texts(cfg: DataConfig, seed: int) -> Iterator[str]:
+    train, _ = split_documents(load_documents(cfg, seed=seed), cfg, seed=seed)
+    return document_texts(train)

@@ -1,0 +1,200 @@
+"""What only a GPU can show: the model on CUDA kernels. Skipped where CUDA is absent (CI); stage 2 of the GPU check
+(launch/gpu_check.py) runs this file on the GPU.
+
+Tolerances: fp32 with TF32 off uses ``assert_close``'s fp32 defaults, as the CPU equivalence test in
+test_modeling.py; under bf16 autocast (8 bits of mantissa, relative step 2^-8 = 0.0039) logits agree within
+``BF16`` below; SDPA kernels in fp32 sum in different orders, so they agree within ``KERNEL_FP32``.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import AutoModelForPreTraining, AutoModelForSequenceClassification, BertConfig, BertForPreTraining
+
+import pretrain  # noqa: F401  (registers the Auto classes)
+from pretrain.modeling import NORM_PLACEMENTS, LNBertConfig, LNBertForPreTraining
+
+pytestmark = [
+    pytest.mark.cuda,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (runs in the GPU check, launch/gpu_check.sh)"),
+]
+
+CUDA = torch.device("cuda")
+BF16 = dict(rtol=2e-2, atol=2e-2)
+KERNEL_FP32 = dict(rtol=1e-4, atol=1e-4)
+# Shapes SDPA's flash and memory-efficient kernels accept (head dim 16, a multiple of 8); odd sizes elsewhere.
+SMALL = dict(vocab_size=99, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37,
+             max_position_embeddings=64)  # fmt: skip
+
+
+@pytest.fixture(autouse=True)
+def no_tf32() -> None:
+    """Exact fp32 on the GPU: TF32 rounds matmul inputs to 10 bits of mantissa."""
+    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    yield
+    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
+
+
+def make_batch(padded: bool, batch: int = 4, seq: int = 24, vocab: int = 99) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(0)
+    input_ids = torch.randint(1, vocab, (batch, seq), generator=g)
+    token_type_ids = torch.zeros_like(input_ids)
+    token_type_ids[:, seq // 2 :] = 1
+    attention_mask = torch.ones_like(input_ids)
+    if padded:  # rows of different true lengths, as a batch padded to its longest
+        attention_mask[1, 17:] = 0
+        attention_mask[2, 5:] = 0
+        input_ids[attention_mask == 0] = 0
+    tensors = dict(input_ids=input_ids, token_type_ids=token_type_ids, attention_mask=attention_mask)
+    return {k: v.to(CUDA) for k, v in tensors.items()}
+
+
+def mlm_labels(input_ids: torch.Tensor) -> torch.Tensor:
+    g = torch.Generator().manual_seed(1)
+    labels = torch.full(input_ids.shape, -100, dtype=torch.long)
+    chosen = torch.rand(input_ids.shape, generator=g) < 0.3
+    chosen[0, 1] = True
+    labels[chosen] = input_ids.cpu()[chosen]
+    return labels.to(input_ids.device)
+
+
+def ours(placement: str, attn: str = "sdpa", **extra) -> LNBertForPreTraining:
+    config = LNBertConfig(norm_placement=placement, **SMALL, **extra)
+    config._attn_implementation = attn
+    return LNBertForPreTraining(config)
+
+
+def post_ln_and_hf() -> tuple[LNBertForPreTraining, BertForPreTraining]:
+    torch.manual_seed(0)
+    config = BertConfig(**SMALL)
+    config._attn_implementation = "sdpa"
+    hf = BertForPreTraining(config).to(CUDA).eval()
+    model = ours("post").to(CUDA).eval()
+    model.load_state_dict(hf.state_dict(), strict=True)
+    return model, hf
+
+
+@pytest.mark.parametrize("padded", [False, True], ids=["full", "padded"])
+def test_post_ln_equals_hf_on_cuda_fp32(padded: bool) -> None:
+    model, hf = post_ln_and_hf()
+    batch = make_batch(padded)
+    with torch.no_grad():
+        got, expected = model(**batch, output_hidden_states=True), hf(**batch, output_hidden_states=True)
+    torch.testing.assert_close(got.prediction_logits, expected.prediction_logits)
+    torch.testing.assert_close(got.seq_relationship_logits, expected.seq_relationship_logits)
+    for ours_h, hf_h in zip(got.hidden_states, expected.hidden_states, strict=True):
+        torch.testing.assert_close(ours_h, hf_h)
+
+
+@pytest.mark.parametrize("padded", [False, True], ids=["full", "padded"])
+def test_post_ln_equals_hf_under_bf16_autocast(padded: bool) -> None:
+    model, hf = post_ln_and_hf()
+    batch = make_batch(padded)
+    with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
+        got, expected = model(**batch), hf(**batch)
+    torch.testing.assert_close(got.prediction_logits.float(), expected.prediction_logits.float(), **BF16)
+    torch.testing.assert_close(got.seq_relationship_logits.float(), expected.seq_relationship_logits.float(), **BF16)
+
+
+def sdpa_outputs(
+    model: LNBertForPreTraining, batch: dict[str, torch.Tensor], backend: object, bf16: bool
+) -> torch.Tensor | None:
+    """MLM logits at real positions with one SDPA backend forced; None when the backend refuses the inputs."""
+    from torch.nn.attention import sdpa_kernel
+
+    try:
+        with torch.no_grad(), sdpa_kernel(backend), torch.autocast("cuda", dtype=torch.bfloat16, enabled=bf16):
+            logits = model(**batch).prediction_logits.float()
+    except RuntimeError as err:  # "No available kernel": e.g. flash attention takes no padding mask
+        if "kernel" not in str(err).lower():
+            raise
+        return None
+    return logits[batch["attention_mask"].bool()]
+
+
+@pytest.mark.parametrize("padded", [False, True], ids=["full", "padded"])
+@pytest.mark.parametrize("placement", NORM_PLACEMENTS)
+def test_every_sdpa_backend_gives_the_same_outputs(placement: str, padded: bool) -> None:
+    from torch.nn.attention import SDPBackend
+
+    torch.manual_seed(0)
+    model = ours(placement).to(CUDA).eval()
+    batch = make_batch(padded)
+    ran = []
+    for bf16, tolerance in ((False, KERNEL_FP32), (True, BF16)):
+        reference = sdpa_outputs(model, batch, SDPBackend.MATH, bf16)
+        # cuDNN attention where this torch has it (Hopper); math is the reference.
+        others = [
+            SDPBackend.FLASH_ATTENTION,
+            SDPBackend.EFFICIENT_ATTENTION,
+            getattr(SDPBackend, "CUDNN_ATTENTION", None),
+        ]
+        for backend in [b for b in others if b is not None]:
+            got = sdpa_outputs(model, batch, backend, bf16)
+            if got is not None:
+                torch.testing.assert_close(got, reference, **tolerance, msg=f"{backend.name}, bf16={bf16}")
+                ran.append((backend.name, bf16))
+    # The memory-efficient kernel takes masks and fp32; flash runs in bf16 on an unpadded batch.
+    assert ("EFFICIENT_ATTENTION", False) in ran and ("EFFICIENT_ATTENTION", True) in ran, ran
+    if not padded and torch.cuda.get_device_capability() >= (8, 0):
+        assert ("FLASH_ATTENTION", True) in ran, ran
+
+
+@pytest.mark.parametrize("placement", ["post", "pre"])
+def test_sparse_mlm_head_equals_dense_on_cuda(placement: str) -> None:
+    torch.manual_seed(0)
+    dense = ours(placement, sparse_mlm_head=False).to(CUDA).eval()
+    sparse = ours(placement, sparse_mlm_head=True).to(CUDA).eval()
+    sparse.load_state_dict(dense.state_dict())
+    batch = make_batch(padded=True)
+    labels, nsp = mlm_labels(batch["input_ids"]), torch.tensor([1, 0, 1, 0], device=CUDA)
+    out_dense = dense(**batch, labels=labels, next_sentence_label=nsp)
+    out_sparse = sparse(**batch, labels=labels, next_sentence_label=nsp)
+    out_dense.loss.backward()
+    out_sparse.loss.backward()
+    # The head's GEMMs have other shapes (masked rows only): other kernels, another summation order.
+    torch.testing.assert_close(out_sparse.loss, out_dense.loss, **KERNEL_FP32)
+    logits = out_dense.prediction_logits[labels != -100]
+    torch.testing.assert_close(out_sparse.prediction_logits, logits, **KERNEL_FP32)
+    dense_grads = dict(dense.named_parameters())
+    for name, param in sparse.named_parameters():
+        torch.testing.assert_close(param.grad, dense_grads[name].grad, **KERNEL_FP32, msg=f"gradient of {name}")
+
+
+@pytest.mark.parametrize("placement", NORM_PLACEMENTS)
+def test_cuda_training_steps_with_fused_adamw(placement: str) -> None:
+    torch.manual_seed(0)
+    model = ours(placement).to(CUDA).train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01, fused=True)
+    batch = make_batch(padded=True)
+    labels, nsp = mlm_labels(batch["input_ids"]), torch.tensor([1, 0, 1, 0], device=CUDA)
+    losses = []
+    for _ in range(15):
+        optimizer.zero_grad(set_to_none=True)
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = model(**batch, labels=labels, next_sentence_label=nsp).loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        losses.append(loss.item())
+    assert all(torch.isfinite(torch.tensor(losses))), losses
+    assert losses[-1] < 0.8 * losses[0], losses  # one fixed batch: memorised
+    state = optimizer.state[next(iter(model.parameters()))]
+    assert state["exp_avg"].is_cuda and all(torch.isfinite(p).all() for p in model.parameters())
+
+
+@pytest.mark.parametrize("placement", NORM_PLACEMENTS)
+def test_snapshot_saved_from_cuda_reloads_on_cuda(placement: str, tmp_path) -> None:
+    torch.manual_seed(0)
+    model = ours(placement).to(CUDA).eval()
+    model.save_pretrained(tmp_path / "snap")
+    reloaded = AutoModelForPreTraining.from_pretrained(tmp_path / "snap").to(CUDA).eval()
+    assert type(reloaded) is LNBertForPreTraining and reloaded.config.norm_placement == placement
+    batch = make_batch(padded=True)
+    with torch.no_grad():
+        torch.testing.assert_close(reloaded(**batch).prediction_logits, model(**batch).prediction_logits)
+    classifier = AutoModelForSequenceClassification.from_pretrained(tmp_path / "snap", num_labels=2).to(CUDA)
+    with torch.no_grad():
+        assert torch.isfinite(classifier(**batch).logits).all()

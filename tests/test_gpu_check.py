@@ -1,0 +1,200 @@
+"""The GPU check (launch/gpu_check.sh) on CPU: the dry run goes through every stage and writes the same files as the
+GPU run, so the day a GPU is lent the check works the first time; a stage that overruns its budget is killed and
+recorded as timed out while the earlier stages' results stay."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import random
+import runpy
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+GLUE = Path(__file__).resolve().parent / "fixtures" / "glue"
+WORDS = ["the", "cat", "sat", "on", "a", "mat", "while", "dogs", "ran", "past", "old", "red", "barns", "near",
+         "quiet", "rivers", "under", "grey", "skies", "and", "children", "sang", "songs", "about", "stars"]  # fmt: skip
+
+
+def make_corpus(folder: Path, documents: int = 40) -> Path:
+    """Tiny gzip JSON Lines corpus of the payload's form: documents of sentences, paragraphs split by newlines."""
+    rng = random.Random(0)
+    folder.mkdir(parents=True)
+    with gzip.open(folder / "docs.jsonl.gz", "wt") as f:
+        for _ in range(documents):
+            sentences = [" ".join(rng.choices(WORDS, k=rng.randint(6, 14))).capitalize() + "." for _ in range(12)]
+            f.write(json.dumps({"text": "\n".join(" ".join(sentences[i : i + 3]) for i in range(0, 12, 3))}) + "\n")
+    return folder
+
+
+def gpu_check(out: Path, work: Path, corpus: Path, *extra: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHON": sys.executable}
+    cmd = ["bash", str(ROOT / "launch" / "gpu_check.sh"), str(out), "--corpus", str(corpus), "--glue", str(GLUE),
+           "--work", str(work), "--dry-run", *extra]  # fmt: skip
+    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.mark.slow
+def test_dry_run_exercises_every_stage(tmp_path: Path) -> None:
+    corpus = make_corpus(tmp_path / "corpus")
+    result = gpu_check(tmp_path / "out", tmp_path / "work", corpus)
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+    out = tmp_path / "out"
+    assert sorted(p.name for p in out.iterdir()) == ["check.log", "loss_curves.png", "results.json", "summary.md"]
+    results = json.loads((out / "results.json").read_text())
+    stages = results["stages"]
+    assert results["dry_run"] is True
+    assert {name: s["status"] for name, s in stages.items()} == dict.fromkeys(
+        ["environment", "cuda_tests", "throughput", "pretrain"], "ok"
+    )
+    env = stages["environment"]["result"]
+    assert env["versions"]["torch"] and env["gemm"]["measured_tflops"]["bf16"] > 0
+    assert env["imports"] == {"datasets": "ok", "pretrain.data": "ok", "finetune.run": "ok"}
+    tests = stages["cuda_tests"]["result"]
+    if not torch.cuda.is_available():  # every test of tests/test_cuda.py is collected and skipped, none fails
+        assert tests["counts"].get("skipped", 0) >= 10 and set(tests["counts"]) == {"skipped"}, tests["counts"]
+        assert tests["skip_reasons"] and "needs CUDA" in tests["skip_reasons"][0]
+    groups = stages["throughput"]["result"]["groups"]
+    assert [r["variant"] for r in groups[0]["rows"]] == ["hf", "post", "pre"]
+    assert all(r["tokens_per_s"] > 0 and r["mfu_vs_measured_gemm"] > 0 for r in groups[0]["rows"])
+    pre = stages["pretrain"]["result"]
+    assert set(pre["runs"]) == {"post_ln", "pre_ln", "post_ln_lr3e-4"}
+    for name, run in pre["runs"].items():
+        assert run["status"] == "finished" and run["step"] == pre["plan"]["steps"], (name, run)
+        assert run["train_loss"] and run["diverged_at_step"] is None
+        assert 0 <= run["mrpc"]["accuracy"] <= 1, run["mrpc"]
+    assert pre["steps_to_loss"]["target_loss"] is not None
+    summary = (out / "summary.md").read_text()
+    for heading in ("## 1. Environment", "## 2. CUDA correctness", "## 3. Throughput", "## 4. Pretraining comparison"):
+        assert heading in summary
+    assert "| post_ln | finished |" in summary and "MRPC acc" in summary
+    assert "stage pretrain: ok" in (out / "check.log").read_text()
+
+
+@pytest.mark.slow
+def test_a_stage_that_overruns_is_killed_and_the_earlier_results_stay(tmp_path: Path) -> None:
+    corpus = make_corpus(tmp_path / "corpus")
+    # pytest and the throughput stage cannot import torch in 1 s. The pretraining stage gets the rest of a 3-second
+    # total, i.e. nothing, so its own budget (4 s) as the floor, and is killed inside its first run.
+    budgets = ["--budget", "cuda_tests=1", "--budget", "throughput=1", "--budget", "pretrain=4", "--total", "3"]
+    result = gpu_check(tmp_path / "out", tmp_path / "work", corpus, *budgets)
+    assert result.returncode == 1, result.stdout[-3000:] + result.stderr[-3000:]
+    results = json.loads((tmp_path / "out" / "results.json").read_text())
+    stages = results["stages"]
+    assert stages["environment"]["status"] == "ok" and stages["environment"]["result"]["gemm"]
+    for name in ("cuda_tests", "throughput"):
+        assert stages[name]["status"] == "timed_out" and stages[name]["seconds"] < 1 + 12, stages[name]
+    assert stages["pretrain"]["status"] == "timed_out" and stages["pretrain"]["seconds"] < 4 + 12
+    summary = (tmp_path / "out" / "summary.md").read_text()
+    assert "| throughput | timed_out |" in summary and "## 1. Environment" in summary
+    # Nothing the killed stages started is left running.
+    leftover = subprocess.run(["pgrep", "-f", str(tmp_path / "work")], capture_output=True, text=True)
+    assert leftover.stdout.strip() == "", leftover.stdout
+
+
+def test_bad_arguments_exit_2_with_the_fix(tmp_path: Path) -> None:
+    env = {**os.environ, "PYTHON": sys.executable}
+    cmd = ["bash", str(ROOT / "launch" / "gpu_check.sh"), str(tmp_path / "out"), "--corpus", str(tmp_path / "none"),
+           "--glue", str(tmp_path), "--budget", "warp=3"]  # fmt: skip
+    result = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2
+    assert "--corpus" in result.stderr and "prepare_gpu_check.sh" in result.stderr
+    assert "MRPC/train.tsv" in result.stderr and "unknown stage 'warp'" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_payload_copy_fits_the_limit_and_subsamples(tmp_path: Path) -> None:
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    rng = random.Random(1)
+    for name, docs in (("wiki.jsonl", 1200), ("books.jsonl", 400)):
+        with open(corpus / name, "w") as f:
+            for i in range(docs):
+                text = " ".join(f"{rng.random():.12f}" for _ in range(400))  # barely compressible
+                f.write(json.dumps({"id": i, "title": "t", "text": text}) + "\n")
+    payload = tmp_path / "payload"
+    (payload / "wheels").mkdir(parents=True)
+    glue = tmp_path / "glue"
+    shutil.copytree(GLUE / "MRPC", glue / "MRPC")
+    script = str(ROOT / "launch" / "gpu_check_payload.py")
+    payload_module = runpy.run_path(script)
+    tree_mib = payload_module["tree_bytes"](ROOT) // 2**20
+    limit = tree_mib + 3  # room for 2-3 MiB of corpus: less than the ~5 MiB the whole corpus takes
+    result = subprocess.run([sys.executable, script, "--corpus", str(corpus), "--glue", str(glue), "--payload",
+                             str(payload), "--limit-mib", str(limit)], capture_output=True, text=True)  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    report = json.loads((payload / "payload.json").read_text())
+    assert report["total_bytes"] <= report["limit_bytes"]
+    kept = {name: info["documents_kept"] for name, info in report["files"].items()}
+    assert 0 < kept["wiki.jsonl.gz"] < 1200 and 0 < kept["books.jsonl.gz"] < 400, kept
+    with gzip.open(payload / "corpus" / "wiki.jsonl.gz", "rt") as f:
+        assert list(json.loads(f.readline())) == ["text"]
+    assert (payload / "glue" / "MRPC" / "dev.tsv").is_file()
+    # A limit the tree alone exceeds: exit 2 with the sizes, nothing half-written passed off as ready.
+    result = subprocess.run([sys.executable, script, "--corpus", str(corpus), "--glue", str(glue), "--payload",
+                             str(payload), "--limit-mib", "0.5"], capture_output=True, text=True)  # fmt: skip
+    assert result.returncode == 2 and "no room for the corpus" in result.stderr
+
+
+def gpu_check_module() -> dict:
+    return runpy.run_path(str(ROOT / "launch" / "gpu_check.py"))
+
+
+def fake_wheel(folder: Path, name: str, version: str, requires: list[str]) -> Path:
+    path = folder / f"{name}-{version}-py3-none-any.whl"
+    with zipfile.ZipFile(path, "w") as wheel:
+        meta = [f"Name: {name}", f"Version: {version}", *(f"Requires-Dist: {r}" for r in requires)]
+        wheel.writestr(f"{name}-{version}.dist-info/METADATA", "\n".join(meta) + "\n")
+    return path
+
+
+def test_carried_wheels_install_where_missing_or_too_old(tmp_path: Path) -> None:
+    choose = gpu_check_module()["wheels_to_install"]
+    datasets = fake_wheel(
+        tmp_path, "datasets", "5.2.0", ["pyarrow>=24.0.0", "dill<0.4.2,>=0.3.0", 'pytest; extra == "dev"']
+    )
+    pyarrow = fake_wheel(tmp_path, "pyarrow", "24.0.0", [])
+    dill = fake_wheel(tmp_path, "dill", "0.4.1", [])
+    wheels = [datasets, dill, pyarrow]
+    # The machine has a new enough pyarrow and no dill: the carried pyarrow stays unused.
+    got = choose(wheels, {"datasets": None, "dill": None, "pyarrow": "26.0.1"})
+    assert [w.name for w in got] == [datasets.name, dill.name]
+    # An older pyarrow than datasets needs, and a dill too new: the carried ones are installed.
+    got = choose(wheels, {"datasets": None, "dill": "0.5.0", "pyarrow": "21.0.0"})
+    assert [w.name for w in got] == [datasets.name, dill.name, pyarrow.name]
+
+
+def test_pytest_outcomes_are_parsed_from_a_partial_log() -> None:
+    parse = gpu_check_module()["parse_pytest_output"]
+    log = """tests/test_cuda.py::test_a[post] PASSED [ 10%]
+tests/test_cuda.py::test_b FAILED [ 20%]
+tests/test_cuda.py::test_c SKIPPED (needs CUDA) [ 30%]
+=========================== short test summary info ============================
+SKIPPED [1] tests/test_cuda.py:40: needs CUDA
+FAILED tests/test_cuda.py::test_b - AssertionError: Tensor-likes are not close!
+"""
+    got = parse(log)
+    assert got["counts"] == {"passed": 1, "failed": 1, "skipped": 1}
+    assert got["tests"]["tests/test_cuda.py::test_b"]["message"].startswith("AssertionError: Tensor-likes")
+    assert got["skip_reasons"] == ["needs CUDA"]
+    assert parse("tests/test_cuda.py::test_a[post] PASSED")["counts"] == {"passed": 1}  # killed before the summary
+
+
+def test_steps_are_sized_so_that_three_runs_fit() -> None:
+    module = gpu_check_module()
+    plan = module["plan_steps"](240.0, 500_000.0, False)
+    tokens = plan["steps"] * plan["batch"] * plan["seq"]
+    train_s = 240.0 - module["DATA_PREP_S"] - 3 * module["RUN_OVERHEAD_S"] - module["FINETUNE_S"] - module["MARGIN_S"]
+    assert tokens / (500_000.0 * module["LOOP_EFFICIENCY"]) <= train_s / 3 + 1
+    assert plan["warmup_steps"] == round(0.1 * plan["steps"]) and plan["tokens_per_s_source"].startswith("stage 3")
+    slow = module["plan_steps"](240.0, None, False)
+    assert slow["steps"] < plan["steps"] and slow["tokens_per_s_source"] == "fallback guess"
+    assert module["plan_steps"](10.0, 500_000.0, False)["steps"] == module["MIN_STEPS"]
