@@ -105,6 +105,8 @@ def read_tsv(path: Path, task: GlueTask) -> list[Example]:
         if len(row) != len(header):
             raise ValueError(f"{path}:{line_no} has {len(row)} fields, the header has {len(header)}")
         examples.append(Example(row[a], row[b], _label_id(row[y], task, f"{path}:{line_no}")))
+    if not examples:
+        raise ValueError(f"{path} has its header line but no examples; expected {expected_layout(task)}")
     return examples
 
 

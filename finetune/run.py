@@ -25,6 +25,8 @@ from finetune.glue import load_task
 from finetune.store import ResultStore, StoreVersionError
 from finetune.worker import RUNTIME_FIELDS, WorkerSettings, describe_model, job_specs, work
 from pretrain.cli import parse, require, run_cli
+from pretrain.layout import SNAPSHOT_INFO, SNAPSHOT_MARKER
+from pretrain.manifest import ManifestError, verify_manifest
 
 
 @dataclass(kw_only=True)
@@ -57,8 +59,25 @@ class RunConfig:
         require(self.lease_s > 0, "lease_s", f"must be > 0; got {self.lease_s}")
 
 
+def check_snapshot(path: Path) -> None:
+    """A pretraining snapshot (a folder with snapshot.json; a plain Hugging Face folder has none) is used only
+    when complete (COMPLETE marker) and when its files match its manifest."""
+    if not (path / SNAPSHOT_INFO).is_file():
+        return
+    if not (path / SNAPSHOT_MARKER).is_file():
+        raise ValueError(
+            f"--model {str(path)!r} is a snapshot without its {SNAPSHOT_MARKER} marker: it is still being written, "
+            "or its run was killed while writing it (the resumed run writes it again). Use a complete snapshot."
+        )
+    try:
+        verify_manifest(path)
+    except ManifestError as err:
+        raise ValueError(f"--model {str(path)!r} is a damaged snapshot: {err}") from None
+
+
 def run(config: RunConfig) -> list[dict[str, Any]]:
     """Enqueue the grid for one model and task, run what is not done, and return the grid's rows."""
+    check_snapshot(Path(config.model))
     data_dir = str(Path(config.data_dir).resolve()) if config.data_dir else None
     if data_dir is not None:
         load_task(config.task, data_dir)  # fail now, on the user's input, rather than inside every job

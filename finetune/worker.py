@@ -49,7 +49,16 @@ def describe_model(model: str | Path, store: ResultStore) -> dict[str, Any]:
     if not path.is_dir():
         from transformers import AutoConfig
 
-        config = AutoConfig.from_pretrained(str(model)).to_dict()
+        name = str(model)
+        if path.exists() or name.startswith((".", "/", "~")) or name.count("/") > 1:
+            raise FileNotFoundError(f"--model {name!r}: no such model folder (a Hub name is NAME or ORG/NAME)")
+        try:
+            config = AutoConfig.from_pretrained(name).to_dict()
+        except (OSError, ValueError) as err:  # offline, unknown name, or a name the Hub rejects
+            raise FileNotFoundError(
+                f"--model {name!r} is neither a model folder nor a model found on the Hugging Face Hub: "
+                f"{str(err).splitlines()[0]}"
+            ) from None
         return {
             "run_name": str(model),
             "run_dir": str(model),

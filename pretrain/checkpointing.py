@@ -12,6 +12,9 @@ import dataclasses
 import json
 import os
 import shutil
+import signal
+import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,9 +28,14 @@ from pretrain.layout import (
     RUN_CONFIG_FILE,
     SNAPSHOT_INFO,
     SNAPSHOT_MARKER,
+    current_umask,
     step_dirname,
     write_json_atomic,
 )
+from pretrain.manifest import ManifestError, folder_size, verify_manifest, write_manifest
+
+# Keys that may differ when the same command is run again in the same folder (it then continues that run).
+IDENTICAL_RUN_IGNORES = frozenset({"train.output_dir", "train.resume", "train.num_workers", "data.num_proc", "data.cache_dir"})
 
 TRAIN_STATE_FILE = "train_state.json"
 TOKENIZER_DIR = "tokenizer"
@@ -79,6 +87,46 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
     return checkpoints[-1][1] if checkpoints else None
 
 
+def fault_point(name: str, step: int) -> None:
+    """Fault injection for tests/faults/kill_trials.py: ``LNBERT_KILL_AT=name:step`` kills this process with
+    SIGKILL at that point of that step (the dangerous moments of a save). Unset in normal use."""
+    if os.environ.get("LNBERT_KILL_AT") == f"{name}:{step}":
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def remove_temp_folders(root: Path) -> None:
+    """Remove what killed saves left behind: hidden ``.step_*.tmp``/``.old`` folders of any step."""
+    for path in root.iterdir() if root.is_dir() else []:
+        if path.name.startswith("."):
+            shutil.rmtree(path) if path.is_dir() else path.unlink()
+
+
+def follow_umask(folder: Path) -> None:
+    """Give every file under ``folder`` the mode the user's umask asks for: libraries that write through
+    mkstemp (transformers' save_pretrained) create 0600 files that colleagues on a cluster cannot read."""
+    mode = 0o666 & ~current_umask()
+    for path in Path(folder).rglob("*"):
+        if path.is_file():
+            path.chmod(mode)
+
+
+def free_space_problem(run_dir: Path, model: torch.nn.Module, checkpoint: bool, snapshot: bool) -> str:
+    """A message when the disk of ``run_dir`` lacks room for the saves due now, else "". The checkpoint's size
+    is the latest one's (or, before the first, weights plus two AdamW moments); a snapshot's is the weights'."""
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    needed = weights if snapshot else 0
+    if checkpoint:
+        latest = latest_checkpoint(run_dir)
+        needed += folder_size(latest) if latest else 3 * weights
+    free = shutil.disk_usage(run_dir).free
+    if free >= 1.1 * needed:
+        return ""
+    return (
+        f"disk full: {free / 1e9:.2f} GB free at {run_dir}, the next save needs about {needed / 1e9:.2f} GB. Free "
+        "space there, then continue with --train.resume=auto (from the latest checkpoint)"
+    )
+
+
 def save_checkpoint(accelerator: Accelerator, run_dir: Path, state: TrainState, keep_last: int) -> Path:
     """Save the full training state atomically into RUN/checkpoints/step_XXXXXXXX; keep the last ``keep_last``.
 
@@ -88,14 +136,16 @@ def save_checkpoint(accelerator: Accelerator, run_dir: Path, state: TrainState, 
     final = root / step_dirname(state.step)
     tmp = root / f".{final.name}.tmp"
     if accelerator.is_main_process:
-        shutil.rmtree(tmp, ignore_errors=True)  # a leftover of a save that was killed
+        remove_temp_folders(root)
         tmp.mkdir(parents=True)
     accelerator.wait_for_everyone()
     accelerator.save_state(str(tmp))
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
-        # train_state.json is written last: it is what makes a folder a complete checkpoint.
+        fault_point("checkpoint_files", state.step)
         write_json_atomic(tmp / TRAIN_STATE_FILE, dataclasses.asdict(state))
+        follow_umask(tmp)
+        write_manifest(tmp)  # after every file, before the rename that makes the folder a checkpoint
         if final.exists():  # the same step saved again (resumed and stopped at once): replace it
             old = root / f".{final.name}.old"
             shutil.rmtree(old, ignore_errors=True)
@@ -104,6 +154,7 @@ def save_checkpoint(accelerator: Accelerator, run_dir: Path, state: TrainState, 
             shutil.rmtree(old)
         else:
             os.replace(tmp, final)
+        fault_point("checkpoint_renamed", state.step)
         for _, path in list_checkpoints(run_dir)[:-keep_last]:
             shutil.rmtree(path)
     accelerator.wait_for_everyone()
@@ -121,38 +172,59 @@ def load_checkpoint(accelerator: Accelerator, checkpoint: Path) -> TrainState:
 # --------------------------------------------------------------------------------------------------
 
 
-def config_differences(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
-    """Dotted keys whose values differ, ignoring those a resumed run may change (RESUMABLE_CHANGES)."""
-    old, new = flatten(saved), flatten(current)
-    keys = sorted(set(old) | set(new))
-    return [
-        k for k in keys if k not in RESUMABLE_CHANGES and not k.startswith("tracking.") and old.get(k) != new.get(k)
-    ]
+def _warn(message: str) -> None:
+    print(f"warning: {message}", file=sys.stderr, flush=True)
 
 
-def resolve_resume(run_dir: Path, resolved: dict[str, Any], resume: str) -> Path | None:
-    """The checkpoint to resume from (None: a fresh run), or a ValueError/FileNotFoundError that says what
-    to do. Called on every process before any work."""
+def newest_verified_checkpoint(run_dir: Path, warn: Callable[[str], None] = _warn) -> Path | None:
+    """The newest checkpoint whose files match its manifest; each one that does not is named in a warning
+    (with the file at fault) and skipped, never used."""
+    for _, path in reversed(list_checkpoints(run_dir)):
+        try:
+            verify_manifest(path)
+        except ManifestError as err:
+            warn(f"skipping a damaged checkpoint: {err}")
+            continue
+        return path
+    return None
+
+
+def resolve_resume(
+    run_dir: Path, resolved: dict[str, Any], resume: str, warn: Callable[[str], None] = _warn
+) -> Path | None:
+    """The checkpoint to resume from (None: start at step 0), or a ValueError/FileNotFoundError that says what
+    to do. Called on every process before any work.
+
+    ``resume=""`` (the same command run again): a new run in an empty folder; the identical run found in the
+    folder is continued (from its newest verified checkpoint, or from step 0 when it stopped before its first
+    one); anything else is refused. ``resume="auto"``: the same, except that keys in RESUMABLE_CHANGES may
+    differ (and a folder without a run gets one, with a warning). A path: that checkpoint, which must verify.
+    """
     run_dir = Path(run_dir)
     config_file = run_dir / RUN_CONFIG_FILE
-    holds_run = config_file.is_file() or bool(list_checkpoints(run_dir))
-    if resume == "":
-        if holds_run:
+    checkpoints = list_checkpoints(run_dir)
+    holds_run = config_file.is_file() or bool(checkpoints)
+    if resume in ("", "auto"):
+        if not holds_run:
+            if resume == "auto":  # e.g. killed while preparing data, before run_config.json: the same run, anew
+                warn(f"--train.resume=auto: nothing to resume in {run_dir} (no {RUN_CONFIG_FILE}, no checkpoint): starting the run")
+            return None
+        if resume == "" and _differences(run_dir, resolved, IDENTICAL_RUN_IGNORES):
             raise ValueError(
-                f"train.output_dir={str(run_dir)!r} already holds a run ({config_file.name} or checkpoints "
-                "found). Continue it with --train.resume=auto, or start a new run in another directory with "
-                "--train.output_dir=NEW_DIR."
-            )
-        return None
-    if resume == "auto":
-        checkpoint = latest_checkpoint(run_dir)
-        if checkpoint is None:
-            raise FileNotFoundError(
-                f"--train.resume=auto: nothing to resume in {str(run_dir)!r} (no complete checkpoint under "
-                f"{run_dir / CHECKPOINTS}). Drop --train.resume to start a new run there, or point "
-                "--train.output_dir at the run to continue."
+                f"train.output_dir={str(run_dir)!r} already holds a run with other settings ({config_file.name} or "
+                "checkpoints found). Continue it with --train.resume=auto, or start a new run in another directory "
+                "with --train.output_dir=NEW_DIR."
             )
         _check_same_run(run_dir, resolved)
+        checkpoint = newest_verified_checkpoint(run_dir, warn)
+        if checkpoint is None and checkpoints:
+            raise ValueError(
+                f"no checkpoint under {run_dir / CHECKPOINTS} matches its manifest (see the warnings above); "
+                "resuming would not reproduce the run. Resume from another copy with --train.resume=PATH, or start "
+                "again in a new --train.output_dir."
+            )
+        if checkpoint is None:
+            warn(f"{run_dir} holds this run but no checkpoint yet (it stopped before the first one): starting it again")
         return checkpoint
     checkpoint = Path(resume).resolve()
     if not (checkpoint / TRAIN_STATE_FILE).is_file():
@@ -160,6 +232,10 @@ def resolve_resume(run_dir: Path, resolved: dict[str, Any], resume: str) -> Path
             f"--train.resume={resume!r} is not a complete checkpoint (no {TRAIN_STATE_FILE}); pass a folder "
             f"RUN/{CHECKPOINTS}/step_XXXXXXXX, or --train.resume=auto for the latest one of train.output_dir"
         )
+    try:
+        verify_manifest(checkpoint)
+    except ManifestError as err:
+        raise ValueError(f"--train.resume={resume!r} is damaged: {err}. Pass another checkpoint.") from None
     if checkpoint.parent == (run_dir / CHECKPOINTS).resolve():
         _check_same_run(run_dir, resolved)
     elif holds_run:
@@ -170,10 +246,11 @@ def resolve_resume(run_dir: Path, resolved: dict[str, Any], resume: str) -> Path
     return checkpoint
 
 
-def _check_same_run(run_dir: Path, resolved: dict[str, Any]) -> None:
+def _differences(run_dir: Path, resolved: dict[str, Any], ignored: frozenset[str]) -> list[str]:
+    """Dotted keys whose values differ from the folder's run_config.json, apart from ``ignored`` and tracking."""
     config_file = run_dir / RUN_CONFIG_FILE
     if not config_file.is_file():
-        return
+        return []
     saved = json.loads(config_file.read_text())
     if resolved["model"]["vocab_size"] is None:  # null means "the tokenizer's size", saved resolved
         resolved = {**resolved, "model": {**resolved["model"], "vocab_size": saved["model"]["vocab_size"]}}
@@ -181,7 +258,13 @@ def _check_same_run(run_dir: Path, resolved: dict[str, Any]) -> None:
     if saved["data"]["tokenizer"] is None and tokenizer and Path(tokenizer).resolve() == (run_dir / TOKENIZER_DIR).resolve():
         # The run's own trained tokenizer, named explicitly (to resume where the data cache is gone): the same run.
         resolved = {**resolved, "data": {**resolved["data"], "tokenizer": None}}
-    diff = config_differences(saved, resolved)
+    old, new = flatten(saved), flatten(resolved)
+    keys = sorted(set(old) | set(new))
+    return [k for k in keys if k not in ignored and not k.startswith("tracking.") and old.get(k) != new.get(k)]
+
+
+def _check_same_run(run_dir: Path, resolved: dict[str, Any]) -> None:
+    diff = _differences(run_dir, resolved, RESUMABLE_CHANGES)
     if diff:
         raise ValueError(
             f"train.output_dir={str(run_dir)!r} holds a different run: {', '.join(diff[:8])} differ from its "
@@ -213,6 +296,20 @@ def save_snapshot(
         unwrapped.save_pretrained(path, state_dict=state_dict)
         tokenizer.save_pretrained(path)
         write_json_atomic(path / SNAPSHOT_INFO, info)
+        follow_umask(path)
+        write_manifest(path)
+        fault_point("snapshot_files", info["step"])
         (path / SNAPSHOT_MARKER).write_text("")
     accelerator.wait_for_everyone()
     return path if accelerator.is_main_process else None
+
+
+def snapshot_is_complete(path: Path) -> bool:
+    """A snapshot folder with its COMPLETE marker whose files match its manifest."""
+    if not (Path(path) / SNAPSHOT_MARKER).is_file():
+        return False
+    try:
+        verify_manifest(path)
+    except ManifestError:
+        return False
+    return True

@@ -203,6 +203,10 @@ class TrainConfig:
     resume: str = ""
     """Empty: start a new run (output_dir must not hold another one); auto: continue from the latest complete
     checkpoint in output_dir; or a path to a checkpoint folder (e.g. of a shorter-sequence phase)."""
+    collective_timeout_s: int = 1800
+    """Seconds a process waits for the others at a collective (all-reduce, barrier) before the run fails with a
+    message naming this key: a frozen or lost process stops the run instead of blocking it forever. Must cover
+    the slowest wait: the main process preparing data (first run) or writing a checkpoint."""
     peak_flops_per_device: float = 312e12
     """Peak FLOP/s of one device for train/mfu (A100 bf16 dense: 312e12; H100 SXM bf16: 989e12); 0 disables MFU."""
 
@@ -213,7 +217,8 @@ class TrainConfig:
             "train.stop_at_step",
             f"must be in [1, train.max_steps={self.max_steps}] or null",
         )
-        for key in ("per_device_batch_size", "gradient_accumulation_steps", "log_every", "keep_last_checkpoints"):
+        for key in ("per_device_batch_size", "gradient_accumulation_steps", "log_every", "keep_last_checkpoints",
+                    "collective_timeout_s"):
             _require(getattr(self, key) > 0, f"train.{key}", "must be a positive integer")
         for key in ("eval_every", "eval_batches", "checkpoint_every", "snapshot_every", "num_workers"):
             _require(getattr(self, key) >= 0, f"train.{key}", "must be >= 0")
@@ -314,6 +319,7 @@ RESUMABLE_CHANGES = frozenset(
         "train.snapshot_at_end",
         "train.num_workers",
         "train.peak_flops_per_device",
+        "train.collective_timeout_s",
         "data.num_proc",
         "data.cache_dir",
     }

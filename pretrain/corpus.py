@@ -14,6 +14,7 @@ import ast
 import codecs
 import dataclasses
 import glob
+import json
 import os
 import re
 import sys
@@ -216,6 +217,45 @@ def check_utf8(path: Path, *, chunk_bytes: int = 1 << 24) -> None:
             offset += len(chunk)
 
 
+def check_json_lines(path: Path, text_column: str, where: str) -> None:
+    """Validate a JSON Lines file before ``datasets`` reads it: a line that is not JSON stops with the file and
+    line (``datasets`` buries it in a long DatasetGenerationError); lines whose ``text_column`` is missing or
+    not a string are counted and reported (they would be dropped or converted silently); a file where every
+    line is like that is refused. A ``.json`` file that is one JSON document (not JSON Lines) is left alone."""
+    bad, total, first_bad, columns = 0, 0, None, None
+    with path.open(encoding="utf-8") as f:
+        for line_no, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as err:
+                if line_no == 1 and path.suffix == ".json":
+                    return  # a pretty-printed JSON document: datasets reads it as a whole
+                raise ValueError(
+                    f"{where}: {path} line {line_no} is not valid JSON ({err.msg} at column {err.colno}); every "
+                    "line of a JSON Lines corpus must be one JSON object"
+                ) from None
+            total += 1
+            if columns is None and isinstance(record, dict):
+                columns = list(record)
+            if not isinstance(record, dict) or not isinstance(record.get(text_column), str):
+                bad += 1
+                first_bad = first_bad or line_no
+    if total and bad == total:
+        raise ValueError(
+            f"{where}: text column {text_column!r} not found; columns are {columns or []} (none of the {total} "
+            f"lines of {path} has a string {text_column!r} field). Set data.sources[...].text_column to the field "
+            "that holds the text"
+        )
+    if bad:
+        print(
+            f"warning: {where}: {path}: {bad} of {total} lines have no string {text_column!r} field (first: line "
+            f"{first_bad}); they are skipped",
+            file=sys.stderr,
+        )
+
+
 def source_fingerprint(source: SourceConfig, index: int) -> dict[str, Any]:
     """What identifies a source's content for the cache key: files' paths, sizes and mtimes, or the Hub ids."""
     fields = dataclasses.asdict(source)
@@ -264,6 +304,8 @@ def load_source(source: SourceConfig, index: int, cfg: DataConfig) -> datasets.D
             for p in files:
                 if not p.name.endswith(".gz"):
                     check_utf8(p)
+                    if source.kind == "json":
+                        check_json_lines(p, source.text_column, where)
         # "text": blank-line separated blocks are documents, as in original BERT's input files.
         extra = {"sample_by": "paragraph"} if source.kind == "text" else {}
         ds = datasets.load_dataset(

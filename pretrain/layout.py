@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
+import datetime
 import json
 import os
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -15,10 +18,20 @@ STATUS_FILE = "status.json"
 METRICS_FILE = "metrics.jsonl"
 RUN_CONFIG_FILE = "run_config.json"
 TERMINAL_STATUSES = ("finished", "diverged", "failed")
+HEARTBEAT_EVERY_S = 10
+"""A running job rewrites status.json (its "updated" time and "step") at least this often while training."""
+DEAD_AFTER_S = 30 * 60
+"""A status "running" whose "updated" time is older than this belongs to a dead process (killed, node lost)."""
 
 
 def step_dirname(step: int) -> str:
     return f"step_{step:08d}"
+
+
+def current_umask() -> int:
+    mask = os.umask(0o022)  # the only way to read it is to set it; put it back at once
+    os.umask(mask)
+    return mask
 
 
 def write_json_atomic(path: Path, payload: Any) -> None:
@@ -26,11 +39,17 @@ def write_json_atomic(path: Path, payload: Any) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
-        json.dump(payload, f, indent=2, sort_keys=True, default=str)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    os.fchmod(fd, 0o666 & ~current_umask())  # mkstemp creates 0600; colleagues on the cluster must read it
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(payload, f, indent=2, sort_keys=True, default=str)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:  # e.g. the disk is full: leave no partial temp file behind
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
 
 
 @dataclass(frozen=True)
@@ -58,6 +77,18 @@ def list_snapshots(run_dir: str | Path) -> list[Snapshot]:
 def read_status(run_dir: str | Path) -> dict[str, Any]:
     path = Path(run_dir) / STATUS_FILE
     return json.loads(path.read_text()) if path.is_file() else {"status": "unknown"}
+
+
+def is_dead(status: dict[str, Any], now: float | None = None) -> bool:
+    """True when ``status`` (from read_status) says running but its heartbeat is older than DEAD_AFTER_S.
+
+    A live run refreshes "updated" every HEARTBEAT_EVERY_S while it trains; evaluation, checkpoints and
+    snapshots between two heartbeats take far less than DEAD_AFTER_S.
+    """
+    if status.get("status") != "running" or "updated" not in status:
+        return False
+    updated = datetime.datetime.fromisoformat(status["updated"]).timestamp()
+    return (time.time() if now is None else now) - updated > DEAD_AFTER_S
 
 
 def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:

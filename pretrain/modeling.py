@@ -25,8 +25,10 @@ each sub-layer on top of that.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Literal, get_args
 
 import torch
@@ -60,6 +62,9 @@ NORM_PLACEMENTS: tuple[str, ...] = get_args(NormPlacement)
 INIT_SCHEMES: tuple[str, ...] = get_args(InitScheme)
 # Placements whose residual stream is never normalised inside the stack, so they need a final LN.
 _FINAL_NORM_PLACEMENTS = ("pre", "sandwich")
+# Config fields that change what given weights compute (DeepNorm's alpha follows from the placement and depth);
+# fused_qkv and the attention kernel do not.
+_COMPUTATION_FIELDS = ("norm_placement", "embedding_layer_norm", "num_hidden_layers", "hidden_act", "layer_norm_eps")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -511,11 +516,31 @@ class LNBertPreTrainedModel(PreTrainedModel):
                 "from_pretrained to use the checkpoint's own config)."
             )
 
+    def _check_same_computation(self, saved: dict[str, Any]) -> None:
+        """Weights trained under one placement must not be run under another: Post-LN and DeepNorm have the same
+        parameter names but compute different functions. Compares the saved config with the one in use."""
+        differ = []
+        for key in _COMPUTATION_FIELDS:
+            default = getattr(LNBertConfig(), key)
+            if saved.get(key, default) != getattr(self.config, key):
+                differ.append(f"{key}={getattr(self.config, key)!r} (trained with {saved.get(key, default)!r})")
+        if differ:
+            raise ValueError(
+                f"Checkpoint does not match {', '.join(differ)}. These settings change what "
+                "the weights compute; leave them out of from_pretrained to use the checkpoint's own config."
+            )
+
     @classmethod
     def from_pretrained(cls, *args: Any, **kwargs: Any) -> LNBertPreTrainedModel:
-        """``PreTrainedModel.from_pretrained`` that fails loudly on encoder weight mismatches."""
+        """``PreTrainedModel.from_pretrained`` that fails loudly on encoder weight mismatches and on a
+        placement (or another setting that changes the computation) other than the one trained with."""
         wants_info = kwargs.pop("output_loading_info", False)
         model, info = super().from_pretrained(*args, output_loading_info=True, **kwargs)
+        saved_config = Path(str(args[0] if args else kwargs.get("pretrained_model_name_or_path", ""))) / "config.json"
+        if saved_config.is_file():
+            saved = json.loads(saved_config.read_text())
+            if saved.get("model_type") in (LNBertConfig.model_type, "bert"):  # Hugging Face BERT: Post-LN
+                model._check_same_computation(saved)
         model._check_loaded_keys(info)
         return (model, info) if wants_info else model
 

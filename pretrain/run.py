@@ -1,15 +1,17 @@
 """Pretrain BERT (MLM + NSP) with a chosen LayerNorm placement, under Accelerate.
 
-    python pretrain/run.py                                   # built-in tiny default, offline, a few minutes on CPU
+    accelerate launch --quiet pretrain/run.py                # built-in tiny default, offline, on CPU or one GPU
+    python pretrain/run.py                                   # the same in this process
     python pretrain/run.py --config configs/pretrain/small_pre_ln.yaml --data.sources='[...]'
     accelerate launch --config_file configs/accelerate/8gpu.yaml pretrain/run.py --config configs/pretrain/bert_base_pre_ln.yaml
     python pretrain/run.py --help                            # every config key with its type, default and doc
 
-Plain functions, read top to bottom: ``main`` -> ``setup`` -> ``build_*`` -> ``train`` (-> ``train_step``,
+Plain functions, read top to bottom: ``main`` -> ``build_accelerator`` -> ``build_*`` -> ``train`` (-> ``train_step``,
 ``evaluate``, ``save_checkpoint``, ``save_snapshot``) -> final status. What a run writes is described in
 docs/run_layout.md. Exit codes: 0 finished, diverged (an experimental outcome, recorded in status.json) or
-preempted (SIGTERM/SIGINT or train.stop_at_step: checkpoint saved, continue with --train.resume=auto);
-2 bad configuration or input (message on stderr, nothing trained); 1 an unexpected error (status failed).
+preempted (SIGTERM/SIGINT or train.stop_at_step: checkpoint saved, continue with --train.resume=auto; or no disk
+space for the next save); 2 bad configuration or input (message on stderr, nothing trained); 1 an unexpected error
+(status failed). The same command run again continues the run in train.output_dir, or reports it finished.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import dataclasses
 import datetime
 import hashlib
 import json
+import logging
 import math
 import os
 import signal
@@ -43,18 +46,24 @@ from pretrain.checkpointing import (
     SNAPSHOTS,
     TOKENIZER_DIR,
     TrainState,
+    fault_point,
+    follow_umask,
+    free_space_problem,
     load_checkpoint,
     resolve_resume,
     save_checkpoint,
     save_snapshot,
+    snapshot_is_complete,
 )
-from pretrain.config import ConfigError, PretrainConfig, help_text, parse_args, to_dict
+from pretrain.config import ConfigError, PretrainConfig, TrainConfig, help_text, parse_args, to_dict
 from pretrain.data import MaskingCollator, PretrainingData, build_pretraining_data
 from pretrain.flops import flops_per_token
 from pretrain.layout import (
+    HEARTBEAT_EVERY_S,
     METRICS_FILE,
     RUN_CONFIG_FILE,
     STATUS_FILE,
+    step_dirname,
     write_json_atomic,
 )
 from pretrain.modeling import LNBertForPreTraining
@@ -93,13 +102,28 @@ def check_environment(cfg: PretrainConfig) -> None:
         raise ConfigError("train.compile=true does not work with DeepSpeed; set --train.compile=false")
 
 
-def setup(cfg: PretrainConfig) -> Accelerator:
+class _SkipTiedWeightsNote(logging.Filter):
+    """Accelerate notes at every checkpoint that it left the tied MLM decoder weight out ("Removed shared
+    tensor"); loading ties it again, so there is nothing for a user to act on."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "Removed shared tensor" not in record.getMessage()
+
+
+def build_accelerator(cfg: PretrainConfig) -> Accelerator:
+    logging.getLogger("accelerate.utils.other").addFilter(_SkipTiedWeightsNote())
     on_cpu = not torch.cuda.is_available() or _env_flag("ACCELERATE_USE_CPU")
     distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1 or _env_flag("ACCELERATE_USE_DEEPSPEED")
     kwargs_handlers = []
-    if on_cpu and distributed:
+    if distributed:
         # DeepSpeed on CPU needs gloo (it would pick an accelerator backend); a single process needs none.
-        kwargs_handlers.append(InitProcessGroupKwargs(backend="gloo"))
+        # The timeout turns a frozen process into an error on the others instead of an endless wait.
+        kwargs_handlers.append(
+            InitProcessGroupKwargs(
+                backend="gloo" if on_cpu else "nccl",
+                timeout=datetime.timedelta(seconds=cfg.train.collective_timeout_s),
+            )
+        )
     accelerator = Accelerator(
         mixed_precision=cfg.train.mixed_precision,
         gradient_accumulation_steps=cfg.train.gradient_accumulation_steps,
@@ -260,7 +284,7 @@ class StopRequest:
 
 
 @dataclass
-class Job:
+class TrainingSetup:
     """The prepared objects of one run (plain data; the functions below do the work)."""
 
     cfg: PretrainConfig
@@ -290,15 +314,15 @@ class StepStats:
     layer_grad_norms: dict[str, float]
 
 
-def batch_iterator(job: Job, state: TrainState) -> Iterator[dict[str, torch.Tensor]]:
+def batch_iterator(setup: TrainingSetup, state: TrainState) -> Iterator[dict[str, torch.Tensor]]:
     """Micro-batches from the current position on, epoch after epoch, keeping state.epoch/batches_in_epoch."""
     while True:
-        job.loaders.train_collator.set_epoch(state.epoch)  # masks are a function of (seed, epoch, instance)
-        if job.loaders.sampler is not None:
-            job.loaders.sampler.epoch = state.epoch
-        loader = job.loaders.train
+        setup.loaders.train_collator.set_epoch(state.epoch)  # masks are a function of (seed, epoch, instance)
+        if setup.loaders.sampler is not None:
+            setup.loaders.sampler.epoch = state.epoch
+        loader = setup.loaders.train
         if state.batches_in_epoch:
-            loader = job.accelerator.skip_first_batches(loader, state.batches_in_epoch)
+            loader = setup.accelerator.skip_first_batches(loader, state.batches_in_epoch)
         if hasattr(loader, "set_epoch"):
             loader.set_epoch(state.epoch)  # for streaming datasets (shuffle buffer) and Accelerate's counters
         for batch in loader:
@@ -309,14 +333,14 @@ def batch_iterator(job: Job, state: TrainState) -> Iterator[dict[str, torch.Tens
 
 
 def train_step(
-    job: Job, batches: Iterator[dict[str, torch.Tensor]], stop: StopRequest, with_layer_norms: bool
+    setup: TrainingSetup, batches: Iterator[dict[str, torch.Tensor]], stop: StopRequest, with_layer_norms: bool
 ) -> StepStats:
     """Accumulate gradients over micro-batches until Accelerate syncs, check the loss, then step.
 
     When the loss is not finite on any process, no optimizer step is taken (under DeepSpeed the engine has
     already stepped inside ``backward``; no checkpoint is written from that state either way).
     """
-    accelerator, model = job.accelerator, job.model
+    accelerator, model = setup.accelerator, setup.model
     sums = torch.zeros(5, device=accelerator.device)  # loss, mlm, nsp, tokens, micro-batches
     for batch in batches:
         with accelerator.accumulate(model):
@@ -335,7 +359,7 @@ def train_step(
             finite = bool(torch.isfinite(totals[:3]).all())
             grad_norm, layer_norms = float("nan"), {}
             if finite:
-                max_norm = job.cfg.optim.max_grad_norm
+                max_norm = setup.cfg.optim.max_grad_norm
                 norm = accelerator.clip_grad_norm_(model.parameters(), max_norm if max_norm > 0 else float("inf"))
                 grad_norm = float(norm) if norm is not None else float("nan")
                 finite = math.isfinite(grad_norm) or norm is None
@@ -343,9 +367,9 @@ def train_step(
                     unwrapped = accelerator.unwrap_model(model, keep_torch_compile=False)
                     layer_norms = layer_grad_norms(unwrapped, 1 / clip_coefficient(grad_norm, max_norm))
                 if finite:
-                    job.optimizer.step()
-                    job.scheduler.step()
-            job.optimizer.zero_grad(set_to_none=True)
+                    setup.optimizer.step()
+                    setup.scheduler.step()
+            setup.optimizer.zero_grad(set_to_none=True)
             micro = totals[4].item()
             return StepStats(
                 loss=totals[0].item() / micro,
@@ -361,12 +385,12 @@ def train_step(
 
 
 @torch.no_grad()
-def evaluate(job: Job) -> dict[str, float]:
+def evaluate(setup: TrainingSetup) -> dict[str, float]:
     """Validation MLM loss and accuracy (over masked tokens) and NSP accuracy, over all processes."""
-    accelerator, model = job.accelerator, job.model
+    accelerator, model = setup.accelerator, setup.model
     model.eval()
     totals = torch.zeros(5, dtype=torch.float64, device=accelerator.device)
-    for batch in job.loaders.validation:
+    for batch in setup.loaders.validation:
         out = model(**batch)
         labels = batch["labels"]
         selected = labels != -100  # (B, T)
@@ -392,48 +416,87 @@ def evaluate(job: Job) -> dict[str, float]:
         "val/mlm_loss": loss_sum / max(masked, 1),
         "val/mlm_accuracy": correct / max(masked, 1),
     }
-    if job.cfg.data.objective == "mlm_nsp":
+    if setup.cfg.data.objective == "mlm_nsp":
         metrics["val/nsp_accuracy"] = nsp_correct / max(examples, 1)
     return metrics
 
 
-def snapshot(job: Job, state: TrainState) -> None:
+def snapshot(setup: TrainingSetup, state: TrainState) -> None:
     info = {
         "step": state.step,
         "tokens_seen": state.tokens_seen,
-        "run_name": job.cfg.train.run_name,
-        "norm_placement": job.cfg.model.norm_placement,
-        "metrics": dict(job.last_eval),
-        "pretrain_config": job.resolved,
+        "run_name": setup.cfg.train.run_name,
+        "norm_placement": setup.cfg.model.norm_placement,
+        "metrics": dict(setup.last_eval),
+        "pretrain_config": setup.resolved,
     }
-    save_snapshot(job.accelerator, job.model, job.tokenizer, job.run_dir, info)
+    save_snapshot(setup.accelerator, setup.model, setup.tokenizer, setup.run_dir, info)
 
 
-def run_evaluation(job: Job, state: TrainState) -> None:
-    job.last_eval = evaluate(job)
-    log_metrics(job.accelerator, job.run_dir, {"tokens_seen": state.tokens_seen, **job.last_eval}, state.step)
+def disk_full(setup: TrainingSetup, checkpoint: bool, snapshot: bool) -> str:
+    """The main process checks the free space before a save; every process learns the answer (one reduce)."""
+    accelerator = setup.accelerator
+    problem = ""
+    if accelerator.is_main_process:
+        problem = free_space_problem(setup.run_dir, setup.model, checkpoint, snapshot)
+    full = accelerator.reduce(torch.tensor([float(bool(problem))], device=accelerator.device), reduction="sum")
+    return (problem or "disk full at the main process's run directory") if full.item() > 0 else ""
 
 
-def train(job: Job, state: TrainState, stop: StopRequest) -> str:
-    """The loop. Returns the outcome: finished, diverged or preempted."""
-    cfg, accelerator = job.cfg, job.accelerator
+def snapshot_path(setup: TrainingSetup, step: int) -> Path:
+    return setup.run_dir / SNAPSHOTS / step_dirname(step)
+
+
+def snapshot_due(train_cfg: TrainConfig, step: int, last_step: int) -> bool:
+    """A snapshot is scheduled at ``step`` (the final one only when the run ends at train.max_steps)."""
+    final = step == last_step == train_cfg.max_steps and train_cfg.snapshot_at_end
+    return train_cfg.is_snapshot_step(step) or final
+
+
+@dataclass
+class Heartbeat:
+    """Rewrites status.json ("running", the step, the time) at most every HEARTBEAT_EVERY_S seconds, so that
+    readers can tell a live run from a dead one (layout.is_dead)."""
+
+    setup: TrainingSetup
+    last: float = field(default_factory=time.monotonic)
+
+    def beat(self, step: int) -> None:
+        if time.monotonic() - self.last >= HEARTBEAT_EVERY_S:
+            write_status(self.setup.accelerator, self.setup.cfg, "running", step)
+            self.last = time.monotonic()
+
+
+def run_evaluation(setup: TrainingSetup, state: TrainState) -> None:
+    setup.last_eval = evaluate(setup)
+    log_metrics(setup.accelerator, setup.run_dir, {"tokens_seen": state.tokens_seen, **setup.last_eval}, state.step)
+
+
+def train(setup: TrainingSetup, state: TrainState, stop: StopRequest) -> str:
+    """The loop. Returns the outcome: finished, diverged, preempted or "preempted (disk full)"."""
+    cfg, accelerator = setup.cfg, setup.accelerator
     train_cfg = cfg.train
     last_step = train_cfg.stop_at_step or train_cfg.max_steps
     if state.step == 0:
-        run_evaluation(job, state)
+        run_evaluation(setup, state)
         if train_cfg.snapshot_at_start:
-            snapshot(job, state)
-    batches = batch_iterator(job, state)
+            snapshot(setup, state)
+    elif snapshot_due(train_cfg, state.step, last_step) and not snapshot_is_complete(snapshot_path(setup, state.step)):
+        # Killed between this step's snapshot and checkpoint by an older version, or the snapshot was damaged:
+        # the checkpoint holds the same weights, so the snapshot is written again.
+        snapshot(setup, state)
+    batches = batch_iterator(setup, state)
     progress = tqdm(
         total=train_cfg.max_steps, initial=state.step, disable=not accelerator.is_local_main_process, desc="pretrain"
     )
     # Throughput counts the time spent in training steps only (not evaluation or saving).
     window_tokens, window_time = 0, 0.0
+    heartbeat = Heartbeat(setup)
     while state.step < last_step:
         next_step = state.step + 1
         log_now = next_step % train_cfg.log_every == 0 or next_step == last_step
         started = time.perf_counter()
-        stats = train_step(job, batches, stop, with_layer_norms=log_now)
+        stats = train_step(setup, batches, stop, with_layer_norms=log_now)
         window_time += time.perf_counter() - started
         if not stats.finite:
             message = (
@@ -441,7 +504,7 @@ def train(job: Job, state: TrainState, stop: StopRequest) -> str:
                 "No checkpoint or snapshot was written from this state."
             )
             write_status(accelerator, cfg, "diverged", state.step, message, diverged_at=state.step + 1)
-            log_metrics(accelerator, job.run_dir, {"tokens_seen": state.tokens_seen, "diverged": 1}, state.step + 1)
+            log_metrics(accelerator, setup.run_dir, {"tokens_seen": state.tokens_seen, "diverged": 1}, state.step + 1)
             accelerator.print(f"\n{message}")
             progress.close()
             return "diverged"
@@ -455,28 +518,39 @@ def train(job: Job, state: TrainState, stop: StopRequest) -> str:
                 "tokens_seen": state.tokens_seen,
                 "train/loss": stats.loss,
                 "train/mlm_loss": stats.mlm_loss,
-                "train/lr": job.scheduler.get_last_lr()[0],
+                "train/lr": setup.scheduler.get_last_lr()[0],
                 "train/grad_norm": stats.grad_norm,
                 "train/tokens_per_s": tokens_per_s,
                 "train/mfu": model_flops_utilisation(
-                    tokens_per_s, job.flops_per_token, train_cfg.peak_flops_per_device, accelerator.num_processes
+                    tokens_per_s, setup.flops_per_token, train_cfg.peak_flops_per_device, accelerator.num_processes
                 ),
                 "train/epoch": state.epoch,
             }
             if cfg.data.objective == "mlm_nsp":
                 metrics["train/nsp_loss"] = stats.nsp_loss
             metrics.update(stats.layer_grad_norms)
-            log_metrics(accelerator, job.run_dir, metrics, state.step)
+            log_metrics(accelerator, setup.run_dir, metrics, state.step)
             progress.set_postfix(loss=f"{stats.loss:.3f}", lr=f"{metrics['train/lr']:.2e}")
             window_tokens, window_time = 0, 0.0
         done = state.step == last_step
         preempted = stats.stop and not done
         if (train_cfg.eval_every and state.step % train_cfg.eval_every == 0) or done:
-            run_evaluation(job, state)
-        if (train_cfg.checkpoint_every and state.step % train_cfg.checkpoint_every == 0) or done or preempted:
-            save_checkpoint(accelerator, job.run_dir, state, train_cfg.keep_last_checkpoints)
-        if train_cfg.is_snapshot_step(state.step) or (done and train_cfg.snapshot_at_end and last_step == train_cfg.max_steps):
-            snapshot(job, state)
+            run_evaluation(setup, state)
+        save_snapshot_now = snapshot_due(train_cfg, state.step, last_step)
+        save_checkpoint_now = (train_cfg.checkpoint_every and state.step % train_cfg.checkpoint_every == 0) or done or preempted
+        if (save_snapshot_now or save_checkpoint_now) and (problem := disk_full(setup, save_checkpoint_now, save_snapshot_now)):
+            write_status(accelerator, cfg, "preempted", state.step, problem)
+            accelerator.print(f"\nstopped at step {state.step}: {problem}")
+            progress.close()
+            return "preempted (disk full)"
+        # The snapshot first: a kill between the two leaves the previous checkpoint as the latest, and the
+        # resumed run passes this step again and writes the snapshot again (docs/run_layout.md).
+        if save_snapshot_now:
+            snapshot(setup, state)
+        if save_checkpoint_now:
+            save_checkpoint(accelerator, setup.run_dir, state, train_cfg.keep_last_checkpoints)
+        fault_point("step", state.step)
+        heartbeat.beat(state.step)
         if preempted:
             progress.close()
             accelerator.print(f"\nstop requested ({stop.signal_name}) at step {state.step}; checkpoint saved")
@@ -490,7 +564,7 @@ def train(job: Job, state: TrainState, stop: StopRequest) -> str:
 # --------------------------------------------------------------------------------------------------
 
 
-def prepare_job(cfg: PretrainConfig, accelerator: Accelerator, resume_from: Path | None) -> tuple[Job, TrainState]:
+def prepare_training(cfg: PretrainConfig, accelerator: Accelerator, resume_from: Path | None) -> tuple[TrainingSetup, TrainState]:
     run_dir = Path(cfg.train.output_dir)
     same_run = resume_from is not None and resume_from.parent.parent.resolve() == run_dir.resolve()
     set_seed(cfg.train.seed)
@@ -535,7 +609,7 @@ def prepare_job(cfg: PretrainConfig, accelerator: Accelerator, resume_from: Path
         model, optimizer, loaders.train, loaders.validation, scheduler
     )
     unwrapped = accelerator.unwrap_model(model, keep_torch_compile=False)
-    job = Job(
+    setup = TrainingSetup(
         cfg=cfg,
         resolved=resolved,
         accelerator=accelerator,
@@ -560,52 +634,82 @@ def prepare_job(cfg: PretrainConfig, accelerator: Accelerator, resume_from: Path
                 f"resuming {resume_from} with different data or batch settings: the data starts from its beginning"
             )
             state = dataclasses.replace(state, epoch=0, batches_in_epoch=0, data_fingerprint=fingerprint)
-    return job, state
+    return setup, state
 
 
 def pretrain(cfg: PretrainConfig) -> str:
     """Run one pretraining job described by ``cfg``; returns finished, diverged or preempted."""
     check_environment(cfg)
-    accelerator = setup(cfg)
+    accelerator = build_accelerator(cfg)
     run_dir = Path(cfg.train.output_dir)
-    resume_from = resolve_resume(run_dir, to_dict(cfg), cfg.train.resume)
+    warn = (lambda message: print(f"warning: {message}", file=sys.stderr, flush=True)) if accelerator.is_main_process else (lambda message: None)
+    resume_from = resolve_resume(run_dir, to_dict(cfg), cfg.train.resume, warn)
     accelerator.wait_for_everyone()  # every process has checked the directory before the main one writes
-    job, state = prepare_job(cfg, accelerator, resume_from)
+    setup, state = prepare_training(cfg, accelerator, resume_from)
     if accelerator.is_main_process:
-        write_json_atomic(run_dir / RUN_CONFIG_FILE, job.resolved)
-    if resume_from is not None and accelerator.is_main_process and resume_from.parent.parent.resolve() == run_dir.resolve():
-        job.last_eval = rewind_metrics(run_dir, state.step)
-    write_status(accelerator, cfg, "running", state.step)
-    init_trackers(accelerator, cfg, job.resolved)
+        write_json_atomic(run_dir / RUN_CONFIG_FILE, setup.resolved)
+        same_run = resume_from is not None and resume_from.parent.parent.resolve() == run_dir.resolve()
+        # From step 0 (a new run, or one killed before its first checkpoint) no line of an earlier try is kept.
+        setup.last_eval = rewind_metrics(run_dir, state.step if same_run else -1)
+        if (run_dir / TOKENIZER_DIR).is_dir():
+            follow_umask(run_dir / TOKENIZER_DIR)
     accelerator.print(
         f"run {cfg.train.run_name}: {cfg.model.norm_placement}-LN, {accelerator.num_processes} process(es), "
-        f"global batch {cfg.train.per_device_batch_size * accelerator.num_processes * cfg.train.gradient_accumulation_steps}"
+        "global batch "
+        f"{cfg.train.per_device_batch_size * accelerator.num_processes * cfg.train.gradient_accumulation_steps}"
         + (f", resuming at step {state.step} from {resume_from}" if resume_from else "")
     )
+    if state.step >= cfg.train.max_steps:
+        accelerator.print(f"run {cfg.train.run_name} has already finished (step {state.step}); nothing to train")
     try:
+        write_status(accelerator, cfg, "running", state.step)
+        init_trackers(accelerator, cfg, setup.resolved)
         with StopRequest().installed() as stop:
-            outcome = train(job, state, stop)
+            outcome = train(setup, state, stop)
     except BaseException as err:
-        write_status(accelerator, cfg, "failed", state.step, f"{type(err).__name__}: {err}")
+        message = f"{type(err).__name__}: {err}"
+        if accelerator.num_processes > 1 and any(word in str(err).lower() for word in ("timed out", "timeout")):
+            message += (
+                f" (no answer from another process within train.collective_timeout_s={cfg.train.collective_timeout_s}"
+                " s: a process froze or died, or its file system hung)"
+            )
+        try:
+            write_status(accelerator, cfg, "failed", state.step, message)
+        except OSError as status_err:  # e.g. the disk is full: say so, keep the original error
+            print(f"error: could not record status failed in {run_dir / STATUS_FILE}: {status_err}", file=sys.stderr)
         if isinstance(err, Exception):
-            raise TrainingFailed(f"training failed at step {state.step}: {type(err).__name__}: {err}") from err
+            raise TrainingFailed(f"training failed at step {state.step}: {message}") from err
         raise
     finally:
         accelerator.end_training()
     if outcome == "finished":
         write_status(accelerator, cfg, "finished", state.step, "training finished")
-    elif outcome == "preempted":
+    elif outcome == "preempted":  # a "preempted (disk full)" status was written with its message
         write_status(
             accelerator, cfg, "preempted", state.step, "stopped with a checkpoint; continue with --train.resume=auto"
         )
+    tracker_dir = {"tensorboard": run_dir / "tensorboard", "wandb": run_dir / "wandb"}.get(cfg.tracking.backend)
     accelerator.print(
         f"\n{outcome} at step {state.step}. Run directory {run_dir}:\n"
         f"  checkpoints  {run_dir / CHECKPOINTS}\n"
         f"  snapshots    {run_dir / SNAPSHOTS}\n"
         f"  metrics      {run_dir / METRICS_FILE}\n"
         f"  status       {run_dir / STATUS_FILE}"
+        + (f"\n  {cfg.tracking.backend:<12} {tracker_dir}" if tracker_dir else "")
     )
     return outcome
+
+
+def choose_cpu_threads() -> str:
+    """Size torch's CPU thread pool and say how. OMP_NUM_THREADS wins (``accelerate launch`` sets it); otherwise
+    half of this process's share of the cores: torch's default (every core) oversubscribes the cores as soon as
+    anything else runs, which made the tiny default run 4-10x slower on a shared 2-core machine."""
+    if os.environ.get("OMP_NUM_THREADS"):
+        return f"{torch.get_num_threads()} CPU thread(s) per process (OMP_NUM_THREADS)"
+    local_processes = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    torch.set_num_threads(max(1, cores // local_processes // 2))
+    return f"{torch.get_num_threads()} CPU thread(s) per process (half of {cores} cores; set OMP_NUM_THREADS to change)"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -614,7 +718,12 @@ def main(argv: list[str] | None = None) -> int:
     if "-h" in argv or "--help" in argv:
         print(help_text())
         return 0
-    pretrain(parse_args(argv))
+    cfg = parse_args(argv)
+    if not torch.cuda.is_available():
+        threads = choose_cpu_threads()
+        if os.environ.get("RANK", "0") == "0":
+            print(threads, flush=True)
+    pretrain(cfg)
     return 0
 
 

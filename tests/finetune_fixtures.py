@@ -18,6 +18,7 @@ from transformers import PreTrainedTokenizerFast
 
 from finetune.glue import TASKS, read_tsv
 from pretrain.layout import SNAPSHOT_INFO, SNAPSHOT_MARKER, step_dirname, write_json_atomic
+from pretrain.manifest import write_manifest
 from pretrain.modeling import LNBertConfig, LNBertForPreTraining
 
 FIXTURE_GLUE = Path(__file__).resolve().parent / "fixtures" / "glue"
@@ -83,6 +84,7 @@ def write_snapshot(
     }
     write_json_atomic(path / SNAPSHOT_INFO, info)
     if complete:
+        write_manifest(path)
         (path / SNAPSHOT_MARKER).write_text("")
     return path
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -421,3 +422,25 @@ def test_attention_defaults_to_sdpa_with_eager_as_option(tiny_kwargs):
     assert LNBertForPreTraining(LNBertConfig(**tiny_kwargs)).config._attn_implementation == "sdpa"
     eager = LNBertForPreTraining(LNBertConfig(**tiny_kwargs, attn_implementation="eager"))
     assert eager.config._attn_implementation == "eager"
+
+
+@pytest.mark.parametrize(
+    ("saved", "loaded", "message"),
+    [
+        ({"norm_placement": "post"}, {"norm_placement": "deepnorm"}, "norm_placement='deepnorm' (trained with 'post')"),
+        ({"norm_placement": "deepnorm"}, {"norm_placement": "post"}, "norm_placement='post' (trained with 'deepnorm')"),
+        ({"norm_placement": "pre"}, {"norm_placement": "pre", "embedding_layer_norm": False}, "embedding_layer_norm=False"),
+    ],
+)
+def test_same_parameter_names_other_computation_is_refused(tiny_kwargs, tmp_path, saved, loaded, message):
+    """Post-LN and DeepNorm share every parameter name; the saved config tells them apart."""
+    LNBertForPreTraining(LNBertConfig(**{**tiny_kwargs, **saved})).save_pretrained(tmp_path)
+    with pytest.raises(ValueError, match=re.escape(message)):
+        LNBertForPreTraining.from_pretrained(tmp_path, **loaded)
+    with pytest.raises(ValueError, match=re.escape(message)):
+        AutoModelForPreTraining.from_pretrained(tmp_path, **loaded)
+
+
+def test_fused_qkv_may_differ_from_the_saved_config(tiny_kwargs, tmp_path):
+    LNBertForPreTraining(LNBertConfig(**tiny_kwargs)).save_pretrained(tmp_path)
+    assert LNBertForPreTraining.from_pretrained(tmp_path, fused_qkv=True).config.fused_qkv

@@ -278,9 +278,10 @@ def test_output_dir_holding_another_run(tmp_path: Path, data_cache: Path) -> Non
         main(tiny_args(run, data_cache, "--model.norm_placement=pre", "--train.resume=auto"))
 
 
-def test_resume_with_nothing_to_resume(tmp_path: Path, data_cache: Path) -> None:
-    with pytest.raises(FileNotFoundError, match="nothing to resume"):
-        main(tiny_args(tmp_path / "empty", data_cache, "--train.resume=auto"))
+def test_resume_with_nothing_to_resume(tmp_path: Path, data_cache: Path, capsys: pytest.CaptureFixture) -> None:
+    # A job killed before it wrote run_config.json, requeued with --train.resume=auto: it starts, with a warning.
+    assert main(tiny_args(tmp_path / "empty", data_cache, "--train.resume=auto", "--train.max_steps=1")) == 0
+    assert "nothing to resume" in capsys.readouterr().err
     with pytest.raises(FileNotFoundError, match="is not a complete checkpoint"):
         main(tiny_args(tmp_path / "r", data_cache, f"--train.resume={tmp_path}/no-checkpoint"))
 

@@ -98,3 +98,40 @@ def test_reproduce_script_names_its_missing_inputs(tmp_path: Path) -> None:
     )
     assert result.returncode != 0
     assert "set CORPUS to a folder with wiki.jsonl and books.jsonl" in result.stderr
+
+
+@pytest.mark.slow  # each case imports the project to read train.output_dir: ~10 s on a busy 2-core machine
+@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+@pytest.mark.parametrize(
+    ("signalled", "run_status", "restarts", "requeued"),
+    [
+        (True, "preempted", "0", True),  # the time limit's warning signal: continue in a new allocation
+        (True, "preempted", "50", False),  # the cap (MAX_REQUEUES, default 50) is reached
+        (False, "preempted", "0", False),  # train.stop_at_step: the run asked to stop
+    ],
+)
+def test_slurm_script_requeues_a_preempted_run_until_it_ends(
+    tmp_path: Path, signalled: bool, run_status: str, restarts: str, requeued: bool
+) -> None:
+    """A stand-in accelerate plays the run: it signals the batch shell (as SLURM does before the time limit)
+    when asked, and ends with the given status.json; a stand-in scontrol records whether the job requeued."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    log = tmp_path / "calls.log"
+    run_dir = tmp_path / "out"
+    run_dir.mkdir()
+    _fake(bin_dir, "scontrol", f'echo "scontrol $*" >> {log}\n[[ $1 == show ]] && echo node-1\ntrue\n')
+    _fake(bin_dir, "srun", 'shift\nSLURM_NODEID=0 exec "$@"\n')  # one node; exec keeps the pid the batch shell waits on
+    finish = f"finish() {{ echo '{{\"status\": \"{run_status}\"}}' > {run_dir}/status.json; exit 0; }}\n"
+    body = finish + "finish\n"
+    if signalled:  # SLURM's TERM reaches the batch shell; the run stops when the shell forwards it
+        body = finish + "trap finish TERM\nkill -TERM $PPID\nsleep 20 & wait\n"
+    _fake(bin_dir, "accelerate", body)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_JOB_NODELIST": "node-1", "SLURM_NNODES": "1",
+           "SLURM_JOB_ID": "4242", "SLURM_RESTART_COUNT": restarts, "PRESET": "configs/pretrain/small_pre_ln.yaml"}  # fmt: skip
+    result = subprocess.run(
+        ["bash", str(ROOT / "launch" / "slurm_pretrain.sbatch"), f"--train.output_dir={run_dir}"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert ("scontrol requeue 4242" in log.read_text()) == requeued, result.stdout + result.stderr

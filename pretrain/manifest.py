@@ -1,0 +1,76 @@
+"""Manifests: the list of a checkpoint's or snapshot's files with their sizes and SHA-256 checksums.
+
+A manifest is written after every other file of the folder and before the folder is marked complete (the
+checkpoint's rename, the snapshot's COMPLETE marker); it is checked before the folder is used, so a file that
+went missing, was truncated or had bytes overwritten is found instead of resuming or fine-tuning from garbage.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+from pretrain.layout import write_json_atomic
+
+MANIFEST_FILE = "manifest.json"
+_CHUNK = 1 << 24
+
+
+class ManifestError(ValueError):
+    """A folder that does not match its manifest (the message names the folder and the file)."""
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _listed_files(folder: Path) -> list[Path]:
+    """Every file under ``folder`` except the manifest and completion markers written after it."""
+    return sorted(
+        p for p in folder.rglob("*") if p.is_file() and p.name not in (MANIFEST_FILE, "COMPLETE") and not p.name.startswith(".")
+    )
+
+
+def write_manifest(folder: Path) -> None:
+    """Record every file of ``folder`` (relative path, size, sha256) in ``folder/manifest.json``."""
+    folder = Path(folder)
+    files = {
+        p.relative_to(folder).as_posix(): {"size": p.stat().st_size, "sha256": sha256_file(p)} for p in _listed_files(folder)
+    }
+    write_json_atomic(folder / MANIFEST_FILE, {"files": files})
+
+
+def verify_manifest(folder: Path) -> None:
+    """Raise ManifestError naming ``folder`` and the first file that is missing, of the wrong size or whose
+    checksum differs; also when the manifest itself is missing or unreadable."""
+    folder = Path(folder)
+    path = folder / MANIFEST_FILE
+    try:
+        files = json.loads(path.read_text())["files"]
+    except FileNotFoundError:
+        raise ManifestError(f"{folder}: no {MANIFEST_FILE} (an incomplete or pre-manifest folder)") from None
+    except (ValueError, KeyError, TypeError) as err:
+        raise ManifestError(f"{folder}: {MANIFEST_FILE} is unreadable ({err})") from None
+    for name, expected in sorted(files.items()):
+        file = folder / name
+        if not file.is_file():
+            raise ManifestError(f"{folder}: file {name} is missing")
+        size = file.stat().st_size
+        if size != expected["size"]:
+            raise ManifestError(f"{folder}: file {name} has {size} bytes, the manifest says {expected['size']}")
+        if sha256_file(file) != expected["sha256"]:
+            raise ManifestError(f"{folder}: file {name} does not match its checksum (its bytes were changed)")
+
+
+def folder_size(folder: Path) -> int:
+    """Bytes of the files listed in ``folder``'s manifest (0 when it has none): the expected size of the next one."""
+    try:
+        files = json.loads((Path(folder) / MANIFEST_FILE).read_text())["files"]
+    except (OSError, ValueError, KeyError):
+        return 0
+    return sum(int(entry["size"]) for entry in files.values())

@@ -1,0 +1,230 @@
+"""Kill -9 trials: a tiny pretraining run is killed at random moments and at the dangerous moments of a save,
+resumed with --train.resume=auto until it finishes, and compared with an uninterrupted run.
+
+    python tests/faults/kill_trials.py --trials 30            # about 15 s per trial on one CPU thread
+    python tests/faults/kill_trials.py --trials 200 --seed 7 --workdir /tmp/kills --keep
+
+Each trial starts the run, kills it (SIGKILL) once or twice, then runs the same command with
+--train.resume=auto until it exits 0. It passes when the final weights are bit-identical to the
+uninterrupted run's, every scheduled snapshot is complete with the same weights, the training losses of
+every step are logged once and equal, no temp or incomplete folder is left, and status.json says finished.
+
+Kill moments: ``random`` (uniformly within the training window, after run_config.json appears), and the
+``LNBERT_KILL_AT=point:step`` hook of pretrain/checkpointing.py: while a snapshot's files are written
+(``snapshot_files``), while a checkpoint's files are written (``checkpoint_files``), between a checkpoint's
+rename and the rotation of old ones (``checkpoint_renamed``), and after a step before the first checkpoint
+(``step``). Exit status 0 when every trial passes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from pretrain.checkpointing import latest_checkpoint  # noqa: E402
+from pretrain.layout import list_snapshots, read_metrics, read_status  # noqa: E402
+
+MAX_STEPS = 12
+CHECKPOINT_EVERY = 4
+# Snapshots at 0, 3, 6, 9, 12 (interval), 4 and 8 (coinciding with checkpoints), and the final one.
+SNAPSHOT_STEPS = [0, 3, 4, 6, 8, 9, 12]
+HOOKS = (
+    [f"snapshot_files:{s}" for s in SNAPSHOT_STEPS]
+    + [f"checkpoint_files:{s}" for s in (4, 8, 12)]
+    + [f"checkpoint_renamed:{s}" for s in (4, 8, 12)]
+    + ["step:1", "step:3"]
+)
+
+
+def run_args(run_dir: Path, cache: Path) -> list[str]:
+    return [
+        "--model.hidden_size=32", "--model.num_hidden_layers=2", "--model.num_attention_heads=4",
+        "--model.intermediate_size=37", "--model.max_position_embeddings=64",
+        "--data.max_seq_length=32", "--data.vocab_size=300", "--data.max_documents=30",
+        "--data.validation_documents=2", f"--data.cache_dir={cache}",
+        f"--train.output_dir={run_dir}", "--train.per_device_batch_size=8", f"--train.max_steps={MAX_STEPS}",
+        "--train.log_every=1", "--train.eval_every=4", "--train.eval_batches=2",
+        f"--train.checkpoint_every={CHECKPOINT_EVERY}", "--train.snapshot_every=3", "--train.snapshot_steps=[4,8]",
+    ]  # fmt: skip
+
+
+def environment(kill_at: str = "") -> dict[str, str]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
+           "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "WANDB_MODE": "offline",
+           "TOKENIZERS_PARALLELISM": "false"}  # fmt: skip
+    env.pop("LNBERT_KILL_AT", None)
+    if kill_at:
+        env["LNBERT_KILL_AT"] = kill_at
+    return env
+
+
+def start(args: list[str], kill_at: str = "") -> subprocess.Popen:
+    command = [sys.executable, str(ROOT / "pretrain" / "run.py"), *args]
+    return subprocess.Popen(command, env=environment(kill_at), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def weights(path: Path) -> dict:
+    from safetensors.torch import load_file
+
+    return load_file(path / "model.safetensors")
+
+
+def same_weights(a: dict, b: dict) -> bool:
+    return a.keys() == b.keys() and all(bool((a[k] == b[k]).all()) for k in a)
+
+
+@dataclass
+class Reference:
+    final: dict
+    snapshots: dict[int, dict]
+    losses: dict[int, float]
+    training_window_s: float
+
+
+@dataclass
+class Trial:
+    index: int
+    kills: list[str] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+
+
+def train_losses(run_dir: Path) -> list[tuple[int, float]]:
+    return [(r["step"], r["train/loss"]) for r in read_metrics(run_dir) if "train/loss" in r]
+
+
+def reference_run(workdir: Path, cache: Path) -> Reference:
+    run_dir = workdir / "reference"
+    process = start(run_args(run_dir, cache))
+    while not (run_dir / "run_config.json").exists() and process.poll() is None:
+        time.sleep(0.05)
+    started = time.monotonic()
+    while read_status(run_dir).get("status") != "finished" and process.poll() is None:
+        time.sleep(0.02)
+    window = time.monotonic() - started  # from run_config.json to status finished: training and saves
+    output, _ = process.communicate()
+    if process.returncode != 0:
+        raise SystemExit(f"the uninterrupted run failed:\n{output[-3000:]}")
+    return Reference(
+        final=weights(latest_checkpoint(run_dir)),
+        snapshots={s.step: weights(s.path) for s in list_snapshots(run_dir)},
+        losses=dict(train_losses(run_dir)),
+        training_window_s=window,
+    )
+
+
+def kill_randomly(args: list[str], run_dir: Path, window_s: float, rng: random.Random) -> str:
+    """Start the run and SIGKILL it at a uniformly random moment of its training window."""
+    process = start(args)
+    while not (run_dir / "run_config.json").exists() and process.poll() is None:
+        time.sleep(0.02)
+    time.sleep(rng.uniform(0, window_s))
+    if process.poll() is not None:
+        process.communicate()
+        return "random (too late: the run had finished)"
+    process.send_signal(signal.SIGKILL)
+    process.communicate()
+    logged = train_losses(run_dir)
+    return f"random after step {logged[-1][0] if logged else 0}"
+
+
+def kill_at_hook(args: list[str], hook: str) -> str:
+    process = start(args, kill_at=hook)
+    output, _ = process.communicate()
+    if process.returncode != -signal.SIGKILL:
+        raise RuntimeError(f"the run was not killed at {hook} (exit {process.returncode}):\n{output[-3000:]}")
+    return hook
+
+
+def check(run_dir: Path, reference: Reference, trial: Trial) -> None:
+    problems = trial.problems
+    status = read_status(run_dir)
+    if (status.get("status"), status.get("step")) != ("finished", MAX_STEPS):
+        problems.append(f"status {status.get('status')} at step {status.get('step')}")
+    if not same_weights(weights(latest_checkpoint(run_dir)), reference.final):
+        problems.append("final weights differ from the uninterrupted run")
+    snapshots = {s.step: s.path for s in list_snapshots(run_dir)}
+    if sorted(snapshots) != sorted(reference.snapshots):
+        problems.append(f"snapshots {sorted(snapshots)} instead of {sorted(reference.snapshots)}")
+    for step, path in snapshots.items():
+        if step in reference.snapshots and not same_weights(weights(path), reference.snapshots[step]):
+            problems.append(f"snapshot {step} weights differ")
+    if dict(train_losses(run_dir)) != reference.losses or len(train_losses(run_dir)) != MAX_STEPS:
+        problems.append("training losses differ or a step is logged twice/missing")
+    leftovers = [p.name for p in (run_dir / "checkpoints").iterdir() if p.name.startswith(".")]
+    leftovers += [p.name for p in (run_dir / "snapshots").iterdir() if not (p / "COMPLETE").is_file()]
+    if leftovers:
+        problems.append(f"left behind: {leftovers}")
+
+
+def run_trial(index: int, workdir: Path, cache: Path, reference: Reference, rng: random.Random) -> Trial:
+    trial = Trial(index)
+    run_dir = workdir / f"trial_{index:03d}"
+    args = run_args(run_dir, cache)
+    # Odd trials hit a dangerous moment (cycling through them), even ones a random moment; a third of the
+    # trials are killed a second time (at a random moment) while resuming.
+    if index % 2:
+        trial.kills.append(kill_at_hook(args, HOOKS[(index // 2) % len(HOOKS)]))
+    else:
+        trial.kills.append(kill_randomly(args, run_dir, reference.training_window_s, rng))
+    resume = [*args, "--train.resume=auto"]
+    if index % 3 == 0:
+        trial.kills.append("then " + kill_randomly(resume, run_dir, reference.training_window_s, rng))
+    for _ in range(3):  # resume until the run exits 0
+        process = start(resume)
+        output, _ = process.communicate()
+        if process.returncode == 0:
+            break
+        trial.problems.append(f"resume exited {process.returncode}: {output.strip().splitlines()[-1:]}")
+    check(run_dir, reference, trial)
+    return trial
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--trials", type=int, default=30, help="number of trials (default 30)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the random kill moments")
+    parser.add_argument("--workdir", type=Path, default=None, help="where runs are written (default: a temp folder)")
+    parser.add_argument("--keep", action="store_true", help="keep the trial folders")
+    args = parser.parse_args()
+    workdir = args.workdir or Path(tempfile.mkdtemp(prefix="kill-trials-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    cache = workdir / "data-cache"
+    rng = random.Random(args.seed)
+    began = time.monotonic()
+    reference = reference_run(workdir, cache)
+    print(f"uninterrupted run: training window {reference.training_window_s:.1f} s; snapshots {sorted(reference.snapshots)}")
+    failed, kills, by_kind = 0, 0, {}
+    for index in range(args.trials):
+        trial = run_trial(index, workdir, cache, reference, rng)
+        failed += bool(trial.problems)
+        kills += len(trial.kills)
+        for kill in trial.kills:
+            kind = kill.removeprefix("then ").split(" ")[0].split(":")[0]
+            by_kind[kind] = by_kind.get(kind, 0) + 1
+        verdict = "ok" if not trial.problems else "FAILED: " + "; ".join(trial.problems)
+        print(f"trial {index:3d}  {', '.join(trial.kills):<55} {verdict}", flush=True)
+        if not args.keep and not trial.problems:
+            shutil.rmtree(workdir / f"trial_{index:03d}", ignore_errors=True)
+    summary = {"trials": args.trials, "kills": kills, "by_kind": by_kind, "passed": args.trials - failed,
+               "failed": failed, "seconds": round(time.monotonic() - began)}  # fmt: skip
+    print(json.dumps(summary))
+    if args.keep or failed:
+        print(f"trial folders in {workdir}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,461 @@
+"""Faults lose nothing and are never used silently: snapshots survive kills, damaged checkpoints are refused,
+a run folder never gets stuck, status.json tells a dead run from a live one, files follow the umask.
+
+Kills at chosen moments use the ``LNBERT_KILL_AT=point:step`` hook of pretrain/checkpointing.py; the many
+random kills are in tests/faults/kill_trials.py (a few of its trials run as a slow test here)."""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import errno
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from safetensors.torch import load_file
+
+import pretrain.run as run_module
+from pretrain.checkpointing import latest_checkpoint, list_checkpoints
+from pretrain.layout import DEAD_AFTER_S, is_dead, list_snapshots, read_metrics, read_status, write_json_atomic
+from pretrain.manifest import MANIFEST_FILE
+from pretrain.run import TrainingFailed, main
+from tests import test_pretrain
+from tests.test_pretrain import RUN_PY, tiny_args
+
+# test_pretrain's fixtures: one data cache per module, a clean Accelerate state per test, one thread.
+data_cache = test_pretrain.data_cache
+fresh_accelerate_state = test_pretrain.fresh_accelerate_state
+one_thread = test_pretrain.one_thread
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run_killed_at(point: str, argv: list[str], cwd: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "LNBERT_KILL_AT": point, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    return subprocess.run([sys.executable, str(RUN_PY), *argv], cwd=cwd, env=env, capture_output=True, text=True)
+
+
+def snapshot_steps(run: Path) -> list[int]:
+    return [s.step for s in list_snapshots(run)]
+
+
+# --------------------------------------------------------------------------------------------------
+# 1. Snapshots survive a kill at any moment
+# --------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("point", ["snapshot_files:3", "checkpoint_files:3", "checkpoint_renamed:6"])
+def test_a_kill_around_a_save_loses_no_snapshot(tmp_path: Path, data_cache: Path, point: str) -> None:
+    """Killed while writing the snapshot or the checkpoint of step 3 (a snapshot step), or after the final
+    checkpoint: the resumed run ends with every scheduled snapshot complete."""
+    run = tmp_path / "run"
+    argv = tiny_args(run, data_cache, "--train.snapshot_steps=[3]")
+    killed = run_killed_at(point, argv, tmp_path)
+    assert killed.returncode == -9, killed.stderr[-2000:]
+    assert main([*argv, "--train.resume=auto"]) == 0
+    assert snapshot_steps(run) == [0, 3, 6]
+    assert read_status(run)["status"] == "finished"
+
+
+def test_resume_writes_the_missing_snapshot_of_the_checkpoint_step(tmp_path: Path, data_cache: Path) -> None:
+    """A run killed between the checkpoint and the snapshot of a step (the order of older versions), or whose
+    snapshot was damaged: resuming from that checkpoint writes the snapshot again, with the same weights."""
+    run = tmp_path / "run"
+    argv = tiny_args(run, data_cache, "--train.snapshot_steps=[3]")
+    assert main(argv) == 0
+    final = run / "snapshots" / "step_00000006"
+    weights = load_file(final / "model.safetensors")
+    (final / "COMPLETE").unlink()
+    (final / "model.safetensors").unlink()
+    assert main([*argv, "--train.resume=auto"]) == 0
+    assert snapshot_steps(run) == [0, 3, 6]
+    again = load_file(final / "model.safetensors")
+    assert all(bool((weights[k] == again[k]).all()) for k in weights)
+
+
+# --------------------------------------------------------------------------------------------------
+# 2. Damaged checkpoints are never used
+# --------------------------------------------------------------------------------------------------
+
+
+def _damage(path: Path, how: str) -> None:
+    data = path.read_bytes()
+    if how == "missing":
+        path.unlink()
+    elif how == "truncated":
+        path.write_bytes(data[: len(data) // 2])
+    else:  # the same size, some bytes overwritten
+        middle = len(data) // 2
+        path.write_bytes(data[:middle] + bytes(b ^ 0xFF for b in data[middle : middle + 16]) + data[middle + 16 :])
+
+
+@pytest.mark.parametrize(("file", "how"), [("random_states_0.pkl", "missing"), ("random_states_0.pkl", "truncated"),
+                                           ("model.safetensors", "overwritten")])  # fmt: skip
+def test_a_damaged_latest_checkpoint_falls_back_with_a_warning(
+    tmp_path: Path, data_cache: Path, capsys: pytest.CaptureFixture, file: str, how: str
+) -> None:
+    run = tmp_path / "run"
+    argv = tiny_args(run, data_cache, "--train.snapshot_at_start=false", "--train.snapshot_at_end=false")
+    assert main(argv) == 0
+    final = latest_checkpoint(run)
+    weights = (final / "model.safetensors").read_bytes()
+    assert (final / MANIFEST_FILE).is_file()
+    _damage(final / file, how)
+    capsys.readouterr()
+    assert main([*argv, "--train.resume=auto"]) == 0
+    err = capsys.readouterr().err
+    assert "step_00000006" in err and file in err, err
+    # Resumed from step 3 and trained steps 4-6 again: the same bytes as before the damage.
+    assert [step for step, _ in list_checkpoints(run)] == [3, 6]
+    assert (latest_checkpoint(run) / "model.safetensors").read_bytes() == weights
+    assert [r["step"] for r in read_metrics(run) if "train/loss" in r] == [1, 2, 3, 4, 5, 6]
+
+
+def test_a_damaged_checkpoint_named_explicitly_is_refused(tmp_path: Path, data_cache: Path) -> None:
+    run = tmp_path / "run"
+    assert main(tiny_args(run, data_cache, "--train.stop_at_step=3")) == 0
+    checkpoint = latest_checkpoint(run)
+    _damage(checkpoint / "model.safetensors", "overwritten")
+    result = subprocess.run(
+        [sys.executable, str(RUN_PY), *tiny_args(tmp_path / "new", data_cache, f"--train.resume={checkpoint}")],
+        capture_output=True, text=True, cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )  # fmt: skip
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert "step_00000003" in result.stderr and "model.safetensors does not match its checksum" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_no_checkpoint_that_verifies_is_an_error_not_a_fresh_start(tmp_path: Path, data_cache: Path) -> None:
+    run = tmp_path / "run"
+    assert main(tiny_args(run, data_cache, "--train.stop_at_step=3", "--train.checkpoint_every=0")) == 0
+    _damage(latest_checkpoint(run) / "optimizer.bin", "truncated")
+    with pytest.raises(ValueError, match=r"no checkpoint under .* matches its manifest"):
+        main(tiny_args(run, data_cache, "--train.resume=auto"))
+
+
+# --------------------------------------------------------------------------------------------------
+# 6. A run folder never gets stuck; the same command twice works
+# --------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("resume", [[], ["--train.resume=auto"]])
+def test_a_run_killed_before_its_first_checkpoint_starts_again(tmp_path: Path, data_cache: Path, resume: list[str]) -> None:
+    run = tmp_path / "run"
+    argv = tiny_args(run, data_cache)
+    killed = run_killed_at("step:2", argv, tmp_path)
+    assert killed.returncode == -9, killed.stderr[-2000:]
+    assert (run / "run_config.json").is_file() and not list_checkpoints(run)
+    assert main([*argv, *resume]) == 0
+    assert read_status(run)["status"] == "finished"
+    rows = read_metrics(run)
+    assert [r["step"] for r in rows if "train/loss" in r] == [1, 2, 3, 4, 5, 6]  # no line of the first try kept
+    assert [r["step"] for r in rows if "val/mlm_loss" in r] == [0, 3, 6]
+
+
+def test_the_same_command_twice_reports_the_finished_run(tmp_path: Path, data_cache: Path, capsys: pytest.CaptureFixture) -> None:
+    run = tmp_path / "run"
+    argv = tiny_args(run, data_cache)
+    assert main(argv) == 0
+    capsys.readouterr()
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "already finished" in out and str(run / "snapshots") in out
+    assert read_status(run)["status"] == "finished" and len([r for r in read_metrics(run) if "train/loss" in r]) == 6
+
+
+def test_the_same_command_after_a_preemption_continues_the_run(tmp_path: Path, data_cache: Path) -> None:
+    run = tmp_path / "run"
+    killed = run_killed_at("step:5", tiny_args(run, data_cache), tmp_path)
+    assert killed.returncode == -9
+    assert main(tiny_args(run, data_cache)) == 0
+    assert read_status(run)["status"] == "finished"
+    assert [r["step"] for r in read_metrics(run) if "train/loss" in r] == [1, 2, 3, 4, 5, 6]
+
+
+# --------------------------------------------------------------------------------------------------
+# 7. status.json: heartbeat, a step that advances, failed whenever it can be written
+# --------------------------------------------------------------------------------------------------
+
+
+def test_status_heartbeat_advances_while_training(tmp_path: Path, data_cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(run_module, "HEARTBEAT_EVERY_S", 0)
+    seen = []
+    real = run_module.write_status
+    monkeypatch.setattr(run_module, "write_status", lambda acc, cfg, status, step, *a, **k: (seen.append((status, step)), real(acc, cfg, status, step, *a, **k)))
+    assert main(tiny_args(tmp_path / "run", data_cache)) == 0
+    assert [step for status, step in seen if status == "running"] == [0, 1, 2, 3, 4, 5, 6]
+    assert seen[-1] == ("finished", 6)
+
+
+def test_a_stale_running_status_reads_as_dead() -> None:
+    now = datetime.datetime.now(datetime.timezone.utc)
+    fresh = {"status": "running", "updated": now.isoformat(timespec="seconds")}
+    stale = {"status": "running", "updated": (now - datetime.timedelta(seconds=DEAD_AFTER_S + 60)).isoformat()}
+    assert not is_dead(fresh) and is_dead(stale)
+    assert not is_dead({**stale, "status": "finished"})
+
+
+def test_a_tracker_that_fails_to_start_leaves_status_failed(tmp_path: Path, data_cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken(*args: object) -> None:
+        raise RuntimeError("wandb: network unreachable")
+
+    monkeypatch.setattr(run_module, "init_trackers", broken)
+    run = tmp_path / "run"
+    with pytest.raises(TrainingFailed, match="network unreachable"):
+        main(tiny_args(run, data_cache))
+    assert read_status(run)["status"] == "failed"
+
+
+def test_a_full_disk_while_recording_failure_keeps_the_original_error(
+    tmp_path: Path, data_cache: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    def disk_full(*args: object) -> str:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    real = run_module.write_status
+
+    def status_fails_when_failed(acc, cfg, status, *args, **kwargs):
+        if status == "failed":
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(acc, cfg, status, *args, **kwargs)
+
+    monkeypatch.setattr(run_module, "train", disk_full)
+    monkeypatch.setattr(run_module, "write_status", status_fails_when_failed)
+    run = tmp_path / "run"
+    with pytest.raises(TrainingFailed, match="No space left on device"):
+        main(tiny_args(run, data_cache))
+    assert f"could not record status failed in {run / 'status.json'}" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------------------------------
+# Leftover temp folders of any step are removed; files follow the umask
+# --------------------------------------------------------------------------------------------------
+
+
+def test_leftover_temp_folders_of_any_step_are_removed(tmp_path: Path, data_cache: Path) -> None:
+    run = tmp_path / "run"
+    assert main(tiny_args(run, data_cache, "--train.stop_at_step=3")) == 0
+    for name in (".step_00000001.tmp", ".step_00000004.tmp", ".step_00000002.old"):
+        (run / "checkpoints" / name).mkdir()
+        (run / "checkpoints" / name / "model.safetensors").write_bytes(b"torn")
+    assert main(tiny_args(run, data_cache, "--train.resume=auto")) == 0
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step_00000003", "step_00000006"]
+
+
+def test_written_files_follow_the_umask(tmp_path: Path, data_cache: Path) -> None:
+    previous = os.umask(0o022)
+    try:
+        write_json_atomic(tmp_path / "x.json", {"a": 1})
+        assert (tmp_path / "x.json").stat().st_mode & 0o777 == 0o644
+        run = tmp_path / "run"
+        assert main(tiny_args(run, data_cache, "--train.max_steps=1")) == 0
+        snapshot = list_snapshots(run)[-1].path
+        written = [run / "status.json", run / "run_config.json", *(run / "tokenizer").iterdir(), *snapshot.iterdir(),
+                   *latest_checkpoint(run).iterdir()]  # fmt: skip
+        for path in written:
+            assert path.stat().st_mode & 0o777 == 0o644, path
+    finally:
+        os.umask(previous)
+
+
+def test_the_manifest_lists_every_file(tmp_path: Path, data_cache: Path) -> None:
+    run = tmp_path / "run"
+    assert main(tiny_args(run, data_cache, "--train.max_steps=1")) == 0
+    for folder in (latest_checkpoint(run), list_snapshots(run)[-1].path):
+        listed = json.loads((folder / MANIFEST_FILE).read_text())["files"]
+        on_disk = {p.name for p in folder.iterdir()} - {MANIFEST_FILE, "COMPLETE"}
+        assert set(listed) == on_disk and all(len(e["sha256"]) == 64 for e in listed.values())
+
+
+# --------------------------------------------------------------------------------------------------
+# 4. Fine-tuning refuses incomplete or damaged snapshots; clear errors for a missing model and empty data
+# --------------------------------------------------------------------------------------------------
+
+
+def _finetune(tmp_path: Path, model: str, capsys: pytest.CaptureFixture) -> tuple[int, str]:
+    """finetune.run on ``model`` through its command-line wrapper: (exit code, stderr)."""
+    from finetune.config import FinetuneConfig
+    from finetune.run import RunConfig, run
+    from pretrain.cli import run_cli
+    from tests.finetune_fixtures import FIXTURE_GLUE
+
+    config = RunConfig(model=model, task="mrpc", data_dir=str(FIXTURE_GLUE), lrs=[1e-3], seeds=[0],
+                       store=str(tmp_path / "results.sqlite"), recipe=FinetuneConfig(max_train_examples=8))  # fmt: skip
+    capsys.readouterr()
+    code = run_cli(lambda: bool(run(config)) and 0)
+    return code, capsys.readouterr().err
+
+
+@pytest.mark.parametrize("damage", ["no COMPLETE", "overwritten"])
+def test_finetune_refuses_an_incomplete_or_damaged_snapshot(tmp_path: Path, damage: str, capsys: pytest.CaptureFixture) -> None:
+    from tests.finetune_fixtures import write_snapshot
+
+    snapshot = write_snapshot(tmp_path / "run", "post_ln", "post", 10)
+    if damage == "no COMPLETE":
+        (snapshot / "COMPLETE").unlink()
+    else:
+        _damage(snapshot / "model.safetensors", "overwritten")
+    code, err = _finetune(tmp_path, str(snapshot), capsys)
+    expected = "without its COMPLETE marker" if damage == "no COMPLETE" else "model.safetensors does not match its checksum"
+    assert code == 2 and expected in err, err
+
+
+@pytest.mark.parametrize("model", ["runs/pre_ln/snapshots/step_00000010", "/nowhere/snapshot", "no-such-model-xyz"])
+def test_finetune_names_a_model_that_does_not_exist(tmp_path: Path, model: str, capsys: pytest.CaptureFixture) -> None:
+    code, err = _finetune(tmp_path, model, capsys)
+    assert code == 2 and f"--model {model!r}" in err, err
+
+
+def test_a_header_only_glue_file_is_a_clear_error(tmp_path: Path) -> None:
+    from finetune.glue import load_task
+    from tests.finetune_fixtures import FIXTURE_GLUE
+
+    glue = tmp_path / "glue"
+    (glue / "MRPC").mkdir(parents=True)
+    (glue / "MRPC" / "dev.tsv").write_text((FIXTURE_GLUE / "MRPC" / "dev.tsv").read_text())
+    header = (FIXTURE_GLUE / "MRPC" / "train.tsv").read_text().splitlines()[0]
+    (glue / "MRPC" / "train.tsv").write_text(header + "\n")
+    with pytest.raises(ValueError, match=r"train.tsv has its header line but no examples"):
+        load_task("mrpc", glue)
+
+
+# --------------------------------------------------------------------------------------------------
+# Corpus lines: invalid JSON named by file and line; records without a string text counted, all-bad refused
+# --------------------------------------------------------------------------------------------------
+
+
+def _json_corpus(tmp_path: Path, lines: list[str]) -> str:
+    path = tmp_path / "corpus.jsonl"
+    path.write_text("".join(line + "\n" for line in lines))
+    return f'--data.sources=[{{"kind": "json", "path": "{path}"}}]'
+
+
+def test_a_corpus_line_that_is_not_json_is_named(tmp_path: Path, data_cache: Path) -> None:
+    source = _json_corpus(tmp_path, ['{"text": "fine"}', '{"text": "torn', '{"text": "fine"}'])
+    with pytest.raises(ValueError, match=r"corpus.jsonl line 2 is not valid JSON"):
+        main(tiny_args(tmp_path / "r", data_cache, source))
+
+
+def test_corpus_lines_without_text_are_counted_and_an_all_bad_source_refused(
+    tmp_path: Path, data_cache: Path, capsys: pytest.CaptureFixture
+) -> None:
+    from pretrain.corpus import check_json_lines
+
+    path = tmp_path / "c.jsonl"
+    path.write_text('{"text": "a document"}\n{"body": "no text"}\n{"text": 5}\n')
+    check_json_lines(path, "text", "data.sources[0]")
+    assert "2 of 3 lines have no string 'text' field (first: line 2)" in capsys.readouterr().err
+    path.write_text('{"body": "no text"}\n{"text": null}\n')
+    with pytest.raises(ValueError, match=r"text column 'text' not found; columns are \['body'\] \(none of the 2 lines"):
+        check_json_lines(path, "text", "data.sources[0]")
+
+
+# --------------------------------------------------------------------------------------------------
+# 9. A full disk stops the run cleanly before a save, previous checkpoints intact
+# --------------------------------------------------------------------------------------------------
+
+
+def test_a_full_disk_stops_before_the_save_with_a_message(
+    tmp_path: Path, data_cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import shutil
+
+    real = shutil.disk_usage
+    checks = []
+
+    def disk_usage(path: object) -> object:
+        checks.append(path)
+        usage = real(path)
+        return usage._replace(free=10_000) if len(checks) > 1 else usage  # full after the first save
+
+    monkeypatch.setattr(shutil, "disk_usage", disk_usage)
+    run = tmp_path / "run"
+    argv = tiny_args(run, data_cache)
+    assert main(argv) == 0
+    status = read_status(run)
+    assert status["status"] == "preempted" and status["step"] == 6
+    assert "disk full" in status["message"] and str(run) in status["message"]
+    assert [step for step, _ in list_checkpoints(run)] == [3]
+    assert not [p for p in (run / "checkpoints").iterdir() if p.name.startswith(".")]
+    monkeypatch.setattr(shutil, "disk_usage", real)
+    assert main([*argv, "--train.resume=auto"]) == 0
+    assert read_status(run)["status"] == "finished" and snapshot_steps(run) == [0, 6]
+
+
+# --------------------------------------------------------------------------------------------------
+# 8. A frozen process fails the run within train.collective_timeout_s, with a message naming it (slow)
+# --------------------------------------------------------------------------------------------------
+
+
+def _worker_of_rank(launcher: int, rank: int) -> int | None:
+    import psutil
+
+    for child in psutil.Process(launcher).children(recursive=True):
+        try:
+            if "run.py" in " ".join(child.cmdline()) and child.environ().get("RANK") == str(rank):
+                return child.pid
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return None
+
+
+@pytest.mark.slow
+def test_a_frozen_process_fails_the_run_with_a_message_naming_the_timeout(tmp_path: Path, data_cache: Path) -> None:
+    import signal
+    import time
+
+    run = tmp_path / "frozen"
+    argv = tiny_args(run, data_cache, "--train.max_steps=100000", "--train.checkpoint_every=0", "--train.eval_every=0",
+                     "--train.collective_timeout_s=20")  # fmt: skip
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+           "--main_process_port", "29531", str(RUN_PY), *argv]  # fmt: skip
+    env = {**os.environ, "ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    frozen = None
+    try:
+        deadline = time.time() + 300
+        while time.time() < deadline and not any(r.get("step", 0) >= 2 for r in read_metrics(run)):
+            assert proc.poll() is None, proc.stdout.read()[-3000:]
+            time.sleep(0.5)
+        frozen = _worker_of_rank(proc.pid, 1)
+        assert frozen is not None
+        os.kill(frozen, signal.SIGSTOP)
+        started = time.time()
+        output, _ = proc.communicate(timeout=240)
+        waited = time.time() - started
+    finally:
+        proc.kill()
+        if frozen is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(frozen, signal.SIGKILL)
+    status = read_status(run)
+    assert status["status"] == "failed", (status, output[-3000:])
+    assert "train.collective_timeout_s=20" in status["message"], (status, output[-3000:])
+    assert waited < 200
+
+
+@pytest.mark.slow
+def test_kill_trials_script(tmp_path: Path) -> None:
+    """Two trials of tests/faults/kill_trials.py (a random kill killed again while resuming, and a kill while
+    the step-0 snapshot is written); the script runs any number of trials."""
+    script = ROOT / "tests" / "faults" / "kill_trials.py"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    result = subprocess.run([sys.executable, str(script), "--trials", "2", "--workdir", str(tmp_path)],
+                            capture_output=True, text=True, env=env, timeout=900)  # fmt: skip
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    summary = json.loads(next(line for line in reversed(result.stdout.splitlines()) if line.startswith("{")))
+    assert summary["passed"] == 2 and summary["kills"] == 3
+
+
+def test_a_failed_json_write_leaves_no_temp_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def disk_full(*args: object, **kwargs: object) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(json, "dump", disk_full)
+    with pytest.raises(OSError, match="No space left"):
+        write_json_atomic(tmp_path / "status.json", {"status": "failed"})
+    assert list(tmp_path.iterdir()) == []
