@@ -303,7 +303,8 @@ def run_cell(args: GridConfig, cell: Cell, stopper: Stopper | None = None) -> di
             code = stopper.run([sys.executable, "-m", "pretrain.run", *argv], f)
         if code is None:
             return {**read_cell(run_dir), "status": "not started", "outcome": "incomplete", "message": "grid stopped"}
-        if code != 0:
+        if code != 0 and read_status(run_dir).get("status") not in ("finished", "diverged"):
+            # (a run that recorded its end before a late signal or error is read like any other)
             tail = log.read_text().strip().splitlines()[-3:]
             return {**read_cell(run_dir), "status": "failed", "message": f"exit code {code}: {' | '.join(tail)}",
                     "outcome": "incomplete"}  # fmt: skip
