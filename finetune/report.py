@@ -8,17 +8,16 @@ Panels: (a) validation MLM loss against pretraining step, one line per run (RUN/
 accuracy over seeds, drawn as that mean with a 95% confidence interval from the t-distribution over seeds.
 ``summary.md`` holds the steps each run needs to reach a validation loss (interpolated between evaluations)
 and their ratio to the slowest run (the paper: Post-LN needs about 700k steps to Pre-LN's 500k), the
-per-step results, and links to the figures. ``--wandb`` logs the same to W&B (WANDB_MODE=offline works
-without network) into the pretraining runs' comparison group.
+per-step results, and links to the figures. ``--wandb`` logs the same to one W&B report run whose id is
+derived from the runs, so re-running updates it (WANDB_MODE=offline works without network).
 """
 
 from __future__ import annotations
 
 import json
 import math
-import os
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -27,9 +26,12 @@ from scipy import stats
 
 from finetune.config import check_tasks
 from finetune.store import ResultStore, StoreVersionError
+from finetune.tracking import pretraining_run
 from pretrain.cli import parse, require, run_cli
+from pretrain.identity import read_run_id
 from pretrain.layout import RUN_CONFIG_FILE, read_metrics, read_status
 from pretrain.reporting import pyplot, save_figure
+from pretrain.wandb_logging import check_credentials, short_hash, wandb_mode
 
 VAL_LOSS = "val/mlm_loss"
 
@@ -51,11 +53,11 @@ class ReportConfig:
     recipe_hash: str | None = None
     """Use only results of this fine-tuning recipe (needed when the store holds several)."""
     wandb: bool = False
-    """Also log figures, tables and metrics to W&B (WANDB_MODE=offline logs locally)."""
+    """Also log to W&B one report run (job_type report) with a deterministic id, so re-running updates it:
+    steps-to-loss table, Figure 5 curves against pretrain_step, per-seed rows, figures (WANDB_MODE=offline
+    logs into OUT/wandb)."""
     wandb_project: str | None = None
     """W&B project; unset: the pretraining runs' tracking.project (else lnbert)."""
-    wandb_group: str | None = None
-    """W&B group; unset: the pretraining runs' tracking.group, so the fine-tuning curves sit beside them."""
 
     def __post_init__(self) -> None:
         require(bool(self.runs), "runs", "is empty; pass the pretraining run folders with --runs='[RUN1, RUN2]'")
@@ -66,12 +68,12 @@ class ReportConfig:
 @dataclass(frozen=True)
 class RunInfo:
     path: Path
+    run_id: str
+    """The run's identity (RUN/run_id): results are matched by it, never by name or path."""
     name: str
     placement: str
-
-    @property
-    def label(self) -> str:
-        return f"{self.name} ({self.placement})"
+    label: str
+    """Legend and table label; unique among the runs of one report."""
 
 
 # --------------------------------------------------------------------------------------------------
@@ -86,8 +88,26 @@ def run_info(run_dir: str | Path) -> RunInfo:
     status = read_status(path)
     config_path = path / RUN_CONFIG_FILE
     config = json.loads(config_path.read_text()) if config_path.is_file() else {}
-    placement = status.get("norm_placement") or config.get("model", {}).get("norm_placement", "unknown")
-    return RunInfo(path=path, name=str(status.get("run_name") or path.name), placement=str(placement))
+    placement = str(status.get("norm_placement") or config.get("model", {}).get("norm_placement", "unknown"))
+    name = str(status.get("run_name") or path.name)
+    return RunInfo(path=path, run_id=read_run_id(path), name=name, placement=placement, label=f"{name} ({placement})")
+
+
+def run_infos(run_dirs: list[str]) -> list[RunInfo]:
+    """The runs of a report, labelled apart: runs that share a name get their folder name (or id) added."""
+    runs = [run_info(r) for r in run_dirs]
+    ids = [run.run_id for run in runs]
+    if len(set(ids)) < len(ids):
+        raise ValueError(f"--runs names one run twice (run ids {', '.join(ids)}); pass each run folder once")
+    labels = [run.label for run in runs]
+    out = []
+    for run in runs:
+        if labels.count(run.label) > 1:
+            folders = [r.path.name for r in runs if r.label == run.label]
+            suffix = run.path.name if folders.count(run.path.name) == 1 else run.run_id
+            run = replace(run, label=f"{run.label} [{suffix}]")
+        out.append(run)
+    return out
 
 
 def val_loss_curve(run_dir: str | Path) -> list[tuple[int, float]]:
@@ -160,10 +180,8 @@ def best_lr_points(rows: list[dict[str, Any]], runs: list[RunInfo], task: str) -
     """For each (run, step): the lr with the best mean dev accuracy, with its mean, CI and seed count."""
     groups: dict[tuple[str, int], dict[float, list[dict[str, Any]]]] = defaultdict(lambda: defaultdict(list))
     for run in runs:
-        mine = [r for r in rows if r["task"] == task and r["run_dir"] == str(run.path)]
-        # Results computed where the run folder had another path (a cluster mount): match by run name.
-        mine = mine or [r for r in rows if r["task"] == task and r["run_name"] == run.name]
-        for row in mine:
+        # By run id: a run folder moved or mounted elsewhere is the same run; another run of the same name is not.
+        for row in (r for r in rows if r["task"] == task and r["run_id"] == run.run_id):
             groups[(run.label, row["pretrain_step"])][row["lr"]].append(row)
     points = []
     for (label, step), by_lr in sorted(groups.items()):
@@ -286,70 +304,98 @@ def summary_markdown(
 # --------------------------------------------------------------------------------------------------
 
 
-def _tracking_defaults(runs: list[RunInfo]) -> dict[str, Any]:
-    for run in runs:
-        path = run.path / RUN_CONFIG_FILE
-        if path.is_file():
-            return json.loads(path.read_text()).get("tracking", {}) or {}
-    return {}
+def report_run_id(runs: list[RunInfo], recipe: str | None, tasks: list[str]) -> str:
+    """Deterministic: the same runs, recipe and tasks always update the same W&B report run."""
+    identity = [pretraining_run(str(run.path))["id"] or run.run_id for run in runs]
+    return f"report-{short_hash({'runs': identity, 'recipe': recipe, 'tasks': sorted(tasks)}, 16)}"
+
+
+def _table(rows: list[dict[str, Any]], columns: list[str]) -> Any:
+    import wandb
+
+    return wandb.Table(columns=columns, data=[[row.get(c) for c in columns] for row in rows])
+
+
+def _of(row: dict[str, Any], runs: list[RunInfo]) -> bool:
+    """A store row belongs to one of the runs (by run id: not by name, and wherever the folder is mounted)."""
+    return any(row["run_id"] == run.run_id for run in runs)
 
 
 def log_wandb(
     config: ReportConfig,
     runs: list[RunInfo],
     curves: dict[str, list[tuple[int, float]]],
+    table: list[dict[str, Any]],
     points: list[dict[str, Any]],
+    rows: list[dict[str, Any]],
     images: list[Path],
-) -> list[str]:
-    """One W&B run per pretraining run (fine-tune metrics against pretrain_step) and one with the figures."""
+) -> str:
+    """One W&B run (job_type report) with a deterministic id, so re-running the report updates it: the
+    steps-to-loss table, the Figure 5 curves against ``pretrain_step``, the best-lr points, the raw per-seed
+    rows (wandb.Table) and the figures. Returns the run's local folder."""
     import wandb
 
-    tracking = _tracking_defaults(runs)
-    project = config.wandb_project or tracking.get("project") or "lnbert"
-    group = config.wandb_group or tracking.get("group") or "figure5"
-    settings = dict(project=project, group=group, dir=config.out, mode=os.environ.get("WANDB_MODE", "online"))
-    directories = []
+    pretraining = [pretraining_run(str(run.path)) for run in runs]
+    comparison = next((p["comparison"] for p in pretraining if p["comparison"]), "")
+    project = config.wandb_project or next((p["project"] for p in pretraining if p["project"]), None) or "lnbert"
+    recipes = sorted({r["recipe_hash"] for r in rows})
+    recipe = config.recipe_hash or (recipes[0] if len(recipes) == 1 else None)
+    wb = wandb.init(
+        project=project,
+        id=report_run_id(runs, recipe, config.tasks),
+        resume="allow",
+        name=f"figure5-{comparison or 'report'}",
+        group=f"{comparison or 'figure5'}-report",
+        job_type="report",
+        tags=sorted({*(run.placement for run in runs), *([comparison] if comparison else [])}),
+        config={
+            "norm_placement": [run.placement for run in runs],
+            "comparison": comparison,
+            "runs": [run.name for run in runs],
+            "pretrain_run_ids": [p["id"] for p in pretraining],
+            "tasks": list(config.tasks),
+            "target_loss": config.target_loss,
+            "recipe_hash": recipe,
+        },
+        dir=config.out,
+        mode=wandb_mode(),
+        reinit="finish_previous",
+    )
+    wb.define_metric("pretrain_step")
+    wb.define_metric("figure5/*", step_metric="pretrain_step")
+    by_step: dict[int, dict[str, float]] = defaultdict(dict)
     for run in runs:
-        wb = wandb.init(
-            **settings,
-            name=f"{run.name}-finetune",
-            job_type="finetune",
-            config={"run": run.name, "placement": run.placement},
-            tags=[run.placement],
-            reinit="finish_previous",
-        )
-        wb.define_metric("pretrain_step")
-        for key in ("val/mlm_loss", *(f"{t}/*" for t in config.tasks)):
-            wb.define_metric(key, step_metric="pretrain_step")
-        by_step: dict[int, dict[str, float]] = defaultdict(dict)
         for step, loss in curves[run.label]:
-            by_step[step]["val/mlm_loss"] = loss
-        for p in points:
-            if p["run"] == run.label:
-                by_step[p["step"]].update(
-                    {
-                        f"{p['task']}/accuracy": p["accuracy"],
-                        f"{p['task']}/accuracy_ci": p["accuracy_ci"],
-                        f"{p['task']}/best_lr": p["lr"],
-                    }
-                )
-                if p["f1"] is not None:
-                    by_step[p["step"]][f"{p['task']}/f1"] = p["f1"]
-        for step in sorted(by_step):
-            wb.log({"pretrain_step": step, **by_step[step]})
-        directories.append(wb.dir)
-        wb.finish()
-    wb = wandb.init(**settings, name="figure5-report", job_type="report", reinit="finish_previous")
-    columns = ["task", "run", "step", "lr", "seeds", "accuracy", "accuracy_ci", "f1", "f1_ci"]
+            by_step[step][f"figure5/val_mlm_loss/{run.label}"] = loss
+    for p in points:
+        by_step[p["step"]][f"figure5/{p['task']}_accuracy/{p['run']}"] = p["accuracy"]
+        by_step[p["step"]][f"figure5/{p['task']}_best_lr/{p['run']}"] = p["lr"]
+    for step in sorted(by_step):
+        wb.log({"pretrain_step": step, **by_step[step]})
+    placement = {run.label: run.placement for run in runs}
+    seed_columns = ["run_name", "run_id", "placement", "pretrain_step", "task", "lr", "seed", "accuracy", "f1", "dev_loss",
+                    "recipe_hash", "snapshot_hash"]  # fmt: skip
     wb.log(
         {
-            "figure5/results": wandb.Table(columns=columns, data=[[p[c] for c in columns] for p in points]),
-            **{f"figure5/{image.stem}": wandb.Image(str(image)) for image in images},
+            "tables/steps_to_loss": _table(
+                [{**row, "norm_placement": placement[row["run"]]} for row in table],
+                ["run", "norm_placement", "steps", "ratio"],
+            ),
+            "tables/best_lr_points": _table(
+                [{**p, "norm_placement": placement[p["run"]]} for p in points],
+                ["task", "run", "norm_placement", "step", "lr", "seeds", "accuracy", "accuracy_ci", "f1", "f1_ci"],
+            ),
+            "tables/seed_rows": _table([r for r in rows if r["task"] in config.tasks and _of(r, runs)], seed_columns),
+            **{f"figures/{image.stem}": wandb.Image(str(image)) for image in images},
         }
     )
-    directories.append(wb.dir)
+    wb.summary.update(
+        {"target_loss": config.target_loss}
+        | {f"steps_to_loss/{row['run']}": row["steps"] for row in table}
+    )
+    directory = wb.dir
     wb.finish()
-    return directories
+    return directory
 
 
 # --------------------------------------------------------------------------------------------------
@@ -359,7 +405,9 @@ def log_wandb(
 
 def report(config: ReportConfig) -> dict[str, Any]:
     """Write the figures and summary.md to ``config.out``; returns what they show."""
-    runs = [run_info(r) for r in config.runs]
+    if config.wandb:
+        check_credentials(wandb_mode(), Path(config.out))
+    runs = run_infos(config.runs)
     curves = {run.label: val_loss_curve(run.path) for run in runs}
     target = config.target_loss if config.target_loss is not None else default_target(curves)
     table = steps_table(runs, curves, target) if target is not None else []
@@ -378,7 +426,7 @@ def report(config: ReportConfig) -> dict[str, Any]:
     (out / "summary.md").write_text(summary_markdown(target, table, points, images))
     result = {"target_loss": target, "steps": table, "points": points, "images": images, "summary": out / "summary.md"}
     if config.wandb:
-        result["wandb_dirs"] = log_wandb(config, runs, curves, points, images)
+        result["wandb_dir"] = log_wandb(config, runs, curves, table, points, rows, images)
     return result
 
 

@@ -7,23 +7,29 @@
 
 The model is any folder written by pretraining (``snapshots/step_*``; ``import pretrain`` registers the
 ``lnbert`` Auto classes) or any BERT-like model that ``AutoModelForSequenceClassification`` opens. Each
-(lr, seed) is one job in the results store (``--store``): a job already done is skipped, so the command can
-be re-run after an interruption. The recipe is original BERT's (batch 32, 3 epochs, 10% linear warm-up then
+(lr, seed) is one job in the results store (``--store``), run in this process through a manifest and a result
+file as the scheduler runs them (finetune/schedule.py): a job already done is skipped, so the command can be
+re-run after an interruption. The recipe is original BERT's (batch 32, 3 epochs, 10% linear warm-up then
 linear decay, max length 128, AdamW with weight decay 0.01 except on biases and norms), evaluated on dev.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from finetune.backends import InProcess
 from finetune.config import DEFAULT_LRS, DEFAULT_SEEDS, FinetuneConfig, check_tasks, validate_grid
 from finetune.glue import load_task
+from finetune.manifest import ResultsFolder
+from finetune.schedule import collect, results_dir, submit
 from finetune.store import ResultStore, StoreVersionError
-from finetune.worker import RUNTIME_FIELDS, WorkerSettings, describe_model, job_specs, work
+from finetune.tracking import WandbSettings, check_wandb
+from finetune.worker import RUNTIME_FIELDS, describe_model, job_specs
 from pretrain.cli import parse, require, run_cli
 from pretrain.layout import SNAPSHOT_INFO, SNAPSHOT_MARKER
 from pretrain.manifest import ManifestError, verify_manifest
@@ -45,18 +51,23 @@ class RunConfig:
     """Random seeds (classifier init, dropout, data order); the paper uses 6 per point."""
     store: str = "outputs/finetune/results.sqlite"
     """Results store (SQLite file), shared with the scheduler and read by the report."""
+    results_dir: str | None = None
+    """Folder of manifests and result files; unset: beside the store, STORE_STEM.d/ (as finetune.schedule)."""
     max_attempts: int = 2
     """Tries per job before it stays failed."""
-    lease_s: float = 300.0
-    """Seconds a claim stays valid without a heartbeat (a dead worker's job is retried after this)."""
+    retry_failed: bool = False
+    """Try again the jobs of this grid that failed every attempt (after fixing the cause)."""
     recipe: FinetuneConfig = field(default_factory=FinetuneConfig)
     """The fine-tuning recipe."""
+    wandb: bool = False
+    """Log one W&B run per job (job_type finetune; WANDB_MODE=offline logs locally, beside the store)."""
+    wandb_project: str | None = None
+    """W&B project of the job runs; unset: the pretraining run's tracking.project (else lnbert)."""
 
     def __post_init__(self) -> None:
         check_tasks("task", [self.task])
         validate_grid(self.lrs, self.seeds)
         require(self.max_attempts >= 1, "max_attempts", f"must be >= 1; got {self.max_attempts}")
-        require(self.lease_s > 0, "lease_s", f"must be > 0; got {self.lease_s}")
 
 
 def check_snapshot(path: Path) -> None:
@@ -76,27 +87,32 @@ def check_snapshot(path: Path) -> None:
 
 
 def run(config: RunConfig) -> list[dict[str, Any]]:
-    """Enqueue the grid for one model and task, run what is not done, and return the grid's rows."""
+    """Queue the grid for one model and task, run what is not done in this process, and return the grid's rows.
+
+    The scheduler's path with one in-process worker: a manifest, result files, and this process writing the store.
+    """
     check_snapshot(Path(config.model))
     data_dir = str(Path(config.data_dir).resolve()) if config.data_dir else None
     if data_dir is not None:
         load_task(config.task, data_dir)  # fail now, on the user's input, rather than inside every job
+    tracking = WandbSettings(project=config.wandb_project, dir=str(Path(config.store).parent)) if config.wandb else None
+    check_wandb(tracking)
+    folder = ResultsFolder(results_dir(config.store, config.results_dir))
+    runtime = {"data_dir": data_dir, "recipe": {k: getattr(config.recipe, k) for k in RUNTIME_FIELDS}}
+    runtime["wandb"] = dataclasses.asdict(tracking) if tracking else None
     with ResultStore(config.store) as store:
-        specs = job_specs(
-            describe_model(config.model, store), config.task, config.lrs, config.seeds, config.recipe, data_dir
-        )
-        ids, added = store.enqueue(specs)
-    print(
-        f"{len(ids)} jobs for {config.model} on {config.task}: {added} new, {len(ids) - added} already in {config.store}"
-    )
-    runtime = {k: getattr(config.recipe, k) for k in RUNTIME_FIELDS}
-    work(
-        WorkerSettings(store=config.store, lease_s=config.lease_s, max_attempts=config.max_attempts, runtime=runtime),
-        ids,
-    )
-    with ResultStore(config.store) as store:
-        rows = [r for r in store.rows() if r["id"] in set(ids)]
-    return rows
+        specs = job_specs(describe_model(config.model, store), config.task, config.lrs, config.seeds, config.recipe)
+        added = store.enqueue(specs)
+        backend = InProcess()
+        collect(store, folder, backend)  # results written since, and the jobs of an earlier run that was killed
+        if config.retry_failed:
+            store.retry_failed()
+        keys = {spec.key for spec in specs}
+        print(f"{len(specs)} jobs for {config.model} on {config.task}: {added} new, in {config.store}")
+        # The store may hold other work (a scheduler's): this command runs only its own grid.
+        while submit(store, folder, backend, runtime, config.max_attempts, only=keys):
+            collect(store, folder, backend)
+        return [r for r in store.rows() if r["key"] in keys]
 
 
 def summarize(rows: list[dict[str, Any]]) -> str:

@@ -2,68 +2,54 @@
 
     python -m finetune.schedule --runs='[runs/post_ln, runs/pre_ln]' --data_dir=path/to/glue --mode=once
     python -m finetune.schedule --runs='[runs/post_ln, runs/pre_ln]' --data_dir=path/to/glue --mode=follow --workers=4
-    python -m finetune.schedule --config=configs/finetune/bert_glue.yaml --runs='[...]' --backend=slurm
+    python -m finetune.schedule --config=configs/finetune/bert_glue.yaml --runs='[...]' --backend=slurm --mode=follow
     python -m finetune.schedule status --store=outputs/finetune/results.sqlite
-    python -m finetune.schedule [run|worker|status] --help
+    python -m finetune.schedule ingest --store=outputs/finetune/results.sqlite   # rebuild from result files
+    python -m finetune.schedule [run|status|ingest] --help
 
-Every snapshot folder with its COMPLETE marker becomes task x lr x seed jobs in the results store (folders
-without the marker are still being written and are ignored). ``--mode=once`` runs what exists and exits;
-``--mode=follow`` polls until every run's status.json says finished/diverged/failed and no work is left.
+Every snapshot folder with its COMPLETE marker becomes task x lr x seed jobs, keyed by the run's id (RUN/run_id),
+the snapshot's content hash and the recipe. This process is the only writer of the results store. On each pass
+it takes in the result files the tasks wrote, finds tasks that ended without writing all of theirs (preempted,
+killed, out of time) and writes a manifest of the jobs still to run, whose tasks run on the backend:
+``local`` (N worker processes here; 1 runs the jobs in this process) or ``slurm`` (one ``sbatch`` job array
+per manifest). Tasks read only the manifest and write only result files (finetune/manifest.py, worker.py).
 
-Backends: ``local`` runs N worker processes here (CPU threads split between them); ``slurm`` writes a
-job-array script and submits it with ``sbatch``; each array task is a worker
-(``python -m finetune.schedule worker --config RESOLVED.yaml``). Workers claim jobs from the store with a
-lease, so several schedulers, restarts and killed workers neither lose nor repeat work (finetune/store.py).
+``--mode=once`` runs the jobs of the snapshots that exist until each is done or failed ``max_attempts`` times;
+``--mode=follow`` also picks up new snapshots until every run is finished, diverged, failed or dead (status.json
+``running`` but its heartbeat older than ``dead_after_min``), or until ``--until``. The exit code is 1 when jobs failed
+every attempt (they are listed with their errors); ``--retry_failed=true`` queues them again.
 """
 
 from __future__ import annotations
 
-import multiprocessing as mp
+import dataclasses
+import datetime
+import math
 import os
-import shlex
-import subprocess
+import re
+import sys
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
-import yaml
-
+from finetune.backends import Backend, InProcess, LocalArray, SlurmArray, SlurmConfig, SlurmError
 from finetune.config import DEFAULT_LRS, DEFAULT_SEEDS, FinetuneConfig, check_tasks, validate_grid
 from finetune.glue import load_task
-from finetune.store import JobSpec, ResultStore, StoreVersionError
-from finetune.worker import RUNTIME_FIELDS, WorkerSettings, describe_model, job_specs, work
-from pretrain.cli import parse_command, require, run_cli, to_dict
-from pretrain.layout import TERMINAL_STATUSES, list_snapshots, read_status
+from finetune.manifest import JobSpec, Manifest, ManifestJob, ResultsFolder, recipe_hash
+from finetune.store import ResultStore, StoreVersionError
+from finetune.tracking import WandbSettings, check_wandb
+from finetune.worker import RUNTIME_FIELDS, describe_model, job_specs
+from pretrain.cli import parse_command, require, run_cli
+from pretrain.identity import read_run_id
+from pretrain.layout import DEAD_AFTER_S, TERMINAL_STATUSES, is_dead, list_snapshots, read_status
 
-Backend = Literal["local", "slurm"]
+BackendName = Literal["local", "slurm"]
 Mode = Literal["once", "follow"]
+# Training examples of the GLUE tasks on the Hub (nyu-mll/glue), for the cost estimate without --data_dir.
+GLUE_TRAIN_SIZES = {"mrpc": 3668, "rte": 2490}
 
-
-@dataclass(kw_only=True)
-class SlurmConfig:
-    """How the slurm backend writes its job-array script."""
-
-    dir: str = "outputs/finetune/slurm"
-    """Folder for the sbatch scripts, their resolved configs and the array tasks' logs."""
-    partition: str | None = None
-    """#SBATCH --partition (unset: the cluster's default)."""
-    time: str = "04:00:00"
-    """#SBATCH --time of each array task (a task drains the queue, then exits)."""
-    cpus_per_task: int = 8
-    """#SBATCH --cpus-per-task; also the torch threads of each array task."""
-    gpus_per_task: int = 0
-    """GPUs per array task (#SBATCH --gres=gpu:N); 0 trains on CPU."""
-    mem: str | None = None
-    """#SBATCH --mem (e.g. 16G; unset: the cluster's default)."""
-    extra: list[str] = field(default_factory=list)
-    """Further sbatch options, one per entry, e.g. ['--account=abc']."""
-    python: str = "python"
-    """The interpreter an array task runs (an absolute path if the cluster nodes need one)."""
-
-    def __post_init__(self) -> None:
-        require(self.cpus_per_task >= 1, "slurm.cpus_per_task", f"must be >= 1; got {self.cpus_per_task}")
-        require(self.gpus_per_task >= 0, "slurm.gpus_per_task", f"must be >= 0; got {self.gpus_per_task}")
+__all__ = ["ScheduleConfig", "SlurmConfig", "main", "schedule"]
 
 
 @dataclass(kw_only=True)
@@ -73,7 +59,10 @@ class ScheduleConfig:
     runs: list[str]
     """Pretraining run folders (RUN/ of docs/run_layout.md) to watch."""
     store: str = "outputs/finetune/results.sqlite"
-    """Results store (SQLite): the job queue and the results the report reads."""
+    """Results store (SQLite), written only by this scheduler: keep it on a local disk."""
+    results_dir: str | None = None
+    """Folder of manifests and result files, read and written by the tasks (on a cluster: on the shared file
+    system). Unset: beside the store, STORE_STEM.d/ (outputs/finetune/results.d/ for the default store)."""
     tasks: list[str] = field(default_factory=lambda: ["mrpc", "rte"])
     """GLUE tasks to fine-tune every snapshot on."""
     data_dir: str | None = None
@@ -85,21 +74,33 @@ class ScheduleConfig:
     mode: Mode = "once"
     """once: run the jobs of the snapshots that exist, then exit. follow: keep polling until all runs end."""
     poll_interval_s: float = 60.0
-    """Seconds between looks for new snapshots in follow mode."""
-    backend: Backend = "local"
-    """local: worker processes on this machine. slurm: a job array through sbatch."""
+    """Seconds between passes (taking in results, looking for new snapshots and ended tasks)."""
+    until: str | None = None
+    """Stop following at this time: an ISO date-time (2026-12-01T06:00, local time unless it has an offset) or a
+    duration from now (90m, 8h, 45s). Submitted SLURM tasks run on; the next scheduler takes in their results."""
+    dead_after_min: float = DEAD_AFTER_S / 60
+    """A run whose status.json says running but whose heartbeat ("updated", refreshed every few seconds while it
+    trains) is older than this many minutes is dead (it crashed without saying so): follow mode stops waiting."""
+    backend: BackendName = "local"
+    """local: worker processes on this machine. slurm: one job array per submission, through sbatch."""
     workers: int = 1
-    """Local worker processes, or the size of each slurm job array. 1 runs jobs in this process."""
+    """Local worker processes, or the tasks of each slurm job array. 1 (local) runs jobs in this process."""
     total_threads: int = 0
     """CPU threads the local workers share (each gets total_threads // workers); 0: all cores."""
     max_attempts: int = 3
-    """Tries per job before it stays failed (a killed worker's attempt counts)."""
-    lease_s: float = 300.0
-    """Seconds a claim stays valid without a heartbeat (workers beat every lease_s / 4)."""
+    """Submissions per job before it stays failed (a preempted or killed task's attempt counts)."""
+    retry_failed: bool = False
+    """Queue the jobs that failed every attempt again (after fixing the cause, e.g. a missing --data_dir)."""
+    step_time_s: float | None = None
+    """Seconds per fine-tuning step for the cost estimate; unset: measured from the store's finished jobs."""
     recipe: FinetuneConfig = field(default_factory=FinetuneConfig)
     """The fine-tuning recipe of every job."""
     slurm: SlurmConfig = field(default_factory=SlurmConfig)
     """Settings of the slurm backend."""
+    wandb: bool = False
+    """Log one W&B run per job (job_type finetune; WANDB_MODE=offline logs locally, beside the store)."""
+    wandb_project: str | None = None
+    """W&B project of the job runs; unset: the pretraining run's tracking.project (else lnbert)."""
 
     def __post_init__(self) -> None:
         require(bool(self.runs), "runs", "is empty; pass one or more pretraining run folders: --runs='[RUN1, RUN2]'")
@@ -107,19 +108,18 @@ class ScheduleConfig:
         validate_grid(self.lrs, self.seeds)
         for key in ("workers", "max_attempts"):
             require(getattr(self, key) >= 1, key, f"must be >= 1; got {getattr(self, key)}")
-        for key in ("lease_s", "poll_interval_s"):
+        for key in ("poll_interval_s", "dead_after_min"):
             require(getattr(self, key) > 0, key, f"must be > 0; got {getattr(self, key)}")
         require(self.total_threads >= 0, "total_threads", f"must be >= 0 (0: all cores); got {self.total_threads}")
-
-
-@dataclass(kw_only=True)
-class WorkerConfig(ScheduleConfig):
-    """One worker: claim jobs from the store and run them until none is left (what a slurm array task runs)."""
+        ok = self.step_time_s is None or self.step_time_s > 0
+        require(ok, "step_time_s", f"must be > 0, or null to measure it; got {self.step_time_s}")
+        if self.until is not None:
+            parse_until(self.until)
 
 
 @dataclass(kw_only=True)
 class StatusConfig:
-    """Job counts per run and task in a results store (queued, running, done, failed)."""
+    """Job counts per run and task in a results store (queued, submitted, done, failed)."""
 
     store: str = "outputs/finetune/results.sqlite"
     """Results store (SQLite) to read."""
@@ -130,162 +130,208 @@ class StatusConfig:
         require(self.max_attempts >= 1, "max_attempts", f"must be >= 1; got {self.max_attempts}")
 
 
+@dataclass(kw_only=True)
+class IngestConfig(StatusConfig):
+    """Take the result files into a store (a deleted store comes back with the same rows), then show its counts."""
+
+    results_dir: str | None = None
+    """Folder of manifests and result files; unset: beside the store, STORE_STEM.d/."""
+
+
+def parse_until(value: str, now: float | None = None) -> float:
+    """``--until`` as a Unix time: a duration from now (90m, 8h, 45s) or an ISO date-time."""
+    now = time.time() if now is None else now
+    duration = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhd])\s*", value)
+    if duration:
+        return now + float(duration[1]) * {"s": 1, "m": 60, "h": 3600, "d": 86400}[duration[2]]
+    try:
+        return datetime.datetime.fromisoformat(value).timestamp()
+    except ValueError:
+        raise ValueError(
+            f"until={value!r} is neither a duration (90m, 8h, 45s) nor an ISO date-time (2026-12-01T06:00)"
+        ) from None
+
+
+def results_dir(store: str | Path, configured: str | None) -> Path:
+    """The shared folder of manifests and result files: configured, or STORE_STEM.d/ beside the store."""
+    return Path(configured) if configured else Path(store).with_suffix(".d")
+
+
 # --------------------------------------------------------------------------------------------------
-# Discovering jobs
+# Discovering jobs, and the state of the pretraining runs
 # --------------------------------------------------------------------------------------------------
 
 
 def discover(config: ScheduleConfig, store: ResultStore) -> list[JobSpec]:
     """The jobs of every complete snapshot of every run (snapshots without the COMPLETE marker are skipped)."""
-    data_dir = str(Path(config.data_dir).resolve()) if config.data_dir else None
     specs = []
     for run in config.runs:
         run_dir = Path(run).resolve()
+        if not run_dir.is_dir():
+            continue  # follow mode: the run has not started yet
+        read_run_id(run_dir)  # a folder without an identity is refused here, with the reason
         for snapshot in list_snapshots(run_dir):
             description = describe_model(snapshot.path, store)
             for task in config.tasks:
-                specs += job_specs(description, task, config.lrs, config.seeds, config.recipe, data_dir)
+                specs += job_specs(description, task, config.lrs, config.seeds, config.recipe)
     return specs
 
 
-def runs_ended(config: ScheduleConfig) -> bool:
-    return all(read_status(run).get("status") in TERMINAL_STATUSES for run in config.runs)
+def run_state(run_dir: str | Path, dead_after_min: float, now: float | None = None) -> str:
+    """The run's status.json status, or ``dead`` for a ``running`` run whose heartbeat stopped (layout.is_dead)."""
+    status = read_status(run_dir)
+    return "dead" if is_dead(status, now, after_s=60 * dead_after_min) else str(status.get("status"))
+
+
+def runs_ended(config: ScheduleConfig) -> dict[str, str]:
+    """``{run: state}`` if every run is finished, diverged, failed or dead; else an empty dict."""
+    states = {run: run_state(run, config.dead_after_min) for run in config.runs}
+    return states if all(s in (*TERMINAL_STATUSES, "dead") for s in states.values()) else {}
+
+
+# --------------------------------------------------------------------------------------------------
+# What the scheduler prints
+# --------------------------------------------------------------------------------------------------
 
 
 def status_lines(store: ResultStore, max_attempts: int) -> list[str]:
     """A table of job counts per (run, task), and a total line."""
-    counts = store.counts(max_attempts)
-    header = f"{'run':<24} {'task':<6} {'queued':>7} {'running':>8} {'done':>6} {'failed':>7} {'retrying':>9}"
-    lines, total = [header], dict.fromkeys(("queued", "running", "done", "failed", "retrying"), 0)
-    for (run, task), c in counts.items():
-        lines.append(
-            f"{run:<24} {task:<6} {c['queued']:>7} {c['running']:>8} {c['done']:>6} {c['failed']:>7} {c['retrying']:>9}"
-        )
-        for key in total:
+    keys = ("queued", "submitted", "done", "failed", "retrying")
+    header = f"{'run':<24} {'run id':<26} {'task':<6}" + "".join(f" {k:>9}" for k in keys)
+    lines, total = [header], dict.fromkeys(keys, 0)
+    for (name, run_id, task), c in store.counts(max_attempts).items():
+        lines.append(f"{name:<24} {run_id:<26} {task:<6}" + "".join(f" {c[k]:>9}" for k in keys))
+        for key in keys:
             total[key] += c[key]
-    lines.append(
-        f"{'total':<24} {'':<6} {total['queued']:>7} {total['running']:>8} {total['done']:>6} {total['failed']:>7} {total['retrying']:>9}"
-    )
+    lines.append(f"{'total':<24} {'':<26} {'':<6}" + "".join(f" {total[k]:>9}" for k in keys))
     return lines
 
 
 def _totals(store: ResultStore, max_attempts: int) -> str:
     counts = store.counts(max_attempts).values()
-    keys = ("queued", "running", "done", "failed", "retrying")
+    keys = ("queued", "submitted", "done", "failed", "retrying")
     return ", ".join(f"{key} {sum(c[key] for c in counts)}" for key in keys)
 
 
+def train_steps(config: ScheduleConfig, task: str) -> int:
+    """Optimizer steps of one job of ``task`` under the recipe."""
+    recipe = config.recipe
+    examples = len(load_task(task, config.data_dir)["train"]) if config.data_dir else GLUE_TRAIN_SIZES[task]
+    if recipe.max_train_examples is not None:
+        examples = min(examples, recipe.max_train_examples)
+    return math.ceil(examples / recipe.batch_size) * recipe.epochs
+
+
+def cost_line(config: ScheduleConfig, store: ResultStore, specs: list[JobSpec]) -> str:
+    """How many jobs, optimizer steps, and (with a per-step time) hours of work are about to start."""
+    steps = sum(train_steps(config, spec.task) for spec in specs)
+    line = f"{len(specs)} jobs to run: {steps:,} fine-tuning steps"
+    step_time, source = config.step_time_s, "configured step_time_s"
+    if step_time is None:
+        step_time, source = store.step_time_s(recipe_hash(config.recipe.result_key())), "measured on finished jobs"
+    if step_time is None:
+        return line + " (time per step not known yet: pass --step_time_s=S for an estimate; BENCHMARKS.md has some)"
+    hours = steps * step_time / 3600
+    parallel = config.workers if config.backend == "slurm" or config.workers > 1 else 1
+    return line + (
+        f" x {step_time:.3g} s/step ({source}) = {hours:.2f} worker-hours, "
+        f"about {hours / min(parallel, len(specs)):.2f} h with {parallel} worker(s)"
+    )
+
+
+def print_failures(failures: list[dict[str, Any]]) -> None:
+    print(f"{len(failures)} job(s) failed every attempt:", file=sys.stderr)
+    for r in failures:
+        print(
+            f"  {r['run_name']} [{r['run_id']}] step {r['pretrain_step']} {r['task']} lr={r['lr']:g} seed={r['seed']}"
+            f" ({r['attempts']} attempts): {r['error']}",
+            file=sys.stderr,
+        )
+    print("fix the cause and queue them again with --retry_failed=true", file=sys.stderr)
+
+
 # --------------------------------------------------------------------------------------------------
-# Backends
+# One pass of the scheduler
 # --------------------------------------------------------------------------------------------------
 
 
-def worker_settings(config: ScheduleConfig, threads: int, exit_with_parent: bool) -> WorkerSettings:
-    recipe = replace(config.recipe, torch_threads=config.recipe.torch_threads or threads)
-    # Progress bars of several workers would interleave: the scheduler prints counts instead.
-    recipe = replace(recipe, progress=recipe.progress and config.workers == 1)
-    return WorkerSettings(
-        store=config.store,
-        lease_s=config.lease_s,
-        max_attempts=config.max_attempts,
-        runtime={k: getattr(recipe, k) for k in RUNTIME_FIELDS},
-        exit_with_parent=exit_with_parent,
+def runtime_settings(config: ScheduleConfig) -> dict[str, Any]:
+    """Inputs that do not change a job's numbers, taken from this command (not from the store) each time."""
+    recipe = config.recipe
+    if config.backend == "slurm":
+        threads, progress = config.slurm.cpus_per_task, False
+    else:
+        threads = max(1, (config.total_threads or os.cpu_count() or 1) // config.workers)
+        progress = recipe.progress and config.workers == 1  # several bars would interleave
+    values = {k: getattr(recipe, k) for k in RUNTIME_FIELDS}
+    values.update(torch_threads=recipe.torch_threads or threads, progress=progress)
+    data_dir = str(Path(config.data_dir).resolve()) if config.data_dir else None
+    wandb = wandb_settings(config)
+    return {"data_dir": data_dir, "recipe": values, "wandb": dataclasses.asdict(wandb) if wandb else None}
+
+
+def wandb_settings(config: ScheduleConfig) -> WandbSettings | None:
+    """One W&B run per job when --wandb (finetune/tracking.py); offline runs go beside the store."""
+    return WandbSettings(project=config.wandb_project, dir=str(Path(config.store).parent)) if config.wandb else None
+
+
+def submit(
+    store: ResultStore,
+    folder: ResultsFolder,
+    backend: Backend,
+    runtime: dict[str, Any],
+    max_attempts: int,
+    only: set[str] | None = None,
+) -> int:
+    """Write a manifest of every runnable job (of the keys in ``only``), record it, start its tasks; how many."""
+    rows = [(spec, n) for spec, n in store.runnable(max_attempts) if only is None or spec.key in only]
+    if not rows:
+        return 0
+    tasks = min(backend.size, len(rows))
+    submission = store.new_submission(backend.name, tasks)
+    jobs = [ManifestJob(spec=spec, attempt=attempts + 1) for spec, attempts in rows]
+    manifest = Manifest(submission=submission, tasks=tasks, runtime=runtime, jobs=jobs)
+    path = folder.write_manifest(manifest)
+    store.mark_submitted(
+        submission, str(path), [(job.spec.key, job.attempt, manifest.task_of(i)) for i, job in enumerate(jobs)]
     )
-
-
-class LocalPool:
-    """N worker processes that each drain the queue; restarted when new work appears (follow mode)."""
-
-    def __init__(self, config: ScheduleConfig) -> None:
-        self.config = config
-        total = config.total_threads or os.cpu_count() or 1
-        self.threads = max(1, total // config.workers)
-        self.processes: list[mp.process.BaseProcess] = []
-        # spawn, not fork: forking a process that already holds torch threads and sqlite handles is unsafe.
-        self.context = mp.get_context("spawn")
-
-    def alive(self) -> int:
-        self.processes = [p for p in self.processes if p.is_alive()]
-        return len(self.processes)
-
-    def fill(self, claimable: int) -> None:
-        """Start workers up to the pool size (no more than there are jobs to claim)."""
-        if self.config.workers == 1:
-            work(worker_settings(self.config, self.threads, exit_with_parent=False))  # in this process
-            return
-        settings = worker_settings(self.config, self.threads, exit_with_parent=True)
-        for _ in range(min(claimable, self.config.workers - self.alive())):
-            process = self.context.Process(target=work, args=(settings,), daemon=False)
-            process.start()
-            self.processes.append(process)
-
-    def join(self) -> None:
-        for process in self.processes:
-            process.join()
-        self.processes = []
-
-
-def write_slurm_script(config: ScheduleConfig, n_tasks: int) -> Path:
-    """The job-array script and the resolved config its tasks read (absolute paths: tasks run elsewhere)."""
-    folder = Path(config.slurm.dir).resolve()
-    folder.mkdir(parents=True, exist_ok=True)
-    stamp = time.strftime("%Y%m%d_%H%M%S")
-    resolved = replace(
-        config,
-        runs=[str(Path(r).resolve()) for r in config.runs],
-        store=str(Path(config.store).resolve()),
-        data_dir=str(Path(config.data_dir).resolve()) if config.data_dir else None,
-        recipe=replace(config.recipe, torch_threads=config.slurm.cpus_per_task, progress=False),
-    )
-    config_path = folder / f"finetune_{stamp}.yaml"
-    config_path.write_text(yaml.safe_dump(to_dict(resolved), sort_keys=False))
-    slurm = config.slurm
-    options = [
-        "--job-name=lnbert-finetune",
-        f"--array=0-{n_tasks - 1}",
-        f"--cpus-per-task={slurm.cpus_per_task}",
-        f"--time={slurm.time}",
-        f"--output={folder}/%x_%A_%a.out",
-    ]
-    options += [f"--partition={slurm.partition}"] if slurm.partition else []
-    options += [f"--gres=gpu:{slurm.gpus_per_task}"] if slurm.gpus_per_task else []
-    options += [f"--mem={slurm.mem}"] if slurm.mem else []
-    options += slurm.extra
-    command = f"{shlex.quote(slurm.python)} -m finetune.schedule worker --config {shlex.quote(str(config_path))}"
-    script = folder / f"finetune_{stamp}.sbatch"
-    script.write_text(
-        "#!/bin/bash\n"
-        + "".join(f"#SBATCH {option}\n" for option in options)
-        + "# Each array task claims jobs from the results store until none is left (finetune/store.py).\n"
-        + f"cd {shlex.quote(os.getcwd())}\n"
-        + f"exec {command}\n"
-    )
-    return script
-
-
-def submit_slurm(config: ScheduleConfig, n_tasks: int) -> str:
-    """Write the script and submit it; returns the SLURM job id."""
-    script = write_slurm_script(config, n_tasks)
-    command = ["sbatch", "--parsable", f"--array=0-{n_tasks - 1}", str(script)]
     try:
-        result = subprocess.run(command, capture_output=True, text=True, check=True)
-    except FileNotFoundError:
-        raise FileNotFoundError("sbatch is not on PATH: run the slurm backend on a SLURM login node") from None
-    except subprocess.CalledProcessError as err:
-        raise RuntimeError(f"{shlex.join(command)} failed ({err.returncode}): {err.stderr.strip()}") from None
-    job_id = result.stdout.strip().split(";")[0]
-    print(f"submitted {script} as SLURM job {job_id} ({n_tasks} array tasks)", flush=True)
-    return job_id
+        store.set_handle(submission, backend.start(path, tasks, submission))
+    except (SlurmError, FileNotFoundError) as err:  # nothing started: this attempt failed, with the reason
+        store.tasks_ended(submission, range(tasks), dict.fromkeys(range(tasks), f"not started: {err}"))
+        store.end_submission(submission)
+        raise
+    return len(jobs)
 
 
-# --------------------------------------------------------------------------------------------------
-# The scheduling loop
-# --------------------------------------------------------------------------------------------------
+def collect(
+    store: ResultStore, folder: ResultsFolder, backend: Backend, slurm: SlurmConfig | None = None
+) -> tuple[int, int, int]:
+    """Take in result files and ended tasks. Returns (jobs done, attempts failed, tasks still live)."""
+    # A submission is asked about by the kind of backend that started it (a restart may use another one).
+    others: dict[str, Backend] = {"inprocess": InProcess(), "local": LocalArray(1)}
+    others["slurm"] = SlurmArray(1, slurm or SlurmConfig())
+    by_name = {**others, backend.name: backend}
+    # Which tasks live is asked before the files are read: a task that writes its last result and exits in
+    # between is then still live here, rather than ended without that result.
+    submissions = store.open_submissions()
+    liveness = {s["id"]: by_name[s["backend"]].live_tasks(s) for s in submissions}
+    done, failed = store.ingest(folder)
+    live = 0
+    for s in submissions:
+        alive, reasons = liveness[s["id"]]
+        ended = store.submitted_tasks(s["id"]) - alive
+        failed += store.tasks_ended(s["id"], sorted(ended), reasons)
+        if not alive:
+            store.end_submission(s["id"])
+        live += len(alive)
+    return done, failed, live
 
 
-def print_progress(config: ScheduleConfig) -> None:
-    with ResultStore(config.store) as store:
-        print(f"[{time.strftime('%H:%M:%S')}] {_totals(store, config.max_attempts)}", flush=True)
+def make_backend(config: ScheduleConfig) -> Backend:
+    if config.backend == "slurm":
+        return SlurmArray(config.workers, config.slurm)
+    return InProcess() if config.workers == 1 else LocalArray(config.workers)
 
 
 def check_inputs(config: ScheduleConfig) -> None:
@@ -296,61 +342,86 @@ def check_inputs(config: ScheduleConfig) -> None:
     if config.data_dir is not None:
         for task in config.tasks:
             load_task(task, config.data_dir)
+    check_wandb(wandb_settings(config))
 
 
-def schedule(config: ScheduleConfig) -> None:
-    """Enqueue the jobs of complete snapshots and run them, once or until the runs end."""
+def schedule(config: ScheduleConfig) -> list[dict[str, Any]]:
+    """Run the jobs of complete snapshots, once or until the runs end; returns the jobs that failed for good."""
     check_inputs(config)
-    pool = LocalPool(config) if config.backend == "local" else None
-    while True:
-        with ResultStore(config.store) as store:
-            _, added = store.enqueue(discover(config, store))
-            claimable = store.claimable(config.max_attempts)
-            print(f"[{time.strftime('%H:%M:%S')}] {added} new jobs; {_totals(store, config.max_attempts)}", flush=True)
-        if pool is not None and claimable:
-            pool.fill(claimable)
-            if config.mode == "once":
-                last = time.monotonic()
-                while pool.alive():  # a progress line every poll interval until the workers are done
-                    time.sleep(0.5)
-                    if time.monotonic() - last >= config.poll_interval_s and pool.alive():
-                        print_progress(config)
-                        last = time.monotonic()
-                pool.join()
-        elif pool is None and added:
-            submit_slurm(config, min(config.workers, claimable))
-        if config.mode == "once":
-            break
-        with ResultStore(config.store) as store:
-            pending = store.pending(config.max_attempts)
-        # With slurm the remaining jobs run on the cluster; with local workers we wait for them.
-        if runs_ended(config) and (pool is None or (pending == 0 and pool.alive() == 0)):
-            # One last look: a snapshot written just before the run ended must not be missed.
+    folder = ResultsFolder(results_dir(config.store, config.results_dir))
+    backend = make_backend(config)
+    runtime = runtime_settings(config)
+    deadline = parse_until(config.until) if config.until else None
+    first = True
+    try:
+        while True:
+            # Whether the runs ended is read before looking for snapshots, so none written before the end is missed.
+            ended = runs_ended(config) if config.mode == "follow" else {}
             with ResultStore(config.store) as store:
-                _, added = store.enqueue(discover(config, store))
-            if not added:
+                done, failed, live = collect(store, folder, backend, config.slurm)
+                added = store.enqueue(discover(config, store))
+                if config.retry_failed and first:
+                    print(f"queued {store.retry_failed()} failed job(s) again (--retry_failed)", flush=True)
+                runnable = [spec for spec, _ in store.runnable(config.max_attempts)]
+                if runnable and (first or added):
+                    print(cost_line(config, store, runnable), flush=True)
+                first = False
+                if added or done or failed or runnable:
+                    print(
+                        f"[{time.strftime('%H:%M:%S')}] {added} new jobs, {done} done, {failed} failed attempts; "
+                        f"{_totals(store, config.max_attempts)}",
+                        flush=True,
+                    )
+                submitted = submit(store, folder, backend, runtime, config.max_attempts)
+            if isinstance(backend, InProcess) and submitted:
+                continue  # the jobs ran in this pass: take their results in at once
+            if not live and not submitted:
+                if config.mode == "once":
+                    break
+                if ended:
+                    print("every run ended: " + ", ".join(f"{r} {s}" for r, s in ended.items()), flush=True)
+                    break
+            if deadline is not None and time.time() >= deadline:
+                print(f"stopping at --until {config.until}; submitted tasks keep running", flush=True)
                 break
-            continue
-        time.sleep(config.poll_interval_s)
+            time.sleep(config.poll_interval_s)
+    finally:
+        backend.close()
     with ResultStore(config.store) as store:
         print("\n".join(status_lines(store, config.max_attempts)), flush=True)
+        return store.failures(config.max_attempts)
+
+
+# --------------------------------------------------------------------------------------------------
+# Command line
+# --------------------------------------------------------------------------------------------------
 
 
 def main(argv: list[str] | None = None) -> int:
-    commands = {"run": ScheduleConfig, "worker": WorkerConfig, "status": StatusConfig}
+    commands = {"run": ScheduleConfig, "status": StatusConfig, "ingest": IngestConfig}
     command, config = parse_command(
         commands, argv, prog="python -m finetune.schedule", description=__doc__, default="run"
     )
-    if command == "status":
-        if not Path(config.store).is_file():
-            raise FileNotFoundError(f"results store {config.store} does not exist; pass --store=PATH")
-        with ResultStore(config.store) as store:
-            print("\n".join(status_lines(store, config.max_attempts)))
+    if command == "run":
+        try:
+            failures = schedule(config)
+        except SlurmError as err:
+            print(f"error: {err}", file=sys.stderr)
+            return 2
+        if failures:
+            print_failures(failures)
+            return 1
         return 0
-    if command == "worker":  # a slurm array task: drain the queue with this node's threads
-        work(worker_settings(config, config.recipe.torch_threads or (os.cpu_count() or 1), exit_with_parent=False))
-        return 0
-    schedule(config)
+    if command == "status" and not Path(config.store).is_file():
+        raise FileNotFoundError(f"results store {config.store} does not exist; pass --store=PATH")
+    with ResultStore(config.store) as store:
+        if command == "ingest":
+            folder = ResultsFolder(results_dir(config.store, config.results_dir))
+            if not folder.root.is_dir():
+                raise FileNotFoundError(f"results folder {folder.root} does not exist; pass --results_dir=PATH")
+            done, failed = store.ingest(folder)
+            print(f"took in {done} results and {failed} failed attempts from {folder.root}")
+        print("\n".join(status_lines(store, config.max_attempts)))
     return 0
 
 

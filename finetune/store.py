@@ -1,43 +1,52 @@
-"""The results store: one SQLite row per fine-tuning job, which is also the job queue.
+"""The results store: one SQLite row per fine-tuning job, written only by the scheduler process.
 
-A job is (pretraining run, placement, pretraining step, snapshot hash, task, lr, seed, recipe). Its row
-moves ``queued -> running -> done`` (or ``failed``, retried while ``attempts < max_attempts``). Several
-processes, on one machine or on a cluster's shared file system, use one store safely:
+The store is the scheduler's book-keeping and the report's input; it is never shared between machines
+(SQLite's WAL mode and its locks do not work over NFS). Work reaches the nodes as manifests, and comes back
+as result files (finetune/manifest.py); on each pass the scheduler ingests those files here. A result file
+is the proof that a job is done, so the store can always be rebuilt from the files: delete it and run
+``python -m finetune.schedule ingest`` (or any pass) to get the same rows.
 
-- WAL journal and a busy timeout, so readers never block and writers wait instead of failing;
-- a job is claimed inside a ``BEGIN IMMEDIATE`` transaction (one writer at a time), so two workers never
-  claim the same row; the claim holds a lease (``lease_expires``) that a heartbeat keeps extending;
-- a job whose worker died (lease expired, or its pid is gone on this host) is claimed again, and only
-  the current claimant may complete it, so a crash loses no job and no job is completed twice;
-- a row that is ``done`` is never recomputed.
-
-Every claim, completion and failure is appended to ``events`` (an audit log the tests read).
-The schema version is kept in ``PRAGMA user_version``; a store written by a newer version is refused.
+A row (keyed by JobSpec.key) moves ``queued -> submitted -> done``, or ``-> failed`` when its attempt wrote a
+failure file or its task ended without a result file (preempted, killed, out of time); the scheduler submits
+a failed job again while ``attempts < max_attempts``. Every change is appended to ``events``.
+The schema version is kept in ``PRAGMA user_version``; a store of another version is refused.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import os
-import socket
 import sqlite3
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-SCHEMA_VERSION = 1
+from finetune.manifest import RESULT_FIELDS, JobSpec, ResultsFolder
+
+SCHEMA_VERSION = 2
 BUSY_TIMEOUT_S = 120.0
-STATUSES = ("queued", "running", "done", "failed")
-# The columns that identify a job: a row with these values is computed at most once.
-KEY_COLUMNS = ("run_name", "pretrain_step", "snapshot_hash", "task", "lr", "seed", "recipe_hash")
+STATUSES = ("queued", "submitted", "done", "failed")
+SPEC_COLUMNS = (
+    "run_id",
+    "run_name",
+    "run_dir",
+    "placement",
+    "pretrain_step",
+    "tokens_seen",
+    "model_path",
+    "snapshot_hash",
+    "task",
+    "lr",
+    "seed",
+    "recipe",
+)
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
-    id INTEGER PRIMARY KEY,
+    key TEXT PRIMARY KEY,
+    run_id TEXT NOT NULL,
     run_name TEXT NOT NULL,
     run_dir TEXT NOT NULL,
     placement TEXT NOT NULL,
@@ -50,12 +59,11 @@ CREATE TABLE IF NOT EXISTS jobs (
     seed INTEGER NOT NULL,
     recipe_hash TEXT NOT NULL,
     recipe TEXT NOT NULL,
-    data_dir TEXT,
     status TEXT NOT NULL DEFAULT 'queued',
     attempts INTEGER NOT NULL DEFAULT 0,
     error TEXT,
-    claimed_by TEXT,
-    lease_expires REAL,
+    submission INTEGER,
+    task_index INTEGER,
     accuracy REAL,
     f1 REAL,
     dev_loss REAL,
@@ -63,16 +71,24 @@ CREATE TABLE IF NOT EXISTS jobs (
     epochs INTEGER,
     train_steps INTEGER,
     wall_time_s REAL,
+    finished REAL,
     created REAL NOT NULL,
-    updated REAL NOT NULL,
-    UNIQUE (run_name, pretrain_step, snapshot_hash, task, lr, seed, recipe_hash)
+    updated REAL NOT NULL
 );
-CREATE INDEX IF NOT EXISTS jobs_status ON jobs (status, id);
+CREATE INDEX IF NOT EXISTS jobs_status ON jobs (status);
+CREATE TABLE IF NOT EXISTS submissions (
+    id INTEGER PRIMARY KEY,
+    backend TEXT NOT NULL,
+    manifest TEXT,
+    tasks INTEGER NOT NULL,
+    handle TEXT,
+    ended INTEGER NOT NULL DEFAULT 0,
+    created REAL NOT NULL
+);
 CREATE TABLE IF NOT EXISTS events (
     id INTEGER PRIMARY KEY,
-    job_id INTEGER NOT NULL,
+    key TEXT NOT NULL,
     event TEXT NOT NULL,
-    worker TEXT NOT NULL,
     time REAL NOT NULL,
     detail TEXT
 );
@@ -86,81 +102,11 @@ CREATE TABLE IF NOT EXISTS snapshot_hashes (
 
 
 class StoreVersionError(RuntimeError):
-    """The store was written by a newer version of this code."""
-
-
-def recipe_hash(recipe: dict[str, Any]) -> str:
-    return hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:12]
-
-
-def worker_id() -> str:
-    """``host:pid`` of this process: who holds a claim (and how to tell it died, on this host)."""
-    return f"{socket.gethostname()}:{os.getpid()}"
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # exists, owned by someone else
-        return True
-    return True
-
-
-@dataclass(frozen=True)
-class JobSpec:
-    """Everything a worker needs to run one job, and the key it is stored under."""
-
-    run_name: str
-    run_dir: str
-    placement: str
-    pretrain_step: int
-    """-1 for a model that is not a pretraining snapshot (e.g. a Hub model)."""
-    tokens_seen: int | None
-    model_path: str
-    snapshot_hash: str
-    task: str
-    lr: float
-    seed: int
-    recipe: dict[str, Any]
-    data_dir: str | None
-
-    def row(self) -> dict[str, Any]:
-        out = {k: v for k, v in self.__dict__.items() if k != "recipe"}
-        out["recipe"] = json.dumps(self.recipe, sort_keys=True)
-        out["recipe_hash"] = recipe_hash(self.recipe)
-        return out
-
-
-@dataclass(frozen=True)
-class ClaimedJob:
-    """A claimed job: its row id, the spec, and the attempt number this claim is."""
-
-    id: int
-    spec: JobSpec
-    attempt: int
-
-
-def _spec_from_row(row: sqlite3.Row) -> JobSpec:
-    return JobSpec(
-        run_name=row["run_name"],
-        run_dir=row["run_dir"],
-        placement=row["placement"],
-        pretrain_step=row["pretrain_step"],
-        tokens_seen=row["tokens_seen"],
-        model_path=row["model_path"],
-        snapshot_hash=row["snapshot_hash"],
-        task=row["task"],
-        lr=row["lr"],
-        seed=row["seed"],
-        recipe=json.loads(row["recipe"]),
-        data_dir=row["data_dir"],
-    )
+    """The store was written by another version of this code."""
 
 
 class ResultStore:
-    """A connection to one results store (an SQLite file). One per process or thread."""
+    """The scheduler's connection to its results store (an SQLite file on a local disk)."""
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
@@ -168,9 +114,7 @@ class ResultStore:
         # Autocommit mode; transactions are opened explicitly where several statements must be atomic.
         self.db = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_S, isolation_level=None)
         self.db.row_factory = sqlite3.Row
-        self.db.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
         self._check_version()
-        self.db.execute("PRAGMA journal_mode = WAL")
         with self._transaction():
             # Statement by statement: executescript() would commit the transaction first.
             for statement in _SCHEMA.split(";"):
@@ -187,6 +131,13 @@ class ResultStore:
                 "it was written by a newer version of lnbert. Upgrade this checkout (git pull) or use another "
                 "--store path."
             )
+        if 0 < found < SCHEMA_VERSION:
+            self.db.close()
+            raise StoreVersionError(
+                f"results store {self.path} has schema version {found} (jobs keyed by run name, written by the "
+                "workers themselves); this code keys jobs by run id and rebuilds the store from result files. "
+                "Move the old file aside (it is not changed) and run the scheduler again with a new --store."
+            )
 
     def close(self) -> None:
         self.db.close()
@@ -199,7 +150,6 @@ class ResultStore:
 
     @contextmanager
     def _transaction(self) -> Iterator[None]:
-        """BEGIN IMMEDIATE takes the write lock up front, so read-then-update sequences are atomic."""
         self.db.execute("BEGIN IMMEDIATE")
         try:
             yield
@@ -208,157 +158,203 @@ class ResultStore:
             raise
         self.db.execute("COMMIT")
 
-    def _event(self, job_id: int, event: str, worker: str, detail: str | None = None) -> None:
+    def _event(self, key: str, event: str, detail: str | None = None) -> None:
         self.db.execute(
-            "INSERT INTO events (job_id, event, worker, time, detail) VALUES (?, ?, ?, ?, ?)",
-            (job_id, event, worker, time.time(), detail),
+            "INSERT INTO events (key, event, time, detail) VALUES (?, ?, ?, ?)", (key, event, time.time(), detail)
         )
 
-    # ----------------------------------------------------------------------------------------------
-    # Queue
-    # ----------------------------------------------------------------------------------------------
+    def _row(self, key: str) -> sqlite3.Row | None:
+        return self.db.execute("SELECT * FROM jobs WHERE key = ?", (key,)).fetchone()
 
-    def enqueue(self, specs: Sequence[JobSpec]) -> tuple[list[int], int]:
-        """Add jobs that are not in the store yet. Returns the row ids of all of them and how many were new."""
-        ids, added = [], 0
-        now = time.time()
-        with self._transaction():
-            for spec in specs:
-                row = spec.row()
-                cursor = self.db.execute(
-                    f"INSERT OR IGNORE INTO jobs ({', '.join(row)}, status, created, updated) "
-                    f"VALUES ({', '.join('?' * len(row))}, 'queued', ?, ?)",
-                    (*row.values(), now, now),
-                )
-                added += cursor.rowcount
-                key = " AND ".join(f"{c} = ?" for c in KEY_COLUMNS)
-                ids.append(
-                    self.db.execute(f"SELECT id FROM jobs WHERE {key}", [row[c] for c in KEY_COLUMNS]).fetchone()[0]
-                )
-        return ids, added
-
-    def _release_dead_claims(self, now: float) -> None:
-        """Expire at once the leases of workers on this host whose process is gone (killed, crashed)."""
-        host = socket.gethostname()
-        for row in self.db.execute("SELECT id, claimed_by FROM jobs WHERE status = 'running'").fetchall():
-            claim_host, _, pid = (row["claimed_by"] or "").rpartition(":")
-            if claim_host == host and pid.isdigit() and not _pid_alive(int(pid)):
-                self.db.execute("UPDATE jobs SET lease_expires = ? WHERE id = ?", (now - 1, row["id"]))
-
-    def claim(
-        self, worker: str, lease_s: float, max_attempts: int, only_ids: Sequence[int] | None = None
-    ) -> ClaimedJob | None:
-        """Take the oldest job that is queued, failed with attempts left, or whose worker's lease expired."""
-        now = time.time()
-        with self._transaction():
-            self._release_dead_claims(now)
-            # A job whose worker died on its last allowed attempt is failed, not retried.
-            for row in self.db.execute(
-                "SELECT id, claimed_by FROM jobs WHERE status = 'running' AND lease_expires < ? AND attempts >= ?",
-                (now, max_attempts),
-            ).fetchall():
-                self._fail_row(row["id"], worker, f"worker {row['claimed_by']} died or lost its lease")
-            where = (
-                "(status = 'queued' OR (status = 'failed' AND attempts < :max_attempts)"
-                " OR (status = 'running' AND lease_expires < :now))"
-            )
-            params: dict[str, Any] = {"max_attempts": max_attempts, "now": now}
-            if only_ids is not None:
-                where += f" AND id IN ({', '.join(str(int(i)) for i in only_ids) or 'NULL'})"
-            row = self.db.execute(f"SELECT * FROM jobs WHERE {where} ORDER BY id LIMIT 1", params).fetchone()
-            if row is None:
-                return None
-            if row["status"] == "running":
-                self._event(row["id"], "lease_expired", worker, f"was claimed by {row['claimed_by']}")
-            self.db.execute(
-                "UPDATE jobs SET status = 'running', claimed_by = ?, lease_expires = ?, attempts = attempts + 1,"
-                " updated = ? WHERE id = ?",
-                (worker, now + lease_s, now, row["id"]),
-            )
-            self._event(row["id"], "claimed", worker)
-        return ClaimedJob(id=row["id"], spec=_spec_from_row(row), attempt=row["attempts"] + 1)
-
-    def heartbeat(self, job_id: int, worker: str, lease_s: float) -> bool:
-        """Extend the lease; False if this worker no longer holds the job."""
-        now = time.time()
+    def _insert(self, spec: JobSpec, now: float) -> bool:
+        values = spec.to_dict()
+        values["recipe"] = json.dumps(spec.recipe, sort_keys=True)
+        values["recipe_hash"] = spec.recipe_hash
+        values["key"] = spec.key
         cursor = self.db.execute(
-            "UPDATE jobs SET lease_expires = ?, updated = ? WHERE id = ? AND claimed_by = ? AND status = 'running'",
-            (now + lease_s, now, job_id, worker),
+            f"INSERT OR IGNORE INTO jobs ({', '.join(values)}, status, created, updated) "
+            f"VALUES ({', '.join('?' * len(values))}, 'queued', ?, ?)",
+            (*values.values(), now, now),
         )
         return cursor.rowcount == 1
 
-    def complete(self, job_id: int, worker: str, results: dict[str, Any]) -> bool:
-        """Record a finished job, if this worker still holds it (else the result is discarded: False)."""
-        columns = ("accuracy", "f1", "dev_loss", "train_loss", "epochs", "train_steps", "wall_time_s")
-        values = [results.get(c) for c in columns]
+    # ----------------------------------------------------------------------------------------------
+    # Jobs in
+    # ----------------------------------------------------------------------------------------------
+
+    def enqueue(self, specs: Sequence[JobSpec]) -> int:
+        """Add the jobs that are new; for the others, take the paths and name this scheduler found now."""
+        added, now = 0, time.time()
         with self._transaction():
-            cursor = self.db.execute(
-                f"UPDATE jobs SET status = 'done', error = NULL, lease_expires = NULL, updated = ?, "
-                f"{', '.join(f'{c} = ?' for c in columns)} "
-                "WHERE id = ? AND claimed_by = ? AND status = 'running'",
-                (time.time(), *values, job_id, worker),
+            for spec in specs:
+                if self._insert(spec, now):
+                    added += 1
+                    self._event(spec.key, "queued")
+                else:  # a moved run folder is the same run: its jobs read the snapshots where they are now
+                    self.db.execute(
+                        "UPDATE jobs SET run_name = ?, run_dir = ?, model_path = ? WHERE key = ?",
+                        (spec.run_name, spec.run_dir, spec.model_path, spec.key),
+                    )
+        return added
+
+    def retry_failed(self) -> int:
+        """Queue every failed job again with a fresh count of attempts (after the cause was fixed)."""
+        with self._transaction():
+            keys = [r["key"] for r in self.db.execute("SELECT key FROM jobs WHERE status = 'failed'")]
+            self.db.execute(
+                "UPDATE jobs SET status = 'queued', attempts = 0, updated = ? WHERE status = 'failed'", (time.time(),)
             )
-            done = cursor.rowcount == 1
-            self._event(job_id, "done" if done else "discarded", worker, json.dumps(results))
-        return done
+            for key in keys:
+                self._event(key, "retry_failed")
+        return len(keys)
 
-    def _fail_row(self, job_id: int, worker: str, error: str) -> None:
-        self.db.execute(
-            "UPDATE jobs SET status = 'failed', error = ?, lease_expires = NULL, updated = ? WHERE id = ?",
-            (error, time.time(), job_id),
+    def runnable(self, max_attempts: int) -> list[tuple[JobSpec, int]]:
+        """Jobs to submit now (queued, or failed with attempts left), with the attempts they had."""
+        rows = self.db.execute(
+            "SELECT * FROM jobs WHERE status = 'queued' OR (status = 'failed' AND attempts < ?) "
+            "ORDER BY run_id, pretrain_step, task, lr, seed",
+            (max_attempts,),
+        ).fetchall()
+        return [(spec_from_row(r), r["attempts"]) for r in rows]
+
+    # ----------------------------------------------------------------------------------------------
+    # Submissions
+    # ----------------------------------------------------------------------------------------------
+
+    def new_submission(self, backend: str, tasks: int) -> int:
+        cursor = self.db.execute(
+            "INSERT INTO submissions (backend, tasks, created) VALUES (?, ?, ?)", (backend, tasks, time.time())
         )
-        self._event(job_id, "failed", worker, error)
+        return int(cursor.lastrowid)
 
-    def fail(self, job_id: int, worker: str, error: str) -> bool:
-        """Record a failed attempt (retried later while attempts < max_attempts)."""
+    def mark_submitted(self, submission: int, manifest: str, jobs: Iterable[tuple[str, int, int]]) -> None:
+        """Record a manifest's jobs as ``(key, attempt, task_index)`` before its tasks start."""
+        now = time.time()
         with self._transaction():
-            row = self.db.execute(
-                "SELECT 1 FROM jobs WHERE id = ? AND claimed_by = ? AND status = 'running'", (job_id, worker)
-            ).fetchone()
-            if row is not None:
-                self._fail_row(job_id, worker, error)
-        return row is not None
+            self.db.execute("UPDATE submissions SET manifest = ? WHERE id = ?", (manifest, submission))
+            for key, attempt, task_index in jobs:
+                self.db.execute(
+                    "UPDATE jobs SET status = 'submitted', attempts = ?, submission = ?, task_index = ?, updated = ? "
+                    "WHERE key = ? AND status != 'done'",
+                    (attempt, submission, task_index, now, key),
+                )
+                self._event(key, "submitted", f"submission {submission} task {task_index} attempt {attempt}")
+
+    def set_handle(self, submission: int, handle: str) -> None:
+        """How to find the submission's tasks: a SLURM array job id, or host:pid,pid,... of local workers."""
+        self.db.execute("UPDATE submissions SET handle = ? WHERE id = ?", (handle, submission))
+
+    def open_submissions(self) -> list[dict[str, Any]]:
+        return [dict(r) for r in self.db.execute("SELECT * FROM submissions WHERE ended = 0 ORDER BY id")]
+
+    def tasks_ended(self, submission: int, task_indices: Iterable[int], reasons: dict[int, str]) -> int:
+        """Tasks that ended: their jobs still without a result failed this attempt. Returns how many."""
+        failed, now = 0, time.time()
+        with self._transaction():
+            for index in task_indices:
+                rows = self.db.execute(
+                    "SELECT key FROM jobs WHERE status = 'submitted' AND submission = ? AND task_index = ?",
+                    (submission, index),
+                ).fetchall()
+                error = f"task {index} of submission {submission} ended without a result ({reasons.get(index, '?')})"
+                for row in rows:
+                    self.db.execute(
+                        "UPDATE jobs SET status = 'failed', error = ?, updated = ? WHERE key = ?",
+                        (error, now, row["key"]),
+                    )
+                    self._event(row["key"], "failed", error)
+                failed += len(rows)
+        return failed
+
+    def end_submission(self, submission: int) -> None:
+        self.db.execute("UPDATE submissions SET ended = 1 WHERE id = ?", (submission,))
+
+    def submitted_tasks(self, submission: int) -> set[int]:
+        """Task indices of a submission that still have jobs waiting for a result."""
+        rows = self.db.execute(
+            "SELECT DISTINCT task_index FROM jobs WHERE status = 'submitted' AND submission = ?", (submission,)
+        )
+        return {r["task_index"] for r in rows}
+
+    # ----------------------------------------------------------------------------------------------
+    # Results in
+    # ----------------------------------------------------------------------------------------------
+
+    def ingest(self, folder: ResultsFolder) -> tuple[int, int]:
+        """Take in result and failure files (idempotent). Returns (jobs newly done, attempts newly failed)."""
+        done, failed, now = 0, 0, time.time()
+        finished = {r["key"] for r in self.db.execute("SELECT key FROM jobs WHERE status = 'done'")}
+        results = folder.done_files(skip=finished)
+        failures = folder.failed_files()
+        with self._transaction():
+            for payload in results:
+                spec = JobSpec.from_dict(payload["spec"])
+                self._insert(spec, now)  # a store rebuilt from the files alone
+                row = self._row(payload["key"])
+                if row is None or row["status"] == "done":
+                    continue  # done is final: a second copy of a result changes nothing
+                values = [payload["results"].get(c) for c in RESULT_FIELDS]
+                self.db.execute(
+                    f"UPDATE jobs SET status = 'done', error = NULL, attempts = ?, finished = ?, updated = ?, "
+                    f"{', '.join(f'{c} = ?' for c in RESULT_FIELDS)} WHERE key = ?",
+                    (max(row["attempts"], payload["attempt"]), payload["finished"], now, *values, payload["key"]),
+                )
+                self._event(payload["key"], "done", json.dumps(payload["worker"]))
+                done += 1
+            for payload in failures:
+                self._insert(JobSpec.from_dict(payload["spec"]), now)
+                row = self._row(payload["key"])
+                attempt = payload["attempt"]
+                older = attempt < row["attempts"] or (row["submission"] or 0) > payload["submission"]
+                if row["status"] == "done" or older:
+                    continue  # a job another attempt finished, or an earlier attempt's (or round's) failure
+                if row["status"] == "failed" and row["attempts"] == attempt and row["error"] == payload["error"]:
+                    continue  # already taken in
+                self.db.execute(
+                    "UPDATE jobs SET status = 'failed', attempts = ?, error = ?, updated = ? WHERE key = ?",
+                    (attempt, payload["error"], now, payload["key"]),
+                )
+                self._event(payload["key"], "failed", payload["error"])
+                failed += 1
+        return done, failed
 
     # ----------------------------------------------------------------------------------------------
     # Reading
     # ----------------------------------------------------------------------------------------------
 
     def rows(self, status: str | None = None) -> list[dict[str, Any]]:
-        query = "SELECT * FROM jobs" + (" WHERE status = ?" if status else "") + " ORDER BY id"
+        query = "SELECT * FROM jobs" + (" WHERE status = ?" if status else "")
+        query += " ORDER BY run_id, pretrain_step, task, lr, seed, recipe_hash"
         return [dict(r) for r in self.db.execute(query, (status,) if status else ())]
 
     def events(self) -> list[dict[str, Any]]:
         return [dict(r) for r in self.db.execute("SELECT * FROM events ORDER BY id")]
 
-    def counts(self, max_attempts: int) -> dict[tuple[str, str], dict[str, int]]:
-        """``{(run_name, task): {queued, running, done, failed, retrying}}``; ``failed`` counts final failures."""
-        out: dict[tuple[str, str], dict[str, int]] = {}
+    def failures(self, max_attempts: int) -> list[dict[str, Any]]:
+        """Jobs that failed every allowed attempt."""
+        query = "SELECT * FROM jobs WHERE status = 'failed' AND attempts >= ? ORDER BY run_id, pretrain_step, task"
+        return [dict(r) for r in self.db.execute(query, (max_attempts,))]
+
+    def counts(self, max_attempts: int) -> dict[tuple[str, str, str], dict[str, int]]:
+        """``{(run_name, run_id, task): {queued, submitted, done, failed, retrying}}``; failed: final failures."""
+        out: dict[tuple[str, str, str], dict[str, int]] = {}
         for r in self.db.execute(
-            "SELECT run_name, task, status, attempts < ? AS retry, COUNT(*) AS n FROM jobs "
-            "GROUP BY run_name, task, status, retry ORDER BY run_name, task",
+            "SELECT run_name, run_id, task, status, attempts < ? AS retry, COUNT(*) AS n FROM jobs "
+            "GROUP BY run_name, run_id, task, status, retry ORDER BY run_name, run_id, task",
             (max_attempts,),
         ):
-            entry = out.setdefault((r["run_name"], r["task"]), dict.fromkeys((*STATUSES, "retrying"), 0))
+            entry = out.setdefault((r["run_name"], r["run_id"], r["task"]), dict.fromkeys((*STATUSES, "retrying"), 0))
             status = "retrying" if r["status"] == "failed" and r["retry"] else r["status"]
             entry[status] += r["n"]
         return out
 
-    def claimable(self, max_attempts: int) -> int:
-        """Jobs a worker could claim now: queued, failed with attempts left, or running on an expired lease."""
-        with self._transaction():
-            self._release_dead_claims(time.time())
-        return self.db.execute(
-            "SELECT COUNT(*) FROM jobs WHERE status = 'queued' OR (status = 'failed' AND attempts < ?)"
-            " OR (status = 'running' AND lease_expires < ?)",
-            (max_attempts, time.time()),
-        ).fetchone()[0]
-
-    def pending(self, max_attempts: int) -> int:
-        """Jobs that still need work: queued, running, or failed with attempts left."""
-        return self.db.execute(
-            "SELECT COUNT(*) FROM jobs WHERE status IN ('queued', 'running') OR (status = 'failed' AND attempts < ?)",
-            (max_attempts,),
-        ).fetchone()[0]
+    def step_time_s(self, recipe_hash: str) -> float | None:
+        """Measured seconds per optimizer step of finished jobs of this recipe (training and evaluation)."""
+        row = self.db.execute(
+            "SELECT SUM(wall_time_s) AS t, SUM(train_steps) AS n FROM jobs WHERE status = 'done' AND recipe_hash = ?",
+            (recipe_hash,),
+        ).fetchone()
+        return row["t"] / row["n"] if row["n"] else None
 
     # ----------------------------------------------------------------------------------------------
     # Snapshot hashes (cached: hashing BERT-base weights takes a second, and snapshots are polled)
@@ -381,6 +377,12 @@ class ResultStore:
             (str(model_dir), size, mtime, digest),
         )
         return digest
+
+
+def spec_from_row(row: sqlite3.Row | dict[str, Any]) -> JobSpec:
+    values = {c: row[c] for c in SPEC_COLUMNS}
+    values["recipe"] = json.loads(values["recipe"])
+    return JobSpec(**values)
 
 
 def weight_files(model_dir: Path) -> list[Path]:

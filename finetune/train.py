@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -137,9 +138,16 @@ class DataCache:
 
 
 def finetune(
-    model_path: str, task: str, data: TaskData, lr: float, seed: int, recipe: FinetuneConfig
+    model_path: str,
+    task: str,
+    data: TaskData,
+    lr: float,
+    seed: int,
+    recipe: FinetuneConfig,
+    on_step: Callable[[int, float, float], None] | None = None,
 ) -> dict[str, Any]:
-    """Train a classifier from ``model_path`` on ``data.train`` and score it on ``data.dev``."""
+    """Train a classifier from ``model_path`` on ``data.train`` and score it on ``data.dev``; ``on_step(step,
+    loss, lr)`` is called after every optimizer step (the W&B job run's training curve)."""
     from transformers import AutoConfig, AutoModelForSequenceClassification, set_seed
     from transformers.utils import logging as hf_logging
 
@@ -166,14 +174,18 @@ def finetune(
     scheduler = make_scheduler(optimizer, recipe, total_steps)
     order = torch.Generator().manual_seed(seed)  # data order, independent of the model's RNG use
     bar = tqdm(total=total_steps, desc=f"{task} lr={lr:g} seed={seed}", disable=not recipe.progress, leave=False)
-    epoch_loss = 0.0
+    epoch_loss, step = 0.0, 0
     for _ in range(recipe.epochs):
         model.train()
         epoch_loss = 0.0
         for batch in batches(data.train, recipe.batch_size, data.pad_id, generator=order):
             loss = train_step(model, batch, optimizer, recipe, device)
+            lr_used = scheduler.get_last_lr()[0]
             scheduler.step()
             epoch_loss += loss.item()
+            step += 1
+            if on_step is not None:
+                on_step(step, loss.item(), lr_used)
             bar.update()
             bar.set_postfix(loss=f"{loss.item():.3f}")
     bar.close()

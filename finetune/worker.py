@@ -1,23 +1,29 @@
-"""The job queue's side of fine-tuning: the jobs of a model (their key in the results store), and the worker that
-claims jobs from the store, runs each with a heartbeat that keeps its lease, and records the result.
+"""The worker side of fine-tuning: what a model's jobs are, and one task of a manifest that runs them.
 
-``python -m finetune.run`` enqueues one model's grid and works on it here; ``python -m finetune.schedule`` enqueues
-every snapshot of its runs and starts workers (local processes or SLURM array tasks) that call ``work``.
+    python -m finetune.worker RESULTS/manifests/000007.json              # under SLURM: SLURM_ARRAY_TASK_ID
+    python -m finetune.worker RESULTS/manifests/000007.json --index=2    # elsewhere
+
+A SLURM array task and a local worker process run this same code. A task reads only its manifest and writes
+only result files beside it (finetune/manifest.py); it never opens the results store. A job whose result file
+exists is skipped, so a requeued or repeated task continues where the first copy stopped.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
-import threading
+import sys
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from finetune.config import FinetuneConfig
-from finetune.store import ClaimedJob, JobSpec, ResultStore, worker_id
+from finetune.manifest import JobSpec, Manifest, ManifestJob, ResultsFolder, load_manifest
+from finetune.store import ResultStore
+from finetune.tracking import WandbSettings, job_run
 from finetune.train import DataCache, finetune
+from pretrain.identity import read_run_id
 from pretrain.layout import SNAPSHOT_INFO
 
 # Recipe fields that say how a worker runs, not what it computes (left out of a job's key).
@@ -27,6 +33,13 @@ RUNTIME_FIELDS = ("eval_batch_size", "torch_threads", "device", "progress")
 # --------------------------------------------------------------------------------------------------
 # Jobs: what a model's jobs are and the key they are stored under
 # --------------------------------------------------------------------------------------------------
+
+
+def _run_id(run_dir: Path, snapshot_hash: str) -> str:
+    try:
+        return read_run_id(run_dir)
+    except FileNotFoundError:  # a snapshot copied out of its run folder
+        return f"model-{snapshot_hash}"
 
 
 def _read_json(path: Path) -> dict[str, Any]:
@@ -42,9 +55,10 @@ def _placement(info: dict[str, Any], config: dict[str, Any]) -> str:
 
 
 def describe_model(model: str | Path, store: ResultStore) -> dict[str, Any]:
-    """The job-key fields of a model: run name and folder, placement, pretraining step, tokens seen, path, and a
-    content hash. A pretraining snapshot (RUN/snapshots/step_*, with snapshot.json) belongs to its run; any other
-    folder is a run of its own, and a name that is not a folder is a Hub model (step -1, hashed by name)."""
+    """The job-key fields of a model: run id, name and folder, placement, pretraining step, tokens seen, path, and
+    a content hash. A pretraining snapshot (RUN/snapshots/step_*, with snapshot.json) belongs to its run; any other
+    folder (or a snapshot copied out of its run) is a run of its own, named by its content, and a name that is not
+    a folder is a Hub model (step -1, hashed by name)."""
     path = Path(model)
     if not path.is_dir():
         from transformers import AutoConfig
@@ -60,6 +74,7 @@ def describe_model(model: str | Path, store: ResultStore) -> dict[str, Any]:
                 f"{str(err).splitlines()[0]}"
             ) from None
         return {
+            "run_id": f"hub-{model}",
             "run_name": str(model),
             "run_dir": str(model),
             "placement": _placement({}, config),
@@ -70,90 +85,101 @@ def describe_model(model: str | Path, store: ResultStore) -> dict[str, Any]:
         }
     info = _read_json(path / SNAPSHOT_INFO)
     run_dir = path.resolve().parent.parent if info else path.resolve()
+    snapshot_hash = store.snapshot_hash(path)
     return {
+        "run_id": _run_id(run_dir, snapshot_hash) if info else f"model-{snapshot_hash}",
         "run_name": str(info.get("run_name", run_dir.name)),
         "run_dir": str(run_dir),
         "placement": _placement(info, _read_json(path / "config.json")),
         "pretrain_step": int(info.get("step", -1)),
         "tokens_seen": info.get("tokens_seen"),
         "model_path": str(path.resolve()),
-        "snapshot_hash": store.snapshot_hash(path),
+        "snapshot_hash": snapshot_hash,
     }
 
 
 def job_specs(
-    description: dict[str, Any],
-    task: str,
-    lrs: Sequence[float],
-    seeds: Sequence[int],
-    recipe: FinetuneConfig,
-    data_dir: str | None,
+    description: dict[str, Any], task: str, lrs: Sequence[float], seeds: Sequence[int], recipe: FinetuneConfig
 ) -> list[JobSpec]:
     """One job per (lr, seed) for a described model and a task."""
     return [
-        JobSpec(**description, task=task, lr=float(lr), seed=int(seed), recipe=recipe.result_key(), data_dir=data_dir)
+        JobSpec(**description, task=task, lr=float(lr), seed=int(seed), recipe=recipe.result_key())
         for lr in lrs
         for seed in seeds
     ]
 
 
 # --------------------------------------------------------------------------------------------------
-# The worker: claim from the store, run with a heartbeat, record
+# One task of a manifest: run its jobs, one result file each
 # --------------------------------------------------------------------------------------------------
 
 
-@dataclass(kw_only=True)
-class WorkerSettings:
-    """How a worker process runs claimed jobs (not part of a job's identity)."""
-
-    store: str
-    lease_s: float
-    max_attempts: int
-    runtime: dict[str, Any]
-    """The recipe's runtime fields (threads, device, progress, eval batch size) for this worker."""
-    exit_with_parent: bool = False
-    """Pool workers stop when the scheduler that started them dies (its lease-holding jobs then expire)."""
-
-
-def _heartbeat(settings: WorkerSettings, job: ClaimedJob, worker: str, stop: threading.Event, parent: int) -> None:
-    """Keep the job's lease alive from a thread with its own connection (sqlite connections are per thread)."""
-    store = ResultStore(settings.store)
+def run_job(job: ManifestJob, manifest: Manifest, folder: ResultsFolder, cache: DataCache) -> str:
+    """Run one job and write its result file (or its failure file). Returns done, duplicate or failed."""
+    spec, runtime = job.spec, manifest.runtime
     try:
-        while not stop.wait(settings.lease_s / 4):
-            if settings.exit_with_parent and os.getppid() != parent:
-                os._exit(1)  # the scheduler died: stop at once; the expired lease hands the job to another worker
-            store.heartbeat(job.id, worker, settings.lease_s)
-    finally:
-        store.close()
+        recipe = FinetuneConfig(**spec.recipe, **runtime["recipe"])
+        data = cache.get(spec.model_path, spec.task, runtime["data_dir"], recipe)
+        tracking = WandbSettings(**runtime["wandb"]) if runtime.get("wandb") else None
+        with job_run(spec, tracking) as tracked:
+            results = finetune(
+                spec.model_path, spec.task, data, spec.lr, spec.seed, recipe, tracked.log_step if tracked else None
+            )
+            if tracked:
+                tracked.finish(results)
+    except Exception as err:  # recorded for the scheduler, which retries it; go on with the next job
+        error = f"{type(err).__name__}: {err}"
+        folder.write_failed(job, manifest.submission, error)
+        print(f"job {spec.key} ({spec.task} lr={spec.lr:g} seed={spec.seed}) failed: {error}", flush=True)
+        return "failed"
+    if not folder.write_done(job, results):
+        print(f"job {spec.key} was finished first by another copy of this task: this result is dropped", flush=True)
+        return "duplicate"
+    return "done"
 
 
-def execute(job: ClaimedJob, store: ResultStore, settings: WorkerSettings, cache: DataCache, worker: str) -> bool:
-    """Run one claimed job; record its results or its error. True if it completed."""
-    spec = job.spec
-    stop = threading.Event()
-    beat = threading.Thread(target=_heartbeat, args=(settings, job, worker, stop, os.getppid()), daemon=True)
-    beat.start()
-    try:
-        recipe = FinetuneConfig(**spec.recipe, **settings.runtime)
-        data = cache.get(spec.model_path, spec.task, spec.data_dir, recipe)
-        results = finetune(spec.model_path, spec.task, data, spec.lr, spec.seed, recipe)
-    except Exception as err:  # recorded in the store and retried; the worker goes on with other jobs
-        stop.set()
-        beat.join()
-        store.fail(job.id, worker, f"{type(err).__name__}: {err}")
-        print(f"[{worker}] job {job.id} failed (attempt {job.attempt}): {type(err).__name__}: {err}", flush=True)
-        return False
-    stop.set()
-    beat.join()
-    return store.complete(job.id, worker, results)
+def run_task(manifest_path: str | Path, index: int, parent_pid: int | None = None) -> dict[str, int]:
+    """Run task ``index`` of a manifest; returns how many of its jobs ended done, duplicate, skipped, failed.
 
-
-def work(settings: WorkerSettings, only_ids: Sequence[int] | None = None) -> int:
-    """Claim and run jobs until none is left to claim; returns how many this worker completed."""
-    worker = worker_id()
+    With ``parent_pid`` (a local worker), the task stops before its next job once that process is gone: a
+    killed scheduler does not leave workers running on (the job in hand is finished and recorded).
+    """
+    manifest_path = Path(manifest_path).resolve()
+    manifest = load_manifest(manifest_path)
+    folder = ResultsFolder(manifest_path.parent.parent)
     cache = DataCache()
-    completed = 0
-    with ResultStore(settings.store) as store:
-        while (job := store.claim(worker, settings.lease_s, settings.max_attempts, only_ids)) is not None:
-            completed += execute(job, store, settings, cache, worker)
-    return completed
+    counts = dict.fromkeys(("done", "duplicate", "skipped", "failed", "orphaned"), 0)
+    for job in manifest.jobs_of_task(index):
+        if parent_pid is not None and os.getppid() != parent_pid:
+            counts["orphaned"] += 1
+            continue
+        if folder.is_done(job.spec.key):
+            counts["skipped"] += 1
+            continue
+        counts[run_job(job, manifest, folder, cache)] += 1
+    return counts
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m finetune.worker", description=__doc__.split("\n\n")[0])
+    parser.add_argument("manifest", help="a manifest written by finetune.schedule (RESULTS/manifests/N.json)")
+    parser.add_argument("--index", type=int, default=None, help="task index (default: $SLURM_ARRAY_TASK_ID)")
+    parser.add_argument("--parent_pid", type=int, default=None, help="stop before the next job once it is gone")
+    args = parser.parse_args(argv)
+    index = args.index
+    if index is None:
+        if "SLURM_ARRAY_TASK_ID" not in os.environ:
+            parser.error("no --index and no SLURM_ARRAY_TASK_ID: pass --index=N outside a SLURM array")
+        index = int(os.environ["SLURM_ARRAY_TASK_ID"])
+    try:
+        counts = run_task(args.manifest, index, args.parent_pid)
+    except (FileNotFoundError, ValueError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    print(f"task {index} of {args.manifest}: " + ", ".join(f"{k} {v}" for k, v in counts.items()), flush=True)
+    # A failed job is the scheduler's to retry (it reads the failure file); the task itself did its work.
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

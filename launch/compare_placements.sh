@@ -8,7 +8,9 @@
 #   LAUNCH="accelerate launch --config_file configs/accelerate/8gpu.yaml" launch/compare_placements.sh base
 #
 # Arguments after the scale go to both runs (e.g. --train.max_steps=300 --data.max_documents=500).
-# Variables: LAUNCH (default "python"), OUT (default runs/compare-<scale>), SEED (default 0).
+# Variables: LAUNCH (default "python"), OUT (default runs/compare-<scale>), SEED (default 0),
+# COMPARISON (default compare-<scale>; W&B: add --tracking.backend=wandb, then
+# python -m finetune.dashboard --comparison compare-<scale>).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -22,6 +24,9 @@ esac
 LAUNCH=${LAUNCH:-python}
 OUT=${OUT:-runs/compare-$SCALE}
 SEED=${SEED:-0}
+# Every run of the comparison (both placements, every SEED) shares it: a W&B tag and config key that the
+# dashboard filters on. The W&B group is derived per placement and recipe, so W&B pools seeds, never placements.
+COMPARISON=${COMPARISON:-compare-$SCALE}
 
 for placement in post pre; do
   preset=$POST; [[ $placement == pre ]] && preset=$PRE
@@ -29,7 +34,7 @@ for placement in post pre; do
   # shellcheck disable=SC2086  # LAUNCH is a command line
   $LAUNCH pretrain/run.py --config "$preset" --train.seed="$SEED" \
     --train.output_dir="$OUT/$placement" --train.run_name="$SCALE-$placement-ln" \
-    --tracking.group="compare-$SCALE-seed$SEED" "$@"
+    --tracking.comparison="$COMPARISON" "$@"
 done
 
 python - "$OUT" <<'PY'

@@ -240,10 +240,15 @@ class TrackingConfig:
     """W&B project / TensorBoard run group."""
     run_name: str = ""
     """Name shown in the tracker; empty: train.run_name."""
+    comparison: str = ""
+    """The comparison this run belongs to (e.g. bert-base-placements): a W&B tag and the config key
+    ``comparison`` that the dashboard (python -m finetune.dashboard) filters on. Give every run of a comparison
+    (both placements, all seeds) the same value."""
     group: str = ""
-    """W&B group (e.g. one comparison of placements); empty: none."""
+    """W&B group; empty (recommended): {comparison}-{placement}-{recipe hash}, so a group pools only seeds of one
+    placement and recipe. W&B draws a group as one mean line: never put two placements in one group."""
     tags: list[str] = field(default_factory=list)
-    """Extra W&B tags; the norm placement is always added."""
+    """Extra W&B tags; the norm placement and the comparison are always added."""
     wandb_mode: Literal["online", "offline", "disabled"] = "online"
     """W&B mode; offline writes RUN/wandb/offline-run-* for `wandb sync` later (the WANDB_MODE env var wins)."""
 

@@ -79,8 +79,8 @@ def read_status(run_dir: str | Path) -> dict[str, Any]:
     return json.loads(path.read_text()) if path.is_file() else {"status": "unknown"}
 
 
-def is_dead(status: dict[str, Any], now: float | None = None) -> bool:
-    """True when ``status`` (from read_status) says running but its heartbeat is older than DEAD_AFTER_S.
+def is_dead(status: dict[str, Any], now: float | None = None, after_s: float = DEAD_AFTER_S) -> bool:
+    """True when ``status`` (from read_status) says running but its heartbeat is older than ``after_s``.
 
     A live run refreshes "updated" every HEARTBEAT_EVERY_S while it trains; evaluation, checkpoints and
     snapshots between two heartbeats take far less than DEAD_AFTER_S.
@@ -88,7 +88,7 @@ def is_dead(status: dict[str, Any], now: float | None = None) -> bool:
     if status.get("status") != "running" or "updated" not in status:
         return False
     updated = datetime.datetime.fromisoformat(status["updated"]).timestamp()
-    return (time.time() if now is None else now) - updated > DEAD_AFTER_S
+    return (time.time() if now is None else now) - updated > after_s
 
 
 def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:

@@ -58,6 +58,7 @@ from pretrain.checkpointing import (
 from pretrain.config import ConfigError, PretrainConfig, TrainConfig, help_text, parse_args, to_dict
 from pretrain.data import MaskingCollator, PretrainingData, build_pretraining_data
 from pretrain.flops import flops_per_token
+from pretrain.identity import ensure_run_id
 from pretrain.layout import (
     HEARTBEAT_EVERY_S,
     METRICS_FILE,
@@ -73,9 +74,12 @@ from pretrain.tracking import (
     init_trackers,
     layer_grad_norms,
     log_metrics,
+    log_snapshot,
     model_flops_utilisation,
+    record_outcome,
     rewind_metrics,
 )
+from pretrain.wandb_logging import check_credentials, wandb_mode
 
 
 class TrainingFailed(RuntimeError):
@@ -100,6 +104,8 @@ def check_environment(cfg: PretrainConfig) -> None:
         )
     if cfg.train.compile and _env_flag("ACCELERATE_USE_DEEPSPEED"):
         raise ConfigError("train.compile=true does not work with DeepSpeed; set --train.compile=false")
+    if cfg.tracking.backend == "wandb":
+        check_credentials(wandb_mode(cfg.tracking.wandb_mode), cfg.train.output_dir)
 
 
 class _SkipTiedWeightsNote(logging.Filter):
@@ -250,6 +256,7 @@ def write_status(
             "message": message,
         },
     )
+    record_outcome(accelerator, status, step, diverged_at)
 
 
 @dataclass
@@ -430,7 +437,8 @@ def snapshot(setup: TrainingSetup, state: TrainState) -> None:
         "metrics": dict(setup.last_eval),
         "pretrain_config": setup.resolved,
     }
-    save_snapshot(setup.accelerator, setup.model, setup.tokenizer, setup.run_dir, info)
+    path = save_snapshot(setup.accelerator, setup.model, setup.tokenizer, setup.run_dir, info)
+    log_snapshot(setup.accelerator, setup.run_dir, path, state.step)
 
 
 def disk_full(setup: TrainingSetup, checkpoint: bool, snapshot: bool) -> str:
@@ -648,6 +656,7 @@ def pretrain(cfg: PretrainConfig) -> str:
     setup, state = prepare_training(cfg, accelerator, resume_from)
     if accelerator.is_main_process:
         write_json_atomic(run_dir / RUN_CONFIG_FILE, setup.resolved)
+        ensure_run_id(run_dir)  # once per run: fine-tuning results are keyed by it (pretrain/identity.py)
         same_run = resume_from is not None and resume_from.parent.parent.resolve() == run_dir.resolve()
         # From step 0 (a new run, or one killed before its first checkpoint) no line of an earlier try is kept.
         setup.last_eval = rewind_metrics(run_dir, state.step if same_run else -1)
@@ -662,8 +671,8 @@ def pretrain(cfg: PretrainConfig) -> str:
     if state.step >= cfg.train.max_steps:
         accelerator.print(f"run {cfg.train.run_name} has already finished (step {state.step}); nothing to train")
     try:
+        init_trackers(accelerator, cfg, setup.resolved, setup.model, resume_from)
         write_status(accelerator, cfg, "running", state.step)
-        init_trackers(accelerator, cfg, setup.resolved)
         with StopRequest().installed() as stop:
             outcome = train(setup, state, stop)
     except BaseException as err:
@@ -677,17 +686,17 @@ def pretrain(cfg: PretrainConfig) -> str:
             write_status(accelerator, cfg, "failed", state.step, message)
         except OSError as status_err:  # e.g. the disk is full: say so, keep the original error
             print(f"error: could not record status failed in {run_dir / STATUS_FILE}: {status_err}", file=sys.stderr)
+        accelerator.end_training()
         if isinstance(err, Exception):
             raise TrainingFailed(f"training failed at step {state.step}: {message}") from err
         raise
-    finally:
-        accelerator.end_training()
     if outcome == "finished":
         write_status(accelerator, cfg, "finished", state.step, "training finished")
     elif outcome == "preempted":  # a "preempted (disk full)" status was written with its message
         write_status(
             accelerator, cfg, "preempted", state.step, "stopped with a checkpoint; continue with --train.resume=auto"
         )
+    accelerator.end_training()  # after the final status, which the W&B summary records
     tracker_dir = {"tensorboard": run_dir / "tensorboard", "wandb": run_dir / "wandb"}.get(cfg.tracking.backend)
     accelerator.print(
         f"\n{outcome} at step {state.step}. Run directory {run_dir}:\n"

@@ -11,31 +11,113 @@ import torch
 from accelerate import Accelerator
 from torch import nn
 
-from pretrain.config import PretrainConfig, flatten
+from pretrain.config import PretrainConfig, flatten, to_dict
 from pretrain.layout import METRICS_FILE, read_metrics
+from pretrain.wandb_logging import (
+    define_pretrain_metrics,
+    pretrain_group,
+    read_run_file,
+    recipe,
+    run_identity,
+    set_summary,
+    short_hash,
+    snapshot_alias,
+    snapshot_artifact,
+    wandb_mode,
+)
 
 
-def init_trackers(accelerator: Accelerator, cfg: PretrainConfig, resolved: dict[str, Any]) -> None:
-    """Start the configured tracker (no-op for backend none) with the resolved config as the run config."""
+def derived_config(cfg: PretrainConfig, model: nn.Module, num_processes: int) -> dict[str, Any]:
+    """Values a user filters and groups runs on that the config only implies."""
+    global_batch = cfg.train.per_device_batch_size * num_processes * cfg.train.gradient_accumulation_steps
+    return {
+        "global_batch_size": global_batch,
+        "warmup_steps": cfg.optim.resolved_warmup_steps(cfg.train.max_steps),
+        "parameters": sum(p.numel() for p in model.parameters()),
+        # Sequence slots per optimizer step (instances may be shorter than max_seq_length; tokens_seen counts real ones).
+        "tokens_per_step": global_batch * cfg.data.max_seq_length,
+        "num_processes": num_processes,
+    }
+
+
+def init_trackers(
+    accelerator: Accelerator,
+    cfg: PretrainConfig,
+    resolved: dict[str, Any],
+    model: nn.Module,
+    resume_from: Path | None = None,
+) -> None:
+    """Start the configured tracker (no-op for backend none).
+
+    W&B gets the resolved config as native nested values plus ``norm_placement``, ``comparison`` and the
+    derived values at the top level, a group that pools only seeds, and the run id kept in RUN/ (resumed, so a
+    preempted run stays one W&B run); see pretrain/wandb_logging.py. TensorBoard's hparams take scalars and
+    strings only, so there lists become JSON strings.
+    """
     tracking = cfg.tracking
     if tracking.backend == "none":
         return
     name = tracking.run_name or cfg.train.run_name
-    init_kwargs: dict[str, Any] = {}
-    if tracking.backend == "wandb":
-        wandb_kwargs: dict[str, Any] = {
-            "name": name,
-            "tags": [cfg.model.norm_placement, *tracking.tags],
-            "dir": str(Path(cfg.train.output_dir)),  # offline runs land in RUN/wandb/ for `wandb sync`
-            # The environment wins so that WANDB_MODE=offline works for any preset.
-            "mode": os.environ.get("WANDB_MODE", tracking.wandb_mode),
-        }
-        if tracking.group:
-            wandb_kwargs["group"] = tracking.group
-        init_kwargs["wandb"] = wandb_kwargs
-    # TensorBoard's hparams take scalars and strings only, so lists become strings.
-    config = {k: v if isinstance(v, (int, float, str, bool)) else json.dumps(v) for k, v in flatten(resolved).items()}
-    accelerator.init_trackers(tracking.project if tracking.backend == "wandb" else name, config, init_kwargs)
+    derived = derived_config(cfg, accelerator.unwrap_model(model, keep_torch_compile=False), accelerator.num_processes)
+    if tracking.backend == "tensorboard":
+        flat = flatten({**resolved, **derived})
+        config = {k: v if isinstance(v, (int, float, str, bool)) else json.dumps(v) for k, v in flat.items()}
+        accelerator.init_trackers(name, config)
+        return
+    recipe_hash = short_hash(recipe(resolved, derived["global_batch_size"]))
+    group = pretrain_group(to_dict(tracking), cfg.model.norm_placement, recipe_hash)
+    identity = {}
+    if accelerator.is_main_process:  # Accelerate starts W&B on the main process only
+        identity = run_identity(Path(cfg.train.output_dir), resume_from, group, tracking.project)
+    config = {
+        **resolved,
+        **derived,
+        "norm_placement": cfg.model.norm_placement,
+        "comparison": tracking.comparison,
+        "recipe_hash": recipe_hash,
+    }
+    if identity.get("continued_from"):
+        config["continued_from"] = identity["continued_from"]  # the run folder whose checkpoint this run continued
+    wandb_kwargs: dict[str, Any] = {
+        "name": name,
+        "id": identity.get("id"),
+        "resume": "allow",
+        "group": identity.get("group", group),
+        "job_type": "pretrain",
+        "tags": sorted({cfg.model.norm_placement, *tracking.tags} | ({tracking.comparison} - {""})),
+        "dir": str(Path(cfg.train.output_dir)),  # offline runs land in RUN/wandb/ for `wandb sync`
+        "mode": wandb_mode(tracking.wandb_mode),
+    }
+    accelerator.init_trackers(tracking.project, config, {"wandb": wandb_kwargs})
+    run = wandb_run(accelerator)
+    if run is not None:
+        define_pretrain_metrics(run)
+
+
+def wandb_run(accelerator: Accelerator) -> Any:
+    """The W&B run Accelerate started on this process, or None (another tracker, or not the main process)."""
+    if not accelerator.is_main_process:
+        return None
+    for tracker in accelerator.trackers:
+        if tracker.name == "wandb":
+            return tracker.tracker
+    return None
+
+
+def record_outcome(accelerator: Accelerator, status: str, step: int, diverged_at: int | None = None) -> None:
+    """Put the run's status.json outcome into the W&B summary (the runs table's outcome columns)."""
+    run = wandb_run(accelerator)
+    if run is not None:
+        set_summary(run, status=status, step=step, diverged_at_step=diverged_at)
+
+
+def log_snapshot(accelerator: Accelerator, run_dir: Path, snapshot_dir: Path | None, step: int) -> None:
+    """Log a written snapshot as a version of the run's model artifact (by reference), aliased step-N."""
+    run = wandb_run(accelerator)
+    if run is None or snapshot_dir is None:
+        return
+    identity = read_run_file(run_dir)
+    run.log_artifact(snapshot_artifact(snapshot_dir, identity["id"]), aliases=[snapshot_alias(step)])
 
 
 def log_metrics(accelerator: Accelerator, run_dir: Path, metrics: dict[str, Any], step: int) -> None:

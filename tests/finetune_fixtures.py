@@ -1,12 +1,13 @@
 """Tiny pretraining runs in the layout of docs/run_layout.md, built without the pretraining loop.
 
-``make_run`` writes RUN/status.json, RUN/metrics.jsonl (val/mlm_loss lines), RUN/tokenizer/ and
+``make_run`` writes RUN/run_id, RUN/status.json, RUN/metrics.jsonl (val/mlm_loss lines), RUN/tokenizer/ and
 RUN/snapshots/step_*/ (save_pretrained weights + tokenizer + snapshot.json + COMPLETE), so fine-tuning,
 the scheduler and the report are tested against the contract, not against pretrain/run.py.
 """
 
 from __future__ import annotations
 
+import datetime
 import json
 from functools import cache
 from pathlib import Path
@@ -17,6 +18,7 @@ from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processor
 from transformers import PreTrainedTokenizerFast
 
 from finetune.glue import TASKS, read_tsv
+from pretrain.identity import ensure_run_id
 from pretrain.layout import SNAPSHOT_INFO, SNAPSHOT_MARKER, step_dirname, write_json_atomic
 from pretrain.manifest import write_manifest
 from pretrain.modeling import LNBertConfig, LNBertForPreTraining
@@ -101,6 +103,7 @@ def make_run(
     """A pretraining run folder with complete snapshots at ``steps`` and marker-less ones at ``incomplete_steps``."""
     run_dir = root / name
     run_dir.mkdir(parents=True, exist_ok=True)
+    ensure_run_id(run_dir)  # as pretrain/run.py does when a run starts
     tiny_tokenizer().save_pretrained(run_dir / "tokenizer")
     for step in steps:
         write_snapshot(run_dir, name, placement, step)
@@ -124,7 +127,7 @@ def set_status(run_dir: Path, name: str, placement: str, status: str, step: int)
             "step": step,
             "run_name": name,
             "norm_placement": placement,
-            "updated": "2026-01-01T00:00:00",
+            "updated": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "diverged_at_step": None,
             "message": "",
         },

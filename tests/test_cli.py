@@ -18,6 +18,7 @@ import yaml
 from benchmarks.data_path import DataPathConfig
 from benchmarks.finetune_throughput import FinetuneThroughputConfig
 from benchmarks.train_step import TrainStepConfig
+from finetune.dashboard import DashboardConfig
 from finetune.report import ReportConfig
 from finetune.run import RunConfig
 from finetune.schedule import ScheduleConfig, StatusConfig
@@ -46,6 +47,7 @@ CASES: list[tuple[type, list[str]]] = [
     *[(ScheduleConfig, ["--runs=[r]", "--config", str(p)]) for p in FINETUNE_PRESETS],
     (StatusConfig, []),
     (ReportConfig, ["--runs=[r]"]),
+    (DashboardConfig, ["--comparison=c"]),
     (LnJacobianConfig, []),
     (InitScaleConfig, []),
     (InitGradsConfig, []),
@@ -144,7 +146,7 @@ def test_floats_must_be_finite_everywhere(cls: type, base_argv: list[str], bad: 
 
 def test_float_keys_are_found() -> None:
     assert {"optim.lr", "optim.betas", "train.peak_flops_per_device"} <= set(_float_keys(PretrainConfig))
-    assert {"lrs", "lease_s", "recipe.max_grad_norm", "recipe.adam_eps"} <= set(_float_keys(RunConfig))
+    assert {"lrs", "recipe.max_grad_norm", "recipe.adam_eps"} <= set(_float_keys(RunConfig))
     assert {"lrs", "eps"} <= set(_float_keys(GridConfig)) | set(_float_keys(LnJacobianConfig))
 
 
@@ -159,7 +161,6 @@ def test_float_keys_are_found() -> None:
         (["--lrs=[]"], r"lrs must be a non-empty list"),
         (["--seeds=[-1]"], r"seeds must be a non-empty list of distinct integers >= 0"),
         (["--seeds=[1, 1]"], r"seeds must be a non-empty list of distinct integers"),
-        (["--lease_s=0"], r"lease_s must be > 0"),
         (["--max_attempts=0"], r"max_attempts must be >= 1"),
     ],
 )

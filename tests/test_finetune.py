@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import sqlite3
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -14,13 +13,14 @@ from torch import nn
 
 from finetune.config import FinetuneConfig
 from finetune.glue import TASKS, batches, encode, get_task, load_task, read_tsv
+from finetune.manifest import JobSpec, ManifestJob, ResultsFolder
 from finetune.run import RunConfig, run
 from finetune.run import cli as run_cli
 from finetune.run import main as run_main
 from finetune.schedule import ScheduleConfig, discover
-from finetune.store import SCHEMA_VERSION, JobSpec, ResultStore, StoreVersionError
+from finetune.store import SCHEMA_VERSION, ResultStore, StoreVersionError
 from finetune.train import make_optimizer, make_scheduler
-from finetune.worker import describe_model
+from finetune.worker import describe_model, job_specs
 from pretrain.cli import ConfigError, from_dict, load_yaml, parse
 from pretrain.layout import SNAPSHOT_INFO
 from tests.finetune_fixtures import FIXTURE_GLUE, make_run, tiny_tokenizer, write_snapshot
@@ -222,11 +222,32 @@ def test_finetune_writes_rows_then_skips_them(tmp_path: Path) -> None:
     assert row["run_dir"] == str(run_dir.resolve())
     assert 0.0 <= row["accuracy"] <= 1.0 and 0.0 <= row["f1"] <= 1.0 and row["dev_loss"] > 0
     assert (row["epochs"], row["train_steps"]) == (1, 2)
+    assert row["run_id"] == (run_dir / "run_id").read_text().strip()
     with ResultStore(config.store) as store:
-        claims = sum(e["event"] == "claimed" for e in store.events())
+        submitted = sum(e["event"] == "submitted" for e in store.events())
     assert run(config) == rows  # the second invocation recomputes nothing
     with ResultStore(config.store) as store:
-        assert sum(e["event"] == "claimed" for e in store.events()) == claims == 2
+        assert sum(e["event"] == "submitted" for e in store.events()) == submitted == 2
+    assert len(list((tmp_path / "results.d" / "done").glob("*.json"))) == 2  # one result file per job
+
+
+def test_finetune_run_takes_over_the_jobs_of_a_killed_run(tmp_path: Path) -> None:
+    snapshot = make_run(tmp_path, "pre_ln", "pre", steps=(10,)) / "snapshots" / "step_00000010"
+    config = RunConfig(
+        model=str(snapshot),
+        task="mrpc",
+        data_dir=str(FIXTURE_GLUE),
+        lrs=[1e-3],
+        seeds=[0],
+        store=str(tmp_path / "results.sqlite"),
+        recipe=FinetuneConfig(**QUICK),
+    )
+    with ResultStore(config.store) as store:  # what a run killed inside its job leaves behind
+        (spec,) = job_specs(describe_model(config.model, store), "mrpc", [1e-3], [0], config.recipe)
+        store.enqueue([spec])
+        store.mark_submitted(store.new_submission("inprocess", 1), "m.json", [(spec.key, 1, 0)])
+    (row,) = run(config)
+    assert (row["status"], row["attempts"]) == ("done", 2)
 
 
 def test_finetune_is_deterministic_given_seed(tmp_path: Path) -> None:
@@ -265,7 +286,7 @@ def test_recipe_variants_are_stored_apart(tmp_path: Path, variant: dict) -> None
         )
         (rows[name],) = run(config)
     assert rows["variant"]["recipe_hash"] != rows["base"]["recipe_hash"]
-    assert rows["variant"]["id"] != rows["base"]["id"]
+    assert rows["variant"]["key"] != rows["base"]["key"]
     assert rows["variant"]["dev_loss"] != rows["base"]["dev_loss"]  # other weights, or other rounding
     assert 0 < rows["variant"]["dev_loss"] < 10
 
@@ -282,6 +303,7 @@ def test_rewritten_snapshot_gets_a_new_hash(tmp_path: Path) -> None:
 
 def _spec(**overrides: object) -> JobSpec:
     values = dict(
+        run_id="r-1",
         run_name="r",
         run_dir="/r",
         placement="post",
@@ -293,28 +315,43 @@ def _spec(**overrides: object) -> JobSpec:
         lr=2e-5,
         seed=0,
         recipe={"epochs": 3},
-        data_dir=None,
     )
     return JobSpec(**{**values, **overrides})
 
 
-def test_store_lease_expiry_hands_job_over_and_only_claimant_completes(tmp_path: Path) -> None:
+def test_store_takes_in_result_and_failure_files(tmp_path: Path) -> None:
+    folder = ResultsFolder(tmp_path / "results")
     with ResultStore(tmp_path / "s.sqlite") as store:
-        ids, added = store.enqueue([_spec(), _spec(seed=1)])
-        assert added == 2 and store.enqueue([_spec()]) == ([ids[0]], 0)
-        a = store.claim("host-a:1", lease_s=0.05, max_attempts=3, only_ids=ids[:1])
-        assert a is not None and store.claim("host-b:2", lease_s=60, max_attempts=3, only_ids=ids[:1]) is None
-        time.sleep(0.1)
-        b = store.claim("host-b:2", lease_s=60, max_attempts=3, only_ids=ids[:1])
-        assert b is not None and (b.id, b.attempt) == (a.id, 2)
-        assert not store.complete(a.id, "host-a:1", {"accuracy": 0.1})  # A lost its lease: result discarded
-        assert store.complete(b.id, "host-b:2", {"accuracy": 0.9})
-        assert store.claim("host-c:3", lease_s=60, max_attempts=3, only_ids=ids[:1]) is None  # done stays done
-        events = [(e["event"], e["worker"]) for e in store.events()]
-        assert events.count(("done", "host-b:2")) == 1 and ("discarded", "host-a:1") in events
-        (done,) = store.rows("done")
-        assert done["accuracy"] == 0.9
-        assert store.counts(3)[("r", "mrpc")] == {"queued": 1, "running": 0, "done": 1, "failed": 0, "retrying": 0}
+        assert store.enqueue([_spec(), _spec(seed=1)]) == 2 and store.enqueue([_spec(model_path="/moved/s")]) == 0
+        assert store.rows()[0]["model_path"] == "/moved/s"  # where the snapshot is now
+        submission = store.new_submission("local", 1)
+        store.mark_submitted(submission, "m.json", [(_spec().key, 1, 0), (_spec(seed=1).key, 1, 0)])
+        folder.write_failed(ManifestJob(_spec(seed=1), 1), submission, "OSError: disk full")
+        folder.write_done(ManifestJob(_spec(), 1), {"accuracy": 0.9})
+        assert store.ingest(folder) == (1, 1) and store.ingest(folder) == (0, 0)  # idempotent
+        done, failed = store.rows()
+        assert (done["status"], done["accuracy"], failed["status"], failed["error"]) == (
+            "done",
+            0.9,
+            "failed",
+            "OSError: disk full",
+        )
+        assert [spec.seed for spec, attempts in store.runnable(max_attempts=2)] == [1]
+        assert store.runnable(max_attempts=1) == [] and len(store.failures(max_attempts=1)) == 1
+        assert store.counts(2)[("r", "r-1", "mrpc")] == {
+            "queued": 0,
+            "submitted": 0,
+            "done": 1,
+            "failed": 0,
+            "retrying": 1,
+        }
+        # After --retry_failed, the old attempt's failure file no longer counts against the new round.
+        assert store.retry_failed() == 1
+        second = store.new_submission("local", 1)
+        store.mark_submitted(second, "m2.json", [(_spec(seed=1).key, 1, 0)])
+        assert store.ingest(folder) == (0, 0) and store.rows()[1]["status"] == "submitted"
+        assert store.tasks_ended(second, [0], {0: "sacct: TIMEOUT"}) == 1
+        assert "ended without a result (sacct: TIMEOUT)" in store.rows()[1]["error"]
 
 
 def test_store_from_newer_schema_is_refused(tmp_path: Path) -> None:
@@ -323,7 +360,11 @@ def test_store_from_newer_schema_is_refused(tmp_path: Path) -> None:
     with sqlite3.connect(path) as db:
         assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
         db.execute(f"PRAGMA user_version = {SCHEMA_VERSION + 1}")
-    with pytest.raises(StoreVersionError, match=r"schema version 2, newer than this code's 1.*Upgrade"):
+    with pytest.raises(StoreVersionError, match=r"schema version 3, newer than this code's 2.*Upgrade"):
+        ResultStore(path)
+    with sqlite3.connect(path) as db:
+        db.execute("PRAGMA user_version = 1")
+    with pytest.raises(StoreVersionError, match=r"schema version 1 \(jobs keyed by run name.*Move the old file aside"):
         ResultStore(path)
 
 

@@ -8,10 +8,13 @@ from pathlib import Path
 
 import pytest
 
+from finetune.manifest import JobSpec, ManifestJob, ResultsFolder
 from finetune.report import ReportConfig, confidence_interval, report, steps_to_loss
 from finetune.report import main as report_main
-from finetune.store import JobSpec, ResultStore
+from finetune.store import ResultStore
+from pretrain.identity import ensure_run_id, read_run_id
 from tests.finetune_fixtures import set_status
+from tests.wandb_records import read_runs
 
 # Synthetic validation curves: Post-LN falls 1 per 100 steps, Pre-LN 1 per 60 steps.
 POST = {step: 8 - step / 100 for step in range(0, 501, 100)}
@@ -29,6 +32,7 @@ RESULTS = {
 def write_run(root: Path, name: str, placement: str, curve: dict[int, float]) -> Path:
     run_dir = root / name
     run_dir.mkdir(parents=True)
+    ensure_run_id(run_dir)
     lines = [{"step": s, "tokens_seen": s, "val/mlm_loss": loss} for s, loss in curve.items()]
     lines.insert(1, {"step": 50, "tokens_seen": 50, "train/loss": 1.0})  # training lines are not curve points
     lines.append({"step": max(curve) + 100, "tokens_seen": 0, "val/mlm_loss": float("nan")})  # diverged: no point
@@ -38,28 +42,29 @@ def write_run(root: Path, name: str, placement: str, curve: dict[int, float]) ->
 
 
 def write_results(store_path: Path, runs: dict[str, Path]) -> None:
+    """Result files as array tasks write them, taken into the store as the scheduler does."""
+    folder = ResultsFolder(store_path.with_suffix(".d"))
+    for (name, step, lr), accuracies in RESULTS.items():
+        for task in ("mrpc", "rte"):
+            for seed, accuracy in enumerate(accuracies):
+                spec = JobSpec(
+                    run_id=read_run_id(runs[name]),
+                    run_name=name,
+                    run_dir=str(runs[name].resolve()),
+                    placement="post" if name == "post_ln" else "pre",
+                    pretrain_step=step,
+                    tokens_seen=None,
+                    model_path="/m",
+                    snapshot_hash=f"{name}{step}",
+                    task=task,
+                    lr=lr,
+                    seed=seed,
+                    recipe={"epochs": 3},
+                )
+                f1 = accuracy - 0.1 if task == "mrpc" else None
+                assert folder.write_done(ManifestJob(spec, 1), {"accuracy": accuracy, "f1": f1, "dev_loss": 0.5})
     with ResultStore(store_path) as store:
-        for (name, step, lr), accuracies in RESULTS.items():
-            for task in ("mrpc", "rte"):
-                for seed, accuracy in enumerate(accuracies):
-                    spec = JobSpec(
-                        run_name=name,
-                        run_dir=str(runs[name].resolve()),
-                        placement="post" if name == "post_ln" else "pre",
-                        pretrain_step=step,
-                        tokens_seen=None,
-                        model_path="/m",
-                        snapshot_hash=f"{name}{step}",
-                        task=task,
-                        lr=lr,
-                        seed=seed,
-                        recipe={"epochs": 3},
-                        data_dir=None,
-                    )
-                    (job_id,), _ = store.enqueue([spec])
-                    assert store.claim("w:1", 60, 1, [job_id]) is not None
-                    f1 = accuracy - 0.1 if task == "mrpc" else None
-                    store.complete(job_id, "w:1", {"accuracy": accuracy, "f1": f1, "dev_loss": 0.5})
+        store.ingest(folder)
 
 
 @pytest.fixture
@@ -130,14 +135,24 @@ def test_report_cli_with_target_loss_and_wandb_offline(
     ]
     assert report_main([*args, "--target_loss=5.5", "--wandb"]) == 0
     assert "| post_ln (post) | 250 | 1.000 | 1.00x |" in capsys.readouterr().out
-    offline = sorted((out / "wandb").glob("offline-run-*"))
-    assert len(offline) == 3  # one per pretraining run, and the report with figures and the table
-    assert all(list(run.glob("*.wandb")) for run in offline)
+    assert report_main([*args, "--target_loss=5.5", "--wandb"]) == 0  # re-run: updates the same W&B run
+    first, second = read_runs(out / "wandb")
+    assert first.id == second.id and first.id.startswith("report-") and second.resumed
+    assert (second.job_type, second.config["norm_placement"]) == ("report", ["post", "pre"])
+    assert second.metrics["figure5/*"]["step_metric"] == "pretrain_step"
+    curve = [(row["pretrain_step"], row["figure5/val_mlm_loss/pre_ln (pre)"]) for row in second.history
+             if "figure5/val_mlm_loss/pre_ln (pre)" in row]  # fmt: skip
+    assert curve == sorted(PRE.items())
+    assert any(row.get("figure5/mrpc_accuracy/post_ln (post)") == pytest.approx(0.72) for row in second.history)
+    tables = next(row for row in second.history if "tables/seed_rows._type" in row)  # nested values: dotted keys
+    for key in ("tables/seed_rows", "tables/steps_to_loss", "tables/best_lr_points"):
+        assert tables[f"{key}._type"] == "table-file"
+    assert tables["tables/seed_rows.nrows"] == 2 * sum(len(accuracies) for accuracies in RESULTS.values())
 
 
 def test_report_refuses_mixed_recipes_and_missing_store(runs: dict[str, Path], tmp_path: Path) -> None:
     with ResultStore(tmp_path / "results.sqlite") as store:
-        store.db.execute("UPDATE jobs SET recipe_hash = 'other' WHERE id = 1")
+        store.db.execute("UPDATE jobs SET recipe_hash = 'other' WHERE rowid = 1")
     config = ReportConfig(
         runs=[str(runs["post_ln"])], store=str(tmp_path / "results.sqlite"), out=str(tmp_path / "fig")
     )

@@ -1,9 +1,12 @@
-"""The scheduler: snapshot discovery, skipping done work, crash recovery, concurrency, retries, SLURM."""
+"""The scheduler: snapshot discovery, skipping done work, cost, crash recovery, concurrency, retries.
+
+SLURM, result files and run identity: tests/test_finetune_cluster.py."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -14,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from finetune.manifest import ResultsFolder
 from finetune.schedule import ScheduleConfig, main, schedule
 from finetune.store import ResultStore
 from pretrain.cli import from_dict
@@ -83,26 +87,25 @@ def test_once_runs_complete_snapshots_and_skips_done_work(tmp_path: Path, capsys
         (30, "mrpc"),
         (30, "rte"),
     ]
-    claims = [e for e in events(config) if e["event"] == "claimed"]
-    assert len(claims) == 4
-    capsys.readouterr()
-    schedule(config)  # a second pass finds everything done
-    assert "0 new jobs" in capsys.readouterr().out
-    assert len([e for e in events(config) if e["event"] == "claimed"]) == 4
+    assert len([e for e in events(config) if e["event"] == "submitted"]) == 4
+    # The cost comes before the work: jobs x steps (8 examples, batch 4, 1 epoch: 2 steps a job).
+    assert "4 jobs to run: 8 fine-tuning steps (time per step not known yet" in capsys.readouterr().out
+    assert schedule(config) == []  # a second pass finds everything done
+    assert "jobs to run" not in capsys.readouterr().out
+    assert len([e for e in events(config) if e["event"] == "submitted"]) == 4
     assert main(["status", "--store", config.store]) == 0
     table = capsys.readouterr().out
     assert "post_ln" in table and "rte" in table and table.splitlines()[-1].split()[1:] == ["0", "0", "4", "0", "0"]
-
-
-@pytest.mark.slow  # two spawned workers import torch and transformers: ~30 s on 2 busy cores
-def test_local_pool_of_two_workers(tmp_path: Path) -> None:
-    runs = [make_run(tmp_path, "post_ln", "post", steps=(10,)), make_run(tmp_path, "pre_ln", "pre", steps=(10,))]
-    config = config_for(tmp_path, runs, workers=2, total_threads=2)
-    schedule(config)
-    rows = done_rows(config)
-    assert sorted((r["run_name"], r["placement"]) for r in rows) == [("post_ln", "post"), ("pre_ln", "pre")]
-    workers = {e["worker"] for e in events(config) if e["event"] == "done"}
-    assert len(workers) >= 1 and str(os.getpid()) not in {w.rsplit(":", 1)[1] for w in workers}
+    # More seeds: the estimate now uses the time per step measured on the jobs already done.
+    schedule(config_for(tmp_path, [run_dir], tasks=["mrpc", "rte"], seeds=[0, 1]))
+    assert re.search(
+        r"4 jobs to run: 8 fine-tuning steps x [\d.e-]+ s/step \(measured on finished jobs\)", capsys.readouterr().out
+    )
+    schedule(config_for(tmp_path, [run_dir], seeds=[2], step_time_s=900.0))
+    assert (
+        "2 jobs to run: 4 fine-tuning steps x 900 s/step (configured step_time_s) = 1.00 worker-hours"
+        in capsys.readouterr().out
+    )
 
 
 @pytest.mark.slow  # a scheduler subprocess imports torch and transformers: ~15 s on 2 busy cores
@@ -112,20 +115,18 @@ def test_killed_scheduler_loses_no_job_and_repeats_none(tmp_path: Path) -> None:
     config = config_for(tmp_path, [run_dir], recipe={**QUICK, "epochs": 300, "batch_size": 8})
     process = start_scheduler(config)
     deadline = time.time() + 120
-    while not (Path(config.store).exists() and any(e["event"] == "claimed" for e in events(config))):
+    while not (Path(config.store).exists() and any(e["event"] == "submitted" for e in events(config))):
         assert process.poll() is None and time.time() < deadline, process.communicate()[0]
         time.sleep(0.05)
     os.killpg(process.pid, signal.SIGKILL)
     process.wait()
     with ResultStore(config.store) as store:
         (row,) = store.rows()
-    assert row["status"] == "running" and row["claimed_by"].endswith(f":{process.pid}")
-    schedule(config)  # the restart takes the dead process's job over at once (its pid is gone)
+    assert (row["status"], row["attempts"]) == ("submitted", 1)
+    assert schedule(config) == []  # the restart finds the dead scheduler's job without a result and runs it
     (row,) = done_rows(config)
     assert row["attempts"] == 2
-    kinds = [(e["event"], e["worker"].rsplit(":", 1)[1]) for e in events(config)]
-    me, dead = str(os.getpid()), str(process.pid)
-    assert kinds == [("claimed", dead), ("lease_expired", me), ("claimed", me), ("done", me)]
+    assert [e["event"] for e in events(config)] == ["queued", "submitted", "failed", "submitted", "done"]
 
 
 @pytest.mark.slow  # two scheduler subprocesses: ~20 s on 2 busy cores
@@ -137,23 +138,23 @@ def test_two_schedulers_at_once_complete_every_job_once(tmp_path: Path) -> None:
         output = process.communicate(timeout=300)[0]
         assert process.returncode == 0, output
     assert len(done_rows(config)) == 4
-    done = [e["job_id"] for e in events(config) if e["event"] == "done"]
+    done = [e["key"] for e in events(config) if e["event"] == "done"]
     assert sorted(done) == sorted(set(done)) and len(done) == 4
-    assert not [e for e in events(config) if e["event"] in ("discarded", "failed")]
+    assert len(ResultsFolder(Path(config.store).with_suffix(".d")).done_files()) == 4
 
 
 def test_failing_job_is_recorded_and_retried_up_to_max_attempts(tmp_path: Path) -> None:
     run_dir = make_run(tmp_path, "post_ln", "post", steps=(10,))
     (run_dir / "snapshots" / "step_00000010" / "model.safetensors").write_bytes(b"not a safetensors file")
     config = config_for(tmp_path, [run_dir], max_attempts=2)
-    schedule(config)
+    (failure,) = schedule(config)
     with ResultStore(config.store) as store:
         (row,) = store.rows()
-        assert (row["status"], row["attempts"]) == ("failed", 2)
+        assert row == failure and (row["status"], row["attempts"]) == ("failed", 2)
         assert "Error" in row["error"] and len(row["error"]) > 10
-        assert store.counts(2)[("post_ln", "mrpc")]["failed"] == 1
-    schedule(config)  # attempts used up: not tried again
-    assert [e["event"] for e in events(config)] == ["claimed", "failed", "claimed", "failed"]
+        assert store.counts(2)[("post_ln", row["run_id"], "mrpc")]["failed"] == 1
+    assert len(schedule(config)) == 1  # attempts used up: not tried again
+    assert [e["event"] for e in events(config)] == ["queued", "submitted", "failed", "submitted", "failed"]
 
 
 def test_follow_picks_up_new_snapshots_until_the_run_ends(tmp_path: Path) -> None:
@@ -173,38 +174,6 @@ def test_follow_picks_up_new_snapshots_until_the_run_ends(tmp_path: Path) -> Non
     assert sorted(r["pretrain_step"] for r in done_rows(config)) == [10, 20]
 
 
-def test_slurm_backend_writes_array_script_and_calls_sbatch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    log = tmp_path / "sbatch_args.txt"
-    sbatch = bin_dir / "sbatch"
-    sbatch.write_text(f'#!/bin/sh\necho "$@" >> {log}\necho "4242;cluster"\n')
-    sbatch.chmod(0o755)
-    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
-    run_dir = make_run(tmp_path, "post_ln", "post", steps=(10, 20))
-    slurm = dict(dir=str(tmp_path / "slurm"), partition="cpu", extra=["--account=abc"], cpus_per_task=1)
-    config = config_for(tmp_path, [run_dir], seeds=[0, 1], backend="slurm", workers=3, slurm=slurm)
-    schedule(config)
-    (call,) = log.read_text().splitlines()
-    flag, array, script = call.split()
-    assert (flag, array) == ("--parsable", "--array=0-2")
-    text = Path(script).read_text()
-    for line in (
-        "#SBATCH --array=0-2",
-        "#SBATCH --partition=cpu",
-        "#SBATCH --account=abc",
-        "#SBATCH --cpus-per-task=1",
-    ):
-        assert line in text.splitlines()
-    command = text.splitlines()[-1].split()
-    assert command[:5] == ["exec", "python", "-m", "finetune.schedule", "worker"]
-    # What one array task does: drain the queue with the resolved config the script names.
-    assert main(command[4:]) == 0
-    assert len(done_rows(config)) == 4
-    schedule(config)  # nothing new: no second submission
-    assert len(log.read_text().splitlines()) == 1
-
-
 def test_schedule_cli_errors(tmp_path: Path) -> None:
     runs = f"--runs=[{tmp_path}]"
     with pytest.raises(ValueError, match="backend must be one of local, slurm; got 'pbs'"):
@@ -217,3 +186,7 @@ def test_schedule_cli_errors(tmp_path: Path) -> None:
         main([f"--runs=[{tmp_path / 'nowhere'}]", "--mode=once"])
     with pytest.raises(FileNotFoundError, match=r"RTE/train\.tsv"):
         main([runs, "--data_dir", str(tmp_path), "--tasks=[rte]", "--mode=once"])
+    with pytest.raises(ValueError, match=r"until='soon' is neither a duration"):
+        main([runs, "--until=soon"])
+    with pytest.raises(FileNotFoundError, match=r"results folder .*nothing\.d does not exist"):
+        main(["ingest", f"--store={tmp_path / 'nothing.sqlite'}"])

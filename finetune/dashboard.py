@@ -1,0 +1,191 @@
+"""Create or update the saved W&B workspace view that compares the placements of one comparison.
+
+    python -m finetune.dashboard --comparison=bert-base-placements             # --project=lnbert --entity=ME
+    python -m finetune.dashboard --comparison=bert-base-placements --dry_run   # build it and print it, offline
+
+The view (built with wandb-workspaces, the W&B team's library for saved views; ``pip install -e ".[dashboard]"``)
+shows the runs whose config ``comparison`` is the given one, grouped by ``norm_placement``, so every panel
+draws one line per placement (the mean over seeds, with its min-max band):
+
+- Figure 5: validation MLM loss against step; MRPC and RTE dev accuracy of every fine-tuning run against
+  ``config.pretrain_step`` (the seed and lr spread), and the report's best-lr means against ``pretrain_step``;
+- per-layer gradient norms (attention and FFN of every layer) and the global gradient norm;
+- throughput (tokens/s), MFU and tokens seen; fine-tuning training loss;
+- a runs table with the outcome columns (status, diverged_at_step, best and last validation loss, tokens
+  seen, and for fine-tuning runs task, step, lr, seed, accuracy, F1).
+
+The view has a name derived from the comparison: running the command again updates it instead of adding one.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from finetune.config import check_tasks
+from pretrain.cli import parse, require, run_cli
+from pretrain.wandb_logging import check_credentials
+
+# Runs-table columns: config:KEY, summary:KEY (a nested summary as KEY.min), run:ATTRIBUTE.
+OUTCOME_COLUMNS = [
+    "run:jobType",
+    "config:norm_placement",
+    "config:train.seed",
+    "summary:status",
+    "summary:step",
+    "summary:diverged_at_step",
+    "summary:val/mlm_loss.min",
+    "summary:val/mlm_loss.last",
+    "summary:tokens_seen",
+    "config:task",
+    "config:pretrain_step",
+    "config:lr",
+    "config:seed",
+    "summary:accuracy",
+    "summary:f1",
+]
+
+
+@dataclass(kw_only=True)
+class DashboardConfig:
+    """Create or update the W&B workspace view of one comparison of placements."""
+
+    comparison: str
+    """The comparison to show: the tracking.comparison the pretraining runs were started with."""
+    project: str = "lnbert"
+    """W&B project of the runs."""
+    entity: str | None = None
+    """W&B entity (user or team) of the project; unset: your default entity."""
+    tasks: list[str] = field(default_factory=lambda: ["mrpc", "rte"])
+    """GLUE tasks with a Figure 5 panel each."""
+    name: str | None = None
+    """Display name of the view; unset: 'LayerNorm placements: COMPARISON'."""
+    dry_run: bool = False
+    """Build the view and print what it holds without contacting W&B."""
+
+    def __post_init__(self) -> None:
+        require(bool(self.comparison.strip()), "comparison", "is empty; pass the runs' tracking.comparison: --comparison=NAME")
+        check_tasks("tasks", self.tasks)
+
+
+def _libraries() -> tuple[Any, Any]:
+    try:
+        import wandb_workspaces.reports.v2 as wr
+        import wandb_workspaces.workspaces as ws
+    except ImportError:
+        raise ValueError(
+            "the dashboard needs wandb-workspaces: pip install -e '.[dashboard]' (or pip install wandb-workspaces)"
+        ) from None
+    return wr, ws
+
+
+def view_slug(comparison: str) -> str:
+    """The view's stable identifier in the project (the ``?nw=`` of its URL)."""
+    return "lnbert-" + re.sub(r"[^a-z0-9]+", "-", comparison.lower()).strip("-")
+
+
+def build_workspace(config: DashboardConfig, entity: str) -> Any:
+    """The saved view as a wandb-workspaces ``Workspace`` object (no network)."""
+    wr, ws = _libraries()
+    mean_band = dict(groupby_aggfunc="mean", groupby_rangefunc="minmax")
+    figure5 = [wr.LinePlot(title="(a) validation MLM loss", x="Step", y=["val/mlm_loss"], **mean_band)]
+    for panel, task in zip("bcdefgh", config.tasks, strict=False):
+        figure5 += [
+            wr.ScatterPlot(
+                title=f"({panel}) {task.upper()} dev accuracy of each fine-tuning run vs pretraining step",
+                x=wr.Config("pretrain_step"),
+                y=wr.SummaryMetric(f"{task}/accuracy"),
+            ),
+            wr.LinePlot(
+                title=f"({panel}) {task.upper()}: best lr, mean over seeds (finetune.report)",
+                x="pretrain_step",
+                metric_regex=f"figure5/{task}_accuracy/.*",
+            ),
+        ]
+    gradients = [
+        wr.LinePlot(title="attention gradient norm per layer", metric_regex=r"grad_norm/layer_\d+/attn"),
+        wr.LinePlot(title="FFN gradient norm per layer", metric_regex=r"grad_norm/layer_\d+/ffn"),
+        wr.LinePlot(title="global gradient norm (before clipping)", y=["train/grad_norm"], **mean_band),
+    ]
+    throughput = [
+        wr.LinePlot(title="throughput (tokens/s)", y=["train/tokens_per_s"], **mean_band),
+        wr.LinePlot(title="model FLOPs utilisation", y=["train/mfu"], **mean_band),
+        wr.LinePlot(title="tokens seen", y=["tokens_seen"], **mean_band),
+        wr.LinePlot(title="learning rate", y=["train/lr"]),
+    ]
+    finetuning = [wr.LinePlot(title="fine-tuning training loss", x="train_step", y=["train/loss"], **mean_band)]
+    return ws.Workspace(
+        entity=entity,
+        project=config.project,
+        name=config.name or f"LayerNorm placements: {config.comparison}",
+        sections=[
+            ws.Section(name="Figure 5", panels=figure5, is_open=True),
+            ws.Section(name="Gradient norms per layer", panels=gradients, is_open=True),
+            ws.Section(name="Throughput and MFU", panels=throughput, is_open=True),
+            ws.Section(name="Fine-tuning", panels=finetuning),
+        ],
+        runset_settings=ws.RunsetSettings(
+            filters=[ws.Config("comparison") == config.comparison],
+            groupby=[ws.Config("norm_placement")],
+            pinned_columns=list(OUTCOME_COLUMNS),
+        ),
+        settings=ws.WorkspaceSettings(x_axis="Step"),
+    )
+
+
+def save_workspace(workspace: Any, comparison: str) -> Any:
+    """Create the view under its stable name, or update it when the project already has it."""
+    _libraries()  # a clear message when wandb-workspaces is missing
+    from wandb_workspaces.workspaces import internal
+
+    name = f"nw-{view_slug(comparison)}-v"
+    workspace._internal_name = name
+    try:
+        workspace._internal_id = internal.View.from_name(workspace.entity, workspace.project, name).id
+    except ValueError:  # not there yet (or the project has no runs): created under this name
+        workspace._internal_id = ""
+    return workspace.save()
+
+
+def describe(workspace: Any) -> str:
+    """What the view contains, one line per section and panel (what --dry_run prints)."""
+    runset = workspace.runset_settings
+    filters = runset.filters if isinstance(runset.filters, str) else " and ".join(map(str, runset.filters))
+    lines = [
+        f"view '{workspace.name}' in {workspace.entity}/{workspace.project}",
+        f"  runs: {filters}; grouped by {', '.join(map(str, runset.groupby))}",
+        f"  runs table columns: {', '.join(runset.pinned_columns)}",
+    ]
+    for section in workspace.sections:
+        lines.append(f"  section '{section.name}'")
+        for panel in section.panels:
+            y = getattr(panel, "metric_regex", None) or getattr(panel, "y", None)
+            lines.append(f"    {type(panel).__name__}: {panel.title} (x={getattr(panel, 'x', None)}, y={y})")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    config = parse(DashboardConfig, argv, prog="python -m finetune.dashboard", description=__doc__)
+    if config.dry_run:
+        print(describe(build_workspace(config, config.entity or "ENTITY")))
+        return 0
+    check_credentials("online", fix="saving a view needs W&B online; --dry_run builds and prints it offline")
+    entity = config.entity
+    if entity is None:
+        import wandb
+
+        entity = wandb.Api().default_entity
+    workspace = save_workspace(build_workspace(config, entity), config.comparison)
+    print(describe(workspace))
+    print(f"saved: {workspace.url}")
+    return 0
+
+
+def cli() -> int:
+    """``main`` for the command line: bad input ends with its message and exit code 2, not a traceback."""
+    return run_cli(main)
+
+
+if __name__ == "__main__":
+    raise SystemExit(cli())

@@ -1,0 +1,169 @@
+"""W&B conventions shared by pretraining, fine-tuning and the Figure 5 report.
+
+What a user sees in the project's workspace follows from a few rules kept here, in one place:
+
+- **Groups pool, tags and config compare.** W&B draws the runs of a group as one mean line, so a group holds
+  only runs that may be averaged: the same recipe and placement, different seeds. The comparison a run
+  belongs to (``tracking.comparison``) is a tag and a config key; the placement is the config key
+  ``norm_placement`` in every run type (pretrain, finetune, report).
+- **One W&B run per pretraining run,** however often it is preempted: its id is kept in ``RUN/wandb_run.json``
+  and resumed (``resume="allow"``).
+- **Outcomes in the summary:** ``status``, ``diverged_at_step``, the best and last validation MLM loss.
+- **Lineage:** snapshots are model artifacts by reference (``file://``, nothing uploaded), aliased
+  ``step-N``; fine-tuning runs use them.
+
+``wandb`` is imported inside the functions: a run without W&B tracking never loads it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import secrets
+from pathlib import Path
+from typing import Any
+
+from pretrain.layout import SNAPSHOT_INFO, write_json_atomic
+
+WANDB_RUN_FILE = "wandb_run.json"
+"""RUN/wandb_run.json: {"id", "group", "project"} of the run's W&B run (docs/run_layout.md)."""
+# Fields that do not change what a run learns (identity, paths, cadence of logs and saves, how the batch is split
+# over devices); everything else in the resolved config is the recipe.
+_NOT_RECIPE = {
+    "train": {"output_dir", "run_name", "seed", "resume", "stop_at_step", "num_workers", "eval_every", "eval_batches",
+              "log_every", "checkpoint_every", "keep_last_checkpoints", "snapshot_every", "snapshot_steps",
+              "snapshot_at_start", "snapshot_at_end", "compile", "peak_flops_per_device",
+              "per_device_batch_size", "gradient_accumulation_steps"},
+    "data": {"cache_dir", "num_proc"},
+    "optim": {"implementation"},
+}  # fmt: skip
+
+
+class WandbCredentialsError(ValueError):
+    """W&B would log online but has no credentials (a bad-input error: exit code 2, nothing started)."""
+
+
+def wandb_mode(configured: str = "online") -> str:
+    """The mode W&B will use: the WANDB_MODE environment variable wins over the configured one."""
+    return os.environ.get("WANDB_MODE", configured)
+
+
+def check_credentials(mode: str, run_dir: str | Path = "RUN", fix: str | None = None) -> None:
+    """Fail before any work when W&B would log online without credentials (it would stop the run later, or
+    prompt for a key on a cluster node). Reads WANDB_API_KEY, ~/.netrc and W&B's settings; no network."""
+    if mode in ("offline", "disabled", "dryrun"):
+        return
+    import wandb
+
+    if wandb.setup().settings.mode in ("offline", "disabled", "dryrun"):  # `wandb offline` in this directory
+        return
+    if not wandb.login(verify=False, prompt=False):
+        fix = fix or (
+            f"or log offline: WANDB_MODE=offline now, `wandb sync {Path(run_dir) / 'wandb'}/offline-run-*` later; "
+            "or turn W&B off (--tracking.backend=none for pretraining, no --wandb for fine-tuning and the report)"
+        )
+        raise WandbCredentialsError(
+            f"no W&B credentials found. Log in once with `wandb login` (or set WANDB_API_KEY); {fix}."
+        )
+
+
+def short_hash(payload: Any, length: int = 8) -> str:
+    """A stable short hash of a JSON-able value (dict keys sorted)."""
+    return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:length]
+
+
+# --------------------------------------------------------------------------------------------------
+# Pretraining runs: identity, group, config, outcome
+# --------------------------------------------------------------------------------------------------
+
+
+def recipe(resolved: dict[str, Any], global_batch_size: int) -> dict[str, Any]:
+    """The part of a resolved pretraining config that changes what is learned: model, data, optimizer, steps
+    and the global batch. Seeds, paths, logging and checkpoint cadence, and how the batch is split over
+    devices are left out, so runs that differ only there (seeds above all) share a recipe and a W&B group."""
+    out = {}
+    for section in ("model", "data", "optim", "train"):
+        out[section] = {k: v for k, v in resolved[section].items() if k not in _NOT_RECIPE.get(section, set())}
+    out["train"]["global_batch_size"] = global_batch_size
+    return out
+
+
+def pretrain_group(tracking: dict[str, Any], placement: str, recipe_hash: str) -> str:
+    """``tracking.group`` when set; otherwise ``{comparison}-{placement}-{recipe hash}``: only seeds differ
+    within it, so W&B's mean line over a group is a mean over seeds of one placement."""
+    if tracking.get("group"):
+        return str(tracking["group"])
+    return f"{tracking.get('comparison') or 'lnbert'}-{placement}-{recipe_hash}"
+
+
+def read_run_file(run_dir: str | Path) -> dict[str, Any]:
+    """RUN/wandb_run.json ({} when the run never logged to W&B)."""
+    path = Path(run_dir) / WANDB_RUN_FILE
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def run_identity(run_dir: Path, resume_from: Path | None, group: str, project: str) -> dict[str, Any]:
+    """The W&B run this pretraining run logs to, written to RUN/wandb_run.json before the run starts.
+
+    - a new run: a new id;
+    - resumed from its own checkpoint (every preemption): the id in RUN/wandb_run.json, so the run stays one
+      W&B run and one continuous curve;
+    - continued from another run's checkpoint (the 512-token phase): that run's id and group, so the phase
+      extends the same W&B run and curve (its config is updated to the new phase's).
+    """
+    if resume_from is not None:
+        source = Path(resume_from).resolve().parent.parent
+        if source == Path(run_dir).resolve():
+            identity = read_run_file(run_dir)
+        else:
+            identity = {**read_run_file(source), "continued_from": str(source)}
+        if identity.get("id"):
+            write_json_atomic(Path(run_dir) / WANDB_RUN_FILE, identity)
+            return identity
+    # W&B run ids are [a-z0-9]; 12 random hex digits never collide within a project in practice.
+    identity = {"id": secrets.token_hex(6), "group": group, "project": project}
+    write_json_atomic(Path(run_dir) / WANDB_RUN_FILE, identity)
+    return identity
+
+
+def define_pretrain_metrics(run: Any) -> None:
+    """Summaries of a pretraining run: best and last validation loss (the runs table shows both)."""
+    run.define_metric("val/mlm_loss", summary="min,last")
+    run.define_metric("val/mlm_accuracy", summary="max,last")
+
+
+def set_summary(run: Any, **values: Any) -> None:
+    """Outcome fields of the runs table (status, diverged_at_step, ...); None values are written as None."""
+    run.summary.update(values)
+
+
+# --------------------------------------------------------------------------------------------------
+# Snapshots as model artifacts (by reference)
+# --------------------------------------------------------------------------------------------------
+
+
+def snapshot_artifact_name(wandb_run_id: str) -> str:
+    """One artifact per pretraining run; each snapshot is a version, aliased step-N."""
+    return f"snapshot-{wandb_run_id}"
+
+
+def snapshot_artifact(snapshot_dir: str | Path, wandb_run_id: str) -> Any:
+    """A W&B model artifact that references the snapshot folder's files (``file://``, checksummed, not
+    uploaded): W&B records which files at which digest, and the weights stay where they are."""
+    import wandb
+
+    path = Path(snapshot_dir).resolve()
+    info = json.loads((path / SNAPSHOT_INFO).read_text())
+    artifact = wandb.Artifact(
+        snapshot_artifact_name(wandb_run_id),
+        type="model",
+        description=f"weights-only snapshot of {info.get('run_name')} at step {info['step']}",
+        metadata={k: info.get(k) for k in ("step", "tokens_seen", "run_name", "norm_placement", "metrics")},
+    )
+    artifact.add_reference(path.as_uri(), checksum=True)
+    return artifact
+
+
+def snapshot_alias(step: int) -> str:
+    return f"step-{step}"
