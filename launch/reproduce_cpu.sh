@@ -95,8 +95,8 @@ phase "4. random-init baseline done"
 # 5. Warm-up x peak-lr grid at depth 12 (does Post-LN need warm-up?), same data; two cells at a time.
 [[ ${SKIP_GRID:-0} == 1 ]] && exit 0
 overrides="[\"data.sources=$sources\", data.validation_fraction=0.02, \"data.tokenizer=$tokenizer\",
-  \"data.cache_dir=$OUT/cache\", \"train.snapshot_steps=[]\", train.eval_batches=20]"
+  \"data.cache_dir=$OUT/cache\", train.eval_batches=20]"
 python -m pretrain.analysis grid --preset=configs/pretrain/small_post_ln.yaml --placements='[post, pre]' --jobs=2 \
-  --warmup_steps='[0, 50]' --lrs='[3e-4, 1e-3, 3e-3]' --max_steps="$GRID_STEPS" --num_layers=12 --hidden_size=128 \
-  --num_heads=4 --overrides="$overrides" --out="$OUT/grid" > "$OUT/grid.log" 2>&1
+  --warmup_steps='[0, 50]' --lrs='[3e-4, 1e-3, 3e-3]' --max_steps="$GRID_STEPS" --depths='[12]' --hidden_sizes='[128]' \
+  --num_heads=4 --seeds='[0]' --boundary_seeds=1 --probe_steps=0 --overrides="$overrides" --out="$OUT/grid" > "$OUT/grid.log" 2>&1
 phase "5. grid done: $OUT/grid/table.txt"

@@ -11,7 +11,6 @@ import pytest
 import torch
 
 from pretrain import analysis
-from pretrain.cli import ConfigError
 from pretrain.modeling import LNBertConfig, LNBertModel
 
 # --------------------------------------------------------------------------------------------------
@@ -213,69 +212,3 @@ def test_init_grads_command_on_a_jsonl_file(tmp_path):
 def test_init_grads_rejects_a_missing_data_file(tmp_path):
     with pytest.raises(FileNotFoundError, match="no such file"):
         analysis.main(["init-grads", "--data", str(tmp_path / "nope.jsonl"), "--out", str(tmp_path)])
-
-
-# --------------------------------------------------------------------------------------------------
-# grid
-# --------------------------------------------------------------------------------------------------
-
-
-def test_grid_cell_arguments_and_overrides_win(tmp_path):
-    argv = ["grid", "--num_layers=3", "--hidden_size=48", "--overrides=[train.max_steps=7, --data.vocab_size=500]"]
-    _, args = analysis.parse_args(argv)
-    argv = analysis.cell_overrides(args, "pre", 0, 3e-4, tmp_path / "cell")
-    assert "--model.norm_placement=pre" in argv and "--optim.lr=0.0003" in argv and "--optim.warmup_steps=0" in argv
-    assert "--model.num_hidden_layers=3" in argv and "--model.intermediate_size=192" in argv
-    assert f"--train.output_dir={tmp_path / 'cell'}" in argv
-    assert argv[-2:] == ["--train.max_steps=7", "--data.vocab_size=500"]  # last: they win in pretrain/run.py
-    with pytest.raises(ConfigError, match="overrides item 'max_steps' is not KEY=VALUE"):
-        analysis.parse_args(["grid", "--overrides=[max_steps]"])
-    with pytest.raises(ConfigError, match=r"unknown key 'train\.max_step'; did you mean 'train\.max_steps'"):
-        analysis.parse_args(["grid", "--overrides=[train.max_step=3]"])
-
-
-def test_grid_reads_finished_and_diverged_cells(tmp_path):
-    from pretrain.layout import write_json_atomic
-
-    finished, diverged = tmp_path / "a", tmp_path / "b"
-    write_json_atomic(finished / "status.json", {"status": "finished", "step": 20, "diverged_at_step": None})
-    (finished / "metrics.jsonl").write_text(
-        '{"step": 10, "val/mlm_loss": 6.5}\n{"step": 20, "train/loss": 6.0}\n{"step": 20, "val/mlm_loss": 5.25}\n{"st'
-    )  # the torn last line of a killed writer is ignored
-    write_json_atomic(diverged / "status.json", {"status": "diverged", "step": 3, "diverged_at_step": 4})
-    cell = analysis.read_cell(finished)
-    assert (cell["status"], cell["val_mlm_loss"], cell["val_step"]) == ("finished", 5.25, 20)
-    assert analysis.describe_cell(cell) == "5.250"
-    assert analysis.describe_cell(analysis.read_cell(diverged)) == "div@4"
-
-
-def _run_is_importable() -> bool:
-    try:
-        import pretrain.run  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
-@pytest.mark.slow
-@pytest.mark.skipif(not _run_is_importable(), reason="pretrain.run is not importable")
-def test_grid_command_runs_cells_through_the_pipeline(tmp_path):
-    out = tmp_path / "grid"
-    argv = ["grid", "--placements=[pre]", "--warmup_steps=[0]", "--lrs=[1e-3, 1e6]", "--max_steps=20",
-            "--num_layers=2", "--hidden_size=16", "--num_heads=2", "--out", str(out),
-            "--overrides", json.dumps(["data.max_documents=40", "data.vocab_size=200", "data.max_seq_length=32",
-                                       "train.per_device_batch_size=4", "train.eval_batches=2",
-                                       f"data.cache_dir={tmp_path / 'cache'}"]),
-            "--jobs=2"]  # fmt: skip
-    assert analysis.main(argv) == 0
-    cells = json.loads((out / "results.json").read_text())["cells"]
-    ok, blown = cells["pre-w0-lr0.001"], cells["pre-w0-lr1e+06"]
-    assert ok["status"] == "finished" and ok["val_step"] == 20 and math.isfinite(ok["val_mlm_loss"])
-    assert blown["status"] == "diverged" and 1 <= blown["diverged_at_step"] <= 20
-    table = (out / "table.txt").read_text()
-    assert f"{ok['val_mlm_loss']:.3f}" in table and f"div@{blown['diverged_at_step']}" in table
-    assert (out / "grid.png").stat().st_size > 1000
-    # A second call reads the finished cells instead of training again.
-    (out / "logs" / "pre-w0-lr0.001.log").unlink()
-    assert analysis.main(argv) == 0
-    assert not (out / "logs" / "pre-w0-lr0.001.log").exists()

@@ -5,7 +5,7 @@ raw numbers (``results.json``) into ``--out`` and draws a PNG there.
     python -m pretrain.analysis ln-jacobian   # ||J_LN(x)||_2 = sqrt(d)/||x - mean(x)||  (paper, Sec. 3)
     python -m pretrain.analysis init-scale    # E||x_l||^2/d at init: Post-LN 1.5, Pre-LN in [1+l/2, 1+3l/2]
     python -m pretrain.analysis init-grads    # FFN gradient norms at init per layer and vs depth (Figure 3)
-    python -m pretrain.analysis grid          # warm-up x peak-lr grid of short pretraining runs
+    python -m pretrain.analysis grid          # placement x depth x lr x warm-up map of short pretraining runs
 
 ``python -m pretrain.analysis SUBCOMMAND --help`` lists each one's options (``--key=VALUE``, lists as YAML:
 ``--dims='[8, 24]'``). One module per subcommand (its config dataclass, measurement, table and figure);
@@ -14,7 +14,7 @@ raw numbers (``results.json``) into ``--out`` and draws a PNG there.
 
 from pretrain.analysis.cli import COMMANDS, main, parse_args
 from pretrain.analysis.common import DEFAULT_OUT, ModelSize, mean_and_sem, model_config, write_outputs
-from pretrain.analysis.grid import GridConfig, cell_name, cell_overrides, describe_cell, read_cell, run_cell
+from pretrain.analysis.grid import Cell, GridConfig, cell_overrides, describe_setting, grid_cells, read_cell, run_cell
 from pretrain.analysis.init_grads import (
     InitGradsConfig,
     ffn_gradient_norms,
@@ -28,15 +28,16 @@ from pretrain.analysis.ln_jacobian import LnJacobianConfig, layer_norm_jacobian_
 __all__ = [
     "COMMANDS",
     "DEFAULT_OUT",
+    "Cell",
     "GridConfig",
     "InitGradsConfig",
     "InitScaleConfig",
     "LnJacobianConfig",
     "ModelSize",
-    "cell_name",
     "cell_overrides",
-    "describe_cell",
+    "describe_setting",
     "ffn_gradient_norms",
+    "grid_cells",
     "layer_norm_jacobian_norm",
     "ln_jacobian_rows",
     "load_mlm_data",

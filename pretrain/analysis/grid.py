@@ -1,10 +1,17 @@
-"""grid: warm-up x peak learning rate, each cell a short pretraining run through pretrain/run.py."""
+"""grid: placement x depth x width x warm-up x peak learning rate x seed, each cell a short pretraining run
+through pretrain/run.py, classified as diverged, blew up, failed to train or trained (outcomes.py)."""
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import math
+import signal
 import subprocess
 import sys
+import threading
+import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -12,60 +19,96 @@ from typing import Any
 
 import torch
 
+from pretrain.analysis import outcomes, probes
 from pretrain.analysis.common import DEFAULT_OUT, write_outputs
 from pretrain.cli import field_type, require, to_dict
 from pretrain.layout import read_metrics, read_status
-from pretrain.modeling import NormPlacement
+from pretrain.modeling import NORM_PLACEMENTS, NormPlacement
 from pretrain.reporting import format_table, pyplot, save_figure
 
 
 @dataclass(kw_only=True)
 class GridConfig:
-    """Warm-up x peak-lr grid of short pretraining runs per placement (paper's warm-up claim).
+    """Where training breaks: a grid of short pretraining runs over placement x depth x width x warm-up x peak lr.
 
-    Each cell is a short pretraining run through the normal pipeline (python -m pretrain.run in a subprocess;
-    jobs at once) with this cell's placement, optim.warmup_steps and optim.lr, evaluated once at the end.
-    Reads the final val/mlm_loss from RUN/metrics.jsonl or the divergence step from RUN/status.json, prints a
-    table per placement and draws annotated heat maps. Runs live in OUT/runs/<placement>-w<warmup>-lr<lr>, logs
-    in OUT/logs; cells already finished or diverged are read, not rerun. Anything else of pretrain/run.py
-    (data, batch size, sequence length, ...) goes through preset and overrides. Paper: Post-LN needs warm-up;
-    Pre-LN trains without it. Writes table.txt, results.json, grid.png."""
+    Each cell (one setting, one seed) is a pretraining run through the normal pipeline (python -m pretrain.run
+    in a subprocess; jobs at once) with that setting, logging every step, with weights-only snapshots at steps
+    0..probe_steps and one evaluation at the end. Its outcome: diverged (non-finite loss: the step), blew up,
+    failed to train, or trained (final validation loss); the rules and their thresholds are in outcomes.py and
+    below. Settings next to a change of outcome (along any axis, placements included) are repeated with more
+    seeds up to boundary_seeds, and the map marks where seeds disagree. For the cells shown in boundary.png
+    (the boundary, or without one the deepest, fastest, warm-up-free corner) the table gives what the theory
+    says to look at: per-layer gradient norms at the first steps and the relative change of the output by the
+    first updates (Liu et al. 2020; probes.py). Runs live in OUT/runs/<cell>, logs in OUT/logs. A stopped grid
+    continues with the same command: finished and diverged cells are read, not rerun, and an interrupted cell
+    resumes from its last checkpoint (pretrain/run.py with train.resume=auto). Cells run in the order of the axes as given,
+    placements innermost. Anything else of pretrain/run.py (data, batch size, precision, ...) goes through
+    preset and overrides. Writes table.txt, results.json, grid.png, boundary.png."""
 
-    placements: list[NormPlacement] = field(default_factory=lambda: ["post", "pre"])
+    placements: list[NormPlacement] = field(default_factory=lambda: list(NORM_PLACEMENTS))
     """Placements, one heat map each."""
-    warmup_steps: list[int] = field(default_factory=lambda: [0, 30, 100])
-    """Warm-up steps, rows of the grid."""
-    lrs: list[float] = field(default_factory=lambda: [1e-4, 3e-4, 1e-3, 3e-3])
-    """Peak learning rates, columns of the grid."""
-    max_steps: int = 300
-    """Steps per run."""
-    num_layers: int = 12
-    """Depth."""
-    hidden_size: int = 128
-    """Hidden size."""
+    depths: list[int] = field(default_factory=lambda: [6, 12, 24, 48])
+    """Numbers of layers."""
+    hidden_sizes: list[int] = field(default_factory=lambda: [128])
+    """Widths (hidden size); the FFN is intermediate_size or 4 x this."""
+    warmup_steps: list[int] = field(default_factory=lambda: [0, 30])
+    """Linear warm-up steps."""
+    lrs: list[float] = field(default_factory=lambda: [3e-4, 1e-3, 3e-3, 1e-2, 3e-2])
+    """Peak learning rates, the columns of the heat maps."""
+    seeds: list[int] = field(default_factory=lambda: [0])
+    """train.seed values every setting runs with."""
+    boundary_seeds: int = 2
+    """Settings on the boundary are repeated with further seeds (max(seeds)+1, ...) until they have this many."""
+    max_steps: int = 150
+    """Steps per run (linear decay to 0 over them, after the warm-up)."""
     num_heads: int = 2
-    """Attention heads."""
+    """Attention heads (must divide every hidden size)."""
     intermediate_size: int | None = None
-    """FFN width; null: 4 * hidden_size."""
+    """FFN width; null: 4 x hidden size."""
+    probe_steps: int = 4
+    """The first steps whose gradient norms and output changes are reported (snapshots at steps 0..this)."""
+    probe_batch_size: int = 16
+    """Validation instances in the fixed batch the output change is measured on."""
+    trained_margin: float = 0.1
+    """Trained: final validation loss at least this many nats below the validation unigram cross-entropy."""
+    blowup_margin: float = 1.0
+    """Blew up: the last tenth of the training-loss curve stays this many nats above the training unigram
+    entropy and above the lowest loss logged before it."""
     preset: str | None = None
     """A pretrain/run.py preset YAML applied to every cell first."""
     overrides: list[str] = field(default_factory=list)
     """Extra pretrain/run.py overrides for every cell (they win), e.g. '[train.per_device_batch_size=16]'."""
-    seed: int = 0
-    """train.seed of every cell."""
     jobs: int = 1
     """Cells run at once, each its own process; on a CPU, set OMP_NUM_THREADS to cores / jobs."""
     out: str = str(DEFAULT_OUT / "grid")
-    """Output folder (runs/, logs/, table.txt, results.json, grid.png)."""
+    """Output folder (runs/, logs/, table.txt, results.json, grid.png, boundary.png)."""
 
     def __post_init__(self) -> None:
-        for key in ("max_steps", "num_layers", "hidden_size", "num_heads", "jobs"):
+        for key in ("max_steps", "num_heads", "jobs", "probe_batch_size"):
             require(getattr(self, key) > 0, key, f"must be a positive integer; got {getattr(self, key)}")
+        require(self.probe_steps >= 0 and self.boundary_seeds >= 0, "probe_steps", "and boundary_seeds must be >= 0")
+        for key in ("placements", "depths", "hidden_sizes", "warmup_steps", "lrs", "seeds"):
+            values = getattr(self, key)
+            require(bool(values) and len(set(values)) == len(values), key, f"must be a non-empty list without repeats; got {values}")  # fmt: skip
+        require(all(d > 0 for d in self.depths), "depths", f"must be positive; got {self.depths}")
+        require(all(w >= 0 for w in self.warmup_steps), "warmup_steps", f"must be >= 0; got {self.warmup_steps}")
+        require(
+            all(w <= self.max_steps for w in self.warmup_steps),
+            "warmup_steps",
+            f"must be <= max_steps={self.max_steps}",
+        )
+        require(all(lr > 0 for lr in self.lrs), "lrs", f"must be > 0; got {self.lrs}")
+        require(
+            all(h > 0 and h % self.num_heads == 0 for h in self.hidden_sizes),
+            "hidden_sizes",
+            f"must be positive multiples of num_heads={self.num_heads}; got {self.hidden_sizes}",
+        )
         require(
             self.intermediate_size is None or self.intermediate_size > 0, "intermediate_size", "must be > 0 or null"
         )
-        require(all(w >= 0 for w in self.warmup_steps), "warmup_steps", f"must be >= 0; got {self.warmup_steps}")
-        require(bool(self.lrs) and all(lr > 0 for lr in self.lrs), "lrs", f"must be > 0; got {self.lrs}")
+        require(
+            self.trained_margin >= 0 and self.blowup_margin > 0, "trained_margin", "must be >= 0 (blowup_margin > 0)"
+        )
         from pretrain.config import PretrainConfig  # here: it imports the data pipeline, slow to import
 
         for item in self.overrides:
@@ -77,33 +120,74 @@ class GridConfig:
             )
             field_type(PretrainConfig, key)  # a typo fails now, not in every cell
 
+    @property
+    def axes(self) -> list[list[Any]]:
+        """The axes of a setting, in the order of ``Cell.setting``; numbers sorted (tables, maps and neighbours
+        go by size, whatever order the cells ran in)."""
+        return [self.placements, *(sorted(v) for v in (self.hidden_sizes, self.depths, self.warmup_steps, self.lrs))]
 
-def cell_name(placement: str, warmup: int, lr: float) -> str:
-    return f"{placement}-w{warmup}-lr{lr:g}"
+    @property
+    def rules(self) -> outcomes.Rules:
+        return outcomes.Rules(trained_margin=self.trained_margin, blowup_margin=self.blowup_margin)
 
 
-def cell_overrides(args: GridConfig, placement: str, warmup: int, lr: float, run_dir: Path) -> list[str]:
-    """pretrain/run.py arguments of one cell: the grid's size and this cell's placement, warm-up and lr.
+@dataclass(frozen=True)
+class Cell:
+    """One run of the grid: a setting and a seed."""
 
-    Evaluation, checkpoint and snapshot happen once, at the end (only the final validation loss is read);
+    placement: str
+    width: int
+    depth: int
+    warmup: int
+    lr: float
+    seed: int
+
+    @property
+    def setting(self) -> tuple[str, int, int, int, float]:
+        return (self.placement, self.width, self.depth, self.warmup, self.lr)
+
+    @property
+    def name(self) -> str:
+        return f"{self.placement}-d{self.depth}-h{self.width}-w{self.warmup}-lr{self.lr:g}-s{self.seed}"
+
+
+def grid_cells(args: GridConfig, seeds: list[int]) -> list[Cell]:
+    """Every setting with every seed, in the order of the axes as given, placements innermost (so a stopped
+    grid has compared all placements at the settings it reached)."""
+    return [
+        Cell(placement, width, depth, warmup, lr, seed)
+        for width, depth, warmup, lr, seed in itertools.product(
+            args.hidden_sizes, args.depths, args.warmup_steps, args.lrs, seeds
+        )
+        for placement in args.placements
+    ]
+
+
+def cell_overrides(args: GridConfig, cell: Cell, run_dir: Path) -> list[str]:
+    """pretrain/run.py arguments of one cell: the grid's sizes and this cell's setting and seed.
+
+    Every step is logged (loss curve, per-layer gradient norms); snapshots at steps 0..probe_steps feed the
+    output-change measure; evaluation once, at the end; a checkpoint at the end and when stopped by a signal.
     ``overrides`` come last, so they win.
     """
     argv = [f"--config={args.preset}"] if args.preset else []
     argv += [
-        f"--model.norm_placement={placement}",
-        f"--optim.lr={lr}",
-        f"--optim.warmup_steps={warmup}",
+        f"--model.norm_placement={cell.placement}",
+        f"--model.num_hidden_layers={cell.depth}",
+        f"--model.hidden_size={cell.width}",
+        f"--model.num_attention_heads={args.num_heads}",
+        f"--model.intermediate_size={args.intermediate_size or 4 * cell.width}",
+        f"--optim.lr={cell.lr}",
+        f"--optim.warmup_steps={cell.warmup}",
+        f"--train.seed={cell.seed}",
         f"--train.max_steps={args.max_steps}",
         f"--train.output_dir={run_dir}",
-        f"--train.run_name=grid-{cell_name(placement, warmup, lr)}",
-        f"--train.seed={args.seed}",
-        f"--model.num_hidden_layers={args.num_layers}",
-        f"--model.hidden_size={args.hidden_size}",
-        f"--model.num_attention_heads={args.num_heads}",
-        f"--model.intermediate_size={args.intermediate_size or 4 * args.hidden_size}",
+        f"--train.run_name=grid-{cell.name}",
+        "--train.log_every=1",
         "--train.eval_every=0",
         "--train.checkpoint_every=0",
-        "--train.snapshot_at_start=false",
+        f"--train.snapshot_at_start={'true' if args.probe_steps else 'false'}",
+        f"--train.snapshot_steps=[{', '.join(str(s) for s in range(1, args.probe_steps + 1))}]",
         "--train.snapshot_at_end=false",
         "--tracking.backend=none",
     ]
@@ -111,105 +195,381 @@ def cell_overrides(args: GridConfig, placement: str, warmup: int, lr: float, run
 
 
 def read_cell(run_dir: Path) -> dict[str, Any]:
-    """Outcome of one finished cell: status, final validation MLM loss, divergence step (pretrain.layout)."""
+    """Status, training MLM loss curve, final validation MLM loss and divergence step of one run (pretrain.layout)."""
     status = read_status(run_dir)
-    val = [row for row in read_metrics(run_dir) if "val/mlm_loss" in row]
+    rows = read_metrics(run_dir)
+    val = [row for row in rows if "val/mlm_loss" in row]
+    # A run killed after its last checkpoint logs some steps twice (before the kill and after resuming): the
+    # later line is the one the finished run continued from.
+    curve = {row["step"]: row["train/mlm_loss"] for row in rows if "train/mlm_loss" in row}
     return {
         "status": status.get("status", "unknown"),
         "diverged_at_step": status.get("diverged_at_step"),
         "val_mlm_loss": val[-1]["val/mlm_loss"] if val else None,
         "val_step": val[-1]["step"] if val else None,
+        "train_curve": sorted([step, loss] for step, loss in curve.items()),
         "message": status.get("message", ""),
     }
 
 
-def run_cell(args: GridConfig, placement: str, warmup: int, lr: float) -> dict[str, Any]:
-    """Run one cell in a subprocess (a fresh interpreter per run, as a user would launch it); a cell whose
-    run directory already holds a finished or diverged run is read, not rerun, so a stopped grid continues."""
-    name = cell_name(placement, warmup, lr)
-    run_dir = Path(args.out) / "runs" / name
-    if read_status(run_dir).get("status") in ("finished", "diverged"):
-        print(f"{name}: already done, reading {run_dir}", flush=True)
-        return read_cell(run_dir)
-    argv = cell_overrides(args, placement, warmup, lr, run_dir)
-    if run_dir.exists():
-        argv.append("--train.resume=auto")  # an interrupted cell continues from its last checkpoint
-    log = Path(args.out) / "logs" / f"{name}.log"
-    log.parent.mkdir(parents=True, exist_ok=True)
-    print(f"{name}: python -m pretrain.run {' '.join(argv)}  (log: {log})", flush=True)
-    with log.open("w") as f:
-        code = subprocess.run(
-            [sys.executable, "-m", "pretrain.run", *argv], stdout=f, stderr=subprocess.STDOUT
-        ).returncode
-    cell = read_cell(run_dir)
-    if code != 0:
-        tail = log.read_text().strip().splitlines()[-3:]
-        cell.update(status="failed", message=f"exit code {code}: {' | '.join(tail)}")
+def judge(args: GridConfig, cell: dict[str, Any]) -> dict[str, Any]:
+    """``cell`` (read_cell, plus the probe of an ended run) with its outcome."""
+    probe = cell.get("probe") or {}
+    cell["outcome"] = outcomes.classify(
+        status=cell["status"],
+        train_losses=[loss for _, loss in cell["train_curve"]],
+        val_loss=cell["val_mlm_loss"],
+        train_unigram_entropy=probe.get("train_unigram_entropy"),
+        val_unigram_cross_entropy=probe.get("val_unigram_cross_entropy"),
+        rules=args.rules,
+    )
     return cell
 
 
-def describe_cell(cell: dict[str, Any]) -> str:
-    if cell["status"] == "diverged":
-        return f"div@{cell['diverged_at_step']}"
-    if cell["status"] == "finished" and cell["val_mlm_loss"] is not None:
-        return f"{cell['val_mlm_loss']:.3f}"
-    return cell["status"]
+def say(line: str) -> None:
+    """One line to stdout in one write (cells report from several threads)."""
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
+def _start_over(run_dir: Path) -> None:
+    """A run folder with no checkpoint to resume (killed before its first one): kept aside, not reused."""
+    aside = run_dir.with_name(f"{run_dir.name}.stopped-{time.strftime('%Y%m%dT%H%M%S')}")
+    run_dir.rename(aside)
+    say(f"{run_dir.name}: no checkpoint to resume; the partial run was moved to {aside}")
+
+
+class Stopper:
+    """Stops the grid cleanly on SIGTERM or SIGINT (Ctrl-C): the running cells get SIGTERM, on which
+    pretrain/run.py saves a checkpoint at the next step boundary and exits (status preempted), and cells not yet
+    started are skipped. The next sitting reads what ended and resumes the rest (train.resume=auto)."""
+
+    def __init__(self) -> None:
+        self.requested = threading.Event()
+        self._children: set[subprocess.Popen] = set()
+        self._lock = threading.Lock()  # a child is either started and registered, or never started
+
+    def request(self, signum: int = signal.SIGTERM, frame: Any = None) -> None:
+        if not self.requested.is_set():
+            say(f"{signal.Signals(signum).name}: stopping the running cells at their next step (checkpoint saved)")
+        self.requested.set()
+        with self._lock:
+            for child in self._children:
+                child.send_signal(signal.SIGTERM)
+
+    def run(self, argv: list[str], log: Any) -> int | None:
+        """Run ``argv`` to its end with output to ``log``; its exit code, or None when the grid is stopping."""
+        with self._lock:
+            if self.requested.is_set():
+                return None
+            child = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+            self._children.add(child)
+        try:
+            return child.wait()
+        finally:
+            with self._lock:
+                self._children.discard(child)
+
+    @contextlib.contextmanager
+    def installed(self) -> Iterator[Stopper]:
+        previous = {sig: signal.signal(sig, self.request) for sig in (signal.SIGTERM, signal.SIGINT)}
+        try:
+            yield self
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+
+def run_cell(args: GridConfig, cell: Cell, stopper: Stopper | None = None) -> dict[str, Any]:
+    """Run one cell in a subprocess (a fresh interpreter per run, as a user would launch it) and probe it. A run
+    that already finished or diverged is read, not rerun; an interrupted one continues from its checkpoint."""
+    from pretrain.checkpointing import latest_checkpoint  # imports accelerate: only when running cells
+
+    stopper = stopper or Stopper()
+
+    run_dir = Path(args.out) / "runs" / cell.name
+    if read_status(run_dir).get("status") not in ("finished", "diverged"):
+        if stopper.requested.is_set():
+            return {**read_cell(run_dir), "status": "not started", "outcome": "incomplete", "message": "grid stopped"}
+        argv = cell_overrides(args, cell, run_dir)
+        if run_dir.exists() and latest_checkpoint(run_dir) is not None:
+            argv.append("--train.resume=auto")
+        elif run_dir.exists():
+            _start_over(run_dir)
+        log = Path(args.out) / "logs" / f"{cell.name}.log"
+        log.parent.mkdir(parents=True, exist_ok=True)
+        say(f"{cell.name}: python -m pretrain.run {' '.join(argv)}  (log: {log})")
+        with log.open("a") as f:  # a resumed cell appends to its log
+            code = stopper.run([sys.executable, "-m", "pretrain.run", *argv], f)
+        if code is None:
+            return {**read_cell(run_dir), "status": "not started", "outcome": "incomplete", "message": "grid stopped"}
+        if code != 0 and read_status(run_dir).get("status") not in ("finished", "diverged"):
+            # (a run that recorded its end before a late signal or error is read like any other)
+            tail = log.read_text().strip().splitlines()[-3:]
+            return {**read_cell(run_dir), "status": "failed", "message": f"exit code {code}: {' | '.join(tail)}",
+                    "outcome": "incomplete"}  # fmt: skip
+    else:
+        say(f"{cell.name}: already done, reading {run_dir}")
+    result = read_cell(run_dir)
+    if result["status"] in ("finished", "diverged"):
+        result["probe"] = probes.probe_cell(run_dir, max_step=args.probe_steps, batch_size=args.probe_batch_size)
+    return judge(args, result)
+
+
+def run_cells(args: GridConfig, cells: list[Cell], stopper: Stopper) -> dict[Cell, dict[str, Any]]:
+    # Each cell is its own process, so the threads only wait on them (and probe ended runs, briefly).
+    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+        return dict(zip(cells, pool.map(lambda cell: run_cell(args, cell, stopper), cells), strict=True))
+
+
+def setting_outcomes(results: dict[Cell, dict[str, Any]]) -> dict[tuple, str]:
+    """The combined outcome of each setting over its seeds (outcomes.combine)."""
+    by_setting: dict[tuple, list[str]] = {}
+    for cell, result in results.items():
+        by_setting.setdefault(cell.setting, []).append(result["outcome"])
+    return {setting: outcomes.combine(found) for setting, found in by_setting.items()}
+
+
+def extra_seed_cells(args: GridConfig, results: dict[Cell, dict[str, Any]]) -> list[Cell]:
+    """Further seeds for the settings on the boundary, up to boundary_seeds per setting."""
+    on_boundary = outcomes.boundary(setting_outcomes(results), args.axes)
+    extra_seeds = [max(args.seeds) + k for k in range(1, args.boundary_seeds - len(args.seeds) + 1)]
+    return [cell for cell in grid_cells(args, extra_seeds) if cell.setting in on_boundary and cell not in results]
 
 
 def run(args: GridConfig) -> int:
     out = Path(args.out)
-    grid = [(p, w, lr) for p in args.placements for w in args.warmup_steps for lr in args.lrs]
-    # Each cell is its own process, so threads only wait on them; give each process its share of the cores
-    # (OMP_NUM_THREADS) when running several.
-    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
-        outcomes = pool.map(lambda cell: run_cell(args, *cell), grid)
-        cells = {cell_name(*cell): outcome for cell, outcome in zip(grid, outcomes, strict=True)}
-    sections = [
-        f"final val/mlm_loss after {args.max_steps} steps (depth {args.num_layers}, hidden {args.hidden_size}); "
-        "div@N: diverged (non-finite loss or gradient) at step N"
-    ]
-    for placement in args.placements:
-        rows = [
-            [warmup, *(describe_cell(cells[cell_name(placement, warmup, lr)]) for lr in args.lrs)]
-            for warmup in args.warmup_steps
-        ]
-        sections.append(f"{placement}-LN\n" + format_table(["warm-up \\ lr", *(f"{lr:g}" for lr in args.lrs)], rows))
-    failed = {name: cell["message"] for name, cell in cells.items() if cell["status"] not in ("finished", "diverged")}
-    if failed:
-        sections.append("cells that did not complete:\n" + "\n".join(f"  {k}: {v}" for k, v in failed.items()))
-    write_outputs(out, "\n\n".join(sections), {"args": to_dict(args), "cells": cells})
-    plot_grid(args, cells, out / "grid.png")
+    with Stopper().installed() as stopper:
+        results = run_cells(args, grid_cells(args, args.seeds), stopper)
+        extra = extra_seed_cells(args, results)
+        if extra and not stopper.requested.is_set():
+            say(f"{len({c.setting for c in extra})} settings on the boundary: {len(extra)} more seeds")
+            results |= run_cells(args, extra, stopper)
+    combined = setting_outcomes(results)
+    on_boundary = outcomes.boundary(combined, args.axes)
+    shown = probe_settings(args, on_boundary)
+    table = report_table(args, results, combined, on_boundary, shown)
+    write_outputs(out, table, {
+        "args": to_dict(args),
+        "rules": outcomes.__doc__,
+        "cells": {cell.name: {"setting": cell.setting, "seed": cell.seed, **r} for cell, r in results.items()},
+        "settings": {"/".join(map(str, s)): o for s, o in combined.items()},
+        "boundary": sorted("/".join(map(str, s)) for s in on_boundary),
+    })  # fmt: skip
+    plot_grid(args, results, combined, out / "grid.png")
+    plot_probes(args, results, shown, out / "boundary.png")
+    failed = [cell.name for cell, r in results.items() if r["status"] not in ("finished", "diverged")]
     return 1 if failed else 0
 
 
-def plot_grid(args: GridConfig, cells: dict[str, dict[str, Any]], path: Path) -> None:
-    """One heat map per placement (rows warm-up, columns lr) on a shared colour scale of the final val loss."""
+# --------------------------------------------------------------------------------------------------
+# Table
+# --------------------------------------------------------------------------------------------------
+
+
+def _seed_results(results: dict[Cell, dict[str, Any]], setting: tuple) -> list[dict[str, Any]]:
+    return [r for cell, r in sorted(results.items(), key=lambda kv: kv[0].seed) if cell.setting == setting]
+
+
+def _one(result: dict[str, Any]) -> str:
+    outcome = result["outcome"]
+    if outcome == "diverged":
+        return f"div@{result['diverged_at_step']}"
+    if outcome == "incomplete":
+        return result["status"]
+    return f"{outcomes.SHORT[outcome]}{result['val_mlm_loss']:.3f}"
+
+
+def describe_setting(runs: list[dict[str, Any]], combined: str) -> str:
+    """Table text of one setting: its outcome and mean final loss over agreeing seeds, '(n)' for n seeds;
+    each seed's own result, joined by '|', where they differ."""
+    if not runs:
+        return "-"
+    if combined == "seeds differ":
+        return "|".join(_one(r) for r in runs)
+    done = [r for r in runs if r["outcome"] == combined]
+    if combined in ("incomplete", "diverged") or not done:
+        text = ",".join(_one(r) for r in (done or runs)).replace(",div@", ",")
+    else:
+        text = f"{outcomes.SHORT[combined]}{sum(r['val_mlm_loss'] for r in done) / len(done):.3f}"
+    return f"{text} ({len(done)})" if len(done) > 1 else text
+
+
+def _row_label(args: GridConfig, width: int, depth: int, warmup: int) -> str:
+    return (f"h{width} " if len(args.hidden_sizes) > 1 else "") + f"depth {depth}, warm-up {warmup}"
+
+
+def probe_settings(args: GridConfig, on_boundary: set[tuple]) -> list[tuple]:
+    """The settings whose loss curves and probes are shown: the boundary, all placements at each of its
+    (width, depth, warm-up, lr); without a boundary, the deepest, widest, highest-lr corner with and without
+    warm-up. At most 6 (deepest and fastest first)."""
+    if on_boundary:
+        corners = sorted({s[1:] for s in on_boundary}, key=lambda s: (-s[1], -s[3], s[2], -s[0]))
+    else:
+        _, widths, depths, warmups, lrs = args.axes
+        corners = [(widths[-1], depths[-1], warmup, lrs[-1]) for warmup in warmups]
+    return corners[:6]
+
+
+def probe_lines(args: GridConfig, results: dict[Cell, dict[str, Any]], shown: list[tuple]) -> list[list[Any]]:
+    """Per shown setting, placement and seed: FFN gradient norm of the first and last layer at step 1 and their
+    ratio, and the relative output change of each of the first updates."""
+    rows = []
+    for corner in shown:
+        for placement in args.placements:
+            for r in _seed_results(results, (placement, *corner)):
+                probe = r.get("probe") or {}
+                grads = probe.get("first_grad_norms", {}).get("1", {}).get("ffn")
+                changes = [c["change"] for c in probe.get("output_changes", [])]
+                width, depth, warmup, lr = corner
+                rows.append([
+                    placement, f"d{depth} h{width} w{warmup} lr{lr:g}", _one(r),
+                    f"{grads[0]:.3g}" if grads else "-", f"{grads[-1]:.3g}" if grads else "-",
+                    f"{probes.ratio_last_to_first(grads):.3g}" if grads else "-",
+                    " ".join(f"{c:.3g}" for c in changes) or "-",
+                ])  # fmt: skip
+    return rows
+
+
+def report_table(
+    args: GridConfig,
+    results: dict[Cell, dict[str, Any]],
+    combined: dict[tuple, str],
+    on_boundary: set[tuple],
+    shown: list[tuple],
+) -> str:
+    refs = [r["probe"] for r in results.values() if r.get("probe")]
+    reference = (
+        f"unigram entropy of the training tokens {refs[0]['train_unigram_entropy']:.3f}, validation unigram "
+        f"cross-entropy {refs[0]['val_unigram_cross_entropy']:.3f} nats (seed of the first cell)"
+        if refs else "no cell ended yet"
+    )  # fmt: skip
+    sections = [
+        f"final val/mlm_loss after {args.max_steps} steps; heads {args.num_heads}; {reference}\n"
+        f"'plateau X': failed to train (X > validation unigram cross-entropy - {args.trained_margin}); 'blew up X': "
+        f"the last tenth of the loss curve stayed > {args.blowup_margin} nats above the unigram entropy and the "
+        "run's best; div@N: non-finite loss or gradient at step N; (n): n seeds agree (mean); a|b: seeds differ"
+    ]
+    _, widths, depths, warmups, lrs = args.axes
+    for placement in args.placements:
+        rows = [
+            [_row_label(args, width, depth, warmup), *(
+                describe_setting(_seed_results(results, s), combined.get(s, "incomplete"))
+                for s in ((placement, width, depth, warmup, lr) for lr in lrs)
+            )]
+            for width, depth, warmup in itertools.product(widths, depths, warmups)
+        ]  # fmt: skip
+        sections.append(f"{placement}-LN\n" + format_table(["setting \\ lr", *(f"{lr:g}" for lr in lrs)], rows))
+    names = sorted(f"{s[0]} d{s[2]} h{s[1]} w{s[3]} lr{s[4]:g}: {combined[s]}" for s in on_boundary)
+    sections.append(f"boundary ({len(names)} settings):\n  " + ("\n  ".join(names) if names else "none"))
+    what = "boundary" if on_boundary else "no boundary: the deepest, highest-lr corner"
+    sections.append(
+        f"first steps of the shown settings ({what}); FFN gradient norm (raw, before clipping) of the first and "
+        f"last layer at step 1; relative change of the encoder output on a fixed batch by updates 1..{args.probe_steps}"
+        "\n" + format_table(
+            ["placement", "setting", "result", "grad L1", "grad Llast", "last/first", "output change per update"],
+            probe_lines(args, results, shown),
+        )
+    )  # fmt: skip
+    failed = {cell.name: r["message"] for cell, r in results.items() if r["status"] not in ("finished", "diverged")}
+    if failed:
+        sections.append("cells that did not complete:\n" + "\n".join(f"  {k}: {v}" for k, v in failed.items()))
+    return "\n\n".join(sections)
+
+
+# --------------------------------------------------------------------------------------------------
+# Figures
+# --------------------------------------------------------------------------------------------------
+
+
+def plot_grid(args: GridConfig, results: dict[Cell, dict[str, Any]], combined: dict[tuple, str], path: Path) -> None:
+    """One heat map per placement (rows: width, depth, warm-up; columns: lr), coloured by the final validation
+    loss on a shared scale (mean over seeds), gray where diverged; a red frame where seeds differ."""
     plt = pyplot()
-    losses = [c["val_mlm_loss"] for c in cells.values() if c["status"] == "finished" and c["val_mlm_loss"] is not None]
-    vmin, vmax = (min(losses), max(losses)) if losses else (0.0, 1.0)
+    from matplotlib.patches import Rectangle
+
+    def mean_loss(setting: tuple) -> float:
+        losses = [r["val_mlm_loss"] for r in _seed_results(results, setting) if r["outcome"] in outcomes.OUTCOMES[:3]]
+        return sum(losses) / len(losses) if losses else float("nan")
+
+    _, widths, depths, warmups, lrs = args.axes
+    row_keys = list(itertools.product(widths, depths, warmups))
+    grids = {p: torch.tensor([[mean_loss((p, *row, lr)) for lr in lrs] for row in row_keys]) for p in args.placements}
+    finite = torch.cat([g[~g.isnan()] for g in grids.values()])
+    vmin, vmax = (finite.min().item(), finite.max().item()) if len(finite) else (0.0, 1.0)
     n = len(args.placements)
-    fig, axes = plt.subplots(1, n, figsize=(1.6 + 1.3 * len(args.lrs) * n, 1.4 + 0.8 * len(args.warmup_steps)),
-                             squeeze=False)  # fmt: skip
-    cmap = plt.get_cmap("viridis").with_extremes(bad="lightgray")  # NaN: diverged / failed cells
+    n_cols = 2 if n > 2 else n
+    n_rows = math.ceil(n / n_cols)
+    fig, axes = plt.subplots(n_rows, n_cols, squeeze=False, figsize=(
+        1.8 + 1.25 * len(lrs) * n_cols, 0.9 + (0.45 * len(row_keys) + 0.8) * n_rows))  # fmt: skip
+    cmap = plt.get_cmap("viridis").with_extremes(bad="lightgray")
     image = None
-    for ax, placement in zip(axes[0], args.placements, strict=True):
-        grid = torch.full((len(args.warmup_steps), len(args.lrs)), float("nan"))
-        for i, warmup in enumerate(args.warmup_steps):
-            for j, lr in enumerate(args.lrs):
-                cell = cells[cell_name(placement, warmup, lr)]
-                if cell["status"] == "finished" and cell["val_mlm_loss"] is not None:
-                    grid[i, j] = cell["val_mlm_loss"]
-                value = grid[i, j].item()
+    for k, placement in enumerate(args.placements):
+        ax = axes[k // n_cols][k % n_cols]
+        image = ax.imshow(grids[placement].numpy(), cmap=cmap, vmin=vmin, vmax=vmax, aspect="auto")
+        for i, row in enumerate(row_keys):
+            for j, lr in enumerate(lrs):
+                setting = (placement, *row, lr)
+                value = grids[placement][i, j].item()
                 dark = not math.isnan(value) and value < (vmin + vmax) / 2  # the low end of viridis is dark
-                ax.text(j, i, describe_cell(cell), ha="center", va="center", fontsize=9,
-                        color="white" if dark else "black")  # fmt: skip
-        image = ax.imshow(grid.numpy(), cmap=cmap, vmin=vmin, vmax=vmax, aspect="auto")
-        ax.set_xticks(range(len(args.lrs)), [f"{lr:g}" for lr in args.lrs])
-        ax.set_yticks(range(len(args.warmup_steps)), [str(w) for w in args.warmup_steps])
+                text = describe_setting(_seed_results(results, setting), combined.get(setting, "incomplete"))
+                ax.text(j, i, text.replace(" (", "\n(").replace("|", "\n"), ha="center", va="center",
+                        fontsize=7, color="white" if dark else "black")  # fmt: skip
+                if combined.get(setting) == "seeds differ":
+                    ax.add_patch(Rectangle((j - 0.48, i - 0.48), 0.96, 0.96, fill=False, edgecolor="red", lw=2))
+        ax.set_xticks(range(len(lrs)), [f"{lr:g}" for lr in lrs])
+        ax.set_yticks(range(len(row_keys)), [_row_label(args, *row).replace("depth ", "d").replace(", warm-up ", " w")
+                                             for row in row_keys])  # fmt: skip
         ax.set_xlabel("peak learning rate")
-        ax.set_ylabel("warm-up steps")
-        ax.set_title(f"{placement}-LN: final val MLM loss")
+        ax.set_title(f"{placement}-LN, {args.max_steps} steps")
+    for k in range(n, n_rows * n_cols):
+        axes[k // n_cols][k % n_cols].axis("off")
     if image is not None:
-        fig.colorbar(image, ax=list(axes[0]), shrink=0.9, label="val/mlm_loss (gray: diverged)")
+        fig.colorbar(image, ax=axes.ravel().tolist(), shrink=0.8,
+                     label="final val MLM loss (gray: diverged; red frame: seeds differ; plateau: failed to train)")  # fmt: skip
     print(f"wrote {save_figure(fig, path, tight_layout=False)}")
 
+
+def plot_probes(args: GridConfig, results: dict[Cell, dict[str, Any]], shown: list[tuple], path: Path) -> None:
+    """Per shown setting (a column): training MLM loss curves of every placement and seed with the unigram
+    entropy dashed; FFN gradient norm per layer at step 1; relative output change of each of the first updates."""
+    plt = pyplot()
+    if not shown:
+        return
+    fig, axes = plt.subplots(3, len(shown), figsize=(3.0 * len(shown), 7.8), squeeze=False)
+    for col, corner in enumerate(shown):
+        loss_ax, grad_ax, change_ax = axes[:, col]
+        width, depth, warmup, lr = corner
+        for placement in args.placements:
+            color = f"C{NORM_PLACEMENTS.index(placement)}"
+            for k, r in enumerate(_seed_results(results, (placement, *corner))):
+                label = f"{placement} {_one(r)}"
+                style = ["-", "--", ":", "-."][k % 4]
+                if r["train_curve"]:
+                    steps, losses = zip(*r["train_curve"], strict=True)
+                    loss_ax.plot(steps, losses, style, color=color, lw=0.9, marker=".", ms=2, label=label)
+                probe = r.get("probe") or {}
+                if k == 0 and probe:
+                    loss_ax.axhline(probe["train_unigram_entropy"], color="gray", ls="--", lw=0.8)
+                grads = probe.get("first_grad_norms", {}).get("1", {}).get("ffn")
+                if grads:
+                    grad_ax.plot(
+                        range(1, len(grads) + 1), grads, style, color=color, lw=0.9, marker=".", ms=3, label=label
+                    )
+                changes = probe.get("output_changes", [])
+                if changes:
+                    change_ax.plot([c["to"] for c in changes], [c["change"] for c in changes], "o" + style,
+                                   color=color, ms=3, lw=0.9)  # fmt: skip
+        loss_ax.set_title(f"d{depth} h{width} w{warmup} lr{lr:g}", fontsize=9)
+        loss_ax.set_xlabel("step")
+        loss_ax.set_ylabel("train MLM loss (dashed: unigram)")
+        grad_ax.set_xlabel("layer")
+        grad_ax.set_ylabel("FFN grad norm at step 1")
+        change_ax.set_xlabel("update t")
+        change_ax.set_ylabel("||f(W_t) - f(W_t-1)|| / ||f(W_t-1)||")
+        for ax in (grad_ax, change_ax):
+            if ax.has_data():
+                ax.set_yscale("log")
+        if loss_ax.get_legend_handles_labels()[0]:
+            loss_ax.legend(fontsize=7)
+    print(f"wrote {save_figure(fig, path)}")

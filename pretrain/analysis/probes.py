@@ -1,0 +1,139 @@
+"""What the theory says to look at in a grid cell, measured from the run's files after it ends (never inside the
+training loop): the unigram references of its data (for the outcome rules, outcomes.py), the per-layer gradient
+norms of its first steps (already in RUN/metrics.jsonl) and the effect of its first updates on the output.
+
+The output change is Liu et al. 2020's amplification measure ("Understanding the Difficulty of Training
+Transformers"): ``||f(x; W_{t+1}) - f(x; W_t)|| / ||f(x; W_t)||`` for the encoder output ``f`` on one fixed
+validation batch, dropout off, between consecutive early snapshots (RUN/snapshots/step_0000000t, written by
+the run at train.snapshot_steps). Their finding: Post-LN's heavy dependence on its residual branches makes the
+first updates change its output much more than Pre-LN's, more so with depth, which is why it needs warm-up.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import threading
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from pretrain.layout import RUN_CONFIG_FILE, list_snapshots, read_metrics, write_json_atomic
+
+PROBE_FILE = "grid_probe.json"
+"""Written into a finished or diverged run's folder by the grid, so a later pass reads it instead of measuring."""
+
+_data_cache: dict[str, tuple[dict[str, float], dict[str, torch.Tensor]]] = {}
+_data_lock = threading.Lock()  # the grid measures finished cells from several threads
+
+
+def unigram_reference(
+    train_ids: Iterable[Sequence[int]], val_ids: Iterable[Sequence[int]], special_ids: Iterable[int], vocab_size: int
+) -> dict[str, float]:
+    """The MLM loss of a model that ignores context, from the token counts of the data (special tokens are never
+    MLM targets, so they are left out): ``train_unigram_entropy``, the entropy of the training tokens'
+    distribution, and ``val_unigram_cross_entropy``, the mean loss on the validation tokens of predicting each
+    from that distribution (add-one smoothed, so a token unseen in training costs a finite amount)."""
+    special = np.asarray(sorted(set(special_ids)), dtype=np.int64)
+
+    def counts(rows: Iterable[Sequence[int]]) -> np.ndarray:
+        ids = np.concatenate([np.asarray(r, dtype=np.int64) for r in rows] or [np.zeros(0, dtype=np.int64)])
+        return np.bincount(ids[~np.isin(ids, special)], minlength=vocab_size).astype(np.float64)
+
+    train, val = counts(train_ids), counts(val_ids)
+    if train.sum() == 0 or val.sum() == 0:
+        raise ValueError("no non-special tokens in the training or validation instances")
+    p = train / train.sum()
+    entropy = float(-(p[p > 0] * np.log(p[p > 0])).sum())
+    smoothed = (train + 1) / (train.sum() + vocab_size)
+    smoothed[special] = 0  # never targets, so they take no probability mass
+    smoothed /= smoothed.sum()
+    cross_entropy = float(-(val * np.log(np.where(val > 0, smoothed, 1.0))).sum() / val.sum())
+    return {"train_unigram_entropy": entropy, "val_unigram_cross_entropy": cross_entropy}
+
+
+def relative_output_change(before: torch.Tensor, after: torch.Tensor, mask: torch.Tensor) -> float:
+    """``||after - before||_F / ||before||_F`` over the positions where ``mask`` is 1; (B, T, H), (B, T, H), (B, T)."""
+    keep = mask.bool()
+    return float((after[keep] - before[keep]).norm() / before[keep].norm())
+
+
+def _run_data(run_dir: Path, batch_size: int) -> tuple[dict[str, float], dict[str, torch.Tensor]]:
+    """(unigram references, fixed validation batch) of a run's data, rebuilt from RUN/run_config.json through
+    the pretraining data pipeline (a cache hit: the run built it). Memoised per data config and seed."""
+    from pretrain.cli import from_dict
+    from pretrain.data import DataConfig, MaskingCollator, build_pretraining_data  # slow imports: only here
+
+    resolved = json.loads((run_dir / RUN_CONFIG_FILE).read_text())
+    seed = int(resolved["train"]["seed"])
+    key = json.dumps([resolved["data"], seed, batch_size], sort_keys=True)
+    with _data_lock:
+        if key not in _data_cache:
+            data = build_pretraining_data(from_dict(DataConfig, resolved["data"]), seed=seed)
+            tokenizer = data.tokenizer
+            reference = unigram_reference(
+                data.train["input_ids"], data.validation["input_ids"], tokenizer.all_special_ids, len(tokenizer)
+            )
+            rows = [data.validation[i] for i in range(min(batch_size, len(data.validation)))]
+            batch = MaskingCollator(tokenizer, mlm_probability=resolved["data"]["mlm_probability"], seed=0)(rows)
+            _data_cache[key] = (reference, batch)
+        return _data_cache[key]
+
+
+@torch.no_grad()
+def output_changes(run_dir: Path, batch: dict[str, torch.Tensor], max_step: int) -> list[dict[str, float]]:
+    """The relative change of the encoder output on ``batch`` between consecutive complete snapshots up to
+    ``max_step`` (fp32, eval mode: dropout off): ``[{"from": t0, "to": t1, "change": ...}, ...]``."""
+    from transformers.utils import logging as hf_logging
+
+    from pretrain.modeling import LNBertForPreTraining
+
+    hf_logging.disable_progress_bar()  # one "Loading weights" bar per snapshot would bury the grid's own lines
+    outputs = []
+    for snap in [s for s in list_snapshots(run_dir) if s.step <= max_step]:
+        model = LNBertForPreTraining.from_pretrained(snap.path).eval()
+        hidden = model.bert(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"]).last_hidden_state
+        outputs.append((snap.step, hidden.float()))
+    return [
+        {"from": s0, "to": s1, "change": relative_output_change(h0, h1, batch["attention_mask"])}
+        for (s0, h0), (s1, h1) in itertools.pairwise(outputs)
+    ]
+
+
+def first_grad_norms(metrics: list[dict[str, Any]], max_step: int) -> dict[str, dict[str, list[float]]]:
+    """Per-layer raw gradient norms (``grad_norm/layer_NN/attn|ffn`` of RUN/metrics.jsonl) of the logged steps
+    up to ``max_step``: ``{"1": {"attn": [layer 0, layer 1, ...], "ffn": [...]}, ...}``."""
+    found: dict[str, dict[str, list[float]]] = {}
+    for row in metrics:
+        if "train/loss" not in row or row["step"] > max_step:
+            continue
+        per_kind: dict[str, list[float]] = {}
+        for key in sorted(k for k in row if k.startswith("grad_norm/layer_")):
+            per_kind.setdefault(key.rsplit("/", 1)[1], []).append(row[key])
+        found[str(row["step"])] = per_kind
+    return found
+
+
+def probe_cell(run_dir: Path, *, max_step: int, batch_size: int = 16) -> dict[str, Any]:
+    """Unigram references, early per-layer gradient norms and early output changes of one ended run; stored in
+    RUN/grid_probe.json and read from there next time (the run's files no longer change)."""
+    path = run_dir / PROBE_FILE
+    if path.is_file():
+        return json.loads(path.read_text())
+    reference, batch = _run_data(run_dir, batch_size)
+    probe = {
+        **reference,
+        "first_grad_norms": first_grad_norms(read_metrics(run_dir), max_step),
+        "output_changes": output_changes(run_dir, batch, max_step),
+    }
+    write_json_atomic(path, probe)
+    return probe
+
+
+def ratio_last_to_first(norms: Sequence[float]) -> float:
+    """Last layer's gradient norm over the first layer's (inf when the first layer's is 0)."""
+    return norms[-1] / norms[0] if norms[0] > 0 else math.inf
