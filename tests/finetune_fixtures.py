@@ -18,6 +18,8 @@ from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processor
 from transformers import PreTrainedTokenizerFast
 
 from finetune.glue import TASKS, read_tsv
+from finetune.schedule import ScheduleConfig
+from pretrain.cli import from_dict
 from pretrain.identity import ensure_run_id
 from pretrain.layout import SNAPSHOT_INFO, SNAPSHOT_MARKER, step_dirname, write_json_atomic
 from pretrain.manifest import write_manifest
@@ -132,3 +134,23 @@ def set_status(run_dir: Path, name: str, placement: str, status: str, step: int)
             "message": "",
         },
     )
+
+
+# A fine-tuning recipe small enough for a test: a few examples, one epoch, one thread.
+QUICK = dict(batch_size=4, epochs=1, max_train_examples=8, max_eval_examples=8, torch_threads=1, progress=False)
+
+
+def config_for(tmp_path: Path, runs: list[Path], **overrides: Any) -> ScheduleConfig:
+    """A scheduler config over ``runs`` with the QUICK recipe on the fixture GLUE; ``overrides`` win."""
+    values: dict[str, Any] = dict(
+        runs=[str(r) for r in runs],
+        store=str(tmp_path / "results.sqlite"),
+        tasks=["mrpc"],
+        data_dir=str(FIXTURE_GLUE),
+        lrs=[1e-3],
+        seeds=[0],
+        poll_interval_s=0.1,
+        recipe=dict(QUICK),
+    )
+    values.update(overrides)
+    return from_dict(ScheduleConfig, values)

@@ -22,30 +22,13 @@ from finetune.manifest import JobSpec, ManifestJob, ResultsFolder
 from finetune.report import ReportConfig, report
 from finetune.schedule import ScheduleConfig, main, parse_until, run_state, schedule
 from finetune.store import ResultStore
-from pretrain.cli import from_dict
 from tests.fake_slurm import FakeSlurm
-from tests.finetune_fixtures import FIXTURE_GLUE, make_run
+from tests.finetune_fixtures import FIXTURE_GLUE, QUICK, config_for, make_run
 
 ROOT = Path(__file__).resolve().parents[1]
-QUICK = dict(batch_size=4, epochs=1, max_train_examples=8, max_eval_examples=8, torch_threads=1, progress=False)
 # Columns that hold what a job is and what it produced (not when this store happened to learn it).
 SAME = ("key", "run_id", "run_name", "pretrain_step", "snapshot_hash", "task", "lr", "seed", "recipe_hash")
 SAME += ("recipe", "status", "attempts", "error", "accuracy", "f1", "dev_loss", "train_loss", "train_steps")
-
-
-def config_for(tmp_path: Path, runs: list[Path], **overrides: Any) -> ScheduleConfig:
-    values: dict[str, Any] = dict(
-        runs=[str(r) for r in runs],
-        store=str(tmp_path / "results.sqlite"),
-        tasks=["mrpc"],
-        data_dir=str(FIXTURE_GLUE),
-        lrs=[1e-3],
-        seeds=[0],
-        poll_interval_s=0.2,
-        recipe=dict(QUICK),
-    )
-    values.update(overrides)
-    return from_dict(ScheduleConfig, values)
 
 
 def rows(config: ScheduleConfig, status: str | None = None) -> list[dict[str, Any]]:

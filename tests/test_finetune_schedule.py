@@ -20,27 +20,10 @@ import pytest
 from finetune.manifest import ResultsFolder
 from finetune.schedule import ScheduleConfig, main, schedule
 from finetune.store import ResultStore
-from pretrain.cli import from_dict
 from pretrain.layout import SNAPSHOT_MARKER
-from tests.finetune_fixtures import FIXTURE_GLUE, make_run, set_status
+from tests.finetune_fixtures import QUICK, config_for, make_run, set_status
 
 ROOT = Path(__file__).resolve().parents[1]
-QUICK = dict(batch_size=4, epochs=1, max_train_examples=8, max_eval_examples=8, torch_threads=1, progress=False)
-
-
-def config_for(tmp_path: Path, runs: list[Path], **overrides: Any) -> ScheduleConfig:
-    values: dict[str, Any] = dict(
-        runs=[str(r) for r in runs],
-        store=str(tmp_path / "results.sqlite"),
-        tasks=["mrpc"],
-        data_dir=str(FIXTURE_GLUE),
-        lrs=[1e-3],
-        seeds=[0],
-        poll_interval_s=0.1,
-        recipe=dict(QUICK),
-    )
-    values.update(overrides)
-    return from_dict(ScheduleConfig, values)
 
 
 def cli_args(config: ScheduleConfig) -> list[str]:
