@@ -124,7 +124,9 @@ def summarize(rows: list[dict[str, Any]]) -> str:
         stats = []
         for key in ("accuracy", "f1"):
             values = [r[key] for r in done if r[key] is not None]
-            stats.append(f"{np.mean(values):.4f}±{np.std(values):.4f}" if values else "-")
+            # One seed has no spread: print no "± 0" that reads as a measured zero.
+            spread = f"±{np.std(values):.4f}" if len(values) > 1 else ""
+            stats.append(f"{np.mean(values):.4f}{spread}" if values else "-")
         statuses = ", ".join(
             f"{s} {sum(r['status'] == s for r in group)}" for s in sorted({r["status"] for r in group})
         )

@@ -409,3 +409,12 @@ def test_cli_overrides_and_errors(capsys: pytest.CaptureFixture[str]) -> None:
     assert exit_info.value.code == 0
     help_text = capsys.readouterr().out
     assert "--recipe.warmup_ratio" in help_text and "Fraction of the optimizer steps with linear warm-up" in help_text
+
+
+def test_summary_shows_no_spread_for_one_seed() -> None:
+    from finetune.run import summarize
+
+    one = [{"lr": 1e-3, "seed": 0, "status": "done", "accuracy": 0.5, "f1": None, "error": None}]
+    two = [*one, {**one[0], "seed": 1, "accuracy": 0.7}]
+    assert "0.5000 " in summarize(one) and "±" not in summarize(one)
+    assert "0.6000±0.1000" in summarize(two)
