@@ -209,7 +209,7 @@ def resolve_resume(
             if resume == "auto":  # e.g. killed while preparing data, before run_config.json: the same run, anew
                 warn(f"--train.resume=auto: nothing to resume in {run_dir} (no {RUN_CONFIG_FILE}, no checkpoint): starting the run")
             return None
-        if resume == "" and _differences(run_dir, resolved, IDENTICAL_RUN_IGNORES):
+        if resume == "" and config_differences(run_dir, resolved, IDENTICAL_RUN_IGNORES):
             raise ValueError(
                 f"train.output_dir={str(run_dir)!r} already holds a run with other settings ({config_file.name} or "
                 "checkpoints found). Continue it with --train.resume=auto, or start a new run in another directory "
@@ -246,7 +246,7 @@ def resolve_resume(
     return checkpoint
 
 
-def _differences(run_dir: Path, resolved: dict[str, Any], ignored: frozenset[str]) -> list[str]:
+def config_differences(run_dir: Path, resolved: dict[str, Any], ignored: frozenset[str]) -> list[str]:
     """Dotted keys whose values differ from the folder's run_config.json, apart from ``ignored`` and tracking."""
     config_file = run_dir / RUN_CONFIG_FILE
     if not config_file.is_file():
@@ -268,7 +268,7 @@ def _differences(run_dir: Path, resolved: dict[str, Any], ignored: frozenset[str
 
 
 def _check_same_run(run_dir: Path, resolved: dict[str, Any]) -> None:
-    diff = _differences(run_dir, resolved, RESUMABLE_CHANGES)
+    diff = config_differences(run_dir, resolved, RESUMABLE_CHANGES)
     if diff:
         raise ValueError(
             f"train.output_dir={str(run_dir)!r} holds a different run: {', '.join(diff[:8])} differ from its "

@@ -16,7 +16,8 @@ import torch
 
 from pretrain import analysis
 from pretrain.analysis import grid, outcomes, probes
-from pretrain.cli import ConfigError
+from pretrain.cli import ConfigError, parse, to_dict
+from pretrain.config import PretrainConfig
 from pretrain.layout import write_json_atomic
 
 RULES = outcomes.Rules(trained_margin=0.1, blowup_margin=1.0, tail_fraction=0.1)
@@ -272,13 +273,40 @@ def test_an_interrupted_cell_resumes_and_a_finished_one_is_read(tmp_path, fake_r
     runs = tmp_path / "runs"
     write_json_atomic(runs / finished.name / "status.json", {"status": "finished", "step": 7})
     write_json_atomic(runs / resumable.name / "checkpoints" / "step_00000003" / "train_state.json", {"step": 3})
-    write_json_atomic(runs / killed.name / "run_config.json", {})
+    write_json_atomic(runs / killed.name / "run_config.json", _run_config(args, killed, runs / killed.name))
     assert grid.run_cell(args, finished)["status"] == "finished" and fake_runs == []
     grid.run_cell(args, resumable)
     assert fake_runs[-1].argv[-1] == "--train.resume=auto"
     grid.run_cell(args, killed)
     assert "--train.resume=auto" not in fake_runs[-1].argv
     assert len(list(runs.glob(f"{killed.name}.stopped-*"))) == 1
+
+
+def _run_config(args, cell, run_dir) -> dict:
+    """The run_config.json pretrain/run.py writes for ``cell`` of the grid ``args``."""
+    return to_dict(parse(PretrainConfig, grid.cell_overrides(args, cell, run_dir), prog="pretrain.run"))
+
+
+def test_a_run_with_other_settings_in_a_cells_folder_is_neither_read_nor_continued(tmp_path, fake_runs):
+    """A grid rerun on the same --out with another --max_steps (or other overrides) must not take the old
+    finished runs for its cells, nor continue the interrupted ones with another schedule."""
+    _, old = analysis.parse_args(["grid", "--out", str(tmp_path), "--probe_steps=0", "--max_steps=100"])
+    _, new = analysis.parse_args(["grid", "--out", str(tmp_path), "--probe_steps=0", "--max_steps=500"])
+    finished, resumable = grid.Cell("pre", 128, 2, 0, 1e-3, 0), grid.Cell("post", 128, 2, 0, 1e-3, 0)
+    runs = tmp_path / "runs"
+    for cell in (finished, resumable):
+        write_json_atomic(runs / cell.name / "run_config.json", _run_config(old, cell, runs / cell.name))
+    write_json_atomic(runs / finished.name / "status.json", {"status": "finished", "step": 100})
+    write_json_atomic(runs / resumable.name / "checkpoints" / "step_00000003" / "train_state.json", {"step": 3})
+    for cell in (finished, resumable):
+        result = grid.run_cell(new, cell)
+        assert (result["status"], result["outcome"]) == ("failed", "incomplete")
+        assert "train.max_steps" in result["message"] and "another --out" in result["message"]
+    assert fake_runs == [] and (runs / resumable.name / "checkpoints").is_dir()  # nothing run, nothing moved
+    # The grid it was made with reads the finished run (and resumes the other) as before.
+    assert grid.run_cell(old, finished)["status"] == "finished" and fake_runs == []
+    grid.run_cell(old, resumable)
+    assert fake_runs[-1].argv[-1] == "--train.resume=auto"
 
 
 def test_a_stopped_grid_stops_its_running_cells_and_starts_no_more(tmp_path, fake_runs, monkeypatch):

@@ -21,7 +21,7 @@ import torch
 
 from pretrain.analysis import outcomes, probes
 from pretrain.analysis.common import DEFAULT_OUT, write_outputs
-from pretrain.cli import field_type, require, to_dict
+from pretrain.cli import field_type, parse, require, to_dict
 from pretrain.layout import read_metrics, read_status
 from pretrain.modeling import NORM_PLACEMENTS, NormPlacement
 from pretrain.reporting import format_table, pyplot, save_figure
@@ -280,14 +280,32 @@ class Stopper:
                 signal.signal(sig, handler)
 
 
+def other_settings(args: GridConfig, cell: Cell, run_dir: Path) -> list[str]:
+    """Keys on which the run already in a cell's folder differs from the cell as this grid would run it (another
+    --max_steps or --overrides on the same --out): such a run is not this cell, finished or not, and continuing
+    it would change its schedule mid-run. A stop point (train.stop_at_step) is not a setting."""
+    from pretrain.checkpointing import IDENTICAL_RUN_IGNORES, config_differences
+    from pretrain.config import PretrainConfig
+
+    wanted = parse(PretrainConfig, cell_overrides(args, cell, run_dir), prog="pretrain.run")
+    return config_differences(run_dir, to_dict(wanted), IDENTICAL_RUN_IGNORES | {"train.stop_at_step"})
+
+
 def run_cell(args: GridConfig, cell: Cell, stopper: Stopper | None = None) -> dict[str, Any]:
     """Run one cell in a subprocess (a fresh interpreter per run, as a user would launch it) and probe it. A run
-    that already finished or diverged is read, not rerun; an interrupted one continues from its checkpoint."""
+    that already finished or diverged is read, not rerun; an interrupted one continues from its checkpoint; a
+    run with other settings in the cell's folder is neither (the cell fails, saying so)."""
     from pretrain.checkpointing import latest_checkpoint  # imports accelerate: only when running cells
 
     stopper = stopper or Stopper()
 
     run_dir = Path(args.out) / "runs" / cell.name
+    differ = other_settings(args, cell, run_dir)
+    if differ:
+        message = (f"{run_dir} holds a run with other settings ({', '.join(differ[:6])} differ from this grid's): "
+                   "left as it is. Rerun with the settings it was made with, or use another --out for these.")  # fmt: skip
+        say(f"{cell.name}: {message}")
+        return {**read_cell(run_dir), "status": "failed", "outcome": "incomplete", "message": message}
     if read_status(run_dir).get("status") not in ("finished", "diverged"):
         if stopper.requested.is_set():
             return {**read_cell(run_dir), "status": "not started", "outcome": "incomplete", "message": "grid stopped"}
