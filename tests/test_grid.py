@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import signal
 import subprocess
 import threading
@@ -307,6 +308,40 @@ def test_a_run_with_other_settings_in_a_cells_folder_is_neither_read_nor_continu
     assert grid.run_cell(old, finished)["status"] == "finished" and fake_runs == []
     grid.run_cell(old, resumable)
     assert fake_runs[-1].argv[-1] == "--train.resume=auto"
+
+
+def test_report_only_runs_nothing_and_reports_the_cells_that_ran(tmp_path, fake_runs, monkeypatch):
+    """A map grown over several grids into one --out (depth 6 at two lrs, depth 48 at one) is reported over the
+    union of their axes without running the missing cells."""
+    argv = ["grid", "--out", str(tmp_path), "--probe_steps=0", "--placements=[post, pre]", "--depths=[6, 48]",
+            "--warmup_steps=[0]", "--lrs=[1e-3, 3e-3]", "--report_only"]  # fmt: skip
+    _, args = analysis.parse_args(argv)
+    runs = tmp_path / "runs"
+    losses = {("post", 6, 1e-3, 0): 5.9, ("pre", 6, 1e-3, 0): 5.9, ("post", 6, 3e-3, 0): 6.2,
+              ("pre", 6, 3e-3, 0): 6.2, ("post", 48, 1e-3, 0): 6.2, ("pre", 48, 1e-3, 0): 5.9,
+              ("post", 48, 1e-3, 1): 6.2}  # fmt: skip
+    for (placement, depth, lr, seed), loss in losses.items():
+        run_dir = runs / grid.Cell(placement, 128, depth, 0, lr, seed).name
+        write_json_atomic(run_dir / "status.json", {"status": "finished", "step": 4})
+        rows = [{"step": s, "train/mlm_loss": 6.5} for s in (1, 2, 3, 4)] + [{"step": 4, "val/mlm_loss": loss}]
+        (run_dir / "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    unended = grid.Cell("sandwich", 128, 6, 0, 1e-3, 0)  # not among --placements: not reported
+    write_json_atomic(runs / unended.name / "status.json", {"status": "running", "step": 2})
+    started = grid.Cell("pre", 128, 48, 0, 3e-3, 0)  # started elsewhere, not ended
+    write_json_atomic(runs / started.name / "status.json", {"status": "running", "step": 2})
+    reference = {"train_unigram_entropy": 6.1, "val_unigram_cross_entropy": 6.2}
+    monkeypatch.setattr(probes, "probe_cell", lambda run_dir, **kw: dict(reference))
+    assert analysis.main(argv) == 0
+    assert fake_runs == []  # nothing was run
+    results = json.loads((tmp_path / "results.json").read_text())
+    assert set(results["cells"]) == {grid.Cell(p, 128, d, 0, lr, s).name for p, d, lr, s in losses} | {started.name}
+    assert results["cells"][started.name]["outcome"] == "incomplete"
+    assert results["settings"]["post/128/48/0/0.001"] == "failed to train"  # both seeds agree
+    assert "post/128/48/0/0.003" not in results["settings"]  # never run: no outcome, not on any boundary
+    table = (tmp_path / "table.txt").read_text()
+    post_rows = table.split("post-LN")[1].split("pre-LN")[0]
+    assert re.search(r"depth 48, warm-up 0 +plateau 6\.200 \(2\) +-\n", post_rows), post_rows  # 3e-3: never run
+    assert "pre d48 h128 w0 lr0.001: trained" in table  # on the boundary: Post-LN failed there
 
 
 def test_a_stopped_grid_stops_its_running_cells_and_starts_no_more(tmp_path, fake_runs, monkeypatch):

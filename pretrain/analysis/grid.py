@@ -78,6 +78,10 @@ class GridConfig:
     """A pretrain/run.py preset YAML applied to every cell first."""
     overrides: list[str] = field(default_factory=list)
     """Extra pretrain/run.py overrides for every cell (they win), e.g. '[train.per_device_batch_size=16]'."""
+    report_only: bool = False
+    """Run nothing: report the cells under --out that have a run folder (ended ones with their outcome), the rest
+    of the axes shown as '-'. One report over the union of the axes of grids that ran different parts of a map
+    into the same --out (e.g. more learning rates at depth 6 than at depth 48)."""
     jobs: int = 1
     """Cells run at once, each its own process; on a CPU, set OMP_NUM_THREADS to cores / jobs."""
     out: str = str(DEFAULT_OUT / "grid")
@@ -307,6 +311,8 @@ def run_cell(args: GridConfig, cell: Cell, stopper: Stopper | None = None) -> di
         say(f"{cell.name}: {message}")
         return {**read_cell(run_dir), "status": "failed", "outcome": "incomplete", "message": message}
     if read_status(run_dir).get("status") not in ("finished", "diverged"):
+        if args.report_only:
+            return {**read_cell(run_dir), "outcome": "incomplete", "message": "not ended (--report_only runs nothing)"}
         if stopper.requested.is_set():
             return {**read_cell(run_dir), "status": "not started", "outcome": "incomplete", "message": "grid stopped"}
         argv = cell_overrides(args, cell, run_dir)
@@ -358,8 +364,13 @@ def extra_seed_cells(args: GridConfig, results: dict[Cell, dict[str, Any]]) -> l
 def run(args: GridConfig) -> int:
     out = Path(args.out)
     with Stopper().installed() as stopper:
-        results = run_cells(args, grid_cells(args, args.seeds), stopper)
-        extra = extra_seed_cells(args, results)
+        if args.report_only:
+            seeds = [*args.seeds, *(max(args.seeds) + k for k in range(1, args.boundary_seeds - len(args.seeds) + 1))]
+            started = [cell for cell in grid_cells(args, seeds) if (out / "runs" / cell.name).is_dir()]
+            results = run_cells(args, started, stopper)
+        else:
+            results = run_cells(args, grid_cells(args, args.seeds), stopper)
+        extra = [] if args.report_only else extra_seed_cells(args, results)
         if extra and not stopper.requested.is_set():
             say(f"{len({c.setting for c in extra})} settings on the boundary: {len(extra)} more seeds")
             results |= run_cells(args, extra, stopper)
@@ -377,7 +388,7 @@ def run(args: GridConfig) -> int:
     plot_grid(args, results, combined, out / "grid.png")
     plot_probes(args, results, shown, out / "boundary.png")
     failed = [cell.name for cell, r in results.items() if r["status"] not in ("finished", "diverged")]
-    return 1 if failed else 0
+    return 1 if failed and not args.report_only else 0
 
 
 # --------------------------------------------------------------------------------------------------

@@ -29,6 +29,10 @@ PROBE_FILE = "grid_probe.json"
 
 _data_cache: dict[str, tuple[dict[str, float], dict[str, torch.Tensor]]] = {}
 _data_lock = threading.Lock()  # the grid measures finished cells from several threads
+# from_pretrained is not thread-safe: two threads loading at once made transformers report (and re-initialise)
+# the tied MLM decoder as missing in one of them. The encoder output measured here was unaffected, but one
+# load at a time costs nothing next to the runs.
+_load_lock = threading.Lock()
 
 
 def unigram_reference(
@@ -95,7 +99,8 @@ def output_changes(run_dir: Path, batch: dict[str, torch.Tensor], max_step: int)
     hf_logging.disable_progress_bar()  # one "Loading weights" bar per snapshot would bury the grid's own lines
     outputs = []
     for snap in [s for s in list_snapshots(run_dir) if s.step <= max_step]:
-        model = LNBertForPreTraining.from_pretrained(snap.path).eval()
+        with _load_lock:
+            model = LNBertForPreTraining.from_pretrained(snap.path).eval()
         hidden = model.bert(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"]).last_hidden_state
         outputs.append((snap.step, hidden.float()))
     return [
