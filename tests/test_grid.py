@@ -315,7 +315,6 @@ def test_report_only_runs_nothing_and_reports_the_cells_that_ran(tmp_path, fake_
     union of their axes without running the missing cells."""
     argv = ["grid", "--out", str(tmp_path), "--probe_steps=0", "--placements=[post, pre]", "--depths=[6, 48]",
             "--warmup_steps=[0]", "--lrs=[1e-3, 3e-3]", "--report_only"]  # fmt: skip
-    _, args = analysis.parse_args(argv)
     runs = tmp_path / "runs"
     losses = {("post", 6, 1e-3, 0): 5.9, ("pre", 6, 1e-3, 0): 5.9, ("post", 6, 3e-3, 0): 6.2,
               ("pre", 6, 3e-3, 0): 6.2, ("post", 48, 1e-3, 0): 6.2, ("pre", 48, 1e-3, 0): 5.9,
