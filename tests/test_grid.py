@@ -412,3 +412,10 @@ def test_grid_runs_cells_at_two_depths_and_continues_after_a_stop(tmp_path):
     logs = {p: p.stat().st_mtime_ns for p in (out / "logs").iterdir()}
     assert analysis.main(argv) == 0
     assert {p: p.stat().st_mtime_ns for p in (out / "logs").iterdir()} == logs
+
+
+def test_loss_curves_are_drawn_as_running_means():
+    curve = [[1, 8.0], [2, 6.0], [3, 7.0], [4, 5.0]]
+    assert grid.smoothed(curve, 2) == ([2, 3, 4], [7.0, 6.5, 6.0])
+    assert grid.smoothed(curve, 1) == ([1, 2, 3, 4], [8.0, 6.0, 7.0, 5.0])
+    assert grid.smoothed(curve[:1], 5) == ([1], [8.0])  # shorter than the window: one mean

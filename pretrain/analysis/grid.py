@@ -529,8 +529,10 @@ def plot_grid(args: GridConfig, results: dict[Cell, dict[str, Any]], combined: d
     n = len(args.placements)
     n_cols = 2 if n > 2 else n
     n_rows = math.ceil(n / n_cols)
-    fig, axes = plt.subplots(n_rows, n_cols, squeeze=False, figsize=(
-        1.8 + 1.25 * len(lrs) * n_cols, 0.9 + (0.45 * len(row_keys) + 0.8) * n_rows))  # fmt: skip
+    # Constrained layout keeps each panel's row labels, title and x label clear of its neighbours' (and the
+    # colour bar clear of the panels); sizes in inches: 1.25 per lr column, 0.45 per row, the rest for labels.
+    fig, axes = plt.subplots(n_rows, n_cols, squeeze=False, layout="constrained", figsize=(
+        1.2 + (1.3 * len(lrs) + 1.3) * n_cols, (0.45 * len(row_keys) + 1.1) * n_rows))  # fmt: skip
     cmap = plt.get_cmap("viridis").with_extremes(bad="lightgray")
     image = None
     for k, placement in enumerate(args.placements):
@@ -543,7 +545,7 @@ def plot_grid(args: GridConfig, results: dict[Cell, dict[str, Any]], combined: d
                 dark = not math.isnan(value) and value < (vmin + vmax) / 2  # the low end of viridis is dark
                 text = describe_setting(_seed_results(results, setting), combined.get(setting, "incomplete"))
                 ax.text(j, i, text.replace(" (", "\n(").replace("|", "\n"), ha="center", va="center",
-                        fontsize=7, color="white" if dark else "black")  # fmt: skip
+                        fontsize=8, color="white" if dark else "black")  # fmt: skip
                 if combined.get(setting) == "seeds differ":
                     ax.add_patch(Rectangle((j - 0.48, i - 0.48), 0.96, 0.96, fill=False, edgecolor="red", lw=2))
         ax.set_xticks(range(len(lrs)), [f"{lr:g}" for lr in lrs])
@@ -559,6 +561,15 @@ def plot_grid(args: GridConfig, results: dict[Cell, dict[str, Any]], combined: d
     print(f"wrote {save_figure(fig, path, tight_layout=False)}")
 
 
+def smoothed(curve: list[list[float]], window: int) -> tuple[list[float], list[float]]:
+    """(steps, losses) of a [[step, loss], ...] curve as the running mean of ``window`` points, each at the last
+    step of its window (a short curve: the mean of all its points so far)."""
+    steps, losses = zip(*curve, strict=True)
+    window = max(1, min(window, len(losses)))
+    means = torch.tensor(losses, dtype=torch.float64).unfold(0, window, 1).mean(1).tolist()
+    return list(steps[window - 1 :]), means
+
+
 def plot_probes(args: GridConfig, results: dict[Cell, dict[str, Any]], shown: list[tuple], path: Path) -> None:
     """Per shown setting (a column): training MLM loss curves of every placement and seed with the unigram
     entropy dashed; FFN gradient norm per layer at step 1; relative output change of each of the first updates."""
@@ -566,6 +577,7 @@ def plot_probes(args: GridConfig, results: dict[Cell, dict[str, Any]], shown: li
     if not shown:
         return
     fig, axes = plt.subplots(3, len(shown), figsize=(3.0 * len(shown), 7.8), squeeze=False)
+    window = max(1, args.max_steps // 25)  # a loss per step of a small batch is too noisy to compare curves by
     for col, corner in enumerate(shown):
         loss_ax, grad_ax, change_ax = axes[:, col]
         width, depth, warmup, lr = corner
@@ -575,8 +587,8 @@ def plot_probes(args: GridConfig, results: dict[Cell, dict[str, Any]], shown: li
                 label = f"{placement} {_one(r)}"
                 style = ["-", "--", ":", "-."][k % 4]
                 if r["train_curve"]:
-                    steps, losses = zip(*r["train_curve"], strict=True)
-                    loss_ax.plot(steps, losses, style, color=color, lw=0.9, marker=".", ms=2, label=label)
+                    steps, losses = smoothed(r["train_curve"], window)
+                    loss_ax.plot(steps, losses, style, color=color, lw=0.9, label=label)
                 probe = r.get("probe") or {}
                 if k == 0 and probe:
                     loss_ax.axhline(probe["train_unigram_entropy"], color="gray", ls="--", lw=0.8)
@@ -591,7 +603,7 @@ def plot_probes(args: GridConfig, results: dict[Cell, dict[str, Any]], shown: li
                                    color=color, ms=3, lw=0.9)  # fmt: skip
         loss_ax.set_title(f"d{depth} h{width} w{warmup} lr{lr:g}", fontsize=9)
         loss_ax.set_xlabel("step")
-        loss_ax.set_ylabel("train MLM loss (dashed: unigram)")
+        loss_ax.set_ylabel(f"train MLM loss, mean of {window} steps (dashed: unigram)", fontsize=8)
         grad_ax.set_xlabel("layer")
         grad_ax.set_ylabel("FFN grad norm at step 1")
         change_ax.set_xlabel("update t")
