@@ -29,10 +29,8 @@ from finetune.manifest import ResultsFolder
 from finetune.schedule import collect, results_dir, submit
 from finetune.store import ResultStore, StoreVersionError
 from finetune.tracking import WandbSettings, check_wandb
-from finetune.worker import RUNTIME_FIELDS, describe_model, job_specs
+from finetune.worker import RUNTIME_FIELDS, check_snapshot, describe_model, job_specs
 from pretrain.cli import parse, require, run_cli
-from pretrain.layout import SNAPSHOT_INFO, SNAPSHOT_MARKER
-from pretrain.manifest import ManifestError, verify_manifest
 
 
 @dataclass(kw_only=True)
@@ -68,22 +66,6 @@ class RunConfig:
         check_tasks("task", [self.task])
         validate_grid(self.lrs, self.seeds)
         require(self.max_attempts >= 1, "max_attempts", f"must be >= 1; got {self.max_attempts}")
-
-
-def check_snapshot(path: Path) -> None:
-    """A pretraining snapshot (a folder with snapshot.json; a plain Hugging Face folder has none) is used only
-    when complete (COMPLETE marker) and when its files match its manifest."""
-    if not (path / SNAPSHOT_INFO).is_file():
-        return
-    if not (path / SNAPSHOT_MARKER).is_file():
-        raise ValueError(
-            f"--model {str(path)!r} is a snapshot without its {SNAPSHOT_MARKER} marker: it is still being written, "
-            "or its run was killed while writing it (the resumed run writes it again). Use a complete snapshot."
-        )
-    try:
-        verify_manifest(path)
-    except ManifestError as err:
-        raise ValueError(f"--model {str(path)!r} is a damaged snapshot: {err}") from None
 
 
 def run(config: RunConfig) -> list[dict[str, Any]]:

@@ -24,7 +24,8 @@ from finetune.store import ResultStore
 from finetune.tracking import WandbSettings, job_run
 from finetune.train import DataCache, finetune
 from pretrain.identity import read_run_id
-from pretrain.layout import SNAPSHOT_INFO
+from pretrain.layout import SNAPSHOT_INFO, SNAPSHOT_MARKER
+from pretrain.manifest import ManifestError, verify_manifest
 
 # Recipe fields that say how a worker runs, not what it computes (left out of a job's key).
 RUNTIME_FIELDS = ("eval_batch_size", "torch_threads", "device", "progress")
@@ -52,6 +53,26 @@ def _placement(info: dict[str, Any], config: dict[str, Any]) -> str:
     if placement is None:
         placement = "post" if config.get("model_type") == "bert" else "unknown"
     return str(placement)
+
+
+def check_snapshot(path: Path) -> None:
+    """A pretraining snapshot (a folder with snapshot.json; a plain Hugging Face folder has none) is used only
+    when complete (COMPLETE marker) and when its files match its manifest. Checked by finetune.run on the
+    user's --model, and by every scheduled job before it loads the weights (a snapshot damaged after it was
+    found fails its jobs, with the reason, instead of being fine-tuned)."""
+    if not (path / SNAPSHOT_INFO).is_file():
+        return
+    if not (path / SNAPSHOT_MARKER).is_file():
+        raise ValueError(
+            f"{str(path)!r} is a snapshot without its {SNAPSHOT_MARKER} marker: it is still being written, "
+            "or its run was killed while writing it (the resumed run writes it again). Use a complete snapshot."
+        )
+    try:
+        verify_manifest(path)
+    except ManifestError as err:
+        raise ValueError(
+            f"{str(path)!r} is a damaged snapshot: {err}. It is not fine-tuned: restore it from a copy, or use another."
+        ) from None
 
 
 def describe_model(model: str | Path, store: ResultStore) -> dict[str, Any]:
@@ -118,6 +139,7 @@ def run_job(job: ManifestJob, manifest: Manifest, folder: ResultsFolder, cache: 
     """Run one job and write its result file (or its failure file). Returns done, duplicate or failed."""
     spec, runtime = job.spec, manifest.runtime
     try:
+        check_snapshot(Path(spec.model_path))
         recipe = FinetuneConfig(**spec.recipe, **runtime["recipe"])
         data = cache.get(spec.model_path, spec.task, runtime["data_dir"], recipe)
         tracking = WandbSettings(**runtime["wandb"]) if runtime.get("wandb") else None

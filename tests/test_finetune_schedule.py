@@ -140,6 +140,20 @@ def test_failing_job_is_recorded_and_retried_up_to_max_attempts(tmp_path: Path) 
     assert [e["event"] for e in events(config)] == ["queued", "submitted", "failed", "submitted", "failed"]
 
 
+def test_a_snapshot_damaged_after_it_was_found_is_not_fine_tuned(tmp_path: Path) -> None:
+    """Bytes changed in place (the same size, still a loadable safetensors file): the job checks the snapshot's
+    manifest before loading it, so it fails with the reason instead of fine-tuning other weights."""
+    run_dir = make_run(tmp_path, "post_ln", "post", steps=(10,))
+    weights = run_dir / "snapshots" / "step_00000010" / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-8:] = bytes(b ^ 0x01 for b in data[-8:])  # the last weights' low bits: loads, but not what was trained
+    weights.write_bytes(bytes(data))
+    config = config_for(tmp_path, [run_dir], max_attempts=1)
+    (failure,) = schedule(config)
+    assert failure["status"] == "failed"
+    assert "damaged snapshot" in failure["error"] and "model.safetensors does not match its checksum" in failure["error"]
+
+
 def test_follow_picks_up_new_snapshots_until_the_run_ends(tmp_path: Path) -> None:
     run_dir = make_run(tmp_path, "pre_ln", "pre", steps=(10,), incomplete_steps=(20,), status="running")
     config = config_for(tmp_path, [run_dir], mode="follow")
