@@ -151,7 +151,9 @@ def test_a_snapshot_damaged_after_it_was_found_is_not_fine_tuned(tmp_path: Path)
     config = config_for(tmp_path, [run_dir], max_attempts=1)
     (failure,) = schedule(config)
     assert failure["status"] == "failed"
-    assert "damaged snapshot" in failure["error"] and "model.safetensors does not match its checksum" in failure["error"]
+    assert (
+        "damaged snapshot" in failure["error"] and "model.safetensors does not match its checksum" in failure["error"]
+    )
 
 
 def test_follow_picks_up_new_snapshots_until_the_run_ends(tmp_path: Path) -> None:
