@@ -530,7 +530,7 @@ def plot_grid(args: GridConfig, results: dict[Cell, dict[str, Any]], combined: d
     n_cols = 2 if n > 2 else n
     n_rows = math.ceil(n / n_cols)
     # Constrained layout keeps each panel's row labels, title and x label clear of its neighbours' (and the
-    # colour bar clear of the panels); sizes in inches: 1.25 per lr column, 0.45 per row, the rest for labels.
+    # colour bar clear of the panels); sizes in inches: 1.3 per lr column, 0.45 per row, the rest for labels.
     fig, axes = plt.subplots(n_rows, n_cols, squeeze=False, layout="constrained", figsize=(
         1.2 + (1.3 * len(lrs) + 1.3) * n_cols, (0.45 * len(row_keys) + 1.1) * n_rows))  # fmt: skip
     cmap = plt.get_cmap("viridis").with_extremes(bad="lightgray")
