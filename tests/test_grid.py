@@ -304,6 +304,10 @@ def test_a_run_with_other_settings_in_a_cells_folder_is_neither_read_nor_continu
         assert (result["status"], result["outcome"]) == ("failed", "incomplete")
         assert "train.max_steps" in result["message"] and "another --out" in result["message"]
     assert fake_runs == [] and (runs / resumable.name / "checkpoints").is_dir()  # nothing run, nothing moved
+    # Saving more or less often does not make another cell.
+    _, saving = analysis.parse_args(["grid", "--out", str(tmp_path), "--probe_steps=0", "--max_steps=100",
+                                     "--overrides=[train.checkpoint_every=50]"])  # fmt: skip
+    assert grid.run_cell(saving, finished)["status"] == "finished" and fake_runs == []
     # The grid it was made with reads the finished run (and resumes the other) as before.
     assert grid.run_cell(old, finished)["status"] == "finished" and fake_runs == []
     grid.run_cell(old, resumable)

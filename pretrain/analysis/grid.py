@@ -284,15 +284,24 @@ class Stopper:
                 signal.signal(sig, handler)
 
 
+# pretrain/run.py settings that do not change what a cell measures (where and how often it saves, how it loads
+# data, when it was stopped); any other difference makes the run in a cell's folder another cell.
+SAME_CELL_IGNORES = frozenset({
+    "train.output_dir", "train.resume", "train.stop_at_step", "train.checkpoint_every", "train.keep_last_checkpoints",
+    "train.num_workers", "train.peak_flops_per_device", "train.collective_timeout_s", "data.num_proc",
+    "data.cache_dir", "data.max_inline_preparation_mb",
+})  # fmt: skip
+
+
 def other_settings(args: GridConfig, cell: Cell, run_dir: Path) -> list[str]:
     """Keys on which the run already in a cell's folder differs from the cell as this grid would run it (another
     --max_steps or --overrides on the same --out): such a run is not this cell, finished or not, and continuing
-    it would change its schedule mid-run. A stop point (train.stop_at_step) is not a setting."""
-    from pretrain.checkpointing import IDENTICAL_RUN_IGNORES, config_differences
+    it would change its schedule mid-run. Settings in SAME_CELL_IGNORES may differ."""
+    from pretrain.checkpointing import config_differences
     from pretrain.config import PretrainConfig
 
     wanted = parse(PretrainConfig, cell_overrides(args, cell, run_dir), prog="pretrain.run")
-    return config_differences(run_dir, to_dict(wanted), IDENTICAL_RUN_IGNORES | {"train.stop_at_step"})
+    return config_differences(run_dir, to_dict(wanted), SAME_CELL_IGNORES)
 
 
 def run_cell(args: GridConfig, cell: Cell, stopper: Stopper | None = None) -> dict[str, Any]:
