@@ -423,3 +423,13 @@ def test_loss_curves_are_drawn_as_running_means():
     assert grid.smoothed(curve, 2) == ([2, 3, 4], [7.0, 6.5, 6.0])
     assert grid.smoothed(curve, 1) == ([1, 2, 3, 4], [8.0, 6.0, 7.0, 5.0])
     assert grid.smoothed(curve[:1], 5) == ([1], [8.0])  # shorter than the window: one mean
+
+
+def test_read_cell_keeps_the_lowest_and_highest_layers_gradient_over_the_run(tmp_path):
+    rows = [{"step": 0, "val/mlm_loss": 7.6}] + [
+        {"step": step, "train/mlm_loss": 6.5, **{f"grad_norm/layer_{i:02d}/ffn": step * 100 + i for i in range(101)},
+         "grad_norm/layer_00/attn": -1.0}
+        for step in (1, 2)
+    ]  # fmt: skip
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    assert grid.read_cell(tmp_path)["ffn_grad_first_last"] == [[1, 100, 200], [2, 200, 300]]

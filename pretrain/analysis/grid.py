@@ -206,12 +206,20 @@ def read_cell(run_dir: Path) -> dict[str, Any]:
     # A run killed after its last checkpoint logs some steps twice (before the kill and after resuming): the
     # later line is the one the finished run continued from.
     curve = {row["step"]: row["train/mlm_loss"] for row in rows if "train/mlm_loss" in row}
+    # The lowest and the highest layer's FFN gradient norm at every logged step: where Post-LN's lower layers
+    # stop learning (Liu et al. 2020's gradient vanishing toward the input) shows over the whole run.
+    ffn = sorted(
+        {k for row in rows for k in row if k.startswith("grad_norm/layer_") and k.endswith("/ffn")},
+        key=lambda k: int(k.split("/")[1].removeprefix("layer_")),  # layer_100 after layer_99
+    )
+    grads = {row["step"]: [row[ffn[0]], row[ffn[-1]]] for row in rows if ffn and ffn[0] in row and ffn[-1] in row}
     return {
         "status": status.get("status", "unknown"),
         "diverged_at_step": status.get("diverged_at_step"),
         "val_mlm_loss": val[-1]["val/mlm_loss"] if val else None,
         "val_step": val[-1]["step"] if val else None,
         "train_curve": sorted([step, loss] for step, loss in curve.items()),
+        "ffn_grad_first_last": sorted([step, *pair] for step, pair in grads.items()),
         "message": status.get("message", ""),
     }
 
@@ -581,14 +589,15 @@ def smoothed(curve: list[list[float]], window: int) -> tuple[list[float], list[f
 
 def plot_probes(args: GridConfig, results: dict[Cell, dict[str, Any]], shown: list[tuple], path: Path) -> None:
     """Per shown setting (a column): training MLM loss curves of every placement and seed with the unigram
-    entropy dashed; FFN gradient norm per layer at step 1; relative output change of each of the first updates."""
+    entropy dashed; the lowest layer's FFN gradient norm over the run; FFN gradient norm per layer at step 1;
+    relative output change of each of the first updates."""
     plt = pyplot()
     if not shown:
         return
-    fig, axes = plt.subplots(3, len(shown), figsize=(3.0 * len(shown), 7.8), squeeze=False)
+    fig, axes = plt.subplots(4, len(shown), figsize=(3.0 * len(shown), 10.4), squeeze=False)
     window = max(1, args.max_steps // 25)  # a loss per step of a small batch is too noisy to compare curves by
     for col, corner in enumerate(shown):
-        loss_ax, grad_ax, change_ax = axes[:, col]
+        loss_ax, low_ax, grad_ax, change_ax = axes[:, col]
         width, depth, warmup, lr = corner
         for placement in args.placements:
             color = f"C{NORM_PLACEMENTS.index(placement)}"
@@ -598,6 +607,9 @@ def plot_probes(args: GridConfig, results: dict[Cell, dict[str, Any]], shown: li
                 if r["train_curve"]:
                     steps, losses = smoothed(r["train_curve"], window)
                     loss_ax.plot(steps, losses, style, color=color, lw=0.9, label=label)
+                if r.get("ffn_grad_first_last"):
+                    steps, first, _ = zip(*r["ffn_grad_first_last"], strict=True)
+                    low_ax.plot(steps, first, style, color=color, lw=0.8)
                 probe = r.get("probe") or {}
                 if k == 0 and probe:
                     loss_ax.axhline(probe["train_unigram_entropy"], color="gray", ls="--", lw=0.8)
@@ -613,11 +625,13 @@ def plot_probes(args: GridConfig, results: dict[Cell, dict[str, Any]], shown: li
         loss_ax.set_title(f"d{depth} h{width} w{warmup} lr{lr:g}", fontsize=9)
         loss_ax.set_xlabel("step")
         loss_ax.set_ylabel(f"train MLM loss, mean of {window} steps (dashed: unigram)", fontsize=8)
+        low_ax.set_xlabel("step")
+        low_ax.set_ylabel("layer 1's FFN grad norm", fontsize=8)
         grad_ax.set_xlabel("layer")
         grad_ax.set_ylabel("FFN grad norm at step 1")
         change_ax.set_xlabel("update t")
         change_ax.set_ylabel("||f(W_t) - f(W_t-1)|| / ||f(W_t-1)||")
-        for ax in (grad_ax, change_ax):
+        for ax in (low_ax, grad_ax, change_ax):
             if ax.has_data():
                 ax.set_yscale("log")
         if loss_ax.get_legend_handles_labels()[0]:
