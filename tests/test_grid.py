@@ -433,3 +433,10 @@ def test_read_cell_keeps_the_lowest_and_highest_layers_gradient_over_the_run(tmp
     ]  # fmt: skip
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
     assert grid.read_cell(tmp_path)["ffn_grad_first_last"] == [[1, 100, 200], [2, 200, 300]]
+
+
+def test_late_gradients_are_the_median_of_the_last_tenth():
+    rows = [[step, 1.0, 2.0] for step in range(1, 91)] + [[91, 1e-9, 3.0], [92, 5e-9, 3.0], [93, 9.0, 3.0]]
+    rows += [[step, 2e-9, 3.0] for step in range(94, 101)]
+    assert grid.late_grads(rows) == pytest.approx((2e-9, 3.0))
+    assert grid.late_grads([]) is None

@@ -457,6 +457,14 @@ def probe_settings(args: GridConfig, on_boundary: set[tuple]) -> list[tuple]:
     return corners[:6]
 
 
+def late_grads(first_last: list[list[float]]) -> tuple[float, float] | None:
+    """Median FFN gradient norm of the lowest and the highest layer over the last tenth of the logged steps."""
+    if not first_last:
+        return None
+    tail = first_last[-max(1, len(first_last) // 10) :]
+    return tuple(float(torch.tensor([row[i] for row in tail]).median()) for i in (1, 2))
+
+
 def probe_lines(args: GridConfig, results: dict[Cell, dict[str, Any]], shown: list[tuple]) -> list[list[Any]]:
     """Per shown setting, placement and seed: FFN gradient norm of the first and last layer at step 1 and their
     ratio, and the relative output change of each of the first updates."""
@@ -468,11 +476,13 @@ def probe_lines(args: GridConfig, results: dict[Cell, dict[str, Any]], shown: li
                 grads = probe.get("first_grad_norms", {}).get("1", {}).get("ffn")
                 changes = [c["change"] for c in probe.get("output_changes", [])]
                 width, depth, warmup, lr = corner
+                late = late_grads(r.get("ffn_grad_first_last", []))
                 rows.append([
                     placement, f"d{depth} h{width} w{warmup} lr{lr:g}", _one(r),
                     f"{grads[0]:.3g}" if grads else "-", f"{grads[-1]:.3g}" if grads else "-",
                     f"{probes.ratio_last_to_first(grads):.3g}" if grads else "-",
                     " ".join(f"{c:.3g}" for c in changes) or "-",
+                    f"{late[0]:.2g} / {late[1]:.2g}" if late else "-",
                 ])  # fmt: skip
     return rows
 
@@ -511,9 +521,11 @@ def report_table(
     what = "boundary" if on_boundary else "no boundary: the deepest, highest-lr corner"
     sections.append(
         f"first steps of the shown settings ({what}); FFN gradient norm (raw, before clipping) of the first and "
-        f"last layer at step 1; relative change of the encoder output on a fixed batch by updates 1..{args.probe_steps}"
+        f"last layer at step 1; relative change of the encoder output on a fixed batch by updates 1..{args.probe_steps}; "
+        "median FFN gradient norm of the first and last layer over the last tenth of the run"
         "\n" + format_table(
-            ["placement", "setting", "result", "grad L1", "grad Llast", "last/first", "output change per update"],
+            ["placement", "setting", "result", "grad L1", "grad Llast", "last/first", "output change per update",
+             "late grad L1 / Llast"],
             probe_lines(args, results, shown),
         )
     )  # fmt: skip
