@@ -21,6 +21,7 @@ from finetune.manifest import ResultsFolder
 from finetune.schedule import ScheduleConfig, main, schedule
 from finetune.store import ResultStore
 from pretrain.layout import SNAPSHOT_MARKER
+from pretrain.manifest import write_manifest
 from tests.finetune_fixtures import QUICK, config_for, make_run, set_status
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -166,7 +167,9 @@ def test_follow_picks_up_new_snapshots_until_the_run_ends(tmp_path: Path) -> Non
         assert follower.is_alive() and time.time() < deadline
         time.sleep(0.1)
     assert follower.is_alive()  # the run is still going: keep following
-    (run_dir / "snapshots" / "step_00000020" / SNAPSHOT_MARKER).write_text("")
+    snapshot = run_dir / "snapshots" / "step_00000020"
+    write_manifest(snapshot)  # the run finishes the snapshot as pretrain/run.py does: manifest, then the marker
+    (snapshot / SNAPSHOT_MARKER).write_text("")
     set_status(run_dir, "pre_ln", "pre", "finished", 20)
     follower.join(timeout=120)
     assert not follower.is_alive()
