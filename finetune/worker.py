@@ -67,12 +67,21 @@ def check_snapshot(path: Path) -> None:
             f"{str(path)!r} is a snapshot without its {SNAPSHOT_MARKER} marker: it is still being written, "
             "or its run was killed while writing it (the resumed run writes it again). Use a complete snapshot."
         )
+    # Hashing a BERT-base snapshot takes a second or two, and a task runs many jobs on one snapshot: hash it again
+    # only when a file's size or modification time changed since it last verified in this process.
+    stamp = tuple(sorted((f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in path.iterdir() if f.is_file()))
+    if _verified.get(path.resolve()) == stamp:
+        return
     try:
         verify_manifest(path)
     except ManifestError as err:
         raise ValueError(
             f"{str(path)!r} is a damaged snapshot: {err}. It is not fine-tuned: restore it from a copy, or use another."
         ) from None
+    _verified[path.resolve()] = stamp
+
+
+_verified: dict[Path, tuple] = {}  # snapshot folder -> the (name, size, mtime) of its files when it last verified
 
 
 def describe_model(model: str | Path, store: ResultStore) -> dict[str, Any]:
