@@ -18,6 +18,7 @@ from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processor
 from transformers import PreTrainedTokenizerFast
 
 from finetune.glue import TASKS, read_tsv
+from finetune.manifest import JobSpec
 from finetune.schedule import ScheduleConfig
 from pretrain.cli import from_dict
 from pretrain.identity import ensure_run_id
@@ -154,3 +155,11 @@ def config_for(tmp_path: Path, runs: list[Path], **overrides: Any) -> ScheduleCo
     )
     values.update(overrides)
     return from_dict(ScheduleConfig, values)
+
+
+def job_spec(**overrides: Any) -> JobSpec:
+    """A job's key fields with placeholder values (no files behind them); ``overrides`` win."""
+    values: dict[str, Any] = dict(run_id="r-1", run_name="r", run_dir="/r", placement="post", pretrain_step=1,
+                                  tokens_seen=None, model_path="/r/s", snapshot_hash="h", task="mrpc", lr=2e-5,
+                                  seed=0, recipe={"epochs": 3})  # fmt: skip
+    return JobSpec(**{**values, **overrides})

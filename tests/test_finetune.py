@@ -6,6 +6,7 @@ import json
 import sqlite3
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -13,7 +14,7 @@ from torch import nn
 
 from finetune.config import FinetuneConfig
 from finetune.glue import TASKS, batches, encode, get_task, load_task, read_tsv
-from finetune.manifest import JobSpec, ManifestJob, ResultsFolder
+from finetune.manifest import ManifestJob, ResultsFolder
 from finetune.run import RunConfig, run
 from finetune.run import cli as run_cli
 from finetune.run import main as run_main
@@ -23,11 +24,9 @@ from finetune.train import make_optimizer, make_scheduler
 from finetune.worker import describe_model, job_specs
 from pretrain.cli import ConfigError, from_dict, load_yaml, parse
 from pretrain.layout import SNAPSHOT_INFO
-from tests.finetune_fixtures import FIXTURE_GLUE, make_run, tiny_tokenizer, write_snapshot
+from tests.finetune_fixtures import FIXTURE_GLUE, QUICK, job_spec, make_run, tiny_tokenizer, write_snapshot
 
 ROOT = Path(__file__).resolve().parents[1]
-# A few optimizer steps on a few examples: seconds on a shared CPU.
-QUICK = dict(batch_size=4, epochs=1, max_train_examples=8, max_eval_examples=8, torch_threads=1, progress=False)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -198,18 +197,16 @@ def test_one_job_key_for_a_snapshot_however_it_is_found(tmp_path: Path) -> None:
     assert {k: getattr(discovered[0], k) for k in described} == described
 
 
+def quick_run(snapshot: Path, task: str, store: Path, seeds: list[int] | None = None, **recipe: Any) -> RunConfig:
+    """finetune.run's config for ``snapshot`` on the fixture GLUE at lr 1e-3 with the QUICK recipe."""
+    return RunConfig(model=str(snapshot), task=task, data_dir=str(FIXTURE_GLUE), lrs=[1e-3], seeds=seeds or [0],
+                     store=str(store), recipe=FinetuneConfig(**QUICK, **recipe))  # fmt: skip
+
+
 def test_finetune_writes_rows_then_skips_them(tmp_path: Path) -> None:
     run_dir = make_run(tmp_path, "pre_ln", "pre", steps=(10,))
     snapshot = run_dir / "snapshots" / "step_00000010"
-    config = RunConfig(
-        model=str(snapshot),
-        task="mrpc",
-        data_dir=str(FIXTURE_GLUE),
-        lrs=[1e-3],
-        seeds=[0, 1],
-        store=str(tmp_path / "results.sqlite"),
-        recipe=FinetuneConfig(**QUICK),
-    )
+    config = quick_run(snapshot, "mrpc", tmp_path / "results.sqlite", seeds=[0, 1])
     rows = run(config)
     assert [(r["status"], r["seed"], r["attempts"]) for r in rows] == [("done", 0, 1), ("done", 1, 1)]
     row = rows[0]
@@ -233,15 +230,7 @@ def test_finetune_writes_rows_then_skips_them(tmp_path: Path) -> None:
 
 def test_finetune_run_takes_over_the_jobs_of_a_killed_run(tmp_path: Path) -> None:
     snapshot = make_run(tmp_path, "pre_ln", "pre", steps=(10,)) / "snapshots" / "step_00000010"
-    config = RunConfig(
-        model=str(snapshot),
-        task="mrpc",
-        data_dir=str(FIXTURE_GLUE),
-        lrs=[1e-3],
-        seeds=[0],
-        store=str(tmp_path / "results.sqlite"),
-        recipe=FinetuneConfig(**QUICK),
-    )
+    config = quick_run(snapshot, "mrpc", tmp_path / "results.sqlite")
     with ResultStore(config.store) as store:  # what a run killed inside its job leaves behind
         (spec,) = job_specs(describe_model(config.model, store), "mrpc", [1e-3], [0], config.recipe)
         store.enqueue([spec])
@@ -254,15 +243,7 @@ def test_finetune_is_deterministic_given_seed(tmp_path: Path) -> None:
     snapshot = make_run(tmp_path, "post_ln", "post", steps=(10,)) / "snapshots" / "step_00000010"
     results = []
     for name in ("a", "b"):
-        config = RunConfig(
-            model=str(snapshot),
-            task="rte",
-            data_dir=str(FIXTURE_GLUE),
-            lrs=[1e-3],
-            seeds=[3],
-            store=str(tmp_path / f"{name}.sqlite"),
-            recipe=FinetuneConfig(**QUICK),
-        )
+        config = quick_run(snapshot, "rte", tmp_path / f"{name}.sqlite", seeds=[3])
         (row,) = run(config)
         results.append((row["dev_loss"], row["accuracy"], row["f1"], row["train_loss"]))
     assert results[0] == results[1]
@@ -275,15 +256,7 @@ def test_recipe_variants_are_stored_apart(tmp_path: Path, variant: dict) -> None
     snapshot = make_run(tmp_path, "post_ln", "post", steps=(10,)) / "snapshots" / "step_00000010"
     rows = {}
     for name, extra in (("base", {}), ("variant", variant)):
-        config = RunConfig(
-            model=str(snapshot),
-            task="rte",
-            data_dir=str(FIXTURE_GLUE),
-            lrs=[1e-3],
-            seeds=[0],
-            store=str(tmp_path / "results.sqlite"),
-            recipe=FinetuneConfig(**QUICK, **extra),
-        )
+        config = quick_run(snapshot, "rte", tmp_path / "results.sqlite", **extra)
         (rows[name],) = run(config)
     assert rows["variant"]["recipe_hash"] != rows["base"]["recipe_hash"]
     assert rows["variant"]["key"] != rows["base"]["key"]
@@ -301,33 +274,16 @@ def test_rewritten_snapshot_gets_a_new_hash(tmp_path: Path) -> None:
         assert store.snapshot_hash(path) != first
 
 
-def _spec(**overrides: object) -> JobSpec:
-    values = dict(
-        run_id="r-1",
-        run_name="r",
-        run_dir="/r",
-        placement="post",
-        pretrain_step=1,
-        tokens_seen=None,
-        model_path="/r/s",
-        snapshot_hash="h",
-        task="mrpc",
-        lr=2e-5,
-        seed=0,
-        recipe={"epochs": 3},
-    )
-    return JobSpec(**{**values, **overrides})
-
-
 def test_store_takes_in_result_and_failure_files(tmp_path: Path) -> None:
     folder = ResultsFolder(tmp_path / "results")
     with ResultStore(tmp_path / "s.sqlite") as store:
-        assert store.enqueue([_spec(), _spec(seed=1)]) == 2 and store.enqueue([_spec(model_path="/moved/s")]) == 0
+        assert store.enqueue([job_spec(), job_spec(seed=1)]) == 2
+        assert store.enqueue([job_spec(model_path="/moved/s")]) == 0
         assert store.rows()[0]["model_path"] == "/moved/s"  # where the snapshot is now
         submission = store.new_submission("local", 1)
-        store.mark_submitted(submission, "m.json", [(_spec().key, 1, 0), (_spec(seed=1).key, 1, 0)])
-        folder.write_failed(ManifestJob(_spec(seed=1), 1), submission, "OSError: disk full")
-        folder.write_done(ManifestJob(_spec(), 1), {"accuracy": 0.9})
+        store.mark_submitted(submission, "m.json", [(job_spec().key, 1, 0), (job_spec(seed=1).key, 1, 0)])
+        folder.write_failed(ManifestJob(job_spec(seed=1), 1), submission, "OSError: disk full")
+        folder.write_done(ManifestJob(job_spec(), 1), {"accuracy": 0.9})
         assert store.ingest(folder) == (1, 1) and store.ingest(folder) == (0, 0)  # idempotent
         done, failed = store.rows()
         assert (done["status"], done["accuracy"], failed["status"], failed["error"]) == (
@@ -348,7 +304,7 @@ def test_store_takes_in_result_and_failure_files(tmp_path: Path) -> None:
         # After --retry_failed, the old attempt's failure file no longer counts against the new round.
         assert store.retry_failed() == 1
         second = store.new_submission("local", 1)
-        store.mark_submitted(second, "m2.json", [(_spec(seed=1).key, 1, 0)])
+        store.mark_submitted(second, "m2.json", [(job_spec(seed=1).key, 1, 0)])
         assert store.ingest(folder) == (0, 0) and store.rows()[1]["status"] == "submitted"
         assert store.tasks_ended(second, [0], {0: "sacct: TIMEOUT"}) == 1
         assert "ended without a result (sacct: TIMEOUT)" in store.rows()[1]["error"]

@@ -23,7 +23,7 @@ from finetune.report import ReportConfig, report
 from finetune.schedule import ScheduleConfig, main, parse_until, run_state, schedule
 from finetune.store import ResultStore
 from tests.fake_slurm import FakeSlurm
-from tests.finetune_fixtures import FIXTURE_GLUE, QUICK, config_for, make_run
+from tests.finetune_fixtures import FIXTURE_GLUE, QUICK, config_for, job_spec, make_run
 
 ROOT = Path(__file__).resolve().parents[1]
 # Columns that hold what a job is and what it produced (not when this store happened to learn it).
@@ -209,20 +209,7 @@ def test_report_refuses_one_run_given_twice(tmp_path: Path) -> None:
 
 
 def test_result_files_follow_the_umask_and_the_first_copy_wins(tmp_path: Path) -> None:
-    spec = JobSpec(
-        run_id="r1",
-        run_name="r",
-        run_dir="/x",
-        placement="post",
-        pretrain_step=10,
-        tokens_seen=None,
-        model_path="/x/m",
-        snapshot_hash="h",
-        task="mrpc",
-        lr=1e-3,
-        seed=0,
-        recipe={"epochs": 1},
-    )
+    spec = job_spec(run_id="r1", run_dir="/x", model_path="/x/m", pretrain_step=10, lr=1e-3, recipe={"epochs": 1})
     results = ResultsFolder(tmp_path / "results")
     old = os.umask(0o022)
     try:

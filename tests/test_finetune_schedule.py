@@ -157,6 +157,25 @@ def test_a_snapshot_damaged_after_it_was_found_is_not_fine_tuned(tmp_path: Path)
     )
 
 
+def test_a_snapshot_is_hashed_once_per_process_until_its_files_change(tmp_path: Path, monkeypatch) -> None:
+    from finetune import worker
+
+    snapshot = make_run(tmp_path, "post_ln", "post", steps=(10,)) / "snapshots" / "step_00000010"
+    calls = []
+    real = worker.verify_manifest
+    monkeypatch.setattr(worker, "verify_manifest", lambda path: calls.append(path) or real(path))
+    worker.check_snapshot(snapshot)
+    worker.check_snapshot(snapshot)
+    assert len(calls) == 1  # the second job on the same snapshot does not hash it again
+    weights = snapshot / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 0x01
+    weights.write_bytes(bytes(data))  # a write changes the modification time: verified again, and refused
+    with pytest.raises(ValueError, match="damaged snapshot"):
+        worker.check_snapshot(snapshot)
+    assert len(calls) == 2
+
+
 def test_follow_picks_up_new_snapshots_until_the_run_ends(tmp_path: Path) -> None:
     run_dir = make_run(tmp_path, "pre_ln", "pre", steps=(10,), incomplete_steps=(20,), status="running")
     config = config_for(tmp_path, [run_dir], mode="follow")
