@@ -67,8 +67,8 @@ def check_snapshot(path: Path) -> None:
             f"{str(path)!r} is a snapshot without its {SNAPSHOT_MARKER} marker: it is still being written, "
             "or its run was killed while writing it (the resumed run writes it again). Use a complete snapshot."
         )
-    # Hashing a BERT-base snapshot takes a second or two, and a task runs many jobs on one snapshot: hash it again
-    # only when a file's size or modification time changed since it last verified in this process.
+    # A task runs many jobs on one snapshot, and hashing reads every byte of it (440 MB for BERT-base): hash it
+    # again only when a file's size or modification time changed since it last verified in this process.
     stamp = tuple(sorted((f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in path.iterdir() if f.is_file()))
     if _verified.get(path.resolve()) == stamp:
         return
