@@ -23,7 +23,7 @@ import torch
 from accelerate import Accelerator
 from transformers import PreTrainedTokenizerBase
 
-from pretrain.config import RESUMABLE_CHANGES, flatten
+from pretrain.config import ADDED_FIELD_DEFAULTS, RESUMABLE_CHANGES, flatten
 from pretrain.layout import (
     RUN_CONFIG_FILE,
     SNAPSHOT_INFO,
@@ -262,7 +262,7 @@ def config_differences(run_dir: Path, resolved: dict[str, Any], ignored: frozens
     ):
         # The run's own trained tokenizer, named explicitly (to resume where the data cache is gone): the same run.
         resolved = {**resolved, "data": {**resolved["data"], "tokenizer": None}}
-    old, new = flatten(saved), flatten(resolved)
+    old, new = {**ADDED_FIELD_DEFAULTS, **flatten(saved)}, flatten(resolved)
     keys = sorted(set(old) | set(new))
     return [k for k in keys if k not in ignored and not k.startswith("tracking.") and old.get(k) != new.get(k)]
 

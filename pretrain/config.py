@@ -19,9 +19,12 @@ from pretrain.cli import ConfigError, field_docs, flatten, from_dict, parse, to_
 from pretrain.cli import help_text as _help_text
 from pretrain.cli import require as _require
 from pretrain.data import DataConfig
-from pretrain.modeling import InitScheme, LNBertConfig, NormPlacement
+from pretrain.modeling import InitScheme, LNBertConfig
+from pretrain.norms import NormType
+from pretrain.placements import NormPlacement, variant_name
 
 __all__ = [
+    "ADDED_FIELD_DEFAULTS",
     "RESUMABLE_CHANGES",
     "ConfigError",
     "DataConfig",
@@ -49,7 +52,32 @@ class ModelConfig:
     """The BERT encoder and its LayerNorm placement (turned into an ``LNBertConfig`` by :meth:`to_lnbert`)."""
 
     norm_placement: NormPlacement = "post"
-    """Where the LayerNorms go: post (original BERT), pre (Xiong et al. 2020), sandwich, deepnorm."""
+    """Where the norms go: post (original BERT), pre (Xiong et al. 2020), sandwich (= peri), deepnorm, admin, rezero,
+    b2t, resi_dual, mix_ln, lns, hybrid, normformer, output_ln, parallel (docs/placements.md)."""
+    norm_type: NormType = "layernorm"
+    """The norm used everywhere (embeddings, layers, final norm, MLM head): layernorm, rmsnorm or dyt."""
+    qk_norm: bool = False
+    """A norm of norm_type on each head's queries and keys before the dot product (QK-norm)."""
+    dyt_alpha_init: float = 0.5
+    """DyT's alpha at initialisation (norm_type=dyt)."""
+    mix_ln_post_layers: int | None = None
+    """mix_ln: how many of the lowest layers are Post-LN; null: round(L/4) (3 of 12, 6 of 24)."""
+    admin_omega: float | None = None
+    """admin: the residual weight omega; null: admin-torch's O(log N) rule sqrt((N+1)/ln(N+1) - 1), N = 2L."""
+    admin_learnable_omega: bool = False
+    """admin: omega as a learnable vector per sub-layer (initialised to admin_omega) instead of a fixed scalar."""
+    b2t_rescale_init: bool = True
+    """b2t: scale every weight matrix of the layers by L^(-1/2) at init, as B2T's official code does."""
+    hybrid_first_pre_norm: bool = False
+    """hybrid: HybridNorm*, the first layer Pre-Norm in attention and FFN."""
+    normformer_head_scale: bool = True
+    """normformer: a learned scale per attention head."""
+    normformer_attn_norm: bool = True
+    """normformer: a norm on the attention output before the residual add."""
+    normformer_ffn_norm: bool = True
+    """normformer: a norm over the FFN's inner width after the activation."""
+    normformer_resid_scale: bool = False
+    """normformer: a learned scale on the FFN skip connection (the paper's option for small models)."""
     hidden_size: int = 64
     """Width of the residual stream (BERT-base: 768)."""
     num_hidden_layers: int = 2
@@ -90,24 +118,25 @@ class ModelConfig:
         for key in ("hidden_dropout_prob", "attention_probs_dropout_prob"):
             _require(0.0 <= getattr(self, key) < 1.0, f"model.{key}", "must be in [0, 1)")
         _require(self.vocab_size is None or self.vocab_size > 0, "model.vocab_size", "must be positive or null")
+        k = self.mix_ln_post_layers
+        _require(
+            k is None or 0 <= k <= self.num_hidden_layers,
+            "model.mix_ln_post_layers",
+            f"must be between 0 and model.num_hidden_layers={self.num_hidden_layers}, or null for round(L/4)",
+        )
+        _require(self.admin_omega is None or self.admin_omega > 0, "model.admin_omega", "must be > 0, or null")
+        _require(self.dyt_alpha_init > 0, "model.dyt_alpha_init", "must be > 0 (DyT's default: 0.5)")
+
+    @property
+    def variant(self) -> str:
+        """The model's label in run names, W&B groups and reports (``pre``, ``pre-rmsnorm``, ...)."""
+        return variant_name(self.norm_placement, self.norm_type, self.qk_norm)
 
     def to_lnbert(self, vocab_size: int) -> LNBertConfig:
         """The model config; ``vocab_size`` is the resolved one (``self.vocab_size`` or the tokenizer's)."""
-        config = LNBertConfig(
-            vocab_size=vocab_size,
-            hidden_size=self.hidden_size,
-            num_hidden_layers=self.num_hidden_layers,
-            num_attention_heads=self.num_attention_heads,
-            intermediate_size=self.intermediate_size,
-            max_position_embeddings=self.max_position_embeddings,
-            hidden_dropout_prob=self.hidden_dropout_prob,
-            attention_probs_dropout_prob=self.attention_probs_dropout_prob,
-            norm_placement=self.norm_placement,
-            init_scheme=self.init_scheme,
-            embedding_layer_norm=self.embedding_layer_norm,
-            sparse_mlm_head=self.sparse_mlm_head,
-            fused_qkv=self.fused_qkv,
-        )
+        # Every field but the attention kernel is an LNBertConfig field of the same name and meaning.
+        fields = {k: v for k, v in to_dict(self).items() if k not in ("vocab_size", "attn_implementation")}
+        config = LNBertConfig(vocab_size=vocab_size, **fields)
         config._attn_implementation = self.attn_implementation
         return config
 
@@ -281,7 +310,7 @@ class PretrainConfig:
     def __post_init__(self) -> None:
         train, optim = self.train, self.optim
         if not train.run_name:
-            train.run_name = f"lnbert-{self.model.norm_placement}"
+            train.run_name = f"lnbert-{self.model.variant}"
         if not train.output_dir:
             train.output_dir = str(Path("runs") / train.run_name)
         warmup = optim.resolved_warmup_steps(train.max_steps)
@@ -330,6 +359,19 @@ RESUMABLE_CHANGES = frozenset(
         "data.max_inline_preparation_mb",
     }
 )
+
+
+# Fields added after runs existed, whose defaults compute what runs without them computed: a run_config.json
+# without them is read as having their defaults, and at their defaults they stay out of the W&B recipe hash, so
+# runs started before they existed resume and keep their recipe hash.
+ADDED_FIELD_DEFAULTS = {
+    f"model.{key}": getattr(ModelConfig(), key)
+    for key in (
+        "norm_type", "qk_norm", "dyt_alpha_init", "mix_ln_post_layers", "admin_omega", "admin_learnable_omega",
+        "b2t_rescale_init", "hybrid_first_pre_norm", "normformer_head_scale", "normformer_attn_norm",
+        "normformer_ffn_norm", "normformer_resid_scale",
+    )
+}  # fmt: skip
 
 
 # --------------------------------------------------------------------------------------------------

@@ -1,31 +1,25 @@
-"""BERT with a configurable LayerNorm placement (Xiong et al. 2020, "On Layer Normalization in the
-Transformer Architecture").
+"""BERT with a configurable normalization placement and norm type (Xiong et al. 2020, "On Layer Normalization in
+the Transformer Architecture", and the placements proposed since).
 
-One model file, read top to bottom: config, embeddings, attention, the layer (where the placements
-differ), encoder, heads, pretrained-model base, and the four task models. With
-``norm_placement="post"`` every parameter name and every output equals Hugging Face
-``BertModel`` / ``BertForPreTraining`` (proven by ``tests/test_modeling.py``), so a Hugging Face
-BERT state dict loads with ``strict=True``.
+One model file, read top to bottom: config, embeddings, attention, the layer, encoder, heads, pretrained-model base,
+and the four task models. Where the norms go is not decided here but by the layer's *block*, chosen from the table
+in ``pretrain/placements.py`` (post, pre, sandwich/peri, deepnorm, admin, rezero, b2t, resi_dual, mix_ln, lns,
+hybrid, normformer, output_ln, parallel; each draws its data flow); which norm is used (LayerNorm, RMSNorm, DyT) is
+``pretrain/norms.py``'s. With ``norm_placement="post"`` and ``norm_type="layernorm"`` every parameter name and every
+output equals Hugging Face ``BertModel`` / ``BertForPreTraining`` (proven by ``tests/test_modeling.py``), so a
+Hugging Face BERT state dict loads with ``strict=True``; ``pre`` equals Hugging Face's ``RobertaPreLayerNorm``.
 
-Placements (``x`` is the residual stream, ``F`` a sub-layer: self-attention or feed-forward,
-each including its output projection and dropout):
-
-    post      x = LN(x + F(x))                 original BERT; the LN sits between residual blocks
-    pre       x = x + F(LN(x))                 plus one final LN after the last layer
-    sandwich  x = x + LN_b(F(LN(x)))           pre plus an LN on each branch output; final LN
-    deepnorm  x = LN(alpha * x + F(x))         post with alpha = (2N)^(1/4) and the value, attention
-                                               output and FFN weights initialised Xavier-normal
-                                               with gain beta = (8N)^(-1/4) (Wang et al. 2022)
-
-Each sub-layer owns one LayerNorm, the one Hugging Face calls ``attention.output.LayerNorm`` and
-``output.LayerNorm``; the placement only decides where it is applied. So Pre-LN has exactly one
-LayerNorm more than Post-LN (``encoder.final_layer_norm``), and sandwich adds ``branch_norm`` in
-each sub-layer on top of that.
+Each sub-layer owns the norm Hugging Face calls ``attention.output.LayerNorm`` / ``output.LayerNorm`` (whatever its
+type); the block only decides where it is applied. Extra norms and scales have names of their own
+(``branch_norm``, ``query_norm``, ``ffn_norm``, ``rezero_gate``, ``residual_scale``, ``head_scale``) and exist only
+in the placements that use them, so Pre-LN has exactly one norm more than Post-LN (``encoder.final_layer_norm``).
 """
 
 from __future__ import annotations
 
+import difflib
 import json
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -56,15 +50,29 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.utils import ModelOutput
 from transformers.utils.generic import can_return_tuple
 
-NormPlacement = Literal["post", "pre", "sandwich", "deepnorm"]
+from pretrain.norms import NORM_MODULES, NORM_TYPES, DyT, NormType, Scale, make_norm
+from pretrain.placements import (
+    BLOCKS,
+    NORM_PLACEMENTS,
+    PLACEMENTS,
+    Block,
+    NormPlacement,
+    Placement,
+    Stream,
+    admin_omega_default,
+    mix_ln_post_layers_default,
+    resi_dual_output,
+)
+
 InitScheme = Literal["bert", "xavier"]
-NORM_PLACEMENTS: tuple[str, ...] = get_args(NormPlacement)
 INIT_SCHEMES: tuple[str, ...] = get_args(InitScheme)
-# Placements whose residual stream is never normalised inside the stack, so they need a final LN.
-_FINAL_NORM_PLACEMENTS = ("pre", "sandwich")
 # Config fields that change what given weights compute (DeepNorm's alpha follows from the placement and depth);
-# fused_qkv and the attention kernel do not.
-_COMPUTATION_FIELDS = ("norm_placement", "embedding_layer_norm", "num_hidden_layers", "hidden_act", "layer_norm_eps")
+# fused_qkv, the attention kernel and init-only settings (dyt_alpha_init, b2t_rescale_init) do not.
+_COMPUTATION_FIELDS = (
+    "norm_placement", "norm_type", "qk_norm", "embedding_layer_norm", "num_hidden_layers", "hidden_act",
+    "layer_norm_eps", "mix_ln_post_layers", "admin_omega", "admin_learnable_omega", "hybrid_first_pre_norm",
+    "normformer_head_scale", "normformer_attn_norm", "normformer_ffn_norm", "normformer_resid_scale",
+)  # fmt: skip
 
 
 # --------------------------------------------------------------------------------------------------
@@ -78,11 +86,27 @@ class LNBertConfig(BertConfig):
     default for every placement.
 
     Args:
-        norm_placement: ``"post"`` (Hugging Face BERT exactly), ``"pre"`` (LN before each sub-layer,
-            final LN after the last layer), ``"sandwich"`` (pre plus an LN on each branch output) or
-            ``"deepnorm"`` (post with a scaled residual and down-scaled init).
-        embedding_layer_norm: keep BERT's LayerNorm on the summed embeddings (default ``True`` for
-            every placement, as in original BERT). ``False`` replaces it with the identity.
+        norm_placement: where the norms go, one of ``NORM_PLACEMENTS`` (the table in ``pretrain/placements.py``;
+            docs/placements.md): ``"post"`` is Hugging Face BERT exactly, ``"pre"`` Xiong et al.'s Pre-LN with a
+            final norm; ``"peri"`` is another name of ``"sandwich"``.
+        norm_type: ``"layernorm"`` (BERT's), ``"rmsnorm"`` or ``"dyt"`` (``pretrain/norms.py``), for every norm
+            of the model: embeddings, layers, final norm, the MLM head's transform and the placements' extra norms.
+            Each sits at the Hugging Face name of the LayerNorm it replaces; eps is ``layer_norm_eps``.
+        qk_norm: a norm of ``norm_type`` over each head's queries and keys before the dot product
+            (``attention.self.query_norm`` / ``key_norm``, one per layer shared by its heads; Dehghani et al. 2023,
+            Wortsman et al. 2023). HybridNorm has these (and a value norm) whatever this says.
+        dyt_alpha_init: DyT's alpha at initialisation (its paper's default 0.5).
+        mix_ln_post_layers: how many of the lowest layers are Post-LN under ``mix_ln``; ``None``: round(L/4).
+        admin_omega: Admin's residual weight; ``None``: admin-torch's default sqrt((N+1)/ln(N+1) - 1), N = 2L.
+        admin_learnable_omega: Admin's omega as a learnable vector per sub-layer (``residual_scale``), initialised
+            to ``admin_omega``, instead of a fixed scalar (only the scalar exports to plain BERT).
+        b2t_rescale_init: B2T's init as its official code: every weight matrix of the layers scaled by L^(-1/2).
+        hybrid_first_pre_norm: HybridNorm*: the first layer Pre-Norm in attention and FFN (its QKV norms stay).
+        normformer_head_scale, normformer_attn_norm, normformer_ffn_norm: NormFormer's three additions (a learned
+            scale per head, a norm on the attention output, a norm inside the FFN), each switchable.
+        normformer_resid_scale: NormFormer's learned scale on the FFN skip (off by default, as in its paper).
+        embedding_layer_norm: keep BERT's norm on the summed embeddings (default ``True`` for every placement,
+            as in original BERT). ``False`` replaces it with the identity.
         init_scheme: ``"bert"``: weights normal(0, ``initializer_range``) as original BERT;
             ``"xavier"``: Xavier-normal weights (the setting of the paper's analysis). Biases zero,
             norms gamma 1 / beta 0 in both. DeepNorm's beta-gain projections override this.
@@ -101,33 +125,81 @@ class LNBertConfig(BertConfig):
 
     model_type = "lnbert"
 
-    norm_placement: str = "post"
+    norm_placement: NormPlacement = "post"
+    norm_type: NormType = "layernorm"
+    qk_norm: bool = False
+    dyt_alpha_init: float = 0.5
+    mix_ln_post_layers: int | None = None
+    admin_omega: float | None = None
+    admin_learnable_omega: bool = False
+    b2t_rescale_init: bool = True
+    hybrid_first_pre_norm: bool = False
+    normformer_head_scale: bool = True
+    normformer_attn_norm: bool = True
+    normformer_ffn_norm: bool = True
+    normformer_resid_scale: bool = False
     embedding_layer_norm: bool = True
-    init_scheme: str = "bert"
+    init_scheme: InitScheme = "bert"
     sparse_mlm_head: bool = True
     tie_word_embeddings: bool = True
     fused_qkv: bool = False
 
     def __post_init__(self, **kwargs: Any) -> None:
-        if self.norm_placement not in NORM_PLACEMENTS:
-            raise ValueError(
-                f"norm_placement={self.norm_placement!r} is not a valid choice; "
-                f"valid choices: {', '.join(NORM_PLACEMENTS)}"
-            )
-        if self.init_scheme not in INIT_SCHEMES:
-            raise ValueError(
-                f"init_scheme={self.init_scheme!r} is not a valid choice; valid choices: {', '.join(INIT_SCHEMES)}"
-            )
+        _check_choice("norm_placement", self.norm_placement, NORM_PLACEMENTS)
+        _check_choice("norm_type", self.norm_type, NORM_TYPES)
+        _check_choice("init_scheme", self.init_scheme, INIT_SCHEMES)
         if self.hidden_size % self.num_attention_heads != 0:
             raise ValueError(
                 f"hidden_size={self.hidden_size} is not divisible by num_attention_heads="
                 f"{self.num_attention_heads}; choose num_attention_heads among the divisors of hidden_size"
             )
+        k = self.mix_ln_post_layers
+        if k is not None and not 0 <= k <= self.num_hidden_layers:
+            raise ValueError(
+                f"mix_ln_post_layers={k} must be between 0 and num_hidden_layers={self.num_hidden_layers} "
+                "(or None for round(L/4))"
+            )
+        if self.admin_omega is not None and not (math.isfinite(self.admin_omega) and self.admin_omega > 0):
+            raise ValueError(
+                f"admin_omega={self.admin_omega} must be a positive number (or None for the O(log N) rule)"
+            )
+        if not (math.isfinite(self.dyt_alpha_init) and self.dyt_alpha_init > 0):
+            raise ValueError(f"dyt_alpha_init={self.dyt_alpha_init} must be a positive number (DyT's default: 0.5)")
         super().__post_init__(**kwargs)
 
     @property
+    def placement(self) -> Placement:
+        return PLACEMENTS[self.norm_placement]
+
+    @property
     def has_final_layer_norm(self) -> bool:
-        return self.norm_placement in _FINAL_NORM_PLACEMENTS
+        return self.placement.final_norm
+
+    def block_of_layer(self, index: int) -> str:
+        """The block (``placements.BLOCKS``) of layer ``index`` (0-based)."""
+        if self.norm_placement == "mix_ln":
+            return "post" if index < self.mix_ln_post_layer_count else "pre"
+        if self.norm_placement == "hybrid" and self.hybrid_first_pre_norm and index == 0:
+            return "pre"
+        return self.placement.block
+
+    @property
+    def mix_ln_post_layer_count(self) -> int:
+        k = self.mix_ln_post_layers
+        return mix_ln_post_layers_default(self.num_hidden_layers) if k is None else k
+
+    @property
+    def admin_omega_value(self) -> float:
+        return admin_omega_default(self.num_hidden_layers) if self.admin_omega is None else self.admin_omega
+
+    @property
+    def residual_scale(self) -> float:
+        """The fixed scalar on every skip connection: DeepNorm's alpha, Admin's fixed omega; 1 otherwise."""
+        if self.norm_placement == "deepnorm":
+            return self.deepnorm_alpha
+        if self.norm_placement == "admin" and not self.admin_learnable_omega:
+            return self.admin_omega_value
+        return 1.0
 
     @property
     def deepnorm_alpha(self) -> float:
@@ -139,6 +211,21 @@ class LNBertConfig(BertConfig):
         """Init gain of DeepNorm's value, attention-output and FFN projections: (8N)^(-1/4)."""
         return (8 * self.num_hidden_layers) ** -0.25
 
+    def make_norm(self, size: int | None = None) -> nn.Module:
+        """A norm of this config's type over ``size`` (default: the hidden size)."""
+        return make_norm(self.norm_type, size or self.hidden_size, self.layer_norm_eps, self.dyt_alpha_init)
+
+
+def _check_choice(key: str, value: str, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        close = difflib.get_close_matches(str(value), choices, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise ValueError(f"{key}={value!r} is not a valid choice{hint}; valid choices: {', '.join(choices)}")
+
+
+def _norm_or_identity(config: LNBertConfig, wanted: bool, size: int | None = None) -> nn.Module:
+    return config.make_norm(size) if wanted else nn.Identity()
+
 
 # --------------------------------------------------------------------------------------------------
 # Embeddings and attention
@@ -146,15 +233,14 @@ class LNBertConfig(BertConfig):
 
 
 class LNBertEmbeddings(nn.Module):
-    """Word + position + token-type embeddings, then (optionally) LayerNorm and dropout."""
+    """Word + position + token-type embeddings, then (optionally) the embedding norm and dropout."""
 
     def __init__(self, config: LNBertConfig) -> None:
         super().__init__()
         self.word_embeddings = nn.Embedding(config.vocab_size, config.hidden_size, padding_idx=config.pad_token_id)
         self.position_embeddings = nn.Embedding(config.max_position_embeddings, config.hidden_size)
         self.token_type_embeddings = nn.Embedding(config.type_vocab_size, config.hidden_size)
-        norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
-        self.LayerNorm = norm if config.embedding_layer_norm else nn.Identity()
+        self.LayerNorm = _norm_or_identity(config, config.embedding_layer_norm)
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
         self.register_buffer("position_ids", torch.arange(config.max_position_embeddings)[None], persistent=False)
 
@@ -195,7 +281,9 @@ def eager_attention_forward(
 
 
 class LNBertSelfAttention(nn.Module):
-    """Q, K, V projections and scaled dot-product attention over all heads."""
+    """Q, K, V projections and scaled dot-product attention over all heads, with the placements' per-head parts:
+    norms on Q and K (``qk_norm``; HybridNorm also on V), over each head's ``head_size`` and shared by the heads,
+    (NormFormer's per-head scale sits in ``LNBertSelfOutput``, after the output projection, as fairseq's code)."""
 
     def __init__(self, config: LNBertConfig) -> None:
         super().__init__()
@@ -205,6 +293,10 @@ class LNBertSelfAttention(nn.Module):
         self.query = nn.Linear(config.hidden_size, config.hidden_size)
         self.key = nn.Linear(config.hidden_size, config.hidden_size)
         self.value = nn.Linear(config.hidden_size, config.hidden_size)
+        hybrid = config.norm_placement == "hybrid"
+        self.query_norm = _norm_or_identity(config, config.qk_norm or hybrid, self.head_size)
+        self.key_norm = _norm_or_identity(config, config.qk_norm or hybrid, self.head_size)
+        self.value_norm = _norm_or_identity(config, hybrid, self.head_size)
         self.dropout = nn.Dropout(config.attention_probs_dropout_prob)
         self.is_causal = False  # read by transformers' SDPA / flash attention interfaces
 
@@ -214,13 +306,14 @@ class LNBertSelfAttention(nn.Module):
         batch, seq_len, _ = hidden_states.shape
         shape = (batch, seq_len, -1, self.head_size)
         q, k, v = (x.view(shape).transpose(1, 2) for x in self._project_qkv(hidden_states))  # (B, nh, T, hs)
+        q, k, v = self.query_norm(q), self.key_norm(k), self.value_norm(v)
         # The implementation is picked from transformers' table ("sdpa" by default, "eager", ...).
         attention: Callable = ALL_ATTENTION_FUNCTIONS.get_interface(
             self.config._attn_implementation, eager_attention_forward
         )
         out, probs = attention(
             self, q, k, v, attention_mask, dropout=self.dropout.p if self.training else 0.0, scaling=self.scaling
-        )
+        )  # out: (B, T, nh, hs)
         return out.reshape(batch, seq_len, -1), probs
 
     def _project_qkv(self, hidden_states: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -237,127 +330,162 @@ class LNBertSelfAttention(nn.Module):
         return F.linear(hidden_states, weight, bias).chunk(3, dim=-1)  # 3 x (B, T, H), views
 
 
-def _layer_norm_or_identity(config: LNBertConfig, wanted: bool) -> nn.Module:
-    return nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps) if wanted else nn.Identity()
+def _learned_residual_scale(config: LNBertConfig, ffn: bool) -> nn.Module:
+    """Admin's learnable omega on both skips, NormFormer's residual scale on the FFN skip; else the identity."""
+    if config.norm_placement == "admin" and config.admin_learnable_omega:
+        return Scale(config.hidden_size, config.admin_omega_value)
+    if ffn and config.norm_placement == "normformer" and config.normformer_resid_scale:
+        return Scale(config.hidden_size, 1.0)
+    return nn.Identity()
 
 
 class LNBertSelfOutput(nn.Module):
-    """Attention output projection and dropout, plus the attention sub-layer's LayerNorm(s)."""
+    """Attention output projection, the branch norm ``B_a`` (sandwich / Peri-LN, NormFormer), dropout; plus the
+    sub-layer's norm ``LayerNorm`` (N_a) and skip scale ``residual_scale``, which the layer's block applies.
 
-    def __init__(self, config: LNBertConfig) -> None:
+    NormFormer's per-head scale ``head_scale`` multiplies the projection's output in groups of ``head_size``
+    before ``B_a``: fairseq's code (``c_attn`` in ``transformer_layer.py``) puts it there, after the output
+    projection, where the paper's text describes the heads' outputs before it. Branch norms act before dropout,
+    as fairseq's ``attn_ln``.
+    """
+
+    def __init__(self, config: LNBertConfig, block: Block) -> None:
         super().__init__()
         self.dense = nn.Linear(config.hidden_size, config.hidden_size)
-        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
-        self.branch_norm = _layer_norm_or_identity(config, config.norm_placement == "sandwich")
+        self.LayerNorm = _norm_or_identity(config, block.attention_norm)
+        normformer = config.norm_placement == "normformer"
+        self.branch_norm = _norm_or_identity(config, block.branch_norms or (normformer and config.normformer_attn_norm))
+        heads = normformer and config.normformer_head_scale
+        self.head_scale = Scale(config.num_attention_heads, 1.0) if heads else None
+        self.residual_scale = _learned_residual_scale(config, ffn=False)
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        return self.dropout(self.dense(hidden_states))
+        out = self.dense(hidden_states)
+        if self.head_scale is not None:
+            heads = self.head_scale.weight.shape[0]
+            out = (out.unflatten(-1, (heads, -1)) * self.head_scale.weight[:, None]).flatten(-2)  # (B, T, nh, hs)
+        return self.dropout(self.branch_norm(out))
 
 
 class LNBertAttention(nn.Module):
-    def __init__(self, config: LNBertConfig) -> None:
+    def __init__(self, config: LNBertConfig, block: Block) -> None:
         super().__init__()
         self.self = LNBertSelfAttention(config)
-        self.output = LNBertSelfOutput(config)
+        self.output = LNBertSelfOutput(config, block)
 
 
 class LNBertIntermediate(nn.Module):
+    """FFN input projection and activation; NormFormer adds a norm over the inner width after the activation."""
+
     def __init__(self, config: LNBertConfig) -> None:
         super().__init__()
         self.dense = nn.Linear(config.hidden_size, config.intermediate_size)
         self.intermediate_act_fn = ACT2FN[config.hidden_act]
+        normformer = config.norm_placement == "normformer" and config.normformer_ffn_norm
+        self.ffn_norm = _norm_or_identity(config, normformer, config.intermediate_size)
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        return self.intermediate_act_fn(self.dense(hidden_states))
+        return self.ffn_norm(self.intermediate_act_fn(self.dense(hidden_states)))
 
 
 class LNBertOutput(nn.Module):
-    """FFN output projection and dropout, plus the FFN sub-layer's LayerNorm(s)."""
+    """FFN output projection, the branch norm ``B_f`` (sandwich / Peri-LN), dropout; plus the sub-layer's norm
+    ``LayerNorm`` (N_f) and skip scale ``residual_scale``, which the layer's block applies."""
 
-    def __init__(self, config: LNBertConfig) -> None:
+    def __init__(self, config: LNBertConfig, block: Block) -> None:
         super().__init__()
         self.dense = nn.Linear(config.intermediate_size, config.hidden_size)
-        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
-        self.branch_norm = _layer_norm_or_identity(config, config.norm_placement == "sandwich")
+        self.LayerNorm = _norm_or_identity(config, block.ffn_norm)
+        self.branch_norm = _norm_or_identity(config, block.branch_norms)
+        self.residual_scale = _learned_residual_scale(config, ffn=True)
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        return self.dropout(self.dense(hidden_states))
+        return self.dropout(self.branch_norm(self.dense(hidden_states)))
 
 
 # --------------------------------------------------------------------------------------------------
-# The layer: the only place where the placements differ
+# The layer: its block (pretrain/placements.py) decides where the norms go
 # --------------------------------------------------------------------------------------------------
 
 
 class LNBertLayer(nn.Module):
-    """One Transformer layer. ``LN_a``/``LN_f`` are ``attention.output.LayerNorm`` and ``output.LayerNorm``;
-    ``LN_ab``/``LN_fb`` are the sandwich branch norms; ``a`` is the DeepNorm residual scale.
+    """One Transformer layer: Hugging Face BERT's modules, wired by the block its placement picks for this layer
+    (``placements.BLOCKS``; each block draws its data flow). The accessors below are what the blocks read."""
 
-        post:                 pre:                  sandwich:                 deepnorm:
-        x ──┬──────┐          x ──┬─────────┐       x ──┬──────────────┐      x ──┬─────────┐
-            Attn   │              LN_a      │           LN_a           │          Attn      │ * a
-            └─(+)──┘              Attn      │           Attn           │          └──(+)────┘
-              LN_a                └──(+)────┘           LN_ab          │             LN_a
-        x ──┬──────┐          x ──┬─────────┐           └──(+)─────────┘      x ──┬─────────┐
-            FFN    │              LN_f      │       x ──┬──────────────┐          FFN       │ * a
-            └─(+)──┘              FFN       │           LN_f → FFN     │          └──(+)────┘
-              LN_f                └──(+)────┘           LN_fb          │             LN_f
-                                                        └──(+)─────────┘
-
-    The Hugging Face trap: BERT's post-LN is ``LN(x + F(x))``, not ``x + LN(F(x))``.
-    """
-
-    def __init__(self, config: LNBertConfig) -> None:
+    def __init__(self, config: LNBertConfig, index: int = 0) -> None:
         super().__init__()
         self.placement = config.norm_placement
-        self.residual_scale = config.deepnorm_alpha
-        self.attention = LNBertAttention(config)
+        self.block = BLOCKS[config.block_of_layer(index)]
+        self.residual_scale = config.residual_scale
+        # LayerNorm Scaling: the block's norm outputs times 1/sqrt(l), l = index + 1 (the official code's
+        # 1 / sqrt(layer_index + 1)).
+        self.norm_scale = (index + 1) ** -0.5 if config.norm_placement == "lns" else 1.0
+        self.attention = LNBertAttention(config, self.block)
         self.intermediate = LNBertIntermediate(config)
-        self.output = LNBertOutput(config)
+        self.output = LNBertOutput(config, self.block)
+        if config.norm_placement == "rezero":
+            self.rezero_gate = Scale(1, 0.0)
         if config.norm_placement == "deepnorm":
             # Read by _init_weights: these four projections get Xavier-normal init with gain beta.
             for linear in self.deepnorm_scaled_linears():
                 linear.deepnorm_gain = config.deepnorm_beta
+        if config.norm_placement == "b2t" and config.b2t_rescale_init:
+            # Read by _init_weights: the official rescaling_init multiplies every weight matrix of a layer by L^(-1/2).
+            for module in self.modules():
+                if isinstance(module, nn.Linear):
+                    module.init_scale = config.num_hidden_layers**-0.5
 
     def deepnorm_scaled_linears(self) -> tuple[nn.Linear, ...]:
         """The projections DeepNorm down-scales at init: value, attention output, FFN in and out."""
         return (self.attention.self.value, self.attention.output.dense, self.intermediate.dense, self.output.dense)
 
-    def _scaled_residual(self, x: torch.Tensor) -> torch.Tensor:
-        # Skip the multiply for alpha = 1 so Post-LN stays op-for-op Hugging Face BERT.
-        return x if self.residual_scale == 1.0 else x * self.residual_scale
+    # What the blocks read.
+    @property
+    def norm_a(self) -> nn.Module:
+        return self.attention.output.LayerNorm
 
-    def _attention_branch(
-        self, x: torch.Tensor, attention_mask: torch.Tensor | None
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    @property
+    def norm_f(self) -> nn.Module:
+        return self.output.LayerNorm
+
+    def attend(self, x: torch.Tensor, attention_mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The attention sub-layer: self-attention, output projection (and the branch norm where there is one),
+        dropout."""
         out, probs = self.attention.self(x, attention_mask)
         return self.attention.output(out), probs
 
-    def _ffn_branch(self, x: torch.Tensor) -> torch.Tensor:
+    def feed_forward(self, x: torch.Tensor) -> torch.Tensor:
+        """The FFN sub-layer: input projection, activation, output projection (and the branch norm where there is
+        one), dropout."""
         return self.output(self.intermediate(x))
 
-    def forward(self, x: torch.Tensor, attention_mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
-        attn_out, ffn_out = self.attention.output, self.output
-        if self.placement in ("post", "deepnorm"):
-            branch, probs = self._attention_branch(x, attention_mask)
-            x = attn_out.LayerNorm(branch + self._scaled_residual(x))
-            x = ffn_out.LayerNorm(self._ffn_branch(x) + self._scaled_residual(x))
-        else:  # pre, sandwich (branch_norm is the identity for pre)
-            branch, probs = self._attention_branch(attn_out.LayerNorm(x), attention_mask)
-            x = x + attn_out.branch_norm(branch)
-            x = x + ffn_out.branch_norm(self._ffn_branch(ffn_out.LayerNorm(x)))
-        return x, probs
+    def skip_a(self, x: torch.Tensor) -> torch.Tensor:
+        return self.attention.output.residual_scale(self._scaled_residual(x))
+
+    def skip_f(self, x: torch.Tensor) -> torch.Tensor:
+        return self.output.residual_scale(self._scaled_residual(x))
+
+    def _scaled_residual(self, x: torch.Tensor) -> torch.Tensor:
+        # Skip the multiply for a scale of 1 so Post-LN stays op-for-op Hugging Face BERT.
+        return x if self.residual_scale == 1.0 else x * self.residual_scale
+
+    def scaled(self, x: torch.Tensor) -> torch.Tensor:
+        return x if self.norm_scale == 1.0 else x * self.norm_scale
+
+    def forward(self, x: Stream, attention_mask: torch.Tensor | None) -> tuple[Stream, torch.Tensor | None]:
+        return self.block.forward(self, x, attention_mask)
 
 
 class LNBertEncoder(nn.Module):
     def __init__(self, config: LNBertConfig) -> None:
         super().__init__()
-        self.layer = nn.ModuleList([LNBertLayer(config) for _ in range(config.num_hidden_layers)])
-        # Pre-LN's residual stream grows with depth (paper, Lemma 2); this final LN normalises it once
-        # for every consumer. Identity (no parameters) for placements that end in a LayerNorm anyway.
-        self.final_layer_norm = _layer_norm_or_identity(config, config.has_final_layer_norm)
+        self.layer = nn.ModuleList([LNBertLayer(config, i) for i in range(config.num_hidden_layers)])
+        # Pre-LN's residual stream grows with depth (paper, Lemma 2); this final norm normalises it once
+        # for every consumer. Identity (no parameters) for placements that end in a norm anyway.
+        self.final_layer_norm = _norm_or_identity(config, config.has_final_layer_norm)
+        self.two_streams = config.placement.two_streams
 
     def forward(
         self,
@@ -368,15 +496,16 @@ class LNBertEncoder(nn.Module):
     ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...] | None, tuple[torch.Tensor, ...] | None]:
         hidden_states = [x] if output_hidden_states else None
         attentions = [] if output_attentions else None
+        stream: Stream = (x, x) if self.two_streams else x  # ResiDual: a_0 = d_0 = the embedding output
         for layer in self.layer:
-            x, probs = layer(x, attention_mask)
+            stream, probs = layer(stream, attention_mask)
             if hidden_states is not None:
-                hidden_states.append(x)
+                hidden_states.append(stream[0] if self.two_streams else stream)
             if attentions is not None:
                 attentions.append(probs)
-        x = self.final_layer_norm(x)
+        x = resi_dual_output(*stream, self.final_layer_norm) if self.two_streams else self.final_layer_norm(stream)
         if hidden_states is not None:
-            # As in Hugging Face, hidden_states[-1] is last_hidden_state (here: after the final LN).
+            # As in Hugging Face, hidden_states[-1] is last_hidden_state (here: after the final norm).
             hidden_states[-1] = x
         return x, tuple(hidden_states) if hidden_states else None, tuple(attentions) if attentions else None
 
@@ -401,7 +530,7 @@ class LNBertPredictionHeadTransform(nn.Module):
         super().__init__()
         self.dense = nn.Linear(config.hidden_size, config.hidden_size)
         self.transform_act_fn = ACT2FN[config.hidden_act]
-        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.LayerNorm = config.make_norm()
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         return self.LayerNorm(self.transform_act_fn(self.dense(hidden_states)))
@@ -470,13 +599,15 @@ class LNBertPreTrainedModel(PreTrainedModel):
     def _init_weights(self, module: nn.Module) -> None:
         config = self.config
         if isinstance(module, nn.Linear):
+            # B2T's official rescaling_init: every weight matrix of its layers times L^(-1/2), after the base init.
+            scale = getattr(module, "init_scale", 1.0)
             if getattr(module, "deepnorm_gain", None) is not None:
                 # DeepNet (Wang et al. 2022): Xavier-normal with gain beta on V, attention output and FFN.
                 init.xavier_normal_(module.weight, gain=module.deepnorm_gain)
             elif config.init_scheme == "xavier":
-                init.xavier_normal_(module.weight)
+                init.xavier_normal_(module.weight, gain=scale)
             else:
-                init.normal_(module.weight, mean=0.0, std=config.initializer_range)
+                init.normal_(module.weight, mean=0.0, std=config.initializer_range * scale)
             if module.bias is not None:
                 init.zeros_(module.bias)
         elif isinstance(module, nn.Embedding):
@@ -486,9 +617,14 @@ class LNBertPreTrainedModel(PreTrainedModel):
                 init.normal_(module.weight, mean=0.0, std=config.initializer_range)
             if module.padding_idx is not None and not getattr(module.weight, "_is_hf_initialized", False):
                 init.zeros_(module.weight[module.padding_idx])
-        elif isinstance(module, nn.LayerNorm):
+        elif isinstance(module, NORM_MODULES):
             init.ones_(module.weight)
-            init.zeros_(module.bias)
+            if getattr(module, "bias", None) is not None:
+                init.zeros_(module.bias)
+            if isinstance(module, DyT):
+                init.constant_(module.alpha, module.alpha_init)
+        elif isinstance(module, Scale):
+            init.constant_(module.weight, module.init)
         elif isinstance(module, LNBertLMPredictionHead):
             init.zeros_(module.bias)
         elif isinstance(module, LNBertEmbeddings):
@@ -508,9 +644,10 @@ class LNBertPreTrainedModel(PreTrainedModel):
         }
         if bad["missing_keys"] or bad["unexpected_keys"]:
             raise ValueError(
-                f"Checkpoint does not match norm_placement={self.config.norm_placement!r}: missing encoder "
+                f"Checkpoint does not match norm_placement={self.config.norm_placement!r}, "
+                f"norm_type={self.config.norm_type!r}: missing encoder "
                 f"weights {bad['missing_keys'][:6]}, unexpected encoder weights {bad['unexpected_keys'][:6]}. "
-                "Load it with the norm_placement it was trained with (leave norm_placement out of "
+                "Load it with the norm_placement and norm_type it was trained with (leave them out of "
                 "from_pretrained to use the checkpoint's own config)."
             )
 
@@ -520,8 +657,11 @@ class LNBertPreTrainedModel(PreTrainedModel):
         differ = []
         for key in _COMPUTATION_FIELDS:
             default = getattr(LNBertConfig(), key)
-            if saved.get(key, default) != getattr(self.config, key):
-                differ.append(f"{key}={getattr(self.config, key)!r} (trained with {saved.get(key, default)!r})")
+            trained, used = saved.get(key, default), getattr(self.config, key)
+            if key == "norm_placement" and trained in PLACEMENTS and PLACEMENTS[trained] == PLACEMENTS[used]:
+                continue  # another name of the same placement (peri is sandwich)
+            if trained != used:
+                differ.append(f"{key}={used!r} (trained with {trained!r})")
         if differ:
             raise ValueError(
                 f"Checkpoint does not match {', '.join(differ)}. These settings change what "
@@ -751,7 +891,8 @@ class LNBertForSequenceClassification(LNBertPreTrainedModel):
 
 
 def count_layer_norms(model: nn.Module) -> int:
-    return sum(isinstance(m, nn.LayerNorm) for m in model.modules())
+    """How many norm modules (of any ``norm_type``) the model has."""
+    return sum(isinstance(m, NORM_MODULES) for m in model.modules())
 
 
 # Registration with the Auto classes: importing `pretrain` makes "lnbert" snapshots open anywhere.
@@ -764,6 +905,7 @@ AutoModelForSequenceClassification.register(LNBertConfig, LNBertForSequenceClass
 __all__ = [
     "INIT_SCHEMES",
     "NORM_PLACEMENTS",
+    "NORM_TYPES",
     "LNBertConfig",
     "LNBertForMaskedLM",
     "LNBertForPreTraining",

@@ -7,28 +7,25 @@ from typing import Any, Literal, get_args
 import torch
 from torch import nn
 
+from pretrain.norms import NO_DECAY_MODULES
+
 AdamWImplementation = Literal["auto", "fused", "foreach", "for_loop"]
 ADAMW_IMPLEMENTATIONS: tuple[str, ...] = get_args(AdamWImplementation)
 
-# Normalisation layers get no weight decay, selected by module type: names differ between models, and a
+# Norms (every norm type) and learned scales (ReZero's gates, Admin's omega, NormFormer's scales) get no weight
+# decay, selected by module type (pretrain.norms.NO_DECAY_MODULES): names differ between models, and a
 # name-substring rule ("LayerNorm.weight") silently misses norms called otherwise (final_layer_norm, ...).
-NORM_TYPES: tuple[type[nn.Module], ...] = (
-    nn.LayerNorm,
-    nn.GroupNorm,
-    nn.BatchNorm1d,
-    *([nn.RMSNorm] if hasattr(nn, "RMSNorm") else []),
-)
 
 
 def weight_decay_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
-    """Two AdamW groups: decay on weight matrices and embeddings; none on biases and normalisation parameters.
+    """Two AdamW groups: decay on weight matrices and embeddings; none on biases, norms and learned scales.
 
     Trainable parameters only, each once (tied weights such as BERT's decoder/embedding appear once).
     """
     no_decay: set[int] = set()
     for module in model.modules():
         for name, param in module.named_parameters(recurse=False):
-            if isinstance(module, NORM_TYPES) or name == "bias":
+            if isinstance(module, NO_DECAY_MODULES) or name == "bias":
                 no_decay.add(id(param))
     params = [p for p in model.parameters() if p.requires_grad]  # de-duplicated by nn.Module
     return [

@@ -65,7 +65,7 @@ def init_trackers(
         accelerator.init_trackers(name, config)
         return
     recipe_hash = short_hash(recipe(resolved, derived["global_batch_size"]))
-    group = pretrain_group(to_dict(tracking), cfg.model.norm_placement, recipe_hash)
+    group = pretrain_group(to_dict(tracking), cfg.model.variant, recipe_hash)
     identity = {}
     if accelerator.is_main_process:  # Accelerate starts W&B on the main process only
         identity = run_identity(Path(cfg.train.output_dir), resume_from, group, tracking.project)
@@ -73,6 +73,8 @@ def init_trackers(
         **resolved,
         **derived,
         "norm_placement": cfg.model.norm_placement,
+        "norm_type": cfg.model.norm_type,
+        "variant": cfg.model.variant,
         "comparison": tracking.comparison,
         "recipe_hash": recipe_hash,
     }
@@ -84,7 +86,7 @@ def init_trackers(
         "resume": "allow",
         "group": identity.get("group", group),
         "job_type": "pretrain",
-        "tags": sorted({cfg.model.norm_placement, *tracking.tags} | ({tracking.comparison} - {""})),
+        "tags": sorted({cfg.model.norm_placement, cfg.model.variant, *tracking.tags} | ({tracking.comparison} - {""})),
         "dir": str(Path(cfg.train.output_dir)),  # offline runs land in RUN/wandb/ for `wandb sync`
         "mode": wandb_mode(tracking.wandb_mode),
     }

@@ -24,12 +24,14 @@ import secrets
 from pathlib import Path
 from typing import Any
 
+from pretrain.config import ADDED_FIELD_DEFAULTS
 from pretrain.layout import SNAPSHOT_INFO, write_json_atomic
 
 WANDB_RUN_FILE = "wandb_run.json"
 """RUN/wandb_run.json: {"id", "group", "project"} of the run's W&B run (docs/run_layout.md)."""
 # Fields that do not change what a run learns (identity, paths, cadence of logs and saves, how the batch is split
 # over devices); everything else in the resolved config is the recipe.
+_ABSENT = object()
 _NOT_RECIPE = {
     "train": {"output_dir", "run_name", "seed", "resume", "stop_at_step", "num_workers", "eval_every", "eval_batches",
               "log_every", "checkpoint_every", "keep_last_checkpoints", "snapshot_every", "snapshot_steps",
@@ -84,7 +86,13 @@ def recipe(resolved: dict[str, Any], global_batch_size: int) -> dict[str, Any]:
     devices are left out, so runs that differ only there (seeds above all) share a recipe and a W&B group."""
     out = {}
     for section in ("model", "data", "optim", "train"):
-        out[section] = {k: v for k, v in resolved[section].items() if k not in _NOT_RECIPE.get(section, set())}
+        out[section] = {
+            k: v
+            for k, v in resolved[section].items()
+            if k not in _NOT_RECIPE.get(section, set())
+            # fields added later, at the default that computes what runs before them computed: the hash stays
+            and ADDED_FIELD_DEFAULTS.get(f"{section}.{k}", _ABSENT) != v
+        }
     out["train"]["global_batch_size"] = global_batch_size
     return out
 

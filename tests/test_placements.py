@@ -1,5 +1,7 @@
-"""The later placements: sandwich-LN (Pre-LN plus a LayerNorm on each branch output) and DeepNorm (Post-LN
-with residual scale alpha = (2N)^(1/4) and init gain beta = (8N)^(-1/4), Wang et al. 2022)."""
+"""The placements after Post-LN and Pre-LN (pretrain/placements.py) and the norm types (pretrain/norms.py): the
+structure, the constants and the defining property of each, exports to plain BERT, and every placement x norm type
+through Auto classes, training steps and bf16 autocast. tests/test_placement_reference.py checks every forward
+against implementations written from the papers' equations."""
 
 from __future__ import annotations
 
@@ -9,10 +11,22 @@ import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
-from transformers import AutoModelForPreTraining
+from transformers import AutoConfig, AutoModelForPreTraining, BertForPreTraining
 
 import pretrain  # noqa: F401  (registers "lnbert" with the Auto classes)
-from pretrain.modeling import LNBertConfig, LNBertForPreTraining, LNBertLayer, count_layer_norms
+from pretrain import export
+from pretrain.modeling import (
+    NORM_PLACEMENTS,
+    NORM_TYPES,
+    LNBertConfig,
+    LNBertForPreTraining,
+    LNBertLayer,
+    LNBertModel,
+    count_layer_norms,
+)
+from pretrain.norms import NORM_MODULES, DyT, RMSNorm, Scale
+from pretrain.placements import BLOCKS, PLACEMENTS, admin_omega_default
+from tests.conftest import ROOT
 
 
 def make_config(tiny_kwargs: dict, placement: str, **overrides) -> LNBertConfig:
@@ -220,3 +234,325 @@ def test_sandwich_layer_forward_by_hand(tiny_kwargs):
         h = x + layer_norm_by_hand(out_a.branch_norm, attn)
         expected = h + layer_norm_by_hand(out_f.branch_norm, ffn_by_hand(layer, layer_norm_by_hand(out_f.LayerNorm, h)))
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+
+
+# --------------------------------------------------------------------------------------------------
+# Every placement x norm type (issue 21)
+# --------------------------------------------------------------------------------------------------
+
+ALL = [(p, t) for p in NORM_PLACEMENTS for t in NORM_TYPES]
+
+
+def perturb(model: nn.Module, seed: int = 0) -> None:
+    """Move every norm, gate and scale off its init, so a norm applied in the wrong place cannot hide."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for module in model.modules():
+            for param in module.parameters(recurse=False):
+                if isinstance(module, (*NORM_MODULES, Scale)):
+                    param.add_(0.3 * torch.randn(param.shape, generator=g))
+
+
+def batch_of(vocab: int, shape: tuple[int, int] = (3, 11), seed: int = 0) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(5, vocab, shape, generator=g)
+    labels = torch.where(torch.rand(shape, generator=g) < 0.3, ids, -100)
+    labels[0, 0] = ids[0, 0]
+    return dict(input_ids=ids, labels=labels, next_sentence_label=torch.tensor([0, 1, 0])[: shape[0]])
+
+
+@pytest.mark.parametrize(("placement", "norm_type"), ALL)
+def test_builds_through_auto_classes_and_reloads_identically(tiny_kwargs, placement, norm_type, tmp_path):
+    config = make_config(tiny_kwargs, placement, norm_type=norm_type, num_hidden_layers=3)
+    config.save_pretrained(tmp_path / "config")
+    torch.manual_seed(0)
+    model = AutoModelForPreTraining.from_config(AutoConfig.from_pretrained(tmp_path / "config")).eval()
+    assert type(model) is LNBertForPreTraining
+    assert (model.config.norm_placement, model.config.norm_type) == (placement, norm_type)
+    perturb(model)
+    model.save_pretrained(tmp_path / "model")
+    loaded = AutoModelForPreTraining.from_pretrained(tmp_path / "model").eval()
+    batch = batch_of(tiny_kwargs["vocab_size"])
+    with torch.no_grad():
+        expected, got = model(batch["input_ids"]), loaded(batch["input_ids"])
+    torch.testing.assert_close(got.prediction_logits, expected.prediction_logits, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("depth", [2, 24])
+@pytest.mark.parametrize(("placement", "norm_type"), ALL)
+def test_a_training_step_is_finite(tiny_kwargs, placement, norm_type, depth):
+    torch.manual_seed(0)
+    model = LNBertForPreTraining(make_config(tiny_kwargs, placement, norm_type=norm_type, num_hidden_layers=depth))
+    out = model.train()(**batch_of(tiny_kwargs["vocab_size"]))
+    out.loss.backward()
+    assert torch.isfinite(out.loss)
+    for name, param in model.named_parameters():
+        assert param.grad is not None and torch.isfinite(param.grad).all(), name
+    if placement != "rezero":  # ReZero's layers get gradient only through their gates at init (g = 0)
+        assert all(p.grad.abs().sum() > 0 for p in model.bert.encoder.parameters())
+
+
+@pytest.mark.parametrize("placement", NORM_PLACEMENTS)
+def test_two_steps_under_bf16_autocast_on_cpu(tiny_kwargs, placement):
+    torch.manual_seed(0)
+    model = LNBertForPreTraining(make_config(tiny_kwargs, placement, qk_norm=True)).train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    for step in range(2):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = model(**batch_of(tiny_kwargs["vocab_size"], seed=step)).loss
+        loss.backward()
+        assert torch.isfinite(loss)
+        assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
+        optimizer.step()
+        optimizer.zero_grad()
+
+
+def test_parameter_counts_match_docs_placements_md():
+    """BERT-base's parameter count per placement and norm type, as docs/placements.md states it."""
+    table = (ROOT / "docs" / "placements.md").read_text().split("<!-- parameter counts -->")[1]
+    documented = {
+        cells[0].strip("` "): [int(c.replace(",", "")) for c in cells[1:4]]
+        for line in table.splitlines()
+        if line.startswith("| `") and (cells := [c.strip() for c in line.strip("|").split("|")])
+    }
+    assert set(documented) == set(NORM_PLACEMENTS)
+    for placement in NORM_PLACEMENTS:
+        for norm_type, expected in zip(NORM_TYPES, documented[placement], strict=True):
+            config = LNBertConfig(vocab_size=30522, norm_placement=placement, norm_type=norm_type)
+            with torch.device("meta"):
+                model = LNBertForPreTraining(config)
+            assert num_params(model) == expected, (placement, norm_type)
+
+
+def test_every_placement_has_a_row_and_every_row_a_block():
+    assert set(PLACEMENTS) == set(NORM_PLACEMENTS)
+    assert all(row.block in BLOCKS for row in PLACEMENTS.values())
+    with pytest.raises(ValueError, match=r"norm_placement='preln' is not a valid choice \(did you mean 'pre'\?\)"):
+        LNBertConfig(norm_placement="preln")
+    with pytest.raises(ValueError, match=r"norm_type='layer_norm'.*valid choices: layernorm, rmsnorm, dyt"):
+        LNBertConfig(norm_type="layer_norm")
+
+
+# --------------------------------------------------------------------------------------------------
+# Each placement's defining property
+# --------------------------------------------------------------------------------------------------
+
+
+def encoder_io(model: LNBertModel, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    with torch.no_grad():
+        out = model(ids, output_hidden_states=True)
+    return out.hidden_states[0], out.last_hidden_state
+
+
+@pytest.mark.parametrize("norm_type", NORM_TYPES)
+def test_rezero_is_the_identity_at_init(tiny_kwargs, norm_type):
+    torch.manual_seed(0)
+    model = LNBertModel(make_config(tiny_kwargs, "rezero", norm_type=norm_type, num_hidden_layers=4)).eval()
+    gates = [layer.rezero_gate.weight for layer in model.encoder.layer]
+    assert all(g.shape == (1,) and g.item() == 0.0 for g in gates)
+    embeddings, output = encoder_io(model, torch.randint(5, 99, (2, 9)))
+    torch.testing.assert_close(output, embeddings, rtol=0, atol=0)
+    assert count_layer_norms(model.encoder) == 0
+
+
+def copy_weights(source: nn.Module, target: nn.Module) -> None:
+    target.load_state_dict(source.state_dict(), strict=True)
+
+
+def test_mix_ln_with_no_post_layers_is_pre_ln_and_with_all_is_post_ln_plus_a_final_norm(tiny_kwargs):
+    ids = torch.randint(5, 99, (2, 9))
+    torch.manual_seed(0)
+    pre = LNBertModel(make_config(tiny_kwargs, "pre", num_hidden_layers=3)).eval()
+    perturb(pre)
+    mix0 = LNBertModel(make_config(tiny_kwargs, "mix_ln", num_hidden_layers=3, mix_ln_post_layers=0)).eval()
+    copy_weights(pre, mix0)
+    torch.testing.assert_close(encoder_io(mix0, ids)[1], encoder_io(pre, ids)[1], rtol=0, atol=0)
+
+    mix3 = LNBertModel(make_config(tiny_kwargs, "mix_ln", num_hidden_layers=3, mix_ln_post_layers=3)).eval()
+    copy_weights(pre, mix3)
+    post = LNBertModel(make_config(tiny_kwargs, "post", num_hidden_layers=3)).eval()
+    post.load_state_dict({k: v for k, v in pre.state_dict().items() if "final_layer_norm" not in k}, strict=True)
+    _, post_out = encoder_io(post, ids)
+    torch.testing.assert_close(encoder_io(mix3, ids)[1], mix3.encoder.final_layer_norm(post_out), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize(("layers", "expected"), [(2, 0), (12, 3), (24, 6)])
+def test_mix_ln_default_post_layers(tiny_kwargs, layers, expected):
+    config = make_config(tiny_kwargs, "mix_ln", num_hidden_layers=layers)
+    assert config.mix_ln_post_layer_count == expected
+    assert [config.block_of_layer(i) for i in range(layers)] == ["post"] * expected + ["pre"] * (layers - expected)
+
+
+def test_lns_scales_each_layer_by_one_over_sqrt_of_its_index(tiny_kwargs):
+    model = LNBertModel(make_config(tiny_kwargs, "lns", num_hidden_layers=5))
+    assert [layer.norm_scale for layer in model.encoder.layer] == pytest.approx([1 / math.sqrt(i) for i in range(1, 6)])
+    assert all(layer.norm_scale == 1.0 for layer in LNBertModel(make_config(tiny_kwargs, "pre")).encoder.layer)
+
+
+@pytest.mark.parametrize(("layers", "omega"), [(2, 1.451), (12, 2.601), (24, 3.404), (48, 4.495)])
+def test_admin_omega_follows_admin_torch_default_rule(tiny_kwargs, layers, omega):
+    config = make_config(tiny_kwargs, "admin", num_hidden_layers=layers)
+    assert config.residual_scale == pytest.approx(omega, abs=1e-3)
+    assert make_config(tiny_kwargs, "admin", admin_omega=2.0).residual_scale == 2.0
+
+
+def test_admin_learnable_omega_is_a_vector_per_sub_layer(tiny_kwargs):
+    model = LNBertModel(make_config(tiny_kwargs, "admin", admin_learnable_omega=True))
+    omega = admin_omega_default(tiny_kwargs["num_hidden_layers"])
+    for layer in model.encoder.layer:
+        assert layer.residual_scale == 1.0  # no fixed scalar on top
+        for sub in (layer.attention.output, layer.output):
+            assert isinstance(sub.residual_scale, Scale)
+            torch.testing.assert_close(sub.residual_scale.weight, torch.full((tiny_kwargs["hidden_size"],), omega))
+
+
+@pytest.mark.parametrize("placement", ["deepnorm", "admin", "post"])
+def test_scaled_post_ln_exports_to_plain_hugging_face_bert(tiny_kwargs, placement, tmp_path):
+    config = make_config(tiny_kwargs, placement, num_hidden_layers=3, hidden_dropout_prob=0.0,
+                         attention_probs_dropout_prob=0.0)  # fmt: skip
+    torch.manual_seed(0)
+    model = LNBertForPreTraining(config).eval()
+    perturb(model)
+    model.save_pretrained(tmp_path / "snapshot")
+    assert export.main([f"--model={tmp_path / 'snapshot'}", f"--out={tmp_path / 'bert'}"]) == 0
+    bert = AutoModelForPreTraining.from_pretrained(tmp_path / "bert").eval()
+    assert type(bert) is BertForPreTraining
+    ids = torch.randint(5, 99, (3, 11))
+    mask = torch.ones_like(ids)
+    mask[1, 6:] = 0
+    with torch.no_grad():
+        ours, theirs = model(ids, attention_mask=mask), bert(ids, attention_mask=mask)
+    torch.testing.assert_close(theirs.prediction_logits, ours.prediction_logits, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(theirs.seq_relationship_logits, ours.seq_relationship_logits, rtol=1e-4, atol=1e-4)
+    if placement != "post":  # the check sees the scale: without the division the outputs differ
+        plain = BertForPreTraining(export.bert_config(config)).eval()
+        plain.load_state_dict(model.state_dict(), strict=True)
+        with torch.no_grad():
+            assert (plain(ids).prediction_logits - ours.prediction_logits).abs().max() > 1e-2
+
+
+@pytest.mark.parametrize(
+    ("overrides", "match"),
+    [
+        (dict(norm_placement="pre"), "does not export"),
+        (dict(norm_placement="admin", admin_learnable_omega=True), "vector omega"),
+        (dict(norm_placement="deepnorm", norm_type="rmsnorm"), "norm_type='rmsnorm'"),
+    ],
+)
+def test_export_refuses_what_plain_bert_cannot_compute(tiny_kwargs, overrides, match):
+    with pytest.raises(ValueError, match=match):
+        export.export_to_bert(LNBertForPreTraining(LNBertConfig(**{**tiny_kwargs, **overrides})))
+
+
+def test_rmsnorm_equals_torch_rms_norm():
+    torch.manual_seed(0)
+    ours, theirs = RMSNorm(37, eps=1e-6), nn.RMSNorm(37, eps=1e-6)
+    with torch.no_grad():
+        ours.weight.uniform_(0.5, 1.5)
+        theirs.weight.copy_(ours.weight)
+    x = 3 * torch.randn(4, 5, 37)
+    torch.testing.assert_close(ours(x), theirs(x))
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # computed in float32, returned in the input's dtype
+        assert ours(x.bfloat16()).dtype == torch.bfloat16
+
+
+def test_dyt_starts_at_alpha_one_half_and_is_weight_tanh_alpha_x_plus_bias(tiny_kwargs):
+    model = LNBertModel(make_config(tiny_kwargs, "pre", norm_type="dyt"))
+    dyts = [m for m in model.modules() if isinstance(m, DyT)]
+    assert len(dyts) == count_layer_norms(model) > 0
+    assert all(m.alpha.item() == 0.5 and m.alpha.shape == (1,) for m in dyts)
+    assert LNBertModel(
+        make_config(tiny_kwargs, "pre", norm_type="dyt", dyt_alpha_init=0.8)
+    ).embeddings.LayerNorm.alpha.item() == pytest.approx(0.8)
+    norm = dyts[0]
+    perturb(norm)
+    x = torch.randn(3, tiny_kwargs["hidden_size"])
+    torch.testing.assert_close(norm(x), norm.weight * torch.tanh(norm.alpha * x) + norm.bias)
+
+
+def test_norm_type_reaches_every_norm_at_the_hugging_face_names(tiny_kwargs):
+    post = LNBertForPreTraining(make_config(tiny_kwargs, "pre"))
+    rms = LNBertForPreTraining(make_config(tiny_kwargs, "pre", norm_type="rmsnorm"))
+    assert not any(isinstance(m, nn.LayerNorm) for m in rms.modules())
+    norms = {n for n, m in rms.named_modules() if isinstance(m, RMSNorm)}
+    assert norms == {n for n, m in post.named_modules() if isinstance(m, nn.LayerNorm)}
+    assert {"bert.embeddings.LayerNorm", "bert.encoder.final_layer_norm", "cls.predictions.transform.LayerNorm",
+            "bert.encoder.layer.0.attention.output.LayerNorm", "bert.encoder.layer.0.output.LayerNorm"} <= norms  # fmt: skip
+    assert set(rms.state_dict()) == {
+        k for k in post.state_dict() if not ((k.endswith(".bias") and "Norm" in k) or "layer_norm.bias" in k)
+    }
+
+
+def test_qk_norm_normalises_each_heads_queries_and_keys(tiny_kwargs):
+    model = LNBertModel(make_config(tiny_kwargs, "pre", qk_norm=True))
+    head = tiny_kwargs["hidden_size"] // tiny_kwargs["num_attention_heads"]
+    for layer in model.encoder.layer:
+        attention = layer.attention.self
+        assert attention.query_norm.weight.shape == attention.key_norm.weight.shape == (head,)
+        assert isinstance(attention.value_norm, nn.Identity)
+    hybrid = LNBertModel(make_config(tiny_kwargs, "hybrid"))
+    assert hybrid.encoder.layer[0].attention.self.value_norm.weight.shape == (head,)
+    assert isinstance(hybrid.encoder.layer[0].attention.output.LayerNorm, nn.Identity)
+
+
+@pytest.mark.parametrize(("placement", "norm_type"), [("pre", "rmsnorm"), ("post", "dyt"), ("normformer", "layernorm")])
+def test_loading_into_another_placement_or_norm_type_fails(tiny_kwargs, placement, norm_type, tmp_path):
+    LNBertForPreTraining(make_config(tiny_kwargs, placement, norm_type=norm_type)).save_pretrained(tmp_path)
+    for other in ({"norm_type": "layernorm" if norm_type != "layernorm" else "rmsnorm"}, {"norm_placement": "lns"}):
+        with pytest.raises(ValueError, match="Checkpoint does not match"):
+            LNBertForPreTraining.from_pretrained(tmp_path, **other)
+
+
+def test_peri_is_another_name_of_sandwich(tiny_kwargs, tmp_path):
+    torch.manual_seed(0)
+    sandwich = LNBertModel(make_config(tiny_kwargs, "sandwich")).eval()
+    perturb(sandwich)
+    peri = LNBertModel(make_config(tiny_kwargs, "peri")).eval()
+    copy_weights(sandwich, peri)
+    ids = torch.randint(5, 99, (2, 9))
+    torch.testing.assert_close(encoder_io(peri, ids)[1], encoder_io(sandwich, ids)[1], rtol=0, atol=0)
+    sandwich.save_pretrained(tmp_path)
+    assert LNBertModel.from_pretrained(tmp_path, norm_placement="peri").config.norm_placement == "peri"
+
+
+def test_weight_decay_skips_every_norm_gate_and_scale(tiny_kwargs):
+    from pretrain.optim import weight_decay_groups
+
+    for placement, norm_type, extra in [("normformer", "dyt", dict(normformer_resid_scale=True)),
+                                        ("rezero", "rmsnorm", {}), ("admin", "layernorm", dict(admin_learnable_omega=True)),
+                                        ("hybrid", "dyt", {})]:  # fmt: skip
+        model = LNBertForPreTraining(make_config(tiny_kwargs, placement, norm_type=norm_type, qk_norm=True, **extra))
+        decayed, _ = weight_decay_groups(model, 0.01)
+        decayed_names = {n for n, p in model.named_parameters() if any(p is q for q in decayed["params"])}
+        for name, module in model.named_modules():
+            if isinstance(module, (*NORM_MODULES, Scale)):
+                assert not {f"{name}.{p}" for p, _ in module.named_parameters()} & decayed_names, name
+        assert all(n.endswith(".weight") and p.dim() == 2 for n, p in model.named_parameters() if n in decayed_names)
+
+
+def test_pre_ln_equals_hugging_face_roberta_prelayernorm(tiny_kwargs):
+    from transformers import RobertaPreLayerNormConfig, RobertaPreLayerNormModel
+
+    torch.manual_seed(0)
+    ours = LNBertModel(make_config(tiny_kwargs, "pre", num_hidden_layers=3)).eval()
+    perturb(ours)
+    hf_config = RobertaPreLayerNormConfig(**{**tiny_kwargs, "num_hidden_layers": 3, "pad_token_id": 0})
+    theirs = RobertaPreLayerNormModel(hf_config).eval()
+    mine = ours.state_dict()
+    state = {}
+    for key in theirs.state_dict():
+        source = key
+        for hf, lnbert in (("attention.LayerNorm", "attention.output.LayerNorm"),
+                           ("intermediate.LayerNorm", "output.LayerNorm")):  # fmt: skip
+            source = source.replace(hf, lnbert)
+        source = "encoder.final_layer_norm" + key[len("LayerNorm") :] if key.startswith("LayerNorm.") else source
+        state[key] = mine[source]
+    theirs.load_state_dict(state, strict=True)
+    ids = torch.randint(5, 99, (3, 11))
+    mask = torch.ones_like(ids)
+    mask[2, 5:] = 0
+    positions = torch.arange(11)[None].expand(3, -1)
+    with torch.no_grad():
+        expected = theirs(ids, attention_mask=mask, position_ids=positions).last_hidden_state
+        got = ours(ids, attention_mask=mask, position_ids=positions).last_hidden_state
+    torch.testing.assert_close(got, expected)

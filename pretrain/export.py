@@ -1,0 +1,97 @@
+"""Export a model whose placement only scales Post-LN's residual to a plain Hugging Face BERT checkpoint.
+
+    python -m pretrain.export --model=runs/lnbert-deepnorm/snapshots/step_00010000 --out=exported/deepnorm
+
+For a scalar ``a > 0``, ``N(a x + F(x)) = N(x + F(x) / a)`` for LayerNorm (up to its eps, which becomes
+``eps / a^2``): LayerNorm is invariant to scaling its input. So DeepNorm (``a = alpha``) and Admin with a fixed
+omega compute the function of a Post-LN BERT whose sub-layer output projections (weight and bias) are divided by
+``a``. The export writes that ``BertForPreTraining`` with ``save_pretrained`` (and the snapshot's tokenizer, if
+any): a DeepNorm- or Admin-trained model then runs anywhere with no code of this project.
+"""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from transformers import BertConfig, BertForPreTraining
+
+from pretrain.cli import parse, run_cli
+from pretrain.modeling import LNBertConfig, LNBertForPreTraining
+
+
+@dataclass(kw_only=True)
+class ExportConfig:
+    """Export a Post-LN, DeepNorm or Admin (fixed omega) snapshot to a plain Hugging Face BERT folder."""
+
+    model: str
+    """A snapshot folder written by pretrain/run.py (config.json + model.safetensors)."""
+    out: str
+    """The folder to write the Hugging Face BERT checkpoint to (must not exist yet)."""
+
+
+def check_exportable(config: LNBertConfig) -> None:
+    """Raise ``ValueError`` naming what keeps ``config`` from being plain BERT."""
+    if not config.placement.exports_to_bert:
+        raise ValueError(
+            f"norm_placement={config.norm_placement!r} does not export to plain BERT: only post, deepnorm and admin "
+            "(their residual scale folds into the output projections) do"
+        )
+    if config.norm_placement == "admin" and config.admin_learnable_omega:
+        raise ValueError(
+            "admin with admin_learnable_omega=true does not export: a vector omega does not fold into BERT"
+        )
+    for key, plain in (("norm_type", "layernorm"), ("qk_norm", False), ("embedding_layer_norm", True)):
+        if getattr(config, key) != plain:
+            raise ValueError(f"{key}={getattr(config, key)!r} does not export to plain BERT, which has {key}={plain!r}")
+
+
+def bert_config(config: LNBertConfig) -> BertConfig:
+    """The Hugging Face BERT config with the same shapes and settings (BERT's own fields only)."""
+    fields = {k: v for k, v in config.to_dict().items() if k in BertConfig().to_dict()}
+    fields.pop("model_type", None)
+    fields.pop("architectures", None)
+    return BertConfig(**fields)
+
+
+@torch.no_grad()
+def export_to_bert(model: LNBertForPreTraining) -> BertForPreTraining:
+    """The ``BertForPreTraining`` that computes what ``model`` computes (up to LayerNorm's eps)."""
+    config = model.config
+    check_exportable(config)
+    scale = config.residual_scale
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    for i in range(config.num_hidden_layers):
+        for dense in (f"bert.encoder.layer.{i}.attention.output.dense", f"bert.encoder.layer.{i}.output.dense"):
+            state[f"{dense}.weight"] /= scale
+            state[f"{dense}.bias"] /= scale
+    bert = BertForPreTraining(bert_config(config))
+    bert.load_state_dict(state, strict=True)
+    return bert.eval()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(ExportConfig, argv, prog="python -m pretrain.export", description=__doc__ or "")
+    source, out = Path(args.model), Path(args.out)
+    if not (source / "config.json").is_file():
+        raise FileNotFoundError(f"--model={source} is not a model folder (no config.json); pass a snapshot folder")
+    if out.exists():
+        raise ValueError(f"--out={out} exists; choose a new folder (nothing was written)")
+    model = LNBertForPreTraining.from_pretrained(source)
+    bert = export_to_bert(model)
+    tmp = out.with_name(f"{out.name}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    bert.save_pretrained(tmp)
+    if (source / "tokenizer").is_dir() or (source / "tokenizer.json").is_file():
+        for item in source.iterdir():  # the snapshot's tokenizer files travel with it
+            if item.name.startswith(("tokenizer", "vocab", "special_tokens")):
+                (shutil.copytree if item.is_dir() else shutil.copy2)(item, tmp / item.name)
+    tmp.rename(out)  # readers never see a half-written export
+    print(f"exported {model.config.norm_placement} (residual scale {model.config.residual_scale:.4g}) to {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(run_cli(main))
