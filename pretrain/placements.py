@@ -222,14 +222,15 @@ class Block:
     attention_norm: bool = True  # N_a, attention.output.LayerNorm
     ffn_norm: bool = True  # N_f, output.LayerNorm
     branch_norms: bool = False  # B_a and B_f
+    ends_in_norm: bool = False  # the layer's output is N_f(...): what init-scale reads is that norm's input
 
 
 BLOCKS: dict[str, Block] = {
-    "post": Block(post_block),
+    "post": Block(post_block, ends_in_norm=True),
     "pre": Block(pre_block),
     "sandwich": Block(pre_block, branch_norms=True),
     "rezero": Block(rezero_block, attention_norm=False, ffn_norm=False),
-    "b2t": Block(b2t_block),
+    "b2t": Block(b2t_block, ends_in_norm=True),
     "resi_dual": Block(resi_dual_block),
     "hybrid": Block(hybrid_block, attention_norm=False),
     "output_ln": Block(output_ln_block),

@@ -11,7 +11,8 @@ from typing import Any
 import torch
 
 from pretrain.cli import require
-from pretrain.modeling import LNBertConfig
+from pretrain.modeling import NORM_PLACEMENTS, LNBertConfig
+from pretrain.placements import variant_name
 
 DEFAULT_OUT = Path("runs") / "analysis"
 
@@ -63,11 +64,30 @@ def mean_and_sem(samples: torch.Tensor) -> tuple[list[float], list[float]]:
     return samples.mean(dim=0).tolist(), sem.tolist()
 
 
+def variants(placements: list[str], norm_types: list[str]) -> list[tuple[str, str, str]]:
+    """(label, placement, norm_type) of every model a measurement compares; the label as in run names."""
+    return [(variant_name(p, t), p, t) for t in norm_types for p in placements]
+
+
+def placement_color(placement: str) -> Any:
+    """One colour per placement, the same in every figure (tab20 holds all of them)."""
+    from matplotlib import colormaps
+
+    return colormaps["tab20"](NORM_PLACEMENTS.index(placement) % 20)
+
+
 def model_config(
-    size: ModelSize, placement: str, init_scheme: str, num_layers: int, vocab_size: int, pad_token_id: int = 0
+    size: ModelSize,
+    placement: str,
+    init_scheme: str,
+    num_layers: int,
+    vocab_size: int,
+    pad_token_id: int = 0,
+    norm_type: str = "layernorm",
 ) -> LNBertConfig:
     """A model config of ``size``, dropout off (measurements at initialisation)."""
     return LNBertConfig(
+        norm_type=norm_type,
         vocab_size=vocab_size,
         pad_token_id=pad_token_id,
         hidden_size=size.hidden_size,

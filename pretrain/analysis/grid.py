@@ -20,10 +20,11 @@ from typing import Any
 import torch
 
 from pretrain.analysis import outcomes, probes
-from pretrain.analysis.common import DEFAULT_OUT, write_outputs
+from pretrain.analysis.common import DEFAULT_OUT, placement_color, variants, write_outputs
 from pretrain.cli import field_type, parse, require, to_dict
 from pretrain.layout import read_metrics, read_status
-from pretrain.modeling import NORM_PLACEMENTS, NormPlacement
+from pretrain.norms import NormType
+from pretrain.placements import NORM_PLACEMENTS, NormPlacement
 from pretrain.reporting import format_table, pyplot, save_figure
 
 
@@ -47,6 +48,8 @@ class GridConfig:
 
     placements: list[NormPlacement] = field(default_factory=lambda: list(NORM_PLACEMENTS))
     """Placements, one heat map each."""
+    norm_types: list[NormType] = field(default_factory=lambda: ["layernorm"])
+    """Norm types, each with every placement (a model is named as in run names: pre, pre-rmsnorm, ...)."""
     depths: list[int] = field(default_factory=lambda: [6, 12, 24, 48])
     """Numbers of layers."""
     hidden_sizes: list[int] = field(default_factory=lambda: [128])
@@ -91,7 +94,7 @@ class GridConfig:
         for key in ("max_steps", "num_heads", "jobs", "probe_batch_size"):
             require(getattr(self, key) > 0, key, f"must be a positive integer; got {getattr(self, key)}")
         require(self.probe_steps >= 0 and self.boundary_seeds >= 0, "probe_steps", "and boundary_seeds must be >= 0")
-        for key in ("placements", "depths", "hidden_sizes", "warmup_steps", "lrs", "seeds"):
+        for key in ("placements", "norm_types", "depths", "hidden_sizes", "warmup_steps", "lrs", "seeds"):
             values = getattr(self, key)
             require(bool(values) and len(set(values)) == len(values), key, f"must be a non-empty list without repeats; got {values}")  # fmt: skip
         require(all(d > 0 for d in self.depths), "depths", f"must be positive; got {self.depths}")
@@ -128,7 +131,19 @@ class GridConfig:
     def axes(self) -> list[list[Any]]:
         """The axes of a setting, in the order of ``Cell.setting``; numbers sorted (tables, maps and neighbours
         go by size, whatever order the cells ran in)."""
-        return [self.placements, *(sorted(v) for v in (self.hidden_sizes, self.depths, self.warmup_steps, self.lrs))]
+        return [self.variants, *(sorted(v) for v in (self.hidden_sizes, self.depths, self.warmup_steps, self.lrs))]
+
+    @property
+    def models(self) -> dict[str, tuple[str, str]]:
+        """Each model of the grid by its name (placement x norm type): its (placement, norm type)."""
+        return {
+            label: (placement, norm_type) for label, placement, norm_type in variants(self.placements, self.norm_types)
+        }
+
+    @property
+    def variants(self) -> list[str]:
+        """The models' names, the first axis of a setting (``Cell.placement``)."""
+        return list(self.models)
 
     @property
     def rules(self) -> outcomes.Rules:
@@ -139,7 +154,7 @@ class GridConfig:
 class Cell:
     """One run of the grid: a setting and a seed."""
 
-    placement: str
+    placement: str  # the model's name: its placement, with its norm type when not layernorm (GridConfig.models)
     width: int
     depth: int
     warmup: int
@@ -163,7 +178,7 @@ def grid_cells(args: GridConfig, seeds: list[int]) -> list[Cell]:
         for width, depth, warmup, lr, seed in itertools.product(
             args.hidden_sizes, args.depths, args.warmup_steps, args.lrs, seeds
         )
-        for placement in args.placements
+        for placement in args.variants
     ]
 
 
@@ -175,8 +190,10 @@ def cell_overrides(args: GridConfig, cell: Cell, run_dir: Path) -> list[str]:
     ``overrides`` come last, so they win.
     """
     argv = [f"--config={args.preset}"] if args.preset else []
+    placement, norm_type = args.models[cell.placement]
     argv += [
-        f"--model.norm_placement={cell.placement}",
+        f"--model.norm_placement={placement}",
+        f"--model.norm_type={norm_type}",
         f"--model.num_hidden_layers={cell.depth}",
         f"--model.hidden_size={cell.width}",
         f"--model.num_attention_heads={args.num_heads}",
@@ -470,7 +487,7 @@ def probe_lines(args: GridConfig, results: dict[Cell, dict[str, Any]], shown: li
     ratio, and the relative output change of each of the first updates."""
     rows = []
     for corner in shown:
-        for placement in args.placements:
+        for placement in args.variants:
             for r in _seed_results(results, (placement, *corner)):
                 probe = r.get("probe") or {}
                 grads = probe.get("first_grad_norms", {}).get("1", {}).get("ffn")
@@ -507,7 +524,7 @@ def report_table(
         "run's best; div@N: non-finite loss or gradient at step N; (n): n seeds agree (mean); a|b: seeds differ"
     ]
     _, widths, depths, warmups, lrs = args.axes
-    for placement in args.placements:
+    for placement in args.variants:
         rows = [
             [_row_label(args, width, depth, warmup), *(
                 describe_setting(_seed_results(results, s), combined.get(s, "incomplete"))
@@ -552,10 +569,10 @@ def plot_grid(args: GridConfig, results: dict[Cell, dict[str, Any]], combined: d
 
     _, widths, depths, warmups, lrs = args.axes
     row_keys = list(itertools.product(widths, depths, warmups))
-    grids = {p: torch.tensor([[mean_loss((p, *row, lr)) for lr in lrs] for row in row_keys]) for p in args.placements}
+    grids = {p: torch.tensor([[mean_loss((p, *row, lr)) for lr in lrs] for row in row_keys]) for p in args.variants}
     finite = torch.cat([g[~g.isnan()] for g in grids.values()])
     vmin, vmax = (finite.min().item(), finite.max().item()) if len(finite) else (0.0, 1.0)
-    n = len(args.placements)
+    n = len(args.variants)
     n_cols = 2 if n > 2 else n
     n_rows = math.ceil(n / n_cols)
     # Constrained layout keeps each panel's row labels, title and x label clear of its neighbours' (and the
@@ -564,7 +581,7 @@ def plot_grid(args: GridConfig, results: dict[Cell, dict[str, Any]], combined: d
         1.2 + (1.3 * len(lrs) + 1.3) * n_cols, (0.45 * len(row_keys) + 1.1) * n_rows))  # fmt: skip
     cmap = plt.get_cmap("viridis").with_extremes(bad="lightgray")
     image = None
-    for k, placement in enumerate(args.placements):
+    for k, placement in enumerate(args.variants):
         ax = axes[k // n_cols][k % n_cols]
         image = ax.imshow(grids[placement].numpy(), cmap=cmap, vmin=vmin, vmax=vmax, aspect="auto")
         for i, row in enumerate(row_keys):
@@ -611,8 +628,8 @@ def plot_probes(args: GridConfig, results: dict[Cell, dict[str, Any]], shown: li
     for col, corner in enumerate(shown):
         loss_ax, low_ax, grad_ax, change_ax = axes[:, col]
         width, depth, warmup, lr = corner
-        for placement in args.placements:
-            color = f"C{NORM_PLACEMENTS.index(placement)}"
+        for placement in args.variants:
+            color = placement_color(args.models[placement][0])
             for k, r in enumerate(_seed_results(results, (placement, *corner))):
                 label = f"{placement} {_one(r)}"
                 style = ["-", "--", ":", "-."][k % 4]

@@ -9,9 +9,19 @@ from typing import Any, Literal
 
 import torch
 
-from pretrain.analysis.common import DEFAULT_OUT, ModelSize, mean_and_sem, model_config, write_outputs
+from pretrain.analysis.common import (
+    DEFAULT_OUT,
+    ModelSize,
+    mean_and_sem,
+    model_config,
+    placement_color,
+    variants,
+    write_outputs,
+)
 from pretrain.cli import require, to_dict
-from pretrain.modeling import NORM_PLACEMENTS, InitScheme, LNBertConfig, LNBertForMaskedLM, NormPlacement
+from pretrain.modeling import NORM_PLACEMENTS, InitScheme, LNBertConfig, LNBertForMaskedLM
+from pretrain.norms import NormType
+from pretrain.placements import NormPlacement
 from pretrain.reporting import format_table, pyplot, save_figure
 
 
@@ -29,6 +39,8 @@ class InitGradsConfig(ModelSize):
 
     placements: list[NormPlacement] = field(default_factory=lambda: list(NORM_PLACEMENTS))
     """Placements to measure."""
+    norm_types: list[NormType] = field(default_factory=lambda: ["layernorm"])
+    """Norm types to measure, each with every placement."""
     init_schemes: list[InitScheme] = field(default_factory=lambda: ["xavier", "bert"])
     """xavier: the paper's setting; bert: normal(0, 0.02)."""
     num_layers: int = 12
@@ -119,13 +131,14 @@ def ffn_gradient_norms(
 
 
 def measure_init_grads(
-    args: InitGradsConfig, data: Any, init_scheme: str, placement: str, depth: int
+    args: InitGradsConfig, data: Any, init_scheme: str, placement: str, depth: int, norm_type: str = "layernorm"
 ) -> dict[str, list[list[float]]]:
-    """Per-seed, per-layer W1/W2 gradient norms of one (init, placement, depth); seed s uses batch s."""
+    """Per-seed, per-layer W1/W2 gradient norms of one (init, placement, norm type, depth); seed s uses batch s."""
     w1s, w2s = [], []
+    tokenizer = data.tokenizer
     for s in range(args.seeds):
         batch = mlm_batch(data, args.batch_size, args.seed + s)
-        config = model_config(args, placement, init_scheme, depth, len(data.tokenizer), data.tokenizer.pad_token_id)
+        config = model_config(args, placement, init_scheme, depth, len(tokenizer), tokenizer.pad_token_id, norm_type)
         w1, w2 = ffn_gradient_norms(config, batch, args.seed + s, resolve_device(args.device))
         w1s.append(w1)
         w2s.append(w2)
@@ -142,12 +155,13 @@ def run(args: InitGradsConfig) -> int:
     depths = sorted(set(args.depths) | {args.num_layers})
     raw: dict[str, Any] = {}
     for init_scheme in args.init_schemes:
-        for placement in args.placements:
+        for label, placement, norm_type in variants(args.placements, args.norm_types):
             for depth in depths:
-                raw[f"{init_scheme}/{placement}/{depth}"] = measure_init_grads(
-                    args, data, init_scheme, placement, depth
+                raw[f"{init_scheme}/{label}/{depth}"] = measure_init_grads(
+                    args, data, init_scheme, placement, depth, norm_type
                 )
-                print(f"measured {init_scheme}/{placement}/depth {depth}", flush=True)
+                print(f"measured {init_scheme}/{label}/depth {depth}", flush=True)
+    labels = [label for label, _, _ in variants(args.placements, args.norm_types)]
 
     source = args.data or "python_docs"
     header = (
@@ -160,23 +174,23 @@ def run(args: InitGradsConfig) -> int:
         per_layer = []
         for layer in range(args.num_layers):
             row: list[Any] = [layer + 1]
-            for placement in args.placements:
+            for placement in labels:
                 grads = raw[f"{init_scheme}/{placement}/{args.num_layers}"]
                 row += [_mean_sem([g[layer] for g in grads["w1"]])[0], _mean_sem([g[layer] for g in grads["w2"]])[0]]
             per_layer.append(row)
-        headers = ["layer", *(f"{p} {w}" for p in args.placements for w in ("W1", "W2"))]
+        headers = ["layer", *(f"{p} {w}" for p in labels for w in ("W1", "W2"))]
         sections.append(
             f"init {init_scheme}: ||dL/dW||_F per layer, depth {args.num_layers}\n" + format_table(headers, per_layer)
         )
         by_depth = []
         for depth in args.depths:
             row = [depth]
-            for placement in args.placements:
+            for placement in labels:
                 mean, sem = _mean_sem([g[-1] for g in raw[f"{init_scheme}/{placement}/{depth}"]["w2"]])
                 row.append(f"{mean:.4g} +- {sem:.2g}")
             by_depth.append(row)
         ratio_row: list[Any] = [f"{min(args.depths)}/{max(args.depths)}"]
-        for placement in args.placements:
+        for placement in labels:
             shallow = _mean_sem([g[-1] for g in raw[f"{init_scheme}/{placement}/{min(args.depths)}"]["w2"]])[0]
             deep = _mean_sem([g[-1] for g in raw[f"{init_scheme}/{placement}/{max(args.depths)}"]["w2"]])[0]
             ratio_row.append(f"{shallow / deep:.3f}")
@@ -184,7 +198,7 @@ def run(args: InitGradsConfig) -> int:
         sections.append(
             f"init {init_scheme}: last layer ||dL/dW2||_F vs depth (last row: ratio shallow/deep; Pre-LN theory "
             f"sqrt({max(args.depths)}/{min(args.depths)}) = {math.sqrt(max(args.depths) / min(args.depths)):.3f}, "
-            "Post-LN theory 1)\n" + format_table(["depth", *args.placements], by_depth)
+            "Post-LN theory 1)\n" + format_table(["depth", *labels], by_depth)
         )
     out = Path(args.out)
     results = {"args": to_dict(args), "vocab_size": len(data.tokenizer), "depths": depths, "raw": raw}
@@ -200,15 +214,15 @@ def plot_init_grads(args: InitGradsConfig, raw: dict[str, Any], path: Path) -> N
     layers = list(range(1, args.num_layers + 1))
     for row, init_scheme in enumerate(args.init_schemes):
         ax_w1, ax_w2, ax_depth = axes[row]
-        for placement in args.placements:
-            color = f"C{NORM_PLACEMENTS.index(placement)}"
-            grads = raw[f"{init_scheme}/{placement}/{args.num_layers}"]
+        for label, placement, _ in variants(args.placements, args.norm_types):
+            color = placement_color(placement)
+            grads = raw[f"{init_scheme}/{label}/{args.num_layers}"]
             for ax, key in ((ax_w1, "w1"), (ax_w2, "w2")):
                 mean, sem = mean_and_sem(torch.tensor(grads[key]))
-                ax.errorbar(layers, mean, yerr=sem, fmt="o-", color=color, label=placement, capsize=2)
-            stats = [_mean_sem([g[-1] for g in raw[f"{init_scheme}/{placement}/{d}"]["w2"]]) for d in args.depths]
+                ax.errorbar(layers, mean, yerr=sem, fmt="o-", color=color, label=label, capsize=2)
+            stats = [_mean_sem([g[-1] for g in raw[f"{init_scheme}/{label}/{d}"]["w2"]]) for d in args.depths]
             ax_depth.errorbar(args.depths, [m for m, _ in stats], yerr=[s for _, s in stats], fmt="o-",
-                              color=color, label=placement, capsize=2)  # fmt: skip
+                              color=color, label=label, capsize=2)  # fmt: skip
         for ax, title in ((ax_w1, "W1 (intermediate.dense)"), (ax_w2, "W2 (output.dense)")):
             ax.set_title(f"{init_scheme} init: ||dL/d{title.split()[0]}||_F per layer, depth {args.num_layers}")
             ax.set_xlabel("layer")
@@ -217,6 +231,5 @@ def plot_init_grads(args: InitGradsConfig, raw: dict[str, Any], path: Path) -> N
         for ax in (ax_w1, ax_w2, ax_depth):
             ax.set_yscale("log")
             ax.set_ylabel("gradient norm")
-            ax.legend(fontsize=8)
+            ax.legend(fontsize=6, ncol=2)
     print(f"wrote {save_figure(fig, path)}")
-

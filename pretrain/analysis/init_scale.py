@@ -10,9 +10,19 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from pretrain.analysis.common import DEFAULT_OUT, ModelSize, mean_and_sem, model_config, write_outputs
+from pretrain.analysis.common import (
+    DEFAULT_OUT,
+    ModelSize,
+    mean_and_sem,
+    model_config,
+    placement_color,
+    variants,
+    write_outputs,
+)
 from pretrain.cli import require, to_dict
-from pretrain.modeling import NORM_PLACEMENTS, InitScheme, LNBertConfig, LNBertModel, NormPlacement
+from pretrain.modeling import NORM_PLACEMENTS, InitScheme, LNBertConfig, LNBertModel
+from pretrain.norms import NormType
+from pretrain.placements import NormPlacement
 from pretrain.reporting import format_table, pyplot, save_figure
 
 
@@ -40,8 +50,10 @@ class InitScaleConfig(ModelSize):
     """Weight draws in (i)."""
     model_seeds: int = 3
     """Model initialisations in (ii)."""
-    placements: list[NormPlacement] = field(default_factory=lambda: ["post", "pre"])
+    placements: list[NormPlacement] = field(default_factory=lambda: list(NORM_PLACEMENTS))
     """Placements measured in (ii)."""
+    norm_types: list[NormType] = field(default_factory=lambda: ["layernorm"])
+    """Norm types measured in (ii), each with every placement."""
     init_schemes: list[InitScheme] = field(default_factory=lambda: ["bert", "xavier"])
     """Initialisations measured in (ii)."""
     hidden_size: int = 256
@@ -117,9 +129,10 @@ def simplified_stream_scale(
 def model_stream_scale(config: LNBertConfig, batch_size: int, seq_len: int, seed: int) -> list[float]:
     """E||.||^2/d per layer of the real model at init, read with forward hooks, on random token ids.
 
-    Post-LN and DeepNorm: the input of the FFN LayerNorm (x_post5 = x_post3 + FFN(x_post3), scaled by
-    alpha for DeepNorm). Pre-LN and sandwich: the residual stream after each layer (``hidden_states[-1]``
-    would be after the final LN, so the layer outputs are hooked instead).
+    Layers whose block ends in a norm (post, deepnorm, admin, b2t, mix_ln's Post-LN layers): the input of that
+    norm, the un-normalised sum (x_post5 = x_post3 + FFN(x_post3), scaled by alpha for DeepNorm). ResiDual: its
+    un-normalised stream d. The others: the residual stream after each layer (``hidden_states[-1]`` would be
+    after the final norm, so the layer outputs are hooked instead).
     """
     torch.manual_seed(seed)
     model = LNBertModel(config, add_pooling_layer=False).eval()
@@ -131,8 +144,10 @@ def model_stream_scale(config: LNBertConfig, batch_size: int, seq_len: int, seed
 
     hooks = []
     for layer in model.encoder.layer:
-        if config.norm_placement in ("post", "deepnorm"):
+        if layer.block.ends_in_norm:
             hooks.append(layer.output.LayerNorm.register_forward_pre_hook(lambda _m, inputs: record(inputs[0])))
+        elif config.placement.two_streams:
+            hooks.append(layer.register_forward_hook(lambda _m, _inputs, output: record(output[0][1])))
         else:
             hooks.append(layer.register_forward_hook(lambda _m, _inputs, output: record(output[0])))
     generator = torch.Generator().manual_seed(seed)
@@ -189,19 +204,20 @@ def run(args: InitScaleConfig) -> int:
     results["model"] = {}
     model_rows = []
     for init_scheme in args.init_schemes:
-        for placement in args.placements:
-            config = model_config(args, placement, init_scheme, args.num_layers, args.vocab_size)
+        for label, placement, norm_type in variants(args.placements, args.norm_types):
+            config = model_config(args, placement, init_scheme, args.num_layers, args.vocab_size, norm_type=norm_type)
             samples = [
                 model_stream_scale(config, args.batch_size, args.seq_len, args.seed + s)
                 for s in range(args.model_seeds)
             ]
             mean, sem = mean_and_sem(torch.tensor(samples))
-            results["model"][f"{placement}/{init_scheme}"] = {"mean": mean, "sem": sem}
-            model_rows.append([placement, init_scheme, *(f"{m:.3f}" for m in mean)])
+            results["model"][f"{label}/{init_scheme}"] = {"mean": mean, "sem": sem, "placement": placement}
+            model_rows.append([label, init_scheme, *(f"{m:.4g}" for m in mean)])
     table += (
         f"\n\n(ii) LNBertModel at init (hidden {args.hidden_size}, FFN {args.intermediate_size or 4 * args.hidden_size}, "
         f"GELU, {args.num_heads} heads, random ids, batch {args.batch_size} x {args.seq_len}, {args.model_seeds} seeds): "
-        "E||.||^2/d per layer; post/deepnorm: FFN-LN input x_post5, pre/sandwich: residual stream x_l\n"
+        "E||.||^2/d per layer; layers ending in a norm (post, deepnorm, admin, b2t): that norm's input x_post5; "
+        "resi_dual: its stream d; the others: the residual stream x_l\n"
         + format_table(["placement", "init", *(f"l={layer}" for layer in layers)], model_rows)
     )
     out = Path(args.out)
@@ -230,13 +246,12 @@ def plot_init_scale(results: dict[str, Any], layers: list[int], path: Path) -> N
     ax1.set_ylabel("E||x||^2 / d")
     ax1.legend(fontsize=8)
     for key, stats in results["model"].items():
-        placement, init_scheme = key.split("/")
-        color = f"C{NORM_PLACEMENTS.index(placement)}"  # one colour per placement, line style per init
+        init_scheme = key.rsplit("/", 1)[1]
+        color = placement_color(stats["placement"])  # one colour per placement, line style per init
         ax2.plot(layers, stats["mean"], "o-" if init_scheme == "xavier" else "s--", color=color, label=key)
     ax2.set_title("(ii) LNBertModel at init")
     ax2.set_xlabel("layer l")
     ax2.set_ylabel("E||x||^2 / d  (post: FFN-LN input; pre: stream)")
     ax2.set_yscale("log")
-    ax2.legend(fontsize=8)
+    ax2.legend(fontsize=6, ncol=2)
     print(f"wrote {save_figure(fig, path)}")
-
