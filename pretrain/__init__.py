@@ -1,10 +1,11 @@
-"""Pretraining BERT with a configurable LayerNorm placement.
+"""Pretraining BERT with a configurable normalization placement and norm type.
 
 Importing this package registers the ``lnbert`` model type with the transformers Auto classes.
 """
 
 from pretrain.modeling import (
     NORM_PLACEMENTS,
+    NORM_TYPES,
     LNBertConfig,
     LNBertForMaskedLM,
     LNBertForPreTraining,
@@ -14,6 +15,7 @@ from pretrain.modeling import (
 
 __all__ = [
     "NORM_PLACEMENTS",
+    "NORM_TYPES",
     "LNBertConfig",
     "LNBertForMaskedLM",
     "LNBertForPreTraining",

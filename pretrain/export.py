@@ -19,6 +19,7 @@ import torch
 from transformers import BertConfig, BertForPreTraining
 
 from pretrain.cli import parse, run_cli
+from pretrain.manifest import MANIFEST_FILE, verify_manifest
 from pretrain.modeling import LNBertConfig, LNBertForPreTraining
 
 
@@ -79,6 +80,8 @@ def main(argv: list[str] | None = None) -> int:
         raise FileNotFoundError(f"--model={source} is not a model folder (no config.json); pass a snapshot folder")
     if out.exists():
         raise ValueError(f"--out={out} exists; choose a new folder (nothing was written)")
+    if (source / MANIFEST_FILE).is_file():  # a snapshot of pretrain/run.py: export only what it wrote
+        verify_manifest(source)
     model = LNBertForPreTraining.from_pretrained(source)
     bert = export_to_bert(model)
     tmp = out.with_name(f"{out.name}.tmp")
