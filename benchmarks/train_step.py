@@ -18,8 +18,8 @@ whenever one is descheduled). With ``--threads=1`` the process CPU time per step
 the "x baseline (CPU time)", "tok/CPU-s" and "MFU exec (CPU time)" columns (against the GEMM's FLOPs per
 CPU-second, measured the same way) are the figures to read there; on an idle machine or a GPU, the wall-clock ones.
 
-Variants are ``MODEL[+MOD...]``: MODEL is ``hf`` or a norm placement (``post``, ``pre``, ``sandwich``,
-``deepnorm``); MODs: ``dense`` (ours: MLM head on every position, as Hugging Face), ``eager`` (eager attention
+Variants are ``MODEL[+MOD...]``: MODEL is ``hf`` or a norm placement (any of ``pretrain.placements.NORM_PLACEMENTS``:
+``post``, ``pre``, ``sandwich``, ``deepnorm``, ``normformer``, ...); MODs: ``dense`` (ours: MLM head on every position, as Hugging Face), ``eager`` (eager attention
 instead of SDPA), ``compile`` (``torch.compile`` the model; compile time reported as the first step), an
 optimizer (``fused``, ``foreach``, ``loop``: overrides ``--optimizer``), and ours' fast-path switches from
 ``FAST_PATH_MODS``.
@@ -58,6 +58,7 @@ from pretrain.cli import ConfigError, parse, require, run_cli
 from pretrain.device import pick_device
 from pretrain.flops import flops_per_token
 from pretrain.optim import build_adamw
+from pretrain.placements import NORM_PLACEMENTS
 from pretrain.reporting import format_table
 
 # Named shapes: (layers, hidden, heads, seq, vocab, batch). The small one is the CPU pretraining size.
@@ -73,7 +74,7 @@ Precision = Literal["fp32", "bf16"]
 Optimizer = Literal["fused", "foreach", "loop"]
 assert set(get_args(ShapeName)) == set(SHAPES)
 PRECISIONS: tuple[str, ...] = get_args(Precision)
-MODELS = ("hf", "post", "pre", "sandwich", "deepnorm")
+MODELS = ("hf", *NORM_PLACEMENTS)
 # AdamW as BERT pretraining uses it; variants pick the kernel (OPTIMIZERS: name -> build_adamw's implementation).
 ADAMW: dict[str, Any] = dict(lr=1e-4, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.01)
 OPTIMIZERS: dict[str, str] = {"fused": "fused", "foreach": "foreach", "loop": "for_loop"}

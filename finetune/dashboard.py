@@ -4,8 +4,8 @@
     python -m finetune.dashboard --comparison=bert-base-placements --dry_run   # build it and print it, offline
 
 The view (built with wandb-workspaces, the W&B team's library for saved views; ``pip install -e ".[dashboard]"``)
-shows the runs whose config ``comparison`` is the given one, grouped by ``norm_placement``, so every panel
-draws one line per placement (the mean over seeds, with its min-max band):
+shows the runs whose config ``comparison`` is the given one, grouped by ``norm_placement`` and ``norm_type``, so
+every panel draws one line per placement and norm type (the mean over seeds, with its min-max band):
 
 - Figure 5: validation MLM loss against step; MRPC and RTE dev accuracy of every fine-tuning run against
   ``config.pretrain_step`` (the seed and lr spread), and the report's best-lr means against ``pretrain_step``;
@@ -127,7 +127,7 @@ def build_workspace(config: DashboardConfig, entity: str) -> Any:
         ],
         runset_settings=ws.RunsetSettings(
             filters=[ws.Config("comparison") == config.comparison],
-            groupby=[ws.Config("norm_placement")],
+            groupby=[ws.Config("norm_placement"), ws.Config("norm_type")],
             pinned_columns=list(OUTCOME_COLUMNS),
         ),
         settings=ws.WorkspaceSettings(x_axis="Step"),

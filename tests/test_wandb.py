@@ -374,7 +374,7 @@ def test_dashboard_view_has_figure5_gradients_throughput_and_outcomes() -> None:
     assert {y for p in panels["Throughput and MFU"] for y in p.y} >= {"train/tokens_per_s", "train/mfu"}
     runset = workspace.runset_settings
     assert "comparison" in str(runset.filters) and "bert-base-placements" in str(runset.filters)
-    assert [g.name for g in runset.groupby] == ["norm_placement"]
+    assert [g.name for g in runset.groupby] == ["norm_placement", "norm_type"]
     for column in ("summary:status", "summary:diverged_at_step", "summary:val/mlm_loss.min", "summary:tokens_seen"):
         assert column in runset.pinned_columns
     model = workspace._to_model()  # what would be sent: the filter, grouping and panels survive serialisation
