@@ -391,7 +391,7 @@ def test_mlm_snapshot_opens_as_sequence_classifier(tiny_kwargs, placement, tmp_p
 
 
 def test_unknown_placement_is_rejected(tiny_kwargs):
-    with pytest.raises(ValueError, match=r"norm_placement='middle'.*valid choices: post, pre, sandwich, deepnorm"):
+    with pytest.raises(ValueError, match=r"norm_placement='middle'.*valid choices: post, pre, sandwich, peri, deepnorm, admin"):
         LNBertConfig(norm_placement="middle", **tiny_kwargs)
 
 
