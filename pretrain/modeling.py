@@ -60,6 +60,7 @@ from pretrain.placements import (
     Placement,
     Stream,
     admin_omega_default,
+    canonical_placement,
     mix_ln_post_layers_default,
     resi_dual_output,
 )
@@ -658,7 +659,7 @@ class LNBertPreTrainedModel(PreTrainedModel):
         for key in _COMPUTATION_FIELDS:
             default = getattr(LNBertConfig(), key)
             trained, used = saved.get(key, default), getattr(self.config, key)
-            if key == "norm_placement" and trained in PLACEMENTS and PLACEMENTS[trained] == PLACEMENTS[used]:
+            if key == "norm_placement" and canonical_placement(str(trained)) == canonical_placement(used):
                 continue  # another name of the same placement (peri is sandwich)
             if trained != used:
                 differ.append(f"{key}={used!r} (trained with {trained!r})")

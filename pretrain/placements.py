@@ -253,7 +253,6 @@ PLACEMENTS: dict[str, Placement] = {
     "post": Placement("post", final_norm=False, exports_to_bert=True),
     "pre": Placement("pre", final_norm=True),
     "sandwich": Placement("sandwich", final_norm=True),
-    "peri": Placement("sandwich", final_norm=True),
     "deepnorm": Placement("post", final_norm=False, exports_to_bert=True),
     "admin": Placement("post", final_norm=False, exports_to_bert=True),
     "rezero": Placement("rezero", final_norm=False),
@@ -266,7 +265,16 @@ PLACEMENTS: dict[str, Placement] = {
     "output_ln": Placement("output_ln", final_norm=True),
     "parallel": Placement("parallel", final_norm=True),
 }
+# Other names of a placement: Peri-LN's block is the Sandwich block.
+ALIASES: dict[str, str] = {"peri": "sandwich"}
+PLACEMENTS.update({alias: PLACEMENTS[name] for alias, name in ALIASES.items()})
 assert set(PLACEMENTS) == set(NORM_PLACEMENTS), "every placement needs a row in the table"
+
+
+def canonical_placement(name: str) -> str:
+    """The placement's own name (``peri`` is ``sandwich``); distinct placements never compare equal here, though
+    several share a row's fields (``pre``, ``lns``, ``mix_ln``, ``normformer`` all use the pre block)."""
+    return ALIASES.get(name, name)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -299,6 +307,7 @@ def resi_dual_output(a: torch.Tensor, d: torch.Tensor, final_norm: nn.Module) ->
 
 
 __all__ = [
+    "ALIASES",
     "BLOCKS",
     "NORM_PLACEMENTS",
     "PLACEMENTS",
@@ -306,6 +315,7 @@ __all__ = [
     "NormPlacement",
     "Placement",
     "admin_omega_default",
+    "canonical_placement",
     "mix_ln_post_layers_default",
     "variant_name",
 ]

@@ -151,7 +151,7 @@ def test_resolved_config_round_trips_through_json() -> None:
         (["--train.compile=maybe"], r"train.compile expects bool, got 'maybe'"),
         (["--optim.lr=fast"], r"optim.lr expects float, got 'fast'"),
         (["--optim.betas=[0.9]"], r"optim.betas expects tuple\[float, float\]"),
-        (["--model.norm_placement=middle"], r"model.norm_placement must be one of post, pre, sandwich, deepnorm"),
+        (["--model.norm_placement=middle"], r"model.norm_placement must be one of post, pre, sandwich, peri, deepnorm, admin"),
         (["--train.mixed_precision=fp8"], r"train.mixed_precision must be one of no, bf16, fp16"),
         (["--optim.scheduler=triangle"], r"optim.scheduler must be one of .*linear"),
         (
@@ -216,7 +216,7 @@ def test_help_lists_every_field_with_type_default_and_doc() -> None:
         for f in dataclasses.fields(cls):
             assert f"--{section}.{f.name}  (" in text, f.name
         assert "default:" in text and hints
-    assert "Where the LayerNorms go" in text
+    assert "Where the norms go" in text
     assert "--train.max_steps  (int, default: 300)" in text
     assert "--data.sources[].kind" in text
 
