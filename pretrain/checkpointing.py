@@ -71,15 +71,24 @@ class TrainState:
 
 
 def list_checkpoints(run_dir: Path) -> list[tuple[int, Path]]:
-    """Complete checkpoints as (step, path), oldest first. The step comes from train_state.json."""
+    """Complete checkpoints as (step, path), oldest first. The step comes from the folder's name, not from
+    train_state.json: listing must not read a file that may be damaged before its manifest is verified
+    (newest_verified_checkpoint skips a damaged one with a warning)."""
     root = Path(run_dir) / CHECKPOINTS
     found = []
     for path in root.iterdir() if root.is_dir() else []:
         # Temp folders start with "." and have no train_state.json until they are complete.
-        if path.name.startswith(".") or not (path / TRAIN_STATE_FILE).is_file():
+        step = _step_of(path.name)
+        if step is None or not (path / TRAIN_STATE_FILE).is_file():
             continue
-        found.append((TrainState.read(path).step, path))
+        found.append((step, path))
     return sorted(found)
+
+
+def _step_of(name: str) -> int | None:
+    """The step of a checkpoint folder named step_XXXXXXXX (step_dirname), else None."""
+    digits = name.removeprefix("step_")
+    return int(digits) if name.startswith("step_") and digits.isdigit() else None
 
 
 def latest_checkpoint(run_dir: Path) -> Path | None:

@@ -94,7 +94,7 @@ def _damage(path: Path, how: str) -> None:
 
 
 @pytest.mark.parametrize(("file", "how"), [("random_states_0.pkl", "missing"), ("random_states_0.pkl", "truncated"),
-                                           ("model.safetensors", "overwritten")])  # fmt: skip
+                                           ("model.safetensors", "overwritten"), ("train_state.json", "truncated")])  # fmt: skip
 def test_a_damaged_latest_checkpoint_falls_back_with_a_warning(
     tmp_path: Path, data_cache: Path, capsys: pytest.CaptureFixture, file: str, how: str
 ) -> None:
