@@ -148,6 +148,7 @@ def run_job(job: ManifestJob, manifest: Manifest, folder: ResultsFolder, cache: 
     """Run one job and write its result file (or its failure file). Returns done, duplicate or failed."""
     spec, runtime = job.spec, manifest.runtime
     try:
+        folder.write_started(job, manifest.submission)  # from here on, this attempt counts (finetune/manifest.py)
         check_snapshot(Path(spec.model_path))
         recipe = FinetuneConfig(**spec.recipe, **runtime["recipe"])
         data = cache.get(spec.model_path, spec.task, runtime["data_dir"], recipe)
