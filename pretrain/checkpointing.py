@@ -368,3 +368,46 @@ def snapshot_is_complete(path: Path) -> bool:
     except ManifestError:
         return False
     return True
+
+
+def placement_mismatch(folder: Path) -> str:
+    """A description of how an lnbert model folder's weights disagree with its config.json's norm_placement,
+    or "" when they agree (or the folder is not an lnbert save_pretrained folder). Reads tensor names only.
+
+    Each placement's parameter names come from a tiny model of the folder's own config; Post-LN and DeepNorm
+    share names, so the weights' placement may be named as either."""
+    from safetensors import safe_open
+
+    from pretrain.modeling import NORM_PLACEMENTS, LNBertConfig, LNBertForPreTraining
+
+    config_file, weights = Path(folder) / "config.json", Path(folder) / "model.safetensors"
+    if not (config_file.is_file() and weights.is_file()):
+        return ""
+    saved = json.loads(config_file.read_text())
+    if saved.get("model_type") != LNBertConfig.model_type:
+        return ""
+    with safe_open(str(weights), framework="pt") as f:
+        found = _body_names(f.keys())
+    tiny = dict(vocab_size=8, hidden_size=4, num_attention_heads=1, intermediate_size=4, max_position_embeddings=8)
+
+    def names(placement: str) -> set[str]:
+        config = LNBertConfig.from_dict({**saved, **tiny, "norm_placement": placement})
+        return _body_names(LNBertForPreTraining(config).state_dict())
+
+    declared = saved.get("norm_placement", LNBertConfig().norm_placement)
+    expected = names(declared)
+    if expected == found:
+        return ""
+    matches = [p for p in NORM_PLACEMENTS if names(p) == found]
+    weights_are = " or ".join(repr(p) for p in matches) if matches else "of no placement this code knows"
+    missing, extra = sorted(expected - found), sorted(found - expected)
+    return (
+        f"{folder}: its weights do not match its config.json. config.json says norm_placement={declared!r}; the "
+        f"weights in model.safetensors are {weights_are} (missing {missing[:3]}, unexpected {extra[:3]})"
+    )
+
+
+def _body_names(keys: Any) -> set[str]:
+    """Embedding and encoder parameter names without the model prefix (the heads may differ legitimately)."""
+    names = {str(k).removeprefix("bert.") for k in keys}
+    return {n for n in names if n.startswith(("embeddings.", "encoder."))}

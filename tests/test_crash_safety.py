@@ -304,6 +304,26 @@ def test_finetune_refuses_an_incomplete_or_damaged_snapshot(tmp_path: Path, dama
     assert code == 2 and expected in err, err
 
 
+@pytest.mark.parametrize("complete", [True, False], ids=["snapshot", "plain folder"])
+def test_finetune_names_both_placements_of_a_snapshot_whose_weights_do_not_match_its_config(
+    tmp_path: Path, capsys: pytest.CaptureFixture, complete: bool
+) -> None:
+    from pretrain.manifest import write_manifest
+    from tests.finetune_fixtures import write_snapshot
+
+    snapshot = write_snapshot(tmp_path / "run", "pre_ln", "pre", 10)  # Pre-LN weights (a final LayerNorm)
+    config = json.loads((snapshot / "config.json").read_text())
+    (snapshot / "config.json").write_text(json.dumps({**config, "norm_placement": "post"}))
+    write_manifest(snapshot)  # written so by its run: the manifest check passes, the placements still differ
+    if not complete:
+        (snapshot / "snapshot.json").unlink()
+    code, err = _finetune(tmp_path, str(snapshot), capsys)
+    assert code == 2, err
+    assert f"--model {str(snapshot)!r} cannot be fine-tuned" in err and "config.json says norm_placement='post'" in err
+    assert "model.safetensors are 'pre'" in err and "pass another --model" in err
+    assert "from_pretrained" not in err and "Traceback" not in err
+
+
 @pytest.mark.parametrize("model", ["runs/pre_ln/snapshots/step_00000010", "/nowhere/snapshot", "no-such-model-xyz"])
 def test_finetune_names_a_model_that_does_not_exist(tmp_path: Path, model: str, capsys: pytest.CaptureFixture) -> None:
     code, err = _finetune(tmp_path, model, capsys)
