@@ -89,7 +89,8 @@ class ScheduleConfig:
     total_threads: int = 0
     """CPU threads the local workers share (each gets total_threads // workers); 0: all cores."""
     max_attempts: int = 3
-    """Submissions per job before it stays failed (a preempted or killed task's attempt counts)."""
+    """Attempts per job before it stays failed. An attempt counts once its task started the job (killed or
+    preempted in it, or failed); a job that a killed scheduler or task never reached is not charged."""
     retry_failed: bool = False
     """Queue the jobs that failed every attempt again (after fixing the cause, e.g. a missing --data_dir)."""
     step_time_s: float | None = None
