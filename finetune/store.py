@@ -313,7 +313,8 @@ class ResultStore:
         With the results ``folder``, only a job its task started (``started/`` file) is charged the attempt; one it
         never reached (its scheduler or worker was killed first, its array task was preempted or timed out) is
         queued again with the attempts it had. A task that failed by itself (a non-zero exit, sacct FAILED) would
-        fail again, so every job it left is charged: a broken environment still stops after max_attempts."""
+        fail again, so every job it left is charged (task_failed_itself): a broken environment still stops after
+        max_attempts."""
         failed, now = 0, time.time()
         with self._transaction():
             for index in task_indices:
@@ -454,10 +455,12 @@ class ResultStore:
 
 
 def task_failed_itself(reason: str) -> bool:
-    """Whether a task's end reason (Backend.live_tasks) is an error of the task itself rather than a stop from
-    outside: a local worker's non-zero exit code, or SLURM's FAILED state (killed, preempted, timed out: no)."""
+    """Whether a task's end reason (Backend.live_tasks) charges every job it left: an error of the task itself (a
+    local worker's non-zero exit code, SLURM's FAILED state), or SLURM's CANCELLED (someone cancelled it: resubmitting
+    it for free would never end). Killed, preempted, timed out, a lost node or a stopped scheduler: no."""
     code = reason.removeprefix("exit code ")
-    return (code != reason and code.strip() != "0") or reason.split()[:2] == ["sacct:", "FAILED"]
+    state = reason.removeprefix("sacct: ").split(" ")[0]
+    return (code != reason and code.strip() != "0") or (state != reason and state in ("FAILED", "CANCELLED"))
 
 
 def spec_from_row(row: sqlite3.Row | dict[str, Any]) -> JobSpec:

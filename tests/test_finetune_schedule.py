@@ -187,7 +187,7 @@ def test_scheduler_kills_charge_an_attempt_only_to_the_job_in_hand(tmp_path: Pat
 
 @pytest.mark.parametrize(
     ("reason", "charged"),
-    [("exit code 1", True), ("sacct: FAILED", True), ("exit code 0", False), ("killed by SIGKILL", False),
+    [("exit code 1", True), ("sacct: FAILED", True), ("sacct: CANCELLED by 1000", True), ("exit code 0", False), ("killed by SIGKILL", False),
      ("sacct: PREEMPTED", False), ("sacct: TIMEOUT", False), ("the scheduler that ran it in-process stopped", False),
      ("its worker process is gone", False)],
 )  # fmt: skip
