@@ -89,8 +89,9 @@ class ScheduleConfig:
     total_threads: int = 0
     """CPU threads the local workers share (each gets total_threads // workers); 0: all cores."""
     max_attempts: int = 3
-    """Attempts per job before it stays failed. An attempt counts once its task started the job (killed or
-    preempted in it, or failed); a job that a killed scheduler or task never reached is not charged."""
+    """Attempts per job before it stays failed. An attempt counts once its task started the job (failed, or its
+    worker killed or preempted in it); a job that a killed scheduler or task never reached is not charged, nor, with
+    --workers=1, the job that died with its scheduler."""
     retry_failed: bool = False
     """Queue the jobs that failed every attempt again (after fixing the cause, e.g. a missing --data_dir)."""
     step_time_s: float | None = None

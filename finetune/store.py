@@ -33,6 +33,8 @@ from typing import Any
 from finetune.manifest import RESULT_FIELDS, JobSpec, ResultsFolder
 
 SCHEMA_VERSION = 2
+SCHEDULER_STOPPED = "the scheduler that ran it in-process stopped"
+"""Why an in-process task ended without its results (backends.InProcess): its scheduler died with the job in hand."""
 BUSY_TIMEOUT_S = 120.0
 STATUSES = ("queued", "submitted", "done", "failed")
 SPEC_COLUMNS = (
@@ -312,7 +314,9 @@ class ResultStore:
 
         With the results ``folder``, only a job its task started (``started/`` file) is charged the attempt; one it
         never reached (its scheduler or worker was killed first, its array task was preempted or timed out) is
-        queued again with the attempts it had. A task that failed by itself (a non-zero exit, sacct FAILED) would
+        queued again with the attempts it had. An in-process task (``--workers=1``) dies with its scheduler, so the
+        job in hand is not charged either: otherwise a scheduler killed soon after each start would use up the
+        attempts of the job it restarts with. A task that failed by itself (a non-zero exit, sacct FAILED) would
         fail again, so every job it left is charged (task_failed_itself): a broken environment still stops after
         max_attempts."""
         failed, now = 0, time.time()
@@ -324,9 +328,11 @@ class ResultStore:
                 ).fetchall()
                 reason = reasons.get(index, "?")
                 charge_all = folder is None or task_failed_itself(reason)
+                charge_started = reason != SCHEDULER_STOPPED
                 error = f"task {index} of submission {submission} ended without a result ({reason})"
                 for row in rows:
-                    if charge_all or folder.was_started(row["key"], submission):
+                    started = folder is not None and folder.was_started(row["key"], submission)
+                    if charge_all or (started and charge_started):
                         self.db.execute(
                             "UPDATE jobs SET status = 'failed', error = ?, updated = ? WHERE key = ?",
                             (error, now, row["key"]),
@@ -338,7 +344,8 @@ class ResultStore:
                             "UPDATE jobs SET status = 'queued', attempts = attempts - 1, updated = ? WHERE key = ?",
                             (now, row["key"]),
                         )
-                        self._event(row["key"], "not_started", f"{error}; it never started: attempt not counted")
+                        why = "its scheduler died inside it" if started else "it never started"
+                        self._event(row["key"], "not_started", f"{error}; {why}: attempt not counted")
         return failed
 
     def end_submission(self, submission: int) -> None:

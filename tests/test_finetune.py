@@ -238,7 +238,7 @@ def test_finetune_run_takes_over_the_jobs_of_a_killed_run(tmp_path: Path) -> Non
         store.mark_submitted(submission, "m.json", [(spec.key, 1, 0)])
     ResultsFolder(tmp_path / "results.d").write_started(ManifestJob(spec=spec, attempt=1), submission)
     (row,) = run(config)
-    assert (row["status"], row["attempts"]) == ("done", 2)  # the killed attempt counts: it had started the job
+    assert (row["status"], row["attempts"]) == ("done", 1)  # in-process, the job died with its run: not counted
 
 
 def test_finetune_is_deterministic_given_seed(tmp_path: Path) -> None:

@@ -103,7 +103,7 @@ def test_killed_scheduler_loses_no_job_and_repeats_none(tmp_path: Path) -> None:
     process = start_scheduler(config)
     started = Path(config.store).with_suffix(".d") / "started"
     deadline = time.time() + 120
-    while not (started.is_dir() and any(started.iterdir())):  # killed inside the job: this attempt counts
+    while not (started.is_dir() and any(started.iterdir())):  # killed inside the job
         assert process.poll() is None and time.time() < deadline, process.communicate()[0]
         time.sleep(0.05)
     os.killpg(process.pid, signal.SIGKILL)
@@ -113,8 +113,8 @@ def test_killed_scheduler_loses_no_job_and_repeats_none(tmp_path: Path) -> None:
     assert (row["status"], row["attempts"]) == ("submitted", 1)
     assert schedule(config) == []  # the restart finds the dead scheduler's job without a result and runs it
     (row,) = done_rows(config)
-    assert row["attempts"] == 2
-    assert [e["event"] for e in events(config)] == ["queued", "submitted", "failed", "submitted", "done"]
+    assert row["attempts"] == 1  # in-process, the job died with its scheduler: that attempt is not counted
+    assert [e["event"] for e in events(config)] == ["queued", "submitted", "not_started", "submitted", "done"]
 
 
 @pytest.mark.slow  # two scheduler subprocesses: ~20 s on 2 busy cores
@@ -164,47 +164,53 @@ class NeverRuns:
         return ""
 
 
-def test_scheduler_kills_charge_an_attempt_only_to_the_job_in_hand(tmp_path: Path) -> None:
+def test_scheduler_kills_charge_no_attempt_to_queued_jobs_or_the_job_in_hand(tmp_path: Path) -> None:
     run_dir = make_run(tmp_path, "post_ln", "post", steps=(10,))
     config = config_for(tmp_path, [run_dir], seeds=[0, 1, 2], max_attempts=2)
     folder = ResultsFolder(Path(config.store).with_suffix(".d"))
     runtime = runtime_settings(config)
-    for kill in range(5):  # five schedulers killed in a row, more than max_attempts
+    for _ in range(5):  # five schedulers killed in a row, more than max_attempts
         with ResultStore(config.store) as store:
             collect(store, folder, InProcess())
             store.enqueue(discover(config, store))
             assert submit(store, folder, NeverRuns(), runtime, config.max_attempts) == 3
-            if kill == 0:  # the first was killed inside its first job: that job's attempt counts
-                (submission,) = store.open_submissions()
-                first = min(store.rows(), key=lambda r: r["seed"])
-                folder.write_started(ManifestJob(spec=spec_from_row(first), attempt=1), submission["id"])
+            (submission,) = store.open_submissions()
+            first = min(store.rows(), key=lambda r: r["seed"])  # each was killed inside the same first job
+            folder.write_started(ManifestJob(spec=spec_from_row(first), attempt=1), submission["id"])
     assert schedule(config) == []  # the same command again finishes every job
     rows = sorted(done_rows(config), key=lambda r: r["seed"])
-    assert [(r["seed"], r["attempts"]) for r in rows] == [(0, 2), (1, 1), (2, 1)]
-    kinds = [e["event"] for e in events(config) if e["key"] == rows[1]["key"]]
-    assert kinds == ["queued", *["submitted", "not_started"] * 5, "submitted", "done"]
+    assert [(r["seed"], r["attempts"]) for r in rows] == [(0, 1), (1, 1), (2, 1)]
+    for row in rows:
+        kinds = [e["event"] for e in events(config) if e["key"] == row["key"]]
+        assert kinds == ["queued", *["submitted", "not_started"] * 5, "submitted", "done"]
+    details = [e["detail"] for e in events(config) if e["key"] == rows[0]["key"] and e["event"] == "not_started"]
+    assert all("its scheduler died inside it: attempt not counted" in d for d in details)
 
 
 @pytest.mark.parametrize(
     ("reason", "charged"),
-    [("exit code 1", True), ("sacct: FAILED", True), ("sacct: CANCELLED by 1000", True), ("exit code 0", False), ("killed by SIGKILL", False),
-     ("sacct: PREEMPTED", False), ("sacct: TIMEOUT", False), ("the scheduler that ran it in-process stopped", False),
-     ("its worker process is gone", False)],
+    [("exit code 1", "both"), ("sacct: FAILED", "both"), ("sacct: CANCELLED by 1000", "both"),
+     ("exit code 0", "started"), ("killed by SIGKILL", "started"), ("sacct: PREEMPTED", "started"),
+     ("sacct: TIMEOUT", "started"), ("its worker process is gone", "started"),
+     ("the scheduler that ran it in-process stopped", "neither")],
 )  # fmt: skip
-def test_a_task_that_fails_by_itself_is_charged_for_every_job_it_left(
-    tmp_path: Path, reason: str, charged: bool
-) -> None:
-    """A broken task (a node without the package, a bad interpreter) starts no job but would fail again: its
-    jobs stop after max_attempts. A task stopped from outside costs its unstarted jobs nothing."""
+def test_which_jobs_an_ended_task_is_charged_for(tmp_path: Path, reason: str, charged: str) -> None:
+    """A broken task (a node without the package, a bad interpreter) would fail again: every job it left is
+    charged, so they stop after max_attempts. A task stopped from outside is charged for the job it had started
+    (a job that kills its worker stops too), except in-process, where the job dies with its scheduler."""
     run_dir = make_run(tmp_path, "post_ln", "post", steps=(10,))
-    config = config_for(tmp_path, [run_dir])
+    config = config_for(tmp_path, [run_dir], seeds=[0, 1])
     folder = ResultsFolder(Path(config.store).with_suffix(".d"))
     with ResultStore(config.store) as store:
         store.enqueue(discover(config, store))
         submit(store, folder, NeverRuns(), runtime_settings(config), 3)
-        assert store.tasks_ended(1, [0], {0: reason}, folder) == charged
-        (row,) = store.rows()
-    assert (row["status"], row["attempts"]) == (("failed", 1) if charged else ("queued", 0))
+        started = min(store.rows(), key=lambda r: r["seed"])
+        folder.write_started(ManifestJob(spec=spec_from_row(started), attempt=1), 1)
+        store.tasks_ended(1, [0], {0: reason}, folder)
+        status = {r["seed"]: (r["status"], r["attempts"]) for r in store.rows()}
+    failed, queued = ("failed", 1), ("queued", 0)
+    assert status[0] == (queued if charged == "neither" else failed)
+    assert status[1] == (failed if charged == "both" else queued)
 
 
 def test_failing_job_is_recorded_and_retried_up_to_max_attempts(tmp_path: Path) -> None:
