@@ -10,8 +10,8 @@ Plain functions, read top to bottom: ``main`` -> ``build_accelerator`` -> ``buil
 ``evaluate``, ``save_checkpoint``, ``save_snapshot``) -> final status. What a run writes is described in
 docs/run_layout.md. Exit codes: 0 finished, diverged (an experimental outcome, recorded in status.json) or
 preempted (SIGTERM/SIGINT or train.stop_at_step: checkpoint saved, continue with --train.resume=auto; or a full
-disk, found before a save or by a write: README "Outcomes and exit codes" says why 0); 2 bad configuration or input (message on stderr, nothing trained); 1 an unexpected error
-(status failed). The same command run again continues the run in train.output_dir, or reports it finished.
+disk, found before a save or by a write: README "Outcomes and exit codes" says why 0); 2 bad configuration or input
+(message on stderr, nothing trained); 1 an unexpected error (status failed). The same command run again continues the run in train.output_dir, or reports it finished.
 """
 
 from __future__ import annotations
