@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from finetune.store import SCHEDULER_STOPPED
 from pretrain.cli import require
 
 
@@ -78,7 +79,7 @@ class InProcess:
 
     def live_tasks(self, submission: dict[str, Any]) -> tuple[set[int], dict[int, str]]:
         # Its jobs ran inside a scheduler that has returned (or was killed, when this is another one).
-        return set(), dict.fromkeys(range(submission["tasks"]), "the scheduler that ran it in-process stopped")
+        return set(), dict.fromkeys(range(submission["tasks"]), SCHEDULER_STOPPED)
 
     def close(self) -> None:
         pass

@@ -5,6 +5,9 @@ The scheduler is the only process that writes the results store (SQLite, finetun
 folder, ``results_dir`` (docs/finetune_files.md):
 
     RESULTS/manifests/000007.json   written by the scheduler before it starts the tasks that read it
+    RESULTS/started/KEY.7.json      written by a task as it starts a job of submission 7: only a started job's
+                                    attempt counts when its task ends without a result (a killed scheduler's
+                                    queue of jobs that never ran costs them nothing)
     RESULTS/done/KEY.json           one per finished job: the proof that it is done; never changes once there
     RESULTS/failed/KEY.N.TAG.json   one per failed attempt N of a job, with the error (TAG: host, pid, time)
 
@@ -26,7 +29,7 @@ from typing import Any
 
 MANIFEST_VERSION = 1
 RESULT_VERSION = 1
-MANIFESTS, DONE, FAILED = "manifests", "done", "failed"
+MANIFESTS, STARTED, DONE, FAILED = "manifests", "started", "done", "failed"
 # The result fields a finished job reports (the store has one column each).
 RESULT_FIELDS = ("accuracy", "f1", "dev_loss", "train_loss", "epochs", "train_steps", "wall_time_s")
 
@@ -192,6 +195,19 @@ class ResultsFolder:
 
     def is_done(self, key: str) -> bool:
         return self.done_path(key).is_file()
+
+    def started_path(self, key: str, submission: int) -> Path:
+        return self.root / STARTED / f"{key}.{submission}.json"
+
+    def write_started(self, job: ManifestJob, submission: int) -> None:
+        """Record that this attempt of a job began (before any of its work): its attempt then counts even if the
+        task dies inside it, so a job that kills its process stops after max_attempts."""
+        payload = {"version": RESULT_VERSION, "key": job.spec.key, "attempt": job.attempt, "submission": submission}
+        payload.update(worker=worker_info(), started=time.time())
+        write_json(self.started_path(job.spec.key, submission), payload)
+
+    def was_started(self, key: str, submission: int) -> bool:
+        return self.started_path(key, submission).is_file()
 
     def write_done(self, job: ManifestJob, results: dict[str, Any]) -> bool:
         """Record a finished job; False if another copy of it finished first (this copy is dropped)."""

@@ -27,7 +27,7 @@ from finetune.config import DEFAULT_LRS, DEFAULT_SEEDS, FinetuneConfig, check_ta
 from finetune.glue import load_task
 from finetune.manifest import ResultsFolder
 from finetune.schedule import collect, results_dir, submit
-from finetune.store import ResultStore, StoreVersionError
+from finetune.store import ResultStore, StoreBusy, StoreVersionError, store_lock
 from finetune.tracking import WandbSettings, check_wandb
 from finetune.worker import RUNTIME_FIELDS, check_snapshot, describe_model, job_specs
 from pretrain.cli import parse, require, run_cli
@@ -82,7 +82,7 @@ def run(config: RunConfig) -> list[dict[str, Any]]:
     folder = ResultsFolder(results_dir(config.store, config.results_dir))
     runtime = {"data_dir": data_dir, "recipe": {k: getattr(config.recipe, k) for k in RUNTIME_FIELDS}}
     runtime["wandb"] = dataclasses.asdict(tracking) if tracking else None
-    with ResultStore(config.store) as store:
+    with store_lock(config.store), ResultStore(config.store) as store:
         specs = job_specs(describe_model(config.model, store), config.task, config.lrs, config.seeds, config.recipe)
         added = store.enqueue(specs)
         backend = InProcess()
@@ -127,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def cli() -> int:
     """``main`` for the command line: bad input ends with its message and exit code 2, not a traceback."""
-    return run_cli(main, errors=(StoreVersionError,))
+    return run_cli(main, errors=(StoreVersionError, StoreBusy))
 
 
 if __name__ == "__main__":

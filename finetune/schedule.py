@@ -22,6 +22,7 @@ every attempt (they are listed with their errors); ``--retry_failed=true`` queue
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime
 import math
@@ -37,7 +38,7 @@ from finetune.backends import Backend, InProcess, LocalArray, SlurmArray, SlurmC
 from finetune.config import DEFAULT_LRS, DEFAULT_SEEDS, FinetuneConfig, check_tasks, validate_grid
 from finetune.glue import load_task
 from finetune.manifest import JobSpec, Manifest, ManifestJob, ResultsFolder, recipe_hash
-from finetune.store import ResultStore, StoreVersionError
+from finetune.store import ResultStore, StoreBusy, StoreVersionError, store_lock
 from finetune.tracking import WandbSettings, check_wandb
 from finetune.worker import RUNTIME_FIELDS, describe_model, job_specs
 from pretrain.cli import parse_command, require, run_cli
@@ -88,7 +89,9 @@ class ScheduleConfig:
     total_threads: int = 0
     """CPU threads the local workers share (each gets total_threads // workers); 0: all cores."""
     max_attempts: int = 3
-    """Submissions per job before it stays failed (a preempted or killed task's attempt counts)."""
+    """Attempts per job before it stays failed. An attempt counts once its task started the job (failed, or its
+    worker killed or preempted in it); a job that a killed scheduler or task never reached is not charged, nor, with
+    --workers=1, the job that died with its scheduler."""
     retry_failed: bool = False
     """Queue the jobs that failed every attempt again (after fixing the cause, e.g. a missing --data_dir)."""
     step_time_s: float | None = None
@@ -321,7 +324,7 @@ def collect(
     for s in submissions:
         alive, reasons = liveness[s["id"]]
         ended = store.submitted_tasks(s["id"]) - alive
-        failed += store.tasks_ended(s["id"], sorted(ended), reasons)
+        failed += store.tasks_ended(s["id"], sorted(ended), reasons, folder)
         if not alive:
             store.end_submission(s["id"])
         live += len(alive)
@@ -346,8 +349,14 @@ def check_inputs(config: ScheduleConfig) -> None:
 
 
 def schedule(config: ScheduleConfig) -> list[dict[str, Any]]:
-    """Run the jobs of complete snapshots, once or until the runs end; returns the jobs that failed for good."""
+    """Run the jobs of complete snapshots, once or until the runs end; returns the jobs that failed for good.
+    One scheduler per store: a second one stops with StoreBusy, naming the first."""
     check_inputs(config)
+    with store_lock(config.store):
+        return _schedule(config)
+
+
+def _schedule(config: ScheduleConfig) -> list[dict[str, Any]]:
     folder = ResultsFolder(results_dir(config.store, config.results_dir))
     backend = make_backend(config)
     runtime = runtime_settings(config)
@@ -414,7 +423,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if command == "status" and not Path(config.store).is_file():
         raise FileNotFoundError(f"results store {config.store} does not exist; pass --store=PATH")
-    with ResultStore(config.store) as store:
+    with contextlib.ExitStack() as stack:
+        if command == "ingest":  # a writer: not while a scheduler holds the store
+            stack.enter_context(store_lock(config.store))
+        store = stack.enter_context(ResultStore(config.store))
         if command == "ingest":
             folder = ResultsFolder(results_dir(config.store, config.results_dir))
             if not folder.root.is_dir():
@@ -427,7 +439,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def cli() -> int:
     """``main`` for the command line: bad input ends with its message and exit code 2, not a traceback."""
-    return run_cli(main, errors=(StoreVersionError,))
+    return run_cli(main, errors=(StoreVersionError, StoreBusy))
 
 
 if __name__ == "__main__":

@@ -7,16 +7,23 @@ is the proof that a job is done, so the store can always be rebuilt from the fil
 ``python -m finetune.schedule ingest`` (or any pass) to get the same rows.
 
 A row (keyed by JobSpec.key) moves ``queued -> submitted -> done``, or ``-> failed`` when its attempt wrote a
-failure file or its task ended without a result file (preempted, killed, out of time); the scheduler submits
-a failed job again while ``attempts < max_attempts``. Every change is appended to ``events``.
+failure file or its task ended without a result file after starting it (preempted, killed, out of time); a job
+its task never started goes back to ``queued`` with the attempts it had. The scheduler submits a failed job
+again while ``attempts < max_attempts``. Every change is appended to ``events``.
+One scheduler at a time holds a store: ``store_lock`` (an advisory lock file beside it) refuses a second.
 The schema version is kept in ``PRAGMA user_version``; a store of another version is refused.
 """
 
 from __future__ import annotations
 
+import datetime
+import fcntl
 import hashlib
 import json
+import os
+import socket
 import sqlite3
+import sys
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
@@ -26,6 +33,8 @@ from typing import Any
 from finetune.manifest import RESULT_FIELDS, JobSpec, ResultsFolder
 
 SCHEMA_VERSION = 2
+SCHEDULER_STOPPED = "the scheduler that ran it in-process stopped"
+"""Why an in-process task ended without its results (backends.InProcess): its scheduler died with the job in hand."""
 BUSY_TIMEOUT_S = 120.0
 STATUSES = ("queued", "submitted", "done", "failed")
 SPEC_COLUMNS = (
@@ -103,6 +112,57 @@ CREATE TABLE IF NOT EXISTS snapshot_hashes (
 
 class StoreVersionError(RuntimeError):
     """The store was written by another version of this code."""
+
+
+class StoreBusy(RuntimeError):
+    """Another scheduler holds the results store (the message names it and what to do)."""
+
+
+def lock_path(store: str | Path) -> Path:
+    return Path(store).with_name(Path(store).name + ".lock")
+
+
+@contextmanager
+def store_lock(store: str | Path) -> Iterator[None]:
+    """Hold the store's advisory lock (flock on STORE.lock) for the block, or raise StoreBusy naming its holder.
+
+    Two schedulers on one store would each submit the same jobs (and charge them attempts). The lock goes with
+    its process, so a killed scheduler blocks nobody; the file keeps the holder's host, pid and start time for
+    the message. The store lives on a local disk (see the module docstring), where flock is reliable."""
+    path = lock_path(store)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a+") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            f.seek(0)
+            raise StoreBusy(_busy_message(store, f.read())) from None
+        try:
+            f.seek(0)
+            f.truncate()
+            since = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
+            holder = {"host": socket.gethostname(), "pid": os.getpid(), "since": since, "command": sys.argv}
+            f.write(json.dumps(holder))
+            f.flush()
+            yield
+        finally:
+            f.seek(0)
+            f.truncate()  # a released lock names nobody
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _busy_message(store: str | Path, recorded: str) -> str:
+    try:
+        holder = json.loads(recorded)
+        who = f"pid {holder['pid']} on {holder['host']}, running since {holder['since']}"
+        stop = f"stop it (kill {holder['pid']} on {holder['host']})"
+    except (ValueError, KeyError, TypeError):  # it took the lock this instant and has not written its name yet
+        who, stop = "a process that has just started", "stop it"
+    return (
+        f"results store {store} is in use by another scheduler ({who}; lock file {lock_path(store)}). Two "
+        f"schedulers on one store would run its jobs twice. Let that one finish, or {stop} and run this command "
+        "again (it takes in what finished); to run other jobs side by side, give this one its own --store=PATH."
+    )
 
 
 class ResultStore:
@@ -247,8 +307,18 @@ class ResultStore:
     def open_submissions(self) -> list[dict[str, Any]]:
         return [dict(r) for r in self.db.execute("SELECT * FROM submissions WHERE ended = 0 ORDER BY id")]
 
-    def tasks_ended(self, submission: int, task_indices: Iterable[int], reasons: dict[int, str]) -> int:
-        """Tasks that ended: their jobs still without a result failed this attempt. Returns how many."""
+    def tasks_ended(
+        self, submission: int, task_indices: Iterable[int], reasons: dict[int, str], folder: ResultsFolder | None = None
+    ) -> int:
+        """Tasks that ended: their jobs still without a result failed this attempt. Returns how many.
+
+        With the results ``folder``, only a job its task started (``started/`` file) is charged the attempt; one it
+        never reached (its scheduler or worker was killed first, its array task was preempted or timed out) is
+        queued again with the attempts it had. An in-process task (``--workers=1``) dies with its scheduler, so the
+        job in hand is not charged either: otherwise a scheduler killed soon after each start would use up the
+        attempts of the job it restarts with. A task that failed by itself (a non-zero exit, sacct FAILED) would
+        fail again, so every job it left is charged (task_failed_itself): a broken environment still stops after
+        max_attempts."""
         failed, now = 0, time.time()
         with self._transaction():
             for index in task_indices:
@@ -256,14 +326,26 @@ class ResultStore:
                     "SELECT key FROM jobs WHERE status = 'submitted' AND submission = ? AND task_index = ?",
                     (submission, index),
                 ).fetchall()
-                error = f"task {index} of submission {submission} ended without a result ({reasons.get(index, '?')})"
+                reason = reasons.get(index, "?")
+                charge_all = folder is None or task_failed_itself(reason)
+                charge_started = reason != SCHEDULER_STOPPED
+                error = f"task {index} of submission {submission} ended without a result ({reason})"
                 for row in rows:
-                    self.db.execute(
-                        "UPDATE jobs SET status = 'failed', error = ?, updated = ? WHERE key = ?",
-                        (error, now, row["key"]),
-                    )
-                    self._event(row["key"], "failed", error)
-                failed += len(rows)
+                    started = folder is not None and folder.was_started(row["key"], submission)
+                    if charge_all or (started and charge_started):
+                        self.db.execute(
+                            "UPDATE jobs SET status = 'failed', error = ?, updated = ? WHERE key = ?",
+                            (error, now, row["key"]),
+                        )
+                        self._event(row["key"], "failed", error)
+                        failed += 1
+                    else:
+                        self.db.execute(
+                            "UPDATE jobs SET status = 'queued', attempts = attempts - 1, updated = ? WHERE key = ?",
+                            (now, row["key"]),
+                        )
+                        why = "its scheduler died inside it" if started else "it never started"
+                        self._event(row["key"], "not_started", f"{error}; {why}: attempt not counted")
         return failed
 
     def end_submission(self, submission: int) -> None:
@@ -377,6 +459,15 @@ class ResultStore:
             (str(model_dir), size, mtime, digest),
         )
         return digest
+
+
+def task_failed_itself(reason: str) -> bool:
+    """Whether a task's end reason (Backend.live_tasks) charges every job it left: an error of the task itself (a
+    local worker's non-zero exit code, SLURM's FAILED state), or SLURM's CANCELLED (someone cancelled it: resubmitting
+    it for free would never end). Killed, preempted, timed out, a lost node or a stopped scheduler: no."""
+    code = reason.removeprefix("exit code ")
+    state = reason.removeprefix("sacct: ").split(" ")[0]
+    return (code != reason and code.strip() != "0") or (state != reason and state in ("FAILED", "CANCELLED"))
 
 
 def spec_from_row(row: sqlite3.Row | dict[str, Any]) -> JobSpec:

@@ -61,6 +61,7 @@ def check_snapshot(path: Path) -> None:
     user's --model, and by every scheduled job before it loads the weights (a snapshot damaged after it was
     found fails its jobs, with the reason, instead of being fine-tuned)."""
     if not (path / SNAPSHOT_INFO).is_file():
+        check_placement(path)
         return
     if not (path / SNAPSHOT_MARKER).is_file():
         raise ValueError(
@@ -78,7 +79,20 @@ def check_snapshot(path: Path) -> None:
         raise ValueError(
             f"{str(path)!r} is a damaged snapshot: {err}. It is not fine-tuned: restore it from a copy, or use another."
         ) from None
+    check_placement(path)
     _verified[path.resolve()] = stamp
+
+
+def check_placement(path: Path) -> None:
+    """An lnbert model folder whose weights are of another placement than its config.json says is refused here,
+    in fine-tuning's terms (the model's own check speaks to Python callers of from_pretrained)."""
+    from pretrain.checkpointing import placement_mismatch  # imports accelerate: only where models are checked
+
+    if problem := placement_mismatch(path):
+        raise ValueError(
+            f"--model {str(path)!r} cannot be fine-tuned: {problem}. Its files do not belong together (one was "
+            "replaced or copied from another run): restore the folder from a copy, or pass another --model."
+        )
 
 
 _verified: dict[Path, tuple] = {}  # snapshot folder -> the (name, size, mtime) of its files when it last verified
@@ -148,6 +162,7 @@ def run_job(job: ManifestJob, manifest: Manifest, folder: ResultsFolder, cache: 
     """Run one job and write its result file (or its failure file). Returns done, duplicate or failed."""
     spec, runtime = job.spec, manifest.runtime
     try:
+        folder.write_started(job, manifest.submission)  # from here on, this attempt counts (finetune/manifest.py)
         check_snapshot(Path(spec.model_path))
         recipe = FinetuneConfig(**spec.recipe, **runtime["recipe"])
         data = cache.get(spec.model_path, spec.task, runtime["data_dir"], recipe)

@@ -8,13 +8,15 @@ leaves the previous checkpoint as the latest; leftover temp folders are ignored 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import errno
 import json
 import os
 import shutil
 import signal
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -71,15 +73,24 @@ class TrainState:
 
 
 def list_checkpoints(run_dir: Path) -> list[tuple[int, Path]]:
-    """Complete checkpoints as (step, path), oldest first. The step comes from train_state.json."""
+    """Complete checkpoints as (step, path), oldest first. The step comes from the folder's name, not from
+    train_state.json: listing must not read a file that may be damaged before its manifest is verified
+    (newest_verified_checkpoint skips a damaged one with a warning)."""
     root = Path(run_dir) / CHECKPOINTS
     found = []
     for path in root.iterdir() if root.is_dir() else []:
         # Temp folders start with "." and have no train_state.json until they are complete.
-        if path.name.startswith(".") or not (path / TRAIN_STATE_FILE).is_file():
+        step = checkpoint_step(path)
+        if step is None or not (path / TRAIN_STATE_FILE).is_file():
             continue
-        found.append((TrainState.read(path).step, path))
+        found.append((step, path))
     return sorted(found)
+
+
+def checkpoint_step(path: Path) -> int | None:
+    """The step of a checkpoint folder named step_XXXXXXXX (step_dirname), else None."""
+    digits = Path(path).name.removeprefix("step_")
+    return int(digits) if Path(path).name.startswith("step_") and digits.isdigit() else None
 
 
 def latest_checkpoint(run_dir: Path) -> Path | None:
@@ -110,6 +121,11 @@ def follow_umask(folder: Path) -> None:
             path.chmod(mode)
 
 
+DISK_FULL_HINT = "Free space there, then continue with --train.resume=auto (from the latest checkpoint)"
+TOKENIZER_ROOM = 16 << 20
+"""Bytes a run's tokenizer folder may take (bert-base-uncased's files are about 1 MB), checked before data preparation."""
+
+
 def free_space_problem(run_dir: Path, model: torch.nn.Module, checkpoint: bool, snapshot: bool) -> str:
     """A message when the disk of ``run_dir`` lacks room for the saves due now, else "". The checkpoint's size
     is the latest one's (or, before the first, weights plus two AdamW moments); a snapshot's is the weights'."""
@@ -118,13 +134,48 @@ def free_space_problem(run_dir: Path, model: torch.nn.Module, checkpoint: bool, 
     if checkpoint:
         latest = latest_checkpoint(run_dir)
         needed += folder_size(latest) if latest else 3 * weights
-    free = shutil.disk_usage(run_dir).free
+    return room_problem(run_dir, needed)
+
+
+def room_problem(folder: Path, needed: int) -> str:
+    """A message when the disk of ``folder`` (or of its nearest existing parent) has less than ``needed`` bytes
+    free with a 10% margin, else ""."""
+    existing = Path(folder).absolute()
+    while not existing.exists():
+        existing = existing.parent
+    free = shutil.disk_usage(existing).free
     if free >= 1.1 * needed:
         return ""
     return (
-        f"disk full: {free / 1e9:.2f} GB free at {run_dir}, the next save needs about {needed / 1e9:.2f} GB. Free "
-        "space there, then continue with --train.resume=auto (from the latest checkpoint)"
+        f"disk full: {free / 1e9:.2f} GB free at {folder}, the next save needs about {needed / 1e9:.2f} GB. "
+        + DISK_FULL_HINT
     )
+
+
+@contextlib.contextmanager
+def writing(path: Path) -> Iterator[None]:
+    """Name ``path`` on any error that escapes the block (a full disk's message then says what was being written:
+    a library's own error, such as safetensors', often names no file)."""
+    try:
+        yield
+    except BaseException as err:
+        err.add_note(f"while writing {path}")
+        raise
+
+
+def no_space_problem(err: BaseException, default: Path) -> str:
+    """The message of a stop for a full disk when ``err`` (or what caused it) is one, else "": an OSError with
+    ENOSPC, or a library's error that wraps it ("No space left on device", Rust's "os error 28")."""
+    seen: BaseException | None = err
+    while seen is not None:
+        if (isinstance(seen, OSError) and seen.errno == errno.ENOSPC) or any(
+            words in str(seen) for words in ("No space left on device", "os error 28")
+        ):
+            notes = [note for note in getattr(err, "__notes__", []) if note.startswith("while writing ")]
+            where = getattr(seen, "filename", None) or (notes[0].removeprefix("while writing ") if notes else default)
+            return f"disk full: no space left while writing {where} ({type(seen).__name__}). {DISK_FULL_HINT}"
+        seen = seen.__cause__ or seen.__context__
+    return ""
 
 
 def save_checkpoint(accelerator: Accelerator, run_dir: Path, state: TrainState, keep_last: int) -> Path:
@@ -317,3 +368,46 @@ def snapshot_is_complete(path: Path) -> bool:
     except ManifestError:
         return False
     return True
+
+
+def placement_mismatch(folder: Path) -> str:
+    """A description of how an lnbert model folder's weights disagree with its config.json's norm_placement,
+    or "" when they agree (or the folder is not an lnbert save_pretrained folder). Reads tensor names only.
+
+    Each placement's parameter names come from a tiny model of the folder's own config; Post-LN and DeepNorm
+    share names, so the weights' placement may be named as either."""
+    from safetensors import safe_open
+
+    from pretrain.modeling import NORM_PLACEMENTS, LNBertConfig, LNBertForPreTraining
+
+    config_file, weights = Path(folder) / "config.json", Path(folder) / "model.safetensors"
+    if not (config_file.is_file() and weights.is_file()):
+        return ""
+    saved = json.loads(config_file.read_text())
+    if saved.get("model_type") != LNBertConfig.model_type:
+        return ""
+    with safe_open(str(weights), framework="pt") as f:
+        found = _body_names(f.keys())
+    tiny = dict(vocab_size=8, hidden_size=4, num_attention_heads=1, intermediate_size=4, max_position_embeddings=8)
+
+    def names(placement: str) -> set[str]:
+        config = LNBertConfig.from_dict({**saved, **tiny, "norm_placement": placement})
+        return _body_names(LNBertForPreTraining(config).state_dict())
+
+    declared = saved.get("norm_placement", LNBertConfig().norm_placement)
+    expected = names(declared)
+    if expected == found:
+        return ""
+    matches = [p for p in NORM_PLACEMENTS if names(p) == found]
+    weights_are = " or ".join(repr(p) for p in matches) if matches else "of no placement this code knows"
+    missing, extra = sorted(expected - found), sorted(found - expected)
+    return (
+        f"{folder}: its weights do not match its config.json. config.json says norm_placement={declared!r}; the "
+        f"weights in model.safetensors are {weights_are} (missing {missing[:3]}, unexpected {extra[:3]})"
+    )
+
+
+def _body_names(keys: Any) -> set[str]:
+    """Embedding and encoder parameter names without the model prefix (the heads may differ legitimately)."""
+    names = {str(k).removeprefix("bert.") for k in keys}
+    return {n for n in names if n.startswith(("embeddings.", "encoder."))}

@@ -370,19 +370,41 @@ def load_source(source: SourceConfig, index: int, cfg: DataConfig) -> datasets.D
         ds = ds.map(partial(_tag_source, source=index), batched=True)
     else:
         ds = ds.add_column("source", np.full(len(ds), index, dtype=np.int16), feature=datasets.Value("int16"))
-    rows = None if cfg.max_documents is None else cfg.max_documents * source.rows_per_document
-    if rows is not None:
-        ds = ds.take(rows) if cfg.streaming else ds.select(range(min(len(ds), rows)))
-    if source.rows_per_document > 1:
-        ds = group_rows(ds, source.rows_per_document)  # drops empty rows too: one pass over the rows, not two
+    if cfg.max_documents is None:
+        ds = _documents_of(ds, source.rows_per_document)
     else:
-        ds = ds.filter(_has_text, batched=True)
+        ds = _first_documents(ds, source.rows_per_document, cfg.max_documents)
     if cfg.streaming:
         if next(iter(ds), None) is None:
             raise ValueError(f"{where}: empty corpus, no document has text in column {source.text_column!r}")
     elif len(ds) == 0:
         raise ValueError(f"{where}: empty corpus, no document has text in column {source.text_column!r}")
     return ds
+
+
+def _documents_of(
+    ds: datasets.Dataset | datasets.IterableDataset, rows_per_document: int
+) -> datasets.Dataset | datasets.IterableDataset:
+    """Rows as documents: ``rows_per_document`` consecutive rows joined, blank rows and documents dropped."""
+    if rows_per_document > 1:
+        return group_rows(ds, rows_per_document)  # drops empty rows too: one pass over the rows, not two
+    return ds.filter(_has_text, batched=True)
+
+
+def _first_documents(
+    ds: datasets.Dataset | datasets.IterableDataset, rows_per_document: int, n: int
+) -> datasets.Dataset | datasets.IterableDataset:
+    """The first ``n`` documents that have text: data.max_documents counts documents after blank ones are
+    dropped, so a cap of 4 on a file with blank lines gives 4 documents. Streamed: lazily. Materialised: only as
+    many rows as it takes (read in doubling chunks), never every row of a large source for a small cap."""
+    if isinstance(ds, datasets.IterableDataset):
+        return _documents_of(ds, rows_per_document).take(n)
+    rows = n * rows_per_document
+    while True:
+        docs = _documents_of(ds.select(range(min(len(ds), rows))), rows_per_document)
+        if len(docs) >= n or rows >= len(ds):
+            return docs.select(range(min(len(docs), n)))
+        rows *= 2
 
 
 def _has_text(batch: dict[str, list]) -> list[bool]:
@@ -492,7 +514,10 @@ def split_documents(
         raise ValueError(f"the corpus has {n} document(s); at least 2 are needed (one to train, one to validate)")
     n_val = cfg.validation_documents or max(1, round(cfg.validation_fraction * n))
     if n_val >= n:
-        raise ValueError(f"data.validation_documents={n_val} leaves no training documents out of {n}; lower it")
+        raise ValueError(
+            f"data.validation_documents={n_val} leaves no training documents out of {n} (documents with text, after "
+            "blank ones were dropped); lower it, or raise data.max_documents"
+        )
     order = np.random.default_rng([seed, 0xD0C5]).permutation(n)
     return docs.select(order[n_val:]), docs.select(np.sort(order[:n_val]))
 

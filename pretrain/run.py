@@ -9,9 +9,9 @@
 Plain functions, read top to bottom: ``main`` -> ``build_accelerator`` -> ``build_*`` -> ``train`` (-> ``train_step``,
 ``evaluate``, ``save_checkpoint``, ``save_snapshot``) -> final status. What a run writes is described in
 docs/run_layout.md. Exit codes: 0 finished, diverged (an experimental outcome, recorded in status.json) or
-preempted (SIGTERM/SIGINT or train.stop_at_step: checkpoint saved, continue with --train.resume=auto; or no disk
-space for the next save); 2 bad configuration or input (message on stderr, nothing trained); 1 an unexpected error
-(status failed). The same command run again continues the run in train.output_dir, or reports it finished.
+preempted (SIGTERM/SIGINT or train.stop_at_step: checkpoint saved, continue with --train.resume=auto; or a full
+disk, found before a save or by a write: README "Outcomes and exit codes" says why 0); 2 bad configuration or input
+(message on stderr, nothing trained); 1 an unexpected error (status failed). The same command run again continues the run in train.output_dir, or reports it finished.
 """
 
 from __future__ import annotations
@@ -45,15 +45,20 @@ from pretrain.checkpointing import (
     CHECKPOINTS,
     SNAPSHOTS,
     TOKENIZER_DIR,
+    TOKENIZER_ROOM,
     TrainState,
+    checkpoint_step,
     fault_point,
     follow_umask,
     free_space_problem,
     load_checkpoint,
+    no_space_problem,
     resolve_resume,
+    room_problem,
     save_checkpoint,
     save_snapshot,
     snapshot_is_complete,
+    writing,
 )
 from pretrain.config import ConfigError, PretrainConfig, TrainConfig, help_text, parse_args, to_dict
 from pretrain.data import MaskingCollator, PretrainingData, build_pretraining_data
@@ -452,7 +457,8 @@ def snapshot(setup: TrainingSetup, state: TrainState) -> None:
         "metrics": dict(setup.last_eval),
         "pretrain_config": setup.resolved,
     }
-    path = save_snapshot(setup.accelerator, setup.model, setup.tokenizer, setup.run_dir, info)
+    with writing(snapshot_path(setup, state.step)):
+        path = save_snapshot(setup.accelerator, setup.model, setup.tokenizer, setup.run_dir, info)
     log_snapshot(setup.accelerator, setup.run_dir, path, state.step)
 
 
@@ -462,8 +468,36 @@ def disk_full(setup: TrainingSetup, checkpoint: bool, snapshot: bool) -> str:
     problem = ""
     if accelerator.is_main_process:
         problem = free_space_problem(setup.run_dir, setup.model, checkpoint, snapshot)
+    return agreed(accelerator, problem)
+
+
+def agreed(accelerator: Accelerator, problem: str) -> str:
+    """The main process's ``problem`` ("" for none), known to every process (one reduce), so all stop together."""
     full = accelerator.reduce(torch.tensor([float(bool(problem))], device=accelerator.device), reduction="sum")
     return (problem or "disk full at the main process's run directory") if full.item() > 0 else ""
+
+
+def stop_for_full_disk(accelerator: Accelerator, cfg: PretrainConfig, step: int, problem: str) -> str:
+    """Record a stop for a full disk as ``preempted``, with ``problem`` naming the path and the fix (the status
+    file may not fit either: then say so). Returns the outcome."""
+    try:
+        write_status(accelerator, cfg, "preempted", step, problem)
+    except OSError as err:
+        status_file = Path(cfg.train.output_dir) / STATUS_FILE
+        print(f"error: could not record status preempted in {status_file}: {err}", file=sys.stderr)
+    accelerator.print(f"\nstopped at step {step}: {problem}")
+    return "preempted (disk full)"
+
+
+def start_snapshot_due(setup: TrainingSetup, state: TrainState) -> bool:
+    """A snapshot is written before the first step: at step 0 (train.snapshot_at_start), or on resume when the
+    checkpoint's step has a scheduled snapshot that is not complete (killed between this step's snapshot and
+    checkpoint by an older version, or the snapshot was damaged: the checkpoint holds the same weights)."""
+    train_cfg = setup.cfg.train
+    if state.step == 0:
+        return train_cfg.snapshot_at_start
+    last_step = train_cfg.stop_at_step or train_cfg.max_steps
+    return snapshot_due(train_cfg, state.step, last_step) and not snapshot_is_complete(snapshot_path(setup, state.step))
 
 
 def snapshot_path(setup: TrainingSetup, step: int) -> Path:
@@ -502,11 +536,9 @@ def train(setup: TrainingSetup, state: TrainState, stop: StopRequest) -> str:
     last_step = train_cfg.stop_at_step or train_cfg.max_steps
     if state.step == 0:
         run_evaluation(setup, state)
-        if train_cfg.snapshot_at_start:
-            snapshot(setup, state)
-    elif snapshot_due(train_cfg, state.step, last_step) and not snapshot_is_complete(snapshot_path(setup, state.step)):
-        # Killed between this step's snapshot and checkpoint by an older version, or the snapshot was damaged:
-        # the checkpoint holds the same weights, so the snapshot is written again.
+    if start_snapshot_due(setup, state):
+        if problem := disk_full(setup, checkpoint=False, snapshot=True):  # every save is checked, this one too
+            return stop_for_full_disk(accelerator, cfg, state.step, problem)
         snapshot(setup, state)
     batches = batch_iterator(setup, state)
     progress = tqdm(
@@ -562,16 +594,15 @@ def train(setup: TrainingSetup, state: TrainState, stop: StopRequest) -> str:
         save_snapshot_now = snapshot_due(train_cfg, state.step, last_step)
         save_checkpoint_now = (train_cfg.checkpoint_every and state.step % train_cfg.checkpoint_every == 0) or done or preempted
         if (save_snapshot_now or save_checkpoint_now) and (problem := disk_full(setup, save_checkpoint_now, save_snapshot_now)):
-            write_status(accelerator, cfg, "preempted", state.step, problem)
-            accelerator.print(f"\nstopped at step {state.step}: {problem}")
             progress.close()
-            return "preempted (disk full)"
+            return stop_for_full_disk(accelerator, cfg, state.step, problem)
         # The snapshot first: a kill between the two leaves the previous checkpoint as the latest, and the
         # resumed run passes this step again and writes the snapshot again (docs/run_layout.md).
         if save_snapshot_now:
             snapshot(setup, state)
         if save_checkpoint_now:
-            save_checkpoint(accelerator, setup.run_dir, state, train_cfg.keep_last_checkpoints)
+            with writing(setup.run_dir / CHECKPOINTS / step_dirname(state.step)):
+                save_checkpoint(accelerator, setup.run_dir, state, train_cfg.keep_last_checkpoints)
         fault_point("step", state.step)
         heartbeat.beat(state.step)
         if preempted:
@@ -675,15 +706,24 @@ def pretrain(cfg: PretrainConfig, argv: list[str] | None = None) -> str:
     warn = (lambda message: print(f"warning: {message}", file=sys.stderr, flush=True)) if accelerator.is_main_process else (lambda message: None)
     resume_from = resolve_resume(run_dir, to_dict(cfg), cfg.train.resume, warn)
     accelerator.wait_for_everyone()  # every process has checked the directory before the main one writes
-    setup, state = prepare_training(cfg, accelerator, resume_from, prepare_command(argv))
-    if accelerator.is_main_process:
-        write_json_atomic(run_dir / RUN_CONFIG_FILE, setup.resolved)
-        ensure_run_id(run_dir)  # once per run: fine-tuning results are keyed by it (pretrain/identity.py)
-        same_run = resume_from is not None and resume_from.parent.parent.resolve() == run_dir.resolve()
-        # From step 0 (a new run, or one killed before its first checkpoint) no line of an earlier try is kept.
-        setup.last_eval = rewind_metrics(run_dir, state.step if same_run else -1)
-        if (run_dir / TOKENIZER_DIR).is_dir():
-            follow_umask(run_dir / TOKENIZER_DIR)
+    start_step = checkpoint_step(resume_from) if resume_from else 0
+    # The tokenizer is saved during data preparation, before the model's size is known: room for it first.
+    if problem := agreed(accelerator, room_problem(run_dir, TOKENIZER_ROOM) if accelerator.is_main_process else ""):
+        return stop_for_full_disk(accelerator, cfg, start_step, problem)
+    try:
+        setup, state = prepare_training(cfg, accelerator, resume_from, prepare_command(argv))
+        if accelerator.is_main_process:
+            write_json_atomic(run_dir / RUN_CONFIG_FILE, setup.resolved)
+            ensure_run_id(run_dir)  # once per run: fine-tuning results are keyed by it (pretrain/identity.py)
+            same_run = resume_from is not None and resume_from.parent.parent.resolve() == run_dir.resolve()
+            # From step 0 (a new run, or one killed before its first checkpoint) no line of an earlier try is kept.
+            setup.last_eval = rewind_metrics(run_dir, state.step if same_run else -1)
+            if (run_dir / TOKENIZER_DIR).is_dir():
+                follow_umask(run_dir / TOKENIZER_DIR)
+    except Exception as err:  # a full disk in data preparation or the tokenizer: a stop, not bad input
+        if problem := no_space_problem(err, Path(cfg.data.cache_dir)):
+            return stop_for_full_disk(accelerator, cfg, start_step, problem)
+        raise
     accelerator.print(
         f"run {cfg.train.run_name}: {cfg.model.norm_placement}-LN, {accelerator.num_processes} process(es), "
         "global batch "
@@ -698,6 +738,12 @@ def pretrain(cfg: PretrainConfig, argv: list[str] | None = None) -> str:
         with StopRequest().installed() as stop:
             outcome = train(setup, state, stop)
     except BaseException as err:
+        # A full disk that got past the checks before each save (another process filled it meanwhile, a
+        # metrics line, a library's own temp file): a stop to continue from, like the checks' own.
+        if isinstance(err, Exception) and (problem := no_space_problem(err, run_dir)):
+            outcome = stop_for_full_disk(accelerator, cfg, state.step, problem)
+            accelerator.end_training()
+            return outcome
         message = f"{type(err).__name__}: {err}"
         if accelerator.num_processes > 1 and any(word in str(err).lower() for word in ("timed out", "timeout")):
             message += (

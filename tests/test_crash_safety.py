@@ -94,7 +94,7 @@ def _damage(path: Path, how: str) -> None:
 
 
 @pytest.mark.parametrize(("file", "how"), [("random_states_0.pkl", "missing"), ("random_states_0.pkl", "truncated"),
-                                           ("model.safetensors", "overwritten")])  # fmt: skip
+                                           ("model.safetensors", "overwritten"), ("train_state.json", "truncated")])  # fmt: skip
 def test_a_damaged_latest_checkpoint_falls_back_with_a_warning(
     tmp_path: Path, data_cache: Path, capsys: pytest.CaptureFixture, file: str, how: str
 ) -> None:
@@ -213,8 +213,8 @@ def test_a_tracker_that_fails_to_start_leaves_status_failed(tmp_path: Path, data
 def test_a_full_disk_while_recording_failure_keeps_the_original_error(
     tmp_path: Path, data_cache: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
 ) -> None:
-    def disk_full(*args: object) -> str:
-        raise OSError(errno.ENOSPC, "No space left on device")
+    def disk_full(*args: object) -> str:  # an error of its own (a full disk in training is a preempted stop)
+        raise RuntimeError("the training step broke")
 
     real = run_module.write_status
 
@@ -226,7 +226,7 @@ def test_a_full_disk_while_recording_failure_keeps_the_original_error(
     monkeypatch.setattr(run_module, "train", disk_full)
     monkeypatch.setattr(run_module, "write_status", status_fails_when_failed)
     run = tmp_path / "run"
-    with pytest.raises(TrainingFailed, match="No space left on device"):
+    with pytest.raises(TrainingFailed, match="the training step broke"):
         main(tiny_args(run, data_cache))
     assert f"could not record status failed in {run / 'status.json'}" in capsys.readouterr().err
 
@@ -304,6 +304,26 @@ def test_finetune_refuses_an_incomplete_or_damaged_snapshot(tmp_path: Path, dama
     assert code == 2 and expected in err, err
 
 
+@pytest.mark.parametrize("complete", [True, False], ids=["snapshot", "plain folder"])
+def test_finetune_names_both_placements_of_a_snapshot_whose_weights_do_not_match_its_config(
+    tmp_path: Path, capsys: pytest.CaptureFixture, complete: bool
+) -> None:
+    from pretrain.manifest import write_manifest
+    from tests.finetune_fixtures import write_snapshot
+
+    snapshot = write_snapshot(tmp_path / "run", "pre_ln", "pre", 10)  # Pre-LN weights (a final LayerNorm)
+    config = json.loads((snapshot / "config.json").read_text())
+    (snapshot / "config.json").write_text(json.dumps({**config, "norm_placement": "post"}))
+    write_manifest(snapshot)  # written so by its run: the manifest check passes, the placements still differ
+    if not complete:
+        (snapshot / "snapshot.json").unlink()
+    code, err = _finetune(tmp_path, str(snapshot), capsys)
+    assert code == 2, err
+    assert f"--model {str(snapshot)!r} cannot be fine-tuned" in err and "config.json says norm_placement='post'" in err
+    assert "model.safetensors are 'pre'" in err and "pass another --model" in err
+    assert "from_pretrained" not in err and "Traceback" not in err
+
+
 @pytest.mark.parametrize("model", ["runs/pre_ln/snapshots/step_00000010", "/nowhere/snapshot", "no-such-model-xyz"])
 def test_finetune_names_a_model_that_does_not_exist(tmp_path: Path, model: str, capsys: pytest.CaptureFixture) -> None:
     code, err = _finetune(tmp_path, model, capsys)
@@ -359,20 +379,31 @@ def test_corpus_lines_without_text_are_counted_and_an_all_bad_source_refused(
 # --------------------------------------------------------------------------------------------------
 
 
+def _disk_full_from_check(monkeypatch: pytest.MonkeyPatch, first_full: int) -> list[object]:
+    """Make the free-space checks see 10 kB free from the ``first_full``-th check on (1: the tokenizer's, before
+    data preparation; 2: the step-0 snapshot's; 3: the first checkpoint's)."""
+    import shutil
+
+    real = shutil.disk_usage
+    checks: list[object] = []
+
+    def disk_usage(path: object) -> object:
+        checks.append(path)
+        usage = real(path)
+        return usage._replace(free=10_000) if len(checks) >= first_full else usage
+
+    monkeypatch.setattr(shutil, "disk_usage", disk_usage)
+    return checks
+
+
 def test_a_full_disk_stops_before_the_save_with_a_message(
     tmp_path: Path, data_cache: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import shutil
 
     real = shutil.disk_usage
-    checks = []
+    _disk_full_from_check(monkeypatch, 4)  # full after the saves of step 3
 
-    def disk_usage(path: object) -> object:
-        checks.append(path)
-        usage = real(path)
-        return usage._replace(free=10_000) if len(checks) > 1 else usage  # full after the first save
-
-    monkeypatch.setattr(shutil, "disk_usage", disk_usage)
     run = tmp_path / "run"
     argv = tiny_args(run, data_cache)
     assert main(argv) == 0
@@ -384,6 +415,49 @@ def test_a_full_disk_stops_before_the_save_with_a_message(
     monkeypatch.setattr(shutil, "disk_usage", real)
     assert main([*argv, "--train.resume=auto"]) == 0
     assert read_status(run)["status"] == "finished" and snapshot_steps(run) == [0, 6]
+
+
+@pytest.mark.parametrize(("first_full", "stopped"), [(1, "before data preparation"), (2, "at the step-0 snapshot")])
+def test_a_full_disk_before_the_first_save_is_a_clean_stop(
+    tmp_path: Path, data_cache: Path, monkeypatch: pytest.MonkeyPatch, first_full: int, stopped: str
+) -> None:
+    import shutil
+
+    real = shutil.disk_usage
+    _disk_full_from_check(monkeypatch, first_full)
+    run = tmp_path / "run"
+    argv = tiny_args(run, data_cache)
+    assert main(argv) == 0, stopped
+    status = read_status(run)
+    assert (status["status"], status["step"]) == ("preempted", 0)
+    assert "disk full" in status["message"] and str(run) in status["message"] and "--train.resume=auto" in status["message"]
+    assert not list_snapshots(run) and not list_checkpoints(run)
+    assert (run / "run_config.json").is_file() == (first_full == 2)
+    monkeypatch.setattr(shutil, "disk_usage", real)
+    assert main([*argv, "--train.resume=auto"]) == 0
+    assert read_status(run)["status"] == "finished" and snapshot_steps(run) == [0, 6]
+
+
+@pytest.mark.parametrize(
+    ("target", "error", "named"),
+    [("save_snapshot", RuntimeError("Error while serializing: IoError(Os { code: 28, kind: StorageFull, "
+                                    'message: "No space left on device" })'), "snapshots/step_00000000"),
+     ("save_checkpoint", OSError(errno.ENOSPC, "No space left on device", "optimizer.bin"), "optimizer.bin")],
+)  # fmt: skip
+def test_a_full_disk_inside_a_save_ends_preempted_naming_the_path(
+    tmp_path: Path, data_cache: Path, monkeypatch: pytest.MonkeyPatch, target: str, error: Exception, named: str
+) -> None:
+    """The disk filled between the free-space check and the write (safetensors' own error names no file)."""
+
+    def full(*args: object, **kwargs: object) -> None:
+        raise error
+
+    monkeypatch.setattr(run_module, target, full)
+    run = tmp_path / "run"
+    assert main(tiny_args(run, data_cache)) == 0
+    status = read_status(run)
+    assert status["status"] == "preempted" and named in status["message"] and "--train.resume=auto" in status["message"]
+    assert status["step"] == (0 if target == "save_snapshot" else 3)
 
 
 # --------------------------------------------------------------------------------------------------

@@ -228,6 +228,19 @@ def test_mixing_follows_weights(tmp_path: Path) -> None:
     assert len(set(texts)) == len(texts)  # documents are drawn, never repeated
 
 
+@pytest.mark.parametrize("streaming", [False, True])
+def test_max_documents_counts_documents_with_text(tmp_path: Path, streaming: bool) -> None:
+    """Blank documents are dropped before the cap: 4 of a file with 2 blank ones among its first 4 are 4 good ones."""
+    texts = ["", "first good document.", "  ", "second good document.", "third.", "fourth.", "fifth."]
+    source = SourceConfig(kind="json", path=str(write_jsonl(tmp_path / "c.jsonl", texts)))
+    cfg = tiny_config(tmp_path, [source], max_documents=4, validation_documents=2, streaming=streaming)
+    docs = load_documents(cfg, seed=0)
+    assert [d["text"] for d in docs] == ["first good document.", "second good document.", "third.", "fourth."]
+    if not streaming:
+        train, val = split_documents(docs, cfg, seed=0)
+        assert (len(train), len(val)) == (2, 2)
+
+
 def test_python_docs_source_is_nontrivial(tmp_path: Path) -> None:
     cfg = tiny_config(tmp_path, [SourceConfig()], max_documents=100)
     texts = load_documents(cfg, seed=0)["text"]

@@ -234,9 +234,11 @@ def test_finetune_run_takes_over_the_jobs_of_a_killed_run(tmp_path: Path) -> Non
     with ResultStore(config.store) as store:  # what a run killed inside its job leaves behind
         (spec,) = job_specs(describe_model(config.model, store), "mrpc", [1e-3], [0], config.recipe)
         store.enqueue([spec])
-        store.mark_submitted(store.new_submission("inprocess", 1), "m.json", [(spec.key, 1, 0)])
+        submission = store.new_submission("inprocess", 1)
+        store.mark_submitted(submission, "m.json", [(spec.key, 1, 0)])
+    ResultsFolder(tmp_path / "results.d").write_started(ManifestJob(spec=spec, attempt=1), submission)
     (row,) = run(config)
-    assert (row["status"], row["attempts"]) == ("done", 2)
+    assert (row["status"], row["attempts"]) == ("done", 1)  # in-process, the job died with its run: not counted
 
 
 def test_finetune_is_deterministic_given_seed(tmp_path: Path) -> None:

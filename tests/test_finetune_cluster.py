@@ -123,12 +123,15 @@ def test_task_preempted_without_requeue_is_found_and_resubmitted(tmp_path: Path,
     assert out == [[]]
     assert [c["job"] for c in slurm.calls()] == [1000, 1001]  # the missing results were submitted again
     done = rows(config, "done")
-    assert len(done) == 2 and all(r["attempts"] == 2 for r in done)
+    # Only a job the preempted task had started is charged the attempt; one it never reached is not.
+    started = {r["key"]: folder(config).was_started(r["key"], 1) for r in done}
+    assert len(done) == 2 and all(r["attempts"] == 1 + started[r["key"]] for r in done)
     with ResultStore(config.store) as store:
-        failures = [e["detail"] for e in store.events() if e["event"] == "failed"]
-    assert len(failures) == 2 and all("sacct: PREEMPTED" in f for f in failures)
+        ended = [e for e in store.events() if e["event"] in ("failed", "not_started")]
+    assert sorted(e["key"] for e in ended) == sorted(started) and all("sacct: PREEMPTED" in e["detail"] for e in ended)
+    assert all((e["event"] == "failed") == started[e["key"]] for e in ended)
     manifest = json.loads(folder(config).manifest_path(2).read_text())
-    assert [j["attempt"] for j in manifest["jobs"]] == [2, 2]
+    assert {j["key"]: j["attempt"] for j in manifest["jobs"]} == {k: 1 + s for k, s in started.items()}
 
 
 @pytest.mark.slow  # three array-task processes: ~30 s on 2 busy cores

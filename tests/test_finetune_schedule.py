@@ -1,4 +1,4 @@
-"""The scheduler: snapshot discovery, skipping done work, cost, crash recovery, concurrency, retries.
+"""The scheduler: snapshot discovery, skipping done work, cost, crash recovery, one scheduler per store, retries.
 
 SLURM, result files and run identity: tests/test_finetune_cluster.py."""
 
@@ -8,6 +8,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -17,9 +18,11 @@ from typing import Any
 
 import pytest
 
-from finetune.manifest import ResultsFolder
-from finetune.schedule import ScheduleConfig, main, schedule
-from finetune.store import ResultStore
+from finetune.backends import InProcess
+from finetune.manifest import ManifestJob, ResultsFolder
+from finetune.schedule import ScheduleConfig, collect, discover, main, runtime_settings, schedule, submit
+from finetune.schedule import cli as schedule_cli
+from finetune.store import ResultStore, StoreBusy, lock_path, spec_from_row, store_lock
 from pretrain.layout import SNAPSHOT_MARKER
 from pretrain.manifest import write_manifest
 from tests.finetune_fixtures import QUICK, config_for, make_run, set_status
@@ -98,8 +101,9 @@ def test_killed_scheduler_loses_no_job_and_repeats_none(tmp_path: Path) -> None:
     # Enough optimizer steps that the job is still running when the scheduler is killed.
     config = config_for(tmp_path, [run_dir], recipe={**QUICK, "epochs": 300, "batch_size": 8})
     process = start_scheduler(config)
+    started = Path(config.store).with_suffix(".d") / "started"
     deadline = time.time() + 120
-    while not (Path(config.store).exists() and any(e["event"] == "submitted" for e in events(config))):
+    while not (started.is_dir() and any(started.iterdir())):  # killed inside the job
         assert process.poll() is None and time.time() < deadline, process.communicate()[0]
         time.sleep(0.05)
     os.killpg(process.pid, signal.SIGKILL)
@@ -109,22 +113,104 @@ def test_killed_scheduler_loses_no_job_and_repeats_none(tmp_path: Path) -> None:
     assert (row["status"], row["attempts"]) == ("submitted", 1)
     assert schedule(config) == []  # the restart finds the dead scheduler's job without a result and runs it
     (row,) = done_rows(config)
-    assert row["attempts"] == 2
-    assert [e["event"] for e in events(config)] == ["queued", "submitted", "failed", "submitted", "done"]
+    assert row["attempts"] == 1  # in-process, the job died with its scheduler: that attempt is not counted
+    assert [e["event"] for e in events(config)] == ["queued", "submitted", "not_started", "submitted", "done"]
 
 
 @pytest.mark.slow  # two scheduler subprocesses: ~20 s on 2 busy cores
-def test_two_schedulers_at_once_complete_every_job_once(tmp_path: Path) -> None:
+def test_two_schedulers_started_at_once_one_runs_the_other_names_it(tmp_path: Path) -> None:
     run_dir = make_run(tmp_path, "pre_ln", "pre", steps=(10, 20))
-    config = config_for(tmp_path, [run_dir], seeds=[0, 1])
+    # Jobs long enough that the first scheduler still holds the store when the second has imported torch.
+    config = config_for(tmp_path, [run_dir], seeds=[0, 1], recipe={**QUICK, "epochs": 20})
     processes = [start_scheduler(config) for _ in range(2)]
-    for process in processes:
-        output = process.communicate(timeout=300)[0]
-        assert process.returncode == 0, output
+    outputs = [process.communicate(timeout=300)[0] for process in processes]
+    codes = [process.returncode for process in processes]
+    assert sorted(codes) == [0, 2], outputs
+    winner, loser = (0, 1) if codes[0] == 0 else (1, 0)
+    assert f"is in use by another scheduler (pid {processes[winner].pid} on " in outputs[loser], outputs[loser]
+    assert "Traceback" not in outputs[loser]
     assert len(done_rows(config)) == 4
     done = [e["key"] for e in events(config) if e["event"] == "done"]
     assert sorted(done) == sorted(set(done)) and len(done) == 4
+    assert len([e for e in events(config) if e["event"] == "submitted"]) == 4  # no job computed twice
     assert len(ResultsFolder(Path(config.store).with_suffix(".d")).done_files()) == 4
+
+
+def test_a_second_scheduler_stops_naming_the_first_and_runs_once_it_is_gone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run_dir = make_run(tmp_path, "post_ln", "post", steps=(10,))
+    config = config_for(tmp_path, [run_dir])
+    argv = [*cli_args(config), "--mode=once"]
+    monkeypatch.setattr(sys, "argv", ["python -m finetune.schedule", *argv])
+    with store_lock(config.store):  # the first scheduler, running
+        assert schedule_cli() == 2
+        err = capsys.readouterr().err
+        assert f"is in use by another scheduler (pid {os.getpid()} on {socket.gethostname()}, running since " in err
+        assert "--store=PATH" in err and f"kill {os.getpid()}" in err
+        with pytest.raises(StoreBusy):  # ingest writes the store too
+            main(["ingest", f"--store={config.store}"])
+        assert not Path(config.store).exists()  # the refused one touched nothing
+    assert main(argv) == 0  # one after the other: the lock went with the first
+    assert len(done_rows(config)) == 1 and lock_path(config.store).read_text() == ""
+
+
+class NeverRuns:
+    """An in-process backend whose scheduler is killed before its task starts any job."""
+
+    name, size = "inprocess", 1
+
+    def start(self, manifest: Path, tasks: int, submission: int) -> str:
+        return ""
+
+
+def test_scheduler_kills_charge_no_attempt_to_queued_jobs_or_the_job_in_hand(tmp_path: Path) -> None:
+    run_dir = make_run(tmp_path, "post_ln", "post", steps=(10,))
+    config = config_for(tmp_path, [run_dir], seeds=[0, 1, 2], max_attempts=2)
+    folder = ResultsFolder(Path(config.store).with_suffix(".d"))
+    runtime = runtime_settings(config)
+    for _ in range(5):  # five schedulers killed in a row, more than max_attempts
+        with ResultStore(config.store) as store:
+            collect(store, folder, InProcess())
+            store.enqueue(discover(config, store))
+            assert submit(store, folder, NeverRuns(), runtime, config.max_attempts) == 3
+            (submission,) = store.open_submissions()
+            first = min(store.rows(), key=lambda r: r["seed"])  # each was killed inside the same first job
+            folder.write_started(ManifestJob(spec=spec_from_row(first), attempt=1), submission["id"])
+    assert schedule(config) == []  # the same command again finishes every job
+    rows = sorted(done_rows(config), key=lambda r: r["seed"])
+    assert [(r["seed"], r["attempts"]) for r in rows] == [(0, 1), (1, 1), (2, 1)]
+    for row in rows:
+        kinds = [e["event"] for e in events(config) if e["key"] == row["key"]]
+        assert kinds == ["queued", *["submitted", "not_started"] * 5, "submitted", "done"]
+    details = [e["detail"] for e in events(config) if e["key"] == rows[0]["key"] and e["event"] == "not_started"]
+    assert all("its scheduler died inside it: attempt not counted" in d for d in details)
+
+
+@pytest.mark.parametrize(
+    ("reason", "charged"),
+    [("exit code 1", "both"), ("sacct: FAILED", "both"), ("sacct: CANCELLED by 1000", "both"),
+     ("exit code 0", "started"), ("killed by SIGKILL", "started"), ("sacct: PREEMPTED", "started"),
+     ("sacct: TIMEOUT", "started"), ("its worker process is gone", "started"),
+     ("the scheduler that ran it in-process stopped", "neither")],
+)  # fmt: skip
+def test_which_jobs_an_ended_task_is_charged_for(tmp_path: Path, reason: str, charged: str) -> None:
+    """A broken task (a node without the package, a bad interpreter) would fail again: every job it left is
+    charged, so they stop after max_attempts. A task stopped from outside is charged for the job it had started
+    (a job that kills its worker stops too), except in-process, where the job dies with its scheduler."""
+    run_dir = make_run(tmp_path, "post_ln", "post", steps=(10,))
+    config = config_for(tmp_path, [run_dir], seeds=[0, 1])
+    folder = ResultsFolder(Path(config.store).with_suffix(".d"))
+    with ResultStore(config.store) as store:
+        store.enqueue(discover(config, store))
+        submit(store, folder, NeverRuns(), runtime_settings(config), 3)
+        started = min(store.rows(), key=lambda r: r["seed"])
+        folder.write_started(ManifestJob(spec=spec_from_row(started), attempt=1), 1)
+        store.tasks_ended(1, [0], {0: reason}, folder)
+        status = {r["seed"]: (r["status"], r["attempts"]) for r in store.rows()}
+    failed, queued = ("failed", 1), ("queued", 0)
+    assert status[0] == (queued if charged == "neither" else failed)
+    assert status[1] == (failed if charged == "both" else queued)
 
 
 def test_failing_job_is_recorded_and_retried_up_to_max_attempts(tmp_path: Path) -> None:

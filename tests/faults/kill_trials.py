@@ -3,6 +3,7 @@ resumed with --train.resume=auto until it finishes, and compared with an uninter
 
     python tests/faults/kill_trials.py --trials 30            # about 15 s per trial on one CPU thread
     python tests/faults/kill_trials.py --trials 200 --seed 7 --workdir /tmp/kills --keep
+    python tests/faults/kill_trials.py --trials 0 --corrupt 18   # damaged latest checkpoints only
 
 Each trial starts the run, kills it (SIGKILL) once or twice, then runs the same command with
 --train.resume=auto until it exits 0. It passes when the final weights are bit-identical to the
@@ -14,6 +15,10 @@ Kill moments: ``random`` (uniformly within the training window, after run_config
 (``snapshot_files``), while a checkpoint's files are written (``checkpoint_files``), between a checkpoint's
 rename and the rotation of old ones (``checkpoint_renamed``), and after a step before the first checkpoint
 (``step``). Exit status 0 when every trial passes.
+
+Corruption trials (``--corrupt N``): the run stops at step 8 (``train.stop_at_step``), one file of its latest
+checkpoint is deleted, cut to half its size or has bytes overwritten (cycling through ``CORRUPTIONS``), and the
+same checks follow ``--train.resume=auto``: the damaged checkpoint must be skipped for the one before it.
 """
 
 from __future__ import annotations
@@ -47,6 +52,25 @@ HOOKS = (
     + [f"checkpoint_renamed:{s}" for s in (4, 8, 12)]
     + ["step:1", "step:3"]
 )
+
+
+CORRUPTIONS = [
+    (file, how)
+    for file in ("train_state.json", "model.safetensors", "optimizer.bin", "random_states_0.pkl", "manifest.json")
+    for how in ("missing", "truncated", "overwritten")
+]
+
+
+def damage(path: Path, how: str) -> None:
+    if how == "missing":
+        path.unlink()
+        return
+    data = path.read_bytes()
+    if how == "truncated":
+        path.write_bytes(data[: len(data) // 2])
+    else:  # the same size, 16 bytes in the middle flipped
+        middle = len(data) // 2
+        path.write_bytes(data[:middle] + bytes(b ^ 0xFF for b in data[middle : middle + 16]) + data[middle + 16 :])
 
 
 def run_args(run_dir: Path, cache: Path) -> list[str]:
@@ -192,9 +216,32 @@ def run_trial(index: int, workdir: Path, cache: Path, reference: Reference, rng:
     return trial
 
 
+def corruption_trial(index: int, workdir: Path, cache: Path, reference: Reference) -> Trial:
+    file, how = CORRUPTIONS[index % len(CORRUPTIONS)]
+    trial = Trial(index, kills=[f"corrupt:{file}:{how}"])
+    run_dir = workdir / f"corrupt_{index:03d}"
+    args = run_args(run_dir, cache)
+    first = start([*args, "--train.stop_at_step=8"])
+    output, _ = first.communicate()
+    if first.returncode != 0:
+        trial.problems.append(f"the run to step 8 exited {first.returncode}: {output.strip().splitlines()[-1:]}")
+        return trial
+    damage(latest_checkpoint(run_dir) / file, how)
+    for _ in range(3):
+        process = start([*args, "--train.resume=auto"])
+        output, _ = process.communicate()
+        if process.returncode == 0:
+            break
+        trial.problems.append(f"resume exited {process.returncode}: {output.strip().splitlines()[-1:]}")
+    if not trial.problems:
+        check(run_dir, reference, trial)
+    return trial
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--trials", type=int, default=30, help="number of trials (default 30)")
+    parser.add_argument("--corrupt", type=int, default=0, help="damaged-checkpoint trials after them (default 0)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random kill moments")
     parser.add_argument("--workdir", type=Path, default=None, help="where runs are written (default: a temp folder)")
     parser.add_argument("--keep", action="store_true", help="keep the trial folders")
@@ -207,18 +254,22 @@ def main() -> int:
     reference = reference_run(workdir, cache)
     print(f"uninterrupted run: training window {reference.training_window_s:.1f} s; snapshots {sorted(reference.snapshots)}")
     failed, kills, by_kind = 0, 0, {}
-    for index in range(args.trials):
-        trial = run_trial(index, workdir, cache, reference, rng)
+    trials = [("kill", i) for i in range(args.trials)] + [("corrupt", i) for i in range(args.corrupt)]
+    for kind, index in trials:
+        if kind == "kill":
+            trial = run_trial(index, workdir, cache, reference, rng)
+        else:
+            trial = corruption_trial(index, workdir, cache, reference)
         failed += bool(trial.problems)
         kills += len(trial.kills)
         for kill in trial.kills:
             kind = kill.removeprefix("then ").split(" ")[0].split(":")[0]
             by_kind[kind] = by_kind.get(kind, 0) + 1
         verdict = "ok" if not trial.problems else "FAILED: " + "; ".join(trial.problems)
-        print(f"trial {index:3d}  {', '.join(trial.kills):<55} {verdict}", flush=True)
+        print(f"{kind} {index:3d}  {', '.join(trial.kills):<55} {verdict}", flush=True)
         if not args.keep and not trial.problems:
-            shutil.rmtree(workdir / f"trial_{index:03d}", ignore_errors=True)
-    summary = {"trials": args.trials, "kills": kills, "by_kind": by_kind, "passed": args.trials - failed,
+            shutil.rmtree(workdir / f"{'trial' if kind == 'kill' else 'corrupt'}_{index:03d}", ignore_errors=True)
+    summary = {"trials": len(trials), "kills": kills, "by_kind": by_kind, "passed": len(trials) - failed,
                "failed": failed, "seconds": round(time.monotonic() - began)}  # fmt: skip
     print(json.dumps(summary))
     if args.keep or failed:
