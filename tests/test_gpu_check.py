@@ -198,3 +198,42 @@ def test_steps_are_sized_so_that_three_runs_fit() -> None:
     slow = module["plan_steps"](240.0, None, False)
     assert slow["steps"] < plan["steps"] and slow["tokens_per_s_source"] == "fallback guess"
     assert module["plan_steps"](10.0, 500_000.0, False)["steps"] == module["MIN_STEPS"]
+
+
+class _Forward(torch.nn.Module):
+    """A stand-in model for tests/test_cuda.py's helpers: returns fixed logits, or raises ``error``."""
+
+    def __init__(self, error: str | None = None) -> None:
+        super().__init__()
+        self.error = error
+
+    def forward(self, **batch: torch.Tensor) -> object:
+        if self.error:
+            raise RuntimeError(self.error)
+        logits = torch.arange(batch["input_ids"].numel() * 2, dtype=torch.float32).view(*batch["input_ids"].shape, 2)
+        return type("Output", (), {"prediction_logits": logits})()
+
+
+def test_cuda_tests_take_any_refusal_of_a_forced_sdpa_backend_as_a_refusal() -> None:
+    from torch.nn.attention import SDPBackend
+
+    from tests import test_cuda
+
+    batch = {"input_ids": torch.ones(2, 3, dtype=torch.long), "attention_mask": torch.tensor([[1, 1, 1], [1, 0, 0]])}
+    cudnn = "cuDNN Frontend error: [cudnn_frontend] Error: No execution plans support the graph."
+    for message in (cudnn, "No available kernel. Aborting execution."):
+        got, why = test_cuda.sdpa_outputs(_Forward(message), batch, SDPBackend.MATH, bf16=False)
+        assert got is None and message.split(":")[0] in why, why
+    got, why = test_cuda.sdpa_outputs(_Forward(), batch, SDPBackend.MATH, bf16=False)
+    assert why is None and got.shape == (4, 2)  # the real positions only
+    # The kernels the check relies on must still have run: a refusal of flash or efficient fails the test.
+    everything = {("EFFICIENT_ATTENTION", False), ("EFFICIENT_ATTENTION", True), ("FLASH_ATTENTION", True)}
+    assert test_cuda.missing_kernels(everything, padded=False, capability=(9, 0)) == []
+    assert test_cuda.missing_kernels(everything - {("FLASH_ATTENTION", True)}, False, (9, 0)) == [
+        "FLASH_ATTENTION (bf16=True)"
+    ]
+    assert test_cuda.missing_kernels({("FLASH_ATTENTION", True)}, padded=True, capability=(9, 0)) == [
+        "EFFICIENT_ATTENTION (bf16=False)",
+        "EFFICIENT_ATTENTION (bf16=True)",
+    ]
+    assert test_cuda.missing_kernels(everything - {("FLASH_ATTENTION", True)}, False, (7, 5)) == []
