@@ -266,7 +266,7 @@ def skip_reason(name: str, env_result: dict[str, Any]) -> str | None:
     return f"stage 1 could not import {'; '.join(missing)}" if missing else None
 
 
-def stage_status(name: str, rc: int | None) -> str:
+def stage_status(rc: int | None) -> str:
     if rc in (None, TIMED_OUT_RC):
         return "timed_out"
     return {0: "ok", SKIPPED_RC: "skipped"}.get(rc, "failed")
@@ -318,7 +318,7 @@ def run_check(ctx: Context) -> dict[str, Any]:
         publish(ctx, results)
         cmd = [sys.executable, str(Path(__file__).resolve()), "--stage", name, "--context", str(work / "context.json")]
         rc, seconds = run_process(cmd, log, budget, env, grace=KILL_GRACE_S)
-        status = stage_status(name, rc)
+        status = stage_status(rc)
         record: dict[str, Any] = {"status": status, "seconds": round(seconds, 1), "budget_s": round(budget, 1)}
         record["result"] = read_json(ctx.stage_file(name)) or {}
         if status == "skipped":
