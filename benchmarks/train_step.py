@@ -29,6 +29,10 @@ N: matmul weights a token passes through, forward+backward = 6 per weight; 12·L
 sum). The MLM head (transform + vocab decoder) counts for every token ("dense-head" count) or for the masked 15%
 only ("sparse-head" count, what our default executes). ``exec`` FLOP/s
 uses what the variant actually executes; ``tok/s`` is the headline, comparable across variants.
+
+Every batch has one padded position (``--padded_batches``, on by default), so that every variant passes a mask to
+SDPA and takes the same attention kernel, compiled or not; the "attention kernel" column says which one each
+variant's step ran (read from the profiler's operators).
 """
 
 from __future__ import annotations
@@ -87,6 +91,18 @@ FAST_PATH_MODS: dict[str, dict[str, Any]] = {
 OTHER_MODS = ("eager", "compile", *OPTIMIZERS)
 MLM_FRACTION = 0.15
 MASK_TOKEN_ID = 103  # [MASK] in the bert-base-uncased vocabulary; any id works for timing
+PADDED_POSITIONS = 1  # padding at the end of the last row of every batch: one SDPA kernel for all (random_batch)
+# The aten operators behind F.scaled_dot_product_attention, by the kernel each runs (forward; the backward ops
+# end in "_backward"). A row whose step ran none of them used eager attention (or a compiler's kernel of its own).
+SDPA_KERNELS: dict[str, str] = {
+    "aten::_scaled_dot_product_flash_attention": "flash",
+    "aten::_scaled_dot_product_flash_attention_for_cpu": "flash (CPU)",
+    "aten::_scaled_dot_product_efficient_attention": "memory-efficient",
+    "aten::_scaled_dot_product_cudnn_attention": "cuDNN",
+    "aten::_scaled_dot_product_attention_math": "math",
+    "aten::_scaled_dot_product_fused_attention_overrideable": "fused (overrideable)",
+}
+NO_SDPA_KERNEL = "none (no SDPA operator ran: eager attention or a compiled kernel)"
 
 
 @dataclass
@@ -166,23 +182,41 @@ def build_model(variant: Variant, shape: dict[str, int], seed: int) -> nn.Module
     return LNBertForPreTraining._from_config(config, attn_implementation=variant.attn_implementation)
 
 
-def random_batch(shape: dict[str, int], device: torch.device, generator: torch.Generator) -> dict[str, torch.Tensor]:
-    """Token ids, a sentence-pair segment split, exactly round(15% · T) MLM targets per row (never [CLS])."""
+def random_batch(
+    shape: dict[str, int], device: torch.device, generator: torch.Generator, padded: bool = True
+) -> dict[str, torch.Tensor]:
+    """Token ids, a sentence-pair segment split, exactly round(15% · T) MLM targets per row (never [CLS], never
+    padding), and (``padded``) the last position of the last row padded (``PADDED_POSITIONS``).
+
+    The padding is there for the attention kernel, not for realism: with an all-ones mask transformers passes no
+    mask to SDPA in eager mode (flash attention on CUDA) but builds a (B, 1, T, T) one while dynamo traces the model
+    (``is_tracing`` in ``masking_utils``: transformers 5.17 even for a missing mask), which sends a ``+compile``
+    variant to another kernel (memory-efficient). With one padded position every variant, eager or compiled, ours
+    or Hugging Face's, passes the same mask to SDPA and takes the same kernel, the one the training loop's padded
+    batches take; each row reports it (``attention_kernel``). Throughput still counts every slot. ``padded=False``
+    gives the all-ones mask the CPU figures of BENCHMARKS.md sections 1-4 were measured with.
+    """
     batch, seq, vocab = shape["batch"], shape["seq"], shape["vocab"]
     low = min(1000, vocab // 2)  # above the special tokens of a BERT vocabulary
     input_ids = torch.randint(low, vocab, (batch, seq), generator=generator)
     input_ids[:, 0] = 101 % vocab
     token_type_ids = torch.zeros(batch, seq, dtype=torch.long)
     token_type_ids[:, seq // 2 :] = 1
+    attention_mask = torch.ones(batch, seq, dtype=torch.long)
+    if padded:
+        attention_mask[-1, seq - PADDED_POSITIONS :] = 0
+    input_ids[attention_mask == 0] = 0  # [PAD]
+    token_type_ids[attention_mask == 0] = 0
     n_masked = max(1, round(MLM_FRACTION * seq))
     labels = torch.full((batch, seq), -100, dtype=torch.long)
     for row in range(batch):
-        positions = 1 + torch.randperm(seq - 1, generator=generator)[:n_masked]
+        real = int(attention_mask[row].sum())
+        positions = 1 + torch.randperm(real - 1, generator=generator)[:n_masked]
         labels[row, positions] = input_ids[row, positions]
         input_ids[row, positions] = MASK_TOKEN_ID % vocab
     tensors = {
         "input_ids": input_ids,
-        "attention_mask": torch.ones(batch, seq, dtype=torch.long),
+        "attention_mask": attention_mask,
         "token_type_ids": token_type_ids,
         "labels": labels,
         "next_sentence_label": torch.randint(0, 2, (batch,), generator=generator),
@@ -205,6 +239,7 @@ class Runner:
     optimizer: torch.optim.Optimizer
     step: Callable[[dict[str, torch.Tensor]], torch.Tensor]
     first_step_s: float = 0.0
+    attention_kernel: str = ""
 
 
 def make_runner(
@@ -236,12 +271,14 @@ def measure_group(
 ) -> dict[str, Any]:
     """All variants of one (shape, precision): warm-up, then ``reps`` interleaved timed steps each."""
     generator = torch.Generator().manual_seed(args.seed)
-    batches = [random_batch(shape, device, generator) for _ in range(2)]
+    padded = getattr(args, "padded_batches", True)
+    batches = [random_batch(shape, device, generator, padded) for _ in range(2)]
     runners = [make_runner(v, shape, precision, args.optimizer, device, args.seed) for v in variants]
     for runner in runners:  # the first step includes compilation / kernel selection: reported, not timed
         runner.first_step_s = timed(lambda r=runner: r.step(batches[0]), device)
         for _ in range(args.warmup - 1):
             runner.step(batches[0])
+        runner.attention_kernel = attention_kernel(runner, batches[0], device)
     times: dict[str, list[float]] = {v.spec: [] for v in variants}
     cpu_times: dict[str, list[float]] = {v.spec: [] for v in variants}
     losses: dict[str, float] = {}
@@ -275,6 +312,19 @@ def timed_step(runner: Runner, batch: dict[str, torch.Tensor], device: torch.dev
     holder: list[torch.Tensor] = []
     seconds, cpu_seconds = timed_with_cpu(lambda: holder.append(runner.step(batch)), device)
     return seconds, cpu_seconds, float(holder[0])
+
+
+def attention_kernel(runner: Runner, batch: dict[str, torch.Tensor], device: torch.device) -> str:
+    """The SDPA kernel(s) one (untimed) step of ``runner`` ran, from the operators the profiler recorded; which
+    kernel SDPA picks depends on the mask, dtype, head size and tracing, so it is read, not assumed."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:  # the aten operators are recorded on the host
+        runner.step(batch)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+    names = {event.key for event in prof.key_averages()}
+    return " + ".join(sorted({kernel for op, kernel in SDPA_KERNELS.items() if op in names})) or NO_SDPA_KERNEL
 
 
 def profile_step(runner: Runner, batch: dict[str, torch.Tensor], device: torch.device, rows: int) -> str:
@@ -321,6 +371,7 @@ def summarise(
             "exec_tflops": fpt * tokens / stats["median"] / 1e12,
             "dense_count_tflops": dense_fpt * tokens / stats["median"] / 1e12,
             "first_step_s": runner.first_step_s,
+            "attention_kernel": runner.attention_kernel,
             "loss": losses.get(variant.spec),
         }
         if baseline is not None:
@@ -375,6 +426,7 @@ def print_group(group: dict[str, Any], shape_name: str) -> None:
         "MFU dense-count",
         "MFU exec (CPU time)",
         "1st step s",
+        "attention kernel",
     ]
     rows = []
     for r in group["rows"]:
@@ -394,6 +446,7 @@ def print_group(group: dict[str, Any], shape_name: str) -> None:
                 f"{100 * r['mfu_dense_count']:.1f}%",
                 f"{100 * r['mfu_exec_cpu_time']:.1f}%" if r["mfu_exec_cpu_time"] is not None else "-",
                 f"{r['first_step_s']:.2f}",
+                r.get("attention_kernel", "-"),
             ]
         )
     print(format_table(headers, rows, style="markdown"))
@@ -436,6 +489,9 @@ class TrainStepConfig:
     """Rows of the profile table."""
     seed: int = 0
     """Seed of the batches and the models."""
+    padded_batches: bool = True
+    """Pad the last position of each batch's last row, so that every variant (compiled too) passes the same mask to
+    SDPA and takes the same kernel (reported per row); false: an all-ones mask (BENCHMARKS.md's CPU figures)."""
     out: str | None = None
     """JSON path; null: benchmarks/results/train_step-<time>.json."""
     variant_list: list[Variant] = field(init=False, default_factory=list)
@@ -451,6 +507,8 @@ class TrainStepConfig:
         require(self.reps >= 1 and self.warmup >= 1, "reps/warmup", "must be >= 1")
         for key in ("batch", "seq", "threads", "gemm_size"):
             require(getattr(self, key) is None or getattr(self, key) >= 1, key, "must be >= 1 or null")
+        least = PADDED_POSITIONS + 2  # [CLS], one token to mask, the padding
+        require(self.seq is None or self.seq >= least, "seq", f"must be >= {least} or null")
 
 
 def parse_args(argv: list[str] | None = None) -> TrainStepConfig:

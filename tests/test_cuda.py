@@ -99,19 +99,31 @@ def test_post_ln_equals_hf_under_bf16_autocast(padded: bool) -> None:
 
 
 def sdpa_outputs(
-    model: LNBertForPreTraining, batch: dict[str, torch.Tensor], backend: object, bf16: bool
-) -> torch.Tensor | None:
-    """MLM logits at real positions with one SDPA backend forced; None when the backend refuses the inputs."""
+    model: torch.nn.Module, batch: dict[str, torch.Tensor], backend: object, bf16: bool
+) -> tuple[torch.Tensor | None, str | None]:
+    """(MLM logits at real positions, None) with one SDPA backend forced, or (None, why) when the backend refuses.
+
+    Any RuntimeError counts as a refusal: PyTorch says "No available kernel" (flash attention takes no padding
+    mask), cuDNN's frontend "No execution plans support the graph" for a graph it has no plan for, and other
+    wordings may come. A refusal fails nothing by itself; ``missing_kernels`` then says which kernels had to run.
+    """
     from torch.nn.attention import sdpa_kernel
 
     try:
         with torch.no_grad(), sdpa_kernel(backend), torch.autocast("cuda", dtype=torch.bfloat16, enabled=bf16):
             logits = model(**batch).prediction_logits.float()
-    except RuntimeError as err:  # "No available kernel": e.g. flash attention takes no padding mask
-        if "kernel" not in str(err).lower():
-            raise
-        return None
-    return logits[batch["attention_mask"].bool()]
+    except RuntimeError as err:
+        return None, f"{type(err).__name__}: {(str(err).strip().splitlines() or [''])[0][:300]}"
+    return logits[batch["attention_mask"].bool()], None
+
+
+def missing_kernels(ran: set[tuple[str, bool]], padded: bool, capability: tuple[int, int]) -> list[str]:
+    """The (backend, bf16) runs that must have happened and did not: the memory-efficient kernel takes masks and
+    fp32 (so it runs in both precisions); flash runs in bf16 on an unpadded batch from sm80 (Ampere) on."""
+    required = [("EFFICIENT_ATTENTION", False), ("EFFICIENT_ATTENTION", True)]
+    if not padded and capability >= (8, 0):
+        required.append(("FLASH_ATTENTION", True))
+    return [f"{name} (bf16={bf16})" for name, bf16 in required if (name, bf16) not in ran]
 
 
 @pytest.mark.parametrize("padded", [False, True], ids=["full", "padded"])
@@ -122,9 +134,11 @@ def test_every_sdpa_backend_gives_the_same_outputs(placement: str, padded: bool)
     torch.manual_seed(0)
     model = ours(placement).to(CUDA).eval()
     batch = make_batch(padded)
-    ran = []
+    ran: set[tuple[str, bool]] = set()
+    refused: dict[str, str] = {}
     for bf16, tolerance in ((False, KERNEL_FP32), (True, BF16)):
-        reference = sdpa_outputs(model, batch, SDPBackend.MATH, bf16)
+        reference, why = sdpa_outputs(model, batch, SDPBackend.MATH, bf16)
+        assert reference is not None, f"the math backend (the reference) failed: {why}"
         # cuDNN attention where this torch has it (Hopper); math is the reference.
         others = [
             SDPBackend.FLASH_ATTENTION,
@@ -132,14 +146,14 @@ def test_every_sdpa_backend_gives_the_same_outputs(placement: str, padded: bool)
             getattr(SDPBackend, "CUDNN_ATTENTION", None),
         ]
         for backend in [b for b in others if b is not None]:
-            got = sdpa_outputs(model, batch, backend, bf16)
-            if got is not None:
-                torch.testing.assert_close(got, reference, **tolerance, msg=f"{backend.name}, bf16={bf16}")
-                ran.append((backend.name, bf16))
-    # The memory-efficient kernel takes masks and fp32; flash runs in bf16 on an unpadded batch.
-    assert ("EFFICIENT_ATTENTION", False) in ran and ("EFFICIENT_ATTENTION", True) in ran, ran
-    if not padded and torch.cuda.get_device_capability() >= (8, 0):
-        assert ("FLASH_ATTENTION", True) in ran, ran
+            got, why = sdpa_outputs(model, batch, backend, bf16)
+            if got is None:
+                refused[f"{backend.name} (bf16={bf16})"] = why or ""
+                continue
+            torch.testing.assert_close(got, reference, **tolerance, msg=f"{backend.name}, bf16={bf16}")
+            ran.add((backend.name, bf16))
+    missing = missing_kernels(ran, padded, torch.cuda.get_device_capability())
+    assert not missing, f"these kernels did not run: {missing}; refusals: {refused}"
 
 
 @pytest.mark.parametrize("placement", ["post", "pre"])

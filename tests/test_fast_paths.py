@@ -207,6 +207,44 @@ def test_random_batch_has_fifteen_percent_targets_at_mask_tokens() -> None:
     assert (batch["labels"][selected] >= 1000).all()
 
 
+def sdpa_mask_of(batch: dict[str, torch.Tensor], tracing: bool, monkeypatch: pytest.MonkeyPatch) -> object:
+    """The mask transformers hands SDPA for ``batch`` (as BertModel and ours build it), eagerly or as under dynamo."""
+    from transformers import masking_utils
+
+    monkeypatch.setattr(masking_utils, "is_tracing", lambda *args, **kwargs: tracing)
+    config = BertConfig(**train_step.hf_config_kwargs(train_step.SHAPES["tiny"]))
+    config._attn_implementation = "sdpa"
+    embeds = torch.zeros(*batch["input_ids"].shape, config.hidden_size)
+    return masking_utils.create_bidirectional_mask(
+        config=config, inputs_embeds=embeds, attention_mask=batch["attention_mask"]
+    )
+
+
+def test_benchmark_batches_give_every_variant_the_same_sdpa_mask(monkeypatch: pytest.MonkeyPatch) -> None:
+    shape = dict(train_step.SHAPES["tiny"], batch=3)
+    padded = train_step.random_batch(shape, torch.device("cpu"), torch.Generator().manual_seed(0))
+    assert int((padded["attention_mask"] == 0).sum()) == train_step.PADDED_POSITIONS
+    assert (padded["labels"][padded["attention_mask"] == 0] == -100).all()  # no MLM target on padding
+    # Padded: a (B, 1, T, T) mask whether or not dynamo traces, so eager and +compile variants take one kernel.
+    for tracing in (False, True):
+        mask = sdpa_mask_of(padded, tracing, monkeypatch)
+        assert isinstance(mask, torch.Tensor) and mask.shape == (3, 1, shape["seq"], shape["seq"]), tracing
+    # The all-ones mask (padded_batches=false) is what sent the compiled row to another kernel: none eagerly.
+    ones = train_step.random_batch(shape, torch.device("cpu"), torch.Generator().manual_seed(0), padded=False)
+    assert sdpa_mask_of(ones, False, monkeypatch) is None and sdpa_mask_of(ones, True, monkeypatch) is not None
+
+
+def test_each_benchmark_row_says_which_attention_kernel_it_ran() -> None:
+    from argparse import Namespace
+
+    args = Namespace(seed=0, optimizer="fused", warmup=1, reps=1, profile=None, profile_rows=0, baseline="hf")
+    variants = [train_step.parse_variant(s) for s in ("hf", "post", "post+eager")]
+    group = train_step.measure_group(variants, dict(train_step.SHAPES["tiny"]), "fp32", args, torch.device("cpu"))
+    kernels = {row["variant"]: row["attention_kernel"] for row in group["rows"]}
+    assert kernels["hf"] == kernels["post"] and kernels["post"] in train_step.SDPA_KERNELS.values(), kernels
+    assert kernels["post+eager"] == train_step.NO_SDPA_KERNEL
+
+
 def test_train_step_benchmark_runs_end_to_end_on_cpu(tmp_path) -> None:
     out = tmp_path / "r.json"
     payload = train_step.main([

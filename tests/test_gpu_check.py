@@ -52,30 +52,52 @@ def test_dry_run_exercises_every_stage(tmp_path: Path) -> None:
     results = json.loads((out / "results.json").read_text())
     stages = results["stages"]
     assert results["dry_run"] is True
-    assert {name: s["status"] for name, s in stages.items()} == dict.fromkeys(
-        ["environment", "cuda_tests", "throughput", "pretrain"], "ok"
-    )
+    assert {name: s["status"] for name, s in stages.items()} == {
+        **dict.fromkeys(["environment", "cuda_tests", "throughput", "pretrain"], "ok"),
+        "compile": "skipped",  # a CPU compile takes minutes; its own stage on the GPU
+    }
+    assert "dry run" in stages["compile"]["reason"]
     env = stages["environment"]["result"]
     assert env["versions"]["torch"] and env["gemm"]["measured_tflops"]["bf16"] > 0
-    assert env["imports"] == {"datasets": "ok", "pretrain.data": "ok", "finetune.run": "ok"}
+    assert set(env["imports"].values()) == {"ok"} and {"datasets", "pretrain.data", "finetune.run"} <= set(
+        env["imports"]
+    )
     tests = stages["cuda_tests"]["result"]
     if not torch.cuda.is_available():  # every test of tests/test_cuda.py is collected and skipped, none fails
         assert tests["counts"].get("skipped", 0) >= 10 and set(tests["counts"]) == {"skipped"}, tests["counts"]
         assert tests["skip_reasons"] and "needs CUDA" in tests["skip_reasons"][0]
     groups = stages["throughput"]["result"]["groups"]
-    assert [r["variant"] for r in groups[0]["rows"]] == ["hf", "post", "pre"]
+    assert [r["variant"] for r in groups[0]["rows"]] == ["hf", "post", "post+dense", "pre"]
     assert all(r["tokens_per_s"] > 0 and r["mfu_vs_measured_gemm"] > 0 for r in groups[0]["rows"])
+    assert groups[0]["same_attention_kernel"] and groups[0]["rows"][0]["attention_kernel"]
+    ratio = groups[0]["implementation_ratio"]
+    assert ratio["dense_head_vs_hf"] > 0 and ratio["sparse_head_gain"] > 0 and ratio["sparse_head_gain_from_flops"] > 1
     pre = stages["pretrain"]["result"]
     assert set(pre["runs"]) == {"post_ln", "pre_ln", "post_ln_lr3e-4"}
     for name, run in pre["runs"].items():
         assert run["status"] == "finished" and run["step"] == pre["plan"]["steps"], (name, run)
         assert run["train_loss"] and run["diverged_at_step"] is None
         assert 0 <= run["mrpc"]["accuracy"] <= 1, run["mrpc"]
-    assert pre["steps_to_loss"]["target_loss"] is not None
+        assert run["tokens_per_s_vs_stage3"] > 0 and any(
+            "AdamW" in d or "batch" in d for d in run["vs_stage3_differences"]
+        )
+    contrast = pre["placement_contrast"]
+    assert contrast["runs"] == ["pre_ln", "post_ln_lr3e-4"] and contrast["steps_to_loss"]["target_loss"] is not None
+    # What the runs were really given (their resolved configs): only post_ln warms up.
+    resolved = {name: json.loads((tmp_path / "work" / "runs" / name / "run_config.json").read_text())["optim"]
+                for name in pre["runs"]}  # fmt: skip
+    assert {name: (o["lr"], o["warmup_steps"]) for name, o in resolved.items()} == {
+        "post_ln": (1e-4, pre["plan"]["warmup_steps"]),
+        "pre_ln": (3e-4, 0),
+        "post_ln_lr3e-4": (3e-4, 0),
+    }
     summary = (out / "summary.md").read_text()
-    for heading in ("## 1. Environment", "## 2. CUDA correctness", "## 3. Throughput", "## 4. Pretraining comparison"):
+    for heading in ("## 1. Environment", "## 2. CUDA correctness", "## 3. Throughput",
+                    "## 4. Smoke test of the scale path", "## 5. torch.compile"):  # fmt: skip
         assert heading in summary
-    assert "| post_ln | finished |" in summary and "MRPC acc" in summary
+    assert "| post_ln | finished |" in summary and "MRPC acc" in summary and "not a reproduction" in summary
+    assert "Placement contrast (lr 3e-4, no warm-up" in summary and "what still differs" in summary
+    assert "the implementation's ratio" in summary and "| attention kernel |" in summary
     assert "stage pretrain: ok" in (out / "check.log").read_text()
 
 
@@ -198,3 +220,144 @@ def test_steps_are_sized_so_that_three_runs_fit() -> None:
     slow = module["plan_steps"](240.0, None, False)
     assert slow["steps"] < plan["steps"] and slow["tokens_per_s_source"] == "fallback guess"
     assert module["plan_steps"](10.0, 500_000.0, False)["steps"] == module["MIN_STEPS"]
+
+
+class _Forward(torch.nn.Module):
+    """A stand-in model for tests/test_cuda.py's helpers: returns fixed logits, or raises ``error``."""
+
+    def __init__(self, error: str | None = None) -> None:
+        super().__init__()
+        self.error = error
+
+    def forward(self, **batch: torch.Tensor) -> object:
+        if self.error:
+            raise RuntimeError(self.error)
+        logits = torch.arange(batch["input_ids"].numel() * 2, dtype=torch.float32).view(*batch["input_ids"].shape, 2)
+        return type("Output", (), {"prediction_logits": logits})()
+
+
+def test_cuda_tests_take_any_refusal_of_a_forced_sdpa_backend_as_a_refusal() -> None:
+    from torch.nn.attention import SDPBackend
+
+    from tests import test_cuda
+
+    batch = {"input_ids": torch.ones(2, 3, dtype=torch.long), "attention_mask": torch.tensor([[1, 1, 1], [1, 0, 0]])}
+    cudnn = "cuDNN Frontend error: [cudnn_frontend] Error: No execution plans support the graph."
+    for message in (cudnn, "No available kernel. Aborting execution."):
+        got, why = test_cuda.sdpa_outputs(_Forward(message), batch, SDPBackend.MATH, bf16=False)
+        assert got is None and message.split(":")[0] in why, why
+    got, why = test_cuda.sdpa_outputs(_Forward(), batch, SDPBackend.MATH, bf16=False)
+    assert why is None and got.shape == (4, 2)  # the real positions only
+    # The kernels the check relies on must still have run: a refusal of flash or efficient fails the test.
+    everything = {("EFFICIENT_ATTENTION", False), ("EFFICIENT_ATTENTION", True), ("FLASH_ATTENTION", True)}
+    assert test_cuda.missing_kernels(everything, padded=False, capability=(9, 0)) == []
+    assert test_cuda.missing_kernels(everything - {("FLASH_ATTENTION", True)}, False, (9, 0)) == [
+        "FLASH_ATTENTION (bf16=True)"
+    ]
+    assert test_cuda.missing_kernels({("FLASH_ATTENTION", True)}, padded=True, capability=(9, 0)) == [
+        "EFFICIENT_ATTENTION (bf16=False)",
+        "EFFICIENT_ATTENTION (bf16=True)",
+    ]
+    assert test_cuda.missing_kernels(everything - {("FLASH_ATTENTION", True)}, False, (7, 5)) == []
+
+
+def resolved_configs(module: dict, dry_run: bool) -> dict[str, dict]:
+    """Each stage-4 run's config as pretrain/run.py resolves it from the command the check builds."""
+    from pretrain.cli import flatten, to_dict
+    from pretrain.config import parse_args
+
+    ctx = module["Context"](out="/o", work="/w", corpus="/c", glue="/g", dry_run=dry_run)
+    plan = module["plan_steps"](240.0, 500_000.0, dry_run)
+    configs = {}
+    for name in module["RUNS"]:
+        cmd = module["pretrain_command"](ctx, name, plan, 1e15)
+        configs[name] = flatten(to_dict(parse_args(cmd[cmd.index(str(ROOT / "pretrain" / "run.py")) + 1 :])))
+    return configs
+
+
+def test_pre_ln_is_contrasted_with_post_ln_on_its_own_recipe() -> None:
+    module = gpu_check_module()
+    configs = resolved_configs(module, dry_run=False)
+    pre, post = (configs[name] for name in module["CONTRAST"])
+    differ = {key for key in pre if pre[key] != post.get(key)}
+    assert differ == {"model.norm_placement", "train.output_dir", "train.run_name"}, differ
+    assert (post["optim.lr"], post["optim.warmup_steps"]) == (3e-4, 0)  # the paper's failing case: no warm-up
+    assert configs["post_ln"]["optim.lr"] == 1e-4 and configs["post_ln"]["optim.warmup_steps"] > 0
+    # Post-LN diverged (its last losses not finite): the target is its last finite loss, Pre-LN's steps to it.
+    runs = {
+        "post_ln": {"train_loss": [(10, 9.0), (20, 8.0), (30, 7.0)], "final_train_loss": 7.0},
+        "pre_ln": {"train_loss": [(10, 8.0), (20, 6.0), (30, 5.0)], "final_train_loss": 5.0, "status": "finished"},
+        "post_ln_lr3e-4": {
+            "train_loss": [(10, 9.0), (20, 7.0), (30, float("nan"))],
+            "final_train_loss": 7.0,
+            "status": "diverged",
+            "diverged_at_step": 25,
+        },
+    }
+    contrast = module["placement_contrast"](runs)
+    assert contrast["runs"] == ["pre_ln", "post_ln_lr3e-4"] and contrast["final_loss_gap"] == 2.0
+    assert contrast["diverged_at_step"]["post_ln_lr3e-4"] == 25
+    stl = contrast["steps_to_loss"]
+    assert stl["target_loss"] == 8.0 and stl["steps"] == {"pre_ln": 10, "post_ln_lr3e-4": 20}
+    assert stl["speedup_vs_reference"]["pre_ln"] == 2.0
+    assert "post_ln" not in stl["steps"]  # the paper recipe (1e-4, warm-up) stays outside the ratio
+
+
+def test_a_slow_compile_has_its_own_budget_and_does_not_fail_the_check() -> None:
+    module = gpu_check_module()
+    ctx = module["Context"](out="/o", work="/w", corpus="/c", glue="/g", started=0.0)  # long past: no time left
+    assert module["stage_budget"](ctx, "compile") == module["BUDGETS_S"]["compile"]
+    assert module["stage_budget"](ctx, "pretrain") == 60.0  # the rest of the total is gone: its floor
+    passed = module["check_passed"]
+    ok = {name: {"status": "ok"} for name in module["STAGES"]}
+    assert passed(ok) and passed({**ok, "compile": {"status": "timed_out"}})
+    assert passed({**ok, "compile": {"status": "skipped"}})
+    assert not passed({**ok, "compile": {"status": "failed"}})  # a compile that crashes is a finding
+    assert not passed({**ok, "throughput": {"status": "timed_out"}})
+    assert module["STAGES"][-1] == "compile"  # after the runs: it cannot take their time
+
+
+def test_the_loop_to_benchmark_ratio_lists_what_still_differs() -> None:
+    module = gpu_check_module()
+    differences, vs_stage3 = module["loop_vs_benchmark"], module["vs_stage3"]
+    bench = {"tokens_per_s": 1000.0, "attention_kernel": "memory-efficient", "seq": 128}
+    config = {"optim": {"implementation": "auto"}, "train": {"per_device_batch_size": 256},
+              "data": {"max_seq_length": 128}}  # fmt: skip
+    run = {"tokens_per_s_median": 800.0, "slot_tokens_per_s_median": None}
+    lines = differences(run, config, bench, 128, True)
+    assert any(line.startswith("tokens: the loop counts real tokens") for line in lines)
+    assert "AdamW: the loop's foreach (auto), the benchmark's fused" in lines
+    assert any("256 x up to 128" in line and "128 x 128" in line for line in lines)
+    assert any("memory-efficient" in line for line in lines)
+    assert vs_stage3(run, 1000.0) == (0.8, "real")
+    # Slot tokens/s logged and fused AdamW: those two differences are gone, and the ratio is slot to slot.
+    run = {"tokens_per_s_median": 800.0, "slot_tokens_per_s_median": 900.0}
+    lines = differences(run, {**config, "optim": {"implementation": "fused"}}, bench, 128, True)
+    assert not any(line.startswith(("tokens:", "AdamW:")) for line in lines)
+    assert vs_stage3(run, 1000.0) == (0.9, "slot")
+
+
+def test_stage_1_names_a_failed_import_and_the_stages_that_need_it_are_skipped() -> None:
+    module = gpu_check_module()
+    env = {"imports": {"datasets": "ImportError: datasets needs pyarrow>=24.0.0", "pretrain.modeling": "ok"}}
+    assert "datasets (ImportError: datasets needs pyarrow>=24.0.0)" in module["skip_reason"]("pretrain", env)
+    assert module["skip_reason"]("throughput", env) is None and module["skip_reason"]("cuda_tests", env) is None
+    assert "datasets" in module["STAGE_IMPORTS"]["pretrain"]
+
+
+@pytest.mark.slow
+def test_a_missing_wheel_fails_stage_1_and_shows_first(tmp_path: Path) -> None:
+    corpus = make_corpus(tmp_path / "corpus")
+    fake = tmp_path / "work" / "site" / "datasets"  # first on every stage's path: shadows the real datasets
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text('raise ImportError("datasets 5.2 needs pyarrow>=24.0.0; found 21.0.0")\n')
+    budgets = ["--budget", "cuda_tests=1", "--budget", "throughput=1"]  # not what this test is about
+    result = gpu_check(tmp_path / "out", tmp_path / "work", corpus, *budgets)
+    assert result.returncode == 1, result.stdout[-3000:] + result.stderr[-3000:]
+    stages = json.loads((tmp_path / "out" / "results.json").read_text())["stages"]
+    assert stages["environment"]["status"] == "failed" and "datasets" in stages["environment"]["reason"]
+    assert stages["environment"]["result"]["gemm"]  # the rest of stage 1 is still recorded
+    assert stages["pretrain"]["status"] == "skipped" and "pyarrow>=24.0.0" in stages["pretrain"]["reason"]
+    summary = (tmp_path / "out" / "summary.md").read_text().splitlines()
+    assert summary[2].startswith("**Stage 1 could not import datasets") and "skipped: pretrain" in summary[2]
+    assert "[gpu_check] stage pretrain: skipped: stage 1 could not import datasets" in result.stdout
