@@ -43,6 +43,9 @@ SPEC_COLUMNS = (
     "recipe",
 )
 
+# Columns of RESULT_FIELDS that stores of this schema version may predate: added when such a store is opened.
+ADDED_RESULT_COLUMNS = ("majority_accuracy", "majority_f1", "top_class_share")
+
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
     key TEXT PRIMARY KEY,
@@ -71,6 +74,9 @@ CREATE TABLE IF NOT EXISTS jobs (
     epochs INTEGER,
     train_steps INTEGER,
     wall_time_s REAL,
+    majority_accuracy REAL,
+    majority_f1 REAL,
+    top_class_share REAL,
     finished REAL,
     created REAL NOT NULL,
     updated REAL NOT NULL
@@ -120,7 +126,16 @@ class ResultStore:
             for statement in _SCHEMA.split(";"):
                 if statement.strip():
                     self.db.execute(statement)
+            self._add_result_columns()
             self.db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+
+    def _add_result_columns(self) -> None:
+        """Result columns added after a store was created (nullable: their old rows stay as they were, and the
+        report shows those values as unknown)."""
+        present = {r["name"] for r in self.db.execute("PRAGMA table_info(jobs)")}
+        for column in ADDED_RESULT_COLUMNS:
+            if column not in present:
+                self.db.execute(f"ALTER TABLE jobs ADD COLUMN {column} REAL")
 
     def _check_version(self) -> None:
         found = self.db.execute("PRAGMA user_version").fetchone()[0]

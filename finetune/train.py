@@ -23,7 +23,7 @@ from transformers import get_scheduler
 
 import pretrain  # noqa: F401  (registers the "lnbert" model type with the Auto classes)
 from finetune.config import FinetuneConfig
-from finetune.glue import Example, batches, compute_metrics, encode, get_task, load_task
+from finetune.glue import Example, baseline_metrics, batches, compute_metrics, encode, get_task, load_task
 from pretrain.device import pick_device
 from pretrain.optim import build_adamw
 
@@ -71,8 +71,6 @@ def train_step(
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     return loss.detach()
-
-
 
 
 @torch.no_grad()
@@ -193,6 +191,7 @@ def finetune(
     metrics = compute_metrics(get_task(task), result["labels"], result["predictions"])
     return {
         **metrics,
+        **baseline_metrics(get_task(task), result["labels"], result["predictions"]),
         "dev_loss": result["dev_loss"],
         "train_loss": epoch_loss / steps_per_epoch,  # mean over the last epoch
         "epochs": recipe.epochs,

@@ -13,13 +13,13 @@ import torch
 from torch import nn
 
 from finetune.config import FinetuneConfig
-from finetune.glue import TASKS, batches, encode, get_task, load_task, read_tsv
+from finetune.glue import TASKS, baseline_metrics, batches, encode, get_task, load_task, read_tsv
 from finetune.manifest import ManifestJob, ResultsFolder
 from finetune.run import RunConfig, run
 from finetune.run import cli as run_cli
 from finetune.run import main as run_main
 from finetune.schedule import ScheduleConfig, discover
-from finetune.store import SCHEMA_VERSION, ResultStore, StoreVersionError
+from finetune.store import ADDED_RESULT_COLUMNS, SCHEMA_VERSION, ResultStore, StoreVersionError
 from finetune.train import make_optimizer, make_scheduler
 from finetune.worker import describe_model, job_specs
 from pretrain.cli import ConfigError, from_dict, load_yaml, parse
@@ -218,6 +218,8 @@ def test_finetune_writes_rows_then_skips_them(tmp_path: Path) -> None:
     )
     assert row["run_dir"] == str(run_dir.resolve())
     assert 0.0 <= row["accuracy"] <= 1.0 and 0.0 <= row["f1"] <= 1.0 and row["dev_loss"] > 0
+    # The fixture's MRPC dev set is 4 paraphrases in 8: the report's majority baseline comes with every row.
+    assert row["majority_accuracy"] == 0.5 and 0.5 <= row["top_class_share"] <= 1.0
     assert (row["epochs"], row["train_steps"]) == (1, 2)
     assert row["run_id"] == (run_dir / "run_id").read_text().strip()
     with ResultStore(config.store) as store:
@@ -310,6 +312,32 @@ def test_store_takes_in_result_and_failure_files(tmp_path: Path) -> None:
         assert "ended without a result (sacct: TIMEOUT)" in store.rows()[1]["error"]
 
 
+def test_baseline_metrics_of_a_model_that_answers_one_class() -> None:
+    # MRPC's dev set: 279 paraphrases in 408. Always "equivalent" scores 68.38% accuracy and 81.22% F1.
+    labels = torch.tensor([1] * 279 + [0] * 129).numpy()
+    metrics = baseline_metrics(get_task("mrpc"), labels, labels * 0 + 1)
+    assert metrics == {
+        "majority_accuracy": pytest.approx(279 / 408),
+        "top_class_share": 1.0,
+        "majority_f1": pytest.approx(2 * 279 / (2 * 279 + 129)),
+    }
+    rte = baseline_metrics(get_task("rte"), labels, (labels + 1) % 2)  # the minority class's share of predictions
+    assert rte == {"majority_accuracy": pytest.approx(279 / 408), "top_class_share": pytest.approx(279 / 408)}
+
+
+def test_store_created_before_the_baseline_columns_gets_them(tmp_path: Path) -> None:
+    path = tmp_path / "s.sqlite"
+    ResultStore(path).close()
+    with sqlite3.connect(path) as db:
+        for column in ADDED_RESULT_COLUMNS:
+            db.execute(f"ALTER TABLE jobs DROP COLUMN {column}")
+    with ResultStore(path) as store:
+        folder = ResultsFolder(tmp_path / "results")
+        folder.write_done(ManifestJob(job_spec(), 1), {"accuracy": 0.9, "top_class_share": 1.0})
+        store.ingest(folder)
+        assert store.rows()[0]["top_class_share"] == 1.0 and store.rows()[0]["majority_accuracy"] is None
+
+
 def test_store_from_newer_schema_is_refused(tmp_path: Path) -> None:
     path = tmp_path / "s.sqlite"
     ResultStore(path).close()
@@ -346,8 +374,15 @@ def test_cli_overrides_and_errors(capsys: pytest.CaptureFixture[str]) -> None:
     def parse_run(*argv: str) -> RunConfig:
         return parse(RunConfig, list(argv), prog="finetune.run")
 
-    config = parse_run("--config", str(preset), "--model=m", "--lrs=[1e-5, 2e-5]", "--recipe.epochs", "2", "--data_dir=d")
-    assert (config.lrs, config.recipe.epochs, config.data_dir, config.seeds) == ([1e-5, 2e-5], 2, "d", [0, 1, 2, 3, 4, 5])
+    config = parse_run(
+        "--config", str(preset), "--model=m", "--lrs=[1e-5, 2e-5]", "--recipe.epochs", "2", "--data_dir=d"
+    )
+    assert (config.lrs, config.recipe.epochs, config.data_dir, config.seeds) == (
+        [1e-5, 2e-5],
+        2,
+        "d",
+        [0, 1, 2, 3, 4, 5],
+    )
     assert parse_run("--model", "m", "--recipe.random_init").recipe.random_init is True  # a bare flag: true
     assert parse_run("--model", "m", "--recipe.random_init", "--task=rte").recipe.random_init is True
     for argv, message in [
