@@ -69,7 +69,7 @@ from pretrain.layout import (
 )
 from pretrain.modeling import LNBertForPreTraining
 from pretrain.optim import build_adamw
-from pretrain.prepare import prepare_command
+from pretrain.prepare import data_report, prepare_command
 from pretrain.tracking import (
     clip_coefficient,
     init_trackers,
@@ -677,6 +677,11 @@ def pretrain(cfg: PretrainConfig, argv: list[str] | None = None) -> str:
     accelerator.wait_for_everyone()  # every process has checked the directory before the main one writes
     setup, state = prepare_training(cfg, accelerator, resume_from, prepare_command(argv))
     if accelerator.is_main_process:
+        # What the run trains on, before it starts: a mixture that is not what the weights ask for, or a tiny
+        # validation split, is seen now rather than after the run (the same report as pretrain.prepare's).
+        report = data_report(cfg, setup.tokenizer)
+        if report is not None:
+            print(report, flush=True)
         write_json_atomic(run_dir / RUN_CONFIG_FILE, setup.resolved)
         ensure_run_id(run_dir)  # once per run: fine-tuning results are keyed by it (pretrain/identity.py)
         same_run = resume_from is not None and resume_from.parent.parent.resolve() == run_dir.resolve()
