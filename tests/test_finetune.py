@@ -409,3 +409,23 @@ def test_summary_shows_no_spread_for_one_seed() -> None:
     two = [*one, {**one[0], "seed": 1, "accuracy": 0.7}]
     assert "0.5000 " in summarize(one) and "±" not in summarize(one)
     assert "0.6000±0.1000" in summarize(two)
+
+
+def test_a_run_folder_as_model_names_its_snapshots_and_the_scheduler(tmp_path: Path) -> None:
+    run_dir = make_run(tmp_path, "lnbert-post", steps=(10, 20))
+    with pytest.raises(ValueError, match=r"is a pretraining run folder, not a model; its complete snapshots: .*"
+                                         r"step_00000010, .*step_00000020\. .*finetune\.schedule --runs="):  # fmt: skip
+        run(quick_run(run_dir, "mrpc", tmp_path / "results.sqlite"))
+
+
+def test_jobs_that_failed_every_attempt_point_to_retry_failed(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Issue 25: a job failed for a missing --data_dir; rerun with it, the old error came back with no hint.
+    failed = {"lr": 1e-3, "seed": 0, "status": "failed", "attempts": 3, "accuracy": None, "f1": None,
+              "error": "OSError: nyu-mll/glue is not reachable"}  # fmt: skip
+    monkeypatch.setattr("finetune.run.run", lambda config: [failed])
+    assert run_main(["--model=m", f"--data_dir={FIXTURE_GLUE}"]) == 1
+    assert "run the same command with --retry_failed=true" in capsys.readouterr().err
+    assert run_main(["--model=m", "--retry_failed=true"]) == 1  # asked for already: no hint
+    assert "--retry_failed" not in capsys.readouterr().err
