@@ -619,6 +619,22 @@ def log_wandb(
 # --------------------------------------------------------------------------------------------------
 
 
+def check_store(store: str) -> None:
+    """A missing store names the stores beside it (configs/finetune/smoke.yaml writes smoke.sqlite, not the
+    default results.sqlite), so that the fix is one --store away."""
+    path = Path(store)
+    if path.is_file():
+        return
+    others = sorted(p for p in path.parent.glob("*.sqlite") if p.is_file()) if path.parent.is_dir() else []
+    hint = (
+        f"; {path.parent} holds {', '.join(p.name for p in others)}: pass --store={others[0]}"
+        + (" (or another of them)" if len(others) > 1 else "")
+        if others
+        else "; run finetune.schedule first or pass --store"
+    )
+    raise FileNotFoundError(f"results store {store} not found{hint}")
+
+
 def report(config: ReportConfig) -> dict[str, Any]:
     """Write the figures and summary.md to ``config.out``; returns what they show."""
     if config.wandb:
@@ -627,8 +643,7 @@ def report(config: ReportConfig) -> dict[str, Any]:
     curves = {run.label: val_loss_curve(run.path) for run in runs}
     target = config.target_loss if config.target_loss is not None else default_target(curves)
     table = steps_table(runs, curves, target) if target is not None else []
-    if not Path(config.store).is_file():
-        raise FileNotFoundError(f"results store {config.store} not found; run finetune.schedule first or pass --store")
+    check_store(config.store)
     with ResultStore(config.store) as store:
         rows = select_rows(store.rows("done"), config.recipe_hash)
     points = [p for task in config.tasks for p in best_lr_points(rows, runs, task, config.one_class_share)]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -188,7 +189,12 @@ def test_report_refuses_mixed_recipes_and_missing_store(runs: dict[str, Path], t
     with pytest.raises(ValueError, match=r"several fine-tuning recipes.*--recipe_hash"):
         report(config)
     config = ReportConfig(runs=[str(runs["post_ln"])], store=str(tmp_path / "none.sqlite"), out=str(tmp_path / "fig"))
-    with pytest.raises(FileNotFoundError, match=r"results store .*none\.sqlite not found"):
+    # The store beside it is named (the smoke preset writes smoke.sqlite, the report reads results.sqlite).
+    with pytest.raises(FileNotFoundError, match=rf"results store .*none\.sqlite not found; .* holds results\.sqlite: "
+                                                rf"pass --store={tmp_path / 'results.sqlite'}"):  # fmt: skip
+        report(config)
+    config = replace(config, store=str(tmp_path / "nowhere" / "results.sqlite"))
+    with pytest.raises(FileNotFoundError, match=r"not found; run finetune\.schedule first or pass --store"):
         report(config)
 
 
