@@ -1,7 +1,7 @@
 """Figure 5 of Xiong et al. 2020 from pretraining logs and the fine-tuning results store.
 
-    python -m finetune.report --runs='[runs/post_ln, runs/pre_ln]' --store=outputs/finetune/results.sqlite \
-        --out=outputs/figure5 [--target_loss=1.69] [--wandb]
+    python -m finetune.report --runs='[runs/post_ln, runs/pre_ln]' --store=outputs/finetune/results.sqlite
+        --out=outputs/figure5 [--target_loss=1.69] [--wandb]      (one command, on two lines here)
 
 Panels: (a) validation MLM loss against pretraining step, one line per run (RUN/metrics.jsonl); (b) MRPC and
 (c) RTE dev accuracy against pretraining step: for each (run, step) the learning rate with the best mean dev

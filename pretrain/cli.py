@@ -408,24 +408,34 @@ def parse_command(
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] in commands:
         command = argv.pop(0)
-    elif default and not (argv and argv[0] in ("-h", "--help")):
+    elif default and argv and argv[0] in ("-h", "--help"):
+        # The default subcommand is what a bare command runs: show its options, after the list of subcommands.
+        print(_subcommand_list(commands, prog, description))
+        print(f"\noptions of {prog} (the subcommand {default!r}, also {prog} {default} --help):\n")
+        print(help_text(commands[default], prog=f"{prog} [{default}]", description=""))
+        raise SystemExit(0)
+    elif default:
         command = default
     else:
         if argv and argv[0] not in ("-h", "--help"):
             close = difflib.get_close_matches(argv[0], list(commands), n=1)
             hint = f"; did you mean '{close[0]}'?" if close else ""
             raise ConfigError(f"unknown subcommand {argv[0]!r}{hint} (subcommands: {', '.join(commands)})")
-        lines = [f"usage: {prog} SUBCOMMAND [--config PRESET.yaml ...] [--key=VALUE ...]", "", description.strip()]
-        lines += ["", "subcommands:"]
-        lines += [f"  {name:<14}{_first_line(cls)}" for name, cls in commands.items()]
-        lines += ["", f"{prog} SUBCOMMAND --help lists each one's options."]
         if argv:
-            print("\n".join(lines))
+            print(_subcommand_list(commands, prog, description))
             raise SystemExit(0)
         raise ConfigError(f"missing subcommand; one of {', '.join(commands)} (see {prog} --help)")
     return command, parse(
         commands[command], argv, prog=f"{prog} {command}", description=inspect.getdoc(commands[command]) or ""
     )
+
+
+def _subcommand_list(commands: dict[str, type], prog: str, description: str) -> str:
+    lines = [f"usage: {prog} SUBCOMMAND [--config PRESET.yaml ...] [--key=VALUE ...]", "", description.strip()]
+    lines += ["", "subcommands:"]
+    lines += [f"  {name:<14}{_first_line(cls)}" for name, cls in commands.items()]
+    lines += ["", f"{prog} SUBCOMMAND --help lists each one's options."]
+    return "\n".join(lines)
 
 
 def _first_line(cls: type) -> str:
@@ -521,9 +531,12 @@ def _help_section(cls: type, prefix: str, defaults: Any) -> list[str]:
     out: list[str] = []
     hints = _hints(cls)
     docs = field_docs(cls)
-    for f in dataclasses.fields(cls):
-        if not f.init:
-            continue
+    # A section's keys are listed after the plain keys of its level: a key listed after a section would read as
+    # one of that section's (--wandb under "slurm:").
+    fields = sorted(
+        (f for f in dataclasses.fields(cls) if f.init), key=lambda f: dataclasses.is_dataclass(hints[f.name])
+    )
+    for f in fields:
         key = f"{prefix}.{f.name}" if prefix else f.name
         tp = hints[f.name]
         default = getattr(defaults, f.name) if defaults is not None else field_default(f)

@@ -369,3 +369,25 @@ def test_mixed_precision_no_from_the_command_line_and_a_preset(tmp_path: Path) -
 def test_a_wrong_choice_gets_a_suggestion() -> None:
     with pytest.raises(ConfigError, match=r"norm_placement must be one of .*got 'preln'; did you mean 'pre'\?"):
         parse(PretrainConfig, ["--model.norm_placement=preln"], prog="test")
+
+
+def test_help_of_a_command_with_subcommands_shows_the_default_ones_options(capsys: pytest.CaptureFixture) -> None:
+    from finetune.schedule import main as schedule_main
+
+    with pytest.raises(SystemExit):
+        schedule_main(["--help"])
+    text = capsys.readouterr().out
+    assert "subcommands:" in text and "  --runs  (list[str], default: required)" in text
+    # Plain keys come before the sections: --wandb is no longer listed under "slurm:".
+    assert text.index("  --wandb  (bool") < text.index("\nrecipe:") < text.index("\nslurm:")
+
+
+def test_report_usage_keeps_its_options_apart(capsys: pytest.CaptureFixture) -> None:
+    with pytest.raises(SystemExit):
+        parse(
+            ReportConfig,
+            ["--help"],
+            prog="python -m finetune.report",
+            description=sys.modules[ReportConfig.__module__].__doc__ or "",
+        )
+    assert re.search(r"sqlite {2,}--out", capsys.readouterr().out) is None
