@@ -203,11 +203,12 @@ def quick_run(snapshot: Path, task: str, store: Path, seeds: list[int] | None = 
                      store=str(store), recipe=FinetuneConfig(**QUICK, **recipe))  # fmt: skip
 
 
-def test_finetune_writes_rows_then_skips_them(tmp_path: Path) -> None:
+def test_finetune_writes_rows_then_skips_them(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     run_dir = make_run(tmp_path, "pre_ln", "pre", steps=(10,))
     snapshot = run_dir / "snapshots" / "step_00000010"
     config = quick_run(snapshot, "mrpc", tmp_path / "results.sqlite", seeds=[0, 1])
     rows = run(config)
+    assert "Loading weights" not in capsys.readouterr().err  # no loading bar per job (issue 25)
     assert [(r["status"], r["seed"], r["attempts"]) for r in rows] == [("done", 0, 1), ("done", 1, 1)]
     row = rows[0]
     assert (row["run_name"], row["placement"], row["pretrain_step"], row["tokens_seen"]) == (
