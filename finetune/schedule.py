@@ -345,6 +345,18 @@ def check_inputs(config: ScheduleConfig) -> None:
     check_wandb(wandb_settings(config))
 
 
+class Interrupted(Exception):
+    """The scheduler was stopped by Ctrl-C; ``args[0]``: how many jobs were queued again."""
+
+
+def requeue_after_interrupt(config: ScheduleConfig, folder: ResultsFolder, backend: Backend) -> int:
+    """Take in what finished, then queue again the jobs the stopped local workers left without a result (their
+    attempt not counted). SLURM tasks keep running: the next pass takes in their results."""
+    with ResultStore(config.store) as store:
+        store.ingest(folder)
+        return 0 if isinstance(backend, SlurmArray) else store.requeue_interrupted()
+
+
 def schedule(config: ScheduleConfig) -> list[dict[str, Any]]:
     """Run the jobs of complete snapshots, once or until the runs end; returns the jobs that failed for good."""
     check_inputs(config)
@@ -385,6 +397,9 @@ def schedule(config: ScheduleConfig) -> list[dict[str, Any]]:
                 print(f"stopping at --until {config.until}; submitted tasks keep running", flush=True)
                 break
             time.sleep(config.poll_interval_s)
+    except KeyboardInterrupt:
+        backend.close()  # this machine's workers stop before their jobs are queued again
+        raise Interrupted(requeue_after_interrupt(config, folder, backend)) from None
     finally:
         backend.close()
     with ResultStore(config.store) as store:
@@ -408,6 +423,14 @@ def main(argv: list[str] | None = None) -> int:
         except SlurmError as err:
             print(f"error: {err}", file=sys.stderr)
             return 2
+        except Interrupted as stopped:
+            kept = "; submitted SLURM tasks keep running" if config.backend == "slurm" else ""
+            print(
+                f"\ninterrupted: {stopped.args[0]} unfinished job(s) queued again (not counted as failed attempts)"
+                f"{kept}. Run the same command to continue.",
+                file=sys.stderr,
+            )
+            return 130
         if failures:
             print_failures(failures)
             return 1

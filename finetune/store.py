@@ -281,6 +281,31 @@ class ResultStore:
                 failed += len(rows)
         return failed
 
+    def requeue_interrupted(self) -> int:
+        """After a Ctrl-C that stopped this machine's workers: their jobs without a result are queued again and
+        the stopped attempt is not counted (an interruption is not a failure); their submissions end. Returns
+        how many jobs. Not for SLURM submissions, whose tasks keep running after the scheduler stops."""
+        now = time.time()
+        with self._transaction():
+            local = [
+                r["id"] for r in self.db.execute("SELECT id FROM submissions WHERE ended = 0 AND backend != 'slurm'")
+            ]
+            keys = []
+            for submission in local:
+                rows = self.db.execute(
+                    "SELECT key FROM jobs WHERE status = 'submitted' AND submission = ?", (submission,)
+                ).fetchall()
+                keys += [r["key"] for r in rows]
+                self.db.execute(
+                    "UPDATE jobs SET status = 'queued', attempts = MAX(attempts - 1, 0), updated = ? "
+                    "WHERE status = 'submitted' AND submission = ?",
+                    (now, submission),
+                )
+                self.db.execute("UPDATE submissions SET ended = 1 WHERE id = ?", (submission,))
+            for key in keys:
+                self._event(key, "interrupted", "stopped by an interrupt of the scheduler; queued again")
+        return len(keys)
+
     def end_submission(self, submission: int) -> None:
         self.db.execute("UPDATE submissions SET ended = 1 WHERE id = ?", (submission,))
 

@@ -22,7 +22,7 @@ from finetune.schedule import ScheduleConfig, main, schedule
 from finetune.store import ResultStore
 from pretrain.layout import SNAPSHOT_MARKER
 from pretrain.manifest import write_manifest
-from tests.finetune_fixtures import QUICK, config_for, make_run, set_status
+from tests.finetune_fixtures import FIXTURE_GLUE, QUICK, config_for, make_run, set_status
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -211,3 +211,28 @@ def test_schedule_cli_errors(tmp_path: Path) -> None:
         main([runs, "--until=soon"])
     with pytest.raises(FileNotFoundError, match=r"results folder .*nothing\.d does not exist"):
         main(["ingest", f"--store={tmp_path / 'nothing.sqlite'}"])
+
+
+def test_ctrl_c_requeues_the_interrupted_jobs_without_counting_an_attempt(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Issue 25: Ctrl-C printed a raw KeyboardInterrupt, and the rerun counted the interrupted jobs as failed.
+    from finetune.backends import InProcess
+
+    run_dir = make_run(tmp_path, "post_ln", steps=(10,))
+    argv = [f"--runs=[{run_dir}]", f"--store={tmp_path / 'results.sqlite'}", f"--data_dir={FIXTURE_GLUE}",
+            "--tasks=[mrpc]", "--lrs=[1e-3]", "--seeds=[0, 1]", "--max_attempts=1",
+            *(f"--recipe.{k}={v}" for k, v in QUICK.items())]  # fmt: skip
+
+    def interrupted(self: InProcess, manifest: Path, tasks: int, submission: int) -> str:
+        raise KeyboardInterrupt  # Ctrl-C while the first job runs in this process
+
+    monkeypatch.setattr(InProcess, "start", interrupted)
+    assert main(argv) == 130
+    assert "interrupted: 2 unfinished job(s) queued again (not counted as failed attempts)" in capsys.readouterr().err
+    with ResultStore(tmp_path / "results.sqlite") as store:
+        assert [(r["status"], r["attempts"]) for r in store.rows()] == [("queued", 0), ("queued", 0)]
+    monkeypatch.undo()
+    assert main(argv) == 0  # one attempt allowed, and it was not used up by the interruption
+    with ResultStore(tmp_path / "results.sqlite") as store:
+        assert [(r["status"], r["attempts"]) for r in store.rows()] == [("done", 1), ("done", 1)]
