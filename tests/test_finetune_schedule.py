@@ -73,7 +73,12 @@ def test_once_runs_complete_snapshots_and_skips_done_work(tmp_path: Path, capsys
     ]
     assert len([e for e in events(config) if e["event"] == "submitted"]) == 4
     # The cost comes before the work: jobs x steps (8 examples, batch 4, 1 epoch: 2 steps a job).
-    assert "4 jobs to run: 8 fine-tuning steps (time per step not known yet" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "4 jobs to run: 8 fine-tuning steps (time per step not known yet" in out
+    # One line per pass says where the jobs are; the end shows the results (accuracy beside the majority class).
+    assert re.search(r"\] jobs: 0/4 done, 0 running, 4 queued, 0 failed  \(this pass: 4 new, 0 finished", out)
+    assert re.search(r"\] jobs: 4/4 done, 0 running, 0 queued, 0 failed", out)
+    assert re.search(r"results \(finished jobs.*\n.*accuracy +majority +dev loss\n(post_ln +10 mrpc .*%.*\n)", out)
     assert schedule(config) == []  # a second pass finds everything done
     assert "jobs to run" not in capsys.readouterr().out
     assert len([e for e in events(config) if e["event"] == "submitted"]) == 4
@@ -86,10 +91,9 @@ def test_once_runs_complete_snapshots_and_skips_done_work(tmp_path: Path, capsys
         r"4 jobs to run: 8 fine-tuning steps x [\d.e-]+ s/step \(measured on finished jobs\)", capsys.readouterr().out
     )
     schedule(config_for(tmp_path, [run_dir], seeds=[2], step_time_s=900.0))
-    assert (
-        "2 jobs to run: 4 fine-tuning steps x 900 s/step (configured step_time_s) = 1.00 worker-hours"
-        in capsys.readouterr().out
-    )
+    out = capsys.readouterr().out
+    assert "2 jobs to run: 4 fine-tuning steps x 900 s/step (configured step_time_s) = 1.00 worker-hours" in out
+    assert "2 queued, 0 failed  (this pass: 2 new, 0 finished, 0 failed attempts); ETA about 60 min" in out
 
 
 @pytest.mark.slow  # a scheduler subprocess imports torch and transformers: ~15 s on 2 busy cores
