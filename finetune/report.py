@@ -422,8 +422,11 @@ def steps_sentence(table: list[dict[str, Any]], target: float) -> str:
     )
 
 
-def warnings_for(points: list[dict[str, Any]], tasks: list[str]) -> list[str]:
-    """Sentences for the reader when the fine-tuning results cannot tell the runs apart."""
+def warnings_for(
+    points: list[dict[str, Any]], tasks: list[str], baselines: dict[str, dict[str, float | None]] | None = None
+) -> list[str]:
+    """Sentences for the reader when the fine-tuning results cannot tell the runs apart: every point predicts
+    one class, or (per task) every point predicts one class or none beats the dev set's majority class."""
     if points and all(p["one_class"] for p in points):
         return [
             "**No snapshot beats the majority class**: at every point every seed predicts (almost) one class, so "
@@ -433,9 +436,15 @@ def warnings_for(points: list[dict[str, Any]], tasks: list[str]) -> list[str]:
     out = []
     for task in tasks:
         mine = [p for p in points if p["task"] == task]
+        majority = (baselines or {}).get(task, {}).get("majority_accuracy")
         if mine and all(p["one_class"] for p in mine):
             out.append(
                 f"Every {task.upper()} point predicts (almost) one class: its accuracies say nothing of the runs."
+            )
+        elif mine and majority is not None and all(p["accuracy"] <= majority for p in mine):
+            out.append(
+                f"No {task.upper()} point beats the majority class ({100 * majority:.2f}%): pretrain longer or use "
+                "a larger model before reading its accuracies."
             )
     return out
 
@@ -451,7 +460,8 @@ def summary_markdown(
     baselines = baselines or {}
     lines = ["# Figure 5: pretraining speed and downstream accuracy by LayerNorm placement", ""]
     lines += [
-        f"> {warning}\n" for warning in warnings_for(points, list(baselines) or sorted({p["task"] for p in points}))
+        f"> {warning}\n"
+        for warning in warnings_for(points, list(baselines) or sorted({p["task"] for p in points}), baselines)
     ]
     if target is None:
         lines += ["No validation loss is reached by every run yet: no steps-to-loss table.", ""]
@@ -603,7 +613,7 @@ def log_wandb(
             **{f"figures/{image.stem}": wandb.Image(str(image)) for image in images},
         }
     )
-    warnings = warnings_for(points, config.tasks)
+    warnings = warnings_for(points, config.tasks, baselines)
     wb.summary.update(
         {"target_loss": config.target_loss, "warnings": " ".join(warnings) if warnings else ""}
         | {f"steps_to_loss/{row['run']}": row["steps"] for row in table}
@@ -666,7 +676,7 @@ def report(config: ReportConfig) -> dict[str, Any]:
         "steps": table,
         "points": points,
         "baselines": baselines,
-        "warnings": warnings_for(points, config.tasks),
+        "warnings": warnings_for(points, config.tasks, baselines),
         "images": images,
         "summary": out / "summary.md",
     }

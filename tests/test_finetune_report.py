@@ -230,3 +230,15 @@ def test_report_flags_points_that_predict_one_class(tmp_path: Path) -> None:
         in summary
     )
     assert result["warnings"] and result["warnings"][0].startswith("**No snapshot beats")
+
+
+def test_a_task_where_no_point_beats_the_majority_class_says_so() -> None:
+    from finetune.report import warnings_for
+
+    point = {"task": "rte", "accuracy": 0.515, "one_class": False}
+    baselines = {"rte": {"majority_accuracy": 0.54, "majority_f1": None, "chance": 0.5}}
+    assert warnings_for([point], ["rte"], baselines) == [
+        "No RTE point beats the majority class (54.00%): pretrain longer or use a larger model before reading its "
+        "accuracies."
+    ]
+    assert warnings_for([{**point, "accuracy": 0.6}], ["rte"], baselines) == []
