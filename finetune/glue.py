@@ -199,3 +199,19 @@ def compute_metrics(task: GlueTask, labels: np.ndarray, predictions: np.ndarray)
     if "f1" in task.metrics:
         out["f1"] = float(f1_score(labels, predictions, zero_division=0))
     return out
+
+
+def baseline_metrics(task: GlueTask, labels: np.ndarray, predictions: np.ndarray) -> dict[str, float]:
+    """What a job's score means at small scale, from the dev set it was scored on: the accuracy (and MRPC's F1)
+    of always answering the dev set's most common label, and the share of predictions in the job's most
+    predicted class (1.0: the classifier answers one class whatever the input, as an untrained model does)."""
+    classes = len(task.label_names)
+    label_counts = np.bincount(labels, minlength=classes)
+    majority = int(label_counts.argmax())
+    out = {
+        "majority_accuracy": float(label_counts[majority] / len(labels)),
+        "top_class_share": float(np.bincount(predictions, minlength=classes).max() / len(predictions)),
+    }
+    if "f1" in task.metrics:
+        out["majority_f1"] = float(f1_score(labels, np.full_like(labels, majority), zero_division=0))
+    return out

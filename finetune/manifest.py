@@ -31,7 +31,19 @@ MANIFEST_VERSION = 1
 RESULT_VERSION = 1
 MANIFESTS, STARTED, DONE, FAILED = "manifests", "started", "done", "failed"
 # The result fields a finished job reports (the store has one column each).
-RESULT_FIELDS = ("accuracy", "f1", "dev_loss", "train_loss", "epochs", "train_steps", "wall_time_s")
+RESULT_FIELDS = (
+    "accuracy",
+    "f1",
+    "dev_loss",
+    "train_loss",
+    "epochs",
+    "train_steps",
+    "wall_time_s",
+    # The dev set's majority-class scores and the job's most predicted class share (finetune.glue.baseline_metrics).
+    "majority_accuracy",
+    "majority_f1",
+    "top_class_share",
+)
 
 
 def recipe_hash(recipe: dict[str, Any]) -> str:

@@ -1,15 +1,16 @@
 """Figure 5 of Xiong et al. 2020 from pretraining logs and the fine-tuning results store.
 
-    python -m finetune.report --runs='[runs/post_ln, runs/pre_ln]' --store=outputs/finetune/results.sqlite \
-        --out=outputs/figure5 [--target_loss=1.69] [--wandb]
+    python -m finetune.report --runs='[runs/post_ln, runs/pre_ln]' --store=outputs/finetune/results.sqlite
+        --out=outputs/figure5 [--target_loss=1.69] [--wandb]      (one command, on two lines here)
 
 Panels: (a) validation MLM loss against pretraining step, one line per run (RUN/metrics.jsonl); (b) MRPC and
 (c) RTE dev accuracy against pretraining step: for each (run, step) the learning rate with the best mean dev
-accuracy over seeds, drawn as that mean with a 95% confidence interval from the t-distribution over seeds.
-``summary.md`` holds the steps each run needs to reach a validation loss (interpolated between evaluations)
-and their ratio to the slowest run (the paper: Post-LN needs about 700k steps to Pre-LN's 500k), the
-per-step results, and links to the figures. ``--wandb`` logs the same to one W&B report run whose id is
-derived from the runs, so re-running updates it (WANDB_MODE=offline works without network).
+accuracy over seeds, drawn as that mean with a 95% t-interval over seeds clipped to [0, 100] (accuracy cannot
+leave it), beside the dev set's majority-class and chance accuracies; a hollow marker flags a point whose every
+seed predicts (almost) one class; (d) the same points' dev loss. ``summary.md`` holds the steps each run needs
+to reach a validation loss (interpolated between evaluations) in this comparison's own terms, the baselines,
+the per-step results with their flags, and links to the figures. ``--wandb`` logs the same to one W&B report
+run whose id is derived from the runs, so re-running updates it (WANDB_MODE=offline works without network).
 """
 
 from __future__ import annotations
@@ -58,11 +59,19 @@ class ReportConfig:
     logs into OUT/wandb)."""
     wandb_project: str | None = None
     """W&B project; unset: the pretraining runs' tracking.project (else lnbert)."""
+    one_class_share: float = 0.95
+    """A job predicts one class when at least this share of its dev predictions falls in one class; a point is
+    flagged when all its seeds do (its accuracy is then the label balance of the dev set, not what was learned)."""
 
     def __post_init__(self) -> None:
         require(bool(self.runs), "runs", "is empty; pass the pretraining run folders with --runs='[RUN1, RUN2]'")
         check_tasks("tasks", self.tasks)
         require(self.target_loss is None or self.target_loss > 0, "target_loss", f"must be > 0; got {self.target_loss}")
+        require(
+            0.5 < self.one_class_share <= 1,
+            "one_class_share",
+            f"must be in (0.5, 1] (a share of dev predictions); got {self.one_class_share}",
+        )
 
 
 @dataclass(frozen=True)
@@ -164,6 +173,35 @@ def confidence_interval(values: list[float], level: float = 0.95) -> float:
     return float(stats.t.ppf(0.5 + level / 2, n - 1) * np.std(values, ddof=1) / math.sqrt(n))
 
 
+def clipped_interval(mean: float, half_width: float, low: float = 0.0, high: float = 1.0) -> tuple[float, float, bool]:
+    """``(lower, upper, clipped)``: the interval ``mean ± half_width`` cut to the range the quantity can take (an
+    accuracy's [0, 1]: a t-interval over two seeds can reach past both ends); nan bounds for an undefined one."""
+    if math.isnan(half_width):
+        return float("nan"), float("nan"), False
+    lower, upper = mean - half_width, mean + half_width
+    return max(lower, low), min(upper, high), lower < low or upper > high
+
+
+def task_baselines(rows: list[dict[str, Any]], task: str) -> dict[str, float | None]:
+    """The dev set's majority-class accuracy (and F1) as the task's jobs measured them, and chance (a uniform
+    guess between the two labels). None where no job recorded them (results from before they were kept)."""
+
+    def typical(column: str) -> float | None:
+        values = [r[column] for r in rows if r["task"] == task and r.get(column) is not None]
+        # One recipe, one dev set: the values agree; the median is robust to a job with a capped dev set.
+        return float(np.median(values)) if values else None
+
+    return {"majority_accuracy": typical("majority_accuracy"), "majority_f1": typical("majority_f1"), "chance": 0.5}
+
+
+def one_class_seeds(group: list[dict[str, Any]], share: float) -> int | None:
+    """How many of a point's jobs put at least ``share`` of their dev predictions in one class; None if unknown."""
+    shares = [r.get("top_class_share") for r in group]
+    if any(s is None for s in shares):
+        return None
+    return sum(s >= share for s in shares)
+
+
 def select_rows(rows: list[dict[str, Any]], recipe_hash: str | None) -> list[dict[str, Any]]:
     """Rows of one fine-tuning recipe: mixing recipes in one point would average unlike numbers."""
     if recipe_hash is not None:
@@ -176,8 +214,11 @@ def select_rows(rows: list[dict[str, Any]], recipe_hash: str | None) -> list[dic
     return rows
 
 
-def best_lr_points(rows: list[dict[str, Any]], runs: list[RunInfo], task: str) -> list[dict[str, Any]]:
-    """For each (run, step): the lr with the best mean dev accuracy, with its mean, CI and seed count."""
+def best_lr_points(
+    rows: list[dict[str, Any]], runs: list[RunInfo], task: str, one_class_share: float = 0.95
+) -> list[dict[str, Any]]:
+    """For each (run, step): the lr with the best mean dev accuracy, with its mean, CI (and the CI clipped to
+    [0, 1]), seed count, mean dev loss, and how many seeds predict one class (``one_class``: all of them)."""
     groups: dict[tuple[str, int], dict[float, list[dict[str, Any]]]] = defaultdict(lambda: defaultdict(list))
     for run in runs:
         # By run id: a run folder moved or mounted elsewhere is the same run; another run of the same name is not.
@@ -188,6 +229,10 @@ def best_lr_points(rows: list[dict[str, Any]], runs: list[RunInfo], task: str) -
         lr, group = max(by_lr.items(), key=lambda item: (np.mean([r["accuracy"] for r in item[1]]), -item[0]))
         accuracies = [r["accuracy"] for r in group]
         f1s = [r["f1"] for r in group if r["f1"] is not None]
+        losses = [r["dev_loss"] for r in group if r.get("dev_loss") is not None]
+        accuracy, accuracy_ci = float(np.mean(accuracies)), confidence_interval(accuracies)
+        low, high, clipped = clipped_interval(accuracy, accuracy_ci)
+        one_class = one_class_seeds(group, one_class_share)
         points.append(
             {
                 "run": label,
@@ -195,10 +240,16 @@ def best_lr_points(rows: list[dict[str, Any]], runs: list[RunInfo], task: str) -
                 "step": step,
                 "lr": lr,
                 "seeds": len(group),
-                "accuracy": float(np.mean(accuracies)),
-                "accuracy_ci": confidence_interval(accuracies),
+                "accuracy": accuracy,
+                "accuracy_ci": accuracy_ci,
+                "accuracy_low": low,
+                "accuracy_high": high,
+                "accuracy_clipped": clipped,
                 "f1": float(np.mean(f1s)) if f1s else None,
                 "f1_ci": confidence_interval(f1s) if f1s else None,
+                "dev_loss": float(np.mean(losses)) if losses else None,
+                "one_class_seeds": one_class,
+                "one_class": one_class == len(group),
             }
         )
     return points
@@ -208,52 +259,133 @@ def best_lr_points(rows: list[dict[str, Any]], runs: list[RunInfo], task: str) -
 # Figures and summary
 # --------------------------------------------------------------------------------------------------
 
+# One marker and line style per run, so that series that coincide (two runs stuck on the majority class) stay
+# visible: the later run's line is drawn over the earlier one's in another style, offset a little along x.
+MARKERS = ("o", "s", "^", "D", "v", "P")
+LINESTYLES = ("-", "--", "-.", ":")
+OFFSET_SHARE = 0.012
+"""Horizontal offset between neighbouring runs' points, as a share of the steps' range."""
+
+
+def x_offsets(runs: list[RunInfo], steps: list[int]) -> dict[str, float]:
+    """A small horizontal offset per run, centred on zero, so that equal values at one step do not hide."""
+    span = (max(steps) - min(steps)) if steps else 0
+    unit = OFFSET_SHARE * (span or 1)
+    return {run.label: unit * (i - (len(runs) - 1) / 2) for i, run in enumerate(runs)}
+
+
+def style(index: int) -> dict[str, Any]:
+    """A run's colour, marker and line style, the same in every panel."""
+    return {
+        "color": f"C{index}",
+        "marker": MARKERS[index % len(MARKERS)],
+        "linestyle": LINESTYLES[index % len(LINESTYLES)],
+    }
+
+
+def seeds_text(points: list[dict[str, Any]]) -> str:
+    counts = sorted({p["seeds"] for p in points})
+    return f"n={counts[0]}" if len(counts) == 1 else f"n={counts[0]}-{counts[-1]}"
+
 
 def plot_loss(
     runs: list[RunInfo], curves: dict[str, list[tuple[int, float]]], target: float | None, path: Path
 ) -> Path:
     plt = pyplot()
-    fig, ax = plt.subplots(figsize=(5, 3.6))
-    for run in runs:
+    fig, ax = plt.subplots(figsize=(7, 3.6))
+    for index, run in enumerate(runs):
         if curves[run.label]:
             steps, losses = zip(*curves[run.label], strict=True)
-            ax.plot(steps, losses, marker=".", label=run.label)
+            ax.plot(steps, losses, markersize=4, label=run.label, **style(index))
     if target is not None:
         ax.axhline(target, color="grey", linestyle="--", linewidth=0.8, label=f"target {target:.3g}")
     ax.set(xlabel="pretraining step", ylabel="validation MLM loss", title="(a) validation loss")
     return _finish(fig, ax, path)
 
 
-def _finish(fig: Any, ax: Any, path: Path) -> Path:
+def _finish(fig: Any, ax: Any, path: Path, note: str | None = None) -> Path:
     ax.grid(alpha=0.3)
-    ax.legend()
+    # Beside the axes, never over a point or a bar; the note says how to read what is drawn.
+    ax.legend(loc="upper left", bbox_to_anchor=(1.02, 1), fontsize="small", frameon=False, title=note,
+              title_fontsize="x-small", alignment="left")  # fmt: skip
     return save_figure(fig, path)
 
 
-def plot_task(runs: list[RunInfo], points: list[dict[str, Any]], task: str, panel: str, path: Path) -> Path:
+def plot_task(
+    runs: list[RunInfo],
+    points: list[dict[str, Any]],
+    task: str,
+    panel: str,
+    path: Path,
+    baselines: dict[str, float | None] | None = None,
+) -> Path:
+    """Best-lr mean accuracy per step and run, its clipped t-interval, the dev set's majority and chance
+    accuracies; a hollow marker is a point whose every seed predicts (almost) one class."""
     plt = pyplot()
-    fig, ax = plt.subplots(figsize=(5, 3.6))
-    for run in runs:
+    fig, ax = plt.subplots(figsize=(7.5, 3.6))  # the legend takes the right third
+    offsets = x_offsets(runs, [p["step"] for p in points])
+    for index, run in enumerate(runs):
         mine = [p for p in points if p["run"] == run.label]
-        if mine:
-            ax.errorbar(
-                [p["step"] for p in mine],
-                [100 * p["accuracy"] for p in mine],
-                yerr=[100 * p["accuracy_ci"] for p in mine],
-                marker="o",
-                capsize=3,
-                label=run.label,
-            )
-    ax.set(
-        xlabel="pretraining step",
-        ylabel="dev accuracy (%)",
-        title=f"({panel}) {task.upper()}: best lr, mean ± 95% CI over seeds",
+        if not mine:
+            continue
+        x = [p["step"] + offsets[run.label] for p in mine]
+        y = [100 * p["accuracy"] for p in mine]
+        bars = [
+            [0.0 if math.isnan(p["accuracy_low"]) else 100 * (p["accuracy"] - p["accuracy_low"]) for p in mine],
+            [0.0 if math.isnan(p["accuracy_high"]) else 100 * (p["accuracy_high"] - p["accuracy"]) for p in mine],
+        ]
+        marker = style(index)["marker"]
+        ax.errorbar(x, y, yerr=bars, capsize=3, label=f"{run.label}, {seeds_text(mine)} seeds", **style(index))
+        colour = style(index)["color"]
+        # Markers on top of every line and bar; hollow: the point's accuracy is the dev set's label balance.
+        for xi, yi, p in zip(x, y, mine, strict=True):
+            face = "white" if p["one_class"] else colour
+            ax.plot([xi], [yi], marker=marker, markersize=6, markerfacecolor=face, markeredgecolor=colour, zorder=3)
+    baselines = baselines or {}
+    if baselines.get("majority_accuracy") is not None:
+        majority = 100 * baselines["majority_accuracy"]
+        ax.axhline(majority, color="black", linestyle="--", linewidth=0.9, label=f"majority class {majority:.1f}%")
+    if baselines.get("chance") is not None:
+        chance = 100 * baselines["chance"]
+        ax.axhline(chance, color="grey", linestyle=":", linewidth=0.9, label=f"chance {chance:.0f}%")
+    if any(p["one_class"] for p in points):
+        ax.plot([], [], linestyle="none", marker="o", markerfacecolor="white", markeredgecolor="black",
+                label="hollow: every seed predicts one class")  # fmt: skip
+    ax.set_ylim(max(0.0, ax.get_ylim()[0]), min(100.0, ax.get_ylim()[1]))
+    ax.set(xlabel="pretraining step", ylabel="dev accuracy (%)", title=f"({panel}) {task.upper()}: best lr per step")
+    note = "mean over seeds; bars: 95% t-interval,\nclipped to [0, 100]" + (
+        " (some are)" if any(p["accuracy_clipped"] for p in points) else ""
     )
-    return _finish(fig, ax, path)
+    return _finish(fig, ax, path, note)
+
+
+def plot_dev_loss(runs: list[RunInfo], points: list[dict[str, Any]], tasks: list[str], panel: str, path: Path) -> Path:
+    """The best-lr points' mean dev loss: it separates runs whose accuracies are all the majority class."""
+    plt = pyplot()
+    fig, axes = plt.subplots(1, len(tasks), figsize=(4 * len(tasks), 3.4), squeeze=False)
+    for ax, task in zip(axes[0], tasks, strict=True):
+        mine = [p for p in points if p["task"] == task and p["dev_loss"] is not None]
+        offsets = x_offsets(runs, [p["step"] for p in mine])
+        for index, run in enumerate(runs):
+            series = [p for p in mine if p["run"] == run.label]
+            if series:
+                ax.plot([p["step"] + offsets[run.label] for p in series], [p["dev_loss"] for p in series],
+                        markersize=5, label=run.label, **style(index))  # fmt: skip
+        ax.set(xlabel="pretraining step", ylabel="dev loss (cross-entropy)", title=f"{task.upper()}")
+        ax.grid(alpha=0.3)
+    fig.suptitle(f"({panel}) dev loss of the best-lr points, mean over seeds")
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    if handles:
+        fig.legend(handles, labels, loc="upper left", bbox_to_anchor=(1.0, 0.9), fontsize="small", frameon=False)
+    return save_figure(fig, path)
 
 
 def _fmt(value: float | None, spec: str) -> str:
     return "—" if value is None else format(value, spec)
+
+
+def _pct(value: float | None) -> str:
+    return "—" if value is None else f"{100 * value:.2f}"
 
 
 def _mean_ci(mean: float, ci: float) -> str:
@@ -261,18 +393,85 @@ def _mean_ci(mean: float, ci: float) -> str:
     return f"{100 * mean:.2f}" + ("" if math.isnan(ci) else f" ± {100 * ci:.2f}")
 
 
+def _accuracy_cell(point: dict[str, Any]) -> str:
+    """Mean ± half-width; a clipped interval is given by its bounds, so the table never shows a share > 100%."""
+    if not point["accuracy_clipped"]:
+        return _mean_ci(point["accuracy"], point["accuracy_ci"])
+    return f"{100 * point['accuracy']:.2f} [{100 * point['accuracy_low']:.2f}, {100 * point['accuracy_high']:.2f}]†"
+
+
+def _flag_cell(point: dict[str, Any]) -> str:
+    if point["one_class_seeds"] is None:
+        return "?"
+    if point["one_class"]:
+        return f"**one class** ({point['one_class_seeds']}/{point['seeds']} seeds)"
+    return f"{point['one_class_seeds']}/{point['seeds']} seeds" if point["one_class_seeds"] else ""
+
+
+def steps_sentence(table: list[dict[str, Any]], target: float) -> str:
+    """The comparison in its own terms: which run reaches the target first, in how many steps, against which."""
+    reached = sorted((row for row in table if row["steps"] is not None), key=lambda row: row["steps"])
+    if len(reached) < 2:
+        return f"Fewer than two runs reach validation loss {target:.4g}: no comparison of their steps."
+    fastest, slowest = reached[0], reached[-1]
+    if not fastest["steps"]:
+        return f"{fastest['run']} starts at or below validation loss {target:.4g}: no comparison of steps."
+    return (
+        f"In this comparison, {fastest['run']} reaches validation loss {target:.4g} in {fastest['steps']:.0f} steps, "
+        f"{slowest['steps'] / fastest['steps']:.2f}x fewer than {slowest['run']} ({slowest['steps']:.0f} steps)."
+    )
+
+
+def warnings_for(
+    points: list[dict[str, Any]], tasks: list[str], baselines: dict[str, dict[str, float | None]] | None = None
+) -> list[str]:
+    """Sentences for the reader when the fine-tuning results cannot tell the runs apart: every point predicts
+    one class, or (per task) every point predicts one class or none beats the dev set's majority class."""
+    if points and all(p["one_class"] for p in points):
+        return [
+            "**No snapshot beats the majority class**: at every point every seed predicts (almost) one class, so "
+            "the accuracies are the dev sets' label balance, not what pretraining gave: pretrain longer or use a "
+            "larger model (the dev loss may still differ between runs)."
+        ]
+    out = []
+    for task in tasks:
+        mine = [p for p in points if p["task"] == task]
+        majority = (baselines or {}).get(task, {}).get("majority_accuracy")
+        if mine and all(p["one_class"] for p in mine):
+            out.append(
+                f"Every {task.upper()} point predicts (almost) one class: its accuracies say nothing of the runs."
+            )
+        elif mine and majority is not None and all(p["accuracy"] <= majority for p in mine):
+            out.append(
+                f"No {task.upper()} point beats the majority class ({100 * majority:.2f}%): pretrain longer or use "
+                "a larger model before reading its accuracies."
+            )
+    return out
+
+
 def summary_markdown(
-    target: float | None, table: list[dict[str, Any]], points: list[dict[str, Any]], images: list[Path]
+    target: float | None,
+    table: list[dict[str, Any]],
+    points: list[dict[str, Any]],
+    images: list[Path],
+    baselines: dict[str, dict[str, float | None]] | None = None,
+    one_class_share: float = 0.95,
 ) -> str:
+    baselines = baselines or {}
     lines = ["# Figure 5: pretraining speed and downstream accuracy by LayerNorm placement", ""]
+    lines += [
+        f"> {warning}\n"
+        for warning in warnings_for(points, list(baselines) or sorted({p["task"] for p in points}), baselines)
+    ]
     if target is None:
         lines += ["No validation loss is reached by every run yet: no steps-to-loss table.", ""]
     else:
         lines += [
             f"## Steps to validation MLM loss {target:.4g}",
             "",
-            "Interpolated linearly between evaluations. The paper (Figure 5): Pre-LN reaches 1.69 at about 500k "
-            "steps, Post-LN at about 700k, i.e. steps / slowest = 0.71 and the slowest needs 1.4x the steps (40% more).",
+            steps_sentence(table, target),
+            "Steps are interpolated linearly between evaluations. They measure these runs (their model, data and "
+            "schedule) against each other; the paper's step counts are of BERT-base on its own corpus and scale.",
             "",
             "| run | steps | steps / slowest | slowest / steps |",
             "|---|---:|---:|---:|",
@@ -283,17 +482,35 @@ def summary_markdown(
                 f"| {row['run']} | {_fmt(row['steps'], '.0f')} | {_fmt(row['ratio'], '.3f')} | {_fmt(speedup, '.2f')}{'x' if speedup else ''} |"
             )
         lines.append("")
+    if baselines:
+        lines += [
+            "## Baselines on the dev sets",
+            "",
+            "Majority class: always answer the dev set's most common label; chance: a uniform guess between the two.",
+            "",
+            "| task | majority-class accuracy (%) | majority-class F1 (%) | chance accuracy (%) |",
+            "|---|---:|---:|---:|",
+        ]
+        for task, base in baselines.items():
+            lines.append(
+                f"| {task.upper()} | {_pct(base['majority_accuracy'])} | {_pct(base['majority_f1'])} | {_pct(base['chance'])} |"
+            )
+        lines.append("")
     lines += [
-        "## Dev results per pretraining step (best lr by mean accuracy; mean ± 95% t-interval over seeds)",
+        "## Dev results per pretraining step",
         "",
-        "| task | run | step | best lr | seeds | accuracy (%) | F1 (%) |",
-        "|---|---|---:|---:|---:|---:|---:|",
+        "Best lr by mean accuracy; mean ± 95% t-interval over seeds; † the interval reaches past [0, 100] and is "
+        f"given by its bounds clipped to it. One class: at least {100 * one_class_share:.0f}% of a seed's dev "
+        "predictions fall in one class (n/n: every seed's).",
+        "",
+        "| task | run | step | best lr | seeds | accuracy (%) | F1 (%) | dev loss | one class |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---|",
     ]
     for p in points:
         f1 = "—" if p["f1"] is None else _mean_ci(p["f1"], p["f1_ci"])
         lines.append(
             f"| {p['task'].upper()} | {p['run']} | {p['step']} | {p['lr']:g} | {p['seeds']} | "
-            f"{_mean_ci(p['accuracy'], p['accuracy_ci'])} | {f1} |"
+            f"{_accuracy_cell(p)} | {f1} | {_fmt(p['dev_loss'], '.4f')} | {_flag_cell(p)} |"
         )
     lines += ["", "## Figures", ""] + [f"![{image.stem}]({image.name})" for image in images]
     return "\n".join(lines) + "\n"
@@ -308,6 +525,10 @@ def report_run_id(runs: list[RunInfo], recipe: str | None, tasks: list[str]) -> 
     """Deterministic: the same runs, recipe and tasks always update the same W&B report run."""
     identity = [pretraining_run(str(run.path))["id"] or run.run_id for run in runs]
     return f"report-{short_hash({'runs': identity, 'recipe': recipe, 'tasks': sorted(tasks)}, 16)}"
+
+
+POINT_COLUMNS = ["task", "run", "norm_placement", "step", "lr", "seeds", "accuracy", "accuracy_ci", "accuracy_low",
+                 "accuracy_high", "f1", "f1_ci", "dev_loss", "one_class_seeds", "one_class"]  # fmt: skip
 
 
 def _table(rows: list[dict[str, Any]], columns: list[str]) -> Any:
@@ -329,6 +550,7 @@ def log_wandb(
     points: list[dict[str, Any]],
     rows: list[dict[str, Any]],
     images: list[Path],
+    baselines: dict[str, dict[str, float | None]] | None = None,
 ) -> str:
     """One W&B run (job_type report) with a deterministic id, so re-running the report updates it: the
     steps-to-loss table, the Figure 5 curves against ``pretrain_step``, the best-lr points, the raw per-seed
@@ -370,11 +592,13 @@ def log_wandb(
     for p in points:
         by_step[p["step"]][f"figure5/{p['task']}_accuracy/{p['run']}"] = p["accuracy"]
         by_step[p["step"]][f"figure5/{p['task']}_best_lr/{p['run']}"] = p["lr"]
+        if p["dev_loss"] is not None:
+            by_step[p["step"]][f"figure5/{p['task']}_dev_loss/{p['run']}"] = p["dev_loss"]
     for step in sorted(by_step):
         wb.log({"pretrain_step": step, **by_step[step]})
     placement = {run.label: run.placement for run in runs}
     seed_columns = ["run_name", "run_id", "placement", "pretrain_step", "task", "lr", "seed", "accuracy", "f1", "dev_loss",
-                    "recipe_hash", "snapshot_hash"]  # fmt: skip
+                    "top_class_share", "majority_accuracy", "majority_f1", "recipe_hash", "snapshot_hash"]  # fmt: skip
     wb.log(
         {
             "tables/steps_to_loss": _table(
@@ -383,15 +607,17 @@ def log_wandb(
             ),
             "tables/best_lr_points": _table(
                 [{**p, "norm_placement": placement[p["run"]]} for p in points],
-                ["task", "run", "norm_placement", "step", "lr", "seeds", "accuracy", "accuracy_ci", "f1", "f1_ci"],
+                POINT_COLUMNS,
             ),
             "tables/seed_rows": _table([r for r in rows if r["task"] in config.tasks and _of(r, runs)], seed_columns),
             **{f"figures/{image.stem}": wandb.Image(str(image)) for image in images},
         }
     )
+    warnings = warnings_for(points, config.tasks, baselines)
     wb.summary.update(
-        {"target_loss": config.target_loss}
+        {"target_loss": config.target_loss, "warnings": " ".join(warnings) if warnings else ""}
         | {f"steps_to_loss/{row['run']}": row["steps"] for row in table}
+        | {f"baseline/{task}/{name}": value for task, base in (baselines or {}).items() for name, value in base.items()}
     )
     directory = wb.dir
     wb.finish()
@@ -403,6 +629,22 @@ def log_wandb(
 # --------------------------------------------------------------------------------------------------
 
 
+def check_store(store: str) -> None:
+    """A missing store names the stores beside it (configs/finetune/smoke.yaml writes smoke.sqlite, not the
+    default results.sqlite), so that the fix is one --store away."""
+    path = Path(store)
+    if path.is_file():
+        return
+    others = sorted(p for p in path.parent.glob("*.sqlite") if p.is_file()) if path.parent.is_dir() else []
+    hint = (
+        f"; {path.parent} holds {', '.join(p.name for p in others)}: pass --store={others[0]}"
+        + (" (or another of them)" if len(others) > 1 else "")
+        if others
+        else "; run finetune.schedule first or pass --store"
+    )
+    raise FileNotFoundError(f"results store {store} not found{hint}")
+
+
 def report(config: ReportConfig) -> dict[str, Any]:
     """Write the figures and summary.md to ``config.out``; returns what they show."""
     if config.wandb:
@@ -411,22 +653,35 @@ def report(config: ReportConfig) -> dict[str, Any]:
     curves = {run.label: val_loss_curve(run.path) for run in runs}
     target = config.target_loss if config.target_loss is not None else default_target(curves)
     table = steps_table(runs, curves, target) if target is not None else []
-    if not Path(config.store).is_file():
-        raise FileNotFoundError(f"results store {config.store} not found; run finetune.schedule first or pass --store")
+    check_store(config.store)
     with ResultStore(config.store) as store:
         rows = select_rows(store.rows("done"), config.recipe_hash)
-    points = [p for task in config.tasks for p in best_lr_points(rows, runs, task)]
+    points = [p for task in config.tasks for p in best_lr_points(rows, runs, task, config.one_class_share)]
+    mine = [r for r in rows if _of(r, runs)]
+    baselines = {task: task_baselines(mine, task) for task in config.tasks}
     out = Path(config.out)
     out.mkdir(parents=True, exist_ok=True)
     images = [plot_loss(runs, curves, target, out / "figure5a_val_loss.png")]
-    for panel, task in zip("bcdefgh", config.tasks, strict=False):
-        images.append(
-            plot_task(runs, [p for p in points if p["task"] == task], task, panel, out / f"figure5{panel}_{task}.png")
-        )
-    (out / "summary.md").write_text(summary_markdown(target, table, points, images))
-    result = {"target_loss": target, "steps": table, "points": points, "images": images, "summary": out / "summary.md"}
+    panels = iter("bcdefghij")
+    for task in config.tasks:
+        panel = next(panels)
+        mine_points = [p for p in points if p["task"] == task]
+        images.append(plot_task(runs, mine_points, task, panel, out / f"figure5{panel}_{task}.png", baselines[task]))
+    panel = next(panels)
+    images.append(plot_dev_loss(runs, points, config.tasks, panel, out / f"figure5{panel}_dev_loss.png"))
+    summary = summary_markdown(target, table, points, images, baselines, config.one_class_share)
+    (out / "summary.md").write_text(summary)
+    result = {
+        "target_loss": target,
+        "steps": table,
+        "points": points,
+        "baselines": baselines,
+        "warnings": warnings_for(points, config.tasks, baselines),
+        "images": images,
+        "summary": out / "summary.md",
+    }
     if config.wandb:
-        result["wandb_dir"] = log_wandb(config, runs, curves, table, points, rows, images)
+        result["wandb_dir"] = log_wandb(config, runs, curves, table, points, rows, images, baselines)
     return result
 
 

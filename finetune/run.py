@@ -16,6 +16,7 @@ linear decay, max length 128, AdamW with weight decay 0.01 except on biases and 
 from __future__ import annotations
 
 import dataclasses
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -122,6 +123,15 @@ def main(argv: list[str] | None = None) -> int:
     config = parse(RunConfig, argv, prog="python -m finetune.run", description=__doc__)
     rows = run(config)
     print(summarize(rows))
+    failed = [r for r in rows if r["status"] == "failed" and r["attempts"] >= config.max_attempts]
+    if failed and not config.retry_failed:
+        # Jobs that failed every attempt are not run again: the errors above may be from an earlier command.
+        print(
+            f"{len(failed)} job(s) failed every attempt ({config.max_attempts}); such jobs are not run again, so "
+            "their errors may be an earlier command's. After fixing the cause (e.g. a missing --data_dir), run the "
+            "same command with --retry_failed=true",
+            file=sys.stderr,
+        )
     return 0 if all(r["status"] == "done" for r in rows) else 1
 
 

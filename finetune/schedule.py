@@ -210,10 +210,47 @@ def status_lines(store: ResultStore, max_attempts: int) -> list[str]:
     return lines
 
 
-def _totals(store: ResultStore, max_attempts: int) -> str:
-    counts = store.counts(max_attempts).values()
-    keys = ("queued", "submitted", "done", "failed", "retrying")
-    return ", ".join(f"{key} {sum(c[key] for c in counts)}" for key in keys)
+def progress_line(config: ScheduleConfig, store: ResultStore, added: int, done: int, failed: int) -> str:
+    """One line per pass: where the jobs are, what this pass changed, and an ETA once a step time is known."""
+    counts = store.counts(config.max_attempts).values()
+    total = {key: sum(c[key] for c in counts) for key in ("queued", "submitted", "done", "failed", "retrying")}
+    jobs = sum(total.values())
+    line = (
+        f"[{time.strftime('%H:%M:%S')}] jobs: {total['done']}/{jobs} done, {total['submitted']} running, "
+        f"{total['queued'] + total['retrying']} queued, {total['failed']} failed"
+        f"  (this pass: {added} new, {done} finished, {failed} failed attempts)"
+    )
+    step_time = config.step_time_s or store.step_time_s(recipe_hash(config.recipe.result_key()))
+    left = [r for r in store.rows() if r["status"] in ("queued", "submitted") or (
+        r["status"] == "failed" and r["attempts"] < config.max_attempts)]  # fmt: skip
+    if step_time is None or not left:
+        return line
+    per_job = {task: train_steps(config, task) for task in {r["task"] for r in left}}  # reads each task once
+    steps = sum(per_job[r["task"]] for r in left)
+    parallel = min(config.workers, len(left))
+    return line + f"; ETA about {steps * step_time / parallel / 60:.0f} min"
+
+
+def results_lines(store: ResultStore) -> list[str]:
+    """The finished jobs' dev accuracy: mean over seeds per run, step, task and lr, beside the dev set's majority
+    class (a mean at the majority class is a model that answers one class)."""
+    groups: dict[tuple[str, int, str, float], list[dict[str, Any]]] = {}
+    for r in store.rows("done"):
+        groups.setdefault((r["run_name"], r["pretrain_step"], r["task"], r["lr"]), []).append(r)
+    if not groups:
+        return []
+    lines = [
+        f"{'run':<24} {'step':>8} {'task':<5} {'lr':>8} {'seeds':>5} {'accuracy':>9} {'majority':>9} {'dev loss':>9}"
+    ]
+    for (name, step, task, lr), rows in sorted(groups.items()):
+        majority = [r["majority_accuracy"] for r in rows if r.get("majority_accuracy") is not None]
+        lines.append(
+            f"{name:<24} {step:>8} {task:<5} {lr:>8g} {len(rows):>5} "
+            f"{100 * sum(r['accuracy'] for r in rows) / len(rows):>8.2f}% "
+            f"{(f'{100 * majority[0]:.2f}%' if majority else '-'):>9} "
+            f"{sum(r['dev_loss'] for r in rows) / len(rows):>9.4f}"
+        )
+    return lines
 
 
 def train_steps(config: ScheduleConfig, task: str) -> int:
@@ -348,6 +385,18 @@ def check_inputs(config: ScheduleConfig) -> None:
     check_wandb(wandb_settings(config))
 
 
+class Interrupted(Exception):
+    """The scheduler was stopped by Ctrl-C; ``args[0]``: how many jobs were queued again."""
+
+
+def requeue_after_interrupt(config: ScheduleConfig, folder: ResultsFolder, backend: Backend) -> int:
+    """Take in what finished, then queue again the jobs the stopped local workers left without a result (their
+    attempt not counted). SLURM tasks keep running: the next pass takes in their results."""
+    with ResultStore(config.store) as store:
+        store.ingest(folder)
+        return 0 if isinstance(backend, SlurmArray) else store.requeue_interrupted()
+
+
 def schedule(config: ScheduleConfig) -> list[dict[str, Any]]:
     """Run the jobs of complete snapshots, once or until the runs end; returns the jobs that failed for good.
     One scheduler per store: a second one stops with StoreBusy, naming the first."""
@@ -376,11 +425,7 @@ def _schedule(config: ScheduleConfig) -> list[dict[str, Any]]:
                     print(cost_line(config, store, runnable), flush=True)
                 first = False
                 if added or done or failed or runnable:
-                    print(
-                        f"[{time.strftime('%H:%M:%S')}] {added} new jobs, {done} done, {failed} failed attempts; "
-                        f"{_totals(store, config.max_attempts)}",
-                        flush=True,
-                    )
+                    print(progress_line(config, store, added, done, failed), flush=True)
                 submitted = submit(store, folder, backend, runtime, config.max_attempts)
             if isinstance(backend, InProcess) and submitted:
                 continue  # the jobs ran in this pass: take their results in at once
@@ -394,10 +439,17 @@ def _schedule(config: ScheduleConfig) -> list[dict[str, Any]]:
                 print(f"stopping at --until {config.until}; submitted tasks keep running", flush=True)
                 break
             time.sleep(config.poll_interval_s)
+    except KeyboardInterrupt:
+        backend.close()  # this machine's workers stop before their jobs are queued again
+        raise Interrupted(requeue_after_interrupt(config, folder, backend)) from None
     finally:
         backend.close()
     with ResultStore(config.store) as store:
         print("\n".join(status_lines(store, config.max_attempts)), flush=True)
+        results = results_lines(store)
+        if results:
+            print("\nresults (finished jobs; python -m finetune.report draws Figure 5 from them):", flush=True)
+            print("\n".join(results), flush=True)
         return store.failures(config.max_attempts)
 
 
@@ -417,6 +469,14 @@ def main(argv: list[str] | None = None) -> int:
         except SlurmError as err:
             print(f"error: {err}", file=sys.stderr)
             return 2
+        except Interrupted as stopped:
+            kept = "; submitted SLURM tasks keep running" if config.backend == "slurm" else ""
+            print(
+                f"\ninterrupted: {stopped.args[0]} unfinished job(s) queued again (not counted as failed attempts)"
+                f"{kept}. Run the same command to continue.",
+                file=sys.stderr,
+            )
+            return 130
         if failures:
             print_failures(failures)
             return 1

@@ -52,6 +52,9 @@ SPEC_COLUMNS = (
     "recipe",
 )
 
+# Columns of RESULT_FIELDS that stores of this schema version may predate: added when such a store is opened.
+ADDED_RESULT_COLUMNS = ("majority_accuracy", "majority_f1", "top_class_share")
+
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
     key TEXT PRIMARY KEY,
@@ -80,6 +83,9 @@ CREATE TABLE IF NOT EXISTS jobs (
     epochs INTEGER,
     train_steps INTEGER,
     wall_time_s REAL,
+    majority_accuracy REAL,
+    majority_f1 REAL,
+    top_class_share REAL,
     finished REAL,
     created REAL NOT NULL,
     updated REAL NOT NULL
@@ -180,7 +186,16 @@ class ResultStore:
             for statement in _SCHEMA.split(";"):
                 if statement.strip():
                     self.db.execute(statement)
+            self._add_result_columns()
             self.db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+
+    def _add_result_columns(self) -> None:
+        """Result columns added after a store was created (nullable: their old rows stay as they were, and the
+        report shows those values as unknown)."""
+        present = {r["name"] for r in self.db.execute("PRAGMA table_info(jobs)")}
+        for column in ADDED_RESULT_COLUMNS:
+            if column not in present:
+                self.db.execute(f"ALTER TABLE jobs ADD COLUMN {column} REAL")
 
     def _check_version(self) -> None:
         found = self.db.execute("PRAGMA user_version").fetchone()[0]
@@ -347,6 +362,31 @@ class ResultStore:
                         why = "its scheduler died inside it" if started else "it never started"
                         self._event(row["key"], "not_started", f"{error}; {why}: attempt not counted")
         return failed
+
+    def requeue_interrupted(self) -> int:
+        """After a Ctrl-C that stopped this machine's workers: their jobs without a result are queued again and
+        the stopped attempt is not counted (an interruption is not a failure); their submissions end. Returns
+        how many jobs. Not for SLURM submissions, whose tasks keep running after the scheduler stops."""
+        now = time.time()
+        with self._transaction():
+            local = [
+                r["id"] for r in self.db.execute("SELECT id FROM submissions WHERE ended = 0 AND backend != 'slurm'")
+            ]
+            keys = []
+            for submission in local:
+                rows = self.db.execute(
+                    "SELECT key FROM jobs WHERE status = 'submitted' AND submission = ?", (submission,)
+                ).fetchall()
+                keys += [r["key"] for r in rows]
+                self.db.execute(
+                    "UPDATE jobs SET status = 'queued', attempts = MAX(attempts - 1, 0), updated = ? "
+                    "WHERE status = 'submitted' AND submission = ?",
+                    (now, submission),
+                )
+                self.db.execute("UPDATE submissions SET ended = 1 WHERE id = ?", (submission,))
+            for key in keys:
+                self._event(key, "interrupted", "stopped by an interrupt of the scheduler; queued again")
+        return len(keys)
 
     def end_submission(self, submission: int) -> None:
         self.db.execute("UPDATE submissions SET ended = 1 WHERE id = ?", (submission,))

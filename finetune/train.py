@@ -23,7 +23,7 @@ from transformers import get_scheduler
 
 import pretrain  # noqa: F401  (registers the "lnbert" model type with the Auto classes)
 from finetune.config import FinetuneConfig
-from finetune.glue import Example, batches, compute_metrics, encode, get_task, load_task
+from finetune.glue import Example, baseline_metrics, batches, compute_metrics, encode, get_task, load_task
 from pretrain.device import pick_device
 from pretrain.optim import build_adamw
 
@@ -71,8 +71,6 @@ def train_step(
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     return loss.detach()
-
-
 
 
 @torch.no_grad()
@@ -158,8 +156,10 @@ def finetune(
     set_seed(seed)  # python, numpy, torch: the classifier's init and dropout
     # The load report lists the pretraining heads as unused and the classifier as new: expected here, and
     # an lnbert snapshot of another placement still fails loudly (LNBertPreTrainedModel.from_pretrained).
-    verbosity = hf_logging.get_verbosity()
+    verbosity, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
     hf_logging.set_verbosity_error()
+    # Its "Loading weights" bar, one per job and worker, interleaves with every other line of the scheduler.
+    hf_logging.disable_progress_bar()
     try:
         if recipe.random_init:
             config = AutoConfig.from_pretrained(model_path, num_labels=2)
@@ -168,6 +168,8 @@ def finetune(
             model = AutoModelForSequenceClassification.from_pretrained(model_path, num_labels=2).to(device)
     finally:
         hf_logging.set_verbosity(verbosity)
+        if bars:
+            hf_logging.enable_progress_bar()
     optimizer = make_optimizer(model, recipe, lr)
     steps_per_epoch = math.ceil(len(data.train) / recipe.batch_size)
     total_steps = steps_per_epoch * recipe.epochs
@@ -193,6 +195,7 @@ def finetune(
     metrics = compute_metrics(get_task(task), result["labels"], result["predictions"])
     return {
         **metrics,
+        **baseline_metrics(get_task(task), result["labels"], result["predictions"]),
         "dev_loss": result["dev_loss"],
         "train_loss": epoch_loss / steps_per_epoch,  # mean over the last epoch
         "epochs": recipe.epochs,

@@ -24,7 +24,7 @@ from finetune.store import ResultStore
 from finetune.tracking import WandbSettings, job_run
 from finetune.train import DataCache, finetune
 from pretrain.identity import read_run_id
-from pretrain.layout import SNAPSHOT_INFO, SNAPSHOT_MARKER
+from pretrain.layout import SNAPSHOT_INFO, SNAPSHOT_MARKER, list_snapshots
 from pretrain.manifest import ManifestError, verify_manifest
 
 # Recipe fields that say how a worker runs, not what it computes (left out of a job's key).
@@ -98,6 +98,24 @@ def check_placement(path: Path) -> None:
 _verified: dict[Path, tuple] = {}  # snapshot folder -> the (name, size, mtime) of its files when it last verified
 
 
+def check_not_a_run_folder(path: Path) -> None:
+    """A pretraining run folder (RUN/ with snapshots/) given where a model is expected: name its snapshots and
+    the command that fine-tunes all of them, rather than "not a model folder"."""
+    if (path / "config.json").is_file() or not (path / "snapshots").is_dir():
+        return
+    snapshots = [str(s.path) for s in list_snapshots(path)]
+    listed = (
+        f"its complete snapshots: {', '.join(snapshots[:4])}{', ...' if len(snapshots) > 4 else ''}"
+        if snapshots
+        else "it has no complete snapshot yet"
+    )
+    raise ValueError(
+        f"--model {str(path)!r} is a pretraining run folder, not a model; {listed}. Fine-tune one with "
+        f"--model={path}/snapshots/step_NNNNNNNN, or every snapshot of the run with python -m finetune.schedule "
+        f"--runs='[{path}]'"
+    )
+
+
 def describe_model(model: str | Path, store: ResultStore) -> dict[str, Any]:
     """The job-key fields of a model: run id, name and folder, placement, pretraining step, tokens seen, path, and
     a content hash. A pretraining snapshot (RUN/snapshots/step_*, with snapshot.json) belongs to its run; any other
@@ -127,6 +145,7 @@ def describe_model(model: str | Path, store: ResultStore) -> dict[str, Any]:
             "model_path": str(model),
             "snapshot_hash": f"hub:{model}",
         }
+    check_not_a_run_folder(path)
     info = _read_json(path / SNAPSHOT_INFO)
     run_dir = path.resolve().parent.parent if info else path.resolve()
     snapshot_hash = store.snapshot_hash(path)

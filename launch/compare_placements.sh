@@ -8,6 +8,8 @@
 #   LAUNCH="accelerate launch --config_file configs/accelerate/8gpu.yaml" launch/compare_placements.sh base
 #
 # Arguments after the scale go to both runs (e.g. --train.max_steps=300 --data.max_documents=500).
+# One Ctrl-C (or SIGTERM) stops the whole comparison: the running run saves a checkpoint and the script exits
+# 130 without starting the next one; the same command again continues both (a finished run is left as it is).
 # Variables: LAUNCH (default "python"), OUT (default runs/compare-<scale>), SEED (default 0),
 # COMPARISON (default compare-<scale>; W&B: add --tracking.backend=wandb, then
 # python -m finetune.dashboard --comparison compare-<scale>).
@@ -28,6 +30,15 @@ SEED=${SEED:-0}
 # dashboard filters on. The W&B group is derived per placement and recipe, so W&B pools seeds, never placements.
 COMPARISON=${COMPARISON:-compare-$SCALE}
 
+# A Ctrl-C reaches the run and this script alike; the run saves a checkpoint and exits 0 ("preempted"), and bash
+# would then go on to the next placement. Remember it, and look at the run's status too (a SIGTERM sent to the
+# run alone, e.g. by a scheduler, reaches only it).
+interrupted=0
+trap 'interrupted=1' INT TERM
+run_status() {  # the status field of RUN/status.json ("" when there is none)
+  python -c 'import json, sys; print(json.load(open(sys.argv[1])).get("status", ""))' "$1/status.json" 2>/dev/null || true
+}
+
 for placement in post pre; do
   preset=$POST; [[ $placement == pre ]] && preset=$PRE
   echo "=== $placement-LN: $preset -> $OUT/$placement"
@@ -35,15 +46,27 @@ for placement in post pre; do
   $LAUNCH pretrain/run.py --config "$preset" --train.seed="$SEED" \
     --train.output_dir="$OUT/$placement" --train.run_name="$SCALE-$placement-ln" \
     --tracking.comparison="$COMPARISON" "$@"
+  if (( interrupted )) || [[ $(run_status "$OUT/$placement") == preempted ]]; then
+    echo "=== stopped: $placement-LN saved a checkpoint in $OUT/$placement; run the same command again to continue" \
+      "the comparison (both runs)" >&2
+    exit 130
+  fi
 done
 
+# Plain json, not pretrain.layout: importing the project (torch, transformers) would cost seconds for a summary.
 python - "$OUT" <<'PY'
-import sys
-from pretrain.layout import read_metrics, read_status
+import json, sys
 out = sys.argv[1]
 for placement in ("post", "pre"):
     run = f"{out}/{placement}"
-    val = [(r["step"], r["val/mlm_loss"]) for r in read_metrics(run) if "val/mlm_loss" in r]
+    rows = []
+    for line in open(f"{run}/metrics.jsonl"):
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:  # the line a killed run was writing
+            pass
+    val = [(r["step"], r["val/mlm_loss"]) for r in rows if "val/mlm_loss" in r]
     curve = "  ".join(f"{s}:{v:.3f}" for s, v in val)
-    print(f"{placement:>4}-LN  status={read_status(run)['status']}  val/mlm_loss  {curve}")
+    status = json.load(open(f"{run}/status.json"))["status"]
+    print(f"{placement:>4}-LN  status={status}  val/mlm_loss  {curve}")
 PY

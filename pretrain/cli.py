@@ -13,8 +13,13 @@ says so). A bare ``--flag`` sets a boolean field to true. Keys are spelled as in
 and a section given one key keeps the other values of its default (which may differ from the section
 class's own defaults, e.g. ``PretrainConfig.data``).
 
-Every problem is a :class:`ConfigError` naming the key (with "did you mean" for typos) or the preset file
-and line; :func:`run_cli` turns those into ``error: ...`` on stderr and exit code 2. Floats must be finite
+A field whose type is a string (or a choice of strings) takes the text as typed: YAML 1.1 reads plain
+``no``, ``off``, ``on``, ``yes``, ``null`` and ``123`` as booleans, null and numbers, so the loader keeps each
+plain scalar's text beside its value (:class:`AsTyped`) and :func:`_convert` picks the one the field's type
+takes (``--train.mixed_precision=no`` is the string ``no``; ``null`` still clears an optional field).
+
+Every problem is a :class:`ConfigError` naming the key (with "did you mean" for typos, in keys and in
+choices) or the preset file and line; :func:`run_cli` turns those into ``error: ...`` on stderr and exit code 2. Floats must be finite
 everywhere; range checks live in each dataclass's ``__post_init__`` and name the key.
 """
 
@@ -52,6 +57,64 @@ def require(ok: bool, key: str, message: str) -> None:
 
 
 # --------------------------------------------------------------------------------------------------
+# YAML that keeps the text of plain scalars
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class AsTyped:
+    """A plain YAML scalar that YAML 1.1 reads as a boolean, null or number, with the text it was typed as:
+    a string-valued field takes ``text``, every other field ``value`` (:func:`_convert`)."""
+
+    value: Any
+    text: str
+
+
+class _ConfigLoader(yaml.SafeLoader):
+    """SafeLoader whose plain (unquoted) booleans, nulls and numbers come as :class:`AsTyped`."""
+
+
+def _keep_text(constructor: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
+    def construct(loader: Any, node: Any) -> Any:
+        value = constructor(loader, node)
+        return AsTyped(value, node.value) if node.style is None else value
+
+    return construct
+
+
+for _tag, _constructor in (
+    ("bool", yaml.constructor.SafeConstructor.construct_yaml_bool),
+    ("null", yaml.constructor.SafeConstructor.construct_yaml_null),
+    ("int", yaml.constructor.SafeConstructor.construct_yaml_int),
+    ("float", yaml.constructor.SafeConstructor.construct_yaml_float),
+):
+    _ConfigLoader.add_constructor(f"tag:yaml.org,2002:{_tag}", _keep_text(_constructor))
+
+
+def read_yaml(text: str) -> Any:
+    """YAML as the config loader reads it: plain booleans, nulls and numbers keep their text (AsTyped)."""
+    return yaml.load(text, Loader=_ConfigLoader)  # a SafeLoader: no arbitrary objects
+
+
+def _takes_text(tp: Any, scalar: AsTyped) -> bool:
+    """Whether a field of type ``tp`` takes the scalar's text rather than its YAML 1.1 value: a string, a
+    choice of strings, or a union with a string that the value does not fit (``null`` clears an optional)."""
+    if tp is str:
+        return True
+    origin = get_origin(tp)
+    if origin is Literal:
+        return all(isinstance(a, str) for a in get_args(tp))
+    if origin in (Union, types.UnionType):
+        args = get_args(tp)
+        if scalar.value is None and type(None) in args:
+            return False
+        if type(scalar.value) in args:  # an int field of int | str keeps its number
+            return False
+        return any(_takes_text(a, scalar) for a in args if a is not type(None))
+    return False
+
+
+# --------------------------------------------------------------------------------------------------
 # Nested dict -> dataclasses, using the type hints
 # --------------------------------------------------------------------------------------------------
 
@@ -83,6 +146,8 @@ def type_name(tp: Any) -> str:
 def _convert(value: Any, tp: Any, key: str, base: Any = None) -> Any:
     """``value`` as type ``tp``; a ConfigError naming ``key`` when it does not fit. ``base``: the default a
     mapping for a dataclass section is applied to (keys it leaves out keep the base's values)."""
+    if isinstance(value, AsTyped):
+        value = value.text if _takes_text(tp, value) else value.value
     origin = get_origin(tp)
 
     def wrong() -> ConfigError:
@@ -95,8 +160,11 @@ def _convert(value: Any, tp: Any, key: str, base: Any = None) -> Any:
         inner = [a for a in get_args(tp) if a is not type(None)]
         return _convert(value, functools.reduce(operator.or_, inner), key, base)
     if origin is Literal:
-        if value not in get_args(tp):
-            raise ConfigError(f"{key} must be one of {', '.join(map(str, get_args(tp)))}; got {value!r}")
+        choices = get_args(tp)
+        if value not in choices:
+            close = difflib.get_close_matches(str(value), [str(c) for c in choices], n=1)
+            hint = f"; did you mean '{close[0]}'?" if close else ""
+            raise ConfigError(f"{key} must be one of {', '.join(map(str, choices))}; got {value!r}{hint}")
         return value
     if dataclasses.is_dataclass(tp):
         if isinstance(value, tp):
@@ -180,6 +248,8 @@ def from_dict(cls: type[T], data: dict[str, Any], prefix: str = "", base: T | No
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
     kwargs = dict(_kept_from_base(cls, base)) if base is not None else {}
     for key, value in data.items():
+        if isinstance(key, AsTyped):  # a key spelled like a YAML 1.1 word (on:, no:) is that word
+            key = key.text
         if key not in fields:
             raise _unknown_key(key, prefix, list(fields))
         default = getattr(base, key) if base is not None else field_default(fields[key])
@@ -230,7 +300,7 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
     if not path.is_file():
         raise ConfigError(f"config file {path} not found; pass an existing YAML preset to --config")
     try:
-        loaded = yaml.safe_load(path.read_text())
+        loaded = read_yaml(path.read_text())
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f"{path}, line {mark.line + 1}, column {mark.column + 1}" if mark is not None else str(path)
@@ -311,7 +381,7 @@ def read_tree(cls: type, argv: list[str]) -> dict[str, Any]:
             tree = merge(tree, load_yaml(raw))
             continue
         try:
-            value = yaml.safe_load(raw) if raw != "" else ""
+            value = read_yaml(raw) if raw != "" else ""
         except yaml.YAMLError as err:
             raise ConfigError(f"--{name}: cannot read {raw!r} as a YAML value ({err})") from None
         overrides.append((name, value))
@@ -338,24 +408,34 @@ def parse_command(
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] in commands:
         command = argv.pop(0)
-    elif default and not (argv and argv[0] in ("-h", "--help")):
+    elif default and argv and argv[0] in ("-h", "--help"):
+        # The default subcommand is what a bare command runs: show its options, after the list of subcommands.
+        print(_subcommand_list(commands, prog, description))
+        print(f"\noptions of {prog} (the subcommand {default!r}, also {prog} {default} --help):\n")
+        print(help_text(commands[default], prog=f"{prog} [{default}]", description=""))
+        raise SystemExit(0)
+    elif default:
         command = default
     else:
         if argv and argv[0] not in ("-h", "--help"):
             close = difflib.get_close_matches(argv[0], list(commands), n=1)
             hint = f"; did you mean '{close[0]}'?" if close else ""
             raise ConfigError(f"unknown subcommand {argv[0]!r}{hint} (subcommands: {', '.join(commands)})")
-        lines = [f"usage: {prog} SUBCOMMAND [--config PRESET.yaml ...] [--key=VALUE ...]", "", description.strip()]
-        lines += ["", "subcommands:"]
-        lines += [f"  {name:<14}{_first_line(cls)}" for name, cls in commands.items()]
-        lines += ["", f"{prog} SUBCOMMAND --help lists each one's options."]
         if argv:
-            print("\n".join(lines))
+            print(_subcommand_list(commands, prog, description))
             raise SystemExit(0)
         raise ConfigError(f"missing subcommand; one of {', '.join(commands)} (see {prog} --help)")
     return command, parse(
         commands[command], argv, prog=f"{prog} {command}", description=inspect.getdoc(commands[command]) or ""
     )
+
+
+def _subcommand_list(commands: dict[str, type], prog: str, description: str) -> str:
+    lines = [f"usage: {prog} SUBCOMMAND [--config PRESET.yaml ...] [--key=VALUE ...]", "", description.strip()]
+    lines += ["", "subcommands:"]
+    lines += [f"  {name:<14}{_first_line(cls)}" for name, cls in commands.items()]
+    lines += ["", f"{prog} SUBCOMMAND --help lists each one's options."]
+    return "\n".join(lines)
 
 
 def _first_line(cls: type) -> str:
@@ -451,9 +531,12 @@ def _help_section(cls: type, prefix: str, defaults: Any) -> list[str]:
     out: list[str] = []
     hints = _hints(cls)
     docs = field_docs(cls)
-    for f in dataclasses.fields(cls):
-        if not f.init:
-            continue
+    # A section's keys are listed after the plain keys of its level: a key listed after a section would read as
+    # one of that section's (--wandb under "slurm:").
+    fields = sorted(
+        (f for f in dataclasses.fields(cls) if f.init), key=lambda f: dataclasses.is_dataclass(hints[f.name])
+    )
+    for f in fields:
         key = f"{prefix}.{f.name}" if prefix else f.name
         tp = hints[f.name]
         default = getattr(defaults, f.name) if defaults is not None else field_default(f)

@@ -39,6 +39,14 @@ PROG = "python -m pretrain.prepare"
 MAX_SINGLE_SENTENCE_SHARE = 0.5
 # Instances with fewer real tokens than this share of max_seq_length are mostly padding.
 MIN_FILL = 0.5
+# A source whose share of the training tokens is off its weight's share by more than this factor (and by more
+# than FAR_FROM_WEIGHT_MIN_POINTS percentage points) is not the mixture the weights ask for: weights counted in
+# documents give a source of long documents (books) most of the tokens.
+FAR_FROM_WEIGHT = 1.5
+FAR_FROM_WEIGHT_MIN_POINTS = 5.0
+# Fewer validation documents than this make a validation loss that moves with a handful of documents (their
+# instances are many but alike): too few to compare runs by.
+MIN_VALIDATION_DOCUMENTS = 10
 
 
 def prepare_command(argv: list[str] | None) -> str:
@@ -62,7 +70,7 @@ def source_checks(summary: dict[str, Any], cfg: DataConfig) -> tuple[list[dict[s
     by_source = summary["train"]["by_source"]
     total_tokens = sum(s["document_tokens"] for s in by_source.values()) or 1
     weights = [s.weight for s in cfg.sources]
-    rows, warnings = [], []
+    rows, warnings = [], validation_warnings(summary, cfg)
     for index in range(len(cfg.sources)):
         s = by_source.get(str(index))
         if s is None or s["documents"] == 0:
@@ -80,6 +88,16 @@ def source_checks(summary: dict[str, Any], cfg: DataConfig) -> tuple[list[dict[s
             "real_tokens_per_instance": s["real_tokens"] / s["instances"] if s["instances"] else None,
         }
         rows.append(row)
+        if len(cfg.sources) > 1 and far_from_weight(row["token_share"], row["target_share"]):
+            fix = (
+                "set data.weight_by=words to weigh the sources by words (the README's example and the small presets do)"
+                if cfg.weight_by == "documents"
+                else "the mixture stops when the first source runs out: check the sources' sizes and weights"
+            )
+            warnings.append(
+                f"source {row['source']}: {100 * row['token_share']:.1f}% of the training tokens against its weight's "
+                f"{100 * row['target_share']:.1f}% (mixed by {cfg.weight_by}); {fix}"
+            )
         if cfg.objective != "mlm_nsp":
             continue
         if row["single_sentence_documents"] > MAX_SINGLE_SENTENCE_SHARE:
@@ -98,6 +116,26 @@ def source_checks(summary: dict[str, Any], cfg: DataConfig) -> tuple[list[dict[s
                 f"average out of data.max_seq_length={cfg.max_seq_length}: mostly padding (documents too short)"
             )
     return rows, warnings
+
+
+def far_from_weight(token_share: float, target_share: float) -> bool:
+    """Whether a source's share of the tokens is far from the share its weight asks for."""
+    off_points = 100 * abs(token_share - target_share) > FAR_FROM_WEIGHT_MIN_POINTS
+    off_factor = token_share > FAR_FROM_WEIGHT * target_share or token_share * FAR_FROM_WEIGHT < target_share
+    return off_points and off_factor
+
+
+def validation_warnings(summary: dict[str, Any], cfg: DataConfig) -> list[str]:
+    """A warning when the held-out split is too small for its loss to tell runs apart."""
+    part = summary["validation"]
+    documents = sum(s["documents"] for s in part["by_source"].values())
+    if documents >= MIN_VALIDATION_DOCUMENTS:
+        return []
+    return [
+        f"the validation split is {documents:,} document(s) ({part['instances']:,} instances), fewer than "
+        f"{MIN_VALIDATION_DOCUMENTS}: its loss moves with a few documents; raise data.validation_fraction (now "
+        f"{cfg.validation_fraction:g}) or set data.validation_documents"
+    ]
 
 
 def format_report(summary: dict[str, Any], cfg: DataConfig, folder: os.PathLike | str) -> str:
@@ -129,6 +167,19 @@ def format_report(summary: dict[str, Any], cfg: DataConfig, folder: os.PathLike 
                       "real tokens"], sources),
         *[f"WARNING: {w}" for w in warnings],
     ])  # fmt: skip
+
+
+def data_report(cfg: PretrainConfig, tokenizer: Any) -> str | None:
+    """The prepared data's summary and per-source check (with its warnings), as ``prepare`` prints it; pretraining
+    prints it at the start of every run. None when streaming (nothing is prepared: no counts to report)."""
+    if cfg.data.streaming:
+        return None
+    folder = prepared_dir(cfg.data, tokenizer, seed=cfg.train.seed)
+    try:
+        summary = read_summary(folder)
+    except (OSError, ValueError):  # a cache prepared before summaries were written: the run needs no report
+        return None
+    return format_report(summary, cfg.data, folder)
 
 
 def prepare(cfg: PretrainConfig, *, progress: bool = True) -> dict[str, Any]:

@@ -74,7 +74,7 @@ from pretrain.layout import (
 )
 from pretrain.modeling import LNBertForPreTraining
 from pretrain.optim import build_adamw
-from pretrain.prepare import prepare_command
+from pretrain.prepare import data_report, prepare_command
 from pretrain.tracking import (
     clip_coefficient,
     init_trackers,
@@ -524,6 +524,32 @@ class Heartbeat:
             self.last = time.monotonic()
 
 
+VAL_MLM_LOSS = "val/mlm_loss"
+
+
+def progress_postfix(loss: float | None, lr: float | None, last_eval: dict[str, float]) -> dict[str, str]:
+    """The progress bar's postfix: train loss and lr of the last logged step, and the latest validation MLM loss
+    (the number the placements are compared by; without it the console never shows it)."""
+    postfix = {}
+    if loss is not None:
+        postfix["loss"] = f"{loss:.3f}"
+    if lr is not None:
+        postfix["lr"] = f"{lr:.2e}"
+    if last_eval.get(VAL_MLM_LOSS) is not None:
+        postfix["val"] = f"{last_eval[VAL_MLM_LOSS]:.3f}"
+    return postfix
+
+
+def final_validation(last_eval: dict[str, float]) -> str:
+    """The end-of-run summary's validation line ("" before any evaluation)."""
+    if last_eval.get(VAL_MLM_LOSS) is None:
+        return ""
+    accuracy = last_eval.get("val/mlm_accuracy")
+    return f"\n  validation   MLM loss {last_eval[VAL_MLM_LOSS]:.4f}" + (
+        f", MLM accuracy {accuracy:.4f}" if accuracy is not None else ""
+    )
+
+
 def run_evaluation(setup: TrainingSetup, state: TrainState) -> None:
     setup.last_eval = evaluate(setup)
     log_metrics(setup.accelerator, setup.run_dir, {"tokens_seen": state.tokens_seen, **setup.last_eval}, state.step)
@@ -544,6 +570,7 @@ def train(setup: TrainingSetup, state: TrainState, stop: StopRequest) -> str:
     progress = tqdm(
         total=train_cfg.max_steps, initial=state.step, disable=not accelerator.is_local_main_process, desc="pretrain"
     )
+    postfix = progress_postfix(None, None, setup.last_eval)  # a resumed run shows its last validation loss at once
     # Throughput counts the time spent in training steps only (not evaluation or saving).
     window_tokens, window_time = 0, 0.0
     heartbeat = Heartbeat(setup)
@@ -585,12 +612,15 @@ def train(setup: TrainingSetup, state: TrainState, stop: StopRequest) -> str:
                 metrics["train/nsp_loss"] = stats.nsp_loss
             metrics.update(stats.layer_grad_norms)
             log_metrics(accelerator, setup.run_dir, metrics, state.step)
-            progress.set_postfix(loss=f"{stats.loss:.3f}", lr=f"{metrics['train/lr']:.2e}")
+            postfix.update(progress_postfix(stats.loss, metrics["train/lr"], setup.last_eval))
+            progress.set_postfix(postfix)
             window_tokens, window_time = 0, 0.0
         done = state.step == last_step
         preempted = stats.stop and not done
         if (train_cfg.eval_every and state.step % train_cfg.eval_every == 0) or done:
             run_evaluation(setup, state)
+            postfix.update(progress_postfix(None, None, setup.last_eval))
+            progress.set_postfix(postfix)
         save_snapshot_now = snapshot_due(train_cfg, state.step, last_step)
         save_checkpoint_now = (train_cfg.checkpoint_every and state.step % train_cfg.checkpoint_every == 0) or done or preempted
         if (save_snapshot_now or save_checkpoint_now) and (problem := disk_full(setup, save_checkpoint_now, save_snapshot_now)):
@@ -713,6 +743,11 @@ def pretrain(cfg: PretrainConfig, argv: list[str] | None = None) -> str:
     try:
         setup, state = prepare_training(cfg, accelerator, resume_from, prepare_command(argv))
         if accelerator.is_main_process:
+            # What the run trains on, before it starts: a mixture that is not what the weights ask for, or a tiny
+            # validation split, is seen now rather than after the run (the same report as pretrain.prepare's).
+            report = data_report(cfg, setup.tokenizer)
+            if report is not None:
+                print(report, flush=True)
             write_json_atomic(run_dir / RUN_CONFIG_FILE, setup.resolved)
             ensure_run_id(run_dir)  # once per run: fine-tuning results are keyed by it (pretrain/identity.py)
             same_run = resume_from is not None and resume_from.parent.parent.resolve() == run_dir.resolve()
@@ -725,7 +760,7 @@ def pretrain(cfg: PretrainConfig, argv: list[str] | None = None) -> str:
             return stop_for_full_disk(accelerator, cfg, start_step, problem)
         raise
     accelerator.print(
-        f"run {cfg.train.run_name}: {cfg.model.norm_placement}-LN, {accelerator.num_processes} process(es), "
+        f"run {cfg.train.run_name}: {cfg.model.variant}, {accelerator.num_processes} process(es), "
         "global batch "
         f"{cfg.train.per_device_batch_size * accelerator.num_processes * cfg.train.gradient_accumulation_steps}"
         + (f", resuming at step {state.step} from {resume_from}" if resume_from else "")
@@ -773,6 +808,7 @@ def pretrain(cfg: PretrainConfig, argv: list[str] | None = None) -> str:
         f"  metrics      {run_dir / METRICS_FILE}\n"
         f"  status       {run_dir / STATUS_FILE}"
         + (f"\n  {cfg.tracking.backend:<12} {tracker_dir}" if tracker_dir else "")
+        + final_validation(setup.last_eval)
     )
     return outcome
 

@@ -16,14 +16,15 @@ import pytest
 import yaml
 
 from benchmarks.data_path import DataPathConfig
+from benchmarks.data_prep import DataPrepConfig
 from benchmarks.finetune_throughput import FinetuneThroughputConfig
 from benchmarks.train_step import TrainStepConfig
 from finetune.dashboard import DashboardConfig
 from finetune.report import ReportConfig
 from finetune.run import RunConfig
-from finetune.schedule import ScheduleConfig, StatusConfig
+from finetune.schedule import IngestConfig, ScheduleConfig, StatusConfig
 from pretrain.analysis import GridConfig, InitGradsConfig, InitScaleConfig, LnJacobianConfig
-from pretrain.cli import ConfigError, field_type, flatten, parse, to_dict
+from pretrain.cli import ConfigError, _convert, field_type, flatten, parse, read_yaml, to_dict
 from pretrain.config import PretrainConfig
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -140,7 +141,9 @@ def _float_keys(cls: type) -> dict[str, int]:
     return keys
 
 
-@pytest.mark.parametrize(("cls", "base_argv"), [c for c in CASES if "--config" not in c[1]], ids=lambda v: getattr(v, "__name__", ""))
+@pytest.mark.parametrize(
+    ("cls", "base_argv"), [c for c in CASES if "--config" not in c[1]], ids=lambda v: getattr(v, "__name__", "")
+)
 @pytest.mark.parametrize("bad", [".nan", "nan", ".inf", "-.inf", "inf", "1e999"])
 def test_floats_must_be_finite_everywhere(cls: type, base_argv: list[str], bad: str) -> None:
     for key, n in _float_keys(cls).items():
@@ -284,3 +287,113 @@ def test_bare_flags_lists_and_order() -> None:
     assert parse(ReportConfig, ["--runs=[a]", "--wandb", "--wandb=false"], prog="test").wandb is False
     assert parse(ReportConfig, ["--runs=[a]", "--target_loss=2", "--target_loss=null"], prog="test").target_loss is None
     assert math.isclose(parse(RunConfig, ["--model=m", "--lrs=[1e-4]"], prog="test").lrs[0], 1e-4)
+
+
+# --------------------------------------------------------------------------------------------------
+# YAML 1.1 words (no, off, on, yes, null) in string-valued fields
+# --------------------------------------------------------------------------------------------------
+
+SCHEMAS = sorted({cls for cls, _ in CASES} | {IngestConfig, DataPrepConfig}, key=lambda cls: cls.__name__)
+# Words YAML 1.1 reads as booleans, null or a number when they are typed without quotes.
+YAML_WORDS = ("no", "off", "on", "yes", "n", "y", "true", "False", "null", "~", "1", "1e3")
+
+
+def _string_fields(cls: type, prefix: str = "") -> list[tuple[str, Any]]:
+    """(key, type) of every field that holds strings, in sections and in the items of lists of sections."""
+    out = []
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        if not f.init:
+            continue
+        tp, key = hints[f.name], f"{prefix}{f.name}"
+        if dataclasses.is_dataclass(tp):
+            out += _string_fields(tp, f"{key}.")
+            continue
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        if typing.get_origin(tp) is list and args and dataclasses.is_dataclass(args[0]):
+            out += _string_fields(args[0], f"{key}[0].")
+        elif _holds_strings(tp):
+            out.append((key, tp))
+    return out
+
+
+def _holds_strings(tp: Any) -> bool:
+    if tp is str:
+        return True
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin is typing.Literal:
+        return all(isinstance(a, str) for a in args)
+    return any(_holds_strings(a) for a in args if a is not type(None))
+
+
+STRING_FIELDS = [(cls, key, tp) for cls in SCHEMAS for key, tp in _string_fields(cls)]
+
+
+def test_the_schemas_have_string_fields_of_every_kind() -> None:
+    kinds = {typing.get_origin(tp) or tp for _, _, tp in STRING_FIELDS}
+    assert {str, typing.Literal, list} <= kinds and len(STRING_FIELDS) > 40
+
+
+@pytest.mark.parametrize(("cls", "key", "tp"), STRING_FIELDS, ids=[f"{c.__name__}-{k}" for c, k, _ in STRING_FIELDS])
+def test_string_fields_take_yaml_words_as_typed(cls: type, key: str, tp: Any) -> None:
+    optional = type(None) in typing.get_args(tp)
+    is_list = typing.get_origin(_without_none(tp)) is list
+    item = _without_none(typing.get_args(_without_none(tp))[0] if is_list else tp)
+    choices = list(typing.get_args(item)) if typing.get_origin(item) is typing.Literal else []
+    for word in YAML_WORDS:
+        raw = f"[{word}]" if is_list else word
+        expected: Any = [word] if is_list else word
+        if optional and not is_list and word in ("null", "~"):
+            expected = None  # null clears an optional value
+        if choices and word not in choices and expected is not None:
+            with pytest.raises(ConfigError, match=re.escape(f"got {word!r}")):  # the word, not False or None
+                _convert(read_yaml(raw), tp, key)
+            continue
+        assert _convert(read_yaml(raw), tp, key) == expected, (key, word)
+
+
+def _without_none(tp: Any) -> Any:
+    args = [a for a in typing.get_args(tp) if a is not type(None)]
+    return args[0] if type(None) in typing.get_args(tp) and len(args) == 1 else tp
+
+
+def test_mixed_precision_no_from_the_command_line_and_a_preset(tmp_path: Path) -> None:
+    # Issue 23, point 20: the documented value was read as False and refused.
+    assert parse(PretrainConfig, ["--train.mixed_precision=no"], prog="test").train.mixed_precision == "no"
+    assert parse(RunConfig, ["--model=m", "--recipe.mixed_precision=no"], prog="test").recipe.mixed_precision == "no"
+    preset = tmp_path / "p.yaml"
+    preset.write_text("train:\n  mixed_precision: no\n  run_name: off\n  max_steps: 10\n  on: 1\n")
+    with pytest.raises(ConfigError, match=r"unknown key 'train\.on'"):  # a key is taken as typed too, not as True
+        parse(PretrainConfig, ["--config", str(preset)], prog="test")
+    preset.write_text("train:\n  mixed_precision: no\n  run_name: off\n  max_steps: 10\n")
+    config = parse(PretrainConfig, ["--config", str(preset), "--tracking.project=yes"], prog="test")
+    assert (config.train.mixed_precision, config.train.run_name, config.tracking.project) == ("no", "off", "yes")
+    assert config.train.max_steps == 10  # numbers and booleans of other fields are read as before
+    assert parse(ReportConfig, ["--runs=[a]", "--wandb=yes"], prog="test").wandb is True
+
+
+def test_a_wrong_choice_gets_a_suggestion() -> None:
+    with pytest.raises(ConfigError, match=r"norm_placement must be one of .*got 'preln'; did you mean 'pre'\?"):
+        parse(PretrainConfig, ["--model.norm_placement=preln"], prog="test")
+
+
+def test_help_of_a_command_with_subcommands_shows_the_default_ones_options(capsys: pytest.CaptureFixture) -> None:
+    from finetune.schedule import main as schedule_main
+
+    with pytest.raises(SystemExit):
+        schedule_main(["--help"])
+    text = capsys.readouterr().out
+    assert "subcommands:" in text and "  --runs  (list[str], default: required)" in text
+    # Plain keys come before the sections: --wandb is no longer listed under "slurm:".
+    assert text.index("  --wandb  (bool") < text.index("\nrecipe:") < text.index("\nslurm:")
+
+
+def test_report_usage_keeps_its_options_apart(capsys: pytest.CaptureFixture) -> None:
+    with pytest.raises(SystemExit):
+        parse(
+            ReportConfig,
+            ["--help"],
+            prog="python -m finetune.report",
+            description=sys.modules[ReportConfig.__module__].__doc__ or "",
+        )
+    assert re.search(r"sqlite {2,}--out", capsys.readouterr().out) is None

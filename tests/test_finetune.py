@@ -13,13 +13,13 @@ import torch
 from torch import nn
 
 from finetune.config import FinetuneConfig
-from finetune.glue import TASKS, batches, encode, get_task, load_task, read_tsv
+from finetune.glue import TASKS, baseline_metrics, batches, encode, get_task, load_task, read_tsv
 from finetune.manifest import ManifestJob, ResultsFolder
 from finetune.run import RunConfig, run
 from finetune.run import cli as run_cli
 from finetune.run import main as run_main
 from finetune.schedule import ScheduleConfig, discover
-from finetune.store import SCHEMA_VERSION, ResultStore, StoreVersionError
+from finetune.store import ADDED_RESULT_COLUMNS, SCHEMA_VERSION, ResultStore, StoreVersionError
 from finetune.train import make_optimizer, make_scheduler
 from finetune.worker import describe_model, job_specs
 from pretrain.cli import ConfigError, from_dict, load_yaml, parse
@@ -203,11 +203,12 @@ def quick_run(snapshot: Path, task: str, store: Path, seeds: list[int] | None = 
                      store=str(store), recipe=FinetuneConfig(**QUICK, **recipe))  # fmt: skip
 
 
-def test_finetune_writes_rows_then_skips_them(tmp_path: Path) -> None:
+def test_finetune_writes_rows_then_skips_them(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     run_dir = make_run(tmp_path, "pre_ln", "pre", steps=(10,))
     snapshot = run_dir / "snapshots" / "step_00000010"
     config = quick_run(snapshot, "mrpc", tmp_path / "results.sqlite", seeds=[0, 1])
     rows = run(config)
+    assert "Loading weights" not in capsys.readouterr().err  # no loading bar per job (issue 25)
     assert [(r["status"], r["seed"], r["attempts"]) for r in rows] == [("done", 0, 1), ("done", 1, 1)]
     row = rows[0]
     assert (row["run_name"], row["placement"], row["pretrain_step"], row["tokens_seen"]) == (
@@ -218,6 +219,8 @@ def test_finetune_writes_rows_then_skips_them(tmp_path: Path) -> None:
     )
     assert row["run_dir"] == str(run_dir.resolve())
     assert 0.0 <= row["accuracy"] <= 1.0 and 0.0 <= row["f1"] <= 1.0 and row["dev_loss"] > 0
+    # The fixture's MRPC dev set is 4 paraphrases in 8: the report's majority baseline comes with every row.
+    assert row["majority_accuracy"] == 0.5 and 0.5 <= row["top_class_share"] <= 1.0
     assert (row["epochs"], row["train_steps"]) == (1, 2)
     assert row["run_id"] == (run_dir / "run_id").read_text().strip()
     with ResultStore(config.store) as store:
@@ -312,6 +315,32 @@ def test_store_takes_in_result_and_failure_files(tmp_path: Path) -> None:
         assert "ended without a result (sacct: TIMEOUT)" in store.rows()[1]["error"]
 
 
+def test_baseline_metrics_of_a_model_that_answers_one_class() -> None:
+    # MRPC's dev set: 279 paraphrases in 408. Always "equivalent" scores 68.38% accuracy and 81.22% F1.
+    labels = torch.tensor([1] * 279 + [0] * 129).numpy()
+    metrics = baseline_metrics(get_task("mrpc"), labels, labels * 0 + 1)
+    assert metrics == {
+        "majority_accuracy": pytest.approx(279 / 408),
+        "top_class_share": 1.0,
+        "majority_f1": pytest.approx(2 * 279 / (2 * 279 + 129)),
+    }
+    rte = baseline_metrics(get_task("rte"), labels, (labels + 1) % 2)  # the minority class's share of predictions
+    assert rte == {"majority_accuracy": pytest.approx(279 / 408), "top_class_share": pytest.approx(279 / 408)}
+
+
+def test_store_created_before_the_baseline_columns_gets_them(tmp_path: Path) -> None:
+    path = tmp_path / "s.sqlite"
+    ResultStore(path).close()
+    with sqlite3.connect(path) as db:
+        for column in ADDED_RESULT_COLUMNS:
+            db.execute(f"ALTER TABLE jobs DROP COLUMN {column}")
+    with ResultStore(path) as store:
+        folder = ResultsFolder(tmp_path / "results")
+        folder.write_done(ManifestJob(job_spec(), 1), {"accuracy": 0.9, "top_class_share": 1.0})
+        store.ingest(folder)
+        assert store.rows()[0]["top_class_share"] == 1.0 and store.rows()[0]["majority_accuracy"] is None
+
+
 def test_store_from_newer_schema_is_refused(tmp_path: Path) -> None:
     path = tmp_path / "s.sqlite"
     ResultStore(path).close()
@@ -348,8 +377,15 @@ def test_cli_overrides_and_errors(capsys: pytest.CaptureFixture[str]) -> None:
     def parse_run(*argv: str) -> RunConfig:
         return parse(RunConfig, list(argv), prog="finetune.run")
 
-    config = parse_run("--config", str(preset), "--model=m", "--lrs=[1e-5, 2e-5]", "--recipe.epochs", "2", "--data_dir=d")
-    assert (config.lrs, config.recipe.epochs, config.data_dir, config.seeds) == ([1e-5, 2e-5], 2, "d", [0, 1, 2, 3, 4, 5])
+    config = parse_run(
+        "--config", str(preset), "--model=m", "--lrs=[1e-5, 2e-5]", "--recipe.epochs", "2", "--data_dir=d"
+    )
+    assert (config.lrs, config.recipe.epochs, config.data_dir, config.seeds) == (
+        [1e-5, 2e-5],
+        2,
+        "d",
+        [0, 1, 2, 3, 4, 5],
+    )
     assert parse_run("--model", "m", "--recipe.random_init").recipe.random_init is True  # a bare flag: true
     assert parse_run("--model", "m", "--recipe.random_init", "--task=rte").recipe.random_init is True
     for argv, message in [
@@ -376,3 +412,23 @@ def test_summary_shows_no_spread_for_one_seed() -> None:
     two = [*one, {**one[0], "seed": 1, "accuracy": 0.7}]
     assert "0.5000 " in summarize(one) and "±" not in summarize(one)
     assert "0.6000±0.1000" in summarize(two)
+
+
+def test_a_run_folder_as_model_names_its_snapshots_and_the_scheduler(tmp_path: Path) -> None:
+    run_dir = make_run(tmp_path, "lnbert-post", steps=(10, 20))
+    with pytest.raises(ValueError, match=r"is a pretraining run folder, not a model; its complete snapshots: .*"
+                                         r"step_00000010, .*step_00000020\. .*finetune\.schedule --runs="):  # fmt: skip
+        run(quick_run(run_dir, "mrpc", tmp_path / "results.sqlite"))
+
+
+def test_jobs_that_failed_every_attempt_point_to_retry_failed(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Issue 25: a job failed for a missing --data_dir; rerun with it, the old error came back with no hint.
+    failed = {"lr": 1e-3, "seed": 0, "status": "failed", "attempts": 3, "accuracy": None, "f1": None,
+              "error": "OSError: nyu-mll/glue is not reachable"}  # fmt: skip
+    monkeypatch.setattr("finetune.run.run", lambda config: [failed])
+    assert run_main(["--model=m", f"--data_dir={FIXTURE_GLUE}"]) == 1
+    assert "run the same command with --retry_failed=true" in capsys.readouterr().err
+    assert run_main(["--model=m", "--retry_failed=true"]) == 1  # asked for already: no hint
+    assert "--retry_failed" not in capsys.readouterr().err

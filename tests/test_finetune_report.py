@@ -1,15 +1,17 @@
-"""The Figure 5 report: steps to a validation loss, best-lr points with t-intervals, figures, summary, W&B."""
+"""The Figure 5 report: steps to a validation loss, best-lr points with t-intervals, baselines and one-class
+flags, figures, summary, W&B."""
 
 from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from finetune.manifest import JobSpec, ManifestJob, ResultsFolder
-from finetune.report import ReportConfig, confidence_interval, report, steps_to_loss
+from finetune.report import ReportConfig, clipped_interval, confidence_interval, report, steps_to_loss
 from finetune.report import main as report_main
 from finetune.store import ResultStore
 from pretrain.identity import ensure_run_id, read_run_id
@@ -41,10 +43,13 @@ def write_run(root: Path, name: str, placement: str, curve: dict[int, float]) ->
     return run_dir
 
 
-def write_results(store_path: Path, runs: dict[str, Path]) -> None:
-    """Result files as array tasks write them, taken into the store as the scheduler does."""
+def write_results(
+    store_path: Path, runs: dict[str, Path], results: dict[tuple[str, int, float], list[float]] = RESULTS
+) -> None:
+    """Result files as array tasks write them, taken into the store as the scheduler does. An accuracy at
+    the dev set's majority (0.68) or minority (0.32) share is a job that answered one class."""
     folder = ResultsFolder(store_path.with_suffix(".d"))
-    for (name, step, lr), accuracies in RESULTS.items():
+    for (name, step, lr), accuracies in results.items():
         for task in ("mrpc", "rte"):
             for seed, accuracy in enumerate(accuracies):
                 spec = JobSpec(
@@ -62,7 +67,10 @@ def write_results(store_path: Path, runs: dict[str, Path]) -> None:
                     recipe={"epochs": 3},
                 )
                 f1 = accuracy - 0.1 if task == "mrpc" else None
-                assert folder.write_done(ManifestJob(spec, 1), {"accuracy": accuracy, "f1": f1, "dev_loss": 0.5})
+                one_class = accuracy in (0.68, 0.32)
+                metrics = {"accuracy": accuracy, "f1": f1, "dev_loss": 0.5 + step / 1000, "majority_accuracy": 0.68,
+                           "majority_f1": 0.81 if task == "mrpc" else None, "top_class_share": 1.0 if one_class else 0.6}  # fmt: skip
+                assert folder.write_done(ManifestJob(spec, 1), metrics)
     with ResultStore(store_path) as store:
         store.ingest(folder)
 
@@ -80,6 +88,16 @@ def runs(tmp_path: Path) -> dict[str, Path]:
 def test_confidence_interval_uses_t_distribution() -> None:
     assert confidence_interval([0.7, 0.72, 0.74]) == pytest.approx(4.302653 * 0.02 / math.sqrt(3), rel=1e-5)
     assert math.isnan(confidence_interval([0.7]))  # undefined for one seed: no error bar, no "± 0"
+
+
+def test_clipped_interval_stays_in_the_range_of_an_accuracy() -> None:
+    # RTE of issue 25: seeds at 46% and 54% give 50 ± 50.82 from the t-distribution: past both 0 and 100.
+    half = confidence_interval([0.46, 0.54])
+    assert half == pytest.approx(0.5082, abs=1e-4)
+    assert clipped_interval(0.5, half) == (0.0, 1.0, True)
+    assert clipped_interval(0.72, 0.05) == (pytest.approx(0.67), pytest.approx(0.77), False)
+    low, high, clipped = clipped_interval(0.7, float("nan"))  # one seed: no interval, nothing clipped
+    assert math.isnan(low) and math.isnan(high) and not clipped
 
 
 def test_steps_to_loss_interpolates() -> None:
@@ -116,8 +134,17 @@ def test_report_figures_table_and_points(runs: dict[str, Path], tmp_path: Path) 
         assert (tmp_path / "fig" / image).read_bytes()[:4] == b"\x89PNG"
     summary = (tmp_path / "fig" / "summary.md").read_text()
     assert "| pre_ln (pre) | 300 | 0.600 | 1.67x |" in summary
-    assert "| MRPC | post_ln (post) | 100 | 2e-05 | 3 | 72.00 ± 4.97 | 62.00 ± 4.97 |" in summary
+    assert "| MRPC | post_ln (post) | 100 | 2e-05 | 3 | 72.00 ± 4.97 | 62.00 ± 4.97 | 0.6000 |  |" in summary
     assert "![figure5c_rte](figure5c_rte.png)" in summary
+    assert "![figure5d_dev_loss](figure5d_dev_loss.png)" in summary
+    # The steps in the runs' own terms, never next to the paper's BERT-base numbers.
+    assert (
+        "In this comparison, pre_ln (pre) reaches validation loss 3 in 300 steps, 1.67x fewer than post_ln (post)"
+        in summary
+    )
+    assert "1.69" not in summary and "500k" not in summary
+    assert "| MRPC | 68.00 | 81.00 | 50.00 |" in summary and "| RTE | 68.00 | — | 50.00 |" in summary
+    assert result["warnings"] == [] and "No snapshot beats" not in summary
 
 
 def test_report_cli_with_target_loss_and_wandb_offline(
@@ -148,6 +175,9 @@ def test_report_cli_with_target_loss_and_wandb_offline(
     for key in ("tables/seed_rows", "tables/steps_to_loss", "tables/best_lr_points"):
         assert tables[f"{key}._type"] == "table-file"
     assert tables["tables/seed_rows.nrows"] == 2 * sum(len(accuracies) for accuracies in RESULTS.values())
+    assert second.summary["baseline/mrpc/majority_accuracy"] == pytest.approx(0.68)
+    assert second.summary["warnings"] == ""
+    assert any(row.get("figure5/rte_dev_loss/pre_ln (pre)") == pytest.approx(0.6) for row in second.history)
 
 
 def test_report_refuses_mixed_recipes_and_missing_store(runs: dict[str, Path], tmp_path: Path) -> None:
@@ -159,5 +189,56 @@ def test_report_refuses_mixed_recipes_and_missing_store(runs: dict[str, Path], t
     with pytest.raises(ValueError, match=r"several fine-tuning recipes.*--recipe_hash"):
         report(config)
     config = ReportConfig(runs=[str(runs["post_ln"])], store=str(tmp_path / "none.sqlite"), out=str(tmp_path / "fig"))
-    with pytest.raises(FileNotFoundError, match=r"results store .*none\.sqlite not found"):
+    # The store beside it is named (the smoke preset writes smoke.sqlite, the report reads results.sqlite).
+    with pytest.raises(FileNotFoundError, match=rf"results store .*none\.sqlite not found; .* holds results\.sqlite: "
+                                                rf"pass --store={tmp_path / 'results.sqlite'}"):  # fmt: skip
         report(config)
+    config = replace(config, store=str(tmp_path / "nowhere" / "results.sqlite"))
+    with pytest.raises(FileNotFoundError, match=r"not found; run finetune\.schedule first or pass --store"):
+        report(config)
+
+
+# Issue 25's desk-scale runs: every job answers one class; seeds on either class give 32% and 68% at one point.
+ONE_CLASS = {
+    ("post_ln", 100, 2e-5): [0.68, 0.68],
+    ("post_ln", 300, 2e-5): [0.68, 0.32],
+    ("pre_ln", 100, 2e-5): [0.68, 0.68],
+}
+
+
+def test_report_flags_points_that_predict_one_class(tmp_path: Path) -> None:
+    runs = {
+        "post_ln": write_run(tmp_path, "post_ln", "post", POST),
+        "pre_ln": write_run(tmp_path, "pre_ln", "pre", PRE),
+    }
+    write_results(tmp_path / "results.sqlite", runs, ONE_CLASS)
+    config = ReportConfig(
+        runs=[str(runs["post_ln"]), str(runs["pre_ln"])],
+        store=str(tmp_path / "results.sqlite"),
+        out=str(tmp_path / "fig"),
+    )
+    result = report(config)
+    assert all(p["one_class"] and p["one_class_seeds"] == 2 for p in result["points"])
+    assert result["baselines"]["mrpc"] == {"majority_accuracy": 0.68, "majority_f1": 0.81, "chance": 0.5}
+    split = next(p for p in result["points"] if p["task"] == "rte" and p["step"] == 300)
+    # 50 ± t(0.975, 1) * 0.2546 = 50 ± 229: drawn and tabled clipped to [0, 100], and marked.
+    assert (split["accuracy_low"], split["accuracy_high"], split["accuracy_clipped"]) == (0.0, 1.0, True)
+    summary = (tmp_path / "fig" / "summary.md").read_text()
+    assert "**No snapshot beats the majority class**" in summary and "pretrain longer or use a larger model" in summary
+    assert (
+        "| RTE | post_ln (post) | 300 | 2e-05 | 2 | 50.00 [0.00, 100.00]† | — | 0.8000 | **one class** (2/2 seeds) |"
+        in summary
+    )
+    assert result["warnings"] and result["warnings"][0].startswith("**No snapshot beats")
+
+
+def test_a_task_where_no_point_beats_the_majority_class_says_so() -> None:
+    from finetune.report import warnings_for
+
+    point = {"task": "rte", "accuracy": 0.515, "one_class": False}
+    baselines = {"rte": {"majority_accuracy": 0.54, "majority_f1": None, "chance": 0.5}}
+    assert warnings_for([point], ["rte"], baselines) == [
+        "No RTE point beats the majority class (54.00%): pretrain longer or use a larger model before reading its "
+        "accuracies."
+    ]
+    assert warnings_for([{**point, "accuracy": 0.6}], ["rte"], baselines) == []

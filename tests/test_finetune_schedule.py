@@ -25,7 +25,7 @@ from finetune.schedule import cli as schedule_cli
 from finetune.store import ResultStore, StoreBusy, lock_path, spec_from_row, store_lock
 from pretrain.layout import SNAPSHOT_MARKER
 from pretrain.manifest import write_manifest
-from tests.finetune_fixtures import QUICK, config_for, make_run, set_status
+from tests.finetune_fixtures import FIXTURE_GLUE, QUICK, config_for, make_run, set_status
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -76,7 +76,12 @@ def test_once_runs_complete_snapshots_and_skips_done_work(tmp_path: Path, capsys
     ]
     assert len([e for e in events(config) if e["event"] == "submitted"]) == 4
     # The cost comes before the work: jobs x steps (8 examples, batch 4, 1 epoch: 2 steps a job).
-    assert "4 jobs to run: 8 fine-tuning steps (time per step not known yet" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "4 jobs to run: 8 fine-tuning steps (time per step not known yet" in out
+    # One line per pass says where the jobs are; the end shows the results (accuracy beside the majority class).
+    assert re.search(r"\] jobs: 0/4 done, 0 running, 4 queued, 0 failed  \(this pass: 4 new, 0 finished", out)
+    assert re.search(r"\] jobs: 4/4 done, 0 running, 0 queued, 0 failed", out)
+    assert re.search(r"results \(finished jobs.*\n.*accuracy +majority +dev loss\n(post_ln +10 mrpc .*%.*\n)", out)
     assert schedule(config) == []  # a second pass finds everything done
     assert "jobs to run" not in capsys.readouterr().out
     assert len([e for e in events(config) if e["event"] == "submitted"]) == 4
@@ -89,10 +94,9 @@ def test_once_runs_complete_snapshots_and_skips_done_work(tmp_path: Path, capsys
         r"4 jobs to run: 8 fine-tuning steps x [\d.e-]+ s/step \(measured on finished jobs\)", capsys.readouterr().out
     )
     schedule(config_for(tmp_path, [run_dir], seeds=[2], step_time_s=900.0))
-    assert (
-        "2 jobs to run: 4 fine-tuning steps x 900 s/step (configured step_time_s) = 1.00 worker-hours"
-        in capsys.readouterr().out
-    )
+    out = capsys.readouterr().out
+    assert "2 jobs to run: 4 fine-tuning steps x 900 s/step (configured step_time_s) = 1.00 worker-hours" in out
+    assert "2 queued, 0 failed  (this pass: 2 new, 0 finished, 0 failed attempts); ETA about 60 min" in out
 
 
 @pytest.mark.slow  # a scheduler subprocess imports torch and transformers: ~15 s on 2 busy cores
@@ -297,3 +301,28 @@ def test_schedule_cli_errors(tmp_path: Path) -> None:
         main([runs, "--until=soon"])
     with pytest.raises(FileNotFoundError, match=r"results folder .*nothing\.d does not exist"):
         main(["ingest", f"--store={tmp_path / 'nothing.sqlite'}"])
+
+
+def test_ctrl_c_requeues_the_interrupted_jobs_without_counting_an_attempt(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Issue 25: Ctrl-C printed a raw KeyboardInterrupt, and the rerun counted the interrupted jobs as failed.
+    from finetune.backends import InProcess
+
+    run_dir = make_run(tmp_path, "post_ln", steps=(10,))
+    argv = [f"--runs=[{run_dir}]", f"--store={tmp_path / 'results.sqlite'}", f"--data_dir={FIXTURE_GLUE}",
+            "--tasks=[mrpc]", "--lrs=[1e-3]", "--seeds=[0, 1]", "--max_attempts=1",
+            *(f"--recipe.{k}={v}" for k, v in QUICK.items())]  # fmt: skip
+
+    def interrupted(self: InProcess, manifest: Path, tasks: int, submission: int) -> str:
+        raise KeyboardInterrupt  # Ctrl-C while the first job runs in this process
+
+    monkeypatch.setattr(InProcess, "start", interrupted)
+    assert main(argv) == 130
+    assert "interrupted: 2 unfinished job(s) queued again (not counted as failed attempts)" in capsys.readouterr().err
+    with ResultStore(tmp_path / "results.sqlite") as store:
+        assert [(r["status"], r["attempts"]) for r in store.rows()] == [("queued", 0), ("queued", 0)]
+    monkeypatch.undo()
+    assert main(argv) == 0  # one attempt allowed, and it was not used up by the interruption
+    with ResultStore(tmp_path / "results.sqlite") as store:
+        assert [(r["status"], r["attempts"]) for r in store.rows()] == [("done", 1), ("done", 1)]

@@ -91,7 +91,8 @@ def test_weight_by_words_gives_each_source_its_share_of_words(tmp_path: Path) ->
 
 
 def two_shapes(tmp_path: Path, *, rows_per_document: int, **overrides) -> DataConfig:
-    """Articles (one a row) and a sentence-per-row book file, mixed 1:1 by words."""
+    """Articles (one a row) and a sentence-per-row book file, mixed 1:1 by words; 12 validation documents (the
+    fewest that draw no warning, pretrain/prepare.py: MIN_VALIDATION_DOCUMENTS)."""
     tmp_path.mkdir(parents=True, exist_ok=True)
     articles = write_jsonl(tmp_path / "wiki.jsonl", make_documents(150, seed=1))
     books = tmp_path / "books.jsonl"
@@ -100,6 +101,7 @@ def two_shapes(tmp_path: Path, *, rows_per_document: int, **overrides) -> DataCo
         SourceConfig(kind="json", path=str(articles)),
         SourceConfig(kind="json", path=str(books), rows_per_document=rows_per_document),
     ]
+    overrides = {"validation_documents": 12, **overrides}
     return tiny_config(tmp_path, sources, weight_by="words", max_seq_length=64, **overrides)
 
 
@@ -131,6 +133,37 @@ def test_check_reports_true_next_fractions_and_warns_on_one_sentence_documents(t
         assert row["single_sentence_documents"] == 0.0
         assert row["true_next"] == pytest.approx(0.5, abs=0.1)  # data.nsp_random_prob = 0.5
     assert rows[1]["real_tokens_per_instance"] > 0.7 * grouped.max_seq_length  # books: now long documents
+
+
+def _summary(tokens: list[int], documents: list[int], validation_documents: int) -> dict:
+    """A preparation summary with the per-source counts the mixture checks read."""
+    source = {"sentences": 10, "single_sentence_documents": 0, "instances": 100, "true_next": 50, "real_tokens": 12_000}
+    return {
+        "train": {"instances": 200, "real_tokens": 24_000, "padding_fraction": 0.1,
+                  "by_source": {str(i): {**source, "documents": d, "document_tokens": t}
+                                for i, (t, d) in enumerate(zip(tokens, documents, strict=True))}},
+        "validation": {"instances": 153, "real_tokens": 18_000, "padding_fraction": 0.1,
+                       "by_source": {"0": {"documents": validation_documents}}},
+        "disk_bytes": 0,
+    }  # fmt: skip
+
+
+def test_check_warns_when_the_mixture_is_not_the_weights_or_validation_is_tiny(tmp_path: Path) -> None:
+    # Issue 25: wiki and books at equal weights by documents: 62 articles, 81 books, 97% of the tokens books'.
+    sources = [SourceConfig(kind="json", path="wiki.jsonl"), SourceConfig(kind="json", path="books.jsonl")]
+    cfg = DataConfig(sources=sources, validation_fraction=0.02)
+    rows, warnings = source_checks(_summary([30_000, 970_000], [62, 81], validation_documents=3), cfg)
+    assert [round(r["token_share"], 2) for r in rows] == [0.03, 0.97] and rows[1]["target_share"] == 0.5
+    assert any(w.startswith("source 1: json books.jsonl: 97.0% of the training tokens against its weight's 50.0% "
+                            "(mixed by documents); set data.weight_by=words") for w in warnings)  # fmt: skip
+    assert any(w.startswith("the validation split is 3 document(s) (153 instances), fewer than 10") for w in warnings)
+    assert "WARNING: the validation split" in format_report(_summary([1, 1], [1, 1], 3), cfg, "X")
+    # By words, the shares are the weights' (within the sampling of the mixture), and 40 documents validate.
+    by_words = DataConfig(sources=sources, weight_by="words")
+    assert source_checks(_summary([480_000, 520_000], [2500, 12], validation_documents=40), by_words)[1] == []
+    # A small source far from a small weight counts only past 5 points: 3% for a weight share of 1% is left alone.
+    weighted = DataConfig(sources=[sources[0], SourceConfig(kind="json", path="books.jsonl", weight=1 / 99)])
+    assert source_checks(_summary([970_000, 30_000], [2500, 12], validation_documents=40), weighted)[1] == []
 
 
 class Killed(Exception):
@@ -228,7 +261,7 @@ def test_prepare_command_prints_summary_and_is_idempotent(tmp_path: Path, capsys
     cfg = two_shapes(tmp_path, rows_per_document=16)
     args = [
         f"--data.sources={json.dumps([vars(s) for s in cfg.sources])}",
-        "--data.weight_by=words", "--data.vocab_size=300", "--data.max_seq_length=64",
+        "--data.weight_by=words", "--data.vocab_size=300", "--data.max_seq_length=64", "--data.validation_documents=12",
         f"--data.cache_dir={tmp_path / 'cache'}", "--model.max_position_embeddings=64",
     ]  # fmt: skip
     assert prepare_main(args) == 0

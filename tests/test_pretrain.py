@@ -20,7 +20,7 @@ from safetensors.torch import load_file
 from pretrain.checkpointing import latest_checkpoint, list_checkpoints
 from pretrain.layout import list_snapshots, read_metrics, read_status
 from pretrain.modeling import LNBertForPreTraining
-from pretrain.run import main
+from pretrain.run import final_validation, main, progress_postfix
 
 ROOT = Path(__file__).resolve().parents[1]
 RUN_PY = ROOT / "pretrain" / "run.py"
@@ -304,9 +304,21 @@ def test_output_dir_holding_another_run(tmp_path: Path, data_cache: Path) -> Non
 def test_resume_with_nothing_to_resume(tmp_path: Path, data_cache: Path, capsys: pytest.CaptureFixture) -> None:
     # A job killed before it wrote run_config.json, requeued with --train.resume=auto: it starts, with a warning.
     assert main(tiny_args(tmp_path / "empty", data_cache, "--train.resume=auto", "--train.max_steps=1")) == 0
-    assert "nothing to resume" in capsys.readouterr().err
+    out, err = capsys.readouterr()
+    assert "nothing to resume" in err
+    # The console shows the data each source gave and, at the end, the validation loss (issue 25).
+    assert "per source (training instances" in out and "validation   MLM loss " in out
     with pytest.raises(FileNotFoundError, match="is not a complete checkpoint"):
         main(tiny_args(tmp_path / "r", data_cache, f"--train.resume={tmp_path}/no-checkpoint"))
+
+
+def test_the_progress_bar_and_the_end_of_a_run_show_the_validation_loss() -> None:
+    assert progress_postfix(2.5, 1e-4, {}) == {"loss": "2.500", "lr": "1.00e-04"}
+    evaluated = {"val/mlm_loss": 7.71912, "val/mlm_accuracy": 0.05}
+    assert progress_postfix(2.5, 1e-4, evaluated)["val"] == "7.719"
+    assert progress_postfix(None, None, evaluated) == {"val": "7.719"}  # after an evaluation step
+    assert final_validation(evaluated) == "\n  validation   MLM loss 7.7191, MLM accuracy 0.0500"
+    assert final_validation({}) == ""
 
 
 def test_command_line_errors_exit_2_with_the_message(tmp_path: Path) -> None:

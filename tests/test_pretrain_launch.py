@@ -85,6 +85,51 @@ def test_compare_placements_runs_both_with_the_same_seed(tmp_path: Path) -> None
     assert "post-LN  status=finished" in result.stdout and " pre-LN  status=finished" in result.stdout
 
 
+# A stand-in for `python pretrain/run.py` (the comparison's LAUNCH): it records its output_dir and writes the
+# status the real run writes. With INTERRUPT set, its first call does what a Ctrl-C in the terminal does (SIGINT
+# to the whole foreground process group: the script and the run) and ends as the run does: checkpoint saved,
+# status preempted, exit code 0.
+FAKE_RUN = """
+out=$(printf '%s\\n' "$@" | sed -n 's/^--train.output_dir=//p')
+echo "$out" >> "$CALLS"
+mkdir -p "$out"
+status=finished
+if [[ -n ${INTERRUPT:-} && ! -e $CALLS.interrupted ]]; then
+  touch "$CALLS.interrupted"
+  trap 'status=preempted' INT
+  kill -INT 0
+fi
+printf '{"status": "%s"}' "$status" > "$out/status.json"
+touch "$out/metrics.jsonl"
+"""
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+def test_one_interrupt_stops_the_whole_comparison_and_the_same_command_continues(tmp_path: Path) -> None:
+    _fake(tmp_path, "fake_run", FAKE_RUN)
+    calls, out = tmp_path / "calls.log", tmp_path / "compare"
+    env = {**os.environ, "LAUNCH": f"bash {tmp_path / 'fake_run'}", "OUT": str(out), "CALLS": str(calls)}
+
+    def compare(**extra: str) -> subprocess.CompletedProcess:
+        # A session of its own: the fake's SIGINT reaches this script and its run, as a terminal's would.
+        return subprocess.run(["bash", str(ROOT / "launch" / "compare_placements.sh"), "small"], cwd=tmp_path,
+                              env={**env, **extra}, capture_output=True, text=True, timeout=120,
+                              start_new_session=True)  # fmt: skip
+
+    first = compare(INTERRUPT="1")
+    assert first.returncode == 130, first.stdout + first.stderr
+    assert calls.read_text().split() == [str(out / "post")]  # Pre-LN was not started
+    assert "run the same command again to continue the comparison" in first.stderr
+    second = compare()
+    assert second.returncode == 0, second.stdout + second.stderr
+    assert calls.read_text().split() == [str(out / "post"), str(out / "post"), str(out / "pre")]
+    assert "post-LN  status=finished" in second.stdout and " pre-LN  status=finished" in second.stdout
+    # A run stopped by a signal sent to it alone (a scheduler's SIGTERM) stops the comparison too.
+    _fake(tmp_path, "fake_run", FAKE_RUN.replace("status=finished", "status=preempted", 1))
+    calls.unlink()
+    assert compare().returncode == 130 and calls.read_text().split() == [str(out / "post")]
+
+
 @pytest.mark.parametrize("script", sorted(p.name for p in (ROOT / "launch").glob("*.sh")))
 def test_launch_scripts_parse(script: str) -> None:
     result = subprocess.run(["bash", "-n", str(ROOT / "launch" / script)], capture_output=True, text=True)
@@ -122,7 +167,7 @@ def test_slurm_script_requeues_a_preempted_run_until_it_ends(
     run_dir.mkdir()
     _fake(bin_dir, "scontrol", f'echo "scontrol $*" >> {log}\n[[ $1 == show ]] && echo node-1\ntrue\n')
     _fake(bin_dir, "srun", 'shift\nSLURM_NODEID=0 exec "$@"\n')  # one node; exec keeps the pid the batch shell waits on
-    finish = f"finish() {{ echo '{{\"status\": \"{run_status}\"}}' > {run_dir}/status.json; exit 0; }}\n"
+    finish = f'finish() {{ echo \'{{"status": "{run_status}"}}\' > {run_dir}/status.json; exit 0; }}\n'
     body = finish + "finish\n"
     if signalled:  # SLURM's TERM reaches the batch shell; the run stops when the shell forwards it
         body = finish + "trap finish TERM\nkill -TERM $PPID\nsleep 20 & wait\n"
