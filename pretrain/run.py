@@ -141,6 +141,8 @@ def build_accelerator(cfg: PretrainConfig) -> Accelerator:
         # The scheduler is stepped once per optimizer step, and its horizon is train.max_steps.
         step_scheduler_with_optimizer=False,
         kwargs_handlers=kwargs_handlers,
+        # prepare() compiles last, after the DDP wrap; None keeps an `accelerate config` dynamo choice.
+        dynamo_backend="inductor" if cfg.train.compile else None,
     )
     plugin = accelerator.state.deepspeed_plugin
     if plugin is not None and plugin.deepspeed_config.get("gradient_clipping") == "auto":
@@ -150,8 +152,17 @@ def build_accelerator(cfg: PretrainConfig) -> Accelerator:
 
 
 def build_model(cfg: PretrainConfig, vocab_size: int) -> LNBertForPreTraining:
+    """The model, uncompiled: train.compile is applied by ``accelerator.prepare`` after the DDP wrap
+    (build_accelerator), so that DDP's all-reduces overlap the compiled backward (PyTorch's DDP + compile
+    guidance); compiling first makes the backward one graph that the all-reduces wait for."""
     model = LNBertForPreTraining(cfg.model.to_lnbert(vocab_size))
-    return torch.compile(model) if cfg.train.compile else model
+    if cfg.data.objective != "mlm_nsp":
+        # No NSP loss: the pooler and the NSP head get no gradient, which DDP (find_unused_parameters=False)
+        # reports as an error at the second step. Frozen, they stay at their initial values, as before, and the
+        # snapshots keep every key.
+        model.bert.pooler.requires_grad_(False)
+        model.cls.seq_relationship.requires_grad_(False)
+    return model
 
 
 class EpochSampler(Sampler[int]):

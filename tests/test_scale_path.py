@@ -1,0 +1,97 @@
+"""The scale path's CPU-reachable parts (issue 23): DDP with the MLM-only objective, the fp16 step decision, the
+device peak-FLOP/s table, compile after DDP, asynchronous copies, slot tokens/s, bf16 on CPUs without it."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+from pathlib import Path
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+from pretrain.config import parse_args
+from pretrain.optim import build_adamw
+from pretrain.run import build_accelerator, build_model
+from tests.conftest import TINY
+
+TINY_MODEL = [f"--model.{key}={value}" for key, value in TINY.items() if key != "vocab_size"]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _tiny_batch(seed: int) -> dict[str, torch.Tensor]:
+    generator = torch.Generator().manual_seed(seed)
+    input_ids = torch.randint(5, TINY["vocab_size"], (4, 16), generator=generator)
+    labels = torch.full_like(input_ids, -100)
+    labels[:, 3] = input_ids[:, 3]
+    return {"input_ids": input_ids, "attention_mask": torch.ones_like(input_ids), "labels": labels}
+
+
+def _ddp_worker(rank: int, port: int, out: Path) -> None:
+    """One of two gloo processes: run.py's accelerator and model, the MLM-only objective, train.compile=true
+    (torch.compile recorded, not run: what matters is what it is given)."""
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2",
+        LOCAL_WORLD_SIZE="2", ACCELERATE_USE_CPU="1",
+    )  # fmt: skip
+    torch.set_num_threads(1)
+    compiled: list[str] = []
+
+    def record_compile(model: torch.nn.Module, **kwargs: object) -> torch.nn.Module:
+        compiled.append(type(model).__name__)
+        return model
+
+    torch.compile = record_compile
+    try:
+        cfg = parse_args([*TINY_MODEL, "--data.objective=mlm", "--train.compile=true", f"--train.output_dir={out}"])
+        accelerator = build_accelerator(cfg)
+        torch.manual_seed(0)
+        model = build_model(cfg, TINY["vocab_size"])
+        optimizer = build_adamw(model, lr=1e-3, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.01)
+        model, optimizer = accelerator.prepare(model, optimizer)
+        for step in range(3):  # DDP raises at the second step when a parameter got no gradient in the first
+            accelerator.backward(model(**_tiny_batch(seed=10 * step + rank)).loss)
+            optimizer.step()
+            optimizer.zero_grad()
+        (out / f"rank{rank}.json").write_text(json.dumps({"compiled": compiled}))
+    except Exception as err:
+        (out / f"rank{rank}.json").write_text(json.dumps({"error": f"{type(err).__name__}: {err}"}))
+        raise
+
+
+@pytest.mark.slow  # two processes that import the project: ~25 s on a busy 2-core machine
+def test_ddp_trains_the_mlm_only_objective_and_compiles_after_the_wrap(tmp_path: Path) -> None:
+    """Point 1: without NSP labels the pooler and the NSP head get no gradient, and DDP's default
+    find_unused_parameters=False fails the second step. Point 5: torch.compile is given the DDP-wrapped model."""
+    context = mp.start_processes(_ddp_worker, args=(_free_port(), tmp_path), nprocs=2, join=False, start_method="spawn")
+    with contextlib.suppress(mp.ProcessRaisedException):
+        while not context.join(timeout=180):
+            pass
+    results = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in (0, 1)]
+    assert results == [{"compiled": ["DistributedDataParallel"]}] * 2, results
+
+
+def test_the_mlm_only_loss_reaches_every_trainable_parameter() -> None:
+    """What DDP needs of the MLM-only objective, in one process: no trainable parameter without a gradient."""
+    model = build_model(parse_args([*TINY_MODEL, "--data.objective=mlm"]), TINY["vocab_size"])
+    out = model(**_tiny_batch(seed=0))
+    out.loss.backward()
+    assert out.seq_relationship_logits is None
+    unused = {name for name, p in model.named_parameters() if p.requires_grad and p.grad is None}
+    assert not unused, unused
+    assert {n for n, p in model.named_parameters() if not p.requires_grad} == {
+        "bert.pooler.dense.weight", "bert.pooler.dense.bias", "cls.seq_relationship.weight",
+        "cls.seq_relationship.bias",
+    }  # fmt: skip
+    # With NSP, everything trains.
+    assert all(p.requires_grad for p in build_model(parse_args(TINY_MODEL), TINY["vocab_size"]).parameters())
+    # Without labels (inference) the NSP logits are there, as in Hugging Face's BertForPreTraining.
+    assert model(input_ids=_tiny_batch(seed=0)["input_ids"]).seq_relationship_logits.shape == (4, 2)
