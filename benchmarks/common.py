@@ -15,24 +15,9 @@ from typing import Any
 
 import torch
 
-RESULTS_DIR = Path(__file__).resolve().parent / "results"
+from pretrain.hardware import gpu_peak
 
-# Dense (no sparsity) peak TFLOP/s per card, (bf16, tf32), from the vendors' data sheets. Matched by substring of
-# torch.cuda.get_device_name(), first match wins, so the more specific names come first.
-GPU_PEAK_TFLOPS: tuple[tuple[str, float, float], ...] = (
-    ("H100 PCIe", 756.0, 378.0),
-    ("H100 NVL", 835.0, 418.0),
-    ("H100", 989.0, 494.7),  # SXM
-    ("H200", 989.0, 494.7),
-    ("H800", 989.0, 494.7),
-    ("GH200", 989.0, 494.7),
-    ("A100", 312.0, 156.0),
-    ("A800", 312.0, 156.0),
-    ("L40S", 362.0, 183.0),
-    ("A10G", 70.0, 35.0),
-    ("A10", 125.0, 62.5),
-    ("L4", 121.0, 60.0),
-)
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
 
 
 def configure_device(device: torch.device) -> None:
@@ -122,11 +107,10 @@ def machine_info(device: torch.device) -> dict[str, Any]:
 
 
 def table_peak_tflops(gpu_name: str) -> dict[str, float] | None:
-    """Data-sheet dense peak of a known card, ``{"bf16": ..., "fp32": ...}`` (fp32 means TF32), else None."""
-    for key, bf16, tf32 in GPU_PEAK_TFLOPS:
-        if key in gpu_name:
-            return {"bf16": bf16, "fp32": tf32}
-    return None
+    """Data-sheet dense peak of a known card (pretrain/hardware.py), ``{"bf16": ..., "fp32": ...}`` (fp32 means
+    TF32, which configure_device enables), else None."""
+    entry = gpu_peak(gpu_name)
+    return {"bf16": entry.bf16, "fp32": entry.tf32} if entry else None
 
 
 def measured_gemm(dtype: torch.dtype, device: torch.device, size: int, reps: int = 5) -> tuple[float, float]:

@@ -133,7 +133,7 @@ class OptimConfig:
     max_grad_norm: float = 1.0
     """Clip the total gradient norm to this value; 0 disables clipping (the norm is still logged)."""
     implementation: Literal["auto", "fused", "foreach", "for_loop"] = "auto"
-    """AdamW kernel: auto (PyTorch's choice: foreach on CUDA, the for_loop on CPU), fused (one kernel; CUDA and
+    """AdamW kernel: auto (fused on CUDA; PyTorch's choice, the for_loop, on CPU), fused (one kernel; CUDA and
     CPU, the fastest on both, BENCHMARKS.md), foreach, or for_loop (the reference loop)."""
 
     def __post_init__(self) -> None:
@@ -207,8 +207,10 @@ class TrainConfig:
     """Seconds a process waits for the others at a collective (all-reduce, barrier) before the run fails with a
     message naming this key: a frozen or lost process stops the run instead of blocking it forever. Must cover
     the slowest wait: the main process preparing data (first run) or writing a checkpoint."""
-    peak_flops_per_device: float = 312e12
-    """Peak FLOP/s of one device for train/mfu (A100 bf16 dense: 312e12; H100 SXM bf16: 989e12); 0 disables MFU."""
+    peak_flops_per_device: float | None = None
+    """Peak FLOP/s of one device for train/mfu; null: the data sheet's dense figure for the GPU's name at the
+    run's precision (pretrain/hardware.py; the matched entry is printed at the start; 0 on a CPU or an unknown
+    card); 0 disables MFU."""
 
     def __post_init__(self) -> None:
         _require(self.max_steps > 0, "train.max_steps", "must be > 0")
@@ -223,7 +225,11 @@ class TrainConfig:
         for key in ("eval_every", "eval_batches", "checkpoint_every", "snapshot_every", "num_workers"):
             _require(getattr(self, key) >= 0, f"train.{key}", "must be >= 0")
         _require(all(s >= 0 for s in self.snapshot_steps), "train.snapshot_steps", "steps must be >= 0")
-        _require(self.peak_flops_per_device >= 0, "train.peak_flops_per_device", "must be >= 0 (0 disables MFU)")
+        _require(
+            self.peak_flops_per_device is None or self.peak_flops_per_device >= 0,
+            "train.peak_flops_per_device",
+            "must be >= 0 (0 disables MFU) or null (look the device up)",
+        )
 
     def is_snapshot_step(self, step: int) -> bool:
         on_interval = self.snapshot_every > 0 and step % self.snapshot_every == 0

@@ -35,7 +35,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from accelerate import Accelerator
-from accelerate.utils import InitProcessGroupKwargs, ProjectConfiguration, set_seed
+from accelerate.utils import DataLoaderConfiguration, InitProcessGroupKwargs, ProjectConfiguration, set_seed
 from torch import nn
 from torch.utils.data import DataLoader, Sampler
 from tqdm.auto import tqdm
@@ -58,6 +58,7 @@ from pretrain.checkpointing import (
 from pretrain.config import ConfigError, PretrainConfig, TrainConfig, help_text, parse_args, to_dict
 from pretrain.data import MaskingCollator, PretrainingData, build_pretraining_data
 from pretrain.flops import flops_per_token
+from pretrain.hardware import cpu_bf16_warning, mfu_peak
 from pretrain.identity import ensure_run_id
 from pretrain.layout import (
     HEARTBEAT_EVERY_S,
@@ -68,7 +69,7 @@ from pretrain.layout import (
     write_json_atomic,
 )
 from pretrain.modeling import LNBertForPreTraining
-from pretrain.optim import build_adamw
+from pretrain.optim import build_adamw, resolve_adamw_implementation
 from pretrain.prepare import prepare_command
 from pretrain.tracking import (
     clip_coefficient,
@@ -103,6 +104,9 @@ def check_environment(cfg: PretrainConfig) -> None:
         raise ConfigError(
             "train.mixed_precision=fp16 needs a GPU (its loss scaler is CUDA-only); use bf16 or no on CPU"
         )
+    bf16_on_cpu = cfg.train.mixed_precision == "bf16" and on_cpu and os.environ.get("RANK", "0") == "0"
+    if bf16_on_cpu and (warning := cpu_bf16_warning("--train.mixed_precision=no")):
+        print(f"warning: {warning}", file=sys.stderr, flush=True)
     if cfg.train.compile and _env_flag("ACCELERATE_USE_DEEPSPEED"):
         raise ConfigError("train.compile=true does not work with DeepSpeed; set --train.compile=false")
     if cfg.tracking.backend == "wandb":
@@ -115,6 +119,13 @@ class _SkipTiedWeightsNote(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         return "Removed shared tensor" not in record.getMessage()
+
+
+def copies_asynchronously() -> bool:
+    """Batches go to a GPU: page-locked by the loaders (pin_memory) and copied without blocking the host
+    (Accelerate's DataLoaderConfiguration(non_blocking=...), False by default). Both or neither: without pinned
+    memory a non-blocking copy is synchronous anyway."""
+    return torch.cuda.is_available() and not _env_flag("ACCELERATE_USE_CPU")
 
 
 def build_accelerator(cfg: PretrainConfig) -> Accelerator:
@@ -141,6 +152,7 @@ def build_accelerator(cfg: PretrainConfig) -> Accelerator:
         # The scheduler is stepped once per optimizer step, and its horizon is train.max_steps.
         step_scheduler_with_optimizer=False,
         kwargs_handlers=kwargs_handlers,
+        dataloader_config=DataLoaderConfiguration(non_blocking=copies_asynchronously()),
         # prepare() compiles last, after the DDP wrap; None keeps an `accelerate config` dynamo choice.
         dynamo_backend="inductor" if cfg.train.compile else None,
     )
@@ -202,7 +214,7 @@ def build_dataloaders(cfg: PretrainConfig, data: PretrainingData, num_processes:
     common = dict(
         num_workers=train_cfg.num_workers,
         generator=torch.Generator().manual_seed(train_cfg.seed),
-        pin_memory=torch.cuda.is_available(),  # page-locked batches copy to the GPU asynchronously
+        pin_memory=copies_asynchronously(),  # with the accelerator's non_blocking copies
     )
     sampler = None
     if isinstance(data.train, torch.utils.data.IterableDataset) or not hasattr(data.train, "__len__"):
@@ -325,6 +337,7 @@ class TrainingSetup:
     tokenizer: Any
     run_dir: Path
     flops_per_token: float
+    peak_flops_per_device: float  # what train/mfu is measured against (hardware.mfu_peak)
     last_eval: dict[str, float] = field(default_factory=dict)
 
 
@@ -336,6 +349,7 @@ class StepStats:
     mlm_loss: float
     nsp_loss: float
     tokens: int
+    slots: int  # sequence positions computed, padding included (what a fixed-shape benchmark counts)
     finite: bool
     stop: bool
     grad_norm: float
@@ -369,7 +383,7 @@ def train_step(
     already stepped inside ``backward``; no checkpoint is written from that state either way).
     """
     accelerator, model = setup.accelerator, setup.model
-    sums = torch.zeros(5, device=accelerator.device)  # loss, mlm, nsp, tokens, micro-batches
+    sums = torch.zeros(6, device=accelerator.device)  # loss, mlm, nsp, tokens, micro-batches, slots
     for batch in batches:
         with accelerator.accumulate(model):
             out = model(**batch)
@@ -382,6 +396,7 @@ def train_step(
                     nsp.float(),
                     batch["attention_mask"].sum().float(),
                     torch.ones((), device=sums.device),
+                    torch.tensor(float(batch["input_ids"].numel()), device=sums.device),
                 ]
             )
             if not accelerator.sync_gradients:
@@ -409,8 +424,9 @@ def train_step(
                 mlm_loss=totals[1].item() / micro,
                 nsp_loss=totals[2].item() / micro,
                 tokens=int(totals[3].item()),
+                slots=int(totals[5].item()),
                 finite=finite,
-                stop=totals[5].item() > 0,
+                stop=totals[6].item() > 0,
                 grad_norm=grad_norm,
                 layer_grad_norms=layer_norms,
             )
@@ -524,7 +540,7 @@ def train(setup: TrainingSetup, state: TrainState, stop: StopRequest) -> str:
         total=train_cfg.max_steps, initial=state.step, disable=not accelerator.is_local_main_process, desc="pretrain"
     )
     # Throughput counts the time spent in training steps only (not evaluation or saving).
-    window_tokens, window_time = 0, 0.0
+    window_tokens, window_slots, window_time = 0, 0, 0.0
     heartbeat = Heartbeat(setup)
     while state.step < last_step:
         next_step = state.step + 1
@@ -545,6 +561,7 @@ def train(setup: TrainingSetup, state: TrainState, stop: StopRequest) -> str:
         state.step += 1
         state.tokens_seen += stats.tokens
         window_tokens += stats.tokens
+        window_slots += stats.slots
         progress.update(1)
         if log_now:
             tokens_per_s = window_tokens / max(window_time, 1e-9)
@@ -555,8 +572,10 @@ def train(setup: TrainingSetup, state: TrainState, stop: StopRequest) -> str:
                 "train/lr": setup.scheduler.get_last_lr()[0],
                 "train/grad_norm": stats.grad_norm,
                 "train/tokens_per_s": tokens_per_s,
+                # Padding included: comparable with benchmarks.train_step, which counts every slot of its batch.
+                "train/slot_tokens_per_s": window_slots / max(window_time, 1e-9),
                 "train/mfu": model_flops_utilisation(
-                    tokens_per_s, setup.flops_per_token, train_cfg.peak_flops_per_device, accelerator.num_processes
+                    tokens_per_s, setup.flops_per_token, setup.peak_flops_per_device, accelerator.num_processes
                 ),
                 "train/epoch": state.epoch,
             }
@@ -565,7 +584,7 @@ def train(setup: TrainingSetup, state: TrainState, stop: StopRequest) -> str:
             metrics.update(stats.layer_grad_norms)
             log_metrics(accelerator, setup.run_dir, metrics, state.step)
             progress.set_postfix(loss=f"{stats.loss:.3f}", lr=f"{metrics['train/lr']:.2e}")
-            window_tokens, window_time = 0, 0.0
+            window_tokens, window_slots, window_time = 0, 0, 0.0
         done = state.step == last_step
         preempted = stats.stop and not done
         if (train_cfg.eval_every and state.step % train_cfg.eval_every == 0) or done:
@@ -626,6 +645,9 @@ def prepare_training(
         )
     resolved = to_dict(cfg)
     resolved["model"]["vocab_size"] = vocab_size  # what the model was built with
+    peak_flops, peak_note = mfu_peak(cfg.train.peak_flops_per_device, accelerator.device, cfg.train.mixed_precision)
+    resolved["train"]["peak_flops_per_device"] = peak_flops  # what train/mfu is measured against
+    accelerator.print(peak_note)
     set_seed(cfg.train.seed)  # the same initial weights whatever data preparation drew
     model = build_model(cfg, vocab_size)
     optim = cfg.optim
@@ -635,7 +657,7 @@ def prepare_training(
         betas=optim.betas,
         eps=optim.eps,
         weight_decay=optim.weight_decay,
-        implementation=optim.implementation,
+        implementation=resolve_adamw_implementation(optim.implementation, accelerator.device),
     )
     max_steps = cfg.train.max_steps
     scheduler = get_scheduler(
@@ -664,6 +686,7 @@ def prepare_training(
             cfg.data.max_seq_length,
             mlm_head_share=cfg.data.mlm_probability if unwrapped.config.sparse_mlm_head else 1.0,
         ),
+        peak_flops_per_device=peak_flops,
     )
     fingerprint = data_fingerprint(cfg, accelerator.num_processes, data.tokenizer)
     state = TrainState(data_fingerprint=fingerprint)

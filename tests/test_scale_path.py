@@ -12,11 +12,16 @@ from pathlib import Path
 import pytest
 import torch
 import torch.multiprocessing as mp
+import yaml
+from accelerate.state import AcceleratorState, GradientState
 
-from pretrain.config import parse_args
-from pretrain.optim import build_adamw
+from benchmarks.common import table_peak_tflops
+from pretrain import run
+from pretrain.config import TrainConfig, parse_args
+from pretrain.hardware import gpu_peak, mfu_peak
+from pretrain.optim import build_adamw, resolve_adamw_implementation
 from pretrain.run import build_accelerator, build_model
-from tests.conftest import TINY
+from tests.conftest import ROOT, TINY
 
 TINY_MODEL = [f"--model.{key}={value}" for key, value in TINY.items() if key != "vocab_size"]
 
@@ -95,3 +100,73 @@ def test_the_mlm_only_loss_reaches_every_trainable_parameter() -> None:
     assert all(p.requires_grad for p in build_model(parse_args(TINY_MODEL), TINY["vocab_size"]).parameters())
     # Without labels (inference) the NSP logits are there, as in Hugging Face's BertForPreTraining.
     assert model(input_ids=_tiny_batch(seed=0)["input_ids"]).seq_relationship_logits.shape == (4, 2)
+
+
+# --------------------------------------------------------------------------------------------------
+# Point 3: the peak FLOP/s behind train/mfu
+# --------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("name", "label", "bf16"),
+    [
+        ("NVIDIA H200 NVL", "H200 NVL", 835.0),  # not the SXM entry, though its name contains "H200"
+        ("NVIDIA H200", "H200 SXM", 989.0),
+        ("NVIDIA GH200 480GB", "GH200", 989.0),
+        ("NVIDIA H100 80GB HBM3", "H100 SXM", 989.0),
+        ("NVIDIA H100 PCIe", "H100 PCIe", 756.0),
+        ("NVIDIA H100 NVL", "H100 NVL", 835.0),
+        ("NVIDIA A100-SXM4-80GB", "A100", 312.0),
+        ("NVIDIA A10G", "A10G", 70.0),
+        ("NVIDIA L4", "L4", 121.0),
+    ],
+)
+def test_a_gpu_name_matches_its_own_entry(name: str, label: str, bf16: float) -> None:
+    entry = gpu_peak(name)
+    assert entry is not None and (entry.label, entry.bf16) == (label, bf16)
+    assert table_peak_tflops(name)["bf16"] == bf16  # the benchmarks read the same table
+
+
+def test_mfu_peak_follows_the_device_and_the_precision(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H200 NVL")
+    cuda = torch.device("cuda")
+    peak, note = mfu_peak(None, cuda, "bf16")
+    assert peak == 835e12 and "'NVIDIA H200 NVL' matched H200 NVL, bf16 dense" in note
+    assert mfu_peak(None, cuda, "no")[0] in (418e12, 60e12)  # TF32 or plain fp32, as torch's flag says
+    assert mfu_peak(312e12, cuda, "bf16")[0] == 312e12  # a configured figure wins
+    assert mfu_peak(None, torch.device("cpu"), "bf16")[0] == 0.0
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA B300")
+    peak, note = mfu_peak(None, cuda, "bf16")
+    assert peak == 0.0 and "set train.peak_flops_per_device" in note
+    # The presets look the device up rather than assume an A100.
+    assert TrainConfig().peak_flops_per_device is None
+    for preset in sorted((ROOT / "configs" / "pretrain").glob("bert_base_*.yaml")):
+        assert yaml.safe_load(preset.read_text())["train"].get("peak_flops_per_device") is None, preset
+
+
+# --------------------------------------------------------------------------------------------------
+# Points 6 and 11: asynchronous copies, slot tokens/s, fused AdamW on CUDA
+# --------------------------------------------------------------------------------------------------
+
+
+def test_pinned_batches_are_copied_without_blocking(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Accelerate copies batches with non_blocking=False unless told; pinned memory alone copies synchronously."""
+    cfg = parse_args([*TINY_MODEL, f"--train.output_dir={tmp_path}"])
+    monkeypatch.setattr(run, "copies_asynchronously", lambda: True)
+    try:
+        assert run.build_accelerator(cfg).dataloader_config.non_blocking is True
+    finally:
+        AcceleratorState._reset_state(reset_partial_state=True)
+        GradientState._reset_state()
+    monkeypatch.setattr(run, "copies_asynchronously", lambda: False)
+    try:
+        assert run.build_accelerator(cfg).dataloader_config.non_blocking is False
+    finally:
+        AcceleratorState._reset_state(reset_partial_state=True)
+        GradientState._reset_state()
+
+
+def test_auto_adamw_is_fused_on_cuda() -> None:
+    assert resolve_adamw_implementation("auto", torch.device("cuda")) == "fused"
+    assert resolve_adamw_implementation("auto", torch.device("cpu")) == "auto"
+    assert resolve_adamw_implementation("foreach", torch.device("cuda")) == "foreach"
