@@ -178,6 +178,9 @@ class TrainConfig:
     """Micro-batches per optimizer step (through accelerator.accumulate)."""
     mixed_precision: Literal["no", "bf16", "fp16"] = "no"
     """Autocast precision; fp16 needs a GPU (it uses a loss scaler)."""
+    max_skipped_steps: int = 25
+    """fp16: steps in a row whose gradients may overflow (the loss scaler skips each and halves its scale; routine
+    in the first steps) before the run is called diverged. A non-finite loss is divergence at once."""
     eval_every: int = 100
     """Evaluate on the validation split every this many steps (and at the end); 0: only at the end."""
     eval_batches: int = 10
@@ -222,7 +225,8 @@ class TrainConfig:
         for key in ("per_device_batch_size", "gradient_accumulation_steps", "log_every", "keep_last_checkpoints",
                     "collective_timeout_s"):
             _require(getattr(self, key) > 0, f"train.{key}", "must be a positive integer")
-        for key in ("eval_every", "eval_batches", "checkpoint_every", "snapshot_every", "num_workers"):
+        for key in ("eval_every", "eval_batches", "checkpoint_every", "snapshot_every", "num_workers",
+                    "max_skipped_steps"):
             _require(getattr(self, key) >= 0, f"train.{key}", "must be >= 0")
         _require(all(s >= 0 for s in self.snapshot_steps), "train.snapshot_steps", "steps must be >= 0")
         _require(
@@ -331,6 +335,7 @@ RESUMABLE_CHANGES = frozenset(
         "train.num_workers",
         "train.peak_flops_per_device",
         "train.collective_timeout_s",
+        "train.max_skipped_steps",
         "data.num_proc",
         "data.cache_dir",
         "data.max_inline_preparation_mb",

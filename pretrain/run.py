@@ -350,7 +350,8 @@ class StepStats:
     nsp_loss: float
     tokens: int
     slots: int  # sequence positions computed, padding included (what a fixed-shape benchmark counts)
-    finite: bool
+    finite: bool  # the loss and the gradient norm
+    overflow: bool  # a finite loss whose loss-scaled (fp16) gradients overflowed: the scaler skipped the step
     stop: bool
     grad_norm: float
     layer_grad_norms: dict[str, float]
@@ -380,7 +381,9 @@ def train_step(
     """Accumulate gradients over micro-batches until Accelerate syncs, check the loss, then step.
 
     When the loss is not finite on any process, no optimizer step is taken (under DeepSpeed the engine has
-    already stepped inside ``backward``; no checkpoint is written from that state either way).
+    already stepped inside ``backward``; no checkpoint is written from that state either way). When the loss is
+    finite but fp16's loss-scaled gradients overflowed (an infinite norm), the scaler skips the update and lowers
+    its scale (``optimizer.step`` is still called: that is where it does so); ``step_outcome`` judges the run.
     """
     accelerator, model = setup.accelerator, setup.model
     sums = torch.zeros(6, device=accelerator.device)  # loss, mlm, nsp, tokens, micro-batches, slots
@@ -405,18 +408,19 @@ def train_step(
             flags = torch.tensor([float(bool(stop.signal_name))], device=sums.device)
             totals = accelerator.reduce(torch.cat([sums, flags]), reduction="sum")
             finite = bool(torch.isfinite(totals[:3]).all())
-            grad_norm, layer_norms = float("nan"), {}
+            grad_norm, layer_norms, overflow = float("nan"), {}, False
             if finite:
                 max_norm = setup.cfg.optim.max_grad_norm
                 norm = accelerator.clip_grad_norm_(model.parameters(), max_norm if max_norm > 0 else float("inf"))
                 grad_norm = float(norm) if norm is not None else float("nan")
                 finite = math.isfinite(grad_norm) or norm is None
-                if with_layer_norms and accelerator.state.deepspeed_plugin is None:  # ZeRO partitions gradients
+                overflow = not finite and accelerator.scaler is not None
+                if finite and with_layer_norms and accelerator.state.deepspeed_plugin is None:  # ZeRO partitions
                     unwrapped = accelerator.unwrap_model(model, keep_torch_compile=False)
                     layer_norms = layer_grad_norms(unwrapped, 1 / clip_coefficient(grad_norm, max_norm))
-                if finite:
-                    setup.optimizer.step()
-                    setup.scheduler.step()
+                if finite or overflow:
+                    setup.optimizer.step()  # on an overflow the scaler skips the update and lowers its scale
+                    setup.scheduler.step()  # the learning rate stays a function of the step number
             setup.optimizer.zero_grad(set_to_none=True)
             micro = totals[4].item()
             return StepStats(
@@ -426,6 +430,7 @@ def train_step(
                 tokens=int(totals[3].item()),
                 slots=int(totals[5].item()),
                 finite=finite,
+                overflow=overflow,
                 stop=totals[6].item() > 0,
                 grad_norm=grad_norm,
                 layer_grad_norms=layer_norms,
@@ -517,6 +522,30 @@ class Heartbeat:
             self.last = time.monotonic()
 
 
+def step_outcome(stats: StepStats, skipped_in_a_row: int, max_skipped_steps: int) -> str:
+    """stepped, skipped (an fp16 overflow: routine while the loss scale settles, in the first steps above all)
+    or diverged (a non-finite loss or gradient without a loss scaler, or more than ``max_skipped_steps`` overflows
+    in a row: the scale keeps falling because the gradients themselves are not finite)."""
+    if stats.finite:
+        return "stepped"
+    if stats.overflow and skipped_in_a_row < max_skipped_steps:
+        return "skipped"
+    return "diverged"
+
+
+def divergence_message(stats: StepStats, step: int, skipped_in_a_row: int) -> str:
+    if stats.overflow:
+        return (
+            f"the fp16 gradients overflowed in {skipped_in_a_row + 1} steps in a row up to step {step}, more than "
+            f"train.max_skipped_steps={skipped_in_a_row} (loss {stats.loss}); the run diverged. No checkpoint or "
+            "snapshot was written from this state."
+        )
+    return (
+        f"loss or gradient not finite at step {step} (loss {stats.loss}); the run diverged. "
+        "No checkpoint or snapshot was written from this state."
+    )
+
+
 def run_evaluation(setup: TrainingSetup, state: TrainState) -> None:
     setup.last_eval = evaluate(setup)
     log_metrics(setup.accelerator, setup.run_dir, {"tokens_seen": state.tokens_seen, **setup.last_eval}, state.step)
@@ -541,6 +570,7 @@ def train(setup: TrainingSetup, state: TrainState, stop: StopRequest) -> str:
     )
     # Throughput counts the time spent in training steps only (not evaluation or saving).
     window_tokens, window_slots, window_time = 0, 0, 0.0
+    skipped_in_a_row, window_skipped = 0, 0
     heartbeat = Heartbeat(setup)
     while state.step < last_step:
         next_step = state.step + 1
@@ -548,16 +578,16 @@ def train(setup: TrainingSetup, state: TrainState, stop: StopRequest) -> str:
         started = time.perf_counter()
         stats = train_step(setup, batches, stop, with_layer_norms=log_now)
         window_time += time.perf_counter() - started
-        if not stats.finite:
-            message = (
-                f"loss or gradient not finite at step {state.step + 1} (loss {stats.loss}); the run diverged. "
-                "No checkpoint or snapshot was written from this state."
-            )
+        outcome = step_outcome(stats, skipped_in_a_row, train_cfg.max_skipped_steps)
+        if outcome == "diverged":
+            message = divergence_message(stats, state.step + 1, skipped_in_a_row)
             write_status(accelerator, cfg, "diverged", state.step, message, diverged_at=state.step + 1)
             log_metrics(accelerator, setup.run_dir, {"tokens_seen": state.tokens_seen, "diverged": 1}, state.step + 1)
             accelerator.print(f"\n{message}")
             progress.close()
             return "diverged"
+        skipped_in_a_row = skipped_in_a_row + 1 if outcome == "skipped" else 0
+        window_skipped += outcome == "skipped"
         state.step += 1
         state.tokens_seen += stats.tokens
         window_tokens += stats.tokens
@@ -581,10 +611,13 @@ def train(setup: TrainingSetup, state: TrainState, stop: StopRequest) -> str:
             }
             if cfg.data.objective == "mlm_nsp":
                 metrics["train/nsp_loss"] = stats.nsp_loss
+            if accelerator.scaler is not None:  # fp16: steps the scaler skipped since the last line, and its scale
+                metrics["train/skipped_steps"] = window_skipped
+                metrics["train/loss_scale"] = accelerator.scaler.get_scale()
             metrics.update(stats.layer_grad_norms)
             log_metrics(accelerator, setup.run_dir, metrics, state.step)
             progress.set_postfix(loss=f"{stats.loss:.3f}", lr=f"{metrics['train/lr']:.2e}")
-            window_tokens, window_slots, window_time = 0, 0, 0.0
+            window_tokens, window_slots, window_time, window_skipped = 0, 0, 0.0, 0
         done = state.step == last_step
         preempted = stats.stop and not done
         if (train_cfg.eval_every and state.step % train_cfg.eval_every == 0) or done:

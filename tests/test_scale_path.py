@@ -4,6 +4,7 @@ device peak-FLOP/s table, compile after DDP, asynchronous copies, slot tokens/s,
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import socket
@@ -19,6 +20,7 @@ from benchmarks.common import table_peak_tflops
 from pretrain import run
 from pretrain.config import TrainConfig, parse_args
 from pretrain.hardware import gpu_peak, mfu_peak
+from pretrain.layout import read_status
 from pretrain.optim import build_adamw, resolve_adamw_implementation
 from pretrain.run import build_accelerator, build_model
 from tests.conftest import ROOT, TINY
@@ -170,3 +172,61 @@ def test_auto_adamw_is_fused_on_cuda() -> None:
     assert resolve_adamw_implementation("auto", torch.device("cuda")) == "fused"
     assert resolve_adamw_implementation("auto", torch.device("cpu")) == "auto"
     assert resolve_adamw_implementation("foreach", torch.device("cuda")) == "foreach"
+
+
+# --------------------------------------------------------------------------------------------------
+# Point 2: fp16 overflow steps are skipped, not divergence
+# --------------------------------------------------------------------------------------------------
+
+
+def _stats(finite: bool, overflow: bool) -> run.StepStats:
+    return run.StepStats(
+        loss=1.0, mlm_loss=1.0, nsp_loss=0.0, tokens=1, slots=1, finite=finite, overflow=overflow, stop=False,
+        grad_norm=1.0 if finite else float("inf"), layer_grad_norms={},
+    )  # fmt: skip
+
+
+def test_the_step_outcome_skips_overflows_until_too_many_in_a_row() -> None:
+    assert run.step_outcome(_stats(True, False), skipped_in_a_row=0, max_skipped_steps=25) == "stepped"
+    assert run.step_outcome(_stats(False, True), skipped_in_a_row=0, max_skipped_steps=25) == "skipped"
+    assert run.step_outcome(_stats(False, True), skipped_in_a_row=24, max_skipped_steps=25) == "skipped"
+    assert run.step_outcome(_stats(False, True), skipped_in_a_row=25, max_skipped_steps=25) == "diverged"
+    assert run.step_outcome(_stats(False, True), skipped_in_a_row=0, max_skipped_steps=0) == "diverged"
+    # Not finite without a loss scaler (or a non-finite loss): divergence at once.
+    assert run.step_outcome(_stats(False, False), skipped_in_a_row=0, max_skipped_steps=25) == "diverged"
+
+
+@pytest.fixture
+def fresh_accelerate_state() -> None:
+    yield
+    AcceleratorState._reset_state(reset_partial_state=True)
+    GradientState._reset_state()
+
+
+@pytest.mark.parametrize(("allowed", "status"), [(2, "finished"), (1, "diverged")])
+def test_the_loop_goes_on_through_overflow_steps(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fresh_accelerate_state: None, allowed: int, status: str
+) -> None:
+    """Steps 2 and 3 overflow (as fp16's first steps do, which only a GPU shows): with 2 allowed in a row the
+    run finishes; with 1 it is called diverged at step 3, and the message names the key."""
+    real_step, calls = run.train_step, []
+
+    def overflowing_step(*args: object, **kwargs: object) -> run.StepStats:
+        stats = real_step(*args, **kwargs)
+        calls.append(1)
+        return dataclasses.replace(stats, finite=False, overflow=True) if len(calls) in (2, 3) else stats
+
+    monkeypatch.setattr(run, "train_step", overflowing_step)
+    out = tmp_path / "run"
+    args = [*TINY_MODEL, "--data.max_seq_length=32", "--data.vocab_size=300", "--data.max_documents=30",
+            "--data.validation_documents=2", f"--data.cache_dir={tmp_path / 'cache'}", f"--train.output_dir={out}",
+            "--train.per_device_batch_size=8", "--train.max_steps=5", "--train.eval_every=0", "--train.log_every=1",
+            "--train.snapshot_at_start=false", f"--train.max_skipped_steps={allowed}"]  # fmt: skip
+    torch.set_num_threads(1)
+    assert run.main(args) == 0
+    state = read_status(out)
+    assert state["status"] == status, state
+    if status == "diverged":
+        assert state["diverged_at_step"] == 3 and "train.max_skipped_steps=1" in state["message"]
+    else:
+        assert state["step"] == 5
