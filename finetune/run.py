@@ -29,6 +29,7 @@ from finetune.manifest import ResultsFolder
 from finetune.schedule import collect, results_dir, submit
 from finetune.store import ResultStore, StoreVersionError
 from finetune.tracking import WandbSettings, check_wandb
+from finetune.train import check_max_length
 from finetune.worker import RUNTIME_FIELDS, check_snapshot, describe_model, job_specs
 from pretrain.cli import parse, require, run_cli
 
@@ -73,6 +74,8 @@ def run(config: RunConfig) -> list[dict[str, Any]]:
 
     The scheduler's path with one in-process worker: a manifest, result files, and this process writing the store.
     """
+    from transformers import AutoConfig
+
     check_snapshot(Path(config.model))
     data_dir = str(Path(config.data_dir).resolve()) if config.data_dir else None
     if data_dir is not None:
@@ -84,6 +87,7 @@ def run(config: RunConfig) -> list[dict[str, Any]]:
     runtime["wandb"] = dataclasses.asdict(tracking) if tracking else None
     with ResultStore(config.store) as store:
         specs = job_specs(describe_model(config.model, store), config.task, config.lrs, config.seeds, config.recipe)
+        check_max_length(AutoConfig.from_pretrained(config.model), config.recipe.max_length, config.model)
         added = store.enqueue(specs)
         backend = InProcess()
         collect(store, folder, backend)  # results written since, and the jobs of an earlier run that was killed

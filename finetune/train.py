@@ -28,6 +28,19 @@ from pretrain.device import pick_device
 from pretrain.optim import build_adamw
 
 
+def check_max_length(config: Any, max_length: int, model: str) -> None:
+    """Refuse a recipe.max_length beyond the model's position embeddings: the forward pass would fail on the first
+    pair that long ("The size of tensor a (128) must match the size of tensor b (64)"), or, worse, only some jobs
+    would, by the lengths of their data. Refused rather than capped: a capped length would not be the recipe the
+    results are filed under."""
+    positions = getattr(config, "max_position_embeddings", None)
+    if positions is not None and max_length > positions:
+        raise ValueError(
+            f"recipe.max_length={max_length} exceeds the max_position_embeddings={positions} of {model}: longer "
+            f"inputs do not fit its position embeddings; set --recipe.max_length={positions} (or lower)"
+        )
+
+
 def make_optimizer(model: nn.Module, recipe: FinetuneConfig, lr: float) -> torch.optim.AdamW:
     """The recipe's AdamW (fused kernel: the fastest on CPU and CUDA, BENCHMARKS.md) at peak learning rate ``lr``."""
     return build_adamw(
@@ -161,13 +174,19 @@ def finetune(
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()
     try:
+        # float32 weights whatever the checkpoint stores (transformers 5 loads in the saved dtype, dtype="auto":
+        # a bf16 checkpoint would train in bf16, where most updates at lr 3e-5 round away); the recipe's autocast
+        # decides the compute dtype.
         if recipe.random_init:
             config = AutoConfig.from_pretrained(model_path, num_labels=2)
-            model = AutoModelForSequenceClassification.from_config(config).to(device)
+            model = AutoModelForSequenceClassification.from_config(config, dtype=torch.float32).to(device)
         else:
-            model = AutoModelForSequenceClassification.from_pretrained(model_path, num_labels=2).to(device)
+            model = AutoModelForSequenceClassification.from_pretrained(
+                model_path, num_labels=2, dtype=torch.float32
+            ).to(device)
     finally:
         hf_logging.set_verbosity(verbosity)
+    check_max_length(model.config, recipe.max_length, model_path)
     optimizer = make_optimizer(model, recipe, lr)
     steps_per_epoch = math.ceil(len(data.train) / recipe.batch_size)
     total_steps = steps_per_epoch * recipe.epochs

@@ -17,13 +17,21 @@ import yaml
 from accelerate.state import AcceleratorState, GradientState
 
 from benchmarks.common import table_peak_tflops
+from finetune import train as finetune_train
+from finetune.config import FinetuneConfig
+from finetune.run import RunConfig
+from finetune.run import run as finetune_run
+from finetune.store import ResultStore
+from finetune.train import DataCache, finetune
 from pretrain import run
 from pretrain.config import TrainConfig, parse_args
 from pretrain.hardware import gpu_peak, mfu_peak
 from pretrain.layout import read_status
+from pretrain.modeling import LNBertForPreTraining
 from pretrain.optim import build_adamw, resolve_adamw_implementation
 from pretrain.run import build_accelerator, build_model
 from tests.conftest import ROOT, TINY
+from tests.finetune_fixtures import FIXTURE_GLUE, QUICK, tiny_config, tiny_tokenizer
 
 TINY_MODEL = [f"--model.{key}={value}" for key, value in TINY.items() if key != "vocab_size"]
 
@@ -230,3 +238,65 @@ def test_the_loop_goes_on_through_overflow_steps(
         assert state["diverged_at_step"] == 3 and "train.max_skipped_steps=1" in state["message"]
     else:
         assert state["step"] == 5
+
+
+# --------------------------------------------------------------------------------------------------
+# Points 4 (fine-tuning loads float32) and 19 (recipe.max_length beyond the model's positions)
+# --------------------------------------------------------------------------------------------------
+
+
+def _snapshot(root: Path, positions: int, dtype: torch.dtype = torch.float32) -> Path:
+    """A plain model folder (no snapshot.json): a tiny LNBert with ``positions`` position embeddings."""
+    tokenizer = tiny_tokenizer()
+    config = tiny_config("pre", len(tokenizer))
+    config.max_position_embeddings = positions
+    torch.manual_seed(0)
+    LNBertForPreTraining(config).to(dtype).save_pretrained(root / "model")
+    tokenizer.save_pretrained(root / "model")
+    return root / "model"
+
+
+def _quick(model: Path, store: Path, glue: Path = FIXTURE_GLUE, **recipe: object) -> RunConfig:
+    return RunConfig(model=str(model), task="mrpc", data_dir=str(glue), lrs=[1e-3], seeds=[0], store=str(store),
+                     recipe=FinetuneConfig(**{**QUICK, **recipe}))  # fmt: skip
+
+
+def test_a_max_length_beyond_the_models_positions_is_refused_before_any_job(tmp_path: Path) -> None:
+    model = _snapshot(tmp_path, positions=16)
+    config = _quick(model, tmp_path / "results.sqlite", max_length=128)
+    with pytest.raises(ValueError, match=r"recipe\.max_length=128 exceeds the max_position_embeddings=16 .*"
+                       r"set --recipe\.max_length=16 \(or lower\)"):  # fmt: skip
+        finetune_run(config)
+    with ResultStore(config.store) as store:
+        assert store.rows() == []  # nothing queued
+    # A scheduled job (the worker's path) refuses too, before training.
+    data = DataCache().get(str(model), "mrpc", str(FIXTURE_GLUE), config.recipe)
+    with pytest.raises(ValueError, match=r"recipe\.max_length=128 exceeds"):
+        finetune(str(model), "mrpc", data, 1e-3, 0, config.recipe)
+    (row,) = finetune_run(_quick(model, tmp_path / "ok.sqlite", max_length=16))
+    assert row["status"] == "done"
+
+
+def test_a_bf16_checkpoint_is_fine_tuned_in_float32(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """transformers 5 loads a checkpoint in its saved dtype; fine-tuning's weights must be float32 anyway."""
+    model = _snapshot(tmp_path, positions=128, dtype=torch.bfloat16)
+    seen: list[set[torch.dtype]] = []
+    real = finetune_train.make_optimizer
+
+    def recording(module: torch.nn.Module, *args: object) -> torch.optim.Optimizer:
+        seen.append({p.dtype for p in module.parameters()})
+        return real(module, *args)
+
+    monkeypatch.setattr(finetune_train, "make_optimizer", recording)
+    (row,) = finetune_run(_quick(model, tmp_path / "results.sqlite", mixed_precision="bf16"))
+    assert row["status"] == "done" and seen == [{torch.float32}]
+
+
+def test_the_real_mrpc_pairs_need_the_length_check(shared_data: Path, tmp_path: Path) -> None:
+    """The GPU check's dry-run model has 64 positions and real MRPC pairs are longer: refused with the fix, not a
+    crash in the forward pass; with the length it names, the job runs."""
+    model = _snapshot(tmp_path, positions=64)
+    with pytest.raises(ValueError, match=r"set --recipe\.max_length=64"):
+        finetune_run(_quick(model, tmp_path / "a.sqlite", glue=shared_data / "glue", max_length=128))
+    (row,) = finetune_run(_quick(model, tmp_path / "b.sqlite", glue=shared_data / "glue", max_length=64))
+    assert row["status"] == "done", row
