@@ -281,6 +281,28 @@ def _check_same_run(run_dir: Path, resolved: dict[str, Any]) -> None:
 # --------------------------------------------------------------------------------------------------
 
 
+def deepspeed_fp32_weights(accelerator: Accelerator, model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The fp32 master weights of a DeepSpeed model by parameter name (tied names each), on the CPU.
+
+    Under bf16/fp16 the engine casts the module itself, so ``get_state_dict`` returns 16-bit weights; the
+    optimizer holds the fp32 masters (ZeRO 1/2 partitioned, the bf16 optimizer whole). Collective: every
+    process assembles each parameter (the same order on all, ``named_parameters``). Empty without masters
+    (fp32 training: the module's weights are the masters).
+    """
+    from deepspeed.utils import safe_get_full_fp32_param
+
+    unwrapped = accelerator.unwrap_model(model, keep_torch_compile=False)
+    masters: dict[int, torch.Tensor | None] = {}
+    out: dict[str, torch.Tensor] = {}
+    for name, param in unwrapped.named_parameters(remove_duplicate=False):
+        if id(param) not in masters:
+            full = safe_get_full_fp32_param(param)
+            masters[id(param)] = None if full is None else full.detach().float().cpu()
+        if masters[id(param)] is not None:
+            out[name] = masters[id(param)]
+    return out
+
+
 def save_snapshot(
     accelerator: Accelerator,
     model: torch.nn.Module,
@@ -293,11 +315,16 @@ def save_snapshot(
     Every process calls this (gathering a sharded state dict is collective); only the main process writes.
     """
     state_dict = accelerator.get_state_dict(model)  # full, unwrapped keys (no "module."/"_orig_mod.")
+    masters = deepspeed_fp32_weights(accelerator, model) if accelerator.state.deepspeed_plugin is not None else {}
+    state_dict.update(masters)
     path = Path(run_dir) / SNAPSHOTS / step_dirname(info["step"])
     if accelerator.is_main_process:
         shutil.rmtree(path, ignore_errors=True)  # an incomplete (or superseded) folder of the same step
         unwrapped = accelerator.unwrap_model(model, keep_torch_compile=False)
         unwrapped.save_pretrained(path, state_dict=state_dict)
+        if masters:  # config.json takes the (16-bit) module's dtype, and from_pretrained would load in it
+            unwrapped.config.dtype = torch.float32
+            unwrapped.config.save_pretrained(path)
         tokenizer.save_pretrained(path)
         write_json_atomic(path / SNAPSHOT_INFO, info)
         follow_umask(path)
