@@ -124,15 +124,24 @@ def measured_gemm(dtype: torch.dtype, device: torch.device, size: int, reps: int
     return flops / min(w for w, _ in runs) / 1e12, flops / max(min(c for _, c in runs), 1e-9) / 1e12
 
 
-def gemm_peaks(device: torch.device, size: int | None = None, earlier: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Measured fp32 and bf16 GEMM TFLOP/s, plus the data-sheet figures on a known GPU.
+GEMM_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
+
+def gemm_peaks(
+    device: torch.device,
+    size: int | None = None,
+    earlier: dict[str, Any] | None = None,
+    precisions: tuple[str, ...] | list[str] = ("fp32", "bf16"),
+) -> dict[str, Any]:
+    """Measured GEMM TFLOP/s of each of ``precisions`` (fp32, bf16), plus the data-sheet figures on a known GPU.
+
+    Only the precisions asked for: on a CPU without native bf16 one 2048^3 bf16 GEMM takes minutes (emulated).
     ``reference`` is what MFU is computed against: the data sheet on a known GPU, the measured GEMM otherwise.
     Pass the result of an ``earlier`` call to keep the best of both (on a shared machine, a busy spell during
     one measurement would otherwise flatter every MFU figure).
     """
     size = size or (8192 if device.type == "cuda" else 2048)
-    both = {"fp32": measured_gemm(torch.float32, device, size), "bf16": measured_gemm(torch.bfloat16, device, size)}
+    both = {name: measured_gemm(GEMM_DTYPES[name], device, size) for name in precisions}
     measured = {k: v[0] for k, v in both.items()}
     per_cpu_s = {k: v[1] for k, v in both.items()}
     if earlier is not None:

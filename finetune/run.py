@@ -29,9 +29,10 @@ from finetune.manifest import ResultsFolder
 from finetune.schedule import collect, results_dir, submit
 from finetune.store import ResultStore, StoreVersionError
 from finetune.tracking import WandbSettings, check_wandb
-from finetune.train import check_max_length
+from finetune.train import check_max_length, warn_emulated_bf16
 from finetune.worker import RUNTIME_FIELDS, check_snapshot, describe_model, job_specs
 from pretrain.cli import parse, require, run_cli
+from pretrain.device import pick_device
 
 
 @dataclass(kw_only=True)
@@ -77,6 +78,7 @@ def run(config: RunConfig) -> list[dict[str, Any]]:
     from transformers import AutoConfig
 
     check_snapshot(Path(config.model))
+    warn_emulated_bf16(pick_device(config.recipe.device, flag="recipe.device"), config.recipe.mixed_precision)
     data_dir = str(Path(config.data_dir).resolve()) if config.data_dir else None
     if data_dir is not None:
         load_task(config.task, data_dir)  # fail now, on the user's input, rather than inside every job

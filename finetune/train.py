@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -25,6 +26,7 @@ import pretrain  # noqa: F401  (registers the "lnbert" model type with the Auto 
 from finetune.config import FinetuneConfig
 from finetune.glue import Example, batches, compute_metrics, encode, get_task, load_task
 from pretrain.device import pick_device
+from pretrain.hardware import cpu_bf16_warning
 from pretrain.optim import build_adamw
 
 
@@ -39,6 +41,18 @@ def check_max_length(config: Any, max_length: int, model: str) -> None:
             f"recipe.max_length={max_length} exceeds the max_position_embeddings={positions} of {model}: longer "
             f"inputs do not fit its position embeddings; set --recipe.max_length={positions} (or lower)"
         )
+
+
+_warned_bf16: list[bool] = []  # once per process: a worker runs many jobs
+
+
+def warn_emulated_bf16(device: torch.device, mixed_precision: str) -> None:
+    """Say, before the first job's work, that bf16 autocast on this CPU is emulated (several times slower)."""
+    if device.type != "cpu" or mixed_precision != "bf16" or _warned_bf16:
+        return
+    _warned_bf16.append(True)
+    if warning := cpu_bf16_warning("--recipe.mixed_precision=no"):
+        print(f"warning: {warning}", file=sys.stderr, flush=True)
 
 
 def make_optimizer(model: nn.Module, recipe: FinetuneConfig, lr: float) -> torch.optim.AdamW:
@@ -168,6 +182,7 @@ def finetune(
     if recipe.torch_threads:
         torch.set_num_threads(recipe.torch_threads)
     device = pick_device(recipe.device, flag="recipe.device")
+    warn_emulated_bf16(device, recipe.mixed_precision)
     set_seed(seed)  # python, numpy, torch: the classifier's init and dropout
     # The load report lists the pretraining heads as unused and the classifier as new: expected here, and
     # an lnbert snapshot of another placement still fails loudly (LNBertPreTrainedModel.from_pretrained).

@@ -176,8 +176,10 @@ class TrainConfig:
     """Sequences per device per micro-batch. Global batch = this x processes x gradient_accumulation_steps."""
     gradient_accumulation_steps: int = 1
     """Micro-batches per optimizer step (through accelerator.accumulate)."""
-    mixed_precision: Literal["no", "bf16", "fp16"] = "no"
-    """Autocast precision; fp16 needs a GPU (it uses a loss scaler)."""
+    mixed_precision: Literal["no", "bf16", "fp16", "auto"] = "no"
+    """Autocast precision; fp16 needs a GPU (it uses a loss scaler); auto: bf16 where the hardware computes it
+    natively (a CUDA GPU with bf16; a CPU with AVX512-BF16 or AMX), else no (fp32: emulated bf16 is several times
+    slower). Resolved at the start, and run_config.json records the result."""
     max_skipped_steps: int = 25
     """fp16: steps in a row whose gradients may overflow (the loss scaler skips each and halves its scale; routine
     in the first steps) before the run is called diverged. A non-finite loss is divergence at once."""

@@ -100,3 +100,14 @@ def cpu_bf16_warning(fp32_setting: str) -> str:
         f"{torch.backends.cpu.get_cpu_capability()}), so bf16 autocast is emulated and several times slower than "
         f"fp32 (BENCHMARKS.md); for fp32 use {fp32_setting}"
     )
+
+
+def auto_mixed_precision(on_cpu: bool) -> tuple[str, str]:
+    """(no or bf16, why) for mixed_precision=auto: bf16 where the device computes it natively."""
+    if not on_cpu:
+        if torch.cuda.is_bf16_supported():
+            return "bf16", "this GPU computes bf16 natively"
+        return "no", "this GPU has no bf16"
+    if cpu_has_native_bf16():
+        return "bf16", "this CPU has AVX512-BF16 or AMX"
+    return "no", f"this CPU has no native bf16 (torch's CPU capability: {torch.backends.cpu.get_cpu_capability()})"

@@ -58,7 +58,7 @@ from pretrain.checkpointing import (
 from pretrain.config import ConfigError, PretrainConfig, TrainConfig, help_text, parse_args, to_dict
 from pretrain.data import MaskingCollator, PretrainingData, build_pretraining_data
 from pretrain.flops import flops_per_token
-from pretrain.hardware import cpu_bf16_warning, mfu_peak
+from pretrain.hardware import auto_mixed_precision, cpu_bf16_warning, mfu_peak
 from pretrain.identity import ensure_run_id
 from pretrain.layout import (
     HEARTBEAT_EVERY_S,
@@ -95,6 +95,16 @@ class TrainingFailed(RuntimeError):
 
 def _env_flag(name: str) -> bool:
     return os.environ.get(name, "").lower() in ("1", "true", "yes")
+
+
+def resolve_mixed_precision(cfg: PretrainConfig) -> None:
+    """train.mixed_precision=auto becomes no or bf16 for this hardware (said once), before anything reads it."""
+    if cfg.train.mixed_precision != "auto":
+        return
+    on_cpu = not torch.cuda.is_available() or _env_flag("ACCELERATE_USE_CPU")
+    cfg.train.mixed_precision, why = auto_mixed_precision(on_cpu)
+    if os.environ.get("RANK", "0") == "0":
+        print(f"train.mixed_precision=auto: {cfg.train.mixed_precision} ({why})", flush=True)
 
 
 def check_environment(cfg: PretrainConfig) -> None:
@@ -736,6 +746,7 @@ def prepare_training(
 def pretrain(cfg: PretrainConfig, argv: list[str] | None = None) -> str:
     """Run one pretraining job described by ``cfg`` (parsed from ``argv``, which the message naming the data
     preparation command repeats); returns finished, diverged or preempted."""
+    resolve_mixed_precision(cfg)
     check_environment(cfg)
     accelerator = build_accelerator(cfg)
     run_dir = Path(cfg.train.output_dir)

@@ -16,6 +16,7 @@ import torch.multiprocessing as mp
 import yaml
 from accelerate.state import AcceleratorState, GradientState
 
+from benchmarks import common, train_step
 from benchmarks.common import table_peak_tflops
 from finetune import train as finetune_train
 from finetune.config import FinetuneConfig
@@ -23,7 +24,7 @@ from finetune.run import RunConfig
 from finetune.run import run as finetune_run
 from finetune.store import ResultStore
 from finetune.train import DataCache, finetune
-from pretrain import run
+from pretrain import hardware, run
 from pretrain.config import TrainConfig, parse_args
 from pretrain.hardware import gpu_peak, mfu_peak
 from pretrain.layout import read_status
@@ -300,3 +301,62 @@ def test_the_real_mrpc_pairs_need_the_length_check(shared_data: Path, tmp_path: 
         finetune_run(_quick(model, tmp_path / "a.sqlite", glue=shared_data / "glue", max_length=128))
     (row,) = finetune_run(_quick(model, tmp_path / "b.sqlite", glue=shared_data / "glue", max_length=64))
     assert row["status"] == "done", row
+
+
+# --------------------------------------------------------------------------------------------------
+# Point 18: bf16 on a CPU without native bf16
+# --------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def cpu_without_bf16(monkeypatch: pytest.MonkeyPatch) -> None:
+    """As on an AMD EPYC with AVX2 only (the machine of the report; also this development machine)."""
+    monkeypatch.setattr(hardware, "cpu_has_native_bf16", lambda: False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+
+
+def test_bf16_on_a_cpu_without_it_is_announced_before_any_work(
+    cpu_without_bf16: None, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run.check_environment(parse_args(["--train.mixed_precision=bf16", f"--train.output_dir={tmp_path}"]))
+    err = capsys.readouterr().err
+    assert "no native bf16 (no AVX512-BF16, no AMX" in err and "use --train.mixed_precision=no" in err
+    finetune_train._warned_bf16.clear()
+    finetune_train.warn_emulated_bf16(torch.device("cpu"), "bf16")
+    finetune_train.warn_emulated_bf16(torch.device("cpu"), "bf16")  # once per process
+    assert capsys.readouterr().err.count("use --recipe.mixed_precision=no") == 1
+    run.check_environment(parse_args([f"--train.output_dir={tmp_path}"]))  # fp32: nothing to say
+    assert capsys.readouterr().err == ""
+
+
+def test_the_cpu_presets_choose_the_precision_for_the_machine(
+    cpu_without_bf16: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for preset in ("small_pre_ln", "small_post_ln"):
+        cfg = parse_args(["--config", str(ROOT / "configs" / "pretrain" / f"{preset}.yaml")])
+        assert cfg.train.mixed_precision == "auto"
+        run.resolve_mixed_precision(cfg)
+        assert cfg.train.mixed_precision == "no", preset
+    monkeypatch.setattr(hardware, "cpu_has_native_bf16", lambda: True)
+    cfg = parse_args(["--train.mixed_precision=auto"])
+    run.resolve_mixed_precision(cfg)
+    assert cfg.train.mixed_precision == "bf16"
+
+
+def test_the_benchmark_measures_only_the_precisions_asked_for(monkeypatch: pytest.MonkeyPatch) -> None:
+    measured: list[torch.dtype] = []
+
+    def fake_gemm(dtype: torch.dtype, device: torch.device, size: int, reps: int = 5) -> tuple[float, float]:
+        measured.append(dtype)
+        return 1.0, 1.0
+
+    monkeypatch.setattr(common, "measured_gemm", fake_gemm)
+    peaks = common.gemm_peaks(torch.device("cpu"), 64, precisions=["fp32"])
+    assert measured == [torch.float32] and set(peaks["reference_tflops"]) == {"fp32"}
+    common.gemm_peaks(torch.device("cpu"), 64, earlier=peaks, precisions=["fp32"])
+    assert measured == [torch.float32] * 2
+    monkeypatch.setattr(train_step, "measure_group", lambda *a, **k: pytest.fail("stop after the peaks"))
+    measured.clear()
+    with pytest.raises(pytest.fail.Exception):
+        train_step.main(["--shapes=[tiny]", "--precisions=[fp32]", "--device", "cpu"])
+    assert measured == [torch.float32]  # the benchmark's own peaks: no bf16 GEMM
