@@ -35,7 +35,13 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from accelerate import Accelerator
-from accelerate.utils import DataLoaderConfiguration, InitProcessGroupKwargs, ProjectConfiguration, set_seed
+from accelerate.utils import (
+    DataLoaderConfiguration,
+    InitProcessGroupKwargs,
+    ProjectConfiguration,
+    gather_object,
+    set_seed,
+)
 from torch import nn
 from torch.utils.data import DataLoader, Sampler
 from tqdm.auto import tqdm
@@ -259,6 +265,22 @@ def check_same_trained_tokenizer(tokenizer: Any, saved_dir: Path) -> None:
             f"the WordPiece tokenizer trained now differs from the one the checkpoint was trained with ({saved_dir}); "
             f"tokenizer training is not bit-reproducible and data.cache_dir no longer holds the original. Resume with "
             f"--data.tokenizer={saved_dir}"
+        )
+
+
+def check_one_vocabulary(accelerator: Accelerator, tokenizer: Any) -> None:
+    """Every process must train with the same token ids: a node that trained or prepared its own WordPiece
+    tokenizer (not bit-reproducible) would average gradients over another vocabulary without any error."""
+    if accelerator.num_processes == 1:
+        return
+    vocab = hashlib.sha256(json.dumps(tokenizer.get_vocab(), sort_keys=True).encode()).hexdigest()
+    hashes = gather_object([vocab])
+    if len(set(hashes)) > 1:
+        raise ConfigError(
+            f"the processes of this run hold different vocabularies ({len(set(hashes))} distinct over "
+            f"{len(hashes)} processes): a node prepared its own data.cache_dir with a tokenizer trained there. "
+            "Prepare the data once and give every node the same cache (copy data.cache_dir), or train the "
+            "tokenizer once and pass --data.tokenizer=FOLDER on every node"
         )
 
 
@@ -677,7 +699,10 @@ def prepare_training(
         num_processes=accelerator.num_processes,
         prepare_command=prepare_command,
         progress=accelerator.is_main_process,
+        # After main_process_first the main process's tokenizer is in the run folder, which every node sees.
+        trained_tokenizer=None if accelerator.is_main_process else run_dir / TOKENIZER_DIR,
     )
+    check_one_vocabulary(accelerator, data.tokenizer)
     if resume_from is not None and cfg.data.tokenizer is None:
         check_same_trained_tokenizer(data.tokenizer, resume_from.parent.parent / TOKENIZER_DIR)
     vocab_size = cfg.model.vocab_size or len(data.tokenizer)
