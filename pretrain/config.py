@@ -204,7 +204,8 @@ class TrainConfig:
     num_workers: int = 0
     """DataLoader worker processes (0: load in the main process)."""
     compile: bool = False
-    """Wrap the model in torch.compile (not with DeepSpeed)."""
+    """torch.compile the model (inductor, through Accelerate's dynamo plugin, after the DDP wrap); not with
+    DeepSpeed."""
     resume: str = ""
     """Empty: start a new run (output_dir must not hold another one); auto: continue from the latest complete
     checkpoint in output_dir; or a path to a checkpoint folder (e.g. of a shorter-sequence phase)."""
