@@ -18,6 +18,7 @@ from pretrain.config import ConfigError
 from pretrain.layout import read_metrics, read_status
 
 ROOT = Path(__file__).resolve().parents[1]
+MULTINODE_CONFIG = ROOT / "configs" / "accelerate" / "multinode_2x8.yaml"
 ARGS = [
     "--model.hidden_size=32", "--model.num_hidden_layers=2", "--model.num_attention_heads=4",
     "--model.intermediate_size=37", "--model.max_position_embeddings=64", "--data.max_seq_length=32",
@@ -38,9 +39,10 @@ def launch_two_nodes(tmp_path: Path, run_dir: Path) -> list[subprocess.Completed
     env = {**os.environ, "ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1"}
     nodes = []
     for rank in (0, 1):
-        cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_machines", "2",
-               "--num_processes", "2", "--machine_rank", str(rank), "--main_process_ip", "127.0.0.1",
-               "--main_process_port", port, str(ROOT / "pretrain" / "run.py"), *ARGS,
+        # The multi-node config and the flags launch/slurm_pretrain.sbatch adds to it on every node.
+        cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(MULTINODE_CONFIG),
+               "--num_machines", "2", "--num_processes", "2", "--machine_rank", str(rank),
+               "--main_process_ip", "127.0.0.1", "--main_process_port", port, str(ROOT / "pretrain" / "run.py"), *ARGS,
                f"--train.output_dir={run_dir}", f"--data.cache_dir={tmp_path / f'node{rank}-cache'}"]  # fmt: skip
         log = (tmp_path / f"node{rank}.log").open("w")
         nodes.append(subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT))
@@ -93,3 +95,12 @@ def test_processes_with_different_vocabularies_are_stopped(monkeypatch: pytest.M
         run.check_one_vocabulary(accelerator, tokenizer)
     monkeypatch.setattr(run, "gather_object", lambda items: items * 2)
     run.check_one_vocabulary(accelerator, tokenizer)  # the same on both: nothing to say
+
+
+def test_the_slurm_script_adds_to_the_multinode_config_the_flags_the_test_passes() -> None:
+    """The two-node test launches as launch/slurm_pretrain.sbatch does: its config file and the same flags."""
+    script = (ROOT / "launch" / "slurm_pretrain.sbatch").read_text()
+    assert "ACCELERATE_CONFIG:-configs/accelerate/multinode_2x8.yaml" in script
+    for flag in ("--config_file", "--num_machines", "--num_processes", "--machine_rank", "--main_process_ip",
+                 "--main_process_port"):  # fmt: skip
+        assert f"{flag} " in script, flag
