@@ -34,17 +34,20 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def launch_two_nodes(tmp_path: Path, run_dir: Path) -> list[subprocess.CompletedProcess]:
+def launch_two_nodes(
+    tmp_path: Path, run_dir: Path, *extra: str, node1_env: dict[str, str] | None = None
+) -> list[subprocess.CompletedProcess]:
     port = str(_free_port())
-    env = {**os.environ, "ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1"}
     nodes = []
     for rank in (0, 1):
+        env = {**os.environ, "ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1"}
+        env.update(node1_env if rank == 1 and node1_env else {})
         # The multi-node config and the flags launch/slurm_pretrain.sbatch adds to it on every node.
         cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(MULTINODE_CONFIG),
                "--num_machines", "2", "--num_processes", "2", "--machine_rank", str(rank),
                "--main_process_ip", "127.0.0.1", "--main_process_port", port, str(ROOT / "pretrain" / "run.py"), *ARGS,
-               f"--train.output_dir={run_dir}", f"--data.cache_dir={tmp_path / f'node{rank}-cache'}"]  # fmt: skip
-        log = (tmp_path / f"node{rank}.log").open("w")
+               f"--train.output_dir={run_dir}", f"--data.cache_dir={tmp_path / f'node{rank}-cache'}", *extra]  # fmt: skip
+        log = (tmp_path / f"node{rank}.log").open("a")
         nodes.append(subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT))
     codes = [node.wait(timeout=600) for node in nodes]
     return [
@@ -53,13 +56,21 @@ def launch_two_nodes(tmp_path: Path, run_dir: Path) -> list[subprocess.Completed
     ]
 
 
-@pytest.mark.slow  # two launchers and two training processes: ~60 s on a busy 2-core machine
-def test_two_nodes_with_their_own_caches_train_one_run(tmp_path: Path) -> None:
+@pytest.mark.slow  # two launches of two nodes: ~90 s on a quiet 2-core machine, 3 min on a busy one
+def test_two_nodes_with_their_own_caches_train_one_run_and_resume_after_a_kill(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
-    results = launch_two_nodes(tmp_path, run_dir)
+    # Node 1's process is killed (SIGKILL) at the end of step 3, after the step-2 checkpoint: node 0 fails at the
+    # next collective, and the same two commands with --train.resume=auto continue from step 2.
+    killed = launch_two_nodes(tmp_path, run_dir, node1_env={"LNBERT_KILL_AT": "step:3"})
+    assert killed[1].returncode != 0 and read_status(run_dir)["status"] == "failed", killed[0].stdout[-3000:]
+    before = {r["step"]: r["train/loss"] for r in read_metrics(run_dir) if "train/loss" in r}
+    assert sorted(before) == [1, 2, 3]
+    results = launch_two_nodes(tmp_path, run_dir, "--train.resume=auto")
     for result in results:
         assert result.returncode == 0, result.stdout[-3000:]
     assert read_status(run_dir)["status"] == "finished"
+    after = {r["step"]: r["train/loss"] for r in read_metrics(run_dir) if "train/loss" in r}
+    assert after[3] == before[3] and {s: after[s] for s in (1, 2)} == {s: before[s] for s in (1, 2)}  # bit-exact
     # Data: prepared once per node (each node-local cache), from one vocabulary: the main process's tokenizer,
     # which the other node takes from the run folder instead of training its own (WordPiece training breaks
     # ties differently from one run to the next).
@@ -76,14 +87,14 @@ def test_two_nodes_with_their_own_caches_train_one_run(tmp_path: Path) -> None:
     rows = read_metrics(run_dir)
     steps = [r["step"] for r in rows if "train/loss" in r]
     assert steps == [1, 2, 3, 4]
-    assert [r["step"] for r in rows if "val/mlm_loss" in r] == [0, 2, 4]
+    assert [r["step"] for r in rows if "val/mlm_loss" in r] == [0, 2, 4]  # the killed try's lines after 2 dropped
     for step in (2, 4):
         checkpoint = run_dir / "checkpoints" / f"step_{step:08d}"
         assert {p.name for p in checkpoint.glob("random_states_*.pkl")} == {"random_states_0.pkl",
                                                                             "random_states_1.pkl"}  # fmt: skip
     for cache in caches:  # the data only (the datasets library's own cache, the tokenizer, the instances)
         assert {p.name.split("-")[0].split(".")[0] for p in cache.iterdir()} <= {"hf", "tokenizer", "instances"}
-    assert "2 process(es), global batch 16" in results[0].stdout
+    assert "2 process(es), global batch 16, resuming at step 2" in results[0].stdout
 
 
 def test_processes_with_different_vocabularies_are_stopped(monkeypatch: pytest.MonkeyPatch) -> None:
