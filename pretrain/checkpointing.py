@@ -314,7 +314,9 @@ def save_snapshot(
 
     Every process calls this (gathering a sharded state dict is collective); only the main process writes.
     """
-    state_dict = accelerator.get_state_dict(model)  # full, unwrapped keys (no "module."/"_orig_mod.")
+    # Full, unwrapped keys: no "module."; and no "_orig_mod.", which get_state_dict keeps for a model that
+    # accelerator.prepare compiled (train.compile) and which from_pretrained would not find.
+    state_dict = {k.removeprefix("_orig_mod."): v for k, v in accelerator.get_state_dict(model).items()}
     masters = deepspeed_fp32_weights(accelerator, model) if accelerator.state.deepspeed_plugin is not None else {}
     state_dict.update(masters)
     path = Path(run_dir) / SNAPSHOTS / step_dirname(info["step"])

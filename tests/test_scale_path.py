@@ -14,7 +14,9 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 import yaml
+from accelerate import Accelerator
 from accelerate.state import AcceleratorState, GradientState
+from safetensors.torch import load_file
 
 from benchmarks import common, train_step
 from benchmarks.common import table_peak_tflops
@@ -25,10 +27,11 @@ from finetune.run import run as finetune_run
 from finetune.store import ResultStore
 from finetune.train import DataCache, finetune
 from pretrain import hardware, run
+from pretrain.checkpointing import save_snapshot
 from pretrain.config import TrainConfig, parse_args
 from pretrain.hardware import gpu_peak, mfu_peak
 from pretrain.layout import read_status
-from pretrain.modeling import LNBertForPreTraining
+from pretrain.modeling import LNBertConfig, LNBertForPreTraining
 from pretrain.optim import build_adamw, resolve_adamw_implementation
 from pretrain.run import build_accelerator, build_model
 from tests.conftest import ROOT, TINY
@@ -360,3 +363,22 @@ def test_the_benchmark_measures_only_the_precisions_asked_for(monkeypatch: pytes
     with pytest.raises(pytest.fail.Exception):
         train_step.main(["--shapes=[tiny]", "--precisions=[fp32]", "--device", "cpu"])
     assert measured == [torch.float32]  # the benchmark's own peaks: no bf16 GEMM
+
+
+def test_a_snapshot_of_a_compiled_model_has_the_models_own_keys(
+    tmp_path: Path, fresh_accelerate_state: None
+) -> None:
+    """accelerator.prepare compiles last (train.compile), and get_state_dict keeps the "_orig_mod." prefix of
+    the compiled wrapper: the snapshot must not (fine-tuning opens it with from_pretrained). Compilation is lazy:
+    nothing is compiled here."""
+    accelerator = Accelerator(dynamo_backend="inductor")
+    torch.manual_seed(0)
+    model = accelerator.prepare(LNBertForPreTraining(LNBertConfig(**TINY)))
+    assert type(model).__name__ == "OptimizedModule"
+    info = {"step": 0, "tokens_seen": 0, "run_name": "r", "norm_placement": "post", "metrics": {}}
+    path = save_snapshot(accelerator, model, tiny_tokenizer(), tmp_path, info)
+    keys = load_file(path / "model.safetensors").keys()
+    assert not any(k.startswith("_orig_mod.") for k in keys), sorted(keys)[:3]
+    loaded = LNBertForPreTraining.from_pretrained(path)
+    original = accelerator.unwrap_model(model, keep_torch_compile=False)
+    assert torch.equal(loaded.bert.embeddings.word_embeddings.weight, original.bert.embeddings.word_embeddings.weight)
