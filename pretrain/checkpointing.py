@@ -35,7 +35,11 @@ from pretrain.layout import (
 from pretrain.manifest import ManifestError, folder_size, verify_manifest, write_manifest
 
 # Keys that may differ when the same command is run again in the same folder (it then continues that run).
-IDENTICAL_RUN_IGNORES = frozenset({"train.output_dir", "train.resume", "train.num_workers", "data.num_proc", "data.cache_dir"})
+# run_config.json records the peak FLOP/s that train/mfu was measured against, looked up when it was null.
+IDENTICAL_RUN_IGNORES = frozenset(
+    {"train.output_dir", "train.resume", "train.num_workers", "data.num_proc", "data.cache_dir",
+     "train.peak_flops_per_device"}
+)  # fmt: skip
 
 TRAIN_STATE_FILE = "train_state.json"
 TOKENIZER_DIR = "tokenizer"
