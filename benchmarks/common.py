@@ -15,24 +15,9 @@ from typing import Any
 
 import torch
 
-RESULTS_DIR = Path(__file__).resolve().parent / "results"
+from pretrain.hardware import gpu_peak
 
-# Dense (no sparsity) peak TFLOP/s per card, (bf16, tf32), from the vendors' data sheets. Matched by substring of
-# torch.cuda.get_device_name(), first match wins, so the more specific names come first.
-GPU_PEAK_TFLOPS: tuple[tuple[str, float, float], ...] = (
-    ("H100 PCIe", 756.0, 378.0),
-    ("H100 NVL", 835.0, 418.0),
-    ("H100", 989.0, 494.7),  # SXM
-    ("H200", 989.0, 494.7),
-    ("H800", 989.0, 494.7),
-    ("GH200", 989.0, 494.7),
-    ("A100", 312.0, 156.0),
-    ("A800", 312.0, 156.0),
-    ("L40S", 362.0, 183.0),
-    ("A10G", 70.0, 35.0),
-    ("A10", 125.0, 62.5),
-    ("L4", 121.0, 60.0),
-)
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
 
 
 def configure_device(device: torch.device) -> None:
@@ -122,11 +107,10 @@ def machine_info(device: torch.device) -> dict[str, Any]:
 
 
 def table_peak_tflops(gpu_name: str) -> dict[str, float] | None:
-    """Data-sheet dense peak of a known card, ``{"bf16": ..., "fp32": ...}`` (fp32 means TF32), else None."""
-    for key, bf16, tf32 in GPU_PEAK_TFLOPS:
-        if key in gpu_name:
-            return {"bf16": bf16, "fp32": tf32}
-    return None
+    """Data-sheet dense peak of a known card (pretrain/hardware.py), ``{"bf16": ..., "fp32": ...}`` (fp32 means
+    TF32, which configure_device enables), else None."""
+    entry = gpu_peak(gpu_name)
+    return {"bf16": entry.bf16, "fp32": entry.tf32} if entry else None
 
 
 def measured_gemm(dtype: torch.dtype, device: torch.device, size: int, reps: int = 5) -> tuple[float, float]:
@@ -140,15 +124,24 @@ def measured_gemm(dtype: torch.dtype, device: torch.device, size: int, reps: int
     return flops / min(w for w, _ in runs) / 1e12, flops / max(min(c for _, c in runs), 1e-9) / 1e12
 
 
-def gemm_peaks(device: torch.device, size: int | None = None, earlier: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Measured fp32 and bf16 GEMM TFLOP/s, plus the data-sheet figures on a known GPU.
+GEMM_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
+
+def gemm_peaks(
+    device: torch.device,
+    size: int | None = None,
+    earlier: dict[str, Any] | None = None,
+    precisions: tuple[str, ...] | list[str] = ("fp32", "bf16"),
+) -> dict[str, Any]:
+    """Measured GEMM TFLOP/s of each of ``precisions`` (fp32, bf16), plus the data-sheet figures on a known GPU.
+
+    Only the precisions asked for: on a CPU without native bf16 one 2048^3 bf16 GEMM takes minutes (emulated).
     ``reference`` is what MFU is computed against: the data sheet on a known GPU, the measured GEMM otherwise.
     Pass the result of an ``earlier`` call to keep the best of both (on a shared machine, a busy spell during
     one measurement would otherwise flatter every MFU figure).
     """
     size = size or (8192 if device.type == "cuda" else 2048)
-    both = {"fp32": measured_gemm(torch.float32, device, size), "bf16": measured_gemm(torch.bfloat16, device, size)}
+    both = {name: measured_gemm(GEMM_DTYPES[name], device, size) for name in precisions}
     measured = {k: v[0] for k, v in both.items()}
     per_cpu_s = {k: v[1] for k, v in both.items()}
     if earlier is not None:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import statistics
+import sys
 import tempfile
 import time
 import uuid
@@ -37,6 +38,7 @@ from pretrain.collator import MaskingCollator
 from pretrain.corpus import SourceConfig, load_documents
 from pretrain.data import DataConfig
 from pretrain.device import pick_device
+from pretrain.hardware import cpu_bf16_warning
 from pretrain.instances import make_instances
 from pretrain.modeling import LNBertConfig, LNBertForPreTraining
 from pretrain.optim import build_adamw
@@ -196,6 +198,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
     device = pick_device(args.device)
     configure_device(device)
+    if device.type == "cpu" and args.precision == "bf16" and (warning := cpu_bf16_warning("--precision=fp32")):
+        print(f"warning: {warning}", file=sys.stderr, flush=True)
     with tempfile.TemporaryDirectory(prefix="lnbert-data-bench-") as tmp:
         cache_dir = Path(args.cache_dir) if args.cache_dir else Path(tmp)
         cfg = data_config(args, cache_dir)

@@ -14,6 +14,7 @@ training sentences (throughput does not depend on the weights).
 
 from __future__ import annotations
 
+import sys
 import tempfile
 from dataclasses import dataclass, field
 from itertools import cycle, islice
@@ -36,6 +37,7 @@ from finetune.glue import batches, encode, load_task
 from finetune.train import make_optimizer, train_step
 from pretrain.cli import parse, require, run_cli
 from pretrain.device import pick_device
+from pretrain.hardware import cpu_bf16_warning
 from pretrain.reporting import format_table
 
 
@@ -167,6 +169,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         torch.set_num_threads(args.threads)
     device = pick_device(args.device)
     configure_device(device)
+    if device.type == "cpu" and "bf16" in args.precisions and (warning := cpu_bf16_warning("--precisions='[fp32]'")):
+        print(f"warning: {warning}", file=sys.stderr, flush=True)
     splits = load_task(args.task, args.data_dir)
     with tempfile.TemporaryDirectory(prefix="lnbert-ft-bench-") as tmp:
         if args.model:

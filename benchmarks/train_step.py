@@ -40,6 +40,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import statistics
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -61,6 +62,7 @@ from benchmarks.common import (
 from pretrain.cli import ConfigError, parse, require, run_cli
 from pretrain.device import pick_device
 from pretrain.flops import flops_per_token
+from pretrain.hardware import cpu_bf16_warning
 from pretrain.optim import build_adamw
 from pretrain.placements import NORM_PLACEMENTS
 from pretrain.reporting import format_table
@@ -515,6 +517,10 @@ def parse_args(argv: list[str] | None = None) -> TrainStepConfig:
     return parse(TrainStepConfig, argv, prog="python -m benchmarks.train_step", description=__doc__ or "")
 
 
+def _per_precision(tflops: dict[str, float]) -> str:
+    return ", ".join(f"{name} {value:.3f}" for name, value in tflops.items())
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
     if args.threads:
@@ -523,16 +529,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     configure_device(device)
     info = machine_info(device)
     print(f"machine: {info}")
-    args.peaks = gemm_peaks(device, args.gemm_size)
+    if device.type == "cpu" and "bf16" in args.precisions and (warning := cpu_bf16_warning("--precisions='[fp32]'")):
+        print(f"warning: {warning}", file=sys.stderr, flush=True)
+    args.peaks = gemm_peaks(device, args.gemm_size, precisions=args.precisions)
     measured = args.peaks["measured_tflops"]
     per_cpu = args.peaks["measured_tflop_per_cpu_s"]
     print(
-        f"GEMM per CPU-second: fp32 {per_cpu['fp32']:.3f}, bf16 {per_cpu['bf16']:.3f} TFLOP per CPU-s "
-        f"({torch.get_num_threads()} threads)"
+        f"GEMM per CPU-second: {_per_precision(per_cpu)} TFLOP per CPU-s ({torch.get_num_threads()} threads)"
     )
     print(
-        f"GEMM peak ({args.peaks['gemm_size']}^2, measured): fp32 {measured['fp32']:.3f} TFLOP/s, "
-        f"bf16 {measured['bf16']:.3f} TFLOP/s; MFU reference: {args.peaks['reference']} {args.peaks['reference_tflops']}"
+        f"GEMM peak ({args.peaks['gemm_size']}^2, measured): {_per_precision(measured)} TFLOP/s; "
+        f"MFU reference: {args.peaks['reference']} {args.peaks['reference_tflops']}"
     )
     groups = []
     start_peaks = args.peaks
@@ -549,11 +556,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             print_group(group, shape_name)
             groups.append(group)
     # Measure the peak again and keep the best: a busy spell on a shared machine must not inflate MFU.
-    args.peaks = gemm_peaks(device, args.gemm_size, earlier=start_peaks)
+    args.peaks = gemm_peaks(device, args.gemm_size, earlier=start_peaks, precisions=args.precisions)
     measured = args.peaks["measured_tflops"]
     print(
-        f"\n# Summary (MFU against the best GEMM peak of start and end: fp32 {measured['fp32']:.3f}, "
-        f"bf16 {measured['bf16']:.3f} TFLOP/s measured; reference {args.peaks['reference']})"
+        f"\n# Summary (MFU against the best GEMM peak of start and end: {_per_precision(measured)} TFLOP/s "
+        f"measured; reference {args.peaks['reference']})"
     )
     for group in groups:
         add_mfu(group, args.peaks)

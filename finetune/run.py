@@ -30,8 +30,10 @@ from finetune.manifest import ResultsFolder
 from finetune.schedule import collect, results_dir, submit
 from finetune.store import ResultStore, StoreBusy, StoreVersionError, store_lock
 from finetune.tracking import WandbSettings, check_wandb
+from finetune.train import check_max_length, warn_emulated_bf16
 from finetune.worker import RUNTIME_FIELDS, check_snapshot, describe_model, job_specs
 from pretrain.cli import parse, require, run_cli
+from pretrain.device import pick_device
 
 
 @dataclass(kw_only=True)
@@ -74,7 +76,10 @@ def run(config: RunConfig) -> list[dict[str, Any]]:
 
     The scheduler's path with one in-process worker: a manifest, result files, and this process writing the store.
     """
+    from transformers import AutoConfig
+
     check_snapshot(Path(config.model))
+    warn_emulated_bf16(pick_device(config.recipe.device, flag="recipe.device"), config.recipe.mixed_precision)
     data_dir = str(Path(config.data_dir).resolve()) if config.data_dir else None
     if data_dir is not None:
         load_task(config.task, data_dir)  # fail now, on the user's input, rather than inside every job
@@ -85,6 +90,7 @@ def run(config: RunConfig) -> list[dict[str, Any]]:
     runtime["wandb"] = dataclasses.asdict(tracking) if tracking else None
     with store_lock(config.store), ResultStore(config.store) as store:
         specs = job_specs(describe_model(config.model, store), config.task, config.lrs, config.seeds, config.recipe)
+        check_max_length(AutoConfig.from_pretrained(config.model), config.recipe.max_length, config.model)
         added = store.enqueue(specs)
         backend = InProcess()
         collect(store, folder, backend)  # results written since, and the jobs of an earlier run that was killed

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -25,7 +26,33 @@ import pretrain  # noqa: F401  (registers the "lnbert" model type with the Auto 
 from finetune.config import FinetuneConfig
 from finetune.glue import Example, baseline_metrics, batches, compute_metrics, encode, get_task, load_task
 from pretrain.device import pick_device
+from pretrain.hardware import cpu_bf16_warning
 from pretrain.optim import build_adamw
+
+
+def check_max_length(config: Any, max_length: int, model: str) -> None:
+    """Refuse a recipe.max_length beyond the model's position embeddings: the forward pass would fail on the first
+    pair that long ("The size of tensor a (128) must match the size of tensor b (64)"), or, worse, only some jobs
+    would, by the lengths of their data. Refused rather than capped: a capped length would not be the recipe the
+    results are filed under."""
+    positions = getattr(config, "max_position_embeddings", None)
+    if positions is not None and max_length > positions:
+        raise ValueError(
+            f"recipe.max_length={max_length} exceeds the max_position_embeddings={positions} of {model}: longer "
+            f"inputs do not fit its position embeddings; set --recipe.max_length={positions} (or lower)"
+        )
+
+
+_warned_bf16: list[bool] = []  # once per process: a worker runs many jobs
+
+
+def warn_emulated_bf16(device: torch.device, mixed_precision: str) -> None:
+    """Say, before the first job's work, that bf16 autocast on this CPU is emulated (several times slower)."""
+    if device.type != "cpu" or mixed_precision != "bf16" or _warned_bf16:
+        return
+    _warned_bf16.append(True)
+    if warning := cpu_bf16_warning("--recipe.mixed_precision=no"):
+        print(f"warning: {warning}", file=sys.stderr, flush=True)
 
 
 def make_optimizer(model: nn.Module, recipe: FinetuneConfig, lr: float) -> torch.optim.AdamW:
@@ -153,6 +180,7 @@ def finetune(
     if recipe.torch_threads:
         torch.set_num_threads(recipe.torch_threads)
     device = pick_device(recipe.device, flag="recipe.device")
+    warn_emulated_bf16(device, recipe.mixed_precision)
     set_seed(seed)  # python, numpy, torch: the classifier's init and dropout
     # The load report lists the pretraining heads as unused and the classifier as new: expected here, and
     # an lnbert snapshot of another placement still fails loudly (LNBertPreTrainedModel.from_pretrained).
@@ -161,15 +189,21 @@ def finetune(
     # Its "Loading weights" bar, one per job and worker, interleaves with every other line of the scheduler.
     hf_logging.disable_progress_bar()
     try:
+        # float32 weights whatever the checkpoint stores (transformers 5 loads in the saved dtype, dtype="auto":
+        # a bf16 checkpoint would train in bf16, where most updates at lr 3e-5 round away); the recipe's autocast
+        # decides the compute dtype.
         if recipe.random_init:
             config = AutoConfig.from_pretrained(model_path, num_labels=2)
-            model = AutoModelForSequenceClassification.from_config(config).to(device)
+            model = AutoModelForSequenceClassification.from_config(config, dtype=torch.float32).to(device)
         else:
-            model = AutoModelForSequenceClassification.from_pretrained(model_path, num_labels=2).to(device)
+            model = AutoModelForSequenceClassification.from_pretrained(
+                model_path, num_labels=2, dtype=torch.float32
+            ).to(device)
     finally:
         hf_logging.set_verbosity(verbosity)
         if bars:
             hf_logging.enable_progress_bar()
+    check_max_length(model.config, recipe.max_length, model_path)
     optimizer = make_optimizer(model, recipe, lr)
     steps_per_epoch = math.ceil(len(data.train) / recipe.batch_size)
     total_steps = steps_per_epoch * recipe.epochs

@@ -905,8 +905,9 @@ def finetune_command(snapshot: Path, glue: str, store: Path, dry_run: bool) -> l
     cmd = [sys.executable, "-m", "finetune.run", "--model", str(snapshot), "--task", "mrpc", "--data_dir", glue,
            f"--lrs=[{FINETUNE_LR}]", "--seeds=[0]", "--store", str(store), "--recipe.mixed_precision", "bf16",
            "--recipe.progress", "false"]  # fmt: skip
-    if dry_run:
-        cmd += ["--recipe.epochs", "1", "--recipe.max_train_examples", "32", "--recipe.max_eval_examples", "16"]
+    if dry_run:  # the tiny model has 64 positions: a longer recipe.max_length is refused (real MRPC pairs need it)
+        cmd += ["--recipe.epochs", "1", "--recipe.max_train_examples", "32", "--recipe.max_eval_examples", "16",
+                "--recipe.max_length", "64"]  # fmt: skip
     return cmd
 
 

@@ -37,7 +37,11 @@ from pretrain.layout import (
 from pretrain.manifest import ManifestError, folder_size, verify_manifest, write_manifest
 
 # Keys that may differ when the same command is run again in the same folder (it then continues that run).
-IDENTICAL_RUN_IGNORES = frozenset({"train.output_dir", "train.resume", "train.num_workers", "data.num_proc", "data.cache_dir"})
+# run_config.json records the peak FLOP/s that train/mfu was measured against, looked up when it was null.
+IDENTICAL_RUN_IGNORES = frozenset(
+    {"train.output_dir", "train.resume", "train.num_workers", "data.num_proc", "data.cache_dir",
+     "train.peak_flops_per_device"}
+)  # fmt: skip
 
 TRAIN_STATE_FILE = "train_state.json"
 TOKENIZER_DIR = "tokenizer"
@@ -332,6 +336,28 @@ def _check_same_run(run_dir: Path, resolved: dict[str, Any]) -> None:
 # --------------------------------------------------------------------------------------------------
 
 
+def deepspeed_fp32_weights(accelerator: Accelerator, model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The fp32 master weights of a DeepSpeed model by parameter name (tied names each), on the CPU.
+
+    Under bf16/fp16 the engine casts the module itself, so ``get_state_dict`` returns 16-bit weights; the
+    optimizer holds the fp32 masters (ZeRO 1/2 partitioned, the bf16 optimizer whole). Collective: every
+    process assembles each parameter (the same order on all, ``named_parameters``). Empty without masters
+    (fp32 training: the module's weights are the masters).
+    """
+    from deepspeed.utils import safe_get_full_fp32_param
+
+    unwrapped = accelerator.unwrap_model(model, keep_torch_compile=False)
+    masters: dict[int, torch.Tensor | None] = {}
+    out: dict[str, torch.Tensor] = {}
+    for name, param in unwrapped.named_parameters(remove_duplicate=False):
+        if id(param) not in masters:
+            full = safe_get_full_fp32_param(param)
+            masters[id(param)] = None if full is None else full.detach().float().cpu()
+        if masters[id(param)] is not None:
+            out[name] = masters[id(param)]
+    return out
+
+
 def save_snapshot(
     accelerator: Accelerator,
     model: torch.nn.Module,
@@ -343,12 +369,19 @@ def save_snapshot(
 
     Every process calls this (gathering a sharded state dict is collective); only the main process writes.
     """
-    state_dict = accelerator.get_state_dict(model)  # full, unwrapped keys (no "module."/"_orig_mod.")
+    # Full, unwrapped keys: no "module."; and no "_orig_mod.", which get_state_dict keeps for a model that
+    # accelerator.prepare compiled (train.compile) and which from_pretrained would not find.
+    state_dict = {k.removeprefix("_orig_mod."): v for k, v in accelerator.get_state_dict(model).items()}
+    masters = deepspeed_fp32_weights(accelerator, model) if accelerator.state.deepspeed_plugin is not None else {}
+    state_dict.update(masters)
     path = Path(run_dir) / SNAPSHOTS / step_dirname(info["step"])
     if accelerator.is_main_process:
         shutil.rmtree(path, ignore_errors=True)  # an incomplete (or superseded) folder of the same step
         unwrapped = accelerator.unwrap_model(model, keep_torch_compile=False)
         unwrapped.save_pretrained(path, state_dict=state_dict)
+        if masters:  # config.json takes the (16-bit) module's dtype, and from_pretrained would load in it
+            unwrapped.config.dtype = torch.float32
+            unwrapped.config.save_pretrained(path)
         tokenizer.save_pretrained(path)
         write_json_atomic(path / SNAPSHOT_INFO, info)
         follow_umask(path)

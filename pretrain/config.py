@@ -162,7 +162,7 @@ class OptimConfig:
     max_grad_norm: float = 1.0
     """Clip the total gradient norm to this value; 0 disables clipping (the norm is still logged)."""
     implementation: Literal["auto", "fused", "foreach", "for_loop"] = "auto"
-    """AdamW kernel: auto (PyTorch's choice: foreach on CUDA, the for_loop on CPU), fused (one kernel; CUDA and
+    """AdamW kernel: auto (fused on CUDA; PyTorch's choice, the for_loop, on CPU), fused (one kernel; CUDA and
     CPU, the fastest on both, BENCHMARKS.md), foreach, or for_loop (the reference loop)."""
 
     def __post_init__(self) -> None:
@@ -205,8 +205,13 @@ class TrainConfig:
     """Sequences per device per micro-batch. Global batch = this x processes x gradient_accumulation_steps."""
     gradient_accumulation_steps: int = 1
     """Micro-batches per optimizer step (through accelerator.accumulate)."""
-    mixed_precision: Literal["no", "bf16", "fp16"] = "no"
-    """Autocast precision; fp16 needs a GPU (it uses a loss scaler)."""
+    mixed_precision: Literal["no", "bf16", "fp16", "auto"] = "no"
+    """Autocast precision; fp16 needs a GPU (it uses a loss scaler); auto: bf16 where the hardware computes it
+    natively (a CUDA GPU with bf16; a CPU with AVX512-BF16 or AMX), else no (fp32: emulated bf16 is several times
+    slower). Resolved at the start, and run_config.json records the result."""
+    max_skipped_steps: int = 25
+    """fp16: steps in a row whose gradients may overflow (the loss scaler skips each and halves its scale; routine
+    in the first steps) before the run is called diverged. A non-finite loss is divergence at once."""
     eval_every: int = 100
     """Evaluate on the validation split every this many steps (and at the end); 0: only at the end."""
     eval_batches: int = 10
@@ -228,7 +233,8 @@ class TrainConfig:
     num_workers: int = 0
     """DataLoader worker processes (0: load in the main process)."""
     compile: bool = False
-    """Wrap the model in torch.compile (not with DeepSpeed)."""
+    """torch.compile the model (inductor, through Accelerate's dynamo plugin, after the DDP wrap); not with
+    DeepSpeed."""
     resume: str = ""
     """Empty: start a new run (output_dir must not hold another one); auto: continue from the latest complete
     checkpoint in output_dir; or a path to a checkpoint folder (e.g. of a shorter-sequence phase)."""
@@ -236,8 +242,10 @@ class TrainConfig:
     """Seconds a process waits for the others at a collective (all-reduce, barrier) before the run fails with a
     message naming this key: a frozen or lost process stops the run instead of blocking it forever. Must cover
     the slowest wait: the main process preparing data (first run) or writing a checkpoint."""
-    peak_flops_per_device: float = 312e12
-    """Peak FLOP/s of one device for train/mfu (A100 bf16 dense: 312e12; H100 SXM bf16: 989e12); 0 disables MFU."""
+    peak_flops_per_device: float | None = None
+    """Peak FLOP/s of one device for train/mfu; null: the data sheet's dense figure for the GPU's name at the
+    run's precision (pretrain/hardware.py; the matched entry is printed at the start; 0 on a CPU or an unknown
+    card); 0 disables MFU."""
 
     def __post_init__(self) -> None:
         _require(self.max_steps > 0, "train.max_steps", "must be > 0")
@@ -249,10 +257,15 @@ class TrainConfig:
         for key in ("per_device_batch_size", "gradient_accumulation_steps", "log_every", "keep_last_checkpoints",
                     "collective_timeout_s"):
             _require(getattr(self, key) > 0, f"train.{key}", "must be a positive integer")
-        for key in ("eval_every", "eval_batches", "checkpoint_every", "snapshot_every", "num_workers"):
+        for key in ("eval_every", "eval_batches", "checkpoint_every", "snapshot_every", "num_workers",
+                    "max_skipped_steps"):
             _require(getattr(self, key) >= 0, f"train.{key}", "must be >= 0")
         _require(all(s >= 0 for s in self.snapshot_steps), "train.snapshot_steps", "steps must be >= 0")
-        _require(self.peak_flops_per_device >= 0, "train.peak_flops_per_device", "must be >= 0 (0 disables MFU)")
+        _require(
+            self.peak_flops_per_device is None or self.peak_flops_per_device >= 0,
+            "train.peak_flops_per_device",
+            "must be >= 0 (0 disables MFU) or null (look the device up)",
+        )
 
     def is_snapshot_step(self, step: int) -> bool:
         on_interval = self.snapshot_every > 0 and step % self.snapshot_every == 0
@@ -354,6 +367,7 @@ RESUMABLE_CHANGES = frozenset(
         "train.num_workers",
         "train.peak_flops_per_device",
         "train.collective_timeout_s",
+        "train.max_skipped_steps",
         "data.num_proc",
         "data.cache_dir",
         "data.max_inline_preparation_mb",

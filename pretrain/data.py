@@ -177,6 +177,7 @@ def build_pretraining_data(
     num_processes: int = 1,
     prepare_command: str = "python -m pretrain.prepare [the same arguments]",
     progress: bool = False,
+    trained_tokenizer: Path | None = None,
 ) -> PretrainingData:
     """Tokenizer, training and validation instances; built once (inside ``main_process_first()``), then reused
     from ``cfg.cache_dir`` by every later call with the same inputs. In streaming mode the training instances
@@ -184,7 +185,9 @@ def build_pretraining_data(
     something is not cached, and then once.
 
     With several processes (``num_processes``) a large corpus must have been prepared by ``pretrain/prepare.py``
-    (``prepare_command``): otherwise PreparationRequired is raised before any process waits at a barrier."""
+    (``prepare_command``): otherwise PreparationRequired is raised before any process waits at a barrier.
+    ``trained_tokenizer``: where the main process saved the tokenizer it trained (for the other processes, whose
+    own cache may not have it: another node's)."""
     check_prepared_for_distributed(cfg, seed=seed, num_processes=num_processes, prepare_command=prepare_command)
 
     @functools.cache
@@ -198,6 +201,7 @@ def build_pretraining_data(
             model_vocab_size=model_vocab_size,
             seed=seed,
             training_texts=lambda: document_texts(documents()[0]),
+            trained_elsewhere=trained_tokenizer if trained_tokenizer is not None and trained_tokenizer.is_dir() else None,
         )
         if cfg.streaming:
             train_docs, val_docs = documents()

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import fcntl
 import gc
 import hashlib
 import json
@@ -43,7 +42,7 @@ from tokenizers import Tokenizer
 from tqdm.auto import tqdm
 from transformers import PreTrainedTokenizerFast
 
-from pretrain.cache import CACHE_FORMAT_VERSION, content_hash
+from pretrain.cache import CACHE_FORMAT_VERSION, content_hash, exclusive_lock
 from pretrain.corpus import source_fingerprint
 from pretrain.layout import write_json_atomic
 
@@ -421,22 +420,12 @@ def cached_instances(
     if not (folder / SUMMARY_FILE).is_file():
         # One preparation at a time per cache key: runs started side by side (the analysis grid) wait for the
         # first and reuse its result. The lock goes with its process, so a killed preparation blocks nobody.
-        with _locked(folder.with_name(f"{folder.name}.lock")):
+        with exclusive_lock(folder.with_name(f"{folder.name}.lock")):
             if not (folder / SUMMARY_FILE).is_file():
                 prepare_instances(documents, tokenizer, cfg, seed=seed, folder=folder, progress=progress)
     return load_prepared(folder)
 
 
-@contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    """An exclusive advisory lock (flock) on ``path``, held for the block."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("a") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 # ----------------------------------------------------------------------------------------------------------------------

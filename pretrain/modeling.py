@@ -709,12 +709,15 @@ class LNBertModel(LNBertPreTrainedModel):
         position_ids: torch.Tensor | None = None,
         output_hidden_states: bool | None = None,
         output_attentions: bool | None = None,
+        *,
+        pool: bool = True,
         **kwargs: Any,
     ) -> BaseModelOutputWithPooling:
         """``hidden_states`` (when asked for) holds ``num_hidden_layers + 1`` tensors: the embedding output,
         then the residual stream after each layer, except that the last entry is ``last_hidden_state``,
         i.e. after the final LN for Pre-LN/sandwich (as in Hugging Face, ``hidden_states[-1]`` is what the
         heads see). The final LN feeds ``last_hidden_state``, the pooler and the MLM and NSP heads.
+        ``pool=False`` skips the pooler (``pooler_output`` is None) for a caller that does not use it.
         """
         embeddings = self.embeddings(input_ids, token_type_ids, position_ids)
         # Bool/additive mask in the form the chosen attention implementation wants (None: no padding).
@@ -725,7 +728,7 @@ class LNBertModel(LNBertPreTrainedModel):
             output_hidden_states=bool(output_hidden_states or self.config.output_hidden_states),
             output_attentions=bool(output_attentions or self.config.output_attentions),
         )
-        pooled = self.pooler(sequence_output) if self.pooler is not None else None
+        pooled = self.pooler(sequence_output) if self.pooler is not None and pool else None
         return BaseModelOutputWithPooling(
             last_hidden_state=sequence_output, pooler_output=pooled, hidden_states=hidden_states, attentions=attentions
         )
@@ -783,16 +786,20 @@ class LNBertForPreTraining(LNBertPreTrainedModel):
     ) -> LNBertForPreTrainingOutput:
         """``labels``: MLM targets, -100 where not predicted. ``next_sentence_label``: 0 if segment B
         follows A, 1 if random. The loss is MLM + NSP when both are given, MLM alone when only
-        ``labels`` is (the MLM-only objective)."""
+        ``labels`` is (the MLM-only objective). With ``labels`` but no ``next_sentence_label`` the pooler and the
+        NSP head do not run (``seq_relationship_logits`` is None): parameters outside the loss get no gradient,
+        which DDP (find_unused_parameters=False) reports as an error at the next step."""
+        nsp = labels is None or next_sentence_label is not None
         out = self.bert(
             input_ids, attention_mask, token_type_ids, position_ids, output_hidden_states, output_attentions,
             return_dict=True,  # this model's return_dict applies to its own output, not to the encoder's
+            pool=nsp,
         )  # fmt: skip
         heads = self.cls
         logits, mlm_loss = mlm_logits_and_loss(
             heads.predictions, out.last_hidden_state, labels, self.config.sparse_mlm_head
         )
-        nsp_logits = heads.seq_relationship(out.pooler_output)
+        nsp_logits = heads.seq_relationship(out.pooler_output) if nsp else None
         nsp_loss = None
         if next_sentence_label is not None:
             nsp_loss = F.cross_entropy(nsp_logits.float(), next_sentence_label.view(-1))

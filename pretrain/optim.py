@@ -34,6 +34,12 @@ def weight_decay_groups(model: nn.Module, weight_decay: float) -> list[dict[str,
     ]
 
 
+def resolve_adamw_implementation(implementation: AdamWImplementation, device: torch.device) -> AdamWImplementation:
+    """``auto`` is the fused kernel on CUDA (one launch for all parameters; PyTorch's own choice there is foreach)
+    and PyTorch's choice elsewhere; any other value as given."""
+    return "fused" if implementation == "auto" and device.type == "cuda" else implementation
+
+
 def build_adamw(
     model: nn.Module,
     *,

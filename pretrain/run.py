@@ -35,7 +35,13 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from accelerate import Accelerator
-from accelerate.utils import InitProcessGroupKwargs, ProjectConfiguration, set_seed
+from accelerate.utils import (
+    DataLoaderConfiguration,
+    InitProcessGroupKwargs,
+    ProjectConfiguration,
+    gather_object,
+    set_seed,
+)
 from torch import nn
 from torch.utils.data import DataLoader, Sampler
 from tqdm.auto import tqdm
@@ -63,6 +69,7 @@ from pretrain.checkpointing import (
 from pretrain.config import ConfigError, PretrainConfig, TrainConfig, help_text, parse_args, to_dict
 from pretrain.data import MaskingCollator, PretrainingData, build_pretraining_data
 from pretrain.flops import flops_per_token
+from pretrain.hardware import auto_mixed_precision, cpu_bf16_warning, mfu_peak
 from pretrain.identity import ensure_run_id
 from pretrain.layout import (
     HEARTBEAT_EVERY_S,
@@ -73,7 +80,7 @@ from pretrain.layout import (
     write_json_atomic,
 )
 from pretrain.modeling import LNBertForPreTraining
-from pretrain.optim import build_adamw
+from pretrain.optim import build_adamw, resolve_adamw_implementation
 from pretrain.prepare import data_report, prepare_command
 from pretrain.tracking import (
     clip_coefficient,
@@ -101,6 +108,16 @@ def _env_flag(name: str) -> bool:
     return os.environ.get(name, "").lower() in ("1", "true", "yes")
 
 
+def resolve_mixed_precision(cfg: PretrainConfig) -> None:
+    """train.mixed_precision=auto becomes no or bf16 for this hardware (said once), before anything reads it."""
+    if cfg.train.mixed_precision != "auto":
+        return
+    on_cpu = not torch.cuda.is_available() or _env_flag("ACCELERATE_USE_CPU")
+    cfg.train.mixed_precision, why = auto_mixed_precision(on_cpu)
+    if os.environ.get("RANK", "0") == "0":
+        print(f"train.mixed_precision=auto: {cfg.train.mixed_precision} ({why})", flush=True)
+
+
 def check_environment(cfg: PretrainConfig) -> None:
     """Combinations that only the hardware/launcher can rule out; fail before any work."""
     on_cpu = not torch.cuda.is_available() or _env_flag("ACCELERATE_USE_CPU")
@@ -108,6 +125,9 @@ def check_environment(cfg: PretrainConfig) -> None:
         raise ConfigError(
             "train.mixed_precision=fp16 needs a GPU (its loss scaler is CUDA-only); use bf16 or no on CPU"
         )
+    bf16_on_cpu = cfg.train.mixed_precision == "bf16" and on_cpu and os.environ.get("RANK", "0") == "0"
+    if bf16_on_cpu and (warning := cpu_bf16_warning("--train.mixed_precision=no")):
+        print(f"warning: {warning}", file=sys.stderr, flush=True)
     if cfg.train.compile and _env_flag("ACCELERATE_USE_DEEPSPEED"):
         raise ConfigError("train.compile=true does not work with DeepSpeed; set --train.compile=false")
     if cfg.tracking.backend == "wandb":
@@ -120,6 +140,13 @@ class _SkipTiedWeightsNote(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         return "Removed shared tensor" not in record.getMessage()
+
+
+def copies_asynchronously() -> bool:
+    """Batches go to a GPU: page-locked by the loaders (pin_memory) and copied without blocking the host
+    (Accelerate's DataLoaderConfiguration(non_blocking=...), False by default). Both or neither: without pinned
+    memory a non-blocking copy is synchronous anyway."""
+    return torch.cuda.is_available() and not _env_flag("ACCELERATE_USE_CPU")
 
 
 def build_accelerator(cfg: PretrainConfig) -> Accelerator:
@@ -146,6 +173,9 @@ def build_accelerator(cfg: PretrainConfig) -> Accelerator:
         # The scheduler is stepped once per optimizer step, and its horizon is train.max_steps.
         step_scheduler_with_optimizer=False,
         kwargs_handlers=kwargs_handlers,
+        dataloader_config=DataLoaderConfiguration(non_blocking=copies_asynchronously()),
+        # prepare() compiles last, after the DDP wrap; None keeps an `accelerate config` dynamo choice.
+        dynamo_backend="inductor" if cfg.train.compile else None,
     )
     plugin = accelerator.state.deepspeed_plugin
     if plugin is not None and plugin.deepspeed_config.get("gradient_clipping") == "auto":
@@ -155,8 +185,17 @@ def build_accelerator(cfg: PretrainConfig) -> Accelerator:
 
 
 def build_model(cfg: PretrainConfig, vocab_size: int) -> LNBertForPreTraining:
+    """The model, uncompiled: train.compile is applied by ``accelerator.prepare`` after the DDP wrap
+    (build_accelerator), so that DDP's all-reduces overlap the compiled backward (PyTorch's DDP + compile
+    guidance); compiling first makes the backward one graph that the all-reduces wait for."""
     model = LNBertForPreTraining(cfg.model.to_lnbert(vocab_size))
-    return torch.compile(model) if cfg.train.compile else model
+    if cfg.data.objective != "mlm_nsp":
+        # No NSP loss: the pooler and the NSP head get no gradient, which DDP (find_unused_parameters=False)
+        # reports as an error at the second step. Frozen, they stay at their initial values, as before, and the
+        # snapshots keep every key.
+        model.bert.pooler.requires_grad_(False)
+        model.cls.seq_relationship.requires_grad_(False)
+    return model
 
 
 class EpochSampler(Sampler[int]):
@@ -196,7 +235,7 @@ def build_dataloaders(cfg: PretrainConfig, data: PretrainingData, num_processes:
     common = dict(
         num_workers=train_cfg.num_workers,
         generator=torch.Generator().manual_seed(train_cfg.seed),
-        pin_memory=torch.cuda.is_available(),  # page-locked batches copy to the GPU asynchronously
+        pin_memory=copies_asynchronously(),  # with the accelerator's non_blocking copies
     )
     sampler = None
     if isinstance(data.train, torch.utils.data.IterableDataset) or not hasattr(data.train, "__len__"):
@@ -231,6 +270,22 @@ def check_same_trained_tokenizer(tokenizer: Any, saved_dir: Path) -> None:
             f"the WordPiece tokenizer trained now differs from the one the checkpoint was trained with ({saved_dir}); "
             f"tokenizer training is not bit-reproducible and data.cache_dir no longer holds the original. Resume with "
             f"--data.tokenizer={saved_dir}"
+        )
+
+
+def check_one_vocabulary(accelerator: Accelerator, tokenizer: Any) -> None:
+    """Every process must train with the same token ids: a node that trained or prepared its own WordPiece
+    tokenizer (not bit-reproducible) would average gradients over another vocabulary without any error."""
+    if accelerator.num_processes == 1:
+        return
+    vocab = hashlib.sha256(json.dumps(tokenizer.get_vocab(), sort_keys=True).encode()).hexdigest()
+    hashes = gather_object([vocab])
+    if len(set(hashes)) > 1:
+        raise ConfigError(
+            f"the processes of this run hold different vocabularies ({len(set(hashes))} distinct over "
+            f"{len(hashes)} processes): a node prepared its own data.cache_dir with a tokenizer trained there. "
+            "Prepare the data once and give every node the same cache (copy data.cache_dir), or train the "
+            "tokenizer once and pass --data.tokenizer=FOLDER on every node"
         )
 
 
@@ -319,6 +374,7 @@ class TrainingSetup:
     tokenizer: Any
     run_dir: Path
     flops_per_token: float
+    peak_flops_per_device: float  # what train/mfu is measured against (hardware.mfu_peak)
     last_eval: dict[str, float] = field(default_factory=dict)
 
 
@@ -330,7 +386,9 @@ class StepStats:
     mlm_loss: float
     nsp_loss: float
     tokens: int
-    finite: bool
+    slots: int  # sequence positions computed, padding included (what a fixed-shape benchmark counts)
+    finite: bool  # the loss and the gradient norm
+    overflow: bool  # a finite loss whose loss-scaled (fp16) gradients overflowed: the scaler skipped the step
     stop: bool
     grad_norm: float
     layer_grad_norms: dict[str, float]
@@ -360,10 +418,12 @@ def train_step(
     """Accumulate gradients over micro-batches until Accelerate syncs, check the loss, then step.
 
     When the loss is not finite on any process, no optimizer step is taken (under DeepSpeed the engine has
-    already stepped inside ``backward``; no checkpoint is written from that state either way).
+    already stepped inside ``backward``; no checkpoint is written from that state either way). When the loss is
+    finite but fp16's loss-scaled gradients overflowed (an infinite norm), the scaler skips the update and lowers
+    its scale (``optimizer.step`` is still called: that is where it does so); ``step_outcome`` judges the run.
     """
     accelerator, model = setup.accelerator, setup.model
-    sums = torch.zeros(5, device=accelerator.device)  # loss, mlm, nsp, tokens, micro-batches
+    sums = torch.zeros(6, device=accelerator.device)  # loss, mlm, nsp, tokens, micro-batches, slots
     for batch in batches:
         with accelerator.accumulate(model):
             out = model(**batch)
@@ -376,6 +436,7 @@ def train_step(
                     nsp.float(),
                     batch["attention_mask"].sum().float(),
                     torch.ones((), device=sums.device),
+                    torch.tensor(float(batch["input_ids"].numel()), device=sums.device),
                 ]
             )
             if not accelerator.sync_gradients:
@@ -384,18 +445,19 @@ def train_step(
             flags = torch.tensor([float(bool(stop.signal_name))], device=sums.device)
             totals = accelerator.reduce(torch.cat([sums, flags]), reduction="sum")
             finite = bool(torch.isfinite(totals[:3]).all())
-            grad_norm, layer_norms = float("nan"), {}
+            grad_norm, layer_norms, overflow = float("nan"), {}, False
             if finite:
                 max_norm = setup.cfg.optim.max_grad_norm
                 norm = accelerator.clip_grad_norm_(model.parameters(), max_norm if max_norm > 0 else float("inf"))
                 grad_norm = float(norm) if norm is not None else float("nan")
                 finite = math.isfinite(grad_norm) or norm is None
-                if with_layer_norms and accelerator.state.deepspeed_plugin is None:  # ZeRO partitions gradients
+                overflow = not finite and accelerator.scaler is not None
+                if finite and with_layer_norms and accelerator.state.deepspeed_plugin is None:  # ZeRO partitions
                     unwrapped = accelerator.unwrap_model(model, keep_torch_compile=False)
                     layer_norms = layer_grad_norms(unwrapped, 1 / clip_coefficient(grad_norm, max_norm))
-                if finite:
-                    setup.optimizer.step()
-                    setup.scheduler.step()
+                if finite or overflow:
+                    setup.optimizer.step()  # on an overflow the scaler skips the update and lowers its scale
+                    setup.scheduler.step()  # the learning rate stays a function of the step number
             setup.optimizer.zero_grad(set_to_none=True)
             micro = totals[4].item()
             return StepStats(
@@ -403,8 +465,10 @@ def train_step(
                 mlm_loss=totals[1].item() / micro,
                 nsp_loss=totals[2].item() / micro,
                 tokens=int(totals[3].item()),
+                slots=int(totals[5].item()),
                 finite=finite,
-                stop=totals[5].item() > 0,
+                overflow=overflow,
+                stop=totals[6].item() > 0,
                 grad_norm=grad_norm,
                 layer_grad_norms=layer_norms,
             )
@@ -550,6 +614,30 @@ def final_validation(last_eval: dict[str, float]) -> str:
     )
 
 
+def step_outcome(stats: StepStats, skipped_in_a_row: int, max_skipped_steps: int) -> str:
+    """stepped, skipped (an fp16 overflow: routine while the loss scale settles, in the first steps above all)
+    or diverged (a non-finite loss or gradient without a loss scaler, or more than ``max_skipped_steps`` overflows
+    in a row: the scale keeps falling because the gradients themselves are not finite)."""
+    if stats.finite:
+        return "stepped"
+    if stats.overflow and skipped_in_a_row < max_skipped_steps:
+        return "skipped"
+    return "diverged"
+
+
+def divergence_message(stats: StepStats, step: int, skipped_in_a_row: int) -> str:
+    if stats.overflow:
+        return (
+            f"the fp16 gradients overflowed in {skipped_in_a_row + 1} steps in a row up to step {step}, more than "
+            f"train.max_skipped_steps={skipped_in_a_row} (loss {stats.loss}); the run diverged. No checkpoint or "
+            "snapshot was written from this state."
+        )
+    return (
+        f"loss or gradient not finite at step {step} (loss {stats.loss}); the run diverged. "
+        "No checkpoint or snapshot was written from this state."
+    )
+
+
 def run_evaluation(setup: TrainingSetup, state: TrainState) -> None:
     setup.last_eval = evaluate(setup)
     log_metrics(setup.accelerator, setup.run_dir, {"tokens_seen": state.tokens_seen, **setup.last_eval}, state.step)
@@ -572,7 +660,8 @@ def train(setup: TrainingSetup, state: TrainState, stop: StopRequest) -> str:
     )
     postfix = progress_postfix(None, None, setup.last_eval)  # a resumed run shows its last validation loss at once
     # Throughput counts the time spent in training steps only (not evaluation or saving).
-    window_tokens, window_time = 0, 0.0
+    window_tokens, window_slots, window_time = 0, 0, 0.0
+    skipped_in_a_row, window_skipped = 0, 0
     heartbeat = Heartbeat(setup)
     while state.step < last_step:
         next_step = state.step + 1
@@ -580,19 +669,20 @@ def train(setup: TrainingSetup, state: TrainState, stop: StopRequest) -> str:
         started = time.perf_counter()
         stats = train_step(setup, batches, stop, with_layer_norms=log_now)
         window_time += time.perf_counter() - started
-        if not stats.finite:
-            message = (
-                f"loss or gradient not finite at step {state.step + 1} (loss {stats.loss}); the run diverged. "
-                "No checkpoint or snapshot was written from this state."
-            )
+        outcome = step_outcome(stats, skipped_in_a_row, train_cfg.max_skipped_steps)
+        if outcome == "diverged":
+            message = divergence_message(stats, state.step + 1, skipped_in_a_row)
             write_status(accelerator, cfg, "diverged", state.step, message, diverged_at=state.step + 1)
             log_metrics(accelerator, setup.run_dir, {"tokens_seen": state.tokens_seen, "diverged": 1}, state.step + 1)
             accelerator.print(f"\n{message}")
             progress.close()
             return "diverged"
+        skipped_in_a_row = skipped_in_a_row + 1 if outcome == "skipped" else 0
+        window_skipped += outcome == "skipped"
         state.step += 1
         state.tokens_seen += stats.tokens
         window_tokens += stats.tokens
+        window_slots += stats.slots
         progress.update(1)
         if log_now:
             tokens_per_s = window_tokens / max(window_time, 1e-9)
@@ -603,18 +693,23 @@ def train(setup: TrainingSetup, state: TrainState, stop: StopRequest) -> str:
                 "train/lr": setup.scheduler.get_last_lr()[0],
                 "train/grad_norm": stats.grad_norm,
                 "train/tokens_per_s": tokens_per_s,
+                # Padding included: comparable with benchmarks.train_step, which counts every slot of its batch.
+                "train/slot_tokens_per_s": window_slots / max(window_time, 1e-9),
                 "train/mfu": model_flops_utilisation(
-                    tokens_per_s, setup.flops_per_token, train_cfg.peak_flops_per_device, accelerator.num_processes
+                    tokens_per_s, setup.flops_per_token, setup.peak_flops_per_device, accelerator.num_processes
                 ),
                 "train/epoch": state.epoch,
             }
             if cfg.data.objective == "mlm_nsp":
                 metrics["train/nsp_loss"] = stats.nsp_loss
+            if accelerator.scaler is not None:  # fp16: steps the scaler skipped since the last line, and its scale
+                metrics["train/skipped_steps"] = window_skipped
+                metrics["train/loss_scale"] = accelerator.scaler.get_scale()
             metrics.update(stats.layer_grad_norms)
             log_metrics(accelerator, setup.run_dir, metrics, state.step)
             postfix.update(progress_postfix(stats.loss, metrics["train/lr"], setup.last_eval))
             progress.set_postfix(postfix)
-            window_tokens, window_time = 0, 0.0
+            window_tokens, window_slots, window_time, window_skipped = 0, 0, 0.0, 0
         done = state.step == last_step
         preempted = stats.stop and not done
         if (train_cfg.eval_every and state.step % train_cfg.eval_every == 0) or done:
@@ -665,7 +760,10 @@ def prepare_training(
         num_processes=accelerator.num_processes,
         prepare_command=prepare_command,
         progress=accelerator.is_main_process,
+        # After main_process_first the main process's tokenizer is in the run folder, which every node sees.
+        trained_tokenizer=None if accelerator.is_main_process else run_dir / TOKENIZER_DIR,
     )
+    check_one_vocabulary(accelerator, data.tokenizer)
     if resume_from is not None and cfg.data.tokenizer is None:
         check_same_trained_tokenizer(data.tokenizer, resume_from.parent.parent / TOKENIZER_DIR)
     vocab_size = cfg.model.vocab_size or len(data.tokenizer)
@@ -676,6 +774,9 @@ def prepare_training(
         )
     resolved = to_dict(cfg)
     resolved["model"]["vocab_size"] = vocab_size  # what the model was built with
+    peak_flops, peak_note = mfu_peak(cfg.train.peak_flops_per_device, accelerator.device, cfg.train.mixed_precision)
+    resolved["train"]["peak_flops_per_device"] = peak_flops  # what train/mfu is measured against
+    accelerator.print(peak_note)
     set_seed(cfg.train.seed)  # the same initial weights whatever data preparation drew
     model = build_model(cfg, vocab_size)
     optim = cfg.optim
@@ -685,7 +786,7 @@ def prepare_training(
         betas=optim.betas,
         eps=optim.eps,
         weight_decay=optim.weight_decay,
-        implementation=optim.implementation,
+        implementation=resolve_adamw_implementation(optim.implementation, accelerator.device),
     )
     max_steps = cfg.train.max_steps
     scheduler = get_scheduler(
@@ -714,6 +815,7 @@ def prepare_training(
             cfg.data.max_seq_length,
             mlm_head_share=cfg.data.mlm_probability if unwrapped.config.sparse_mlm_head else 1.0,
         ),
+        peak_flops_per_device=peak_flops,
     )
     fingerprint = data_fingerprint(cfg, accelerator.num_processes, data.tokenizer)
     state = TrainState(data_fingerprint=fingerprint)
@@ -730,6 +832,7 @@ def prepare_training(
 def pretrain(cfg: PretrainConfig, argv: list[str] | None = None) -> str:
     """Run one pretraining job described by ``cfg`` (parsed from ``argv``, which the message naming the data
     preparation command repeats); returns finished, diverged or preempted."""
+    resolve_mixed_precision(cfg)
     check_environment(cfg)
     accelerator = build_accelerator(cfg)
     run_dir = Path(cfg.train.output_dir)

@@ -100,9 +100,15 @@ def load_or_train_tokenizer(
     model_vocab_size: int | None = None,
     seed: int = 0,
     training_texts: Callable[[], Iterable[str]] | None = None,
+    trained_elsewhere: Path | None = None,
 ) -> PreTrainedTokenizerFast:
     """The tokenizer named by ``data.tokenizer`` (Hub name or local folder), or a WordPiece tokenizer trained on
     the training documents (cached under cache_dir, keyed by the corpus, seed and tokenizer fields).
+
+    ``trained_elsewhere``: the copy another process of the same run trained and saved (the run's own tokenizer
+    folder). When this cache has none, it is taken in rather than trained again: WordPiece training is not
+    bit-reproducible (ties in the merge order), and two nodes with their own caches would otherwise train two
+    vocabularies for one model.
 
     ``training_texts`` returns the training documents' texts (build_pretraining_data passes the ones it already
     read); by default the corpus is read and split here. Saved to ``save_dir`` (a folder AutoTokenizer opens).
@@ -113,6 +119,9 @@ def load_or_train_tokenizer(
     else:
         cached = trained_tokenizer_dir(cfg, seed)
         name = f"WordPiece trained on the corpus ({cached})"
+        if not (cached / "tokenizer.json").is_file() and trained_elsewhere is not None:
+            with atomic_dir(cached) as tmp:
+                AutoTokenizer.from_pretrained(str(trained_elsewhere)).save_pretrained(tmp)
         if not (cached / "tokenizer.json").is_file():
             texts = training_texts() if training_texts is not None else _training_texts(cfg, seed)
             tokenizer = train_wordpiece_tokenizer(

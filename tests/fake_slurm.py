@@ -237,7 +237,9 @@ class FakeSlurm:
         """As ``python tests/fake_slurm.py preempt JOB_TASK``, without starting a process (no delay)."""
         interrupt(target, "PREEMPTING")
 
-    def wait_until(self, condition: Any, timeout_s: float = 240) -> None:
+    def wait_until(self, condition: Any, timeout_s: float = 900) -> None:
+        """Poll ``condition`` until it holds; the timeout only guards against a hang (tasks are processes that
+        import torch: minutes on a loaded 2-core machine), it is no expectation of speed."""
         deadline = time.time() + timeout_s
         while not condition():
             assert time.time() < deadline, f"timed out; tasks: {self.tasks()}"

@@ -7,6 +7,7 @@ from __future__ import annotations
 import datetime
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -70,14 +71,17 @@ def in_thread(config: ScheduleConfig) -> tuple[threading.Thread, list[Any]]:
     return thread, out
 
 
+# A task's closing line, wherever it starts: copies of a task share one log, and the other copy's progress bar
+# ("\rLoading weights: 40%|...", no newline until it closes) can sit in front of it when the two interleave.
+CLOSING_LINE = re.compile(r"task \d+ of \S+: (done \d+(?:, [a-z]+ \d+)*)")
+
+
 def task_counts(log_dir: Path) -> list[dict[str, int]]:
     """The closing line of every task run in the array logs: {done, duplicate, skipped, failed, orphaned}."""
     counts = []
     for path in sorted(log_dir.glob("*.out")):
-        for line in path.read_text().splitlines():
-            if line.startswith("task ") and " of " in line and ": done " in line:
-                pairs = line.split(": ", 1)[1].split(", ")
-                counts.append({k: int(v) for k, v in (p.split() for p in pairs)})
+        for match in CLOSING_LINE.finditer(path.read_text()):
+            counts.append({k: int(v) for k, v in (pair.split() for pair in match.group(1).split(", "))})
     return counts
 
 

@@ -440,3 +440,54 @@ def test_late_gradients_are_the_median_of_the_last_tenth():
     rows += [[step, 2e-9, 3.0] for step in range(94, 101)]
     assert grid.late_grads(rows) == pytest.approx((2e-9, 3.0))
     assert grid.late_grads([]) is None
+
+
+class FinishingRun(FakeRun):
+    """A FakeRun that, once released, records a finished run."""
+
+    def wait(self):
+        assert self.stopped.wait(timeout=30)
+        out = next(a.split("=", 1)[1] for a in self.argv if a.startswith("--train.output_dir="))
+        write_json_atomic(grid.Path(out) / "status.json", {"status": "finished", "step": 3})
+        return 0
+
+
+def test_two_grids_on_one_out_run_a_shared_cell_once(tmp_path, fake_runs, monkeypatch):
+    """Grids with overlapping axes on one --out: while one runs a cell, the other waits for it (or stops, when
+    asked to) and then reads the ended cell; it never starts the same run into the same folder."""
+    monkeypatch.setattr(subprocess, "Popen", lambda argv, **kw: FinishingRun(argv))
+    lines: list[str] = []
+    monkeypatch.setattr(grid, "say", lines.append)
+    _, args = analysis.parse_args(["grid", "--out", str(tmp_path), "--probe_steps=0"])
+    cell = grid.Cell("pre", 128, 2, 0, 1e-3, 0)
+    results: dict[str, dict] = {}
+
+    def in_thread(name: str, stopper: grid.Stopper) -> threading.Thread:
+        thread = threading.Thread(target=lambda: results.update({name: grid.run_cell(args, cell, stopper)}))
+        thread.start()
+        return thread
+
+    def until(condition) -> None:
+        deadline = time.monotonic() + 30
+        while not condition():
+            assert time.monotonic() < deadline, lines
+            time.sleep(0.01)
+
+    def waits() -> int:
+        return sum("another grid is running this cell" in line for line in lines)
+
+    first = in_thread("first", grid.Stopper())
+    until(lambda: len(fake_runs) == 1)
+    stopped = grid.Stopper()
+    second = in_thread("second", stopped)
+    until(lambda: waits() == 1)
+    stopped.requested.set()  # the waiting grid is asked to stop: it gives up the wait, starts nothing
+    second.join(timeout=30)
+    assert results["second"]["status"] == "not started" and len(fake_runs) == 1
+    third = in_thread("third", grid.Stopper())
+    until(lambda: waits() == 2)
+    fake_runs[0].stopped.set()  # the first grid's run ends
+    first.join(timeout=30)
+    third.join(timeout=30)
+    assert results["first"]["status"] == results["third"]["status"] == "finished"
+    assert len(fake_runs) == 1  # the third read the cell the first ran

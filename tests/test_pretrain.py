@@ -112,11 +112,15 @@ def test_tiny_run_writes_the_documented_layout(tmp_path: Path, data_cache: Path)
         "train/lr",
         "train/grad_norm",
         "train/tokens_per_s",
+        "train/slot_tokens_per_s",
         "train/mfu",
         "grad_norm/layer_00/attn",
         "grad_norm/layer_01/ffn",
     ):
         assert key in last_train, key
+    # Slots count the padding too (what a fixed-shape benchmark counts); the MFU peak of a CPU is 0.
+    assert last_train["train/slot_tokens_per_s"] >= last_train["train/tokens_per_s"] > 0
+    assert json.loads((run / "run_config.json").read_text())["train"]["peak_flops_per_device"] == 0.0
     assert {"val/mlm_loss", "val/mlm_accuracy", "val/nsp_accuracy"} <= set(rows[-1])
     assert (run / "tokenizer" / "tokenizer.json").is_file()
 
@@ -395,7 +399,7 @@ def test_deepspeed_zero2_one_process(tmp_path: Path, data_cache: Path) -> None:
     result = _accelerate(
         ["--config_file", str(ROOT / "configs/accelerate/deepspeed_zero2.yaml"), "--num_processes", "1",
          "--main_process_port", "29519"],
-        tiny_args(run, data_cache, "--train.max_steps=3"), ROOT, force_cpu=False,
+        tiny_args(run, data_cache, "--train.max_steps=3", "--train.mixed_precision=bf16"), ROOT, force_cpu=False,
     )  # fmt: skip
     output = result.stdout + result.stderr
     if result.returncode != 0 and any(s in output for s in ("CUDA_HOME", "ninja", "op_builder", "OpBuilder", "build")):
@@ -404,11 +408,16 @@ def test_deepspeed_zero2_one_process(tmp_path: Path, data_cache: Path) -> None:
     assert read_status(run)["status"] == "finished"
     assert (latest_checkpoint(run) / "pytorch_model").is_dir()  # DeepSpeed's own checkpoint layout
     assert [s.step for s in list_snapshots(run)] == [0, 3]
+    # bf16: the engine casts the module to bf16; snapshots hold the optimizer's fp32 master weights.
+    weights = load_file(list_snapshots(run)[-1].path / "model.safetensors")
+    assert {t.dtype for t in weights.values()} == {torch.float32}
+    assert LNBertForPreTraining.from_pretrained(list_snapshots(run)[-1].path).dtype == torch.float32
     # The DeepSpeed checkpoint resumes.
     result = _accelerate(
         ["--config_file", str(ROOT / "configs/accelerate/deepspeed_zero2.yaml"), "--num_processes", "1",
          "--main_process_port", "29519"],
-        tiny_args(run, data_cache, "--train.max_steps=5", "--train.resume=auto"), ROOT, force_cpu=False,
+        tiny_args(run, data_cache, "--train.max_steps=5", "--train.resume=auto", "--train.mixed_precision=bf16"), ROOT,
+        force_cpu=False,
     )  # fmt: skip
     assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
     assert read_status(run)["step"] == 5 and sorted(train_losses(run)) == [1, 2, 3, 4, 5]

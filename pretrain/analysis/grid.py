@@ -14,6 +14,7 @@ import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,7 @@ import torch
 
 from pretrain.analysis import outcomes, probes
 from pretrain.analysis.common import DEFAULT_OUT, placement_color, variants, write_outputs
+from pretrain.cache import exclusive_lock
 from pretrain.cli import field_type, parse, require, to_dict
 from pretrain.layout import read_metrics, read_status
 from pretrain.norms import NormType
@@ -333,11 +335,21 @@ def run_cell(args: GridConfig, cell: Cell, stopper: Stopper | None = None) -> di
     """Run one cell in a subprocess (a fresh interpreter per run, as a user would launch it) and probe it. A run
     that already finished or diverged is read, not rerun; an interrupted one continues from its checkpoint; a
     run with other settings in the cell's folder is neither (the cell fails, saying so)."""
+    stopper = stopper or Stopper()
+    run_dir = Path(args.out) / "runs" / cell.name
+    # One grid at a time in a cell: two grids with overlapping axes on one --out would otherwise both run it
+    # into the same folder. The second waits, then reads the cell the first ran (as data preparation does).
+    waiting = partial(say, f"{cell.name}: another grid is running this cell in {run_dir}; waiting for it to end")
+    try:
+        with exclusive_lock(run_dir.with_name(f"{cell.name}.lock"), on_wait=waiting, stop=stopper.requested):
+            return _run_cell_locked(args, cell, stopper, run_dir)
+    except InterruptedError:
+        return {**read_cell(run_dir), "status": "not started", "outcome": "incomplete", "message": "grid stopped"}
+
+
+def _run_cell_locked(args: GridConfig, cell: Cell, stopper: Stopper, run_dir: Path) -> dict[str, Any]:
     from pretrain.checkpointing import latest_checkpoint  # imports accelerate: only when running cells
 
-    stopper = stopper or Stopper()
-
-    run_dir = Path(args.out) / "runs" / cell.name
     differ = other_settings(args, cell, run_dir)
     if differ:
         message = (f"{run_dir} holds a run with other settings ({', '.join(differ[:6])} differ from this grid's): "

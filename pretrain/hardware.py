@@ -1,0 +1,113 @@
+"""What the hardware offers: a GPU's data-sheet peak FLOP/s (for ``train/mfu``), and whether a CPU computes bf16
+natively (without it, bf16 autocast is emulated and several times slower than fp32)."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class GpuPeak:
+    """Dense (no sparsity) peak TFLOP/s of one card from its vendor's data sheet. ``model`` and ``variant`` are
+    whole words of ``torch.cuda.get_device_name()`` (variant None: any other name with that model word)."""
+
+    model: str
+    variant: str | None
+    label: str
+    bf16: float  # bf16/fp16 tensor cores (the same dense figure on these cards)
+    tf32: float
+    fp32: float | None  # plain fp32 (no TF32); None: not on the data sheet
+
+
+# First match wins: a card's variants (NVL, PCIe) come before its SXM entry. Names are matched by whole words, so
+# "NVIDIA H200 NVL" does not take the SXM figure and "NVIDIA GH200 480GB" is not an "H200".
+GPU_PEAKS: tuple[GpuPeak, ...] = (
+    GpuPeak("H200", "NVL", "H200 NVL", 835.0, 418.0, 60.0),
+    GpuPeak("H200", None, "H200 SXM", 989.0, 494.7, 67.0),
+    GpuPeak("GH200", None, "GH200", 989.0, 494.7, 67.0),
+    GpuPeak("H100", "NVL", "H100 NVL", 835.0, 418.0, 60.0),
+    GpuPeak("H100", "PCIE", "H100 PCIe", 756.0, 378.0, 51.0),
+    GpuPeak("H100", None, "H100 SXM", 989.0, 494.7, 67.0),
+    GpuPeak("H800", None, "H800 SXM", 989.0, 494.7, 67.0),
+    GpuPeak("A100", None, "A100", 312.0, 156.0, 19.5),
+    GpuPeak("A800", None, "A800", 312.0, 156.0, 19.5),
+    GpuPeak("L40S", None, "L40S", 362.0, 183.0, 91.6),
+    GpuPeak("A10G", None, "A10G", 70.0, 35.0, None),
+    GpuPeak("A10", None, "A10", 125.0, 62.5, 31.2),
+    GpuPeak("L4", None, "L4", 121.0, 60.0, 30.3),
+)
+
+
+def gpu_peak(device_name: str) -> GpuPeak | None:
+    """The table entry of a ``torch.cuda.get_device_name()``, or None for a card not in the table."""
+    words = set(re.split(r"[^A-Z0-9]+", device_name.upper()))
+    for entry in GPU_PEAKS:
+        if entry.model in words and (entry.variant is None or entry.variant in words):
+            return entry
+    return None
+
+
+def mfu_peak(configured: float | None, device: torch.device, mixed_precision: str) -> tuple[float, str]:
+    """(peak FLOP/s of one device for ``train/mfu``, a line saying where it came from). ``configured`` is
+    train.peak_flops_per_device: a number wins (0 disables MFU); None looks the device up in GPU_PEAKS, at the
+    precision the matmuls run in (bf16/fp16 autocast, else TF32 when enabled, else plain fp32)."""
+    if configured is not None:
+        return configured, f"train/mfu against train.peak_flops_per_device={configured:g}"
+    if device.type != "cuda":
+        return 0.0, "train/mfu is 0: no data-sheet peak for a CPU (set train.peak_flops_per_device to choose one)"
+    name = torch.cuda.get_device_name(device)
+    entry = gpu_peak(name)
+    if entry is None:
+        return 0.0, f"train/mfu is 0: {name!r} is not in pretrain/hardware.py's table; set train.peak_flops_per_device"
+    if mixed_precision in ("bf16", "fp16"):
+        kind, tflops = f"{mixed_precision} dense", entry.bf16
+    elif torch.backends.cuda.matmul.allow_tf32:
+        kind, tflops = "TF32 dense", entry.tf32
+    else:
+        kind, tflops = "fp32 (TF32 off)", entry.fp32
+    if tflops is None:
+        return 0.0, f"train/mfu is 0: no {kind} figure for {entry.label}; set train.peak_flops_per_device"
+    return tflops * 1e12, f"train/mfu against {tflops:g} TFLOP/s per device ({name!r} matched {entry.label}, {kind})"
+
+
+# --------------------------------------------------------------------------------------------------
+# bf16 on CPU
+# --------------------------------------------------------------------------------------------------
+
+
+def cpu_has_native_bf16() -> bool | None:
+    """True when this x86 CPU has AVX512-BF16 or AMX-BF16 (oneDNN computes bf16 natively); False when it lacks
+    both; None when torch cannot tell (not x86, or an old torch)."""
+    try:
+        flags = torch._C._cpu._get_cpu_capability()
+    except AttributeError:
+        return None
+    if not isinstance(flags, dict) or flags.get("architecture") != "x86_64":
+        return None
+    return bool(flags.get("avx512_bf16") or flags.get("amx_bf16"))
+
+
+def cpu_bf16_warning(fp32_setting: str) -> str:
+    """A warning for bf16 autocast on a CPU without native bf16 (emulated: several times slower than fp32) that
+    names ``fp32_setting``, how to run in fp32 instead; empty when the CPU has it or torch cannot tell."""
+    if cpu_has_native_bf16() is not False:
+        return ""
+    return (
+        f"this CPU has no native bf16 (no AVX512-BF16, no AMX; torch's CPU capability: "
+        f"{torch.backends.cpu.get_cpu_capability()}), so bf16 autocast is emulated and several times slower than "
+        f"fp32 (BENCHMARKS.md); for fp32 use {fp32_setting}"
+    )
+
+
+def auto_mixed_precision(on_cpu: bool) -> tuple[str, str]:
+    """(no or bf16, why) for mixed_precision=auto: bf16 where the device computes it natively."""
+    if not on_cpu:
+        if torch.cuda.is_bf16_supported():
+            return "bf16", "this GPU computes bf16 natively"
+        return "no", "this GPU has no bf16"
+    if cpu_has_native_bf16():
+        return "bf16", "this CPU has AVX512-BF16 or AMX"
+    return "no", f"this CPU has no native bf16 (torch's CPU capability: {torch.backends.cpu.get_cpu_capability()})"
