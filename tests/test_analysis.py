@@ -198,15 +198,18 @@ def test_init_grads_command_on_a_jsonl_file(tmp_path):
     out = tmp_path / "grads"
     argv = ["init-grads", "--data", str(corpus), "--cache_dir", str(tmp_path / "cache"), "--hidden_size=16",
             "--num_heads=2", "--seq_len=16", "--batch_size=2", "--vocab_size=120", "--seeds=2",
-            "--num_layers=3", "--depths=[1, 3]", "--placements=[post, sandwich]", "--init_schemes=[bert]",
-            "--out", str(out)]  # fmt: skip
+            "--num_layers=3", "--depths=[1, 3]", "--placements=[post, sandwich, rezero]", "--init_schemes=[bert]",
+            "--norm_types=[layernorm, rmsnorm]", "--out", str(out)]  # fmt: skip
     assert analysis.main(argv) == 0
     assert (out / "init_grads.png").stat().st_size > 1000
     results = json.loads((out / "results.json").read_text())
-    assert sorted(results["raw"]) == sorted(f"bert/{p}/{d}" for p in ("post", "sandwich") for d in (1, 3))
+    models = ("post", "sandwich", "rezero", "post-rmsnorm", "sandwich-rmsnorm", "rezero-rmsnorm")
+    assert sorted(results["raw"]) == sorted(f"bert/{p}/{d}" for p in models for d in (1, 3))
+    # ReZero's FFN weights get no gradient at init (its gates are 0): the depth ratio says so instead of failing.
+    assert results["raw"]["bert/rezero/3"]["w2"][0] == [0.0, 0.0, 0.0]
     assert len(results["raw"]["bert/post/3"]["w2"]) == 2 and len(results["raw"]["bert/post/3"]["w2"][0]) == 3
     table = (out / "table.txt").read_text()
-    assert "post W1" in table and "1/3" in table
+    assert "post W1" in table and "1/3" in table and "n/a (0)" in table and "sandwich-rmsnorm W2" in table
 
 
 def test_init_grads_rejects_a_missing_data_file(tmp_path):

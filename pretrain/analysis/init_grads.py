@@ -193,7 +193,8 @@ def run(args: InitGradsConfig) -> int:
         for placement in labels:
             shallow = _mean_sem([g[-1] for g in raw[f"{init_scheme}/{placement}/{min(args.depths)}"]["w2"]])[0]
             deep = _mean_sem([g[-1] for g in raw[f"{init_scheme}/{placement}/{max(args.depths)}"]["w2"]])[0]
-            ratio_row.append(f"{shallow / deep:.3f}")
+            # ReZero's FFN gradients are exactly 0 at init (its gates are 0): no ratio to give.
+            ratio_row.append(f"{shallow / deep:.3f}" if deep else "n/a (0)")
         by_depth.append(ratio_row)
         sections.append(
             f"init {init_scheme}: last layer ||dL/dW2||_F vs depth (last row: ratio shallow/deep; Pre-LN theory "
