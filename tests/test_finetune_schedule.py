@@ -124,15 +124,18 @@ def test_killed_scheduler_loses_no_job_and_repeats_none(tmp_path: Path) -> None:
 @pytest.mark.slow  # two scheduler subprocesses: ~20 s on 2 busy cores
 def test_two_schedulers_started_at_once_one_runs_the_other_names_it(tmp_path: Path) -> None:
     run_dir = make_run(tmp_path, "pre_ln", "pre", steps=(10, 20))
-    # Jobs long enough that the first scheduler still holds the store when the second has imported torch.
+    # Started together: whichever takes the lock first runs; the other either finds it held (exit 2, naming the
+    # first) or, on a fast machine, starts after the first finished and finds nothing to do (exit 0). Which one
+    # happens depends on timing; what must hold either way is that no job is computed twice.
     config = config_for(tmp_path, [run_dir], seeds=[0, 1], recipe={**QUICK, "epochs": 20})
     processes = [start_scheduler(config) for _ in range(2)]
     outputs = [process.communicate(timeout=300)[0] for process in processes]
     codes = [process.returncode for process in processes]
-    assert sorted(codes) == [0, 2], outputs
-    winner, loser = (0, 1) if codes[0] == 0 else (1, 0)
-    assert f"is in use by another scheduler (pid {processes[winner].pid} on " in outputs[loser], outputs[loser]
-    assert "Traceback" not in outputs[loser]
+    assert sorted(codes) in ([0, 2], [0, 0]), outputs
+    if sorted(codes) == [0, 2]:
+        winner, loser = (0, 1) if codes[0] == 0 else (1, 0)
+        assert f"is in use by another scheduler (pid {processes[winner].pid} on " in outputs[loser], outputs[loser]
+    assert all("Traceback" not in output for output in outputs)
     assert len(done_rows(config)) == 4
     done = [e["key"] for e in events(config) if e["event"] == "done"]
     assert sorted(done) == sorted(set(done)) and len(done) == 4
