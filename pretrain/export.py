@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 from transformers import BertConfig, BertForPreTraining
 
+from pretrain.cache import atomic_dir
 from pretrain.cli import parse, run_cli
 from pretrain.manifest import MANIFEST_FILE, verify_manifest
 from pretrain.modeling import LNBertConfig, LNBertForPreTraining
@@ -84,14 +85,11 @@ def main(argv: list[str] | None = None) -> int:
         verify_manifest(source)
     model = LNBertForPreTraining.from_pretrained(source)
     bert = export_to_bert(model)
-    tmp = out.with_name(f"{out.name}.tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    bert.save_pretrained(tmp)
-    if (source / "tokenizer").is_dir() or (source / "tokenizer.json").is_file():
+    with atomic_dir(out) as tmp:  # readers never see a half-written export; a killed one leaves no folder
+        bert.save_pretrained(tmp)
         for item in source.iterdir():  # the snapshot's tokenizer files travel with it
             if item.name.startswith(("tokenizer", "vocab", "special_tokens")):
                 (shutil.copytree if item.is_dir() else shutil.copy2)(item, tmp / item.name)
-    tmp.rename(out)  # readers never see a half-written export
     print(f"exported {model.config.norm_placement} (residual scale {model.config.residual_scale:.4g}) to {out}")
     return 0
 

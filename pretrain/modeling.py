@@ -417,7 +417,6 @@ class LNBertLayer(nn.Module):
 
     def __init__(self, config: LNBertConfig, index: int = 0) -> None:
         super().__init__()
-        self.placement = config.norm_placement
         self.block = BLOCKS[config.block_of_layer(index)]
         self.residual_scale = config.residual_scale
         # LayerNorm Scaling: the block's norm outputs times 1/sqrt(l), l = index + 1 (the official code's

@@ -23,12 +23,7 @@ import os
 import pytest
 import torch
 
-from pretrain.modeling import LNBertConfig, LNBertModel
-
-try:  # only for the MLM-head check
-    from pretrain.modeling import LNBertForPreTraining
-except ImportError:  # pragma: no cover
-    LNBertForPreTraining = None
+from pretrain.modeling import LNBertConfig, LNBertForPreTraining, LNBertModel
 
 HYBRID_FFN_FORM = os.environ.get("REF_HYBRID_FFN_FORM", "paper")
 NORMFORMER_HEAD_SCALE = os.environ.get("REF_NORMFORMER_HEAD_SCALE", "after_proj")
@@ -489,7 +484,6 @@ def test_dyt_alpha_init_config(norm_type):
             torch.testing.assert_close(v.reshape(()), torch.tensor(0.8, dtype=v.dtype), msg=k)
 
 
-@pytest.mark.skipif(LNBertForPreTraining is None, reason="no LNBertForPreTraining")
 @pytest.mark.parametrize("norm_type", NORM_TYPES)
 @pytest.mark.parametrize("placement", ["post", "pre", "resi_dual", "rezero"])
 def test_mlm_head_transform_norm(placement, norm_type):
@@ -683,12 +677,6 @@ def test_eager_attention_matches_reference(placement):
     check_forward(cfg)
 
 
-@pytest.mark.skipif(
-    "b2t_rescale_init" not in LNBertConfig.__dataclass_fields__
-    if hasattr(LNBertConfig, "__dataclass_fields__")
-    else True,
-    reason="config has no b2t_rescale_init",
-)
 def test_b2t_rescale_init_matches_official():
     """takase/b2t_connection rescaling_init: every layer parameter whose name has 'weight' and not 'layer_norm'
     (q, k, v, attention output, fc1, fc2 weights; not biases, not norms) times L^(-1/2), L = number of layers."""
