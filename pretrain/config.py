@@ -49,34 +49,36 @@ __all__ = [
 
 @dataclass(kw_only=True)
 class ModelConfig:
-    """The BERT encoder and its LayerNorm placement (turned into an ``LNBertConfig`` by :meth:`to_lnbert`)."""
+    """The BERT encoder and its norm placement (turned into an ``LNBertConfig`` by :meth:`to_lnbert`). The model's
+    own settings take their defaults from ``LNBertConfig``, where they are declared; the sizes here are the built-in
+    default's tiny model, not BERT's."""
 
-    norm_placement: NormPlacement = "post"
+    norm_placement: NormPlacement = LNBertConfig.norm_placement
     """Where the norms go: post (original BERT), pre (Xiong et al. 2020), sandwich (= peri), deepnorm, admin, rezero,
     b2t, resi_dual, mix_ln, lns, hybrid, normformer, output_ln, parallel (docs/placements.md)."""
-    norm_type: NormType = "layernorm"
+    norm_type: NormType = LNBertConfig.norm_type
     """The norm used everywhere (embeddings, layers, final norm, MLM head): layernorm, rmsnorm or dyt."""
-    qk_norm: bool = False
+    qk_norm: bool = LNBertConfig.qk_norm
     """A norm of norm_type on each head's queries and keys before the dot product (QK-norm)."""
-    dyt_alpha_init: float = 0.5
+    dyt_alpha_init: float = LNBertConfig.dyt_alpha_init
     """DyT's alpha at initialisation (norm_type=dyt)."""
-    mix_ln_post_layers: int | None = None
+    mix_ln_post_layers: int | None = LNBertConfig.mix_ln_post_layers
     """mix_ln: how many of the lowest layers are Post-LN; null: round(L/4) (3 of 12, 6 of 24)."""
-    admin_omega: float | None = None
+    admin_omega: float | None = LNBertConfig.admin_omega
     """admin: the residual weight omega; null: admin-torch's O(log N) rule sqrt((N+1)/ln(N+1) - 1), N = 2L."""
-    admin_learnable_omega: bool = False
+    admin_learnable_omega: bool = LNBertConfig.admin_learnable_omega
     """admin: omega as a learnable vector per sub-layer (initialised to admin_omega) instead of a fixed scalar."""
-    b2t_rescale_init: bool = True
+    b2t_rescale_init: bool = LNBertConfig.b2t_rescale_init
     """b2t: scale every weight matrix of the layers by L^(-1/2) at init, as B2T's official code does."""
-    hybrid_first_pre_norm: bool = False
+    hybrid_first_pre_norm: bool = LNBertConfig.hybrid_first_pre_norm
     """hybrid: HybridNorm*, the first layer Pre-Norm in attention and FFN."""
-    normformer_head_scale: bool = True
+    normformer_head_scale: bool = LNBertConfig.normformer_head_scale
     """normformer: a learned scale per attention head."""
-    normformer_attn_norm: bool = True
+    normformer_attn_norm: bool = LNBertConfig.normformer_attn_norm
     """normformer: a norm on the attention output before the residual add."""
-    normformer_ffn_norm: bool = True
+    normformer_ffn_norm: bool = LNBertConfig.normformer_ffn_norm
     """normformer: a norm over the FFN's inner width after the activation."""
-    normformer_resid_scale: bool = False
+    normformer_resid_scale: bool = LNBertConfig.normformer_resid_scale
     """normformer: a learned scale on the FFN skip connection (the paper's option for small models)."""
     hidden_size: int = 64
     """Width of the residual stream (BERT-base: 768)."""
@@ -94,16 +96,16 @@ class ModelConfig:
     """Dropout on embeddings and sub-layer outputs (BERT: 0.1)."""
     attention_probs_dropout_prob: float = 0.1
     """Dropout on attention probabilities (BERT: 0.1)."""
-    init_scheme: InitScheme = "bert"
+    init_scheme: InitScheme = LNBertConfig.init_scheme
     """Weight init: bert = normal(0, 0.02); xavier = Xavier-normal (the paper's analysis setting)."""
-    embedding_layer_norm: bool = True
+    embedding_layer_norm: bool = LNBertConfig.embedding_layer_norm
     """Keep BERT's LayerNorm on the summed embeddings (same for every placement)."""
-    sparse_mlm_head: bool = True
+    sparse_mlm_head: bool = LNBertConfig.sparse_mlm_head
     """Run the MLM head only at masked positions (same loss and gradients, less compute)."""
     attn_implementation: Literal["sdpa", "eager"] = "sdpa"
     """Attention kernel: sdpa (PyTorch scaled_dot_product_attention) or eager (plain softmax; faster under
     bf16 autocast on CPU, where SDPA's CPU kernel computes in fp32; see BENCHMARKS.md)."""
-    fused_qkv: bool = False
+    fused_qkv: bool = LNBertConfig.fused_qkv
     """Compute Q, K, V with one GEMM (same parameters and names; equal within float rounding). A few % faster
     under bf16 (BENCHMARKS.md); off by default so Post-LN stays op-for-op Hugging Face BERT."""
 
