@@ -643,6 +643,36 @@ def run_evaluation(setup: TrainingSetup, state: TrainState) -> None:
     log_metrics(setup.accelerator, setup.run_dir, {"tokens_seen": state.tokens_seen, **setup.last_eval}, state.step)
 
 
+def step_metrics(
+    setup: TrainingSetup, state: TrainState, stats: StepStats, tokens: int, slots: int, seconds: float, skipped: int
+) -> dict[str, float]:
+    """One metrics line: the last step's losses and gradient norms, throughput over the window since the last line
+    (``tokens`` real, ``slots`` with padding, in ``seconds`` of training steps), fp16's skipped steps."""
+    accelerator = setup.accelerator
+    tokens_per_s = tokens / max(seconds, 1e-9)
+    metrics = {
+        "tokens_seen": state.tokens_seen,
+        "train/loss": stats.loss,
+        "train/mlm_loss": stats.mlm_loss,
+        "train/lr": setup.scheduler.get_last_lr()[0],
+        "train/grad_norm": stats.grad_norm,
+        "train/tokens_per_s": tokens_per_s,
+        # Padding included: comparable with benchmarks.train_step, which counts every slot of its batch.
+        "train/slot_tokens_per_s": slots / max(seconds, 1e-9),
+        "train/mfu": model_flops_utilisation(
+            tokens_per_s, setup.flops_per_token, setup.peak_flops_per_device, accelerator.num_processes
+        ),
+        "train/epoch": state.epoch,
+    }
+    if setup.cfg.data.objective == "mlm_nsp":
+        metrics["train/nsp_loss"] = stats.nsp_loss
+    if accelerator.scaler is not None:  # fp16: steps the scaler skipped since the last line, and its scale
+        metrics["train/skipped_steps"] = skipped
+        metrics["train/loss_scale"] = accelerator.scaler.get_scale()
+    metrics.update(stats.layer_grad_norms)
+    return metrics
+
+
 def train(setup: TrainingSetup, state: TrainState, stop: StopRequest) -> str:
     """The loop. Returns the outcome: finished, diverged, preempted or "preempted (disk full)"."""
     cfg, accelerator = setup.cfg, setup.accelerator
@@ -685,27 +715,7 @@ def train(setup: TrainingSetup, state: TrainState, stop: StopRequest) -> str:
         window_slots += stats.slots
         progress.update(1)
         if log_now:
-            tokens_per_s = window_tokens / max(window_time, 1e-9)
-            metrics = {
-                "tokens_seen": state.tokens_seen,
-                "train/loss": stats.loss,
-                "train/mlm_loss": stats.mlm_loss,
-                "train/lr": setup.scheduler.get_last_lr()[0],
-                "train/grad_norm": stats.grad_norm,
-                "train/tokens_per_s": tokens_per_s,
-                # Padding included: comparable with benchmarks.train_step, which counts every slot of its batch.
-                "train/slot_tokens_per_s": window_slots / max(window_time, 1e-9),
-                "train/mfu": model_flops_utilisation(
-                    tokens_per_s, setup.flops_per_token, setup.peak_flops_per_device, accelerator.num_processes
-                ),
-                "train/epoch": state.epoch,
-            }
-            if cfg.data.objective == "mlm_nsp":
-                metrics["train/nsp_loss"] = stats.nsp_loss
-            if accelerator.scaler is not None:  # fp16: steps the scaler skipped since the last line, and its scale
-                metrics["train/skipped_steps"] = window_skipped
-                metrics["train/loss_scale"] = accelerator.scaler.get_scale()
-            metrics.update(stats.layer_grad_norms)
+            metrics = step_metrics(setup, state, stats, window_tokens, window_slots, window_time, window_skipped)
             log_metrics(accelerator, setup.run_dir, metrics, state.step)
             postfix.update(progress_postfix(stats.loss, metrics["train/lr"], setup.last_eval))
             progress.set_postfix(postfix)
