@@ -32,6 +32,7 @@ from pretrain.modeling import (
     LNBertModel,
     count_layer_norms,
 )
+from tests.conftest import TINY
 
 ROOT = Path(__file__).resolve().parents[1]
 ATTN = ("sdpa", "eager")
@@ -328,46 +329,55 @@ def test_layer_norm_jacobian_spectral_norm(tiny_kwargs, scale):
 # --------------------------------------------------------------------------------------------------
 
 _RELOAD_SCRIPT = """
-import json, sys, torch
+import sys, torch
 import pretrain  # registers lnbert with the Auto classes
 from transformers import AutoModelForPreTraining
-model = AutoModelForPreTraining.from_pretrained(sys.argv[1]).eval()
-batch = torch.load(sys.argv[2])
-torch.set_num_threads(int(sys.argv[4]))  # the parent's count: same reduction order, same bits
-with torch.no_grad():
-    out = model(**batch)
-torch.save({"mlm": out.prediction_logits, "nsp": out.seq_relationship_logits, "cls": type(model).__name__}, sys.argv[3])
-"""
-
-
-@pytest.mark.parametrize("placement", NORM_PLACEMENTS)
-def test_save_and_load_in_fresh_process(tiny_kwargs, placement, tmp_path):
-    model = LNBertForPreTraining(tiny_config(tiny_kwargs, placement)).eval()
-    model.save_pretrained(tmp_path / "snap")
-    assert (tmp_path / "snap" / "model.safetensors").is_file()
-    saved = json.loads((tmp_path / "snap" / "config.json").read_text())
-    assert saved["model_type"] == "lnbert" and saved["norm_placement"] == placement
-    batch = make_batch()
-    torch.save(batch, tmp_path / "batch.pt")
+root = sys.argv[1]
+torch.set_num_threads(int(sys.argv[2]))  # the parent's count: same reduction order, same bits
+batch = torch.load(f"{root}/batch.pt")
+outputs = {}
+for name in sys.argv[3:]:
+    model = AutoModelForPreTraining.from_pretrained(f"{root}/{name}").eval()
     with torch.no_grad():
-        expected = model(**batch)
-    subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            _RELOAD_SCRIPT,
-            str(tmp_path / "snap"),
-            str(tmp_path / "batch.pt"),
-            str(tmp_path / "o.pt"),
-            str(torch.get_num_threads()),
-        ],
-        check=True,
-        cwd=ROOT,
-    )
-    got = torch.load(tmp_path / "o.pt")
+        out = model(**batch)
+    outputs[name] = {"mlm": out.prediction_logits, "nsp": out.seq_relationship_logits, "cls": type(model).__name__}
+torch.save(outputs, f"{root}/outputs.pt")
+"""
+_FRESH_VARIANTS = [(placement, "layernorm") for placement in NORM_PLACEMENTS] + [("pre", "rmsnorm"), ("post", "dyt")]
+
+
+@pytest.fixture(scope="module")
+def reloaded_in_fresh_process(tmp_path_factory) -> tuple[dict, dict]:
+    """Every placement (and the other norm types) saved here, loaded through the Auto classes in ONE fresh
+    process (a process per model cost the suite 10 s each, its imports)."""
+    root = tmp_path_factory.mktemp("fresh")
+    batch = make_batch()
+    torch.save(batch, root / "batch.pt")
+    expected = {}
+    for placement, norm_type in _FRESH_VARIANTS:
+        torch.manual_seed(0)
+        model = LNBertForPreTraining(tiny_config(dict(TINY), placement, norm_type=norm_type)).eval()
+        model.save_pretrained(root / f"{placement}-{norm_type}")
+        with torch.no_grad():
+            out = model(**batch)
+        expected[f"{placement}-{norm_type}"] = {"mlm": out.prediction_logits, "nsp": out.seq_relationship_logits}
+    names = list(expected)
+    subprocess.run([sys.executable, "-c", _RELOAD_SCRIPT, str(root), str(torch.get_num_threads()), *names],
+                   check=True, cwd=ROOT)  # fmt: skip
+    return expected, torch.load(root / "outputs.pt"), root
+
+
+@pytest.mark.parametrize(("placement", "norm_type"), _FRESH_VARIANTS)
+def test_save_and_load_in_fresh_process(reloaded_in_fresh_process, placement, norm_type):
+    expected, outputs, root = reloaded_in_fresh_process
+    name = f"{placement}-{norm_type}"
+    assert (root / name / "model.safetensors").is_file()
+    saved = json.loads((root / name / "config.json").read_text())
+    assert (saved["model_type"], saved["norm_placement"], saved["norm_type"]) == ("lnbert", placement, norm_type)
+    got = outputs[name]
     assert got["cls"] == "LNBertForPreTraining"
-    torch.testing.assert_close(got["mlm"], expected.prediction_logits)
-    torch.testing.assert_close(got["nsp"], expected.seq_relationship_logits)
+    torch.testing.assert_close(got["mlm"], expected[name]["mlm"])
+    torch.testing.assert_close(got["nsp"], expected[name]["nsp"])
 
 
 @pytest.mark.parametrize("placement", ["post", "pre"])
