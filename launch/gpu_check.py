@@ -519,22 +519,29 @@ def stage_environment(ctx: Context, emit: Callable[[dict[str, Any]], None]) -> N
 # Stage 2: CUDA correctness (tests/test_cuda.py)
 # --------------------------------------------------------------------------------------------------
 
-OUTCOME_LINE = re.compile(r"^(tests/\S+::\S+)\s+(PASSED|FAILED|SKIPPED|ERROR|XFAIL|XPASS)\b")
-FAILURE_LINE = re.compile(r"^(?:FAILED|ERROR) (tests/\S+::\S+) - (.*)$")  # -rA summary
-SKIP_LINE = re.compile(r"^SKIPPED \[\d+\] \S+?:\d+: (.*)$")  # -rA summary
+JUNIT_OUTCOMES = {"failure": "failed", "error": "error", "skipped": "skipped"}  # child element -> outcome
 
 
-def parse_pytest_output(text: str) -> dict[str, Any]:
-    """Per-test outcomes from ``pytest -v -rA`` output (works on the output of a run killed half way)."""
+def read_junit(path: Path) -> dict[str, Any]:
+    """Per-test outcomes from pytest's ``--junitxml`` report. pytest writes it when its session ends, so a pytest
+    killed at the stage's deadline leaves none: then the outcomes are unknown (the log keeps what it printed)."""
+    import xml.etree.ElementTree as ET
+
+    if not path.is_file():
+        return {"counts": {}, "tests": {}, "skip_reasons": [], "report": "absent: pytest did not finish"}
     tests: dict[str, dict[str, Any]] = {}
     skip_reasons: set[str] = set()
-    for line in map(str.strip, text.splitlines()):
-        if match := OUTCOME_LINE.match(line):
-            tests[match.group(1)] = {"outcome": match.group(2).lower()}
-        elif (match := FAILURE_LINE.match(line)) and match.group(1) in tests:
-            tests[match.group(1)]["message"] = match.group(2)[:500]
-        elif match := SKIP_LINE.match(line):
-            skip_reasons.add(match.group(1))
+    for case in ET.parse(path).getroot().iter("testcase"):
+        name = f"{case.get('classname', '')}::{case.get('name', '')}"
+        outcome, message = "passed", ""
+        for child in case:
+            if child.tag in JUNIT_OUTCOMES:
+                outcome, message = JUNIT_OUTCOMES[child.tag], child.get("message") or ""
+        if outcome == "skipped" and (case.find("skipped").get("type") or "") == "pytest.xfail":
+            outcome = "xfailed"
+        tests[name] = {"outcome": outcome} | ({"message": message[:500]} if outcome in ("failed", "error") else {})
+        if outcome == "skipped":
+            skip_reasons.add(message.removeprefix("pytest.skip: ") if message else "(no reason given)")
     counts: dict[str, int] = {}
     for t in tests.values():
         counts[t["outcome"]] = counts.get(t["outcome"], 0) + 1
@@ -543,11 +550,14 @@ def parse_pytest_output(text: str) -> dict[str, Any]:
 
 def stage_cuda_tests(ctx: Context, emit: Callable[[dict[str, Any]], None]) -> None:
     log = Path(ctx.work) / "logs" / "pytest_cuda.log"
+    report = Path(ctx.work) / "logs" / "pytest_cuda.xml"
     log.unlink(missing_ok=True)
-    cmd = [sys.executable, "-m", "pytest", "-v", "-rA", "-p", "no:cacheprovider", "tests/test_cuda.py"]
-    # Leave a few seconds to parse what ran if pytest itself overruns.
+    report.unlink(missing_ok=True)
+    cmd = [sys.executable, "-m", "pytest", "-v", "-rA", "-p", "no:cacheprovider", f"--junitxml={report}",
+           "tests/test_cuda.py"]  # fmt: skip
+    # Leave a few seconds to read what ran if pytest itself overruns.
     rc, seconds = run_process(cmd, log, ctx.deadline - time.time() - 4, stage_env(ctx))
-    result = parse_pytest_output(log.read_text(errors="replace"))
+    result = read_junit(report)
     result.update(returncode=rc, timed_out=rc is None, seconds=round(seconds, 1))
     emit(result)
     print(tail(log, 40))
@@ -1090,6 +1100,8 @@ def cuda_test_lines(tests: dict[str, Any]) -> list[str]:
         return []
     lines = ["", "## 2. CUDA correctness (tests/test_cuda.py)", "",
              f"- outcomes: {tests.get('counts')}" + (" (pytest timed out)" if tests.get("timed_out") else "")]  # fmt: skip
+    if tests.get("report"):
+        lines.append(f"- JUnit report {tests['report']} (its log: `logs/pytest_cuda.log`)")
     for name, t in tests.get("tests", {}).items():
         if t["outcome"] not in ("passed", "skipped"):
             lines.append(f"- **{t['outcome']}** `{name}`: {t.get('message', '')}")
