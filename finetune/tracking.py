@@ -1,7 +1,7 @@
 """W&B runs of fine-tuning: one run per job (snapshot x task x lr x seed), when tracking is on.
 
 Each job's run carries what a W&B scatter or line plot needs to draw Figure 5 with the seed spread natively:
-config ``pretrain_step``, ``norm_placement``, ``task``, ``lr``, ``seed``, ``recipe_hash`` and the pretraining
+config ``pretrain_step``, ``norm_placement``, ``norm_type``, ``task``, ``lr``, ``seed``, ``recipe_hash`` and the pretraining
 run's W&B id; summary ``accuracy``/``f1``/``dev_loss`` (and the same under ``{task}/``, so one panel per task
 needs no filter); history ``train/loss`` and ``train/lr`` against ``train_step``. Its group holds the jobs
 that pool (one pretraining group, step, task, lr and recipe: the seeds), so W&B's mean line is a mean over
@@ -73,9 +73,20 @@ def job_group(spec: JobSpec, pretrain_group: str | None) -> str:
     return f"{base}-{spec.task}-step{spec.pretrain_step}-lr{spec.lr:g}-{recipe_hash(spec.recipe)[:8]}"
 
 
+def model_norm_type(model_path: str) -> str:
+    """The norm type in a model folder's config.json; Hugging Face BERT (and a Hub id, not read here) is LayerNorm.
+
+    Read for W&B only, not part of the job key (which would change every existing job's identity): the dashboard
+    groups fine-tuning runs by placement and norm type, as it groups pretraining runs."""
+    config_path = Path(model_path) / "config.json"
+    config = json.loads(config_path.read_text()) if config_path.is_file() else {}
+    return str(config.get("norm_type", "layernorm"))
+
+
 def job_config(spec: JobSpec, pretraining: dict[str, Any]) -> dict[str, Any]:
     config = {
         "norm_placement": spec.placement,
+        "norm_type": model_norm_type(spec.model_path),
         "comparison": pretraining["comparison"],
         "pretrain_run_id": pretraining["id"],
         "pretrain_run": spec.run_name,

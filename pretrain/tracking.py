@@ -14,6 +14,7 @@ from torch import nn
 from pretrain.config import PretrainConfig, flatten, to_dict
 from pretrain.layout import METRICS_FILE, read_metrics
 from pretrain.wandb_logging import (
+    SUMMARY_LINES,
     define_pretrain_metrics,
     pretrain_group,
     read_run_file,
@@ -89,6 +90,7 @@ def init_trackers(
         "tags": sorted({cfg.model.norm_placement, cfg.model.variant, *tracking.tags} | ({tracking.comparison} - {""})),
         "dir": str(Path(cfg.train.output_dir)),  # offline runs land in RUN/wandb/ for `wandb sync`
         "mode": wandb_mode(tracking.wandb_mode),
+        "settings": {"max_end_of_run_summary_metrics": SUMMARY_LINES},
     }
     accelerator.init_trackers(tracking.project, config, {"wandb": wandb_kwargs})
     run = wandb_run(accelerator)
@@ -126,6 +128,10 @@ def log_metrics(accelerator: Accelerator, run_dir: Path, metrics: dict[str, Any]
     """Send ``metrics`` to the trackers and append them to RUN/metrics.jsonl (main process only)."""
     metrics = {"step": step, **metrics}
     accelerator.log(metrics, step=step)
+    run = wandb_run(accelerator)
+    if run is not None and "val/mlm_loss" in metrics:
+        # W&B's end-of-run printout skips summaries that are dicts ({min, last}): flat copies of the latest values.
+        set_summary(run, **{k.replace("/", "_"): v for k, v in metrics.items() if k.startswith("val/")})
     if accelerator.is_main_process:
         with open(Path(run_dir) / METRICS_FILE, "a") as f:
             f.write(json.dumps(metrics, sort_keys=True) + "\n")

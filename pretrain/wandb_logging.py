@@ -8,7 +8,8 @@ What a user sees in the project's workspace follows from a few rules kept here, 
   ``norm_placement`` in every run type (pretrain, finetune, report).
 - **One W&B run per pretraining run,** however often it is preempted: its id is kept in ``RUN/wandb_run.json``
   and resumed (``resume="allow"``).
-- **Outcomes in the summary:** ``status``, ``diverged_at_step``, the best and last validation MLM loss.
+- **Outcomes in the summary:** ``status``, ``diverged_at_step``, the best and last validation MLM loss
+  (``val/mlm_loss`` as {min, last}; W&B's end-of-run printout shows only flat values, so ``val_mlm_loss`` too).
 - **Lineage:** snapshots are model artifacts by reference (``file://``, nothing uploaded), aliased
   ``step-N``; fine-tuning runs use them.
 
@@ -27,6 +28,8 @@ from typing import Any
 from pretrain.config import ADDED_FIELD_DEFAULTS
 from pretrain.layout import SNAPSHOT_INFO, write_json_atomic
 
+SUMMARY_LINES = 40
+"""Summary values W&B prints when a run ends: its default (10, in key order) hides val/* behind the train/* keys."""
 WANDB_RUN_FILE = "wandb_run.json"
 """RUN/wandb_run.json: {"id", "group", "project"} of the run's W&B run (docs/run_layout.md)."""
 # Fields that do not change what a run learns (identity, paths, cadence of logs and saves, how the batch is split

@@ -20,7 +20,7 @@ from finetune.config import FinetuneConfig
 from finetune.run import RunConfig, run
 from finetune.schedule import ScheduleConfig, wandb_settings
 from finetune.store import ResultStore
-from finetune.tracking import WandbSettings, job_run, job_run_id
+from finetune.tracking import WandbSettings, job_run, job_run_id, model_norm_type
 from finetune.worker import describe_model, job_specs
 from pretrain.config import parse_args, to_dict
 from pretrain.layout import RUN_CONFIG_FILE, write_json_atomic
@@ -115,6 +115,25 @@ def test_pretrain_summary_holds_the_outcome(pretrain_runs: list[LoggedRun]) -> N
     val = [v for _, v in first.logged("val/mlm_loss")]
     assert first.summary["val/mlm_loss"] == {"min": min(val), "last": val[-1]}
     assert resumed.summary["tokens_seen"] > first.summary["tokens_seen"] > 0
+
+
+def test_the_end_of_run_summary_shows_the_validation_loss(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """W&B prints 10 summary values by default, in key order: val/mlm_loss came after "+8 ..."."""
+    import wandb
+
+    monkeypatch.setenv("WANDB_SILENT", "false")
+    wandb.teardown()  # W&B reads its settings once per process: from these ...
+    try:
+        assert pretrain_main(tiny_args(tmp_path / "run", tmp_path / "cache", "--tracking.backend=wandb")) == 0
+    finally:
+        _reset_accelerate()
+        monkeypatch.setenv("WANDB_SILENT", "true")
+        wandb.teardown()  # ... and, for the next test, from the quiet ones
+    printed = capfd.readouterr()
+    summary = (printed.out + printed.err).split("Run summary:")[-1]
+    assert "val_mlm_loss" in summary and "train/loss" in summary and "..." not in summary
 
 
 def test_snapshots_are_model_artifacts_by_reference(pretrained: Path, pretrain_runs: list[LoggedRun]) -> None:
@@ -273,6 +292,7 @@ def test_one_wandb_run_per_finetuning_job(finetuned: tuple[Path, list[dict], lis
             1e-3,
         )
         assert (config["pretrain_run_id"], config["comparison"]) == ("pretrain01", "cmp")
+        assert config["norm_type"] == "layernorm"  # the dashboard groups by placement and norm type
         assert config["recipe_hash"] == row["recipe_hash"] and config["recipe"]["batch_size"] == 4
         assert config["snapshot_artifact"] == "snapshot-pretrain01:step-10"
         assert job.summary["accuracy"] == pytest.approx(row["accuracy"])
@@ -283,6 +303,15 @@ def test_one_wandb_run_per_finetuning_job(finetuned: tuple[Path, list[dict], lis
         assert job.metrics["train/*"]["step_metric"] == "train_step"
         assert [row["train_step"] for row in job.history] == [1, 2]  # the training-loss curve, per step
         assert all("train/loss" in row for row in job.history)
+
+
+def test_finetuning_runs_carry_the_models_norm_type(tmp_path: Path) -> None:
+    """The dashboard groups by norm_placement and norm_type: a fine-tuning run reads the type from its model."""
+    write_json_atomic(tmp_path / "config.json", {"model_type": "lnbert", "norm_type": "rmsnorm"})
+    assert model_norm_type(str(tmp_path)) == "rmsnorm"
+    write_json_atomic(tmp_path / "config.json", {"model_type": "bert"})
+    assert model_norm_type(str(tmp_path)) == "layernorm"  # Hugging Face BERT
+    assert model_norm_type("google-bert/bert-base-uncased") == "layernorm"  # a Hub id: not read, BERT's
 
 
 def test_a_failing_job_ends_its_wandb_run_as_failed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
