@@ -14,7 +14,9 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-torch.set_num_threads(min(2, torch.get_num_threads()))
+# Under pytest-xdist (the README's `-n 2`) the two workers share the cores: one thread each, as oversubscribed
+# threads slow tiny models several-fold.
+torch.set_num_threads(1 if os.environ.get("PYTEST_XDIST_WORKER") else min(2, torch.get_num_threads()))
 
 ROOT = Path(__file__).resolve().parents[1]
 # Real data for development and CI sits beside the checkout; users will not have it.
