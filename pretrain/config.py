@@ -18,7 +18,7 @@ from typing import Literal
 from pretrain.cli import ConfigError, field_docs, flatten, from_dict, parse, to_dict
 from pretrain.cli import help_text as _help_text
 from pretrain.cli import require as _require
-from pretrain.data import DataConfig
+from pretrain.data_config import DataConfig
 from pretrain.modeling import InitScheme, LNBertConfig
 from pretrain.norms import NormType
 from pretrain.placements import NormPlacement, variant_name
@@ -314,7 +314,7 @@ class PretrainConfig:
     data: DataConfig = field(
         default_factory=lambda: DataConfig(vocab_size=2048, max_seq_length=64, validation_fraction=0.02)
     )
-    """Corpus, tokenizer, NSP/MLM instance creation (pretrain/data.py)."""
+    """Corpus, tokenizer, NSP/MLM instance creation (pretrain/data_config.py; the pipeline: pretrain/data.py)."""
     optim: OptimConfig = field(default_factory=OptimConfig)
     """Optimizer and learning-rate schedule."""
     train: TrainConfig = field(default_factory=TrainConfig)

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from functools import partial
 from itertools import chain
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import datasets
 import pyarrow.compute as pc
@@ -44,14 +44,12 @@ from transformers import PreTrainedTokenizerFast
 
 from pretrain.cache import CACHE_FORMAT_VERSION, content_hash, exclusive_lock
 from pretrain.corpus import source_fingerprint
+from pretrain.data_config import OBJECTIVES as OBJECTIVES  # the config's leaf module; kept importable here
+from pretrain.data_config import DataConfig
 from pretrain.layout import write_json_atomic
-
-if TYPE_CHECKING:
-    from pretrain.data import DataConfig
 
 logger = logging.getLogger(__name__)
 
-OBJECTIVES: tuple[str, ...] = ("mlm_nsp", "mlm")
 # Documents per unit of instance creation (and pool for random next segments). Part of the cache key.
 DOCS_PER_CHUNK = 256
 # instance_id = chunk_index << ID_SHIFT | position in chunk; validation chunks are offset by VALIDATION_ID_OFFSET.

@@ -9,21 +9,16 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator
 from itertools import islice
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 from transformers import AutoTokenizer, BertTokenizerFast, PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
 from pretrain.cache import CACHE_FORMAT_VERSION, atomic_dir, content_hash
 from pretrain.corpus import document_texts, load_documents, source_fingerprint, split_documents
-
-if TYPE_CHECKING:
-    from pretrain.data import DataConfig
+from pretrain.data_config import MIN_PLAUSIBLE_VOCAB, DataConfig
 
 # Order fixes the ids of a trained tokenizer: [PAD]=0, [UNK]=1, [CLS]=2, [SEP]=3, [MASK]=4.
 SPECIAL_TOKENS: tuple[str, ...] = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
-# A tokenizer this small is a loading accident (transformers 5 can return a ~5-token stub), not a vocabulary.
-MIN_PLAUSIBLE_VOCAB = 100
 
 
 def train_wordpiece_tokenizer(texts: Iterable[str], *, vocab_size: int, lowercase: bool = True) -> BertTokenizerFast:
