@@ -25,7 +25,7 @@ import torch
 from accelerate import Accelerator
 from transformers import PreTrainedTokenizerBase
 
-from pretrain.config import ADDED_FIELD_DEFAULTS, RESUMABLE_CHANGES, flatten
+from pretrain.config import ADDED_FIELD_DEFAULTS, RESUMABLE_CHANGES, PretrainConfig, flatten
 from pretrain.layout import (
     RUN_CONFIG_FILE,
     SNAPSHOT_INFO,
@@ -35,13 +35,12 @@ from pretrain.layout import (
     write_json_atomic,
 )
 from pretrain.manifest import ManifestError, folder_size, verify_manifest, write_manifest
+from pretrain.roles import keys_where
 
-# Keys that may differ when the same command is run again in the same folder (it then continues that run).
-# run_config.json records the peak FLOP/s that train/mfu was measured against, looked up when it was null.
-IDENTICAL_RUN_IGNORES = frozenset(
-    {"train.output_dir", "train.resume", "train.num_workers", "data.num_proc", "data.cache_dir",
-     "train.peak_flops_per_device"}
-)  # fmt: skip
+# Keys that may differ when the same command is run again in the same folder (it then continues that run): the
+# mechanics fields (pretrain/roles.py). run_config.json records the peak FLOP/s that train/mfu was measured against,
+# looked up when it was null, which is why train.peak_flops_per_device is one.
+IDENTICAL_RUN_IGNORES = keys_where(PretrainConfig, lambda rules: rules.rerun)
 
 TRAIN_STATE_FILE = "train_state.json"
 TOKENIZER_DIR = "tokenizer"

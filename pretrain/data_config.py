@@ -9,7 +9,9 @@ the stages re-export them under their old names.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+
+from pretrain.roles import role
 
 SOURCE_KINDS: tuple[str, ...] = ("hub", "json", "parquet", "text", "python_docs")
 WEIGHT_UNITS: tuple[str, ...] = ("documents", "words")
@@ -67,49 +69,51 @@ class SourceConfig:
 class DataConfig:
     """Corpus, tokenizer and instance creation for pretraining."""
 
-    sources: list[SourceConfig] = field(default_factory=lambda: [SourceConfig()])
+    sources: list[SourceConfig] = role(
+        "recipe", keyed_in=("tokenizer", "instances", "batches"), default_factory=lambda: [SourceConfig()]
+    )
     """Corpus sources; several are mixed by weight."""
-    weight_by: str = "documents"
+    weight_by: str = role("recipe", keyed_in=("tokenizer", "instances", "batches"), default="documents")
     """What the sources' weights count: "documents" (source i supplies weight_i / sum(weights) of the documents)
     or "words" (of the words, estimated from a sample of each source's documents; what matches original BERT's
     2.5B words of Wikipedia to 0.8B of BookCorpus whatever the sources' document lengths)."""
-    tokenizer: str | None = None
+    tokenizer: str | None = role("recipe", keyed_in=(), default=None)
     """Hub name (e.g. "bert-base-uncased") or local folder; None: train WordPiece on the training documents.
     WordPiece training is not bit-reproducible (tokenizers issue #1794: hash-map order breaks ties), so a trained
     tokenizer is cached under cache_dir and saved with the run; to resume elsewhere, point this at RUN/tokenizer."""
-    vocab_size: int = 30522
+    vocab_size: int = role("recipe", keyed_in=("tokenizer", "instances", "batches"), default=30522)
     """Vocabulary size of a trained tokenizer (ignored when ``tokenizer`` is set)."""
-    lowercase: bool = True
+    lowercase: bool = role("recipe", keyed_in=("tokenizer", "instances", "batches"), default=True)
     """Lowercase and strip accents in a trained tokenizer, as bert-base-uncased (ignored when ``tokenizer`` is set)."""
-    max_seq_length: int = 128
+    max_seq_length: int = role("recipe", keyed_in=("instances", "batches"), default=128)
     """Tokens per instance including [CLS]/[SEP]."""
-    objective: str = "mlm_nsp"
+    objective: str = role("recipe", keyed_in=("instances", "batches"), default="mlm_nsp")
     """"mlm_nsp" (BERT: segment pairs + next-sentence prediction) or "mlm" (full-length packed sequences, no NSP)."""
-    short_seq_prob: float = 0.1
+    short_seq_prob: float = role("recipe", keyed_in=("instances", "batches"), default=0.1)
     """Probability of a shorter random target length (BERT: lessens the pretrain/fine-tune length mismatch);
     mlm_nsp only."""
-    nsp_random_prob: float = 0.5
+    nsp_random_prob: float = role("recipe", keyed_in=("instances", "batches"), default=0.5)
     """Probability that segment B is a random segment from another document (next_sentence_label 1); mlm_nsp only."""
-    mlm_probability: float = 0.15
+    mlm_probability: float = role("recipe", keyed_in=("batches",), default=0.15)
     """Share of the non-special tokens chosen for masked-LM prediction (used by MaskingCollator)."""
-    validation_fraction: float = 0.005
+    validation_fraction: float = role("recipe", keyed_in=("tokenizer", "instances", "batches"), default=0.005)
     """Share of documents held out for validation, BY DOCUMENT (paper: 199:1); at least one document."""
-    validation_documents: int | None = None
+    validation_documents: int | None = role("recipe", keyed_in=("tokenizer", "instances", "batches"), default=None)
     """Exact number of held-out documents; overrides ``validation_fraction``. In streaming mode, where the total
     is unknown, the default is validation_fraction * max_documents, or 1000 documents without max_documents."""
-    max_documents: int | None = None
+    max_documents: int | None = role("recipe", keyed_in=("tokenizer", "instances", "batches"), default=None)
     """Cap on documents read from each source and from the mixture (small runs, tests)."""
-    tokenizer_train_documents: int = 100_000
+    tokenizer_train_documents: int = role("recipe", keyed_in=("tokenizer", "instances", "batches"), default=100_000)
     """Cap on the training documents a WordPiece tokenizer is trained on."""
-    cache_dir: str = "runs/.cache/data"
+    cache_dir: str = role("mechanics", keyed_in=(), default="runs/.cache/data")
     """Where tokenised instances and trained tokenizers are cached (keyed by a hash of their inputs)."""
-    streaming: bool = False
+    streaming: bool = role("recipe", keyed_in=("tokenizer", "batches"), default=False)
     """Build training instances on the fly from a streamed corpus (larger than memory); validation is materialised."""
-    shuffle_buffer_size: int = 10_000
+    shuffle_buffer_size: int = role("recipe", keyed_in=("batches",), default=10_000)
     """Documents in the shuffle buffer of a streamed corpus."""
-    num_proc: int = 1
+    num_proc: int = role("mechanics", keyed_in=(), default=1)
     """Worker processes for tokenisation (the result does not depend on it)."""
-    max_inline_preparation_mb: float = 64.0
+    max_inline_preparation_mb: float = role("limit", keyed_in=(), default=64.0)
     """Largest corpus (MiB of local files) that a run of several processes prepares itself, its other processes
     waiting at a barrier; a larger one (or a Hub dataset) must be prepared first with ``python -m
     pretrain.prepare`` (the run stops with that command otherwise). 64 MiB take under two minutes at the data

@@ -47,6 +47,7 @@ from pretrain.corpus import source_fingerprint
 from pretrain.data_config import OBJECTIVES as OBJECTIVES  # the config's leaf module; kept importable here
 from pretrain.data_config import DataConfig
 from pretrain.layout import write_json_atomic
+from pretrain.roles import not_keyed_in
 
 logger = logging.getLogger(__name__)
 
@@ -377,10 +378,11 @@ def stream_instances(
 # The instance cache
 # ----------------------------------------------------------------------------------------------------------------------
 
-# DataConfig fields that do not change the instances: masking is dynamic, the rest are mechanics, and the
-# tokenizer's name (it enters the key by content, so a run handed a trained tokenizer's folder reuses its instances).
-_FIELDS_NOT_IN_KEY = {"mlm_probability", "cache_dir", "num_proc", "streaming", "shuffle_buffer_size", "tokenizer",
-                      "max_inline_preparation_mb"}  # fmt: skip
+# DataConfig fields that do not change the instances (not keyed_in "instances", pretrain/data_config.py): masking
+# and the shuffle buffer act on batches, the rest are mechanics, ``streaming`` (a streamed corpus is never cached),
+# and the tokenizer's name (it enters the key by content, so a run handed a trained tokenizer's folder reuses its
+# instances).
+_FIELDS_NOT_IN_KEY = not_keyed_in(DataConfig, "instances")
 
 
 def data_cache_key(cfg: DataConfig, tokenizer: PreTrainedTokenizerFast, *, seed: int) -> str:
