@@ -3,7 +3,8 @@
 A leaf of the data pipeline: the stages (``corpus``, ``tokenizer``, ``instances``) and ``data`` import their config
 from here, and it imports none of them, so they import each other in one direction only. The constants that the
 checks need (the source kinds, the objectives, the smallest plausible vocabulary) live here for the same reason;
-the stages re-export them under their old names.
+the stages re-export them under their old names. Each field declares its role and the data keys that hold its
+value (``role(...)``, pretrain/roles.py), from which the cache keys and the resume checks take their fields.
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ The role says how a run treats the field:
   Changing one is another run of the same recipe (same W&B group).
 - limit: a bound a continued run may move (its length, the skipped fp16 steps tolerated, a wait's timeout, the
   largest corpus prepared inline); part of the recipe hash, as it was before roles were declared.
-- cadence: how often a run evaluates, logs and saves, and where it stops.
+- cadence: how often a run evaluates, logs and saves, how many saves it keeps, and where it stops.
 - mechanics: where files go and how many workers do the work; never what is computed. The same command run again
   with other mechanics continues the same run.
 - tracking: where the metrics are shown. ``checkpointing.config_differences`` leaves the whole section out (keys of
@@ -33,6 +33,19 @@ resume checks (``batches``).
 
 ``added=True`` marks a field added after runs existed, whose default computes what runs without it computed: a
 saved config without it reads as having the default, and at the default it stays out of the recipe hash.
+
+The lists derived from the declarations, where they are read:
+
+    config.RESUMABLE_CHANGES              rules.resumable        checkpointing.config_differences on resume
+    checkpointing.IDENTICAL_RUN_IGNORES   rules.rerun            the same command run again
+    wandb_logging._NOT_RECIPE             not rules.recipe       the W&B recipe hash (the group)
+    config.ADDED_FIELD_DEFAULTS           added                  old run_config.json files, the recipe hash
+    tokenizer._TOKENIZER_KEY_FIELDS       keyed_in "tokenizer"   the trained tokenizer's cache folder
+    instances._FIELDS_NOT_IN_KEY          not keyed_in "instances"   the prepared instances' cache folder
+    run.data_fingerprint                  not keyed_in "batches" the data position a resume checks
+
+A new field needs only its declaration; tests/test_roles.py fails for a field declared without a role (or a data
+field without ``keyed_in``), and pins the lists and the keys of existing runs.
 
 This module imports nothing of the project (the data config, a leaf of the data pipeline, uses it).
 """
