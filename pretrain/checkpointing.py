@@ -25,14 +25,13 @@ import torch
 from accelerate import Accelerator
 from transformers import PreTrainedTokenizerBase
 
+from pretrain.atomic import follow_umask, publish_dir, write_json
 from pretrain.config import ADDED_FIELD_DEFAULTS, RESUMABLE_CHANGES, PretrainConfig, flatten
 from pretrain.layout import (
     RUN_CONFIG_FILE,
     SNAPSHOT_INFO,
     SNAPSHOT_MARKER,
-    current_umask,
     step_dirname,
-    write_json_atomic,
 )
 from pretrain.manifest import ManifestError, folder_size, verify_manifest, write_manifest
 from pretrain.roles import keys_where
@@ -115,15 +114,6 @@ def remove_temp_folders(root: Path) -> None:
             shutil.rmtree(path) if path.is_dir() else path.unlink()
 
 
-def follow_umask(folder: Path) -> None:
-    """Give every file under ``folder`` the mode the user's umask asks for: libraries that write through
-    mkstemp (transformers' save_pretrained) create 0600 files that colleagues on a cluster cannot read."""
-    mode = 0o666 & ~current_umask()
-    for path in Path(folder).rglob("*"):
-        if path.is_file():
-            path.chmod(mode)
-
-
 DISK_FULL_HINT = "Free space there, then continue with --train.resume=auto (from the latest checkpoint)"
 TOKENIZER_ROOM = 16 << 20
 """Bytes a run's tokenizer folder may take (bert-base-uncased's files are about 1 MB), checked before data preparation."""
@@ -197,17 +187,10 @@ def save_checkpoint(accelerator: Accelerator, run_dir: Path, state: TrainState, 
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
         fault_point("checkpoint_files", state.step)
-        write_json_atomic(tmp / TRAIN_STATE_FILE, dataclasses.asdict(state))
+        write_json(tmp / TRAIN_STATE_FILE, dataclasses.asdict(state))
         follow_umask(tmp)
         write_manifest(tmp)  # after every file, before the rename that makes the folder a checkpoint
-        if final.exists():  # the same step saved again (resumed and stopped at once): replace it
-            old = root / f".{final.name}.old"
-            shutil.rmtree(old, ignore_errors=True)
-            os.replace(final, old)
-            os.replace(tmp, final)
-            shutil.rmtree(old)
-        else:
-            os.replace(tmp, final)
+        publish_dir(tmp, final, replace=True)  # the same step saved again (resumed and stopped at once): replaced
         fault_point("checkpoint_renamed", state.step)
         for _, path in list_checkpoints(run_dir)[:-keep_last]:
             shutil.rmtree(path)
@@ -382,7 +365,7 @@ def save_snapshot(
             unwrapped.config.dtype = torch.float32
             unwrapped.config.save_pretrained(path)
         tokenizer.save_pretrained(path)
-        write_json_atomic(path / SNAPSHOT_INFO, info)
+        write_json(path / SNAPSHOT_INFO, info)
         follow_umask(path)
         write_manifest(path)
         fault_point("snapshot_files", info["step"])

@@ -22,7 +22,6 @@ import hashlib
 import json
 import logging
 import multiprocessing
-import os
 import random
 import re
 import shutil
@@ -42,11 +41,11 @@ from tokenizers import Tokenizer
 from tqdm.auto import tqdm
 from transformers import PreTrainedTokenizerFast
 
+from pretrain.atomic import publish_dir, write_json, writing
 from pretrain.cache import CACHE_FORMAT_VERSION, content_hash, exclusive_lock
 from pretrain.corpus import source_fingerprint
 from pretrain.data_config import OBJECTIVES as OBJECTIVES  # the config's leaf module; kept importable here
 from pretrain.data_config import DataConfig
-from pretrain.layout import write_json_atomic
 from pretrain.roles import not_keyed_in
 
 logger = logging.getLogger(__name__)
@@ -462,29 +461,24 @@ def _write_shard(
     tokenizer.no_truncation()
     tokenizer.no_padding()
     stats: dict[int, SourceStats] = {}
-    tmp = path.with_name(f"{path.name}.tmp-{uuid.uuid4().hex[:8]}")
-    try:
-        with ArrowWriter(features=instance_features(cfg.objective), path=str(tmp)) as writer:
-            for k, batch in enumerate(docs.iter(batch_size=DOCS_PER_CHUNK)):
-                out = _empty_columns(cfg.objective)
-                with _gc_paused():
-                    _add_chunk_instances(
-                        out,
-                        batch["text"],
-                        first_chunk + k,
-                        tokenizer=tokenizer,
-                        cfg=cfg,
-                        seed=seed,
-                        part=part,
-                        sources=batch["source"],
-                        stats=stats,
-                    )
-                writer.write_batch(out)
-            writer.finalize()
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-    write_json_atomic(path.with_suffix(".json"), {str(k): dataclasses.asdict(v) for k, v in sorted(stats.items())})
+    with writing(path) as tmp, ArrowWriter(features=instance_features(cfg.objective), path=str(tmp)) as writer:
+        for k, batch in enumerate(docs.iter(batch_size=DOCS_PER_CHUNK)):
+            out = _empty_columns(cfg.objective)
+            with _gc_paused():
+                _add_chunk_instances(
+                    out,
+                    batch["text"],
+                    first_chunk + k,
+                    tokenizer=tokenizer,
+                    cfg=cfg,
+                    seed=seed,
+                    part=part,
+                    sources=batch["source"],
+                    stats=stats,
+                )
+            writer.write_batch(out)
+        writer.finalize()
+    write_json(path.with_suffix(".json"), {str(k): dataclasses.asdict(v) for k, v in sorted(stats.items())})
     return stats
 
 
@@ -577,7 +571,8 @@ def prepare_instances(
     for name in PARTS:
         if sum(s.document_tokens for s in stats[name].values()) == 0:
             raise ValueError(f"no {name} instances could be made: the {name} documents hold no tokens")
-    for leftover in partial_dir.glob("*/*.tmp-*"):  # from a killed attempt: every shard is finished now
+    # Temporary files of a killed attempt (every shard is finished now); NAME.tmp-XXXXXXXX: an older version's.
+    for leftover in [*partial_dir.glob("*/.*.tmp"), *partial_dir.glob("*/*.tmp-*")]:
         leftover.unlink(missing_ok=True)
     summary = {
         "config": {
@@ -590,12 +585,10 @@ def prepare_instances(
         **{name: _part_summary(partial_dir / name, stats[name], cfg.max_seq_length) for name in PARTS},
     }
     summary["disk_bytes"] = _disk_bytes(partial_dir)
-    write_json_atomic(partial_dir / SUMMARY_FILE, summary)
-    try:
-        os.replace(partial_dir, folder)
-    except OSError:  # another process (another node) finished the same preparation first; identical content
+    write_json(partial_dir / SUMMARY_FILE, summary)
+    if not publish_dir(partial_dir, folder):  # another process (another node) finished it first; identical content
         if not (folder / SUMMARY_FILE).is_file():
-            raise
+            raise FileExistsError(f"{folder} holds no {SUMMARY_FILE}: not a finished preparation; remove it")
         shutil.rmtree(partial_dir, ignore_errors=True)
     return summary
 

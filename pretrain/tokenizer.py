@@ -13,7 +13,8 @@ from pathlib import Path
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 from transformers import AutoTokenizer, BertTokenizerFast, PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
-from pretrain.cache import CACHE_FORMAT_VERSION, atomic_dir, content_hash
+from pretrain.atomic import atomic_dir
+from pretrain.cache import CACHE_FORMAT_VERSION, content_hash
 from pretrain.corpus import document_texts, load_documents, source_fingerprint, split_documents
 from pretrain.data_config import MIN_PLAUSIBLE_VOCAB, DataConfig
 from pretrain.roles import keyed_in
