@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import json
 import multiprocessing
-import os
 import resource
 import shutil
 import threading
@@ -43,6 +42,7 @@ from typing import Any
 import psutil
 
 from benchmarks.common import RESULTS_DIR, write_results
+from pretrain.atomic import writing
 from pretrain.cli import parse, require, run_cli
 from pretrain.reporting import format_table
 
@@ -100,8 +100,7 @@ def _rows(path: Path) -> Any:
 def _write_repeated(out: Path, rows: Any, target_chars: int) -> dict[str, int]:
     """Rows from ``rows()`` (a fresh iterator per pass) written as {"text": ...} lines until ``target_chars``."""
     chars = words = n = passes = 0
-    tmp = out.with_suffix(".tmp")
-    with tmp.open("w", encoding="utf-8") as f:
+    with writing(out) as tmp, tmp.open("w", encoding="utf-8") as f:
         while chars < target_chars:
             passes += 1
             for text in rows():
@@ -111,7 +110,6 @@ def _write_repeated(out: Path, rows: Any, target_chars: int) -> dict[str, int]:
                 n += 1
                 if chars >= target_chars:
                     break
-    os.replace(tmp, out)
     return {"rows": n, "chars": chars, "words": words, "passes": passes}
 
 

@@ -27,6 +27,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from pretrain import atomic
+
 MANIFEST_VERSION = 1
 RESULT_VERSION = 1
 MANIFESTS, STARTED, DONE, FAILED = "manifests", "started", "done", "failed"
@@ -96,38 +98,18 @@ class JobSpec:
 # --------------------------------------------------------------------------------------------------
 
 
-def _write_temp(path: Path, payload: Any) -> Path:
-    """The payload as JSON in a temporary file beside ``path`` (mode 0666 less the umask, like any file)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{socket.gethostname()}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
-    with os.fdopen(fd, "w") as f:
-        json.dump(payload, f, indent=1, sort_keys=True)
-        f.flush()
-        os.fsync(f.fileno())
-    return tmp
+# Through pretrain/atomic.py (a temporary file, fsync, the umask's mode, then a rename or a hard link).
 
 
 def write_json(path: Path, payload: Any) -> None:
     """Replace ``path`` atomically: readers see the old file or the new one, never half of one."""
-    os.replace(_write_temp(path, payload), path)
+    atomic.write_json(path, payload, indent=1, default=None)
 
 
 def write_json_once(path: Path, payload: Any) -> bool:
-    """Create ``path`` atomically unless it exists; False (and nothing written) if it already did."""
-    tmp = _write_temp(path, payload)
-    try:
-        os.link(tmp, path)  # fails if path exists: the first copy wins, so a result file never changes
-        return True
-    except FileExistsError:
-        return False
-    except OSError:  # a file system without hard links: rename, after a check (a rare race then re-writes)
-        if path.exists():
-            return False
-        os.replace(tmp, path)
-        return True
-    finally:
-        tmp.unlink(missing_ok=True)
+    """Create ``path`` atomically unless it exists; False (and nothing written) if it already did: the first copy
+    wins, so a result file never changes."""
+    return atomic.write_once(path, json.dumps(payload, indent=1, sort_keys=True))
 
 
 def read_json(path: Path) -> dict[str, Any] | None:

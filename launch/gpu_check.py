@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.util
 import json
 import math
 import os
@@ -53,6 +54,23 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
+
+
+def _load_atomic() -> Any:
+    """pretrain/atomic.py, the project's one atomic writer, loaded by its path: ``import pretrain.atomic`` would run
+    pretrain/__init__.py, which imports torch and transformers (it registers the model with the Auto classes), and
+    this script must run, and report, before either is known to work. atomic.py imports only the standard library."""
+    if "pretrain.atomic" in sys.modules:
+        return sys.modules["pretrain.atomic"]
+    spec = importlib.util.spec_from_file_location("_lnbert_atomic", REPO / "pretrain" / "atomic.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+atomic = _load_atomic()
+
 STAGES = ("environment", "cuda_tests", "throughput", "pretrain", "compile")
 # Seconds per stage on one H200. REST_STAGE gets the rest of TOTAL_S (at least its own figure when earlier stages
 # overran): 60 + 60 + 90 s and the rest, 6 minutes for the first four stages. The compile stage comes after them
@@ -135,24 +153,8 @@ class Context:
         return Path(self.work) / "stages" / f"{name}.json"
 
 
-def write_text_atomic(path: Path, text: str) -> None:
-    """Temp file + rename: a reader (or a kill) never sees half a file. Permissions follow the umask."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def write_json_atomic(path: Path, payload: Any) -> None:
-    write_text_atomic(path, json.dumps(payload, indent=2, default=str) + "\n")
+    atomic.write_text(path, json.dumps(payload, indent=2, default=str) + "\n")
 
 
 def read_json(path: Path) -> dict[str, Any] | None:
@@ -340,7 +342,7 @@ def run_check(ctx: Context) -> dict[str, Any]:
 
 def publish(ctx: Context, results: dict[str, Any]) -> None:
     write_json_atomic(ctx.results_path, results)
-    write_text_atomic(Path(ctx.out) / "summary.md", summary_markdown(results))
+    atomic.write_text(Path(ctx.out) / "summary.md", summary_markdown(results))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -953,11 +955,9 @@ def plot_losses(runs: dict[str, dict[str, Any]], plan: dict[str, Any], path: Pat
     ax.set_title(f"{plan['model']} pretraining, batch {plan['batch']} x {plan['seq']}, bf16")
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".png")
-    os.close(fd)
-    fig.savefig(tmp, dpi=110)
+    with atomic.writing(path) as tmp:
+        fig.savefig(tmp, dpi=110, format="png")
     plt.close(fig)
-    os.replace(tmp, path)
 
 
 def stage_pretrain(ctx: Context, emit: Callable[[dict[str, Any]], None]) -> None:

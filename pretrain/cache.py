@@ -1,4 +1,5 @@
-"""The data cache under ``data.cache_dir``: folders named by a hash of their inputs, written atomically.
+"""The data cache under ``data.cache_dir``: folders named by a hash of their inputs, written atomically
+(``pretrain.atomic.atomic_dir``), and the lock that keeps two processes from making the same one at once.
 
 Trained tokenizers (pretrain/tokenizer.py) and tokenised instances (pretrain/instances.py) are cached here, so a
 second run with the same inputs, or the other processes of a distributed run, reuse them.
@@ -10,10 +11,7 @@ import contextlib
 import fcntl
 import hashlib
 import json
-import os
-import shutil
 import threading
-import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -25,21 +23,6 @@ CACHE_FORMAT_VERSION = 4
 def content_hash(obj: Any) -> str:
     """A short hash of a JSON-able description of a cache entry's inputs."""
     return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:20]
-
-
-@contextlib.contextmanager
-def atomic_dir(final: Path) -> Iterator[Path]:
-    """Write into a temporary sibling folder and rename it into place, so readers never see a half-written cache."""
-    tmp = final.with_name(f"{final.name}.tmp-{uuid.uuid4().hex[:8]}")
-    tmp.mkdir(parents=True)
-    try:
-        yield tmp
-        if final.exists():  # another process finished first; its result is identical
-            shutil.rmtree(tmp)
-        else:
-            os.replace(tmp, final)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 @contextlib.contextmanager

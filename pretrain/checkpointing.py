@@ -25,23 +25,21 @@ import torch
 from accelerate import Accelerator
 from transformers import PreTrainedTokenizerBase
 
-from pretrain.config import ADDED_FIELD_DEFAULTS, RESUMABLE_CHANGES, flatten
+from pretrain.atomic import follow_umask, publish_dir, write_json
+from pretrain.config import ADDED_FIELD_DEFAULTS, RESUMABLE_CHANGES, PretrainConfig, flatten
 from pretrain.layout import (
     RUN_CONFIG_FILE,
     SNAPSHOT_INFO,
     SNAPSHOT_MARKER,
-    current_umask,
     step_dirname,
-    write_json_atomic,
 )
 from pretrain.manifest import ManifestError, folder_size, verify_manifest, write_manifest
+from pretrain.roles import keys_where
 
-# Keys that may differ when the same command is run again in the same folder (it then continues that run).
-# run_config.json records the peak FLOP/s that train/mfu was measured against, looked up when it was null.
-IDENTICAL_RUN_IGNORES = frozenset(
-    {"train.output_dir", "train.resume", "train.num_workers", "data.num_proc", "data.cache_dir",
-     "train.peak_flops_per_device"}
-)  # fmt: skip
+# Keys that may differ when the same command is run again in the same folder (it then continues that run): the
+# mechanics fields (pretrain/roles.py). run_config.json records the peak FLOP/s that train/mfu was measured against,
+# looked up when it was null, which is why train.peak_flops_per_device is one.
+IDENTICAL_RUN_IGNORES = keys_where(PretrainConfig, lambda rules: rules.rerun)
 
 TRAIN_STATE_FILE = "train_state.json"
 TOKENIZER_DIR = "tokenizer"
@@ -114,15 +112,6 @@ def remove_temp_folders(root: Path) -> None:
     for path in root.iterdir() if root.is_dir() else []:
         if path.name.startswith("."):
             shutil.rmtree(path) if path.is_dir() else path.unlink()
-
-
-def follow_umask(folder: Path) -> None:
-    """Give every file under ``folder`` the mode the user's umask asks for: libraries that write through
-    mkstemp (transformers' save_pretrained) create 0600 files that colleagues on a cluster cannot read."""
-    mode = 0o666 & ~current_umask()
-    for path in Path(folder).rglob("*"):
-        if path.is_file():
-            path.chmod(mode)
 
 
 DISK_FULL_HINT = "Free space there, then continue with --train.resume=auto (from the latest checkpoint)"
@@ -198,17 +187,10 @@ def save_checkpoint(accelerator: Accelerator, run_dir: Path, state: TrainState, 
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
         fault_point("checkpoint_files", state.step)
-        write_json_atomic(tmp / TRAIN_STATE_FILE, dataclasses.asdict(state))
+        write_json(tmp / TRAIN_STATE_FILE, dataclasses.asdict(state))
         follow_umask(tmp)
         write_manifest(tmp)  # after every file, before the rename that makes the folder a checkpoint
-        if final.exists():  # the same step saved again (resumed and stopped at once): replace it
-            old = root / f".{final.name}.old"
-            shutil.rmtree(old, ignore_errors=True)
-            os.replace(final, old)
-            os.replace(tmp, final)
-            shutil.rmtree(old)
-        else:
-            os.replace(tmp, final)
+        publish_dir(tmp, final, replace=True)  # the same step saved again (resumed and stopped at once): replaced
         fault_point("checkpoint_renamed", state.step)
         for _, path in list_checkpoints(run_dir)[:-keep_last]:
             shutil.rmtree(path)
@@ -383,7 +365,7 @@ def save_snapshot(
             unwrapped.config.dtype = torch.float32
             unwrapped.config.save_pretrained(path)
         tokenizer.save_pretrained(path)
-        write_json_atomic(path / SNAPSHOT_INFO, info)
+        write_json(path / SNAPSHOT_INFO, info)
         follow_umask(path)
         write_manifest(path)
         fault_point("snapshot_files", info["step"])

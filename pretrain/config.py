@@ -18,10 +18,11 @@ from typing import Literal
 from pretrain.cli import ConfigError, field_docs, flatten, from_dict, parse, to_dict
 from pretrain.cli import help_text as _help_text
 from pretrain.cli import require as _require
-from pretrain.data import DataConfig
+from pretrain.data_config import DataConfig
 from pretrain.modeling import InitScheme, LNBertConfig
 from pretrain.norms import NormType
 from pretrain.placements import NormPlacement, variant_name
+from pretrain.roles import added_defaults, keys_where, role
 
 __all__ = [
     "ADDED_FIELD_DEFAULTS",
@@ -53,59 +54,59 @@ class ModelConfig:
     own settings take their defaults from ``LNBertConfig``, where they are declared; the sizes here are the built-in
     default's tiny model, not BERT's."""
 
-    norm_placement: NormPlacement = LNBertConfig.norm_placement
+    norm_placement: NormPlacement = role("recipe", default=LNBertConfig.norm_placement)
     """Where the norms go: post (original BERT), pre (Xiong et al. 2020), sandwich (= peri), deepnorm, admin, rezero,
     b2t, resi_dual, mix_ln, lns, hybrid, normformer, output_ln, parallel (docs/placements.md)."""
-    norm_type: NormType = LNBertConfig.norm_type
+    norm_type: NormType = role("recipe", added=True, default=LNBertConfig.norm_type)
     """The norm used everywhere (embeddings, layers, final norm, MLM head): layernorm, rmsnorm or dyt."""
-    qk_norm: bool = LNBertConfig.qk_norm
+    qk_norm: bool = role("recipe", added=True, default=LNBertConfig.qk_norm)
     """A norm of norm_type on each head's queries and keys before the dot product (QK-norm)."""
-    dyt_alpha_init: float = LNBertConfig.dyt_alpha_init
+    dyt_alpha_init: float = role("recipe", added=True, default=LNBertConfig.dyt_alpha_init)
     """DyT's alpha at initialisation (norm_type=dyt)."""
-    mix_ln_post_layers: int | None = LNBertConfig.mix_ln_post_layers
+    mix_ln_post_layers: int | None = role("recipe", added=True, default=LNBertConfig.mix_ln_post_layers)
     """mix_ln: how many of the lowest layers are Post-LN; null: round(L/4) (3 of 12, 6 of 24)."""
-    admin_omega: float | None = LNBertConfig.admin_omega
+    admin_omega: float | None = role("recipe", added=True, default=LNBertConfig.admin_omega)
     """admin: the residual weight omega; null: admin-torch's O(log N) rule sqrt((N+1)/ln(N+1) - 1), N = 2L."""
-    admin_learnable_omega: bool = LNBertConfig.admin_learnable_omega
+    admin_learnable_omega: bool = role("recipe", added=True, default=LNBertConfig.admin_learnable_omega)
     """admin: omega as a learnable vector per sub-layer (initialised to admin_omega) instead of a fixed scalar."""
-    b2t_rescale_init: bool = LNBertConfig.b2t_rescale_init
+    b2t_rescale_init: bool = role("recipe", added=True, default=LNBertConfig.b2t_rescale_init)
     """b2t: scale every weight matrix of the layers by L^(-1/2) at init, as B2T's official code does."""
-    hybrid_first_pre_norm: bool = LNBertConfig.hybrid_first_pre_norm
+    hybrid_first_pre_norm: bool = role("recipe", added=True, default=LNBertConfig.hybrid_first_pre_norm)
     """hybrid: HybridNorm*, the first layer Pre-Norm in attention and FFN."""
-    normformer_head_scale: bool = LNBertConfig.normformer_head_scale
+    normformer_head_scale: bool = role("recipe", added=True, default=LNBertConfig.normformer_head_scale)
     """normformer: a learned scale per attention head."""
-    normformer_attn_norm: bool = LNBertConfig.normformer_attn_norm
+    normformer_attn_norm: bool = role("recipe", added=True, default=LNBertConfig.normformer_attn_norm)
     """normformer: a norm on the attention output before the residual add."""
-    normformer_ffn_norm: bool = LNBertConfig.normformer_ffn_norm
+    normformer_ffn_norm: bool = role("recipe", added=True, default=LNBertConfig.normformer_ffn_norm)
     """normformer: a norm over the FFN's inner width after the activation."""
-    normformer_resid_scale: bool = LNBertConfig.normformer_resid_scale
+    normformer_resid_scale: bool = role("recipe", added=True, default=LNBertConfig.normformer_resid_scale)
     """normformer: a learned scale on the FFN skip connection (the paper's option for small models)."""
-    hidden_size: int = 64
+    hidden_size: int = role("recipe", default=64)
     """Width of the residual stream (BERT-base: 768)."""
-    num_hidden_layers: int = 2
+    num_hidden_layers: int = role("recipe", default=2)
     """Number of Transformer layers (BERT-base: 12)."""
-    num_attention_heads: int = 4
+    num_attention_heads: int = role("recipe", default=4)
     """Attention heads per layer; must divide hidden_size (BERT-base: 12)."""
-    intermediate_size: int = 256
+    intermediate_size: int = role("recipe", default=256)
     """Inner width of the feed-forward sub-layer (BERT-base: 3072)."""
-    vocab_size: int | None = None
+    vocab_size: int | None = role("recipe", default=None)
     """Rows of the word-embedding table; null: the tokenizer's size. Must be >= the tokenizer's size."""
-    max_position_embeddings: int = 128
+    max_position_embeddings: int = role("recipe", default=128)
     """Longest sequence the position embeddings cover (BERT-base: 512); must be >= data.max_seq_length."""
-    hidden_dropout_prob: float = 0.1
+    hidden_dropout_prob: float = role("recipe", default=0.1)
     """Dropout on embeddings and sub-layer outputs (BERT: 0.1)."""
-    attention_probs_dropout_prob: float = 0.1
+    attention_probs_dropout_prob: float = role("recipe", default=0.1)
     """Dropout on attention probabilities (BERT: 0.1)."""
-    init_scheme: InitScheme = LNBertConfig.init_scheme
+    init_scheme: InitScheme = role("recipe", default=LNBertConfig.init_scheme)
     """Weight init: bert = normal(0, 0.02); xavier = Xavier-normal (the paper's analysis setting)."""
-    embedding_layer_norm: bool = LNBertConfig.embedding_layer_norm
+    embedding_layer_norm: bool = role("recipe", default=LNBertConfig.embedding_layer_norm)
     """Keep BERT's LayerNorm on the summed embeddings (same for every placement)."""
-    sparse_mlm_head: bool = LNBertConfig.sparse_mlm_head
+    sparse_mlm_head: bool = role("recipe", default=LNBertConfig.sparse_mlm_head)
     """Run the MLM head only at masked positions (same loss and gradients, less compute)."""
-    attn_implementation: Literal["sdpa", "eager"] = "sdpa"
+    attn_implementation: Literal["sdpa", "eager"] = role("recipe", default="sdpa")
     """Attention kernel: sdpa (PyTorch scaled_dot_product_attention) or eager (plain softmax; faster under
     bf16 autocast on CPU, where SDPA's CPU kernel computes in fp32; see BENCHMARKS.md)."""
-    fused_qkv: bool = LNBertConfig.fused_qkv
+    fused_qkv: bool = role("recipe", default=LNBertConfig.fused_qkv)
     """Compute Q, K, V with one GEMM (same parameters and names; equal within float rounding). A few % faster
     under bf16 (BENCHMARKS.md); off by default so Post-LN stays op-for-op Hugging Face BERT."""
 
@@ -147,23 +148,23 @@ class ModelConfig:
 class OptimConfig:
     """AdamW and the learning-rate schedule (weight decay never applies to LayerNorm parameters or biases)."""
 
-    lr: float = 1e-3
+    lr: float = role("recipe", default=1e-3)
     """Peak learning rate (paper: Post-LN 1e-4, Pre-LN 3e-4 for BERT-base)."""
-    warmup_steps: int | None = None
+    warmup_steps: int | None = role("recipe", default=None)
     """Linear warm-up length in optimizer steps; null: use warmup_fraction. Paper: Post-LN 10000, Pre-LN 0."""
-    warmup_fraction: float = 0.0
+    warmup_fraction: float = role("recipe", default=0.0)
     """Warm-up as a fraction of train.max_steps, used when warmup_steps is null."""
-    scheduler: str = "linear"
+    scheduler: str = role("recipe", default="linear")
     """Any transformers.get_scheduler name: linear, cosine, constant_with_warmup, inverse_sqrt, ..."""
-    betas: tuple[float, float] = (0.9, 0.999)
+    betas: tuple[float, float] = role("recipe", default=(0.9, 0.999))
     """AdamW (beta1, beta2) (BERT: 0.9, 0.999)."""
-    eps: float = 1e-6
+    eps: float = role("recipe", default=1e-6)
     """AdamW epsilon (BERT: 1e-6)."""
-    weight_decay: float = 0.01
+    weight_decay: float = role("recipe", default=0.01)
     """Decoupled weight decay on weight matrices and embeddings (BERT: 0.01)."""
-    max_grad_norm: float = 1.0
+    max_grad_norm: float = role("recipe", default=1.0)
     """Clip the total gradient norm to this value; 0 disables clipping (the norm is still logged)."""
-    implementation: Literal["auto", "fused", "foreach", "for_loop"] = "auto"
+    implementation: Literal["auto", "fused", "foreach", "for_loop"] = role("run", default="auto")
     """AdamW kernel: auto (fused on CUDA; PyTorch's choice, the for_loop, on CPU), fused (one kernel; CUDA and
     CPU, the fastest on both, BENCHMARKS.md), foreach, or for_loop (the reference loop)."""
 
@@ -192,59 +193,59 @@ class OptimConfig:
 class TrainConfig:
     """The loop: steps, batch, precision, evaluation, checkpoints, snapshots, resume."""
 
-    output_dir: str = ""
+    output_dir: str = role("mechanics", default="")
     """Run directory (layout: docs/run_layout.md); empty: runs/<run_name>."""
-    run_name: str = ""
+    run_name: str = role("run", default="")
     """Name of the run in status.json, snapshots and trackers; empty: lnbert-<norm_placement>."""
-    seed: int = 0
+    seed: int = role("run", default=0)
     """Seed for initialisation, data order, masking and dropout."""
-    max_steps: int = 300
+    max_steps: int = role("limit", default=300)
     """Optimizer steps in the whole run; the LR schedule spans exactly these steps (BERT: 1000000)."""
-    stop_at_step: int | None = None
+    stop_at_step: int | None = role("cadence", default=None)
     """Stop cleanly (checkpoint, status preempted) at this step without changing the schedule; null: never.
     For splitting a long run into jobs: resume with --train.resume=auto."""
-    per_device_batch_size: int = 32
+    per_device_batch_size: int = role("run", default=32)
     """Sequences per device per micro-batch. Global batch = this x processes x gradient_accumulation_steps."""
-    gradient_accumulation_steps: int = 1
+    gradient_accumulation_steps: int = role("run", default=1)
     """Micro-batches per optimizer step (through accelerator.accumulate)."""
-    mixed_precision: Literal["no", "bf16", "fp16", "auto"] = "no"
+    mixed_precision: Literal["no", "bf16", "fp16", "auto"] = role("recipe", default="no")
     """Autocast precision; fp16 needs a GPU (it uses a loss scaler); auto: bf16 where the hardware computes it
     natively (a CUDA GPU with bf16; a CPU with AVX512-BF16 or AMX), else no (fp32: emulated bf16 is several times
     slower). Resolved at the start, and run_config.json records the result."""
-    max_skipped_steps: int = 25
+    max_skipped_steps: int = role("limit", default=25)
     """fp16: steps in a row whose gradients may overflow (the loss scaler skips each and halves its scale; routine
     in the first steps) before the run is called diverged. A non-finite loss is divergence at once."""
-    eval_every: int = 100
+    eval_every: int = role("cadence", default=100)
     """Evaluate on the validation split every this many steps (and at the end); 0: only at the end."""
-    eval_batches: int = 10
+    eval_batches: int = role("cadence", default=10)
     """Validation batches per evaluation (per process); 0: the whole validation split."""
-    log_every: int = 10
+    log_every: int = role("cadence", default=10)
     """Log training metrics (incl. per-layer gradient norms) every this many steps."""
-    checkpoint_every: int = 100
+    checkpoint_every: int = role("cadence", default=100)
     """Save a full resumable checkpoint every this many steps (and at the end); 0: only at the end."""
-    keep_last_checkpoints: int = 2
+    keep_last_checkpoints: int = role("cadence", default=2)
     """Number of full checkpoints kept (oldest deleted first); at least 1."""
-    snapshot_every: int = 0
+    snapshot_every: int = role("cadence", default=0)
     """Save a weights-only snapshot every this many steps; 0: none on a fixed interval."""
-    snapshot_steps: list[int] = field(default_factory=list)
+    snapshot_steps: list[int] = role("cadence", default_factory=list)
     """Extra steps at which to save weights-only snapshots, e.g. log-spaced [1000, 3000, 10000, ...]."""
-    snapshot_at_start: bool = True
+    snapshot_at_start: bool = role("cadence", default=True)
     """Save a snapshot of the initial weights (step 0)."""
-    snapshot_at_end: bool = True
+    snapshot_at_end: bool = role("cadence", default=True)
     """Save a snapshot of the final weights when the run finishes."""
-    num_workers: int = 0
+    num_workers: int = role("mechanics", default=0)
     """DataLoader worker processes (0: load in the main process)."""
-    compile: bool = False
+    compile: bool = role("run", default=False)
     """torch.compile the model (inductor, through Accelerate's dynamo plugin, after the DDP wrap); not with
     DeepSpeed."""
-    resume: str = ""
+    resume: str = role("mechanics", default="")
     """Empty: start a new run (output_dir must not hold another one); auto: continue from the latest complete
     checkpoint in output_dir; or a path to a checkpoint folder (e.g. of a shorter-sequence phase)."""
-    collective_timeout_s: int = 1800
+    collective_timeout_s: int = role("limit", default=1800)
     """Seconds a process waits for the others at a collective (all-reduce, barrier) before the run fails with a
     message naming this key: a frozen or lost process stops the run instead of blocking it forever. Must cover
     the slowest wait: the main process preparing data (first run) or writing a checkpoint."""
-    peak_flops_per_device: float | None = None
+    peak_flops_per_device: float | None = role("mechanics", default=None)
     """Peak FLOP/s of one device for train/mfu; null: the data sheet's dense figure for the GPU's name at the
     run's precision (pretrain/hardware.py; the matched entry is printed at the start; 0 on a CPU or an unknown
     card); 0 disables MFU."""
@@ -278,22 +279,22 @@ class TrainConfig:
 class TrackingConfig:
     """Experiment tracking through Accelerate's trackers; RUN/metrics.jsonl is always written as well."""
 
-    backend: Literal["none", "wandb", "tensorboard"] = "none"
+    backend: Literal["none", "wandb", "tensorboard"] = role("tracking", default="none")
     """Tracker: wandb, tensorboard (into RUN/tensorboard) or none (metrics.jsonl only)."""
-    project: str = "lnbert"
+    project: str = role("tracking", default="lnbert")
     """W&B project / TensorBoard run group."""
-    run_name: str = ""
+    run_name: str = role("tracking", default="")
     """Name shown in the tracker; empty: train.run_name."""
-    comparison: str = ""
+    comparison: str = role("tracking", default="")
     """The comparison this run belongs to (e.g. bert-base-placements): a W&B tag and the config key
     ``comparison`` that the dashboard (python -m finetune.dashboard) filters on. Give every run of a comparison
     (both placements, all seeds) the same value."""
-    group: str = ""
+    group: str = role("tracking", default="")
     """W&B group; empty (recommended): {comparison}-{placement}-{recipe hash}, so a group pools only seeds of one
     placement and recipe. W&B draws a group as one mean line: never put two placements in one group."""
-    tags: list[str] = field(default_factory=list)
+    tags: list[str] = role("tracking", default_factory=list)
     """Extra W&B tags; the norm placement and the comparison are always added."""
-    wandb_mode: Literal["online", "offline", "disabled"] = "online"
+    wandb_mode: Literal["online", "offline", "disabled"] = role("tracking", default="online")
     """W&B mode; offline writes RUN/wandb/offline-run-* for `wandb sync` later (the WANDB_MODE env var wins)."""
 
     def __post_init__(self) -> None:
@@ -314,7 +315,7 @@ class PretrainConfig:
     data: DataConfig = field(
         default_factory=lambda: DataConfig(vocab_size=2048, max_seq_length=64, validation_fraction=0.02)
     )
-    """Corpus, tokenizer, NSP/MLM instance creation (pretrain/data.py)."""
+    """Corpus, tokenizer, NSP/MLM instance creation (pretrain/data_config.py; the pipeline: pretrain/data.py)."""
     optim: OptimConfig = field(default_factory=OptimConfig)
     """Optimizer and learning-rate schedule."""
     train: TrainConfig = field(default_factory=TrainConfig)
@@ -349,45 +350,15 @@ class PretrainConfig:
             )
 
 
-# Fields that may change between a run and its resumption without making it "another run" (plus every
-# tracking.* field: where the metrics are shown does not change the run).
-RESUMABLE_CHANGES = frozenset(
-    {
-        "train.output_dir",  # the same directory, perhaps written relative to another working directory
-        "train.resume",
-        "train.max_steps",
-        "train.stop_at_step",
-        "train.eval_every",
-        "train.eval_batches",
-        "train.log_every",
-        "train.checkpoint_every",
-        "train.keep_last_checkpoints",
-        "train.snapshot_every",
-        "train.snapshot_steps",
-        "train.snapshot_at_start",
-        "train.snapshot_at_end",
-        "train.num_workers",
-        "train.peak_flops_per_device",
-        "train.collective_timeout_s",
-        "train.max_skipped_steps",
-        "data.num_proc",
-        "data.cache_dir",
-        "data.max_inline_preparation_mb",
-    }
-)
+# The lists of fields that resume and the W&B recipe read, derived from each field's role (pretrain/roles.py).
+# Keys that may change between a run and its resumption without making it "another run" (limit, cadence and
+# mechanics fields; the tracking section is left out whole: where the metrics are shown does not change the run).
+RESUMABLE_CHANGES = keys_where(PretrainConfig, lambda rules: rules.resumable)
 
-
-# Fields added after runs existed, whose defaults compute what runs without them computed: a run_config.json
-# without them is read as having their defaults, and at their defaults they stay out of the W&B recipe hash, so
-# runs started before they existed resume and keep their recipe hash.
-ADDED_FIELD_DEFAULTS = {
-    f"model.{key}": getattr(ModelConfig(), key)
-    for key in (
-        "norm_type", "qk_norm", "dyt_alpha_init", "mix_ln_post_layers", "admin_omega", "admin_learnable_omega",
-        "b2t_rescale_init", "hybrid_first_pre_norm", "normformer_head_scale", "normformer_attn_norm",
-        "normformer_ffn_norm", "normformer_resid_scale",
-    )
-}  # fmt: skip
+# Fields added after runs existed (role(..., added=True)), whose defaults compute what runs without them computed:
+# a run_config.json without them is read as having their defaults, and at their defaults they stay out of the W&B
+# recipe hash, so runs started before they existed resume and keep their recipe hash.
+ADDED_FIELD_DEFAULTS = added_defaults(PretrainConfig)
 
 
 # --------------------------------------------------------------------------------------------------

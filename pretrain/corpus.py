@@ -23,21 +23,19 @@ import re
 import sys
 import sysconfig
 from collections.abc import Iterator
-from dataclasses import dataclass
 from functools import partial
 from itertools import islice
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import datasets
 import numpy as np
 
-if TYPE_CHECKING:
-    from pretrain.data import DataConfig
+from pretrain.data_config import SOURCE_KINDS as SOURCE_KINDS  # the config's leaf module; kept importable here
+from pretrain.data_config import DataConfig, SourceConfig
 
 logger = logging.getLogger(__name__)
 
-SOURCE_KINDS: tuple[str, ...] = ("hub", "json", "parquet", "text", "python_docs")
 LOCAL_SUFFIXES: dict[str, tuple[str, ...]] = {
     "json": (".json", ".jsonl", ".json.gz", ".jsonl.gz"),
     "parquet": (".parquet",),
@@ -46,51 +44,6 @@ LOCAL_SUFFIXES: dict[str, tuple[str, ...]] = {
 DOCUMENT_FEATURES = datasets.Features({"text": datasets.Value("string"), "source": datasets.Value("int16")})
 # Held-out documents of a streamed corpus of unknown size without max_documents or validation_documents.
 STREAMING_VALIDATION_DOCUMENTS = 1000
-
-
-@dataclass(kw_only=True)
-class SourceConfig:
-    """One corpus source."""
-
-    kind: str = "python_docs"
-    """"hub" (``datasets.load_dataset(path, name, split=split)``), "json" (JSON Lines), "parquet", "text"
-    (plain text: documents separated by blank lines, one sentence or paragraph per line, as original BERT's
-    input files) or "python_docs" (English documentation shipped with the Python interpreter; no download)."""
-    path: str = ""
-    """Hub dataset name (e.g. "wikipedia"), or a local file, glob or folder for json|parquet|text."""
-    name: str | None = None
-    """Hub dataset configuration name (e.g. "20220301.en"); only for kind "hub"."""
-    split: str = "train"
-    """Hub split to read; only for kind "hub" (local files form one split)."""
-    text_column: str = "text"
-    """Column holding the document text (json, parquet, hub)."""
-    weight: float = 1.0
-    """Relative share of source i in the mixture, counted in documents or in words (``data.weight_by``):
-    documents are drawn from the sources at random in that proportion until the first source runs out (no
-    document is repeated). Original BERT's corpus: 2.5B words of Wikipedia, 0.8B of BookCorpus."""
-    rows_per_document: int = 1
-    """Consecutive rows joined (one per line) into one document. 1: every row is a document (articles). A
-    corpus stored one sentence per row in reading order (bookcorpus/bookcorpus) needs more, or every
-    "document" is one sentence and next-sentence prediction has no real next sentence to learn from."""
-
-    def __post_init__(self) -> None:
-        if self.kind not in SOURCE_KINDS:
-            raise ValueError(f"data.sources[].kind={self.kind!r} is unknown; must be one of {', '.join(SOURCE_KINDS)}")
-        if self.kind != "python_docs" and not self.path:
-            raise ValueError(f"data.sources[].path is required for kind {self.kind!r} (a Hub dataset name or a file)")
-        if not (self.weight > 0 and np.isfinite(self.weight)):
-            raise ValueError(f"data.sources[].weight={self.weight} must be a positive number")
-        if self.kind != "hub" and (self.name is not None or self.split != "train"):
-            raise ValueError(
-                f"data.sources[].name/split only apply to kind 'hub' (got kind {self.kind!r}, name={self.name!r}, "
-                f"split={self.split!r}); local files form one split: point path at the files of the split you want"
-            )
-        if self.kind == "python_docs" and self.path:
-            raise ValueError(f"data.sources[].path={self.path!r} is not used by kind 'python_docs'; remove it")
-        if not self.text_column:
-            raise ValueError("data.sources[].text_column must name the column holding the text (e.g. 'text')")
-        if self.rows_per_document < 1:
-            raise ValueError(f"data.sources[].rows_per_document={self.rows_per_document} must be >= 1")
 
 
 # ----------------------------------------------------------------------------------------------------------------------

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 from transformers import BertConfig, BertForPreTraining
 
-from pretrain.cache import atomic_dir
+from pretrain.atomic import atomic_dir
 from pretrain.cli import parse, run_cli
 from pretrain.manifest import MANIFEST_FILE, verify_manifest
 from pretrain.modeling import LNBertConfig, LNBertForPreTraining

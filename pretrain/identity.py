@@ -11,11 +11,11 @@ changes when the folder moves nor matches another run's).
 from __future__ import annotations
 
 import hashlib
-import os
 import time
 import uuid
 from pathlib import Path
 
+from pretrain.atomic import write_once
 from pretrain.layout import RUN_CONFIG_FILE
 
 RUN_ID_FILE = "run_id"
@@ -28,16 +28,7 @@ def new_run_id() -> str:
 
 def ensure_run_id(run_dir: str | Path) -> str:
     """The run's id; written now if the folder has none (a resumed run keeps the id it started with)."""
-    path = Path(run_dir) / RUN_ID_FILE
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{RUN_ID_FILE}.{os.getpid()}.tmp")
-    tmp.write_text(new_run_id() + "\n")
-    try:
-        os.link(tmp, path)  # create-if-absent in one step: two processes starting at once agree on one id
-    except FileExistsError:
-        pass
-    finally:
-        tmp.unlink()
+    write_once(Path(run_dir) / RUN_ID_FILE, new_run_id() + "\n")  # two processes starting at once agree on one id
     return read_run_id(run_dir)
 
 

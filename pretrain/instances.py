@@ -22,7 +22,6 @@ import hashlib
 import json
 import logging
 import multiprocessing
-import os
 import random
 import re
 import shutil
@@ -33,7 +32,7 @@ from dataclasses import dataclass
 from functools import partial
 from itertools import chain
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import datasets
 import pyarrow.compute as pc
@@ -42,16 +41,15 @@ from tokenizers import Tokenizer
 from tqdm.auto import tqdm
 from transformers import PreTrainedTokenizerFast
 
+from pretrain.atomic import publish_dir, write_json, writing
 from pretrain.cache import CACHE_FORMAT_VERSION, content_hash, exclusive_lock
 from pretrain.corpus import source_fingerprint
-from pretrain.layout import write_json_atomic
-
-if TYPE_CHECKING:
-    from pretrain.data import DataConfig
+from pretrain.data_config import OBJECTIVES as OBJECTIVES  # the config's leaf module; kept importable here
+from pretrain.data_config import DataConfig
+from pretrain.roles import not_keyed_in
 
 logger = logging.getLogger(__name__)
 
-OBJECTIVES: tuple[str, ...] = ("mlm_nsp", "mlm")
 # Documents per unit of instance creation (and pool for random next segments). Part of the cache key.
 DOCS_PER_CHUNK = 256
 # instance_id = chunk_index << ID_SHIFT | position in chunk; validation chunks are offset by VALIDATION_ID_OFFSET.
@@ -379,10 +377,11 @@ def stream_instances(
 # The instance cache
 # ----------------------------------------------------------------------------------------------------------------------
 
-# DataConfig fields that do not change the instances: masking is dynamic, the rest are mechanics, and the
-# tokenizer's name (it enters the key by content, so a run handed a trained tokenizer's folder reuses its instances).
-_FIELDS_NOT_IN_KEY = {"mlm_probability", "cache_dir", "num_proc", "streaming", "shuffle_buffer_size", "tokenizer",
-                      "max_inline_preparation_mb"}  # fmt: skip
+# DataConfig fields that do not change the instances (not keyed_in "instances", pretrain/data_config.py): masking
+# and the shuffle buffer act on batches, the rest are mechanics, ``streaming`` (a streamed corpus is never cached),
+# and the tokenizer's name (it enters the key by content, so a run handed a trained tokenizer's folder reuses its
+# instances).
+_FIELDS_NOT_IN_KEY = not_keyed_in(DataConfig, "instances")
 
 
 def data_cache_key(cfg: DataConfig, tokenizer: PreTrainedTokenizerFast, *, seed: int) -> str:
@@ -462,29 +461,24 @@ def _write_shard(
     tokenizer.no_truncation()
     tokenizer.no_padding()
     stats: dict[int, SourceStats] = {}
-    tmp = path.with_name(f"{path.name}.tmp-{uuid.uuid4().hex[:8]}")
-    try:
-        with ArrowWriter(features=instance_features(cfg.objective), path=str(tmp)) as writer:
-            for k, batch in enumerate(docs.iter(batch_size=DOCS_PER_CHUNK)):
-                out = _empty_columns(cfg.objective)
-                with _gc_paused():
-                    _add_chunk_instances(
-                        out,
-                        batch["text"],
-                        first_chunk + k,
-                        tokenizer=tokenizer,
-                        cfg=cfg,
-                        seed=seed,
-                        part=part,
-                        sources=batch["source"],
-                        stats=stats,
-                    )
-                writer.write_batch(out)
-            writer.finalize()
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-    write_json_atomic(path.with_suffix(".json"), {str(k): dataclasses.asdict(v) for k, v in sorted(stats.items())})
+    with writing(path) as tmp, ArrowWriter(features=instance_features(cfg.objective), path=str(tmp)) as writer:
+        for k, batch in enumerate(docs.iter(batch_size=DOCS_PER_CHUNK)):
+            out = _empty_columns(cfg.objective)
+            with _gc_paused():
+                _add_chunk_instances(
+                    out,
+                    batch["text"],
+                    first_chunk + k,
+                    tokenizer=tokenizer,
+                    cfg=cfg,
+                    seed=seed,
+                    part=part,
+                    sources=batch["source"],
+                    stats=stats,
+                )
+            writer.write_batch(out)
+        writer.finalize()
+    write_json(path.with_suffix(".json"), {str(k): dataclasses.asdict(v) for k, v in sorted(stats.items())})
     return stats
 
 
@@ -577,7 +571,8 @@ def prepare_instances(
     for name in PARTS:
         if sum(s.document_tokens for s in stats[name].values()) == 0:
             raise ValueError(f"no {name} instances could be made: the {name} documents hold no tokens")
-    for leftover in partial_dir.glob("*/*.tmp-*"):  # from a killed attempt: every shard is finished now
+    # Temporary files of a killed attempt (every shard is finished now); NAME.tmp-XXXXXXXX: an older version's.
+    for leftover in [*partial_dir.glob("*/.*.tmp"), *partial_dir.glob("*/*.tmp-*")]:
         leftover.unlink(missing_ok=True)
     summary = {
         "config": {
@@ -590,12 +585,10 @@ def prepare_instances(
         **{name: _part_summary(partial_dir / name, stats[name], cfg.max_seq_length) for name in PARTS},
     }
     summary["disk_bytes"] = _disk_bytes(partial_dir)
-    write_json_atomic(partial_dir / SUMMARY_FILE, summary)
-    try:
-        os.replace(partial_dir, folder)
-    except OSError:  # another process (another node) finished the same preparation first; identical content
+    write_json(partial_dir / SUMMARY_FILE, summary)
+    if not publish_dir(partial_dir, folder):  # another process (another node) finished it first; identical content
         if not (folder / SUMMARY_FILE).is_file():
-            raise
+            raise FileExistsError(f"{folder} holds no {SUMMARY_FILE}: not a finished preparation; remove it")
         shutil.rmtree(partial_dir, ignore_errors=True)
     return summary
 

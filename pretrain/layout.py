@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import contextlib
 import datetime
 import json
-import os
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from pretrain.atomic import write_json
 
 SNAPSHOT_MARKER = "COMPLETE"
 SNAPSHOT_INFO = "snapshot.json"
@@ -28,28 +27,8 @@ def step_dirname(step: int) -> str:
     return f"step_{step:08d}"
 
 
-def current_umask() -> int:
-    mask = os.umask(0o022)  # the only way to read it is to set it; put it back at once
-    os.umask(mask)
-    return mask
-
-
-def write_json_atomic(path: Path, payload: Any) -> None:
-    """Write JSON so that a reader never sees a half-written file (write to a temp file, then rename)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.fchmod(fd, 0o666 & ~current_umask())  # mkstemp creates 0600; colleagues on the cluster must read it
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(payload, f, indent=2, sort_keys=True, default=str)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:  # e.g. the disk is full: leave no partial temp file behind
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+# The name run files are written by elsewhere (run.py, analysis, tests); the one implementation is pretrain/atomic.py.
+write_json_atomic = write_json
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ import hashlib
 import json
 from pathlib import Path
 
-from pretrain.layout import write_json_atomic
+from pretrain.atomic import write_json
 
 MANIFEST_FILE = "manifest.json"
 _CHUNK = 1 << 24
@@ -42,7 +42,7 @@ def write_manifest(folder: Path) -> None:
     files = {
         p.relative_to(folder).as_posix(): {"size": p.stat().st_size, "sha256": sha256_file(p)} for p in _listed_files(folder)
     }
-    write_json_atomic(folder / MANIFEST_FILE, {"files": files})
+    write_json(folder / MANIFEST_FILE, {"files": files})
 
 
 def verify_manifest(folder: Path) -> None:

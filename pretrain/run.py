@@ -82,6 +82,7 @@ from pretrain.layout import (
 from pretrain.modeling import LNBertForPreTraining
 from pretrain.optim import build_adamw, resolve_adamw_implementation
 from pretrain.prepare import data_report, prepare_command
+from pretrain.roles import not_keyed_in
 from pretrain.tracking import (
     clip_coefficient,
     init_trackers,
@@ -292,7 +293,7 @@ def check_one_vocabulary(accelerator: Accelerator, tokenizer: Any) -> None:
 def data_fingerprint(cfg: PretrainConfig, num_processes: int, tokenizer: Any) -> str:
     """What fixes the sequence of batches: data config, vocabulary, seed, batch size, processes (a position is
     only meaningful for the same sequence). The vocabulary counts, not the tokenizer's name or folder."""
-    mechanics = ("num_proc", "cache_dir", "tokenizer", "max_inline_preparation_mb")
+    mechanics = not_keyed_in(type(cfg.data), "batches")  # pretrain/data_config.py: keyed_in
     data = {k: v for k, v in to_dict(cfg.data).items() if k not in mechanics}
     vocab = hashlib.sha256(json.dumps(tokenizer.get_vocab(), sort_keys=True).encode()).hexdigest()
     key = [data, vocab, cfg.train.seed, cfg.train.per_device_batch_size, num_processes]

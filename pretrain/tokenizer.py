@@ -9,21 +9,18 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator
 from itertools import islice
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 from transformers import AutoTokenizer, BertTokenizerFast, PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
-from pretrain.cache import CACHE_FORMAT_VERSION, atomic_dir, content_hash
+from pretrain.atomic import atomic_dir
+from pretrain.cache import CACHE_FORMAT_VERSION, content_hash
 from pretrain.corpus import document_texts, load_documents, source_fingerprint, split_documents
-
-if TYPE_CHECKING:
-    from pretrain.data import DataConfig
+from pretrain.data_config import MIN_PLAUSIBLE_VOCAB, DataConfig
+from pretrain.roles import keyed_in
 
 # Order fixes the ids of a trained tokenizer: [PAD]=0, [UNK]=1, [CLS]=2, [SEP]=3, [MASK]=4.
 SPECIAL_TOKENS: tuple[str, ...] = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
-# A tokenizer this small is a loading accident (transformers 5 can return a ~5-token stub), not a vocabulary.
-MIN_PLAUSIBLE_VOCAB = 100
 
 
 def train_wordpiece_tokenizer(texts: Iterable[str], *, vocab_size: int, lowercase: bool = True) -> BertTokenizerFast:
@@ -77,15 +74,15 @@ def _load_named_tokenizer(name: str) -> PreTrainedTokenizerFast:
         ) from e
 
 
-# DataConfig fields a trained tokenizer depends on (besides the sources and the seed, which pick the documents).
-_TOKENIZER_KEY_FIELDS = ("vocab_size", "lowercase", "weight_by", "validation_fraction", "validation_documents",
-                         "max_documents", "tokenizer_train_documents", "streaming")  # fmt: skip
+# DataConfig fields a trained tokenizer depends on (keyed_in "tokenizer", pretrain/data_config.py): the sources (by
+# their content's fingerprint) and the fields that pick the training documents or shape the vocabulary.
+_TOKENIZER_KEY_FIELDS = keyed_in(DataConfig, "tokenizer")
 
 
 def _tokenizer_cache_key(cfg: DataConfig, seed: int) -> str:
-    sources = [source_fingerprint(s, i) for i, s in enumerate(cfg.sources)]
     fields = {k: getattr(cfg, k) for k in _TOKENIZER_KEY_FIELDS}
-    return content_hash({"version": CACHE_FORMAT_VERSION, "sources": sources, "seed": seed, **fields})
+    fields["sources"] = [source_fingerprint(s, i) for i, s in enumerate(cfg.sources)]
+    return content_hash({"version": CACHE_FORMAT_VERSION, "seed": seed, **fields})
 
 
 def trained_tokenizer_dir(cfg: DataConfig, seed: int) -> Path:

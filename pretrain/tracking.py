@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +10,7 @@ import torch
 from accelerate import Accelerator
 from torch import nn
 
+from pretrain.atomic import write_text
 from pretrain.config import PretrainConfig, flatten, to_dict
 from pretrain.layout import METRICS_FILE, read_metrics
 from pretrain.wandb_logging import (
@@ -143,9 +143,7 @@ def rewind_metrics(run_dir: Path, step: int) -> dict[str, float]:
     path = Path(run_dir) / METRICS_FILE
     rows = [row for row in read_metrics(run_dir) if row.get("step", 0) <= step]
     if path.is_file():
-        tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_text("".join(json.dumps(row, sort_keys=True) + "\n" for row in rows))
-        os.replace(tmp, path)
+        write_text(path, "".join(json.dumps(row, sort_keys=True) + "\n" for row in rows))
     evaluations = [row for row in rows if any(k.startswith("val/") for k in row)]
     return {k: v for k, v in evaluations[-1].items() if k.startswith("val/")} if evaluations else {}
 

@@ -1,0 +1,183 @@
+"""Atomic writes, the project's one implementation: a reader, a kill or a full disk never leaves half a file or half
+a folder where the finished one belongs, and what is written gets the permissions the umask gives (0666 or 0777
+less the umask), so colleagues on a cluster can read it.
+
+    write_text(path, text), write_bytes(path, data), write_json(path, payload)   replace a file
+    writing(path)              a temporary file beside ``path`` for any writer (a library, a stream), then renamed
+    write_once(path, data)     create ``path`` unless it exists: the first writer wins, the file never changes
+    atomic_dir(final)          a temporary folder to write ``final`` in, then renamed into place (publish_dir)
+    follow_umask(folder)       the umask's mode for every file under a folder (mkstemp, used by libraries, gives 0600)
+
+A file goes through a temporary file beside it (``.NAME.XXXXXXXX.tmp``, a unique name from mkstemp, so threads,
+processes and hosts never share one), which is written, fsync'ed, given the umask's mode and then renamed over
+the target (or hard-linked to it, for create-once). A failure removes the temporary file and leaves the target as
+it was. Both steps are atomic on local file systems, NFS and Lustre.
+
+This module imports nothing but the standard library, and nothing of the project: launch/gpu_check.py loads it by
+its path, without importing the pretrain package (whose __init__ imports torch).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import tempfile
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "atomic_dir",
+    "current_umask",
+    "follow_umask",
+    "publish_dir",
+    "write_bytes",
+    "write_json",
+    "write_once",
+    "write_text",
+    "writing",
+]
+
+
+def current_umask() -> int:
+    mask = os.umask(0o022)  # the only way to read it is to set it; put it back at once
+    os.umask(mask)
+    return mask
+
+
+def follow_umask(folder: str | Path) -> None:
+    """Give every file under ``folder`` the mode the user's umask asks for: libraries that write through
+    mkstemp (transformers' save_pretrained) create 0600 files that colleagues on a cluster cannot read."""
+    mode = 0o666 & ~current_umask()
+    for path in Path(folder).rglob("*"):
+        if path.is_file():
+            path.chmod(mode)
+
+
+# --------------------------------------------------------------------------------------------------
+# Files
+# --------------------------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def _temporary(path: Path) -> Iterator[Path]:
+    """An empty temporary file beside ``path``, removed when the block ends (if it is still there)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        yield Path(name)
+    finally:
+        Path(name).unlink(missing_ok=True)
+
+
+def _seal(tmp: Path) -> None:
+    """The umask's mode (mkstemp creates 0600) and the bytes on disk before the file takes its name."""
+    fd = os.open(tmp, os.O_RDONLY)
+    try:
+        os.fchmod(fd, 0o666 & ~current_umask())
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def writing(path: str | Path) -> Iterator[Path]:
+    """A temporary path beside ``path`` for the block to write (by any means: a library given the path, a stream);
+    when the block ends without an error it is fsync'ed, given the umask's mode and renamed to ``path``. On an
+    error it is removed and ``path`` stays as it was."""
+    path = Path(path)
+    with _temporary(path) as tmp:
+        yield tmp
+        _seal(tmp)
+        os.replace(tmp, path)
+
+
+def write_bytes(path: str | Path, data: bytes) -> None:
+    """Replace ``path`` atomically: readers see the old file or the new one, never half of one."""
+    with writing(path) as tmp:
+        tmp.write_bytes(data)
+
+
+def write_text(path: str | Path, text: str) -> None:
+    """Replace ``path`` atomically with ``text`` (UTF-8)."""
+    write_bytes(path, text.encode("utf-8"))
+
+
+def write_json(
+    path: str | Path, payload: Any, *, indent: int = 2, sort_keys: bool = True, default: Callable | None = str
+) -> None:
+    """Replace ``path`` atomically with ``payload`` as JSON (``json.dump``'s ``indent``, ``sort_keys``, ``default``)."""
+    with writing(path) as tmp, tmp.open("w", encoding="utf-8") as f:
+        json.dump(payload, f, indent=indent, sort_keys=sort_keys, default=default)
+
+
+def write_once(path: str | Path, data: str | bytes) -> bool:
+    """Create ``path`` with ``data`` unless it exists; False (and nothing written) if it already did.
+
+    A hard link from the finished temporary file: it fails if ``path`` exists, atomically on NFS and Lustre too, so
+    of two writers at once (two processes, two hosts) exactly one wins and the file never changes once there. On a
+    file system without hard links, a rename after a check (a rare race there lets the second copy replace the
+    first)."""
+    path = Path(path)
+    with _temporary(path) as tmp:
+        tmp.write_bytes(data.encode("utf-8") if isinstance(data, str) else data)
+        _seal(tmp)
+        try:
+            os.link(tmp, path)
+            return True
+        except FileExistsError:
+            return False
+        except OSError:
+            if path.exists():
+                return False
+            os.replace(tmp, path)
+            return True
+
+
+# --------------------------------------------------------------------------------------------------
+# Folders
+# --------------------------------------------------------------------------------------------------
+
+
+def publish_dir(tmp: str | Path, final: str | Path, *, replace: bool = False) -> bool:
+    """Rename the finished folder ``tmp`` to ``final`` (one atomic step: readers see no folder or all of it).
+
+    When ``final`` exists: ``replace=True`` swaps it out (renamed to a hidden ``.FINAL.old`` sibling, removed
+    after; a kill in between leaves no ``final``, and the ``.old`` for the caller's clean-up); ``replace=False``
+    keeps it (another process finished the same work first) and returns False, leaving ``tmp`` to the caller."""
+    tmp, final = Path(tmp), Path(final)
+    if replace and final.exists():
+        old = final.with_name(f".{final.name}.old")
+        shutil.rmtree(old, ignore_errors=True)
+        os.replace(final, old)
+        os.replace(tmp, final)
+        shutil.rmtree(old)
+        return True
+    try:
+        os.replace(tmp, final)  # onto an existing folder that is not empty, this fails: the first one stays
+    except OSError:
+        if not final.exists():
+            raise
+        return False
+    return True
+
+
+@contextlib.contextmanager
+def atomic_dir(final: str | Path) -> Iterator[Path]:
+    """A temporary sibling folder (``FINAL.tmp-XXXXXXXX``) for the block to write ``final`` in; when the block ends
+    without an error its files get the umask's mode and it is renamed to ``final``, so readers never see a
+    half-written folder and a kill leaves none. If ``final`` appeared meanwhile (another process finished the same
+    content first), it stays and the temporary folder is dropped."""
+    final = Path(final)
+    tmp = final.with_name(f"{final.name}.tmp-{uuid.uuid4().hex[:8]}")
+    tmp.mkdir(parents=True)
+    try:
+        yield tmp
+        follow_umask(tmp)
+        publish_dir(tmp, final)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)

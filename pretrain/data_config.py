@@ -1,0 +1,151 @@
+"""The data config: what the data pipeline reads, and the checks that keep its values sound.
+
+A leaf of the data pipeline: the stages (``corpus``, ``tokenizer``, ``instances``) and ``data`` import their config
+from here, and it imports none of them, so they import each other in one direction only. The constants that the
+checks need (the source kinds, the objectives, the smallest plausible vocabulary) live here for the same reason;
+the stages re-export them under their old names. Each field declares its role and the data keys that hold its
+value (``role(...)``, pretrain/roles.py), from which the cache keys and the resume checks take their fields.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from pretrain.roles import role
+
+SOURCE_KINDS: tuple[str, ...] = ("hub", "json", "parquet", "text", "python_docs")
+WEIGHT_UNITS: tuple[str, ...] = ("documents", "words")
+OBJECTIVES: tuple[str, ...] = ("mlm_nsp", "mlm")
+# A tokenizer this small is a loading accident (transformers 5 can return a ~5-token stub), not a vocabulary.
+MIN_PLAUSIBLE_VOCAB = 100
+
+
+@dataclass(kw_only=True)
+class SourceConfig:
+    """One corpus source."""
+
+    kind: str = "python_docs"
+    """"hub" (``datasets.load_dataset(path, name, split=split)``), "json" (JSON Lines), "parquet", "text"
+    (plain text: documents separated by blank lines, one sentence or paragraph per line, as original BERT's
+    input files) or "python_docs" (English documentation shipped with the Python interpreter; no download)."""
+    path: str = ""
+    """Hub dataset name (e.g. "wikipedia"), or a local file, glob or folder for json|parquet|text."""
+    name: str | None = None
+    """Hub dataset configuration name (e.g. "20220301.en"); only for kind "hub"."""
+    split: str = "train"
+    """Hub split to read; only for kind "hub" (local files form one split)."""
+    text_column: str = "text"
+    """Column holding the document text (json, parquet, hub)."""
+    weight: float = 1.0
+    """Relative share of source i in the mixture, counted in documents or in words (``data.weight_by``):
+    documents are drawn from the sources at random in that proportion until the first source runs out (no
+    document is repeated). Original BERT's corpus: 2.5B words of Wikipedia, 0.8B of BookCorpus."""
+    rows_per_document: int = 1
+    """Consecutive rows joined (one per line) into one document. 1: every row is a document (articles). A
+    corpus stored one sentence per row in reading order (bookcorpus/bookcorpus) needs more, or every
+    "document" is one sentence and next-sentence prediction has no real next sentence to learn from."""
+
+    def __post_init__(self) -> None:
+        if self.kind not in SOURCE_KINDS:
+            raise ValueError(f"data.sources[].kind={self.kind!r} is unknown; must be one of {', '.join(SOURCE_KINDS)}")
+        if self.kind != "python_docs" and not self.path:
+            raise ValueError(f"data.sources[].path is required for kind {self.kind!r} (a Hub dataset name or a file)")
+        if not (self.weight > 0 and math.isfinite(self.weight)):
+            raise ValueError(f"data.sources[].weight={self.weight} must be a positive number")
+        if self.kind != "hub" and (self.name is not None or self.split != "train"):
+            raise ValueError(
+                f"data.sources[].name/split only apply to kind 'hub' (got kind {self.kind!r}, name={self.name!r}, "
+                f"split={self.split!r}); local files form one split: point path at the files of the split you want"
+            )
+        if self.kind == "python_docs" and self.path:
+            raise ValueError(f"data.sources[].path={self.path!r} is not used by kind 'python_docs'; remove it")
+        if not self.text_column:
+            raise ValueError("data.sources[].text_column must name the column holding the text (e.g. 'text')")
+        if self.rows_per_document < 1:
+            raise ValueError(f"data.sources[].rows_per_document={self.rows_per_document} must be >= 1")
+
+
+@dataclass(kw_only=True)
+class DataConfig:
+    """Corpus, tokenizer and instance creation for pretraining."""
+
+    sources: list[SourceConfig] = role(
+        "recipe", keyed_in=("tokenizer", "instances", "batches"), default_factory=lambda: [SourceConfig()]
+    )
+    """Corpus sources; several are mixed by weight."""
+    weight_by: str = role("recipe", keyed_in=("tokenizer", "instances", "batches"), default="documents")
+    """What the sources' weights count: "documents" (source i supplies weight_i / sum(weights) of the documents)
+    or "words" (of the words, estimated from a sample of each source's documents; what matches original BERT's
+    2.5B words of Wikipedia to 0.8B of BookCorpus whatever the sources' document lengths)."""
+    tokenizer: str | None = role("recipe", keyed_in=(), default=None)
+    """Hub name (e.g. "bert-base-uncased") or local folder; None: train WordPiece on the training documents.
+    WordPiece training is not bit-reproducible (tokenizers issue #1794: hash-map order breaks ties), so a trained
+    tokenizer is cached under cache_dir and saved with the run; to resume elsewhere, point this at RUN/tokenizer."""
+    vocab_size: int = role("recipe", keyed_in=("tokenizer", "instances", "batches"), default=30522)
+    """Vocabulary size of a trained tokenizer (ignored when ``tokenizer`` is set)."""
+    lowercase: bool = role("recipe", keyed_in=("tokenizer", "instances", "batches"), default=True)
+    """Lowercase and strip accents in a trained tokenizer, as bert-base-uncased (ignored when ``tokenizer`` is set)."""
+    max_seq_length: int = role("recipe", keyed_in=("instances", "batches"), default=128)
+    """Tokens per instance including [CLS]/[SEP]."""
+    objective: str = role("recipe", keyed_in=("instances", "batches"), default="mlm_nsp")
+    """"mlm_nsp" (BERT: segment pairs + next-sentence prediction) or "mlm" (full-length packed sequences, no NSP)."""
+    short_seq_prob: float = role("recipe", keyed_in=("instances", "batches"), default=0.1)
+    """Probability of a shorter random target length (BERT: lessens the pretrain/fine-tune length mismatch);
+    mlm_nsp only."""
+    nsp_random_prob: float = role("recipe", keyed_in=("instances", "batches"), default=0.5)
+    """Probability that segment B is a random segment from another document (next_sentence_label 1); mlm_nsp only."""
+    mlm_probability: float = role("recipe", keyed_in=("batches",), default=0.15)
+    """Share of the non-special tokens chosen for masked-LM prediction (used by MaskingCollator)."""
+    validation_fraction: float = role("recipe", keyed_in=("tokenizer", "instances", "batches"), default=0.005)
+    """Share of documents held out for validation, BY DOCUMENT (paper: 199:1); at least one document."""
+    validation_documents: int | None = role("recipe", keyed_in=("tokenizer", "instances", "batches"), default=None)
+    """Exact number of held-out documents; overrides ``validation_fraction``. In streaming mode, where the total
+    is unknown, the default is validation_fraction * max_documents, or 1000 documents without max_documents."""
+    max_documents: int | None = role("recipe", keyed_in=("tokenizer", "instances", "batches"), default=None)
+    """Cap on documents read from each source and from the mixture (small runs, tests)."""
+    tokenizer_train_documents: int = role("recipe", keyed_in=("tokenizer", "instances", "batches"), default=100_000)
+    """Cap on the training documents a WordPiece tokenizer is trained on."""
+    cache_dir: str = role("mechanics", keyed_in=(), default="runs/.cache/data")
+    """Where tokenised instances and trained tokenizers are cached (keyed by a hash of their inputs)."""
+    streaming: bool = role("recipe", keyed_in=("tokenizer", "batches"), default=False)
+    """Build training instances on the fly from a streamed corpus (larger than memory); validation is materialised."""
+    shuffle_buffer_size: int = role("recipe", keyed_in=("batches",), default=10_000)
+    """Documents in the shuffle buffer of a streamed corpus."""
+    num_proc: int = role("mechanics", keyed_in=(), default=1)
+    """Worker processes for tokenisation (the result does not depend on it)."""
+    max_inline_preparation_mb: float = role("limit", keyed_in=(), default=64.0)
+    """Largest corpus (MiB of local files) that a run of several processes prepares itself, its other processes
+    waiting at a barrier; a larger one (or a Hub dataset) must be prepared first with ``python -m
+    pretrain.prepare`` (the run stops with that command otherwise). 64 MiB take under two minutes at the data
+    path's ~0.6 MB/s per core (BENCHMARKS.md), far inside the barrier's timeout (NCCL: 10 minutes)."""
+
+    def __post_init__(self) -> None:
+        # Configs parsed from YAML arrive as dicts.
+        self.sources = [SourceConfig(**s) if isinstance(s, dict) else s for s in self.sources]
+        if not self.sources:
+            raise ValueError("data.sources must list at least one source (e.g. [{kind: python_docs}])")
+        if self.weight_by not in WEIGHT_UNITS:
+            raise ValueError(f"data.weight_by={self.weight_by!r} must be one of {', '.join(WEIGHT_UNITS)}")
+        if self.objective not in OBJECTIVES:
+            raise ValueError(f"data.objective={self.objective!r} must be one of {', '.join(OBJECTIVES)}")
+        if self.max_seq_length < 8:
+            raise ValueError(f"data.max_seq_length={self.max_seq_length} is too short; use at least 8 (BERT: 128/512)")
+        if self.vocab_size < MIN_PLAUSIBLE_VOCAB:
+            raise ValueError(f"data.vocab_size={self.vocab_size} must be at least {MIN_PLAUSIBLE_VOCAB}")
+        for key in ("short_seq_prob", "nsp_random_prob"):
+            if not 0.0 <= getattr(self, key) <= 1.0:
+                raise ValueError(f"data.{key}={getattr(self, key)} must be between 0 and 1")
+        if not 0.0 < self.mlm_probability < 1.0:
+            raise ValueError(f"data.mlm_probability={self.mlm_probability} must be in (0, 1) (BERT: 0.15)")
+        if not 0.0 < self.validation_fraction < 1.0:
+            raise ValueError(f"data.validation_fraction={self.validation_fraction} must be in (0, 1) (paper: 0.005)")
+        if self.validation_documents is not None and self.validation_documents < 1:
+            raise ValueError(f"data.validation_documents={self.validation_documents} must be >= 1 or null")
+        if self.max_documents is not None and self.max_documents < 2:
+            raise ValueError(f"data.max_documents={self.max_documents} must be >= 2 (one to train, one to validate)")
+        if not self.max_inline_preparation_mb >= 0:
+            raise ValueError(f"data.max_inline_preparation_mb={self.max_inline_preparation_mb} must be >= 0")
+        for key in ("tokenizer_train_documents", "shuffle_buffer_size", "num_proc"):
+            if getattr(self, key) < 1:
+                raise ValueError(f"data.{key}={getattr(self, key)} must be >= 1")

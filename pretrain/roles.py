@@ -1,0 +1,164 @@
+"""What each config field is for, declared once beside the field; every list of fields is derived from it.
+
+A field of the pretraining config is declared with :func:`role`::
+
+    seed: int = role("run", default=0)
+    max_seq_length: int = role("recipe", keyed_in=("instances", "batches"), default=128)
+
+The role says how a run treats the field:
+
+| role        | in the W&B recipe hash | may differ on resume (``--train.resume=auto``) | may differ on a plain rerun |
+|-------------|------------------------|------------------------------------------------|-----------------------------|
+| ``recipe``    | yes | no  | no  |
+| ``run``       | no  | no  | no  |
+| ``limit``     | yes | yes | no  |
+| ``cadence``   | no  | yes | no  |
+| ``mechanics`` | no  | yes | yes |
+| ``tracking``  | the whole ``tracking`` section is outside the run: never compared, never hashed |
+
+- recipe: what is learned (the model, the data, the optimizer, the precision).
+- run: this run of a recipe: its name, its seed, how the batch is split over devices, the kernels that compute it.
+  Changing one is another run of the same recipe (same W&B group).
+- limit: a bound a continued run may move (its length, the skipped fp16 steps tolerated, a wait's timeout, the
+  largest corpus prepared inline); part of the recipe hash, as it was before roles were declared.
+- cadence: how often a run evaluates, logs and saves, how many saves it keeps, and where it stops.
+- mechanics: where files go and how many workers do the work; never what is computed. The same command run again
+  with other mechanics continues the same run.
+- tracking: where the metrics are shown. ``checkpointing.config_differences`` leaves the whole section out (keys of
+  older runs included), so its fields are in no derived list.
+
+Data fields also say which keys hold their value (``keyed_in``): the trained tokenizer's cache key
+(``tokenizer``), the prepared instances' cache key (``instances``) and the fingerprint of the batch sequence that a
+resume checks (``batches``).
+
+``added=True`` marks a field added after runs existed, whose default computes what runs without it computed: a
+saved config without it reads as having the default, and at the default it stays out of the recipe hash.
+
+The lists derived from the declarations, where they are read:
+
+    config.RESUMABLE_CHANGES              rules.resumable        checkpointing.config_differences on resume
+    checkpointing.IDENTICAL_RUN_IGNORES   rules.rerun            the same command run again
+    wandb_logging._NOT_RECIPE             not rules.recipe       the W&B recipe hash (the group)
+    config.ADDED_FIELD_DEFAULTS           added                  old run_config.json files, the recipe hash
+    tokenizer._TOKENIZER_KEY_FIELDS       keyed_in "tokenizer"   the trained tokenizer's cache folder
+    instances._FIELDS_NOT_IN_KEY          not keyed_in "instances"   the prepared instances' cache folder
+    run.data_fingerprint                  not keyed_in "batches" the data position a resume checks
+
+A new field needs only its declaration; tests/test_roles.py fails for a field declared without a role (or a data
+field without ``keyed_in``), and pins the lists and the keys of existing runs.
+
+This module imports nothing of the project (the data config, a leaf of the data pipeline, uses it).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import MISSING, dataclass
+from typing import Any, Literal, get_args
+
+Role = Literal["recipe", "run", "limit", "cadence", "mechanics", "tracking"]
+DataKey = Literal["tokenizer", "instances", "batches"]
+
+
+@dataclass(frozen=True)
+class Rules:
+    """How a run treats the fields of one role."""
+
+    recipe: bool
+    """Part of the W&B recipe hash (wandb_logging.recipe)."""
+    resumable: bool
+    """May differ when the run is continued with --train.resume=auto (config.RESUMABLE_CHANGES)."""
+    rerun: bool
+    """May differ when the same command is run again in the same folder (checkpointing.IDENTICAL_RUN_IGNORES)."""
+
+
+RULES: dict[str, Rules] = {
+    "recipe": Rules(recipe=True, resumable=False, rerun=False),
+    "run": Rules(recipe=False, resumable=False, rerun=False),
+    "limit": Rules(recipe=True, resumable=True, rerun=False),
+    "cadence": Rules(recipe=False, resumable=True, rerun=False),
+    "mechanics": Rules(recipe=False, resumable=True, rerun=True),
+}
+ROLES: tuple[str, ...] = get_args(Role)
+DATA_KEYS: tuple[str, ...] = get_args(DataKey)
+
+
+def role(
+    name: Role,
+    *,
+    keyed_in: Iterable[DataKey] | None = None,
+    added: bool = False,
+    default: Any = MISSING,
+    default_factory: Any = MISSING,
+) -> Any:
+    """A dataclass field with its role (and, for a data field, the keys that hold its value)."""
+    if name not in ROLES:
+        raise ValueError(f"unknown role {name!r}; one of {', '.join(ROLES)}")
+    metadata: dict[str, Any] = {"role": name, "added": added}
+    if keyed_in is not None:
+        keys = frozenset(keyed_in)
+        if not keys <= set(DATA_KEYS):
+            raise ValueError(f"keyed_in={sorted(keys)} names an unknown key; the keys are {', '.join(DATA_KEYS)}")
+        metadata["keyed_in"] = keys
+    return dataclasses.field(default=default, default_factory=default_factory, metadata=metadata)
+
+
+def role_of(key: str, f: dataclasses.Field) -> str:
+    """The role of field ``f`` (dotted ``key``); a field declared without one is an error that says how to declare it."""
+    if "role" not in f.metadata:
+        raise TypeError(f"config field {key} has no role: declare it with pretrain.roles.role(ROLE, default=...)")
+    return f.metadata["role"]
+
+
+def leaf_fields(cls: type, prefix: str = "") -> Iterator[tuple[str, dataclasses.Field]]:
+    """``(dotted key, field)`` of every field of ``cls`` and of its sections (fields whose type is a dataclass)."""
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        key = f"{prefix}{f.name}"
+        if dataclasses.is_dataclass(hints[f.name]):
+            yield from leaf_fields(hints[f.name], f"{key}.")
+        else:
+            yield key, f
+
+
+def keys_where(cls: type, rule: Callable[[Rules], bool]) -> frozenset[str]:
+    """Dotted keys of the fields (sections included) whose role's rules satisfy ``rule``; tracking fields never."""
+    return frozenset(
+        key for key, f in leaf_fields(cls) if role_of(key, f) != "tracking" and rule(RULES[role_of(key, f)])
+    )
+
+
+def by_section(keys: Iterable[str]) -> dict[str, frozenset[str]]:
+    """``{"train.seed", "data.num_proc"}`` -> ``{"data": {"num_proc"}, "train": {"seed"}}``."""
+    sections: dict[str, set[str]] = {}
+    for key in keys:
+        section, _, name = key.rpartition(".")
+        sections.setdefault(section, set()).add(name)
+    return {section: frozenset(names) for section, names in sorted(sections.items())}
+
+
+def added_defaults(cls: type) -> dict[str, Any]:
+    """``{dotted key: default}`` of the fields marked ``added``."""
+    out = {}
+    for key, f in leaf_fields(cls):
+        if role_of(key, f) and f.metadata["added"]:
+            out[key] = f.default_factory() if f.default is MISSING else f.default
+    return out
+
+
+def keyed_in(cls: type, key: DataKey) -> frozenset[str]:
+    """The fields of the data config ``cls`` whose value the key ``key`` holds."""
+    names = set()
+    for f in dataclasses.fields(cls):
+        if "keyed_in" not in f.metadata:
+            raise TypeError(f"data field {f.name} does not say which keys hold it: declare role(..., keyed_in=(...))")
+        if key in f.metadata["keyed_in"]:
+            names.add(f.name)
+    return frozenset(names)
+
+
+def not_keyed_in(cls: type, key: DataKey) -> frozenset[str]:
+    """The fields of the data config ``cls`` that the key ``key`` leaves out."""
+    return frozenset(f.name for f in dataclasses.fields(cls)) - keyed_in(cls, key)

@@ -1,0 +1,168 @@
+"""Every config field declares its role (pretrain/roles.py), and the lists that resume, the data caches and the W&B
+recipe read are derived from the roles. The derived lists equal, literally, the lists that were kept by hand in
+five modules before (main at 936ac5e), and the keys computed from them are the same bytes: existing runs resume,
+find their cached tokenizer and instances, and keep their W&B group."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import pytest
+
+import pretrain.instances as instances
+import pretrain.tokenizer as tokenizer
+from pretrain import roles
+from pretrain.checkpointing import IDENTICAL_RUN_IGNORES
+from pretrain.config import ADDED_FIELD_DEFAULTS, RESUMABLE_CHANGES, PretrainConfig, to_dict
+from pretrain.data import DataConfig, SourceConfig
+from pretrain.run import data_fingerprint
+from pretrain.wandb_logging import _NOT_RECIPE, recipe, short_hash
+
+# --------------------------------------------------------------------------------------------------
+# The lists as they were written by hand before the roles (main at 936ac5e)
+# --------------------------------------------------------------------------------------------------
+
+RESUMABLE_CHANGES_BEFORE = {
+    "train.output_dir", "train.resume", "train.max_steps", "train.stop_at_step", "train.eval_every",
+    "train.eval_batches", "train.log_every", "train.checkpoint_every", "train.keep_last_checkpoints",
+    "train.snapshot_every", "train.snapshot_steps", "train.snapshot_at_start", "train.snapshot_at_end",
+    "train.num_workers", "train.peak_flops_per_device", "train.collective_timeout_s", "train.max_skipped_steps",
+    "data.num_proc", "data.cache_dir", "data.max_inline_preparation_mb",
+}  # fmt: skip
+IDENTICAL_RUN_IGNORES_BEFORE = {
+    "train.output_dir", "train.resume", "train.num_workers", "data.num_proc", "data.cache_dir",
+    "train.peak_flops_per_device",
+}  # fmt: skip
+FIELDS_NOT_IN_INSTANCE_KEY_BEFORE = {
+    "mlm_probability", "cache_dir", "num_proc", "streaming", "shuffle_buffer_size", "tokenizer",
+    "max_inline_preparation_mb",
+}  # fmt: skip
+# The sources were in the tokenizer's key before too (by fingerprint, added beside this list); now they are listed.
+TOKENIZER_KEY_FIELDS_BEFORE = {
+    "vocab_size", "lowercase", "weight_by", "validation_fraction", "validation_documents", "max_documents",
+    "tokenizer_train_documents", "streaming",
+}  # fmt: skip
+DATA_FINGERPRINT_LEFT_OUT_BEFORE = {"num_proc", "cache_dir", "tokenizer", "max_inline_preparation_mb"}
+NOT_RECIPE_BEFORE = {
+    "train": {"output_dir", "run_name", "seed", "resume", "stop_at_step", "num_workers", "eval_every", "eval_batches",
+              "log_every", "checkpoint_every", "keep_last_checkpoints", "snapshot_every", "snapshot_steps",
+              "snapshot_at_start", "snapshot_at_end", "compile", "peak_flops_per_device",
+              "per_device_batch_size", "gradient_accumulation_steps"},
+    "data": {"cache_dir", "num_proc"},
+    "optim": {"implementation"},
+}  # fmt: skip
+ADDED_FIELD_DEFAULTS_BEFORE = {
+    "model.norm_type": "layernorm", "model.qk_norm": False, "model.dyt_alpha_init": 0.5,
+    "model.mix_ln_post_layers": None, "model.admin_omega": None, "model.admin_learnable_omega": False,
+    "model.b2t_rescale_init": True, "model.hybrid_first_pre_norm": False, "model.normformer_head_scale": True,
+    "model.normformer_attn_norm": True, "model.normformer_ffn_norm": True, "model.normformer_resid_scale": False,
+}  # fmt: skip
+
+
+def test_the_derived_lists_equal_the_hand_kept_ones() -> None:
+    assert RESUMABLE_CHANGES == RESUMABLE_CHANGES_BEFORE
+    assert IDENTICAL_RUN_IGNORES == IDENTICAL_RUN_IGNORES_BEFORE
+    assert instances._FIELDS_NOT_IN_KEY == FIELDS_NOT_IN_INSTANCE_KEY_BEFORE
+    assert tokenizer._TOKENIZER_KEY_FIELDS - {"sources"} == TOKENIZER_KEY_FIELDS_BEFORE
+    assert "sources" in tokenizer._TOKENIZER_KEY_FIELDS
+    assert roles.not_keyed_in(DataConfig, "batches") == DATA_FINGERPRINT_LEFT_OUT_BEFORE  # run.data_fingerprint's
+    assert _NOT_RECIPE == NOT_RECIPE_BEFORE
+    assert ADDED_FIELD_DEFAULTS == ADDED_FIELD_DEFAULTS_BEFORE
+
+
+# --------------------------------------------------------------------------------------------------
+# The keys themselves: values computed by main at 936ac5e for the same inputs
+# --------------------------------------------------------------------------------------------------
+
+
+def _fingerprint(source: SourceConfig, index: int) -> dict[str, Any]:
+    """Stands in for the sources' file stats (paths, sizes, mtimes): the keys over the config alone."""
+    return {**dataclasses.asdict(source), "index": index}
+
+
+class _Backend:
+    def to_str(self) -> str:
+        return '{"model": "stub"}'
+
+
+class _Tokenizer:
+    backend_tokenizer = _Backend()
+
+    def get_vocab(self) -> dict[str, int]:
+        return {"[PAD]": 0, "[UNK]": 1, "a": 2}
+
+
+_OTHER_DATA = DataConfig(
+    sources=[SourceConfig(kind="json", path="/data/a.jsonl", weight=2.5), SourceConfig(kind="hub", path="x/y")],
+    weight_by="words", tokenizer=None, vocab_size=4096, lowercase=False, max_seq_length=96, objective="mlm",
+    short_seq_prob=0.2, nsp_random_prob=0.4, mlm_probability=0.2, validation_fraction=0.01,
+    validation_documents=7, max_documents=900, tokenizer_train_documents=500, cache_dir="/c", streaming=False,
+    shuffle_buffer_size=77, num_proc=3, max_inline_preparation_mb=8.0,
+)  # fmt: skip
+# CACHE_FORMAT_VERSION enters both cache keys: a deliberate bump changes them, and these values with it.
+KEYS_BEFORE = {
+    "default": {"tokenizer_key": "d85d57f3d4b8b9b2bbd5", "instances_key": "16309838be9b617c5283",
+                "data_fingerprint": "983e0907db53c721", "recipe_hash": "8d629d17"},
+    "other": {"tokenizer_key": "8dd6fcfbcc9f4580bfe8", "instances_key": "dc1a68e7375fc1f1159c",
+              "data_fingerprint": "78bb2ffc61ea9b2d", "recipe_hash": "a40004f3"},
+}  # fmt: skip
+RMSNORM_RECIPE_HASH_BEFORE = "851bed26"
+
+
+@pytest.mark.parametrize("name", ["default", "other"])
+def test_cache_keys_fingerprint_and_recipe_hash_are_unchanged(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(instances, "source_fingerprint", _fingerprint)
+    monkeypatch.setattr(tokenizer, "source_fingerprint", _fingerprint)
+    cfg = PretrainConfig() if name == "default" else PretrainConfig(data=_OTHER_DATA)
+    assert {
+        "tokenizer_key": tokenizer._tokenizer_cache_key(cfg.data, 3),
+        "instances_key": instances.data_cache_key(cfg.data, _Tokenizer(), seed=3),
+        "data_fingerprint": data_fingerprint(cfg, 2, _Tokenizer()),
+        "recipe_hash": short_hash(recipe(to_dict(cfg), 64)),
+    } == KEYS_BEFORE[name]
+
+
+def test_an_added_field_off_its_default_enters_the_recipe_hash_as_before() -> None:
+    cfg = PretrainConfig()
+    cfg.model.norm_type = "rmsnorm"
+    assert short_hash(recipe(to_dict(cfg), 64)) == RMSNORM_RECIPE_HASH_BEFORE
+
+
+# --------------------------------------------------------------------------------------------------
+# A field without a role
+# --------------------------------------------------------------------------------------------------
+
+
+def test_every_config_field_declares_a_role() -> None:
+    fields = dict(roles.leaf_fields(PretrainConfig))
+    assert {"model.norm_placement", "data.sources", "optim.lr", "train.seed", "tracking.backend"} <= set(fields)
+    assert [key for key, f in fields.items() if f.metadata.get("role") not in roles.ROLES] == []
+    # A data field also says which keys hold its value: a new one that forgot would silently miss the cache keys.
+    assert [f.name for f in dataclasses.fields(DataConfig) if "keyed_in" not in f.metadata] == []
+
+
+@dataclasses.dataclass
+class _Section:
+    declared: int = roles.role("recipe", default=1)
+    forgotten: int = 2
+
+
+@dataclasses.dataclass
+class _Config:
+    section: _Section = dataclasses.field(default_factory=_Section)
+
+
+@dataclasses.dataclass
+class _Data:
+    declared: int = roles.role("recipe", keyed_in=("instances",), default=1)
+    forgotten: int = roles.role("recipe", default=2)
+
+
+def test_a_field_without_a_role_is_an_error_that_names_it() -> None:
+    with pytest.raises(TypeError, match=r"config field section\.forgotten has no role"):
+        roles.keys_where(_Config, lambda rules: rules.resumable)
+    with pytest.raises(TypeError, match="data field forgotten does not say which keys hold it"):
+        roles.keyed_in(_Data, "instances")
+    with pytest.raises(ValueError, match="unknown role 'recpie'"):
+        roles.role("recpie", default=0)  # type: ignore[arg-type]
