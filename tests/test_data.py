@@ -21,10 +21,10 @@ import pretrain.tokenizer
 from pretrain.corpus import check_utf8, load_documents, split_documents
 from pretrain.data import DataConfig, MaskingCollator, SourceConfig, build_pretraining_data
 from pretrain.instances import (
-    _plain_backend,
     _truncated_lengths,
     create_nsp_instances,
     make_instances,
+    plain_backend,
     tokenize_documents,
 )
 from pretrain.tokenizer import SPECIAL_TOKENS, load_or_train_tokenizer, train_wordpiece_tokenizer
@@ -396,7 +396,7 @@ def test_mlm_objective_packs_full_sequences(tmp_path: Path, corpus: Path) -> Non
     # The bodies, joined, are the training documents' tokens with [SEP] between documents.
     train_docs, _ = split_documents(load_documents(cfg, seed=0), cfg, seed=0)
     expected = []
-    for doc in tokenize_documents(train_docs["text"], _plain_backend(data.tokenizer)):
+    for doc in tokenize_documents(train_docs["text"], plain_backend(data.tokenizer)):
         expected += [t for sentence in doc for t in sentence] + [sep]
     assert [t for r in rows for t in r[1:-1]] == expected
 

@@ -13,7 +13,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from pretrain import run
+from pretrain import vocabulary
 from pretrain.config import ConfigError
 from pretrain.layout import read_metrics, read_status
 
@@ -101,11 +101,11 @@ def test_processes_with_different_vocabularies_are_stopped(monkeypatch: pytest.M
     """A node that prepared its own cache with a tokenizer trained there would train on other token ids."""
     tokenizer = SimpleNamespace(get_vocab=lambda: {"[PAD]": 0, "a": 1})
     accelerator = SimpleNamespace(num_processes=2)
-    monkeypatch.setattr(run, "gather_object", lambda items: [*items, "another vocabulary"])
+    monkeypatch.setattr(vocabulary, "gather_object", lambda items: [*items, "another vocabulary"])
     with pytest.raises(ConfigError, match=r"different vocabularies .* --data\.tokenizer=FOLDER on every node"):
-        run.check_one_vocabulary(accelerator, tokenizer)
-    monkeypatch.setattr(run, "gather_object", lambda items: items * 2)
-    run.check_one_vocabulary(accelerator, tokenizer)  # the same on both: nothing to say
+        vocabulary.check_one_vocabulary(accelerator, tokenizer)
+    monkeypatch.setattr(vocabulary, "gather_object", lambda items: items * 2)
+    vocabulary.check_one_vocabulary(accelerator, tokenizer)  # the same on both: nothing to say
 
 
 def test_the_slurm_script_adds_to_the_multinode_config_the_flags_the_test_passes() -> None:
