@@ -28,7 +28,7 @@ import datasets
 from transformers import PreTrainedTokenizerFast
 
 from pretrain.collator import MaskingCollator
-from pretrain.corpus import corpus_bytes, document_texts, load_documents, split_documents
+from pretrain.corpus import corpus_bytes, document_texts, split_corpus
 from pretrain.data_config import DataConfig, SourceConfig
 from pretrain.instance_cache import SUMMARY_FILE, cached_instances, prepared_dir
 from pretrain.instances import make_instances, stream_instances
@@ -102,7 +102,7 @@ def build_pretraining_data(
 
     @functools.cache
     def documents() -> tuple[datasets.Dataset | datasets.IterableDataset, datasets.Dataset]:
-        return split_documents(load_documents(cfg, seed=seed), cfg, seed=seed)
+        return split_corpus(cfg, seed=seed)
 
     with main_process_first():
         tokenizer = load_or_train_tokenizer(

@@ -578,10 +578,10 @@ def training_loop(setup: TrainingSetup, state: TrainState, stop: StopRequest, pr
 
 
 def prepare_training(
-    cfg: PretrainConfig, accelerator: Accelerator, resume_from: Path | None, prepare_command: str
+    cfg: PretrainConfig, accelerator: Accelerator, resume_from: Path | None, same_run: bool, prepare_command: str
 ) -> tuple[TrainingSetup, TrainState]:
+    """``same_run``: ``resume_from`` is a checkpoint of this run folder (not a run continued in a new folder)."""
     run_dir = Path(cfg.train.output_dir)
-    same_run = resume_from is not None and resume_from.parent.parent.resolve() == run_dir.resolve()
     set_seed(cfg.train.seed)
     data = build_pretraining_data(
         cfg.data,
@@ -674,11 +674,12 @@ def pretrain(cfg: PretrainConfig, argv: list[str] | None = None) -> str:
     resume_from = resolve_resume(run_dir, to_dict(cfg), cfg.train.resume, warn)
     accelerator.wait_for_everyone()  # every process has checked the directory before the main one writes
     start_step = checkpoint_step(resume_from) if resume_from else 0
+    same_run = resume_from is not None and resume_from.parent.parent.resolve() == run_dir.resolve()
     # The tokenizer is saved during data preparation, before the model's size is known: room for it first.
     if problem := agreed(accelerator, room_problem(run_dir, TOKENIZER_ROOM) if accelerator.is_main_process else ""):
         return stop_for_full_disk(accelerator, cfg, start_step, problem)
     try:
-        setup, state = prepare_training(cfg, accelerator, resume_from, prepare_command(argv))
+        setup, state = prepare_training(cfg, accelerator, resume_from, same_run, prepare_command(argv))
         if accelerator.is_main_process:
             # What the run trains on, before it starts: a mixture that is not what the weights ask for, or a tiny
             # validation split, is seen now rather than after the run (the same report as pretrain.prepare's).
@@ -687,7 +688,6 @@ def pretrain(cfg: PretrainConfig, argv: list[str] | None = None) -> str:
                 print(report, flush=True)
             write_json_atomic(run_dir / RUN_CONFIG_FILE, setup.resolved)
             ensure_run_id(run_dir)  # once per run: fine-tuning results are keyed by it (pretrain/identity.py)
-            same_run = resume_from is not None and resume_from.parent.parent.resolve() == run_dir.resolve()
             # From step 0 (a new run, or one killed before its first checkpoint) no line of an earlier try is kept.
             setup.last_eval = rewind_metrics(run_dir, state.step if same_run else -1)
             if (run_dir / TOKENIZER_DIR).is_dir():

@@ -104,8 +104,10 @@ def test_processes_with_different_vocabularies_are_stopped(monkeypatch: pytest.M
     monkeypatch.setattr(vocabulary, "gather_object", lambda items: [*items, "another vocabulary"])
     with pytest.raises(ConfigError, match=r"different vocabularies .* --data\.tokenizer=FOLDER on every node"):
         vocabulary.check_one_vocabulary(accelerator, tokenizer)
-    monkeypatch.setattr(vocabulary, "gather_object", lambda items: items * 2)
+    sent = []
+    monkeypatch.setattr(vocabulary, "gather_object", lambda items: sent.extend(items) or items * 2)
     vocabulary.check_one_vocabulary(accelerator, tokenizer)  # the same on both: nothing to say
+    assert sent == [vocabulary.vocab_hash(tokenizer)]  # the one vocabulary hash (data_fingerprint's too)
 
 
 def test_the_slurm_script_adds_to_the_multinode_config_the_flags_the_test_passes() -> None:

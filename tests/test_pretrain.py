@@ -495,3 +495,20 @@ def test_resume_refuses_a_retrained_tokenizer_that_differs(tmp_path: Path, data_
     assert json.loads(saved.read_text())["model"]["vocab"][a] == vocab[a]  # the run's tokenizer is untouched
     assert main(tiny_args(run, data_cache, "--train.resume=auto", f"--data.tokenizer={run / 'tokenizer'}")) == 0
     assert read_status(run)["status"] == "finished"
+
+
+def test_a_checkpoint_continued_in_a_new_folder_saves_the_tokenizer_there_not_over_its_own(
+    tmp_path: Path, data_cache: Path
+) -> None:
+    """Resuming a checkpoint of the run's own folder keeps the tokenizer it saved; continuing one in a new folder
+    gives that folder the same tokenizer (run.pretrain decides "the same run" once, for both)."""
+    run, new = tmp_path / "run", tmp_path / "new"
+    assert main(tiny_args(run, data_cache, "--train.stop_at_step=3")) == 0
+    saved = run / "tokenizer" / "tokenizer.json"
+    written = saved.stat().st_mtime_ns
+    assert main(tiny_args(new, data_cache, f"--train.resume={latest_checkpoint(run)}")) == 0
+    assert (new / "tokenizer" / "tokenizer.json").read_bytes() == saved.read_bytes()
+    assert [r["step"] for r in read_metrics(new) if "train/loss" in r] == [4, 5, 6]
+    assert main(tiny_args(run, data_cache, "--train.resume=auto")) == 0
+    assert saved.stat().st_mtime_ns == written
+    assert read_status(run)["status"] == read_status(new)["status"] == "finished"
