@@ -24,13 +24,14 @@ from pretrain.checkpointing import latest_checkpoint, list_checkpoints
 from pretrain.layout import DEAD_AFTER_S, is_dead, list_snapshots, read_metrics, read_status, write_json_atomic
 from pretrain.manifest import MANIFEST_FILE
 from pretrain.run import TrainingFailed, main
-from tests import test_pretrain
-from tests.test_pretrain import RUN_PY, tiny_args
+from tests import pretrain_helpers
+from tests.pretrain_helpers import RUN_PY, tiny_args
 
-# test_pretrain's fixtures: one data cache per module, a clean Accelerate state per test, one thread.
-data_cache = test_pretrain.data_cache
-fresh_accelerate_state = test_pretrain.fresh_accelerate_state
-one_thread = test_pretrain.one_thread
+# The shared fixtures (tests/pretrain_helpers.py): one data cache per module, a clean Accelerate state per test,
+# one thread.
+data_cache = pretrain_helpers.data_cache
+fresh_accelerate_state = pretrain_helpers.fresh_accelerate_state
+one_thread = pretrain_helpers.one_thread
 
 ROOT = Path(__file__).resolve().parents[1]
 

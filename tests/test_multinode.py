@@ -16,12 +16,12 @@ import pytest
 from pretrain import vocabulary
 from pretrain.config import ConfigError
 from pretrain.layout import read_metrics, read_status
+from tests.conftest import TINY_MODEL_ARGS
 
 ROOT = Path(__file__).resolve().parents[1]
 MULTINODE_CONFIG = ROOT / "configs" / "accelerate" / "multinode_2x8.yaml"
 ARGS = [
-    "--model.hidden_size=32", "--model.num_hidden_layers=2", "--model.num_attention_heads=4",
-    "--model.intermediate_size=37", "--model.max_position_embeddings=64", "--data.max_seq_length=32",
+    *TINY_MODEL_ARGS, "--data.max_seq_length=32",
     "--data.vocab_size=300", "--data.max_documents=30", "--data.validation_documents=2",
     "--train.per_device_batch_size=8", "--train.max_steps=4", "--train.log_every=1", "--train.eval_every=2",
     "--train.eval_batches=2", "--train.checkpoint_every=2", "--train.collective_timeout_s=120",

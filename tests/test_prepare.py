@@ -23,8 +23,8 @@ from pretrain.data import DataConfig, PreparationRequired, SourceConfig, build_p
 from pretrain.instance_cache import SUMMARY_FILE, prepared_dir, read_summary
 from pretrain.prepare import format_report, source_checks
 from pretrain.prepare import main as prepare_main
+from tests.pretrain_helpers import accelerate_launch, tiny_args
 from tests.test_data import WORDS, make_documents, tiny_config, write_jsonl
-from tests.test_pretrain import _accelerate, tiny_args
 
 datasets.disable_progress_bars()
 ROOT = Path(__file__).resolve().parents[1]
@@ -289,7 +289,7 @@ def test_two_process_training_refuses_then_finds_the_prepared_cache(tmp_path: Pa
     )
     argv = tiny_args(tmp_path / "run", tmp_path / "cache", f"--data.sources={sources}", "--data.weight_by=words",
                      "--data.max_inline_preparation_mb=0", "--train.max_steps=2")  # fmt: skip
-    refused = _accelerate(["--multi_gpu", "--num_processes", "2", "--main_process_port", "29527"], argv, tmp_path)
+    refused = accelerate_launch(["--multi_gpu", "--num_processes", "2", "--main_process_port", "29527"], argv, tmp_path)
     assert refused.returncode != 0
     assert "python -m pretrain.prepare " in refused.stderr and "--data.max_inline_preparation_mb=0" in refused.stderr
     assert not list((tmp_path / "cache").glob("instances-*/"))
@@ -297,7 +297,7 @@ def test_two_process_training_refuses_then_finds_the_prepared_cache(tmp_path: Pa
                               text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT)})  # fmt: skip
     assert prepared.returncode == 0, prepared.stderr[-3000:]
     (folder,) = (tmp_path / "cache").glob("instances-*/")
-    started = _accelerate(["--multi_gpu", "--num_processes", "2", "--main_process_port", "29528"], argv, tmp_path)
+    started = accelerate_launch(["--multi_gpu", "--num_processes", "2", "--main_process_port", "29528"], argv, tmp_path)
     assert started.returncode == 0, started.stdout[-3000:] + started.stderr[-3000:]
     assert "2 process(es)" in started.stdout
     assert "Preparing instances" not in started.stderr
