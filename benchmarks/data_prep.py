@@ -225,7 +225,7 @@ def measure_preparation(preset: str, files: str, tokenizer: str, cache: str, num
     """One preparation, phase by phase (runs in a fresh process)."""
     baseline = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     from pretrain.corpus import load_documents, split_documents
-    from pretrain.instances import prepare_instances, prepared_dir
+    from pretrain.instance_cache import prepare_instances, prepared_dir
     from pretrain.tokenizer import load_or_train_tokenizer
 
     cfg = _config(preset, Path(files), tokenizer, Path(cache), num_proc).data
@@ -277,7 +277,7 @@ def measure_first_batch(preset: str, files: str, tokenizer: str, cache: str, bat
     """Time to the first training batch (fresh process), from the prepared cache or streamed; in streaming mode
     also the throughput over ``stream_batches`` batches."""
     from pretrain.data import build_pretraining_data
-    from pretrain.run import build_dataloaders
+    from pretrain.loaders import build_dataloaders
 
     extra = [f"--train.per_device_batch_size={batch}", "--train.num_workers=0", f"--train.seed={seed}"]
     if streaming:

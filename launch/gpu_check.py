@@ -105,14 +105,7 @@ PRETRAIN_BATCH, PRETRAIN_SEQ = 256, 128
 WARMUP_FRACTION = 0.1  # the preset's 10k of 1M (1%) would warm up for 2-3 steps of a run this short: no warm-up
 FINETUNE_LR = 3e-5  # the middle of BERT's grid
 
-TINY_MODEL = [  # --dry-run: the tests' tiny, odd-sized model
-    "--model.hidden_size=32",
-    "--model.num_hidden_layers=2",
-    "--model.num_attention_heads=4",
-    "--model.intermediate_size=37",
-    "--model.max_position_embeddings=64",
-    "--model.vocab_size=null",
-]
+TINY_MODEL = ["--config", str(REPO / "configs" / "pretrain" / "tiny_model.yaml")]  # --dry-run: the tests' tiny model
 
 
 # --------------------------------------------------------------------------------------------------

@@ -450,6 +450,12 @@ def load_documents(cfg: DataConfig, *, seed: int) -> datasets.Dataset | datasets
     return docs
 
 
+def split_corpus(cfg: DataConfig, *, seed: int) -> tuple[datasets.Dataset | datasets.IterableDataset, datasets.Dataset]:
+    """The corpus read, mixed and split: (train, validation) documents. The one route to them, for the instances
+    and for the tokenizer's training texts."""
+    return split_documents(load_documents(cfg, seed=seed), cfg, seed=seed)
+
+
 def split_documents(
     docs: datasets.Dataset | datasets.IterableDataset, cfg: DataConfig, *, seed: int
 ) -> tuple[datasets.Dataset | datasets.IterableDataset, datasets.Dataset]:

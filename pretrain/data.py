@@ -6,8 +6,9 @@ data config (DataConfig, SourceConfig) its leaf module, pretrain/data_config.py 
     pretrain/tokenizer.py  -> tokenizer (Hub / local folder, or WordPiece trained on the training documents)
     pretrain/instances.py  -> chunks of documents -> sentences -> token ids -> instances as in original BERT's
                               ``create_pretraining_data.py`` ([CLS] A [SEP] B [SEP] with next-sentence labels, or
-                              packed full-length sequences for the "mlm" objective), cached under ``data.cache_dir``
-                              (pretrain/cache.py), or made on the fly from a streamed corpus
+                              packed full-length sequences for the "mlm" objective), made on the fly from a
+                              streamed corpus, or
+    pretrain/instance_cache.py made shard by shard once and cached under ``data.cache_dir`` (lock: pretrain/cache.py)
     pretrain/collator.py   MaskingCollator: pads a batch and applies BERT's 80/10/10 masking, a pure function of
                            (seed, epoch, instance_id), so resumed runs and any number of DataLoader workers see the
                            same masks.
@@ -27,15 +28,10 @@ import datasets
 from transformers import PreTrainedTokenizerFast
 
 from pretrain.collator import MaskingCollator
-from pretrain.corpus import corpus_bytes, document_texts, load_documents, split_documents
+from pretrain.corpus import corpus_bytes, document_texts, split_corpus
 from pretrain.data_config import DataConfig, SourceConfig
-from pretrain.instances import (
-    SUMMARY_FILE,
-    cached_instances,
-    make_instances,
-    prepared_dir,
-    stream_instances,
-)
+from pretrain.instance_cache import SUMMARY_FILE, cached_instances, prepared_dir
+from pretrain.instances import make_instances, stream_instances
 from pretrain.tokenizer import load_or_train_tokenizer, trained_tokenizer_dir
 
 
@@ -106,7 +102,7 @@ def build_pretraining_data(
 
     @functools.cache
     def documents() -> tuple[datasets.Dataset | datasets.IterableDataset, datasets.Dataset]:
-        return split_documents(load_documents(cfg, seed=seed), cfg, seed=seed)
+        return split_corpus(cfg, seed=seed)
 
     with main_process_first():
         tokenizer = load_or_train_tokenizer(

@@ -10,7 +10,8 @@
 The chunk is the unit of work of the batched ``datasets.map`` (so ``num_proc`` workers never change the result)
 and the pool the random "next sentence" documents are drawn from. Validation documents go through the same code.
 Materialised instances are cached under ``data.cache_dir``, keyed by a hash of everything they depend on
-(``cached_instances``); streamed ones (``stream_instances``) are made as the training loop reads them.
+(``cached_instances``, pretrain/instance_cache.py); streamed ones (``stream_instances``) are made as the training
+loop reads them.
 """
 
 from __future__ import annotations
@@ -19,34 +20,22 @@ import contextlib
 import dataclasses
 import gc
 import hashlib
-import json
 import logging
-import multiprocessing
 import random
 import re
-import shutil
 import uuid
-from collections.abc import Callable, Iterator
-from concurrent.futures import ProcessPoolExecutor, as_completed
+from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import partial
 from itertools import chain
 from pathlib import Path
-from typing import Any
 
 import datasets
-import pyarrow.compute as pc
-from datasets.arrow_writer import ArrowWriter
 from tokenizers import Tokenizer
-from tqdm.auto import tqdm
 from transformers import PreTrainedTokenizerFast
 
-from pretrain.atomic import publish_dir, write_json, writing
-from pretrain.cache import CACHE_FORMAT_VERSION, content_hash, exclusive_lock
-from pretrain.corpus import source_fingerprint
 from pretrain.data_config import OBJECTIVES as OBJECTIVES  # the config's leaf module; kept importable here
 from pretrain.data_config import DataConfig
-from pretrain.roles import not_keyed_in
 
 logger = logging.getLogger(__name__)
 
@@ -194,17 +183,17 @@ def _instances_from_chunks(
     offset by VALIDATION_ID_OFFSET) or "stream" (ids and randomness keyed by the chunk's content, because stream
     positions restart in every DataLoader worker that reads a shard).
     """
-    out = _empty_columns(cfg.objective)
+    out = empty_columns(cfg.objective)
     sources = batch.get("source", [None] * len(batch["text"]))
-    with _gc_paused():
+    with gc_paused():
         for texts, chunk_sources, chunk_index in zip(batch["text"], sources, indices, strict=True):
-            _add_chunk_instances(
+            add_chunk_instances(
                 out, texts, chunk_index, tokenizer=tokenizer, cfg=cfg, seed=seed, part=part, sources=chunk_sources
             )
     return out
 
 
-def _empty_columns(objective: str) -> dict[str, list]:
+def empty_columns(objective: str) -> dict[str, list]:
     out: dict[str, list] = {"input_ids": [], "token_type_ids": [], "instance_id": []}
     if objective == "mlm_nsp":
         out["next_sentence_label"] = []
@@ -212,7 +201,7 @@ def _empty_columns(objective: str) -> dict[str, list]:
 
 
 @contextlib.contextmanager
-def _gc_paused() -> Iterator[None]:
+def gc_paused() -> Iterator[None]:
     """Pause the cyclic garbage collector: the millions of small acyclic lists made here would otherwise trigger
     collections that cost ~8% of the preprocessing time. Nothing made here forms a reference cycle."""
     enabled = gc.isenabled()
@@ -247,7 +236,7 @@ class SourceStats:
             setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
 
 
-def _add_chunk_instances(
+def add_chunk_instances(
     out: dict[str, list],
     texts: list[str],
     chunk_index: int,
@@ -320,7 +309,7 @@ def instance_features(objective: str) -> datasets.Features:
     return datasets.Features(features)
 
 
-def _plain_backend(tokenizer: PreTrainedTokenizerFast) -> Tokenizer:
+def plain_backend(tokenizer: PreTrainedTokenizerFast) -> Tokenizer:
     """A copy of the Rust tokenizer with truncation and padding off (a loaded tokenizer.json may enable them)."""
     backend = Tokenizer.from_str(tokenizer.backend_tokenizer.to_str())
     backend.no_truncation()
@@ -348,7 +337,7 @@ def make_instances(
         with_indices=True,
         remove_columns=chunks.column_names,
         features=instance_features(cfg.objective),
-        fn_kwargs={"tokenizer": _plain_backend(tokenizer), "cfg": cfg, "seed": seed, "part": name},
+        fn_kwargs={"tokenizer": plain_backend(tokenizer), "cfg": cfg, "seed": seed, "part": name},
         num_proc=num_proc,
         # Our own cache key decides reuse; skip datasets' function hashing and keep its files in our work dir.
         new_fingerprint=f"lnbert-{name}-{uuid.uuid4().hex}",
@@ -369,261 +358,5 @@ def stream_instances(
         with_indices=True,
         remove_columns=["text", "source"],
         features=instance_features(cfg.objective),
-        fn_kwargs={"tokenizer": _plain_backend(tokenizer), "cfg": cfg, "seed": seed, "part": "stream"},
+        fn_kwargs={"tokenizer": plain_backend(tokenizer), "cfg": cfg, "seed": seed, "part": "stream"},
     )
-
-
-# ----------------------------------------------------------------------------------------------------------------------
-# The instance cache
-# ----------------------------------------------------------------------------------------------------------------------
-
-# DataConfig fields that do not change the instances (not keyed_in "instances", pretrain/data_config.py): masking
-# and the shuffle buffer act on batches, the rest are mechanics, ``streaming`` (a streamed corpus is never cached),
-# and the tokenizer's name (it enters the key by content, so a run handed a trained tokenizer's folder reuses its
-# instances).
-_FIELDS_NOT_IN_KEY = not_keyed_in(DataConfig, "instances")
-
-
-def data_cache_key(cfg: DataConfig, tokenizer: PreTrainedTokenizerFast, *, seed: int) -> str:
-    """Hash of everything the instances depend on: sources' content ids, the tokenizer, the config, the seed."""
-    fields = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg) if f.name not in _FIELDS_NOT_IN_KEY}
-    fields["sources"] = [source_fingerprint(s, i) for i, s in enumerate(cfg.sources)]
-    vocab_hash = hashlib.sha256(tokenizer.backend_tokenizer.to_str().encode()).hexdigest()
-    return content_hash(
-        {
-            "version": CACHE_FORMAT_VERSION,
-            "docs_per_chunk": DOCS_PER_CHUNK,
-            "config": fields,
-            "tokenizer": vocab_hash,
-            "seed": seed,
-        }
-    )
-
-
-def prepared_dir(cfg: DataConfig, tokenizer: PreTrainedTokenizerFast, *, seed: int) -> Path:
-    """The folder the prepared instances of this config live in (complete when it exists)."""
-    return Path(cfg.cache_dir) / f"instances-{data_cache_key(cfg, tokenizer, seed=seed)}"
-
-
-def cached_instances(
-    documents: Callable[[], tuple[datasets.Dataset, datasets.Dataset]],
-    tokenizer: PreTrainedTokenizerFast,
-    cfg: DataConfig,
-    *,
-    seed: int,
-    progress: bool = False,
-) -> tuple[datasets.Dataset, datasets.Dataset]:
-    """(train, validation) instances from ``cfg.cache_dir``; on a miss they are made first from ``documents()``
-    (the training and validation documents, read only then), shard by shard, for every later call."""
-    folder = prepared_dir(cfg, tokenizer, seed=seed)
-    if not (folder / SUMMARY_FILE).is_file():
-        # One preparation at a time per cache key: runs started side by side (the analysis grid) wait for the
-        # first and reuse its result. The lock goes with its process, so a killed preparation blocks nobody.
-        with exclusive_lock(folder.with_name(f"{folder.name}.lock")):
-            if not (folder / SUMMARY_FILE).is_file():
-                prepare_instances(documents, tokenizer, cfg, seed=seed, folder=folder, progress=progress)
-    return load_prepared(folder)
-
-
-
-
-# ----------------------------------------------------------------------------------------------------------------------
-# Preparation, shard by shard
-# ----------------------------------------------------------------------------------------------------------------------
-
-# Chunks per shard at most: the unit of resumption (a killed preparation redoes only the shards that were in
-# progress), of the work handed to each process and of the progress bar. 64 chunks = 16,384 documents, about 10M
-# tokens of Wikipedia, about a minute for one core (BENCHMARKS.md). A small corpus gets smaller shards
-# (shard_chunks). Not part of the cache key: the instances do not depend on it, only their grouping into files.
-SHARD_CHUNKS = 64
-SUMMARY_FILE = "summary.json"
-PARTS = ("train", "validation")
-
-
-def _shard_name(index: int) -> str:
-    return f"shard-{index:05d}"
-
-
-def _write_shard(
-    docs: datasets.Dataset,
-    path: Path,
-    *,
-    first_chunk: int,
-    tokenizer_json: str,
-    cfg: DataConfig,
-    seed: int,
-    part: str,
-) -> dict[int, SourceStats]:
-    """The instances of ``docs`` (consecutive chunks from ``first_chunk`` on) written to ``path`` (Arrow file),
-    then their per-source counts to ``path.with_suffix(".json")``, the shard's completion marker. Both are
-    written under temporary names and renamed, so a killed process leaves no shard that looks complete."""
-    tokenizer = Tokenizer.from_str(tokenizer_json)
-    tokenizer.no_truncation()
-    tokenizer.no_padding()
-    stats: dict[int, SourceStats] = {}
-    with writing(path) as tmp, ArrowWriter(features=instance_features(cfg.objective), path=str(tmp)) as writer:
-        for k, batch in enumerate(docs.iter(batch_size=DOCS_PER_CHUNK)):
-            out = _empty_columns(cfg.objective)
-            with _gc_paused():
-                _add_chunk_instances(
-                    out,
-                    batch["text"],
-                    first_chunk + k,
-                    tokenizer=tokenizer,
-                    cfg=cfg,
-                    seed=seed,
-                    part=part,
-                    sources=batch["source"],
-                    stats=stats,
-                )
-            writer.write_batch(out)
-        writer.finalize()
-    write_json(path.with_suffix(".json"), {str(k): dataclasses.asdict(v) for k, v in sorted(stats.items())})
-    return stats
-
-
-def _read_shard_stats(marker: Path) -> dict[int, SourceStats]:
-    return {int(k): SourceStats(**v) for k, v in json.loads(marker.read_text()).items()}
-
-
-def shard_chunks(train_documents: int, num_proc: int) -> int:
-    """Chunks per shard: SHARD_CHUNKS, or fewer for a small corpus, so that every process gets a few shards."""
-    chunks = -(-train_documents // DOCS_PER_CHUNK)
-    return max(1, min(SHARD_CHUNKS, -(-chunks // (4 * num_proc))))
-
-
-def _shards(docs: datasets.Dataset, chunks_per_shard: int) -> list[tuple[int, range]]:
-    """(first chunk, document range) per shard."""
-    step = chunks_per_shard * DOCS_PER_CHUNK
-    return [
-        (start // DOCS_PER_CHUNK, range(start, min(start + step, len(docs)))) for start in range(0, len(docs), step)
-    ]
-
-
-def prepare_instances(
-    documents: Callable[[], tuple[datasets.Dataset, datasets.Dataset]],
-    tokenizer: PreTrainedTokenizerFast,
-    cfg: DataConfig,
-    *,
-    seed: int,
-    folder: Path,
-    progress: bool = False,
-) -> dict[str, Any]:
-    """Make the training and validation instances into ``folder`` and return the summary.
-
-    The work goes to ``folder`` + ".partial-N", one shard (N chunks of documents, shard_chunks) per Arrow file, with
-    ``data.num_proc`` processes; a rerun after a kill reuses the finished shards. When all are done the summary
-    is written and the folder renamed into place. The result does not depend on num_proc or SHARD_CHUNKS.
-    """
-    train_docs, val_docs = documents()
-    chunks_per_shard = shard_chunks(len(train_docs), cfg.num_proc)
-    # The shard size is in the name: finished shards are only reused with the document ranges they were made for.
-    partial_dir = folder.with_name(f"{folder.name}.partial-{chunks_per_shard}")
-    tokenizer_json = _plain_backend(tokenizer).to_str()
-    jobs = []
-    for name, docs in zip(PARTS, (train_docs, val_docs), strict=True):
-        (partial_dir / name).mkdir(parents=True, exist_ok=True)
-        for index, (first_chunk, rows) in enumerate(_shards(docs, chunks_per_shard)):
-            path = partial_dir / name / f"{_shard_name(index)}.arrow"
-            jobs.append((name, docs.select(rows), path, first_chunk))
-    done = [job for job in jobs if job[2].with_suffix(".json").is_file()]
-    todo = [job for job in jobs if not job[2].with_suffix(".json").is_file()]
-    stats: dict[str, dict[int, SourceStats]] = {name: {} for name in PARTS}
-
-    def collect(name: str, shard_stats: dict[int, SourceStats]) -> None:
-        for source, counts in shard_stats.items():
-            stats[name].setdefault(source, SourceStats()).add(counts)
-
-    for name, _, path, _ in done:
-        collect(name, _read_shard_stats(path.with_suffix(".json")))
-    total = len(train_docs) + len(val_docs)
-    bar = tqdm(
-        total=total,
-        initial=sum(len(job[1]) for job in done),
-        unit="doc",
-        desc="Preparing instances",
-        disable=not progress,
-        dynamic_ncols=True,
-    )
-    if done:
-        bar.write(f"resuming: {len(done)} of {len(jobs)} shards already made in {partial_dir}")
-    kwargs = {"tokenizer_json": tokenizer_json, "cfg": cfg, "seed": seed}
-    with bar:
-        if cfg.num_proc == 1 or len(todo) <= 1:
-            for name, docs, path, first_chunk in todo:
-                collect(name, _write_shard(docs, path, first_chunk=first_chunk, part=name, **kwargs))
-                bar.update(len(docs))
-        else:
-            # spawn, not fork: the parent may hold Rust tokenizer threads, which a forked child inherits locked.
-            context = multiprocessing.get_context("spawn")
-            with ProcessPoolExecutor(max_workers=min(cfg.num_proc, len(todo)), mp_context=context) as pool:
-                futures = {
-                    pool.submit(_write_shard, docs, path, first_chunk=first_chunk, part=name, **kwargs): (
-                        name,
-                        len(docs),
-                    )
-                    for name, docs, path, first_chunk in todo
-                }
-                for future in as_completed(futures):
-                    name, n_docs = futures[future]
-                    collect(name, future.result())
-                    bar.update(n_docs)
-    for name in PARTS:
-        if sum(s.document_tokens for s in stats[name].values()) == 0:
-            raise ValueError(f"no {name} instances could be made: the {name} documents hold no tokens")
-    # Temporary files of a killed attempt (every shard is finished now); NAME.tmp-XXXXXXXX: an older version's.
-    for leftover in [*partial_dir.glob("*/.*.tmp"), *partial_dir.glob("*/*.tmp-*")]:
-        leftover.unlink(missing_ok=True)
-    summary = {
-        "config": {
-            "max_seq_length": cfg.max_seq_length,
-            "objective": cfg.objective,
-            "sources": [dataclasses.asdict(s) for s in cfg.sources],
-            "weight_by": cfg.weight_by,
-        },
-        "seed": seed,
-        **{name: _part_summary(partial_dir / name, stats[name], cfg.max_seq_length) for name in PARTS},
-    }
-    summary["disk_bytes"] = _disk_bytes(partial_dir)
-    write_json(partial_dir / SUMMARY_FILE, summary)
-    if not publish_dir(partial_dir, folder):  # another process (another node) finished it first; identical content
-        if not (folder / SUMMARY_FILE).is_file():
-            raise FileExistsError(f"{folder} holds no {SUMMARY_FILE}: not a finished preparation; remove it")
-        shutil.rmtree(partial_dir, ignore_errors=True)
-    return summary
-
-
-def _part_summary(part_dir: Path, stats: dict[int, SourceStats], max_seq_length: int) -> dict[str, Any]:
-    """Shards, instances, real tokens and padding (against max_seq_length-token rows) of one part, counted from its
-    files (the offsets of the input_ids column only, not the tokens), and the per-source counts."""
-    files = sorted(p.name for p in part_dir.glob("shard-*.arrow"))
-    instances = real_tokens = 0
-    for f in files:
-        column = datasets.Dataset.from_file(str(part_dir / f)).data.column("input_ids")
-        instances += len(column)
-        real_tokens += sum(int(pc.sum(pc.list_value_length(c)).as_py() or 0) for c in column.chunks)
-    return {
-        "shards": files,
-        "instances": instances,
-        "real_tokens": real_tokens,
-        "padding_fraction": 1 - real_tokens / (instances * max_seq_length) if instances else 0.0,
-        "by_source": {str(k): dataclasses.asdict(v) for k, v in sorted(stats.items())},
-    }
-
-
-def _disk_bytes(folder: Path) -> int:
-    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
-
-
-def load_prepared(folder: Path) -> tuple[datasets.Dataset, datasets.Dataset]:
-    """(train, validation) instances of a prepared folder: its shard files, memory-mapped, in order."""
-    summary = json.loads((folder / SUMMARY_FILE).read_text())
-    loaded = []
-    for name in PARTS:
-        shards = [datasets.Dataset.from_file(str(folder / name / f)) for f in summary[name]["shards"]]
-        loaded.append(shards[0] if len(shards) == 1 else datasets.concatenate_datasets(shards))
-    return loaded[0], loaded[1]
-
-
-def read_summary(folder: Path) -> dict[str, Any]:
-    return json.loads((folder / SUMMARY_FILE).read_text())

@@ -30,7 +30,7 @@ from typing import Any
 from pretrain.cli import run_cli
 from pretrain.config import PretrainConfig, help_text, parse_args
 from pretrain.data import DataConfig, build_pretraining_data
-from pretrain.instances import SUMMARY_FILE, prepared_dir, read_summary
+from pretrain.instance_cache import SUMMARY_FILE, prepared_dir, read_summary
 from pretrain.reporting import format_table
 
 PROG = "python -m pretrain.prepare"

@@ -41,8 +41,8 @@ The lists derived from the declarations, where they are read:
     wandb_logging._NOT_RECIPE             not rules.recipe       the W&B recipe hash (the group)
     config.ADDED_FIELD_DEFAULTS           added                  old run_config.json files, the recipe hash
     tokenizer._TOKENIZER_KEY_FIELDS       keyed_in "tokenizer"   the trained tokenizer's cache folder
-    instances._FIELDS_NOT_IN_KEY          not keyed_in "instances"   the prepared instances' cache folder
-    run.data_fingerprint                  not keyed_in "batches" the data position a resume checks
+    instance_cache._FIELDS_NOT_IN_KEY     not keyed_in "instances" the prepared instances' cache folder
+    vocabulary.data_fingerprint           not keyed_in "batches" the data position a resume checks
 
 A new field needs only its declaration; tests/test_roles.py fails for a field declared without a role (or a data
 field without ``keyed_in``), and pins the lists and the keys of existing runs.

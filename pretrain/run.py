@@ -16,15 +16,11 @@ disk, found before a save or by a write: README "Outcomes and exit codes" says w
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import datetime
-import hashlib
-import json
 import logging
 import math
 import os
-import signal
 import sys
 import time
 from collections.abc import Iterator
@@ -39,11 +35,9 @@ from accelerate.utils import (
     DataLoaderConfiguration,
     InitProcessGroupKwargs,
     ProjectConfiguration,
-    gather_object,
     set_seed,
 )
 from torch import nn
-from torch.utils.data import DataLoader, Sampler
 from tqdm.auto import tqdm
 from transformers import get_scheduler
 
@@ -67,22 +61,17 @@ from pretrain.checkpointing import (
     writing,
 )
 from pretrain.config import ConfigError, PretrainConfig, TrainConfig, help_text, parse_args, to_dict
-from pretrain.data import MaskingCollator, PretrainingData, build_pretraining_data
+from pretrain.data import build_pretraining_data
+from pretrain.device import choose_cpu_threads, env_flag
 from pretrain.flops import flops_per_token
 from pretrain.hardware import auto_mixed_precision, cpu_bf16_warning, mfu_peak
 from pretrain.identity import ensure_run_id
-from pretrain.layout import (
-    HEARTBEAT_EVERY_S,
-    METRICS_FILE,
-    RUN_CONFIG_FILE,
-    STATUS_FILE,
-    step_dirname,
-    write_json_atomic,
-)
+from pretrain.layout import METRICS_FILE, RUN_CONFIG_FILE, STATUS_FILE, step_dirname, write_json_atomic
+from pretrain.loaders import Loaders, build_dataloaders, copies_asynchronously
 from pretrain.modeling import LNBertForPreTraining
 from pretrain.optim import build_adamw, resolve_adamw_implementation
 from pretrain.prepare import data_report, prepare_command
-from pretrain.roles import not_keyed_in
+from pretrain.status import Heartbeat, StopRequest, write_status
 from pretrain.tracking import (
     clip_coefficient,
     init_trackers,
@@ -90,9 +79,9 @@ from pretrain.tracking import (
     log_metrics,
     log_snapshot,
     model_flops_utilisation,
-    record_outcome,
     rewind_metrics,
 )
+from pretrain.vocabulary import check_one_vocabulary, check_same_trained_tokenizer, data_fingerprint
 from pretrain.wandb_logging import check_credentials, wandb_mode
 
 
@@ -105,15 +94,11 @@ class TrainingFailed(RuntimeError):
 # --------------------------------------------------------------------------------------------------
 
 
-def _env_flag(name: str) -> bool:
-    return os.environ.get(name, "").lower() in ("1", "true", "yes")
-
-
 def resolve_mixed_precision(cfg: PretrainConfig) -> None:
     """train.mixed_precision=auto becomes no or bf16 for this hardware (said once), before anything reads it."""
     if cfg.train.mixed_precision != "auto":
         return
-    on_cpu = not torch.cuda.is_available() or _env_flag("ACCELERATE_USE_CPU")
+    on_cpu = not torch.cuda.is_available() or env_flag("ACCELERATE_USE_CPU")
     cfg.train.mixed_precision, why = auto_mixed_precision(on_cpu)
     if os.environ.get("RANK", "0") == "0":
         print(f"train.mixed_precision=auto: {cfg.train.mixed_precision} ({why})", flush=True)
@@ -121,7 +106,7 @@ def resolve_mixed_precision(cfg: PretrainConfig) -> None:
 
 def check_environment(cfg: PretrainConfig) -> None:
     """Combinations that only the hardware/launcher can rule out; fail before any work."""
-    on_cpu = not torch.cuda.is_available() or _env_flag("ACCELERATE_USE_CPU")
+    on_cpu = not torch.cuda.is_available() or env_flag("ACCELERATE_USE_CPU")
     if cfg.train.mixed_precision == "fp16" and on_cpu:
         raise ConfigError(
             "train.mixed_precision=fp16 needs a GPU (its loss scaler is CUDA-only); use bf16 or no on CPU"
@@ -129,7 +114,7 @@ def check_environment(cfg: PretrainConfig) -> None:
     bf16_on_cpu = cfg.train.mixed_precision == "bf16" and on_cpu and os.environ.get("RANK", "0") == "0"
     if bf16_on_cpu and (warning := cpu_bf16_warning("--train.mixed_precision=no")):
         print(f"warning: {warning}", file=sys.stderr, flush=True)
-    if cfg.train.compile and _env_flag("ACCELERATE_USE_DEEPSPEED"):
+    if cfg.train.compile and env_flag("ACCELERATE_USE_DEEPSPEED"):
         raise ConfigError("train.compile=true does not work with DeepSpeed; set --train.compile=false")
     if cfg.tracking.backend == "wandb":
         check_credentials(wandb_mode(cfg.tracking.wandb_mode), cfg.train.output_dir)
@@ -143,17 +128,10 @@ class _SkipTiedWeightsNote(logging.Filter):
         return "Removed shared tensor" not in record.getMessage()
 
 
-def copies_asynchronously() -> bool:
-    """Batches go to a GPU: page-locked by the loaders (pin_memory) and copied without blocking the host
-    (Accelerate's DataLoaderConfiguration(non_blocking=...), False by default). Both or neither: without pinned
-    memory a non-blocking copy is synchronous anyway."""
-    return torch.cuda.is_available() and not _env_flag("ACCELERATE_USE_CPU")
-
-
 def build_accelerator(cfg: PretrainConfig) -> Accelerator:
     logging.getLogger("accelerate.utils.other").addFilter(_SkipTiedWeightsNote())
-    on_cpu = not torch.cuda.is_available() or _env_flag("ACCELERATE_USE_CPU")
-    distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1 or _env_flag("ACCELERATE_USE_DEEPSPEED")
+    on_cpu = not torch.cuda.is_available() or env_flag("ACCELERATE_USE_CPU")
+    distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1 or env_flag("ACCELERATE_USE_DEEPSPEED")
     kwargs_handlers = []
     if distributed:
         # DeepSpeed on CPU needs gloo (it would pick an accelerator backend); a single process needs none.
@@ -197,163 +175,6 @@ def build_model(cfg: PretrainConfig, vocab_size: int) -> LNBertForPreTraining:
         model.bert.pooler.requires_grad_(False)
         model.cls.seq_relationship.requires_grad_(False)
     return model
-
-
-class EpochSampler(Sampler[int]):
-    """A fresh permutation per epoch from ``seed + epoch`` alone, so an epoch's order is reproducible on resume.
-
-    ``epoch`` is set by the training loop. (No ``set_epoch`` method on purpose: Accelerate's data loaders call
-    it with their own iteration counter, which restarts at 0 for a resumed, batch-skipping loader.)
-    """
-
-    def __init__(self, size: int, seed: int) -> None:
-        self.size, self.seed, self.epoch = size, seed, 0
-
-    def __len__(self) -> int:
-        return self.size
-
-    def __iter__(self) -> Iterator[int]:
-        generator = torch.Generator().manual_seed(self.seed + self.epoch)
-        # Converted to Python ints a slice at a time: the whole permutation as a list costs ~36 bytes an instance
-        # (1.6 GB a process for the presets' ~45M instances; BENCHMARKS.md "Preparing the corpus").
-        for chunk in torch.randperm(self.size, generator=generator).split(1 << 16):
-            yield from chunk.tolist()
-
-
-@dataclass
-class Loaders:
-    train: DataLoader
-    validation: DataLoader
-    train_collator: MaskingCollator
-    sampler: EpochSampler | None
-
-
-def build_dataloaders(cfg: PretrainConfig, data: PretrainingData, num_processes: int) -> Loaders:
-    train_cfg = cfg.train
-    batch = train_cfg.per_device_batch_size
-    collator = MaskingCollator(data.tokenizer, mlm_probability=cfg.data.mlm_probability, seed=train_cfg.seed)
-    # Own generators: creating a loader iterator then draws no number from the global RNG, which dropout uses.
-    common = dict(
-        num_workers=train_cfg.num_workers,
-        generator=torch.Generator().manual_seed(train_cfg.seed),
-        pin_memory=copies_asynchronously(),  # with the accelerator's non_blocking copies
-    )
-    sampler = None
-    if isinstance(data.train, torch.utils.data.IterableDataset) or not hasattr(data.train, "__len__"):
-        train = DataLoader(data.train, batch_size=batch, collate_fn=collator, drop_last=True, **common)
-    else:
-        if len(data.train) < batch * num_processes:
-            raise ValueError(
-                f"the training split has {len(data.train)} instances, fewer than one global micro-batch "
-                f"({batch} x {num_processes} processes); add documents or lower train.per_device_batch_size"
-            )
-        sampler = EpochSampler(len(data.train), train_cfg.seed)
-        train = DataLoader(data.train, batch_size=batch, sampler=sampler, collate_fn=collator, drop_last=True, **common)
-    validation = data.validation
-    if train_cfg.eval_batches:
-        # A fixed subset iterated to the end (breaking out of a prepared loader confuses Accelerate's state).
-        validation = validation.select(range(min(len(validation), train_cfg.eval_batches * batch * num_processes)))
-    # Validation masks are fixed (epoch 0 of their own collator), so every evaluation sees the same task.
-    val_collator = MaskingCollator(data.tokenizer, mlm_probability=cfg.data.mlm_probability, seed=train_cfg.seed)
-    val_loader = DataLoader(validation, batch_size=batch, collate_fn=val_collator, **common)
-    return Loaders(train=train, validation=val_loader, train_collator=collator, sampler=sampler)
-
-
-def check_same_trained_tokenizer(tokenizer: Any, saved_dir: Path) -> None:
-    """A resumed run must see the vocabulary it was trained with. WordPiece training is not bit-reproducible, so
-    a tokenizer re-trained after the data cache was lost can differ from the run's; refuse to continue then."""
-    saved = saved_dir / "tokenizer.json"
-    if not saved.is_file():
-        return
-    vocab = json.loads(tokenizer.backend_tokenizer.to_str())["model"]["vocab"]
-    if json.loads(saved.read_text())["model"]["vocab"] != vocab:
-        raise ValueError(
-            f"the WordPiece tokenizer trained now differs from the one the checkpoint was trained with ({saved_dir}); "
-            f"tokenizer training is not bit-reproducible and data.cache_dir no longer holds the original. Resume with "
-            f"--data.tokenizer={saved_dir}"
-        )
-
-
-def check_one_vocabulary(accelerator: Accelerator, tokenizer: Any) -> None:
-    """Every process must train with the same token ids: a node that trained or prepared its own WordPiece
-    tokenizer (not bit-reproducible) would average gradients over another vocabulary without any error."""
-    if accelerator.num_processes == 1:
-        return
-    vocab = hashlib.sha256(json.dumps(tokenizer.get_vocab(), sort_keys=True).encode()).hexdigest()
-    hashes = gather_object([vocab])
-    if len(set(hashes)) > 1:
-        raise ConfigError(
-            f"the processes of this run hold different vocabularies ({len(set(hashes))} distinct over "
-            f"{len(hashes)} processes): a node prepared its own data.cache_dir with a tokenizer trained there. "
-            "Prepare the data once and give every node the same cache (copy data.cache_dir), or train the "
-            "tokenizer once and pass --data.tokenizer=FOLDER on every node"
-        )
-
-
-def data_fingerprint(cfg: PretrainConfig, num_processes: int, tokenizer: Any) -> str:
-    """What fixes the sequence of batches: data config, vocabulary, seed, batch size, processes (a position is
-    only meaningful for the same sequence). The vocabulary counts, not the tokenizer's name or folder."""
-    mechanics = not_keyed_in(type(cfg.data), "batches")  # pretrain/data_config.py: keyed_in
-    data = {k: v for k, v in to_dict(cfg.data).items() if k not in mechanics}
-    vocab = hashlib.sha256(json.dumps(tokenizer.get_vocab(), sort_keys=True).encode()).hexdigest()
-    key = [data, vocab, cfg.train.seed, cfg.train.per_device_batch_size, num_processes]
-    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
-
-
-# --------------------------------------------------------------------------------------------------
-# Status, preemption
-# --------------------------------------------------------------------------------------------------
-
-
-def write_status(
-    accelerator: Accelerator,
-    cfg: PretrainConfig,
-    status: str,
-    step: int,
-    message: str = "",
-    diverged_at: int | None = None,
-) -> None:
-    if not accelerator.is_main_process:
-        return
-    write_json_atomic(
-        Path(cfg.train.output_dir) / STATUS_FILE,
-        {
-            "status": status,
-            "step": step,
-            "run_name": cfg.train.run_name,
-            "norm_placement": cfg.model.norm_placement,
-            "updated": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "diverged_at_step": diverged_at,
-            "message": message,
-        },
-    )
-    record_outcome(accelerator, status, step, diverged_at)
-
-
-@dataclass
-class StopRequest:
-    """Set by SIGTERM/SIGINT; the loop checks it at each step boundary (all processes agree via a reduce)."""
-
-    signal_name: str = ""
-
-    @contextlib.contextmanager
-    def installed(self) -> Iterator[StopRequest]:
-        previous = {}
-        try:
-            for sig in (signal.SIGTERM, signal.SIGINT):
-                previous[sig] = signal.signal(sig, self._handle)
-        except ValueError:  # not in the main thread (e.g. called from a worker thread): no handlers
-            pass
-        try:
-            yield self
-        finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
-
-    def _handle(self, signum: int, frame: Any) -> None:
-        if self.signal_name and signum == signal.SIGINT:
-            raise KeyboardInterrupt  # a second Ctrl-C: stop now, without a checkpoint
-        self.signal_name = signal.Signals(signum).name
 
 
 # --------------------------------------------------------------------------------------------------
@@ -575,20 +396,6 @@ def snapshot_due(train_cfg: TrainConfig, step: int, last_step: int) -> bool:
     return train_cfg.is_snapshot_step(step) or final
 
 
-@dataclass
-class Heartbeat:
-    """Rewrites status.json ("running", the step, the time) at most every HEARTBEAT_EVERY_S seconds, so that
-    readers can tell a live run from a dead one (layout.is_dead)."""
-
-    setup: TrainingSetup
-    last: float = field(default_factory=time.monotonic)
-
-    def beat(self, step: int) -> None:
-        if time.monotonic() - self.last >= HEARTBEAT_EVERY_S:
-            write_status(self.setup.accelerator, self.setup.cfg, "running", step)
-            self.last = time.monotonic()
-
-
 VAL_MLM_LOSS = "val/mlm_loss"
 
 
@@ -675,25 +482,45 @@ def step_metrics(
 
 
 def train(setup: TrainingSetup, state: TrainState, stop: StopRequest) -> str:
-    """The loop. Returns the outcome: finished, diverged, preempted or "preempted (disk full)"."""
-    cfg, accelerator = setup.cfg, setup.accelerator
-    train_cfg = cfg.train
-    last_step = train_cfg.stop_at_step or train_cfg.max_steps
+    """The run from its current step: evaluation and snapshot before the first step, then the loop. Returns the
+    outcome: finished, diverged, preempted or "preempted (disk full)"."""
+    outcome = start_training(setup, state)
+    if not outcome:
+        progress = tqdm(
+            total=setup.cfg.train.max_steps,
+            initial=state.step,
+            disable=not setup.accelerator.is_local_main_process,
+            desc="pretrain",
+        )
+        with progress:  # closed on every way out of the loop, an exception included
+            outcome = training_loop(setup, state, stop, progress)
+    return outcome
+
+
+def start_training(setup: TrainingSetup, state: TrainState) -> str:
+    """Before the first step: the step-0 evaluation and the start snapshot. Returns "" or, when the disk has no
+    room for that snapshot, the outcome of the stop."""
     if state.step == 0:
         run_evaluation(setup, state)
     if start_snapshot_due(setup, state):
         if problem := disk_full(setup, checkpoint=False, snapshot=True):  # every save is checked, this one too
-            return stop_for_full_disk(accelerator, cfg, state.step, problem)
+            return stop_for_full_disk(setup.accelerator, setup.cfg, state.step, problem)
         snapshot(setup, state)
+    return ""
+
+
+def training_loop(setup: TrainingSetup, state: TrainState, stop: StopRequest, progress: tqdm) -> str:
+    """Steps until train.stop_at_step or train.max_steps, a divergence, a stop request or a full disk; returns the
+    outcome as ``train`` does."""
+    cfg, accelerator = setup.cfg, setup.accelerator
+    train_cfg = cfg.train
+    last_step = train_cfg.stop_at_step or train_cfg.max_steps
     batches = batch_iterator(setup, state)
-    progress = tqdm(
-        total=train_cfg.max_steps, initial=state.step, disable=not accelerator.is_local_main_process, desc="pretrain"
-    )
     postfix = progress_postfix(None, None, setup.last_eval)  # a resumed run shows its last validation loss at once
     # Throughput counts the time spent in training steps only (not evaluation or saving).
     window_tokens, window_slots, window_time = 0, 0, 0.0
     skipped_in_a_row, window_skipped = 0, 0
-    heartbeat = Heartbeat(setup)
+    heartbeat = Heartbeat(accelerator, cfg)
     while state.step < last_step:
         next_step = state.step + 1
         log_now = next_step % train_cfg.log_every == 0 or next_step == last_step
@@ -706,7 +533,6 @@ def train(setup: TrainingSetup, state: TrainState, stop: StopRequest) -> str:
             write_status(accelerator, cfg, "diverged", state.step, message, diverged_at=state.step + 1)
             log_metrics(accelerator, setup.run_dir, {"tokens_seen": state.tokens_seen, "diverged": 1}, state.step + 1)
             accelerator.print(f"\n{message}")
-            progress.close()
             return "diverged"
         skipped_in_a_row = skipped_in_a_row + 1 if outcome == "skipped" else 0
         window_skipped += outcome == "skipped"
@@ -730,7 +556,6 @@ def train(setup: TrainingSetup, state: TrainState, stop: StopRequest) -> str:
         save_snapshot_now = snapshot_due(train_cfg, state.step, last_step)
         save_checkpoint_now = (train_cfg.checkpoint_every and state.step % train_cfg.checkpoint_every == 0) or done or preempted
         if (save_snapshot_now or save_checkpoint_now) and (problem := disk_full(setup, save_checkpoint_now, save_snapshot_now)):
-            progress.close()
             return stop_for_full_disk(accelerator, cfg, state.step, problem)
         # The snapshot first: a kill between the two leaves the previous checkpoint as the latest, and the
         # resumed run passes this step again and writes the snapshot again (docs/run_layout.md).
@@ -742,10 +567,8 @@ def train(setup: TrainingSetup, state: TrainState, stop: StopRequest) -> str:
         fault_point("step", state.step)
         heartbeat.beat(state.step)
         if preempted:
-            progress.close()
             accelerator.print(f"\nstop requested ({stop.signal_name}) at step {state.step}; checkpoint saved")
             return "preempted"
-    progress.close()
     return "finished" if state.step >= train_cfg.max_steps else "preempted"
 
 
@@ -755,10 +578,10 @@ def train(setup: TrainingSetup, state: TrainState, stop: StopRequest) -> str:
 
 
 def prepare_training(
-    cfg: PretrainConfig, accelerator: Accelerator, resume_from: Path | None, prepare_command: str
+    cfg: PretrainConfig, accelerator: Accelerator, resume_from: Path | None, same_run: bool, prepare_command: str
 ) -> tuple[TrainingSetup, TrainState]:
+    """``same_run``: ``resume_from`` is a checkpoint of this run folder (not a run continued in a new folder)."""
     run_dir = Path(cfg.train.output_dir)
-    same_run = resume_from is not None and resume_from.parent.parent.resolve() == run_dir.resolve()
     set_seed(cfg.train.seed)
     data = build_pretraining_data(
         cfg.data,
@@ -851,11 +674,12 @@ def pretrain(cfg: PretrainConfig, argv: list[str] | None = None) -> str:
     resume_from = resolve_resume(run_dir, to_dict(cfg), cfg.train.resume, warn)
     accelerator.wait_for_everyone()  # every process has checked the directory before the main one writes
     start_step = checkpoint_step(resume_from) if resume_from else 0
+    same_run = resume_from is not None and resume_from.parent.parent.resolve() == run_dir.resolve()
     # The tokenizer is saved during data preparation, before the model's size is known: room for it first.
     if problem := agreed(accelerator, room_problem(run_dir, TOKENIZER_ROOM) if accelerator.is_main_process else ""):
         return stop_for_full_disk(accelerator, cfg, start_step, problem)
     try:
-        setup, state = prepare_training(cfg, accelerator, resume_from, prepare_command(argv))
+        setup, state = prepare_training(cfg, accelerator, resume_from, same_run, prepare_command(argv))
         if accelerator.is_main_process:
             # What the run trains on, before it starts: a mixture that is not what the weights ask for, or a tiny
             # validation split, is seen now rather than after the run (the same report as pretrain.prepare's).
@@ -864,7 +688,6 @@ def pretrain(cfg: PretrainConfig, argv: list[str] | None = None) -> str:
                 print(report, flush=True)
             write_json_atomic(run_dir / RUN_CONFIG_FILE, setup.resolved)
             ensure_run_id(run_dir)  # once per run: fine-tuning results are keyed by it (pretrain/identity.py)
-            same_run = resume_from is not None and resume_from.parent.parent.resolve() == run_dir.resolve()
             # From step 0 (a new run, or one killed before its first checkpoint) no line of an earlier try is kept.
             setup.last_eval = rewind_metrics(run_dir, state.step if same_run else -1)
             if (run_dir / TOKENIZER_DIR).is_dir():
@@ -925,18 +748,6 @@ def pretrain(cfg: PretrainConfig, argv: list[str] | None = None) -> str:
         + final_validation(setup.last_eval)
     )
     return outcome
-
-
-def choose_cpu_threads() -> str:
-    """Size torch's CPU thread pool and say how. OMP_NUM_THREADS wins (``accelerate launch`` sets it); otherwise
-    half of this process's share of the cores: torch's default (every core) oversubscribes the cores as soon as
-    anything else runs, which made the tiny default run 4-10x slower on a shared 2-core machine."""
-    if os.environ.get("OMP_NUM_THREADS"):
-        return f"{torch.get_num_threads()} CPU thread(s) per process (OMP_NUM_THREADS)"
-    local_processes = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    torch.set_num_threads(max(1, cores // local_processes // 2))
-    return f"{torch.get_num_threads()} CPU thread(s) per process (half of {cores} cores; set OMP_NUM_THREADS to change)"
 
 
 def main(argv: list[str] | None = None) -> int:

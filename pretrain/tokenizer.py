@@ -6,7 +6,7 @@ A trained tokenizer's ids are fixed by SPECIAL_TOKENS' order: [PAD]=0, [UNK]=1, 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from itertools import islice
 from pathlib import Path
 
@@ -15,7 +15,7 @@ from transformers import AutoTokenizer, BertTokenizerFast, PreTrainedTokenizerBa
 
 from pretrain.atomic import atomic_dir
 from pretrain.cache import CACHE_FORMAT_VERSION, content_hash
-from pretrain.corpus import document_texts, load_documents, source_fingerprint, split_documents
+from pretrain.corpus import document_texts, source_fingerprint, split_corpus
 from pretrain.data_config import MIN_PLAUSIBLE_VOCAB, DataConfig
 from pretrain.roles import keyed_in
 
@@ -120,7 +120,7 @@ def load_or_train_tokenizer(
             with atomic_dir(cached) as tmp:
                 AutoTokenizer.from_pretrained(str(trained_elsewhere)).save_pretrained(tmp)
         if not (cached / "tokenizer.json").is_file():
-            texts = training_texts() if training_texts is not None else _training_texts(cfg, seed)
+            texts = training_texts() if training_texts is not None else document_texts(split_corpus(cfg, seed=seed)[0])
             tokenizer = train_wordpiece_tokenizer(
                 islice(texts, cfg.tokenizer_train_documents), vocab_size=cfg.vocab_size, lowercase=cfg.lowercase
             )
@@ -131,8 +131,3 @@ def load_or_train_tokenizer(
     if save_dir is not None:
         tokenizer.save_pretrained(save_dir)
     return tokenizer
-
-
-def _training_texts(cfg: DataConfig, seed: int) -> Iterator[str]:
-    train, _ = split_documents(load_documents(cfg, seed=seed), cfg, seed=seed)
-    return document_texts(train)

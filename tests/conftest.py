@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 
 # Tests never reach the Hub or W&B servers, and stay within the 2 CPU cores.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -22,14 +23,12 @@ ROOT = Path(__file__).resolve().parents[1]
 # Real data for development and CI sits beside the checkout; users will not have it.
 SHARED_DATA = Path(os.environ.get("LNBERT_SHARED_DATA", ROOT.parent / "shared" / "data"))
 
-TINY = dict(
-    vocab_size=99,
-    hidden_size=32,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    intermediate_size=37,
-    max_position_embeddings=64,
-)
+# The tiny model, declared once in a preset that the command-line tests pass as --config (TINY_MODEL_ARGS).
+TINY_MODEL_PRESET = ROOT / "configs" / "pretrain" / "tiny_model.yaml"
+TINY_MODEL_ARGS = ["--config", str(TINY_MODEL_PRESET)]
+# Built directly (LNBertConfig(**TINY)) a model needs a vocabulary size: 99, odd, where the preset says "the
+# tokenizer's size".
+TINY = {**yaml.safe_load(TINY_MODEL_PRESET.read_text())["model"], "vocab_size": 99}
 
 
 @pytest.fixture

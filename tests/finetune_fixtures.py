@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors, trainers
 from transformers import PreTrainedTokenizerFast
 
 from finetune.glue import TASKS, read_tsv
@@ -25,49 +24,30 @@ from pretrain.identity import ensure_run_id
 from pretrain.layout import SNAPSHOT_INFO, SNAPSHOT_MARKER, step_dirname, write_json_atomic
 from pretrain.manifest import write_manifest
 from pretrain.modeling import LNBertConfig, LNBertForPreTraining
+from pretrain.tokenizer import train_wordpiece_tokenizer
+from tests.conftest import TINY
 
 FIXTURE_GLUE = Path(__file__).resolve().parent / "fixtures" / "glue"
-SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]  # [PAD] = 0, as BERT
 
 
 @cache
 def tiny_tokenizer() -> PreTrainedTokenizerFast:
-    """A WordPiece tokenizer (vocabulary ~200) trained on the fixture GLUE sentences."""
+    """A WordPiece tokenizer (vocabulary at most 200) trained on the fixture GLUE sentences by the project's own
+    trainer (pretrain/tokenizer.py: [PAD] = 0, as BERT)."""
     texts = []
     for task in TASKS.values():
         for split in ("train", "dev"):
             texts += [
                 t for e in read_tsv(FIXTURE_GLUE / task.folder / f"{split}.tsv", task) for t in (e.text_a, e.text_b)
             ]
-    tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
-    tok.normalizer = normalizers.BertNormalizer(lowercase=True)
-    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-    tok.train_from_iterator(texts, trainers.WordPieceTrainer(vocab_size=200, special_tokens=SPECIAL_TOKENS))
-    cls, sep = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
-    tok.post_processor = processors.TemplateProcessing(
-        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1", special_tokens=[("[CLS]", cls), ("[SEP]", sep)]
-    )
-    return PreTrainedTokenizerFast(
-        tokenizer_object=tok,
-        unk_token="[UNK]",
-        pad_token="[PAD]",
-        cls_token="[CLS]",
-        sep_token="[SEP]",
-        mask_token="[MASK]",
-        model_input_names=["input_ids", "token_type_ids", "attention_mask"],
-    )
+    return train_wordpiece_tokenizer(texts, vocab_size=200)
 
 
 def tiny_config(placement: str, vocab_size: int) -> LNBertConfig:
+    """The tests' tiny model (tests/conftest.py TINY) with the fixture tokenizer's vocabulary. 128 positions, not
+    the preset's 64: fine-tuning truncates to recipe.max_length, 128 by default (finetune/train.py refuses fewer)."""
     return LNBertConfig(
-        vocab_size=vocab_size,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        intermediate_size=37,
-        max_position_embeddings=128,
-        norm_placement=placement,
-        pad_token_id=0,
+        **{**TINY, "vocab_size": vocab_size, "max_position_embeddings": 128}, norm_placement=placement, pad_token_id=0
     )
 
 

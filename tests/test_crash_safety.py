@@ -19,17 +19,19 @@ import pytest
 from safetensors.torch import load_file
 
 import pretrain.run as run_module
+import pretrain.status as status_module
 from pretrain.checkpointing import latest_checkpoint, list_checkpoints
 from pretrain.layout import DEAD_AFTER_S, is_dead, list_snapshots, read_metrics, read_status, write_json_atomic
 from pretrain.manifest import MANIFEST_FILE
 from pretrain.run import TrainingFailed, main
-from tests import test_pretrain
-from tests.test_pretrain import RUN_PY, tiny_args
+from tests import pretrain_helpers
+from tests.pretrain_helpers import RUN_PY, tiny_args
 
-# test_pretrain's fixtures: one data cache per module, a clean Accelerate state per test, one thread.
-data_cache = test_pretrain.data_cache
-fresh_accelerate_state = test_pretrain.fresh_accelerate_state
-one_thread = test_pretrain.one_thread
+# The shared fixtures (tests/pretrain_helpers.py): one data cache per module, a clean Accelerate state per test,
+# one thread.
+data_cache = pretrain_helpers.data_cache
+fresh_accelerate_state = pretrain_helpers.fresh_accelerate_state
+one_thread = pretrain_helpers.one_thread
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -182,10 +184,11 @@ def test_the_same_command_after_a_preemption_continues_the_run(tmp_path: Path, d
 
 
 def test_status_heartbeat_advances_while_training(tmp_path: Path, data_cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(run_module, "HEARTBEAT_EVERY_S", 0)
+    monkeypatch.setattr(status_module, "HEARTBEAT_EVERY_S", 0)
     seen = []
-    real = run_module.write_status
-    monkeypatch.setattr(run_module, "write_status", lambda acc, cfg, status, step, *a, **k: (seen.append((status, step)), real(acc, cfg, status, step, *a, **k)))
+    real = status_module.write_status
+    for module in (run_module, status_module):  # the run's own statuses, and the heartbeat's
+        monkeypatch.setattr(module, "write_status", lambda acc, cfg, status, step, *a, **k: (seen.append((status, step)), real(acc, cfg, status, step, *a, **k)))
     assert main(tiny_args(tmp_path / "run", data_cache)) == 0
     assert [step for status, step in seen if status == "running"] == [0, 1, 2, 3, 4, 5, 6]
     assert seen[-1] == ("finished", 6)

@@ -16,15 +16,16 @@ import torch
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
+import pretrain.data
 import pretrain.instances
 import pretrain.tokenizer
-from pretrain.corpus import check_utf8, load_documents, split_documents
+from pretrain.corpus import check_utf8, load_documents, split_corpus, split_documents
 from pretrain.data import DataConfig, MaskingCollator, SourceConfig, build_pretraining_data
 from pretrain.instances import (
-    _plain_backend,
     _truncated_lengths,
     create_nsp_instances,
     make_instances,
+    plain_backend,
     tokenize_documents,
 )
 from pretrain.tokenizer import SPECIAL_TOKENS, load_or_train_tokenizer, train_wordpiece_tokenizer
@@ -270,6 +271,25 @@ def test_trained_tokenizer_is_bert_wordpiece_and_saved(tmp_path: Path, json_conf
     assert reloaded.tokenize("RIVER") == ["river"]  # lowercase by default
 
 
+def test_the_corpus_is_read_and_split_by_one_route(
+    tmp_path: Path, json_config: DataConfig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The tokenizer's training texts and the instances come from the same split (corpus.split_corpus), read once
+    by build_pretraining_data; alone, the tokenizer takes its training documents from the same function."""
+    calls = []
+
+    def counted(cfg: DataConfig, *, seed: int):
+        calls.append(seed)
+        return split_corpus(cfg, seed=seed)
+
+    monkeypatch.setattr(pretrain.data, "split_corpus", counted)
+    monkeypatch.setattr(pretrain.tokenizer, "split_corpus", counted)
+    build_pretraining_data(json_config, seed=5)
+    assert calls == [5]  # tokenizer training and instances: one read of the corpus
+    load_or_train_tokenizer(tiny_config(tmp_path, json_config.sources, vocab_size=299), seed=6)
+    assert calls == [5, 6]
+
+
 def test_tokenizer_named_by_folder_and_model_vocab_check(tmp_path: Path, json_config: DataConfig) -> None:
     trained = load_or_train_tokenizer(json_config, save_dir=tmp_path / "tok", seed=0)
     cfg = tiny_config(tmp_path, json_config.sources, tokenizer=str(tmp_path / "tok"))
@@ -394,9 +414,9 @@ def test_mlm_objective_packs_full_sequences(tmp_path: Path, corpus: Path) -> Non
     assert all(len(r) == 32 for r in rows[:-1])  # one chunk of documents: only the last one may be short
     assert all(set(t) == {0} for t in data.train["token_type_ids"])
     # The bodies, joined, are the training documents' tokens with [SEP] between documents.
-    train_docs, _ = split_documents(load_documents(cfg, seed=0), cfg, seed=0)
+    train_docs, _ = split_corpus(cfg, seed=0)
     expected = []
-    for doc in tokenize_documents(train_docs["text"], _plain_backend(data.tokenizer)):
+    for doc in tokenize_documents(train_docs["text"], plain_backend(data.tokenizer)):
         expected += [t for sentence in doc for t in sentence] + [sep]
     assert [t for r in rows for t in r[1:-1]] == expected
 
@@ -420,7 +440,7 @@ def test_instances_are_deterministic_and_independent_of_num_proc(tmp_path: Path)
     corpus = write_jsonl(tmp_path / "big.jsonl", make_documents(600))  # three chunks of documents
     cfg = tiny_config(tmp_path, [SourceConfig(kind="json", path=str(corpus))])
     tok = load_or_train_tokenizer(cfg, seed=0)
-    train, _ = split_documents(load_documents(cfg, seed=0), cfg, seed=0)
+    train, _ = split_corpus(cfg, seed=0)
     one = make_instances(train, tok, cfg, seed=0, validation=False)
     two = make_instances(train, tok, tiny_config(tmp_path, cfg.sources, num_proc=2), seed=0, validation=False)
     assert one["input_ids"] == two["input_ids"] and one["instance_id"] == two["instance_id"]

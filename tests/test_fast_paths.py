@@ -15,6 +15,7 @@ from benchmarks import common, train_step
 from pretrain.device import pick_device
 from pretrain.flops import flops_per_token
 from pretrain.modeling import NORM_PLACEMENTS, LNBertConfig, LNBertForPreTraining
+from tests.conftest import TINY
 
 
 def _batch(vocab: int, batch: int = 3, seq: int = 11, seed: int = 0) -> dict[str, torch.Tensor]:
@@ -144,9 +145,7 @@ def test_fused_qkv_keeps_hugging_face_parameter_names(tiny_kwargs: dict) -> None
 
 def test_flops_per_token_matches_a_hand_count_for_a_tiny_config() -> None:
     # L=2, H=32, I=37, V=99, T=16: every matmul of the model, counted by hand.
-    config = LNBertConfig(
-        vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37
-    )
+    config = LNBertConfig(**TINY)
     per_layer = 4 * 32 * 32 + 2 * 32 * 37  # Q, K, V, attention output; FFN in and out
     mlm_head = 32 * 32 + 99 * 32  # transform dense, vocabulary decoder
     pooler_nsp = (32 * 32 + 32 * 2) / 16  # once per sequence of 16 tokens
@@ -156,7 +155,7 @@ def test_flops_per_token_matches_a_hand_count_for_a_tiny_config() -> None:
     sparse = 6 * (2 * per_layer + 0.15 * mlm_head + pooler_nsp) + attention
     assert flops_per_token(config, 16, mlm_head_share=0.15) == pytest.approx(sparse)
     # Hugging Face's BertConfig spells the shape the same way: the benchmarks count Hugging Face's model with it.
-    hf = BertConfig(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37)
+    hf = BertConfig(**TINY)
     assert flops_per_token(hf, 16) == flops_per_token(config, 16)
 
 

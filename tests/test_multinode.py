@@ -13,15 +13,15 @@ from types import SimpleNamespace
 
 import pytest
 
-from pretrain import run
+from pretrain import vocabulary
 from pretrain.config import ConfigError
 from pretrain.layout import read_metrics, read_status
+from tests.conftest import TINY_MODEL_ARGS
 
 ROOT = Path(__file__).resolve().parents[1]
 MULTINODE_CONFIG = ROOT / "configs" / "accelerate" / "multinode_2x8.yaml"
 ARGS = [
-    "--model.hidden_size=32", "--model.num_hidden_layers=2", "--model.num_attention_heads=4",
-    "--model.intermediate_size=37", "--model.max_position_embeddings=64", "--data.max_seq_length=32",
+    *TINY_MODEL_ARGS, "--data.max_seq_length=32",
     "--data.vocab_size=300", "--data.max_documents=30", "--data.validation_documents=2",
     "--train.per_device_batch_size=8", "--train.max_steps=4", "--train.log_every=1", "--train.eval_every=2",
     "--train.eval_batches=2", "--train.checkpoint_every=2", "--train.collective_timeout_s=120",
@@ -101,11 +101,13 @@ def test_processes_with_different_vocabularies_are_stopped(monkeypatch: pytest.M
     """A node that prepared its own cache with a tokenizer trained there would train on other token ids."""
     tokenizer = SimpleNamespace(get_vocab=lambda: {"[PAD]": 0, "a": 1})
     accelerator = SimpleNamespace(num_processes=2)
-    monkeypatch.setattr(run, "gather_object", lambda items: [*items, "another vocabulary"])
+    monkeypatch.setattr(vocabulary, "gather_object", lambda items: [*items, "another vocabulary"])
     with pytest.raises(ConfigError, match=r"different vocabularies .* --data\.tokenizer=FOLDER on every node"):
-        run.check_one_vocabulary(accelerator, tokenizer)
-    monkeypatch.setattr(run, "gather_object", lambda items: items * 2)
-    run.check_one_vocabulary(accelerator, tokenizer)  # the same on both: nothing to say
+        vocabulary.check_one_vocabulary(accelerator, tokenizer)
+    sent = []
+    monkeypatch.setattr(vocabulary, "gather_object", lambda items: sent.extend(items) or items * 2)
+    vocabulary.check_one_vocabulary(accelerator, tokenizer)  # the same on both: nothing to say
+    assert sent == [vocabulary.vocab_hash(tokenizer)]  # the one vocabulary hash (data_fingerprint's too)
 
 
 def test_the_slurm_script_adds_to_the_multinode_config_the_flags_the_test_passes() -> None:

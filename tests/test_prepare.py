@@ -17,14 +17,14 @@ import datasets
 import numpy as np
 import pytest
 
-import pretrain.instances
+import pretrain.instance_cache
 from pretrain.corpus import load_documents
 from pretrain.data import DataConfig, PreparationRequired, SourceConfig, build_pretraining_data, is_prepared
-from pretrain.instances import SUMMARY_FILE, prepared_dir, read_summary
+from pretrain.instance_cache import SUMMARY_FILE, prepared_dir, read_summary
 from pretrain.prepare import format_report, source_checks
 from pretrain.prepare import main as prepare_main
+from tests.pretrain_helpers import accelerate_launch, tiny_args
 from tests.test_data import WORDS, make_documents, tiny_config, write_jsonl
-from tests.test_pretrain import _accelerate, tiny_args
 
 datasets.disable_progress_bars()
 ROOT = Path(__file__).resolve().parents[1]
@@ -173,9 +173,9 @@ class Killed(Exception):
 def test_preparation_resumes_from_its_finished_shards(tmp_path: Path, monkeypatch) -> None:
     corpus = write_jsonl(tmp_path / "corpus.jsonl", make_documents(700))
     cfg = tiny_config(tmp_path, [SourceConfig(kind="json", path=str(corpus))])
-    monkeypatch.setattr(pretrain.instances, "SHARD_CHUNKS", 1)  # 3 training shards of one chunk (256 documents)
+    monkeypatch.setattr(pretrain.instance_cache, "SHARD_CHUNKS", 1)  # 3 training shards of one chunk (256 documents)
     written = []
-    write_shard = pretrain.instances._write_shard
+    write_shard = pretrain.instance_cache._write_shard
 
     def dies_on_the_second_shard(docs, path, **kwargs):
         written.append(path.name)
@@ -183,7 +183,7 @@ def test_preparation_resumes_from_its_finished_shards(tmp_path: Path, monkeypatc
             raise Killed  # as a kill in the middle of the preparation
         return write_shard(docs, path, **kwargs)
 
-    monkeypatch.setattr(pretrain.instances, "_write_shard", dies_on_the_second_shard)
+    monkeypatch.setattr(pretrain.instance_cache, "_write_shard", dies_on_the_second_shard)
     with pytest.raises(Killed):
         build_pretraining_data(cfg, seed=0)
     assert not is_prepared(cfg, seed=0)
@@ -198,7 +198,7 @@ def test_preparation_resumes_from_its_finished_shards(tmp_path: Path, monkeypatc
     assert not list(Path(cfg.cache_dir).glob("instances-*/*/*.tmp-*"))
 
     # The same instances as a preparation in one go.
-    monkeypatch.setattr(pretrain.instances, "_write_shard", write_shard)
+    monkeypatch.setattr(pretrain.instance_cache, "_write_shard", write_shard)
     data.tokenizer.save_pretrained(tmp_path / "tok")
     fresh = build_pretraining_data(
         tiny_config(tmp_path / "fresh", cfg.sources, tokenizer=str(tmp_path / "tok")), seed=0
@@ -216,10 +216,10 @@ def test_prepared_instances_do_not_depend_on_processes_or_shards(tmp_path: Path,
     corpus = write_jsonl(tmp_path / "corpus.jsonl", make_documents(700))
     cfg = tiny_config(tmp_path, [SourceConfig(kind="json", path=str(corpus))])
     with monkeypatch.context() as m:
-        m.setattr(pretrain.instances, "shard_chunks", lambda *_: 64)  # one shard of all 3 chunks
+        m.setattr(pretrain.instance_cache, "shard_chunks", lambda *_: 64)  # one shard of all 3 chunks
         one = build_pretraining_data(cfg, seed=0)
     one.tokenizer.save_pretrained(tmp_path / "tok")
-    assert pretrain.instances.shard_chunks(700, 2) == 1  # a small corpus: shards of one chunk for 2 processes
+    assert pretrain.instance_cache.shard_chunks(700, 2) == 1  # a small corpus: shards of one chunk for 2 processes
     two = build_pretraining_data(
         tiny_config(tmp_path / "two", cfg.sources, num_proc=2, tokenizer=str(tmp_path / "tok")), seed=0
     )
@@ -289,7 +289,7 @@ def test_two_process_training_refuses_then_finds_the_prepared_cache(tmp_path: Pa
     )
     argv = tiny_args(tmp_path / "run", tmp_path / "cache", f"--data.sources={sources}", "--data.weight_by=words",
                      "--data.max_inline_preparation_mb=0", "--train.max_steps=2")  # fmt: skip
-    refused = _accelerate(["--multi_gpu", "--num_processes", "2", "--main_process_port", "29527"], argv, tmp_path)
+    refused = accelerate_launch(["--multi_gpu", "--num_processes", "2", "--main_process_port", "29527"], argv, tmp_path)
     assert refused.returncode != 0
     assert "python -m pretrain.prepare " in refused.stderr and "--data.max_inline_preparation_mb=0" in refused.stderr
     assert not list((tmp_path / "cache").glob("instances-*/"))
@@ -297,7 +297,7 @@ def test_two_process_training_refuses_then_finds_the_prepared_cache(tmp_path: Pa
                               text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT)})  # fmt: skip
     assert prepared.returncode == 0, prepared.stderr[-3000:]
     (folder,) = (tmp_path / "cache").glob("instances-*/")
-    started = _accelerate(["--multi_gpu", "--num_processes", "2", "--main_process_port", "29528"], argv, tmp_path)
+    started = accelerate_launch(["--multi_gpu", "--num_processes", "2", "--main_process_port", "29528"], argv, tmp_path)
     assert started.returncode == 0, started.stdout[-3000:] + started.stderr[-3000:]
     assert "2 process(es)" in started.stdout
     assert "Preparing instances" not in started.stderr

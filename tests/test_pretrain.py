@@ -14,65 +14,20 @@ from pathlib import Path
 
 import pytest
 import torch
-from accelerate.state import AcceleratorState, GradientState
 from safetensors.torch import load_file
 
 from pretrain.checkpointing import latest_checkpoint, list_checkpoints
 from pretrain.layout import list_snapshots, read_metrics, read_status
 from pretrain.modeling import LNBertForPreTraining
 from pretrain.run import final_validation, main, progress_postfix
+from tests import pretrain_helpers
+from tests.pretrain_helpers import ROOT, RUN_PY, accelerate_launch, tiny_args
 
-ROOT = Path(__file__).resolve().parents[1]
-RUN_PY = ROOT / "pretrain" / "run.py"
-TINY_MODEL = [
-    "--model.hidden_size=32",
-    "--model.num_hidden_layers=2",
-    "--model.num_attention_heads=4",
-    "--model.intermediate_size=37",
-    "--model.max_position_embeddings=64",
-]
-
-
-@pytest.fixture(scope="module")
-def data_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """One data cache for the module: the tokenizer and instances are built once."""
-    return tmp_path_factory.mktemp("data-cache")
-
-
-@pytest.fixture(autouse=True)
-def fresh_accelerate_state() -> None:
-    """Accelerate keeps process-wide singletons; each in-process run starts from a clean slate."""
-    yield
-    AcceleratorState._reset_state(reset_partial_state=True)
-    GradientState._reset_state()
-
-
-@pytest.fixture(autouse=True)
-def one_thread() -> None:
-    """Tiny models run fastest on one thread, and far faster than two when other jobs share the cores."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-def tiny_args(run_dir: Path, cache: Path, *extra: str) -> list[str]:
-    return [
-        *TINY_MODEL,
-        "--data.max_seq_length=32",
-        "--data.vocab_size=300",
-        "--data.max_documents=30",
-        "--data.validation_documents=2",
-        f"--data.cache_dir={cache}",
-        f"--train.output_dir={run_dir}",
-        "--train.per_device_batch_size=8",
-        "--train.max_steps=6",
-        "--train.log_every=1",
-        "--train.eval_every=3",
-        "--train.eval_batches=2",
-        "--train.checkpoint_every=3",
-        *extra,
-    ]
+# The shared fixtures (tests/pretrain_helpers.py): one data cache per module, a clean Accelerate state per test,
+# one thread.
+data_cache = pretrain_helpers.data_cache
+fresh_accelerate_state = pretrain_helpers.fresh_accelerate_state
+one_thread = pretrain_helpers.one_thread
 
 
 def train_losses(run_dir: Path) -> dict[int, float]:
@@ -362,19 +317,10 @@ def test_true_default_run_finishes_offline(tmp_path: Path) -> None:
     assert elapsed < 300, elapsed
 
 
-def _accelerate(args: list[str], argv: list[str], cwd: Path, force_cpu: bool = True) -> subprocess.CompletedProcess:
-    # ACCELERATE_USE_CPU=1 is what makes `--multi_gpu` start CPU processes; DeepSpeed finds the CPU by itself.
-    full_env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    if force_cpu:
-        full_env["ACCELERATE_USE_CPU"] = "1"
-    cmd = [sys.executable, "-m", "accelerate.commands.launch", *args, str(RUN_PY), *argv]
-    return subprocess.run(cmd, cwd=cwd, env=full_env, capture_output=True, text=True, timeout=900)
-
-
 @pytest.mark.slow
 def test_two_processes(tmp_path: Path, data_cache: Path) -> None:
     run = tmp_path / "ddp"
-    result = _accelerate(["--multi_gpu", "--num_processes", "2", "--main_process_port", "29517"],
+    result = accelerate_launch(["--multi_gpu", "--num_processes", "2", "--main_process_port", "29517"],
                          tiny_args(run, data_cache, "--train.max_steps=4"), tmp_path)  # fmt: skip
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "2 process(es), global batch 16" in result.stdout
@@ -382,7 +328,7 @@ def test_two_processes(tmp_path: Path, data_cache: Path) -> None:
     checkpoint = latest_checkpoint(run)
     assert {p.name for p in checkpoint.glob("random_states_*.pkl")} == {"random_states_0.pkl", "random_states_1.pkl"}
     # Resume under two processes too.
-    result = _accelerate(["--multi_gpu", "--num_processes", "2", "--main_process_port", "29518"],
+    result = accelerate_launch(["--multi_gpu", "--num_processes", "2", "--main_process_port", "29518"],
                          tiny_args(run, data_cache, "--train.max_steps=6", "--train.resume=auto"), tmp_path)  # fmt: skip
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert read_status(run)["step"] == 6
@@ -396,7 +342,7 @@ def test_deepspeed_zero2_one_process(tmp_path: Path, data_cache: Path) -> None:
     except Exception as err:  # any import failure means: not available here
         pytest.skip(f"deepspeed not importable: {err}")
     run = tmp_path / "zero2"
-    result = _accelerate(
+    result = accelerate_launch(
         ["--config_file", str(ROOT / "configs/accelerate/deepspeed_zero2.yaml"), "--num_processes", "1",
          "--main_process_port", "29519"],
         tiny_args(run, data_cache, "--train.max_steps=3", "--train.mixed_precision=bf16"), ROOT, force_cpu=False,
@@ -413,7 +359,7 @@ def test_deepspeed_zero2_one_process(tmp_path: Path, data_cache: Path) -> None:
     assert {t.dtype for t in weights.values()} == {torch.float32}
     assert LNBertForPreTraining.from_pretrained(list_snapshots(run)[-1].path).dtype == torch.float32
     # The DeepSpeed checkpoint resumes.
-    result = _accelerate(
+    result = accelerate_launch(
         ["--config_file", str(ROOT / "configs/accelerate/deepspeed_zero2.yaml"), "--num_processes", "1",
          "--main_process_port", "29519"],
         tiny_args(run, data_cache, "--train.max_steps=5", "--train.resume=auto", "--train.mixed_precision=bf16"), ROOT,
@@ -495,3 +441,20 @@ def test_resume_refuses_a_retrained_tokenizer_that_differs(tmp_path: Path, data_
     assert json.loads(saved.read_text())["model"]["vocab"][a] == vocab[a]  # the run's tokenizer is untouched
     assert main(tiny_args(run, data_cache, "--train.resume=auto", f"--data.tokenizer={run / 'tokenizer'}")) == 0
     assert read_status(run)["status"] == "finished"
+
+
+def test_a_checkpoint_continued_in_a_new_folder_saves_the_tokenizer_there_not_over_its_own(
+    tmp_path: Path, data_cache: Path
+) -> None:
+    """Resuming a checkpoint of the run's own folder keeps the tokenizer it saved; continuing one in a new folder
+    gives that folder the same tokenizer (run.pretrain decides "the same run" once, for both)."""
+    run, new = tmp_path / "run", tmp_path / "new"
+    assert main(tiny_args(run, data_cache, "--train.stop_at_step=3")) == 0
+    saved = run / "tokenizer" / "tokenizer.json"
+    written = saved.stat().st_mtime_ns
+    assert main(tiny_args(new, data_cache, f"--train.resume={latest_checkpoint(run)}")) == 0
+    assert (new / "tokenizer" / "tokenizer.json").read_bytes() == saved.read_bytes()
+    assert [r["step"] for r in read_metrics(new) if "train/loss" in r] == [4, 5, 6]
+    assert main(tiny_args(run, data_cache, "--train.resume=auto")) == 0
+    assert saved.stat().st_mtime_ns == written
+    assert read_status(run)["status"] == read_status(new)["status"] == "finished"

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from pretrain.layout import read_metrics, read_status
+from tests.conftest import TINY_MODEL_ARGS
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -64,8 +65,7 @@ def test_compare_placements_runs_both_with_the_same_seed(tmp_path: Path) -> None
     tiny = [
         "--data.sources=[{kind: python_docs}]", "--data.max_documents=30", "--data.validation_documents=2",
         "--data.vocab_size=300", "--data.max_seq_length=32", f"--data.cache_dir={tmp_path / 'cache'}",
-        "--model.hidden_size=32", "--model.num_hidden_layers=2", "--model.intermediate_size=37",
-        "--model.max_position_embeddings=64", "--train.max_steps=4", "--train.eval_every=2", "--train.eval_batches=1",
+        *TINY_MODEL_ARGS, "--train.max_steps=4", "--train.eval_every=2", "--train.eval_batches=1",
         "--train.per_device_batch_size=8", "--train.snapshot_steps=[]",
     ]  # fmt: skip
     env = {**os.environ, "OUT": str(out), "SEED": "3"}

@@ -10,13 +10,13 @@ from typing import Any
 
 import pytest
 
-import pretrain.instances as instances
+import pretrain.instance_cache as instance_cache
 import pretrain.tokenizer as tokenizer
 from pretrain import roles
 from pretrain.checkpointing import IDENTICAL_RUN_IGNORES
 from pretrain.config import ADDED_FIELD_DEFAULTS, RESUMABLE_CHANGES, PretrainConfig, to_dict
 from pretrain.data import DataConfig, SourceConfig
-from pretrain.run import data_fingerprint
+from pretrain.vocabulary import data_fingerprint
 from pretrain.wandb_logging import _NOT_RECIPE, recipe, short_hash
 
 # --------------------------------------------------------------------------------------------------
@@ -63,10 +63,10 @@ ADDED_FIELD_DEFAULTS_BEFORE = {
 def test_the_derived_lists_equal_the_hand_kept_ones() -> None:
     assert RESUMABLE_CHANGES == RESUMABLE_CHANGES_BEFORE
     assert IDENTICAL_RUN_IGNORES == IDENTICAL_RUN_IGNORES_BEFORE
-    assert instances._FIELDS_NOT_IN_KEY == FIELDS_NOT_IN_INSTANCE_KEY_BEFORE
+    assert instance_cache._FIELDS_NOT_IN_KEY == FIELDS_NOT_IN_INSTANCE_KEY_BEFORE
     assert tokenizer._TOKENIZER_KEY_FIELDS - {"sources"} == TOKENIZER_KEY_FIELDS_BEFORE
     assert "sources" in tokenizer._TOKENIZER_KEY_FIELDS
-    assert roles.not_keyed_in(DataConfig, "batches") == DATA_FINGERPRINT_LEFT_OUT_BEFORE  # run.data_fingerprint's
+    assert roles.not_keyed_in(DataConfig, "batches") == DATA_FINGERPRINT_LEFT_OUT_BEFORE  # vocabulary.data_fingerprint's
     assert _NOT_RECIPE == NOT_RECIPE_BEFORE
     assert ADDED_FIELD_DEFAULTS == ADDED_FIELD_DEFAULTS_BEFORE
 
@@ -112,12 +112,12 @@ RMSNORM_RECIPE_HASH_BEFORE = "851bed26"
 
 @pytest.mark.parametrize("name", ["default", "other"])
 def test_cache_keys_fingerprint_and_recipe_hash_are_unchanged(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(instances, "source_fingerprint", _fingerprint)
+    monkeypatch.setattr(instance_cache, "source_fingerprint", _fingerprint)
     monkeypatch.setattr(tokenizer, "source_fingerprint", _fingerprint)
     cfg = PretrainConfig() if name == "default" else PretrainConfig(data=_OTHER_DATA)
     assert {
         "tokenizer_key": tokenizer._tokenizer_cache_key(cfg.data, 3),
-        "instances_key": instances.data_cache_key(cfg.data, _Tokenizer(), seed=3),
+        "instances_key": instance_cache.data_cache_key(cfg.data, _Tokenizer(), seed=3),
         "data_fingerprint": data_fingerprint(cfg, 2, _Tokenizer()),
         "recipe_hash": short_hash(recipe(to_dict(cfg), 64)),
     } == KEYS_BEFORE[name]

@@ -34,10 +34,8 @@ from pretrain.layout import read_status
 from pretrain.modeling import LNBertConfig, LNBertForPreTraining
 from pretrain.optim import build_adamw, resolve_adamw_implementation
 from pretrain.run import build_accelerator, build_model
-from tests.conftest import ROOT, TINY
+from tests.conftest import ROOT, TINY, TINY_MODEL_ARGS
 from tests.finetune_fixtures import FIXTURE_GLUE, QUICK, tiny_config, tiny_tokenizer
-
-TINY_MODEL = [f"--model.{key}={value}" for key, value in TINY.items() if key != "vocab_size"]
 
 
 def _free_port() -> int:
@@ -70,7 +68,7 @@ def _ddp_worker(rank: int, port: int, out: Path) -> None:
 
     torch.compile = record_compile
     try:
-        cfg = parse_args([*TINY_MODEL, "--data.objective=mlm", "--train.compile=true", f"--train.output_dir={out}"])
+        cfg = parse_args([*TINY_MODEL_ARGS, "--data.objective=mlm", "--train.compile=true", f"--train.output_dir={out}"])
         accelerator = build_accelerator(cfg)
         torch.manual_seed(0)
         model = build_model(cfg, TINY["vocab_size"])
@@ -100,7 +98,7 @@ def test_ddp_trains_the_mlm_only_objective_and_compiles_after_the_wrap(tmp_path:
 
 def test_the_mlm_only_loss_reaches_every_trainable_parameter() -> None:
     """What DDP needs of the MLM-only objective, in one process: no trainable parameter without a gradient."""
-    model = build_model(parse_args([*TINY_MODEL, "--data.objective=mlm"]), TINY["vocab_size"])
+    model = build_model(parse_args([*TINY_MODEL_ARGS, "--data.objective=mlm"]), TINY["vocab_size"])
     out = model(**_tiny_batch(seed=0))
     out.loss.backward()
     assert out.seq_relationship_logits is None
@@ -111,7 +109,7 @@ def test_the_mlm_only_loss_reaches_every_trainable_parameter() -> None:
         "cls.seq_relationship.bias",
     }  # fmt: skip
     # With NSP, everything trains.
-    assert all(p.requires_grad for p in build_model(parse_args(TINY_MODEL), TINY["vocab_size"]).parameters())
+    assert all(p.requires_grad for p in build_model(parse_args(TINY_MODEL_ARGS), TINY["vocab_size"]).parameters())
     # Without labels (inference) the NSP logits are there, as in Hugging Face's BertForPreTraining.
     assert model(input_ids=_tiny_batch(seed=0)["input_ids"]).seq_relationship_logits.shape == (4, 2)
 
@@ -165,7 +163,7 @@ def test_mfu_peak_follows_the_device_and_the_precision(monkeypatch: pytest.Monke
 
 def test_pinned_batches_are_copied_without_blocking(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """Accelerate copies batches with non_blocking=False unless told; pinned memory alone copies synchronously."""
-    cfg = parse_args([*TINY_MODEL, f"--train.output_dir={tmp_path}"])
+    cfg = parse_args([*TINY_MODEL_ARGS, f"--train.output_dir={tmp_path}"])
     monkeypatch.setattr(run, "copies_asynchronously", lambda: True)
     try:
         assert run.build_accelerator(cfg).dataloader_config.non_blocking is True
@@ -230,7 +228,7 @@ def test_the_loop_goes_on_through_overflow_steps(
 
     monkeypatch.setattr(run, "train_step", overflowing_step)
     out = tmp_path / "run"
-    args = [*TINY_MODEL, "--data.max_seq_length=32", "--data.vocab_size=300", "--data.max_documents=30",
+    args = [*TINY_MODEL_ARGS, "--data.max_seq_length=32", "--data.vocab_size=300", "--data.max_documents=30",
             "--data.validation_documents=2", f"--data.cache_dir={tmp_path / 'cache'}", f"--train.output_dir={out}",
             "--train.per_device_batch_size=8", "--train.max_steps=5", "--train.eval_every=0", "--train.log_every=1",
             "--train.snapshot_at_start=false", f"--train.max_skipped_steps={allowed}"]  # fmt: skip

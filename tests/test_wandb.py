@@ -35,7 +35,7 @@ from pretrain.wandb_logging import (
     snapshot_artifact,
 )
 from tests.finetune_fixtures import FIXTURE_GLUE, make_run
-from tests.test_pretrain import tiny_args
+from tests.pretrain_helpers import tiny_args
 from tests.wandb_records import LoggedRun, read_runs
 
 QUICK = dict(batch_size=4, epochs=1, max_train_examples=8, max_eval_examples=8, torch_threads=1, progress=False)

@@ -38,6 +38,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
+TINY_MODEL_PRESET = ROOT / "configs" / "pretrain" / "tiny_model.yaml"  # the tests' tiny model
 
 from pretrain.checkpointing import latest_checkpoint  # noqa: E402
 from pretrain.layout import list_snapshots, read_metrics, read_status  # noqa: E402
@@ -75,8 +76,7 @@ def damage(path: Path, how: str) -> None:
 
 def run_args(run_dir: Path, cache: Path) -> list[str]:
     return [
-        "--model.hidden_size=32", "--model.num_hidden_layers=2", "--model.num_attention_heads=4",
-        "--model.intermediate_size=37", "--model.max_position_embeddings=64",
+        "--config", str(TINY_MODEL_PRESET),
         "--data.max_seq_length=32", "--data.vocab_size=300", "--data.max_documents=30",
         "--data.validation_documents=2", f"--data.cache_dir={cache}",
         f"--train.output_dir={run_dir}", "--train.per_device_batch_size=8", f"--train.max_steps={MAX_STEPS}",

@@ -1,0 +1,86 @@
+"""A live run's status.json, as the main process writes it (the readers are in pretrain/layout.py): the status
+itself, the heartbeat that tells a live run from a dead one, and the stop requests (SIGTERM/SIGINT) the training
+loop answers with a checkpoint."""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import signal
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from accelerate import Accelerator
+
+from pretrain.config import PretrainConfig
+from pretrain.layout import HEARTBEAT_EVERY_S, STATUS_FILE, write_json_atomic
+from pretrain.tracking import record_outcome
+
+
+def write_status(
+    accelerator: Accelerator,
+    cfg: PretrainConfig,
+    status: str,
+    step: int,
+    message: str = "",
+    diverged_at: int | None = None,
+) -> None:
+    if not accelerator.is_main_process:
+        return
+    write_json_atomic(
+        Path(cfg.train.output_dir) / STATUS_FILE,
+        {
+            "status": status,
+            "step": step,
+            "run_name": cfg.train.run_name,
+            "norm_placement": cfg.model.norm_placement,
+            "updated": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "diverged_at_step": diverged_at,
+            "message": message,
+        },
+    )
+    record_outcome(accelerator, status, step, diverged_at)
+
+
+@dataclass
+class StopRequest:
+    """Set by SIGTERM/SIGINT; the loop checks it at each step boundary (all processes agree via a reduce)."""
+
+    signal_name: str = ""
+
+    @contextlib.contextmanager
+    def installed(self) -> Iterator[StopRequest]:
+        previous = {}
+        try:
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                previous[sig] = signal.signal(sig, self._handle)
+        except ValueError:  # not in the main thread (e.g. called from a worker thread): no handlers
+            pass
+        try:
+            yield self
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if self.signal_name and signum == signal.SIGINT:
+            raise KeyboardInterrupt  # a second Ctrl-C: stop now, without a checkpoint
+        self.signal_name = signal.Signals(signum).name
+
+
+@dataclass
+class Heartbeat:
+    """Rewrites status.json ("running", the step, the time) at most every HEARTBEAT_EVERY_S seconds, so that
+    readers can tell a live run from a dead one (layout.is_dead)."""
+
+    accelerator: Accelerator
+    cfg: PretrainConfig
+    last: float = field(default_factory=time.monotonic)
+
+    def beat(self, step: int) -> None:
+        if time.monotonic() - self.last >= HEARTBEAT_EVERY_S:
+            write_status(self.accelerator, self.cfg, "running", step)
+            self.last = time.monotonic()

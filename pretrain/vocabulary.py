@@ -1,0 +1,61 @@
+"""One vocabulary for a whole run: every process holds the same token ids, a resumed run the ones it was trained
+with, and the data position of a checkpoint is only reused for the same sequence of batches."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+from accelerate import Accelerator
+from accelerate.utils import gather_object
+
+from pretrain.config import ConfigError, PretrainConfig, to_dict
+from pretrain.roles import not_keyed_in
+
+
+def vocab_hash(tokenizer: Any) -> str:
+    """The vocabulary's identity (token -> id), whatever the tokenizer's name, folder or normaliser settings."""
+    return hashlib.sha256(json.dumps(tokenizer.get_vocab(), sort_keys=True).encode()).hexdigest()
+
+
+def check_same_trained_tokenizer(tokenizer: Any, saved_dir: Path) -> None:
+    """A resumed run must see the vocabulary it was trained with. WordPiece training is not bit-reproducible, so
+    a tokenizer re-trained after the data cache was lost can differ from the run's; refuse to continue then."""
+    saved = saved_dir / "tokenizer.json"
+    if not saved.is_file():
+        return
+    vocab = json.loads(tokenizer.backend_tokenizer.to_str())["model"]["vocab"]
+    if json.loads(saved.read_text())["model"]["vocab"] != vocab:
+        raise ValueError(
+            f"the WordPiece tokenizer trained now differs from the one the checkpoint was trained with ({saved_dir}); "
+            f"tokenizer training is not bit-reproducible and data.cache_dir no longer holds the original. Resume with "
+            f"--data.tokenizer={saved_dir}"
+        )
+
+
+def check_one_vocabulary(accelerator: Accelerator, tokenizer: Any) -> None:
+    """Every process must train with the same token ids: a node that trained or prepared its own WordPiece
+    tokenizer (not bit-reproducible) would average gradients over another vocabulary without any error."""
+    if accelerator.num_processes == 1:
+        return
+    vocab = vocab_hash(tokenizer)
+    hashes = gather_object([vocab])
+    if len(set(hashes)) > 1:
+        raise ConfigError(
+            f"the processes of this run hold different vocabularies ({len(set(hashes))} distinct over "
+            f"{len(hashes)} processes): a node prepared its own data.cache_dir with a tokenizer trained there. "
+            "Prepare the data once and give every node the same cache (copy data.cache_dir), or train the "
+            "tokenizer once and pass --data.tokenizer=FOLDER on every node"
+        )
+
+
+def data_fingerprint(cfg: PretrainConfig, num_processes: int, tokenizer: Any) -> str:
+    """What fixes the sequence of batches: data config, vocabulary, seed, batch size, processes (a position is
+    only meaningful for the same sequence). The vocabulary counts, not the tokenizer's name or folder."""
+    mechanics = not_keyed_in(type(cfg.data), "batches")  # pretrain/data_config.py: keyed_in
+    data = {k: v for k, v in to_dict(cfg.data).items() if k not in mechanics}
+    vocab = vocab_hash(tokenizer)
+    key = [data, vocab, cfg.train.seed, cfg.train.per_device_batch_size, num_processes]
+    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
