@@ -232,3 +232,17 @@ def test_cell_cost_sums_the_steps_and_spans_the_run(tmp_path):
             {"step": 2, "tokens_seen": 300, "val/mlm_loss": 6.0}]  # fmt: skip
     assert grid.cell_cost(tmp_path, rows) == {"train_seconds": 4.0, "wall_seconds": 90.0}
     assert grid.cell_cost(tmp_path / "none", []) == {"train_seconds": None, "wall_seconds": None}
+
+
+def test_the_gpu_grid_preset_parses_to_every_placement_and_norm_type():
+    from pathlib import Path
+
+    from pretrain.analysis.grid import grid_cells
+    from pretrain.placements import ALIASES, PLACEMENTS
+
+    preset = Path(__file__).resolve().parents[1] / "configs" / "analysis" / "grid_gpu.yaml"
+    command, args = analysis.parse_args(["grid", "--config", str(preset)])
+    assert command == "grid"
+    assert {p for p, _ in args.models.values()} == set(PLACEMENTS) - set(ALIASES)  # peri is sandwich
+    assert {t for _, t in args.models.values()} == {"layernorm", "rmsnorm", "dyt"}
+    assert len(grid_cells(args, args.seeds)) == 14 * 3 * 2 * 2 * 2
