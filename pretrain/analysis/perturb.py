@@ -142,6 +142,8 @@ def plot_init_perturb(args: InitPerturbConfig, raw: dict[str, list[float]], path
             ax.errorbar(depths, mean, yerr=sem, fmt="o-", color=placement_color(placement), label=label, capsize=2)
         ax.set_xscale("log")
         ax.set_yscale("log")
+        ax.set_xticks(depths, [str(d) for d in depths])
+        ax.set_xticks([], minor=True)
         ax.set_xlabel("number of layers L")
         ax.set_ylabel("||f(W) - f(W + delta)||^2 / ||f(W)||^2")
         ax.set_title(f"{init_scheme} init: output change, delta = {args.epsilon:g} rms(W)")
