@@ -215,7 +215,7 @@ def test_learned_scalars_follow_the_snapshots(tmp_path):
     args = grid.GridConfig(placements=["rezero"], probe_steps=4)
     cell = grid.Cell("rezero", 128, 2, 0, 1e-3, 0)
     rows = grid.scalar_lines(args, {cell: {"probe": {"learned_scalars": found}}})
-    assert rows == [[cell.name, "ReZero gate (x2)", "0: 0 [0, 0]  100: -0.125 [-0.5, 0.25]"]]
+    assert rows == [[cell.name, "ReZero gate (x2)", "0: 0 [0, 0]  100: 0.375 [-0.5, 0.25]"]]
 
 
 def test_cell_cost_sums_the_steps_and_spans_the_run(tmp_path):

@@ -537,8 +537,9 @@ SCALAR_KINDS = {"rezero_gate.weight": "ReZero gate", ".alpha": "DyT alpha", "res
 
 
 def scalar_lines(args: GridConfig, results: dict[Cell, dict[str, Any]]) -> list[list[Any]]:
-    """Per cell with learned scalars (probes.learned_scalars) and kind of scalar: mean [min, max] over the model's
-    parameters of that kind at step 0 and at each snapshot after the probed first steps."""
+    """Per cell with learned scalars (probes.learned_scalars) and kind of scalar: mean absolute value [min, max] over
+    the model's parameters of that kind (ReZero's gates take either sign) at step 0 and at each snapshot after the
+    probed first steps."""
     rows = []
     for cell, r in sorted(results.items(), key=lambda kv: kv[0].name):
         found = (r.get("probe") or {}).get("learned_scalars") or {}
@@ -549,7 +550,7 @@ def scalar_lines(args: GridConfig, results: dict[Cell, dict[str, Any]]) -> list[
                 continue
             shown = [i for i, step in enumerate(steps) if step == 0 or step > args.probe_steps]
             text = "  ".join(
-                f"{steps[i]}: {sum(v[i] for v in series) / len(series):.3g} "
+                f"{steps[i]}: {sum(abs(v[i]) for v in series) / len(series):.3g} "
                 f"[{min(v[i] for v in series):.3g}, {max(v[i] for v in series):.3g}]"
                 for i in shown
             )
@@ -613,9 +614,9 @@ def report_table(
     scalars = scalar_lines(args, results)
     if scalars:
         sections.append(
-            "learned scalars over the run (snapshots at step 0 and every train.snapshot_every steps): mean [min, max] "
+            "learned scalars over the run (snapshots at step 0 and every train.snapshot_every steps): mean |x| [min, max] "
             "over the model's parameters of that kind (a vector, e.g. Admin's omega: its mean)\n"
-            + format_table(["cell", "scalar", "per snapshot step: mean [min, max]"], scalars)
+            + format_table(["cell", "scalar", "per snapshot step: mean |x| [min, max]"], scalars)
         )
     failed = {cell.name: r["message"] for cell, r in results.items() if r["status"] not in ("finished", "diverged")}
     if failed:
