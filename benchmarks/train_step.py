@@ -74,8 +74,11 @@ SHAPES: dict[str, dict[str, int]] = {
     # configs/pretrain/small_*.yaml: 4 x 128, a trained 8192-token vocabulary, batch 32.
     "preset": dict(layers=4, hidden=128, heads=4, seq=128, vocab=8192, batch=32),
     "tiny": dict(layers=2, hidden=32, heads=4, seq=16, vocab=99, batch=2),  # for tests only
+    # a depth-12 cell of the depth map (docs/results.md sections 6-7): 12 x 128, 2 heads, the default run's 2048-token
+    # WordPiece, batch 16 x 64
+    "grid": dict(layers=12, hidden=128, heads=2, seq=64, vocab=2048, batch=16),
 }
-ShapeName = Literal["base", "small", "preset", "tiny"]
+ShapeName = Literal["base", "small", "preset", "tiny", "grid"]
 Precision = Literal["fp32", "bf16"]
 Optimizer = Literal["fused", "foreach", "loop"]
 assert set(get_args(ShapeName)) == set(SHAPES)
@@ -462,7 +465,7 @@ class TrainStepConfig:
     """Training-step throughput of our BERT against Hugging Face's, interleaved (see the module docstring)."""
 
     shapes: list[ShapeName] = field(default_factory=lambda: ["base", "small"])
-    """Named shapes to time (base, small, preset, tiny)."""
+    """Named shapes to time (base, small, preset, tiny, grid)."""
     precisions: list[Precision] = field(default_factory=lambda: ["fp32", "bf16"])
     """fp32 (TF32 on CUDA) and/or bf16 (autocast)."""
     variants: list[str] = field(default_factory=lambda: ["hf", "post", "pre"])

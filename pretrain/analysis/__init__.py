@@ -5,6 +5,7 @@ raw numbers (``results.json``) into ``--out`` and draws a PNG there.
     python -m pretrain.analysis ln-jacobian   # ||J_LN(x)||_2 = sqrt(d)/||x - mean(x)||  (paper, Sec. 3)
     python -m pretrain.analysis init-scale    # E||x_l||^2/d at init: Post-LN 1.5, Pre-LN in [1+l/2, 1+3l/2]
     python -m pretrain.analysis init-grads    # FFN gradient norms at init per layer and vs depth (Figure 3)
+    python -m pretrain.analysis init-perturb  # output change from a small random weight change vs depth (Admin)
     python -m pretrain.analysis grid          # placement x depth x lr x warm-up map of short pretraining runs
 
 ``python -m pretrain.analysis SUBCOMMAND --help`` lists each one's options (``--key=VALUE``, lists as YAML:
@@ -24,6 +25,7 @@ from pretrain.analysis.init_grads import (
 )
 from pretrain.analysis.init_scale import InitScaleConfig, model_stream_scale, paper_bounds, simplified_stream_scale
 from pretrain.analysis.ln_jacobian import LnJacobianConfig, layer_norm_jacobian_norm, ln_jacobian_rows
+from pretrain.analysis.perturb import InitPerturbConfig, output_change
 
 __all__ = [
     "COMMANDS",
@@ -31,6 +33,7 @@ __all__ = [
     "Cell",
     "GridConfig",
     "InitGradsConfig",
+    "InitPerturbConfig",
     "InitScaleConfig",
     "LnJacobianConfig",
     "ModelSize",
@@ -47,6 +50,7 @@ __all__ = [
     "mlm_batch",
     "model_config",
     "model_stream_scale",
+    "output_change",
     "paper_bounds",
     "parse_args",
     "read_cell",

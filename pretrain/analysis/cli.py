@@ -8,7 +8,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from pretrain.analysis import grid, init_grads, init_scale, ln_jacobian
+from pretrain.analysis import grid, init_grads, init_scale, ln_jacobian, perturb
 from pretrain.cli import parse_command, run_cli
 
 # subcommand -> (config dataclass, the function that runs it)
@@ -16,6 +16,7 @@ COMMANDS: dict[str, tuple[type, Callable[[Any], int]]] = {
     "ln-jacobian": (ln_jacobian.LnJacobianConfig, ln_jacobian.run),
     "init-scale": (init_scale.InitScaleConfig, init_scale.run),
     "init-grads": (init_grads.InitGradsConfig, init_grads.run),
+    "init-perturb": (perturb.InitPerturbConfig, perturb.run),
     "grid": (grid.GridConfig, grid.run),
 }
 

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from pretrain.cli import require
+from pretrain.cli import require, to_dict
+from pretrain.layout import write_json_atomic
 from pretrain.modeling import NORM_PLACEMENTS, LNBertConfig
 from pretrain.placements import variant_name
 
@@ -23,6 +25,34 @@ def write_outputs(out_dir: Path, table: str, results: dict[str, Any]) -> None:
     print(table)
     (out_dir / "table.txt").write_text(table + "\n")
     (out_dir / "results.json").write_text(json.dumps(results, indent=2, sort_keys=True) + "\n")
+
+
+CELLS_DIR = "cells"
+"""Under a measurement's --out: one JSON file per finished cell (cell_result), so a killed measurement keeps them."""
+
+
+def cell_settings(args: Any, axes: Iterable[str]) -> dict[str, Any]:
+    """What a cell's numbers depend on besides its own key: the measurement's options without its axes (the lists
+    the cells are drawn from) and without --out; a stored cell made with other settings is measured again."""
+    return {k: v for k, v in to_dict(args).items() if k not in {*axes, "out"}}
+
+
+def cell_result(out_dir: Path, key: str, settings: dict[str, Any], measure: Callable[[], Any]) -> Any:
+    """The result of one cell of a measurement (``key`` such as ``xavier/pre/12``): read from
+    OUT/cells/<key>.json when an earlier run with the same ``settings`` finished it, else measured by
+    ``measure()`` and written there at once (write_json_atomic: a kill never leaves half a file), so a crashed or
+    killed measurement continues where it stopped when the same command runs again. ``measure`` returns JSON-able
+    data (lists and dicts of numbers)."""
+    path = out_dir / CELLS_DIR / (key.replace("/", "__") + ".json")
+    if path.is_file():
+        stored = json.loads(path.read_text())
+        if stored.get("key") == key and stored.get("settings") == settings:
+            print(f"read {key} from {path}", flush=True)
+            return stored["result"]
+        print(f"{path} was measured with other settings: measuring {key} again", flush=True)
+    result = measure()
+    write_json_atomic(path, {"key": key, "settings": settings, "result": result})
+    return result
 
 
 @dataclass(kw_only=True)

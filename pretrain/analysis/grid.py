@@ -24,7 +24,7 @@ from pretrain.analysis import outcomes, probes
 from pretrain.analysis.common import DEFAULT_OUT, placement_color, variants, write_outputs
 from pretrain.cache import exclusive_lock
 from pretrain.cli import field_type, parse, require, to_dict
-from pretrain.layout import read_metrics, read_status
+from pretrain.layout import RUN_CONFIG_FILE, STATUS_FILE, read_metrics, read_status
 from pretrain.norms import NormType
 from pretrain.placements import NORM_PLACEMENTS, NormPlacement
 from pretrain.reporting import format_table, pyplot, save_figure
@@ -233,6 +233,7 @@ def read_cell(run_dir: Path) -> dict[str, Any]:
     )
     grads = {row["step"]: [row[ffn[0]], row[ffn[-1]]] for row in rows if ffn and ffn[0] in row and ffn[-1] in row}
     return {
+        **cell_cost(run_dir, rows),
         "status": status.get("status", "unknown"),
         "diverged_at_step": status.get("diverged_at_step"),
         "val_mlm_loss": val[-1]["val/mlm_loss"] if val else None,
@@ -241,6 +242,21 @@ def read_cell(run_dir: Path) -> dict[str, Any]:
         "ffn_grad_first_last": sorted([step, *pair] for step, pair in grads.items()),
         "message": status.get("message", ""),
     }
+
+
+def cell_cost(run_dir: Path, rows: list[dict[str, Any]]) -> dict[str, float | None]:
+    """What a run cost: ``train_seconds``, the time of its training steps (each logged line's new tokens over its
+    tokens per second; every step is logged in a grid cell), and ``wall_seconds``, from the start of the run
+    (RUN/run_config.json written) to its last status (RUN/status.json), evaluation and saves included; the
+    interpreter's start before that is not counted. None where the files are missing."""
+    seconds, seen = 0.0, 0
+    for row in rows:
+        if "train/tokens_per_s" in row and row.get("train/tokens_per_s"):
+            seconds += (row["tokens_seen"] - seen) / row["train/tokens_per_s"]
+            seen = row["tokens_seen"]
+    start, end = run_dir / RUN_CONFIG_FILE, run_dir / STATUS_FILE
+    wall = end.stat().st_mtime - start.stat().st_mtime if start.is_file() and end.is_file() else None
+    return {"train_seconds": seconds if seen else None, "wall_seconds": wall}
 
 
 def judge(args: GridConfig, cell: dict[str, Any]) -> dict[str, Any]:
@@ -516,6 +532,32 @@ def probe_lines(args: GridConfig, results: dict[Cell, dict[str, Any]], shown: li
     return rows
 
 
+SCALAR_KINDS = {"rezero_gate.weight": "ReZero gate", ".alpha": "DyT alpha", "residual_scale.weight": "residual scale",
+                "head_scale.weight": "head scale"}  # fmt: skip
+
+
+def scalar_lines(args: GridConfig, results: dict[Cell, dict[str, Any]]) -> list[list[Any]]:
+    """Per cell with learned scalars (probes.learned_scalars) and kind of scalar: mean absolute value [min, max] over
+    the model's parameters of that kind (ReZero's gates take either sign) at step 0 and at each snapshot after the
+    probed first steps."""
+    rows = []
+    for cell, r in sorted(results.items(), key=lambda kv: kv[0].name):
+        found = (r.get("probe") or {}).get("learned_scalars") or {}
+        steps = found.get("steps", [])
+        for suffix, kind in SCALAR_KINDS.items():
+            series = [v for name, v in found.get("values", {}).items() if name.endswith(suffix)]
+            if not series:
+                continue
+            shown = [i for i, step in enumerate(steps) if step == 0 or step > args.probe_steps]
+            text = "  ".join(
+                f"{steps[i]}: {sum(abs(v[i]) for v in series) / len(series):.3g} "
+                f"[{min(v[i] for v in series):.3g}, {max(v[i] for v in series):.3g}]"
+                for i in shown
+            )
+            rows.append([cell.name, f"{kind} (x{len(series)})", text])
+    return rows
+
+
 def report_table(
     args: GridConfig,
     results: dict[Cell, dict[str, Any]],
@@ -558,6 +600,24 @@ def report_table(
             probe_lines(args, results, shown),
         )
     )  # fmt: skip
+    costs = [
+        [cell.name, f"{r['train_seconds']:.0f}", f"{r['wall_seconds']:.0f}"]
+        for cell, r in sorted(results.items(), key=lambda kv: kv[0].name)
+        if r.get("train_seconds") is not None and r.get("wall_seconds") is not None
+    ]
+    if costs:
+        sections.append(
+            "cost per cell (seconds of wall clock; on a shared machine, what the cell got): its training steps, and the "
+            "run from its start to its last status (evaluation, snapshots, checkpoints included)\n"
+            + format_table(["cell", "training steps s", "run s"], costs)
+        )
+    scalars = scalar_lines(args, results)
+    if scalars:
+        sections.append(
+            "learned scalars over the run (snapshots at step 0 and every train.snapshot_every steps): mean |x| [min, max] "
+            "over the model's parameters of that kind (a vector, e.g. Admin's omega: its mean)\n"
+            + format_table(["cell", "scalar", "per snapshot step: mean |x| [min, max]"], scalars)
+        )
     failed = {cell.name: r["message"] for cell, r in results.items() if r["status"] not in ("finished", "diverged")}
     if failed:
         sections.append("cells that did not complete:\n" + "\n".join(f"  {k}: {v}" for k, v in failed.items()))

@@ -12,6 +12,8 @@ import torch
 from pretrain.analysis.common import (
     DEFAULT_OUT,
     ModelSize,
+    cell_result,
+    cell_settings,
     mean_and_sem,
     model_config,
     placement_color,
@@ -150,16 +152,36 @@ def _mean_sem(values: list[float]) -> tuple[float, float]:
     return mean[0], sem[0]
 
 
+AXES = ("placements", "norm_types", "init_schemes", "depths", "num_layers")
+"""The options a cell (init scheme, model, depth) is drawn from; every other option is a setting of each cell."""
+
+
+def layer_spread(per_layer: list[float]) -> tuple[float, float]:
+    """(coefficient of variation across layers, first layer / last layer) of a per-layer profile: the population
+    standard deviation of the values over their mean (Mix-LN's uniformity measure; 0 when every layer gets the
+    same gradient) and the ratio NormFormer's early/late mismatch is about (nan where the mean or the last layer is
+    0, as ReZero's at init)."""
+    values = torch.tensor(per_layer, dtype=torch.float64)
+    mean = values.mean().item()
+    cv = values.std(unbiased=False).item() / mean if mean > 0 else math.nan
+    return cv, (per_layer[0] / per_layer[-1] if per_layer[-1] > 0 else math.nan)
+
+
 def run(args: InitGradsConfig) -> int:
     data = load_mlm_data(args)
     depths = sorted(set(args.depths) | {args.num_layers})
+    out = Path(args.out)
+    settings = {**cell_settings(args, AXES), "vocab": len(data.tokenizer)}
     raw: dict[str, Any] = {}
     for init_scheme in args.init_schemes:
         for label, placement, norm_type in variants(args.placements, args.norm_types):
             for depth in depths:
-                raw[f"{init_scheme}/{label}/{depth}"] = measure_init_grads(
-                    args, data, init_scheme, placement, depth, norm_type
-                )
+                key = f"{init_scheme}/{label}/{depth}"
+                # Each cell is written as soon as it is measured: a killed run keeps its cells, a rerun reads them.
+                raw[key] = cell_result(
+                    out, key, settings,
+                    lambda p=placement, d=depth, t=norm_type, i=init_scheme: measure_init_grads(args, data, i, p, d, t),
+                )  # fmt: skip
                 print(f"measured {init_scheme}/{label}/depth {depth}", flush=True)
     labels = [label for label, _, _ in variants(args.placements, args.norm_types)]
 
@@ -182,6 +204,19 @@ def run(args: InitGradsConfig) -> int:
         sections.append(
             f"init {init_scheme}: ||dL/dW||_F per layer, depth {args.num_layers}\n" + format_table(headers, per_layer)
         )
+        spread = []
+        for placement in labels:
+            grads = raw[f"{init_scheme}/{placement}/{args.num_layers}"]
+            row = [placement]
+            for key in ("w1", "w2"):
+                mean = [_mean_sem([g[layer] for g in grads[key]])[0] for layer in range(args.num_layers)]
+                row += [f"{v:.3g}" for v in layer_spread(mean)]
+            spread.append(row)
+        sections.append(
+            f"init {init_scheme}: spread of the per-layer gradient norms at depth {args.num_layers} (of the seed means): "
+            "CV = std / mean across layers (population std), L1/L = first layer over last\n"
+            + format_table(["model", "W1 CV", "W1 L1/L", "W2 CV", "W2 L1/L"], spread)
+        )
         by_depth = []
         for depth in args.depths:
             row = [depth]
@@ -201,7 +236,6 @@ def run(args: InitGradsConfig) -> int:
             f"sqrt({max(args.depths)}/{min(args.depths)}) = {math.sqrt(max(args.depths) / min(args.depths)):.3f}, "
             "Post-LN theory 1)\n" + format_table(["depth", *labels], by_depth)
         )
-    out = Path(args.out)
     results = {"args": to_dict(args), "vocab_size": len(data.tokenizer), "depths": depths, "raw": raw}
     write_outputs(out, "\n\n".join(sections), results)
     plot_init_grads(args, raw, out / "init_grads.png")

@@ -13,6 +13,8 @@ import torch.nn.functional as F
 from pretrain.analysis.common import (
     DEFAULT_OUT,
     ModelSize,
+    cell_result,
+    cell_settings,
     mean_and_sem,
     model_config,
     placement_color,
@@ -159,10 +161,17 @@ def model_stream_scale(config: LNBertConfig, batch_size: int, seq_len: int, seed
     return captured
 
 
+AXES = ("placements", "norm_types", "init_schemes")
+"""The options the model cells (ii) are drawn from; every other option is a setting of each cell."""
+
+
 def run(args: InitScaleConfig) -> int:
     layers = list(range(1, args.num_layers + 1))
+    out = Path(args.out)
+    settings = cell_settings(args, AXES)
     results: dict[str, Any] = {"args": to_dict(args), "simplified": {}}
-    for placement in ("post", "pre"):
+
+    def simplified(placement: str) -> dict[str, list[float]]:
         samples = simplified_stream_scale(
             placement,
             args.paper_hidden_size,
@@ -173,7 +182,13 @@ def run(args: InitScaleConfig) -> int:
             args.seed,
         )
         mean, sem = mean_and_sem(samples)
-        results["simplified"][placement] = {"mean": mean, "sem": sem}
+        return {"mean": mean, "sem": sem}
+
+    for placement in ("post", "pre"):
+        # Each cell is written as soon as it is measured: a killed run keeps its cells, a rerun reads them.
+        results["simplified"][placement] = cell_result(
+            out, f"simplified/{placement}", settings, lambda p=placement: simplified(p)
+        )
     rows = []
     for i, layer in enumerate(layers):
         low, high = paper_bounds(layer)
@@ -206,12 +221,18 @@ def run(args: InitScaleConfig) -> int:
     for init_scheme in args.init_schemes:
         for label, placement, norm_type in variants(args.placements, args.norm_types):
             config = model_config(args, placement, init_scheme, args.num_layers, args.vocab_size, norm_type=norm_type)
-            samples = [
-                model_stream_scale(config, args.batch_size, args.seq_len, args.seed + s)
-                for s in range(args.model_seeds)
-            ]
-            mean, sem = mean_and_sem(torch.tensor(samples))
-            results["model"][f"{label}/{init_scheme}"] = {"mean": mean, "sem": sem, "placement": placement}
+
+            def measure(config: LNBertConfig = config, placement: str = placement) -> dict[str, Any]:
+                samples = [
+                    model_stream_scale(config, args.batch_size, args.seq_len, args.seed + s)
+                    for s in range(args.model_seeds)
+                ]
+                mean, sem = mean_and_sem(torch.tensor(samples))
+                return {"mean": mean, "sem": sem, "placement": placement}
+
+            key = f"{label}/{init_scheme}"
+            results["model"][key] = cell_result(out, f"model/{key}", settings, measure)
+            mean = results["model"][key]["mean"]
             model_rows.append([label, init_scheme, *(f"{m:.4g}" for m in mean)])
     table += (
         f"\n\n(ii) LNBertModel at init (hidden {args.hidden_size}, FFN {args.intermediate_size or 4 * args.hidden_size}, "
@@ -220,7 +241,6 @@ def run(args: InitScaleConfig) -> int:
         "resi_dual: its stream d; the others: the residual stream x_l\n"
         + format_table(["placement", "init", *(f"l={layer}" for layer in layers)], model_rows)
     )
-    out = Path(args.out)
     write_outputs(out, table, results)
     plot_init_scale(results, layers, out / "init_scale.png")
     return 0

@@ -123,9 +123,34 @@ def first_grad_norms(metrics: list[dict[str, Any]], max_step: int) -> dict[str, 
     return found
 
 
+SCALAR_NAMES = ("rezero_gate.weight", ".alpha", "residual_scale.weight", "head_scale.weight")
+"""The learned scalars and scales a placement or norm type adds, by the end of their parameter names: ReZero's
+gates, DyT's alpha, Admin's learnable omega (and NormFormer's optional residual scale), NormFormer's head scales."""
+
+
+def learned_scalars(run_dir: Path) -> dict[str, Any]:
+    """The learned scalars of a run over its complete snapshots (read from their model.safetensors, no model built):
+    ``{"steps": [0, 1, ...], "values": {parameter name: [its mean at each step]}}``; a vector (Admin's omega, head
+    scales) is given by its mean. Empty ``values`` for a model without such parameters."""
+    from safetensors.torch import load_file
+
+    steps: list[int] = []
+    values: dict[str, list[float]] = {}
+    for snap in list_snapshots(run_dir):
+        weights = snap.path / "model.safetensors"
+        if not weights.is_file():
+            continue
+        state = load_file(str(weights))
+        steps.append(snap.step)
+        for name in sorted(k for k in state if k.endswith(SCALAR_NAMES)):
+            values.setdefault(name.removeprefix("bert."), []).append(float(state[name].float().mean()))
+    return {"steps": steps, "values": values}
+
+
 def probe_cell(run_dir: Path, *, max_step: int, batch_size: int = 16) -> dict[str, Any]:
-    """Unigram references, early per-layer gradient norms and early output changes of one ended run; stored in
-    RUN/grid_probe.json and read from there next time (the run's files no longer change)."""
+    """Unigram references, early per-layer gradient norms, early output changes and learned scalars over the
+    snapshots of one ended run; stored in RUN/grid_probe.json and read from there next time (the run's files no
+    longer change)."""
     path = run_dir / PROBE_FILE
     if path.is_file():
         return json.loads(path.read_text())
@@ -134,6 +159,7 @@ def probe_cell(run_dir: Path, *, max_step: int, batch_size: int = 16) -> dict[st
         **reference,
         "first_grad_norms": first_grad_norms(read_metrics(run_dir), max_step),
         "output_changes": output_changes(run_dir, batch, max_step),
+        "learned_scalars": learned_scalars(run_dir),
     }
     write_json_atomic(path, probe)
     return probe
