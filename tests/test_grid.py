@@ -148,6 +148,9 @@ def test_first_grad_norms_are_read_per_step_and_layer():
     found = probes.first_grad_norms(rows, max_step=1)
     assert found == {"1": {"attn": [0.5, 0.25], "ffn": [1.0, 2.0]}}
     assert probes.ratio_last_to_first(found["1"]["ffn"]) == 2.0
+    # Layer order is by number: "layer_100" sorts before "layer_11" as text (depth 100 and more).
+    deep = {"step": 1, "train/loss": 8.0, **{f"grad_norm/layer_{i:02d}/ffn": float(i) for i in range(101)}}
+    assert probes.first_grad_norms([deep], max_step=1)["1"]["ffn"] == [float(i) for i in range(101)]
 
 
 # --------------------------------------------------------------------------------------------------

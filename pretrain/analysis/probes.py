@@ -117,7 +117,9 @@ def first_grad_norms(metrics: list[dict[str, Any]], max_step: int) -> dict[str, 
         if "train/loss" not in row or row["step"] > max_step:
             continue
         per_kind: dict[str, list[float]] = {}
-        for key in sorted(k for k in row if k.startswith("grad_norm/layer_")):
+        # By layer number: the keys are zero-padded to two digits, so from depth 100 on text order is wrong.
+        layer_keys = [k for k in row if k.startswith("grad_norm/layer_")]
+        for key in sorted(layer_keys, key=lambda k: (int(k.split("/")[1].removeprefix("layer_")), k)):
             per_kind.setdefault(key.rsplit("/", 1)[1], []).append(row[key])
         found[str(row["step"])] = per_kind
     return found
