@@ -186,7 +186,7 @@ def test_parse_variant_rejects_bad_specs(spec: str, match: str) -> None:
 
 
 def test_parse_args_rejects_unknown_shape_precision_and_variant() -> None:
-    with pytest.raises(ValueError, match=r"shapes\[0\] must be one of base, small, preset, tiny; got 'huge'"):
+    with pytest.raises(ValueError, match=r"shapes\[0\] must be one of base, small, preset, tiny, grid; got 'huge'"):
         train_step.parse_args(["--shapes=[huge]"])
     with pytest.raises(ValueError, match=r"precisions\[1\] must be one of fp32, bf16; got 'fp8'"):
         train_step.parse_args(["--precisions=[fp32, fp8]"])
