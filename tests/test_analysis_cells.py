@@ -34,6 +34,10 @@ def test_cell_result_is_written_at_once_and_read_back(tmp_path):
     common.cell_result(tmp_path, "xavier/pre/12", {"seeds": 3}, measure)  # other settings: not this cell's numbers
     assert len(calls) == 2
     assert json.loads((tmp_path / "cells" / "xavier__pre__12.json").read_text())["settings"] == {"seeds": 3}
+    (tmp_path / "cells" / "xavier__pre__12.json").write_text('{"key": "xavier/pre/12", "resu')  # damaged file
+    assert common.cell_result(tmp_path, "xavier/pre/12", {"seeds": 3}, measure) == {"w2": [[1.5, 2.5]]}
+    assert len(calls) == 3  # measured again, never used, and rewritten whole
+    assert json.loads((tmp_path / "cells" / "xavier__pre__12.json").read_text())["key"] == "xavier/pre/12"
 
 
 class Killed(Exception):

@@ -45,11 +45,16 @@ def cell_result(out_dir: Path, key: str, settings: dict[str, Any], measure: Call
     data (lists and dicts of numbers)."""
     path = out_dir / CELLS_DIR / (key.replace("/", "__") + ".json")
     if path.is_file():
-        stored = json.loads(path.read_text())
+        try:
+            stored = json.loads(path.read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError):  # damaged by hand or by another tool: never used
+            stored = {}
+            print(f"{path} is not readable JSON: measuring {key} again", flush=True)
         if stored.get("key") == key and stored.get("settings") == settings:
             print(f"read {key} from {path}", flush=True)
             return stored["result"]
-        print(f"{path} was measured with other settings: measuring {key} again", flush=True)
+        if stored:
+            print(f"{path} was measured with other settings: measuring {key} again", flush=True)
     result = measure()
     write_json_atomic(path, {"key": key, "settings": settings, "result": result})
     return result
