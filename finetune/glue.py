@@ -16,11 +16,15 @@ import csv
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
-from sklearn.metrics import accuracy_score, f1_score
+
+if TYPE_CHECKING:
+    import torch
+
+# torch (collate, batches) and scikit-learn (compute_metrics) are imported where they are used: the commands read
+# the task table from here while they check their options, before the seconds those imports take.
 
 
 @dataclass(frozen=True)
@@ -170,6 +174,8 @@ def encode(tokenizer: Any, examples: list[Example], max_length: int) -> list[dic
 
 def collate(features: list[dict[str, Any]], pad_token_id: int) -> dict[str, torch.Tensor]:
     """Dynamic padding: pad every sequence of the batch to the batch's longest."""
+    import torch
+
     longest = max(len(f["input_ids"]) for f in features)
 
     def padded(key: str, value: int) -> torch.Tensor:
@@ -187,6 +193,8 @@ def batches(
     features: list[dict[str, Any]], batch_size: int, pad_token_id: int, generator: torch.Generator | None = None
 ) -> Iterator[dict[str, torch.Tensor]]:
     """Batches in a random order drawn from ``generator`` (training), or in file order when it is None."""
+    import torch
+
     order = torch.randperm(len(features), generator=generator).tolist() if generator is not None else None
     indices = order if order is not None else list(range(len(features)))
     for start in range(0, len(indices), batch_size):
@@ -195,6 +203,8 @@ def batches(
 
 def compute_metrics(task: GlueTask, labels: np.ndarray, predictions: np.ndarray) -> dict[str, float]:
     """GLUE's dev metrics: accuracy for both tasks, plus F1 of the positive class (paraphrase) for MRPC."""
+    from sklearn.metrics import accuracy_score, f1_score
+
     out = {"accuracy": float(accuracy_score(labels, predictions))}
     if "f1" in task.metrics:
         out["f1"] = float(f1_score(labels, predictions, zero_division=0))
@@ -205,6 +215,8 @@ def baseline_metrics(task: GlueTask, labels: np.ndarray, predictions: np.ndarray
     """What a job's score means at small scale, from the dev set it was scored on: the accuracy (and MRPC's F1)
     of always answering the dev set's most common label, and the share of predictions in the job's most
     predicted class (1.0: the classifier answers one class whatever the input, as an untrained model does)."""
+    from sklearn.metrics import f1_score
+
     classes = len(task.label_names)
     label_counts = np.bincount(labels, minlength=classes)
     majority = int(label_counts.argmax())

@@ -30,10 +30,8 @@ from finetune.manifest import ResultsFolder
 from finetune.schedule import collect, results_dir, submit
 from finetune.store import ResultStore, StoreBusy, StoreVersionError, store_lock
 from finetune.tracking import WandbSettings, check_wandb
-from finetune.train import check_max_length, warn_emulated_bf16
 from finetune.worker import RUNTIME_FIELDS, check_snapshot, describe_model, job_specs
 from pretrain.cli import parse, require, run_cli
-from pretrain.device import pick_device
 
 
 @dataclass(kw_only=True)
@@ -76,7 +74,11 @@ def run(config: RunConfig) -> list[dict[str, Any]]:
 
     The scheduler's path with one in-process worker: a manifest, result files, and this process writing the store.
     """
+    # torch and transformers once the options are read (a typo answers before their seconds of import)
     from transformers import AutoConfig
+
+    from finetune.train import check_max_length, warn_emulated_bf16
+    from pretrain.device import pick_device
 
     check_snapshot(Path(config.model))
     warn_emulated_bf16(pick_device(config.recipe.device, flag="recipe.device"), config.recipe.mixed_precision)

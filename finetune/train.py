@@ -22,7 +22,7 @@ from torch import nn
 from tqdm.auto import tqdm
 from transformers import get_scheduler
 
-import pretrain  # noqa: F401  (registers the "lnbert" model type with the Auto classes)
+import pretrain.modeling  # noqa: F401  (registers the "lnbert" model type with the Auto classes)
 from finetune.config import FinetuneConfig
 from finetune.glue import Example, baseline_metrics, batches, compute_metrics, encode, get_task, load_task
 from pretrain.device import pick_device

@@ -16,16 +16,18 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from finetune.config import FinetuneConfig
 from finetune.manifest import JobSpec, Manifest, ManifestJob, ResultsFolder, load_manifest
 from finetune.store import ResultStore
 from finetune.tracking import WandbSettings, job_run
-from finetune.train import DataCache, finetune
 from pretrain.identity import read_run_id
 from pretrain.layout import SNAPSHOT_INFO, SNAPSHOT_MARKER, list_snapshots
 from pretrain.manifest import ManifestError, verify_manifest
+
+if TYPE_CHECKING:
+    from finetune.train import DataCache
 
 # Recipe fields that say how a worker runs, not what it computes (left out of a job's key).
 RUNTIME_FIELDS = ("eval_batch_size", "torch_threads", "device", "progress")
@@ -125,6 +127,8 @@ def describe_model(model: str | Path, store: ResultStore) -> dict[str, Any]:
     if not path.is_dir():
         from transformers import AutoConfig
 
+        import pretrain.modeling  # noqa: F401  (a Hub model can be an lnbert one)
+
         name = str(model)
         if path.exists() or name.startswith((".", "/", "~")) or name.count("/") > 1:
             raise FileNotFoundError(f"--model {name!r}: no such model folder (a Hub name is NAME or ORG/NAME)")
@@ -179,6 +183,10 @@ def job_specs(
 
 def run_job(job: ManifestJob, manifest: Manifest, folder: ResultsFolder, cache: DataCache) -> str:
     """Run one job and write its result file (or its failure file). Returns done, duplicate or failed."""
+    from finetune.train import (
+        finetune,  # torch and transformers: the scheduler, which imports this module, never needs them
+    )
+
     spec, runtime = job.spec, manifest.runtime
     try:
         folder.write_started(job, manifest.submission)  # from here on, this attempt counts (finetune/manifest.py)
@@ -212,6 +220,8 @@ def run_task(manifest_path: str | Path, index: int, parent_pid: int | None = Non
     manifest_path = Path(manifest_path).resolve()
     manifest = load_manifest(manifest_path)
     folder = ResultsFolder(manifest_path.parent.parent)
+    from finetune.train import DataCache
+
     cache = DataCache()
     counts = dict.fromkeys(("done", "duplicate", "skipped", "failed", "orphaned"), 0)
     for job in manifest.jobs_of_task(index):

@@ -13,16 +13,17 @@ import importlib.util
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from pretrain.cli import ConfigError, field_docs, flatten, from_dict, parse, to_dict
 from pretrain.cli import help_text as _help_text
 from pretrain.cli import require as _require
 from pretrain.data_config import DataConfig
-from pretrain.modeling import InitScheme, LNBertConfig
-from pretrain.norms import NormType
-from pretrain.placements import NormPlacement, variant_name
 from pretrain.roles import added_defaults, keys_where, role
+from pretrain.variants import DEFAULTS, InitScheme, NormPlacement, NormType, variant_name
+
+if TYPE_CHECKING:
+    from pretrain.modeling import LNBertConfig
 
 __all__ = [
     "ADDED_FIELD_DEFAULTS",
@@ -51,35 +52,35 @@ __all__ = [
 @dataclass(kw_only=True)
 class ModelConfig:
     """The BERT encoder and its norm placement (turned into an ``LNBertConfig`` by :meth:`to_lnbert`). The model's
-    own settings take their defaults from ``LNBertConfig``, where they are declared; the sizes here are the built-in
-    default's tiny model, not BERT's."""
+    own settings take the defaults ``LNBertConfig`` has (declared in pretrain/variants.py); the sizes here are the
+    built-in default's tiny model, not BERT's."""
 
-    norm_placement: NormPlacement = role("recipe", default=LNBertConfig.norm_placement)
+    norm_placement: NormPlacement = role("recipe", default=DEFAULTS.norm_placement)
     """Where the norms go: post (original BERT), pre (Xiong et al. 2020), sandwich (= peri), deepnorm, admin, rezero,
     b2t, resi_dual, mix_ln, lns, hybrid, normformer, output_ln, parallel (docs/placements.md)."""
-    norm_type: NormType = role("recipe", added=True, default=LNBertConfig.norm_type)
+    norm_type: NormType = role("recipe", added=True, default=DEFAULTS.norm_type)
     """The norm used everywhere (embeddings, layers, final norm, MLM head): layernorm, rmsnorm or dyt."""
-    qk_norm: bool = role("recipe", added=True, default=LNBertConfig.qk_norm)
+    qk_norm: bool = role("recipe", added=True, default=DEFAULTS.qk_norm)
     """A norm of norm_type on each head's queries and keys before the dot product (QK-norm)."""
-    dyt_alpha_init: float = role("recipe", added=True, default=LNBertConfig.dyt_alpha_init)
+    dyt_alpha_init: float = role("recipe", added=True, default=DEFAULTS.dyt_alpha_init)
     """DyT's alpha at initialisation (norm_type=dyt)."""
-    mix_ln_post_layers: int | None = role("recipe", added=True, default=LNBertConfig.mix_ln_post_layers)
+    mix_ln_post_layers: int | None = role("recipe", added=True, default=DEFAULTS.mix_ln_post_layers)
     """mix_ln: how many of the lowest layers are Post-LN; null: round(L/4) (3 of 12, 6 of 24)."""
-    admin_omega: float | None = role("recipe", added=True, default=LNBertConfig.admin_omega)
+    admin_omega: float | None = role("recipe", added=True, default=DEFAULTS.admin_omega)
     """admin: the residual weight omega; null: admin-torch's O(log N) rule sqrt((N+1)/ln(N+1) - 1), N = 2L."""
-    admin_learnable_omega: bool = role("recipe", added=True, default=LNBertConfig.admin_learnable_omega)
+    admin_learnable_omega: bool = role("recipe", added=True, default=DEFAULTS.admin_learnable_omega)
     """admin: omega as a learnable vector per sub-layer (initialised to admin_omega) instead of a fixed scalar."""
-    b2t_rescale_init: bool = role("recipe", added=True, default=LNBertConfig.b2t_rescale_init)
+    b2t_rescale_init: bool = role("recipe", added=True, default=DEFAULTS.b2t_rescale_init)
     """b2t: scale every weight matrix of the layers by L^(-1/2) at init, as B2T's official code does."""
-    hybrid_first_pre_norm: bool = role("recipe", added=True, default=LNBertConfig.hybrid_first_pre_norm)
+    hybrid_first_pre_norm: bool = role("recipe", added=True, default=DEFAULTS.hybrid_first_pre_norm)
     """hybrid: HybridNorm*, the first layer Pre-Norm in attention and FFN."""
-    normformer_head_scale: bool = role("recipe", added=True, default=LNBertConfig.normformer_head_scale)
+    normformer_head_scale: bool = role("recipe", added=True, default=DEFAULTS.normformer_head_scale)
     """normformer: a learned scale per attention head."""
-    normformer_attn_norm: bool = role("recipe", added=True, default=LNBertConfig.normformer_attn_norm)
+    normformer_attn_norm: bool = role("recipe", added=True, default=DEFAULTS.normformer_attn_norm)
     """normformer: a norm on the attention output before the residual add."""
-    normformer_ffn_norm: bool = role("recipe", added=True, default=LNBertConfig.normformer_ffn_norm)
+    normformer_ffn_norm: bool = role("recipe", added=True, default=DEFAULTS.normformer_ffn_norm)
     """normformer: a norm over the FFN's inner width after the activation."""
-    normformer_resid_scale: bool = role("recipe", added=True, default=LNBertConfig.normformer_resid_scale)
+    normformer_resid_scale: bool = role("recipe", added=True, default=DEFAULTS.normformer_resid_scale)
     """normformer: a learned scale on the FFN skip connection (the paper's option for small models)."""
     hidden_size: int = role("recipe", default=64)
     """Width of the residual stream (BERT-base: 768)."""
@@ -97,16 +98,16 @@ class ModelConfig:
     """Dropout on embeddings and sub-layer outputs (BERT: 0.1)."""
     attention_probs_dropout_prob: float = role("recipe", default=0.1)
     """Dropout on attention probabilities (BERT: 0.1)."""
-    init_scheme: InitScheme = role("recipe", default=LNBertConfig.init_scheme)
+    init_scheme: InitScheme = role("recipe", default=DEFAULTS.init_scheme)
     """Weight init: bert = normal(0, 0.02); xavier = Xavier-normal (the paper's analysis setting)."""
-    embedding_layer_norm: bool = role("recipe", default=LNBertConfig.embedding_layer_norm)
+    embedding_layer_norm: bool = role("recipe", default=DEFAULTS.embedding_layer_norm)
     """Keep BERT's LayerNorm on the summed embeddings (same for every placement)."""
-    sparse_mlm_head: bool = role("recipe", default=LNBertConfig.sparse_mlm_head)
+    sparse_mlm_head: bool = role("recipe", default=DEFAULTS.sparse_mlm_head)
     """Run the MLM head only at masked positions (same loss and gradients, less compute)."""
     attn_implementation: Literal["sdpa", "eager"] = role("recipe", default="sdpa")
     """Attention kernel: sdpa (PyTorch scaled_dot_product_attention) or eager (plain softmax; faster under
     bf16 autocast on CPU, where SDPA's CPU kernel computes in fp32; see BENCHMARKS.md)."""
-    fused_qkv: bool = role("recipe", default=LNBertConfig.fused_qkv)
+    fused_qkv: bool = role("recipe", default=DEFAULTS.fused_qkv)
     """Compute Q, K, V with one GEMM (same parameters and names; equal within float rounding). A few % faster
     under bf16 (BENCHMARKS.md); off by default so Post-LN stays op-for-op Hugging Face BERT."""
 
@@ -137,6 +138,8 @@ class ModelConfig:
 
     def to_lnbert(self, vocab_size: int) -> LNBertConfig:
         """The model config; ``vocab_size`` is the resolved one (``self.vocab_size`` or the tokenizer's)."""
+        from pretrain.modeling import LNBertConfig  # torch and transformers: imported once the options are read
+
         # Every field but the attention kernel is an LNBertConfig field of the same name and meaning.
         fields = {k: v for k, v in to_dict(self).items() if k not in ("vocab_size", "attn_implementation")}
         config = LNBertConfig(vocab_size=vocab_size, **fields)

@@ -4,9 +4,13 @@ benchmarks; pretraining leaves the choice to Accelerate), and the size of torch'
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
+# torch is imported inside the functions: the commands name DEVICE_CHOICES while they check their options, before
+# torch's seconds of import.
 DEVICE_CHOICES: tuple[str, ...] = ("auto", "cpu", "cuda")
 
 
@@ -15,6 +19,8 @@ def pick_device(name: str, *, flag: str = "--device") -> torch.device:
 
     ``flag`` is how the user spells the setting, so the message names what to change (e.g. ``recipe.device``).
     """
+    import torch
+
     if name not in DEVICE_CHOICES:
         raise ValueError(f"{flag}={name!r} is not a valid choice; valid choices: {', '.join(DEVICE_CHOICES)}")
     if name == "auto":
@@ -33,6 +39,8 @@ def choose_cpu_threads() -> str:
     """Size torch's CPU thread pool and say how. OMP_NUM_THREADS wins (``accelerate launch`` sets it); otherwise
     half of this process's share of the cores: torch's default (every core) oversubscribes the cores as soon as
     anything else runs, which made the tiny default run 4-10x slower on a shared 2-core machine."""
+    import torch
+
     if os.environ.get("OMP_NUM_THREADS"):
         return f"{torch.get_num_threads()} CPU thread(s) per process (OMP_NUM_THREADS)"
     local_processes = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))

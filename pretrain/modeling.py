@@ -23,7 +23,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, get_args
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -50,7 +50,7 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.utils import ModelOutput
 from transformers.utils.generic import can_return_tuple
 
-from pretrain.norms import NORM_MODULES, NORM_TYPES, DyT, NormType, Scale, make_norm
+from pretrain.norms import NORM_MODULES, DyT, Scale, make_norm
 from pretrain.placements import (
     BLOCKS,
     NORM_PLACEMENTS,
@@ -64,9 +64,8 @@ from pretrain.placements import (
     mix_ln_post_layers_default,
     resi_dual_output,
 )
+from pretrain.variants import DEFAULTS, INIT_SCHEMES, NORM_TYPES, InitScheme, NormType
 
-InitScheme = Literal["bert", "xavier"]
-INIT_SCHEMES: tuple[str, ...] = get_args(InitScheme)
 # Config fields that change what given weights compute (DeepNorm's alpha follows from the placement and depth);
 # fused_qkv, the attention kernel and init-only settings (dyt_alpha_init, b2t_rescale_init) do not.
 _COMPUTATION_FIELDS = (
@@ -126,24 +125,25 @@ class LNBertConfig(BertConfig):
 
     model_type = "lnbert"
 
-    norm_placement: NormPlacement = "post"
-    norm_type: NormType = "layernorm"
-    qk_norm: bool = False
-    dyt_alpha_init: float = 0.5
-    mix_ln_post_layers: int | None = None
-    admin_omega: float | None = None
-    admin_learnable_omega: bool = False
-    b2t_rescale_init: bool = True
-    hybrid_first_pre_norm: bool = False
-    normformer_head_scale: bool = True
-    normformer_attn_norm: bool = True
-    normformer_ffn_norm: bool = True
-    normformer_resid_scale: bool = False
-    embedding_layer_norm: bool = True
-    init_scheme: InitScheme = "bert"
-    sparse_mlm_head: bool = True
-    tie_word_embeddings: bool = True
-    fused_qkv: bool = False
+    # The defaults are declared in pretrain/variants.py (read by the command line without torch).
+    norm_placement: NormPlacement = DEFAULTS.norm_placement
+    norm_type: NormType = DEFAULTS.norm_type
+    qk_norm: bool = DEFAULTS.qk_norm
+    dyt_alpha_init: float = DEFAULTS.dyt_alpha_init
+    mix_ln_post_layers: int | None = DEFAULTS.mix_ln_post_layers
+    admin_omega: float | None = DEFAULTS.admin_omega
+    admin_learnable_omega: bool = DEFAULTS.admin_learnable_omega
+    b2t_rescale_init: bool = DEFAULTS.b2t_rescale_init
+    hybrid_first_pre_norm: bool = DEFAULTS.hybrid_first_pre_norm
+    normformer_head_scale: bool = DEFAULTS.normformer_head_scale
+    normformer_attn_norm: bool = DEFAULTS.normformer_attn_norm
+    normformer_ffn_norm: bool = DEFAULTS.normformer_ffn_norm
+    normformer_resid_scale: bool = DEFAULTS.normformer_resid_scale
+    embedding_layer_norm: bool = DEFAULTS.embedding_layer_norm
+    init_scheme: InitScheme = DEFAULTS.init_scheme
+    sparse_mlm_head: bool = DEFAULTS.sparse_mlm_head
+    tie_word_embeddings: bool = DEFAULTS.tie_word_embeddings
+    fused_qkv: bool = DEFAULTS.fused_qkv
 
     def __post_init__(self, **kwargs: Any) -> None:
         _check_choice("norm_placement", self.norm_placement, NORM_PLACEMENTS)

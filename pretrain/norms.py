@@ -15,13 +15,10 @@ Weight decay never applies to these modules' parameters, nor to ``Scale``'s (``N
 
 from __future__ import annotations
 
-from typing import Literal, get_args
-
 import torch
 from torch import nn
 
-NormType = Literal["layernorm", "rmsnorm", "dyt"]
-NORM_TYPES: tuple[str, ...] = get_args(NormType)
+from pretrain.variants import NORM_TYPES, NormType
 
 
 class RMSNorm(nn.Module):

@@ -34,16 +34,12 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal, Protocol, get_args
+from typing import Protocol
 
 import torch
 from torch import nn
 
-NormPlacement = Literal[
-    "post", "pre", "sandwich", "peri", "deepnorm", "admin", "rezero", "b2t", "resi_dual",
-    "mix_ln", "lns", "hybrid", "normformer", "output_ln", "parallel",
-]  # fmt: skip
-NORM_PLACEMENTS: tuple[str, ...] = get_args(NormPlacement)
+from pretrain.variants import NORM_PLACEMENTS, NormPlacement, variant_name
 
 # The stream a block passes on: the residual stream, or ResiDual's two streams (a, d).
 Stream = torch.Tensor | tuple[torch.Tensor, torch.Tensor]
@@ -293,12 +289,6 @@ def mix_ln_post_layers_default(num_layers: int) -> int:
     """Mix-LN's Post-LN layer count, round(L/4) (the authors' scripts: 3 of 12, 6 of 24)."""
     return round(num_layers / 4)
 
-
-def variant_name(norm_placement: str, norm_type: str = "layernorm", qk_norm: bool = False) -> str:
-    """The label of a model variant in run names, W&B groups and tags, and reports: the placement, plus the norm
-    type and QK-norm when they are not the defaults (``pre``, ``pre-rmsnorm``, ``post-dyt-qknorm``)."""
-    parts = [norm_placement] + ([norm_type] if norm_type != "layernorm" else []) + (["qknorm"] if qk_norm else [])
-    return "-".join(parts)
 
 
 def resi_dual_output(a: torch.Tensor, d: torch.Tensor, final_norm: nn.Module) -> torch.Tensor:

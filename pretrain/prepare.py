@@ -29,9 +29,11 @@ from typing import Any
 
 from pretrain.cli import run_cli
 from pretrain.config import PretrainConfig, help_text, parse_args
-from pretrain.data import DataConfig, build_pretraining_data
-from pretrain.instance_cache import SUMMARY_FILE, prepared_dir, read_summary
+from pretrain.data_config import DataConfig
 from pretrain.reporting import format_table
+
+# The data pipeline (datasets, tokenizers, torch: seconds of import) is imported by the functions that use it, so
+# that ``python -m pretrain.prepare`` checks its options first.
 
 PROG = "python -m pretrain.prepare"
 # A source whose documents are mostly one sentence cannot make real next-sentence pairs: the "true next" segment
@@ -172,6 +174,8 @@ def format_report(summary: dict[str, Any], cfg: DataConfig, folder: os.PathLike 
 def data_report(cfg: PretrainConfig, tokenizer: Any) -> str | None:
     """The prepared data's summary and per-source check (with its warnings), as ``prepare`` prints it; pretraining
     prints it at the start of every run. None when streaming (nothing is prepared: no counts to report)."""
+    from pretrain.instance_cache import prepared_dir, read_summary
+
     if cfg.data.streaming:
         return None
     folder = prepared_dir(cfg.data, tokenizer, seed=cfg.train.seed)
@@ -184,6 +188,9 @@ def data_report(cfg: PretrainConfig, tokenizer: Any) -> str | None:
 
 def prepare(cfg: PretrainConfig, *, progress: bool = True) -> dict[str, Any]:
     """Prepare (or find prepared) the data of ``cfg``; print and return the summary."""
+    from pretrain.data import build_pretraining_data
+    from pretrain.instance_cache import SUMMARY_FILE, prepared_dir, read_summary
+
     start = time.perf_counter()
     data = build_pretraining_data(
         cfg.data, seed=cfg.train.seed, model_vocab_size=cfg.model.vocab_size, progress=progress

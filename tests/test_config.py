@@ -25,7 +25,7 @@ from pretrain.config import (
     parse_args,
     to_dict,
 )
-from pretrain.run import check_environment
+from pretrain.training import check_environment
 
 ROOT = Path(__file__).resolve().parents[1]
 PRETRAIN_PRESETS = sorted((ROOT / "configs" / "pretrain").glob("*.yaml"))

@@ -18,12 +18,13 @@ from pathlib import Path
 import pytest
 from safetensors.torch import load_file
 
-import pretrain.run as run_module
 import pretrain.status as status_module
+import pretrain.training as run_module
 from pretrain.checkpointing import latest_checkpoint, list_checkpoints
 from pretrain.layout import DEAD_AFTER_S, is_dead, list_snapshots, read_metrics, read_status, write_json_atomic
 from pretrain.manifest import MANIFEST_FILE
-from pretrain.run import TrainingFailed, main
+from pretrain.run import main
+from pretrain.training import TrainingFailed
 from tests import pretrain_helpers
 from tests.pretrain_helpers import RUN_PY, tiny_args
 

@@ -33,7 +33,7 @@ from pretrain.hardware import gpu_peak, mfu_peak
 from pretrain.layout import read_status
 from pretrain.modeling import LNBertConfig, LNBertForPreTraining
 from pretrain.optim import build_adamw, resolve_adamw_implementation
-from pretrain.run import build_accelerator, build_model
+from pretrain.training import build_accelerator, build_model
 from tests.conftest import ROOT, TINY, TINY_MODEL_ARGS
 from tests.finetune_fixtures import FIXTURE_GLUE, QUICK, tiny_config, tiny_tokenizer
 

@@ -1,0 +1,76 @@
+"""Every command reads and checks its options before it imports torch, transformers or datasets (about 9 s of
+CPU), so a typo answers at once; and ``import pretrain`` still registers the model with the Auto classes."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+HEAVY = ("torch", "transformers", "datasets", "accelerate", "tokenizers", "sklearn", "wandb")
+
+COMMANDS = {
+    "pretrain.run": ["-m", "pretrain.run"],
+    "pretrain/run.py": ["pretrain/run.py"],  # what `accelerate launch pretrain/run.py` starts
+    "pretrain.prepare": ["-m", "pretrain.prepare"],
+    "finetune.run": ["-m", "finetune.run"],
+    "finetune.schedule": ["-m", "finetune.schedule", "run"],
+    "finetune.report": ["-m", "finetune.report"],
+    "finetune.dashboard": ["-m", "finetune.dashboard"],
+}
+
+
+def imported_modules(importtime_log: str) -> set[str]:
+    """The top-level packages ``python -X importtime`` reports as imported."""
+    names = (line.rsplit("|", 1)[-1].strip() for line in importtime_log.splitlines() if line.startswith("import time:"))
+    return {name.split(".")[0] for name in names}
+
+
+def run_python(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-X", "importtime", *args], cwd=REPO, capture_output=True, text=True, timeout=120
+    )
+
+
+@pytest.mark.parametrize("command", list(COMMANDS))
+def test_a_typo_is_answered_before_the_heavy_imports(command: str) -> None:
+    result = run_python(*COMMANDS[command], "--typo=1")
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert "unknown key 'typo'" in result.stderr
+    heavy = imported_modules(result.stderr) & set(HEAVY)
+    assert not heavy, f"{command} imported {sorted(heavy)} before reading its options"
+
+
+def test_a_wrong_choice_is_answered_before_the_heavy_imports_with_a_suggestion() -> None:
+    result = run_python("-m", "pretrain.run", "--model.norm_placement=preln")
+    assert result.returncode == 2
+    assert "did you mean 'pre'?" in result.stderr
+    assert not imported_modules(result.stderr) & set(HEAVY)
+
+
+def test_import_pretrain_registers_the_auto_classes_outside_the_commands() -> None:
+    code = (
+        "import pretrain, sys\n"
+        "from transformers import AutoConfig\n"
+        "print(type(AutoConfig.for_model('lnbert')).__name__, 'pretrain.modeling' in sys.modules)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.split() == ["LNBertConfig", "True"]
+
+
+def test_inside_a_command_the_model_names_are_imported_on_first_use() -> None:
+    """A command defers the registration; ``pretrain.LNBertConfig`` (or ``import pretrain.modeling``) makes it."""
+    code = (
+        "import sys; sys.argv[0] = '-m'; sys.orig_argv = [sys.executable, '-m', 'pretrain.run']\n"
+        "import pretrain\n"
+        "before = 'torch' in sys.modules\n"
+        "from transformers import AutoConfig\n"
+        "print(before, pretrain.LNBertConfig is type(AutoConfig.for_model('lnbert')))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.split() == ["False", "True"]
