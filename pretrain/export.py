@@ -14,14 +14,18 @@ from __future__ import annotations
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-
-import torch
-from transformers import BertConfig, BertForPreTraining
+from typing import TYPE_CHECKING
 
 from pretrain.atomic import atomic_dir
 from pretrain.cli import parse, run_cli
 from pretrain.manifest import MANIFEST_FILE, verify_manifest
-from pretrain.modeling import LNBertConfig, LNBertForPreTraining
+
+if TYPE_CHECKING:
+    from transformers import BertConfig, BertForPreTraining
+
+    from pretrain.modeling import LNBertConfig, LNBertForPreTraining
+
+# torch, transformers and the model are imported inside the functions: the options are read and checked first.
 
 
 @dataclass(kw_only=True)
@@ -52,19 +56,22 @@ def check_exportable(config: LNBertConfig) -> None:
 
 def bert_config(config: LNBertConfig) -> BertConfig:
     """The Hugging Face BERT config with the same shapes and settings (BERT's own fields only)."""
+    from transformers import BertConfig
+
     fields = {k: v for k, v in config.to_dict().items() if k in BertConfig().to_dict()}
     fields.pop("model_type", None)
     fields.pop("architectures", None)
     return BertConfig(**fields)
 
 
-@torch.no_grad()
 def export_to_bert(model: LNBertForPreTraining) -> BertForPreTraining:
     """The ``BertForPreTraining`` that computes what ``model`` computes (up to LayerNorm's eps)."""
+    from transformers import BertForPreTraining
+
     config = model.config
     check_exportable(config)
     scale = config.residual_scale
-    state = {k: v.clone() for k, v in model.state_dict().items()}
+    state = {k: v.detach().clone() for k, v in model.state_dict().items()}
     for i in range(config.num_hidden_layers):
         for dense in (f"bert.encoder.layer.{i}.attention.output.dense", f"bert.encoder.layer.{i}.output.dense"):
             state[f"{dense}.weight"] /= scale
@@ -83,6 +90,8 @@ def main(argv: list[str] | None = None) -> int:
         raise ValueError(f"--out={out} exists; choose a new folder (nothing was written)")
     if (source / MANIFEST_FILE).is_file():  # a snapshot of pretrain/run.py: export only what it wrote
         verify_manifest(source)
+    from pretrain.modeling import LNBertForPreTraining
+
     model = LNBertForPreTraining.from_pretrained(source)
     bert = export_to_bert(model)
     with atomic_dir(out) as tmp:  # readers never see a half-written export; a killed one leaves no folder

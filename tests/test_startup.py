@@ -16,6 +16,7 @@ COMMANDS = {
     "pretrain.run": ["-m", "pretrain.run"],
     "pretrain/run.py": ["pretrain/run.py"],  # what `accelerate launch pretrain/run.py` starts
     "pretrain.prepare": ["-m", "pretrain.prepare"],
+    "pretrain.export": ["-m", "pretrain.export"],
     "finetune.run": ["-m", "finetune.run"],
     "finetune.schedule": ["-m", "finetune.schedule", "run"],
     "finetune.report": ["-m", "finetune.report"],
