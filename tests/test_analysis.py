@@ -215,3 +215,8 @@ def test_init_grads_command_on_a_jsonl_file(tmp_path):
 def test_init_grads_rejects_a_missing_data_file(tmp_path):
     with pytest.raises(FileNotFoundError, match="no such file"):
         analysis.main(["init-grads", "--data", str(tmp_path / "nope.jsonl"), "--out", str(tmp_path)])
+
+
+def test_ln_jacobian_default_eps_is_the_models_layer_norm_eps() -> None:
+    """options.py writes BERT's eps out (it is read before transformers is imported); they must agree."""
+    assert analysis.LnJacobianConfig().eps == LNBertConfig().layer_norm_eps

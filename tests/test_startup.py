@@ -17,6 +17,7 @@ COMMANDS = {
     "pretrain/run.py": ["pretrain/run.py"],  # what `accelerate launch pretrain/run.py` starts
     "pretrain.prepare": ["-m", "pretrain.prepare"],
     "pretrain.export": ["-m", "pretrain.export"],
+    "pretrain.analysis": ["-m", "pretrain.analysis", "grid"],
     "finetune.run": ["-m", "finetune.run"],
     "finetune.schedule": ["-m", "finetune.schedule", "run"],
     "finetune.report": ["-m", "finetune.report"],

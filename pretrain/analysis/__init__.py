@@ -9,52 +9,38 @@ raw numbers (``results.json``) into ``--out`` and draws a PNG there.
     python -m pretrain.analysis grid          # placement x depth x lr x warm-up map of short pretraining runs
 
 ``python -m pretrain.analysis SUBCOMMAND --help`` lists each one's options (``--key=VALUE``, lists as YAML:
-``--dims='[8, 24]'``). One module per subcommand (its config dataclass, measurement, table and figure);
-``common.py`` holds what they share, ``cli.py`` the command line.
+``--dims='[8, 24]'``). One module per subcommand (its measurement, table and figure);
+``options.py`` holds their config dataclasses (read before torch is imported), ``common.py`` what they share,
+``cli.py`` the command line.
 """
 
-from pretrain.analysis.cli import COMMANDS, main, parse_args
-from pretrain.analysis.common import DEFAULT_OUT, ModelSize, mean_and_sem, model_config, write_outputs
-from pretrain.analysis.grid import Cell, GridConfig, cell_overrides, describe_setting, grid_cells, read_cell, run_cell
-from pretrain.analysis.init_grads import (
-    InitGradsConfig,
-    ffn_gradient_norms,
-    load_mlm_data,
-    measure_init_grads,
-    mlm_batch,
-)
-from pretrain.analysis.init_scale import InitScaleConfig, model_stream_scale, paper_bounds, simplified_stream_scale
-from pretrain.analysis.ln_jacobian import LnJacobianConfig, layer_norm_jacobian_norm, ln_jacobian_rows
-from pretrain.analysis.perturb import InitPerturbConfig, output_change
+from __future__ import annotations
 
-__all__ = [
-    "COMMANDS",
-    "DEFAULT_OUT",
-    "Cell",
-    "GridConfig",
-    "InitGradsConfig",
-    "InitPerturbConfig",
-    "InitScaleConfig",
-    "LnJacobianConfig",
-    "ModelSize",
-    "cell_overrides",
-    "describe_setting",
-    "ffn_gradient_norms",
-    "grid_cells",
-    "layer_norm_jacobian_norm",
-    "ln_jacobian_rows",
-    "load_mlm_data",
-    "main",
-    "mean_and_sem",
-    "measure_init_grads",
-    "mlm_batch",
-    "model_config",
-    "model_stream_scale",
-    "output_change",
-    "paper_bounds",
-    "parse_args",
-    "read_cell",
-    "run_cell",
-    "simplified_stream_scale",
-    "write_outputs",
-]
+import importlib
+from typing import Any
+
+# Each name below from its module, imported on first use: ``python -m pretrain.analysis`` imports this package
+# before it reads its options, and the measurements import torch.
+_HOMES = {
+    "pretrain.analysis.cli": ("COMMANDS", "main", "parse_args"),
+    "pretrain.analysis.options": (
+        "DEFAULT_OUT", "GridConfig", "InitGradsConfig", "InitPerturbConfig", "InitScaleConfig", "LnJacobianConfig",
+        "ModelSize",
+    ),
+    "pretrain.analysis.common": ("mean_and_sem", "model_config", "write_outputs"),
+    "pretrain.analysis.grid": ("Cell", "cell_overrides", "describe_setting", "grid_cells", "read_cell", "run_cell"),
+    "pretrain.analysis.init_grads": ("ffn_gradient_norms", "load_mlm_data", "measure_init_grads", "mlm_batch"),
+    "pretrain.analysis.init_scale": ("model_stream_scale", "paper_bounds", "simplified_stream_scale"),
+    "pretrain.analysis.ln_jacobian": ("layer_norm_jacobian_norm", "ln_jacobian_rows"),
+    "pretrain.analysis.perturb": ("output_change",),
+}  # fmt: skip
+_HOME_OF = {name: module for module, names in _HOMES.items() for name in names}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _HOME_OF:
+        return getattr(importlib.import_module(_HOME_OF[name]), name)
+    raise AttributeError(f"module 'pretrain.analysis' has no attribute {name!r}")
+
+
+__all__ = sorted(_HOME_OF)

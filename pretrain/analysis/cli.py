@@ -1,23 +1,24 @@
 """The command line of the analyses: ``python -m pretrain.analysis SUBCOMMAND [--config PRESET.yaml] [--key=VALUE
 ...]``. The first word picks the measurement; its options are the fields of that measurement's config dataclass
-(``--help`` lists them)."""
+(``--help`` lists them). The options are read and checked first (``options.py``), the measurement's module (torch,
+transformers) imported after."""
 
 from __future__ import annotations
 
+import importlib
 import sys
-from collections.abc import Callable
 from typing import Any
 
-from pretrain.analysis import grid, init_grads, init_scale, ln_jacobian, perturb
+from pretrain.analysis import options
 from pretrain.cli import parse_command, run_cli
 
-# subcommand -> (config dataclass, the function that runs it)
-COMMANDS: dict[str, tuple[type, Callable[[Any], int]]] = {
-    "ln-jacobian": (ln_jacobian.LnJacobianConfig, ln_jacobian.run),
-    "init-scale": (init_scale.InitScaleConfig, init_scale.run),
-    "init-grads": (init_grads.InitGradsConfig, init_grads.run),
-    "init-perturb": (perturb.InitPerturbConfig, perturb.run),
-    "grid": (grid.GridConfig, grid.run),
+# subcommand -> (config dataclass, the module whose ``run`` measures it)
+COMMANDS: dict[str, tuple[type, str]] = {
+    "ln-jacobian": (options.LnJacobianConfig, "pretrain.analysis.ln_jacobian"),
+    "init-scale": (options.InitScaleConfig, "pretrain.analysis.init_scale"),
+    "init-grads": (options.InitGradsConfig, "pretrain.analysis.init_grads"),
+    "init-perturb": (options.InitPerturbConfig, "pretrain.analysis.perturb"),
+    "grid": (options.GridConfig, "pretrain.analysis.grid"),
 }
 
 
@@ -30,7 +31,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     command, config = parse_args(argv)
-    return COMMANDS[command][1](config)
+    return importlib.import_module(COMMANDS[command][1]).run(config)
 
 
 def cli() -> int:

@@ -5,18 +5,15 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from pretrain.cli import require, to_dict
+from pretrain.analysis.options import ModelSize
+from pretrain.cli import to_dict
 from pretrain.layout import write_json_atomic
 from pretrain.modeling import NORM_PLACEMENTS, LNBertConfig
-from pretrain.placements import variant_name
-
-DEFAULT_OUT = Path("runs") / "analysis"
 
 
 def write_outputs(out_dir: Path, table: str, results: dict[str, Any]) -> None:
@@ -60,35 +57,6 @@ def cell_result(out_dir: Path, key: str, settings: dict[str, Any], measure: Call
     return result
 
 
-@dataclass(kw_only=True)
-class ModelSize:
-    """The size of the LNBertModel a measurement initialises (subclasses set their own defaults)."""
-
-    hidden_size: int = 256
-    """Hidden size d."""
-    num_heads: int = 4
-    """Attention heads."""
-    intermediate_size: int | None = None
-    """FFN width; null: 4 * hidden_size."""
-    vocab_size: int = 30522
-    """Vocabulary size."""
-    seq_len: int = 128
-    """Tokens per sequence."""
-    batch_size: int = 8
-    """Sequences per batch."""
-    seed: int = 0
-    """Seed of the first draw (draw s uses seed + s)."""
-    out: str = str(DEFAULT_OUT)
-    """Output folder for table.txt, results.json and the PNG."""
-
-    def __post_init__(self) -> None:
-        for key in ("hidden_size", "num_heads", "vocab_size", "seq_len", "batch_size"):
-            require(getattr(self, key) > 0, key, f"must be a positive integer; got {getattr(self, key)}")
-        require(
-            self.intermediate_size is None or self.intermediate_size > 0,
-            "intermediate_size",
-            f"must be a positive integer or null; got {self.intermediate_size}",
-        )
 
 
 def mean_and_sem(samples: torch.Tensor) -> tuple[list[float], list[float]]:
@@ -99,9 +67,6 @@ def mean_and_sem(samples: torch.Tensor) -> tuple[list[float], list[float]]:
     return samples.mean(dim=0).tolist(), sem.tolist()
 
 
-def variants(placements: list[str], norm_types: list[str]) -> list[tuple[str, str, str]]:
-    """(label, placement, norm_type) of every model a measurement compares; the label as in run names."""
-    return [(variant_name(p, t), p, t) for t in norm_types for p in placements]
 
 
 def placement_color(placement: str) -> Any:

@@ -13,7 +13,7 @@ import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -21,135 +21,12 @@ from typing import Any
 import torch
 
 from pretrain.analysis import outcomes, probes
-from pretrain.analysis.common import DEFAULT_OUT, placement_color, variants, write_outputs
+from pretrain.analysis.common import placement_color, write_outputs
+from pretrain.analysis.options import GridConfig
 from pretrain.cache import exclusive_lock
-from pretrain.cli import field_type, parse, require, to_dict
+from pretrain.cli import parse, to_dict
 from pretrain.layout import RUN_CONFIG_FILE, STATUS_FILE, read_metrics, read_status
-from pretrain.norms import NormType
-from pretrain.placements import NORM_PLACEMENTS, NormPlacement
 from pretrain.reporting import format_table, pyplot, save_figure
-
-
-@dataclass(kw_only=True)
-class GridConfig:
-    """Where training breaks: a grid of short pretraining runs over placement x depth x width x warm-up x peak lr.
-
-    Each cell (one setting, one seed) is a pretraining run through the normal pipeline (python -m pretrain.run
-    in a subprocess; jobs at once) with that setting, logging every step, with weights-only snapshots at steps
-    0..probe_steps and one evaluation at the end. Its outcome: diverged (non-finite loss: the step), blew up,
-    failed to train, or trained (final validation loss); the rules and their thresholds are in outcomes.py and
-    below. Settings next to a change of outcome (along any axis, placements included) are repeated with more
-    seeds up to boundary_seeds, and the map marks where seeds disagree. For the cells shown in boundary.png
-    (the boundary, or without one the deepest, fastest, warm-up-free corner) the table gives what the theory
-    says to look at: per-layer gradient norms at the first steps and the relative change of the output by the
-    first updates (Liu et al. 2020; probes.py). Runs live in OUT/runs/<cell>, logs in OUT/logs. A stopped grid
-    continues with the same command: finished and diverged cells are read, not rerun, and an interrupted cell
-    resumes from its last checkpoint (pretrain/run.py with train.resume=auto). Cells run in the order of the axes as given,
-    placements innermost. Anything else of pretrain/run.py (data, batch size, precision, ...) goes through
-    preset and overrides. Writes table.txt, results.json, grid.png, boundary.png."""
-
-    placements: list[NormPlacement] = field(default_factory=lambda: list(NORM_PLACEMENTS))
-    """Placements, one heat map each."""
-    norm_types: list[NormType] = field(default_factory=lambda: ["layernorm"])
-    """Norm types, each with every placement (a model is named as in run names: pre, pre-rmsnorm, ...)."""
-    depths: list[int] = field(default_factory=lambda: [6, 12, 24, 48])
-    """Numbers of layers."""
-    hidden_sizes: list[int] = field(default_factory=lambda: [128])
-    """Widths (hidden size); the FFN is intermediate_size or 4 x this."""
-    warmup_steps: list[int] = field(default_factory=lambda: [0, 30])
-    """Linear warm-up steps."""
-    lrs: list[float] = field(default_factory=lambda: [3e-4, 1e-3, 3e-3, 1e-2, 3e-2])
-    """Peak learning rates, the columns of the heat maps."""
-    seeds: list[int] = field(default_factory=lambda: [0])
-    """train.seed values every setting runs with."""
-    boundary_seeds: int = 2
-    """Settings on the boundary are repeated with further seeds (max(seeds)+1, ...) until they have this many."""
-    max_steps: int = 150
-    """Steps per run (linear decay to 0 over them, after the warm-up)."""
-    num_heads: int = 2
-    """Attention heads (must divide every hidden size)."""
-    intermediate_size: int | None = None
-    """FFN width; null: 4 x hidden size."""
-    probe_steps: int = 4
-    """The first steps whose gradient norms and output changes are reported (snapshots at steps 0..this)."""
-    probe_batch_size: int = 16
-    """Validation instances in the fixed batch the output change is measured on."""
-    trained_margin: float = 0.1
-    """Trained: final validation loss at least this many nats below the validation unigram cross-entropy."""
-    blowup_margin: float = 1.0
-    """Blew up: the last tenth of the training-loss curve stays this many nats above the training unigram
-    entropy and above the lowest loss logged before it."""
-    preset: str | None = None
-    """A pretrain/run.py preset YAML applied to every cell first."""
-    overrides: list[str] = field(default_factory=list)
-    """Extra pretrain/run.py overrides for every cell (they win), e.g. '[train.per_device_batch_size=16]'."""
-    report_only: bool = False
-    """Run nothing: report the cells under --out that have a run folder (ended ones with their outcome), the rest
-    of the axes shown as '-'. One report over the union of the axes of grids that ran different parts of a map
-    into the same --out (e.g. more learning rates at depth 6 than at depth 48)."""
-    jobs: int = 1
-    """Cells run at once, each its own process; on a CPU, set OMP_NUM_THREADS to cores / jobs."""
-    out: str = str(DEFAULT_OUT / "grid")
-    """Output folder (runs/, logs/, table.txt, results.json, grid.png, boundary.png)."""
-
-    def __post_init__(self) -> None:
-        for key in ("max_steps", "num_heads", "jobs", "probe_batch_size"):
-            require(getattr(self, key) > 0, key, f"must be a positive integer; got {getattr(self, key)}")
-        require(self.probe_steps >= 0 and self.boundary_seeds >= 0, "probe_steps", "and boundary_seeds must be >= 0")
-        for key in ("placements", "norm_types", "depths", "hidden_sizes", "warmup_steps", "lrs", "seeds"):
-            values = getattr(self, key)
-            require(bool(values) and len(set(values)) == len(values), key, f"must be a non-empty list without repeats; got {values}")  # fmt: skip
-        require(all(d > 0 for d in self.depths), "depths", f"must be positive; got {self.depths}")
-        require(all(w >= 0 for w in self.warmup_steps), "warmup_steps", f"must be >= 0; got {self.warmup_steps}")
-        require(
-            all(w <= self.max_steps for w in self.warmup_steps),
-            "warmup_steps",
-            f"must be <= max_steps={self.max_steps}",
-        )
-        require(all(lr > 0 for lr in self.lrs), "lrs", f"must be > 0; got {self.lrs}")
-        require(
-            all(h > 0 and h % self.num_heads == 0 for h in self.hidden_sizes),
-            "hidden_sizes",
-            f"must be positive multiples of num_heads={self.num_heads}; got {self.hidden_sizes}",
-        )
-        require(
-            self.intermediate_size is None or self.intermediate_size > 0, "intermediate_size", "must be > 0 or null"
-        )
-        require(
-            self.trained_margin >= 0 and self.blowup_margin > 0, "trained_margin", "must be >= 0 (blowup_margin > 0)"
-        )
-        from pretrain.config import PretrainConfig  # here: it imports the data pipeline, slow to import
-
-        for item in self.overrides:
-            key, eq, _ = item.removeprefix("--").partition("=")
-            require(
-                bool(eq) and "." in key,
-                "overrides",
-                f"item {item!r} is not KEY=VALUE with a dotted key, e.g. train.per_device_batch_size=16",
-            )
-            field_type(PretrainConfig, key)  # a typo fails now, not in every cell
-
-    @property
-    def axes(self) -> list[list[Any]]:
-        """The axes of a setting, in the order of ``Cell.setting``; numbers sorted (tables, maps and neighbours
-        go by size, whatever order the cells ran in)."""
-        return [self.variants, *(sorted(v) for v in (self.hidden_sizes, self.depths, self.warmup_steps, self.lrs))]
-
-    @property
-    def models(self) -> dict[str, tuple[str, str]]:
-        """Each model of the grid by its name (placement x norm type): its (placement, norm type)."""
-        return {
-            label: (placement, norm_type) for label, placement, norm_type in variants(self.placements, self.norm_types)
-        }
-
-    @property
-    def variants(self) -> list[str]:
-        """The models' names, the first axis of a setting (``Cell.placement``)."""
-        return list(self.models)
-
-    @property
-    def rules(self) -> outcomes.Rules:
-        return outcomes.Rules(trained_margin=self.trained_margin, blowup_margin=self.blowup_margin)
 
 
 @dataclass(frozen=True)

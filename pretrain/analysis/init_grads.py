@@ -3,74 +3,23 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import torch
 
 from pretrain.analysis.common import (
-    DEFAULT_OUT,
-    ModelSize,
     cell_result,
     cell_settings,
     mean_and_sem,
     model_config,
     placement_color,
-    variants,
     write_outputs,
 )
-from pretrain.cli import require, to_dict
-from pretrain.modeling import NORM_PLACEMENTS, InitScheme, LNBertConfig, LNBertForMaskedLM
-from pretrain.norms import NormType
-from pretrain.placements import NormPlacement
+from pretrain.analysis.options import InitGradsConfig, variants
+from pretrain.cli import to_dict
+from pretrain.modeling import LNBertConfig, LNBertForMaskedLM
 from pretrain.reporting import format_table, pyplot, save_figure
-
-
-@dataclass(kw_only=True)
-class InitGradsConfig(ModelSize):
-    """FFN W1/W2 gradient norms at init per layer and per depth (paper's Figure 3).
-
-    For each init scheme and placement, initialise LNBertForMaskedLM under seeds seeds, take the MLM loss of
-    one real masked batch per seed (the pretraining data pipeline: Python's documentation by default, or
-    --data=FILE.jsonl) with dropout off, and record ||dL/dW1||_F and ||dL/dW2||_F of every layer's FFN
-    (intermediate.dense.weight, output.dense.weight). Reports the per-layer profile at num_layers and the last
-    layer's W2 gradient against depths. Paper: Post-LN's last-layer gradient does not depend on depth and
-    per-layer gradients grow toward the output; Pre-LN's shrink like 1/sqrt(L) and are nearly uniform across
-    layers. Writes table.txt, results.json, init_grads.png."""
-
-    placements: list[NormPlacement] = field(default_factory=lambda: list(NORM_PLACEMENTS))
-    """Placements to measure."""
-    norm_types: list[NormType] = field(default_factory=lambda: ["layernorm"])
-    """Norm types to measure, each with every placement."""
-    init_schemes: list[InitScheme] = field(default_factory=lambda: ["xavier", "bert"])
-    """xavier: the paper's setting; bert: normal(0, 0.02)."""
-    num_layers: int = 12
-    """Depth of the per-layer profile."""
-    depths: list[int] = field(default_factory=lambda: [6, 8, 10, 12, 14])
-    """Depths for the last-layer W2 curve."""
-    seeds: int = 10
-    """Model initialisations and batches to average."""
-    data: str | None = None
-    """JSON Lines file with a 'text' field; null: Python's own documentation (no download)."""
-    tokenizer: str | None = None
-    """Tokenizer name or folder; null: train a WordPiece of vocab_size on the data."""
-    max_documents: int = 400
-    """Documents read."""
-    cache_dir: str = str(Path("runs") / ".cache" / "data")
-    """Data cache, shared with pretraining."""
-    device: Literal["auto", "cpu", "cuda"] = "auto"
-    """Where to compute: auto (cuda when available), cpu or cuda."""
-    hidden_size: int = 128
-    num_heads: int = 2
-    vocab_size: int = 8000
-    out: str = str(DEFAULT_OUT / "init_grads")
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        for key in ("num_layers", "seeds", "max_documents"):
-            require(getattr(self, key) > 0, key, f"must be a positive integer; got {getattr(self, key)}")
-        require(bool(self.depths) and all(d > 0 for d in self.depths), "depths", f"must be positive; got {self.depths}")
 
 
 def resolve_device(name: str) -> str:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -11,62 +10,17 @@ import torch
 import torch.nn.functional as F
 
 from pretrain.analysis.common import (
-    DEFAULT_OUT,
-    ModelSize,
     cell_result,
     cell_settings,
     mean_and_sem,
     model_config,
     placement_color,
-    variants,
     write_outputs,
 )
-from pretrain.cli import require, to_dict
-from pretrain.modeling import NORM_PLACEMENTS, InitScheme, LNBertConfig, LNBertModel
-from pretrain.norms import NormType
-from pretrain.placements import NormPlacement
+from pretrain.analysis.options import InitScaleConfig, variants
+from pretrain.cli import to_dict
+from pretrain.modeling import LNBertConfig, LNBertModel
 from pretrain.reporting import format_table, pyplot, save_figure
-
-
-@dataclass(kw_only=True)
-class InitScaleConfig(ModelSize):
-    """E||x_l||^2/d at init: Post-LN about 1.5, Pre-LN within (1 + l/2, 1 + 3l/2).
-
-    (i) The paper's simplified Transformer (Lemma 2): single head with W_Q = W_K = 0 (uniform attention),
-    Xavier-normal d x d weights, zero biases, ReLU FFN of width d, inputs x_0 ~ N(0, I_d). Post-LN:
-    E||x_post5||^2/d, the FFN output added to its normalised input (paper: 1.5 at every layer). Pre-LN:
-    E||x_l||^2/d of the residual stream after l layers against the bounds 1 + l/2 and 1 + 3l/2. Averaged over
-    seeds weight draws x paper_sequences sequences. (ii) The same quantities on LNBertModel at its real
-    initialisation (GELU, FFN 4d, BERT 0.02 or Xavier), read with forward hooks, dropout off; its size is
-    hidden_size, num_heads, ... below. Writes table.txt, results.json, init_scale.png."""
-
-    num_layers: int = 12
-    """Layers L."""
-    paper_hidden_size: int = 256
-    """d of (i)."""
-    paper_seq_len: int = 8
-    """Tokens per sequence in (i); uniform attention averages over them."""
-    paper_sequences: int = 4
-    """Sequences per weight draw in (i)."""
-    seeds: int = 200
-    """Weight draws in (i)."""
-    model_seeds: int = 3
-    """Model initialisations in (ii)."""
-    placements: list[NormPlacement] = field(default_factory=lambda: list(NORM_PLACEMENTS))
-    """Placements measured in (ii)."""
-    norm_types: list[NormType] = field(default_factory=lambda: ["layernorm"])
-    """Norm types measured in (ii), each with every placement."""
-    init_schemes: list[InitScheme] = field(default_factory=lambda: ["bert", "xavier"])
-    """Initialisations measured in (ii)."""
-    hidden_size: int = 256
-    seq_len: int = 128
-    batch_size: int = 8
-    out: str = str(DEFAULT_OUT / "init_scale")
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        for key in ("num_layers", "paper_hidden_size", "paper_seq_len", "paper_sequences", "seeds", "model_seeds"):
-            require(getattr(self, key) > 0, key, f"must be a positive integer; got {getattr(self, key)}")
 
 
 def paper_bounds(layer: int) -> tuple[float, float]:

@@ -4,43 +4,16 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
-from pretrain.analysis.common import DEFAULT_OUT, write_outputs
-from pretrain.cli import require
+from pretrain.analysis.common import write_outputs
+from pretrain.analysis.options import LnJacobianConfig
 from pretrain.modeling import LNBertConfig, LNBertModel
 from pretrain.reporting import format_table, pyplot, save_figure
-
-
-@dataclass(kw_only=True)
-class LnJacobianConfig:
-    """Spectral norm of the LayerNorm Jacobian vs sqrt(d)/||x - mean(x)||.
-
-    Compute the Jacobian of the model's own LayerNorm (gamma 1, beta 0, float64) with autograd at
-    x = s (z + 3), z ~ N(0, I_d), take its spectral norm and compare with the paper's sqrt(d)/||y||,
-    y = x - mean(x), over scales s and dimensions d. The identity holds up to LayerNorm's eps: the exact value
-    is sqrt(d)/sqrt(||y||^2 + d eps), also reported. Writes table.txt, results.json, ln_jacobian.png."""
-
-    dims: list[int] = field(default_factory=lambda: [16, 64, 256, 1024])
-    """Dimensions d."""
-    scales: list[float] = field(default_factory=lambda: [1e-2, 1e-1, 1.0, 1e1, 1e2])
-    """Input scales s."""
-    eps: float = LNBertConfig().layer_norm_eps
-    """LayerNorm eps (default: the model's layer_norm_eps)."""
-    seed: int = 0
-    """Seed of z."""
-    out: str = str(DEFAULT_OUT / "ln_jacobian")
-    """Output folder for table.txt, results.json and ln_jacobian.png."""
-
-    def __post_init__(self) -> None:
-        require(bool(self.dims) and all(d > 0 for d in self.dims), "dims", f"must be positive integers; got {self.dims}")
-        require(bool(self.scales) and all(s > 0 for s in self.scales), "scales", f"must be > 0; got {self.scales}")
-        require(self.eps >= 0, "eps", f"must be >= 0; got {self.eps}")
 
 
 def model_layer_norm(hidden_size: int, eps: float) -> nn.LayerNorm:

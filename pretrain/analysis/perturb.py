@@ -3,66 +3,23 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from pretrain.analysis.common import (
-    DEFAULT_OUT,
-    ModelSize,
     cell_result,
     cell_settings,
     mean_and_sem,
     model_config,
     placement_color,
-    variants,
     write_outputs,
 )
-from pretrain.cli import require, to_dict
-from pretrain.modeling import InitScheme, LNBertConfig, LNBertModel
-from pretrain.norms import NormType
-from pretrain.placements import NormPlacement
+from pretrain.analysis.options import InitPerturbConfig, variants
+from pretrain.cli import to_dict
+from pretrain.modeling import LNBertConfig, LNBertModel
 from pretrain.reporting import format_table, pyplot, save_figure
-
-
-@dataclass(kw_only=True)
-class InitPerturbConfig(ModelSize):
-    """Output change from a small random weight change at init against depth (Liu et al. 2020, Admin).
-
-    For each init scheme, model and depth, under seeds seeds: initialise LNBertModel (dropout off), compute the
-    encoder output f(x, W) (last_hidden_state: after the last norm or the final norm) on random token ids, add
-    to every weight matrix of the encoder layers (2-D parameters: Q, K, V, attention output, FFN; not the
-    embeddings, norms, gates or scales) delta = epsilon * rms(W) * N(0, 1) elementwise, and report
-    E||f(x, W) - f(x, W + delta)||^2 / E||f(x, W)||^2 over the tokens. Admin's claim: this grows like O(N) with
-    the number of sub-layers N for Post-LN, like O(log N) for Admin and Pre-LN. Writes table.txt, results.json,
-    init_perturb.png."""
-
-    placements: list[NormPlacement] = field(default_factory=lambda: ["post", "admin", "deepnorm", "pre"])
-    """Placements to measure."""
-    norm_types: list[NormType] = field(default_factory=lambda: ["layernorm"])
-    """Norm types to measure, each with every placement."""
-    init_schemes: list[InitScheme] = field(default_factory=lambda: ["xavier", "bert"])
-    """xavier: Admin's and the paper's analysis setting; bert: normal(0, 0.02)."""
-    depths: list[int] = field(default_factory=lambda: [3, 6, 12, 24, 48])
-    """Numbers of layers L (N = 2L sub-layers)."""
-    epsilon: float = 1e-2
-    """Size of the perturbation relative to each weight matrix's root mean square."""
-    seeds: int = 5
-    """Model initialisations (each with its own perturbation and token ids)."""
-    hidden_size: int = 128
-    num_heads: int = 2
-    vocab_size: int = 2048
-    seq_len: int = 64
-    out: str = str(DEFAULT_OUT / "init_perturb")
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        require(self.seeds > 0, "seeds", f"must be a positive integer; got {self.seeds}")
-        require(self.epsilon >= 0, "epsilon", f"must be >= 0; got {self.epsilon}")
-        require(bool(self.depths) and all(d > 0 for d in self.depths), "depths", f"must be positive; got {self.depths}")
-
 
 AXES = ("placements", "norm_types", "init_schemes", "depths")
 """The options a cell (init scheme, model, depth) is drawn from; every other option is a setting of each cell."""

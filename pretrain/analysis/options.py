@@ -1,0 +1,322 @@
+"""The options of every analysis subcommand, one config dataclass each, and nothing heavier than the standard
+library: ``python -m pretrain.analysis`` reads and checks them before it imports the measurement (torch and
+transformers, seconds of CPU), so that a typo answers at once. Each measurement's module (``init_grads.py``, ...)
+runs its config; ``cli.py`` maps the subcommands to both."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from pretrain.analysis import outcomes
+from pretrain.cli import field_type, require
+from pretrain.config import PretrainConfig
+from pretrain.variants import NORM_PLACEMENTS, InitScheme, NormPlacement, NormType, variant_name
+
+DEFAULT_OUT = Path("runs") / "analysis"
+
+def variants(placements: list[str], norm_types: list[str]) -> list[tuple[str, str, str]]:
+    """(label, placement, norm_type) of every model a measurement compares; the label as in run names."""
+    return [(variant_name(p, t), p, t) for t in norm_types for p in placements]
+
+
+@dataclass(kw_only=True)
+class ModelSize:
+    """The size of the LNBertModel a measurement initialises (subclasses set their own defaults)."""
+
+    hidden_size: int = 256
+    """Hidden size d."""
+    num_heads: int = 4
+    """Attention heads."""
+    intermediate_size: int | None = None
+    """FFN width; null: 4 * hidden_size."""
+    vocab_size: int = 30522
+    """Vocabulary size."""
+    seq_len: int = 128
+    """Tokens per sequence."""
+    batch_size: int = 8
+    """Sequences per batch."""
+    seed: int = 0
+    """Seed of the first draw (draw s uses seed + s)."""
+    out: str = str(DEFAULT_OUT)
+    """Output folder for table.txt, results.json and the PNG."""
+
+    def __post_init__(self) -> None:
+        for key in ("hidden_size", "num_heads", "vocab_size", "seq_len", "batch_size"):
+            require(getattr(self, key) > 0, key, f"must be a positive integer; got {getattr(self, key)}")
+        require(
+            self.intermediate_size is None or self.intermediate_size > 0,
+            "intermediate_size",
+            f"must be a positive integer or null; got {self.intermediate_size}",
+        )
+
+
+@dataclass(kw_only=True)
+class LnJacobianConfig:
+    """Spectral norm of the LayerNorm Jacobian vs sqrt(d)/||x - mean(x)||.
+
+    Compute the Jacobian of the model's own LayerNorm (gamma 1, beta 0, float64) with autograd at
+    x = s (z + 3), z ~ N(0, I_d), take its spectral norm and compare with the paper's sqrt(d)/||y||,
+    y = x - mean(x), over scales s and dimensions d. The identity holds up to LayerNorm's eps: the exact value
+    is sqrt(d)/sqrt(||y||^2 + d eps), also reported. Writes table.txt, results.json, ln_jacobian.png."""
+
+    dims: list[int] = field(default_factory=lambda: [16, 64, 256, 1024])
+    """Dimensions d."""
+    scales: list[float] = field(default_factory=lambda: [1e-2, 1e-1, 1.0, 1e1, 1e2])
+    """Input scales s."""
+    eps: float = 1e-12  # BertConfig's layer_norm_eps, written out to spare the import (tests/test_analysis.py)
+    """LayerNorm eps (default: the model's layer_norm_eps)."""
+    seed: int = 0
+    """Seed of z."""
+    out: str = str(DEFAULT_OUT / "ln_jacobian")
+    """Output folder for table.txt, results.json and ln_jacobian.png."""
+
+    def __post_init__(self) -> None:
+        require(bool(self.dims) and all(d > 0 for d in self.dims), "dims", f"must be positive integers; got {self.dims}")
+        require(bool(self.scales) and all(s > 0 for s in self.scales), "scales", f"must be > 0; got {self.scales}")
+        require(self.eps >= 0, "eps", f"must be >= 0; got {self.eps}")
+
+
+@dataclass(kw_only=True)
+class InitScaleConfig(ModelSize):
+    """E||x_l||^2/d at init: Post-LN about 1.5, Pre-LN within (1 + l/2, 1 + 3l/2).
+
+    (i) The paper's simplified Transformer (Lemma 2): single head with W_Q = W_K = 0 (uniform attention),
+    Xavier-normal d x d weights, zero biases, ReLU FFN of width d, inputs x_0 ~ N(0, I_d). Post-LN:
+    E||x_post5||^2/d, the FFN output added to its normalised input (paper: 1.5 at every layer). Pre-LN:
+    E||x_l||^2/d of the residual stream after l layers against the bounds 1 + l/2 and 1 + 3l/2. Averaged over
+    seeds weight draws x paper_sequences sequences. (ii) The same quantities on LNBertModel at its real
+    initialisation (GELU, FFN 4d, BERT 0.02 or Xavier), read with forward hooks, dropout off; its size is
+    hidden_size, num_heads, ... below. Writes table.txt, results.json, init_scale.png."""
+
+    num_layers: int = 12
+    """Layers L."""
+    paper_hidden_size: int = 256
+    """d of (i)."""
+    paper_seq_len: int = 8
+    """Tokens per sequence in (i); uniform attention averages over them."""
+    paper_sequences: int = 4
+    """Sequences per weight draw in (i)."""
+    seeds: int = 200
+    """Weight draws in (i)."""
+    model_seeds: int = 3
+    """Model initialisations in (ii)."""
+    placements: list[NormPlacement] = field(default_factory=lambda: list(NORM_PLACEMENTS))
+    """Placements measured in (ii)."""
+    norm_types: list[NormType] = field(default_factory=lambda: ["layernorm"])
+    """Norm types measured in (ii), each with every placement."""
+    init_schemes: list[InitScheme] = field(default_factory=lambda: ["bert", "xavier"])
+    """Initialisations measured in (ii)."""
+    hidden_size: int = 256
+    seq_len: int = 128
+    batch_size: int = 8
+    out: str = str(DEFAULT_OUT / "init_scale")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        for key in ("num_layers", "paper_hidden_size", "paper_seq_len", "paper_sequences", "seeds", "model_seeds"):
+            require(getattr(self, key) > 0, key, f"must be a positive integer; got {getattr(self, key)}")
+
+
+@dataclass(kw_only=True)
+class InitGradsConfig(ModelSize):
+    """FFN W1/W2 gradient norms at init per layer and per depth (paper's Figure 3).
+
+    For each init scheme and placement, initialise LNBertForMaskedLM under seeds seeds, take the MLM loss of
+    one real masked batch per seed (the pretraining data pipeline: Python's documentation by default, or
+    --data=FILE.jsonl) with dropout off, and record ||dL/dW1||_F and ||dL/dW2||_F of every layer's FFN
+    (intermediate.dense.weight, output.dense.weight). Reports the per-layer profile at num_layers and the last
+    layer's W2 gradient against depths. Paper: Post-LN's last-layer gradient does not depend on depth and
+    per-layer gradients grow toward the output; Pre-LN's shrink like 1/sqrt(L) and are nearly uniform across
+    layers. Writes table.txt, results.json, init_grads.png."""
+
+    placements: list[NormPlacement] = field(default_factory=lambda: list(NORM_PLACEMENTS))
+    """Placements to measure."""
+    norm_types: list[NormType] = field(default_factory=lambda: ["layernorm"])
+    """Norm types to measure, each with every placement."""
+    init_schemes: list[InitScheme] = field(default_factory=lambda: ["xavier", "bert"])
+    """xavier: the paper's setting; bert: normal(0, 0.02)."""
+    num_layers: int = 12
+    """Depth of the per-layer profile."""
+    depths: list[int] = field(default_factory=lambda: [6, 8, 10, 12, 14])
+    """Depths for the last-layer W2 curve."""
+    seeds: int = 10
+    """Model initialisations and batches to average."""
+    data: str | None = None
+    """JSON Lines file with a 'text' field; null: Python's own documentation (no download)."""
+    tokenizer: str | None = None
+    """Tokenizer name or folder; null: train a WordPiece of vocab_size on the data."""
+    max_documents: int = 400
+    """Documents read."""
+    cache_dir: str = str(Path("runs") / ".cache" / "data")
+    """Data cache, shared with pretraining."""
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    """Where to compute: auto (cuda when available), cpu or cuda."""
+    hidden_size: int = 128
+    num_heads: int = 2
+    vocab_size: int = 8000
+    out: str = str(DEFAULT_OUT / "init_grads")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        for key in ("num_layers", "seeds", "max_documents"):
+            require(getattr(self, key) > 0, key, f"must be a positive integer; got {getattr(self, key)}")
+        require(bool(self.depths) and all(d > 0 for d in self.depths), "depths", f"must be positive; got {self.depths}")
+
+
+@dataclass(kw_only=True)
+class InitPerturbConfig(ModelSize):
+    """Output change from a small random weight change at init against depth (Liu et al. 2020, Admin).
+
+    For each init scheme, model and depth, under seeds seeds: initialise LNBertModel (dropout off), compute the
+    encoder output f(x, W) (last_hidden_state: after the last norm or the final norm) on random token ids, add
+    to every weight matrix of the encoder layers (2-D parameters: Q, K, V, attention output, FFN; not the
+    embeddings, norms, gates or scales) delta = epsilon * rms(W) * N(0, 1) elementwise, and report
+    E||f(x, W) - f(x, W + delta)||^2 / E||f(x, W)||^2 over the tokens. Admin's claim: this grows like O(N) with
+    the number of sub-layers N for Post-LN, like O(log N) for Admin and Pre-LN. Writes table.txt, results.json,
+    init_perturb.png."""
+
+    placements: list[NormPlacement] = field(default_factory=lambda: ["post", "admin", "deepnorm", "pre"])
+    """Placements to measure."""
+    norm_types: list[NormType] = field(default_factory=lambda: ["layernorm"])
+    """Norm types to measure, each with every placement."""
+    init_schemes: list[InitScheme] = field(default_factory=lambda: ["xavier", "bert"])
+    """xavier: Admin's and the paper's analysis setting; bert: normal(0, 0.02)."""
+    depths: list[int] = field(default_factory=lambda: [3, 6, 12, 24, 48])
+    """Numbers of layers L (N = 2L sub-layers)."""
+    epsilon: float = 1e-2
+    """Size of the perturbation relative to each weight matrix's root mean square."""
+    seeds: int = 5
+    """Model initialisations (each with its own perturbation and token ids)."""
+    hidden_size: int = 128
+    num_heads: int = 2
+    vocab_size: int = 2048
+    seq_len: int = 64
+    out: str = str(DEFAULT_OUT / "init_perturb")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        require(self.seeds > 0, "seeds", f"must be a positive integer; got {self.seeds}")
+        require(self.epsilon >= 0, "epsilon", f"must be >= 0; got {self.epsilon}")
+        require(bool(self.depths) and all(d > 0 for d in self.depths), "depths", f"must be positive; got {self.depths}")
+
+
+@dataclass(kw_only=True)
+class GridConfig:
+    """Where training breaks: a grid of short pretraining runs over placement x depth x width x warm-up x peak lr.
+
+    Each cell (one setting, one seed) is a pretraining run through the normal pipeline (python -m pretrain.run
+    in a subprocess; jobs at once) with that setting, logging every step, with weights-only snapshots at steps
+    0..probe_steps and one evaluation at the end. Its outcome: diverged (non-finite loss: the step), blew up,
+    failed to train, or trained (final validation loss); the rules and their thresholds are in outcomes.py and
+    below. Settings next to a change of outcome (along any axis, placements included) are repeated with more
+    seeds up to boundary_seeds, and the map marks where seeds disagree. For the cells shown in boundary.png
+    (the boundary, or without one the deepest, fastest, warm-up-free corner) the table gives what the theory
+    says to look at: per-layer gradient norms at the first steps and the relative change of the output by the
+    first updates (Liu et al. 2020; probes.py). Runs live in OUT/runs/<cell>, logs in OUT/logs. A stopped grid
+    continues with the same command: finished and diverged cells are read, not rerun, and an interrupted cell
+    resumes from its last checkpoint (pretrain/run.py with train.resume=auto). Cells run in the order of the axes as given,
+    placements innermost. Anything else of pretrain/run.py (data, batch size, precision, ...) goes through
+    preset and overrides. Writes table.txt, results.json, grid.png, boundary.png."""
+
+    placements: list[NormPlacement] = field(default_factory=lambda: list(NORM_PLACEMENTS))
+    """Placements, one heat map each."""
+    norm_types: list[NormType] = field(default_factory=lambda: ["layernorm"])
+    """Norm types, each with every placement (a model is named as in run names: pre, pre-rmsnorm, ...)."""
+    depths: list[int] = field(default_factory=lambda: [6, 12, 24, 48])
+    """Numbers of layers."""
+    hidden_sizes: list[int] = field(default_factory=lambda: [128])
+    """Widths (hidden size); the FFN is intermediate_size or 4 x this."""
+    warmup_steps: list[int] = field(default_factory=lambda: [0, 30])
+    """Linear warm-up steps."""
+    lrs: list[float] = field(default_factory=lambda: [3e-4, 1e-3, 3e-3, 1e-2, 3e-2])
+    """Peak learning rates, the columns of the heat maps."""
+    seeds: list[int] = field(default_factory=lambda: [0])
+    """train.seed values every setting runs with."""
+    boundary_seeds: int = 2
+    """Settings on the boundary are repeated with further seeds (max(seeds)+1, ...) until they have this many."""
+    max_steps: int = 150
+    """Steps per run (linear decay to 0 over them, after the warm-up)."""
+    num_heads: int = 2
+    """Attention heads (must divide every hidden size)."""
+    intermediate_size: int | None = None
+    """FFN width; null: 4 x hidden size."""
+    probe_steps: int = 4
+    """The first steps whose gradient norms and output changes are reported (snapshots at steps 0..this)."""
+    probe_batch_size: int = 16
+    """Validation instances in the fixed batch the output change is measured on."""
+    trained_margin: float = 0.1
+    """Trained: final validation loss at least this many nats below the validation unigram cross-entropy."""
+    blowup_margin: float = 1.0
+    """Blew up: the last tenth of the training-loss curve stays this many nats above the training unigram
+    entropy and above the lowest loss logged before it."""
+    preset: str | None = None
+    """A pretrain/run.py preset YAML applied to every cell first."""
+    overrides: list[str] = field(default_factory=list)
+    """Extra pretrain/run.py overrides for every cell (they win), e.g. '[train.per_device_batch_size=16]'."""
+    report_only: bool = False
+    """Run nothing: report the cells under --out that have a run folder (ended ones with their outcome), the rest
+    of the axes shown as '-'. One report over the union of the axes of grids that ran different parts of a map
+    into the same --out (e.g. more learning rates at depth 6 than at depth 48)."""
+    jobs: int = 1
+    """Cells run at once, each its own process; on a CPU, set OMP_NUM_THREADS to cores / jobs."""
+    out: str = str(DEFAULT_OUT / "grid")
+    """Output folder (runs/, logs/, table.txt, results.json, grid.png, boundary.png)."""
+
+    def __post_init__(self) -> None:
+        for key in ("max_steps", "num_heads", "jobs", "probe_batch_size"):
+            require(getattr(self, key) > 0, key, f"must be a positive integer; got {getattr(self, key)}")
+        require(self.probe_steps >= 0 and self.boundary_seeds >= 0, "probe_steps", "and boundary_seeds must be >= 0")
+        for key in ("placements", "norm_types", "depths", "hidden_sizes", "warmup_steps", "lrs", "seeds"):
+            values = getattr(self, key)
+            require(bool(values) and len(set(values)) == len(values), key, f"must be a non-empty list without repeats; got {values}")  # fmt: skip
+        require(all(d > 0 for d in self.depths), "depths", f"must be positive; got {self.depths}")
+        require(all(w >= 0 for w in self.warmup_steps), "warmup_steps", f"must be >= 0; got {self.warmup_steps}")
+        require(
+            all(w <= self.max_steps for w in self.warmup_steps),
+            "warmup_steps",
+            f"must be <= max_steps={self.max_steps}",
+        )
+        require(all(lr > 0 for lr in self.lrs), "lrs", f"must be > 0; got {self.lrs}")
+        require(
+            all(h > 0 and h % self.num_heads == 0 for h in self.hidden_sizes),
+            "hidden_sizes",
+            f"must be positive multiples of num_heads={self.num_heads}; got {self.hidden_sizes}",
+        )
+        require(
+            self.intermediate_size is None or self.intermediate_size > 0, "intermediate_size", "must be > 0 or null"
+        )
+        require(
+            self.trained_margin >= 0 and self.blowup_margin > 0, "trained_margin", "must be >= 0 (blowup_margin > 0)"
+        )
+        for item in self.overrides:
+            key, eq, _ = item.removeprefix("--").partition("=")
+            require(
+                bool(eq) and "." in key,
+                "overrides",
+                f"item {item!r} is not KEY=VALUE with a dotted key, e.g. train.per_device_batch_size=16",
+            )
+            field_type(PretrainConfig, key)  # a typo fails now, not in every cell
+
+    @property
+    def axes(self) -> list[list[Any]]:
+        """The axes of a setting, in the order of ``Cell.setting``; numbers sorted (tables, maps and neighbours
+        go by size, whatever order the cells ran in)."""
+        return [self.variants, *(sorted(v) for v in (self.hidden_sizes, self.depths, self.warmup_steps, self.lrs))]
+
+    @property
+    def models(self) -> dict[str, tuple[str, str]]:
+        """Each model of the grid by its name (placement x norm type): its (placement, norm type)."""
+        return {
+            label: (placement, norm_type) for label, placement, norm_type in variants(self.placements, self.norm_types)
+        }
+
+    @property
+    def variants(self) -> list[str]:
+        """The models' names, the first axis of a setting (``Cell.placement``)."""
+        return list(self.models)
+
+    @property
+    def rules(self) -> outcomes.Rules:
+        return outcomes.Rules(trained_margin=self.trained_margin, blowup_margin=self.blowup_margin)
