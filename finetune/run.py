@@ -32,8 +32,8 @@ from finetune.store import ResultStore, StoreBusy, StoreVersionError, store_lock
 from finetune.tracking import WandbSettings, check_wandb
 from finetune.train import check_max_length, warn_emulated_bf16
 from finetune.worker import RUNTIME_FIELDS, check_snapshot, describe_model, job_specs
-from pretrain.cli import parse, require, run_cli
-from pretrain.device import pick_device
+from pretrain.common.cli import parse, require, run_cli
+from pretrain.common.device import pick_device
 
 
 @dataclass(kw_only=True)

@@ -23,9 +23,9 @@ from finetune.manifest import JobSpec, Manifest, ManifestJob, ResultsFolder, loa
 from finetune.store import ResultStore
 from finetune.tracking import WandbSettings, job_run
 from finetune.train import DataCache, finetune
-from pretrain.identity import read_run_id
-from pretrain.layout import SNAPSHOT_INFO, SNAPSHOT_MARKER, list_snapshots
-from pretrain.manifest import ManifestError, verify_manifest
+from pretrain.run_folder.identity import read_run_id
+from pretrain.run_folder.layout import SNAPSHOT_INFO, SNAPSHOT_MARKER, list_snapshots
+from pretrain.run_folder.manifest import ManifestError, verify_manifest
 
 # Recipe fields that say how a worker runs, not what it computes (left out of a job's key).
 RUNTIME_FIELDS = ("eval_batch_size", "torch_threads", "device", "progress")
@@ -86,7 +86,9 @@ def check_snapshot(path: Path) -> None:
 def check_placement(path: Path) -> None:
     """An lnbert model folder whose weights are of another placement than its config.json says is refused here,
     in fine-tuning's terms (the model's own check speaks to Python callers of from_pretrained)."""
-    from pretrain.checkpointing import placement_mismatch  # imports accelerate: only where models are checked
+    from pretrain.run_folder.checkpointing import (
+        placement_mismatch,  # imports accelerate: only where models are checked
+    )
 
     if problem := placement_mismatch(path):
         raise ValueError(

@@ -3,6 +3,7 @@
 Importing this package registers the ``lnbert`` model type with the transformers Auto classes.
 """
 
+import pretrain._moved  # noqa: F401  (the flat layout's module paths still import: pretrain/_moved.py)
 from pretrain.modeling import (
     NORM_PLACEMENTS,
     NORM_TYPES,

@@ -18,10 +18,10 @@ from pathlib import Path
 import torch
 from transformers import BertConfig, BertForPreTraining
 
-from pretrain.atomic import atomic_dir
-from pretrain.cli import parse, run_cli
-from pretrain.manifest import MANIFEST_FILE, verify_manifest
+from pretrain.common.atomic import atomic_dir
+from pretrain.common.cli import parse, run_cli
 from pretrain.modeling import LNBertConfig, LNBertForPreTraining
+from pretrain.run_folder.manifest import MANIFEST_FILE, verify_manifest
 
 
 @dataclass(kw_only=True)

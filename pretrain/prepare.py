@@ -16,7 +16,7 @@ make real next-sentence pairs. The same report is in ``instances-KEY/summary.jso
 
 Training then finds the prepared instances (same arguments, same cache key) and starts without a preparation
 under a barrier; with several processes and an unprepared large corpus it stops with exit code 2 and prints this
-command (pretrain/data.py: check_prepared_for_distributed).
+command (pretrain/data/pipeline.py: check_prepared_for_distributed).
 """
 
 from __future__ import annotations
@@ -27,11 +27,11 @@ import sys
 import time
 from typing import Any
 
-from pretrain.cli import run_cli
+from pretrain.common.cli import run_cli
+from pretrain.common.reporting import format_table
 from pretrain.config import PretrainConfig, help_text, parse_args
-from pretrain.data import DataConfig, build_pretraining_data
-from pretrain.instance_cache import SUMMARY_FILE, prepared_dir, read_summary
-from pretrain.reporting import format_table
+from pretrain.data.instance_cache import SUMMARY_FILE, prepared_dir, read_summary
+from pretrain.data.pipeline import DataConfig, build_pretraining_data
 
 PROG = "python -m pretrain.prepare"
 # A source whose documents are mostly one sentence cannot make real next-sentence pairs: the "true next" segment

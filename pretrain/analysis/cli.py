@@ -9,7 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 from pretrain.analysis import grid, init_grads, init_scale, ln_jacobian, perturb
-from pretrain.cli import parse_command, run_cli
+from pretrain.common.cli import parse_command, run_cli
 
 # subcommand -> (config dataclass, the function that runs it)
 COMMANDS: dict[str, tuple[type, Callable[[Any], int]]] = {

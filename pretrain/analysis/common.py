@@ -11,10 +11,10 @@ from typing import Any
 
 import torch
 
-from pretrain.cli import require, to_dict
-from pretrain.layout import write_json_atomic
+from pretrain.common.cli import require, to_dict
 from pretrain.modeling import NORM_PLACEMENTS, LNBertConfig
 from pretrain.placements import variant_name
+from pretrain.run_folder.layout import write_json_atomic
 
 DEFAULT_OUT = Path("runs") / "analysis"
 

@@ -21,11 +21,11 @@ from pretrain.analysis.common import (
     variants,
     write_outputs,
 )
-from pretrain.cli import require, to_dict
+from pretrain.common.cli import require, to_dict
+from pretrain.common.reporting import format_table, pyplot, save_figure
 from pretrain.modeling import NORM_PLACEMENTS, InitScheme, LNBertConfig, LNBertModel
 from pretrain.norms import NormType
 from pretrain.placements import NormPlacement
-from pretrain.reporting import format_table, pyplot, save_figure
 
 
 @dataclass(kw_only=True)

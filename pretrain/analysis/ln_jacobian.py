@@ -12,9 +12,9 @@ import torch
 from torch import nn
 
 from pretrain.analysis.common import DEFAULT_OUT, write_outputs
-from pretrain.cli import require
+from pretrain.common.cli import require
+from pretrain.common.reporting import format_table, pyplot, save_figure
 from pretrain.modeling import LNBertConfig, LNBertModel
-from pretrain.reporting import format_table, pyplot, save_figure
 
 
 @dataclass(kw_only=True)
