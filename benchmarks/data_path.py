@@ -3,8 +3,8 @@
     python -m benchmarks.data_path --corpus=PATH/TO/wiki.jsonl --max_documents=400
     python -m benchmarks.data_path --corpus='corpus/*.jsonl' --tokenizer=PATH/TO/tokenizer --workers='[0, 2]'
 
-1. Preprocessing: ``pretrain.data.instances.make_instances`` (sentence split, tokenise, BERT NSP instances) against a plain
-   ``datasets.map`` tokenisation of the same documents with the same tokenizer, alternated ``--reps`` times;
+1. Preprocessing: ``pretrain.data.instances.make_instances`` (sentence split, tokenise, BERT NSP instances) against a
+   plain ``datasets.map`` tokenisation of the same documents with the same tokenizer, alternated ``--reps`` times;
    throughput is corpus tokens per second for both (the tokens the plain tokenisation produces).
 2. Padding waste of the instances' real length distribution: share of padding positions in a batch padded to
    ``max_seq_length`` and to the batch's longest (rounded up to a multiple of 8, as ``MaskingCollator`` does),
@@ -238,8 +238,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     print("\n## Preprocessing (corpus tokens/s, median of alternated reps)")
     print(format_table(
         ["path", "median s", "noise IQR", "corpus tok/s"],
-        [["pretrain.data.instances.make_instances", f"{pre['ours_s']['median']:.2f}", f"{100 * pre['ours_s']['iqr_rel']:.0f}%",
-          f"{pre['ours_tokens_per_s']:.0f}"],
+        [["pretrain.data.instances.make_instances", f"{pre['ours_s']['median']:.2f}",
+          f"{100 * pre['ours_s']['iqr_rel']:.0f}%", f"{pre['ours_tokens_per_s']:.0f}"],
          ["datasets.map(tokenizer)", f"{pre['plain_map_s']['median']:.2f}",
           f"{100 * pre['plain_map_s']['iqr_rel']:.0f}%", f"{pre['plain_map_tokens_per_s']:.0f}"]],
         style="markdown",

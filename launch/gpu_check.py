@@ -57,9 +57,10 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def _load_atomic() -> Any:
-    """pretrain/common/atomic.py, the project's one atomic writer, loaded by its path: ``import pretrain.common.atomic`` would run
-    pretrain/__init__.py, which imports torch and transformers (it registers the model with the Auto classes), and
-    this script must run, and report, before either is known to work. atomic.py imports only the standard library."""
+    """pretrain/common/atomic.py, the project's one atomic writer, loaded by its path: ``import
+    pretrain.common.atomic`` would run pretrain/__init__.py, which imports torch and transformers (it registers the
+    model with the Auto classes), and this script must run, and report, before either is known to work. atomic.py
+    imports only the standard library."""
     if "pretrain.common.atomic" in sys.modules:
         return sys.modules["pretrain.common.atomic"]
     spec = importlib.util.spec_from_file_location("_lnbert_atomic", REPO / "pretrain" / "common" / "atomic.py")

@@ -173,7 +173,7 @@ class Killed(Exception):
 def test_preparation_resumes_from_its_finished_shards(tmp_path: Path, monkeypatch) -> None:
     corpus = write_jsonl(tmp_path / "corpus.jsonl", make_documents(700))
     cfg = tiny_config(tmp_path, [SourceConfig(kind="json", path=str(corpus))])
-    monkeypatch.setattr(pretrain.data.instance_cache, "SHARD_CHUNKS", 1)  # 3 training shards of one chunk (256 documents)
+    monkeypatch.setattr(pretrain.data.instance_cache, "SHARD_CHUNKS", 1)  # 3 training shards of one chunk (256 docs)
     written = []
     write_shard = pretrain.data.instance_cache._write_shard
 

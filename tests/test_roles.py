@@ -1,5 +1,5 @@
-"""Every config field declares its role (pretrain/common/roles.py), and the lists that resume, the data caches and the W&B
-recipe read are derived from the roles. The derived lists equal, literally, the lists that were kept by hand in
+"""Every config field declares its role (pretrain/common/roles.py), and the lists that resume, the data caches and the
+W&B recipe read are derived from the roles. The derived lists equal, literally, the lists that were kept by hand in
 five modules before (main at 936ac5e), and the keys computed from them are the same bytes: existing runs resume,
 find their cached tokenizer and instances, and keep their W&B group."""
 

@@ -218,7 +218,8 @@ def cell_overrides(args: GridConfig, cell: Cell, run_dir: Path) -> list[str]:
 
 
 def read_cell(run_dir: Path) -> dict[str, Any]:
-    """Status, training MLM loss curve, final validation MLM loss and divergence step of one run (pretrain.run_folder.layout)."""
+    """Status, training MLM loss curve, final validation MLM loss and divergence step of one run
+    (pretrain.run_folder.layout)."""
     status = read_status(run_dir)
     rows = read_metrics(run_dir)
     val = [row for row in rows if "val/mlm_loss" in row]

@@ -37,8 +37,8 @@ from pretrain.run_folder.layout import (
 from pretrain.run_folder.manifest import ManifestError, folder_size, verify_manifest, write_manifest
 
 # Keys that may differ when the same command is run again in the same folder (it then continues that run): the
-# mechanics fields (pretrain/common/roles.py). run_config.json records the peak FLOP/s that train/mfu was measured against,
-# looked up when it was null, which is why train.peak_flops_per_device is one.
+# mechanics fields (pretrain/common/roles.py). run_config.json records the peak FLOP/s that train/mfu was measured
+# against, looked up when it was null, which is why train.peak_flops_per_device is one.
 IDENTICAL_RUN_IGNORES = keys_where(PretrainConfig, lambda rules: rules.rerun)
 
 TRAIN_STATE_FILE = "train_state.json"

@@ -27,7 +27,8 @@ def step_dirname(step: int) -> str:
     return f"step_{step:08d}"
 
 
-# The name run files are written by elsewhere (run.py, analysis, tests); the one implementation is pretrain/common/atomic.py.
+# The name run files are written by elsewhere (run.py, analysis, tests); the one implementation is
+# pretrain/common/atomic.py.
 write_json_atomic = write_json
 
 

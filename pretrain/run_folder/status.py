@@ -1,6 +1,6 @@
-"""A live run's status.json, as the main process writes it (the readers are in pretrain/run_folder/layout.py): the status
-itself, the heartbeat that tells a live run from a dead one, and the stop requests (SIGTERM/SIGINT) the training
-loop answers with a checkpoint."""
+"""A live run's status.json, as the main process writes it (the readers are in pretrain/run_folder/layout.py): the
+status itself, the heartbeat that tells a live run from a dead one, and the stop requests (SIGTERM/SIGINT) the
+training loop answers with a checkpoint."""
 
 from __future__ import annotations
 

@@ -33,9 +33,9 @@ SUMMARY_LINES = 40
 """Summary values W&B prints when a run ends: its default (10, in key order) hides val/* behind the train/* keys."""
 WANDB_RUN_FILE = "wandb_run.json"
 """RUN/wandb_run.json: {"id", "group", "project"} of the run's W&B run (docs/run_layout.md)."""
-# Fields that do not change what a run learns (the run, cadence and mechanics roles of pretrain/common/roles.py: identity,
-# seed, paths, cadence of logs and saves, how the batch is split over devices), by section; everything else in the
-# resolved config is the recipe.
+# Fields that do not change what a run learns (the run, cadence and mechanics roles of pretrain/common/roles.py:
+# identity, seed, paths, cadence of logs and saves, how the batch is split over devices), by section; everything else
+# in the resolved config is the recipe.
 _ABSENT = object()
 _NOT_RECIPE = by_section(keys_where(PretrainConfig, lambda rules: not rules.recipe))
 
