@@ -97,3 +97,17 @@ def test_the_packages_that_replaced_a_module_give_its_names_lazily():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["True"] * 4
+
+
+def test_the_command_line_modules_and_the_packages_import_without_torch():
+    """The command line is parsed before torch is imported: cli, roles, the data config and every sub-package's
+    __init__ import nothing heavy (pretrain/__init__.py itself, which registers the model, is left out here)."""
+    code = (
+        "import sys, types\n"
+        "pkg = types.ModuleType('pretrain'); pkg.__path__ = ['pretrain']; sys.modules['pretrain'] = pkg\n"
+        "import pretrain.common.cli, pretrain.common.roles, pretrain.common.atomic, pretrain.data.config\n"
+        "import pretrain.common, pretrain.data, pretrain.run_folder, pretrain.tracking\n"
+        "print(sorted(m for m in ('torch', 'transformers', 'datasets', 'accelerate') if m in sys.modules))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
