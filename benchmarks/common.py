@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from pretrain.hardware import gpu_peak
+from pretrain.common.hardware import gpu_peak
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 
@@ -107,7 +107,7 @@ def machine_info(device: torch.device) -> dict[str, Any]:
 
 
 def table_peak_tflops(gpu_name: str) -> dict[str, float] | None:
-    """Data-sheet dense peak of a known card (pretrain/hardware.py), ``{"bf16": ..., "fp32": ...}`` (fp32 means
+    """Data-sheet dense peak of a known card (pretrain/common/hardware.py), ``{"bf16": ..., "fp32": ...}`` (fp32 means
     TF32, which configure_device enables), else None."""
     entry = gpu_peak(gpu_name)
     return {"bf16": entry.bf16, "fp32": entry.tf32} if entry else None

@@ -3,8 +3,8 @@
     python -m benchmarks.data_path --corpus=PATH/TO/wiki.jsonl --max_documents=400
     python -m benchmarks.data_path --corpus='corpus/*.jsonl' --tokenizer=PATH/TO/tokenizer --workers='[0, 2]'
 
-1. Preprocessing: ``pretrain.instances.make_instances`` (sentence split, tokenise, BERT NSP instances) against a plain
-   ``datasets.map`` tokenisation of the same documents with the same tokenizer, alternated ``--reps`` times;
+1. Preprocessing: ``pretrain.data.instances.make_instances`` (sentence split, tokenise, BERT NSP instances) against a
+   plain ``datasets.map`` tokenisation of the same documents with the same tokenizer, alternated ``--reps`` times;
    throughput is corpus tokens per second for both (the tokens the plain tokenisation produces).
 2. Padding waste of the instances' real length distribution: share of padding positions in a batch padded to
    ``max_seq_length`` and to the batch's longest (rounded up to a multiple of 8, as ``MaskingCollator`` does),
@@ -33,17 +33,17 @@ from torch.utils.data import DataLoader
 
 from benchmarks.common import configure_device, machine_info, spread, write_results
 from benchmarks.train_step import ADAMW, SHAPES, Precision, ShapeName, autocast_context
-from pretrain.cli import parse, require, run_cli
-from pretrain.collator import MaskingCollator
-from pretrain.corpus import SourceConfig, load_documents
-from pretrain.data import DataConfig
-from pretrain.device import pick_device
-from pretrain.hardware import cpu_bf16_warning
-from pretrain.instances import make_instances
+from pretrain.common.cli import parse, require, run_cli
+from pretrain.common.device import pick_device
+from pretrain.common.hardware import cpu_bf16_warning
+from pretrain.common.reporting import format_table
+from pretrain.data.collator import MaskingCollator
+from pretrain.data.corpus import SourceConfig, load_documents
+from pretrain.data.instances import make_instances
+from pretrain.data.pipeline import DataConfig
+from pretrain.data.tokenizer import load_or_train_tokenizer
 from pretrain.modeling import LNBertConfig, LNBertForPreTraining
 from pretrain.optim import build_adamw
-from pretrain.reporting import format_table
-from pretrain.tokenizer import load_or_train_tokenizer
 
 
 @dataclass(kw_only=True)
@@ -238,8 +238,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     print("\n## Preprocessing (corpus tokens/s, median of alternated reps)")
     print(format_table(
         ["path", "median s", "noise IQR", "corpus tok/s"],
-        [["pretrain.instances.make_instances", f"{pre['ours_s']['median']:.2f}", f"{100 * pre['ours_s']['iqr_rel']:.0f}%",
-          f"{pre['ours_tokens_per_s']:.0f}"],
+        [["pretrain.data.instances.make_instances", f"{pre['ours_s']['median']:.2f}",
+          f"{100 * pre['ours_s']['iqr_rel']:.0f}%", f"{pre['ours_tokens_per_s']:.0f}"],
          ["datasets.map(tokenizer)", f"{pre['plain_map_s']['median']:.2f}",
           f"{100 * pre['plain_map_s']['iqr_rel']:.0f}%", f"{pre['plain_map_tokens_per_s']:.0f}"]],
         style="markdown",

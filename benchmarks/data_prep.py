@@ -42,9 +42,9 @@ from typing import Any
 import psutil
 
 from benchmarks.common import RESULTS_DIR, write_results
-from pretrain.atomic import writing
-from pretrain.cli import parse, require, run_cli
-from pretrain.reporting import format_table
+from pretrain.common.atomic import writing
+from pretrain.common.cli import parse, require, run_cli
+from pretrain.common.reporting import format_table
 
 # The presets' mixture: 2.5B words of Wikipedia to 0.8B of BookCorpus (original BERT's corpus).
 WIKI_SHARE = 2.5 / 3.3
@@ -116,7 +116,7 @@ def _write_repeated(out: Path, rows: Any, target_chars: int) -> dict[str, int]:
 def build_files(corpus: Path, folder: Path, mchars: float) -> dict[str, Any]:
     """wiki.jsonl (an article a row) and books.jsonl (a sentence a row, book order) of ``mchars`` million
     characters in the presets' word mixture, written once per size."""
-    from pretrain.instances import split_sentences
+    from pretrain.data.instances import split_sentences
 
     folder.mkdir(parents=True, exist_ok=True)
     info_path = folder / "files.json"
@@ -140,7 +140,7 @@ def build_files(corpus: Path, folder: Path, mchars: float) -> dict[str, Any]:
 
 def train_tokenizer(corpus: Path, folder: Path) -> str:
     """A bert-base-uncased-sized WordPiece (30,522, lowercase, accents stripped) trained on the corpus, once."""
-    from pretrain.tokenizer import train_wordpiece_tokenizer
+    from pretrain.data.tokenizer import train_wordpiece_tokenizer
 
     if not (folder / "tokenizer.json").is_file():
         texts = (t for name in ("wiki.jsonl", "books.jsonl") for t in _rows(corpus / name))
@@ -224,9 +224,9 @@ def _disk(path: Path) -> int:
 def measure_preparation(preset: str, files: str, tokenizer: str, cache: str, num_proc: int, seed: int) -> dict:
     """One preparation, phase by phase (runs in a fresh process)."""
     baseline = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    from pretrain.corpus import load_documents, split_documents
-    from pretrain.instance_cache import prepare_instances, prepared_dir
-    from pretrain.tokenizer import load_or_train_tokenizer
+    from pretrain.data.corpus import load_documents, split_documents
+    from pretrain.data.instance_cache import prepare_instances, prepared_dir
+    from pretrain.data.tokenizer import load_or_train_tokenizer
 
     cfg = _config(preset, Path(files), tokenizer, Path(cache), num_proc).data
     after_imports = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
@@ -276,8 +276,8 @@ def measure_first_batch(preset: str, files: str, tokenizer: str, cache: str, bat
                         stream_batches: int, seed: int) -> dict:  # fmt: skip
     """Time to the first training batch (fresh process), from the prepared cache or streamed; in streaming mode
     also the throughput over ``stream_batches`` batches."""
-    from pretrain.data import build_pretraining_data
-    from pretrain.loaders import build_dataloaders
+    from pretrain.data.loaders import build_dataloaders
+    from pretrain.data.pipeline import build_pretraining_data
 
     extra = [f"--train.per_device_batch_size={batch}", "--train.num_workers=0", f"--train.seed={seed}"]
     if streaming:
@@ -309,8 +309,8 @@ def measure_first_batch(preset: str, files: str, tokenizer: str, cache: str, bat
 
 def measure_rows(folder: str, rows: int, seed: int) -> dict:
     """Read, group, mix and split two sources of ``rows`` short rows each (fresh process): peak memory and times."""
-    from pretrain.corpus import load_documents, load_source, split_documents
-    from pretrain.data import DataConfig, SourceConfig
+    from pretrain.data.corpus import load_documents, load_source, split_documents
+    from pretrain.data.pipeline import DataConfig, SourceConfig
 
     base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     paths = [Path(folder) / f"{name}-{rows}.jsonl" for name in ("articles", "sentences")]

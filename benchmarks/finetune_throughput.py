@@ -35,10 +35,10 @@ from benchmarks.train_step import SHAPES, Precision, ShapeName
 from finetune.config import FinetuneConfig
 from finetune.glue import batches, encode, load_task
 from finetune.train import make_optimizer, train_step
-from pretrain.cli import parse, require, run_cli
-from pretrain.device import pick_device
-from pretrain.hardware import cpu_bf16_warning
-from pretrain.reporting import format_table
+from pretrain.common.cli import parse, require, run_cli
+from pretrain.common.device import pick_device
+from pretrain.common.hardware import cpu_bf16_warning
+from pretrain.common.reporting import format_table
 
 
 @dataclass(kw_only=True)
@@ -87,7 +87,7 @@ def task_tokenizer(splits: dict[str, list], folder: Path) -> Any:
     """WordPiece trained on the task's training sentences, saved and reopened as AutoTokenizer would."""
     from transformers import AutoTokenizer
 
-    from pretrain.tokenizer import train_wordpiece_tokenizer
+    from pretrain.data.tokenizer import train_wordpiece_tokenizer
 
     texts = [t for e in splits["train"] for t in (e.text_a, e.text_b) if t]
     train_wordpiece_tokenizer(texts, vocab_size=30522).save_pretrained(folder)

@@ -59,13 +59,13 @@ from benchmarks.common import (
     timed_with_cpu,
     write_results,
 )
-from pretrain.cli import ConfigError, parse, require, run_cli
-from pretrain.device import pick_device
+from pretrain.common.cli import ConfigError, parse, require, run_cli
+from pretrain.common.device import pick_device
+from pretrain.common.hardware import cpu_bf16_warning
+from pretrain.common.reporting import format_table
 from pretrain.flops import flops_per_token
-from pretrain.hardware import cpu_bf16_warning
 from pretrain.optim import build_adamw
 from pretrain.placements import NORM_PLACEMENTS
-from pretrain.reporting import format_table
 
 # Named shapes: (layers, hidden, heads, seq, vocab, batch). The small one is the CPU pretraining size.
 SHAPES: dict[str, dict[str, int]] = {

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from finetune.store import SCHEDULER_STOPPED
-from pretrain.cli import require
+from pretrain.common.cli import require
 
 
 @dataclass(kw_only=True)

@@ -1,7 +1,7 @@
 """The fine-tuning recipe: a typed dataclass with a docstring under each field (also its ``--help`` text).
 
 The commands (finetune.run, finetune.schedule, finetune.report) read it through the project's one loader,
-pretrain/cli.py: a preset (``--config configs/finetune/x.yaml``) and ``--key=value`` / ``--recipe.key=value``
+pretrain/common/cli.py: a preset (``--config configs/finetune/x.yaml``) and ``--key=value`` / ``--recipe.key=value``
 overrides end in the same dataclasses, whose ``__post_init__`` rejects bad values with a message naming the key.
 """
 
@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, get_args
 
 from finetune.glue import get_task
-from pretrain.cli import ConfigError, require
+from pretrain.common.cli import ConfigError, require
 
 Device = Literal["auto", "cpu", "cuda"]
 DEVICES: tuple[str, ...] = get_args(Device)

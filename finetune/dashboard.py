@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from finetune.config import check_tasks
-from pretrain.cli import parse, require, run_cli
-from pretrain.wandb_logging import check_credentials
+from pretrain.common.cli import parse, require, run_cli
+from pretrain.tracking.wandb_logging import check_credentials
 
 # Runs-table columns: config:KEY, summary:KEY (a nested summary as KEY.min), run:ATTRIBUTE.
 OUTCOME_COLUMNS = [

@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from pretrain import atomic
+from pretrain.common import atomic
 
 MANIFEST_VERSION = 1
 RESULT_VERSION = 1
@@ -57,7 +57,7 @@ class JobSpec:
     """One fine-tuning job: what identifies its result, and where its model is now."""
 
     run_id: str
-    """Identity of the pretraining run (RUN/run_id, pretrain/identity.py); not its name, not its path."""
+    """Identity of the pretraining run (RUN/run_id, pretrain/run_folder/identity.py); not its name, not its path."""
     run_name: str
     """The run's name, for tables and legends only."""
     run_dir: str
@@ -98,7 +98,7 @@ class JobSpec:
 # --------------------------------------------------------------------------------------------------
 
 
-# Through pretrain/atomic.py (a temporary file, fsync, the umask's mode, then a rename or a hard link).
+# Through pretrain/common/atomic.py (a temporary file, fsync, the umask's mode, then a rename or a hard link).
 
 
 def write_json(path: Path, payload: Any) -> None:

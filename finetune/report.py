@@ -28,11 +28,11 @@ from scipy import stats
 from finetune.config import check_tasks
 from finetune.store import ResultStore, StoreVersionError
 from finetune.tracking import pretraining_run
-from pretrain.cli import parse, require, run_cli
-from pretrain.identity import read_run_id
-from pretrain.layout import RUN_CONFIG_FILE, read_metrics, read_status
-from pretrain.reporting import pyplot, save_figure
-from pretrain.wandb_logging import check_credentials, short_hash, wandb_mode
+from pretrain.common.cli import parse, require, run_cli
+from pretrain.common.reporting import pyplot, save_figure
+from pretrain.run_folder.identity import read_run_id
+from pretrain.run_folder.layout import RUN_CONFIG_FILE, read_metrics, read_status
+from pretrain.tracking.wandb_logging import check_credentials, short_hash, wandb_mode
 
 VAL_LOSS = "val/mlm_loss"
 

@@ -31,7 +31,7 @@ from finetune.schedule import collect, results_dir, submit
 from finetune.store import ResultStore, StoreBusy, StoreVersionError, store_lock
 from finetune.tracking import WandbSettings, check_wandb
 from finetune.worker import RUNTIME_FIELDS, check_snapshot, describe_model, job_specs
-from pretrain.cli import parse, require, run_cli
+from pretrain.common.cli import parse, require, run_cli
 
 
 @dataclass(kw_only=True)
@@ -78,7 +78,7 @@ def run(config: RunConfig) -> list[dict[str, Any]]:
     from transformers import AutoConfig
 
     from finetune.train import check_max_length, warn_emulated_bf16
-    from pretrain.device import pick_device
+    from pretrain.common.device import pick_device
 
     check_snapshot(Path(config.model))
     warn_emulated_bf16(pick_device(config.recipe.device, flag="recipe.device"), config.recipe.mixed_precision)

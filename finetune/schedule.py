@@ -41,9 +41,9 @@ from finetune.manifest import JobSpec, Manifest, ManifestJob, ResultsFolder, rec
 from finetune.store import ResultStore, StoreBusy, StoreVersionError, store_lock
 from finetune.tracking import WandbSettings, check_wandb
 from finetune.worker import RUNTIME_FIELDS, describe_model, job_specs
-from pretrain.cli import parse_command, require, run_cli
-from pretrain.identity import read_run_id
-from pretrain.layout import DEAD_AFTER_S, TERMINAL_STATUSES, is_dead, list_snapshots, read_status
+from pretrain.common.cli import parse_command, require, run_cli
+from pretrain.run_folder.identity import read_run_id
+from pretrain.run_folder.layout import DEAD_AFTER_S, TERMINAL_STATUSES, is_dead, list_snapshots, read_status
 
 BackendName = Literal["local", "slurm"]
 Mode = Literal["once", "follow"]

@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from finetune.manifest import JobSpec, recipe_hash
-from pretrain.layout import RUN_CONFIG_FILE
-from pretrain.wandb_logging import (
+from pretrain.run_folder.layout import RUN_CONFIG_FILE
+from pretrain.tracking.wandb_logging import (
     check_credentials,
     read_run_file,
     short_hash,

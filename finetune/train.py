@@ -25,8 +25,8 @@ from transformers import get_scheduler
 import pretrain.modeling  # noqa: F401  (registers the "lnbert" model type with the Auto classes)
 from finetune.config import FinetuneConfig
 from finetune.glue import Example, baseline_metrics, batches, compute_metrics, encode, get_task, load_task
-from pretrain.device import pick_device
-from pretrain.hardware import cpu_bf16_warning
+from pretrain.common.device import pick_device
+from pretrain.common.hardware import cpu_bf16_warning
 from pretrain.optim import build_adamw
 
 

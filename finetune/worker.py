@@ -22,9 +22,9 @@ from finetune.config import FinetuneConfig
 from finetune.manifest import JobSpec, Manifest, ManifestJob, ResultsFolder, load_manifest
 from finetune.store import ResultStore
 from finetune.tracking import WandbSettings, job_run
-from pretrain.identity import read_run_id
-from pretrain.layout import SNAPSHOT_INFO, SNAPSHOT_MARKER, list_snapshots
-from pretrain.manifest import ManifestError, verify_manifest
+from pretrain.run_folder.identity import read_run_id
+from pretrain.run_folder.layout import SNAPSHOT_INFO, SNAPSHOT_MARKER, list_snapshots
+from pretrain.run_folder.manifest import ManifestError, verify_manifest
 
 if TYPE_CHECKING:
     from finetune.train import DataCache
@@ -88,7 +88,9 @@ def check_snapshot(path: Path) -> None:
 def check_placement(path: Path) -> None:
     """An lnbert model folder whose weights are of another placement than its config.json says is refused here,
     in fine-tuning's terms (the model's own check speaks to Python callers of from_pretrained)."""
-    from pretrain.checkpointing import placement_mismatch  # imports accelerate: only where models are checked
+    from pretrain.run_folder.checkpointing import (
+        placement_mismatch,  # imports accelerate: only where models are checked
+    )
 
     if problem := placement_mismatch(path):
         raise ValueError(

@@ -53,7 +53,8 @@ for placement in post pre; do
   fi
 done
 
-# Plain json, not pretrain.layout: importing the project (torch, transformers) would cost seconds for a summary.
+# Plain json, not pretrain.run_folder.layout: importing the project (torch, transformers) would cost seconds for a
+# summary.
 python - "$OUT" <<'PY'
 import json, sys
 out = sys.argv[1]

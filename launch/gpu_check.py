@@ -57,12 +57,13 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def _load_atomic() -> Any:
-    """pretrain/atomic.py, the project's one atomic writer, loaded by its path: ``import pretrain.atomic`` would run
-    pretrain/__init__.py, which imports torch and transformers (it registers the model with the Auto classes), and
-    this script must run, and report, before either is known to work. atomic.py imports only the standard library."""
-    if "pretrain.atomic" in sys.modules:
-        return sys.modules["pretrain.atomic"]
-    spec = importlib.util.spec_from_file_location("_lnbert_atomic", REPO / "pretrain" / "atomic.py")
+    """pretrain/common/atomic.py, the project's one atomic writer, loaded by its path: ``import
+    pretrain.common.atomic`` would run pretrain/__init__.py, which imports torch and transformers (it registers the
+    model with the Auto classes), and this script must run, and report, before either is known to work. atomic.py
+    imports only the standard library."""
+    if "pretrain.common.atomic" in sys.modules:
+        return sys.modules["pretrain.common.atomic"]
+    spec = importlib.util.spec_from_file_location("_lnbert_atomic", REPO / "pretrain" / "common" / "atomic.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -88,7 +89,7 @@ SKIPPED_RC = 3  # a stage's exit code when it has nothing to do (the dry run's c
 STAGE_IMPORTS: dict[str, tuple[str, ...]] = {
     "cuda_tests": ("pytest", "transformers", "pretrain.modeling"),
     "throughput": ("benchmarks.train_step",),
-    "pretrain": ("accelerate", "datasets", "pretrain.data", "finetune.run", "finetune.store", "matplotlib"),
+    "pretrain": ("accelerate", "datasets", "pretrain.data.pipeline", "finetune.run", "finetune.store", "matplotlib"),
     "compile": ("benchmarks.train_step",),
 }
 

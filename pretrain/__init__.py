@@ -14,6 +14,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pretrain._moved
+
 _MODEL_NAMES = (
     "NORM_PLACEMENTS",
     "NORM_TYPES",

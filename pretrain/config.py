@@ -2,7 +2,7 @@
 
 A YAML preset (``--config FILE``) and dotted command-line overrides (``--train.max_steps=100``, values parsed
 as YAML, so ``--data.sources='[{"kind": "json", "path": "x.jsonl"}]'`` works) become a :class:`PretrainConfig`
-through the project's one loader (pretrain/cli.py), which reads the field types from the dataclasses and
+through the project's one loader (pretrain/common/cli.py), which reads the field types from the dataclasses and
 generates ``--help`` from them. Every field has a docstring under it; every check lives in a
 ``__post_init__`` and names the key to change.
 """
@@ -15,11 +15,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
-from pretrain.cli import ConfigError, field_docs, flatten, from_dict, parse, to_dict
-from pretrain.cli import help_text as _help_text
-from pretrain.cli import require as _require
-from pretrain.data_config import DataConfig
-from pretrain.roles import added_defaults, keys_where, role
+from pretrain.common.cli import ConfigError, field_docs, flatten, from_dict, parse, to_dict
+from pretrain.common.cli import help_text as _help_text
+from pretrain.common.cli import require as _require
+from pretrain.common.roles import added_defaults, keys_where, role
+from pretrain.data.config import DataConfig
 from pretrain.variants import DEFAULTS, InitScheme, NormPlacement, NormType, variant_name
 
 if TYPE_CHECKING:
@@ -250,7 +250,7 @@ class TrainConfig:
     the slowest wait: the main process preparing data (first run) or writing a checkpoint."""
     peak_flops_per_device: float | None = role("mechanics", default=None)
     """Peak FLOP/s of one device for train/mfu; null: the data sheet's dense figure for the GPU's name at the
-    run's precision (pretrain/hardware.py; the matched entry is printed at the start; 0 on a CPU or an unknown
+    run's precision (pretrain/common/hardware.py; the matched entry is printed at the start; 0 on a CPU or an unknown
     card); 0 disables MFU."""
 
     def __post_init__(self) -> None:
@@ -318,7 +318,7 @@ class PretrainConfig:
     data: DataConfig = field(
         default_factory=lambda: DataConfig(vocab_size=2048, max_seq_length=64, validation_fraction=0.02)
     )
-    """Corpus, tokenizer, NSP/MLM instance creation (pretrain/data_config.py; the pipeline: pretrain/data.py)."""
+    """Corpus, tokenizer, NSP/MLM instance creation (pretrain/data/config.py; the pipeline: pretrain/data/pipeline.py)."""
     optim: OptimConfig = field(default_factory=OptimConfig)
     """Optimizer and learning-rate schedule."""
     train: TrainConfig = field(default_factory=TrainConfig)
@@ -353,7 +353,7 @@ class PretrainConfig:
             )
 
 
-# The lists of fields that resume and the W&B recipe read, derived from each field's role (pretrain/roles.py).
+# The lists of fields that resume and the W&B recipe read, derived from each field's role (pretrain/common/roles.py).
 # Keys that may change between a run and its resumption without making it "another run" (limit, cadence and
 # mechanics fields; the tracking section is left out whole: where the metrics are shown does not change the run).
 RESUMABLE_CHANGES = keys_where(PretrainConfig, lambda rules: rules.resumable)
@@ -365,7 +365,7 @@ ADDED_FIELD_DEFAULTS = added_defaults(PretrainConfig)
 
 
 # --------------------------------------------------------------------------------------------------
-# Command line (the loader is pretrain/cli.py, shared by every command)
+# Command line (the loader is pretrain/common/cli.py, shared by every command)
 # --------------------------------------------------------------------------------------------------
 
 PROG = "python pretrain/run.py"

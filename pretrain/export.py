@@ -16,9 +16,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from pretrain.atomic import atomic_dir
-from pretrain.cli import parse, run_cli
-from pretrain.manifest import MANIFEST_FILE, verify_manifest
+from pretrain.common.atomic import atomic_dir
+from pretrain.common.cli import parse, run_cli
+from pretrain.run_folder.manifest import MANIFEST_FILE, verify_manifest
 
 if TYPE_CHECKING:
     from transformers import BertConfig, BertForPreTraining

@@ -16,7 +16,7 @@ make real next-sentence pairs. The same report is in ``instances-KEY/summary.jso
 
 Training then finds the prepared instances (same arguments, same cache key) and starts without a preparation
 under a barrier; with several processes and an unprepared large corpus it stops with exit code 2 and prints this
-command (pretrain/data.py: check_prepared_for_distributed).
+command (pretrain/data/pipeline.py: check_prepared_for_distributed).
 """
 
 from __future__ import annotations
@@ -27,10 +27,10 @@ import sys
 import time
 from typing import Any
 
-from pretrain.cli import run_cli
+from pretrain.common.cli import run_cli
+from pretrain.common.reporting import format_table
 from pretrain.config import PretrainConfig, help_text, parse_args
-from pretrain.data_config import DataConfig
-from pretrain.reporting import format_table
+from pretrain.data.config import DataConfig
 
 # The data pipeline (datasets, tokenizers, torch: seconds of import) is imported by the functions that use it, so
 # that ``python -m pretrain.prepare`` checks its options first.
@@ -174,7 +174,7 @@ def format_report(summary: dict[str, Any], cfg: DataConfig, folder: os.PathLike 
 def data_report(cfg: PretrainConfig, tokenizer: Any) -> str | None:
     """The prepared data's summary and per-source check (with its warnings), as ``prepare`` prints it; pretraining
     prints it at the start of every run. None when streaming (nothing is prepared: no counts to report)."""
-    from pretrain.instance_cache import prepared_dir, read_summary
+    from pretrain.data.instance_cache import prepared_dir, read_summary
 
     if cfg.data.streaming:
         return None
@@ -188,8 +188,8 @@ def data_report(cfg: PretrainConfig, tokenizer: Any) -> str | None:
 
 def prepare(cfg: PretrainConfig, *, progress: bool = True) -> dict[str, Any]:
     """Prepare (or find prepared) the data of ``cfg``; print and return the summary."""
-    from pretrain.data import build_pretraining_data
-    from pretrain.instance_cache import SUMMARY_FILE, prepared_dir, read_summary
+    from pretrain.data.instance_cache import SUMMARY_FILE, prepared_dir, read_summary
+    from pretrain.data.pipeline import build_pretraining_data
 
     start = time.perf_counter()
     data = build_pretraining_data(

@@ -32,7 +32,17 @@ from torch import nn
 from tqdm.auto import tqdm
 from transformers import get_scheduler
 
-from pretrain.checkpointing import (
+from pretrain.common.device import choose_cpu_threads, env_flag
+from pretrain.common.hardware import auto_mixed_precision, cpu_bf16_warning, mfu_peak
+from pretrain.config import ConfigError, PretrainConfig, TrainConfig, to_dict
+from pretrain.data.loaders import Loaders, build_dataloaders, copies_asynchronously
+from pretrain.data.pipeline import build_pretraining_data
+from pretrain.data.vocabulary import check_one_vocabulary, check_same_trained_tokenizer, data_fingerprint
+from pretrain.flops import flops_per_token
+from pretrain.modeling import LNBertForPreTraining
+from pretrain.optim import build_adamw, resolve_adamw_implementation
+from pretrain.prepare import data_report, prepare_command
+from pretrain.run_folder.checkpointing import (
     CHECKPOINTS,
     SNAPSHOTS,
     TOKENIZER_DIR,
@@ -51,19 +61,10 @@ from pretrain.checkpointing import (
     snapshot_is_complete,
     writing,
 )
-from pretrain.config import ConfigError, PretrainConfig, TrainConfig, to_dict
-from pretrain.data import build_pretraining_data
-from pretrain.device import choose_cpu_threads, env_flag
-from pretrain.flops import flops_per_token
-from pretrain.hardware import auto_mixed_precision, cpu_bf16_warning, mfu_peak
-from pretrain.identity import ensure_run_id
-from pretrain.layout import METRICS_FILE, RUN_CONFIG_FILE, STATUS_FILE, step_dirname, write_json_atomic
-from pretrain.loaders import Loaders, build_dataloaders, copies_asynchronously
-from pretrain.modeling import LNBertForPreTraining
-from pretrain.optim import build_adamw, resolve_adamw_implementation
-from pretrain.prepare import data_report, prepare_command
-from pretrain.status import Heartbeat, StopRequest, write_status
-from pretrain.tracking import (
+from pretrain.run_folder.identity import ensure_run_id
+from pretrain.run_folder.layout import METRICS_FILE, RUN_CONFIG_FILE, STATUS_FILE, step_dirname, write_json_atomic
+from pretrain.run_folder.status import Heartbeat, StopRequest, write_status
+from pretrain.tracking.metrics import (
     clip_coefficient,
     init_trackers,
     layer_grad_norms,
@@ -72,8 +73,7 @@ from pretrain.tracking import (
     model_flops_utilisation,
     rewind_metrics,
 )
-from pretrain.vocabulary import check_one_vocabulary, check_same_trained_tokenizer, data_fingerprint
-from pretrain.wandb_logging import check_credentials, wandb_mode
+from pretrain.tracking.wandb_logging import check_credentials, wandb_mode
 
 
 class TrainingFailed(RuntimeError):
@@ -678,7 +678,7 @@ def pretrain(cfg: PretrainConfig, argv: list[str] | None = None) -> str:
             if report is not None:
                 print(report, flush=True)
             write_json_atomic(run_dir / RUN_CONFIG_FILE, setup.resolved)
-            ensure_run_id(run_dir)  # once per run: fine-tuning results are keyed by it (pretrain/identity.py)
+            ensure_run_id(run_dir)  # once per run: fine-tuning results are keyed by it (pretrain/run_folder/identity.py)
             # From step 0 (a new run, or one killed before its first checkpoint) no line of an earlier try is kept.
             setup.last_eval = rewind_metrics(run_dir, state.step if same_run else -1)
             if (run_dir / TOKENIZER_DIR).is_dir():

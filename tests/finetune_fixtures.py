@@ -19,12 +19,12 @@ from transformers import PreTrainedTokenizerFast
 from finetune.glue import TASKS, read_tsv
 from finetune.manifest import JobSpec
 from finetune.schedule import ScheduleConfig
-from pretrain.cli import from_dict
-from pretrain.identity import ensure_run_id
-from pretrain.layout import SNAPSHOT_INFO, SNAPSHOT_MARKER, step_dirname, write_json_atomic
-from pretrain.manifest import write_manifest
+from pretrain.common.cli import from_dict
+from pretrain.data.tokenizer import train_wordpiece_tokenizer
 from pretrain.modeling import LNBertConfig, LNBertForPreTraining
-from pretrain.tokenizer import train_wordpiece_tokenizer
+from pretrain.run_folder.identity import ensure_run_id
+from pretrain.run_folder.layout import SNAPSHOT_INFO, SNAPSHOT_MARKER, step_dirname, write_json_atomic
+from pretrain.run_folder.manifest import write_manifest
 from tests.conftest import TINY
 
 FIXTURE_GLUE = Path(__file__).resolve().parent / "fixtures" / "glue"
@@ -33,7 +33,7 @@ FIXTURE_GLUE = Path(__file__).resolve().parent / "fixtures" / "glue"
 @cache
 def tiny_tokenizer() -> PreTrainedTokenizerFast:
     """A WordPiece tokenizer (vocabulary at most 200) trained on the fixture GLUE sentences by the project's own
-    trainer (pretrain/tokenizer.py: [PAD] = 0, as BERT)."""
+    trainer (pretrain/data/tokenizer.py: [PAD] = 0, as BERT)."""
     texts = []
     for task in TASKS.values():
         for split in ("train", "dev"):

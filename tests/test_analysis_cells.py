@@ -186,8 +186,8 @@ def fake_snapshots(run_dir, config, gates_by_step):
     """Snapshots of a tiny model whose ReZero gates (or DyT alphas) are set to given values, in the run layout."""
     import torch
 
-    from pretrain.layout import SNAPSHOT_INFO, SNAPSHOT_MARKER, step_dirname
     from pretrain.modeling import LNBertForPreTraining
+    from pretrain.run_folder.layout import SNAPSHOT_INFO, SNAPSHOT_MARKER, step_dirname
 
     model = LNBertForPreTraining(config)
     for step, values in gates_by_step.items():

@@ -1,4 +1,4 @@
-"""pretrain/atomic.py, the one atomic writer: files, JSON, create-once, folders; the umask's permissions; nothing
+"""pretrain/common/atomic.py, the one atomic writer: files, JSON, create-once, folders; the umask's permissions; nothing
 half-written and no temporary file left by a failure; loadable without importing the pretrain package (the GPU
 check does so, without torch)."""
 
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from pretrain import atomic
+from pretrain.common import atomic
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -115,7 +115,7 @@ def test_publish_dir_replaces_only_when_asked(tmp_path: Path) -> None:
 def test_the_gpu_check_loads_it_without_importing_torch_or_the_package() -> None:
     code = (
         "import runpy, sys; runpy.run_path('launch/gpu_check.py', run_name='gpu_check_module'); "
-        "print(sorted(m for m in ('torch', 'transformers', 'pretrain', 'pretrain.atomic') if m in sys.modules))"
+        "print(sorted(m for m in ('torch', 'transformers', 'pretrain', 'pretrain.common.atomic') if m in sys.modules))"
     )
     result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr

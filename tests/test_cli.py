@@ -1,4 +1,4 @@
-"""The one command-line loader (pretrain/cli.py) as every command uses it: overrides change only the key they
+"""The one command-line loader (pretrain/common/cli.py) as every command uses it: overrides change only the key they
 name, floats must be finite, bad YAML names its file and line, and --help shows exactly what is accepted."""
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from finetune.report import ReportConfig
 from finetune.run import RunConfig
 from finetune.schedule import IngestConfig, ScheduleConfig, StatusConfig
 from pretrain.analysis import GridConfig, InitGradsConfig, InitScaleConfig, LnJacobianConfig
-from pretrain.cli import ConfigError, _convert, field_type, flatten, parse, read_yaml, to_dict
+from pretrain.common.cli import ConfigError, _convert, field_type, flatten, parse, read_yaml, to_dict
 from pretrain.config import PretrainConfig
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -1,7 +1,7 @@
 """Faults lose nothing and are never used silently: snapshots survive kills, damaged checkpoints are refused,
 a run folder never gets stuck, status.json tells a dead run from a live one, files follow the umask.
 
-Kills at chosen moments use the ``LNBERT_KILL_AT=point:step`` hook of pretrain/checkpointing.py; the many
+Kills at chosen moments use the ``LNBERT_KILL_AT=point:step`` hook of pretrain/run_folder/checkpointing.py; the many
 random kills are in tests/faults/kill_trials.py (a few of its trials run as a slow test here)."""
 
 from __future__ import annotations
@@ -18,12 +18,19 @@ from pathlib import Path
 import pytest
 from safetensors.torch import load_file
 
-import pretrain.status as status_module
+import pretrain.run_folder.status as status_module
 import pretrain.training as run_module
-from pretrain.checkpointing import latest_checkpoint, list_checkpoints
-from pretrain.layout import DEAD_AFTER_S, is_dead, list_snapshots, read_metrics, read_status, write_json_atomic
-from pretrain.manifest import MANIFEST_FILE
 from pretrain.run import main
+from pretrain.run_folder.checkpointing import latest_checkpoint, list_checkpoints
+from pretrain.run_folder.layout import (
+    DEAD_AFTER_S,
+    is_dead,
+    list_snapshots,
+    read_metrics,
+    read_status,
+    write_json_atomic,
+)
+from pretrain.run_folder.manifest import MANIFEST_FILE
 from pretrain.training import TrainingFailed
 from tests import pretrain_helpers
 from tests.pretrain_helpers import RUN_PY, tiny_args
@@ -284,7 +291,7 @@ def _finetune(tmp_path: Path, model: str, capsys: pytest.CaptureFixture) -> tupl
     """finetune.run on ``model`` through its command-line wrapper: (exit code, stderr)."""
     from finetune.config import FinetuneConfig
     from finetune.run import RunConfig, run
-    from pretrain.cli import run_cli
+    from pretrain.common.cli import run_cli
     from tests.finetune_fixtures import FIXTURE_GLUE
 
     config = RunConfig(model=model, task="mrpc", data_dir=str(FIXTURE_GLUE), lrs=[1e-3], seeds=[0],
@@ -312,7 +319,7 @@ def test_finetune_refuses_an_incomplete_or_damaged_snapshot(tmp_path: Path, dama
 def test_finetune_names_both_placements_of_a_snapshot_whose_weights_do_not_match_its_config(
     tmp_path: Path, capsys: pytest.CaptureFixture, complete: bool
 ) -> None:
-    from pretrain.manifest import write_manifest
+    from pretrain.run_folder.manifest import write_manifest
     from tests.finetune_fixtures import write_snapshot
 
     snapshot = write_snapshot(tmp_path / "run", "pre_ln", "pre", 10)  # Pre-LN weights (a final LayerNorm)
@@ -367,7 +374,7 @@ def test_a_corpus_line_that_is_not_json_is_named(tmp_path: Path, data_cache: Pat
 def test_corpus_lines_without_text_are_counted_and_an_all_bad_source_refused(
     tmp_path: Path, data_cache: Path, capsys: pytest.CaptureFixture
 ) -> None:
-    from pretrain.corpus import check_json_lines
+    from pretrain.data.corpus import check_json_lines
 
     path = tmp_path / "c.jsonl"
     path.write_text('{"text": "a document"}\n{"body": "no text"}\n{"text": 5}\n')

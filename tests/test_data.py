@@ -16,19 +16,19 @@ import torch
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
-import pretrain.data
-import pretrain.instances
-import pretrain.tokenizer
-from pretrain.corpus import check_utf8, load_documents, split_corpus, split_documents
-from pretrain.data import DataConfig, MaskingCollator, SourceConfig, build_pretraining_data
-from pretrain.instances import (
+import pretrain.data.instances
+import pretrain.data.pipeline
+import pretrain.data.tokenizer
+from pretrain.data.corpus import check_utf8, load_documents, split_corpus, split_documents
+from pretrain.data.instances import (
     _truncated_lengths,
     create_nsp_instances,
     make_instances,
     plain_backend,
     tokenize_documents,
 )
-from pretrain.tokenizer import SPECIAL_TOKENS, load_or_train_tokenizer, train_wordpiece_tokenizer
+from pretrain.data.pipeline import DataConfig, MaskingCollator, SourceConfig, build_pretraining_data
+from pretrain.data.tokenizer import SPECIAL_TOKENS, load_or_train_tokenizer, train_wordpiece_tokenizer
 
 datasets.disable_progress_bars()
 
@@ -282,8 +282,8 @@ def test_the_corpus_is_read_and_split_by_one_route(
         calls.append(seed)
         return split_corpus(cfg, seed=seed)
 
-    monkeypatch.setattr(pretrain.data, "split_corpus", counted)
-    monkeypatch.setattr(pretrain.tokenizer, "split_corpus", counted)
+    monkeypatch.setattr(pretrain.data.pipeline, "split_corpus", counted)
+    monkeypatch.setattr(pretrain.data.tokenizer, "split_corpus", counted)
     build_pretraining_data(json_config, seed=5)
     assert calls == [5]  # tokenizer training and instances: one read of the corpus
     load_or_train_tokenizer(tiny_config(tmp_path, json_config.sources, vocab_size=299), seed=6)
@@ -465,8 +465,8 @@ def test_cache_hit_and_miss(tmp_path: Path, json_config: DataConfig, corpus: Pat
         calls["train_tokenizer"] += 1
         return train_tok(*args, **kwargs)
 
-    monkeypatch.setattr(pretrain.instances, "tokenize_documents", counting_tokenize)
-    monkeypatch.setattr(pretrain.tokenizer, "train_wordpiece_tokenizer", counting_train)
+    monkeypatch.setattr(pretrain.data.instances, "tokenize_documents", counting_tokenize)
+    monkeypatch.setattr(pretrain.data.tokenizer, "train_wordpiece_tokenizer", counting_train)
     first = build_pretraining_data(json_config, seed=0, save_tokenizer_to=tmp_path / "run" / "tokenizer")
     assert calls == {"tokenize": 2, "train_tokenizer": 1}  # one chunk each of train and validation documents
     assert (tmp_path / "run" / "tokenizer" / "tokenizer.json").is_file()

@@ -12,7 +12,7 @@ import torch
 from transformers import BertConfig
 
 from benchmarks import common, train_step
-from pretrain.device import pick_device
+from pretrain.common.device import pick_device
 from pretrain.flops import flops_per_token
 from pretrain.modeling import NORM_PLACEMENTS, LNBertConfig, LNBertForPreTraining
 from tests.conftest import TINY

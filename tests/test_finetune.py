@@ -22,8 +22,8 @@ from finetune.schedule import ScheduleConfig, discover
 from finetune.store import ADDED_RESULT_COLUMNS, SCHEMA_VERSION, ResultStore, StoreVersionError
 from finetune.train import make_optimizer, make_scheduler
 from finetune.worker import describe_model, job_specs
-from pretrain.cli import ConfigError, from_dict, load_yaml, parse
-from pretrain.layout import SNAPSHOT_INFO
+from pretrain.common.cli import ConfigError, from_dict, load_yaml, parse
+from pretrain.run_folder.layout import SNAPSHOT_INFO
 from tests.finetune_fixtures import FIXTURE_GLUE, QUICK, job_spec, make_run, tiny_tokenizer, write_snapshot
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -14,7 +14,7 @@ from finetune.manifest import JobSpec, ManifestJob, ResultsFolder
 from finetune.report import ReportConfig, clipped_interval, confidence_interval, report, steps_to_loss
 from finetune.report import main as report_main
 from finetune.store import ResultStore
-from pretrain.identity import ensure_run_id, read_run_id
+from pretrain.run_folder.identity import ensure_run_id, read_run_id
 from tests.finetune_fixtures import set_status
 from tests.wandb_records import read_runs
 

@@ -23,8 +23,8 @@ from finetune.manifest import ManifestJob, ResultsFolder
 from finetune.schedule import ScheduleConfig, collect, discover, main, runtime_settings, schedule, submit
 from finetune.schedule import cli as schedule_cli
 from finetune.store import ResultStore, StoreBusy, lock_path, spec_from_row, store_lock
-from pretrain.layout import SNAPSHOT_MARKER
-from pretrain.manifest import write_manifest
+from pretrain.run_folder.layout import SNAPSHOT_MARKER
+from pretrain.run_folder.manifest import write_manifest
 from tests.finetune_fixtures import FIXTURE_GLUE, QUICK, config_for, make_run, set_status
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -70,7 +70,7 @@ def test_dry_run_exercises_every_stage(tmp_path: Path) -> None:
     assert "dry run" in stages["compile"]["reason"]
     env = stages["environment"]["result"]
     assert env["versions"]["torch"] and env["gemm"]["measured_tflops"]["bf16"] > 0
-    assert set(env["imports"].values()) == {"ok"} and {"datasets", "pretrain.data", "finetune.run"} <= set(
+    assert set(env["imports"].values()) == {"ok"} and {"datasets", "pretrain.data.pipeline", "finetune.run"} <= set(
         env["imports"]
     )
     tests = stages["cuda_tests"]["result"]
@@ -282,7 +282,7 @@ def test_cuda_tests_take_any_refusal_of_a_forced_sdpa_backend_as_a_refusal() -> 
 
 def resolved_configs(module: dict, dry_run: bool) -> dict[str, dict]:
     """Each stage-4 run's config as pretrain/run.py resolves it from the command the check builds."""
-    from pretrain.cli import flatten, to_dict
+    from pretrain.common.cli import flatten, to_dict
     from pretrain.config import parse_args
 
     ctx = module["Context"](out="/o", work="/w", corpus="/c", glue="/g", dry_run=dry_run)

@@ -17,9 +17,9 @@ import torch
 
 from pretrain import analysis
 from pretrain.analysis import grid, outcomes, probes
-from pretrain.cli import ConfigError, parse, to_dict
+from pretrain.common.cli import ConfigError, parse, to_dict
 from pretrain.config import PretrainConfig
-from pretrain.layout import write_json_atomic
+from pretrain.run_folder.layout import write_json_atomic
 
 RULES = outcomes.Rules(trained_margin=0.1, blowup_margin=1.0, tail_fraction=0.1)
 H_TRAIN, CE_VAL = 6.0, 6.2  # unigram entropy of the training tokens, validation unigram cross-entropy

@@ -13,9 +13,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from pretrain import vocabulary
 from pretrain.config import ConfigError
-from pretrain.layout import read_metrics, read_status
+from pretrain.data import vocabulary
+from pretrain.run_folder.layout import read_metrics, read_status
 from tests.conftest import TINY_MODEL_ARGS
 
 ROOT = Path(__file__).resolve().parents[1]

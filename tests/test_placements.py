@@ -573,10 +573,10 @@ def test_pre_ln_equals_hugging_face_roberta_prelayernorm(tiny_kwargs):
 def test_a_run_config_without_the_new_model_fields_is_the_same_run_with_the_same_recipe_hash(tmp_path):
     import json
 
-    from pretrain.checkpointing import config_differences
-    from pretrain.cli import to_dict
+    from pretrain.common.cli import to_dict
     from pretrain.config import ADDED_FIELD_DEFAULTS, RESUMABLE_CHANGES, PretrainConfig
-    from pretrain.wandb_logging import recipe, short_hash
+    from pretrain.run_folder.checkpointing import config_differences
+    from pretrain.tracking.wandb_logging import recipe, short_hash
 
     resolved = to_dict(PretrainConfig())
     resolved["model"]["vocab_size"] = 2048

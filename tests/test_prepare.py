@@ -17,10 +17,10 @@ import datasets
 import numpy as np
 import pytest
 
-import pretrain.instance_cache
-from pretrain.corpus import load_documents
-from pretrain.data import DataConfig, PreparationRequired, SourceConfig, build_pretraining_data, is_prepared
-from pretrain.instance_cache import SUMMARY_FILE, prepared_dir, read_summary
+import pretrain.data.instance_cache
+from pretrain.data.corpus import load_documents
+from pretrain.data.instance_cache import SUMMARY_FILE, prepared_dir, read_summary
+from pretrain.data.pipeline import DataConfig, PreparationRequired, SourceConfig, build_pretraining_data, is_prepared
 from pretrain.prepare import format_report, source_checks
 from pretrain.prepare import main as prepare_main
 from tests.pretrain_helpers import accelerate_launch, tiny_args
@@ -173,9 +173,9 @@ class Killed(Exception):
 def test_preparation_resumes_from_its_finished_shards(tmp_path: Path, monkeypatch) -> None:
     corpus = write_jsonl(tmp_path / "corpus.jsonl", make_documents(700))
     cfg = tiny_config(tmp_path, [SourceConfig(kind="json", path=str(corpus))])
-    monkeypatch.setattr(pretrain.instance_cache, "SHARD_CHUNKS", 1)  # 3 training shards of one chunk (256 documents)
+    monkeypatch.setattr(pretrain.data.instance_cache, "SHARD_CHUNKS", 1)  # 3 training shards of one chunk (256 docs)
     written = []
-    write_shard = pretrain.instance_cache._write_shard
+    write_shard = pretrain.data.instance_cache._write_shard
 
     def dies_on_the_second_shard(docs, path, **kwargs):
         written.append(path.name)
@@ -183,7 +183,7 @@ def test_preparation_resumes_from_its_finished_shards(tmp_path: Path, monkeypatc
             raise Killed  # as a kill in the middle of the preparation
         return write_shard(docs, path, **kwargs)
 
-    monkeypatch.setattr(pretrain.instance_cache, "_write_shard", dies_on_the_second_shard)
+    monkeypatch.setattr(pretrain.data.instance_cache, "_write_shard", dies_on_the_second_shard)
     with pytest.raises(Killed):
         build_pretraining_data(cfg, seed=0)
     assert not is_prepared(cfg, seed=0)
@@ -198,7 +198,7 @@ def test_preparation_resumes_from_its_finished_shards(tmp_path: Path, monkeypatc
     assert not list(Path(cfg.cache_dir).glob("instances-*/*/*.tmp-*"))
 
     # The same instances as a preparation in one go.
-    monkeypatch.setattr(pretrain.instance_cache, "_write_shard", write_shard)
+    monkeypatch.setattr(pretrain.data.instance_cache, "_write_shard", write_shard)
     data.tokenizer.save_pretrained(tmp_path / "tok")
     fresh = build_pretraining_data(
         tiny_config(tmp_path / "fresh", cfg.sources, tokenizer=str(tmp_path / "tok")), seed=0
@@ -216,10 +216,10 @@ def test_prepared_instances_do_not_depend_on_processes_or_shards(tmp_path: Path,
     corpus = write_jsonl(tmp_path / "corpus.jsonl", make_documents(700))
     cfg = tiny_config(tmp_path, [SourceConfig(kind="json", path=str(corpus))])
     with monkeypatch.context() as m:
-        m.setattr(pretrain.instance_cache, "shard_chunks", lambda *_: 64)  # one shard of all 3 chunks
+        m.setattr(pretrain.data.instance_cache, "shard_chunks", lambda *_: 64)  # one shard of all 3 chunks
         one = build_pretraining_data(cfg, seed=0)
     one.tokenizer.save_pretrained(tmp_path / "tok")
-    assert pretrain.instance_cache.shard_chunks(700, 2) == 1  # a small corpus: shards of one chunk for 2 processes
+    assert pretrain.data.instance_cache.shard_chunks(700, 2) == 1  # a small corpus: shards of one chunk for 2 processes
     two = build_pretraining_data(
         tiny_config(tmp_path / "two", cfg.sources, num_proc=2, tokenizer=str(tmp_path / "tok")), seed=0
     )

@@ -16,10 +16,10 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from pretrain.checkpointing import latest_checkpoint, list_checkpoints
-from pretrain.layout import list_snapshots, read_metrics, read_status
 from pretrain.modeling import LNBertForPreTraining
 from pretrain.run import main
+from pretrain.run_folder.checkpointing import latest_checkpoint, list_checkpoints
+from pretrain.run_folder.layout import list_snapshots, read_metrics, read_status
 from pretrain.training import final_validation, progress_postfix
 from tests import pretrain_helpers
 from tests.pretrain_helpers import ROOT, RUN_PY, accelerate_launch, tiny_args

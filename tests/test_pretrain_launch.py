@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from pretrain.layout import read_metrics, read_status
+from pretrain.run_folder.layout import read_metrics, read_status
 from tests.conftest import TINY_MODEL_ARGS
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -1,5 +1,5 @@
-"""Every config field declares its role (pretrain/roles.py), and the lists that resume, the data caches and the W&B
-recipe read are derived from the roles. The derived lists equal, literally, the lists that were kept by hand in
+"""Every config field declares its role (pretrain/common/roles.py), and the lists that resume, the data caches and the
+W&B recipe read are derived from the roles. The derived lists equal, literally, the lists that were kept by hand in
 five modules before (main at 936ac5e), and the keys computed from them are the same bytes: existing runs resume,
 find their cached tokenizer and instances, and keep their W&B group."""
 
@@ -10,14 +10,14 @@ from typing import Any
 
 import pytest
 
-import pretrain.instance_cache as instance_cache
-import pretrain.tokenizer as tokenizer
-from pretrain import roles
-from pretrain.checkpointing import IDENTICAL_RUN_IGNORES
+import pretrain.data.instance_cache as instance_cache
+import pretrain.data.tokenizer as tokenizer
+from pretrain.common import roles
 from pretrain.config import ADDED_FIELD_DEFAULTS, RESUMABLE_CHANGES, PretrainConfig, to_dict
-from pretrain.data import DataConfig, SourceConfig
-from pretrain.vocabulary import data_fingerprint
-from pretrain.wandb_logging import _NOT_RECIPE, recipe, short_hash
+from pretrain.data.pipeline import DataConfig, SourceConfig
+from pretrain.data.vocabulary import data_fingerprint
+from pretrain.run_folder.checkpointing import IDENTICAL_RUN_IGNORES
+from pretrain.tracking.wandb_logging import _NOT_RECIPE, recipe, short_hash
 
 # --------------------------------------------------------------------------------------------------
 # The lists as they were written by hand before the roles (main at 936ac5e)

@@ -26,13 +26,14 @@ from finetune.run import RunConfig
 from finetune.run import run as finetune_run
 from finetune.store import ResultStore
 from finetune.train import DataCache, finetune
-from pretrain import hardware, run
-from pretrain.checkpointing import save_snapshot
+from pretrain import run
+from pretrain.common import hardware
+from pretrain.common.hardware import gpu_peak, mfu_peak
 from pretrain.config import TrainConfig, parse_args
-from pretrain.hardware import gpu_peak, mfu_peak
-from pretrain.layout import read_status
 from pretrain.modeling import LNBertConfig, LNBertForPreTraining
 from pretrain.optim import build_adamw, resolve_adamw_implementation
+from pretrain.run_folder.checkpointing import save_snapshot
+from pretrain.run_folder.layout import read_status
 from pretrain.training import build_accelerator, build_model
 from tests.conftest import ROOT, TINY, TINY_MODEL_ARGS
 from tests.finetune_fixtures import FIXTURE_GLUE, QUICK, tiny_config, tiny_tokenizer

@@ -23,10 +23,10 @@ from finetune.store import ResultStore
 from finetune.tracking import WandbSettings, job_run, job_run_id, model_norm_type
 from finetune.worker import describe_model, job_specs
 from pretrain.config import parse_args, to_dict
-from pretrain.layout import RUN_CONFIG_FILE, write_json_atomic
 from pretrain.modeling import LNBertForPreTraining
 from pretrain.run import main as pretrain_main
-from pretrain.wandb_logging import (
+from pretrain.run_folder.layout import RUN_CONFIG_FILE, write_json_atomic
+from pretrain.tracking.wandb_logging import (
     WANDB_RUN_FILE,
     WandbCredentialsError,
     pretrain_group,

@@ -10,7 +10,7 @@ import sys
 from typing import Any
 
 from pretrain.analysis import options
-from pretrain.cli import parse_command, run_cli
+from pretrain.common.cli import parse_command, run_cli
 
 # subcommand -> (config dataclass, the module whose ``run`` measures it)
 COMMANDS: dict[str, tuple[type, str]] = {

@@ -11,9 +11,9 @@ from typing import Any
 import torch
 
 from pretrain.analysis.options import ModelSize
-from pretrain.cli import to_dict
-from pretrain.layout import write_json_atomic
+from pretrain.common.cli import to_dict
 from pretrain.modeling import NORM_PLACEMENTS, LNBertConfig
+from pretrain.run_folder.layout import write_json_atomic
 
 
 def write_outputs(out_dir: Path, table: str, results: dict[str, Any]) -> None:

@@ -23,10 +23,10 @@ import torch
 from pretrain.analysis import outcomes, probes
 from pretrain.analysis.common import placement_color, write_outputs
 from pretrain.analysis.options import GridConfig
-from pretrain.cache import exclusive_lock
-from pretrain.cli import parse, to_dict
-from pretrain.layout import RUN_CONFIG_FILE, STATUS_FILE, read_metrics, read_status
-from pretrain.reporting import format_table, pyplot, save_figure
+from pretrain.common.cli import parse, to_dict
+from pretrain.common.reporting import format_table, pyplot, save_figure
+from pretrain.data.cache import exclusive_lock
+from pretrain.run_folder.layout import RUN_CONFIG_FILE, STATUS_FILE, read_metrics, read_status
 
 
 @dataclass(frozen=True)
@@ -95,7 +95,7 @@ def cell_overrides(args: GridConfig, cell: Cell, run_dir: Path) -> list[str]:
 
 
 def read_cell(run_dir: Path) -> dict[str, Any]:
-    """Status, training MLM loss curve, final validation MLM loss and divergence step of one run (pretrain.layout)."""
+    """Status, training MLM loss curve, final validation MLM loss and divergence step of one run (pretrain.run_folder.layout)."""
     status = read_status(run_dir)
     rows = read_metrics(run_dir)
     val = [row for row in rows if "val/mlm_loss" in row]
@@ -217,8 +217,8 @@ def other_settings(args: GridConfig, cell: Cell, run_dir: Path) -> list[str]:
     """Keys on which the run already in a cell's folder differs from the cell as this grid would run it (another
     --max_steps or --overrides on the same --out): such a run is not this cell, finished or not, and continuing
     it would change its schedule mid-run. Settings in SAME_CELL_IGNORES may differ."""
-    from pretrain.checkpointing import config_differences
     from pretrain.config import PretrainConfig
+    from pretrain.run_folder.checkpointing import config_differences
 
     wanted = parse(PretrainConfig, cell_overrides(args, cell, run_dir), prog="pretrain.run")
     return config_differences(run_dir, to_dict(wanted), SAME_CELL_IGNORES)
@@ -241,7 +241,7 @@ def run_cell(args: GridConfig, cell: Cell, stopper: Stopper | None = None) -> di
 
 
 def _run_cell_locked(args: GridConfig, cell: Cell, stopper: Stopper, run_dir: Path) -> dict[str, Any]:
-    from pretrain.checkpointing import latest_checkpoint  # imports accelerate: only when running cells
+    from pretrain.run_folder.checkpointing import latest_checkpoint  # imports accelerate: only when running cells
 
     differ = other_settings(args, cell, run_dir)
     if differ:

@@ -17,9 +17,9 @@ from pretrain.analysis.common import (
     write_outputs,
 )
 from pretrain.analysis.options import InitGradsConfig, variants
-from pretrain.cli import to_dict
+from pretrain.common.cli import to_dict
+from pretrain.common.reporting import format_table, pyplot, save_figure
 from pretrain.modeling import LNBertConfig, LNBertForMaskedLM
-from pretrain.reporting import format_table, pyplot, save_figure
 
 
 def resolve_device(name: str) -> str:
@@ -32,7 +32,7 @@ def load_mlm_data(args: InitGradsConfig) -> Any:
     ``objective="mlm"`` gives full-length packed sequences; the measurement uses the MLM loss only.
     """
     # Imported here: `datasets` takes seconds to import and the other subcommands do not need it.
-    from pretrain.data import DataConfig, SourceConfig, build_pretraining_data
+    from pretrain.data.pipeline import DataConfig, SourceConfig, build_pretraining_data
 
     if args.data is not None and not Path(args.data).exists():
         raise FileNotFoundError(f"--data={args.data}: no such file; give a JSON Lines file with a 'text' field")
@@ -51,7 +51,7 @@ def load_mlm_data(args: InitGradsConfig) -> Any:
 
 def mlm_batch(data: Any, batch_size: int, seed: int) -> dict[str, torch.Tensor]:
     """``batch_size`` training instances drawn by ``seed``, dynamically masked as in pretraining (15%)."""
-    from pretrain.data import MaskingCollator  # lazily, as in load_mlm_data
+    from pretrain.data.pipeline import MaskingCollator  # lazily, as in load_mlm_data
 
     n = len(data.train)
     if n < batch_size:

@@ -18,9 +18,9 @@ from pretrain.analysis.common import (
     write_outputs,
 )
 from pretrain.analysis.options import InitScaleConfig, variants
-from pretrain.cli import to_dict
+from pretrain.common.cli import to_dict
+from pretrain.common.reporting import format_table, pyplot, save_figure
 from pretrain.modeling import LNBertConfig, LNBertModel
-from pretrain.reporting import format_table, pyplot, save_figure
 
 
 def paper_bounds(layer: int) -> tuple[float, float]:

@@ -12,8 +12,8 @@ from torch import nn
 
 from pretrain.analysis.common import write_outputs
 from pretrain.analysis.options import LnJacobianConfig
+from pretrain.common.reporting import format_table, pyplot, save_figure
 from pretrain.modeling import LNBertConfig, LNBertModel
-from pretrain.reporting import format_table, pyplot, save_figure
 
 
 def model_layer_norm(hidden_size: int, eps: float) -> nn.LayerNorm:

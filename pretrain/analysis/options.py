@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from pretrain.analysis import outcomes
-from pretrain.cli import field_type, require
+from pretrain.common.cli import field_type, require
 from pretrain.config import PretrainConfig
 from pretrain.variants import NORM_PLACEMENTS, InitScheme, NormPlacement, NormType, variant_name
 

@@ -17,9 +17,9 @@ from pretrain.analysis.common import (
     write_outputs,
 )
 from pretrain.analysis.options import InitPerturbConfig, variants
-from pretrain.cli import to_dict
+from pretrain.common.cli import to_dict
+from pretrain.common.reporting import format_table, pyplot, save_figure
 from pretrain.modeling import LNBertConfig, LNBertModel
-from pretrain.reporting import format_table, pyplot, save_figure
 
 AXES = ("placements", "norm_types", "init_schemes", "depths")
 """The options a cell (init scheme, model, depth) is drawn from; every other option is a setting of each cell."""

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from pretrain.layout import RUN_CONFIG_FILE, list_snapshots, read_metrics, write_json_atomic
+from pretrain.run_folder.layout import RUN_CONFIG_FILE, list_snapshots, read_metrics, write_json_atomic
 
 PROBE_FILE = "grid_probe.json"
 """Written into a finished or diverged run's folder by the grid, so a later pass reads it instead of measuring."""
@@ -69,8 +69,8 @@ def relative_output_change(before: torch.Tensor, after: torch.Tensor, mask: torc
 def _run_data(run_dir: Path, batch_size: int) -> tuple[dict[str, float], dict[str, torch.Tensor]]:
     """(unigram references, fixed validation batch) of a run's data, rebuilt from RUN/run_config.json through
     the pretraining data pipeline (a cache hit: the run built it). Memoised per data config and seed."""
-    from pretrain.cli import from_dict
-    from pretrain.data import DataConfig, MaskingCollator, build_pretraining_data  # slow imports: only here
+    from pretrain.common.cli import from_dict
+    from pretrain.data.pipeline import DataConfig, MaskingCollator, build_pretraining_data  # slow imports: only here
 
     resolved = json.loads((run_dir / RUN_CONFIG_FILE).read_text())
     seed = int(resolved["train"]["seed"])

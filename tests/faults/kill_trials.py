@@ -11,7 +11,7 @@ uninterrupted run's, every scheduled snapshot is complete with the same weights,
 every step are logged once and equal, no temp or incomplete folder is left, and status.json says finished.
 
 Kill moments: ``random`` (uniformly within the training window, after run_config.json appears), and the
-``LNBERT_KILL_AT=point:step`` hook of pretrain/checkpointing.py: while a snapshot's files are written
+``LNBERT_KILL_AT=point:step`` hook of pretrain/run_folder/checkpointing.py: while a snapshot's files are written
 (``snapshot_files``), while a checkpoint's files are written (``checkpoint_files``), between a checkpoint's
 rename and the rotation of old ones (``checkpoint_renamed``), and after a step before the first checkpoint
 (``step``). Exit status 0 when every trial passes.
@@ -40,8 +40,8 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 TINY_MODEL_PRESET = ROOT / "configs" / "pretrain" / "tiny_model.yaml"  # the tests' tiny model
 
-from pretrain.checkpointing import latest_checkpoint  # noqa: E402
-from pretrain.layout import list_snapshots, read_metrics, read_status  # noqa: E402
+from pretrain.run_folder.checkpointing import latest_checkpoint  # noqa: E402
+from pretrain.run_folder.layout import list_snapshots, read_metrics, read_status  # noqa: E402
 
 MAX_STEPS = 12
 CHECKPOINT_EVERY = 4

@@ -25,17 +25,17 @@ import secrets
 from pathlib import Path
 from typing import Any
 
+from pretrain.common.roles import by_section, keys_where
 from pretrain.config import ADDED_FIELD_DEFAULTS, PretrainConfig
-from pretrain.layout import SNAPSHOT_INFO, write_json_atomic
-from pretrain.roles import by_section, keys_where
+from pretrain.run_folder.layout import SNAPSHOT_INFO, write_json_atomic
 
 SUMMARY_LINES = 40
 """Summary values W&B prints when a run ends: its default (10, in key order) hides val/* behind the train/* keys."""
 WANDB_RUN_FILE = "wandb_run.json"
 """RUN/wandb_run.json: {"id", "group", "project"} of the run's W&B run (docs/run_layout.md)."""
-# Fields that do not change what a run learns (the run, cadence and mechanics roles of pretrain/roles.py: identity,
-# seed, paths, cadence of logs and saves, how the batch is split over devices), by section; everything else in the
-# resolved config is the recipe.
+# Fields that do not change what a run learns (the run, cadence and mechanics roles of pretrain/common/roles.py:
+# identity, seed, paths, cadence of logs and saves, how the batch is split over devices), by section; everything else
+# in the resolved config is the recipe.
 _ABSENT = object()
 _NOT_RECIPE = by_section(keys_where(PretrainConfig, lambda rules: not rules.recipe))
 

@@ -31,8 +31,8 @@ from typing import Any
 import datasets
 import numpy as np
 
-from pretrain.data_config import SOURCE_KINDS as SOURCE_KINDS  # the config's leaf module; kept importable here
-from pretrain.data_config import DataConfig, SourceConfig
+from pretrain.data.config import SOURCE_KINDS as SOURCE_KINDS  # the config's leaf module; kept importable here
+from pretrain.data.config import DataConfig, SourceConfig
 
 logger = logging.getLogger(__name__)
 

@@ -108,7 +108,8 @@ def role(
 def role_of(key: str, f: dataclasses.Field) -> str:
     """The role of field ``f`` (dotted ``key``); a field declared without one is an error that says how to declare it."""
     if "role" not in f.metadata:
-        raise TypeError(f"config field {key} has no role: declare it with pretrain.roles.role(ROLE, default=...)")
+        raise TypeError(f"config field {key} has no role: declare it with "
+                        "pretrain.common.roles.role(ROLE, default=...)")
     return f.metadata["role"]
 
 

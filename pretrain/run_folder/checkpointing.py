@@ -25,20 +25,20 @@ import torch
 from accelerate import Accelerator
 from transformers import PreTrainedTokenizerBase
 
-from pretrain.atomic import follow_umask, publish_dir, write_json
+from pretrain.common.atomic import follow_umask, publish_dir, write_json
+from pretrain.common.roles import keys_where
 from pretrain.config import ADDED_FIELD_DEFAULTS, RESUMABLE_CHANGES, PretrainConfig, flatten
-from pretrain.layout import (
+from pretrain.run_folder.layout import (
     RUN_CONFIG_FILE,
     SNAPSHOT_INFO,
     SNAPSHOT_MARKER,
     step_dirname,
 )
-from pretrain.manifest import ManifestError, folder_size, verify_manifest, write_manifest
-from pretrain.roles import keys_where
+from pretrain.run_folder.manifest import ManifestError, folder_size, verify_manifest, write_manifest
 
 # Keys that may differ when the same command is run again in the same folder (it then continues that run): the
-# mechanics fields (pretrain/roles.py). run_config.json records the peak FLOP/s that train/mfu was measured against,
-# looked up when it was null, which is why train.peak_flops_per_device is one.
+# mechanics fields (pretrain/common/roles.py). run_config.json records the peak FLOP/s that train/mfu was measured
+# against, looked up when it was null, which is why train.peak_flops_per_device is one.
 IDENTICAL_RUN_IGNORES = keys_where(PretrainConfig, lambda rules: rules.rerun)
 
 TRAIN_STATE_FILE = "train_state.json"

@@ -15,8 +15,8 @@ import time
 import uuid
 from pathlib import Path
 
-from pretrain.atomic import write_once
-from pretrain.layout import RUN_CONFIG_FILE
+from pretrain.common.atomic import write_once
+from pretrain.run_folder.layout import RUN_CONFIG_FILE
 
 RUN_ID_FILE = "run_id"
 

@@ -1,17 +1,16 @@
-"""Pretraining data: ``build_pretraining_data``, which runs the pipeline; each stage has its own module, and the
-data config (DataConfig, SourceConfig) its leaf module, pretrain/data_config.py (re-exported here).
+"""Pretraining data: ``build_pretraining_data``, which runs the pipeline; each stage has its own module in this
+package, and the data config (DataConfig, SourceConfig) its leaf module, config.py (re-exported here).
 
-    pretrain/corpus.py     sources (Hub / JSONL / Parquet / text / python_docs) --weights--> one stream of documents
-                           -> held-out documents (validation, split BY DOCUMENT before anything else, paper: 199:1)
-    pretrain/tokenizer.py  -> tokenizer (Hub / local folder, or WordPiece trained on the training documents)
-    pretrain/instances.py  -> chunks of documents -> sentences -> token ids -> instances as in original BERT's
-                              ``create_pretraining_data.py`` ([CLS] A [SEP] B [SEP] with next-sentence labels, or
-                              packed full-length sequences for the "mlm" objective), made on the fly from a
-                              streamed corpus, or
-    pretrain/instance_cache.py made shard by shard once and cached under ``data.cache_dir`` (lock: pretrain/cache.py)
-    pretrain/collator.py   MaskingCollator: pads a batch and applies BERT's 80/10/10 masking, a pure function of
-                           (seed, epoch, instance_id), so resumed runs and any number of DataLoader workers see the
-                           same masks.
+    corpus.py          sources (Hub / JSONL / Parquet / text / python_docs) --weights--> one stream of documents
+                       -> held-out documents (validation, split BY DOCUMENT before anything else, paper: 199:1)
+    tokenizer.py       -> tokenizer (Hub / local folder, or WordPiece trained on the training documents)
+    instances.py       -> chunks of documents -> sentences -> token ids -> instances as in original BERT's
+                       ``create_pretraining_data.py`` ([CLS] A [SEP] B [SEP] with next-sentence labels, or packed
+                       full-length sequences for the "mlm" objective), made on the fly from a streamed corpus, or
+    instance_cache.py  made shard by shard once and cached under ``data.cache_dir`` (lock: cache.py)
+    collator.py        MaskingCollator: pads a batch and applies BERT's 80/10/10 masking, a pure function of
+                       (seed, epoch, instance_id), so resumed runs and any number of DataLoader workers see the
+                       same masks.
 
 The training loop imports from here: DataConfig, build_pretraining_data, PretrainingData and MaskingCollator.
 """
@@ -27,12 +26,12 @@ from typing import NamedTuple
 import datasets
 from transformers import PreTrainedTokenizerFast
 
-from pretrain.collator import MaskingCollator
-from pretrain.corpus import corpus_bytes, document_texts, split_corpus
-from pretrain.data_config import DataConfig, SourceConfig
-from pretrain.instance_cache import SUMMARY_FILE, cached_instances, prepared_dir
-from pretrain.instances import make_instances, stream_instances
-from pretrain.tokenizer import load_or_train_tokenizer, trained_tokenizer_dir
+from pretrain.data.collator import MaskingCollator
+from pretrain.data.config import DataConfig, SourceConfig
+from pretrain.data.corpus import corpus_bytes, document_texts, split_corpus
+from pretrain.data.instance_cache import SUMMARY_FILE, cached_instances, prepared_dir
+from pretrain.data.instances import make_instances, stream_instances
+from pretrain.data.tokenizer import load_or_train_tokenizer, trained_tokenizer_dir
 
 
 class PretrainingData(NamedTuple):

@@ -1,6 +1,6 @@
 """The prepared-instance cache under ``data.cache_dir``: one folder per cache key (a hash of everything the
 instances depend on), made shard by shard by several processes, resumable after a kill, one preparation at a time
-per key (a lock), published atomically. The instances themselves are made by pretrain/instances.py.
+per key (a lock), published atomically. The instances themselves are made by pretrain/data/instances.py.
 
     cached_instances -> prepared_dir (data_cache_key) -> prepare_instances -> shards -> summary.json -> load_prepared
 """
@@ -25,11 +25,12 @@ from tokenizers import Tokenizer
 from tqdm.auto import tqdm
 from transformers import PreTrainedTokenizerFast
 
-from pretrain.atomic import publish_dir, write_json, writing
-from pretrain.cache import CACHE_FORMAT_VERSION, content_hash, exclusive_lock
-from pretrain.corpus import source_fingerprint
-from pretrain.data_config import DataConfig
-from pretrain.instances import (
+from pretrain.common.atomic import publish_dir, write_json, writing
+from pretrain.common.roles import not_keyed_in
+from pretrain.data.cache import CACHE_FORMAT_VERSION, content_hash, exclusive_lock
+from pretrain.data.config import DataConfig
+from pretrain.data.corpus import source_fingerprint
+from pretrain.data.instances import (
     DOCS_PER_CHUNK,
     SourceStats,
     add_chunk_instances,
@@ -38,9 +39,8 @@ from pretrain.instances import (
     instance_features,
     plain_backend,
 )
-from pretrain.roles import not_keyed_in
 
-# DataConfig fields that do not change the instances (not keyed_in "instances", pretrain/data_config.py): masking
+# DataConfig fields that do not change the instances (not keyed_in "instances", pretrain/data/config.py): masking
 # and the shuffle buffer act on batches, the rest are mechanics, ``streaming`` (a streamed corpus is never cached),
 # and the tokenizer's name (it enters the key by content, so a run handed a trained tokenizer's folder reuses its
 # instances).

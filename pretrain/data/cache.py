@@ -1,8 +1,8 @@
 """The data cache under ``data.cache_dir``: folders named by a hash of their inputs, written atomically
-(``pretrain.atomic.atomic_dir``), and the lock that keeps two processes from making the same one at once.
+(``pretrain.common.atomic.atomic_dir``), and the lock that keeps two processes from making the same one at once.
 
-Trained tokenizers (pretrain/tokenizer.py) and tokenised instances (pretrain/instance_cache.py) are cached here, so a
-second run with the same inputs, or the other processes of a distributed run, reuse them.
+Trained tokenizers (pretrain/data/tokenizer.py) and tokenised instances (pretrain/data/instance_cache.py) are cached
+here, so a second run with the same inputs, or the other processes of a distributed run, reuse them.
 """
 
 from __future__ import annotations

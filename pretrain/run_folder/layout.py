@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pretrain.atomic import write_json
+from pretrain.common.atomic import write_json
 
 SNAPSHOT_MARKER = "COMPLETE"
 SNAPSHOT_INFO = "snapshot.json"
@@ -27,7 +27,8 @@ def step_dirname(step: int) -> str:
     return f"step_{step:08d}"
 
 
-# The name run files are written by elsewhere (run.py, analysis, tests); the one implementation is pretrain/atomic.py.
+# The name run files are written by elsewhere (run.py, analysis, tests); the one implementation is
+# pretrain/common/atomic.py.
 write_json_atomic = write_json
 
 

@@ -61,7 +61,8 @@ def mfu_peak(configured: float | None, device: torch.device, mixed_precision: st
     name = torch.cuda.get_device_name(device)
     entry = gpu_peak(name)
     if entry is None:
-        return 0.0, f"train/mfu is 0: {name!r} is not in pretrain/hardware.py's table; set train.peak_flops_per_device"
+        return 0.0, (f"train/mfu is 0: {name!r} is not in pretrain/common/hardware.py's table; "
+                     "set train.peak_flops_per_device")
     if mixed_precision in ("bf16", "fp16"):
         kind, tflops = f"{mixed_precision} dense", entry.bf16
     elif torch.backends.cuda.matmul.allow_tf32:

@@ -4,7 +4,7 @@ A leaf of the data pipeline: the stages (``corpus``, ``tokenizer``, ``instances`
 from here, and it imports none of them, so they import each other in one direction only. The constants that the
 checks need (the source kinds, the objectives, the smallest plausible vocabulary) live here for the same reason;
 the stages re-export them under their old names. Each field declares its role and the data keys that hold its
-value (``role(...)``, pretrain/roles.py), from which the cache keys and the resume checks take their fields.
+value (``role(...)``, pretrain/common/roles.py), from which the cache keys and the resume checks take their fields.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from pretrain.roles import role
+from pretrain.common.roles import role
 
 SOURCE_KINDS: tuple[str, ...] = ("hub", "json", "parquet", "text", "python_docs")
 WEIGHT_UNITS: tuple[str, ...] = ("documents", "words")

@@ -1,6 +1,6 @@
-"""A live run's status.json, as the main process writes it (the readers are in pretrain/layout.py): the status
-itself, the heartbeat that tells a live run from a dead one, and the stop requests (SIGTERM/SIGINT) the training
-loop answers with a checkpoint."""
+"""A live run's status.json, as the main process writes it (the readers are in pretrain/run_folder/layout.py): the
+status itself, the heartbeat that tells a live run from a dead one, and the stop requests (SIGTERM/SIGINT) the
+training loop answers with a checkpoint."""
 
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ from typing import Any
 from accelerate import Accelerator
 
 from pretrain.config import PretrainConfig
-from pretrain.layout import HEARTBEAT_EVERY_S, STATUS_FILE, write_json_atomic
-from pretrain.tracking import record_outcome
+from pretrain.run_folder.layout import HEARTBEAT_EVERY_S, STATUS_FILE, write_json_atomic
+from pretrain.tracking.metrics import record_outcome
 
 
 def write_status(

@@ -9,9 +9,9 @@ from dataclasses import dataclass
 import torch
 from torch.utils.data import DataLoader, Sampler
 
+from pretrain.common.device import env_flag
 from pretrain.config import PretrainConfig
-from pretrain.data import MaskingCollator, PretrainingData
-from pretrain.device import env_flag
+from pretrain.data.pipeline import MaskingCollator, PretrainingData
 
 
 def copies_asynchronously() -> bool:

@@ -10,10 +10,10 @@ import torch
 from accelerate import Accelerator
 from torch import nn
 
-from pretrain.atomic import write_text
+from pretrain.common.atomic import write_text
 from pretrain.config import PretrainConfig, flatten, to_dict
-from pretrain.layout import METRICS_FILE, read_metrics
-from pretrain.wandb_logging import (
+from pretrain.run_folder.layout import METRICS_FILE, read_metrics
+from pretrain.tracking.wandb_logging import (
     SUMMARY_LINES,
     define_pretrain_metrics,
     pretrain_group,
@@ -52,7 +52,7 @@ def init_trackers(
 
     W&B gets the resolved config as native nested values plus ``norm_placement``, ``comparison`` and the
     derived values at the top level, a group that pools only seeds, and the run id kept in RUN/ (resumed, so a
-    preempted run stays one W&B run); see pretrain/wandb_logging.py. TensorBoard's hparams take scalars and
+    preempted run stays one W&B run); see pretrain/tracking/wandb_logging.py. TensorBoard's hparams take scalars and
     strings only, so there lists become JSON strings.
     """
     tracking = cfg.tracking

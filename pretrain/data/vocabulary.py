@@ -11,8 +11,8 @@ from typing import Any
 from accelerate import Accelerator
 from accelerate.utils import gather_object
 
+from pretrain.common.roles import not_keyed_in
 from pretrain.config import ConfigError, PretrainConfig, to_dict
-from pretrain.roles import not_keyed_in
 
 
 def vocab_hash(tokenizer: Any) -> str:
@@ -54,7 +54,7 @@ def check_one_vocabulary(accelerator: Accelerator, tokenizer: Any) -> None:
 def data_fingerprint(cfg: PretrainConfig, num_processes: int, tokenizer: Any) -> str:
     """What fixes the sequence of batches: data config, vocabulary, seed, batch size, processes (a position is
     only meaningful for the same sequence). The vocabulary counts, not the tokenizer's name or folder."""
-    mechanics = not_keyed_in(type(cfg.data), "batches")  # pretrain/data_config.py: keyed_in
+    mechanics = not_keyed_in(type(cfg.data), "batches")  # pretrain/data/config.py: keyed_in
     data = {k: v for k, v in to_dict(cfg.data).items() if k not in mechanics}
     vocab = vocab_hash(tokenizer)
     key = [data, vocab, cfg.train.seed, cfg.train.per_device_batch_size, num_processes]

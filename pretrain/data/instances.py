@@ -10,7 +10,7 @@
 The chunk is the unit of work of the batched ``datasets.map`` (so ``num_proc`` workers never change the result)
 and the pool the random "next sentence" documents are drawn from. Validation documents go through the same code.
 Materialised instances are cached under ``data.cache_dir``, keyed by a hash of everything they depend on
-(``cached_instances``, pretrain/instance_cache.py); streamed ones (``stream_instances``) are made as the training
+(``cached_instances``, pretrain/data/instance_cache.py); streamed ones (``stream_instances``) are made as the training
 loop reads them.
 """
 
@@ -34,8 +34,8 @@ import datasets
 from tokenizers import Tokenizer
 from transformers import PreTrainedTokenizerFast
 
-from pretrain.data_config import OBJECTIVES as OBJECTIVES  # the config's leaf module; kept importable here
-from pretrain.data_config import DataConfig
+from pretrain.data.config import OBJECTIVES as OBJECTIVES  # the config's leaf module; kept importable here
+from pretrain.data.config import DataConfig
 
 logger = logging.getLogger(__name__)
 

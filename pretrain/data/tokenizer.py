@@ -13,11 +13,11 @@ from pathlib import Path
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 from transformers import AutoTokenizer, BertTokenizerFast, PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
-from pretrain.atomic import atomic_dir
-from pretrain.cache import CACHE_FORMAT_VERSION, content_hash
-from pretrain.corpus import document_texts, source_fingerprint, split_corpus
-from pretrain.data_config import MIN_PLAUSIBLE_VOCAB, DataConfig
-from pretrain.roles import keyed_in
+from pretrain.common.atomic import atomic_dir
+from pretrain.common.roles import keyed_in
+from pretrain.data.cache import CACHE_FORMAT_VERSION, content_hash
+from pretrain.data.config import MIN_PLAUSIBLE_VOCAB, DataConfig
+from pretrain.data.corpus import document_texts, source_fingerprint, split_corpus
 
 # Order fixes the ids of a trained tokenizer: [PAD]=0, [UNK]=1, [CLS]=2, [SEP]=3, [MASK]=4.
 SPECIAL_TOKENS: tuple[str, ...] = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
@@ -74,7 +74,7 @@ def _load_named_tokenizer(name: str) -> PreTrainedTokenizerFast:
         ) from e
 
 
-# DataConfig fields a trained tokenizer depends on (keyed_in "tokenizer", pretrain/data_config.py): the sources (by
+# DataConfig fields a trained tokenizer depends on (keyed_in "tokenizer", pretrain/data/config.py): the sources (by
 # their content's fingerprint) and the fields that pick the training documents or shape the vocabulary.
 _TOKENIZER_KEY_FIELDS = keyed_in(DataConfig, "tokenizer")
 

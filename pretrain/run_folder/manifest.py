@@ -11,7 +11,7 @@ import hashlib
 import json
 from pathlib import Path
 
-from pretrain.atomic import write_json
+from pretrain.common.atomic import write_json
 
 MANIFEST_FILE = "manifest.json"
 _CHUNK = 1 << 24

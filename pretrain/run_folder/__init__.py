@@ -1,0 +1,10 @@
+"""A run's files on disk: the contract that fine-tuning and the analyses read (docs/run_layout.md).
+
+    layout.py         the run folder's file names and their readers (status, metrics, snapshots, heartbeat age)
+    identity.py       the run's id, written once into RUN/run_id, which fine-tuning results are keyed by
+    manifest.py       a checkpoint's or snapshot's files with their sizes and SHA-256 checksums
+    status.py         a live run's status.json as the main process writes it, its heartbeat, the stop requests
+    checkpointing.py  full-state checkpoints (resumable) and weights-only snapshots, written atomically; resume checks
+
+Keep this file free of imports: ``checkpointing.py`` imports torch and accelerate, the others do not.
+"""
