@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 from pathlib import Path
 
@@ -111,10 +112,13 @@ def test_one_interrupt_stops_the_whole_comparison_and_the_same_command_continues
     env = {**os.environ, "LAUNCH": f"bash {tmp_path / 'fake_run'}", "OUT": str(out), "CALLS": str(calls)}
 
     def compare(**extra: str) -> subprocess.CompletedProcess:
-        # A session of its own: the fake's SIGINT reaches this script and its run, as a terminal's would.
+        # A session of its own: the fake's SIGINT reaches this script and its run, as a terminal's would. SIGINT
+        # handled as by default, as in a terminal: a signal ignored when bash starts cannot be trapped, and a test
+        # process (a pytest-xdist worker) may have inherited or set it ignored.
         return subprocess.run(["bash", str(ROOT / "launch" / "compare_placements.sh"), "small"], cwd=tmp_path,
                               env={**env, **extra}, capture_output=True, text=True, timeout=120,
-                              start_new_session=True)  # fmt: skip
+                              start_new_session=True,
+                              preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # fmt: skip
 
     first = compare(INTERRUPT="1")
     assert first.returncode == 130, first.stdout + first.stderr

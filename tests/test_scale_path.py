@@ -26,12 +26,13 @@ from finetune.run import RunConfig
 from finetune.run import run as finetune_run
 from finetune.store import ResultStore
 from finetune.train import DataCache, finetune
-from pretrain import run
+from pretrain import training
 from pretrain.common import hardware
 from pretrain.common.hardware import gpu_peak, mfu_peak
 from pretrain.config import TrainConfig, parse_args
 from pretrain.modeling import LNBertConfig, LNBertForPreTraining
 from pretrain.optim import build_adamw, resolve_adamw_implementation
+from pretrain.run import main as pretrain_main
 from pretrain.run_folder.checkpointing import save_snapshot
 from pretrain.run_folder.layout import read_status
 from pretrain.training import build_accelerator, build_model
@@ -54,7 +55,7 @@ def _tiny_batch(seed: int) -> dict[str, torch.Tensor]:
 
 
 def _ddp_worker(rank: int, port: int, out: Path) -> None:
-    """One of two gloo processes: run.py's accelerator and model, the MLM-only objective, train.compile=true
+    """One of two gloo processes: training.py's accelerator and model, the MLM-only objective, train.compile=true
     (torch.compile recorded, not run: what matters is what it is given)."""
     os.environ.update(
         MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2",
@@ -165,15 +166,15 @@ def test_mfu_peak_follows_the_device_and_the_precision(monkeypatch: pytest.Monke
 def test_pinned_batches_are_copied_without_blocking(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """Accelerate copies batches with non_blocking=False unless told; pinned memory alone copies synchronously."""
     cfg = parse_args([*TINY_MODEL_ARGS, f"--train.output_dir={tmp_path}"])
-    monkeypatch.setattr(run, "copies_asynchronously", lambda: True)
+    monkeypatch.setattr(training, "copies_asynchronously", lambda: True)
     try:
-        assert run.build_accelerator(cfg).dataloader_config.non_blocking is True
+        assert training.build_accelerator(cfg).dataloader_config.non_blocking is True
     finally:
         AcceleratorState._reset_state(reset_partial_state=True)
         GradientState._reset_state()
-    monkeypatch.setattr(run, "copies_asynchronously", lambda: False)
+    monkeypatch.setattr(training, "copies_asynchronously", lambda: False)
     try:
-        assert run.build_accelerator(cfg).dataloader_config.non_blocking is False
+        assert training.build_accelerator(cfg).dataloader_config.non_blocking is False
     finally:
         AcceleratorState._reset_state(reset_partial_state=True)
         GradientState._reset_state()
@@ -190,21 +191,21 @@ def test_auto_adamw_is_fused_on_cuda() -> None:
 # --------------------------------------------------------------------------------------------------
 
 
-def _stats(finite: bool, overflow: bool) -> run.StepStats:
-    return run.StepStats(
+def _stats(finite: bool, overflow: bool) -> training.StepStats:
+    return training.StepStats(
         loss=1.0, mlm_loss=1.0, nsp_loss=0.0, tokens=1, slots=1, finite=finite, overflow=overflow, stop=False,
         grad_norm=1.0 if finite else float("inf"), layer_grad_norms={},
     )  # fmt: skip
 
 
 def test_the_step_outcome_skips_overflows_until_too_many_in_a_row() -> None:
-    assert run.step_outcome(_stats(True, False), skipped_in_a_row=0, max_skipped_steps=25) == "stepped"
-    assert run.step_outcome(_stats(False, True), skipped_in_a_row=0, max_skipped_steps=25) == "skipped"
-    assert run.step_outcome(_stats(False, True), skipped_in_a_row=24, max_skipped_steps=25) == "skipped"
-    assert run.step_outcome(_stats(False, True), skipped_in_a_row=25, max_skipped_steps=25) == "diverged"
-    assert run.step_outcome(_stats(False, True), skipped_in_a_row=0, max_skipped_steps=0) == "diverged"
+    assert training.step_outcome(_stats(True, False), skipped_in_a_row=0, max_skipped_steps=25) == "stepped"
+    assert training.step_outcome(_stats(False, True), skipped_in_a_row=0, max_skipped_steps=25) == "skipped"
+    assert training.step_outcome(_stats(False, True), skipped_in_a_row=24, max_skipped_steps=25) == "skipped"
+    assert training.step_outcome(_stats(False, True), skipped_in_a_row=25, max_skipped_steps=25) == "diverged"
+    assert training.step_outcome(_stats(False, True), skipped_in_a_row=0, max_skipped_steps=0) == "diverged"
     # Not finite without a loss scaler (or a non-finite loss): divergence at once.
-    assert run.step_outcome(_stats(False, False), skipped_in_a_row=0, max_skipped_steps=25) == "diverged"
+    assert training.step_outcome(_stats(False, False), skipped_in_a_row=0, max_skipped_steps=25) == "diverged"
 
 
 @pytest.fixture
@@ -220,21 +221,21 @@ def test_the_loop_goes_on_through_overflow_steps(
 ) -> None:
     """Steps 2 and 3 overflow (as fp16's first steps do, which only a GPU shows): with 2 allowed in a row the
     run finishes; with 1 it is called diverged at step 3, and the message names the key."""
-    real_step, calls = run.train_step, []
+    real_step, calls = training.train_step, []
 
-    def overflowing_step(*args: object, **kwargs: object) -> run.StepStats:
+    def overflowing_step(*args: object, **kwargs: object) -> training.StepStats:
         stats = real_step(*args, **kwargs)
         calls.append(1)
         return dataclasses.replace(stats, finite=False, overflow=True) if len(calls) in (2, 3) else stats
 
-    monkeypatch.setattr(run, "train_step", overflowing_step)
+    monkeypatch.setattr(training, "train_step", overflowing_step)
     out = tmp_path / "run"
     args = [*TINY_MODEL_ARGS, "--data.max_seq_length=32", "--data.vocab_size=300", "--data.max_documents=30",
             "--data.validation_documents=2", f"--data.cache_dir={tmp_path / 'cache'}", f"--train.output_dir={out}",
             "--train.per_device_batch_size=8", "--train.max_steps=5", "--train.eval_every=0", "--train.log_every=1",
             "--train.snapshot_at_start=false", f"--train.max_skipped_steps={allowed}"]  # fmt: skip
     torch.set_num_threads(1)
-    assert run.main(args) == 0
+    assert pretrain_main(args) == 0
     state = read_status(out)
     assert state["status"] == status, state
     if status == "diverged":
@@ -320,14 +321,14 @@ def cpu_without_bf16(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_bf16_on_a_cpu_without_it_is_announced_before_any_work(
     cpu_without_bf16: None, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    run.check_environment(parse_args(["--train.mixed_precision=bf16", f"--train.output_dir={tmp_path}"]))
+    training.check_environment(parse_args(["--train.mixed_precision=bf16", f"--train.output_dir={tmp_path}"]))
     err = capsys.readouterr().err
     assert "no native bf16 (no AVX512-BF16, no AMX" in err and "use --train.mixed_precision=no" in err
     finetune_train._warned_bf16.clear()
     finetune_train.warn_emulated_bf16(torch.device("cpu"), "bf16")
     finetune_train.warn_emulated_bf16(torch.device("cpu"), "bf16")  # once per process
     assert capsys.readouterr().err.count("use --recipe.mixed_precision=no") == 1
-    run.check_environment(parse_args([f"--train.output_dir={tmp_path}"]))  # fp32: nothing to say
+    training.check_environment(parse_args([f"--train.output_dir={tmp_path}"]))  # fp32: nothing to say
     assert capsys.readouterr().err == ""
 
 
@@ -337,11 +338,11 @@ def test_the_cpu_presets_choose_the_precision_for_the_machine(
     for preset in ("small_pre_ln", "small_post_ln"):
         cfg = parse_args(["--config", str(ROOT / "configs" / "pretrain" / f"{preset}.yaml")])
         assert cfg.train.mixed_precision == "auto"
-        run.resolve_mixed_precision(cfg)
+        training.resolve_mixed_precision(cfg)
         assert cfg.train.mixed_precision == "no", preset
     monkeypatch.setattr(hardware, "cpu_has_native_bf16", lambda: True)
     cfg = parse_args(["--train.mixed_precision=auto"])
-    run.resolve_mixed_precision(cfg)
+    training.resolve_mixed_precision(cfg)
     assert cfg.train.mixed_precision == "bf16"
 
 

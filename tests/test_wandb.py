@@ -15,7 +15,7 @@ import pytest
 import torch
 from accelerate.state import AcceleratorState, GradientState
 
-import finetune.worker as finetune_worker
+import finetune.train as finetune_train
 from finetune.config import FinetuneConfig
 from finetune.run import RunConfig, run
 from finetune.schedule import ScheduleConfig, wandb_settings
@@ -318,7 +318,7 @@ def test_a_failing_job_ends_its_wandb_run_as_failed(tmp_path: Path, monkeypatch:
     def broken(*args: object, **kwargs: object) -> dict:
         raise RuntimeError("out of memory")
 
-    monkeypatch.setattr(finetune_worker, "finetune", broken)
+    monkeypatch.setattr(finetune_train, "finetune", broken)  # the worker imports it per job
     snapshot = make_run(tmp_path, "r", steps=(10,)) / "snapshots" / "step_00000010"
     config = RunConfig(model=str(snapshot), task="rte", data_dir=str(FIXTURE_GLUE), lrs=[1e-3], seeds=[0],
                        store=str(tmp_path / "results.sqlite"), recipe=FinetuneConfig(**QUICK), wandb=True,
