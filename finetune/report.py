@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from scipy import stats
 
 from finetune.config import check_tasks
 from finetune.store import ResultStore, StoreVersionError
@@ -167,6 +166,8 @@ def steps_table(runs: list[RunInfo], curves: dict[str, list[tuple[int, float]]],
 
 def confidence_interval(values: list[float], level: float = 0.95) -> float:
     """Half-width of the t-distribution interval of the mean; nan (undefined, drawn without a bar) for one value."""
+    from scipy import stats  # here: it takes seconds to import, and the command reads its options first
+
     n = len(values)
     if n < 2:
         return float("nan")

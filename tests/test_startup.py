@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-HEAVY = ("torch", "transformers", "datasets", "accelerate", "tokenizers", "sklearn", "wandb")
+HEAVY = ("torch", "transformers", "datasets", "accelerate", "tokenizers", "sklearn", "wandb", "scipy", "matplotlib")
 
 COMMANDS = {
     "pretrain.run": ["-m", "pretrain.run"],
