@@ -16,10 +16,10 @@ disk, found before a save or by a write: README "Outcomes and exit codes" says w
 
 from __future__ import annotations
 
-import os
 import sys
 from typing import Any
 
+from pretrain.common.cli import run_cli
 from pretrain.config import help_text, parse_args
 
 
@@ -44,10 +44,4 @@ def __getattr__(name: str) -> Any:
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except (ValueError, FileNotFoundError) as err:  # ConfigError is a ValueError
-        if os.environ.get("LNBERT_TRACEBACK"):
-            raise
-        print(f"error: {err}\n(set LNBERT_TRACEBACK=1 to see the traceback)", file=sys.stderr)
-        sys.exit(2)
+    sys.exit(run_cli(main))  # bad input: the message on stderr and exit code 2

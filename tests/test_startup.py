@@ -31,10 +31,10 @@ def imported_modules(importtime_log: str) -> set[str]:
     return {name.split(".")[0] for name in names}
 
 
-def run_python(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-X", "importtime", *args], cwd=REPO, capture_output=True, text=True, timeout=120
-    )
+def run_python(*args: str, importtime: bool = True) -> subprocess.CompletedProcess[str]:
+    """``python [-X importtime] ARGS`` in the checkout (importtime's report goes to stderr)."""
+    flags = ["-X", "importtime"] if importtime else []
+    return subprocess.run([sys.executable, *flags, *args], cwd=REPO, capture_output=True, text=True, timeout=120)
 
 
 @pytest.mark.parametrize("command", list(COMMANDS))
@@ -59,7 +59,7 @@ def test_import_pretrain_registers_the_auto_classes_outside_the_commands() -> No
         "from transformers import AutoConfig\n"
         "print(type(AutoConfig.for_model('lnbert')).__name__, 'pretrain.modeling' in sys.modules)\n"
     )
-    result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    result = run_python("-c", code, importtime=False)
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.split() == ["LNBertConfig", "True"]
 
@@ -73,6 +73,6 @@ def test_inside_a_command_the_model_names_are_imported_on_first_use() -> None:
         "from transformers import AutoConfig\n"
         "print(before, pretrain.LNBertConfig is type(AutoConfig.for_model('lnbert')))\n"
     )
-    result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    result = run_python("-c", code, importtime=False)
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.split() == ["False", "True"]

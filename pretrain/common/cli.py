@@ -450,7 +450,7 @@ def run_cli(main: Callable[[], int], errors: tuple[type[BaseException], ...] = (
     except (ValueError, FileNotFoundError, *errors) as err:  # ConfigError is a ValueError
         if os.environ.get("LNBERT_TRACEBACK"):
             raise
-        print(f"error: {err}", file=sys.stderr)
+        print(f"error: {err}\n(set LNBERT_TRACEBACK=1 to see the traceback)", file=sys.stderr)
         return 2
 
 
