@@ -13,12 +13,12 @@ import importlib.util
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pretrain.common.cli import ConfigError, field_docs, flatten, from_dict, parse, to_dict
 from pretrain.common.cli import help_text as _help_text
 from pretrain.common.cli import require as _require
-from pretrain.common.roles import added_defaults, keys_where, role
+from pretrain.common.roles import added_defaults, keys_where, resolved_keys, role
 from pretrain.data.config import DataConfig
 from pretrain.variants import DEFAULTS, InitScheme, NormPlacement, NormType, variant_name
 
@@ -27,6 +27,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ADDED_FIELD_DEFAULTS",
+    "RESOLVED_AT_START",
     "RESUMABLE_CHANGES",
     "ConfigError",
     "DataConfig",
@@ -40,6 +41,7 @@ __all__ = [
     "from_dict",
     "help_text",
     "parse_args",
+    "resolved_config",
     "to_dict",
 ]
 
@@ -90,7 +92,7 @@ class ModelConfig:
     """Attention heads per layer; must divide hidden_size (BERT-base: 12)."""
     intermediate_size: int = role("recipe", default=256)
     """Inner width of the feed-forward sub-layer (BERT-base: 3072)."""
-    vocab_size: int | None = role("recipe", default=None)
+    vocab_size: int | None = role("recipe", resolved=True, default=None)
     """Rows of the word-embedding table; null: the tokenizer's size. Must be >= the tokenizer's size."""
     max_position_embeddings: int = role("recipe", default=128)
     """Longest sequence the position embeddings cover (BERT-base: 512); must be >= data.max_seq_length."""
@@ -248,7 +250,7 @@ class TrainConfig:
     """Seconds a process waits for the others at a collective (all-reduce, barrier) before the run fails with a
     message naming this key: a frozen or lost process stops the run instead of blocking it forever. Must cover
     the slowest wait: the main process preparing data (first run) or writing a checkpoint."""
-    peak_flops_per_device: float | None = role("mechanics", default=None)
+    peak_flops_per_device: float | None = role("mechanics", resolved=True, default=None)
     """Peak FLOP/s of one device for train/mfu; null: the data sheet's dense figure for the GPU's name at the
     run's precision (pretrain/common/hardware.py; the matched entry is printed at the start; 0 on a CPU or an unknown
     card); 0 disables MFU."""
@@ -362,6 +364,21 @@ RESUMABLE_CHANGES = keys_where(PretrainConfig, lambda rules: rules.resumable)
 # a run_config.json without them is read as having their defaults, and at their defaults they stay out of the W&B
 # recipe hash, so runs started before they existed resume and keep their recipe hash.
 ADDED_FIELD_DEFAULTS = added_defaults(PretrainConfig)
+
+# Fields whose null the run decides at its start (role(..., resolved=True)): run_config.json holds the decided value.
+RESOLVED_AT_START = resolved_keys(PretrainConfig)
+
+
+def resolved_config(cfg: PretrainConfig, decided: dict[str, Any]) -> dict[str, Any]:
+    """What run_config.json holds: ``cfg`` with the values the run decided at its start (``decided``: dotted key of
+    RESOLVED_AT_START -> value) in place of its nulls."""
+    if unknown := set(decided) - RESOLVED_AT_START:
+        raise KeyError(f"{sorted(unknown)} are not decided at the start; RESOLVED_AT_START is {sorted(RESOLVED_AT_START)}")
+    out = to_dict(cfg)
+    for key, value in decided.items():
+        section, name = key.split(".")
+        out[section][name] = value
+    return out
 
 
 # --------------------------------------------------------------------------------------------------

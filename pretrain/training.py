@@ -34,7 +34,7 @@ from transformers import get_scheduler
 
 from pretrain.common.device import choose_cpu_threads, env_flag
 from pretrain.common.hardware import auto_mixed_precision, cpu_bf16_warning, mfu_peak
-from pretrain.config import ConfigError, PretrainConfig, TrainConfig, to_dict
+from pretrain.config import ConfigError, PretrainConfig, TrainConfig, resolved_config, to_dict
 from pretrain.data.loaders import Loaders, build_dataloaders, copies_asynchronously
 from pretrain.data.pipeline import build_pretraining_data
 from pretrain.data.vocabulary import check_one_vocabulary, check_same_trained_tokenizer, data_fingerprint
@@ -48,6 +48,7 @@ from pretrain.run_folder.checkpointing import (
     TOKENIZER_DIR,
     TOKENIZER_ROOM,
     TrainState,
+    check_same_run,
     checkpoint_step,
     fault_point,
     follow_umask,
@@ -568,6 +569,31 @@ def training_loop(setup: TrainingSetup, state: TrainState, stop: StopRequest, pr
 # --------------------------------------------------------------------------------------------------
 
 
+def decide_at_start(
+    cfg: PretrainConfig, accelerator: Accelerator, tokenizer: Any, resume_from: Path | None, same_run: bool
+) -> dict[str, Any]:
+    """What run_config.json holds: ``cfg`` with the values decided now that the tokenizer is known
+    (RESOLVED_AT_START: the model's vocabulary, the peak FLOP/s train/mfu is measured against), after checking
+    that every process, and a resumed run, has the vocabulary it trains with."""
+    check_one_vocabulary(accelerator, tokenizer)
+    if resume_from is not None and cfg.data.tokenizer is None:
+        check_same_trained_tokenizer(tokenizer, resume_from.parent.parent / TOKENIZER_DIR)
+    vocab_size = cfg.model.vocab_size or len(tokenizer)
+    if len(tokenizer) > vocab_size:
+        raise ConfigError(
+            f"model.vocab_size={vocab_size} is smaller than the tokenizer's {len(tokenizer)} tokens; "
+            "raise model.vocab_size or set it to null (use the tokenizer's size)"
+        )
+    peak_flops, peak_note = mfu_peak(cfg.train.peak_flops_per_device, accelerator.device, cfg.train.mixed_precision)
+    accelerator.print(peak_note)
+    resolved = resolved_config(cfg, {"model.vocab_size": vocab_size, "train.peak_flops_per_device": peak_flops})
+    # A run continued from its checkpoint must decide the vocabulary it was trained with (a Hub tokenizer can
+    # change upstream); one that starts again from step 0 rewrites its run_config.json.
+    if same_run:
+        check_same_run(Path(cfg.train.output_dir), resolved)
+    return resolved
+
+
 def prepare_training(
     cfg: PretrainConfig, accelerator: Accelerator, resume_from: Path | None, same_run: bool, prepare_command: str
 ) -> tuple[TrainingSetup, TrainState]:
@@ -588,20 +614,8 @@ def prepare_training(
         # After main_process_first the main process's tokenizer is in the run folder, which every node sees.
         trained_tokenizer=None if accelerator.is_main_process else run_dir / TOKENIZER_DIR,
     )
-    check_one_vocabulary(accelerator, data.tokenizer)
-    if resume_from is not None and cfg.data.tokenizer is None:
-        check_same_trained_tokenizer(data.tokenizer, resume_from.parent.parent / TOKENIZER_DIR)
-    vocab_size = cfg.model.vocab_size or len(data.tokenizer)
-    if len(data.tokenizer) > vocab_size:
-        raise ConfigError(
-            f"model.vocab_size={vocab_size} is smaller than the tokenizer's {len(data.tokenizer)} tokens; "
-            "raise model.vocab_size or set it to null (use the tokenizer's size)"
-        )
-    resolved = to_dict(cfg)
-    resolved["model"]["vocab_size"] = vocab_size  # what the model was built with
-    peak_flops, peak_note = mfu_peak(cfg.train.peak_flops_per_device, accelerator.device, cfg.train.mixed_precision)
-    resolved["train"]["peak_flops_per_device"] = peak_flops  # what train/mfu is measured against
-    accelerator.print(peak_note)
+    resolved = decide_at_start(cfg, accelerator, data.tokenizer, resume_from, same_run)
+    vocab_size, peak_flops = resolved["model"]["vocab_size"], resolved["train"]["peak_flops_per_device"]
     set_seed(cfg.train.seed)  # the same initial weights whatever data preparation drew
     model = build_model(cfg, vocab_size)
     optim = cfg.optim

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
+from transformers import AutoTokenizer
 
 from pretrain.modeling import LNBertForPreTraining
 from pretrain.run import main
@@ -442,6 +443,24 @@ def test_resume_refuses_a_retrained_tokenizer_that_differs(tmp_path: Path, data_
     assert json.loads(saved.read_text())["model"]["vocab"][a] == vocab[a]  # the run's tokenizer is untouched
     assert main(tiny_args(run, data_cache, "--train.resume=auto", f"--data.tokenizer={run / 'tokenizer'}")) == 0
     assert read_status(run)["status"] == "finished"
+
+
+def test_resume_refuses_a_named_tokenizer_whose_size_changed(tmp_path: Path, data_cache: Path) -> None:
+    """model.vocab_size=null is decided at the start (the tokenizer's size); a resumed run must decide what it was
+    trained with. A named tokenizer that grew since (a Hub repo updated upstream) stops the run with the key that
+    differs, and its run_config.json keeps the size the checkpoint has."""
+    run, named = tmp_path / "run", tmp_path / "named-tokenizer"
+    assert main(tiny_args(run, data_cache, "--train.stop_at_step=3")) == 0
+    shutil.copytree(run / "tokenizer", named)
+    fresh = tmp_path / "fresh"
+    assert main(tiny_args(fresh, data_cache, "--train.stop_at_step=3", f"--data.tokenizer={named}")) == 0
+    size = json.loads((fresh / "run_config.json").read_text())["model"]["vocab_size"]
+    grown = AutoTokenizer.from_pretrained(str(named))
+    grown.add_tokens(["zzqx"])
+    grown.save_pretrained(named)
+    with pytest.raises(ValueError, match=r"holds a different run: model\.vocab_size differ"):
+        main(tiny_args(fresh, data_cache, "--train.resume=auto", f"--data.tokenizer={named}"))
+    assert json.loads((fresh / "run_config.json").read_text())["model"]["vocab_size"] == size
 
 
 def test_a_checkpoint_continued_in_a_new_folder_saves_the_tokenizer_there_not_over_its_own(

@@ -6,6 +6,7 @@ find their cached tokenizer and instances, and keep their W&B group."""
 from __future__ import annotations
 
 import dataclasses
+import json
 from typing import Any
 
 import pytest
@@ -13,10 +14,17 @@ import pytest
 import pretrain.data.instance_cache as instance_cache
 import pretrain.data.tokenizer as tokenizer
 from pretrain.common import roles
-from pretrain.config import ADDED_FIELD_DEFAULTS, RESUMABLE_CHANGES, PretrainConfig, to_dict
+from pretrain.config import (
+    ADDED_FIELD_DEFAULTS,
+    RESOLVED_AT_START,
+    RESUMABLE_CHANGES,
+    PretrainConfig,
+    resolved_config,
+    to_dict,
+)
 from pretrain.data.pipeline import DataConfig, SourceConfig
 from pretrain.data.vocabulary import data_fingerprint
-from pretrain.run_folder.checkpointing import IDENTICAL_RUN_IGNORES
+from pretrain.run_folder.checkpointing import IDENTICAL_RUN_IGNORES, RUN_CONFIG_FILE, config_differences
 from pretrain.tracking.wandb_logging import _NOT_RECIPE, recipe, short_hash
 
 # --------------------------------------------------------------------------------------------------
@@ -127,6 +135,24 @@ def test_an_added_field_off_its_default_enters_the_recipe_hash_as_before() -> No
     cfg = PretrainConfig()
     cfg.model.norm_type = "rmsnorm"
     assert short_hash(recipe(to_dict(cfg), 64)) == RMSNORM_RECIPE_HASH_BEFORE
+
+
+def test_a_null_the_run_decides_is_answered_by_the_saved_value(tmp_path) -> None:
+    """model.vocab_size=null is decided at the start (role(..., resolved=True)): before the data is prepared the
+    request matches any saved size; the decided size is then compared like any other value."""
+    assert {"model.vocab_size", "train.peak_flops_per_device"} == RESOLVED_AT_START
+    cfg = PretrainConfig()
+    saved = resolved_config(cfg, {"model.vocab_size": 8192, "train.peak_flops_per_device": 0.0})
+    assert (saved["model"]["vocab_size"], cfg.model.vocab_size) == (8192, None)
+    (tmp_path / RUN_CONFIG_FILE).write_text(json.dumps(saved))
+    assert config_differences(tmp_path, to_dict(cfg), RESUMABLE_CHANGES) == []
+    assert config_differences(tmp_path, saved, RESUMABLE_CHANGES) == []
+    grown = resolved_config(cfg, {"model.vocab_size": 8193})
+    assert config_differences(tmp_path, grown, RESUMABLE_CHANGES) == ["model.vocab_size"]
+    cfg.model.vocab_size = 9000  # asked for explicitly: compared as asked
+    assert config_differences(tmp_path, to_dict(cfg), RESUMABLE_CHANGES) == ["model.vocab_size"]
+    with pytest.raises(KeyError, match=r"optim\.lr"):
+        resolved_config(cfg, {"optim.lr": 1.0})
 
 
 # --------------------------------------------------------------------------------------------------

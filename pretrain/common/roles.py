@@ -34,12 +34,17 @@ resume checks (``batches``).
 ``added=True`` marks a field added after runs existed, whose default computes what runs without it computed: a
 saved config without it reads as having the default, and at the default it stays out of the recipe hash.
 
+``resolved=True`` marks a field whose null asks the run to decide the value at its start (the model's vocabulary:
+the tokenizer's size), after the data is prepared; run_config.json holds the value decided. Before the data is
+prepared a request of null matches the saved value; once decided, the value is compared with the saved one.
+
 The lists derived from the declarations, where they are read:
 
     config.RESUMABLE_CHANGES              rules.resumable        checkpointing.config_differences on resume
     checkpointing.IDENTICAL_RUN_IGNORES   rules.rerun            the same command run again
     wandb_logging._NOT_RECIPE             not rules.recipe       the W&B recipe hash (the group)
     config.ADDED_FIELD_DEFAULTS           added                  old run_config.json files, the recipe hash
+    config.RESOLVED_AT_START              resolved               checkpointing.config_differences: a null asked
     tokenizer._TOKENIZER_KEY_FIELDS       keyed_in "tokenizer"   the trained tokenizer's cache folder
     instance_cache._FIELDS_NOT_IN_KEY     not keyed_in "instances" the prepared instances' cache folder
     vocabulary.data_fingerprint           not keyed_in "batches" the data position a resume checks
@@ -90,13 +95,14 @@ def role(
     *,
     keyed_in: Iterable[DataKey] | None = None,
     added: bool = False,
+    resolved: bool = False,
     default: Any = MISSING,
     default_factory: Any = MISSING,
 ) -> Any:
     """A dataclass field with its role (and, for a data field, the keys that hold its value)."""
     if name not in ROLES:
         raise ValueError(f"unknown role {name!r}; one of {', '.join(ROLES)}")
-    metadata: dict[str, Any] = {"role": name, "added": added}
+    metadata: dict[str, Any] = {"role": name, "added": added, "resolved": resolved}
     if keyed_in is not None:
         keys = frozenset(keyed_in)
         if not keys <= set(DATA_KEYS):
@@ -147,6 +153,11 @@ def added_defaults(cls: type) -> dict[str, Any]:
         if role_of(key, f) and f.metadata["added"]:
             out[key] = f.default_factory() if f.default is MISSING else f.default
     return out
+
+
+def resolved_keys(cls: type) -> frozenset[str]:
+    """Dotted keys of the fields marked ``resolved`` (a null there is decided by the run at its start)."""
+    return frozenset(key for key, f in leaf_fields(cls) if role_of(key, f) and f.metadata["resolved"])
 
 
 def keyed_in(cls: type, key: DataKey) -> frozenset[str]:

@@ -27,7 +27,7 @@ from transformers import PreTrainedTokenizerBase
 
 from pretrain.common.atomic import follow_umask, publish_dir, write_json
 from pretrain.common.roles import keys_where
-from pretrain.config import ADDED_FIELD_DEFAULTS, RESUMABLE_CHANGES, PretrainConfig, flatten
+from pretrain.config import ADDED_FIELD_DEFAULTS, RESOLVED_AT_START, RESUMABLE_CHANGES, PretrainConfig, flatten
 from pretrain.run_folder.layout import (
     RUN_CONFIG_FILE,
     SNAPSHOT_INFO,
@@ -227,10 +227,11 @@ def newest_verified_checkpoint(run_dir: Path, warn: Callable[[str], None] = _war
 
 
 def resolve_resume(
-    run_dir: Path, resolved: dict[str, Any], resume: str, warn: Callable[[str], None] = _warn
+    run_dir: Path, requested: dict[str, Any], resume: str, warn: Callable[[str], None] = _warn
 ) -> Path | None:
     """The checkpoint to resume from (None: start at step 0), or a ValueError/FileNotFoundError that says what
-    to do. Called on every process before any work.
+    to do. Called on every process before any work, with the config as requested (``to_dict(cfg)``): what the run
+    decides at its start is compared later (``check_same_run`` with ``resolved_config``).
 
     ``resume=""`` (the same command run again): a new run in an empty folder; the identical run found in the
     folder is continued (from its newest verified checkpoint, or from step 0 when it stopped before its first
@@ -246,13 +247,13 @@ def resolve_resume(
             if resume == "auto":  # e.g. killed while preparing data, before run_config.json: the same run, anew
                 warn(f"--train.resume=auto: nothing to resume in {run_dir} (no {RUN_CONFIG_FILE}, no checkpoint): starting the run")
             return None
-        if resume == "" and config_differences(run_dir, resolved, IDENTICAL_RUN_IGNORES):
+        if resume == "" and config_differences(run_dir, requested, IDENTICAL_RUN_IGNORES):
             raise ValueError(
                 f"train.output_dir={str(run_dir)!r} already holds a run with other settings ({config_file.name} or "
                 "checkpoints found). Continue it with --train.resume=auto, or start a new run in another directory "
                 "with --train.output_dir=NEW_DIR."
             )
-        _check_same_run(run_dir, resolved)
+        check_same_run(run_dir, requested)
         checkpoint = newest_verified_checkpoint(run_dir, warn)
         if checkpoint is None and checkpoints:
             raise ValueError(
@@ -274,7 +275,7 @@ def resolve_resume(
     except ManifestError as err:
         raise ValueError(f"--train.resume={resume!r} is damaged: {err}. Pass another checkpoint.") from None
     if checkpoint.parent == (run_dir / CHECKPOINTS).resolve():
-        _check_same_run(run_dir, resolved)
+        check_same_run(run_dir, requested)
     elif holds_run:
         raise ValueError(
             f"train.output_dir={str(run_dir)!r} already holds a run; continuing {resume!r} there would mix two "
@@ -283,29 +284,35 @@ def resolve_resume(
     return checkpoint
 
 
-def config_differences(run_dir: Path, resolved: dict[str, Any], ignored: frozenset[str]) -> list[str]:
-    """Dotted keys whose values differ from the folder's run_config.json, apart from ``ignored`` and tracking."""
+def config_differences(run_dir: Path, config: dict[str, Any], ignored: frozenset[str]) -> list[str]:
+    """Dotted keys whose values differ from the folder's run_config.json, apart from ``ignored`` and tracking.
+
+    ``config``: the request (before the data is prepared) or the config with the values decided at the start
+    (``resolved_config``); a null at a key of RESOLVED_AT_START is a request the saved value answers."""
     config_file = run_dir / RUN_CONFIG_FILE
     if not config_file.is_file():
         return []
     saved = json.loads(config_file.read_text())
-    if resolved["model"]["vocab_size"] is None:  # null means "the tokenizer's size", saved resolved
-        resolved = {**resolved, "model": {**resolved["model"], "vocab_size": saved["model"]["vocab_size"]}}
-    tokenizer = resolved["data"]["tokenizer"]
+    tokenizer = config["data"]["tokenizer"]
     if (
         saved["data"]["tokenizer"] is None
         and tokenizer
         and Path(tokenizer).resolve() == (run_dir / TOKENIZER_DIR).resolve()
     ):
         # The run's own trained tokenizer, named explicitly (to resume where the data cache is gone): the same run.
-        resolved = {**resolved, "data": {**resolved["data"], "tokenizer": None}}
-    old, new = {**ADDED_FIELD_DEFAULTS, **flatten(saved)}, flatten(resolved)
+        config = {**config, "data": {**config["data"], "tokenizer": None}}
+    old, new = {**ADDED_FIELD_DEFAULTS, **flatten(saved)}, flatten(config)
+    for key in RESOLVED_AT_START:
+        if new.get(key) is None:
+            new[key] = old.get(key)
     keys = sorted(set(old) | set(new))
     return [k for k in keys if k not in ignored and not k.startswith("tracking.") and old.get(k) != new.get(k)]
 
 
-def _check_same_run(run_dir: Path, resolved: dict[str, Any]) -> None:
-    diff = config_differences(run_dir, resolved, RESUMABLE_CHANGES)
+def check_same_run(run_dir: Path, config: dict[str, Any]) -> None:
+    """Refuse to continue a run of ``run_dir`` with ``config`` (request or resolved) where a key outside
+    RESUMABLE_CHANGES differs from its run_config.json."""
+    diff = config_differences(run_dir, config, RESUMABLE_CHANGES)
     if diff:
         raise ValueError(
             f"train.output_dir={str(run_dir)!r} holds a different run: {', '.join(diff[:8])} differ from its "
