@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 import pretrain.data.instance_cache
+import pretrain.data.tokenizer
 from pretrain.data.corpus import load_documents
 from pretrain.data.instance_cache import SUMMARY_FILE, prepared_dir, read_summary
 from pretrain.data.pipeline import DataConfig, PreparationRequired, SourceConfig, build_pretraining_data, is_prepared
@@ -255,6 +256,23 @@ def test_several_processes_refuse_to_prepare_a_large_corpus(tmp_path: Path) -> N
     assert not is_prepared(streamed, seed=0)
     build_pretraining_data(streamed, seed=0)
     assert is_prepared(streamed, seed=0)
+
+
+def test_the_readiness_check_does_not_repeat_the_work(tmp_path: Path, monkeypatch) -> None:
+    """With several processes, the check before the barrier loads the tokenizer and computes the instances' cache
+    key that the preparation then uses: each happens once per call."""
+    corpus = write_jsonl(tmp_path / "corpus.jsonl", make_documents(120))
+    cfg = tiny_config(tmp_path, [SourceConfig(kind="json", path=str(corpus))])
+    build_pretraining_data(cfg, seed=0)  # trains the tokenizer and prepares the instances
+    loads, keys = [], []
+    load, key = pretrain.data.tokenizer.AutoTokenizer.from_pretrained, pretrain.data.instance_cache.data_cache_key
+    monkeypatch.setattr(pretrain.data.tokenizer.AutoTokenizer, "from_pretrained",
+                        lambda *a, **k: loads.append(a) or load(*a, **k))  # fmt: skip
+    monkeypatch.setattr(pretrain.data.instance_cache, "data_cache_key", lambda *a, **k: keys.append(a) or key(*a, **k))
+    for processes in (1, 2):
+        loads.clear(), keys.clear()
+        build_pretraining_data(cfg, seed=0, num_processes=processes)
+        assert (len(loads), len(keys)) == (1, 1), processes
 
 
 def test_prepare_command_prints_summary_and_is_idempotent(tmp_path: Path, capsys) -> None:

@@ -8,7 +8,6 @@ per key (a lock), published atomically. The instances themselves are made by pre
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import multiprocessing
 import shutil
@@ -39,6 +38,7 @@ from pretrain.data.instances import (
     instance_features,
     plain_backend,
 )
+from pretrain.data.tokenizer import pipeline_hash
 
 # DataConfig fields that do not change the instances (not keyed_in "instances", pretrain/data/config.py): masking
 # and the shuffle buffer act on batches, the rest are mechanics, ``streaming`` (a streamed corpus is never cached),
@@ -51,13 +51,12 @@ def data_cache_key(cfg: DataConfig, tokenizer: PreTrainedTokenizerFast, *, seed:
     """Hash of everything the instances depend on: sources' content ids, the tokenizer, the config, the seed."""
     fields = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg) if f.name not in _FIELDS_NOT_IN_KEY}
     fields["sources"] = [source_fingerprint(s, i) for i, s in enumerate(cfg.sources)]
-    vocab_hash = hashlib.sha256(tokenizer.backend_tokenizer.to_str().encode()).hexdigest()
     return content_hash(
         {
             "version": CACHE_FORMAT_VERSION,
             "docs_per_chunk": DOCS_PER_CHUNK,
             "config": fields,
-            "tokenizer": vocab_hash,
+            "tokenizer": pipeline_hash(tokenizer),
             "seed": seed,
         }
     )
@@ -75,10 +74,12 @@ def cached_instances(
     *,
     seed: int,
     progress: bool = False,
+    folder: Path | None = None,
 ) -> tuple[datasets.Dataset, datasets.Dataset]:
     """(train, validation) instances from ``cfg.cache_dir``; on a miss they are made first from ``documents()``
-    (the training and validation documents, read only then), shard by shard, for every later call."""
-    folder = prepared_dir(cfg, tokenizer, seed=seed)
+    (the training and validation documents, read only then), shard by shard, for every later call. ``folder``:
+    ``prepared_dir`` of these arguments, when the caller computed it already."""
+    folder = folder if folder is not None else prepared_dir(cfg, tokenizer, seed=seed)
     if not (folder / SUMMARY_FILE).is_file():
         # One preparation at a time per cache key: runs started side by side (the analysis grid) wait for the
         # first and reuse its result. The lock goes with its process, so a killed preparation blocks nobody.

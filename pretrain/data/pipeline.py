@@ -31,7 +31,7 @@ from pretrain.data.config import DataConfig, SourceConfig
 from pretrain.data.corpus import corpus_bytes, document_texts, split_corpus
 from pretrain.data.instance_cache import SUMMARY_FILE, cached_instances, prepared_dir
 from pretrain.data.instances import make_instances, stream_instances
-from pretrain.data.tokenizer import load_or_train_tokenizer, trained_tokenizer_dir
+from pretrain.data.tokenizer import cached_tokenizer, load_or_train_tokenizer
 
 
 class PretrainingData(NamedTuple):
@@ -50,18 +50,27 @@ class PreparationRequired(ValueError):
 def is_prepared(cfg: DataConfig, *, seed: int) -> bool:
     """Whether everything the training needs from ``cfg.cache_dir`` is there: the trained tokenizer (when one is
     trained) and, unless streaming, the prepared instances."""
-    if cfg.tokenizer is None and not (trained_tokenizer_dir(cfg, seed) / "tokenizer.json").is_file():
+    tokenizer = cached_tokenizer(cfg, seed=seed)
+    return _ready(cfg, tokenizer, _instances_dir(cfg, tokenizer, seed=seed))
+
+
+def _instances_dir(cfg: DataConfig, tokenizer: PreTrainedTokenizerFast | None, *, seed: int) -> Path | None:
+    """Where this config's prepared instances live; None when streaming (nothing is prepared) or when the
+    tokenizer (part of their key) is still to be trained."""
+    return None if tokenizer is None or cfg.streaming else prepared_dir(cfg, tokenizer, seed=seed)
+
+
+def _ready(cfg: DataConfig, tokenizer: PreTrainedTokenizerFast | None, instances: Path | None) -> bool:
+    """The tokenizer is there and, unless streaming, its instances (``_instances_dir``) are prepared."""
+    if tokenizer is None:
         return False
-    if cfg.streaming:
-        return True
-    tokenizer = load_or_train_tokenizer(cfg, seed=seed)  # loads; nothing is trained when the line above passed
-    return (prepared_dir(cfg, tokenizer, seed=seed) / SUMMARY_FILE).is_file()
+    return cfg.streaming or (instances is not None and (instances / SUMMARY_FILE).is_file())
 
 
-def check_prepared_for_distributed(cfg: DataConfig, *, seed: int, num_processes: int, prepare_command: str) -> None:
+def check_prepared_for_distributed(cfg: DataConfig, *, ready: bool, num_processes: int, prepare_command: str) -> None:
     """Raise PreparationRequired when ``num_processes`` > 1 and a corpus too large to prepare under a barrier is
-    not prepared yet."""
-    if num_processes <= 1 or is_prepared(cfg, seed=seed):
+    not prepared yet (``ready``: ``is_prepared``'s answer)."""
+    if num_processes <= 1 or ready:
         return
     size = corpus_bytes(cfg)
     if size is not None and size <= cfg.max_inline_preparation_mb * 2**20:
@@ -97,7 +106,13 @@ def build_pretraining_data(
     (``prepare_command``): otherwise PreparationRequired is raised before any process waits at a barrier.
     ``trained_tokenizer``: where the main process saved the tokenizer it trained (for the other processes, whose
     own cache may not have it: another node's)."""
-    check_prepared_for_distributed(cfg, seed=seed, num_processes=num_processes, prepare_command=prepare_command)
+    # Loaded once, here, when nothing is to be trained: the readiness check needs it (the instances' key hashes
+    # it), before any process waits at the barrier below.
+    loaded = cached_tokenizer(cfg, seed=seed)
+    instances = _instances_dir(cfg, loaded, seed=seed)
+    check_prepared_for_distributed(
+        cfg, ready=_ready(cfg, loaded, instances), num_processes=num_processes, prepare_command=prepare_command
+    )
 
     @functools.cache
     def documents() -> tuple[datasets.Dataset | datasets.IterableDataset, datasets.Dataset]:
@@ -111,13 +126,14 @@ def build_pretraining_data(
             seed=seed,
             training_texts=lambda: document_texts(documents()[0]),
             trained_elsewhere=trained_tokenizer if trained_tokenizer is not None and trained_tokenizer.is_dir() else None,
+            loaded=loaded,
         )
         if cfg.streaming:
             train_docs, val_docs = documents()
             validation = make_instances(val_docs, tokenizer, cfg, seed=seed, validation=True)
             train = stream_instances(train_docs, tokenizer, cfg, seed=seed)
         else:
-            train, validation = cached_instances(documents, tokenizer, cfg, seed=seed, progress=progress)
+            train, validation = cached_instances(documents, tokenizer, cfg, seed=seed, progress=progress, folder=instances)
     return PretrainingData(train=train, validation=validation, tokenizer=tokenizer)
 
 

@@ -6,6 +6,8 @@ A trained tokenizer's ids are fixed by SPECIAL_TOKENS' order: [PAD]=0, [UNK]=1, 
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Callable, Iterable
 from itertools import islice
 from pathlib import Path
@@ -37,6 +39,26 @@ def train_wordpiece_tokenizer(texts: Iterable[str], *, vocab_size: int, lowercas
         single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1", special_tokens=[("[CLS]", cls), ("[SEP]", sep)]
     )
     return BertTokenizerFast(tokenizer_object=tok, do_lower_case=lowercase, strip_accents=lowercase)
+
+
+# A tokenizer has two identities, and each key takes the one it depends on (both fixed: existing runs' keys stay):
+# - vocab_hash, its vocabulary (token -> id): what a checkpoint's embedding rows mean. The processes of a run and a
+#   resumed run must agree on it (vocabulary.check_one_vocabulary, check_same_trained_tokenizer), and it is part of
+#   the batches' fingerprint (vocabulary.data_fingerprint), whatever the tokenizer's name or folder.
+# - pipeline_hash, everything that turns text into ids (normaliser, pre-tokenizer, vocabulary, special tokens): what
+#   the prepared instances are made with (instance_cache.data_cache_key). A changed normaliser with the same
+#   vocabulary makes other instances.
+
+
+def vocab_hash(tokenizer: PreTrainedTokenizerBase | Tokenizer) -> str:
+    """The vocabulary's identity (token -> id, added tokens included), whatever the tokenizer's name, folder or
+    normaliser settings."""
+    return hashlib.sha256(json.dumps(tokenizer.get_vocab(), sort_keys=True).encode()).hexdigest()
+
+
+def pipeline_hash(tokenizer: PreTrainedTokenizerFast) -> str:
+    """The identity of everything that turns text into ids: the backend tokenizer's serialisation."""
+    return hashlib.sha256(tokenizer.backend_tokenizer.to_str().encode()).hexdigest()
 
 
 def check_tokenizer(tokenizer: PreTrainedTokenizerBase, *, name: str, model_vocab_size: int | None = None) -> None:
@@ -90,6 +112,25 @@ def trained_tokenizer_dir(cfg: DataConfig, seed: int) -> Path:
     return Path(cfg.cache_dir) / f"tokenizer-{_tokenizer_cache_key(cfg, seed)}"
 
 
+def cached_tokenizer(cfg: DataConfig, *, seed: int = 0, trained_elsewhere: Path | None = None) -> PreTrainedTokenizerFast | None:
+    """The tokenizer when it needs no training: the one ``data.tokenizer`` names (Hub or local folder), or the
+    WordPiece tokenizer this config trained before (in the cache); None when it is still to be trained.
+
+    ``trained_elsewhere``: the copy another process of the same run trained and saved (the run's own tokenizer
+    folder). When this cache has none, it is taken in rather than trained again: WordPiece training is not
+    bit-reproducible (ties in the merge order), and two nodes with their own caches would otherwise train two
+    vocabularies for one model."""
+    if cfg.tokenizer is not None:
+        return _load_named_tokenizer(cfg.tokenizer)
+    cached = trained_tokenizer_dir(cfg, seed)
+    if not (cached / "tokenizer.json").is_file() and trained_elsewhere is not None:
+        with atomic_dir(cached) as tmp:
+            AutoTokenizer.from_pretrained(str(trained_elsewhere)).save_pretrained(tmp)
+    if not (cached / "tokenizer.json").is_file():
+        return None
+    return AutoTokenizer.from_pretrained(str(cached))
+
+
 def load_or_train_tokenizer(
     cfg: DataConfig,
     *,
@@ -98,35 +139,31 @@ def load_or_train_tokenizer(
     seed: int = 0,
     training_texts: Callable[[], Iterable[str]] | None = None,
     trained_elsewhere: Path | None = None,
+    loaded: PreTrainedTokenizerFast | None = None,
 ) -> PreTrainedTokenizerFast:
     """The tokenizer named by ``data.tokenizer`` (Hub name or local folder), or a WordPiece tokenizer trained on
-    the training documents (cached under cache_dir, keyed by the corpus, seed and tokenizer fields).
+    the training documents (cached under cache_dir, keyed by the corpus, seed and tokenizer fields), checked for
+    BERT's needs and ``model_vocab_size``.
 
-    ``trained_elsewhere``: the copy another process of the same run trained and saved (the run's own tokenizer
-    folder). When this cache has none, it is taken in rather than trained again: WordPiece training is not
-    bit-reproducible (ties in the merge order), and two nodes with their own caches would otherwise train two
-    vocabularies for one model.
+    ``loaded``: what ``cached_tokenizer`` returned for this config (build_pretraining_data loads it before its
+    readiness check), not loaded again. ``trained_elsewhere``: see ``cached_tokenizer``.
 
     ``training_texts`` returns the training documents' texts (build_pretraining_data passes the ones it already
     read); by default the corpus is read and split here. Saved to ``save_dir`` (a folder AutoTokenizer opens).
     """
-    if cfg.tokenizer is not None:
-        tokenizer = _load_named_tokenizer(cfg.tokenizer)
-        name = cfg.tokenizer
-    else:
+    tokenizer = loaded if loaded is not None else cached_tokenizer(cfg, seed=seed, trained_elsewhere=trained_elsewhere)
+    name = cfg.tokenizer
+    if name is None:
         cached = trained_tokenizer_dir(cfg, seed)
         name = f"WordPiece trained on the corpus ({cached})"
-        if not (cached / "tokenizer.json").is_file() and trained_elsewhere is not None:
-            with atomic_dir(cached) as tmp:
-                AutoTokenizer.from_pretrained(str(trained_elsewhere)).save_pretrained(tmp)
-        if not (cached / "tokenizer.json").is_file():
+        if tokenizer is None:
             texts = training_texts() if training_texts is not None else document_texts(split_corpus(cfg, seed=seed)[0])
-            tokenizer = train_wordpiece_tokenizer(
+            trained = train_wordpiece_tokenizer(
                 islice(texts, cfg.tokenizer_train_documents), vocab_size=cfg.vocab_size, lowercase=cfg.lowercase
             )
             with atomic_dir(cached) as tmp:
-                tokenizer.save_pretrained(tmp)
-        tokenizer = AutoTokenizer.from_pretrained(str(cached))
+                trained.save_pretrained(tmp)
+            tokenizer = AutoTokenizer.from_pretrained(str(cached))
     check_tokenizer(tokenizer, name=name, model_vocab_size=model_vocab_size)
     if save_dir is not None:
         tokenizer.save_pretrained(save_dir)

@@ -10,24 +10,18 @@ from typing import Any
 
 from accelerate import Accelerator
 from accelerate.utils import gather_object
+from tokenizers import Tokenizer
 
 from pretrain.common.roles import not_keyed_in
 from pretrain.config import ConfigError, PretrainConfig, to_dict
-
-
-def vocab_hash(tokenizer: Any) -> str:
-    """The vocabulary's identity (token -> id), whatever the tokenizer's name, folder or normaliser settings."""
-    return hashlib.sha256(json.dumps(tokenizer.get_vocab(), sort_keys=True).encode()).hexdigest()
+from pretrain.data.tokenizer import vocab_hash
 
 
 def check_same_trained_tokenizer(tokenizer: Any, saved_dir: Path) -> None:
     """A resumed run must see the vocabulary it was trained with. WordPiece training is not bit-reproducible, so
     a tokenizer re-trained after the data cache was lost can differ from the run's; refuse to continue then."""
     saved = saved_dir / "tokenizer.json"
-    if not saved.is_file():
-        return
-    vocab = json.loads(tokenizer.backend_tokenizer.to_str())["model"]["vocab"]
-    if json.loads(saved.read_text())["model"]["vocab"] != vocab:
+    if saved.is_file() and vocab_hash(Tokenizer.from_file(str(saved))) != vocab_hash(tokenizer):
         raise ValueError(
             f"the WordPiece tokenizer trained now differs from the one the checkpoint was trained with ({saved_dir}); "
             f"tokenizer training is not bit-reproducible and data.cache_dir no longer holds the original. Resume with "
