@@ -26,12 +26,12 @@ import numpy as np
 
 from finetune.config import check_tasks
 from finetune.store import ResultStore, StoreVersionError
-from finetune.tracking import pretraining_run
+from finetune.tracking import Figure5, ReportSettings, log_report, of_runs
 from pretrain.common.cli import parse, require, run_cli
 from pretrain.common.reporting import pyplot, save_figure
 from pretrain.run_folder.identity import read_run_id
 from pretrain.run_folder.layout import RUN_CONFIG_FILE, read_metrics, read_status
-from pretrain.tracking.wandb_logging import check_credentials, short_hash, wandb_mode
+from pretrain.tracking.wandb_logging import check_credentials, wandb_mode
 
 VAL_LOSS = "val/mlm_loss"
 
@@ -518,114 +518,6 @@ def summary_markdown(
 
 
 # --------------------------------------------------------------------------------------------------
-# W&B
-# --------------------------------------------------------------------------------------------------
-
-
-def report_run_id(runs: list[RunInfo], recipe: str | None, tasks: list[str]) -> str:
-    """Deterministic: the same runs, recipe and tasks always update the same W&B report run."""
-    identity = [pretraining_run(str(run.path))["id"] or run.run_id for run in runs]
-    return f"report-{short_hash({'runs': identity, 'recipe': recipe, 'tasks': sorted(tasks)}, 16)}"
-
-
-POINT_COLUMNS = ["task", "run", "norm_placement", "step", "lr", "seeds", "accuracy", "accuracy_ci", "accuracy_low",
-                 "accuracy_high", "f1", "f1_ci", "dev_loss", "one_class_seeds", "one_class"]  # fmt: skip
-
-
-def _table(rows: list[dict[str, Any]], columns: list[str]) -> Any:
-    import wandb
-
-    return wandb.Table(columns=columns, data=[[row.get(c) for c in columns] for row in rows])
-
-
-def _of(row: dict[str, Any], runs: list[RunInfo]) -> bool:
-    """A store row belongs to one of the runs (by run id: not by name, and wherever the folder is mounted)."""
-    return any(row["run_id"] == run.run_id for run in runs)
-
-
-def log_wandb(
-    config: ReportConfig,
-    runs: list[RunInfo],
-    curves: dict[str, list[tuple[int, float]]],
-    table: list[dict[str, Any]],
-    points: list[dict[str, Any]],
-    rows: list[dict[str, Any]],
-    images: list[Path],
-    baselines: dict[str, dict[str, float | None]] | None = None,
-) -> str:
-    """One W&B run (job_type report) with a deterministic id, so re-running the report updates it: the
-    steps-to-loss table, the Figure 5 curves against ``pretrain_step``, the best-lr points, the raw per-seed
-    rows (wandb.Table) and the figures. Returns the run's local folder."""
-    import wandb
-
-    pretraining = [pretraining_run(str(run.path)) for run in runs]
-    comparison = next((p["comparison"] for p in pretraining if p["comparison"]), "")
-    project = config.wandb_project or next((p["project"] for p in pretraining if p["project"]), None) or "lnbert"
-    recipes = sorted({r["recipe_hash"] for r in rows})
-    recipe = config.recipe_hash or (recipes[0] if len(recipes) == 1 else None)
-    wb = wandb.init(
-        project=project,
-        id=report_run_id(runs, recipe, config.tasks),
-        resume="allow",
-        name=f"figure5-{comparison or 'report'}",
-        group=f"{comparison or 'figure5'}-report",
-        job_type="report",
-        tags=sorted({*(run.placement for run in runs), *([comparison] if comparison else [])}),
-        config={
-            "norm_placement": [run.placement for run in runs],
-            "comparison": comparison,
-            "runs": [run.name for run in runs],
-            "pretrain_run_ids": [p["id"] for p in pretraining],
-            "tasks": list(config.tasks),
-            "target_loss": config.target_loss,
-            "recipe_hash": recipe,
-        },
-        dir=config.out,
-        mode=wandb_mode(),
-        reinit="finish_previous",
-    )
-    wb.define_metric("pretrain_step")
-    wb.define_metric("figure5/*", step_metric="pretrain_step")
-    by_step: dict[int, dict[str, float]] = defaultdict(dict)
-    for run in runs:
-        for step, loss in curves[run.label]:
-            by_step[step][f"figure5/val_mlm_loss/{run.label}"] = loss
-    for p in points:
-        by_step[p["step"]][f"figure5/{p['task']}_accuracy/{p['run']}"] = p["accuracy"]
-        by_step[p["step"]][f"figure5/{p['task']}_best_lr/{p['run']}"] = p["lr"]
-        if p["dev_loss"] is not None:
-            by_step[p["step"]][f"figure5/{p['task']}_dev_loss/{p['run']}"] = p["dev_loss"]
-    for step in sorted(by_step):
-        wb.log({"pretrain_step": step, **by_step[step]})
-    placement = {run.label: run.placement for run in runs}
-    seed_columns = ["run_name", "run_id", "placement", "pretrain_step", "task", "lr", "seed", "accuracy", "f1", "dev_loss",
-                    "top_class_share", "majority_accuracy", "majority_f1", "recipe_hash", "snapshot_hash"]  # fmt: skip
-    wb.log(
-        {
-            "tables/steps_to_loss": _table(
-                [{**row, "norm_placement": placement[row["run"]]} for row in table],
-                ["run", "norm_placement", "steps", "ratio"],
-            ),
-            "tables/best_lr_points": _table(
-                [{**p, "norm_placement": placement[p["run"]]} for p in points],
-                POINT_COLUMNS,
-            ),
-            "tables/seed_rows": _table([r for r in rows if r["task"] in config.tasks and _of(r, runs)], seed_columns),
-            **{f"figures/{image.stem}": wandb.Image(str(image)) for image in images},
-        }
-    )
-    warnings = warnings_for(points, config.tasks, baselines)
-    wb.summary.update(
-        {"target_loss": config.target_loss, "warnings": " ".join(warnings) if warnings else ""}
-        | {f"steps_to_loss/{row['run']}": row["steps"] for row in table}
-        | {f"baseline/{task}/{name}": value for task, base in (baselines or {}).items() for name, value in base.items()}
-    )
-    directory = wb.dir
-    wb.finish()
-    return directory
-
-
-# --------------------------------------------------------------------------------------------------
 # Driver
 # --------------------------------------------------------------------------------------------------
 
@@ -658,7 +550,7 @@ def report(config: ReportConfig) -> dict[str, Any]:
     with ResultStore(config.store) as store:
         rows = select_rows(store.rows("done"), config.recipe_hash)
     points = [p for task in config.tasks for p in best_lr_points(rows, runs, task, config.one_class_share)]
-    mine = [r for r in rows if _of(r, runs)]
+    mine = [r for r in rows if of_runs(r, runs)]
     baselines = {task: task_baselines(mine, task) for task in config.tasks}
     out = Path(config.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -672,17 +564,28 @@ def report(config: ReportConfig) -> dict[str, Any]:
     images.append(plot_dev_loss(runs, points, config.tasks, panel, out / f"figure5{panel}_dev_loss.png"))
     summary = summary_markdown(target, table, points, images, baselines, config.one_class_share)
     (out / "summary.md").write_text(summary)
+    warnings = warnings_for(points, config.tasks, baselines)
     result = {
         "target_loss": target,
         "steps": table,
         "points": points,
         "baselines": baselines,
-        "warnings": warnings_for(points, config.tasks, baselines),
+        "warnings": warnings,
         "images": images,
         "summary": out / "summary.md",
     }
     if config.wandb:
-        result["wandb_dir"] = log_wandb(config, runs, curves, table, points, rows, images, baselines)
+        settings = ReportSettings(
+            project=config.wandb_project,
+            recipe_hash=config.recipe_hash,
+            tasks=config.tasks,
+            target_loss=config.target_loss,
+            out=config.out,
+        )
+        figure5 = Figure5(
+            curves=curves, steps=table, points=points, rows=rows, images=images, baselines=baselines, warnings=warnings
+        )
+        result["wandb_dir"] = log_report(runs, settings, figure5)
     return result
 
 

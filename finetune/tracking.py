@@ -1,4 +1,5 @@
-"""W&B runs of fine-tuning: one run per job (snapshot x task x lr x seed), when tracking is on.
+"""W&B runs of fine-tuning: one run per job (snapshot x task x lr x seed), when tracking is on, and the
+report's run (``finetune.report --wandb``).
 
 Each job's run carries what a W&B scatter or line plot needs to draw Figure 5 with the seed spread natively:
 config ``pretrain_step``, ``norm_placement``, ``norm_type``, ``task``, ``lr``, ``seed``, ``recipe_hash`` and the pretraining
@@ -6,16 +7,21 @@ run's W&B id; summary ``accuracy``/``f1``/``dev_loss`` (and the same under ``{ta
 needs no filter); history ``train/loss`` and ``train/lr`` against ``train_step``. Its group holds the jobs
 that pool (one pretraining group, step, task, lr and recipe: the seeds), so W&B's mean line is a mean over
 seeds. The run id is derived from the job's identity: a retried job continues the same W&B run.
+
+The report's run (job_type report) holds Figure 5 as W&B curves against ``pretrain_step``, its tables (steps to a
+loss, best-lr points, the per-seed rows) and its figures; its id is derived from the runs, recipe and tasks, so
+running the report again updates it.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Iterator
+from collections import defaultdict
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from finetune.manifest import JobSpec, recipe_hash
 from pretrain.run_folder.layout import RUN_CONFIG_FILE
@@ -168,3 +174,158 @@ def job_run(spec: JobSpec, settings: WandbSettings | None) -> Iterator[JobRun | 
         run.finish(exit_code=1)
         raise
     run.finish()
+
+
+# --------------------------------------------------------------------------------------------------
+# The report's run (finetune/report.py --wandb)
+# --------------------------------------------------------------------------------------------------
+
+
+class ReportedRun(Protocol):
+    """A pretraining run as the report sees it (finetune.report.RunInfo)."""
+
+    path: Path
+    run_id: str
+    name: str
+    placement: str
+    label: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReportSettings:
+    """Where the report's run goes and what it selected (from finetune.report.ReportConfig)."""
+
+    project: str | None
+    """W&B project; None: the pretraining runs' tracking.project (else lnbert)."""
+    recipe_hash: str | None
+    """The fine-tuning recipe the report was restricted to; None: the store's only one, if it holds one."""
+    tasks: list[str]
+    target_loss: float | None
+    out: str
+    """The report's folder; W&B writes its run folder under it."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Figure5:
+    """What the report computed (finetune.report.report): the W&B run logs the same."""
+
+    curves: dict[str, list[tuple[int, float]]]
+    """Validation loss (step, loss) by run label."""
+    steps: list[dict[str, Any]]
+    """The steps-to-loss table: run, steps, ratio."""
+    points: list[dict[str, Any]]
+    """The best-lr points of panels (b)-(d) (POINT_COLUMNS)."""
+    rows: list[dict[str, Any]]
+    """The store's rows the points were drawn from (one per job: seed)."""
+    images: list[Path]
+    baselines: dict[str, dict[str, float | None]]
+    """Majority-class and chance accuracies by task."""
+    warnings: list[str]
+
+
+POINT_COLUMNS = ["task", "run", "norm_placement", "step", "lr", "seeds", "accuracy", "accuracy_ci", "accuracy_low",
+                 "accuracy_high", "f1", "f1_ci", "dev_loss", "one_class_seeds", "one_class"]  # fmt: skip
+SEED_COLUMNS = ["run_name", "run_id", "placement", "pretrain_step", "task", "lr", "seed", "accuracy", "f1", "dev_loss",
+                "top_class_share", "majority_accuracy", "majority_f1", "recipe_hash", "snapshot_hash"]  # fmt: skip
+
+
+def of_runs(row: dict[str, Any], runs: Sequence[ReportedRun]) -> bool:
+    """A store row belongs to one of the runs (by run id: not by name, and wherever the folder is mounted)."""
+    return any(row["run_id"] == run.run_id for run in runs)
+
+
+def report_run_id(runs: Sequence[ReportedRun], recipe: str | None, tasks: list[str]) -> str:
+    """Deterministic: the same runs, recipe and tasks always update the same W&B report run."""
+    identity = [pretraining_run(str(run.path))["id"] or run.run_id for run in runs]
+    return f"report-{short_hash({'runs': identity, 'recipe': recipe, 'tasks': sorted(tasks)}, 16)}"
+
+
+def log_report(runs: Sequence[ReportedRun], settings: ReportSettings, figure5: Figure5) -> str:
+    """One W&B run (job_type report) with a deterministic id, so re-running the report updates it: the
+    steps-to-loss table, the Figure 5 curves against ``pretrain_step``, the best-lr points, the raw per-seed
+    rows (wandb.Table) and the figures. Returns the run's local folder."""
+    wb = _start_report_run(runs, settings, figure5.rows)
+    _log_figure5_curves(wb, runs, figure5)
+    _log_report_tables(wb, runs, settings.tasks, figure5)
+    wb.summary.update(
+        {"target_loss": settings.target_loss, "warnings": " ".join(figure5.warnings)}
+        | {f"steps_to_loss/{row['run']}": row["steps"] for row in figure5.steps}
+        | {f"baseline/{task}/{name}": value for task, base in figure5.baselines.items() for name, value in base.items()}
+    )
+    directory = wb.dir
+    wb.finish()
+    return directory
+
+
+def _start_report_run(runs: Sequence[ReportedRun], settings: ReportSettings, rows: list[dict[str, Any]]) -> Any:
+    import wandb
+
+    pretraining = [pretraining_run(str(run.path)) for run in runs]
+    comparison = next((p["comparison"] for p in pretraining if p["comparison"]), "")
+    project = settings.project or next((p["project"] for p in pretraining if p["project"]), None) or "lnbert"
+    recipes = sorted({r["recipe_hash"] for r in rows})
+    recipe = settings.recipe_hash or (recipes[0] if len(recipes) == 1 else None)
+    return wandb.init(
+        project=project,
+        id=report_run_id(runs, recipe, settings.tasks),
+        resume="allow",
+        name=f"figure5-{comparison or 'report'}",
+        group=f"{comparison or 'figure5'}-report",
+        job_type="report",
+        tags=sorted({*(run.placement for run in runs), *([comparison] if comparison else [])}),
+        config={
+            "norm_placement": [run.placement for run in runs],
+            "comparison": comparison,
+            "runs": [run.name for run in runs],
+            "pretrain_run_ids": [p["id"] for p in pretraining],
+            "tasks": list(settings.tasks),
+            "target_loss": settings.target_loss,
+            "recipe_hash": recipe,
+        },
+        dir=settings.out,
+        mode=wandb_mode(),
+        reinit="finish_previous",
+    )
+
+
+def _log_figure5_curves(wb: Any, runs: Sequence[ReportedRun], figure5: Figure5) -> None:
+    """Every panel's series against ``pretrain_step`` (figure5/...), one log call per step."""
+    wb.define_metric("pretrain_step")
+    wb.define_metric("figure5/*", step_metric="pretrain_step")
+    by_step: dict[int, dict[str, float]] = defaultdict(dict)
+    for run in runs:
+        for step, loss in figure5.curves[run.label]:
+            by_step[step][f"figure5/val_mlm_loss/{run.label}"] = loss
+    for p in figure5.points:
+        by_step[p["step"]][f"figure5/{p['task']}_accuracy/{p['run']}"] = p["accuracy"]
+        by_step[p["step"]][f"figure5/{p['task']}_best_lr/{p['run']}"] = p["lr"]
+        if p["dev_loss"] is not None:
+            by_step[p["step"]][f"figure5/{p['task']}_dev_loss/{p['run']}"] = p["dev_loss"]
+    for step in sorted(by_step):
+        wb.log({"pretrain_step": step, **by_step[step]})
+
+
+def _log_report_tables(wb: Any, runs: Sequence[ReportedRun], tasks: list[str], figure5: Figure5) -> None:
+    import wandb
+
+    placement = {run.label: run.placement for run in runs}
+    seed_rows = [r for r in figure5.rows if r["task"] in tasks and of_runs(r, runs)]
+    wb.log(
+        {
+            "tables/steps_to_loss": _table(
+                [{**row, "norm_placement": placement[row["run"]]} for row in figure5.steps],
+                ["run", "norm_placement", "steps", "ratio"],
+            ),
+            "tables/best_lr_points": _table(
+                [{**p, "norm_placement": placement[p["run"]]} for p in figure5.points], POINT_COLUMNS
+            ),
+            "tables/seed_rows": _table(seed_rows, SEED_COLUMNS),
+            **{f"figures/{image.stem}": wandb.Image(str(image)) for image in figure5.images},
+        }
+    )
+
+
+def _table(rows: list[dict[str, Any]], columns: list[str]) -> Any:
+    import wandb
+
+    return wandb.Table(columns=columns, data=[[row.get(c) for c in columns] for row in rows])
