@@ -322,12 +322,14 @@ def submit(
     runtime: dict[str, Any],
     max_attempts: int,
     only: set[str] | None = None,
+    slots: int | None = None,
 ) -> int:
-    """Write a manifest of every runnable job (of the keys in ``only``), record it, start its tasks; how many."""
+    """Write a manifest of every runnable job (of the keys in ``only``), record it, start its tasks (at most
+    ``slots``, default the backend's size; none: nothing is submitted); how many jobs."""
     rows = [(spec, n) for spec, n in store.runnable(max_attempts) if only is None or spec.key in only]
-    if not rows:
+    tasks = min(backend.size if slots is None else slots, len(rows))
+    if tasks <= 0:
         return 0
-    tasks = min(backend.size, len(rows))
     submission = store.new_submission(backend.name, tasks)
     jobs = [ManifestJob(spec=spec, attempt=attempts + 1) for spec, attempts in rows]
     manifest = Manifest(submission=submission, tasks=tasks, runtime=runtime, jobs=jobs)
@@ -366,6 +368,13 @@ def collect(
             store.end_submission(s["id"])
         live += len(alive)
     return done, failed, live
+
+
+def free_slots(backend: Backend, live: int) -> int:
+    """Tasks the next submission may start. Local workers share this machine's cores with the ``live`` tasks of
+    earlier submissions: jobs found while they run (follow mode: a new snapshot) wait for a free worker, so no
+    more than --workers run at once, each with total_threads // workers threads. SLURM queues each array itself."""
+    return max(0, backend.size - live) if isinstance(backend, LocalArray) else backend.size
 
 
 def make_backend(config: ScheduleConfig) -> Backend:
@@ -426,7 +435,9 @@ def _schedule(config: ScheduleConfig) -> list[dict[str, Any]]:
                 first = False
                 if added or done or failed or runnable:
                     print(progress_line(config, store, added, done, failed), flush=True)
-                submitted = submit(store, folder, backend, runtime, config.max_attempts)
+                submitted = submit(
+                    store, folder, backend, runtime, config.max_attempts, slots=free_slots(backend, live)
+                )
             if isinstance(backend, InProcess) and submitted:
                 continue  # the jobs ran in this pass: take their results in at once
             if not live and not submitted:

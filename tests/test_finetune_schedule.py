@@ -18,9 +18,18 @@ from typing import Any
 
 import pytest
 
-from finetune.backends import InProcess
+from finetune.backends import InProcess, LocalArray, SlurmArray, SlurmConfig
 from finetune.manifest import ManifestJob, ResultsFolder
-from finetune.schedule import ScheduleConfig, collect, discover, main, runtime_settings, schedule, submit
+from finetune.schedule import (
+    ScheduleConfig,
+    collect,
+    discover,
+    free_slots,
+    main,
+    runtime_settings,
+    schedule,
+    submit,
+)
 from finetune.schedule import cli as schedule_cli
 from finetune.store import ResultStore, StoreBusy, lock_path, spec_from_row, store_lock
 from pretrain.run_folder.layout import SNAPSHOT_MARKER
@@ -267,6 +276,39 @@ def test_a_snapshot_is_hashed_once_per_process_until_its_files_change(tmp_path: 
     with pytest.raises(ValueError, match="damaged snapshot"):
         worker.check_snapshot(snapshot)
     assert len(calls) == 2
+
+
+class StartsNothing(LocalArray):
+    """Local workers that are recorded, not started: every task stays live until the test ends it."""
+
+    def __init__(self, size: int) -> None:
+        super().__init__(size)
+        self.started: list[int] = []
+
+    def start(self, manifest: Path, tasks: int, submission: int) -> str:
+        self.started.append(tasks)
+        return ""
+
+
+def test_jobs_found_while_local_workers_run_wait_for_a_free_worker(tmp_path: Path) -> None:
+    """Follow mode with --workers=2: a snapshot found while the first submission's two workers run adds no third
+    worker (the cores are theirs); it is submitted once a worker is free, to the free workers only."""
+    run_dir = make_run(tmp_path, "pre_ln", "pre", steps=(10,), incomplete_steps=(20,), status="running")
+    config = config_for(tmp_path, [run_dir], seeds=[0, 1, 2], mode="follow", workers=2)
+    folder, backend, runtime = ResultsFolder(Path(config.store).with_suffix(".d")), StartsNothing(2), runtime_settings(config)
+    with ResultStore(config.store) as store:
+        store.enqueue(discover(config, store))
+        assert submit(store, folder, backend, runtime, 3, slots=free_slots(backend, live=0)) == 3
+        snapshot = run_dir / "snapshots" / "step_00000020"
+        write_manifest(snapshot)
+        (snapshot / SNAPSHOT_MARKER).write_text("")
+        assert store.enqueue(discover(config, store)) == 3
+        assert free_slots(backend, live=2) == 0
+        assert submit(store, folder, backend, runtime, 3, slots=free_slots(backend, live=2)) == 0
+        assert {r["status"] for r in store.rows() if r["pretrain_step"] == 20} == {"queued"}
+        assert submit(store, folder, backend, runtime, 3, slots=free_slots(backend, live=1)) == 3
+    assert backend.started == [2, 1]
+    assert free_slots(SlurmArray(2, SlurmConfig()), live=5) == 2  # SLURM queues each array itself
 
 
 def test_follow_picks_up_new_snapshots_until_the_run_ends(tmp_path: Path) -> None:
