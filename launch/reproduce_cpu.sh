@@ -30,6 +30,17 @@ FT_WORKERS=${FT_WORKERS:-2}
 GRID_STEPS=${GRID_STEPS:-200}
 export OMP_NUM_THREADS=1  # several single-threaded jobs share the cores; 2 threads each would thrash
 mkdir -p "$OUT"
+# Ctrl-C reaches every process of this script: each pretraining run saves a checkpoint, the scheduler stops its
+# workers and queues their jobs again. Then stop here too (bash would go on to the next phase) and say how to go on:
+# the same command continues every run, the fine-tuning and the phases after them.
+stopped() {
+  trap '' INT
+  echo "=== interrupted: waiting for the runs to save their checkpoints..." >&2
+  wait
+  echo "=== stopped; run the same command again to continue" >&2
+  exit 130
+}
+trap stopped INT
 phase() { echo "$(date -u +%FT%TZ) $SECONDS s  $*" | tee -a "$OUT/timing.txt"; }
 
 # Documents are mixed by weight until the first source runs out: 34:1 (about 2734 articles : 81 books) uses

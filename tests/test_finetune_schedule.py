@@ -371,3 +371,30 @@ def test_ctrl_c_requeues_the_interrupted_jobs_without_counting_an_attempt(
     assert main(argv) == 0  # one attempt allowed, and it was not used up by the interruption
     with ResultStore(tmp_path / "results.sqlite") as store:
         assert [(r["status"], r["attempts"]) for r in store.rows()] == [("done", 1), ("done", 1)]
+
+
+def test_ctrl_c_stops_a_scheduler_started_in_the_background_of_a_script(tmp_path: Path) -> None:
+    """Bash starts a script's background jobs with SIGINT ignored (launch/reproduce_cpu.sh starts the scheduler
+    so); Ctrl-C, which reaches every process of the script, still stops the scheduler, with the message that says
+    how to continue."""
+    run_dir = make_run(tmp_path, "pre_ln", "pre", steps=(10,), incomplete_steps=(20,), status="running")
+    config = config_for(tmp_path, [run_dir], mode="follow")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "finetune.schedule", *cli_args(config), "--mode=follow", "--poll_interval_s=0.2"],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),  # as bash does for `command &`
+    )
+    try:
+        deadline = time.time() + 120
+        while not Path(config.store).exists():  # the scheduler is in its loop
+            assert proc.poll() is None and time.time() < deadline, proc.communicate()
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, err[-2000:]
+    assert "Run the same command to continue" in err
