@@ -4,15 +4,17 @@
 #   CORPUS=path/to/corpus GLUE=path/to/glue bash launch/reproduce_cpu.sh
 #
 # CORPUS holds wiki.jsonl and books.jsonl ({"text": ...} per line); GLUE holds MRPC/ and RTE/ in the
-# original GLUE TSV layout. Three pretraining runs of the small presets (4 x 128, bf16 autocast) on the same
-# data, seed and tokenizer: Post-LN (1% warm-up, peak 1e-4), Pre-LN (no warm-up, 3e-4), and Post-LN at 3e-4
-# (does it diverge?). While they train, the scheduler fine-tunes every snapshot of the first two on all of
-# MRPC and RTE (3 epochs, 3 seeds); then the report draws the three Figure 5 panels. Steps 1-3 took 83 minutes
-# on 2 CPU cores; step 4 (random-init baseline) 5 minutes and step 5 (warm-up x lr grid at depth 12) 31 more
-# (docs/results.md). Every process uses one thread; OUT/timing.txt records each phase.
+# original GLUE TSV layout. Three pretraining runs of the small presets (4 x 128; bf16 autocast where the CPU
+# computes bf16 natively, else fp32) on the same data, seed and tokenizer: Post-LN (1% warm-up, peak 1e-4),
+# Pre-LN (no warm-up, 3e-4), and Post-LN at 3e-4 (does it diverge?). While they train, the scheduler fine-tunes
+# every snapshot of the first two on all of MRPC and RTE (3 epochs, 3 seeds); then the report draws the Figure 5
+# panels. Steps 1-3 took 83 minutes on 2 CPU cores with AVX512-BF16 (docs/results.md, BENCHMARKS.md); on a CPU
+# without it (fp32 throughout) count several hours. Step 4 (random-init baseline) took 5 minutes and step 5
+# (warm-up x lr grid at depth 12) 31 more. Every process uses one thread; OUT/timing.txt records each phase.
 #
 # Knobs (environment): OUT, STEPS, SNAPSHOTS, SEEDS, LRS, FT_EPOCHS, FT_MAX_TRAIN (empty: all),
-# FT_PRECISION (bf16 or no), FT_WORKERS, GRID_STEPS, SKIP_GRID=1.
+# FT_PRECISION (bf16, no, or auto: bf16 where the CPU computes it natively, as the presets' pretraining does),
+# FT_WORKERS, GRID_STEPS, SKIP_GRID=1.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -25,7 +27,7 @@ SEEDS=${SEEDS:-0 1 2}
 LRS=${LRS:-1e-4}
 FT_EPOCHS=${FT_EPOCHS:-3}
 FT_MAX_TRAIN=${FT_MAX_TRAIN:-}
-FT_PRECISION=${FT_PRECISION:-bf16}
+FT_PRECISION=${FT_PRECISION:-auto}
 FT_WORKERS=${FT_WORKERS:-2}
 GRID_STEPS=${GRID_STEPS:-200}
 export OMP_NUM_THREADS=1  # several single-threaded jobs share the cores; 2 threads each would thrash
@@ -63,6 +65,11 @@ pretrain() {  # name preset [overrides...]
   python pretrain/run.py --config "configs/pretrain/$preset.yaml" "${common[@]}" \
     --train.output_dir="$OUT/$name" --train.run_name="$name" "$@" > "$OUT/$name.log" 2>&1
 }
+if [[ $FT_PRECISION == auto ]]; then
+  # Without AVX512-BF16 or AMX, bf16 is emulated: fine-tuning in it took hours here instead of minutes.
+  FT_PRECISION=$(python -c 'from pretrain.common.hardware import cpu_has_native_bf16; print("no" if cpu_has_native_bf16() is False else "bf16")')
+  echo "fine-tuning precision: $FT_PRECISION (FT_PRECISION=auto: bf16 only where this CPU computes it natively)"
+fi
 recipe=(--recipe.epochs="$FT_EPOCHS" --recipe.mixed_precision="$FT_PRECISION")
 [[ -n $FT_MAX_TRAIN ]] && recipe+=(--recipe.max_train_examples="$FT_MAX_TRAIN")
 lrs="[${LRS// /, }]" seeds="[${SEEDS// /, }]"  # the knobs are space-separated; the options take YAML lists
