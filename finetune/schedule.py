@@ -327,12 +327,16 @@ def submit(
     only: set[str] | None = None,
     slots: int | None = None,
 ) -> int:
-    """Write a manifest of every runnable job (of the keys in ``only``), record it, start its tasks (at most
-    ``slots``, default the backend's size; none: nothing is submitted); how many jobs."""
+    """Write a manifest of the runnable jobs (of the keys in ``only``), record it, start its tasks; how many jobs.
+
+    ``slots``: the tasks that may start now (default: the backend's size; none: nothing is submitted). A manifest's
+    jobs are dealt to its tasks when it is written, so with fewer slots than the backend's size only those slots'
+    share of the jobs goes in it: the rest wait for the next free worker instead of queueing behind these."""
     rows = [(spec, n) for spec, n in store.runnable(max_attempts) if only is None or spec.key in only]
     tasks = min(backend.size if slots is None else slots, len(rows))
     if tasks <= 0:
         return 0
+    rows = rows[: math.ceil(len(rows) * tasks / max(tasks, backend.size))]
     submission = store.new_submission(backend.name, tasks)
     jobs = [ManifestJob(spec=spec, attempt=attempts + 1) for spec, attempts in rows]
     manifest = Manifest(submission=submission, tasks=tasks, runtime=runtime, jobs=jobs)

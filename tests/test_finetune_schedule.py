@@ -292,7 +292,8 @@ class StartsNothing(LocalArray):
 
 def test_jobs_found_while_local_workers_run_wait_for_a_free_worker(tmp_path: Path) -> None:
     """Follow mode with --workers=2: a snapshot found while the first submission's two workers run adds no third
-    worker (the cores are theirs); it is submitted once a worker is free, to the free workers only."""
+    worker (the cores are theirs). Once one worker is free it gets its share of the new jobs (2 of 3), not all of
+    them: the last one waits for the other worker rather than queue behind them on one."""
     run_dir = make_run(tmp_path, "pre_ln", "pre", steps=(10,), incomplete_steps=(20,), status="running")
     config = config_for(tmp_path, [run_dir], seeds=[0, 1, 2], mode="follow", workers=2)
     folder, backend, runtime = ResultsFolder(Path(config.store).with_suffix(".d")), StartsNothing(2), runtime_settings(config)
@@ -306,8 +307,10 @@ def test_jobs_found_while_local_workers_run_wait_for_a_free_worker(tmp_path: Pat
         assert free_slots(backend, live=2) == 0
         assert submit(store, folder, backend, runtime, 3, slots=free_slots(backend, live=2)) == 0
         assert {r["status"] for r in store.rows() if r["pretrain_step"] == 20} == {"queued"}
-        assert submit(store, folder, backend, runtime, 3, slots=free_slots(backend, live=1)) == 3
-    assert backend.started == [2, 1]
+        assert submit(store, folder, backend, runtime, 3, slots=free_slots(backend, live=1)) == 2
+        assert [r["status"] for r in store.rows() if r["pretrain_step"] == 20].count("queued") == 1
+        assert submit(store, folder, backend, runtime, 3, slots=free_slots(backend, live=1)) == 1
+    assert backend.started == [2, 1, 1]
     assert free_slots(SlurmArray(2, SlurmConfig()), live=5) == 2  # SLURM queues each array itself
 
 
