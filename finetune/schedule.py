@@ -28,11 +28,8 @@ import datetime
 import math
 import os
 import re
-import signal
 import sys
-import threading
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -476,41 +473,25 @@ def _schedule(config: ScheduleConfig) -> list[dict[str, Any]]:
 # --------------------------------------------------------------------------------------------------
 
 
-@contextlib.contextmanager
-def interruptible() -> Iterator[None]:
-    """Ctrl-C raises KeyboardInterrupt here even when a script started this process in the background (bash
-    starts those with SIGINT ignored, and Python then installs no handler): the scheduler stops its workers and
-    queues their jobs again, as the runs beside it save checkpoints (launch/reproduce_cpu.sh)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
-
-
 def main(argv: list[str] | None = None) -> int:
     commands = {"run": ScheduleConfig, "status": StatusConfig, "ingest": IngestConfig}
     command, config = parse_command(
         commands, argv, prog="python -m finetune.schedule", description=__doc__, default="run"
     )
     if command == "run":
-        with interruptible():
-            try:
-                failures = schedule(config)
-            except SlurmError as err:
-                print(f"error: {err}", file=sys.stderr)
-                return 2
-            except Interrupted as stopped:
-                kept = "; submitted SLURM tasks keep running" if config.backend == "slurm" else ""
-                print(
-                    f"\ninterrupted: {stopped.args[0]} unfinished job(s) queued again (not counted as failed attempts)"
-                    f"{kept}. Run the same command to continue.",
-                    file=sys.stderr,
-                )
-                return 130
+        try:
+            failures = schedule(config)
+        except SlurmError as err:
+            print(f"error: {err}", file=sys.stderr)
+            return 2
+        except Interrupted as stopped:
+            kept = "; submitted SLURM tasks keep running" if config.backend == "slurm" else ""
+            print(
+                f"\ninterrupted: {stopped.args[0]} unfinished job(s) queued again (not counted as failed attempts)"
+                f"{kept}. Run the same command to continue.",
+                file=sys.stderr,
+            )
+            return 130
         if failures:
             print_failures(failures)
             return 1

@@ -26,6 +26,7 @@ everywhere; range checks live in each dataclass's ``__post_init__`` and name the
 from __future__ import annotations
 
 import ast
+import contextlib
 import dataclasses
 import difflib
 import functools
@@ -33,11 +34,13 @@ import inspect
 import math
 import operator
 import os
+import signal
 import sys
 import textwrap
+import threading
 import types
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Literal, TypeVar, Union, get_args, get_origin
 
@@ -442,11 +445,29 @@ def _first_line(cls: type) -> str:
     return (inspect.getdoc(cls) or "").strip().splitlines()[0] if inspect.getdoc(cls) else ""
 
 
+@contextlib.contextmanager
+def interruptible() -> Iterator[None]:
+    """Ctrl-C raises KeyboardInterrupt in the block even when a script started this process in the background:
+    bash starts a script's ``command &`` with SIGINT ignored, and Python then installs no handler, so the command
+    would run on after the script and its other processes stopped (launch/reproduce_cpu.sh: the scheduler followed
+    runs that had saved their checkpoints). The previous handler is put back after the block."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 def run_cli(main: Callable[[], int], errors: tuple[type[BaseException], ...] = ()) -> int:
     """Run a command-line ``main``: bad input (ConfigError, ValueError, FileNotFoundError and ``errors``) ends
-    with its message on stderr and exit code 2, not a traceback (LNBERT_TRACEBACK=1 shows it)."""
+    with its message on stderr and exit code 2, not a traceback (LNBERT_TRACEBACK=1 shows it). Ctrl-C reaches it
+    however it was started (``interruptible``)."""
     try:
-        return main()
+        with interruptible():
+            return main()
     except (ValueError, FileNotFoundError, *errors) as err:  # ConfigError is a ValueError
         if os.environ.get("LNBERT_TRACEBACK"):
             raise
