@@ -24,7 +24,7 @@ from finetune.report import ReportConfig
 from finetune.run import RunConfig
 from finetune.schedule import IngestConfig, ScheduleConfig, StatusConfig
 from pretrain.analysis import GridConfig, InitGradsConfig, InitScaleConfig, LnJacobianConfig
-from pretrain.common.cli import ConfigError, _convert, field_type, flatten, parse, read_yaml, to_dict
+from pretrain.common.cli import ConfigError, _convert, field_type, flatten, parse, read_yaml, run_cli, to_dict
 from pretrain.config import PretrainConfig
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -397,3 +397,18 @@ def test_report_usage_keeps_its_options_apart(capsys: pytest.CaptureFixture) -> 
             description=sys.modules[ReportConfig.__module__].__doc__ or "",
         )
     assert re.search(r"sqlite {2,}--out", capsys.readouterr().out) is None
+
+
+def test_run_cli_takes_ctrl_c_even_when_started_with_sigint_ignored() -> None:
+    """A script's `command &` starts with SIGINT ignored (bash): inside run_cli Ctrl-C raises KeyboardInterrupt,
+    and the handler the process had is back afterwards."""
+    import signal
+
+    seen = []
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        assert run_cli(lambda: seen.append(signal.getsignal(signal.SIGINT)) or 0) == 0
+        assert seen == [signal.default_int_handler]
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGINT, previous)
