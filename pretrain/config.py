@@ -370,10 +370,11 @@ RESOLVED_AT_START = resolved_keys(PretrainConfig)
 
 
 def resolved_config(cfg: PretrainConfig, decided: dict[str, Any]) -> dict[str, Any]:
-    """What run_config.json holds: ``cfg`` with the values the run decided at its start (``decided``: dotted key of
-    RESOLVED_AT_START -> value) in place of its nulls."""
-    if unknown := set(decided) - RESOLVED_AT_START:
-        raise KeyError(f"{sorted(unknown)} are not decided at the start; RESOLVED_AT_START is {sorted(RESOLVED_AT_START)}")
+    """What run_config.json holds: ``cfg`` with the values the run decided at its start (``decided``: every dotted
+    key of RESOLVED_AT_START -> value) in place of its nulls. A field declared ``resolved`` that the caller does not
+    decide is an error here, not a null saved as if decided."""
+    if set(decided) != RESOLVED_AT_START:
+        raise KeyError(f"decided {sorted(decided)}; the run decides exactly RESOLVED_AT_START: {sorted(RESOLVED_AT_START)}")
     out = to_dict(cfg)
     for key, value in decided.items():
         section, name = key.split(".")

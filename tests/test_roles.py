@@ -147,12 +147,14 @@ def test_a_null_the_run_decides_is_answered_by_the_saved_value(tmp_path) -> None
     (tmp_path / RUN_CONFIG_FILE).write_text(json.dumps(saved))
     assert config_differences(tmp_path, to_dict(cfg), RESUMABLE_CHANGES) == []
     assert config_differences(tmp_path, saved, RESUMABLE_CHANGES) == []
-    grown = resolved_config(cfg, {"model.vocab_size": 8193})
+    grown = resolved_config(cfg, {"model.vocab_size": 8193, "train.peak_flops_per_device": 0.0})
     assert config_differences(tmp_path, grown, RESUMABLE_CHANGES) == ["model.vocab_size"]
     cfg.model.vocab_size = 9000  # asked for explicitly: compared as asked
     assert config_differences(tmp_path, to_dict(cfg), RESUMABLE_CHANGES) == ["model.vocab_size"]
     with pytest.raises(KeyError, match=r"optim\.lr"):
         resolved_config(cfg, {"optim.lr": 1.0})
+    with pytest.raises(KeyError, match=r"exactly RESOLVED_AT_START"):  # a resolved field left undecided
+        resolved_config(cfg, {"model.vocab_size": 8192})
 
 
 # --------------------------------------------------------------------------------------------------
