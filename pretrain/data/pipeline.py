@@ -47,24 +47,34 @@ class PreparationRequired(ValueError):
     that prepares it first."""
 
 
+class Prepared(NamedTuple):
+    """What ``cfg.cache_dir`` already holds for a config, found without training or reading the corpus."""
+
+    tokenizer: PreTrainedTokenizerFast | None
+    """The named tokenizer, or the trained one from the cache; None: it is still to be trained."""
+    instances: Path | None
+    """The prepared instances' folder (``prepared_dir``, complete once it holds SUMMARY_FILE); None when streaming
+    (nothing is prepared) or while the tokenizer, part of its key, is still to be trained."""
+
+    @property
+    def ready(self) -> bool:
+        """Nothing is left to train or prepare (streaming: the tokenizer is there)."""
+        if self.tokenizer is None:
+            return False
+        return self.instances is None or (self.instances / SUMMARY_FILE).is_file()
+
+
+def prepared(cfg: DataConfig, *, seed: int) -> Prepared:
+    """What the cache holds for ``cfg``: the tokenizer loaded (when nothing is to be trained), the instances' folder."""
+    tokenizer = cached_tokenizer(cfg, seed=seed)
+    instances = None if tokenizer is None or cfg.streaming else prepared_dir(cfg, tokenizer, seed=seed)
+    return Prepared(tokenizer, instances)
+
+
 def is_prepared(cfg: DataConfig, *, seed: int) -> bool:
     """Whether everything the training needs from ``cfg.cache_dir`` is there: the trained tokenizer (when one is
     trained) and, unless streaming, the prepared instances."""
-    tokenizer = cached_tokenizer(cfg, seed=seed)
-    return _ready(cfg, tokenizer, _instances_dir(cfg, tokenizer, seed=seed))
-
-
-def _instances_dir(cfg: DataConfig, tokenizer: PreTrainedTokenizerFast | None, *, seed: int) -> Path | None:
-    """Where this config's prepared instances live; None when streaming (nothing is prepared) or when the
-    tokenizer (part of their key) is still to be trained."""
-    return None if tokenizer is None or cfg.streaming else prepared_dir(cfg, tokenizer, seed=seed)
-
-
-def _ready(cfg: DataConfig, tokenizer: PreTrainedTokenizerFast | None, instances: Path | None) -> bool:
-    """The tokenizer is there and, unless streaming, its instances (``_instances_dir``) are prepared."""
-    if tokenizer is None:
-        return False
-    return cfg.streaming or (instances is not None and (instances / SUMMARY_FILE).is_file())
+    return prepared(cfg, seed=seed).ready
 
 
 def check_prepared_for_distributed(cfg: DataConfig, *, ready: bool, num_processes: int, prepare_command: str) -> None:
@@ -106,13 +116,10 @@ def build_pretraining_data(
     (``prepare_command``): otherwise PreparationRequired is raised before any process waits at a barrier.
     ``trained_tokenizer``: where the main process saved the tokenizer it trained (for the other processes, whose
     own cache may not have it: another node's)."""
-    # Loaded once, here, when nothing is to be trained: the readiness check needs it (the instances' key hashes
-    # it), before any process waits at the barrier below.
-    loaded = cached_tokenizer(cfg, seed=seed)
-    instances = _instances_dir(cfg, loaded, seed=seed)
-    check_prepared_for_distributed(
-        cfg, ready=_ready(cfg, loaded, instances), num_processes=num_processes, prepare_command=prepare_command
-    )
+    # The tokenizer is loaded and the instances' key computed once, here, before any process waits at the barrier
+    # below: the readiness check needs both, and the preparation reuses them.
+    found = prepared(cfg, seed=seed)
+    check_prepared_for_distributed(cfg, ready=found.ready, num_processes=num_processes, prepare_command=prepare_command)
 
     @functools.cache
     def documents() -> tuple[datasets.Dataset | datasets.IterableDataset, datasets.Dataset]:
@@ -126,14 +133,14 @@ def build_pretraining_data(
             seed=seed,
             training_texts=lambda: document_texts(documents()[0]),
             trained_elsewhere=trained_tokenizer if trained_tokenizer is not None and trained_tokenizer.is_dir() else None,
-            loaded=loaded,
+            loaded=found.tokenizer,
         )
         if cfg.streaming:
             train_docs, val_docs = documents()
             validation = make_instances(val_docs, tokenizer, cfg, seed=seed, validation=True)
             train = stream_instances(train_docs, tokenizer, cfg, seed=seed)
         else:
-            train, validation = cached_instances(documents, tokenizer, cfg, seed=seed, progress=progress, folder=instances)
+            train, validation = cached_instances(documents, tokenizer, cfg, seed=seed, progress=progress, folder=found.instances)
     return PretrainingData(train=train, validation=validation, tokenizer=tokenizer)
 
 
