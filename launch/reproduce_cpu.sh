@@ -9,8 +9,9 @@
 # Pre-LN (no warm-up, 3e-4), and Post-LN at 3e-4 (does it diverge?). While they train, the scheduler fine-tunes
 # every snapshot of the first two on all of MRPC and RTE (3 epochs, 3 seeds); then the report draws the Figure 5
 # panels. Steps 1-3 took 83 minutes on 2 CPU cores with AVX512-BF16 (docs/results.md, BENCHMARKS.md); on 2 cores
-# without it the three runs alone took 1.5 s a step (fp32; about 75 minutes), before any fine-tuning. Step 4 (random-init baseline) took 5 minutes and step 5
-# (warm-up x lr grid at depth 12) 31 more. Every process uses one thread; OUT/timing.txt records each phase.
+# without it the three runs alone took 1.5 s a step (fp32), before any fine-tuning started. Step 4 (random-init
+# baseline) took 5 minutes and step 5 (warm-up x lr grid at depth 12) 31 more. Every process uses one thread;
+# OUT/timing.txt records each phase.
 #
 # Knobs (environment): OUT, STEPS, SNAPSHOTS, SEEDS, LRS, FT_EPOCHS, FT_MAX_TRAIN (empty: all),
 # FT_PRECISION (bf16, no, or auto: bf16 where the CPU computes it natively, as the presets' pretraining does),
@@ -66,7 +67,8 @@ pretrain() {  # name preset [overrides...]
     --train.output_dir="$OUT/$name" --train.run_name="$name" "$@" > "$OUT/$name.log" 2>&1
 }
 if [[ $FT_PRECISION == auto ]]; then
-  # Without AVX512-BF16 or AMX, bf16 is emulated: fine-tuning in it took hours here instead of minutes.
+  # Without AVX512-BF16 or AMX, bf16 is emulated: on such a CPU no bf16 fine-tuning job of this script had
+  # finished after 32 minutes, against about 95 s a job on a free core with it (docs/results.md, section 4).
   FT_PRECISION=$(python -c 'from pretrain.common.hardware import cpu_has_native_bf16; print("no" if cpu_has_native_bf16() is False else "bf16")')
   echo "fine-tuning precision: $FT_PRECISION (FT_PRECISION=auto: bf16 only where this CPU computes it natively)"
 fi

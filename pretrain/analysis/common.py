@@ -57,16 +57,12 @@ def cell_result(out_dir: Path, key: str, settings: dict[str, Any], measure: Call
     return result
 
 
-
-
 def mean_and_sem(samples: torch.Tensor) -> tuple[list[float], list[float]]:
     """Per-column mean and standard error of the mean over the rows (independent draws), shape (n, L)."""
     samples = samples.double()
     n = samples.shape[0]
     sem = samples.std(dim=0) / math.sqrt(n) if n > 1 else torch.zeros(samples.shape[1], dtype=torch.float64)
     return samples.mean(dim=0).tolist(), sem.tolist()
-
-
 
 
 def placement_color(placement: str) -> Any:

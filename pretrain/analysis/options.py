@@ -16,6 +16,13 @@ from pretrain.variants import NORM_PLACEMENTS, InitScheme, NormPlacement, NormTy
 
 DEFAULT_OUT = Path("runs") / "analysis"
 
+
+def _positive(config: Any, *keys: str) -> None:
+    """Each of ``keys`` of ``config`` must be a positive integer (the message names the key)."""
+    for key in keys:
+        require(getattr(config, key) > 0, key, f"must be a positive integer; got {getattr(config, key)}")
+
+
 def variants(placements: list[str], norm_types: list[str]) -> list[tuple[str, str, str]]:
     """(label, placement, norm_type) of every model a measurement compares; the label as in run names."""
     return [(variant_name(p, t), p, t) for t in norm_types for p in placements]
@@ -43,8 +50,7 @@ class ModelSize:
     """Output folder for table.txt, results.json and the PNG."""
 
     def __post_init__(self) -> None:
-        for key in ("hidden_size", "num_heads", "vocab_size", "seq_len", "batch_size"):
-            require(getattr(self, key) > 0, key, f"must be a positive integer; got {getattr(self, key)}")
+        _positive(self, "hidden_size", "num_heads", "vocab_size", "seq_len", "batch_size")
         require(
             self.intermediate_size is None or self.intermediate_size > 0,
             "intermediate_size",
@@ -115,8 +121,7 @@ class InitScaleConfig(ModelSize):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        for key in ("num_layers", "paper_hidden_size", "paper_seq_len", "paper_sequences", "seeds", "model_seeds"):
-            require(getattr(self, key) > 0, key, f"must be a positive integer; got {getattr(self, key)}")
+        _positive(self, "num_layers", "paper_hidden_size", "paper_seq_len", "paper_sequences", "seeds", "model_seeds")
 
 
 @dataclass(kw_only=True)
@@ -160,8 +165,7 @@ class InitGradsConfig(ModelSize):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        for key in ("num_layers", "seeds", "max_documents"):
-            require(getattr(self, key) > 0, key, f"must be a positive integer; got {getattr(self, key)}")
+        _positive(self, "num_layers", "seeds", "max_documents")
         require(bool(self.depths) and all(d > 0 for d in self.depths), "depths", f"must be positive; got {self.depths}")
 
 
@@ -197,7 +201,7 @@ class InitPerturbConfig(ModelSize):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        require(self.seeds > 0, "seeds", f"must be a positive integer; got {self.seeds}")
+        _positive(self, "seeds")
         require(self.epsilon >= 0, "epsilon", f"must be >= 0; got {self.epsilon}")
         require(bool(self.depths) and all(d > 0 for d in self.depths), "depths", f"must be positive; got {self.depths}")
 
@@ -265,8 +269,7 @@ class GridConfig:
     """Output folder (runs/, logs/, table.txt, results.json, grid.png, boundary.png)."""
 
     def __post_init__(self) -> None:
-        for key in ("max_steps", "num_heads", "jobs", "probe_batch_size"):
-            require(getattr(self, key) > 0, key, f"must be a positive integer; got {getattr(self, key)}")
+        _positive(self, "max_steps", "num_heads", "jobs", "probe_batch_size")
         require(self.probe_steps >= 0 and self.boundary_seeds >= 0, "probe_steps", "and boundary_seeds must be >= 0")
         for key in ("placements", "norm_types", "depths", "hidden_sizes", "warmup_steps", "lrs", "seeds"):
             values = getattr(self, key)
