@@ -594,6 +594,16 @@ def decide_at_start(
     return resolved
 
 
+def trained_vocabulary(cfg: PretrainConfig, accelerator: Accelerator, resume_from: Path | None) -> Path | None:
+    """The tokenizer folder a process takes in when its data cache holds no WordPiece tokenizer for this config,
+    rather than train one (not bit-reproducible): a resumed run's own (the vocabulary its checkpoint was trained
+    with; a corpus copied again has new mtimes, so a new cache key), else, on the other processes, the main
+    process's, which after main_process_first is in the run folder every node sees."""
+    if resume_from is not None and cfg.data.tokenizer is None:
+        return resume_from.parent.parent / TOKENIZER_DIR
+    return None if accelerator.is_main_process else Path(cfg.train.output_dir) / TOKENIZER_DIR
+
+
 def prepare_training(
     cfg: PretrainConfig, accelerator: Accelerator, resume_from: Path | None, same_run: bool, prepare_command: str
 ) -> tuple[TrainingSetup, TrainState]:
@@ -611,8 +621,7 @@ def prepare_training(
         num_processes=accelerator.num_processes,
         prepare_command=prepare_command,
         progress=accelerator.is_main_process,
-        # After main_process_first the main process's tokenizer is in the run folder, which every node sees.
-        trained_tokenizer=None if accelerator.is_main_process else run_dir / TOKENIZER_DIR,
+        trained_tokenizer=trained_vocabulary(cfg, accelerator, resume_from),
     )
     resolved = decide_at_start(cfg, accelerator, data.tokenizer, resume_from, same_run)
     vocab_size, peak_flops = resolved["model"]["vocab_size"], resolved["train"]["peak_flops_per_device"]

@@ -3,6 +3,7 @@ preemption, divergence, atomic checkpoints, and clear errors for bad input (thro
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import shutil
@@ -443,6 +444,26 @@ def test_resume_refuses_a_retrained_tokenizer_that_differs(tmp_path: Path, data_
     assert json.loads(saved.read_text())["model"]["vocab"][a] == vocab[a]  # the run's tokenizer is untouched
     assert main(tiny_args(run, data_cache, "--train.resume=auto", f"--data.tokenizer={run / 'tokenizer'}")) == 0
     assert read_status(run)["status"] == "finished"
+
+
+def test_resume_takes_its_own_tokenizer_when_the_corpus_was_copied_again(tmp_path: Path) -> None:
+    """A corpus copied again (a cluster's scratch restaged, rsync without -t) has new mtimes, so a new cache key
+    and no cached tokenizer: the resumed run continues with the vocabulary its checkpoint was trained with instead
+    of training another one (not bit-reproducible) and refusing it."""
+    from pretrain.data.corpus import iter_python_docs
+
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("".join(json.dumps({"text": t}) + "\n" for t in itertools.islice(iter_python_docs(), 30)))
+    run, cache = tmp_path / "run", tmp_path / "cache"
+    source = f'--data.sources=[{{"kind": "json", "path": "{corpus}"}}]'
+    assert main(tiny_args(run, cache, source, "--train.stop_at_step=3")) == 0
+    vocabulary = (run / "tokenizer" / "tokenizer.json").read_text()
+    os.utime(corpus, ns=(corpus.stat().st_atime_ns, corpus.stat().st_mtime_ns + 10**9))
+    assert main(tiny_args(run, cache, source, "--train.resume=auto")) == 0
+    assert read_status(run)["status"] == "finished"
+    assert (run / "tokenizer" / "tokenizer.json").read_text() == vocabulary
+    cached = [json.loads((d / "tokenizer.json").read_text())["model"]["vocab"] for d in cache.glob("tokenizer-*")]
+    assert len(cached) == 2 and all(v == json.loads(vocabulary)["model"]["vocab"] for v in cached)
 
 
 def test_resume_refuses_a_named_tokenizer_whose_size_changed(tmp_path: Path, data_cache: Path) -> None:

@@ -18,13 +18,14 @@ from pretrain.data.tokenizer import vocab_hash
 
 
 def check_same_trained_tokenizer(tokenizer: Any, saved_dir: Path) -> None:
-    """A resumed run must see the vocabulary it was trained with. WordPiece training is not bit-reproducible, so
-    a tokenizer re-trained after the data cache was lost can differ from the run's; refuse to continue then."""
+    """A resumed run must see the vocabulary it was trained with. When data.cache_dir has no tokenizer for the
+    config, the run takes in its own (training.trained_vocabulary); one that holds another (trained there by
+    another run: WordPiece training is not bit-reproducible) is refused."""
     saved = saved_dir / "tokenizer.json"
     if saved.is_file() and vocab_hash(Tokenizer.from_file(str(saved))) != vocab_hash(tokenizer):
         raise ValueError(
             f"the WordPiece tokenizer trained now differs from the one the checkpoint was trained with ({saved_dir}); "
-            f"tokenizer training is not bit-reproducible and data.cache_dir no longer holds the original. Resume with "
+            f"data.cache_dir holds another one for this config (tokenizer training is not bit-reproducible). Resume with "
             f"--data.tokenizer={saved_dir}"
         )
 
