@@ -37,7 +37,7 @@ from pretrain.common.hardware import auto_mixed_precision, cpu_bf16_warning, mfu
 from pretrain.config import ConfigError, PretrainConfig, TrainConfig, resolved_config, to_dict
 from pretrain.data.loaders import Loaders, build_dataloaders, copies_asynchronously
 from pretrain.data.pipeline import build_pretraining_data
-from pretrain.data.vocabulary import check_one_vocabulary, check_same_trained_tokenizer, data_fingerprint
+from pretrain.data.vocabulary import check_one_vocabulary, data_fingerprint, with_trained_vocabulary
 from pretrain.flops import flops_per_token
 from pretrain.modeling import LNBertForPreTraining
 from pretrain.optim import build_adamw, resolve_adamw_implementation
@@ -569,15 +569,11 @@ def training_loop(setup: TrainingSetup, state: TrainState, stop: StopRequest, pr
 # --------------------------------------------------------------------------------------------------
 
 
-def decide_at_start(
-    cfg: PretrainConfig, accelerator: Accelerator, tokenizer: Any, resume_from: Path | None, same_run: bool
-) -> dict[str, Any]:
+def decide_at_start(cfg: PretrainConfig, accelerator: Accelerator, tokenizer: Any, same_run: bool) -> dict[str, Any]:
     """What run_config.json holds: ``cfg`` with the values decided now that the tokenizer is known
     (RESOLVED_AT_START: the model's vocabulary, the peak FLOP/s train/mfu is measured against), after checking
-    that every process, and a resumed run, has the vocabulary it trains with."""
+    that every process has the vocabulary it trains with."""
     check_one_vocabulary(accelerator, tokenizer)
-    if resume_from is not None and cfg.data.tokenizer is None:
-        check_same_trained_tokenizer(tokenizer, resume_from.parent.parent / TOKENIZER_DIR)
     vocab_size = cfg.model.vocab_size or len(tokenizer)
     if len(tokenizer) > vocab_size:
         raise ConfigError(
@@ -594,16 +590,6 @@ def decide_at_start(
     return resolved
 
 
-def trained_vocabulary(cfg: PretrainConfig, accelerator: Accelerator, resume_from: Path | None) -> Path | None:
-    """The tokenizer folder a process takes in when its data cache holds no WordPiece tokenizer for this config,
-    rather than train one (not bit-reproducible): a resumed run's own (the vocabulary its checkpoint was trained
-    with; a corpus copied again has new mtimes, so a new cache key), else, on the other processes, the main
-    process's, which after main_process_first is in the run folder every node sees."""
-    if resume_from is not None and cfg.data.tokenizer is None:
-        return resume_from.parent.parent / TOKENIZER_DIR
-    return None if accelerator.is_main_process else Path(cfg.train.output_dir) / TOKENIZER_DIR
-
-
 def prepare_training(
     cfg: PretrainConfig, accelerator: Accelerator, resume_from: Path | None, same_run: bool, prepare_command: str
 ) -> tuple[TrainingSetup, TrainState]:
@@ -611,7 +597,7 @@ def prepare_training(
     run_dir = Path(cfg.train.output_dir)
     set_seed(cfg.train.seed)
     data = build_pretraining_data(
-        cfg.data,
+        with_trained_vocabulary(cfg.data, resume_from),
         seed=cfg.train.seed,
         # A resumed run keeps the tokenizer it saved (never overwritten by a re-trained one).
         save_tokenizer_to=run_dir / TOKENIZER_DIR if accelerator.is_main_process and not same_run else None,
@@ -621,9 +607,10 @@ def prepare_training(
         num_processes=accelerator.num_processes,
         prepare_command=prepare_command,
         progress=accelerator.is_main_process,
-        trained_tokenizer=trained_vocabulary(cfg, accelerator, resume_from),
+        # After main_process_first the main process's tokenizer is in the run folder, which every node sees.
+        trained_tokenizer=None if accelerator.is_main_process else run_dir / TOKENIZER_DIR,
     )
-    resolved = decide_at_start(cfg, accelerator, data.tokenizer, resume_from, same_run)
+    resolved = decide_at_start(cfg, accelerator, data.tokenizer, same_run)
     vocab_size, peak_flops = resolved["model"]["vocab_size"], resolved["train"]["peak_flops_per_device"]
     set_seed(cfg.train.seed)  # the same initial weights whatever data preparation drew
     model = build_model(cfg, vocab_size)

@@ -81,7 +81,7 @@ class DataConfig:
     tokenizer: str | None = role("recipe", keyed_in=(), default=None)
     """Hub name (e.g. "bert-base-uncased") or local folder; None: train WordPiece on the training documents.
     WordPiece training is not bit-reproducible (tokenizers issue #1794: hash-map order breaks ties), so a trained
-    tokenizer is cached under cache_dir and saved with the run; to resume elsewhere, point this at RUN/tokenizer."""
+    tokenizer is cached under cache_dir and saved with the run (RUN/tokenizer), which a resumed run loads."""
     vocab_size: int = role("recipe", keyed_in=("tokenizer", "instances", "batches"), default=30522)
     """Vocabulary size of a trained tokenizer (ignored when ``tokenizer`` is set)."""
     lowercase: bool = role("recipe", keyed_in=("tokenizer", "instances", "batches"), default=True)

@@ -43,7 +43,7 @@ def train_wordpiece_tokenizer(texts: Iterable[str], *, vocab_size: int, lowercas
 
 # A tokenizer has two identities, and each key takes the one it depends on (both fixed: existing runs' keys stay):
 # - vocab_hash, its vocabulary (token -> id): what a checkpoint's embedding rows mean. The processes of a run and a
-#   resumed run must agree on it (vocabulary.check_one_vocabulary, check_same_trained_tokenizer), and it is part of
+#   resumed run must agree on it (vocabulary.check_one_vocabulary, with_trained_vocabulary), and it is part of
 #   the batches' fingerprint (vocabulary.data_fingerprint), whatever the tokenizer's name or folder.
 # - pipeline_hash, everything that turns text into ids (normaliser, pre-tokenizer, vocabulary, special tokens): what
 #   the prepared instances are made with (instance_cache.data_cache_key). A changed normaliser with the same

@@ -3,6 +3,7 @@ with, and the data position of a checkpoint is only reused for the same sequence
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from pathlib import Path
@@ -10,24 +11,24 @@ from typing import Any
 
 from accelerate import Accelerator
 from accelerate.utils import gather_object
-from tokenizers import Tokenizer
 
 from pretrain.common.roles import not_keyed_in
 from pretrain.config import ConfigError, PretrainConfig, to_dict
+from pretrain.data.config import DataConfig
 from pretrain.data.tokenizer import vocab_hash
+from pretrain.run_folder.checkpointing import TOKENIZER_DIR
 
 
-def check_same_trained_tokenizer(tokenizer: Any, saved_dir: Path) -> None:
-    """A resumed run must see the vocabulary it was trained with. When data.cache_dir has no tokenizer for the
-    config, the run takes in its own (training.trained_vocabulary); one that holds another (trained there by
-    another run: WordPiece training is not bit-reproducible) is refused."""
-    saved = saved_dir / "tokenizer.json"
-    if saved.is_file() and vocab_hash(Tokenizer.from_file(str(saved))) != vocab_hash(tokenizer):
-        raise ValueError(
-            f"the WordPiece tokenizer trained now differs from the one the checkpoint was trained with ({saved_dir}); "
-            f"data.cache_dir holds another one for this config (tokenizer training is not bit-reproducible). Resume with "
-            f"--data.tokenizer={saved_dir}"
-        )
+def with_trained_vocabulary(data: DataConfig, resume_from: Path | None) -> DataConfig:
+    """``data``, except that a resumed run whose WordPiece tokenizer was trained loads it from the checkpoint's
+    run folder, as if ``data.tokenizer`` named it. WordPiece training is not bit-reproducible, so the vocabulary
+    the checkpoint was trained with is the run's own, whatever ``data.cache_dir`` holds now: a corpus copied again
+    has new mtimes (a new cache key, nothing cached), a lost cache nothing at all, a shared one perhaps another
+    run's. ``data.tokenizer`` is in no key, so the instances' cache key and the data fingerprint are unchanged."""
+    saved = None if resume_from is None else resume_from.parent.parent / TOKENIZER_DIR
+    if data.tokenizer is not None or saved is None or not (saved / "tokenizer.json").is_file():
+        return data
+    return dataclasses.replace(data, tokenizer=str(saved))
 
 
 def check_one_vocabulary(accelerator: Accelerator, tokenizer: Any) -> None:
