@@ -149,6 +149,11 @@ class ModelConfig:
         return config
 
 
+# Schedules every supported transformers has: a config that names one is checked without importing transformers
+# (about 4 s of CPU before the options are read); any other name is checked against transformers' SchedulerType.
+COMMON_SCHEDULERS = ("linear", "cosine", "constant", "constant_with_warmup", "polynomial")
+
+
 @dataclass(kw_only=True)
 class OptimConfig:
     """AdamW and the learning-rate schedule (weight decay never applies to LayerNorm parameters or biases)."""
@@ -183,10 +188,11 @@ class OptimConfig:
         _require(self.eps > 0, "optim.eps", "must be > 0")
         _require(self.weight_decay >= 0, "optim.weight_decay", "must be >= 0")
         _require(self.max_grad_norm >= 0, "optim.max_grad_norm", "must be >= 0 (0 disables clipping)")
-        from transformers.trainer_utils import SchedulerType
+        if self.scheduler not in COMMON_SCHEDULERS:
+            from transformers.trainer_utils import SchedulerType
 
-        names = [s.value for s in SchedulerType]
-        _require(self.scheduler in names, "optim.scheduler", f"must be one of {', '.join(names)}")
+            names = [s.value for s in SchedulerType]
+            _require(self.scheduler in names, "optim.scheduler", f"must be one of {', '.join(names)}")
 
     def resolved_warmup_steps(self, max_steps: int) -> int:
         if self.warmup_steps is not None:

@@ -24,6 +24,8 @@ from pretrain.data.instance_cache import SUMMARY_FILE, prepared_dir, read_summar
 from pretrain.data.pipeline import DataConfig, PreparationRequired, SourceConfig, build_pretraining_data, is_prepared
 from pretrain.prepare import format_report, source_checks
 from pretrain.prepare import main as prepare_main
+from pretrain.run_folder.checkpointing import latest_checkpoint
+from pretrain.run_folder.layout import read_status
 from tests.pretrain_helpers import accelerate_launch, tiny_args
 from tests.test_data import WORDS, make_documents, tiny_config, write_jsonl
 
@@ -299,7 +301,9 @@ def test_prepare_command_prints_summary_and_is_idempotent(tmp_path: Path, capsys
 @pytest.mark.slow
 def test_two_process_training_refuses_then_finds_the_prepared_cache(tmp_path: Path) -> None:
     """`accelerate launch --multi_gpu --num_processes 2` (CPU): without prepared data it stops and prints the
-    command; after that command it starts from the prepared cache without preparing anything."""
+    command; after that command it starts from the prepared cache without preparing anything, and trains to the
+    end with both processes (their random states in the checkpoint). Resuming under two processes:
+    test_multinode.py; a preemption of both: test_pretrain.py."""
     articles = write_jsonl(tmp_path / "wiki.jsonl", make_documents(60, seed=1))
     write_books(tmp_path / "books.jsonl", n_books=3, sentences_per_book=100)
     sources = (
@@ -317,7 +321,9 @@ def test_two_process_training_refuses_then_finds_the_prepared_cache(tmp_path: Pa
     (folder,) = (tmp_path / "cache").glob("instances-*/")
     started = accelerate_launch(["--multi_gpu", "--num_processes", "2", "--main_process_port", "29528"], argv, tmp_path)
     assert started.returncode == 0, started.stdout[-3000:] + started.stderr[-3000:]
-    assert "2 process(es)" in started.stdout
+    assert "2 process(es), global batch 16" in started.stdout and read_status(tmp_path / "run")["status"] == "finished"
+    checkpoint = latest_checkpoint(tmp_path / "run")
+    assert {p.name for p in checkpoint.glob("random_states_*.pkl")} == {"random_states_0.pkl", "random_states_1.pkl"}
     assert "Preparing instances" not in started.stderr
     assert [p.name for p in (tmp_path / "cache").glob("instances-*/")] == [folder.name]  # nothing else prepared
 

@@ -83,20 +83,6 @@ def test_tiny_run_writes_the_documented_layout(tmp_path: Path, data_cache: Path)
     assert (run / "tokenizer" / "tokenizer.json").is_file()
 
 
-def test_default_config_runs_through_the_same_entry_point(tmp_path: Path, data_cache: Path) -> None:
-    """The built-in default (tiny model, python_docs, trained WordPiece), cut to a few steps."""
-    run = tmp_path / "default"
-    argv = [
-        f"--train.output_dir={run}",
-        f"--data.cache_dir={data_cache}",
-        "--train.max_steps=3",
-        "--train.eval_batches=1",
-    ]
-    assert main(argv) == 0
-    assert read_status(run)["status"] == "finished"
-    assert [s.step for s in list_snapshots(run)] == [0, 3]
-
-
 @pytest.mark.parametrize("placement", ["post", "pre"])
 def test_both_placements_learn(tmp_path: Path, data_cache: Path, placement: str) -> None:
     run = tmp_path / placement
@@ -315,26 +301,10 @@ def test_true_default_run_finishes_offline(tmp_path: Path) -> None:
     run = tmp_path / "runs" / "lnbert-post"
     assert read_status(run)["status"] == "finished"
     assert f"snapshots    {Path('runs/lnbert-post/snapshots')}" in result.stdout
+    assert [s.step for s in list_snapshots(run)] == [0, read_status(run)["step"]]
     first, *_, last = val_losses(run)
     assert last < first
     assert elapsed < 300, elapsed
-
-
-@pytest.mark.slow
-def test_two_processes(tmp_path: Path, data_cache: Path) -> None:
-    run = tmp_path / "ddp"
-    result = accelerate_launch(["--multi_gpu", "--num_processes", "2", "--main_process_port", "29517"],
-                         tiny_args(run, data_cache, "--train.max_steps=4"), tmp_path)  # fmt: skip
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    assert "2 process(es), global batch 16" in result.stdout
-    assert read_status(run)["status"] == "finished"
-    checkpoint = latest_checkpoint(run)
-    assert {p.name for p in checkpoint.glob("random_states_*.pkl")} == {"random_states_0.pkl", "random_states_1.pkl"}
-    # Resume under two processes too.
-    result = accelerate_launch(["--multi_gpu", "--num_processes", "2", "--main_process_port", "29518"],
-                         tiny_args(run, data_cache, "--train.max_steps=6", "--train.resume=auto"), tmp_path)  # fmt: skip
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    assert read_status(run)["step"] == 6
 
 
 @pytest.mark.slow

@@ -149,7 +149,6 @@ def test_reproduce_script_names_its_missing_inputs(tmp_path: Path) -> None:
     assert "set CORPUS to a folder with wiki.jsonl and books.jsonl" in result.stderr
 
 
-@pytest.mark.slow  # each case imports the project to read train.output_dir: ~10 s on a busy 2-core machine
 @pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
 @pytest.mark.parametrize(
     ("signalled", "run_status", "restarts", "requeued"),

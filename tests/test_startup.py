@@ -17,6 +17,7 @@ COMMANDS = {
     "pretrain/run.py": ["pretrain/run.py"],  # what `accelerate launch pretrain/run.py` starts
     "pretrain.prepare": ["-m", "pretrain.prepare"],
     "pretrain.export": ["-m", "pretrain.export"],
+    "pretrain.output_dir": ["-m", "pretrain.output_dir"],  # launch/slurm_pretrain.sbatch, at every (re)start
     "pretrain.analysis": ["-m", "pretrain.analysis", "grid"],
     "finetune.run": ["-m", "finetune.run"],
     "finetune.schedule": ["-m", "finetune.schedule", "run"],
@@ -50,6 +51,16 @@ def test_a_wrong_choice_is_answered_before_the_heavy_imports_with_a_suggestion()
     result = run_python("-m", "pretrain.run", "--model.norm_placement=preln")
     assert result.returncode == 2
     assert "did you mean 'pre'?" in result.stderr
+    assert not imported_modules(result.stderr) & set(HEAVY)
+
+
+def test_a_whole_valid_config_is_read_before_the_heavy_imports(tmp_path: Path) -> None:
+    """Every section's checks run without torch or transformers: what launch/slurm_pretrain.sbatch pays at each
+    (re)start to find the run folder."""
+    preset = REPO / "configs" / "pretrain" / "bert_base_pre_ln.yaml"
+    result = run_python("-m", "pretrain.output_dir", "--config", str(preset), f"--train.output_dir={tmp_path}")
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.strip() == str(tmp_path)
     assert not imported_modules(result.stderr) & set(HEAVY)
 
 
