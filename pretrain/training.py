@@ -591,13 +591,15 @@ def decide_at_start(cfg: PretrainConfig, accelerator: Accelerator, tokenizer: An
 
 
 def prepare_training(
-    cfg: PretrainConfig, accelerator: Accelerator, resume_from: Path | None, same_run: bool, prepare_command: str
+    cfg: PretrainConfig, accelerator: Accelerator, resume_from: Path | None, same_run: bool, argv: list[str] | None
 ) -> tuple[TrainingSetup, TrainState]:
-    """``same_run``: ``resume_from`` is a checkpoint of this run folder (not a run continued in a new folder)."""
+    """``same_run``: ``resume_from`` is a checkpoint of this run folder (not a run continued in a new folder);
+    ``argv``: the run's arguments, which the data-preparation command it may print repeats."""
     run_dir = Path(cfg.train.output_dir)
     set_seed(cfg.train.seed)
+    data_cfg, overrides = with_trained_vocabulary(cfg.data, resume_from)
     data = build_pretraining_data(
-        with_trained_vocabulary(cfg.data, resume_from),
+        data_cfg,
         seed=cfg.train.seed,
         # A resumed run keeps the tokenizer it saved (never overwritten by a re-trained one).
         save_tokenizer_to=run_dir / TOKENIZER_DIR if accelerator.is_main_process and not same_run else None,
@@ -605,7 +607,7 @@ def prepare_training(
         model_vocab_size=cfg.model.vocab_size,
         # Several processes: a large corpus must have been prepared by pretrain/prepare.py (not under a barrier).
         num_processes=accelerator.num_processes,
-        prepare_command=prepare_command,
+        prepare_command=prepare_command(None if argv is None else [*argv, *overrides]),
         progress=accelerator.is_main_process,
         # After main_process_first the main process's tokenizer is in the run folder, which every node sees.
         trained_tokenizer=None if accelerator.is_main_process else run_dir / TOKENIZER_DIR,
@@ -680,7 +682,7 @@ def pretrain(cfg: PretrainConfig, argv: list[str] | None = None) -> str:
     if problem := agreed(accelerator, room_problem(run_dir, TOKENIZER_ROOM) if accelerator.is_main_process else ""):
         return stop_for_full_disk(accelerator, cfg, start_step, problem)
     try:
-        setup, state = prepare_training(cfg, accelerator, resume_from, same_run, prepare_command(argv))
+        setup, state = prepare_training(cfg, accelerator, resume_from, same_run, argv)
         if accelerator.is_main_process:
             # What the run trains on, before it starts: a mixture that is not what the weights ask for, or a tiny
             # validation split, is seen now rather than after the run (the same report as pretrain.prepare's).

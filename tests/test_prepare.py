@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import shlex
 import subprocess
 import sys
 from collections import Counter
@@ -19,11 +20,14 @@ import pytest
 
 import pretrain.data.instance_cache
 import pretrain.data.tokenizer
+from pretrain.config import parse_args
 from pretrain.data.corpus import load_documents
 from pretrain.data.instance_cache import SUMMARY_FILE, prepared_dir, read_summary
 from pretrain.data.pipeline import DataConfig, PreparationRequired, SourceConfig, build_pretraining_data, is_prepared
-from pretrain.prepare import format_report, source_checks
+from pretrain.data.vocabulary import with_trained_vocabulary
+from pretrain.prepare import format_report, prepare_command, source_checks
 from pretrain.prepare import main as prepare_main
+from pretrain.run import main as run_main
 from pretrain.run_folder.checkpointing import latest_checkpoint
 from pretrain.run_folder.layout import read_status
 from tests.pretrain_helpers import accelerate_launch, tiny_args
@@ -296,6 +300,26 @@ def test_prepare_command_prints_summary_and_is_idempotent(tmp_path: Path, capsys
     assert [p.name for p in (tmp_path / "cache").glob("instances-*/")] == [folder.name]
     with pytest.raises(ValueError, match=r"unknown key 'data\.rows_per_doc'"):
         prepare_main([*args, "--data.rows_per_doc=3"])
+
+
+def test_a_resumed_run_asks_to_prepare_its_data_with_its_own_tokenizer(tmp_path: Path) -> None:
+    """The corpus copied again (new mtimes: nothing cached under the new key): a resumed run of several processes
+    that must wait for prepared data prints a preparation command that makes the instances it will look for, with
+    the run's own tokenizer. The run's arguments alone would train another tokenizer and prepare other instances."""
+    corpus = write_jsonl(tmp_path / "corpus.jsonl", make_documents(60, seed=1))
+    run = tmp_path / "run"
+    argv = tiny_args(run, tmp_path / "cache", f"--data.sources=[{{kind: json, path: {corpus}}}]",
+                     "--data.max_inline_preparation_mb=0")  # fmt: skip
+    assert run_main([*argv, "--train.stop_at_step=3"]) == 0
+    os.utime(corpus, ns=(corpus.stat().st_atime_ns, corpus.stat().st_mtime_ns + 10**9))
+    cfg = parse_args(argv)
+    data, overrides = with_trained_vocabulary(cfg.data, latest_checkpoint(run))
+    with pytest.raises(PreparationRequired) as refused:
+        build_pretraining_data(data, seed=cfg.train.seed, num_processes=2, prepare_command=prepare_command([*argv, *overrides]))
+    printed = shlex.split(str(refused.value).split("\n    ")[1].split("\nthen")[0])
+    assert printed[:3] == ["python", "-m", "pretrain.prepare"] and printed[3:] == [*argv, *overrides]
+    assert prepare_main(argv) == 0 and not is_prepared(data, seed=cfg.train.seed)  # the run's arguments alone
+    assert prepare_main(printed[3:]) == 0 and is_prepared(data, seed=cfg.train.seed)
 
 
 @pytest.mark.slow

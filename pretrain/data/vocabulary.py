@@ -19,16 +19,19 @@ from pretrain.data.tokenizer import vocab_hash
 from pretrain.run_folder.checkpointing import TOKENIZER_DIR
 
 
-def with_trained_vocabulary(data: DataConfig, resume_from: Path | None) -> DataConfig:
+def with_trained_vocabulary(data: DataConfig, resume_from: Path | None) -> tuple[DataConfig, list[str]]:
     """``data``, except that a resumed run whose WordPiece tokenizer was trained loads it from the checkpoint's
-    run folder, as if ``data.tokenizer`` named it. WordPiece training is not bit-reproducible, so the vocabulary
-    the checkpoint was trained with is the run's own, whatever ``data.cache_dir`` holds now: a corpus copied again
-    has new mtimes (a new cache key, nothing cached), a lost cache nothing at all, a shared one perhaps another
-    run's. ``data.tokenizer`` is in no key, so the instances' cache key and the data fingerprint are unchanged."""
+    run folder, as if ``data.tokenizer`` named it; and the override that says so on a command line (the data
+    preparation a run with several processes may ask for must make its instances with that vocabulary).
+
+    WordPiece training is not bit-reproducible, so the vocabulary the checkpoint was trained with is the run's own,
+    whatever ``data.cache_dir`` holds now: a corpus copied again has new mtimes (a new cache key, nothing cached),
+    a lost cache nothing at all, a shared one perhaps another run's. ``data.tokenizer`` is in no key, so the
+    instances' cache key and the data fingerprint are unchanged."""
     saved = None if resume_from is None else resume_from.parent.parent / TOKENIZER_DIR
     if data.tokenizer is not None or saved is None or not (saved / "tokenizer.json").is_file():
-        return data
-    return dataclasses.replace(data, tokenizer=str(saved))
+        return data, []
+    return dataclasses.replace(data, tokenizer=str(saved)), [f"--data.tokenizer={saved}"]
 
 
 def check_one_vocabulary(accelerator: Accelerator, tokenizer: Any) -> None:
