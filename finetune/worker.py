@@ -23,7 +23,7 @@ from finetune.manifest import JobSpec, Manifest, ManifestJob, ResultsFolder, loa
 from finetune.store import ResultStore
 from finetune.tracking import WandbSettings, job_run
 from pretrain.run_folder.identity import read_run_id
-from pretrain.run_folder.layout import SNAPSHOT_INFO, SNAPSHOT_MARKER, list_snapshots
+from pretrain.run_folder.layout import SNAPSHOT_INFO, SNAPSHOT_MARKER, list_snapshots, run_folder_of
 from pretrain.run_folder.manifest import ManifestError, verify_manifest
 
 if TYPE_CHECKING:
@@ -153,7 +153,7 @@ def describe_model(model: str | Path, store: ResultStore) -> dict[str, Any]:
         }
     check_not_a_run_folder(path)
     info = _read_json(path / SNAPSHOT_INFO)
-    run_dir = path.resolve().parent.parent if info else path.resolve()
+    run_dir = run_folder_of(path) if info else path.resolve()
     snapshot_hash = store.snapshot_hash(path)
     return {
         "run_id": _run_id(run_dir, snapshot_hash) if info else f"model-{snapshot_hash}",

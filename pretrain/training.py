@@ -63,7 +63,14 @@ from pretrain.run_folder.checkpointing import (
     writing,
 )
 from pretrain.run_folder.identity import ensure_run_id
-from pretrain.run_folder.layout import METRICS_FILE, RUN_CONFIG_FILE, STATUS_FILE, step_dirname, write_json_atomic
+from pretrain.run_folder.layout import (
+    METRICS_FILE,
+    RUN_CONFIG_FILE,
+    STATUS_FILE,
+    run_folder_of,
+    step_dirname,
+    write_json_atomic,
+)
 from pretrain.run_folder.status import Heartbeat, StopRequest, write_status
 from pretrain.tracking.metrics import (
     clip_coefficient,
@@ -677,7 +684,7 @@ def pretrain(cfg: PretrainConfig, argv: list[str] | None = None) -> str:
     resume_from = resolve_resume(run_dir, to_dict(cfg), cfg.train.resume, warn)
     accelerator.wait_for_everyone()  # every process has checked the directory before the main one writes
     start_step = checkpoint_step(resume_from) if resume_from else 0
-    same_run = resume_from is not None and resume_from.parent.parent.resolve() == run_dir.resolve()
+    same_run = resume_from is not None and run_folder_of(resume_from) == run_dir.resolve()
     # The tokenizer is saved during data preparation, before the model's size is known: room for it first.
     if problem := agreed(accelerator, room_problem(run_dir, TOKENIZER_ROOM) if accelerator.is_main_process else ""):
         return stop_for_full_disk(accelerator, cfg, start_step, problem)

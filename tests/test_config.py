@@ -238,3 +238,13 @@ def test_tensorboard_backend_without_the_extra_names_the_install(monkeypatch: py
     ):
         TrackingConfig(backend="tensorboard")
     TrackingConfig(backend="none")  # the other backends do not need it
+
+
+def test_the_schedules_checked_without_transformers_are_transformers_own() -> None:
+    """OptimConfig accepts these names without importing transformers (the command line is read before it), so
+    each must be a schedule transformers' get_scheduler knows; one dropped upstream would pass here and fail later."""
+    from transformers.trainer_utils import SchedulerType
+
+    from pretrain.config import COMMON_SCHEDULERS
+
+    assert set(COMMON_SCHEDULERS) <= {s.value for s in SchedulerType}

@@ -17,6 +17,7 @@ from pretrain.config import ConfigError, PretrainConfig, to_dict
 from pretrain.data.config import DataConfig
 from pretrain.data.tokenizer import vocab_hash
 from pretrain.run_folder.checkpointing import TOKENIZER_DIR
+from pretrain.run_folder.layout import run_folder_of
 
 
 def with_trained_vocabulary(data: DataConfig, resume_from: Path | None) -> tuple[DataConfig, list[str]]:
@@ -28,7 +29,7 @@ def with_trained_vocabulary(data: DataConfig, resume_from: Path | None) -> tuple
     whatever ``data.cache_dir`` holds now: a corpus copied again has new mtimes (a new cache key, nothing cached),
     a lost cache nothing at all, a shared one perhaps another run's. ``data.tokenizer`` is in no key, so the
     instances' cache key and the data fingerprint are unchanged."""
-    saved = None if resume_from is None else resume_from.parent.parent / TOKENIZER_DIR
+    saved = None if resume_from is None else run_folder_of(resume_from) / TOKENIZER_DIR
     if data.tokenizer is not None or saved is None or not (saved / "tokenizer.json").is_file():
         return data, []
     return dataclasses.replace(data, tokenizer=str(saved)), [f"--data.tokenizer={saved}"]

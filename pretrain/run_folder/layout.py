@@ -27,6 +27,11 @@ def step_dirname(step: int) -> str:
     return f"step_{step:08d}"
 
 
+def run_folder_of(step_dir: str | Path) -> Path:
+    """The run folder a checkpoint or snapshot belongs to (RUN/checkpoints/step_X, RUN/snapshots/step_X), resolved."""
+    return Path(step_dir).resolve().parent.parent
+
+
 # The name run files are written by elsewhere (run.py, analysis, tests); the one implementation is
 # pretrain/common/atomic.py.
 write_json_atomic = write_json

@@ -27,7 +27,7 @@ from typing import Any
 
 from pretrain.common.roles import by_section, keys_where
 from pretrain.config import ADDED_FIELD_DEFAULTS, PretrainConfig
-from pretrain.run_folder.layout import SNAPSHOT_INFO, write_json_atomic
+from pretrain.run_folder.layout import SNAPSHOT_INFO, run_folder_of, write_json_atomic
 
 SUMMARY_LINES = 40
 """Summary values W&B prints when a run ends: its default (10, in key order) hides val/* behind the train/* keys."""
@@ -119,7 +119,7 @@ def run_identity(run_dir: Path, resume_from: Path | None, group: str, project: s
       extends the same W&B run and curve (its config is updated to the new phase's).
     """
     if resume_from is not None:
-        source = Path(resume_from).resolve().parent.parent
+        source = run_folder_of(resume_from)
         if source == Path(run_dir).resolve():
             identity = read_run_file(run_dir)
         else:
