@@ -46,11 +46,13 @@ stopped() {
 trap stopped INT
 phase() { echo "$(date -u +%FT%TZ) $SECONDS s  $*" | tee -a "$OUT/timing.txt"; }
 
-# Documents are mixed by weight until the first source runs out: 34:1 (about 2734 articles : 81 books) uses
-# 94% of the documents, and makes the 2% held-out documents a validation set of both kinds.
+# Documents are mixed by weight until the first source runs out: 34:1 counted in documents (about 2734 articles :
+# 81 books) uses 94% of the documents, and makes the 2% held-out documents a validation set of both kinds. The
+# presets count weights in words; 34:1 in words would take 2 of the 81 books (1.4% of the tokens).
 sources="[{kind: json, path: $CORPUS/wiki.jsonl, weight: 34}, {kind: json, path: $CORPUS/books.jsonl, weight: 1}]"
 common=(
   --data.sources="$sources"
+  --data.weight_by=documents
   --data.validation_fraction=0.02
   --data.cache_dir="$OUT/cache"
   --train.max_steps="$STEPS"
@@ -114,7 +116,7 @@ phase "4. random-init baseline done"
 
 # 5. Warm-up x peak-lr grid at depth 12 (does Post-LN need warm-up?), same data; two cells at a time.
 [[ ${SKIP_GRID:-0} == 1 ]] && exit 0
-overrides="[\"data.sources=$sources\", data.validation_fraction=0.02, \"data.tokenizer=$tokenizer\",
+overrides="[\"data.sources=$sources\", data.weight_by=documents, data.validation_fraction=0.02, \"data.tokenizer=$tokenizer\",
   \"data.cache_dir=$OUT/cache\", train.eval_batches=20]"
 python -m pretrain.analysis grid --preset=configs/pretrain/small_post_ln.yaml --placements='[post, pre]' --jobs=2 \
   --warmup_steps='[0, 50]' --lrs='[3e-4, 1e-3, 3e-3]' --max_steps="$GRID_STEPS" --depths='[12]' --hidden_sizes='[128]' \

@@ -3,6 +3,7 @@ placements with the same seed and data."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -11,7 +12,9 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import yaml
 
+from pretrain.config import parse_args
 from pretrain.run_folder.layout import read_metrics, read_status
 from tests.conftest import TINY_MODEL_ARGS
 
@@ -147,6 +150,38 @@ def test_reproduce_script_names_its_missing_inputs(tmp_path: Path) -> None:
     )
     assert result.returncode != 0
     assert "set CORPUS to a folder with wiki.jsonl and books.jsonl" in result.stderr
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+def test_reproduce_script_trains_every_run_on_the_mixture_it_describes(tmp_path: Path) -> None:
+    """A stand-in python records every command of launch/reproduce_cpu.sh; the real config parser then reads the
+    pretraining runs' and the grid's data sections. They are one data config (the runs differ in placement and
+    schedule only), mixing the sources 34:1 counted in documents, as the script's comment and docs/results.md say:
+    the presets count weights in words, under which 34:1 took 2 of the 81 books (found in a run of 2026-12-02)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    calls_dir = tmp_path / "calls"  # a file a call: the script runs several at once
+    calls_dir.mkdir()
+    _fake(bin_dir, "python", f'printf \'%s\\0\' "$@" > "$(mktemp -p {calls_dir})"\n')
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "CORPUS": "/corpus", "GLUE": "/glue",
+           "OUT": str(tmp_path / "out"), "FT_PRECISION": "no"}  # fmt: skip
+    result = subprocess.run(["bash", str(ROOT / "launch" / "reproduce_cpu.sh")], cwd=tmp_path, env=env,
+                            capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    calls = [path.read_text().split("\0")[:-1] for path in calls_dir.iterdir()]
+    pretraining = [call[1:] for call in calls if call[0] == "pretrain/run.py"]
+    assert len(pretraining) == 4, calls  # the cache warm-up, Post-LN, Pre-LN, Post-LN at 3e-4
+    data = [parse_args(argv).data for argv in pretraining]
+    (grid,) = [call for call in calls if call[:3] == ["-m", "pretrain.analysis", "grid"]]
+    preset = next(a.removeprefix("--preset=") for a in grid if a.startswith("--preset="))
+    overrides = yaml.safe_load(next(a.removeprefix("--overrides=") for a in grid if a.startswith("--overrides=")))
+    data.append(parse_args(["--config", preset, *(f"--{item}" for item in overrides)]).data)
+    for cfg in data:
+        assert cfg.weight_by == "documents"
+        assert [(s.path, s.weight) for s in cfg.sources] == [("/corpus/wiki.jsonl", 34), ("/corpus/books.jsonl", 1)]
+    shared = [dataclasses.replace(cfg, tokenizer=None) for cfg in data]  # the warm-up trains the shared tokenizer
+    assert all(cfg == shared[0] for cfg in shared)
+    assert {cfg.tokenizer for cfg in data[1:]} == {str(tmp_path / "out" / "warm_cache" / "tokenizer")}
 
 
 @pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
