@@ -103,15 +103,20 @@ python -m finetune.report --runs="[$OUT/post_ln, $OUT/pre_ln, $OUT/post_ln_lr3e-
   --tasks='[mrpc, rte]' --out="$OUT/report" > "$OUT/report.log" 2>&1
 phase "3. report written: $OUT/report/summary.md"
 
-# 4. The baseline without pretraining: the same architecture, tokenizer and recipe from random weights (own
-#    store: another recipe), one task per core.
+# 4. The baseline without pretraining: the same architecture, tokenizer and recipe from random weights, one task
+#    per core. A store per task: another recipe than step 2's, and a store has one writer at a time (a second
+#    finetune.run on it stops at once).
 last=$(printf "%s/pre_ln/snapshots/step_%08d" "$OUT" "$STEPS")
+baseline=()
 for task in mrpc rte; do
   python -m finetune.run --model="$last" --task="$task" --data_dir="$GLUE" --lrs="$lrs" --seeds="$seeds" \
-    --store="$OUT/finetune_random_init.sqlite" --recipe.torch_threads=1 --recipe.progress=false "${recipe[@]}" \
+    --store="$OUT/finetune_random_init_$task.sqlite" --recipe.torch_threads=1 --recipe.progress=false "${recipe[@]}" \
     --recipe.random_init=true > "$OUT/finetune_random_init_$task.log" 2>&1 &
+  baseline+=("$!:$task")
 done
-wait
+for job in "${baseline[@]}"; do  # each one's exit code: a plain `wait` would call a failed task done
+  wait "${job%%:*}" || { echo "=== the ${job#*:} baseline failed: see $OUT/finetune_random_init_${job#*:}.log" >&2; exit 1; }
+done
 phase "4. random-init baseline done"
 
 # 5. Warm-up x peak-lr grid at depth 12 (does Post-LN need warm-up?), same data; two cells at a time.

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -152,23 +153,32 @@ def test_reproduce_script_names_its_missing_inputs(tmp_path: Path) -> None:
     assert "set CORPUS to a folder with wiki.jsonl and books.jsonl" in result.stderr
 
 
-@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
-def test_reproduce_script_trains_every_run_on_the_mixture_it_describes(tmp_path: Path) -> None:
-    """A stand-in python records every command of launch/reproduce_cpu.sh; the real config parser then reads the
-    pretraining runs' and the grid's data sections. They are one data config (the runs differ in placement and
-    schedule only), mixing the sources 34:1 counted in documents, as the script's comment and docs/results.md say:
-    the presets count weights in words, under which 34:1 took 2 of the 81 books (found in a run of 2026-12-02)."""
+def _reproduce_calls(tmp_path: Path, fail: str = "") -> tuple[subprocess.CompletedProcess, list[list[str]]]:
+    """launch/reproduce_cpu.sh run whole against a stand-in python that records each command's arguments (and
+    exits 1 for a command whose arguments contain ``fail``), with the commands it ran."""
     bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
+    bin_dir.mkdir(parents=True)
     calls_dir = tmp_path / "calls"  # a file a call: the script runs several at once
     calls_dir.mkdir()
-    _fake(bin_dir, "python", f'printf \'%s\\0\' "$@" > "$(mktemp -p {calls_dir})"\n')
+    body = f'printf "%s\\0" "$@" > "$(mktemp -p {calls_dir})"\n'
+    if fail:
+        body += f'[[ "$*" == *{shlex.quote(fail)}* ]] && exit 1\nexit 0\n'
+    _fake(bin_dir, "python", body)
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "CORPUS": "/corpus", "GLUE": "/glue",
            "OUT": str(tmp_path / "out"), "FT_PRECISION": "no"}  # fmt: skip
     result = subprocess.run(["bash", str(ROOT / "launch" / "reproduce_cpu.sh")], cwd=tmp_path, env=env,
                             capture_output=True, text=True, timeout=60)  # fmt: skip
+    return result, [path.read_text().split("\0")[:-1] for path in calls_dir.iterdir()]
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+def test_reproduce_script_trains_every_run_on_the_mixture_it_describes(tmp_path: Path) -> None:
+    """The real config parser reads the data sections of the script's pretraining runs and of its grid. They are
+    one data config (the runs differ in placement and schedule only), mixing the sources 34:1 counted in documents,
+    as the script's comment and docs/results.md say: the presets count weights in words, under which 34:1 took 2
+    of the 81 books (found in the run of 2026-12-02)."""
+    result, calls = _reproduce_calls(tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
-    calls = [path.read_text().split("\0")[:-1] for path in calls_dir.iterdir()]
     pretraining = [call[1:] for call in calls if call[0] == "pretrain/run.py"]
     assert len(pretraining) == 4, calls  # the cache warm-up, Post-LN, Pre-LN, Post-LN at 3e-4
     data = [parse_args(argv).data for argv in pretraining]
@@ -181,7 +191,25 @@ def test_reproduce_script_trains_every_run_on_the_mixture_it_describes(tmp_path:
         assert [(s.path, s.weight) for s in cfg.sources] == [("/corpus/wiki.jsonl", 34), ("/corpus/books.jsonl", 1)]
     shared = [dataclasses.replace(cfg, tokenizer=None) for cfg in data]  # the warm-up trains the shared tokenizer
     assert all(cfg == shared[0] for cfg in shared)
-    assert {cfg.tokenizer for cfg in data[1:]} == {str(tmp_path / "out" / "warm_cache" / "tokenizer")}
+    tokenizer = str(tmp_path / "out" / "warm_cache" / "tokenizer")
+    assert sorted(cfg.tokenizer or "" for cfg in data) == ["", tokenizer, tokenizer, tokenizer, tokenizer]
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+def test_reproduce_script_baseline_jobs_run_side_by_side_and_report_a_failure(tmp_path: Path) -> None:
+    """The random-init baseline runs one finetune.run per task at once: each needs its own store (a store has one
+    writer; the run of 2026-12-02 lost its MRPC baseline to the lock), and a task that fails stops the script
+    with its name instead of a "done"."""
+    result, calls = _reproduce_calls(tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    stores = [next(a for a in call if a.startswith("--store=")) for call in calls if call[:2] == ["-m", "finetune.run"]]
+    assert len(stores) == 2 and len(set(stores)) == 2, stores
+    schedule = next(call for call in calls if call[:2] == ["-m", "finetune.schedule"])
+    assert not set(stores) & set(schedule)
+
+    result, _ = _reproduce_calls(tmp_path / "failing", fail="--task=mrpc")
+    assert result.returncode == 1
+    assert "the mrpc baseline failed" in result.stderr and "4. random-init baseline done" not in result.stdout
 
 
 @pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
