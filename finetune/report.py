@@ -427,7 +427,8 @@ def warnings_for(
     points: list[dict[str, Any]], tasks: list[str], baselines: dict[str, dict[str, float | None]] | None = None
 ) -> list[str]:
     """Sentences for the reader when the fine-tuning results cannot tell the runs apart: every point predicts
-    one class, or (per task) every point predicts one class or none beats the dev set's majority class."""
+    one class, or (per task) every point predicts one class or none beats the dev set's majority class by more
+    than its interval (a mean a point above it, with an interval of several, is the majority class too)."""
     if points and all(p["one_class"] for p in points):
         return [
             "**No snapshot beats the majority class**: at every point every seed predicts (almost) one class, so "
@@ -442,12 +443,18 @@ def warnings_for(
             out.append(
                 f"Every {task.upper()} point predicts (almost) one class: its accuracies say nothing of the runs."
             )
-        elif mine and majority is not None and all(p["accuracy"] <= majority for p in mine):
+        elif mine and majority is not None and not any(_lower_bound(p) > majority for p in mine):
             out.append(
-                f"No {task.upper()} point beats the majority class ({100 * majority:.2f}%): pretrain longer or use "
-                "a larger model before reading its accuracies."
+                f"No {task.upper()} point beats the majority class ({100 * majority:.2f}%) beyond its 95% interval: "
+                "pretrain longer or use a larger model before reading its accuracies."
             )
     return out
+
+
+def _lower_bound(point: dict[str, Any]) -> float:
+    """The accuracy interval's lower end; the mean itself where there is no interval (one seed)."""
+    low = point.get("accuracy_low")
+    return point["accuracy"] if low is None or math.isnan(low) else low
 
 
 def summary_markdown(
