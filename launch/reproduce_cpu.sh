@@ -8,9 +8,10 @@
 # computes bf16 natively, else fp32) on the same data, seed and tokenizer: Post-LN (1% warm-up, peak 1e-4),
 # Pre-LN (no warm-up, 3e-4), and Post-LN at 3e-4 (does it diverge?). While they train, the scheduler fine-tunes
 # every snapshot of the first two on all of MRPC and RTE (3 epochs, 3 seeds); then the report draws the Figure 5
-# panels. Steps 1-3 took 83 minutes on 2 CPU cores with AVX512-BF16 (docs/results.md, BENCHMARKS.md); on 2 cores
-# without it the three runs alone took 1.5 s a step (fp32), before any fine-tuning started. Step 4 (random-init
-# baseline) took 5 minutes and step 5 (warm-up x lr grid at depth 12) 31 more. Every process uses one thread;
+# panels. Steps 1-3 took 83 minutes on 2 cores of an AMD EPYC with AVX512-BF16 and 88 on 2 of an Intel Xeon with
+# AMX (docs/results.md section 4); on 2 cores without native bf16 the three runs alone took 1.5 s a step (fp32),
+# before any fine-tuning started. Step 4 (random-init baseline) took 5-7 minutes and step 5 (warm-up x lr grid at
+# depth 12) 31 more. Every process uses one thread;
 # OUT/timing.txt records each phase.
 #
 # Knobs (environment): OUT, STEPS, SNAPSHOTS, SEEDS, LRS, FT_EPOCHS, FT_MAX_TRAIN (empty: all),
