@@ -427,8 +427,8 @@ def warnings_for(
     points: list[dict[str, Any]], tasks: list[str], baselines: dict[str, dict[str, float | None]] | None = None
 ) -> list[str]:
     """Sentences for the reader when the fine-tuning results cannot tell the runs apart: every point predicts
-    one class, or (per task) every point predicts one class or none beats the dev set's majority class by more
-    than its interval (a mean a point above it, with an interval of several, is the majority class too)."""
+    one class, or (per task) every point predicts one class or none beats the dev set's majority class beyond its
+    interval (a mean one point above it, ± three, is no better than the majority class)."""
     if points and all(p["one_class"] for p in points):
         return [
             "**No snapshot beats the majority class**: at every point every seed predicts (almost) one class, so "

@@ -105,8 +105,8 @@ python -m finetune.report --runs="[$OUT/post_ln, $OUT/pre_ln, $OUT/post_ln_lr3e-
 phase "3. report written: $OUT/report/summary.md"
 
 # 4. The baseline without pretraining: the same architecture, tokenizer and recipe from random weights, one task
-#    per core. A store per task: another recipe than step 2's, and a store has one writer at a time (a second
-#    finetune.run on it stops at once).
+#    per core. Stores of their own (another recipe than step 2's), one per task: a store has one writer at a time,
+#    and a second finetune.run on it stops at once.
 last=$(printf "%s/pre_ln/snapshots/step_%08d" "$OUT" "$STEPS")
 baseline=()
 for task in mrpc rte; do
