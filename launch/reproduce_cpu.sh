@@ -10,7 +10,7 @@
 # every snapshot of the first two on all of MRPC and RTE (3 epochs, 3 seeds); then the report draws the Figure 5
 # panels. Steps 1-3 took 83 minutes on 2 cores of an AMD EPYC with AVX512-BF16 and 88 on 2 of an Intel Xeon with
 # AMX (docs/results.md section 4); on 2 cores without native bf16 the three runs alone took 1.5 s a step (fp32),
-# before any fine-tuning started. Step 4 (random-init baseline) took 5-7 minutes and step 5 (warm-up x lr grid at
+# before any fine-tuning started. Step 4 (random-init baseline) took 5-6 minutes and step 5 (warm-up x lr grid at
 # depth 12) 31 more. Every process uses one thread;
 # OUT/timing.txt records each phase.
 #
@@ -50,12 +50,15 @@ phase() { echo "$(date -u +%FT%TZ) $SECONDS s  $*" | tee -a "$OUT/timing.txt"; }
 # Documents are mixed by weight until the first source runs out: 34:1 counted in documents (about 2734 articles :
 # 81 books) uses 94% of the documents, and makes the 2% held-out documents a validation set of both kinds. The
 # presets count weights in words; 34:1 in words would take 2 of the 81 books (1.4% of the tokens).
-sources="[{kind: json, path: $CORPUS/wiki.jsonl, weight: 34}, {kind: json, path: $CORPUS/books.jsonl, weight: 1}]"
-common=(
-  --data.sources="$sources"
+# Every run of this script, the grid's cells included, reads its data through these options.
+data=(
+  --data.sources="[{kind: json, path: $CORPUS/wiki.jsonl, weight: 34}, {kind: json, path: $CORPUS/books.jsonl, weight: 1}]"
   --data.weight_by=documents
   --data.validation_fraction=0.02
   --data.cache_dir="$OUT/cache"
+)
+common=(
+  "${data[@]}"
   --train.max_steps="$STEPS"
   --train.snapshot_steps="$SNAPSHOTS"
   --train.snapshot_at_start=false
@@ -122,8 +125,8 @@ phase "4. random-init baseline done"
 
 # 5. Warm-up x peak-lr grid at depth 12 (does Post-LN need warm-up?), same data; two cells at a time.
 [[ ${SKIP_GRID:-0} == 1 ]] && exit 0
-overrides="[\"data.sources=$sources\", data.weight_by=documents, data.validation_fraction=0.02, \"data.tokenizer=$tokenizer\",
-  \"data.cache_dir=$OUT/cache\", train.eval_batches=20]"
+overrides=$(printf '"%s", ' "${data[@]#--}" "data.tokenizer=$tokenizer")  # a YAML list of key=value
+overrides="[${overrides}train.eval_batches=20]"
 python -m pretrain.analysis grid --preset=configs/pretrain/small_post_ln.yaml --placements='[post, pre]' --jobs=2 \
   --warmup_steps='[0, 50]' --lrs='[3e-4, 1e-3, 3e-3]' --max_steps="$GRID_STEPS" --depths='[12]' --hidden_sizes='[128]' \
   --num_heads=4 --seeds='[0]' --boundary_seeds=1 --probe_steps=0 --overrides="$overrides" --out="$OUT/grid" > "$OUT/grid.log" 2>&1
