@@ -247,13 +247,14 @@ def resolve_resume(
             if resume == "auto":  # e.g. killed while preparing data, before run_config.json: the same run, anew
                 warn(f"--train.resume=auto: nothing to resume in {run_dir} (no {RUN_CONFIG_FILE}, no checkpoint): starting the run")
             return None
-        if resume == "" and config_differences(run_dir, requested, IDENTICAL_RUN_IGNORES):
+        check_same_run(run_dir, requested)  # first: a key that --train.resume=auto would refuse too is named now
+        changed = config_differences(run_dir, requested, IDENTICAL_RUN_IGNORES) if resume == "" else []
+        if changed:
             raise ValueError(
-                f"train.output_dir={str(run_dir)!r} already holds a run with other settings ({config_file.name} or "
-                "checkpoints found). Continue it with --train.resume=auto, or start a new run in another directory "
-                "with --train.output_dir=NEW_DIR."
+                f"train.output_dir={str(run_dir)!r} already holds this run with other settings "
+                f"({', '.join(changed[:8])} differ from its {config_file.name}). Continue it with them with "
+                "--train.resume=auto, or start a new run in another directory with --train.output_dir=NEW_DIR."
             )
-        check_same_run(run_dir, requested)
         checkpoint = newest_verified_checkpoint(run_dir, warn)
         if checkpoint is None and checkpoints:
             raise ValueError(
