@@ -46,6 +46,14 @@ stopped() {
 }
 trap stopped INT
 phase() { echo "$(date -u +%FT%TZ) $SECONDS s  $*" | tee -a "$OUT/timing.txt"; }
+# A job that fails stops the script with its name and log ($OUT/NAME.log). wait_each PID:NAME...: each job's own
+# exit code (a bare `wait` returns 0, and `wait A B C` only C's, calling a failed job done).
+failed() { echo "=== $1 failed: see $OUT/$1.log" >&2; }
+wait_each() {
+  local job status=0
+  for job in "$@"; do wait "${job%%:*}" || { failed "${job#*:}"; status=1; }; done
+  return "$status"
+}
 
 # Documents are mixed by weight until the first source runs out: 34:1 counted in documents (about 2734 articles :
 # 81 books) uses 94% of the documents, and makes the 2% held-out documents a validation set of both kinds. The
@@ -84,22 +92,28 @@ lrs="[${LRS// /, }]" seeds="[${SEEDS// /, }]"  # the knobs are space-separated; 
 
 # 1. The tokenizer (WordPiece, 8192, trained on the corpus) and the instances, built once and shared.
 phase "1. tokenizer and instances"
-pretrain warm_cache small_post_ln --train.max_steps=1 --train.snapshot_steps='[]' --train.snapshot_at_end=false
+pretrain warm_cache small_post_ln --train.max_steps=1 --train.snapshot_steps='[]' --train.snapshot_at_end=false ||
+  { failed warm_cache; exit 1; }
 tokenizer="$OUT/warm_cache/tokenizer"
 
 # 2. The three runs side by side (same data order, masks, seed and tokenizer); the first two are fine-tuned
 #    as their snapshots appear.
 phase "2. pretraining (3 runs) and scheduled fine-tuning"
-pretrain post_ln small_post_ln --data.tokenizer="$tokenizer" &
-pretrain pre_ln small_pre_ln --data.tokenizer="$tokenizer" &
-pretrain post_ln_lr3e-4 small_post_ln --data.tokenizer="$tokenizer" --optim.lr=3e-4 &
+runs=()
+pretrain post_ln small_post_ln --data.tokenizer="$tokenizer" & runs+=("$!:post_ln")
+pretrain pre_ln small_pre_ln --data.tokenizer="$tokenizer" & runs+=("$!:pre_ln")
+pretrain post_ln_lr3e-4 small_post_ln --data.tokenizer="$tokenizer" --optim.lr=3e-4 & runs+=("$!:post_ln_lr3e-4")
 python -m finetune.schedule --runs="[$OUT/post_ln, $OUT/pre_ln]" --data_dir="$GLUE" --tasks='[mrpc, rte]' \
   --lrs="$lrs" --seeds="$seeds" --store="$OUT/finetune.sqlite" --mode=follow --workers="$FT_WORKERS" \
   --total_threads="$FT_WORKERS" "${recipe[@]}" > "$OUT/finetune.log" 2>&1 &
 scheduler=$!
-wait %1 %2 %3
+if ! wait_each "${runs[@]}"; then
+  kill -INT "$scheduler" 2>/dev/null || true  # it stops its workers and queues their jobs again
+  wait "$scheduler" || true
+  exit 1
+fi
 phase "   pretraining done"
-wait "$scheduler"
+wait_each "$scheduler:finetune" || exit 1
 phase "   fine-tuning done"
 
 # 3. Figure 5.
@@ -116,11 +130,9 @@ for task in mrpc rte; do
   python -m finetune.run --model="$last" --task="$task" --data_dir="$GLUE" --lrs="$lrs" --seeds="$seeds" \
     --store="$OUT/finetune_random_init_$task.sqlite" --recipe.torch_threads=1 --recipe.progress=false "${recipe[@]}" \
     --recipe.random_init=true > "$OUT/finetune_random_init_$task.log" 2>&1 &
-  baseline+=("$!:$task")
+  baseline+=("$!:finetune_random_init_$task")
 done
-for job in "${baseline[@]}"; do  # each one's exit code: a plain `wait` would call a failed task done
-  wait "${job%%:*}" || { echo "=== the ${job#*:} baseline failed: see $OUT/finetune_random_init_${job#*:}.log" >&2; exit 1; }
-done
+wait_each "${baseline[@]}" || exit 1
 phase "4. random-init baseline done"
 
 # 5. Warm-up x peak-lr grid at depth 12 (does Post-LN need warm-up?), same data; two cells at a time.

@@ -199,7 +199,7 @@ def test_reproduce_script_trains_every_run_on_the_mixture_it_describes(tmp_path:
 def test_reproduce_script_baseline_jobs_run_side_by_side_and_report_a_failure(tmp_path: Path) -> None:
     """The random-init baseline runs one finetune.run per task at once: each needs its own store (a store has one
     writer; the run of 2026-12-02 lost its MRPC baseline to the lock), and a task that fails stops the script
-    with its name instead of a "done"."""
+    with its name and log instead of a "done"."""
     result, calls = _reproduce_calls(tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
     stores = [next(a for a in call if a.startswith("--store=")) for call in calls if call[:2] == ["-m", "finetune.run"]]
@@ -209,7 +209,21 @@ def test_reproduce_script_baseline_jobs_run_side_by_side_and_report_a_failure(tm
 
     result, _ = _reproduce_calls(tmp_path / "failing", fail="--task=mrpc")
     assert result.returncode == 1
-    assert "the mrpc baseline failed" in result.stderr and "4. random-init baseline done" not in result.stdout
+    assert (
+        f"finetune_random_init_mrpc failed: see {tmp_path}/failing/out/finetune_random_init_mrpc.log" in result.stderr
+    )
+    assert "4. random-init baseline done" not in result.stdout
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+def test_reproduce_script_stops_at_a_failed_pretraining_run(tmp_path: Path) -> None:
+    """One of the three runs fails (the others finish): the script names it and stops, and fine-tunes nothing
+    more; `wait %1 %2 %3` returned only the last run's status and went on."""
+    result, calls = _reproduce_calls(tmp_path, fail="--train.run_name=pre_ln")
+    assert result.returncode == 1
+    assert f"pre_ln failed: see {tmp_path}/out/pre_ln.log" in result.stderr
+    assert "pretraining done" not in result.stdout
+    assert not [call for call in calls if call[:2] in (["-m", "finetune.report"], ["-m", "finetune.run"])]
 
 
 @pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
