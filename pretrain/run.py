@@ -17,7 +17,6 @@ disk, found before a save or by a write: README "Outcomes and exit codes" says w
 from __future__ import annotations
 
 import sys
-from typing import Any
 
 from pretrain.common.cli import run_cli
 from pretrain.config import help_text, parse_args
@@ -34,13 +33,6 @@ def main(argv: list[str] | None = None) -> int:
 
     run(cfg, argv)
     return 0
-
-
-def __getattr__(name: str) -> Any:
-    """The driver's names at their address before it moved to pretrain/training.py (``pretrain.run.pretrain``)."""
-    import pretrain.training
-
-    return getattr(pretrain.training, name)
 
 
 if __name__ == "__main__":

@@ -32,6 +32,7 @@ from torch import nn
 from tqdm.auto import tqdm
 from transformers import get_scheduler
 
+from pretrain.common.atomic import write_json
 from pretrain.common.device import choose_cpu_threads, env_flag
 from pretrain.common.hardware import auto_mixed_precision, cpu_bf16_warning, mfu_peak
 from pretrain.config import ConfigError, PretrainConfig, TrainConfig, resolved_config, to_dict
@@ -69,7 +70,6 @@ from pretrain.run_folder.layout import (
     STATUS_FILE,
     run_folder_of,
     step_dirname,
-    write_json_atomic,
 )
 from pretrain.run_folder.status import Heartbeat, StopRequest, write_status
 from pretrain.tracking.metrics import (
@@ -696,7 +696,7 @@ def pretrain(cfg: PretrainConfig, argv: list[str] | None = None) -> str:
             report = data_report(cfg, setup.tokenizer)
             if report is not None:
                 print(report, flush=True)
-            write_json_atomic(run_dir / RUN_CONFIG_FILE, setup.resolved)
+            write_json(run_dir / RUN_CONFIG_FILE, setup.resolved)
             ensure_run_id(run_dir)  # once per run: fine-tuning results are keyed by it (pretrain/run_folder/identity.py)
             # From step 0 (a new run, or one killed before its first checkpoint) no line of an earlier try is kept.
             setup.last_eval = rewind_metrics(run_dir, state.step if same_run else -1)

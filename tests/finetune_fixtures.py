@@ -19,11 +19,12 @@ from transformers import PreTrainedTokenizerFast
 from finetune.glue import TASKS, read_tsv
 from finetune.manifest import JobSpec
 from finetune.schedule import ScheduleConfig
+from pretrain.common.atomic import write_json
 from pretrain.common.cli import from_dict
 from pretrain.data.tokenizer import train_wordpiece_tokenizer
 from pretrain.modeling import LNBertConfig, LNBertForPreTraining
 from pretrain.run_folder.identity import ensure_run_id
-from pretrain.run_folder.layout import SNAPSHOT_INFO, SNAPSHOT_MARKER, step_dirname, write_json_atomic
+from pretrain.run_folder.layout import SNAPSHOT_INFO, SNAPSHOT_MARKER, step_dirname
 from pretrain.run_folder.manifest import write_manifest
 from tests.conftest import TINY
 
@@ -67,7 +68,7 @@ def write_snapshot(
         "metrics": {"val/mlm_loss": 5.0},
         "pretrain_config": {},
     }
-    write_json_atomic(path / SNAPSHOT_INFO, info)
+    write_json(path / SNAPSHOT_INFO, info)
     if complete:
         write_manifest(path)
         (path / SNAPSHOT_MARKER).write_text("")
@@ -103,7 +104,7 @@ def make_run(
 
 
 def set_status(run_dir: Path, name: str, placement: str, status: str, step: int) -> None:
-    write_json_atomic(
+    write_json(
         run_dir / "status.json",
         {
             "status": status,

@@ -10,7 +10,7 @@ import math
 import pytest
 import torch
 
-from pretrain import analysis
+from pretrain.analysis import cli, common, init_grads, init_scale, ln_jacobian, options
 from pretrain.modeling import LNBertConfig, LNBertModel
 
 # --------------------------------------------------------------------------------------------------
@@ -19,7 +19,7 @@ from pretrain.modeling import LNBertConfig, LNBertModel
 
 
 def test_layer_norm_jacobian_norm_is_sqrt_d_over_centred_norm():
-    rows = analysis.ln_jacobian_rows(dims=[16, 64, 200], scales=[1e-2, 1.0, 1e2], eps=1e-12, seed=0)
+    rows = ln_jacobian.ln_jacobian_rows(dims=[16, 64, 200], scales=[1e-2, 1.0, 1e2], eps=1e-12, seed=0)
     assert len(rows) == 9
     for row in rows:
         assert row["rel_err"] < 1e-3, row
@@ -29,14 +29,14 @@ def test_layer_norm_jacobian_norm_is_sqrt_d_over_centred_norm():
 def test_layer_norm_jacobian_identity_breaks_when_eps_dominates():
     # Guard against a measurement that would agree with anything: once ||y||^2/d is far below eps the
     # paper's formula is wrong by orders of magnitude, and only the eps-exact value still matches.
-    (row,) = analysis.ln_jacobian_rows(dims=[32], scales=[1e-4], eps=1e-5, seed=0)
+    (row,) = ln_jacobian.ln_jacobian_rows(dims=[32], scales=[1e-4], eps=1e-5, seed=0)
     assert row["rel_err"] > 0.9
     assert row["rel_err_eps"] < 1e-6
 
 
 def test_ln_jacobian_command_writes_table_and_png(tmp_path, capsys):
     out = tmp_path / "lnj"
-    assert analysis.main(["ln-jacobian", "--dims=[8, 24]", "--scales", "[0.1, 10]", "--out", str(out)]) == 0
+    assert cli.main(["ln-jacobian", "--dims=[8, 24]", "--scales", "[0.1, 10]", "--out", str(out)]) == 0
     assert "largest relative error" in capsys.readouterr().out
     assert (out / "ln_jacobian.png").stat().st_size > 1000
     results = json.loads((out / "results.json").read_text())
@@ -53,8 +53,8 @@ def test_ln_jacobian_command_writes_table_and_png(tmp_path, capsys):
 def simplified_scales() -> dict[str, tuple[list[float], list[float]]]:
     """Mean and standard error over 400 weight draws, d = 64, 6 layers (seeded: the test is deterministic)."""
     return {
-        placement: analysis.mean_and_sem(
-            analysis.simplified_stream_scale(placement, 64, 6, seq_len=8, num_sequences=2, num_draws=400, seed=1)
+        placement: common.mean_and_sem(
+            init_scale.simplified_stream_scale(placement, 64, 6, seq_len=8, num_sequences=2, num_draws=400, seed=1)
         )
         for placement in ("post", "pre")
     }
@@ -70,14 +70,14 @@ def test_simplified_post_ln_ffn_sum_is_one_and_a_half_d(simplified_scales):
 def test_simplified_pre_ln_stream_within_paper_bounds(simplified_scales):
     mean, sem = simplified_scales["pre"]
     for layer, (m, s) in enumerate(zip(mean, sem, strict=True), start=1):
-        low, high = analysis.paper_bounds(layer)
+        low, high = init_scale.paper_bounds(layer)
         assert low + 3 * s < m < high - 3 * s, (layer, m, s)
     assert all(b > a for a, b in itertools.pairwise(mean))  # grows with depth
 
 
 def test_simplified_setting_rejects_other_placements():
     with pytest.raises(ValueError, match="covers 'post' and 'pre' only"):
-        analysis.simplified_stream_scale("sandwich", 8, 1, 2, 1, 1, seed=0)
+        init_scale.simplified_stream_scale("sandwich", 8, 1, 2, 1, 1, seed=0)
 
 
 @pytest.mark.parametrize("placement", ["pre", "sandwich"])
@@ -86,7 +86,7 @@ def test_model_stream_hooks_read_the_raw_residual_stream(tiny_kwargs, placement)
         **tiny_kwargs, norm_placement=placement, init_scheme="xavier", hidden_dropout_prob=0.0,
         attention_probs_dropout_prob=0.0,
     )  # fmt: skip
-    scales = analysis.model_stream_scale(config, batch_size=2, seq_len=7, seed=0)
+    scales = init_scale.model_stream_scale(config, batch_size=2, seq_len=7, seed=0)
     torch.manual_seed(0)
     model = LNBertModel(config, add_pooling_layer=False).eval()
     ids = torch.randint(0, config.vocab_size, (2, 7), generator=torch.Generator().manual_seed(0))
@@ -105,7 +105,7 @@ def test_model_stream_hook_reads_post_ln_ffn_sum(tiny_kwargs):
         **tiny_kwargs, norm_placement="post", init_scheme="xavier", hidden_dropout_prob=0.0,
         attention_probs_dropout_prob=0.0,
     )  # fmt: skip
-    scales = analysis.model_stream_scale(config, batch_size=4, seq_len=16, seed=0)
+    scales = init_scale.model_stream_scale(config, batch_size=4, seq_len=16, seed=0)
     assert len(scales) == config.num_hidden_layers
     # Every Post-LN hidden state has ||x||^2/d = 1; the hook reads the FFN LayerNorm's input instead,
     # x_post5 = x_post3 + FFN(x_post3), whose expected size is 1 plus the FFN output's share.
@@ -119,7 +119,7 @@ def test_init_scale_command_writes_table_and_png(tmp_path, tiny_kwargs):
         "--hidden_size=32", "--num_heads=2", "--vocab_size=99", "--seq_len=9", "--batch_size=2",
         "--placements=[post, deepnorm]", "--init_schemes=[xavier]", "--out", str(out),
     ]  # fmt: skip
-    assert analysis.main(argv) == 0
+    assert cli.main(argv) == 0
     assert (out / "init_scale.png").stat().st_size > 1000
     results = json.loads((out / "results.json").read_text())
     assert sorted(results["model"]) == ["deepnorm/xavier", "post/xavier"]
@@ -132,11 +132,11 @@ def test_init_scale_command_writes_table_and_png(tmp_path, tiny_kwargs):
 # --------------------------------------------------------------------------------------------------
 
 
-def grads_args(cache_dir, **overrides) -> analysis.InitGradsConfig:
+def grads_args(cache_dir, **overrides) -> options.InitGradsConfig:
     """The init-grads config as its command line gives it, at a tiny size."""
     argv = ["init-grads", "--cache_dir", str(cache_dir), "--hidden_size=32", "--num_heads=2", "--seq_len=32",
             "--batch_size=8", "--vocab_size=300", "--max_documents=40", "--device=cpu"]  # fmt: skip
-    command, args = analysis.parse_args(argv)
+    command, args = cli.parse_args(argv)
     assert command == "init-grads"
     return dataclasses.replace(args, **overrides)
 
@@ -145,19 +145,19 @@ def grads_args(cache_dir, **overrides) -> analysis.InitGradsConfig:
 def python_docs_data(tmp_path_factory):
     """40 documents of Python's documentation, a 300-token WordPiece vocabulary, 32-token MLM sequences."""
     args = grads_args(tmp_path_factory.mktemp("cache"))
-    return args, analysis.load_mlm_data(args)
+    return args, init_grads.load_mlm_data(args)
 
 
 def test_ffn_gradient_norms_are_deterministic_and_per_layer(python_docs_data):
     args, data = python_docs_data
-    batch = analysis.mlm_batch(data, 4, seed=3)
+    batch = init_grads.mlm_batch(data, 4, seed=3)
     assert (batch["labels"] != -100).any()
-    config = analysis.model_config(args, "pre", "xavier", 3, len(data.tokenizer), data.tokenizer.pad_token_id)
-    w1, w2 = analysis.ffn_gradient_norms(config, batch, seed=5)
+    config = common.model_config(args, "pre", "xavier", 3, len(data.tokenizer), data.tokenizer.pad_token_id)
+    w1, w2 = init_grads.ffn_gradient_norms(config, batch, seed=5)
     assert len(w1) == len(w2) == 3
     assert all(math.isfinite(v) and v > 0 for v in w1 + w2)
-    assert analysis.ffn_gradient_norms(config, batch, seed=5) == (w1, w2)  # dropout off: same numbers
-    assert analysis.ffn_gradient_norms(config, batch, seed=6) != (w1, w2)
+    assert init_grads.ffn_gradient_norms(config, batch, seed=5) == (w1, w2)  # dropout off: same numbers
+    assert init_grads.ffn_gradient_norms(config, batch, seed=6) != (w1, w2)
 
 
 def test_pre_ln_last_layer_gradient_shrinks_with_depth(python_docs_data):
@@ -166,8 +166,8 @@ def test_pre_ln_last_layer_gradient_shrinks_with_depth(python_docs_data):
     args = dataclasses.replace(args, seeds=10, seed=0)
     last = {}
     for depth in (2, 8):
-        w2 = analysis.measure_init_grads(args, data, "xavier", "pre", depth)["w2"]
-        last[depth] = analysis.mean_and_sem(torch.tensor([[g[-1]] for g in w2]))
+        w2 = init_grads.measure_init_grads(args, data, "xavier", "pre", depth)["w2"]
+        last[depth] = common.mean_and_sem(torch.tensor([[g[-1]] for g in w2]))
     (shallow,), (shallow_sem,) = last[2]
     (deep,), (deep_sem,) = last[8]
     assert shallow - deep > 3 * math.hypot(shallow_sem, deep_sem), last
@@ -200,7 +200,7 @@ def test_init_grads_command_on_a_jsonl_file(tmp_path):
             "--num_heads=2", "--seq_len=16", "--batch_size=2", "--vocab_size=120", "--seeds=2",
             "--num_layers=3", "--depths=[1, 3]", "--placements=[post, sandwich, rezero]", "--init_schemes=[bert]",
             "--norm_types=[layernorm, rmsnorm]", "--out", str(out)]  # fmt: skip
-    assert analysis.main(argv) == 0
+    assert cli.main(argv) == 0
     assert (out / "init_grads.png").stat().st_size > 1000
     results = json.loads((out / "results.json").read_text())
     models = ("post", "sandwich", "rezero", "post-rmsnorm", "sandwich-rmsnorm", "rezero-rmsnorm")
@@ -214,9 +214,9 @@ def test_init_grads_command_on_a_jsonl_file(tmp_path):
 
 def test_init_grads_rejects_a_missing_data_file(tmp_path):
     with pytest.raises(FileNotFoundError, match="no such file"):
-        analysis.main(["init-grads", "--data", str(tmp_path / "nope.jsonl"), "--out", str(tmp_path)])
+        cli.main(["init-grads", "--data", str(tmp_path / "nope.jsonl"), "--out", str(tmp_path)])
 
 
 def test_ln_jacobian_default_eps_is_the_models_layer_norm_eps() -> None:
     """options.py writes BERT's eps out (it is read before transformers is imported); they must agree."""
-    assert analysis.LnJacobianConfig().eps == LNBertConfig().layer_norm_eps
+    assert options.LnJacobianConfig().eps == LNBertConfig().layer_norm_eps

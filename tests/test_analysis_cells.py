@@ -8,8 +8,7 @@ import math
 
 import pytest
 
-from pretrain import analysis
-from pretrain.analysis import common, init_grads, init_scale, perturb
+from pretrain.analysis import cli, common, init_grads, init_scale, perturb
 from pretrain.modeling import LNBertConfig
 
 # --------------------------------------------------------------------------------------------------
@@ -64,25 +63,25 @@ def test_init_grads_killed_mid_way_keeps_its_cells_and_continues(tmp_path, monke
 
     monkeypatch.setattr(init_grads, "measure_init_grads", dies_on_the_third)
     with pytest.raises(Killed):
-        analysis.main(grads_argv(tmp_path, out))
+        cli.main(grads_argv(tmp_path, out))
     assert sorted(p.name for p in (out / "cells").iterdir()) == ["bert__post__1.json", "bert__post__2.json"]
     assert not (out / "results.json").exists()
 
     measured.clear()
     monkeypatch.setattr(init_grads, "measure_init_grads", lambda *a, **k: measured.append(a[3:5]) or real(*a, **k))
-    assert analysis.main(grads_argv(tmp_path, out)) == 0
+    assert cli.main(grads_argv(tmp_path, out)) == 0
     assert measured == [("pre", 1), ("pre", 2)]  # the two finished cells were read, not measured again
     resumed = json.loads((out / "results.json").read_text())["raw"]
 
     # The same numbers as one uninterrupted run into a fresh folder.
     monkeypatch.setattr(init_grads, "measure_init_grads", real)
-    assert analysis.main(grads_argv(tmp_path, tmp_path / "fresh")) == 0
+    assert cli.main(grads_argv(tmp_path, tmp_path / "fresh")) == 0
     assert resumed == json.loads((tmp_path / "fresh" / "results.json").read_text())["raw"]
 
     # Another setting (more seeds) is not the stored cells' measurement: everything is measured again.
     measured.clear()
     monkeypatch.setattr(init_grads, "measure_init_grads", lambda *a, **k: measured.append(a[3:5]) or real(*a, **k))
-    assert analysis.main([*grads_argv(tmp_path, out), "--seeds=3"]) == 0
+    assert cli.main([*grads_argv(tmp_path, out), "--seeds=3"]) == 0
     assert len(measured) == 4
     assert len(json.loads((out / "results.json").read_text())["raw"]["bert/post/2"]["w2"]) == 3
 
@@ -103,13 +102,13 @@ def test_init_scale_killed_mid_way_keeps_its_cells_and_continues(tmp_path, monke
 
     monkeypatch.setattr(init_scale, "model_stream_scale", dies_on_pre)
     with pytest.raises(Killed):
-        analysis.main(argv)
+        cli.main(argv)
     names = sorted(p.name for p in (out / "cells").iterdir())
     assert names == ["model__post__xavier.json", "simplified__post.json", "simplified__pre.json"]
     calls.clear()
     monkeypatch.setattr(init_scale, "model_stream_scale", lambda config, *a: calls.append(config.norm_placement)
                         or real(config, *a))  # fmt: skip
-    assert analysis.main(argv) == 0
+    assert cli.main(argv) == 0
     assert calls == ["pre"]
     assert sorted(json.loads((out / "results.json").read_text())["model"]) == ["post/xavier", "pre/xavier"]
 
@@ -129,7 +128,7 @@ def test_layer_spread_is_the_coefficient_of_variation_and_the_first_to_last_rati
 
 def test_init_grads_table_has_the_spread(tmp_path):
     out = tmp_path / "grads"
-    assert analysis.main(grads_argv(tmp_path, out)) == 0
+    assert cli.main(grads_argv(tmp_path, out)) == 0
     table = (out / "table.txt").read_text()
     assert "spread of the per-layer gradient norms" in table and "W2 CV" in table
 
@@ -166,7 +165,7 @@ def test_init_perturb_command_writes_table_png_and_cells(tmp_path):
     argv = ["init-perturb", "--hidden_size=16", "--num_heads=2", "--vocab_size=64", "--seq_len=8", "--batch_size=2",
             "--seeds=2", "--depths=[1, 4]", "--init_schemes=[xavier]", "--placements=[post, admin, rezero]",
             "--out", str(out)]  # fmt: skip
-    assert analysis.main(argv) == 0
+    assert cli.main(argv) == 0
     results = json.loads((out / "results.json").read_text())
     assert sorted(results["raw"]) == sorted(f"xavier/{p}/{d}" for p in ("post", "admin", "rezero") for d in (1, 4))
     assert results["raw"]["xavier/rezero/4"] == [0.0, 0.0]
@@ -245,7 +244,7 @@ def test_the_gpu_grid_preset_parses_to_every_placement_and_norm_type():
     from pretrain.placements import ALIASES, PLACEMENTS
 
     preset = Path(__file__).resolve().parents[1] / "configs" / "analysis" / "grid_gpu.yaml"
-    command, args = analysis.parse_args(["grid", "--config", str(preset)])
+    command, args = cli.parse_args(["grid", "--config", str(preset)])
     assert command == "grid"
     assert {p for p, _ in args.models.values()} == set(PLACEMENTS) - set(ALIASES)  # peri is sandwich
     assert {t for _, t in args.models.values()} == {"layernorm", "rmsnorm", "dyt"}

@@ -23,7 +23,7 @@ from finetune.dashboard import DashboardConfig
 from finetune.report import ReportConfig
 from finetune.run import RunConfig
 from finetune.schedule import IngestConfig, ScheduleConfig, StatusConfig
-from pretrain.analysis import GridConfig, InitGradsConfig, InitScaleConfig, LnJacobianConfig
+from pretrain.analysis.options import GridConfig, InitGradsConfig, InitScaleConfig, LnJacobianConfig
 from pretrain.common.cli import ConfigError, _convert, field_type, flatten, parse, read_yaml, run_cli, to_dict
 from pretrain.config import PretrainConfig
 

@@ -20,6 +20,7 @@ from safetensors.torch import load_file
 
 import pretrain.run_folder.status as status_module
 import pretrain.training as run_module
+from pretrain.common.atomic import write_json
 from pretrain.run import main
 from pretrain.run_folder.checkpointing import latest_checkpoint, list_checkpoints
 from pretrain.run_folder.layout import (
@@ -28,7 +29,6 @@ from pretrain.run_folder.layout import (
     list_snapshots,
     read_metrics,
     read_status,
-    write_json_atomic,
 )
 from pretrain.run_folder.manifest import MANIFEST_FILE
 from pretrain.training import TrainingFailed
@@ -260,7 +260,7 @@ def test_leftover_temp_folders_of_any_step_are_removed(tmp_path: Path, data_cach
 def test_written_files_follow_the_umask(tmp_path: Path, data_cache: Path) -> None:
     previous = os.umask(0o022)
     try:
-        write_json_atomic(tmp_path / "x.json", {"a": 1})
+        write_json(tmp_path / "x.json", {"a": 1})
         assert (tmp_path / "x.json").stat().st_mode & 0o777 == 0o644
         run = tmp_path / "run"
         assert main(tiny_args(run, data_cache, "--train.max_steps=1")) == 0
@@ -542,5 +542,5 @@ def test_a_failed_json_write_leaves_no_temp_file(tmp_path: Path, monkeypatch: py
 
     monkeypatch.setattr(json, "dump", disk_full)
     with pytest.raises(OSError, match="No space left"):
-        write_json_atomic(tmp_path / "status.json", {"status": "failed"})
+        write_json(tmp_path / "status.json", {"status": "failed"})
     assert list(tmp_path.iterdir()) == []

@@ -12,7 +12,7 @@ import pytest
 import torch
 from transformers import AutoModelForPreTraining, AutoModelForSequenceClassification, BertConfig, BertForPreTraining
 
-import pretrain  # noqa: F401  (registers the Auto classes)
+import pretrain.modeling  # noqa: F401  (registers the Auto classes)
 from pretrain.modeling import NORM_PLACEMENTS, LNBertConfig, LNBertForPreTraining
 
 pytestmark = [

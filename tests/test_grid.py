@@ -15,11 +15,11 @@ import numpy as np
 import pytest
 import torch
 
-from pretrain import analysis
-from pretrain.analysis import grid, outcomes, probes
+from pretrain.analysis import cli, grid, outcomes, probes
+from pretrain.common import reporting
+from pretrain.common.atomic import write_json
 from pretrain.common.cli import ConfigError, parse, to_dict
 from pretrain.config import PretrainConfig
-from pretrain.run_folder.layout import write_json_atomic
 
 RULES = outcomes.Rules(trained_margin=0.1, blowup_margin=1.0, tail_fraction=0.1)
 H_TRAIN, CE_VAL = 6.0, 6.2  # unigram entropy of the training tokens, validation unigram cross-entropy
@@ -162,14 +162,14 @@ def test_depth_is_an_axis_of_the_grid_and_reaches_each_run():
     argv = ["grid", "--placements=[post, deepnorm]", "--depths=[2, 5]", "--hidden_sizes=[48]", "--lrs=[1e-3]",
             "--warmup_steps=[0, 3]", "--max_steps=7", "--probe_steps=2",
             "--overrides=[train.max_steps=9, --data.vocab_size=500]"]  # fmt: skip
-    _, args = analysis.parse_args(argv)
-    cells = analysis.grid_cells(args, args.seeds)
+    _, args = cli.parse_args(argv)
+    cells = grid.grid_cells(args, args.seeds)
     assert len(cells) == 2 * 2 * 2  # placements x depths x warm-ups
     assert cells[0].placement == "post" and cells[1].placement == "deepnorm"  # placements innermost
     assert {c.depth for c in cells} == {2, 5} and len({c.name for c in cells}) == len(cells)
     cell = next(c for c in cells if c.depth == 5 and c.warmup == 3 and c.placement == "deepnorm")
     assert cell.name == "deepnorm-d5-h48-w3-lr0.001-s0"
-    run_argv = analysis.cell_overrides(args, cell, grid.Path("cell"))
+    run_argv = grid.cell_overrides(args, cell, grid.Path("cell"))
     for expected in ("--model.num_hidden_layers=5", "--model.hidden_size=48", "--model.intermediate_size=192",
                      "--model.norm_placement=deepnorm", "--optim.warmup_steps=3", "--optim.lr=0.001",
                      "--train.seed=0", "--train.log_every=1", "--train.snapshot_at_start=true",
@@ -180,17 +180,17 @@ def test_depth_is_an_axis_of_the_grid_and_reaches_each_run():
 
 def test_grid_options_are_checked():
     with pytest.raises(ConfigError, match="overrides item 'max_steps' is not KEY=VALUE"):
-        analysis.parse_args(["grid", "--overrides=[max_steps]"])
+        cli.parse_args(["grid", "--overrides=[max_steps]"])
     with pytest.raises(ConfigError, match=r"unknown key 'train\.max_step'; did you mean 'train\.max_steps'"):
-        analysis.parse_args(["grid", "--overrides=[train.max_step=3]"])
+        cli.parse_args(["grid", "--overrides=[train.max_step=3]"])
     with pytest.raises(ConfigError, match="depths must be positive"):
-        analysis.parse_args(["grid", "--depths=[0, 4]"])
+        cli.parse_args(["grid", "--depths=[0, 4]"])
     with pytest.raises(ConfigError, match="depths must be a non-empty list without repeats"):
-        analysis.parse_args(["grid", "--depths=[4, 4]"])
+        cli.parse_args(["grid", "--depths=[4, 4]"])
     with pytest.raises(ConfigError, match="hidden_sizes must be positive multiples of num_heads=2"):
-        analysis.parse_args(["grid", "--hidden_sizes=[33]"])
+        cli.parse_args(["grid", "--hidden_sizes=[33]"])
     with pytest.raises(ConfigError, match="warmup_steps must be <= max_steps=10"):
-        analysis.parse_args(["grid", "--warmup_steps=[20]", "--max_steps=10"])
+        cli.parse_args(["grid", "--warmup_steps=[20]", "--max_steps=10"])
 
 
 def _result(outcome, loss=6.0, step=None):
@@ -199,9 +199,9 @@ def _result(outcome, loss=6.0, step=None):
 
 
 def test_boundary_settings_get_more_seeds_and_disagreeing_seeds_are_shown():
-    _, args = analysis.parse_args(["grid", "--placements=[post, pre]", "--depths=[2, 4]", "--lrs=[1e-3, 1e-2]",
+    _, args = cli.parse_args(["grid", "--placements=[post, pre]", "--depths=[2, 4]", "--lrs=[1e-3, 1e-2]",
                                    "--warmup_steps=[0]", "--seeds=[0]", "--boundary_seeds=2"])  # fmt: skip
-    results = {cell: _result("trained") for cell in analysis.grid_cells(args, [0])}
+    results = {cell: _result("trained") for cell in grid.grid_cells(args, [0])}
     assert grid.extra_seed_cells(args, results) == []
     deep_fast_post = grid.Cell("post", 128, 4, 0, 1e-2, 0)
     results[deep_fast_post] = _result("diverged", None, 17)
@@ -226,7 +226,7 @@ def test_boundary_settings_get_more_seeds_and_disagreeing_seeds_are_shown():
 
 def test_read_cell_takes_the_last_line_of_a_step_logged_twice(tmp_path):
     """A run killed after its checkpoint at step 2 had logged step 3; the resumed run logs step 3 again."""
-    write_json_atomic(tmp_path / "status.json", {"status": "finished", "step": 4, "diverged_at_step": None})
+    write_json(tmp_path / "status.json", {"status": "finished", "step": 4, "diverged_at_step": None})
     lines = (
         [{"step": 0, "val/mlm_loss": 7.6}]
         + [{"step": step, "train/mlm_loss": loss} for step, loss in ((1, 7.5), (2, 7.0), (3, 9.9), (3, 6.8), (4, 6.5))]
@@ -257,13 +257,14 @@ class FakeRun:
         if self.block:
             assert self.stopped.wait(timeout=30)
         out = next(a.split("=", 1)[1] for a in self.argv if a.startswith("--train.output_dir="))
-        write_json_atomic(grid.Path(out) / "status.json", {"status": "preempted", "step": 3})
+        write_json(grid.Path(out) / "status.json", {"status": "preempted", "step": 3})
         return 0
 
 
 @pytest.fixture
 def fake_runs(monkeypatch):
     FakeRun.started = []
+    reporting.pyplot()  # matplotlib's first import lists the system fonts through subprocess: before the fake
     monkeypatch.setattr(subprocess, "Popen", FakeRun)
     monkeypatch.setattr(probes, "probe_cell", lambda run_dir, **kw: {})
     return FakeRun.started
@@ -272,12 +273,12 @@ def fake_runs(monkeypatch):
 def test_an_interrupted_cell_resumes_and_a_finished_one_is_read(tmp_path, fake_runs):
     """What run_cell asks pretrain/run.py for: nothing for a finished run, --train.resume=auto for a run with a
     checkpoint; a run killed before its first checkpoint is moved aside and started over."""
-    _, args = analysis.parse_args(["grid", "--out", str(tmp_path), "--probe_steps=0"])
+    _, args = cli.parse_args(["grid", "--out", str(tmp_path), "--probe_steps=0"])
     finished, resumable, killed = (grid.Cell("pre", 128, d, 0, 1e-3, 0) for d in (2, 3, 4))
     runs = tmp_path / "runs"
-    write_json_atomic(runs / finished.name / "status.json", {"status": "finished", "step": 7})
-    write_json_atomic(runs / resumable.name / "checkpoints" / "step_00000003" / "train_state.json", {"step": 3})
-    write_json_atomic(runs / killed.name / "run_config.json", _run_config(args, killed, runs / killed.name))
+    write_json(runs / finished.name / "status.json", {"status": "finished", "step": 7})
+    write_json(runs / resumable.name / "checkpoints" / "step_00000003" / "train_state.json", {"step": 3})
+    write_json(runs / killed.name / "run_config.json", _run_config(args, killed, runs / killed.name))
     assert grid.run_cell(args, finished)["status"] == "finished" and fake_runs == []
     grid.run_cell(args, resumable)
     assert fake_runs[-1].argv[-1] == "--train.resume=auto"
@@ -294,21 +295,21 @@ def _run_config(args, cell, run_dir) -> dict:
 def test_a_run_with_other_settings_in_a_cells_folder_is_neither_read_nor_continued(tmp_path, fake_runs):
     """A grid rerun on the same --out with another --max_steps (or other overrides) must not take the old
     finished runs for its cells, nor continue the interrupted ones with another schedule."""
-    _, old = analysis.parse_args(["grid", "--out", str(tmp_path), "--probe_steps=0", "--max_steps=100"])
-    _, new = analysis.parse_args(["grid", "--out", str(tmp_path), "--probe_steps=0", "--max_steps=500"])
+    _, old = cli.parse_args(["grid", "--out", str(tmp_path), "--probe_steps=0", "--max_steps=100"])
+    _, new = cli.parse_args(["grid", "--out", str(tmp_path), "--probe_steps=0", "--max_steps=500"])
     finished, resumable = grid.Cell("pre", 128, 2, 0, 1e-3, 0), grid.Cell("post", 128, 2, 0, 1e-3, 0)
     runs = tmp_path / "runs"
     for cell in (finished, resumable):
-        write_json_atomic(runs / cell.name / "run_config.json", _run_config(old, cell, runs / cell.name))
-    write_json_atomic(runs / finished.name / "status.json", {"status": "finished", "step": 100})
-    write_json_atomic(runs / resumable.name / "checkpoints" / "step_00000003" / "train_state.json", {"step": 3})
+        write_json(runs / cell.name / "run_config.json", _run_config(old, cell, runs / cell.name))
+    write_json(runs / finished.name / "status.json", {"status": "finished", "step": 100})
+    write_json(runs / resumable.name / "checkpoints" / "step_00000003" / "train_state.json", {"step": 3})
     for cell in (finished, resumable):
         result = grid.run_cell(new, cell)
         assert (result["status"], result["outcome"]) == ("failed", "incomplete")
         assert "train.max_steps" in result["message"] and "another --out" in result["message"]
     assert fake_runs == [] and (runs / resumable.name / "checkpoints").is_dir()  # nothing run, nothing moved
     # Saving more or less often does not make another cell.
-    _, saving = analysis.parse_args(["grid", "--out", str(tmp_path), "--probe_steps=0", "--max_steps=100",
+    _, saving = cli.parse_args(["grid", "--out", str(tmp_path), "--probe_steps=0", "--max_steps=100",
                                      "--overrides=[train.checkpoint_every=50]"])  # fmt: skip
     assert grid.run_cell(saving, finished)["status"] == "finished" and fake_runs == []
     # The grid it was made with reads the finished run (and resumes the other) as before.
@@ -328,16 +329,16 @@ def test_report_only_runs_nothing_and_reports_the_cells_that_ran(tmp_path, fake_
               ("post", 48, 1e-3, 1): 6.2}  # fmt: skip
     for (placement, depth, lr, seed), loss in losses.items():
         run_dir = runs / grid.Cell(placement, 128, depth, 0, lr, seed).name
-        write_json_atomic(run_dir / "status.json", {"status": "finished", "step": 4})
+        write_json(run_dir / "status.json", {"status": "finished", "step": 4})
         rows = [{"step": s, "train/mlm_loss": 6.5} for s in (1, 2, 3, 4)] + [{"step": 4, "val/mlm_loss": loss}]
         (run_dir / "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
     unended = grid.Cell("sandwich", 128, 6, 0, 1e-3, 0)  # not among --placements: not reported
-    write_json_atomic(runs / unended.name / "status.json", {"status": "running", "step": 2})
+    write_json(runs / unended.name / "status.json", {"status": "running", "step": 2})
     started = grid.Cell("pre", 128, 48, 0, 3e-3, 0)  # started elsewhere, not ended
-    write_json_atomic(runs / started.name / "status.json", {"status": "running", "step": 2})
+    write_json(runs / started.name / "status.json", {"status": "running", "step": 2})
     reference = {"train_unigram_entropy": 6.1, "val_unigram_cross_entropy": 6.2}
     monkeypatch.setattr(probes, "probe_cell", lambda run_dir, **kw: dict(reference))
-    assert analysis.main(argv) == 0
+    assert cli.main(argv) == 0
     assert fake_runs == []  # nothing was run
     results = json.loads((tmp_path / "results.json").read_text())
     assert set(results["cells"]) == {grid.Cell(p, 128, d, 0, lr, s).name for p, d, lr, s in losses} | {started.name}
@@ -352,10 +353,10 @@ def test_report_only_runs_nothing_and_reports_the_cells_that_ran(tmp_path, fake_
 
 def test_a_stopped_grid_stops_its_running_cells_and_starts_no_more(tmp_path, fake_runs, monkeypatch):
     monkeypatch.setattr(subprocess, "Popen", lambda argv, **kw: FakeRun(argv, block=True))
-    _, args = analysis.parse_args(["grid", "--out", str(tmp_path), "--placements=[pre]", "--depths=[2, 3, 4]",
+    _, args = cli.parse_args(["grid", "--out", str(tmp_path), "--placements=[pre]", "--depths=[2, 3, 4]",
                                    "--warmup_steps=[0]", "--lrs=[1e-3]", "--jobs=1"])  # fmt: skip
     stopper = grid.Stopper()
-    cells = analysis.grid_cells(args, args.seeds)
+    cells = grid.grid_cells(args, args.seeds)
     worker = threading.Thread(target=lambda: found.update(grid.run_cells(args, cells, stopper)))
     found: dict = {}
     worker.start()
@@ -391,7 +392,7 @@ def test_grid_runs_its_cells_and_continues_after_a_stop(tmp_path):
             "--max_steps=6", "--hidden_sizes=[16]", "--probe_steps=2", "--boundary_seeds=0", "--jobs=2",
             "--out", str(out)]  # fmt: skip
     # The first sitting is stopped at step 3 (as SIGTERM would: a checkpoint, status preempted).
-    assert analysis.main([*argv, "--overrides", json.dumps([*overrides, "train.stop_at_step=3"])]) == 1
+    assert cli.main([*argv, "--overrides", json.dumps([*overrides, "train.stop_at_step=3"])]) == 1
     cells = json.loads((out / "results.json").read_text())["cells"]
     ok = cells["pre-d2-h16-w0-lr0.001-s0"]
     assert ok["status"] == "preempted" and ok["outcome"] == "incomplete"
@@ -399,7 +400,7 @@ def test_grid_runs_its_cells_and_continues_after_a_stop(tmp_path):
     assert blown["outcome"] == "diverged" and 1 <= blown["diverged_at_step"] <= 3
     # The second sitting: the diverged cells are read, the stopped ones continue from step 3.
     argv += ["--overrides", json.dumps(overrides)]
-    assert analysis.main(argv) == 0
+    assert cli.main(argv) == 0
     results = json.loads((out / "results.json").read_text())
     cells = results["cells"]
     ok = cells["pre-d2-h16-w0-lr0.001-s0"]
@@ -417,7 +418,7 @@ def test_grid_runs_its_cells_and_continues_after_a_stop(tmp_path):
     assert (out / "grid.png").stat().st_size > 1000 and (out / "boundary.png").stat().st_size > 1000
     # A third sitting trains nothing: every cell is read.
     logs = {p: p.stat().st_mtime_ns for p in (out / "logs").iterdir()}
-    assert analysis.main(argv) == 0
+    assert cli.main(argv) == 0
     assert {p: p.stat().st_mtime_ns for p in (out / "logs").iterdir()} == logs
 
 
@@ -451,7 +452,7 @@ class FinishingRun(FakeRun):
     def wait(self):
         assert self.stopped.wait(timeout=30)
         out = next(a.split("=", 1)[1] for a in self.argv if a.startswith("--train.output_dir="))
-        write_json_atomic(grid.Path(out) / "status.json", {"status": "finished", "step": 3})
+        write_json(grid.Path(out) / "status.json", {"status": "finished", "step": 3})
         return 0
 
 
@@ -461,7 +462,7 @@ def test_two_grids_on_one_out_run_a_shared_cell_once(tmp_path, fake_runs, monkey
     monkeypatch.setattr(subprocess, "Popen", lambda argv, **kw: FinishingRun(argv))
     lines: list[str] = []
     monkeypatch.setattr(grid, "say", lines.append)
-    _, args = analysis.parse_args(["grid", "--out", str(tmp_path), "--probe_steps=0"])
+    _, args = cli.parse_args(["grid", "--out", str(tmp_path), "--probe_steps=0"])
     cell = grid.Cell("pre", 128, 2, 0, 1e-3, 0)
     results: dict[str, dict] = {}
 

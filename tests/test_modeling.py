@@ -22,7 +22,7 @@ from transformers import (
 )
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-import pretrain  # noqa: F401  (registers the Auto classes)
+import pretrain.modeling  # noqa: F401  (registers the Auto classes)
 from pretrain.modeling import (
     NORM_PLACEMENTS,
     LNBertConfig,
@@ -330,7 +330,7 @@ def test_layer_norm_jacobian_spectral_norm(tiny_kwargs, scale):
 
 _RELOAD_SCRIPT = """
 import sys, torch
-import pretrain  # registers lnbert with the Auto classes
+import pretrain.modeling  # noqa: F401  (registers lnbert with the Auto classes)
 from transformers import AutoModelForPreTraining
 root = sys.argv[1]
 torch.set_num_threads(int(sys.argv[2]))  # the parent's count: same reduction order, same bits

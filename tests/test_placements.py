@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import AutoConfig, AutoModelForPreTraining, BertForPreTraining
 
-import pretrain  # noqa: F401  (registers "lnbert" with the Auto classes)
+import pretrain.modeling  # noqa: F401  (registers "lnbert" with the Auto classes)
 from pretrain import export
 from pretrain.modeling import (
     NORM_PLACEMENTS,

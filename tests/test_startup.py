@@ -1,5 +1,5 @@
 """Every command reads and checks its options before it imports torch, transformers or datasets (about 9 s of
-CPU), so a typo answers at once; and ``import pretrain`` still registers the model with the Auto classes."""
+CPU), so a typo answers at once; ``import pretrain.modeling`` registers the model with the Auto classes."""
 
 from __future__ import annotations
 
@@ -64,26 +64,14 @@ def test_a_whole_valid_config_is_read_before_the_heavy_imports(tmp_path: Path) -
     assert not imported_modules(result.stderr) & set(HEAVY)
 
 
-def test_import_pretrain_registers_the_auto_classes_outside_the_commands() -> None:
+def test_import_pretrain_is_light_and_pretrain_modeling_registers_the_auto_classes() -> None:
     code = (
-        "import pretrain, sys\n"
+        "import sys, pretrain\n"
+        "print('torch' in sys.modules)\n"
+        "import pretrain.modeling\n"
         "from transformers import AutoConfig\n"
-        "print(type(AutoConfig.for_model('lnbert')).__name__, 'pretrain.modeling' in sys.modules)\n"
+        "print(type(AutoConfig.for_model('lnbert')).__name__)\n"
     )
     result = run_python("-c", code, importtime=False)
     assert result.returncode == 0, result.stderr[-2000:]
-    assert result.stdout.split() == ["LNBertConfig", "True"]
-
-
-def test_inside_a_command_the_model_names_are_imported_on_first_use() -> None:
-    """A command defers the registration; ``pretrain.LNBertConfig`` (or ``import pretrain.modeling``) makes it."""
-    code = (
-        "import sys; sys.argv[0] = '-m'; sys.orig_argv = [sys.executable, '-m', 'pretrain.run']\n"
-        "import pretrain\n"
-        "before = 'torch' in sys.modules\n"
-        "from transformers import AutoConfig\n"
-        "print(before, pretrain.LNBertConfig is type(AutoConfig.for_model('lnbert')))\n"
-    )
-    result = run_python("-c", code, importtime=False)
-    assert result.returncode == 0, result.stderr[-2000:]
-    assert result.stdout.split() == ["False", "True"]
+    assert result.stdout.split() == ["False", "LNBertConfig"]

@@ -22,10 +22,11 @@ from finetune.schedule import ScheduleConfig, wandb_settings
 from finetune.store import ResultStore
 from finetune.tracking import WandbSettings, job_run, job_run_id, model_norm_type
 from finetune.worker import describe_model, job_specs
+from pretrain.common.atomic import write_json
 from pretrain.config import parse_args, to_dict
 from pretrain.modeling import LNBertForPreTraining
 from pretrain.run import main as pretrain_main
-from pretrain.run_folder.layout import RUN_CONFIG_FILE, write_json_atomic
+from pretrain.run_folder.layout import RUN_CONFIG_FILE
 from pretrain.tracking.wandb_logging import (
     WANDB_RUN_FILE,
     WandbCredentialsError,
@@ -251,8 +252,8 @@ def test_finetune_and_report_check_credentials_first(tmp_path: Path) -> None:
 def finetuned(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[dict], list[LoggedRun]]:
     root = tmp_path_factory.mktemp("wandb-finetune")
     run_dir = make_run(root, "pre_ln", "pre", steps=(10,))
-    write_json_atomic(run_dir / WANDB_RUN_FILE, {"id": "pretrain01", "group": "cmp-pre-abc", "project": "lnbert"})
-    write_json_atomic(run_dir / RUN_CONFIG_FILE, {"tracking": {"project": "lnbert", "comparison": "cmp"}})
+    write_json(run_dir / WANDB_RUN_FILE, {"id": "pretrain01", "group": "cmp-pre-abc", "project": "lnbert"})
+    write_json(run_dir / RUN_CONFIG_FILE, {"tracking": {"project": "lnbert", "comparison": "cmp"}})
     config = RunConfig(
         model=str(run_dir / "snapshots" / "step_00000010"),
         task="mrpc",
@@ -307,9 +308,9 @@ def test_one_wandb_run_per_finetuning_job(finetuned: tuple[Path, list[dict], lis
 
 def test_finetuning_runs_carry_the_models_norm_type(tmp_path: Path) -> None:
     """The dashboard groups by norm_placement and norm_type: a fine-tuning run reads the type from its model."""
-    write_json_atomic(tmp_path / "config.json", {"model_type": "lnbert", "norm_type": "rmsnorm"})
+    write_json(tmp_path / "config.json", {"model_type": "lnbert", "norm_type": "rmsnorm"})
     assert model_norm_type(str(tmp_path)) == "rmsnorm"
-    write_json_atomic(tmp_path / "config.json", {"model_type": "bert"})
+    write_json(tmp_path / "config.json", {"model_type": "bert"})
     assert model_norm_type(str(tmp_path)) == "layernorm"  # Hugging Face BERT
     assert model_norm_type("google-bert/bert-base-uncased") == "layernorm"  # a Hub id: not read, BERT's
 
@@ -349,7 +350,7 @@ def test_online_job_runs_use_their_snapshot_artifact(tmp_path: Path, monkeypatch
     monkeypatch.setenv("WANDB_MODE", "online")
     monkeypatch.setattr(wandb, "init", lambda **kwargs: Run())
     run_dir = make_run(tmp_path, "r", steps=(10,))
-    write_json_atomic(run_dir / WANDB_RUN_FILE, {"id": "abc", "group": "g", "project": "p"})
+    write_json(run_dir / WANDB_RUN_FILE, {"id": "abc", "group": "g", "project": "p"})
     with ResultStore(tmp_path / "results.sqlite") as store:
         description = describe_model(str(run_dir / "snapshots" / "step_00000010"), store)
     (spec,) = job_specs(description, "rte", [1e-3], [0], FinetuneConfig(**QUICK))

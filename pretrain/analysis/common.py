@@ -11,9 +11,9 @@ from typing import Any
 import torch
 
 from pretrain.analysis.options import ModelSize
+from pretrain.common.atomic import write_json
 from pretrain.common.cli import to_dict
 from pretrain.modeling import NORM_PLACEMENTS, LNBertConfig
-from pretrain.run_folder.layout import write_json_atomic
 
 
 def write_outputs(out_dir: Path, table: str, results: dict[str, Any]) -> None:
@@ -37,7 +37,7 @@ def cell_settings(args: Any, axes: Iterable[str]) -> dict[str, Any]:
 def cell_result(out_dir: Path, key: str, settings: dict[str, Any], measure: Callable[[], Any]) -> Any:
     """The result of one cell of a measurement (``key`` such as ``xavier/pre/12``): read from
     OUT/cells/<key>.json when an earlier run with the same ``settings`` finished it, else measured by
-    ``measure()`` and written there at once (write_json_atomic: a kill never leaves half a file), so a crashed or
+    ``measure()`` and written there at once (write_json: a kill never leaves half a file), so a crashed or
     killed measurement continues where it stopped when the same command runs again. ``measure`` returns JSON-able
     data (lists and dicts of numbers)."""
     path = out_dir / CELLS_DIR / (key.replace("/", "__") + ".json")
@@ -53,7 +53,7 @@ def cell_result(out_dir: Path, key: str, settings: dict[str, Any], measure: Call
         if stored:
             print(f"{path} was measured with other settings: measuring {key} again", flush=True)
     result = measure()
-    write_json_atomic(path, {"key": key, "settings": settings, "result": result})
+    write_json(path, {"key": key, "settings": settings, "result": result})
     return result
 
 

@@ -22,7 +22,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from pretrain.run_folder.layout import RUN_CONFIG_FILE, list_snapshots, read_metrics, write_json_atomic
+from pretrain.common.atomic import write_json
+from pretrain.run_folder.layout import RUN_CONFIG_FILE, list_snapshots, read_metrics
 
 PROBE_FILE = "grid_probe.json"
 """Written into a finished or diverged run's folder by the grid, so a later pass reads it instead of measuring."""
@@ -163,7 +164,7 @@ def probe_cell(run_dir: Path, *, max_step: int, batch_size: int = 16) -> dict[st
         "output_changes": output_changes(run_dir, batch, max_step),
         "learned_scalars": learned_scalars(run_dir),
     }
-    write_json_atomic(path, probe)
+    write_json(path, probe)
     return probe
 
 

@@ -10,16 +10,5 @@
     collator.py        ``MaskingCollator``: padding and BERT's dynamic 80/10/10 masking
     loaders.py         the epoch-seeded sampler and the train and validation loaders
     vocabulary.py      one vocabulary for a whole run, and the data fingerprint a resume checks
-    pipeline.py        ``build_pretraining_data``, which runs the stages above; ``is_prepared``
-
-The package took the place of a module of the same name: the names of ``pipeline.py`` (``build_pretraining_data``,
-``DataConfig``, ``MaskingCollator``, ...) are read from it too, lazily, so that importing ``pretrain.data.config``
-imports neither the pipeline nor ``datasets``.
+    pipeline.py        ``build_pretraining_data``, which runs the stages above; ``prepared``
 """
-
-from pretrain._moved import reexport
-
-# pipeline.__all__ (tests/test_layout.py checks they stay equal)
-__all__ = ["DataConfig", "MaskingCollator", "PreparationRequired", "PretrainingData", "SourceConfig",
-           "build_pretraining_data", "is_prepared"]
-__getattr__, __dir__ = reexport(__name__, "pretrain.data.pipeline", __all__)

@@ -9,8 +9,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pretrain.common.atomic import write_json
-
 SNAPSHOT_MARKER = "COMPLETE"
 SNAPSHOT_INFO = "snapshot.json"
 STATUS_FILE = "status.json"
@@ -30,11 +28,6 @@ def step_dirname(step: int) -> str:
 def run_folder_of(step_dir: str | Path) -> Path:
     """The run folder a checkpoint or snapshot belongs to (RUN/checkpoints/step_X, RUN/snapshots/step_X), resolved."""
     return Path(step_dir).resolve().parent.parent
-
-
-# The name run files are written by elsewhere (run.py, analysis, tests); the one implementation is
-# pretrain/common/atomic.py.
-write_json_atomic = write_json
 
 
 @dataclass(frozen=True)

@@ -15,8 +15,9 @@ from typing import Any
 
 from accelerate import Accelerator
 
+from pretrain.common.atomic import write_json
 from pretrain.config import PretrainConfig
-from pretrain.run_folder.layout import HEARTBEAT_EVERY_S, STATUS_FILE, write_json_atomic
+from pretrain.run_folder.layout import HEARTBEAT_EVERY_S, STATUS_FILE
 from pretrain.tracking.metrics import record_outcome
 
 
@@ -30,7 +31,7 @@ def write_status(
 ) -> None:
     if not accelerator.is_main_process:
         return
-    write_json_atomic(
+    write_json(
         Path(cfg.train.output_dir) / STATUS_FILE,
         {
             "status": status,

@@ -25,9 +25,10 @@ import secrets
 from pathlib import Path
 from typing import Any
 
+from pretrain.common.atomic import write_json
 from pretrain.common.roles import by_section, keys_where
 from pretrain.config import ADDED_FIELD_DEFAULTS, PretrainConfig
-from pretrain.run_folder.layout import SNAPSHOT_INFO, run_folder_of, write_json_atomic
+from pretrain.run_folder.layout import SNAPSHOT_INFO, run_folder_of
 
 SUMMARY_LINES = 40
 """Summary values W&B prints when a run ends: its default (10, in key order) hides val/* behind the train/* keys."""
@@ -125,11 +126,11 @@ def run_identity(run_dir: Path, resume_from: Path | None, group: str, project: s
         else:
             identity = {**read_run_file(source), "continued_from": str(source)}
         if identity.get("id"):
-            write_json_atomic(Path(run_dir) / WANDB_RUN_FILE, identity)
+            write_json(Path(run_dir) / WANDB_RUN_FILE, identity)
             return identity
     # W&B run ids are [a-z0-9]; 12 random hex digits never collide within a project in practice.
     identity = {"id": secrets.token_hex(6), "group": group, "project": project}
-    write_json_atomic(Path(run_dir) / WANDB_RUN_FILE, identity)
+    write_json(Path(run_dir) / WANDB_RUN_FILE, identity)
     return identity
 
 
