@@ -23,7 +23,7 @@ from finetune.manifest import JobSpec, Manifest, ManifestJob, ResultsFolder, loa
 from finetune.store import ResultStore
 from finetune.tracking import WandbSettings, job_run
 from pretrain.run_folder.identity import read_run_id
-from pretrain.run_folder.layout import SNAPSHOT_INFO, SNAPSHOT_MARKER, list_snapshots, run_folder_of
+from pretrain.run_folder.layout import SNAPSHOT_INFO, SNAPSHOT_MARKER, SNAPSHOTS, list_snapshots, run_folder_of
 from pretrain.run_folder.manifest import ManifestError, verify_manifest
 
 if TYPE_CHECKING:
@@ -105,7 +105,7 @@ _verified: dict[Path, tuple] = {}  # snapshot folder -> the (name, size, mtime) 
 def check_not_a_run_folder(path: Path) -> None:
     """A pretraining run folder (RUN/ with snapshots/) given where a model is expected: name its snapshots and
     the command that fine-tunes all of them, rather than "not a model folder"."""
-    if (path / "config.json").is_file() or not (path / "snapshots").is_dir():
+    if (path / "config.json").is_file() or not (path / SNAPSHOTS).is_dir():
         return
     snapshots = [str(s.path) for s in list_snapshots(path)]
     listed = (

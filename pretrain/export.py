@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING
 
 from pretrain.common.atomic import atomic_dir
 from pretrain.common.cli import parse, run_cli
-from pretrain.run_folder.manifest import MANIFEST_FILE, verify_manifest
+from pretrain.run_folder.layout import MANIFEST_FILE
+from pretrain.run_folder.manifest import verify_manifest
 
 if TYPE_CHECKING:
     from transformers import BertConfig, BertForPreTraining

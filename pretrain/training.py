@@ -44,9 +44,6 @@ from pretrain.modeling import LNBertForPreTraining
 from pretrain.optim import build_adamw, resolve_adamw_implementation
 from pretrain.prepare import data_report, prepare_command
 from pretrain.run_folder.checkpointing import (
-    CHECKPOINTS,
-    SNAPSHOTS,
-    TOKENIZER_DIR,
     TOKENIZER_ROOM,
     TrainState,
     check_same_run,
@@ -65,9 +62,14 @@ from pretrain.run_folder.checkpointing import (
 )
 from pretrain.run_folder.identity import ensure_run_id
 from pretrain.run_folder.layout import (
+    CHECKPOINTS,
     METRICS_FILE,
     RUN_CONFIG_FILE,
+    SNAPSHOTS,
     STATUS_FILE,
+    TENSORBOARD_DIR,
+    TOKENIZER_DIR,
+    WANDB_DIR,
     run_folder_of,
     step_dirname,
 )
@@ -146,7 +148,7 @@ def build_accelerator(cfg: PretrainConfig) -> Accelerator:
         gradient_accumulation_steps=cfg.train.gradient_accumulation_steps,
         log_with=None if cfg.tracking.backend == "none" else cfg.tracking.backend,
         project_config=ProjectConfiguration(
-            project_dir=cfg.train.output_dir, logging_dir=str(Path(cfg.train.output_dir) / "tensorboard")
+            project_dir=cfg.train.output_dir, logging_dir=str(Path(cfg.train.output_dir) / TENSORBOARD_DIR)
         ),
         # The scheduler is stepped once per optimizer step, and its horizon is train.max_steps.
         step_scheduler_with_optimizer=False,
@@ -747,7 +749,7 @@ def pretrain(cfg: PretrainConfig, argv: list[str] | None = None) -> str:
             accelerator, cfg, "preempted", state.step, "stopped with a checkpoint; continue with --train.resume=auto"
         )
     accelerator.end_training()  # after the final status, which the W&B summary records
-    tracker_dir = {"tensorboard": run_dir / "tensorboard", "wandb": run_dir / "wandb"}.get(cfg.tracking.backend)
+    tracker_dir = {"tensorboard": run_dir / TENSORBOARD_DIR, "wandb": run_dir / WANDB_DIR}.get(cfg.tracking.backend)
     accelerator.print(
         f"\n{outcome} at step {state.step}. Run directory {run_dir}:\n"
         f"  checkpoints  {run_dir / CHECKPOINTS}\n"

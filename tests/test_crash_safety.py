@@ -25,12 +25,12 @@ from pretrain.run import main
 from pretrain.run_folder.checkpointing import latest_checkpoint, list_checkpoints
 from pretrain.run_folder.layout import (
     DEAD_AFTER_S,
+    MANIFEST_FILE,
     is_dead,
     list_snapshots,
     read_metrics,
     read_status,
 )
-from pretrain.run_folder.manifest import MANIFEST_FILE
 from pretrain.training import TrainingFailed
 from tests import pretrain_helpers
 from tests.pretrain_helpers import RUN_PY, tiny_args

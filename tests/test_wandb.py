@@ -26,9 +26,8 @@ from pretrain.common.atomic import write_json
 from pretrain.config import parse_args, to_dict
 from pretrain.modeling import LNBertForPreTraining
 from pretrain.run import main as pretrain_main
-from pretrain.run_folder.layout import RUN_CONFIG_FILE
+from pretrain.run_folder.layout import RUN_CONFIG_FILE, WANDB_RUN_FILE
 from pretrain.tracking.wandb_logging import (
-    WANDB_RUN_FILE,
     WandbCredentialsError,
     pretrain_group,
     recipe,

@@ -16,8 +16,7 @@ from pretrain.common.roles import not_keyed_in
 from pretrain.config import ConfigError, PretrainConfig, to_dict
 from pretrain.data.config import DataConfig
 from pretrain.data.tokenizer import vocab_hash
-from pretrain.run_folder.checkpointing import TOKENIZER_DIR
-from pretrain.run_folder.layout import run_folder_of
+from pretrain.run_folder.layout import TOKENIZER_DIR, run_folder_of
 
 
 def with_trained_vocabulary(data: DataConfig, resume_from: Path | None) -> tuple[DataConfig, list[str]]:

@@ -29,9 +29,13 @@ from pretrain.common.atomic import follow_umask, publish_dir, write_json
 from pretrain.common.roles import keys_where
 from pretrain.config import ADDED_FIELD_DEFAULTS, RESOLVED_AT_START, RESUMABLE_CHANGES, PretrainConfig, flatten
 from pretrain.run_folder.layout import (
+    CHECKPOINTS,
     RUN_CONFIG_FILE,
     SNAPSHOT_INFO,
     SNAPSHOT_MARKER,
+    SNAPSHOTS,
+    TOKENIZER_DIR,
+    TRAIN_STATE_FILE,
     step_dirname,
 )
 from pretrain.run_folder.manifest import ManifestError, folder_size, verify_manifest, write_manifest
@@ -41,10 +45,6 @@ from pretrain.run_folder.manifest import ManifestError, folder_size, verify_mani
 # against, looked up when it was null, which is why train.peak_flops_per_device is one.
 IDENTICAL_RUN_IGNORES = keys_where(PretrainConfig, lambda rules: rules.rerun)
 
-TRAIN_STATE_FILE = "train_state.json"
-TOKENIZER_DIR = "tokenizer"
-CHECKPOINTS = "checkpoints"
-SNAPSHOTS = "snapshots"
 
 
 @dataclass(kw_only=True)

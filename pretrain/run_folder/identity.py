@@ -16,9 +16,7 @@ import uuid
 from pathlib import Path
 
 from pretrain.common.atomic import write_once
-from pretrain.run_folder.layout import RUN_CONFIG_FILE
-
-RUN_ID_FILE = "run_id"
+from pretrain.run_folder.layout import RUN_CONFIG_FILE, RUN_ID_FILE
 
 
 def new_run_id() -> str:

@@ -9,11 +9,24 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-SNAPSHOT_MARKER = "COMPLETE"
-SNAPSHOT_INFO = "snapshot.json"
+# Every name under RUN/ (docs/run_layout.md), declared here once.
+RUN_ID_FILE = "run_id"
 STATUS_FILE = "status.json"
-METRICS_FILE = "metrics.jsonl"
 RUN_CONFIG_FILE = "run_config.json"
+METRICS_FILE = "metrics.jsonl"
+WANDB_RUN_FILE = "wandb_run.json"
+WANDB_DIR = "wandb"
+TENSORBOARD_DIR = "tensorboard"
+TOKENIZER_DIR = "tokenizer"
+CHECKPOINTS = "checkpoints"
+SNAPSHOTS = "snapshots"
+TRAIN_STATE_FILE = "train_state.json"
+"""In each checkpoint, beside accelerate's files: step, epoch, data position, tokens seen."""
+SNAPSHOT_INFO = "snapshot.json"
+MANIFEST_FILE = "manifest.json"
+"""In each checkpoint and snapshot: its files with sizes and checksums (pretrain/run_folder/manifest.py)."""
+SNAPSHOT_MARKER = "COMPLETE"
+"""Written last into a snapshot: a reader ignores a folder without it."""
 TERMINAL_STATUSES = ("finished", "diverged", "failed")
 HEARTBEAT_EVERY_S = 10
 """A running job rewrites status.json (its "updated" time and "step") at least this often while training."""
@@ -42,7 +55,7 @@ class Snapshot:
 
 def list_snapshots(run_dir: str | Path) -> list[Snapshot]:
     """Complete snapshots of a run, by step. Folders without the marker (still being written) are skipped."""
-    root = Path(run_dir) / "snapshots"
+    root = Path(run_dir) / SNAPSHOTS
     found = []
     for path in sorted(root.glob("step_*")) if root.is_dir() else []:
         if not (path / SNAPSHOT_MARKER).is_file():

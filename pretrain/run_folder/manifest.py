@@ -12,8 +12,8 @@ import json
 from pathlib import Path
 
 from pretrain.common.atomic import write_json
+from pretrain.run_folder.layout import MANIFEST_FILE, SNAPSHOT_MARKER
 
-MANIFEST_FILE = "manifest.json"
 _CHUNK = 1 << 24
 
 
@@ -32,7 +32,7 @@ def sha256_file(path: Path) -> str:
 def _listed_files(folder: Path) -> list[Path]:
     """Every file under ``folder`` except the manifest and completion markers written after it."""
     return sorted(
-        p for p in folder.rglob("*") if p.is_file() and p.name not in (MANIFEST_FILE, "COMPLETE") and not p.name.startswith(".")
+        p for p in folder.rglob("*") if p.is_file() and p.name not in (MANIFEST_FILE, SNAPSHOT_MARKER) and not p.name.startswith(".")
     )
 
 

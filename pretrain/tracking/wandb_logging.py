@@ -28,12 +28,10 @@ from typing import Any
 from pretrain.common.atomic import write_json
 from pretrain.common.roles import by_section, keys_where
 from pretrain.config import ADDED_FIELD_DEFAULTS, PretrainConfig
-from pretrain.run_folder.layout import SNAPSHOT_INFO, run_folder_of
+from pretrain.run_folder.layout import SNAPSHOT_INFO, WANDB_DIR, WANDB_RUN_FILE, run_folder_of
 
 SUMMARY_LINES = 40
 """Summary values W&B prints when a run ends: its default (10, in key order) hides val/* behind the train/* keys."""
-WANDB_RUN_FILE = "wandb_run.json"
-"""RUN/wandb_run.json: {"id", "group", "project"} of the run's W&B run (docs/run_layout.md)."""
 # Fields that do not change what a run learns (the run, cadence and mechanics roles of pretrain/common/roles.py:
 # identity, seed, paths, cadence of logs and saves, how the batch is split over devices), by section; everything else
 # in the resolved config is the recipe.
@@ -61,7 +59,7 @@ def check_credentials(mode: str, run_dir: str | Path = "RUN", fix: str | None = 
         return
     if not wandb.login(verify=False, prompt=False):
         fix = fix or (
-            f"or log offline: WANDB_MODE=offline now, `wandb sync {Path(run_dir) / 'wandb'}/offline-run-*` later; "
+            f"or log offline: WANDB_MODE=offline now, `wandb sync {Path(run_dir) / WANDB_DIR}/offline-run-*` later; "
             "or turn W&B off (--tracking.backend=none for pretraining, no --wandb for fine-tuning and the report)"
         )
         raise WandbCredentialsError(
