@@ -208,7 +208,7 @@ def test_finetune_writes_rows_then_skips_them(tmp_path: Path, capsys: pytest.Cap
     snapshot = run_dir / "snapshots" / "step_00000010"
     config = quick_run(snapshot, "mrpc", tmp_path / "results.sqlite", seeds=[0, 1])
     rows = run(config)
-    assert "Loading weights" not in capsys.readouterr().err  # no loading bar per job (issue 25)
+    assert "Loading weights" not in capsys.readouterr().err  # no loading bar per job
     assert [(r["status"], r["seed"], r["attempts"]) for r in rows] == [("done", 0, 1), ("done", 1, 1)]
     row = rows[0]
     assert (row["run_name"], row["placement"], row["pretrain_step"], row["tokens_seen"]) == (

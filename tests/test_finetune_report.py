@@ -91,7 +91,7 @@ def test_confidence_interval_uses_t_distribution() -> None:
 
 
 def test_clipped_interval_stays_in_the_range_of_an_accuracy() -> None:
-    # RTE of issue 25: seeds at 46% and 54% give 50 ± 50.82 from the t-distribution: past both 0 and 100.
+    # An RTE point with seeds at 46% and 54% give 50 ± 50.82 from the t-distribution: past both 0 and 100.
     half = confidence_interval([0.46, 0.54])
     assert half == pytest.approx(0.5082, abs=1e-4)
     assert clipped_interval(0.5, half) == (0.0, 1.0, True)

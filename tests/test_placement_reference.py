@@ -1,4 +1,4 @@
-"""Independent reference tests for issue 21's placements and norm types (/tmp/placement_spec.md).
+"""Independent reference tests for the placements and norm types, written from the papers (docs/placements.md).
 
 Every forward here is written from the papers' / the spec's equations with ``torch`` tensor ops only, over the
 Hugging Face parameter names of the spec, reading the tensors from ``model.state_dict()``. No sub-module of the
@@ -359,7 +359,7 @@ def reference(model, cfg, input_ids, attention_mask, token_type_ids):
 
 
 def tolerances(cfg):
-    # rmsnorm is computed in float32 by spec, so float64 runs carry float32 rounding through the stack
+    # rmsnorm is computed in float32 by spec, so float64 runs keep float32 rounding through the stack
     return dict(rtol=2e-5, atol=2e-5) if cfg.norm_type == "rmsnorm" else dict(rtol=1e-9, atol=1e-9)
 
 

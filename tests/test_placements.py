@@ -237,7 +237,7 @@ def test_sandwich_layer_forward_by_hand(tiny_kwargs):
 
 
 # --------------------------------------------------------------------------------------------------
-# Every placement x norm type (issue 21)
+# Every placement x norm type
 # --------------------------------------------------------------------------------------------------
 
 ALL = [(p, t) for p in NORM_PLACEMENTS for t in NORM_TYPES]

@@ -259,7 +259,7 @@ def test_resume_with_nothing_to_resume(tmp_path: Path, data_cache: Path, capsys:
     assert main(tiny_args(tmp_path / "empty", data_cache, "--train.resume=auto", "--train.max_steps=1")) == 0
     out, err = capsys.readouterr()
     assert "nothing to resume" in err
-    # The console shows the data each source gave and, at the end, the validation loss (issue 25).
+    # The console shows the data each source gave and, at the end, the validation loss.
     assert "per source (training instances" in out and "validation   MLM loss " in out
     with pytest.raises(FileNotFoundError, match="is not a complete checkpoint"):
         main(tiny_args(tmp_path / "r", data_cache, f"--train.resume={tmp_path}/no-checkpoint"))

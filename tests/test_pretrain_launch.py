@@ -116,7 +116,7 @@ def test_one_interrupt_stops_the_whole_comparison_and_the_same_command_continues
     env = {**os.environ, "LAUNCH": f"bash {tmp_path / 'fake_run'}", "OUT": str(out), "CALLS": str(calls)}
 
     def compare(**extra: str) -> subprocess.CompletedProcess:
-        # A session of its own: the fake's SIGINT reaches this script and its run, as a terminal's would. SIGINT
+        # A process group of its own: the fake's SIGINT reaches this script and its run, as a terminal's would. SIGINT
         # handled as by default, as in a terminal: a signal ignored when bash starts cannot be trapped, and a test
         # process (a pytest-xdist worker) may have inherited or set it ignored.
         return subprocess.run(["bash", str(ROOT / "launch" / "compare_placements.sh"), "small"], cwd=tmp_path,

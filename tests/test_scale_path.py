@@ -1,4 +1,4 @@
-"""The scale path's CPU-reachable parts (issue 23): DDP with the MLM-only objective, the fp16 step decision, the
+"""The scale path's CPU-reachable parts: DDP with the MLM-only objective, the fp16 step decision, the
 device peak-FLOP/s table, compile after DDP, asynchronous copies, slot tokens/s, bf16 on CPUs without it."""
 
 from __future__ import annotations

@@ -305,7 +305,7 @@ def test_one_wandb_run_per_finetuning_job(finetuned: tuple[Path, list[dict], lis
         assert all("train/loss" in row for row in job.history)
 
 
-def test_finetuning_runs_carry_the_models_norm_type(tmp_path: Path) -> None:
+def test_finetuning_runs_record_the_models_norm_type(tmp_path: Path) -> None:
     """The dashboard groups by norm_placement and norm_type: a fine-tuning run reads the type from its model."""
     write_json(tmp_path / "config.json", {"model_type": "lnbert", "norm_type": "rmsnorm"})
     assert model_norm_type(str(tmp_path)) == "rmsnorm"
