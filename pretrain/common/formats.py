@@ -1,0 +1,38 @@
+"""The versions of the file formats the project writes, declared once, and the one check every reader makes.
+
+A file that other code reads later carries ``"format_version"``; a reader refuses a file of another version (or of
+none, written before versions existed) with a message that says what to do, instead of guessing at fields that
+moved. When a format changes, its number goes up by one; there is no per-field compatibility.
+
+    RUN_FORMAT       a pretraining run folder: run_config.json, checkpoints' and snapshots' manifest.json
+    RESULTS_FORMAT   a fine-tuning results folder: manifests and the started, done and failed files
+
+Standard library only: the commands read these files before they import torch.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+FORMAT_KEY = "format_version"
+RUN_FORMAT = 1
+RESULTS_FORMAT = 1
+
+
+class FormatVersionError(ValueError):
+    """A file written in another format version than this code reads (the message says what to do)."""
+
+
+def stamped(payload: dict[str, Any], version: int) -> dict[str, Any]:
+    """``payload`` with ``format_version`` first."""
+    return {FORMAT_KEY: version, **payload}
+
+
+def check_format(payload: dict[str, Any], path: str | Path, version: int, fix: str) -> None:
+    """Raise FormatVersionError naming ``path``, its version and this code's, and ``fix`` (what the user can do)."""
+    found = payload.get(FORMAT_KEY)
+    if found == version:
+        return
+    written = "no format_version (written before versions existed)" if found is None else f"format_version {found}"
+    raise FormatVersionError(f"{path} has {written}; this code reads format_version {version}: {fix}")
