@@ -29,6 +29,7 @@ def main(argv: list[str] | None = None) -> int:
         print(help_text())
         return 0
     cfg = parse_args(argv)
+    cfg.data.check_local_files()  # a wrong corpus path is named now, before torch and before the run folder is read
     from pretrain.training import run
 
     run(cfg, argv)

@@ -372,9 +372,41 @@ def test_mixed_precision_no_from_the_command_line_and_a_preset(tmp_path: Path) -
     assert parse(ReportConfig, ["--runs=[a]", "--wandb=yes"], prog="test").wandb is True
 
 
-def test_a_wrong_choice_gets_a_suggestion() -> None:
-    with pytest.raises(ConfigError, match=r"norm_placement must be one of .*got 'preln'; did you mean 'pre'\?"):
-        parse(PretrainConfig, ["--model.norm_placement=preln"], prog="test")
+@pytest.mark.parametrize(
+    ("typed", "meant"),
+    [("preln", "pre"), ("Pre-LN", "pre"), ("pre-ln", "pre"), ("prenorm", "pre"), ("postln", "post"),
+     ("Post_LayerNorm", "post"), ("sandwhich", "sandwich")],
+)  # fmt: skip
+def test_a_wrong_choice_gets_a_suggestion(typed: str, meant: str) -> None:
+    """The literature's spellings of the two original placements name them, not the closest string ('deepnorm')."""
+    with pytest.raises(ConfigError, match=rf"norm_placement must be one of .*got '{typed}'; did you mean '{meant}'\?"):
+        parse(PretrainConfig, [f"--model.norm_placement={typed}"], prog="test")
+
+
+def test_a_missing_preset_suggests_the_one_meant() -> None:
+    with pytest.raises(ConfigError, match=r"small_preln.yaml not found; did you mean .*small_pre_ln.yaml\?"):
+        parse(PretrainConfig, ["--config", str(ROOT / "configs/pretrain/small_preln.yaml")], prog="test")
+
+
+def test_an_unknown_key_in_a_preset_names_the_file(tmp_path: Path) -> None:
+    preset = tmp_path / "mine.yaml"
+    preset.write_text("train:\n  max_steps: 5\nmodel:\n  norm_placment: pre\n")
+    with pytest.raises(ConfigError, match=r"mine.yaml: unknown key 'model.norm_placment'; did you mean 'model.norm_placement'"):
+        parse(PretrainConfig, ["--config", str(preset)], prog="test")
+
+
+def test_a_wrong_corpus_path_is_named_before_torch_and_before_the_run_folder(tmp_path: Path) -> None:
+    """In a folder that holds a run, a mistyped corpus path is named as such (not as 'a different run')."""
+    (tmp_path / "empty.jsonl").write_text("")
+    for path, message in (("missing.jsonl", "no such file or folder"), ("empty.jsonl", "empty corpus")):
+        result = subprocess.run(
+            [sys.executable, "-X", "importtime", str(ROOT / "pretrain" / "run.py"),
+             f"--data.sources=[{{kind: json, path: {tmp_path / path}}}]", f"--train.output_dir={tmp_path}"],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert result.returncode == 2
+        assert f"data.sources[0].path='{tmp_path / path}': {message}" in result.stderr
+        assert "import time:" in result.stderr and "| torch" not in result.stderr
 
 
 def test_help_of_a_command_with_subcommands_shows_the_default_ones_options(capsys: pytest.CaptureFixture) -> None:

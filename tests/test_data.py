@@ -537,7 +537,7 @@ def test_empty_corpus_names_source(tmp_path: Path, corpus: Path) -> None:
     cfg = tiny_config(
         tmp_path, [SourceConfig(kind="json", path=str(corpus)), SourceConfig(kind="json", path=str(empty))]
     )
-    with pytest.raises(ValueError, match=r"data\.sources\[1\] \(json .*empty\.jsonl'\): empty corpus"):
+    with pytest.raises(ValueError, match=r"data\.sources\[1\]\.path=.*empty\.jsonl': empty corpus: .*holds no bytes"):
         load_documents(cfg, seed=0)
     blank = write_jsonl(tmp_path / "blank.jsonl", ["", "   \n "])
     cfg = tiny_config(tmp_path, [SourceConfig(kind="json", path=str(blank))])

@@ -165,8 +165,8 @@ def _convert(value: Any, tp: Any, key: str, base: Any = None) -> Any:
     if origin is Literal:
         choices = get_args(tp)
         if value not in choices:
-            close = difflib.get_close_matches(str(value), [str(c) for c in choices], n=1)
-            hint = f"; did you mean '{close[0]}'?" if close else ""
+            close = closest_choice(str(value), [str(c) for c in choices])
+            hint = f"; did you mean '{close}'?" if close else ""
             raise ConfigError(f"{key} must be one of {', '.join(map(str, choices))}; got {value!r}{hint}")
         return value
     if dataclasses.is_dataclass(tp):
@@ -214,6 +214,26 @@ def _convert(value: Any, tp: Any, key: str, base: Any = None) -> Any:
             raise wrong()
         return value
     raise TypeError(f"{key}: unsupported config type {tp!r}")  # a schema bug, not a user error
+
+
+def _bare(name: str) -> str:
+    """A name without case, separators and a trailing "ln"/"norm"/"layernorm": ``Pre-LN``, ``pre_ln``, ``prenorm``
+    and ``PreLayerNorm`` are all ``pre``, as the literature writes the placements."""
+    bare = "".join(c for c in name.lower() if c.isalnum())
+    for suffix in ("layernorm", "norm", "ln"):
+        if bare.endswith(suffix) and len(bare) > len(suffix):
+            return bare.removesuffix(suffix)
+    return bare
+
+
+def closest_choice(value: str, choices: list[str]) -> str | None:
+    """The choice ``value`` most likely meant: the one that is the same name spelled otherwise (``_bare``), else the
+    closest spelling; None when nothing is close."""
+    same = [c for c in choices if _bare(c) == _bare(value)]
+    if same:
+        return same[0]
+    close = difflib.get_close_matches(value, choices, n=1)
+    return close[0] if close else None
 
 
 def _unknown_key(key: str, prefix: str, valid: list[str]) -> ConfigError:
@@ -301,7 +321,10 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
     """A YAML preset as a dict; a missing file, bad YAML (with its line) or a non-mapping is a ConfigError."""
     path = Path(path)
     if not path.is_file():
-        raise ConfigError(f"config file {path} not found; pass an existing YAML preset to --config")
+        siblings = sorted(p.name for p in path.parent.glob("*.y*ml")) if path.parent.is_dir() else []
+        close = closest_choice(path.name, siblings)
+        hint = f"; did you mean {path.parent / close}?" if close else ""
+        raise ConfigError(f"config file {path} not found{hint} (pass an existing YAML preset to --config)")
     try:
         loaded = read_yaml(path.read_text())
     except yaml.YAMLError as err:
@@ -340,6 +363,17 @@ def field_type(cls: type, dotted: str) -> Any:
             raise _unknown_key(part, prefix, [f.name for f in dataclasses.fields(tp)])
         tp = hints[part]
     return tp
+
+
+def check_keys(cls: type, tree: dict[str, Any], prefix: str = "") -> None:
+    """Every key of ``tree`` (a preset) is a field of ``cls``, section by section: an unknown key is a ConfigError
+    (the caller names the file)."""
+    for key, value in tree.items():
+        name = key.text if isinstance(key, AsTyped) else str(key)  # a key spelled like a YAML 1.1 word (on:)
+        dotted = f"{prefix}.{name}" if prefix else name
+        tp = field_type(cls, dotted)
+        if dataclasses.is_dataclass(tp) and isinstance(value, dict):
+            check_keys(cls, value, dotted)
 
 
 def set_override(cls: type, tree: dict[str, Any], dotted: str, value: Any) -> None:
@@ -381,7 +415,12 @@ def read_tree(cls: type, argv: list[str]) -> dict[str, Any]:
                 raw = argv[i]
                 i += 1
         if name == "config":
-            tree = merge(tree, load_yaml(raw))
+            preset = load_yaml(raw)
+            try:
+                check_keys(cls, preset)
+            except ConfigError as err:
+                raise ConfigError(f"{raw}: {err}") from None
+            tree = merge(tree, preset)
             continue
         try:
             value = read_yaml(raw) if raw != "" else ""

@@ -3,18 +3,26 @@
 A leaf of the data pipeline: the stages (``corpus``, ``tokenizer``, ``instances``) and ``data`` import their config
 from here, and it imports none of them, so they import each other in one direction only. The constants that the
 checks need (the source kinds, the objectives, the smallest plausible vocabulary) live here for the same reason;
-the stages re-export them under their old names. Each field declares its role and the data keys that hold its
+Each field declares its role and the data keys that hold its
 value (``role(...)``, pretrain/common/roles.py), from which the cache keys and the resume checks take their fields.
 """
 
 from __future__ import annotations
 
+import glob
 import math
 from dataclasses import dataclass
+from pathlib import Path
 
 from pretrain.common.roles import role
 
 SOURCE_KINDS: tuple[str, ...] = ("hub", "json", "parquet", "text", "python_docs")
+# The kinds read from local files, and the file names a folder of each is searched for.
+LOCAL_SUFFIXES: dict[str, tuple[str, ...]] = {
+    "json": (".json", ".jsonl", ".json.gz", ".jsonl.gz"),
+    "parquet": (".parquet",),
+    "text": (".txt", ".text"),
+}
 WEIGHT_UNITS: tuple[str, ...] = ("documents", "words")
 OBJECTIVES: tuple[str, ...] = ("mlm_nsp", "mlm")
 # A tokenizer this small is a loading accident (transformers 5 can return a ~5-token stub), not a vocabulary.
@@ -64,6 +72,31 @@ class SourceConfig:
             raise ValueError("data.sources[].text_column must name the column holding the text (e.g. 'text')")
         if self.rows_per_document < 1:
             raise ValueError(f"data.sources[].rows_per_document={self.rows_per_document} must be >= 1")
+
+    def local_files(self, index: int) -> list[Path]:
+        """The files of a json|parquet|text source (``index``: its place in data.sources, for messages): one file, a
+        glob, or every matching file under a folder. A missing path, a folder or glob without such files, and files
+        that hold no bytes at all are FileNotFoundError/ValueError naming the key."""
+        where = f"data.sources[{index}].path={self.path!r}"
+        path = Path(self.path).expanduser()
+        if glob.has_magic(self.path):
+            files = sorted(Path(p) for p in glob.glob(str(path), recursive=True) if Path(p).is_file())
+        elif path.is_dir():
+            files = sorted(p for p in path.rglob("*") if p.is_file() and p.name.endswith(LOCAL_SUFFIXES[self.kind]))
+        elif path.is_file():
+            files = [path]
+        else:
+            raise FileNotFoundError(
+                f"{where}: no such file or folder ({path.resolve()}); fix the path of the {self.kind} source"
+            )
+        if not files:
+            raise FileNotFoundError(
+                f"{where}: no {self.kind} files ({', '.join(LOCAL_SUFFIXES[self.kind])}) found; fix the path or glob"
+            )
+        if all(f.stat().st_size == 0 for f in files):
+            named = str(files[0]) if len(files) == 1 else f"all {len(files)} files, e.g. {files[0]}"
+            raise ValueError(f"{where}: empty corpus: {named} holds no bytes; fix the path or the file")
+        return files
 
 
 @dataclass(kw_only=True)
@@ -149,3 +182,11 @@ class DataConfig:
         for key in ("tokenizer_train_documents", "shuffle_buffer_size", "num_proc"):
             if getattr(self, key) < 1:
                 raise ValueError(f"data.{key}={getattr(self, key)} must be >= 1")
+
+    def check_local_files(self) -> None:
+        """Every local source names existing, non-empty files (checked by the commands before they import torch, so a
+        wrong path is answered at once; not at parse time, since a saved run's config stays readable after its corpus
+        moved)."""
+        for index, source in enumerate(self.sources):
+            if source.kind in LOCAL_SUFFIXES:
+                source.local_files(index)

@@ -15,7 +15,6 @@ from __future__ import annotations
 import ast
 import codecs
 import dataclasses
-import glob
 import json
 import logging
 import os
@@ -31,16 +30,10 @@ from typing import Any
 import datasets
 import numpy as np
 
-from pretrain.data.config import SOURCE_KINDS as SOURCE_KINDS  # the config's leaf module; kept importable here
-from pretrain.data.config import DataConfig, SourceConfig
+from pretrain.data.config import LOCAL_SUFFIXES, DataConfig, SourceConfig
 
 logger = logging.getLogger(__name__)
 
-LOCAL_SUFFIXES: dict[str, tuple[str, ...]] = {
-    "json": (".json", ".jsonl", ".json.gz", ".jsonl.gz"),
-    "parquet": (".parquet",),
-    "text": (".txt", ".text"),
-}
 DOCUMENT_FEATURES = datasets.Features({"text": datasets.Value("string"), "source": datasets.Value("int16")})
 # Held-out documents of a streamed corpus of unknown size without max_documents or validation_documents.
 STREAMING_VALIDATION_DOCUMENTS = 1000
@@ -136,27 +129,6 @@ def _python_docs_generator(max_documents: int | None, python_version: str) -> It
 # ----------------------------------------------------------------------------------------------------------------------
 
 
-def resolve_local_files(source: SourceConfig, index: int) -> list[Path]:
-    """The files of a json|parquet|text source: one file, a glob, or every matching file under a folder."""
-    where = f"data.sources[{index}].path={source.path!r}"
-    path = Path(source.path).expanduser()
-    if glob.has_magic(source.path):
-        files = sorted(Path(p) for p in glob.glob(str(path), recursive=True) if Path(p).is_file())
-    elif path.is_dir():
-        files = sorted(p for p in path.rglob("*") if p.is_file() and p.name.endswith(LOCAL_SUFFIXES[source.kind]))
-    elif path.is_file():
-        files = [path]
-    else:
-        raise FileNotFoundError(
-            f"{where}: no such file or folder ({path.resolve()}); fix the path of the {source.kind} source"
-        )
-    if not files:
-        raise FileNotFoundError(
-            f"{where}: no {source.kind} files ({', '.join(LOCAL_SUFFIXES[source.kind])}) found; fix the path or glob"
-        )
-    return files
-
-
 def check_utf8(path: Path, *, chunk_bytes: int = 1 << 24) -> None:
     """Raise a ValueError naming the file, byte offset and line of the first invalid UTF-8 sequence.
 
@@ -227,7 +199,7 @@ def source_fingerprint(source: SourceConfig, index: int) -> dict[str, Any]:
     """What identifies a source's content for the cache key: files' paths, sizes and mtimes, or the Hub ids."""
     fields = dataclasses.asdict(source)
     if source.kind in LOCAL_SUFFIXES:
-        stats = [(str(p.resolve()), p.stat().st_size, p.stat().st_mtime_ns) for p in resolve_local_files(source, index)]
+        stats = [(str(p.resolve()), p.stat().st_size, p.stat().st_mtime_ns) for p in source.local_files(index)]
         return {**fields, "files": stats}
     if source.kind == "python_docs":
         return {**fields, "python": sys.version, "stdlib": sysconfig.get_paths()["stdlib"]}
@@ -241,7 +213,7 @@ def corpus_bytes(cfg: DataConfig) -> int | None:
         if source.kind == "hub":
             return None
         if source.kind in LOCAL_SUFFIXES:
-            total += sum(p.stat().st_size for p in resolve_local_files(source, index))
+            total += sum(p.stat().st_size for p in source.local_files(index))
     return total
 
 
@@ -280,7 +252,7 @@ def load_source(source: SourceConfig, index: int, cfg: DataConfig) -> datasets.D
                 f"{where}: Hub dataset not found or not reachable ({e}); check data.sources[{index}].path and .name"
             ) from e
     else:
-        files = resolve_local_files(source, index)
+        files = source.local_files(index)
         if all(p.stat().st_size == 0 for p in files):
             raise ValueError(f"{where}: empty corpus, every file is empty: {', '.join(map(str, files))}")
         if source.kind in ("json", "text"):

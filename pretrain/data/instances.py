@@ -34,7 +34,6 @@ import datasets
 from tokenizers import Tokenizer
 from transformers import PreTrainedTokenizerFast
 
-from pretrain.data.config import OBJECTIVES as OBJECTIVES  # the config's leaf module; kept importable here
 from pretrain.data.config import DataConfig
 
 logger = logging.getLogger(__name__)
