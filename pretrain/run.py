@@ -10,7 +10,7 @@ This module reads and checks the options; the training itself is pretrain/traini
 transformers, Accelerate: about 9 s of CPU), so that a typo answers at once. What a run writes is described in
 docs/run_layout.md. Exit codes: 0 finished, diverged (an experimental outcome, recorded in status.json) or
 preempted (SIGTERM/SIGINT or train.stop_at_step: checkpoint saved, continue with --train.resume=auto; or a full
-disk, found before a save or by a write: README "Outcomes and exit codes" says why 0); 2 bad configuration or input
+disk, found before a save or by a write: docs/faults.md says why 0); 2 bad configuration or input
 (message on stderr, nothing trained); 1 an unexpected error (status failed). The same command run again continues the run in train.output_dir, or reports it finished.
 """
 

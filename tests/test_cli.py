@@ -358,7 +358,7 @@ def _without_none(tp: Any) -> Any:
 
 
 def test_mixed_precision_no_from_the_command_line_and_a_preset(tmp_path: Path) -> None:
-    # Issue 23, point 20: the documented value was read as False and refused.
+    # YAML 1.1 reads a plain `no` as False: the documented value must still be the string.
     assert parse(PretrainConfig, ["--train.mixed_precision=no"], prog="test").train.mixed_precision == "no"
     assert parse(RunConfig, ["--model=m", "--recipe.mixed_precision=no"], prog="test").recipe.mixed_precision == "no"
     preset = tmp_path / "p.yaml"
