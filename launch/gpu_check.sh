@@ -1,17 +1,12 @@
 #!/usr/bin/env bash
-# The GPU check in one command (environment, CUDA tests, throughput against Hugging Face, a BERT-base smoke test
-# of the scale path, the torch.compile row): 6 minutes on one H200 plus at most 2 for the compile. See
-# launch/gpu_check.py for the stages.
+# The GPU check (docs/gpu_check.md): the CUDA tests, the training-step benchmark at BERT-base, a smoke run of the
+# three pretraining recipes with an MRPC fine-tune each, and OUT/summary.md with OUT/results.json.
 #
-#   bash launch/prepare_gpu_check.sh          # here, with PyPI: wheels, corpus and GLUE into .gpu_payload/
-#   bash launch/gpu_check.sh OUT --corpus .gpu_payload/corpus --glue .gpu_payload/glue
-#   bash launch/gpu_check.sh OUT --corpus C --glue G --dry-run      # CPU, tiny shapes, every stage
+#   bash launch/gpu_check.sh OUT --corpus DIR --glue DIR             # on one GPU
+#   bash launch/gpu_check.sh OUT --corpus DIR --glue DIR --dry-run   # on CPU, tiny shapes, every step
 #
-# Writes OUT/results.json, OUT/summary.md, OUT/loss_curves.png and OUT/check.log; runs and caches go to --work
-# (default: a new folder under /tmp). Exit code 0 when every stage passed (the compile stage may also time out),
-# 1 otherwise, 2 on bad arguments.
+# Exit code 0 when every step passed, 1 otherwise, 2 on bad arguments, 130 when stopped.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
-export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1 WANDB_MODE=offline
 exec "${PYTHON:-python3}" launch/gpu_check.py "$@"

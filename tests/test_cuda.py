@@ -1,5 +1,6 @@
-"""What only a GPU can show: the model on CUDA kernels. Skipped where CUDA is absent (CI); stage 2 of the GPU check
-(launch/gpu_check.py) runs this file on the GPU.
+"""What only a GPU can show: the model on CUDA kernels. Skipped where CUDA is absent (CI); the GPU check
+(launch/gpu_check.sh, docs/gpu_check.md) runs this file on the GPU. The last test, of the SDPA test's helpers,
+runs on CPU too.
 
 Tolerances: fp32 with TF32 off uses ``assert_close``'s fp32 defaults, as the CPU equivalence test in
 test_modeling.py; under bf16 autocast (8 bits of mantissa, relative step 2^-8 = 0.0039) logits agree within
@@ -8,6 +9,8 @@ test_modeling.py; under bf16 autocast (8 bits of mantissa, relative step 2^-8 = 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 import torch
 from transformers import AutoModelForPreTraining, AutoModelForSequenceClassification, BertConfig, BertForPreTraining
@@ -15,10 +18,12 @@ from transformers import AutoModelForPreTraining, AutoModelForSequenceClassifica
 import pretrain.modeling  # noqa: F401  (registers the Auto classes)
 from pretrain.modeling import NORM_PLACEMENTS, LNBertConfig, LNBertForPreTraining
 
-pytestmark = [
-    pytest.mark.cuda,
-    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (runs in the GPU check, launch/gpu_check.sh)"),
-]
+
+def needs_cuda(test: Callable) -> Callable:
+    """The ``cuda`` marker, and skipped without CUDA."""
+    skip = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (the GPU check: launch/gpu_check.sh)")
+    return pytest.mark.cuda(skip(test))
+
 
 CUDA = torch.device("cuda")
 BF16 = dict(rtol=2e-2, atol=2e-2)
@@ -76,6 +81,7 @@ def post_ln_and_hf() -> tuple[LNBertForPreTraining, BertForPreTraining]:
     return model, hf
 
 
+@needs_cuda
 @pytest.mark.parametrize("padded", [False, True], ids=["full", "padded"])
 def test_post_ln_equals_hf_on_cuda_fp32(padded: bool) -> None:
     model, hf = post_ln_and_hf()
@@ -88,6 +94,7 @@ def test_post_ln_equals_hf_on_cuda_fp32(padded: bool) -> None:
         torch.testing.assert_close(ours_h, hf_h)
 
 
+@needs_cuda
 @pytest.mark.parametrize("padded", [False, True], ids=["full", "padded"])
 def test_post_ln_equals_hf_under_bf16_autocast(padded: bool) -> None:
     model, hf = post_ln_and_hf()
@@ -126,6 +133,7 @@ def missing_kernels(ran: set[tuple[str, bool]], padded: bool, capability: tuple[
     return [f"{name} (bf16={bf16})" for name, bf16 in required if (name, bf16) not in ran]
 
 
+@needs_cuda
 @pytest.mark.parametrize("padded", [False, True], ids=["full", "padded"])
 @pytest.mark.parametrize("placement", NORM_PLACEMENTS)
 def test_every_sdpa_backend_gives_the_same_outputs(placement: str, padded: bool) -> None:
@@ -156,6 +164,7 @@ def test_every_sdpa_backend_gives_the_same_outputs(placement: str, padded: bool)
     assert not missing, f"these kernels did not run: {missing}; refusals: {refused}"
 
 
+@needs_cuda
 @pytest.mark.parametrize("placement", ["post", "pre"])
 def test_sparse_mlm_head_equals_dense_on_cuda(placement: str) -> None:
     torch.manual_seed(0)
@@ -177,6 +186,7 @@ def test_sparse_mlm_head_equals_dense_on_cuda(placement: str) -> None:
         torch.testing.assert_close(param.grad, dense_grads[name].grad, **KERNEL_FP32, msg=f"gradient of {name}")
 
 
+@needs_cuda
 @pytest.mark.parametrize("placement", NORM_PLACEMENTS)
 def test_cuda_training_steps_with_fused_adamw(placement: str) -> None:
     torch.manual_seed(0)
@@ -199,6 +209,7 @@ def test_cuda_training_steps_with_fused_adamw(placement: str) -> None:
     assert state["exp_avg"].is_cuda and all(torch.isfinite(p).all() for p in model.parameters())
 
 
+@needs_cuda
 @pytest.mark.parametrize("placement", NORM_PLACEMENTS)
 def test_snapshot_saved_from_cuda_reloads_on_cuda(placement: str, tmp_path) -> None:
     torch.manual_seed(0)
@@ -212,3 +223,38 @@ def test_snapshot_saved_from_cuda_reloads_on_cuda(placement: str, tmp_path) -> N
     classifier = AutoModelForSequenceClassification.from_pretrained(tmp_path / "snap", num_labels=2).to(CUDA)
     with torch.no_grad():
         assert torch.isfinite(classifier(**batch).logits).all()
+
+
+class _Forward(torch.nn.Module):
+    """A stand-in model for sdpa_outputs: returns fixed logits, or raises RuntimeError(``error``)."""
+
+    def __init__(self, error: str | None = None) -> None:
+        super().__init__()
+        self.error = error
+
+    def forward(self, **batch: torch.Tensor) -> object:
+        if self.error:
+            raise RuntimeError(self.error)
+        logits = torch.arange(batch["input_ids"].numel() * 2, dtype=torch.float32).view(*batch["input_ids"].shape, 2)
+        return type("Output", (), {"prediction_logits": logits})()
+
+
+def test_the_sdpa_test_takes_any_refusal_as_one_and_needs_the_kernels_that_must_run() -> None:
+    """On CPU: the helpers of test_every_sdpa_backend_gives_the_same_outputs, which only a GPU runs."""
+    from torch.nn.attention import SDPBackend
+
+    batch = {"input_ids": torch.ones(2, 3, dtype=torch.long), "attention_mask": torch.tensor([[1, 1, 1], [1, 0, 0]])}
+    cudnn = "cuDNN Frontend error: [cudnn_frontend] Error: No execution plans support the graph."
+    for message in (cudnn, "No available kernel. Aborting execution."):
+        got, why = sdpa_outputs(_Forward(message), batch, SDPBackend.MATH, bf16=False)
+        assert got is None and message.split(":")[0] in why, why
+    got, why = sdpa_outputs(_Forward(), batch, SDPBackend.MATH, bf16=False)
+    assert why is None and got.shape == (4, 2)  # the real positions only
+    everything = {("EFFICIENT_ATTENTION", False), ("EFFICIENT_ATTENTION", True), ("FLASH_ATTENTION", True)}
+    assert missing_kernels(everything, padded=False, capability=(9, 0)) == []
+    assert missing_kernels(everything - {("FLASH_ATTENTION", True)}, False, (9, 0)) == ["FLASH_ATTENTION (bf16=True)"]
+    assert missing_kernels({("FLASH_ATTENTION", True)}, padded=True, capability=(9, 0)) == [
+        "EFFICIENT_ATTENTION (bf16=False)",
+        "EFFICIENT_ATTENTION (bf16=True)",
+    ]
+    assert missing_kernels(everything - {("FLASH_ATTENTION", True)}, False, (7, 5)) == []  # no flash before sm80

@@ -13,8 +13,7 @@ processes and hosts never share one), which is written, fsync'ed, given the umas
 the target (or hard-linked to it, for create-once). A failure removes the temporary file and leaves the target as
 it was. Both steps are atomic on local file systems, NFS and Lustre.
 
-This module imports nothing but the standard library, and nothing of the project: launch/gpu_check.py loads it by
-its path, without importing the pretrain package (whose __init__ imports torch).
+This module imports nothing but the standard library, and nothing of the project.
 """
 
 from __future__ import annotations
