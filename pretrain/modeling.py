@@ -8,16 +8,20 @@ hybrid, normformer, output_ln, parallel; each draws its data flow); which norm i
 ``pretrain/norms.py``'s. With ``norm_placement="post"`` and ``norm_type="layernorm"`` every parameter name and every
 output equals Hugging Face ``BertModel`` / ``BertForPreTraining`` (proven by ``tests/test_modeling.py``), so a
 Hugging Face BERT state dict loads with ``strict=True``; ``pre`` equals Hugging Face's ``RobertaPreLayerNorm``.
+On ``pre``, ``residual_scheme`` replaces the residual sum by Hyper-Connections, mHC or Attention Residuals
+(``pretrain/residual_streams.py``); the sub-layers keep Pre-LN's names, so a Pre-LN state dict loads into such a
+model with only the scheme's own parameters missing.
 
 Each sub-layer owns the norm Hugging Face calls ``attention.output.LayerNorm`` / ``output.LayerNorm`` (whatever its
 type); the block only decides where it is applied. Extra norms and scales have names of their own
 (``branch_norm``, ``query_norm``, ``ffn_norm``, ``rezero_gate``, ``residual_scale``, ``head_scale``) and exist only
 in the placements that use them, so Pre-LN has exactly one norm more than Post-LN (``encoder.final_layer_norm``).
+A residual scheme's modules are ``encoder.layer.{i}.attention_residual`` / ``ffn_residual`` (and AttnRes's
+``encoder.output_residual``).
 """
 
 from __future__ import annotations
 
-import difflib
 import json
 import math
 from collections.abc import Callable
@@ -36,6 +40,7 @@ from transformers import (
     AutoModelForPreTraining,
     AutoModelForSequenceClassification,
     BertConfig,
+    PretrainedConfig,
     PreTrainedModel,
 )
 from transformers import initialization as init
@@ -64,14 +69,32 @@ from pretrain.placements import (
     mix_ln_post_layers_default,
     resi_dual_output,
 )
-from pretrain.variants import DEFAULTS, INIT_SCHEMES, NORM_TYPES, InitScheme, NormType
+from pretrain.residual_streams import (
+    RESIDUAL_MODULES,
+    AttentionResidual,
+    collapse,
+    residual_module,
+    start_state,
+)
+from pretrain.variants import (
+    DEFAULTS,
+    INIT_SCHEMES,
+    NORM_TYPES,
+    InitScheme,
+    MhcBiasInit,
+    NormType,
+    ResidualScheme,
+    check_choice,
+    check_residual_scheme,
+)
 
 # Config fields that change what given weights compute (DeepNorm's alpha follows from the placement and depth);
-# fused_qkv, the attention kernel and init-only settings (dyt_alpha_init, b2t_rescale_init) do not.
+# fused_qkv, the attention kernel and init-only settings (dyt_alpha_init, b2t_rescale_init, mhc_bias_init) do not.
 _COMPUTATION_FIELDS = (
     "norm_placement", "norm_type", "qk_norm", "embedding_layer_norm", "num_hidden_layers", "hidden_act",
     "layer_norm_eps", "mix_ln_post_layers", "admin_omega", "admin_learnable_omega", "hybrid_first_pre_norm",
     "normformer_head_scale", "normformer_attn_norm", "normformer_ffn_norm", "normformer_resid_scale",
+    "residual_scheme", "hc_streams", "hc_dynamic", "mhc_sinkhorn_iters", "attn_res_block_size",
 )  # fmt: skip
 
 
@@ -109,7 +132,8 @@ class LNBertConfig(BertConfig):
             as in original BERT). ``False`` replaces it with the identity.
         init_scheme: ``"bert"``: weights normal(0, ``initializer_range``) as original BERT;
             ``"xavier"``: Xavier-normal weights (the setting of the paper's analysis). Biases zero,
-            norms gamma 1 / beta 0 in both. DeepNorm's beta-gain projections override this.
+            norms gamma 1 / beta 0 in both. DeepNorm scales its V, attention-output and FFN weights by beta on top
+            of either (xavier: the paper's Xavier gain beta; bert: torchscale's ``bert_init``, normal(0, 0.02 beta)).
         sparse_mlm_head: when MLM labels are given, run the MLM head only at positions whose label
             is not -100. Loss and gradients equal the dense computation; ``prediction_logits`` then has
             shape ``(num_masked, vocab_size)`` in row-major order of ``labels != -100``. Without labels
@@ -121,6 +145,19 @@ class LNBertConfig(BertConfig):
             (under autocast: casts it to bf16 once instead of three times) and gives one larger GEMM;
             equal to the three separate projections within float rounding. Off by default so that
             Post-LN stays op-for-op Hugging Face BERT.
+        residual_scheme: how the sub-layers' outputs reach the later ones, on ``norm_placement="pre"`` only
+            (``pretrain/residual_streams.py``; docs/placements.md): ``"standard"`` (Pre-LN's residual sum),
+            ``"hc"`` (Hyper-Connections), ``"mhc"`` (manifold-constrained HC), ``"attn_res"`` (Attention Residuals).
+        hc_streams: n, the number of residual streams of ``hc`` and ``mhc`` (the papers' default 4).
+        hc_dynamic: ``hc``'s dynamic weights (DHC, the paper's default: tanh terms per token, scales 0.01);
+            ``False``: static HC (SHC).
+        mhc_sinkhorn_iters: Sinkhorn-Knopp iterations of mHC's H_res (the paper's 20), in at least float32.
+        mhc_bias_init: mHC's static biases at init, which its paper does not give: ``"zero"`` (H_pre = 1/2,
+            H_post = 1, H_res uniform 1/n: with the gates at 0 the model is the Pre-LN model) or ``"identity"``
+            (b_res diagonal, H_res starts with diagonal 0.99).
+        attn_res_block_size: Block AttnRes's block size in sub-layers (attention and FFN count one each; even
+            values close blocks between layers, odd ones may close a block between a layer's attention and its
+            FFN); ``None``: Full AttnRes (every sub-layer's output its own source, as a block size of 1).
     """
 
     model_type = "lnbert"
@@ -144,11 +181,21 @@ class LNBertConfig(BertConfig):
     sparse_mlm_head: bool = DEFAULTS.sparse_mlm_head
     tie_word_embeddings: bool = DEFAULTS.tie_word_embeddings
     fused_qkv: bool = DEFAULTS.fused_qkv
+    residual_scheme: ResidualScheme = DEFAULTS.residual_scheme
+    hc_streams: int = DEFAULTS.hc_streams
+    hc_dynamic: bool = DEFAULTS.hc_dynamic
+    mhc_sinkhorn_iters: int = DEFAULTS.mhc_sinkhorn_iters
+    mhc_bias_init: MhcBiasInit = DEFAULTS.mhc_bias_init
+    attn_res_block_size: int | None = DEFAULTS.attn_res_block_size
 
     def __post_init__(self, **kwargs: Any) -> None:
-        _check_choice("norm_placement", self.norm_placement, NORM_PLACEMENTS)
-        _check_choice("norm_type", self.norm_type, NORM_TYPES)
-        _check_choice("init_scheme", self.init_scheme, INIT_SCHEMES)
+        check_choice("norm_placement", self.norm_placement, NORM_PLACEMENTS)
+        check_choice("norm_type", self.norm_type, NORM_TYPES)
+        check_choice("init_scheme", self.init_scheme, INIT_SCHEMES)
+        check_residual_scheme(
+            self.norm_placement, self.residual_scheme, self.hc_streams, self.mhc_sinkhorn_iters,
+            self.mhc_bias_init, self.attn_res_block_size,
+        )  # fmt: skip
         if self.hidden_size % self.num_attention_heads != 0:
             raise ValueError(
                 f"hidden_size={self.hidden_size} is not divisible by num_attention_heads="
@@ -178,6 +225,8 @@ class LNBertConfig(BertConfig):
 
     def block_of_layer(self, index: int) -> str:
         """The block (``placements.BLOCKS``) of layer ``index`` (0-based)."""
+        if self.residual_scheme != "standard":
+            return "residual_scheme"
         if self.norm_placement == "mix_ln":
             return "post" if index < self.mix_ln_post_layer_count else "pre"
         if self.norm_placement == "hybrid" and self.hybrid_first_pre_norm and index == 0:
@@ -215,13 +264,6 @@ class LNBertConfig(BertConfig):
     def make_norm(self, size: int | None = None) -> nn.Module:
         """A norm of this config's type over ``size`` (default: the hidden size)."""
         return make_norm(self.norm_type, size or self.hidden_size, self.layer_norm_eps, self.dyt_alpha_init)
-
-
-def _check_choice(key: str, value: str, choices: tuple[str, ...]) -> None:
-    if value not in choices:
-        close = difflib.get_close_matches(str(value), choices, n=1)
-        hint = f" (did you mean {close[0]!r}?)" if close else ""
-        raise ValueError(f"{key}={value!r} is not a valid choice{hint}; valid choices: {', '.join(choices)}")
 
 
 def _norm_or_identity(config: LNBertConfig, wanted: bool, size: int | None = None) -> nn.Module:
@@ -346,8 +388,10 @@ class LNBertSelfOutput(nn.Module):
 
     NormFormer's per-head scale ``head_scale`` multiplies the projection's output in groups of ``head_size``
     before ``B_a``: fairseq's code (``c_attn`` in ``transformer_layer.py``) puts it there, after the output
-    projection, where the paper's text describes the heads' outputs before it. Branch norms act before dropout,
-    as fairseq's ``attn_ln``.
+    projection, where the paper's text describes the heads' outputs before it. Each branch norm sits where its
+    official code has it: sandwich / Peri-LN's after dropout, ``B(dropout(F))`` (CogView's ``third_layernorm``
+    reads the attention's output after its ``output_dropout``; the same order as ``output_ln``'s
+    ``N(dropout(F))``), NormFormer's before, ``dropout(B(F))`` (fairseq's ``attn_ln``).
     """
 
     def __init__(self, config: LNBertConfig, block: Block) -> None:
@@ -360,12 +404,15 @@ class LNBertSelfOutput(nn.Module):
         self.head_scale = Scale(config.num_attention_heads, 1.0) if heads else None
         self.residual_scale = _learned_residual_scale(config, ffn=False)
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
+        self.norm_after_dropout = block.branch_norms  # sandwich / Peri-LN; NormFormer's norm acts before dropout
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         out = self.dense(hidden_states)
         if self.head_scale is not None:
             heads = self.head_scale.weight.shape[0]
             out = (out.unflatten(-1, (heads, -1)) * self.head_scale.weight[:, None]).flatten(-2)  # (B, T, nh, hs)
+        if self.norm_after_dropout:
+            return self.branch_norm(self.dropout(out))
         return self.dropout(self.branch_norm(out))
 
 
@@ -391,8 +438,9 @@ class LNBertIntermediate(nn.Module):
 
 
 class LNBertOutput(nn.Module):
-    """FFN output projection, the branch norm ``B_f`` (sandwich / Peri-LN), dropout; plus the sub-layer's norm
-    ``LayerNorm`` (N_f) and skip scale ``residual_scale``, which the layer's block applies."""
+    """FFN output projection, dropout, the branch norm ``B_f`` (sandwich / Peri-LN, after dropout as CogView's
+    ``fourth_layernorm``); plus the sub-layer's norm ``LayerNorm`` (N_f) and skip scale ``residual_scale``, which
+    the layer's block applies."""
 
     def __init__(self, config: LNBertConfig, block: Block) -> None:
         super().__init__()
@@ -403,7 +451,7 @@ class LNBertOutput(nn.Module):
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        return self.dropout(self.branch_norm(self.dense(hidden_states)))
+        return self.branch_norm(self.dropout(self.dense(hidden_states)))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -427,8 +475,12 @@ class LNBertLayer(nn.Module):
         self.output = LNBertOutput(config, self.block)
         if config.norm_placement == "rezero":
             self.rezero_gate = Scale(1, 0.0)
+        if config.residual_scheme != "standard":
+            # Sub-layer k counts attention and FFN: 2 * index and 2 * index + 1 (HC's one-hot A_m init reads it).
+            self.attention_residual = residual_module(config, 2 * index)
+            self.ffn_residual = residual_module(config, 2 * index + 1)
         if config.norm_placement == "deepnorm":
-            # Read by _init_weights: these four projections get Xavier-normal init with gain beta.
+            # Read by _init_weights: these four projections get their init scaled by beta.
             for linear in self.deepnorm_scaled_linears():
                 linear.deepnorm_gain = config.deepnorm_beta
         if config.norm_placement == "b2t" and config.b2t_rescale_init:
@@ -479,13 +531,42 @@ class LNBertLayer(nn.Module):
 
 
 class LNBertEncoder(nn.Module):
+    """The layer stack, and what the placement or residual scheme adds around it: the state the first layer reads
+    (``start``), the hidden state reported per layer (``reported``) and the output (``end``)."""
+
     def __init__(self, config: LNBertConfig) -> None:
         super().__init__()
+        self.config = config
         self.layer = nn.ModuleList([LNBertLayer(config, i) for i in range(config.num_hidden_layers)])
         # Pre-LN's residual stream grows with depth (paper, Lemma 2); this final norm normalises it once
         # for every consumer. Identity (no parameters) for placements that end in a norm anyway.
         self.final_layer_norm = _norm_or_identity(config, config.has_final_layer_norm)
         self.two_streams = config.placement.two_streams
+        self.residual_scheme = config.residual_scheme
+        if self.residual_scheme == "attn_res":
+            # AttnRes's output layer aggregates the sources with a query of its own, then the final norm.
+            self.output_residual = AttentionResidual(config.hidden_size)
+
+    def start(self, x: torch.Tensor) -> Stream:
+        """What the first layer reads: the embedding output; ResiDual's a_0 = d_0 = it; a residual scheme's state."""
+        if self.residual_scheme != "standard":
+            return start_state(self.config, x)
+        return (x, x) if self.two_streams else x
+
+    def reported(self, stream: Stream) -> torch.Tensor:
+        """A layer's entry of ``hidden_states``: the stream; ResiDual's Post-LN stream ``a``; a residual scheme's
+        collapsed state (HC, mHC: the sum of the streams; AttnRes: the plain sum of its sources)."""
+        if self.residual_scheme != "standard":
+            return collapse(stream)
+        return stream[0] if self.two_streams else stream
+
+    def end(self, stream: Stream) -> torch.Tensor:
+        """The encoder's output, through the final norm where the placement has one."""
+        if self.residual_scheme == "attn_res":
+            return self.final_layer_norm(self.output_residual.read(stream)[0])
+        if self.residual_scheme != "standard":  # HC's Algorithm 1: sum the streams, then the final norm
+            return self.final_layer_norm(collapse(stream))
+        return resi_dual_output(*stream, self.final_layer_norm) if self.two_streams else self.final_layer_norm(stream)
 
     def forward(
         self,
@@ -496,14 +577,14 @@ class LNBertEncoder(nn.Module):
     ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...] | None, tuple[torch.Tensor, ...] | None]:
         hidden_states = [x] if output_hidden_states else None
         attentions = [] if output_attentions else None
-        stream: Stream = (x, x) if self.two_streams else x  # ResiDual: a_0 = d_0 = the embedding output
+        stream = self.start(x)
         for layer in self.layer:
             stream, probs = layer(stream, attention_mask)
             if hidden_states is not None:
-                hidden_states.append(stream[0] if self.two_streams else stream)
+                hidden_states.append(self.reported(stream))
             if attentions is not None:
                 attentions.append(probs)
-        x = resi_dual_output(*stream, self.final_layer_norm) if self.two_streams else self.final_layer_norm(stream)
+        x = self.end(stream)
         if hidden_states is not None:
             # As in Hugging Face, hidden_states[-1] is last_hidden_state (here: after the final norm).
             hidden_states[-1] = x
@@ -601,9 +682,14 @@ class LNBertPreTrainedModel(PreTrainedModel):
         if isinstance(module, nn.Linear):
             # B2T's official rescaling_init: every weight matrix of its layers times L^(-1/2), after the base init.
             scale = getattr(module, "init_scale", 1.0)
-            if getattr(module, "deepnorm_gain", None) is not None:
+            beta = getattr(module, "deepnorm_gain", None)
+            if beta is not None and config.init_scheme == "xavier":
                 # DeepNet (Wang et al. 2022): Xavier-normal with gain beta on V, attention output and FFN.
-                init.xavier_normal_(module.weight, gain=module.deepnorm_gain)
+                init.xavier_normal_(module.weight, gain=beta)
+            elif beta is not None:
+                # torchscale's bert_init with deepnorm: normal(0, 0.02) on every projection, then V, attention
+                # output and FFN weights divided by (8N)^(1/4), i.e. times beta; Q and K keep normal(0, 0.02).
+                init.normal_(module.weight, mean=0.0, std=config.initializer_range * beta)
             elif config.init_scheme == "xavier":
                 init.xavier_normal_(module.weight, gain=scale)
             else:
@@ -625,6 +711,8 @@ class LNBertPreTrainedModel(PreTrainedModel):
                 init.constant_(module.alpha, module.alpha_init)
         elif isinstance(module, Scale):
             init.constant_(module.weight, module.init)
+        elif isinstance(module, RESIDUAL_MODULES):  # their own inits (pretrain/residual_streams.py)
+            module.init_parameters(config.initializer_range)
         elif isinstance(module, LNBertLMPredictionHead):
             init.zeros_(module.bias)
         elif isinstance(module, LNBertEmbeddings):
@@ -645,27 +733,10 @@ class LNBertPreTrainedModel(PreTrainedModel):
         if bad["missing_keys"] or bad["unexpected_keys"]:
             raise ValueError(
                 f"Checkpoint does not match norm_placement={self.config.norm_placement!r}, "
-                f"norm_type={self.config.norm_type!r}: missing encoder "
-                f"weights {bad['missing_keys'][:6]}, unexpected encoder weights {bad['unexpected_keys'][:6]}. "
-                "Load it with the norm_placement and norm_type it was trained with (leave them out of "
-                "from_pretrained to use the checkpoint's own config)."
-            )
-
-    def _check_same_computation(self, saved: dict[str, Any]) -> None:
-        """Weights trained under one placement must not be run under another: Post-LN and DeepNorm have the same
-        parameter names but compute different functions. Compares the saved config with the one in use."""
-        differ = []
-        for key in _COMPUTATION_FIELDS:
-            default = getattr(LNBertConfig(), key)
-            trained, used = saved.get(key, default), getattr(self.config, key)
-            if key == "norm_placement" and canonical_placement(str(trained)) == canonical_placement(used):
-                continue  # another name of the same placement (peri is sandwich)
-            if trained != used:
-                differ.append(f"{key}={used!r} (trained with {trained!r})")
-        if differ:
-            raise ValueError(
-                f"Checkpoint does not match {', '.join(differ)}. These settings change what "
-                "the weights compute; leave them out of from_pretrained to use the checkpoint's own config."
+                f"norm_type={self.config.norm_type!r}, residual_scheme={self.config.residual_scheme!r}: missing "
+                f"encoder weights {bad['missing_keys'][:6]}, unexpected encoder weights "
+                f"{bad['unexpected_keys'][:6]}. Load it with the norm_placement, norm_type and residual_scheme it "
+                "was trained with (leave them out of from_pretrained to use the checkpoint's own config)."
             )
 
     @classmethod
@@ -673,14 +744,44 @@ class LNBertPreTrainedModel(PreTrainedModel):
         """``PreTrainedModel.from_pretrained`` that fails loudly on encoder weight mismatches and on a
         placement (or another setting that changes the computation) other than the one trained with."""
         wants_info = kwargs.pop("output_loading_info", False)
+        path = Path(str(args[0] if args else kwargs.get("pretrained_model_name_or_path", "")))
+        saved = json.loads((path / "config.json").read_text()) if (path / "config.json").is_file() else {}
+        checked = saved.get("model_type") in (LNBertConfig.model_type, "bert")  # Hugging Face BERT: Post-LN
+        if checked:  # before the weights load: this message, not a shape mismatch's (hc_streams, ...)
+            _check_same_computation(saved, cls._config_to_load(path, kwargs))
         model, info = super().from_pretrained(*args, output_loading_info=True, **kwargs)
-        saved_config = Path(str(args[0] if args else kwargs.get("pretrained_model_name_or_path", ""))) / "config.json"
-        if saved_config.is_file():
-            saved = json.loads(saved_config.read_text())
-            if saved.get("model_type") in (LNBertConfig.model_type, "bert"):  # Hugging Face BERT: Post-LN
-                model._check_same_computation(saved)
+        if checked:
+            _check_same_computation(saved, model.config)
         model._check_loaded_keys(info)
         return (model, info) if wants_info else model
+
+    @classmethod
+    def _config_to_load(cls, path: Path, kwargs: dict[str, Any]) -> PretrainedConfig:
+        """The config ``from_pretrained`` will build the model with: the one passed, or the folder's with the
+        keyword arguments that name config fields (the Auto classes pass ``config``)."""
+        config = kwargs.get("config")
+        if isinstance(config, PretrainedConfig):
+            return config
+        others = {k: v for k, v in kwargs.items() if k != "config"}
+        return cls.config_class.from_pretrained(config or path, return_unused_kwargs=True, **others)[0]
+
+
+def _check_same_computation(saved: dict[str, Any], config: PretrainedConfig) -> None:
+    """Weights trained under one placement must not be run under another: Post-LN and DeepNorm have the same
+    parameter names but compute different functions. Compares the saved config with the one in use."""
+    differ = []
+    for key in _COMPUTATION_FIELDS:
+        default = getattr(LNBertConfig(), key)
+        trained, used = saved.get(key, default), getattr(config, key, default)
+        if key == "norm_placement" and canonical_placement(str(trained)) == canonical_placement(used):
+            continue  # another name of the same placement (peri is sandwich)
+        if trained != used:
+            differ.append(f"{key}={used!r} (trained with {trained!r})")
+    if differ:
+        raise ValueError(
+            f"Checkpoint does not match {', '.join(differ)}. These settings change what "
+            "the weights compute; leave them out of from_pretrained to use the checkpoint's own config."
+        )
 
 
 class LNBertModel(LNBertPreTrainedModel):

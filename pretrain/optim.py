@@ -14,18 +14,22 @@ ADAMW_IMPLEMENTATIONS: tuple[str, ...] = get_args(AdamWImplementation)
 
 # Norms (every norm type) and learned scales (ReZero's gates, Admin's omega, NormFormer's scales) get no weight
 # decay, selected by module type (pretrain.norms.NO_DECAY_MODULES): names differ between models, and a
-# name-substring rule ("LayerNorm.weight") silently misses norms called otherwise (final_layer_norm, ...).
+# name-substring rule ("LayerNorm.weight") silently misses norms called otherwise (final_layer_norm, ...). A module
+# whose own parameters differ (HC's static matrices and its dynamic projections) lists the exempt ones in its
+# ``no_weight_decay`` class attribute (pretrain/residual_streams.py).
 
 
 def weight_decay_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
-    """Two AdamW groups: decay on weight matrices and embeddings; none on biases, norms and learned scales.
+    """Two AdamW groups: decay on weight matrices and embeddings; none on biases, norms, learned scales and the
+    parameters a module marks ``no_weight_decay``.
 
     Trainable parameters only, each once (tied weights such as BERT's decoder/embedding appear once).
     """
     no_decay: set[int] = set()
     for module in model.modules():
+        exempt = getattr(type(module), "no_weight_decay", frozenset())
         for name, param in module.named_parameters(recurse=False):
-            if isinstance(module, NO_DECAY_MODULES) or name == "bias":
+            if isinstance(module, NO_DECAY_MODULES) or name == "bias" or name in exempt:
                 no_decay.add(id(param))
     params = [p for p in model.parameters() if p.requires_grad]  # de-duplicated by nn.Module
     return [

@@ -27,6 +27,10 @@ builds exactly the modules its block reads (the others are ``nn.Identity``, with
 Each block's docstring draws its data flow; docs/placements.md gives the equations, constants, parameter counts
 and the papers' claims. nGPT (Loshchilov et al. 2025) is a family (unit-norm weights re-normalised after every
 optimizer step, no weight decay), not a placement, and is not built.
+
+A residual scheme (``residual_scheme``: Hyper-Connections, mHC, Attention Residuals; ``pretrain/residual_streams.py``)
+replaces Pre-LN's residual sum and keeps its sub-layers: every layer of ``pre`` with a scheme other than ``standard``
+runs ``residual_scheme_block``.
 """
 
 from __future__ import annotations
@@ -39,10 +43,12 @@ from typing import Protocol
 import torch
 from torch import nn
 
+from pretrain.residual_streams import DepthSources, ResidualModule
 from pretrain.variants import NORM_PLACEMENTS, NormPlacement, variant_name
 
-# The stream a block passes on: the residual stream, or ResiDual's two streams (a, d).
-Stream = torch.Tensor | tuple[torch.Tensor, torch.Tensor]
+# The stream a block passes on: the residual stream, ResiDual's two streams (a, d), or a residual scheme's state
+# (HC's and mHC's n streams (B, T, n, d), AttnRes's sources).
+Stream = torch.Tensor | tuple[torch.Tensor, torch.Tensor] | DepthSources
 Probs = torch.Tensor | None
 
 
@@ -52,6 +58,8 @@ class LNBertLayer(Protocol):
     norm_a: nn.Module  # attention.output.LayerNorm (nn.Identity where the block has none)
     norm_f: nn.Module  # output.LayerNorm
     rezero_gate: nn.Module
+    attention_residual: ResidualModule  # residual schemes only
+    ffn_residual: ResidualModule
 
     def attend(self, x: torch.Tensor, mask: torch.Tensor | None) -> tuple[torch.Tensor, Probs]: ...
     def feed_forward(self, x: torch.Tensor) -> torch.Tensor: ...
@@ -205,6 +213,20 @@ def parallel_block(layer: LNBertLayer, x: torch.Tensor, mask: torch.Tensor | Non
     return x + branch + layer.feed_forward(h), probs
 
 
+def residual_scheme_block(layer: LNBertLayer, state: Stream, mask: torch.Tensor | None) -> tuple[Stream, Probs]:
+    """Pre-LN's two sub-layers under a residual scheme: each reads its input from the residual state and writes its
+    output back through its residual module R (``attention_residual``, ``ffn_residual``; HC, mHC or AttnRes).
+
+        state ──R.read── h ── N_a ── Attn ──R.write──> state
+        state ──R.read── h ── N_f ── FFN ───R.write──> state
+    """
+    h, carry = layer.attention_residual.read(state)
+    branch, probs = layer.attend(layer.norm_a(h), mask)
+    state = layer.attention_residual.write(state, carry, branch)
+    h, carry = layer.ffn_residual.read(state)
+    return layer.ffn_residual.write(state, carry, layer.feed_forward(layer.norm_f(h))), probs
+
+
 # --------------------------------------------------------------------------------------------------
 # The table
 # --------------------------------------------------------------------------------------------------
@@ -231,6 +253,7 @@ BLOCKS: dict[str, Block] = {
     "hybrid": Block(hybrid_block, attention_norm=False),
     "output_ln": Block(output_ln_block),
     "parallel": Block(parallel_block, ffn_norm=False),
+    "residual_scheme": Block(residual_scheme_block),  # pre with LNBertConfig.residual_scheme != "standard"
 }
 
 
@@ -288,7 +311,6 @@ def admin_omega_default(num_layers: int) -> float:
 def mix_ln_post_layers_default(num_layers: int) -> int:
     """Mix-LN's Post-LN layer count, round(L/4) (the authors' scripts: 3 of 12, 6 of 24)."""
     return round(num_layers / 4)
-
 
 
 def resi_dual_output(a: torch.Tensor, d: torch.Tensor, final_norm: nn.Module) -> torch.Tensor:

@@ -1,14 +1,16 @@
 """What a model variant is made of, as names and defaults, without torch.
 
 Every command reads and checks its options before it imports torch and transformers (about 9 s of CPU), so that a
-typo answers at once. What the options are checked against lives here: the names of the placements, norm types
-and init schemes, and the defaults of ``LNBertConfig``'s own options (documented there). ``pretrain.placements``,
+typo answers at once. What the options are checked against lives here: the names of the placements, norm types,
+init schemes and residual schemes, the defaults of ``LNBertConfig``'s own options (documented there) and the checks
+of the residual scheme's options (``check_residual_scheme``). ``pretrain.placements``,
 ``pretrain.norms``, ``pretrain.modeling`` and ``pretrain.config`` take them from here; nothing here imports more
 than the standard library.
 """
 
 from __future__ import annotations
 
+import difflib
 from dataclasses import dataclass
 from typing import Literal, get_args
 
@@ -23,6 +25,16 @@ NORM_TYPES: tuple[str, ...] = get_args(NormType)
 
 InitScheme = Literal["bert", "xavier"]
 INIT_SCHEMES: tuple[str, ...] = get_args(InitScheme)
+
+# How the sub-layers' outputs reach each other on top of Pre-LN (docs/placements.md, "Residual schemes"): the plain
+# residual sum, Hyper-Connections, manifold-constrained Hyper-Connections, Attention Residuals.
+ResidualScheme = Literal["standard", "hc", "mhc", "attn_res"]
+RESIDUAL_SCHEMES: tuple[str, ...] = get_args(ResidualScheme)
+
+# mHC's static biases at init, which its paper does not give: all zero (H_res uniform 1/n: the Pre-LN model when the
+# gates are 0), or b_res diagonal so that H_res starts near the identity.
+MhcBiasInit = Literal["zero", "identity"]
+MHC_BIAS_INITS: tuple[str, ...] = get_args(MhcBiasInit)
 
 
 @dataclass(frozen=True)
@@ -47,13 +59,95 @@ class LNBertOptions:
     sparse_mlm_head: bool = True
     tie_word_embeddings: bool = True
     fused_qkv: bool = False
+    residual_scheme: ResidualScheme = "standard"
+    hc_streams: int = 4
+    hc_dynamic: bool = True
+    mhc_sinkhorn_iters: int = 20
+    mhc_bias_init: MhcBiasInit = "zero"
+    attn_res_block_size: int | None = None
 
 
 DEFAULTS = LNBertOptions()
 
 
-def variant_name(norm_placement: str, norm_type: str = "layernorm", qk_norm: bool = False) -> str:
-    """The label of a model variant in run names, W&B groups and tags, and reports: the placement, plus the norm
-    type and QK-norm when they are not the defaults (``pre``, ``pre-rmsnorm``, ``post-dyt-qknorm``)."""
-    parts = [norm_placement] + ([norm_type] if norm_type != "layernorm" else []) + (["qknorm"] if qk_norm else [])
-    return "-".join(parts)
+def check_choice(key: str, value: str, choices: tuple[str, ...]) -> None:
+    """Refuse ``value`` unless it is one of ``choices``, naming the key, the closest choice and all of them."""
+    if value not in choices:
+        close = difflib.get_close_matches(str(value), choices, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise ValueError(f"{key}={value!r} is not a valid choice{hint}; valid choices: {', '.join(choices)}")
+
+
+def check_residual_scheme(
+    norm_placement: str,
+    residual_scheme: str,
+    hc_streams: int,
+    mhc_sinkhorn_iters: int,
+    mhc_bias_init: str,
+    attn_res_block_size: int | None,
+    prefix: str = "",
+) -> None:
+    """Refuse a residual scheme the model cannot build, naming the field (``prefix`` + its name) and the fix.
+
+    An odd ``attn_res_block_size`` is allowed: Block AttnRes is defined for any block size in sub-layers (1 is Full
+    AttnRes); an odd size only closes some blocks between a layer's attention and its FFN, where the paper's blocks
+    always close after a whole layer.
+    """
+    check_choice(f"{prefix}residual_scheme", residual_scheme, RESIDUAL_SCHEMES)
+    if residual_scheme != "standard" and norm_placement != "pre":
+        raise ValueError(
+            f"{prefix}residual_scheme={residual_scheme!r} needs {prefix}norm_placement='pre' (got "
+            f"{norm_placement!r}): HC, mHC and AttnRes are defined on a Pre-LN block only; set "
+            f"{prefix}norm_placement=pre or {prefix}residual_scheme=standard"
+        )
+    if not (isinstance(hc_streams, int) and hc_streams >= 1):
+        raise ValueError(f"{prefix}hc_streams={hc_streams!r} must be an integer >= 1 (the papers' default: 4)")
+    if not (isinstance(mhc_sinkhorn_iters, int) and mhc_sinkhorn_iters >= 1):
+        raise ValueError(
+            f"{prefix}mhc_sinkhorn_iters={mhc_sinkhorn_iters!r} must be an integer >= 1 (the paper's default: 20)"
+        )
+    check_choice(f"{prefix}mhc_bias_init", mhc_bias_init, MHC_BIAS_INITS)
+    size = attn_res_block_size
+    if size is not None and not (isinstance(size, int) and size >= 1):
+        raise ValueError(
+            f"{prefix}attn_res_block_size={size!r} must be an integer >= 1 (sub-layers per block; 1 or null: Full "
+            "AttnRes; even values close blocks between layers)"
+        )
+
+
+def residual_scheme_label(
+    residual_scheme: str = DEFAULTS.residual_scheme,
+    hc_streams: int = DEFAULTS.hc_streams,
+    hc_dynamic: bool = DEFAULTS.hc_dynamic,
+    mhc_bias_init: str = DEFAULTS.mhc_bias_init,
+    attn_res_block_size: int | None = DEFAULTS.attn_res_block_size,
+) -> str:
+    """The residual scheme's part of a variant's label, empty for ``standard``: ``hc4`` (dynamic HC, 4 streams),
+    ``shc4`` (static HC), ``mhc4`` (``mhc4-idres`` with the identity bias init), ``attnres`` (Full AttnRes),
+    ``attnres-b4`` (Block AttnRes, blocks of 4 sub-layers; ``attnres-b1`` computes what ``attnres`` does)."""
+    if residual_scheme == "hc":
+        return f"{'hc' if hc_dynamic else 'shc'}{hc_streams}"
+    if residual_scheme == "mhc":
+        return f"mhc{hc_streams}" + ("-idres" if mhc_bias_init == "identity" else "")
+    if residual_scheme == "attn_res":
+        return "attnres" if attn_res_block_size is None else f"attnres-b{attn_res_block_size}"
+    return ""
+
+
+def variant_name(
+    norm_placement: str,
+    norm_type: str = DEFAULTS.norm_type,
+    qk_norm: bool = DEFAULTS.qk_norm,
+    *,
+    residual_scheme: str = DEFAULTS.residual_scheme,
+    hc_streams: int = DEFAULTS.hc_streams,
+    hc_dynamic: bool = DEFAULTS.hc_dynamic,
+    mhc_bias_init: str = DEFAULTS.mhc_bias_init,
+    attn_res_block_size: int | None = DEFAULTS.attn_res_block_size,
+) -> str:
+    """The label of a model variant in run names, W&B groups and tags, and reports: the placement, its residual
+    scheme (``residual_scheme_label``), then the norm type and QK-norm when they are not the defaults (``pre``,
+    ``pre-rmsnorm``, ``post-dyt-qknorm``, ``pre-hc4``, ``pre-attnres-b4-rmsnorm``)."""
+    scheme = residual_scheme_label(residual_scheme, hc_streams, hc_dynamic, mhc_bias_init, attn_res_block_size)
+    parts = [norm_placement] + ([scheme] if scheme else []) + ([norm_type] if norm_type != "layernorm" else [])
+    return "-".join(parts + (["qknorm"] if qk_norm else []))

@@ -269,6 +269,49 @@ def test_xavier_init_option(tiny_kwargs):
     assert torch.equal(model.bert.encoder.final_layer_norm.weight, torch.ones(32))
 
 
+@pytest.mark.parametrize(
+    ("placement", "where", "dropout_first"),
+    [
+        ("sandwich", "attention.output.branch_norm", True),  # CogView: third_layernorm after output_dropout
+        ("peri", "output.branch_norm", True),  # and fourth_layernorm after the FFN's dropout
+        ("output_ln", "attention.output.LayerNorm", True),  # N(dropout(F))
+        ("normformer", "attention.output.branch_norm", False),  # fairseq: attn_ln, then dropout_module
+    ],
+)
+def test_branch_norm_and_dropout_order_in_train_mode(tiny_kwargs, placement, where, dropout_first):
+    """Where dropout acts first, the norm's input has dropout's exact zeros and what joins the residual sum has
+    none; the other way round, the reverse."""
+    torch.manual_seed(0)
+    model = LNBertForPreTraining(tiny_config(tiny_kwargs, placement, hidden_dropout_prob=0.5)).train()
+    norm = model.bert.encoder.layer[0].get_submodule(where)
+    seen = {}
+    norm.register_forward_hook(lambda module, inputs, output: seen.update(norm_in=inputs[0], norm_out=output))
+    sublayer = model.bert.encoder.layer[0].get_submodule(where.rsplit(".", 1)[0])
+    sublayer.register_forward_hook(lambda module, inputs, output: seen.update(branch=output))
+    model(**make_batch(padded=False))
+    joins_residual = seen["norm_out"] if placement == "output_ln" else seen["branch"]
+    assert bool((seen["norm_in"] == 0).any()) is dropout_first
+    assert bool((joins_residual == 0).any()) is not dropout_first
+
+
+def test_deepnorm_bert_init_is_torchscales_bert_init():
+    """torchscale with bert_init and deepnorm: every projection normal(0, 0.02), then V, attention output and both
+    FFN weights divided by (8N)^(1/4), i.e. normal(0, 0.02 beta); Q and K keep normal(0, 0.02)."""
+    n_layers = 4
+    config = LNBertConfig(
+        vocab_size=1000, hidden_size=96, num_hidden_layers=n_layers, num_attention_heads=4, intermediate_size=192,
+        max_position_embeddings=64, norm_placement="deepnorm", init_scheme="bert",
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = LNBertForPreTraining(config)
+    beta = (8 * n_layers) ** -0.25
+    for layer in model.bert.encoder.layer:
+        for linear in layer.deepnorm_scaled_linears():
+            assert linear.weight.std().item() == pytest.approx(0.02 * beta, rel=0.05)
+        for linear in (layer.attention.self.query, layer.attention.self.key):
+            assert linear.weight.std().item() == pytest.approx(0.02, rel=0.05)
+
+
 # --------------------------------------------------------------------------------------------------
 # Sparse MLM head
 # --------------------------------------------------------------------------------------------------

@@ -6,13 +6,11 @@ model is ever called (only the full ``model(...)`` under test). Weights are pert
 gains and biases, gates, scales, DyT's alpha) so that a norm or gate applied in the wrong place cannot hide behind
 an identity init. Everything runs in float64 in eval mode with dropout 0.
 
-Run from the worktree that holds the model:  cd /work/wt-placements && python -m pytest -q /tmp/test_placement_reference.py
-
-Two switches choose between readings the spec leaves open (see /tmp/placement_facts.md):
+Two switches choose between readings the spec leaves open (docs/placements.md says which one the model follows):
   REF_HYBRID_FFN_FORM=paper (default): HybridNorm FFN  h = N_f(y); x' = h + F_ffn(h)   (ffn_residual_after_norm)
   REF_HYBRID_FFN_FORM=post           : HybridNorm FFN  x' = N_f(y + F_ffn(y))          (classic Post-Norm)
-  REF_NORMFORMER_HEAD_SCALE=context (default): head scale on each head's context, before attention.output.dense
-  REF_NORMFORMER_HEAD_SCALE=after_proj       : fairseq's c_attn, on the output projection's output in nh chunks
+  REF_NORMFORMER_HEAD_SCALE=after_proj (default): fairseq's c_attn, on the output projection's output in nh chunks
+  REF_NORMFORMER_HEAD_SCALE=context             : head scale on each head's context, before attention.output.dense
 """
 
 from __future__ import annotations

@@ -1,0 +1,551 @@
+"""Residual schemes on Pre-LN: Hyper-Connections (HC, static and dynamic), manifold-constrained Hyper-Connections
+(mHC) and Attention Residuals (AttnRes, Full and Block), each a module per sub-layer that reads the sub-layer's
+input from the residual state and writes the sub-layer's output back (docs/placements.md, "Residual schemes").
+
+``LNBertConfig.residual_scheme`` picks one: ``standard`` (Pre-LN's plain sum ``x = x + F(N(x))``, nothing from
+here), ``hc``, ``mhc`` or ``attn_res``, on ``norm_placement="pre"`` only. The sub-layers stay Pre-LN's, with their
+Hugging Face names and their own pre-norms ``N``. Layer ``i`` holds two residual modules, ``attention_residual``
+(sub-layer ``k = 2i``) and ``ffn_residual`` (``k = 2i + 1``), and its block (``placements.residual_scheme_block``)
+runs, per sub-layer F:
+
+    h, carry = residual.read(state)                   # the sub-layer's input, from the residual state
+    state = residual.write(state, carry, F(N(h)))     # its output, into the state
+
+The residual state per token, and how the encoder ends (``start_state``, ``collapse``):
+
+    hc, mhc    n streams of width d, (B, T, n, d); at the start n copies of the embedding output; at the end their
+               sum, then ``encoder.final_layer_norm`` (HC's Algorithm 1; mHC states no collapse)
+    attn_res   ``DepthSources``: the embedding output and the sub-layers' outputs (Full) or block sums (Block); at
+               the end their aggregation with the output's own query (``encoder.output_residual``), then
+               ``encoder.final_layer_norm``
+
+HC and mHC in mHC's common form (its Eq. 3), ``x`` the n streams (n x d), a sub-layer does
+``x <- H_res x + H_post^T F(N(H_pre x))`` with:
+
+    SHC   H_pre = A_m^T, H_post = B, H_res = A_r^T, learned static matrices                HC paper, Eqs. 1-5
+    DHC   the same plus s tanh(norm(x) W) per token                                         HC paper, dynamic HC
+    mHC   from RMSNorm(vec x): sigmoid, 2 sigmoid, Sinkhorn-Knopp (doubly stochastic)       mHC paper, Eqs. 7-9
+
+The state and its mixing run with autocast off, in the state's dtype (float32 under bf16 autocast, as Pre-LN's
+residual sum is), mHC's mappings in at least float32: only the sub-layers run in bf16. The mixing is batched over
+the streams (``_mix_streams``), never a loop over them. ``recording`` and ``residual_stats`` collect what the papers' claims are
+about: the mixing matrices, mHC's composite gain, AttnRes's weights over depth, every sub-layer's output norm.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import torch
+from torch import nn
+from transformers import initialization as init
+
+if TYPE_CHECKING:
+    from pretrain.modeling import LNBertConfig
+
+HC_DYNAMIC_SCALE_INIT = 0.01  # DHC's s_alpha and s_beta at init (HC paper, Algorithm 2)
+MHC_GATE_INIT = 0.01  # mHC's alpha_pre, alpha_post, alpha_res at init (mHC paper, Table 5)
+MHC_NORM_EPS = 1e-20  # mHC's RMSNorm over the flattened streams (mHC paper, Table 5)
+SINKHORN_LOGIT_FLOOR = -60.0  # exp's input floor in ``sinkhorn``, relative to each matrix's largest logit
+# mhc_bias_init="identity": the diagonal of H_res at init (gates at 0); b_res = c I gives exactly this.
+MHC_IDENTITY_DIAGONAL = 0.99
+
+
+def _autocast_off(x: torch.Tensor) -> AbstractContextManager[Any]:
+    """The residual state and its mixing weights stay in the state's dtype: bf16 autocast would round the state
+    (a matmul there runs in bf16) where Pre-LN's residual sum, an addition, stays float32."""
+    return torch.autocast(x.device.type, enabled=False)
+
+
+def _at_least_float32(x: torch.Tensor) -> torch.Tensor:
+    return x.to(torch.promote_types(x.dtype, torch.float32))
+
+
+def _dot(x: torch.Tensor, vector: torch.Tensor) -> torch.Tensor:
+    """x @ vector over the last dimension, as a product and a sum: a matrix-vector product's result on CPU depends
+    on the vector's memory alignment (a reloaded model's is another), this one does not."""
+    return (x * vector).sum(-1)
+
+
+# --------------------------------------------------------------------------------------------------
+# Hyper-Connections and mHC: n streams
+# --------------------------------------------------------------------------------------------------
+
+
+def _mix_streams(weights: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
+    """``weights`` (..., m, n) times the n streams of ``state`` (B, T, n, d): (B, T, m, d), batched over the streams.
+    Static weights are one GEMM (einsum). Per-token weights are a batched matmul of tiny matrices, except on CPU:
+    there a broadcast product and a sum over n is 3.5x faster forward and backward (1,024 tokens, d 256, n 4)."""
+    if weights.dim() > 2 and state.device.type == "cpu":
+        return (weights.unsqueeze(-1) * state.unsqueeze(-3)).sum(-2)
+    return torch.einsum("...kj,...jd->...kd", weights, state)
+
+
+class StreamMixer(nn.Module):
+    """What HC and mHC share: per sub-layer ``x <- H_res x + H_post^T F(N(H_pre x))`` over the n streams ``x``
+    (B, T, n, d), with the mappings of the subclass (``mappings``)."""
+
+    recorder: ResidualRecorder | None = None  # set by ``recording``
+
+    def mappings(self, state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """H_pre (..., n), H_post (..., n), H_res (..., n, n); ``...`` is (B, T) where they depend on the token."""
+        raise NotImplementedError
+
+    def read(self, state: torch.Tensor) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+        """The sub-layer's input H_pre x (B, T, d), and H_res x and H_post for ``write``."""
+        h_pre, h_post, h_res = self.mappings(state)
+        if self.recorder is not None:
+            self.recorder.mixing(h_pre, h_post, h_res)
+        with _autocast_off(state):
+            weights = torch.cat([h_pre.unsqueeze(-2), h_res], dim=-2).to(state.dtype)  # (..., n + 1, n)
+            mixed = _mix_streams(weights, state)  # (B, T, n + 1, d)
+        return mixed[..., 0, :], (mixed[..., 1:, :], h_post)
+
+    def write(self, state: torch.Tensor, carry: tuple[torch.Tensor, torch.Tensor], out: torch.Tensor) -> torch.Tensor:
+        """The new streams H_res x + H_post^T out, ``out`` (B, T, d) the sub-layer's output."""
+        if self.recorder is not None:
+            self.recorder.output(out)
+        mixed, h_post = carry
+        with _autocast_off(mixed):
+            return mixed + h_post.unsqueeze(-1).to(mixed.dtype) * out.unsqueeze(-2).to(mixed.dtype)
+
+
+class HyperConnection(StreamMixer):
+    """Hyper-Connections for one sub-layer (Zhu et al., ICLR 2025, arXiv 2409.19606), with the parameter names of
+    the paper's Algorithm 2. With H the n streams (n x d):
+
+        h = A_m^T H                     the sub-layer's input
+        H <- B^T F(N(h)) + A_r^T H
+
+    ``static_alpha`` is [A_m | A_r] (n x (n + 1)), ``static_beta`` is B (n). Dynamic HC adds, per token,
+    ``dynamic_alpha_scale * tanh(norm(H) @ dynamic_alpha_fn)`` (n x (n + 1)) to [A_m | A_r] and
+    ``dynamic_beta_scale * tanh(norm(H) @ dynamic_beta_fn)`` (n) to B, ``norm`` over each stream's d (of the
+    model's ``norm_type``: LayerNorm as Algorithm 2 by default), ``dynamic_alpha_fn`` (d x (n + 1)),
+    ``dynamic_beta_fn`` (d). The init equals Pre-Norm (Eq. 14): B = 1, A_m = e_(k mod n) for sub-layer k,
+    A_r = I, W = 0, scales 0.01.
+    """
+
+    # HC paper §4: no weight decay on the static matrices, weight decay on the dynamic projections W. The scales
+    # are learned scalar gains, exempt as every gain of the model is (the paper does not single them out).
+    no_weight_decay: ClassVar[frozenset[str]] = frozenset(
+        {"static_alpha", "static_beta", "dynamic_alpha_scale", "dynamic_beta_scale"}
+    )
+
+    def __init__(self, hidden_size: int, streams: int, sublayer: int, norm: nn.Module | None) -> None:
+        """``sublayer``: k, 0-based over the encoder's sub-layers (A_m's one-hot init); ``norm``: the dynamic
+        weights' norm, or None for static HC."""
+        super().__init__()
+        self.streams, self.sublayer, self.dynamic = streams, sublayer, norm is not None
+        self.static_beta = nn.Parameter(torch.ones(streams))
+        self.static_alpha = nn.Parameter(self.initial_static_alpha())
+        if norm is not None:
+            self.norm = norm
+            self.dynamic_alpha_fn = nn.Parameter(torch.zeros(hidden_size, streams + 1))
+            self.dynamic_alpha_scale = nn.Parameter(torch.full((1,), HC_DYNAMIC_SCALE_INIT))
+            self.dynamic_beta_fn = nn.Parameter(torch.zeros(hidden_size))
+            self.dynamic_beta_scale = nn.Parameter(torch.full((1,), HC_DYNAMIC_SCALE_INIT))
+
+    def initial_static_alpha(self) -> torch.Tensor:
+        """[A_m | A_r] at init: A_m = e_(k mod n), A_r = I (Eq. 14)."""
+        alpha = torch.cat([torch.zeros(self.streams, 1), torch.eye(self.streams)], dim=1)
+        alpha[self.sublayer % self.streams, 0] = 1.0
+        return alpha
+
+    def init_parameters(self, std: float) -> None:
+        """The Pre-Norm-equivalent init (the model's ``_init_weights``; the dynamic norm is initialised there)."""
+        init.ones_(self.static_beta)
+        init.copy_(self.static_alpha, self.initial_static_alpha())
+        if self.dynamic:
+            init.zeros_(self.dynamic_alpha_fn)
+            init.zeros_(self.dynamic_beta_fn)
+            init.constant_(self.dynamic_alpha_scale, HC_DYNAMIC_SCALE_INIT)
+            init.constant_(self.dynamic_beta_scale, HC_DYNAMIC_SCALE_INIT)
+
+    def mappings(self, state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        alpha, beta = self.static_alpha, self.static_beta  # (n, n + 1), (n,)
+        if self.dynamic:
+            with _autocast_off(state):
+                normed = self.norm(state).to(state.dtype)  # (B, T, n, d)
+                alpha = alpha + self.dynamic_alpha_scale * torch.tanh(normed @ self.dynamic_alpha_fn)  # (B, T, n, n+1)
+                beta = beta + self.dynamic_beta_scale * torch.tanh(_dot(normed, self.dynamic_beta_fn))  # (B, T, n)
+        # h = A_m^T H: H_pre[j] = A_m[j]; (A_r^T H)_k = sum_j A_r[j, k] H_j: H_res = A_r^T.
+        return alpha[..., 0], beta, alpha[..., 1:].transpose(-1, -2)
+
+    def extra_repr(self) -> str:
+        return f"streams={self.streams}, sublayer={self.sublayer}, dynamic={self.dynamic}"
+
+
+def sinkhorn(logits: torch.Tensor, iters: int) -> torch.Tensor:
+    """mHC's Sinkhorn-Knopp projection of each (n x n) matrix of ``logits`` (mHC Eqs. 8-9): M = exp(logits), then
+    ``iters`` rounds of normalising the columns, then the rows. The result is non-negative, its rows sum to 1 (the
+    last normalisation) and its columns to 1 once converged. Subtracting each matrix's largest logit first changes
+    nothing (every normalisation removes a common factor) and keeps exp finite; the floor exp(-60) on the entries
+    keeps every sum positive (no 0 / 0) and changes only entries 26 orders of magnitude below the largest."""
+    m = torch.exp((logits - logits.detach().amax(dim=(-2, -1), keepdim=True)).clamp(min=SINKHORN_LOGIT_FLOOR))
+    for _ in range(iters):
+        m = m / m.sum(dim=-2, keepdim=True)  # columns
+        m = m / m.sum(dim=-1, keepdim=True)  # rows, last (Eq. 9)
+    return m
+
+
+class ManifoldHyperConnection(StreamMixer):
+    """mHC for one sub-layer (Xie, Wei, Cao et al., DeepSeek-AI, arXiv 2512.24880), in the paper's notation. With
+    x the n streams (n x C) and x' = vec(x) / rms(vec(x)) (1 x nC, over all nC numbers; eps 1e-20; no gain, which
+    folds into phi as in the paper's kernels):
+
+        H_pre  = sigmoid(alpha_pre (x' phi_pre) + b_pre)                   1 x n
+        H_post = 2 sigmoid(alpha_post (x' phi_post) + b_post)              1 x n
+        H_res  = Sinkhorn-Knopp(alpha_res mat(x' phi_res) + b_res)         n x n, doubly stochastic
+        x <- H_res x + H_post^T F(N(H_pre x))
+
+    ``phi_pre``, ``phi_post`` (nC x n) and ``phi_res`` (nC x n^2) multiply from the right (not ``nn.Linear``'s
+    layout); vec is row-major (stream s, channel c at s C + c), and so is mat (H_res[i, j] from column i n + j).
+    The mappings run in at least float32, autocast off. Init: phi ~ N(0, initializer_range), the gates 0.01, the
+    biases by ``mhc_bias_init`` (zero: H_pre = 1/2, H_post = 1, H_res = J/n; identity: b_res diagonal, H_res's
+    diagonal 0.99).
+    """
+
+    # The paper gives no weight-decay rule; HC's (§4) applies: the projections phi decay, the static biases and
+    # the scalar gates do not.
+    no_weight_decay: ClassVar[frozenset[str]] = frozenset(
+        {"b_pre", "b_post", "b_res", "alpha_pre", "alpha_post", "alpha_res"}
+    )
+
+    def __init__(self, hidden_size: int, streams: int, sinkhorn_iters: int, bias_init: str) -> None:
+        super().__init__()
+        n, width = streams, streams * hidden_size
+        self.streams, self.sinkhorn_iters, self.bias_init = n, sinkhorn_iters, bias_init
+        self.phi_pre = nn.Parameter(torch.zeros(width, n))
+        self.phi_post = nn.Parameter(torch.zeros(width, n))
+        self.phi_res = nn.Parameter(torch.zeros(width, n * n))
+        self.b_pre = nn.Parameter(torch.zeros(n))
+        self.b_post = nn.Parameter(torch.zeros(n))
+        self.b_res = nn.Parameter(self.initial_b_res())
+        self.alpha_pre = nn.Parameter(torch.full((1,), MHC_GATE_INIT))
+        self.alpha_post = nn.Parameter(torch.full((1,), MHC_GATE_INIT))
+        self.alpha_res = nn.Parameter(torch.full((1,), MHC_GATE_INIT))
+
+    def initial_b_res(self) -> torch.Tensor:
+        """b_res at init: zero, or c I with exp(c) / (exp(c) + n - 1) = 0.99, the diagonal Sinkhorn then gives."""
+        n = self.streams
+        if self.bias_init == "zero" or n == 1:  # n = 1: H_res is 1 whatever b_res is
+            return torch.zeros(n, n)
+        d = MHC_IDENTITY_DIAGONAL
+        return math.log(d * (n - 1) / (1 - d)) * torch.eye(n)
+
+    def init_parameters(self, std: float) -> None:
+        for phi in (self.phi_pre, self.phi_post, self.phi_res):
+            init.normal_(phi, mean=0.0, std=std)
+        init.zeros_(self.b_pre)
+        init.zeros_(self.b_post)
+        init.copy_(self.b_res, self.initial_b_res())
+        for gate in (self.alpha_pre, self.alpha_post, self.alpha_res):
+            init.constant_(gate, MHC_GATE_INIT)
+
+    def mappings(self, state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        n = self.streams
+        with _autocast_off(state):
+            x = _at_least_float32(state.flatten(-2))  # (B, T, n d)
+            x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + MHC_NORM_EPS)
+            phi = torch.cat([self.phi_pre, self.phi_post, self.phi_res], dim=1).to(x.dtype)  # (n d, 2n + n^2)
+            pre, post, res = (x @ phi).split([n, n, n * n], dim=-1)
+            h_pre = torch.sigmoid(self.alpha_pre * pre + self.b_pre)
+            h_post = 2 * torch.sigmoid(self.alpha_post * post + self.b_post)
+            h_res = sinkhorn(self.alpha_res * res.unflatten(-1, (n, n)) + self.b_res, self.sinkhorn_iters)
+        return h_pre, h_post, h_res
+
+    def extra_repr(self) -> str:
+        return f"streams={self.streams}, sinkhorn_iters={self.sinkhorn_iters}, bias_init={self.bias_init!r}"
+
+
+# --------------------------------------------------------------------------------------------------
+# Attention Residuals: attention over depth
+# --------------------------------------------------------------------------------------------------
+
+
+def rms_normalize(x: torch.Tensor, eps: float) -> torch.Tensor:
+    """x / sqrt(mean(x^2) + eps) over the last dimension, in at least float32, without a gain."""
+    x = _at_least_float32(x)
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+
+
+@dataclass(frozen=True)
+class DepthSources:
+    """AttnRes's residual state: what a sub-layer's input is made of, oldest first, and each one's key.
+
+    Block AttnRes (Eqs. 5-6) with blocks of ``block_size`` sub-layers: ``values`` holds b_0 (the embedding output)
+    and the sum b_n of each completed block; ``partial`` the sum of the current block's outputs so far (None at a
+    block's first sub-layer). A sub-layer attends over the values and the partial sum. Full AttnRes (Eqs. 1-4) is
+    ``block_size`` 1: the values are the embedding output and every earlier sub-layer's output. Every value is kept
+    in the embedding output's dtype (float32 under autocast), and its key, RMSNorm(value) without a gain, is
+    computed once for all the sub-layers that read it.
+    """
+
+    block_size: int
+    eps: float  # the keys' RMSNorm eps (the model's layer_norm_eps)
+    values: tuple[torch.Tensor, ...]  # each (B, T, d)
+    keys: tuple[torch.Tensor, ...]
+    partial: torch.Tensor | None = None
+    filled: int = 0  # sub-layers in the current block so far
+
+    @classmethod
+    def start(cls, embeddings: torch.Tensor, block_size: int, eps: float) -> DepthSources:
+        return cls(block_size, eps, (embeddings,), (rms_normalize(embeddings, eps),))
+
+    def sources(self) -> tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]]:
+        """The values a sub-layer attends over and their keys."""
+        if self.partial is None:
+            return self.values, self.keys
+        return (*self.values, self.partial), (*self.keys, rms_normalize(self.partial, self.eps))
+
+    def add(self, out: torch.Tensor) -> DepthSources:
+        """The state after a sub-layer with output ``out``: added to its block, which closes after ``block_size``."""
+        out = out.to(self.values[0].dtype)
+        partial = out if self.partial is None else self.partial + out
+        if self.filled + 1 < self.block_size:
+            return replace(self, partial=partial, filled=self.filled + 1)
+        key = rms_normalize(partial, self.eps)
+        return replace(self, values=(*self.values, partial), keys=(*self.keys, key), partial=None, filled=0)
+
+    def total(self) -> torch.Tensor:
+        """The plain sum of the embedding output and every sub-layer's output so far: Pre-LN's stream with these
+        outputs (what ``hidden_states`` reports for AttnRes)."""
+        total = self.values[0]
+        for value in (*self.values[1:], *(() if self.partial is None else (self.partial,))):
+            total = total + value
+        return total
+
+
+class AttentionResidual(nn.Module):
+    """Attention Residuals for one sub-layer's input, or for the encoder's output (Kimi Team, Moonshot AI, arXiv
+    2603.15031): a softmax over the sources v_i of the state (``DepthSources``), per token, with one learned,
+    input-independent pseudo-query w (d) against RMS-normalised keys:
+
+        h = sum_i alpha_i v_i,   alpha_i = softmax_i(w^T RMSNorm(v_i))          Eqs. 2-4 (Block: Eq. 6)
+
+    w starts at zero (§5: "must"), so every input starts as the mean of its sources. The keys' RMSNorm has no gain:
+    w^T (g * RMSNorm(v)) = (w * g)^T RMSNorm(v), so a gain adds no function, and without one each source's key is
+    computed once. The sum over sources is a loop over depth whose products keep references to the sources
+    (stacking them would keep a copy of every source for every sub-layer that reads it: O(N^2) memory in Full).
+    """
+
+    # The report gives no weight-decay rule. The pseudo-queries get none: input-independent vectors like biases
+    # and gains, and decay would pull them to the uniform average, the init.
+    no_weight_decay: ClassVar[frozenset[str]] = frozenset({"pseudo_query"})
+    recorder: ResidualRecorder | None = None  # set by ``recording``
+
+    def __init__(self, hidden_size: int) -> None:
+        super().__init__()
+        self.pseudo_query = nn.Parameter(torch.zeros(hidden_size))
+
+    def init_parameters(self, std: float) -> None:
+        init.zeros_(self.pseudo_query)
+
+    def read(self, state: DepthSources) -> tuple[torch.Tensor, None]:
+        """The input h (B, T, d): the sources weighted by their softmax over depth."""
+        values, keys = state.sources()
+        with _autocast_off(values[0]):
+            logits = torch.stack([_dot(key, self.pseudo_query.to(key.dtype)) for key in keys])  # (K, B, T)
+            weights = logits.softmax(dim=0)
+            h = weights[0].unsqueeze(-1) * values[0]
+            for weight, value in zip(weights[1:], values[1:], strict=True):
+                h = h + weight.unsqueeze(-1) * value
+        if self.recorder is not None:
+            self.recorder.depth_weights(weights)
+        return h, None
+
+    def write(self, state: DepthSources, carry: None, out: torch.Tensor) -> DepthSources:
+        if self.recorder is not None:
+            self.recorder.output(out)
+        return state.add(out)
+
+
+# --------------------------------------------------------------------------------------------------
+# What the model builds
+# --------------------------------------------------------------------------------------------------
+
+ResidualModule = HyperConnection | ManifoldHyperConnection | AttentionResidual
+RESIDUAL_MODULES: tuple[type[nn.Module], ...] = (HyperConnection, ManifoldHyperConnection, AttentionResidual)
+ResidualState = torch.Tensor | DepthSources
+
+
+def residual_module(config: LNBertConfig, sublayer: int) -> ResidualModule:
+    """The residual module of sub-layer ``sublayer`` (layer i's attention: 2i, its FFN: 2i + 1) under the config's
+    residual scheme."""
+    scheme = config.residual_scheme
+    if scheme == "hc":
+        norm = config.make_norm() if config.hc_dynamic else None
+        return HyperConnection(config.hidden_size, config.hc_streams, sublayer, norm)
+    if scheme == "mhc":
+        return ManifoldHyperConnection(
+            config.hidden_size, config.hc_streams, config.mhc_sinkhorn_iters, config.mhc_bias_init
+        )
+    if scheme == "attn_res":
+        return AttentionResidual(config.hidden_size)
+    raise ValueError(f"residual_scheme={scheme!r} has no residual modules")
+
+
+def start_state(config: LNBertConfig, embeddings: torch.Tensor) -> ResidualState:
+    """The residual state the first layer reads: n copies of the embedding output (HC, mHC), or AttnRes's sources
+    holding the embedding output alone."""
+    if config.residual_scheme == "attn_res":
+        return DepthSources.start(embeddings, config.attn_res_block_size or 1, config.layer_norm_eps)
+    return embeddings.unsqueeze(-2).expand(*embeddings.shape[:-1], config.hc_streams, embeddings.shape[-1])
+
+
+def collapse(state: ResidualState) -> torch.Tensor:
+    """The one stream a state stands for: the sum of the n streams (HC's end, before the final norm), or the plain
+    sum of AttnRes's sources."""
+    return state.total() if isinstance(state, DepthSources) else state.sum(dim=-2)
+
+
+# --------------------------------------------------------------------------------------------------
+# Measurements for the papers' claims
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class ResidualStats:
+    """What one forward pass showed of a residual scheme, over the batch's real tokens; N sub-layers (k = 2i for
+    layer i's attention, 2i + 1 for its FFN), n streams. HC's matrices are given in mHC's form: H_pre = A_m,
+    H_post = B, H_res = A_r^T (dynamic HC's per token, with its tanh terms)."""
+
+    output_norm: torch.Tensor
+    """(N,): the mean over real tokens of each sub-layer's output norm ||F_k||_2 (every scheme)."""
+    pre: torch.Tensor | None = None
+    """(N, n): H_pre of each sub-layer, the mean over real tokens (HC, mHC)."""
+    post: torch.Tensor | None = None
+    """(N, n): H_post, the mean over real tokens (HC, mHC)."""
+    res: torch.Tensor | None = None
+    """(N, n, n): H_res, the mean over real tokens (HC, mHC)."""
+    composite_gain: torch.Tensor | None = None
+    """(N, 2): for each k, the composite residual map P_k = H_res^k ... H_res^0 of each token, and the largest over
+    real tokens of its max absolute row sum ([:, 0]) and max absolute column sum ([:, 1]); the last row is the
+    whole depth's (mHC's "Amax gain magnitude"; 1 for an exactly doubly stochastic product)."""
+    depth_weights: torch.Tensor | None = None
+    """(N + 1, K): AttnRes's weights over depth, the mean over real tokens: row k for sub-layer k's input, the last
+    row for the encoder's output; column j is source j in order (0 the embedding output, then each sub-layer's
+    output in Full, each block's sum in Block, a block's partial sum last); 0 where a row has fewer sources."""
+
+    def scalars(self) -> dict[str, float]:
+        """The headline numbers as flat names for a logger: ``output_norm/k`` (k two digits), and for HC and mHC
+        ``composite_gain/row`` and ``composite_gain/col`` over the whole depth."""
+        out = {f"output_norm/{k:02d}": float(v) for k, v in enumerate(self.output_norm)}
+        if self.composite_gain is not None:
+            out["composite_gain/row"], out["composite_gain/col"] = (float(v) for v in self.composite_gain[-1])
+        return out
+
+
+@dataclass
+class ResidualRecorder:
+    """Collects ``ResidualStats`` during one forward pass, reduced over the real tokens as it goes (a few small
+    reductions per sub-layer; nothing of the autograd graph is kept)."""
+
+    token_mask: torch.Tensor | None = None  # (B, T), nonzero at real tokens; None: every token
+    _norms: list[torch.Tensor] = field(default_factory=list)
+    _pre: list[torch.Tensor] = field(default_factory=list)
+    _post: list[torch.Tensor] = field(default_factory=list)
+    _res: list[torch.Tensor] = field(default_factory=list)
+    _gains: list[torch.Tensor] = field(default_factory=list)
+    _product: torch.Tensor | None = None
+    _weights: list[torch.Tensor] = field(default_factory=list)
+
+    def _tokens(self, x: torch.Tensor, item_dims: int) -> torch.Tensor:
+        """The real tokens' values (M, *item) of ``x`` (B, T, *item), or ``x`` itself (1, *item) when it is the
+        same for every token (static HC)."""
+        x = x.detach().float()
+        if x.dim() == item_dims:
+            return x.unsqueeze(0)
+        return x[self.token_mask.bool()] if self.token_mask is not None else x.flatten(0, 1)
+
+    def mixing(self, h_pre: torch.Tensor, h_post: torch.Tensor, h_res: torch.Tensor) -> None:
+        self._pre.append(self._tokens(h_pre, 1).mean(0))
+        self._post.append(self._tokens(h_post, 1).mean(0))
+        res = self._tokens(h_res, 2)  # (M, n, n)
+        self._res.append(res.mean(0))
+        self._product = res if self._product is None else res @ self._product
+        magnitude = self._product.abs()
+        self._gains.append(torch.stack([magnitude.sum(-1).amax(), magnitude.sum(-2).amax()]))
+
+    def output(self, out: torch.Tensor) -> None:
+        self._norms.append(self._tokens(out.detach().float().norm(dim=-1), 0).mean())
+
+    def depth_weights(self, weights: torch.Tensor) -> None:
+        self._weights.append(self._tokens(weights.movedim(0, -1), 1).mean(0))  # (K,)
+
+    def stats(self) -> ResidualStats:
+        def stacked(values: list[torch.Tensor]) -> torch.Tensor | None:
+            return torch.stack(values) if values else None
+
+        weights = None
+        if self._weights:
+            width = max(w.numel() for w in self._weights)
+            weights = torch.stack([nn.functional.pad(w, (0, width - w.numel())) for w in self._weights])
+        return ResidualStats(
+            output_norm=torch.stack(self._norms),
+            pre=stacked(self._pre),
+            post=stacked(self._post),
+            res=stacked(self._res),
+            composite_gain=stacked(self._gains),
+            depth_weights=weights,
+        )
+
+
+@contextmanager
+def recording(model: nn.Module, token_mask: torch.Tensor | None = None) -> Iterator[ResidualRecorder]:
+    """Record one forward pass of ``model``'s residual scheme: ``with recording(model, batch["attention_mask"]) as
+    rec: model(**batch)``, then ``rec.stats()``. Adds a few small reductions per sub-layer to that forward pass
+    (the training step's own, or ``residual_stats``'s); ``token_mask`` (B, T) keeps padding out of the means and
+    maxima."""
+    modules = [m for m in model.modules() if isinstance(m, RESIDUAL_MODULES)]
+    if not modules:
+        raise ValueError("the model has no residual scheme to record (residual_scheme='standard')")
+    recorder = ResidualRecorder(token_mask)
+    for module in modules:
+        module.recorder = recorder
+    try:
+        yield recorder
+    finally:
+        for module in modules:
+            module.recorder = None
+
+
+@torch.no_grad()
+def residual_stats(
+    model: nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor | None = None,
+    token_type_ids: torch.Tensor | None = None,
+) -> ResidualStats:
+    """``ResidualStats`` of one forward pass of ``model``'s encoder on a batch, in eval mode (no dropout) and
+    without gradients, for a training loop's log steps (about a third of a training step). The caller's autocast
+    applies; the model's mode is restored."""
+    was_training = model.training
+    model.eval()
+    try:
+        with recording(model, attention_mask) as recorder:
+            model.base_model(input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids, pool=False)
+    finally:
+        model.train(was_training)
+    return recorder.stats()
+
+
+__all__ = [
+    "RESIDUAL_MODULES",
+    "AttentionResidual",
+    "DepthSources",
+    "HyperConnection",
+    "ManifoldHyperConnection",
+    "ResidualRecorder",
+    "ResidualStats",
+    "collapse",
+    "recording",
+    "residual_module",
+    "residual_stats",
+    "sinkhorn",
+    "start_state",
+]
