@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from pretrain.common.cli import ConfigError, field_docs, flatten, from_dict, parse, to_dict
 from pretrain.common.cli import help_text as _help_text
 from pretrain.common.cli import require as _require
-from pretrain.common.roles import added_defaults, keys_where, resolved_keys, role
+from pretrain.common.roles import keys_where, resolved_keys, role
 from pretrain.data.config import DataConfig
 from pretrain.variants import DEFAULTS, InitScheme, NormPlacement, NormType, variant_name
 
@@ -26,7 +26,6 @@ if TYPE_CHECKING:
     from pretrain.modeling import LNBertConfig
 
 __all__ = [
-    "ADDED_FIELD_DEFAULTS",
     "RESOLVED_AT_START",
     "RESUMABLE_CHANGES",
     "ConfigError",
@@ -60,29 +59,29 @@ class ModelConfig:
     norm_placement: NormPlacement = role("recipe", default=DEFAULTS.norm_placement)
     """Where the norms go: post (original BERT), pre (Xiong et al. 2020), sandwich (= peri), deepnorm, admin, rezero,
     b2t, resi_dual, mix_ln, lns, hybrid, normformer, output_ln, parallel (docs/placements.md)."""
-    norm_type: NormType = role("recipe", added=True, default=DEFAULTS.norm_type)
+    norm_type: NormType = role("recipe", default=DEFAULTS.norm_type)
     """The norm used everywhere (embeddings, layers, final norm, MLM head): layernorm, rmsnorm or dyt."""
-    qk_norm: bool = role("recipe", added=True, default=DEFAULTS.qk_norm)
+    qk_norm: bool = role("recipe", default=DEFAULTS.qk_norm)
     """A norm of norm_type on each head's queries and keys before the dot product (QK-norm)."""
-    dyt_alpha_init: float = role("recipe", added=True, default=DEFAULTS.dyt_alpha_init)
+    dyt_alpha_init: float = role("recipe", default=DEFAULTS.dyt_alpha_init)
     """DyT's alpha at initialisation (norm_type=dyt)."""
-    mix_ln_post_layers: int | None = role("recipe", added=True, default=DEFAULTS.mix_ln_post_layers)
+    mix_ln_post_layers: int | None = role("recipe", default=DEFAULTS.mix_ln_post_layers)
     """mix_ln: how many of the lowest layers are Post-LN; null: round(L/4) (3 of 12, 6 of 24)."""
-    admin_omega: float | None = role("recipe", added=True, default=DEFAULTS.admin_omega)
+    admin_omega: float | None = role("recipe", default=DEFAULTS.admin_omega)
     """admin: the residual weight omega; null: admin-torch's O(log N) rule sqrt((N+1)/ln(N+1) - 1), N = 2L."""
-    admin_learnable_omega: bool = role("recipe", added=True, default=DEFAULTS.admin_learnable_omega)
+    admin_learnable_omega: bool = role("recipe", default=DEFAULTS.admin_learnable_omega)
     """admin: omega as a learnable vector per sub-layer (initialised to admin_omega) instead of a fixed scalar."""
-    b2t_rescale_init: bool = role("recipe", added=True, default=DEFAULTS.b2t_rescale_init)
+    b2t_rescale_init: bool = role("recipe", default=DEFAULTS.b2t_rescale_init)
     """b2t: scale every weight matrix of the layers by L^(-1/2) at init, as B2T's official code does."""
-    hybrid_first_pre_norm: bool = role("recipe", added=True, default=DEFAULTS.hybrid_first_pre_norm)
+    hybrid_first_pre_norm: bool = role("recipe", default=DEFAULTS.hybrid_first_pre_norm)
     """hybrid: HybridNorm*, the first layer Pre-Norm in attention and FFN."""
-    normformer_head_scale: bool = role("recipe", added=True, default=DEFAULTS.normformer_head_scale)
+    normformer_head_scale: bool = role("recipe", default=DEFAULTS.normformer_head_scale)
     """normformer: a learned scale per attention head."""
-    normformer_attn_norm: bool = role("recipe", added=True, default=DEFAULTS.normformer_attn_norm)
+    normformer_attn_norm: bool = role("recipe", default=DEFAULTS.normformer_attn_norm)
     """normformer: a norm on the attention output before the residual add."""
-    normformer_ffn_norm: bool = role("recipe", added=True, default=DEFAULTS.normformer_ffn_norm)
+    normformer_ffn_norm: bool = role("recipe", default=DEFAULTS.normformer_ffn_norm)
     """normformer: a norm over the FFN's inner width after the activation."""
-    normformer_resid_scale: bool = role("recipe", added=True, default=DEFAULTS.normformer_resid_scale)
+    normformer_resid_scale: bool = role("recipe", default=DEFAULTS.normformer_resid_scale)
     """normformer: a learned scale on the FFN skip connection (the paper's option for small models)."""
     hidden_size: int = role("recipe", default=64)
     """Width of the residual stream (BERT-base: 768)."""
@@ -281,6 +280,10 @@ class TrainConfig:
             "must be >= 0 (0 disables MFU) or null (look the device up)",
         )
 
+    def global_batch_size(self, num_processes: int) -> int:
+        """Sequences per optimizer step, over all processes."""
+        return self.per_device_batch_size * num_processes * self.gradient_accumulation_steps
+
     def is_snapshot_step(self, step: int) -> bool:
         on_interval = self.snapshot_every > 0 and step % self.snapshot_every == 0
         return on_interval or step in self.snapshot_steps or (step == 0 and self.snapshot_at_start)
@@ -365,11 +368,6 @@ class PretrainConfig:
 # Keys that may change between a run and its resumption without making it "another run" (limit, cadence and
 # mechanics fields; the tracking section is left out whole: where the metrics are shown does not change the run).
 RESUMABLE_CHANGES = keys_where(PretrainConfig, lambda rules: rules.resumable)
-
-# Fields added after runs existed (role(..., added=True)), whose defaults compute what runs without them computed:
-# a run_config.json without them is read as having their defaults, and at their defaults they stay out of the W&B
-# recipe hash, so runs started before they existed resume and keep their recipe hash.
-ADDED_FIELD_DEFAULTS = added_defaults(PretrainConfig)
 
 # Fields whose null the run decides at its start (role(..., resolved=True)): run_config.json holds the decided value.
 RESOLVED_AT_START = resolved_keys(PretrainConfig)

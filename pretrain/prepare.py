@@ -179,11 +179,7 @@ def data_report(cfg: PretrainConfig, tokenizer: Any) -> str | None:
     if cfg.data.streaming:
         return None
     folder = prepared_dir(cfg.data, tokenizer, seed=cfg.train.seed)
-    try:
-        summary = read_summary(folder)
-    except (OSError, ValueError):  # a cache prepared before summaries were written: the run needs no report
-        return None
-    return format_report(summary, cfg.data, folder)
+    return format_report(read_summary(folder), cfg.data, folder)
 
 
 def prepare(cfg: PretrainConfig, *, progress: bool = True) -> dict[str, Any]:

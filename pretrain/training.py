@@ -14,10 +14,10 @@ import math
 import os
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 import torch
 import torch.nn.functional as F
@@ -33,7 +33,8 @@ from tqdm.auto import tqdm
 from transformers import get_scheduler
 
 from pretrain.common.atomic import write_json
-from pretrain.common.device import choose_cpu_threads, env_flag
+from pretrain.common.device import accelerate_uses_cpu, choose_cpu_threads, env_flag
+from pretrain.common.formats import RUN_FORMAT, stamped
 from pretrain.common.hardware import auto_mixed_precision, cpu_bf16_warning, mfu_peak
 from pretrain.config import ConfigError, PretrainConfig, TrainConfig, resolved_config, to_dict
 from pretrain.data.loaders import Loaders, build_dataloaders, copies_asynchronously
@@ -45,20 +46,21 @@ from pretrain.optim import build_adamw, resolve_adamw_implementation
 from pretrain.prepare import data_report, prepare_command
 from pretrain.run_folder.checkpointing import (
     TOKENIZER_ROOM,
+    DiskFull,
     TrainState,
+    as_disk_full,
     check_same_run,
     checkpoint_step,
     fault_point,
     follow_umask,
     free_space_problem,
     load_checkpoint,
-    no_space_problem,
     resolve_resume,
     room_problem,
     save_checkpoint,
     save_snapshot,
+    saving,
     snapshot_is_complete,
-    writing,
 )
 from pretrain.run_folder.identity import ensure_run_id
 from pretrain.run_folder.layout import (
@@ -81,6 +83,7 @@ from pretrain.tracking.metrics import (
     log_metrics,
     log_snapshot,
     model_flops_utilisation,
+    record_outcome,
     rewind_metrics,
 )
 from pretrain.tracking.wandb_logging import check_credentials, wandb_mode
@@ -95,26 +98,29 @@ class TrainingFailed(RuntimeError):
 # --------------------------------------------------------------------------------------------------
 
 
+def say(message: str, file: TextIO | None = None) -> None:
+    """Print once per run: on the first process (RANK 0 of the launcher, known before Accelerate starts)."""
+    if os.environ.get("RANK", "0") == "0":
+        print(message, file=file or sys.stdout, flush=True)
+
+
 def resolve_mixed_precision(cfg: PretrainConfig) -> None:
     """train.mixed_precision=auto becomes no or bf16 for this hardware (said once), before anything reads it."""
     if cfg.train.mixed_precision != "auto":
         return
-    on_cpu = not torch.cuda.is_available() or env_flag("ACCELERATE_USE_CPU")
-    cfg.train.mixed_precision, why = auto_mixed_precision(on_cpu)
-    if os.environ.get("RANK", "0") == "0":
-        print(f"train.mixed_precision=auto: {cfg.train.mixed_precision} ({why})", flush=True)
+    cfg.train.mixed_precision, why = auto_mixed_precision(accelerate_uses_cpu())
+    say(f"train.mixed_precision=auto: {cfg.train.mixed_precision} ({why})")
 
 
 def check_environment(cfg: PretrainConfig) -> None:
     """Combinations that only the hardware/launcher can rule out; fail before any work."""
-    on_cpu = not torch.cuda.is_available() or env_flag("ACCELERATE_USE_CPU")
+    on_cpu = accelerate_uses_cpu()
     if cfg.train.mixed_precision == "fp16" and on_cpu:
         raise ConfigError(
             "train.mixed_precision=fp16 needs a GPU (its loss scaler is CUDA-only); use bf16 or no on CPU"
         )
-    bf16_on_cpu = cfg.train.mixed_precision == "bf16" and on_cpu and os.environ.get("RANK", "0") == "0"
-    if bf16_on_cpu and (warning := cpu_bf16_warning("--train.mixed_precision=no")):
-        print(f"warning: {warning}", file=sys.stderr, flush=True)
+    if cfg.train.mixed_precision == "bf16" and on_cpu and (warning := cpu_bf16_warning("--train.mixed_precision=no")):
+        say(f"warning: {warning}", sys.stderr)
     if cfg.train.compile and env_flag("ACCELERATE_USE_DEEPSPEED"):
         raise ConfigError("train.compile=true does not work with DeepSpeed; set --train.compile=false")
     if cfg.tracking.backend == "wandb":
@@ -131,7 +137,6 @@ class _SkipTiedWeightsNote(logging.Filter):
 
 def build_accelerator(cfg: PretrainConfig) -> Accelerator:
     logging.getLogger("accelerate.utils.other").addFilter(_SkipTiedWeightsNote())
-    on_cpu = not torch.cuda.is_available() or env_flag("ACCELERATE_USE_CPU")
     distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1 or env_flag("ACCELERATE_USE_DEEPSPEED")
     kwargs_handlers = []
     if distributed:
@@ -139,7 +144,7 @@ def build_accelerator(cfg: PretrainConfig) -> Accelerator:
         # The timeout turns a frozen process into an error on the others instead of an endless wait.
         kwargs_handlers.append(
             InitProcessGroupKwargs(
-                backend="gloo" if on_cpu else "nccl",
+                backend="gloo" if accelerate_uses_cpu() else "nccl",
                 timeout=datetime.timedelta(seconds=cfg.train.collective_timeout_s),
             )
         )
@@ -335,51 +340,63 @@ def evaluate(setup: TrainingSetup) -> dict[str, float]:
     return metrics
 
 
-def snapshot(setup: TrainingSetup, state: TrainState) -> None:
-    info = {
-        "step": state.step,
-        "tokens_seen": state.tokens_seen,
-        "run_name": setup.cfg.train.run_name,
-        "norm_placement": setup.cfg.model.norm_placement,
-        "metrics": dict(setup.last_eval),
-        "pretrain_config": setup.resolved,
-    }
-    with writing(snapshot_path(setup, state.step)):
-        path = save_snapshot(setup.accelerator, setup.model, setup.tokenizer, setup.run_dir, info)
-    log_snapshot(setup.accelerator, setup.run_dir, path, state.step)
+def save(setup: TrainingSetup, state: TrainState, *, snapshot: bool, checkpoint: bool) -> None:
+    """The saves due at this step, once the main process found room for them (DiskFull otherwise, as from a write
+    that finds the disk full). The snapshot first: a kill between the two leaves the previous checkpoint as the
+    latest, and the resumed run passes this step again and writes the snapshot again (docs/run_layout.md)."""
+    if not (snapshot or checkpoint):
+        return
+    ensure_room(setup.accelerator, lambda: free_space_problem(setup.run_dir, setup.model, checkpoint, snapshot))
+    if snapshot:
+        info = {
+            "step": state.step,
+            "tokens_seen": state.tokens_seen,
+            "run_name": setup.cfg.train.run_name,
+            "norm_placement": setup.cfg.model.norm_placement,
+            "metrics": dict(setup.last_eval),
+            "pretrain_config": setup.resolved,
+        }
+        with saving(snapshot_path(setup, state.step)):
+            path = save_snapshot(setup.accelerator, setup.model, setup.tokenizer, setup.run_dir, info)
+        log_snapshot(setup.accelerator, setup.run_dir, path, state.step)
+    if checkpoint:
+        with saving(setup.run_dir / CHECKPOINTS / step_dirname(state.step)):
+            save_checkpoint(setup.accelerator, setup.run_dir, state, setup.cfg.train.keep_last_checkpoints)
 
 
-def disk_full(setup: TrainingSetup, checkpoint: bool, snapshot: bool) -> str:
-    """The main process checks the free space before a save; every process learns the answer (one reduce)."""
-    accelerator = setup.accelerator
-    problem = ""
+def ensure_room(accelerator: Accelerator, problem: Callable[[], str]) -> None:
+    """Raise DiskFull on every process when the main process's room check (``problem``: a message, or "" when
+    there is room) fails: one reduce, so that all stop together."""
+    found = problem() if accelerator.is_main_process else ""
+    full = accelerator.reduce(torch.tensor([float(bool(found))], device=accelerator.device), reduction="sum")
+    if full.item() > 0:
+        raise DiskFull(found or "disk full at the main process's run directory")
+
+
+def set_status(
+    accelerator: Accelerator, cfg: PretrainConfig, status: str, step: int, message: str = "",
+    diverged_at: int | None = None,
+) -> None:
+    """The run's status, on the main process: RUN/status.json and the tracker's summary (the outcome columns)."""
     if accelerator.is_main_process:
-        problem = free_space_problem(setup.run_dir, setup.model, checkpoint, snapshot)
-    return agreed(accelerator, problem)
+        write_status(cfg, status, step, message, diverged_at)
+        record_outcome(accelerator, status, step, diverged_at)
 
 
-def agreed(accelerator: Accelerator, problem: str) -> str:
-    """The main process's ``problem`` ("" for none), known to every process (one reduce), so all stop together."""
-    full = accelerator.reduce(torch.tensor([float(bool(problem))], device=accelerator.device), reduction="sum")
-    return (problem or "disk full at the main process's run directory") if full.item() > 0 else ""
-
-
-def stop_for_full_disk(accelerator: Accelerator, cfg: PretrainConfig, step: int, problem: str) -> str:
-    """Record a stop for a full disk as ``preempted``, with ``problem`` naming the path and the fix (the status
-    file may not fit either: then say so). Returns the outcome."""
+def record_stop(accelerator: Accelerator, cfg: PretrainConfig, status: str, step: int, message: str) -> None:
+    """``set_status`` for a run that stops on a full disk or an error: when the status file does not fit either,
+    say so, and the stop (or the error) stands."""
     try:
-        write_status(accelerator, cfg, "preempted", step, problem)
+        set_status(accelerator, cfg, status, step, message)
     except OSError as err:
-        status_file = Path(cfg.train.output_dir) / STATUS_FILE
-        print(f"error: could not record status preempted in {status_file}: {err}", file=sys.stderr)
-    accelerator.print(f"\nstopped at step {step}: {problem}")
-    return "preempted (disk full)"
+        print(f"error: could not record status {status} in {Path(cfg.train.output_dir) / STATUS_FILE}: {err}",
+              file=sys.stderr)  # fmt: skip
 
 
 def start_snapshot_due(setup: TrainingSetup, state: TrainState) -> bool:
     """A snapshot is written before the first step: at step 0 (train.snapshot_at_start), or on resume when the
-    checkpoint's step has a scheduled snapshot that is not complete (killed between this step's snapshot and
-    checkpoint by an older version, or the snapshot was damaged: the checkpoint holds the same weights)."""
+    checkpoint's step has a scheduled snapshot that is not complete (damaged or removed since, or scheduled by a
+    resume that changed train.snapshot_steps): the checkpoint holds the same weights."""
     train_cfg = setup.cfg.train
     if state.step == 0:
         return train_cfg.snapshot_at_start
@@ -483,36 +500,24 @@ def step_metrics(
 
 
 def train(setup: TrainingSetup, state: TrainState, stop: StopRequest) -> str:
-    """The run from its current step: evaluation and snapshot before the first step, then the loop. Returns the
-    outcome: finished, diverged, preempted or "preempted (disk full)"."""
-    outcome = start_training(setup, state)
-    if not outcome:
-        progress = tqdm(
-            total=setup.cfg.train.max_steps,
-            initial=state.step,
-            disable=not setup.accelerator.is_local_main_process,
-            desc="pretrain",
-        )
-        with progress:  # closed on every way out of the loop, an exception included
-            outcome = training_loop(setup, state, stop, progress)
-    return outcome
-
-
-def start_training(setup: TrainingSetup, state: TrainState) -> str:
-    """Before the first step: the step-0 evaluation and the start snapshot. Returns "" or, when the disk has no
-    room for that snapshot, the outcome of the stop."""
+    """The run from its current step: the step-0 evaluation and the start snapshot, then the loop. Returns the
+    outcome: finished, diverged or preempted (a full disk raises DiskFull)."""
     if state.step == 0:
         run_evaluation(setup, state)
-    if start_snapshot_due(setup, state):
-        if problem := disk_full(setup, checkpoint=False, snapshot=True):  # every save is checked, this one too
-            return stop_for_full_disk(setup.accelerator, setup.cfg, state.step, problem)
-        snapshot(setup, state)
-    return ""
+    save(setup, state, snapshot=start_snapshot_due(setup, state), checkpoint=False)
+    progress = tqdm(
+        total=setup.cfg.train.max_steps,
+        initial=state.step,
+        disable=not setup.accelerator.is_local_main_process,
+        desc="pretrain",
+    )
+    with progress:  # closed on every way out of the loop, an exception included
+        return training_loop(setup, state, stop, progress)
 
 
 def training_loop(setup: TrainingSetup, state: TrainState, stop: StopRequest, progress: tqdm) -> str:
-    """Steps until train.stop_at_step or train.max_steps, a divergence, a stop request or a full disk; returns the
-    outcome as ``train`` does."""
+    """Steps until train.stop_at_step or train.max_steps, a divergence or a stop request; returns the outcome as
+    ``train`` does."""
     cfg, accelerator = setup.cfg, setup.accelerator
     train_cfg = cfg.train
     last_step = train_cfg.stop_at_step or train_cfg.max_steps
@@ -521,7 +526,7 @@ def training_loop(setup: TrainingSetup, state: TrainState, stop: StopRequest, pr
     # Throughput counts the time spent in training steps only (not evaluation or saving).
     window_tokens, window_slots, window_time = 0, 0, 0.0
     skipped_in_a_row, window_skipped = 0, 0
-    heartbeat = Heartbeat(accelerator, cfg)
+    heartbeat = Heartbeat()
     while state.step < last_step:
         next_step = state.step + 1
         log_now = next_step % train_cfg.log_every == 0 or next_step == last_step
@@ -531,7 +536,7 @@ def training_loop(setup: TrainingSetup, state: TrainState, stop: StopRequest, pr
         outcome = step_outcome(stats, skipped_in_a_row, train_cfg.max_skipped_steps)
         if outcome == "diverged":
             message = divergence_message(stats, state.step + 1, skipped_in_a_row)
-            write_status(accelerator, cfg, "diverged", state.step, message, diverged_at=state.step + 1)
+            set_status(accelerator, cfg, "diverged", state.step, message, diverged_at=state.step + 1)
             log_metrics(accelerator, setup.run_dir, {"tokens_seen": state.tokens_seen, "diverged": 1}, state.step + 1)
             accelerator.print(f"\n{message}")
             return "diverged"
@@ -554,19 +559,12 @@ def training_loop(setup: TrainingSetup, state: TrainState, stop: StopRequest, pr
             run_evaluation(setup, state)
             postfix.update(progress_postfix(None, None, setup.last_eval))
             progress.set_postfix(postfix)
-        save_snapshot_now = snapshot_due(train_cfg, state.step, last_step)
-        save_checkpoint_now = (train_cfg.checkpoint_every and state.step % train_cfg.checkpoint_every == 0) or done or preempted
-        if (save_snapshot_now or save_checkpoint_now) and (problem := disk_full(setup, save_checkpoint_now, save_snapshot_now)):
-            return stop_for_full_disk(accelerator, cfg, state.step, problem)
-        # The snapshot first: a kill between the two leaves the previous checkpoint as the latest, and the
-        # resumed run passes this step again and writes the snapshot again (docs/run_layout.md).
-        if save_snapshot_now:
-            snapshot(setup, state)
-        if save_checkpoint_now:
-            with writing(setup.run_dir / CHECKPOINTS / step_dirname(state.step)):
-                save_checkpoint(accelerator, setup.run_dir, state, train_cfg.keep_last_checkpoints)
+        on_interval = bool(train_cfg.checkpoint_every) and state.step % train_cfg.checkpoint_every == 0
+        save(setup, state, snapshot=snapshot_due(train_cfg, state.step, last_step),
+             checkpoint=on_interval or done or preempted)  # fmt: skip
         fault_point("step", state.step)
-        heartbeat.beat(state.step)
+        if heartbeat.due():
+            set_status(accelerator, cfg, "running", state.step)
         if preempted:
             accelerator.print(f"\nstop requested ({stop.signal_name}) at step {state.step}; checkpoint saved")
             return "preempted"
@@ -607,20 +605,23 @@ def prepare_training(
     run_dir = Path(cfg.train.output_dir)
     set_seed(cfg.train.seed)
     data_cfg, overrides = with_trained_vocabulary(cfg.data, resume_from)
-    data = build_pretraining_data(
-        data_cfg,
-        seed=cfg.train.seed,
-        # A resumed run keeps the tokenizer it saved (never overwritten by a re-trained one).
-        save_tokenizer_to=run_dir / TOKENIZER_DIR if accelerator.is_main_process and not same_run else None,
-        main_process_first=accelerator.main_process_first,
-        model_vocab_size=cfg.model.vocab_size,
-        # Several processes: a large corpus must have been prepared by pretrain/prepare.py (not under a barrier).
-        num_processes=accelerator.num_processes,
-        prepare_command=prepare_command(None if argv is None else [*argv, *overrides]),
-        progress=accelerator.is_main_process,
-        # After main_process_first the main process's tokenizer is in the run folder, which every node sees.
-        trained_tokenizer=None if accelerator.is_main_process else run_dir / TOKENIZER_DIR,
-    )
+    # The tokenizer is saved during data preparation, before the model's size is known: room for it first.
+    ensure_room(accelerator, lambda: room_problem(run_dir, TOKENIZER_ROOM))
+    with saving(Path(cfg.data.cache_dir)):
+        data = build_pretraining_data(
+            data_cfg,
+            seed=cfg.train.seed,
+            # A resumed run keeps the tokenizer it saved (never overwritten by a re-trained one).
+            save_tokenizer_to=run_dir / TOKENIZER_DIR if accelerator.is_main_process and not same_run else None,
+            main_process_first=accelerator.main_process_first,
+            model_vocab_size=cfg.model.vocab_size,
+            # Several processes: a large corpus must have been prepared by pretrain/prepare.py (not under a barrier).
+            num_processes=accelerator.num_processes,
+            prepare_command=prepare_command(None if argv is None else [*argv, *overrides]),
+            progress=accelerator.is_main_process,
+            # After main_process_first the main process's tokenizer is in the run folder, which every node sees.
+            trained_tokenizer=None if accelerator.is_main_process else run_dir / TOKENIZER_DIR,
+        )
     resolved = decide_at_start(cfg, accelerator, data.tokenizer, same_run)
     vocab_size, peak_flops = resolved["model"]["vocab_size"], resolved["train"]["peak_flops_per_device"]
     set_seed(cfg.train.seed)  # the same initial weights whatever data preparation drew
@@ -672,82 +673,61 @@ def prepare_training(
                 f"resuming {resume_from} with different data or batch settings: the data starts from its beginning"
             )
             state = dataclasses.replace(state, epoch=0, batches_in_epoch=0, data_fingerprint=fingerprint)
+    if accelerator.is_main_process:
+        start_run_folder(setup, state.step if same_run else -1)
     return setup, state
+
+
+def start_run_folder(setup: TrainingSetup, resumed_at: int) -> None:
+    """The main process's files of a starting run: the data report, run_config.json, the run id, metrics.jsonl
+    cut back to ``resumed_at`` (-1: a run from step 0, a new one or one killed before its first checkpoint, keeps
+    no line of an earlier try)."""
+    # What the run trains on, before it starts: a mixture that is not what the weights ask for, or a tiny
+    # validation split, is seen now rather than after the run (the same report as pretrain.prepare's).
+    report = data_report(setup.cfg, setup.tokenizer)
+    if report is not None:
+        print(report, flush=True)
+    write_json(setup.run_dir / RUN_CONFIG_FILE, stamped(setup.resolved, RUN_FORMAT))
+    ensure_run_id(setup.run_dir)  # once per run: fine-tuning results are keyed by it (pretrain/run_folder/identity.py)
+    setup.last_eval = rewind_metrics(setup.run_dir, resumed_at)
+    if (setup.run_dir / TOKENIZER_DIR).is_dir():
+        follow_umask(setup.run_dir / TOKENIZER_DIR)
 
 
 def pretrain(cfg: PretrainConfig, argv: list[str] | None = None) -> str:
     """Run one pretraining job described by ``cfg`` (parsed from ``argv``, which the message naming the data
-    preparation command repeats); returns finished, diverged or preempted."""
+    preparation command repeats); returns finished, diverged, preempted or "preempted (disk full)".
+
+    The one place a full disk is answered: DiskFull from a save (its room check, or a write that hit ENOSPC), or
+    a "No space left on device" from any other write, stops the run as preempted with the message; the same
+    command continues it once there is room."""
     resolve_mixed_precision(cfg)
     check_environment(cfg)
     accelerator = build_accelerator(cfg)
     run_dir = Path(cfg.train.output_dir)
-    warn = (lambda message: print(f"warning: {message}", file=sys.stderr, flush=True)) if accelerator.is_main_process else (lambda message: None)
-    resume_from = resolve_resume(run_dir, to_dict(cfg), cfg.train.resume, warn)
+    resume_from = resolve_resume(run_dir, to_dict(cfg), cfg.train.resume, lambda m: say(f"warning: {m}", sys.stderr))
     accelerator.wait_for_everyone()  # every process has checked the directory before the main one writes
-    start_step = checkpoint_step(resume_from) if resume_from else 0
     same_run = resume_from is not None and run_folder_of(resume_from) == run_dir.resolve()
-    # The tokenizer is saved during data preparation, before the model's size is known: room for it first.
-    if problem := agreed(accelerator, room_problem(run_dir, TOKENIZER_ROOM) if accelerator.is_main_process else ""):
-        return stop_for_full_disk(accelerator, cfg, start_step, problem)
+    state = TrainState(step=checkpoint_step(resume_from) if resume_from else 0)  # until the checkpoint is loaded
+    setup = None
     try:
         setup, state = prepare_training(cfg, accelerator, resume_from, same_run, argv)
-        if accelerator.is_main_process:
-            # What the run trains on, before it starts: a mixture that is not what the weights ask for, or a tiny
-            # validation split, is seen now rather than after the run (the same report as pretrain.prepare's).
-            report = data_report(cfg, setup.tokenizer)
-            if report is not None:
-                print(report, flush=True)
-            write_json(run_dir / RUN_CONFIG_FILE, setup.resolved)
-            ensure_run_id(run_dir)  # once per run: fine-tuning results are keyed by it (pretrain/run_folder/identity.py)
-            # From step 0 (a new run, or one killed before its first checkpoint) no line of an earlier try is kept.
-            setup.last_eval = rewind_metrics(run_dir, state.step if same_run else -1)
-            if (run_dir / TOKENIZER_DIR).is_dir():
-                follow_umask(run_dir / TOKENIZER_DIR)
-    except Exception as err:  # a full disk in data preparation or the tokenizer: a stop, not bad input
-        if problem := no_space_problem(err, Path(cfg.data.cache_dir)):
-            return stop_for_full_disk(accelerator, cfg, start_step, problem)
-        raise
-    accelerator.print(
-        f"run {cfg.train.run_name}: {cfg.model.variant}, {accelerator.num_processes} process(es), "
-        "global batch "
-        f"{cfg.train.per_device_batch_size * accelerator.num_processes * cfg.train.gradient_accumulation_steps}"
-        + (f", resuming at step {state.step} from {resume_from}" if resume_from else "")
-    )
-    if state.step >= cfg.train.max_steps:
-        accelerator.print(f"run {cfg.train.run_name} has already finished (step {state.step}); nothing to train")
-    try:
-        init_trackers(accelerator, cfg, setup.resolved, setup.model, resume_from)
-        write_status(accelerator, cfg, "running", state.step)
-        with StopRequest().installed() as stop:
-            outcome = train(setup, state, stop)
+        outcome = run_training(setup, state, resume_from)
     except BaseException as err:
-        # A full disk that got past the checks before each save (another process filled it meanwhile, a
-        # metrics line, a library's own temp file): a stop to continue from, like the checks' own.
-        if isinstance(err, Exception) and (problem := no_space_problem(err, run_dir)):
-            outcome = stop_for_full_disk(accelerator, cfg, state.step, problem)
+        full = as_disk_full(err, run_dir) if isinstance(err, Exception) else None
+        if full is None:
+            if setup is None:  # bad input found while preparing: nothing started, no status
+                raise
+            message = failure_message(err, accelerator, cfg)
+            record_stop(accelerator, cfg, "failed", state.step, message)
             accelerator.end_training()
-            return outcome
-        message = f"{type(err).__name__}: {err}"
-        if accelerator.num_processes > 1 and any(word in str(err).lower() for word in ("timed out", "timeout")):
-            message += (
-                f" (no answer from another process within train.collective_timeout_s={cfg.train.collective_timeout_s}"
-                " s: a process froze or died, or its file system hung)"
-            )
-        try:
-            write_status(accelerator, cfg, "failed", state.step, message)
-        except OSError as status_err:  # e.g. the disk is full: say so, keep the original error
-            print(f"error: could not record status failed in {run_dir / STATUS_FILE}: {status_err}", file=sys.stderr)
+            if isinstance(err, Exception):
+                raise TrainingFailed(f"training failed at step {state.step}: {message}") from err
+            raise
+        record_stop(accelerator, cfg, "preempted", state.step, str(full))
+        accelerator.print(f"\nstopped at step {state.step}: {full}")
         accelerator.end_training()
-        if isinstance(err, Exception):
-            raise TrainingFailed(f"training failed at step {state.step}: {message}") from err
-        raise
-    if outcome == "finished":
-        write_status(accelerator, cfg, "finished", state.step, "training finished")
-    elif outcome == "preempted":  # a "preempted (disk full)" status was written with its message
-        write_status(
-            accelerator, cfg, "preempted", state.step, "stopped with a checkpoint; continue with --train.resume=auto"
-        )
+        return "preempted (disk full)"
     accelerator.end_training()  # after the final status, which the W&B summary records
     tracker_dir = {"tensorboard": run_dir / TENSORBOARD_DIR, "wandb": run_dir / WANDB_DIR}.get(cfg.tracking.backend)
     accelerator.print(
@@ -762,10 +742,42 @@ def pretrain(cfg: PretrainConfig, argv: list[str] | None = None) -> str:
     return outcome
 
 
+def run_training(setup: TrainingSetup, state: TrainState, resume_from: Path | None) -> str:
+    """From the trackers' start to the final status; returns the outcome as ``train`` does."""
+    cfg, accelerator = setup.cfg, setup.accelerator
+    accelerator.print(
+        f"run {cfg.train.run_name}: {cfg.model.variant}, {accelerator.num_processes} process(es), global batch "
+        f"{cfg.train.global_batch_size(accelerator.num_processes)}"
+        + (f", resuming at step {state.step} from {resume_from}" if resume_from else "")
+    )
+    if state.step >= cfg.train.max_steps:
+        accelerator.print(f"run {cfg.train.run_name} has already finished (step {state.step}); nothing to train")
+    init_trackers(accelerator, cfg, setup.resolved, setup.model, resume_from)
+    set_status(accelerator, cfg, "running", state.step)
+    with StopRequest().installed() as stop:
+        outcome = train(setup, state, stop)
+    if outcome == "finished":
+        set_status(accelerator, cfg, "finished", state.step, "training finished")
+    elif outcome == "preempted":
+        set_status(
+            accelerator, cfg, "preempted", state.step, "stopped with a checkpoint; continue with --train.resume=auto"
+        )
+    return outcome
+
+
+def failure_message(err: BaseException, accelerator: Accelerator, cfg: PretrainConfig) -> str:
+    """What status.json says of an unexpected error; a timeout with several processes names the key."""
+    message = f"{type(err).__name__}: {err}"
+    if accelerator.num_processes > 1 and any(word in str(err).lower() for word in ("timed out", "timeout")):
+        message += (
+            f" (no answer from another process within train.collective_timeout_s={cfg.train.collective_timeout_s}"
+            " s: a process froze or died, or its file system hung)"
+        )
+    return message
+
+
 def run(cfg: PretrainConfig, argv: list[str]) -> None:
     """``pretrain`` with torch's CPU threads chosen first (pretrain/run.py's ``main``, once the options are read)."""
-    if not torch.cuda.is_available():
-        threads = choose_cpu_threads()
-        if os.environ.get("RANK", "0") == "0":
-            print(threads, flush=True)
+    if accelerate_uses_cpu():
+        say(choose_cpu_threads())
     pretrain(cfg, argv)

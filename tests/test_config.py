@@ -59,7 +59,7 @@ def test_bert_base_presets_follow_the_paper() -> None:
     assert (pre.optim.lr, pre.optim.warmup_steps) == (3e-4, 0)
     assert post.optim.betas == (0.9, 0.999) and post.optim.eps == 1e-6 and post.optim.weight_decay == 0.01
     assert post.train.max_steps == 1_000_000 and post.data.max_seq_length == 128
-    assert post.train.per_device_batch_size * 8 * post.train.gradient_accumulation_steps == 256
+    assert post.train.global_batch_size(8) == 256
     assert post.data.tokenizer == "bert-base-uncased"
     # Identical apart from placement, schedule and names.
     differing = _differences(to_dict(post), to_dict(pre))

@@ -11,6 +11,7 @@ import datetime
 import errno
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -21,6 +22,7 @@ from safetensors.torch import load_file
 import pretrain.run_folder.status as status_module
 import pretrain.training as run_module
 from pretrain.common.atomic import write_json
+from pretrain.common.formats import RUN_FORMAT, FormatVersionError, stamped
 from pretrain.run import main
 from pretrain.run_folder.checkpointing import latest_checkpoint, list_checkpoints
 from pretrain.run_folder.layout import (
@@ -72,8 +74,8 @@ def test_a_kill_around_a_save_loses_no_snapshot(tmp_path: Path, data_cache: Path
 
 
 def test_resume_writes_the_missing_snapshot_of_the_checkpoint_step(tmp_path: Path, data_cache: Path) -> None:
-    """A run killed between the checkpoint and the snapshot of a step (the order of older versions), or whose
-    snapshot was damaged: resuming from that checkpoint writes the snapshot again, with the same weights."""
+    """A run whose snapshot at its checkpoint's step was damaged or removed: resuming from that checkpoint writes
+    the snapshot again, with the same weights."""
     run = tmp_path / "run"
     argv = tiny_args(run, data_cache, "--train.snapshot_steps=[3]")
     assert main(argv) == 0
@@ -195,8 +197,7 @@ def test_status_heartbeat_advances_while_training(tmp_path: Path, data_cache: Pa
     monkeypatch.setattr(status_module, "HEARTBEAT_EVERY_S", 0)
     seen = []
     real = status_module.write_status
-    for module in (run_module, status_module):  # the run's own statuses, and the heartbeat's
-        monkeypatch.setattr(module, "write_status", lambda acc, cfg, status, step, *a, **k: (seen.append((status, step)), real(acc, cfg, status, step, *a, **k)))
+    monkeypatch.setattr(run_module, "write_status", lambda cfg, status, step, *a, **k: (seen.append((status, step)), real(cfg, status, step, *a, **k)))
     assert main(tiny_args(tmp_path / "run", data_cache)) == 0
     assert [step for status, step in seen if status == "running"] == [0, 1, 2, 3, 4, 5, 6]
     assert seen[-1] == ("finished", 6)
@@ -229,10 +230,10 @@ def test_a_full_disk_while_recording_failure_keeps_the_original_error(
 
     real = run_module.write_status
 
-    def status_fails_when_failed(acc, cfg, status, *args, **kwargs):
+    def status_fails_when_failed(cfg, status, *args, **kwargs):
         if status == "failed":
             raise OSError(errno.ENOSPC, "No space left on device")
-        return real(acc, cfg, status, *args, **kwargs)
+        return real(cfg, status, *args, **kwargs)
 
     monkeypatch.setattr(run_module, "train", disk_full)
     monkeypatch.setattr(run_module, "write_status", status_fails_when_failed)
@@ -277,9 +278,75 @@ def test_the_manifest_lists_every_file(tmp_path: Path, data_cache: Path) -> None
     run = tmp_path / "run"
     assert main(tiny_args(run, data_cache, "--train.max_steps=1")) == 0
     for folder in (latest_checkpoint(run), list_snapshots(run)[-1].path):
-        listed = json.loads((folder / MANIFEST_FILE).read_text())["files"]
+        manifest = json.loads((folder / MANIFEST_FILE).read_text())
         on_disk = {p.name for p in folder.iterdir()} - {MANIFEST_FILE, "COMPLETE"}
-        assert set(listed) == on_disk and all(len(e["sha256"]) == 64 for e in listed.values())
+        assert manifest["format_version"] == RUN_FORMAT and set(manifest["files"]) == on_disk
+        assert all(len(e["sha256"]) == 64 for e in manifest["files"].values())
+    assert json.loads((run / "run_config.json").read_text())["format_version"] == RUN_FORMAT
+
+
+# --------------------------------------------------------------------------------------------------
+# 10. Files of another format version are refused with what to do, before any other comparison
+# --------------------------------------------------------------------------------------------------
+
+
+def _restamp(path: Path, version: int | None) -> None:
+    """Rewrite ``path`` as another format version wrote it (None: before versions existed)."""
+    payload = {k: v for k, v in json.loads(path.read_text()).items() if k != "format_version"}
+    path.write_text(json.dumps(payload if version is None else {"format_version": version, **payload}))
+
+
+def test_a_run_folder_of_another_format_version_is_refused(tmp_path: Path, data_cache: Path) -> None:
+    from pretrain.config import parse_args, to_dict
+    from pretrain.run_folder.checkpointing import resolve_resume
+    from pretrain.run_folder.manifest import write_manifest
+
+    run = tmp_path / "run"
+    argv = tiny_args(run, data_cache, "--train.stop_at_step=3")
+    # The files a resume reads, as this version writes them (no training: the refusals come before any).
+    write_json(run / "run_config.json", stamped(to_dict(parse_args(argv)), RUN_FORMAT))
+    checkpoint = run / "checkpoints" / "step_00000003"
+    write_json(checkpoint / "train_state.json", {"step": 3})
+    write_manifest(checkpoint)
+    assert resolve_resume(run, to_dict(parse_args(argv)), "auto") == checkpoint
+    _restamp(checkpoint / MANIFEST_FILE, RUN_FORMAT + 1)
+    resume_fix = "finish the run with the checkout that started it, or start a new run in another --train.output_dir"
+    newer = rf"manifest.json has format_version {RUN_FORMAT + 1}; this code reads format_version {RUN_FORMAT}: "
+    with pytest.raises(FormatVersionError, match=newer + re.escape(resume_fix)):  # named, continued in a new folder
+        main(tiny_args(tmp_path / "new", data_cache, f"--train.resume={checkpoint}"))
+    with pytest.raises(FormatVersionError, match=r"step_00000003/" + newer):  # refused, not skipped as damaged
+        main([*argv, "--train.resume=auto"])
+    _restamp(run / "run_config.json", None)
+    before = r"run_config.json has no format_version \(written before versions existed\); .*" + re.escape(resume_fix)
+    for resume in ([], ["--train.resume=auto"]):  # this message, not "holds a different run: model.norm_placement"
+        with pytest.raises(FormatVersionError, match=before):
+            main([*argv, "--model.norm_placement=pre", *resume])
+
+
+@pytest.mark.parametrize("version", [None, RUN_FORMAT + 1], ids=["unversioned", "newer"])
+def test_a_snapshot_of_another_format_version_is_refused_by_finetuning_and_export(
+    tmp_path: Path, capsys: pytest.CaptureFixture, version: int | None
+) -> None:
+    from pretrain import export
+    from tests.finetune_fixtures import write_snapshot
+
+    snapshot = write_snapshot(tmp_path / "run", "post_ln", "post", 10)
+    _restamp(snapshot / MANIFEST_FILE, version)
+    code, err = _finetune(tmp_path, str(snapshot), capsys)
+    assert code == 2 and "manifest.json has" in err and "re-save its weights with this one" in err, err
+    with pytest.raises(FormatVersionError, match=r"manifest.json has .*use it with the checkout that wrote it"):
+        export.main([f"--model={snapshot}", f"--out={tmp_path / 'exported'}"])
+    assert not (tmp_path / "exported").exists()
+
+
+def test_a_folder_without_a_run_id_is_named_with_what_to_pass(tmp_path: Path) -> None:
+    from pretrain.run_folder.identity import ensure_run_id, read_run_id
+
+    (tmp_path / "run_config.json").write_text("{}")
+    with pytest.raises(FileNotFoundError, match=r"has no run_id: it is not a pretraining run folder of this version"):
+        read_run_id(tmp_path)
+    run_id = ensure_run_id(tmp_path)  # written once, read back (run_config.json no longer stands in for it)
+    assert read_run_id(tmp_path) == run_id == ensure_run_id(tmp_path)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -295,7 +362,7 @@ def _finetune(tmp_path: Path, model: str, capsys: pytest.CaptureFixture) -> tupl
     from tests.finetune_fixtures import FIXTURE_GLUE
 
     config = RunConfig(model=model, task="mrpc", data_dir=str(FIXTURE_GLUE), lrs=[1e-3], seeds=[0],
-                       store=str(tmp_path / "results.sqlite"), recipe=FinetuneConfig(max_train_examples=8))  # fmt: skip
+                       results_dir=str(tmp_path / "results.d"), recipe=FinetuneConfig(max_train_examples=8))  # fmt: skip
     capsys.readouterr()
     code = run_cli(lambda: bool(run(config)) and 0)
     return code, capsys.readouterr().err

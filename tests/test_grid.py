@@ -19,6 +19,7 @@ from pretrain.analysis import cli, grid, outcomes, probes
 from pretrain.common import reporting
 from pretrain.common.atomic import write_json
 from pretrain.common.cli import ConfigError, parse, to_dict
+from pretrain.common.formats import RUN_FORMAT, stamped
 from pretrain.config import PretrainConfig
 
 RULES = outcomes.Rules(trained_margin=0.1, blowup_margin=1.0, tail_fraction=0.1)
@@ -289,7 +290,7 @@ def test_an_interrupted_cell_resumes_and_a_finished_one_is_read(tmp_path, fake_r
 
 def _run_config(args, cell, run_dir) -> dict:
     """The run_config.json pretrain/run.py writes for ``cell`` of the grid ``args``."""
-    return to_dict(parse(PretrainConfig, grid.cell_overrides(args, cell, run_dir), prog="pretrain.run"))
+    return stamped(to_dict(parse(PretrainConfig, grid.cell_overrides(args, cell, run_dir), prog="pretrain.run")), RUN_FORMAT)
 
 
 def test_a_run_with_other_settings_in_a_cells_folder_is_neither_read_nor_continued(tmp_path, fake_runs):

@@ -197,12 +197,12 @@ def test_preparation_resumes_from_its_finished_shards(tmp_path: Path, monkeypatc
     partial = list(Path(cfg.cache_dir).glob("instances-*.partial-*"))
     assert len(partial) == 1 and sorted(p.name for p in (partial[0] / "train").iterdir()) == ["shard-00000.arrow",
                                                                                       "shard-00000.json"]  # fmt: skip
-    (partial[0] / "train" / "shard-00001.arrow.tmp-0badf00d").write_bytes(b"half a shard")  # as after kill -9
+    (partial[0] / "train" / ".shard-00001.arrow.0badf00d.tmp").write_bytes(b"half a shard")  # as after kill -9
     written.clear()
     data = build_pretraining_data(cfg, seed=0)
     assert written == ["shard-00001.arrow", "shard-00002.arrow", "shard-00000.arrow"]  # the rest, then validation
     assert is_prepared(cfg, seed=0) and not list(Path(cfg.cache_dir).glob("instances-*.partial-*"))
-    assert not list(Path(cfg.cache_dir).glob("instances-*/*/*.tmp-*"))
+    assert not list(Path(cfg.cache_dir).glob("instances-*/*/.*.tmp"))
 
     # The same instances as a preparation in one go.
     monkeypatch.setattr(pretrain.data.instance_cache, "_write_shard", write_shard)

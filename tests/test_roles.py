@@ -1,7 +1,7 @@
 """Every config field declares its role (pretrain/common/roles.py), and the lists that resume, the data caches and the
-W&B recipe read are derived from the roles. The derived lists equal, literally, the lists that were kept by hand in
-five modules before (main at 936ac5e), and the keys computed from them are the same bytes: existing runs resume,
-find their cached tokenizer and instances, and keep their W&B group."""
+W&B recipe read are derived from the roles. The derived lists are pinned literally (they began as the lists kept by
+hand in five modules, main at 936ac5e), and so are the keys computed from them: a change to a list or a key (a cache
+key, the data fingerprint, the W&B recipe hash) fails here and is made on purpose."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ import pytest
 import pretrain.data.instance_cache as instance_cache
 import pretrain.data.tokenizer as tokenizer
 from pretrain.common import roles
+from pretrain.common.formats import RUN_FORMAT, stamped
 from pretrain.config import (
-    ADDED_FIELD_DEFAULTS,
     RESOLVED_AT_START,
     RESUMABLE_CHANGES,
     PretrainConfig,
@@ -28,7 +28,7 @@ from pretrain.run_folder.checkpointing import IDENTICAL_RUN_IGNORES, RUN_CONFIG_
 from pretrain.tracking.wandb_logging import _NOT_RECIPE, recipe, short_hash
 
 # --------------------------------------------------------------------------------------------------
-# The lists as they were written by hand before the roles (main at 936ac5e)
+# The lists, pinned (as they were written by hand before the roles, main at 936ac5e)
 # --------------------------------------------------------------------------------------------------
 
 RESUMABLE_CHANGES_BEFORE = {
@@ -60,12 +60,6 @@ NOT_RECIPE_BEFORE = {
     "data": {"cache_dir", "num_proc"},
     "optim": {"implementation"},
 }  # fmt: skip
-ADDED_FIELD_DEFAULTS_BEFORE = {
-    "model.norm_type": "layernorm", "model.qk_norm": False, "model.dyt_alpha_init": 0.5,
-    "model.mix_ln_post_layers": None, "model.admin_omega": None, "model.admin_learnable_omega": False,
-    "model.b2t_rescale_init": True, "model.hybrid_first_pre_norm": False, "model.normformer_head_scale": True,
-    "model.normformer_attn_norm": True, "model.normformer_ffn_norm": True, "model.normformer_resid_scale": False,
-}  # fmt: skip
 
 
 def test_the_derived_lists_equal_the_hand_kept_ones() -> None:
@@ -76,11 +70,10 @@ def test_the_derived_lists_equal_the_hand_kept_ones() -> None:
     assert "sources" in tokenizer._TOKENIZER_KEY_FIELDS
     assert roles.not_keyed_in(DataConfig, "batches") == DATA_FINGERPRINT_LEFT_OUT_BEFORE  # vocabulary.data_fingerprint's
     assert _NOT_RECIPE == NOT_RECIPE_BEFORE
-    assert ADDED_FIELD_DEFAULTS == ADDED_FIELD_DEFAULTS_BEFORE
 
 
 # --------------------------------------------------------------------------------------------------
-# The keys themselves: values computed by main at 936ac5e for the same inputs
+# The keys themselves, pinned for the same inputs
 # --------------------------------------------------------------------------------------------------
 
 
@@ -111,15 +104,14 @@ _OTHER_DATA = DataConfig(
 # CACHE_FORMAT_VERSION enters both cache keys: a deliberate bump changes them, and these values with it.
 KEYS_BEFORE = {
     "default": {"tokenizer_key": "d85d57f3d4b8b9b2bbd5", "instances_key": "16309838be9b617c5283",
-                "data_fingerprint": "983e0907db53c721", "recipe_hash": "8d629d17"},
+                "data_fingerprint": "983e0907db53c721", "recipe_hash": "f573bf8a"},
     "other": {"tokenizer_key": "8dd6fcfbcc9f4580bfe8", "instances_key": "dc1a68e7375fc1f1159c",
-              "data_fingerprint": "78bb2ffc61ea9b2d", "recipe_hash": "a40004f3"},
+              "data_fingerprint": "78bb2ffc61ea9b2d", "recipe_hash": "3c59ba3d"},
 }  # fmt: skip
-RMSNORM_RECIPE_HASH_BEFORE = "851bed26"
 
 
 @pytest.mark.parametrize("name", ["default", "other"])
-def test_cache_keys_fingerprint_and_recipe_hash_are_unchanged(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_cache_keys_fingerprint_and_recipe_hash_are_pinned(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(instance_cache, "source_fingerprint", _fingerprint)
     monkeypatch.setattr(tokenizer, "source_fingerprint", _fingerprint)
     cfg = PretrainConfig() if name == "default" else PretrainConfig(data=_OTHER_DATA)
@@ -131,10 +123,14 @@ def test_cache_keys_fingerprint_and_recipe_hash_are_unchanged(name: str, monkeyp
     } == KEYS_BEFORE[name]
 
 
-def test_an_added_field_off_its_default_enters_the_recipe_hash_as_before() -> None:
+def test_every_recipe_field_is_in_the_recipe_hash_at_any_value() -> None:
+    """A field's default is a value like any other: the recipe holds every model field, and one changed changes
+    the hash."""
     cfg = PretrainConfig()
+    assert set(recipe(to_dict(cfg), 64)["model"]) == {f.name for f in dataclasses.fields(cfg.model)}
+    default = short_hash(recipe(to_dict(cfg), 64))
     cfg.model.norm_type = "rmsnorm"
-    assert short_hash(recipe(to_dict(cfg), 64)) == RMSNORM_RECIPE_HASH_BEFORE
+    assert short_hash(recipe(to_dict(cfg), 64)) != default
 
 
 def test_a_null_the_run_decides_is_answered_by_the_saved_value(tmp_path) -> None:
@@ -144,7 +140,7 @@ def test_a_null_the_run_decides_is_answered_by_the_saved_value(tmp_path) -> None
     cfg = PretrainConfig()
     saved = resolved_config(cfg, {"model.vocab_size": 8192, "train.peak_flops_per_device": 0.0})
     assert (saved["model"]["vocab_size"], cfg.model.vocab_size) == (8192, None)
-    (tmp_path / RUN_CONFIG_FILE).write_text(json.dumps(saved))
+    (tmp_path / RUN_CONFIG_FILE).write_text(json.dumps(stamped(saved, RUN_FORMAT)))
     assert config_differences(tmp_path, to_dict(cfg), RESUMABLE_CHANGES) == []
     assert config_differences(tmp_path, saved, RESUMABLE_CHANGES) == []
     grown = resolved_config(cfg, {"model.vocab_size": 8193, "train.peak_flops_per_device": 0.0})

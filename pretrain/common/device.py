@@ -1,5 +1,5 @@
 """The one rule for choosing the torch device of a command that does not run under Accelerate (fine-tuning, the
-benchmarks; pretraining leaves the choice to Accelerate), and the size of torch's CPU thread pool."""
+benchmarks), the device Accelerate will choose for pretraining, and the size of torch's CPU thread pool."""
 
 from __future__ import annotations
 
@@ -33,6 +33,14 @@ def pick_device(name: str, *, flag: str = "--device") -> torch.device:
 def env_flag(name: str) -> bool:
     """An environment variable set to 1, true or yes (as Accelerate's launcher sets ACCELERATE_USE_CPU ...)."""
     return os.environ.get(name, "").lower() in ("1", "true", "yes")
+
+
+def accelerate_uses_cpu() -> bool:
+    """Whether Accelerate runs this process on the CPU: no CUDA GPU, or ``accelerate launch --cpu`` (which sets
+    ACCELERATE_USE_CPU) on a machine with one."""
+    import torch
+
+    return not torch.cuda.is_available() or env_flag("ACCELERATE_USE_CPU")
 
 
 def choose_cpu_threads() -> str:

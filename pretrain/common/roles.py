@@ -20,19 +20,16 @@ The role says how a run treats the field:
 - run: this run of a recipe: its name, its seed, how the batch is split over devices, the kernels that compute it.
   Changing one is another run of the same recipe (same W&B group).
 - limit: a bound a continued run may move (its length, the skipped fp16 steps tolerated, a wait's timeout, the
-  largest corpus prepared inline); part of the recipe hash, as it was before roles were declared.
+  largest corpus prepared inline); part of the recipe hash.
 - cadence: how often a run evaluates, logs and saves, how many saves it keeps, and where it stops.
 - mechanics: where files go and how many workers do the work; never what is computed. The same command run again
   with other mechanics continues the same run.
-- tracking: where the metrics are shown. ``checkpointing.config_differences`` leaves the whole section out (keys of
-  older runs included), so its fields are in no derived list.
+- tracking: where the metrics are shown. ``checkpointing.config_differences`` leaves the whole section out, so its
+  fields are in no derived list.
 
 Data fields also say which keys hold their value (``keyed_in``): the trained tokenizer's cache key
 (``tokenizer``), the prepared instances' cache key (``instances``) and the fingerprint of the batch sequence that a
 resume checks (``batches``).
-
-``added=True`` marks a field added after runs existed, whose default computes what runs without it computed: a
-saved config without it reads as having the default, and at the default it stays out of the recipe hash.
 
 ``resolved=True`` marks a field whose null asks the run to decide the value at its start (the model's vocabulary:
 the tokenizer's size), after the data is prepared; run_config.json holds the value decided. Before the data is
@@ -43,14 +40,14 @@ The lists derived from the declarations, where they are read:
     config.RESUMABLE_CHANGES              rules.resumable        checkpointing.config_differences on resume
     checkpointing.IDENTICAL_RUN_IGNORES   rules.rerun            the same command run again
     wandb_logging._NOT_RECIPE             not rules.recipe       the W&B recipe hash (the group)
-    config.ADDED_FIELD_DEFAULTS           added                  old run_config.json files, the recipe hash
     config.RESOLVED_AT_START              resolved               checkpointing.config_differences: a null asked
     tokenizer._TOKENIZER_KEY_FIELDS       keyed_in "tokenizer"   the trained tokenizer's cache folder
     instance_cache._FIELDS_NOT_IN_KEY     not keyed_in "instances" the prepared instances' cache folder
     vocabulary.data_fingerprint           not keyed_in "batches" the data position a resume checks
 
 A new field needs only its declaration; tests/test_roles.py fails for a field declared without a role (or a data
-field without ``keyed_in``), and pins the lists and the keys of existing runs.
+field without ``keyed_in``), and pins the lists and the keys computed from them, so that a change to either is
+deliberate.
 
 This module imports nothing of the project (the data config, a leaf of the data pipeline, uses it).
 """
@@ -94,7 +91,6 @@ def role(
     name: Role,
     *,
     keyed_in: Iterable[DataKey] | None = None,
-    added: bool = False,
     resolved: bool = False,
     default: Any = MISSING,
     default_factory: Any = MISSING,
@@ -102,7 +98,7 @@ def role(
     """A dataclass field with its role (and, for a data field, the keys that hold its value)."""
     if name not in ROLES:
         raise ValueError(f"unknown role {name!r}; one of {', '.join(ROLES)}")
-    metadata: dict[str, Any] = {"role": name, "added": added, "resolved": resolved}
+    metadata: dict[str, Any] = {"role": name, "resolved": resolved}
     if keyed_in is not None:
         keys = frozenset(keyed_in)
         if not keys <= set(DATA_KEYS):
@@ -144,15 +140,6 @@ def by_section(keys: Iterable[str]) -> dict[str, frozenset[str]]:
         section, _, name = key.rpartition(".")
         sections.setdefault(section, set()).add(name)
     return {section: frozenset(names) for section, names in sorted(sections.items())}
-
-
-def added_defaults(cls: type) -> dict[str, Any]:
-    """``{dotted key: default}`` of the fields marked ``added``."""
-    out = {}
-    for key, f in leaf_fields(cls):
-        if role_of(key, f) and f.metadata["added"]:
-            out[key] = f.default_factory() if f.default is MISSING else f.default
-    return out
 
 
 def resolved_keys(cls: type) -> frozenset[str]:

@@ -89,8 +89,6 @@ def cached_instances(
     return load_prepared(folder)
 
 
-
-
 # ----------------------------------------------------------------------------------------------------------------------
 # Preparation, shard by shard
 # ----------------------------------------------------------------------------------------------------------------------
@@ -200,8 +198,7 @@ def prepare_instances(
     for name in PARTS:
         if sum(s.document_tokens for s in stats[name].values()) == 0:
             raise ValueError(f"no {name} instances could be made: the {name} documents hold no tokens")
-    # Temporary files of a killed attempt (every shard is finished now); NAME.tmp-XXXXXXXX: an older version's.
-    for leftover in [*partial_dir.glob("*/.*.tmp"), *partial_dir.glob("*/*.tmp-*")]:
+    for leftover in partial_dir.glob("*/.*.tmp"):  # temporary files of a killed attempt (every shard is finished now)
         leftover.unlink(missing_ok=True)
     summary = _summary(partial_dir, stats, cfg, seed)
     write_json(partial_dir / SUMMARY_FILE, summary)

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import torch
 from torch.utils.data import DataLoader, Sampler
 
-from pretrain.common.device import env_flag
+from pretrain.common.device import accelerate_uses_cpu
 from pretrain.config import PretrainConfig
 from pretrain.data.pipeline import MaskingCollator, PretrainingData
 
@@ -18,7 +18,7 @@ def copies_asynchronously() -> bool:
     """Batches go to a GPU: page-locked by the loaders (pin_memory) and copied without blocking the host
     (Accelerate's DataLoaderConfiguration(non_blocking=...), False by default). Both or neither: without pinned
     memory a non-blocking copy is synchronous anyway."""
-    return torch.cuda.is_available() and not env_flag("ACCELERATE_USE_CPU")
+    return not accelerate_uses_cpu()
 
 
 class EpochSampler(Sampler[int]):

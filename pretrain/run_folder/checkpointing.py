@@ -27,7 +27,7 @@ from transformers import PreTrainedTokenizerBase
 
 from pretrain.common.atomic import follow_umask, publish_dir, write_json
 from pretrain.common.roles import keys_where
-from pretrain.config import ADDED_FIELD_DEFAULTS, RESOLVED_AT_START, RESUMABLE_CHANGES, PretrainConfig, flatten
+from pretrain.config import RESOLVED_AT_START, RESUMABLE_CHANGES, PretrainConfig, flatten
 from pretrain.run_folder.layout import (
     CHECKPOINTS,
     RUN_CONFIG_FILE,
@@ -36,6 +36,7 @@ from pretrain.run_folder.layout import (
     SNAPSHOTS,
     TOKENIZER_DIR,
     TRAIN_STATE_FILE,
+    read_run_config,
     step_dirname,
 )
 from pretrain.run_folder.manifest import ManifestError, folder_size, verify_manifest, write_manifest
@@ -44,7 +45,8 @@ from pretrain.run_folder.manifest import ManifestError, folder_size, verify_mani
 # mechanics fields (pretrain/common/roles.py). run_config.json records the peak FLOP/s that train/mfu was measured
 # against, looked up when it was null, which is why train.peak_flops_per_device is one.
 IDENTICAL_RUN_IGNORES = keys_where(PretrainConfig, lambda rules: rules.rerun)
-
+# What the user of a run folder (its run_config.json, its checkpoints) of another format version can do.
+RESUME_FIX = "finish the run with the checkout that started it, or start a new run in another --train.output_dir"
 
 
 @dataclass(kw_only=True)
@@ -64,9 +66,7 @@ class TrainState:
 
     @classmethod
     def read(cls, checkpoint: Path) -> TrainState:
-        payload = json.loads((checkpoint / TRAIN_STATE_FILE).read_text())
-        names = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in payload.items() if k in names})
+        return cls(**json.loads((checkpoint / TRAIN_STATE_FILE).read_text()))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -114,63 +114,6 @@ def remove_temp_folders(root: Path) -> None:
             shutil.rmtree(path) if path.is_dir() else path.unlink()
 
 
-DISK_FULL_HINT = "Free space there, then continue with --train.resume=auto (from the latest checkpoint)"
-TOKENIZER_ROOM = 16 << 20
-"""Bytes a run's tokenizer folder may take (bert-base-uncased's files are about 1 MB), checked before data preparation."""
-
-
-def free_space_problem(run_dir: Path, model: torch.nn.Module, checkpoint: bool, snapshot: bool) -> str:
-    """A message when the disk of ``run_dir`` lacks room for the saves due now, else "". The checkpoint's size
-    is the latest one's (or, before the first, weights plus two AdamW moments); a snapshot's is the weights'."""
-    weights = sum(p.numel() * p.element_size() for p in model.parameters())
-    needed = weights if snapshot else 0
-    if checkpoint:
-        latest = latest_checkpoint(run_dir)
-        needed += folder_size(latest) if latest else 3 * weights
-    return room_problem(run_dir, needed)
-
-
-def room_problem(folder: Path, needed: int) -> str:
-    """A message when the disk of ``folder`` (or of its nearest existing parent) has less than ``needed`` bytes
-    free with a 10% margin, else ""."""
-    existing = Path(folder).absolute()
-    while not existing.exists():
-        existing = existing.parent
-    free = shutil.disk_usage(existing).free
-    if free >= 1.1 * needed:
-        return ""
-    return (
-        f"disk full: {free / 1e9:.2f} GB free at {folder}, the next save needs about {needed / 1e9:.2f} GB. "
-        + DISK_FULL_HINT
-    )
-
-
-@contextlib.contextmanager
-def writing(path: Path) -> Iterator[None]:
-    """Name ``path`` on any error that escapes the block (a full disk's message then says what was being written:
-    a library's own error, such as safetensors', often names no file)."""
-    try:
-        yield
-    except BaseException as err:
-        err.add_note(f"while writing {path}")
-        raise
-
-
-def no_space_problem(err: BaseException, default: Path) -> str:
-    """The message of a stop for a full disk when ``err`` (or what caused it) is one, else "": an OSError with
-    ENOSPC, or a library's error that wraps it ("No space left on device", Rust's "os error 28")."""
-    seen: BaseException | None = err
-    while seen is not None:
-        if (isinstance(seen, OSError) and seen.errno == errno.ENOSPC) or any(
-            words in str(seen) for words in ("No space left on device", "os error 28")
-        ):
-            notes = [note for note in getattr(err, "__notes__", []) if note.startswith("while writing ")]
-            where = getattr(seen, "filename", None) or (notes[0].removeprefix("while writing ") if notes else default)
-            return f"disk full: no space left while writing {where} ({type(seen).__name__}). {DISK_FULL_HINT}"
-        seen = seen.__cause__ or seen.__context__
-    return ""
-
-
 def save_checkpoint(accelerator: Accelerator, run_dir: Path, state: TrainState, keep_last: int) -> Path:
     """Save the full training state atomically into RUN/checkpoints/step_XXXXXXXX; keep the last ``keep_last``.
 
@@ -205,6 +148,78 @@ def load_checkpoint(accelerator: Accelerator, checkpoint: Path) -> TrainState:
 
 
 # --------------------------------------------------------------------------------------------------
+# A full disk: one error for every save, which the driver answers with a clean stop
+# --------------------------------------------------------------------------------------------------
+
+DISK_FULL_HINT = "Free space there, then continue with --train.resume=auto (from the latest checkpoint)"
+TOKENIZER_ROOM = 16 << 20
+"""Bytes a run's tokenizer folder may take (bert-base-uncased's files are about 1 MB), checked before data preparation."""
+_NO_ROOM_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
+# How a library that wraps the OSError (safetensors, Rust's std::io) words it.
+_NO_ROOM_WORDS = ("No space left on device", "Disk quota exceeded", "os error 28", "os error 122")
+
+
+class DiskFull(Exception):
+    """No room on the disk for a save: found by the room check before it, or by a write that hit ENOSPC/EDQUOT.
+    The run stops as preempted and the same command continues it once there is room; the message names the path
+    and the fix."""
+
+
+def free_space_problem(run_dir: Path, model: torch.nn.Module, checkpoint: bool, snapshot: bool) -> str:
+    """A message when the disk of ``run_dir`` lacks room for the saves due now, else "". The checkpoint's size
+    is the latest one's (or, before the first, weights plus two AdamW moments); a snapshot's is the weights'."""
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    needed = weights if snapshot else 0
+    if checkpoint:
+        latest = latest_checkpoint(run_dir)
+        needed += folder_size(latest) if latest else 3 * weights
+    return room_problem(run_dir, needed)
+
+
+def room_problem(folder: Path, needed: int) -> str:
+    """A message when the disk of ``folder`` (or of its nearest existing parent) has less than ``needed`` bytes
+    free with a 10% margin, else ""."""
+    existing = Path(folder).absolute()
+    while not existing.exists():
+        existing = existing.parent
+    free = shutil.disk_usage(existing).free
+    if free >= 1.1 * needed:
+        return ""
+    return (
+        f"disk full: {free / 1e9:.2f} GB free at {folder}, the next save needs about {needed / 1e9:.2f} GB. "
+        + DISK_FULL_HINT
+    )
+
+
+def as_disk_full(err: BaseException, where: Path) -> DiskFull | None:
+    """``err`` as a DiskFull: itself, or one naming the file (else ``where``) when it or what caused it is an
+    OSError with ENOSPC/EDQUOT or a library's error that wraps one; None for any other error."""
+    if isinstance(err, DiskFull):
+        return err
+    seen: BaseException | None = err
+    while seen is not None:
+        if (isinstance(seen, OSError) and seen.errno in _NO_ROOM_ERRNOS) or any(w in str(seen) for w in _NO_ROOM_WORDS):
+            path = getattr(seen, "filename", None) or where
+            return DiskFull(f"disk full: no space left while writing {path} ({type(seen).__name__}). {DISK_FULL_HINT}")
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
+@contextlib.contextmanager
+def saving(path: Path) -> Iterator[None]:
+    """A save of ``path``: a full disk inside it raises DiskFull naming the file, else ``path`` (a library's own
+    error, such as safetensors', often names no file)."""
+    try:
+        yield
+    except DiskFull:
+        raise
+    except Exception as err:
+        if (full := as_disk_full(err, path)) is not None:
+            raise full from err
+        raise
+
+
+# --------------------------------------------------------------------------------------------------
 # Which run lives in the output directory
 # --------------------------------------------------------------------------------------------------
 
@@ -218,7 +233,7 @@ def newest_verified_checkpoint(run_dir: Path, warn: Callable[[str], None] = _war
     (with the file at fault) and skipped, never used."""
     for _, path in reversed(list_checkpoints(run_dir)):
         try:
-            verify_manifest(path)
+            verify_manifest(path, RESUME_FIX)
         except ManifestError as err:
             warn(f"skipping a damaged checkpoint: {err}")
             continue
@@ -272,7 +287,7 @@ def resolve_resume(
             f"RUN/{CHECKPOINTS}/step_XXXXXXXX, or --train.resume=auto for the latest one of train.output_dir"
         )
     try:
-        verify_manifest(checkpoint)
+        verify_manifest(checkpoint, RESUME_FIX)
     except ManifestError as err:
         raise ValueError(f"--train.resume={resume!r} is damaged: {err}. Pass another checkpoint.") from None
     if checkpoint.parent == (run_dir / CHECKPOINTS).resolve():
@@ -290,10 +305,9 @@ def config_differences(run_dir: Path, config: dict[str, Any], ignored: frozenset
 
     ``config``: the request (before the data is prepared) or the config with the values decided at the start
     (``resolved_config``); a null at a key of RESOLVED_AT_START is a request the saved value answers."""
-    config_file = run_dir / RUN_CONFIG_FILE
-    if not config_file.is_file():
+    saved = read_run_config(run_dir, RESUME_FIX)
+    if not saved:
         return []
-    saved = json.loads(config_file.read_text())
     tokenizer = config["data"]["tokenizer"]
     if (
         saved["data"]["tokenizer"] is None
@@ -302,7 +316,7 @@ def config_differences(run_dir: Path, config: dict[str, Any], ignored: frozenset
     ):
         # The run's own trained tokenizer, named explicitly (to resume where the data cache is gone): the same run.
         config = {**config, "data": {**config["data"], "tokenizer": None}}
-    old, new = {**ADDED_FIELD_DEFAULTS, **flatten(saved)}, flatten(config)
+    old, new = flatten(saved), flatten(config)
     for key in RESOLVED_AT_START:
         if new.get(key) is None:
             new[key] = old.get(key)
@@ -387,7 +401,7 @@ def snapshot_is_complete(path: Path) -> bool:
     if not (Path(path) / SNAPSHOT_MARKER).is_file():
         return False
     try:
-        verify_manifest(path)
+        verify_manifest(path, RESUME_FIX)  # read on resume: a snapshot of another version is refused like the run
     except ManifestError:
         return False
     return True

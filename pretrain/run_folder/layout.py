@@ -1,4 +1,5 @@
-"""The on-disk layout of a pretraining run (see docs/run_layout.md), shared by pretraining and fine-tuning."""
+"""The on-disk layout of a pretraining run (see docs/run_layout.md), shared by pretraining and fine-tuning: every
+name under RUN/ and the readers of its files."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from pretrain.common.formats import FORMAT_KEY, RUN_FORMAT, check_format
 
 # Every name under RUN/ (docs/run_layout.md), declared here once.
 RUN_ID_FILE = "run_id"
@@ -63,6 +66,17 @@ def list_snapshots(run_dir: str | Path) -> list[Snapshot]:
         info = json.loads((path / SNAPSHOT_INFO).read_text())
         found.append(Snapshot(path=path, step=int(info["step"]), info=info))
     return sorted(found, key=lambda s: s.step)
+
+
+def read_run_config(run_dir: str | Path, fix: str) -> dict[str, Any]:
+    """RUN/run_config.json without its format_version ({} before the run wrote it); a file of another format
+    version raises FormatVersionError with ``fix`` (what the reader's user can do)."""
+    path = Path(run_dir) / RUN_CONFIG_FILE
+    if not path.is_file():
+        return {}
+    payload = json.loads(path.read_text())
+    check_format(payload, path, RUN_FORMAT, fix)
+    return {k: v for k, v in payload.items() if k != FORMAT_KEY}
 
 
 def read_status(run_dir: str | Path) -> dict[str, Any]:

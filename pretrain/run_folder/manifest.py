@@ -3,6 +3,7 @@
 A manifest is written after every other file of the folder and before the folder is marked complete (the
 checkpoint's rename, the snapshot's COMPLETE marker); it is checked before the folder is used, so a file that
 went missing, was truncated or had bytes overwritten is found instead of resuming or fine-tuning from garbage.
+It carries the run folder's ``format_version`` (pretrain/common/formats.py): a folder of another version is refused.
 """
 
 from __future__ import annotations
@@ -12,9 +13,17 @@ import json
 from pathlib import Path
 
 from pretrain.common.atomic import write_json
+from pretrain.common.formats import RUN_FORMAT, FormatVersionError, check_format, stamped
 from pretrain.run_folder.layout import MANIFEST_FILE, SNAPSHOT_MARKER
 
 _CHUNK = 1 << 24
+
+
+# What the user of a snapshot of another format version can do (fine-tuning and export read snapshots).
+SNAPSHOT_FIX = (
+    "use it with the checkout that wrote it, or re-save its weights with this one as a plain model folder "
+    "(LNBertForPreTraining.from_pretrained(SNAPSHOT).save_pretrained(NEW), and its tokenizer) and pass NEW"
+)
 
 
 class ManifestError(ValueError):
@@ -42,19 +51,24 @@ def write_manifest(folder: Path) -> None:
     files = {
         p.relative_to(folder).as_posix(): {"size": p.stat().st_size, "sha256": sha256_file(p)} for p in _listed_files(folder)
     }
-    write_json(folder / MANIFEST_FILE, {"files": files})
+    write_json(folder / MANIFEST_FILE, stamped({"files": files}, RUN_FORMAT))
 
 
-def verify_manifest(folder: Path) -> None:
+def verify_manifest(folder: Path, fix: str = SNAPSHOT_FIX) -> None:
     """Raise ManifestError naming ``folder`` and the first file that is missing, of the wrong size or whose
-    checksum differs; also when the manifest itself is missing or unreadable."""
+    checksum differs; also when the manifest itself is missing or unreadable. A manifest of another format
+    version raises FormatVersionError with ``fix`` (what the reader's user can do) before any file is compared."""
     folder = Path(folder)
     path = folder / MANIFEST_FILE
     try:
-        files = json.loads(path.read_text())["files"]
+        manifest = json.loads(path.read_text())
+        check_format(manifest, path, RUN_FORMAT, fix)
+        files = dict(manifest["files"])
     except FileNotFoundError:
-        raise ManifestError(f"{folder}: no {MANIFEST_FILE} (an incomplete or pre-manifest folder)") from None
-    except (ValueError, KeyError, TypeError) as err:
+        raise ManifestError(f"{folder}: no {MANIFEST_FILE} (an incomplete folder)") from None
+    except FormatVersionError:
+        raise
+    except (ValueError, KeyError, TypeError, AttributeError) as err:
         raise ManifestError(f"{folder}: {MANIFEST_FILE} is unreadable ({err})") from None
     for name, expected in sorted(files.items()):
         file = folder / name

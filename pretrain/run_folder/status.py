@@ -1,6 +1,6 @@
 """A live run's status.json, as the main process writes it (the readers are in pretrain/run_folder/layout.py): the
 status itself, the heartbeat that tells a live run from a dead one, and the stop requests (SIGTERM/SIGINT) the
-training loop answers with a checkpoint."""
+training loop answers with a checkpoint. The tracker's copy of the outcome is the driver's (pretrain/training.py)."""
 
 from __future__ import annotations
 
@@ -13,24 +13,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from accelerate import Accelerator
-
 from pretrain.common.atomic import write_json
 from pretrain.config import PretrainConfig
 from pretrain.run_folder.layout import HEARTBEAT_EVERY_S, STATUS_FILE
-from pretrain.tracking.metrics import record_outcome
 
 
 def write_status(
-    accelerator: Accelerator,
-    cfg: PretrainConfig,
-    status: str,
-    step: int,
-    message: str = "",
-    diverged_at: int | None = None,
+    cfg: PretrainConfig, status: str, step: int, message: str = "", diverged_at: int | None = None
 ) -> None:
-    if not accelerator.is_main_process:
-        return
+    """RUN/status.json (docs/run_layout.md); the main process calls it."""
     write_json(
         Path(cfg.train.output_dir) / STATUS_FILE,
         {
@@ -43,7 +34,6 @@ def write_status(
             "message": message,
         },
     )
-    record_outcome(accelerator, status, step, diverged_at)
 
 
 @dataclass
@@ -74,14 +64,14 @@ class StopRequest:
 
 @dataclass
 class Heartbeat:
-    """Rewrites status.json ("running", the step, the time) at most every HEARTBEAT_EVERY_S seconds, so that
-    readers can tell a live run from a dead one (layout.is_dead)."""
+    """Says when status.json is due to be rewritten ("running", the step, the time): every HEARTBEAT_EVERY_S
+    seconds, so that readers can tell a live run from a dead one (layout.is_dead)."""
 
-    accelerator: Accelerator
-    cfg: PretrainConfig
     last: float = field(default_factory=time.monotonic)
+    """When it was last due (time.monotonic)."""
 
-    def beat(self, step: int) -> None:
-        if time.monotonic() - self.last >= HEARTBEAT_EVERY_S:
-            write_status(self.accelerator, self.cfg, "running", step)
-            self.last = time.monotonic()
+    def due(self) -> bool:
+        if time.monotonic() - self.last < HEARTBEAT_EVERY_S:
+            return False
+        self.last = time.monotonic()
+        return True

@@ -30,7 +30,7 @@ from pretrain.tracking.wandb_logging import (
 
 def derived_config(cfg: PretrainConfig, model: nn.Module, num_processes: int) -> dict[str, Any]:
     """Values a user filters and groups runs on that the config only implies."""
-    global_batch = cfg.train.per_device_batch_size * num_processes * cfg.train.gradient_accumulation_steps
+    global_batch = cfg.train.global_batch_size(num_processes)
     return {
         "global_batch_size": global_batch,
         "warmup_steps": cfg.optim.resolved_warmup_steps(cfg.train.max_steps),

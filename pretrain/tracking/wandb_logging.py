@@ -27,7 +27,7 @@ from typing import Any
 
 from pretrain.common.atomic import write_json
 from pretrain.common.roles import by_section, keys_where
-from pretrain.config import ADDED_FIELD_DEFAULTS, PretrainConfig
+from pretrain.config import PretrainConfig
 from pretrain.run_folder.layout import SNAPSHOT_INFO, WANDB_DIR, WANDB_RUN_FILE, run_folder_of
 
 SUMMARY_LINES = 40
@@ -35,7 +35,6 @@ SUMMARY_LINES = 40
 # Fields that do not change what a run learns (the run, cadence and mechanics roles of pretrain/common/roles.py:
 # identity, seed, paths, cadence of logs and saves, how the batch is split over devices), by section; everything else
 # in the resolved config is the recipe.
-_ABSENT = object()
 _NOT_RECIPE = by_section(keys_where(PretrainConfig, lambda rules: not rules.recipe))
 
 
@@ -81,15 +80,10 @@ def recipe(resolved: dict[str, Any], global_batch_size: int) -> dict[str, Any]:
     """The part of a resolved pretraining config that changes what is learned: model, data, optimizer, steps
     and the global batch. Seeds, paths, logging and checkpoint cadence, and how the batch is split over
     devices are left out, so runs that differ only there (seeds above all) share a recipe and a W&B group."""
-    out = {}
-    for section in ("model", "data", "optim", "train"):
-        out[section] = {
-            k: v
-            for k, v in resolved[section].items()
-            if k not in _NOT_RECIPE.get(section, set())
-            # fields added later, at the default that computes what runs before them computed: the hash stays
-            and ADDED_FIELD_DEFAULTS.get(f"{section}.{k}", _ABSENT) != v
-        }
+    out = {
+        section: {k: v for k, v in resolved[section].items() if k not in _NOT_RECIPE.get(section, set())}
+        for section in ("model", "data", "optim", "train")
+    }
     out["train"]["global_batch_size"] = global_batch_size
     return out
 
