@@ -5,10 +5,9 @@ pretraining run, and the Figure 5 report.
     finetune/config.py    the fine-tuning recipe (typed dataclass) and the YAML + CLI loader
     finetune/train.py     fine-tuning one job: one model, one task, one (lr, seed), scored on dev
     finetune/worker.py    a model's jobs (their key), and one task of a manifest: ``python -m finetune.worker``
-    finetune/manifest.py  the files between scheduler and tasks: manifests in, one result file per job out
+    finetune/manifest.py  the results folder, the one record of the jobs: manifests in, one result file per job out
     finetune/run.py       one model x one task x (lr, seed) grid: ``python -m finetune.run``
-    finetune/store.py     the SQLite results store, written only by the scheduler, rebuilt from result files
-    finetune/schedule.py  every COMPLETE snapshot -> jobs -> manifests; takes results in, resubmits what is missing
+    finetune/schedule.py  every COMPLETE snapshot -> jobs -> manifests; resubmits what ended without a result
     finetune/backends.py  where a manifest's tasks run: in-process, local worker processes, a SLURM job array
     finetune/report.py    Figure 5 panels, steps-to-loss table, summary.md, W&B
 """

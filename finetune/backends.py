@@ -15,9 +15,9 @@ import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
-from finetune.store import SCHEDULER_STOPPED
+from finetune.manifest import SCHEDULER_STOPPED, Manifest
 from pretrain.common.cli import require
 
 
@@ -59,7 +59,7 @@ class Backend(Protocol):
         """Start the tasks of a manifest; returns the handle that live_tasks is given later."""
         ...
 
-    def live_tasks(self, submission: dict[str, Any]) -> tuple[set[int], dict[int, str]]:
+    def live_tasks(self, manifest: Manifest) -> tuple[set[int], dict[int, str]]:
         """The task indices still queued or running, and for ended ones, why they ended (if known)."""
         ...
 
@@ -77,9 +77,9 @@ class InProcess:
         run_task(manifest, 0)
         return ""
 
-    def live_tasks(self, submission: dict[str, Any]) -> tuple[set[int], dict[int, str]]:
+    def live_tasks(self, manifest: Manifest) -> tuple[set[int], dict[int, str]]:
         # Its jobs ran inside a scheduler that has returned (or was killed, when this is another one).
-        return set(), dict.fromkeys(range(submission["tasks"]), SCHEDULER_STOPPED)
+        return set(), dict.fromkeys(range(manifest.tasks), SCHEDULER_STOPPED)
 
     def close(self) -> None:
         pass
@@ -116,11 +116,11 @@ class LocalArray:
         pids = ",".join(str(self.processes[(submission, i)].pid) for i in range(tasks))
         return f"{socket.gethostname()}:{pids}"
 
-    def live_tasks(self, submission: dict[str, Any]) -> tuple[set[int], dict[int, str]]:
+    def live_tasks(self, manifest: Manifest) -> tuple[set[int], dict[int, str]]:
         live, reasons = set(), {}
-        host, _, pids = (submission["handle"] or "").partition(":")
+        host, _, pids = (manifest.handle or "").partition(":")
         for index, pid in enumerate(int(p) for p in pids.split(",") if p):
-            process = self.processes.get((submission["id"], index))
+            process = self.processes.get((manifest.submission, index))
             if process is not None:  # ours: poll, which also reaps it
                 code = process.poll()
                 if code is None:
@@ -173,7 +173,7 @@ class SlurmArray:
             "#!/bin/bash\n"
             + "".join(f"#SBATCH {option}\n" for option in options)
             + "# Task $SLURM_ARRAY_TASK_ID runs its share of the manifest's jobs and writes one result file per job\n"
-            + "# beside it (finetune/worker.py); it never opens the results store.\n"
+            + "# beside it (finetune/worker.py).\n"
             + f"cd {shlex.quote(os.getcwd())}\n"
             + f"exec {command}\n"
         )
@@ -186,8 +186,8 @@ class SlurmArray:
         print(f"submitted {script} as SLURM job {job_id} ({tasks} array tasks)", flush=True)
         return job_id
 
-    def live_tasks(self, submission: dict[str, Any]) -> tuple[set[int], dict[int, str]]:
-        job_id = submission["handle"]
+    def live_tasks(self, manifest: Manifest) -> tuple[set[int], dict[int, str]]:
+        job_id = manifest.handle
         if not job_id:
             return set(), {}
         # --array lists pending tasks one per line (not as a range); %K is the array task index.
@@ -197,10 +197,10 @@ class SlurmArray:
         except (SlurmError, FileNotFoundError) as err:
             if "Invalid job id" not in str(err):  # a busy controller, or no SLURM here: ask again next pass
                 print(f"warning: {err}; taking every task of SLURM job {job_id} as still running", flush=True)
-                return set(range(submission["tasks"])), {}
+                return set(range(manifest.tasks)), {}
             output = ""  # the controller forgets finished jobs: none is live
         live = {int(line.split()[0]) for line in output.splitlines() if line.strip()}
-        return live, self.states(job_id) if len(live) < submission["tasks"] else {}
+        return live, self.states(job_id) if len(live) < manifest.tasks else {}
 
     def states(self, job_id: str) -> dict[int, str]:
         """The final state of each ended task from sacct (PREEMPTED, TIMEOUT, ...); empty if sacct fails."""
@@ -218,7 +218,7 @@ class SlurmArray:
         return states
 
     def close(self) -> None:
-        pass  # array tasks run on: their results are ingested by the next pass or the next scheduler
+        pass  # array tasks run on: the next pass, or the next scheduler, finds their result files
 
 
 class SlurmError(RuntimeError):

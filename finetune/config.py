@@ -3,61 +3,69 @@
 The commands (finetune.run, finetune.schedule, finetune.report) read it through the project's one loader,
 pretrain/common/cli.py: a preset (``--config configs/finetune/x.yaml``) and ``--key=value`` / ``--recipe.key=value``
 overrides end in the same dataclasses, whose ``__post_init__`` rejects bad values with a message naming the key.
+
+Each recipe field declares its role once (pretrain/common/roles.py): ``recipe`` fields change the numbers a job
+produces and are part of its key (``FinetuneConfig.result_key``); ``mechanics`` fields say how a worker runs
+(batch size of evaluation, threads, device, progress bar) and reach the tasks beside the key
+(``FinetuneConfig.runtime``).
 """
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, Literal, get_args
+from pathlib import Path
+from typing import Any, Literal
 
 from finetune.glue import get_task
 from pretrain.common.cli import ConfigError, require
+from pretrain.common.roles import keys_where, role
 
 Device = Literal["auto", "cpu", "cuda"]
-DEVICES: tuple[str, ...] = get_args(Device)
+RESULTS_DIR = "outputs/finetune/results.d"
+"""The default results folder (where the results store of earlier versions kept its files by default)."""
 
 
 @dataclass(kw_only=True)
 class FinetuneConfig:
     """The recipe of one fine-tuning job: original BERT's GLUE recipe (Devlin et al. 2019, appendix A.3)."""
 
-    batch_size: int = 32
+    batch_size: int = role("recipe", default=32)
     """Training sequences per optimizer step (original BERT: 32)."""
-    epochs: int = 3
+    epochs: int = role("recipe", default=3)
     """Passes over the training set (original BERT: 3)."""
-    warmup_ratio: float = 0.1
+    warmup_ratio: float = role("recipe", default=0.1)
     """Fraction of the optimizer steps with linear warm-up from 0; then linear decay to 0 (BERT: 10%)."""
-    max_length: int = 128
+    max_length: int = role("recipe", default=128)
     """Longest tokenized pair, in tokens; longer pairs are truncated longest-first (BERT: 128)."""
-    weight_decay: float = 0.01
+    weight_decay: float = role("recipe", default=0.01)
     """AdamW decoupled weight decay, applied to all weights except biases and normalisation layers."""
-    adam_beta1: float = 0.9
+    adam_beta1: float = role("recipe", default=0.9)
     """AdamW beta1."""
-    adam_beta2: float = 0.999
+    adam_beta2: float = role("recipe", default=0.999)
     """AdamW beta2."""
-    adam_eps: float = 1e-6
+    adam_eps: float = role("recipe", default=1e-6)
     """AdamW epsilon (original BERT's optimizer used 1e-6)."""
-    max_grad_norm: float = 1.0
+    max_grad_norm: float = role("recipe", default=1.0)
     """Clip the global gradient norm to this value (BERT: 1.0); 0 disables clipping."""
-    mixed_precision: Literal["no", "bf16"] = "no"
+    mixed_precision: Literal["no", "bf16"] = role("recipe", default="no")
     """Autocast the forward pass to bf16 ("bf16": about 1.6x faster on a CPU with AVX512-BF16 and on any
     recent GPU; weights, gradients and the optimizer stay fp32) or train in fp32 ("no"). Part of the
-    recipe: results of the two are stored apart."""
-    eval_batch_size: int = 64
+    recipe: results of the two are filed apart."""
+    eval_batch_size: int = role("mechanics", default=64)
     """Sequences per batch when evaluating on the dev set (does not change results)."""
-    random_init: bool = False
+    random_init: bool = role("recipe", default=False)
     """Ignore the model's weights and fine-tune its architecture from random initialisation (the baseline
     without pretraining); the tokenizer is still the model's."""
-    max_train_examples: int | None = None
+    max_train_examples: int | None = role("recipe", default=None)
     """Use only the first N training examples (quick checks); None uses them all."""
-    max_eval_examples: int | None = None
+    max_eval_examples: int | None = role("recipe", default=None)
     """Use only the first N dev examples (quick checks); None uses them all."""
-    torch_threads: int = 0
+    torch_threads: int = role("mechanics", default=0)
     """Intra-op CPU threads for this process (workers share the CPU); 0 leaves torch's default."""
-    device: Device = "auto"
+    device: Device = role("mechanics", default="auto")
     """Where to train: auto (cuda when available), cpu or cuda."""
-    progress: bool = True
+    progress: bool = role("mechanics", default=True)
     """Show a tqdm progress bar over the optimizer steps."""
 
     def __post_init__(self) -> None:
@@ -74,14 +82,18 @@ class FinetuneConfig:
         check(self.max_grad_norm >= 0, "max_grad_norm", "must be >= 0 (0 disables clipping)")
         for name in ("max_train_examples", "max_eval_examples"):
             check(getattr(self, name) is None or getattr(self, name) >= 1, name, "must be at least 1, or null for all")
-        check(self.mixed_precision in ("no", "bf16"), "mixed_precision", "must be 'no' or 'bf16'")
         check(self.torch_threads >= 0, "torch_threads", "must be >= 0 (0: torch's default)")
-        check(self.device in DEVICES, "device", f"must be one of {', '.join(DEVICES)}")
 
     def result_key(self) -> dict[str, Any]:
-        """The fields that change the numbers a job produces (what the results store keys a recipe by)."""
-        ignored = {"eval_batch_size", "torch_threads", "device", "progress"}
-        return {k: v for k, v in dataclasses.asdict(self).items() if k not in ignored}
+        """The fields that change the numbers a job produces (role ``recipe``): part of every job's key."""
+        return {k: v for k, v in dataclasses.asdict(self).items() if k in RECIPE_FIELDS}
+
+    def runtime(self) -> dict[str, Any]:
+        """The fields that say how a worker runs (role ``mechanics``), taken from the command that submits."""
+        return {k: v for k, v in dataclasses.asdict(self).items() if k not in RECIPE_FIELDS}
+
+
+RECIPE_FIELDS = keys_where(FinetuneConfig, lambda rules: rules.recipe)
 
 
 DEFAULT_LRS: tuple[float, ...] = (2e-5, 3e-5, 5e-5)
@@ -112,4 +124,25 @@ def validate_grid(lrs: list[float], seeds: list[int]) -> None:
     )
 
 
-__all__ = ["DEFAULT_LRS", "DEFAULT_SEEDS", "DEVICES", "FinetuneConfig", "check_tasks", "validate_grid"]
+@dataclass(kw_only=True)
+class ResultsOption:
+    """The results folder option of the commands that read or write it (run, schedule, status, report)."""
+
+    results_dir: str = RESULTS_DIR
+    """The results folder: manifests, and one result file per finished job (docs/finetune_files.md); the only
+    record of the jobs. On a cluster, on the shared file system: the tasks write into it."""
+    store: str | None = None
+    """Gone (the SQLite results store): the results folder is the only record. Pass --results_dir instead."""
+
+    def __post_init__(self) -> None:
+        if self.store is not None:
+            raise ConfigError(
+                f"store: the results store is gone: the results folder is the only record of the jobs now. Pass "
+                f"--results_dir=FOLDER instead (default {RESULTS_DIR}). The results folder of --store={self.store} "
+                f"({Path(self.store).with_suffix('.d')}) is of an earlier format, which this version refuses: finish "
+                "its jobs with the checkout that wrote it, or start a new folder"
+            )
+
+
+__all__ = ["DEFAULT_LRS", "DEFAULT_SEEDS", "RESULTS_DIR", "FinetuneConfig", "ResultsOption", "check_tasks",
+           "validate_grid"]  # fmt: skip

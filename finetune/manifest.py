@@ -1,124 +1,237 @@
-"""The files between the scheduler and the tasks that run jobs: manifests in, result files out.
+"""The results folder: the one record of the fine-tuning jobs, shared by the scheduler and the tasks that run them.
 
-The scheduler is the only process that writes the results store (SQLite, finetune/store.py). Everything a task
-(a SLURM array task on another node, or a local worker process) needs or produces is a file in one shared
-folder, ``results_dir`` (docs/finetune_files.md):
+Everything a task (a SLURM array task on another node, or a local worker process) needs or produces is a file in
+one folder, ``results_dir`` (docs/finetune_files.md):
 
-    RESULTS/manifests/000007.json   written by the scheduler before it starts the tasks that read it
-    RESULTS/started/KEY.7.json      written by a task as it starts a job of submission 7: only a started job's
-                                    attempt counts when its task ends without a result (a killed scheduler's
-                                    queue of jobs that never ran costs them nothing)
+    RESULTS/lock                    held by the one scheduler (or finetune.run) that writes manifests
+    RESULTS/manifests/000007.json   submission 7: its jobs, written before its tasks start; rewritten (atomically)
+                                    with the backend's handle of its tasks and, as they end, why they ended
+    RESULTS/started/KEY.7.json      written by a task as it starts a job of submission 7
     RESULTS/done/KEY.json           one per finished job: the proof that it is done; never changes once there
-    RESULTS/failed/KEY.N.TAG.json   one per failed attempt N of a job, with the error (TAG: host, pid, time)
+    RESULTS/failed/KEY.7.TAG.json   one per failed attempt (in submission 7) of a job, with the error (TAG: host,
+                                    pid, time)
 
-Files are written atomically (a temporary name, then a rename or a hard link, both atomic on NFS and Lustre)
-with the permissions the umask gives, so colleagues can read them. A job that runs twice (a requeued task,
-two copies of one task) computes the same KEY; the first copy's file stays and the second is dropped.
+There is no other state: what a job is (queued, submitted, done or failed, its attempts and its error) is derived
+from these files each time it is asked (``ResultsFolder.jobs``), so a listing never lags the tasks and a scheduler
+killed at any moment continues from the files alone. Files are written atomically (pretrain/common/atomic.py:
+a temporary name, then a rename or a hard link, both atomic on NFS and Lustre) with the permissions the umask
+gives, so colleagues can read them. A job that runs twice (a requeued task, two copies of one task) computes the
+same KEY; the first copy's result file stays and the second is dropped.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import datetime
+import fcntl
 import hashlib
 import json
 import os
 import socket
+import sys
 import time
-from dataclasses import asdict, dataclass
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field, replace
+from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pretrain.common import atomic
+from pretrain.common.formats import RESULTS_FORMAT, check_format, stamped
 
-MANIFEST_VERSION = 1
-RESULT_VERSION = 1
-MANIFESTS, STARTED, DONE, FAILED = "manifests", "started", "done", "failed"
-# The result fields a finished job reports (the store has one column each).
-RESULT_FIELDS = (
-    "accuracy",
-    "f1",
-    "dev_loss",
-    "train_loss",
-    "epochs",
-    "train_steps",
-    "wall_time_s",
-    # The dev set's majority-class scores and the job's most predicted class share (finetune.glue.baseline_metrics).
-    "majority_accuracy",
-    "majority_f1",
-    "top_class_share",
+MANIFESTS, STARTED, DONE, FAILED, LOCK = "manifests", "started", "done", "failed", "lock"
+RESULTS_FIX = (
+    "finish that results folder with the checkout that wrote it, or point --results_dir at a new folder (its jobs "
+    "then run again)"
 )
+"""What to do with a results folder written by another version (pretrain/common/formats.py)."""
+
+Status = Literal["queued", "submitted", "done", "failed"]
+# Why a task ended without charging even the job it had started (finetune/backends.py gives the reasons).
+SCHEDULER_STOPPED = "it ran in its scheduler's process, which has stopped"
+INTERRUPTED = "an interrupt of its scheduler stopped it"
+NOT_STARTED = "not started: "
 
 
 def recipe_hash(recipe: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:12]
 
 
-@dataclass(frozen=True)
-class JobSpec:
-    """One fine-tuning job: what identifies its result, and where its model is now."""
+# A job field's role, in its metadata: ``key`` fields are the job's identity (the same values give the same
+# numbers); ``about`` fields name and place it (names and folders may change; the key does not).
+KEY, ABOUT = {"role": "key"}, {"role": "about"}
 
-    run_id: str
+
+@dataclass(frozen=True)
+class Model:
+    """The model of a job: a pretraining snapshot (its run, its step) or any other model folder or Hub name."""
+
+    run_id: str = field(metadata=KEY)
     """Identity of the pretraining run (RUN/run_id, pretrain/run_folder/identity.py); not its name, not its path."""
-    run_name: str
+    run_name: str = field(metadata=ABOUT)
     """The run's name, for tables and legends only."""
-    run_dir: str
-    """Where the run folder was found by this scheduler (it may move; the key does not depend on it)."""
-    placement: str
-    pretrain_step: int
+    run_dir: str = field(metadata=ABOUT)
+    """Where the run folder was found (it may move; the key does not depend on it)."""
+    placement: str = field(metadata=ABOUT)
+    """The norm placement (post, pre, ...): follows from the snapshot."""
+    pretrain_step: int = field(metadata=KEY)
     """-1 for a model that is not a pretraining snapshot (e.g. a Hub model)."""
-    tokens_seen: int | None
-    model_path: str
-    """Where the snapshot was found by this scheduler (it may move; the key does not depend on it)."""
-    snapshot_hash: str
-    task: str
-    lr: float
-    seed: int
-    recipe: dict[str, Any]
+    tokens_seen: int | None = field(metadata=ABOUT)
+    """Pretraining tokens the snapshot has seen (None: unknown)."""
+    model_path: str = field(metadata=ABOUT)
+    """Where the snapshot was found (it may move; the key does not depend on it)."""
+    snapshot_hash: str = field(metadata=KEY)
+    """The snapshot's content: the hash of its manifest's file checksums (finetune.worker.snapshot_hash)."""
+
+
+@dataclass(frozen=True)
+class JobSpec(Model):
+    """One fine-tuning job: a model, a task, a learning rate, a seed and a recipe."""
+
+    task: str = field(metadata=KEY)
+    """GLUE task (mrpc, rte)."""
+    lr: float = field(metadata=KEY)
+    """Peak learning rate."""
+    seed: int = field(metadata=KEY)
+    """Random seed (classifier init, dropout, data order)."""
+    recipe: dict[str, Any] = field(metadata=KEY)
     """The recipe fields that change the numbers (FinetuneConfig.result_key())."""
 
-    @property
+    @cached_property  # a job's key is asked for often; its fields never change
     def recipe_hash(self) -> str:
         return recipe_hash(self.recipe)
 
-    @property
+    @cached_property
     def key(self) -> str:
         """The job's identity: the same key means the same numbers, wherever and however often it ran."""
-        identity = [self.run_id, self.pretrain_step, self.snapshot_hash, self.task, self.lr, self.seed]
-        return hashlib.sha256(json.dumps([*identity, self.recipe_hash]).encode()).hexdigest()[:24]
+        identity = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.metadata["role"] == "key"}
+        return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:24]
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
-    @classmethod
-    def from_dict(cls, values: dict[str, Any]) -> JobSpec:
-        return cls(**values)
+@dataclass(frozen=True, kw_only=True)
+class Results:
+    """What a finished job measured on the dev set (finetune.train.finetune)."""
+
+    accuracy: float
+    """Share of dev examples classified right."""
+    f1: float | None = None
+    """MRPC's F1 of the positive class; None for a task scored by accuracy only (RTE)."""
+    dev_loss: float
+    """Mean cross-entropy over the dev set."""
+    train_loss: float
+    """Mean training loss over the last epoch."""
+    epochs: int
+    """Passes over the training set."""
+    train_steps: int
+    """Optimizer steps in all."""
+    wall_time_s: float
+    """Seconds of the whole job: loading, training and evaluating."""
+    majority_accuracy: float
+    """Accuracy of answering the dev set's most common label for every example (finetune.glue.baseline_metrics)."""
+    majority_f1: float | None = None
+    """F1 of that answer (MRPC); None for RTE."""
+    top_class_share: float
+    """Share of the job's dev predictions in its most predicted class (1.0: it answers one class)."""
+
+
+@dataclass(frozen=True)
+class Runtime:
+    """Inputs of a submission's jobs that do not change their numbers: from the command that submitted (a
+    corrected --data_dir reaches the next submission)."""
+
+    data_dir: str | None
+    """GLUE folder in the original layout (absolute), or None: nyu-mll/glue from the Hub."""
+    recipe: dict[str, Any]
+    """The recipe's runtime fields (FinetuneConfig.runtime()): evaluation batch, threads, device, progress bar."""
+    wandb: dict[str, Any] | None
+    """The W&B settings of the job runs (finetune.tracking.WandbSettings), or None: not tracked."""
+
+
+@dataclass(frozen=True)
+class ManifestJob:
+    """One line of a manifest: a job and which attempt of it this submission is."""
+
+    spec: JobSpec
+    attempt: int
+    """The attempts the job had before this submission, plus one."""
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """What one submission runs: task ``t`` of ``tasks`` runs jobs ``t, t + tasks, t + 2 * tasks, ...``."""
+
+    submission: int
+    """Its number: 1 for the folder's first, then one more each time."""
+    backend: str
+    """The kind of backend that runs its tasks (inprocess, local, slurm): a later scheduler asks that kind."""
+    tasks: int
+    """How many tasks share its jobs."""
+    runtime: Runtime
+    jobs: list[ManifestJob]
+    handle: str | None = None
+    """How to find its tasks once they started: a SLURM array job id, or host:pid,pid,... of local workers."""
+    ended: dict[int, str] = field(default_factory=dict)
+    """The tasks that ended, with why (the backend's words: an exit code, a SLURM state, ...)."""
+
+    def jobs_of_task(self, index: int) -> list[ManifestJob]:
+        if not 0 <= index < self.tasks:
+            raise ValueError(f"task index {index} is outside this manifest's 0..{self.tasks - 1}")
+        return self.jobs[index :: self.tasks]
+
+    def task_of(self, position: int) -> int:
+        """The task that runs the manifest's ``position``-th job."""
+        return position % self.tasks
+
+    @property
+    def is_open(self) -> bool:
+        return len(self.ended) < self.tasks
+
+
+@dataclass(frozen=True)
+class JobState:
+    """A job as the results folder describes it."""
+
+    spec: JobSpec
+    status: Status
+    attempts: int
+    """Attempts charged (done: the attempt that finished it; submitted: the one under way)."""
+    submission: int
+    """The submission of its latest attempt."""
+    error: str | None = None
+    """Why its latest attempt failed (failed only)."""
+    results: Results | None = None
+    """What it measured (done only)."""
+
+    def row(self) -> dict[str, Any]:
+        """The flat view of tables and the report: the spec's fields, key, recipe hash, status, attempts, error and
+        the result fields (None until it is done)."""
+        spec = {f.name: getattr(self.spec, f.name) for f in dataclasses.fields(JobSpec)}  # asdict copies: slow
+        results = {f.name: getattr(self.results, f.name) if self.results else None for f in dataclasses.fields(Results)}
+        return {**spec, "key": self.spec.key, "recipe_hash": self.spec.recipe_hash, "status": self.status,
+                "attempts": self.attempts, "error": self.error, **results}  # fmt: skip
+
+
+def charged(reason: str, started: bool) -> bool:
+    """Whether a job its task left without a result is charged that attempt, given why the task ended.
+
+    A task that failed by itself (a local worker's non-zero exit code, SLURM's FAILED, a refused sbatch) would fail
+    again, and one that someone cancelled (SLURM's CANCELLED) would never end if resubmitted for free: every job it
+    left is charged, so a broken environment still stops after max_attempts. A task stopped from outside (killed,
+    preempted, out of time, its node lost) is charged for the job it had started only (a job that kills its worker
+    stops too); not even for that one when an interrupt stopped it, or when it ran in its scheduler's process, which
+    died with the job in hand (else a scheduler killed soon after each start would use up that job's attempts)."""
+    code = reason.removeprefix("exit code ")
+    state = reason.removeprefix("sacct: ").split(" ")[0]
+    failed_itself = (code != reason and code.strip() != "0") or (state != reason and state in ("FAILED", "CANCELLED"))
+    if failed_itself or reason.startswith(NOT_STARTED):
+        return True
+    return started and reason not in (SCHEDULER_STOPPED, INTERRUPTED)
 
 
 # --------------------------------------------------------------------------------------------------
-# Writing files atomically, readable by colleagues
+# Writing and reading files
 # --------------------------------------------------------------------------------------------------
-
-
-# Through pretrain/common/atomic.py (a temporary file, fsync, the umask's mode, then a rename or a hard link).
-
-
-def write_json(path: Path, payload: Any) -> None:
-    """Replace ``path`` atomically: readers see the old file or the new one, never half of one."""
-    atomic.write_json(path, payload, indent=1, default=None)
-
-
-def write_json_once(path: Path, payload: Any) -> bool:
-    """Create ``path`` atomically unless it exists; False (and nothing written) if it already did: the first copy
-    wins, so a result file never changes."""
-    return atomic.write_once(path, json.dumps(payload, indent=1, sort_keys=True))
-
-
-def read_json(path: Path) -> dict[str, Any] | None:
-    """A JSON file, or None if it is gone or unreadable (e.g. cut short by a full disk: its job is redone)."""
-    try:
-        value = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    return value if isinstance(value, dict) else None
 
 
 def worker_info() -> dict[str, Any]:
@@ -130,37 +243,35 @@ def worker_info() -> dict[str, Any]:
     return info
 
 
-# --------------------------------------------------------------------------------------------------
-# The shared folder
-# --------------------------------------------------------------------------------------------------
+def write_json(path: Path, payload: dict[str, Any]) -> None:
+    """Replace ``path`` atomically with ``payload`` and this code's format_version."""
+    atomic.write_json(path, stamped(payload, RESULTS_FORMAT), indent=1, default=None)
 
 
-@dataclass(frozen=True)
-class ManifestJob:
-    """One line of a manifest: a job and which attempt of it this submission is."""
+def read_json(path: Path) -> dict[str, Any]:
+    """A file of the results folder, refused when it is unreadable or of another format version."""
+    try:
+        payload = json.loads(path.read_text())
+    except ValueError as err:  # cut short (a full disk): not used silently
+        raise ValueError(f"{path} is not readable JSON ({err}): move it aside and run the command again") from None
+    check_format(payload, path, RESULTS_FORMAT, RESULTS_FIX)
+    return payload
 
-    spec: JobSpec
-    attempt: int
+
+def load_manifest(path: str | Path) -> Manifest:
+    """A manifest written by ResultsFolder.write_manifest."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"manifest {path} is missing; the scheduler writes it before submitting its tasks")
+    payload = read_json(path)
+    jobs = [ManifestJob(JobSpec(**j["spec"]), j["attempt"]) for j in payload["jobs"]]
+    ended = {int(task): reason for task, reason in payload["ended"].items()}
+    return Manifest(submission=payload["submission"], backend=payload["backend"], tasks=payload["tasks"],
+                    runtime=Runtime(**payload["runtime"]), jobs=jobs, handle=payload["handle"], ended=ended)  # fmt: skip
 
 
-@dataclass(frozen=True)
-class Manifest:
-    """What one submission runs: task ``t`` of ``tasks`` runs jobs ``t, t + tasks, t + 2 * tasks, ...``."""
-
-    submission: int
-    tasks: int
-    runtime: dict[str, Any]
-    """Inputs that do not change the numbers, from the command that submitted: data_dir, threads, device, ..."""
-    jobs: list[ManifestJob]
-
-    def jobs_of_task(self, index: int) -> list[ManifestJob]:
-        if not 0 <= index < self.tasks:
-            raise ValueError(f"task index {index} is outside this manifest's 0..{self.tasks - 1}")
-        return self.jobs[index :: self.tasks]
-
-    def task_of(self, position: int) -> int:
-        """The task that runs the manifest's ``position``-th job."""
-        return position % self.tasks
+class ResultsBusy(RuntimeError):
+    """Another scheduler holds the results folder (the message names it and what to do)."""
 
 
 class ResultsFolder:
@@ -168,86 +279,169 @@ class ResultsFolder:
 
     def __init__(self, root: str | Path) -> None:
         self.root = Path(root).resolve()
+        self._payloads: dict[Path, dict[str, Any]] = {}  # of done/ and failed/ files, which never change: read once
+
+    def _read(self, sub: str) -> list[dict[str, Any]]:
+        """The payloads of the files of done/ or failed/, each read once (they never change once written)."""
+        paths = self._files(sub)
+        for path in paths:
+            if path not in self._payloads:
+                self._payloads[path] = read_json(path)
+        return [self._payloads[path] for path in paths]
+
+    def _files(self, sub: str) -> list[Path]:
+        """The files of a subfolder, without the temporary files of writes in progress (``.NAME.XXXX.tmp``)."""
+        folder = self.root / sub
+        names = sorted(os.listdir(folder)) if folder.is_dir() else []
+        return [folder / name for name in names if name.endswith(".json") and not name.startswith(".")]
+
+    # ----------------------------------------------------------------------------------------------
+    # The scheduler's files
+    # ----------------------------------------------------------------------------------------------
+
+    @contextmanager
+    def lock(self) -> Iterator[None]:
+        """Hold the folder's lock (flock on RESULTS/lock) for the block, or raise ResultsBusy naming its holder.
+
+        Two schedulers on one folder would each submit the same jobs. The lock goes with its process, so a killed
+        scheduler blocks nobody; the file names the holder (host, pid, start time) for the message. It is written
+        in place, not through atomic.py: a rename would put a new file beside the one that is locked.
+        The folder lives on the shared file system. Over NFS, Linux emulates flock with POSIX byte-range locks,
+        which the server grants across hosts (NFSv4, or NFSv3 with its lock manager running); on Lustre, flock
+        works across nodes only with the ``flock`` mount option (``localflock`` locks within one node only, and
+        without either option flock fails, which is reported here)."""
+        path = self.root / LOCK
+        self.root.mkdir(parents=True, exist_ok=True)
+        with open(path, "a+") as f:
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                f.seek(0)
+                raise ResultsBusy(_busy_message(self.root, f.read())) from None
+            except OSError as err:
+                raise ResultsBusy(
+                    f"cannot lock {path} ({err.strerror}): this file system does not support flock (Lustre: mount "
+                    "it with -o flock); keep the results folder on one that does"
+                ) from None
+            try:
+                f.seek(0)
+                f.truncate()
+                since = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
+                f.write(json.dumps({"host": socket.gethostname(), "pid": os.getpid(), "since": since,
+                                    "command": sys.argv}))  # fmt: skip
+                f.flush()
+                yield
+            finally:
+                f.seek(0)
+                f.truncate()  # a released lock names nobody
+                fcntl.flock(f, fcntl.LOCK_UN)
 
     def manifest_path(self, submission: int) -> Path:
         return self.root / MANIFESTS / f"{submission:06d}.json"
 
-    def done_path(self, key: str) -> Path:
-        return self.root / DONE / f"{key}.json"
+    def next_submission(self) -> int:
+        return max((int(p.stem) for p in self._files(MANIFESTS)), default=0) + 1
 
     def write_manifest(self, manifest: Manifest) -> Path:
+        """Write (or rewrite, with its handle and ended tasks) a submission's manifest; its jobs never change."""
         path = self.manifest_path(manifest.submission)
-        payload = {
-            "version": MANIFEST_VERSION,
-            "submission": manifest.submission,
-            "tasks": manifest.tasks,
-            "runtime": manifest.runtime,
-            "jobs": [{"key": j.spec.key, "attempt": j.attempt, "spec": j.spec.to_dict()} for j in manifest.jobs],
-        }
+        payload = asdict(manifest)
+        payload["jobs"] = [{"key": job.spec.key, **asdict(job)} for job in manifest.jobs]
         write_json(path, payload)
         return path
 
-    def is_done(self, key: str) -> bool:
-        return self.done_path(key).is_file()
+    def manifests(self) -> list[Manifest]:
+        """Every submission, in order."""
+        return [load_manifest(path) for path in self._files(MANIFESTS)]
+
+    # ----------------------------------------------------------------------------------------------
+    # The tasks' files
+    # ----------------------------------------------------------------------------------------------
 
     def started_path(self, key: str, submission: int) -> Path:
         return self.root / STARTED / f"{key}.{submission}.json"
 
+    def done_path(self, key: str) -> Path:
+        return self.root / DONE / f"{key}.json"
+
+    def is_done(self, key: str) -> bool:
+        return self.done_path(key).is_file()
+
     def write_started(self, job: ManifestJob, submission: int) -> None:
         """Record that this attempt of a job began (before any of its work): its attempt then counts even if the
         task dies inside it, so a job that kills its process stops after max_attempts."""
-        payload = {"version": RESULT_VERSION, "key": job.spec.key, "attempt": job.attempt, "submission": submission}
-        payload.update(worker=worker_info(), started=time.time())
+        payload = {"key": job.spec.key, "attempt": job.attempt, "submission": submission, "worker": worker_info(),
+                   "started": time.time()}  # fmt: skip
         write_json(self.started_path(job.spec.key, submission), payload)
 
-    def was_started(self, key: str, submission: int) -> bool:
-        return self.started_path(key, submission).is_file()
-
-    def write_done(self, job: ManifestJob, results: dict[str, Any]) -> bool:
+    def write_done(self, job: ManifestJob, submission: int, results: Results) -> bool:
         """Record a finished job; False if another copy of it finished first (this copy is dropped)."""
-        payload = {
-            "version": RESULT_VERSION,
-            "key": job.spec.key,
-            "attempt": job.attempt,
-            "spec": job.spec.to_dict(),
-            "results": {k: results.get(k) for k in RESULT_FIELDS},
-            "worker": worker_info(),
-            "finished": time.time(),
-        }
-        return write_json_once(self.done_path(job.spec.key), payload)
+        payload = {"key": job.spec.key, "attempt": job.attempt, "submission": submission, "spec": asdict(job.spec),
+                   "results": asdict(results), "worker": worker_info(), "finished": time.time()}  # fmt: skip
+        text = json.dumps(stamped(payload, RESULTS_FORMAT), indent=1, sort_keys=True)
+        return atomic.write_once(self.done_path(job.spec.key), text)  # the first copy wins: it never changes
 
     def write_failed(self, job: ManifestJob, submission: int, error: str) -> None:
-        """Record a failed attempt (the submission tells an old attempt's failure from a retried job's)."""
+        """Record a failed attempt of a job."""
         info = worker_info()
-        tag = f"{info['host']}-{info['pid']}-{time.time_ns()}"
-        path = self.root / FAILED / f"{job.spec.key}.{job.attempt}.{tag}.json"
-        payload = {"version": RESULT_VERSION, "key": job.spec.key, "attempt": job.attempt, "spec": job.spec.to_dict()}
-        payload.update(submission=submission, error=error, worker=info, failed=time.time())
+        path = self.root / FAILED / f"{job.spec.key}.{submission}.{info['host']}-{info['pid']}-{time.time_ns()}.json"
+        payload = {"key": job.spec.key, "attempt": job.attempt, "submission": submission, "spec": asdict(job.spec),
+                   "error": error, "worker": info, "failed": time.time()}  # fmt: skip
         write_json(path, payload)
 
-    def done_files(self, skip: set[str] = frozenset()) -> list[dict[str, Any]]:
-        """Every readable result file but those of the keys in ``skip`` (temporary files are left out)."""
-        return self._read(DONE, skip)
+    # ----------------------------------------------------------------------------------------------
+    # What the files say
+    # ----------------------------------------------------------------------------------------------
 
-    def failed_files(self) -> list[dict[str, Any]]:
-        return self._read(FAILED, frozenset())
+    def done(self) -> dict[str, JobState]:
+        """The finished jobs, by key, from their result files."""
+        return {
+            p["key"]: JobState(
+                JobSpec(**p["spec"]), "done", p["attempt"], p["submission"], results=Results(**p["results"])
+            )
+            for p in self._read(DONE)
+        }
 
-    def _read(self, sub: str, skip: set[str]) -> list[dict[str, Any]]:
-        folder = self.root / sub
-        found = sorted(folder.glob("*.json")) if folder.is_dir() else []
-        paths = [p for p in found if not p.name.startswith(".") and p.name.split(".")[0] not in skip]
-        return [payload for payload in map(read_json, paths) if payload is not None and "key" in payload]
+    def jobs(self) -> dict[str, JobState]:
+        """Every job a file of the folder names, by key. A job's latest submission decides (the highest-numbered
+        manifest or failure file that names it): failed there (a failure file), under way (its task has not
+        ended), or its task ended without its result: a failed attempt if the task is charged for it (``charged``),
+        else queued again with the attempts it had. A result file makes it done, whatever else was written."""
+        states: dict[str, JobState] = {}
+        started = {p.name for p in self._files(STARTED)}
+        for manifest in self.manifests():
+            for position, job in enumerate(manifest.jobs):
+                states[job.spec.key] = _listed(manifest, position, job, started)
+        for f in self._read(FAILED):
+            latest = states.get(f["key"])
+            if latest is None or f["submission"] >= latest.submission:
+                states[f["key"]] = JobState(JobSpec(**f["spec"]), "failed", f["attempt"], f["submission"], f["error"])
+        states.update(self.done())
+        return states
 
 
-def load_manifest(path: str | Path) -> Manifest:
-    """A manifest written by ResultsFolder.write_manifest (clear errors for a wrong or newer file)."""
-    payload = read_json(Path(path))
-    if payload is None:
-        raise FileNotFoundError(f"manifest {path} is missing or not JSON; the scheduler writes it before submitting")
-    if payload.get("version") != MANIFEST_VERSION:
-        raise ValueError(
-            f"manifest {path} has version {payload.get('version')}, this code reads {MANIFEST_VERSION}: "
-            "run tasks with the checkout of the scheduler that wrote it"
-        )
-    jobs = [ManifestJob(spec=JobSpec.from_dict(j["spec"]), attempt=int(j["attempt"])) for j in payload["jobs"]]
-    return Manifest(submission=payload["submission"], tasks=payload["tasks"], runtime=payload["runtime"], jobs=jobs)
+def _listed(manifest: Manifest, position: int, job: ManifestJob, started: set[str]) -> JobState:
+    """A job as its submission's manifest (and its started file) says, before its failure and result files."""
+    task, submission = manifest.task_of(position), manifest.submission
+    state = JobState(job.spec, "submitted", job.attempt, submission)
+    reason = manifest.ended.get(task)
+    if reason is None:
+        return state
+    if charged(reason, f"{job.spec.key}.{submission}.json" in started):
+        return replace(state, status="failed", error=f"task {task} of submission {submission} ended without a "
+                                                      f"result ({reason})")  # fmt: skip
+    return replace(state, status="queued", attempts=job.attempt - 1)
+
+
+def _busy_message(root: Path, recorded: str) -> str:
+    try:
+        holder = json.loads(recorded)
+        who = f"pid {holder['pid']} on {holder['host']}, running since {holder['since']}"
+        stop = f"stop it (kill {holder['pid']} on {holder['host']})"
+    except (ValueError, KeyError, TypeError):  # it took the lock this instant and has not written its name yet
+        who, stop = "a process that has just started", "stop it"
+    return (
+        f"results folder {root} is in use by another scheduler ({who}; lock file {root / LOCK}). Two schedulers on "
+        f"one folder would run its jobs twice. Let that one finish, or {stop} and run this command again (it "
+        "continues from the files); to run other jobs side by side, give this one its own --results_dir=FOLDER."
+    )

@@ -1,6 +1,6 @@
-"""Figure 5 of Xiong et al. 2020 from pretraining logs and the fine-tuning results store.
+"""Figure 5 of Xiong et al. 2020 from pretraining logs and the fine-tuning results folder.
 
-    python -m finetune.report --runs='[runs/post_ln, runs/pre_ln]' --store=outputs/finetune/results.sqlite
+    python -m finetune.report --runs='[runs/post_ln, runs/pre_ln]' --results_dir=outputs/finetune/results.d
         --out=outputs/figure5 [--target_loss=1.69] [--wandb]      (one command, on two lines here)
 
 Panels: (a) validation MLM loss against pretraining step, one line per run (RUN/metrics.jsonl); (b) MRPC and
@@ -24,8 +24,8 @@ from typing import Any
 
 import numpy as np
 
-from finetune.config import check_tasks
-from finetune.store import ResultStore, StoreVersionError
+from finetune.config import ResultsOption, check_tasks
+from finetune.manifest import DONE, ResultsFolder
 from finetune.tracking import Figure5, ReportSettings, log_report, of_runs
 from pretrain.common.cli import parse, require, run_cli
 from pretrain.common.reporting import pyplot, save_figure
@@ -37,13 +37,11 @@ VAL_LOSS = "val/mlm_loss"
 
 
 @dataclass(kw_only=True)
-class ReportConfig:
+class ReportConfig(ResultsOption):
     """Draw Figure 5 (validation loss and MRPC/RTE dev accuracy against pretraining step) and a summary."""
 
     runs: list[str]
     """Pretraining run folders to compare (RUN/ of docs/run_layout.md), e.g. a Post-LN and a Pre-LN run."""
-    store: str = "outputs/finetune/results.sqlite"
-    """Results store written by finetune.run / finetune.schedule."""
     out: str = "outputs/figure5"
     """Folder for the PNG figures and summary.md."""
     tasks: list[str] = field(default_factory=lambda: ["mrpc", "rte"])
@@ -51,7 +49,7 @@ class ReportConfig:
     target_loss: float | None = None
     """Validation loss for the steps-to-loss table; unset: the smallest loss every run reaches."""
     recipe_hash: str | None = None
-    """Use only results of this fine-tuning recipe (needed when the store holds several)."""
+    """Use only results of this fine-tuning recipe (needed when the results folder holds several)."""
     wandb: bool = False
     """Also log to W&B one report run (job_type report) with a deterministic id, so re-running updates it:
     steps-to-loss table, Figure 5 curves against pretrain_step, per-seed rows, figures (WANDB_MODE=offline
@@ -63,6 +61,7 @@ class ReportConfig:
     flagged when all its seeds do (its accuracy is then the label balance of the dev set, not what was learned)."""
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         require(bool(self.runs), "runs", "is empty; pass the pretraining run folders with --runs='[RUN1, RUN2]'")
         check_tasks("tasks", self.tasks)
         require(self.target_loss is None or self.target_loss > 0, "target_loss", f"must be > 0; got {self.target_loss}")
@@ -185,7 +184,7 @@ def clipped_interval(mean: float, half_width: float, low: float = 0.0, high: flo
 
 def task_baselines(rows: list[dict[str, Any]], task: str) -> dict[str, float | None]:
     """The dev set's majority-class accuracy (and F1) as the task's jobs measured them, and chance (a uniform
-    guess between the two labels). None where no job recorded them (results from before they were kept)."""
+    guess between the two labels). None where the task has none (RTE has no F1) or no job of it finished."""
 
     def typical(column: str) -> float | None:
         values = [r[column] for r in rows if r["task"] == task and r.get(column) is not None]
@@ -195,12 +194,9 @@ def task_baselines(rows: list[dict[str, Any]], task: str) -> dict[str, float | N
     return {"majority_accuracy": typical("majority_accuracy"), "majority_f1": typical("majority_f1"), "chance": 0.5}
 
 
-def one_class_seeds(group: list[dict[str, Any]], share: float) -> int | None:
-    """How many of a point's jobs put at least ``share`` of their dev predictions in one class; None if unknown."""
-    shares = [r.get("top_class_share") for r in group]
-    if any(s is None for s in shares):
-        return None
-    return sum(s >= share for s in shares)
+def one_class_seeds(group: list[dict[str, Any]], share: float) -> int:
+    """How many of a point's jobs put at least ``share`` of their dev predictions in one class."""
+    return sum(r["top_class_share"] >= share for r in group)
 
 
 def select_rows(rows: list[dict[str, Any]], recipe_hash: str | None) -> list[dict[str, Any]]:
@@ -210,7 +206,7 @@ def select_rows(rows: list[dict[str, Any]], recipe_hash: str | None) -> list[dic
     recipes = sorted({r["recipe_hash"] for r in rows})
     if len(recipes) > 1:
         raise ValueError(
-            f"the store holds results of several fine-tuning recipes {recipes}; choose one with --recipe_hash"
+            f"the results folder holds results of several fine-tuning recipes {recipes}; choose one with --recipe_hash"
         )
     return rows
 
@@ -230,7 +226,6 @@ def best_lr_points(
         lr, group = max(by_lr.items(), key=lambda item: (np.mean([r["accuracy"] for r in item[1]]), -item[0]))
         accuracies = [r["accuracy"] for r in group]
         f1s = [r["f1"] for r in group if r["f1"] is not None]
-        losses = [r["dev_loss"] for r in group if r.get("dev_loss") is not None]
         accuracy, accuracy_ci = float(np.mean(accuracies)), confidence_interval(accuracies)
         low, high, clipped = clipped_interval(accuracy, accuracy_ci)
         one_class = one_class_seeds(group, one_class_share)
@@ -248,7 +243,7 @@ def best_lr_points(
                 "accuracy_clipped": clipped,
                 "f1": float(np.mean(f1s)) if f1s else None,
                 "f1_ci": confidence_interval(f1s) if f1s else None,
-                "dev_loss": float(np.mean(losses)) if losses else None,
+                "dev_loss": float(np.mean([r["dev_loss"] for r in group])),
                 "one_class_seeds": one_class,
                 "one_class": one_class == len(group),
             }
@@ -365,7 +360,7 @@ def plot_dev_loss(runs: list[RunInfo], points: list[dict[str, Any]], tasks: list
     plt = pyplot()
     fig, axes = plt.subplots(1, len(tasks), figsize=(4 * len(tasks), 3.4), squeeze=False)
     for ax, task in zip(axes[0], tasks, strict=True):
-        mine = [p for p in points if p["task"] == task and p["dev_loss"] is not None]
+        mine = [p for p in points if p["task"] == task]
         offsets = x_offsets(runs, [p["step"] for p in mine])
         for index, run in enumerate(runs):
             series = [p for p in mine if p["run"] == run.label]
@@ -402,8 +397,6 @@ def _accuracy_cell(point: dict[str, Any]) -> str:
 
 
 def _flag_cell(point: dict[str, Any]) -> str:
-    if point["one_class_seeds"] is None:
-        return "?"
     if point["one_class"]:
         return f"**one class** ({point['one_class_seeds']}/{point['seeds']} seeds)"
     return f"{point['one_class_seeds']}/{point['seeds']} seeds" if point["one_class_seeds"] else ""
@@ -529,20 +522,19 @@ def summary_markdown(
 # --------------------------------------------------------------------------------------------------
 
 
-def check_store(store: str) -> None:
-    """A missing store names the stores beside it (configs/finetune/smoke.yaml writes smoke.sqlite, not the
-    default results.sqlite), so that the fix is one --store away."""
-    path = Path(store)
-    if path.is_file():
+def check_results_dir(root: Path) -> None:
+    """A missing results folder names the ones beside it (configs/finetune/smoke.yaml writes smoke.d, not the
+    default results.d), so that the fix is one --results_dir away."""
+    if root.is_dir():
         return
-    others = sorted(p for p in path.parent.glob("*.sqlite") if p.is_file()) if path.parent.is_dir() else []
+    others = sorted(p for p in root.parent.glob("*") if (p / DONE).is_dir()) if root.parent.is_dir() else []
     hint = (
-        f"; {path.parent} holds {', '.join(p.name for p in others)}: pass --store={others[0]}"
+        f"; {root.parent} holds {', '.join(p.name for p in others)}: pass --results_dir={others[0]}"
         + (" (or another of them)" if len(others) > 1 else "")
         if others
-        else "; run finetune.schedule first or pass --store"
+        else "; run finetune.schedule first or pass --results_dir"
     )
-    raise FileNotFoundError(f"results store {store} not found{hint}")
+    raise FileNotFoundError(f"results folder {root} not found{hint}")
 
 
 def report(config: ReportConfig) -> dict[str, Any]:
@@ -553,9 +545,9 @@ def report(config: ReportConfig) -> dict[str, Any]:
     curves = {run.label: val_loss_curve(run.path) for run in runs}
     target = config.target_loss if config.target_loss is not None else default_target(curves)
     table = steps_table(runs, curves, target) if target is not None else []
-    check_store(config.store)
-    with ResultStore(config.store) as store:
-        rows = select_rows(store.rows("done"), config.recipe_hash)
+    folder = ResultsFolder(config.results_dir)
+    check_results_dir(folder.root)
+    rows = select_rows([state.row() for state in folder.done().values()], config.recipe_hash)
     points = [p for task in config.tasks for p in best_lr_points(rows, runs, task, config.one_class_share)]
     mine = [r for r in rows if of_runs(r, runs)]
     baselines = {task: task_baselines(mine, task) for task in config.tasks}
@@ -606,7 +598,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def cli() -> int:
     """``main`` for the command line: bad input ends with its message and exit code 2, not a traceback."""
-    return run_cli(main, errors=(StoreVersionError,))
+    return run_cli(main)
 
 
 if __name__ == "__main__":

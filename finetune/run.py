@@ -7,10 +7,11 @@
 
 The model is any folder written by pretraining (``snapshots/step_*``; ``import pretrain`` registers the
 ``lnbert`` Auto classes) or any BERT-like model that ``AutoModelForSequenceClassification`` opens. Each
-(lr, seed) is one job in the results store (``--store``), run in this process through a manifest and a result
-file as the scheduler runs them (finetune/schedule.py): a job already done is skipped, so the command can be
-re-run after an interruption. The recipe is original BERT's (batch 32, 3 epochs, 10% linear warm-up then
-linear decay, max length 128, AdamW with weight decay 0.01 except on biases and norms), evaluated on dev.
+(lr, seed) is one job, run in this process through a manifest and a result file in the results folder
+(``--results_dir``) as the scheduler runs them (finetune/schedule.py): a job already done is skipped, so the
+command can be re-run after an interruption. The recipe is original BERT's (batch 32, 3 epochs, 10% linear
+warm-up then linear decay, max length 128, AdamW with weight decay 0.01 except on biases and norms), evaluated
+on dev.
 """
 
 from __future__ import annotations
@@ -24,19 +25,18 @@ from typing import Any
 import numpy as np
 
 from finetune.backends import InProcess
-from finetune.config import DEFAULT_LRS, DEFAULT_SEEDS, FinetuneConfig, check_tasks, validate_grid
+from finetune.config import DEFAULT_LRS, DEFAULT_SEEDS, FinetuneConfig, ResultsOption, check_tasks, validate_grid
 from finetune.glue import load_task
-from finetune.manifest import ResultsFolder
-from finetune.schedule import collect, results_dir, submit
-from finetune.store import ResultStore, StoreBusy, StoreVersionError, store_lock
+from finetune.manifest import ResultsBusy, ResultsFolder, Runtime
+from finetune.schedule import collect, retried, runnable, submit
 from finetune.tracking import WandbSettings, check_wandb
-from finetune.worker import RUNTIME_FIELDS, check_snapshot, describe_model, job_specs
+from finetune.worker import check_snapshot, describe_model, job_specs
 from pretrain.common.cli import parse, require, run_cli
 
 
 @dataclass(kw_only=True)
-class RunConfig:
-    """Fine-tune one model on one GLUE task over a grid of learning rates and seeds; results go to the store."""
+class RunConfig(ResultsOption):
+    """Fine-tune one model on one GLUE task over a grid of learning rates and seeds; results go to the folder."""
 
     model: str
     """A snapshot folder written by pretraining (RUN/snapshots/step_*) or a model name on the Hugging Face Hub."""
@@ -48,10 +48,6 @@ class RunConfig:
     """Peak learning rates to try (one job each per seed)."""
     seeds: list[int] = field(default_factory=lambda: list(DEFAULT_SEEDS))
     """Random seeds (classifier init, dropout, data order); the paper uses 6 per point."""
-    store: str = "outputs/finetune/results.sqlite"
-    """Results store (SQLite file), shared with the scheduler and read by the report."""
-    results_dir: str | None = None
-    """Folder of manifests and result files; unset: beside the store, STORE_STEM.d/ (as finetune.schedule)."""
     max_attempts: int = 2
     """Tries per job before it stays failed."""
     retry_failed: bool = False
@@ -59,20 +55,21 @@ class RunConfig:
     recipe: FinetuneConfig = field(default_factory=FinetuneConfig)
     """The fine-tuning recipe."""
     wandb: bool = False
-    """Log one W&B run per job (job_type finetune; WANDB_MODE=offline logs locally, beside the store)."""
+    """Log one W&B run per job (job_type finetune; WANDB_MODE=offline logs locally, beside the results folder)."""
     wandb_project: str | None = None
     """W&B project of the job runs; unset: the pretraining run's tracking.project (else lnbert)."""
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         check_tasks("task", [self.task])
         validate_grid(self.lrs, self.seeds)
         require(self.max_attempts >= 1, "max_attempts", f"must be >= 1; got {self.max_attempts}")
 
 
 def run(config: RunConfig) -> list[dict[str, Any]]:
-    """Queue the grid for one model and task, run what is not done in this process, and return the grid's rows.
+    """Run what is not done of the grid for one model and task in this process; returns the grid's rows.
 
-    The scheduler's path with one in-process worker: a manifest, result files, and this process writing the store.
+    The scheduler's path with one in-process worker: a manifest, result files, and this process holding the lock.
     """
     # torch and transformers once the options are read (a typo answers before their seconds of import)
     from transformers import AutoConfig
@@ -85,25 +82,24 @@ def run(config: RunConfig) -> list[dict[str, Any]]:
     data_dir = str(Path(config.data_dir).resolve()) if config.data_dir else None
     if data_dir is not None:
         load_task(config.task, data_dir)  # fail now, on the user's input, rather than inside every job
-    tracking = WandbSettings(project=config.wandb_project, dir=str(Path(config.store).parent)) if config.wandb else None
+    folder = ResultsFolder(config.results_dir)
+    tracking = WandbSettings(project=config.wandb_project, dir=str(folder.root.parent)) if config.wandb else None
     check_wandb(tracking)
-    folder = ResultsFolder(results_dir(config.store, config.results_dir))
-    runtime = {"data_dir": data_dir, "recipe": {k: getattr(config.recipe, k) for k in RUNTIME_FIELDS}}
-    runtime["wandb"] = dataclasses.asdict(tracking) if tracking else None
-    with store_lock(config.store), ResultStore(config.store) as store:
-        specs = job_specs(describe_model(config.model, store), config.task, config.lrs, config.seeds, config.recipe)
-        check_max_length(AutoConfig.from_pretrained(config.model), config.recipe.max_length, config.model)
-        added = store.enqueue(specs)
+    runtime = Runtime(data_dir, config.recipe.runtime(), dataclasses.asdict(tracking) if tracking else None)
+    specs = job_specs(describe_model(config.model), config.task, config.lrs, config.seeds, config.recipe)
+    check_max_length(AutoConfig.from_pretrained(config.model), config.recipe.max_length, config.model)
+    with folder.lock():
         backend = InProcess()
-        collect(store, folder, backend)  # results written since, and the jobs of an earlier run that was killed
-        if config.retry_failed:
-            store.retry_failed()
-        keys = {spec.key for spec in specs}
-        print(f"{len(specs)} jobs for {config.model} on {config.task}: {added} new, in {config.store}")
-        # The store may hold other work (a scheduler's): this command runs only its own grid.
-        while submit(store, folder, backend, runtime, config.max_attempts, only=keys):
-            collect(store, folder, backend)
-        return [r for r in store.rows() if r["key"] in keys]
+        collect(folder, backend)  # the jobs of an earlier run that was killed in them are queued again
+        jobs = folder.jobs()
+        resets = retried(jobs, specs) if config.retry_failed else {}
+        new = sum(spec.key not in jobs for spec in specs)
+        print(f"{len(specs)} jobs for {config.model} on {config.task}: {new} new, in {folder.root}")
+        # The folder may hold other work (a scheduler's): this command runs only its own grid.
+        while submit(folder, backend, runtime, runnable({**jobs, **resets}, specs, config.max_attempts)):
+            collect(folder, backend)
+            jobs, resets = folder.jobs(), {}
+        return [jobs[spec.key].row() for spec in specs]
 
 
 def summarize(rows: list[dict[str, Any]]) -> str:
@@ -145,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def cli() -> int:
     """``main`` for the command line: bad input ends with its message and exit code 2, not a traceback."""
-    return run_cli(main, errors=(StoreVersionError, StoreBusy))
+    return run_cli(main, errors=(ResultsBusy,))
 
 
 if __name__ == "__main__":

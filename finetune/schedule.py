@@ -3,16 +3,16 @@
     python -m finetune.schedule --runs='[runs/post_ln, runs/pre_ln]' --data_dir=path/to/glue --mode=once
     python -m finetune.schedule --runs='[runs/post_ln, runs/pre_ln]' --data_dir=path/to/glue --mode=follow --workers=4
     python -m finetune.schedule --config=configs/finetune/bert_glue.yaml --runs='[...]' --backend=slurm --mode=follow
-    python -m finetune.schedule status --store=outputs/finetune/results.sqlite
-    python -m finetune.schedule ingest --store=outputs/finetune/results.sqlite   # rebuild from result files
-    python -m finetune.schedule [run|status|ingest] --help
+    python -m finetune.schedule status --results_dir=outputs/finetune/results.d   # the jobs, as the files say
+    python -m finetune.schedule [run|status] --help
 
 Every snapshot folder with its COMPLETE marker becomes task x lr x seed jobs, keyed by the run's id (RUN/run_id),
-the snapshot's content hash and the recipe. This process is the only writer of the results store. On each pass
-it takes in the result files the tasks wrote, finds tasks that ended without writing all of theirs (preempted,
-killed, out of time) and writes a manifest of the jobs still to run, whose tasks run on the backend:
-``local`` (N worker processes here; 1 runs the jobs in this process) or ``slurm`` (one ``sbatch`` job array
-per manifest). Tasks read only the manifest and write only result files (finetune/manifest.py, worker.py).
+the snapshot's content hash and the recipe. The results folder (finetune/manifest.py) is the only record of the
+jobs, and this process the only one that writes its manifests (it holds the folder's lock). On each pass it reads
+the folder, records in their manifests the tasks that ended (preempted, killed, out of time: a job such a task
+left without a result is submitted again), and writes a manifest of the jobs still to run, whose tasks run on the
+backend: ``local`` (N worker processes here; 1 runs the jobs in this process) or ``slurm`` (one ``sbatch`` job
+array per manifest). Tasks read only the manifest and write only result files (finetune/worker.py).
 
 ``--mode=once`` runs the jobs of the snapshots that exist until each is done or failed ``max_attempts`` times;
 ``--mode=follow`` also picks up new snapshots until every run is finished, diverged, failed or dead (status.json
@@ -22,26 +22,34 @@ every attempt (they are listed with their errors); ``--retry_failed=true`` queue
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
 import datetime
 import math
 import os
 import re
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 from finetune.backends import Backend, InProcess, LocalArray, SlurmArray, SlurmConfig, SlurmError
-from finetune.config import DEFAULT_LRS, DEFAULT_SEEDS, FinetuneConfig, check_tasks, validate_grid
+from finetune.config import DEFAULT_LRS, DEFAULT_SEEDS, FinetuneConfig, ResultsOption, check_tasks, validate_grid
 from finetune.glue import load_task
-from finetune.manifest import JobSpec, Manifest, ManifestJob, ResultsFolder, recipe_hash
-from finetune.store import ResultStore, StoreBusy, StoreVersionError, store_lock
+from finetune.manifest import (
+    INTERRUPTED,
+    NOT_STARTED,
+    JobSpec,
+    JobState,
+    Manifest,
+    ManifestJob,
+    ResultsBusy,
+    ResultsFolder,
+    Runtime,
+    recipe_hash,
+)
 from finetune.tracking import WandbSettings, check_wandb
-from finetune.worker import RUNTIME_FIELDS, describe_model, job_specs
-from pretrain.common.cli import parse_command, require, run_cli
+from finetune.worker import describe_model, job_specs
+from pretrain.common.cli import ConfigError, parse_command, require, run_cli
 from pretrain.run_folder.identity import read_run_id
 from pretrain.run_folder.layout import DEAD_AFTER_S, TERMINAL_STATUSES, is_dead, list_snapshots, read_status
 
@@ -49,21 +57,18 @@ BackendName = Literal["local", "slurm"]
 Mode = Literal["once", "follow"]
 # Training examples of the GLUE tasks on the Hub (nyu-mll/glue), for the cost estimate without --data_dir.
 GLUE_TRAIN_SIZES = {"mrpc": 3668, "rte": 2490}
+COLUMNS = ("queued", "submitted", "done", "failed", "retrying")
+"""The status table's columns: failed jobs with attempts left are retrying; failed ones have none left."""
 
 __all__ = ["ScheduleConfig", "SlurmConfig", "main", "schedule"]
 
 
 @dataclass(kw_only=True)
-class ScheduleConfig:
+class ScheduleConfig(ResultsOption):
     """Fine-tune every complete snapshot of the given pretraining runs (see the module docstring)."""
 
     runs: list[str]
     """Pretraining run folders (RUN/ of docs/run_layout.md) to watch."""
-    store: str = "outputs/finetune/results.sqlite"
-    """Results store (SQLite), written only by this scheduler: keep it on a local disk."""
-    results_dir: str | None = None
-    """Folder of manifests and result files, read and written by the tasks (on a cluster: on the shared file
-    system). Unset: beside the store, STORE_STEM.d/ (outputs/finetune/results.d/ for the default store)."""
     tasks: list[str] = field(default_factory=lambda: ["mrpc", "rte"])
     """GLUE tasks to fine-tune every snapshot on."""
     data_dir: str | None = None
@@ -75,10 +80,10 @@ class ScheduleConfig:
     mode: Mode = "once"
     """once: run the jobs of the snapshots that exist, then exit. follow: keep polling until all runs end."""
     poll_interval_s: float = 60.0
-    """Seconds between passes (taking in results, looking for new snapshots and ended tasks)."""
+    """Seconds between passes (reading the results folder, looking for new snapshots and ended tasks)."""
     until: str | None = None
     """Stop following at this time: an ISO date-time (2026-12-01T06:00, local time unless it has an offset) or a
-    duration from now (90m, 8h, 45s). Submitted SLURM tasks run on; the next scheduler takes in their results."""
+    duration from now (90m, 8h, 45s). Submitted SLURM tasks run on; the next scheduler finds their results."""
     dead_after_min: float = DEAD_AFTER_S / 60
     """A run whose status.json says running but whose heartbeat ("updated", refreshed every few seconds while it
     trains) is older than this many minutes is dead (it crashed without saying so): follow mode stops waiting."""
@@ -95,17 +100,18 @@ class ScheduleConfig:
     retry_failed: bool = False
     """Queue the jobs that failed every attempt again (after fixing the cause, e.g. a missing --data_dir)."""
     step_time_s: float | None = None
-    """Seconds per fine-tuning step for the cost estimate; unset: measured from the store's finished jobs."""
+    """Seconds per fine-tuning step for the cost estimate; unset: measured on the finished jobs of the recipe."""
     recipe: FinetuneConfig = field(default_factory=FinetuneConfig)
     """The fine-tuning recipe of every job."""
     slurm: SlurmConfig = field(default_factory=SlurmConfig)
     """Settings of the slurm backend."""
     wandb: bool = False
-    """Log one W&B run per job (job_type finetune; WANDB_MODE=offline logs locally, beside the store)."""
+    """Log one W&B run per job (job_type finetune; WANDB_MODE=offline logs locally, beside the results folder)."""
     wandb_project: str | None = None
     """W&B project of the job runs; unset: the pretraining run's tracking.project (else lnbert)."""
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         require(bool(self.runs), "runs", "is empty; pass one or more pretraining run folders: --runs='[RUN1, RUN2]'")
         check_tasks("tasks", self.tasks)
         validate_grid(self.lrs, self.seeds)
@@ -121,24 +127,20 @@ class ScheduleConfig:
 
 
 @dataclass(kw_only=True)
-class StatusConfig:
-    """Job counts per run and task in a results store (queued, submitted, done, failed)."""
+class StatusConfig(ResultsOption):
+    """The jobs of a results folder, as its files say: counts per run and task (queued, submitted, done, failed)."""
 
-    store: str = "outputs/finetune/results.sqlite"
-    """Results store (SQLite) to read."""
     max_attempts: int = 3
     """Tries per job, as given to the scheduler (tells failed jobs from those still to be retried)."""
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         require(self.max_attempts >= 1, "max_attempts", f"must be >= 1; got {self.max_attempts}")
 
 
 @dataclass(kw_only=True)
 class IngestConfig(StatusConfig):
-    """Take the result files into a store (a deleted store comes back with the same rows), then show its counts."""
-
-    results_dir: str | None = None
-    """Folder of manifests and result files; unset: beside the store, STORE_STEM.d/."""
+    """Gone: there is no store to rebuild; ``status`` reads the results folder as it is."""
 
 
 def parse_until(value: str, now: float | None = None) -> float:
@@ -155,17 +157,12 @@ def parse_until(value: str, now: float | None = None) -> float:
         ) from None
 
 
-def results_dir(store: str | Path, configured: str | None) -> Path:
-    """The shared folder of manifests and result files: configured, or STORE_STEM.d/ beside the store."""
-    return Path(configured) if configured else Path(store).with_suffix(".d")
-
-
 # --------------------------------------------------------------------------------------------------
 # Discovering jobs, and the state of the pretraining runs
 # --------------------------------------------------------------------------------------------------
 
 
-def discover(config: ScheduleConfig, store: ResultStore) -> list[JobSpec]:
+def discover(config: ScheduleConfig) -> list[JobSpec]:
     """The jobs of every complete snapshot of every run (snapshots without the COMPLETE marker are skipped)."""
     specs = []
     for run in config.runs:
@@ -174,10 +171,10 @@ def discover(config: ScheduleConfig, store: ResultStore) -> list[JobSpec]:
             continue  # follow mode: the run has not started yet
         read_run_id(run_dir)  # a folder without an identity is refused here, with the reason
         for snapshot in list_snapshots(run_dir):
-            description = describe_model(snapshot.path, store)
+            model = describe_model(snapshot.path)
             for task in config.tasks:
-                specs += job_specs(description, task, config.lrs, config.seeds, config.recipe)
-    return specs
+                specs += job_specs(model, task, config.lrs, config.seeds, config.recipe)
+    return list({spec.key: spec for spec in specs}.values())  # a run given twice is one run
 
 
 def run_state(run_dir: str | Path, dead_after_min: float, now: float | None = None) -> str:
@@ -193,62 +190,112 @@ def runs_ended(config: ScheduleConfig) -> dict[str, str]:
 
 
 # --------------------------------------------------------------------------------------------------
+# The jobs to run, from what the results folder says
+# --------------------------------------------------------------------------------------------------
+
+
+def column(state: JobState, max_attempts: int) -> str:
+    """The status table's column of a job (COLUMNS)."""
+    if state.status == "failed" and state.attempts < max_attempts:
+        return "retrying"
+    return state.status
+
+
+def runnable(jobs: dict[str, JobState], wanted: list[JobSpec], max_attempts: int) -> list[tuple[JobSpec, int]]:
+    """The wanted jobs to submit now (new, queued, or failed with attempts left), with the attempts they had; the
+    spec is the one found now (where the run folder is now)."""
+    out = []
+    for spec in sorted(wanted, key=lambda s: (s.run_id, s.pretrain_step, s.task, s.lr, s.seed)):
+        state = jobs.get(spec.key)
+        if state is None or state.status == "queued" or column(state, max_attempts) == "retrying":
+            out.append((spec, state.attempts if state else 0))
+    return out
+
+
+def retried(jobs: dict[str, JobState], wanted: list[JobSpec]) -> dict[str, JobState]:
+    """``jobs`` with the wanted failed ones queued again with a fresh count of attempts (--retry_failed). Kept for
+    the command's lifetime; the manifest that submits one records its new first attempt."""
+    keys = {spec.key for spec in wanted}
+    return {
+        key: replace(state, status="queued", attempts=0, error=None)
+        for key, state in jobs.items()
+        if key in keys and state.status == "failed"
+    }
+
+
+# --------------------------------------------------------------------------------------------------
 # What the scheduler prints
 # --------------------------------------------------------------------------------------------------
 
 
-def status_lines(store: ResultStore, max_attempts: int) -> list[str]:
+def status_lines(jobs: dict[str, JobState], max_attempts: int) -> list[str]:
     """A table of job counts per (run, task), and a total line."""
-    keys = ("queued", "submitted", "done", "failed", "retrying")
-    header = f"{'run':<24} {'run id':<26} {'task':<6}" + "".join(f" {k:>9}" for k in keys)
-    lines, total = [header], dict.fromkeys(keys, 0)
-    for (name, run_id, task), c in store.counts(max_attempts).items():
-        lines.append(f"{name:<24} {run_id:<26} {task:<6}" + "".join(f" {c[k]:>9}" for k in keys))
-        for key in keys:
+    counts: dict[tuple[str, str, str], dict[str, int]] = {}
+    for state in jobs.values():
+        spec = state.spec
+        entry = counts.setdefault((spec.run_name, spec.run_id, spec.task), dict.fromkeys(COLUMNS, 0))
+        entry[column(state, max_attempts)] += 1
+    header = f"{'run':<24} {'run id':<26} {'task':<6}" + "".join(f" {k:>9}" for k in COLUMNS)
+    lines, total = [header], dict.fromkeys(COLUMNS, 0)
+    for (name, run_id, task), c in sorted(counts.items()):
+        lines.append(f"{name:<24} {run_id:<26} {task:<6}" + "".join(f" {c[k]:>9}" for k in COLUMNS))
+        for key in COLUMNS:
             total[key] += c[key]
-    lines.append(f"{'total':<24} {'':<26} {'':<6}" + "".join(f" {total[k]:>9}" for k in keys))
+    lines.append(f"{'total':<24} {'':<26} {'':<6}" + "".join(f" {total[k]:>9}" for k in COLUMNS))
     return lines
 
 
-def progress_line(config: ScheduleConfig, store: ResultStore, added: int, done: int, failed: int) -> str:
-    """One line per pass: where the jobs are, what this pass changed, and an ETA once a step time is known."""
-    counts = store.counts(config.max_attempts).values()
-    total = {key: sum(c[key] for c in counts) for key in ("queued", "submitted", "done", "failed", "retrying")}
-    jobs = sum(total.values())
+def step_time(config: ScheduleConfig, jobs: dict[str, JobState]) -> float | None:
+    """Seconds per optimizer step: configured, or measured on the finished jobs of this recipe (training and
+    evaluation)."""
+    if config.step_time_s is not None:
+        return config.step_time_s
+    recipe = recipe_hash(config.recipe.result_key())
+    done = [s.results for s in jobs.values() if s.results is not None and s.spec.recipe_hash == recipe]
+    steps = sum(r.train_steps for r in done)
+    return sum(r.wall_time_s for r in done) / steps if steps else None
+
+
+def progress_line(config: ScheduleConfig, jobs: dict[str, JobState], wanted: list[JobSpec]) -> str:
+    """Where the wanted jobs are, and an ETA once a step time is known."""
+    states = [jobs.get(spec.key) for spec in wanted]
+    total = dict.fromkeys(COLUMNS, 0)
+    for state in states:
+        total[column(state, config.max_attempts) if state else "queued"] += 1
     line = (
-        f"[{time.strftime('%H:%M:%S')}] jobs: {total['done']}/{jobs} done, {total['submitted']} running, "
+        f"jobs: {total['done']}/{len(wanted)} done, {total['submitted']} running, "
         f"{total['queued'] + total['retrying']} queued, {total['failed']} failed"
-        f"  (this pass: {added} new, {done} finished, {failed} failed attempts)"
     )
-    step_time = config.step_time_s or store.step_time_s(recipe_hash(config.recipe.result_key()))
-    left = [r for r in store.rows() if r["status"] in ("queued", "submitted") or (
-        r["status"] == "failed" and r["attempts"] < config.max_attempts)]  # fmt: skip
-    if step_time is None or not left:
+    left = [spec for spec, state in zip(wanted, states, strict=True) if state is None or column(
+        state, config.max_attempts) in ("queued", "submitted", "retrying")]  # fmt: skip
+    seconds = step_time(config, jobs)
+    if seconds is None or not left:
         return line
-    per_job = {task: train_steps(config, task) for task in {r["task"] for r in left}}  # reads each task once
-    steps = sum(per_job[r["task"]] for r in left)
-    parallel = min(config.workers, len(left))
-    return line + f"; ETA about {steps * step_time / parallel / 60:.0f} min"
+    per_job = {task: train_steps(config, task) for task in {spec.task for spec in left}}  # reads each task once
+    steps = sum(per_job[spec.task] for spec in left)
+    return line + f"; ETA about {steps * seconds / min(config.workers, len(left)) / 60:.0f} min"
 
 
-def results_lines(store: ResultStore) -> list[str]:
+def results_lines(jobs: dict[str, JobState]) -> list[str]:
     """The finished jobs' dev accuracy: mean over seeds per run, step, task and lr, beside the dev set's majority
     class (a mean at the majority class is a model that answers one class)."""
-    groups: dict[tuple[str, int, str, float], list[dict[str, Any]]] = {}
-    for r in store.rows("done"):
-        groups.setdefault((r["run_name"], r["pretrain_step"], r["task"], r["lr"]), []).append(r)
+    groups: dict[tuple[str, int, str, float], list[JobState]] = {}
+    for state in jobs.values():
+        if state.results is not None:
+            spec = state.spec
+            groups.setdefault((spec.run_name, spec.pretrain_step, spec.task, spec.lr), []).append(state)
     if not groups:
         return []
     lines = [
         f"{'run':<24} {'step':>8} {'task':<5} {'lr':>8} {'seeds':>5} {'accuracy':>9} {'majority':>9} {'dev loss':>9}"
     ]
-    for (name, step, task, lr), rows in sorted(groups.items()):
-        majority = [r["majority_accuracy"] for r in rows if r.get("majority_accuracy") is not None]
+    for (name, step, task, lr), states in sorted(groups.items()):
+        results = [s.results for s in states if s.results is not None]
         lines.append(
-            f"{name:<24} {step:>8} {task:<5} {lr:>8g} {len(rows):>5} "
-            f"{100 * sum(r['accuracy'] for r in rows) / len(rows):>8.2f}% "
-            f"{(f'{100 * majority[0]:.2f}%' if majority else '-'):>9} "
-            f"{sum(r['dev_loss'] for r in rows) / len(rows):>9.4f}"
+            f"{name:<24} {step:>8} {task:<5} {lr:>8g} {len(results):>5} "
+            f"{100 * sum(r.accuracy for r in results) / len(results):>8.2f}% "
+            f"{f'{100 * results[0].majority_accuracy:.2f}%':>9} "
+            f"{sum(r.dev_loss for r in results) / len(results):>9.4f}"
         )
     return lines
 
@@ -262,29 +309,29 @@ def train_steps(config: ScheduleConfig, task: str) -> int:
     return math.ceil(examples / recipe.batch_size) * recipe.epochs
 
 
-def cost_line(config: ScheduleConfig, store: ResultStore, specs: list[JobSpec]) -> str:
+def cost_line(config: ScheduleConfig, jobs: dict[str, JobState], specs: list[JobSpec]) -> str:
     """How many jobs, optimizer steps, and (with a per-step time) hours of work are about to start."""
     steps = sum(train_steps(config, spec.task) for spec in specs)
     line = f"{len(specs)} jobs to run: {steps:,} fine-tuning steps"
-    step_time, source = config.step_time_s, "configured step_time_s"
-    if step_time is None:
-        step_time, source = store.step_time_s(recipe_hash(config.recipe.result_key())), "measured on finished jobs"
-    if step_time is None:
+    seconds = step_time(config, jobs)
+    if seconds is None:
         return line + " (time per step not known yet: pass --step_time_s=S for an estimate; BENCHMARKS.md has some)"
-    hours = steps * step_time / 3600
+    source = "configured step_time_s" if config.step_time_s is not None else "measured on finished jobs"
+    hours = steps * seconds / 3600
     parallel = config.workers if config.backend == "slurm" or config.workers > 1 else 1
     return line + (
-        f" x {step_time:.3g} s/step ({source}) = {hours:.2f} worker-hours, "
+        f" x {seconds:.3g} s/step ({source}) = {hours:.2f} worker-hours, "
         f"about {hours / min(parallel, len(specs)):.2f} h with {parallel} worker(s)"
     )
 
 
-def print_failures(failures: list[dict[str, Any]]) -> None:
+def print_failures(failures: list[JobState]) -> None:
     print(f"{len(failures)} job(s) failed every attempt:", file=sys.stderr)
-    for r in failures:
+    for state in failures:
+        spec = state.spec
         print(
-            f"  {r['run_name']} [{r['run_id']}] step {r['pretrain_step']} {r['task']} lr={r['lr']:g} seed={r['seed']}"
-            f" ({r['attempts']} attempts): {r['error']}",
+            f"  {spec.run_name} [{spec.run_id}] step {spec.pretrain_step} {spec.task} lr={spec.lr:g} seed={spec.seed}"
+            f" ({state.attempts} attempts): {state.error}",
             file=sys.stderr,
         )
     print("fix the cause and queue them again with --retry_failed=true", file=sys.stderr)
@@ -295,83 +342,70 @@ def print_failures(failures: list[dict[str, Any]]) -> None:
 # --------------------------------------------------------------------------------------------------
 
 
-def runtime_settings(config: ScheduleConfig) -> dict[str, Any]:
-    """Inputs that do not change a job's numbers, taken from this command (not from the store) each time."""
+def runtime_settings(config: ScheduleConfig) -> Runtime:
+    """Inputs that do not change a job's numbers, taken from this command each time it submits."""
     recipe = config.recipe
     if config.backend == "slurm":
         threads, progress = config.slurm.cpus_per_task, False
     else:
         threads = max(1, (config.total_threads or os.cpu_count() or 1) // config.workers)
         progress = recipe.progress and config.workers == 1  # several bars would interleave
-    values = {k: getattr(recipe, k) for k in RUNTIME_FIELDS}
-    values.update(torch_threads=recipe.torch_threads or threads, progress=progress)
+    values = {**recipe.runtime(), "torch_threads": recipe.torch_threads or threads, "progress": progress}
     data_dir = str(Path(config.data_dir).resolve()) if config.data_dir else None
     wandb = wandb_settings(config)
-    return {"data_dir": data_dir, "recipe": values, "wandb": dataclasses.asdict(wandb) if wandb else None}
+    return Runtime(data_dir=data_dir, recipe=values, wandb=asdict(wandb) if wandb else None)
 
 
 def wandb_settings(config: ScheduleConfig) -> WandbSettings | None:
-    """One W&B run per job when --wandb (finetune/tracking.py); offline runs go beside the store."""
-    return WandbSettings(project=config.wandb_project, dir=str(Path(config.store).parent)) if config.wandb else None
+    """One W&B run per job when --wandb (finetune/tracking.py); offline runs go beside the results folder."""
+    directory = str(Path(config.results_dir).resolve().parent)
+    return WandbSettings(project=config.wandb_project, dir=directory) if config.wandb else None
 
 
 def submit(
-    store: ResultStore,
     folder: ResultsFolder,
     backend: Backend,
-    runtime: dict[str, Any],
-    max_attempts: int,
-    only: set[str] | None = None,
+    runtime: Runtime,
+    jobs: list[tuple[JobSpec, int]],
     slots: int | None = None,
 ) -> int:
-    """Write a manifest of the runnable jobs (of the keys in ``only``), record it, start its tasks; how many jobs.
+    """Write a manifest of ``jobs`` (spec, attempts so far) and start its tasks; returns how many jobs it holds.
 
     ``slots``: the tasks that may start now (default: the backend's size; none: nothing is submitted). A manifest's
     jobs are dealt to its tasks when it is written, so with fewer slots than the backend's size only those slots'
     share of the jobs goes in it: the rest wait for the next free worker instead of queueing behind these."""
-    rows = [(spec, n) for spec, n in store.runnable(max_attempts) if only is None or spec.key in only]
-    tasks = min(backend.size if slots is None else slots, len(rows))
+    tasks = min(backend.size if slots is None else slots, len(jobs))
     if tasks <= 0:
         return 0
-    rows = rows[: math.ceil(len(rows) * tasks / max(tasks, backend.size))]
-    submission = store.new_submission(backend.name, tasks)
-    jobs = [ManifestJob(spec=spec, attempt=attempts + 1) for spec, attempts in rows]
-    manifest = Manifest(submission=submission, tasks=tasks, runtime=runtime, jobs=jobs)
-    path = folder.write_manifest(manifest)
-    store.mark_submitted(
-        submission, str(path), [(job.spec.key, job.attempt, manifest.task_of(i)) for i, job in enumerate(jobs)]
-    )
+    jobs = jobs[: math.ceil(len(jobs) * tasks / max(tasks, backend.size))]
+    lines = [ManifestJob(spec=spec, attempt=attempts + 1) for spec, attempts in jobs]
+    manifest = Manifest(folder.next_submission(), backend.name, tasks, runtime, lines)
+    path = folder.write_manifest(manifest)  # the jobs are under way from here: a restart asks the backend
     try:
-        store.set_handle(submission, backend.start(path, tasks, submission))
+        handle = backend.start(path, tasks, manifest.submission)
     except (SlurmError, FileNotFoundError) as err:  # nothing started: this attempt failed, with the reason
-        store.tasks_ended(submission, range(tasks), dict.fromkeys(range(tasks), f"not started: {err}"))
-        store.end_submission(submission)
+        folder.write_manifest(replace(manifest, ended=dict.fromkeys(range(tasks), f"{NOT_STARTED}{err}")))
         raise
-    return len(jobs)
+    folder.write_manifest(replace(manifest, handle=handle))
+    return len(lines)
 
 
-def collect(
-    store: ResultStore, folder: ResultsFolder, backend: Backend, slurm: SlurmConfig | None = None
-) -> tuple[int, int, int]:
-    """Take in result files and ended tasks. Returns (jobs done, attempts failed, tasks still live)."""
+def collect(folder: ResultsFolder, backend: Backend, slurm: SlurmConfig | None = None) -> int:
+    """Record in their manifests the tasks of open submissions that ended, with why; returns the tasks still live."""
     # A submission is asked about by the kind of backend that started it (a restart may use another one).
-    others: dict[str, Backend] = {"inprocess": InProcess(), "local": LocalArray(1)}
-    others["slurm"] = SlurmArray(1, slurm or SlurmConfig())
-    by_name = {**others, backend.name: backend}
-    # Which tasks live is asked before the files are read: a task that writes its last result and exits in
-    # between is then still live here, rather than ended without that result.
-    submissions = store.open_submissions()
-    liveness = {s["id"]: by_name[s["backend"]].live_tasks(s) for s in submissions}
-    done, failed = store.ingest(folder)
+    kinds: dict[str, Backend] = {"inprocess": InProcess(), "local": LocalArray(1)}
+    kinds["slurm"] = SlurmArray(1, slurm or SlurmConfig())
+    kinds[backend.name] = backend
     live = 0
-    for s in submissions:
-        alive, reasons = liveness[s["id"]]
-        ended = store.submitted_tasks(s["id"]) - alive
-        failed += store.tasks_ended(s["id"], sorted(ended), reasons, folder)
-        if not alive:
-            store.end_submission(s["id"])
+    for manifest in folder.manifests():
+        if not manifest.is_open:
+            continue
+        alive, reasons = kinds[manifest.backend].live_tasks(manifest)
+        ended = {t: reasons.get(t, "?") for t in range(manifest.tasks) if t not in alive and t not in manifest.ended}
+        if ended:
+            folder.write_manifest(replace(manifest, ended={**manifest.ended, **ended}))
         live += len(alive)
-    return done, failed, live
+    return live
 
 
 def free_slots(backend: Backend, live: int) -> int:
@@ -402,48 +436,57 @@ class Interrupted(Exception):
     """The scheduler was stopped by Ctrl-C; ``args[0]``: how many jobs were queued again."""
 
 
-def requeue_after_interrupt(config: ScheduleConfig, folder: ResultsFolder, backend: Backend) -> int:
-    """Take in what finished, then queue again the jobs the stopped local workers left without a result (their
-    attempt not counted). SLURM tasks keep running: the next pass takes in their results."""
-    with ResultStore(config.store) as store:
-        store.ingest(folder)
-        return 0 if isinstance(backend, SlurmArray) else store.requeue_interrupted()
+def requeue_after_interrupt(folder: ResultsFolder) -> int:
+    """After a Ctrl-C that stopped this machine's workers: their tasks are recorded as ended by the interrupt, which
+    charges no attempt, so their jobs without a result are queued again; returns how many. SLURM tasks keep
+    running: a later pass finds their results."""
+    stopped = set()
+    for manifest in folder.manifests():
+        if manifest.is_open and manifest.backend != "slurm":
+            folder.write_manifest(replace(manifest, ended={**dict.fromkeys(range(manifest.tasks), INTERRUPTED),
+                                                           **manifest.ended}))  # fmt: skip
+            stopped.add(manifest.submission)
+    return sum(s.status == "queued" and s.submission in stopped for s in folder.jobs().values())
 
 
-def schedule(config: ScheduleConfig) -> list[dict[str, Any]]:
+def schedule(config: ScheduleConfig) -> list[JobState]:
     """Run the jobs of complete snapshots, once or until the runs end; returns the jobs that failed for good.
-    One scheduler per store: a second one stops with StoreBusy, naming the first."""
+    One scheduler per results folder: a second one stops with ResultsBusy, naming the first."""
     check_inputs(config)
-    with store_lock(config.store):
-        return _schedule(config)
+    folder = ResultsFolder(config.results_dir)
+    with folder.lock():
+        return _schedule(config, folder)
 
 
-def _schedule(config: ScheduleConfig) -> list[dict[str, Any]]:
-    folder = ResultsFolder(results_dir(config.store, config.results_dir))
+def _schedule(config: ScheduleConfig, folder: ResultsFolder) -> list[JobState]:
     backend = make_backend(config)
     runtime = runtime_settings(config)
     deadline = parse_until(config.until) if config.until else None
-    first = True
+    resets: dict[str, JobState] = {}
+    wanted: list[JobSpec] = []
+    found, printed, first = set(), "", True
     try:
         while True:
             # Whether the runs ended is read before looking for snapshots, so none written before the end is missed.
             ended = runs_ended(config) if config.mode == "follow" else {}
-            with ResultStore(config.store) as store:
-                done, failed, live = collect(store, folder, backend, config.slurm)
-                added = store.enqueue(discover(config, store))
-                if config.retry_failed and first:
-                    print(f"queued {store.retry_failed()} failed job(s) again (--retry_failed)", flush=True)
-                runnable = [spec for spec, _ in store.runnable(config.max_attempts)]
-                if runnable and (first or added):
-                    print(cost_line(config, store, runnable), flush=True)
-                first = False
-                if added or done or failed or runnable:
-                    print(progress_line(config, store, added, done, failed), flush=True)
-                submitted = submit(
-                    store, folder, backend, runtime, config.max_attempts, slots=free_slots(backend, live)
-                )
+            live = collect(folder, backend, config.slurm)
+            wanted = discover(config)
+            jobs = folder.jobs()
+            if config.retry_failed and first:
+                resets = retried(jobs, wanted)
+                print(f"queued {len(resets)} failed job(s) again (--retry_failed)", flush=True)
+            # A retried job counts afresh until a submission records its new attempts.
+            jobs |= {key: reset for key, reset in resets.items() if jobs[key].submission <= reset.submission}
+            todo = runnable(jobs, wanted, config.max_attempts)
+            if todo and {spec.key for spec in wanted} - found:  # the first pass, or new snapshots
+                print(cost_line(config, jobs, [spec for spec, _ in todo]), flush=True)
+            line = progress_line(config, jobs, wanted)
+            if todo or line != printed:
+                print(f"[{time.strftime('%H:%M:%S')}] {line}", flush=True)
+            found, printed, first = found | {spec.key for spec in wanted}, line, False
+            submitted = submit(folder, backend, runtime, todo, slots=free_slots(backend, live))
             if isinstance(backend, InProcess) and submitted:
-                continue  # the jobs ran in this pass: take their results in at once
+                continue  # the jobs ran in this pass: look at their results at once
             if not live and not submitted:
                 if config.mode == "once":
                     break
@@ -456,16 +499,17 @@ def _schedule(config: ScheduleConfig) -> list[dict[str, Any]]:
             time.sleep(config.poll_interval_s)
     except KeyboardInterrupt:
         backend.close()  # this machine's workers stop before their jobs are queued again
-        raise Interrupted(requeue_after_interrupt(config, folder, backend)) from None
+        raise Interrupted(0 if isinstance(backend, SlurmArray) else requeue_after_interrupt(folder)) from None
     finally:
         backend.close()
-    with ResultStore(config.store) as store:
-        print("\n".join(status_lines(store, config.max_attempts)), flush=True)
-        results = results_lines(store)
-        if results:
-            print("\nresults (finished jobs; python -m finetune.report draws Figure 5 from them):", flush=True)
-            print("\n".join(results), flush=True)
-        return store.failures(config.max_attempts)
+    jobs = folder.jobs()
+    print("\n".join(status_lines(jobs, config.max_attempts)), flush=True)
+    results = results_lines(jobs)
+    if results:
+        print("\nresults (finished jobs; python -m finetune.report draws Figure 5 from them):", flush=True)
+        print("\n".join(results), flush=True)
+    failed = [jobs.get(spec.key) for spec in wanted]
+    return [s for s in failed if s is not None and column(s, config.max_attempts) == "failed"]
 
 
 # --------------------------------------------------------------------------------------------------
@@ -478,43 +522,39 @@ def main(argv: list[str] | None = None) -> int:
     command, config = parse_command(
         commands, argv, prog="python -m finetune.schedule", description=__doc__, default="run"
     )
-    if command == "run":
-        try:
-            failures = schedule(config)
-        except SlurmError as err:
-            print(f"error: {err}", file=sys.stderr)
-            return 2
-        except Interrupted as stopped:
-            kept = "; submitted SLURM tasks keep running" if config.backend == "slurm" else ""
-            print(
-                f"\ninterrupted: {stopped.args[0]} unfinished job(s) queued again (not counted as failed attempts)"
-                f"{kept}. Run the same command to continue.",
-                file=sys.stderr,
-            )
-            return 130
-        if failures:
-            print_failures(failures)
-            return 1
+    if command == "ingest":
+        raise ConfigError(
+            "ingest is gone: there is no results store to rebuild, the results folder is the only record. "
+            f"python -m finetune.schedule status --results_dir={config.results_dir} lists its jobs as they are"
+        )
+    if command == "status":
+        folder = ResultsFolder(config.results_dir)
+        if not folder.root.is_dir():
+            raise FileNotFoundError(f"results folder {folder.root} does not exist; pass --results_dir=FOLDER")
+        print("\n".join(status_lines(folder.jobs(), config.max_attempts)))
         return 0
-    if command == "status" and not Path(config.store).is_file():
-        raise FileNotFoundError(f"results store {config.store} does not exist; pass --store=PATH")
-    with contextlib.ExitStack() as stack:
-        if command == "ingest":  # a writer: not while a scheduler holds the store
-            stack.enter_context(store_lock(config.store))
-        store = stack.enter_context(ResultStore(config.store))
-        if command == "ingest":
-            folder = ResultsFolder(results_dir(config.store, config.results_dir))
-            if not folder.root.is_dir():
-                raise FileNotFoundError(f"results folder {folder.root} does not exist; pass --results_dir=PATH")
-            done, failed = store.ingest(folder)
-            print(f"took in {done} results and {failed} failed attempts from {folder.root}")
-        print("\n".join(status_lines(store, config.max_attempts)))
+    try:
+        failures = schedule(config)
+    except SlurmError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    except Interrupted as stopped:
+        kept = "; submitted SLURM tasks keep running" if config.backend == "slurm" else ""
+        print(
+            f"\ninterrupted: {stopped.args[0]} unfinished job(s) queued again (not counted as failed attempts)"
+            f"{kept}. Run the same command to continue.",
+            file=sys.stderr,
+        )
+        return 130
+    if failures:
+        print_failures(failures)
+        return 1
     return 0
 
 
 def cli() -> int:
     """``main`` for the command line: bad input ends with its message and exit code 2, not a traceback."""
-    return run_cli(main, errors=(StoreVersionError, StoreBusy))
+    return run_cli(main, errors=(ResultsBusy,))
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ running the report again updates it.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 from collections import defaultdict
 from collections.abc import Iterator, Sequence
@@ -23,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from finetune.manifest import JobSpec, recipe_hash
+from finetune.manifest import JobSpec, Results
 from pretrain.run_folder.layout import RUN_CONFIG_FILE
 from pretrain.tracking.wandb_logging import (
     check_credentials,
@@ -76,7 +77,7 @@ def job_run_id(spec: JobSpec) -> str:
 def job_group(spec: JobSpec, pretrain_group: str | None) -> str:
     """The jobs that differ only in seed (W&B aggregates a group into one mean line)."""
     base = pretrain_group or spec.run_name.replace("/", "-")
-    return f"{base}-{spec.task}-step{spec.pretrain_step}-lr{spec.lr:g}-{recipe_hash(spec.recipe)[:8]}"
+    return f"{base}-{spec.task}-step{spec.pretrain_step}-lr{spec.lr:g}-{spec.recipe_hash[:8]}"
 
 
 def model_norm_type(model_path: str) -> str:
@@ -101,7 +102,7 @@ def job_config(spec: JobSpec, pretraining: dict[str, Any]) -> dict[str, Any]:
         "task": spec.task,
         "lr": spec.lr,
         "seed": spec.seed,
-        "recipe_hash": recipe_hash(spec.recipe),
+        "recipe_hash": spec.recipe_hash,
         "recipe": spec.recipe,
         "snapshot_hash": spec.snapshot_hash,
         "model_path": spec.model_path,
@@ -125,15 +126,15 @@ class JobRun:
     def log_step(self, step: int, loss: float, lr: float) -> None:
         self.run.log({"train_step": step, "train/loss": loss, "train/lr": lr})
 
-    def finish(self, results: dict[str, Any]) -> None:
-        metrics = {k: results.get(k) for k in ("accuracy", "f1", "dev_loss")}
+    def finish(self, results: Results) -> None:
+        metrics = {"accuracy": results.accuracy, "f1": results.f1, "dev_loss": results.dev_loss}
         self.run.summary.update(
             {
                 **metrics,
                 **{f"{self.task}/{k}": v for k, v in metrics.items()},
-                "train_loss": results.get("train_loss"),
-                "train_steps": results.get("train_steps"),
-                "wall_time_s": results.get("wall_time_s"),
+                "train_loss": results.train_loss,
+                "train_steps": results.train_steps,
+                "wall_time_s": results.wall_time_s,
                 "status": "done",
             }
         )
@@ -198,7 +199,7 @@ class ReportSettings:
     project: str | None
     """W&B project; None: the pretraining runs' tracking.project (else lnbert)."""
     recipe_hash: str | None
-    """The fine-tuning recipe the report was restricted to; None: the store's only one, if it holds one."""
+    """The fine-tuning recipe the report was restricted to; None: the results' only one, if there is one."""
     tasks: list[str]
     target_loss: float | None
     out: str
@@ -216,7 +217,7 @@ class Figure5:
     points: list[dict[str, Any]]
     """The best-lr points of panels (b)-(d) (POINT_COLUMNS)."""
     rows: list[dict[str, Any]]
-    """The store's rows the points were drawn from (one per job: seed)."""
+    """The result rows the points were drawn from (one per job: seed)."""
     images: list[Path]
     baselines: dict[str, dict[str, float | None]]
     """Majority-class and chance accuracies by task."""
@@ -225,12 +226,13 @@ class Figure5:
 
 POINT_COLUMNS = ["task", "run", "norm_placement", "step", "lr", "seeds", "accuracy", "accuracy_ci", "accuracy_low",
                  "accuracy_high", "f1", "f1_ci", "dev_loss", "one_class_seeds", "one_class"]  # fmt: skip
-SEED_COLUMNS = ["run_name", "run_id", "placement", "pretrain_step", "task", "lr", "seed", "accuracy", "f1", "dev_loss",
-                "top_class_share", "majority_accuracy", "majority_f1", "recipe_hash", "snapshot_hash"]  # fmt: skip
+# The per-seed table: a job's name and placement, its key fields (the recipe by its hash) and its results.
+_KEYED = [f.name for f in dataclasses.fields(JobSpec) if f.metadata["role"] == "key" and f.name != "recipe"]
+SEED_COLUMNS = ["run_name", "placement", *_KEYED, "recipe_hash", *(f.name for f in dataclasses.fields(Results))]
 
 
 def of_runs(row: dict[str, Any], runs: Sequence[ReportedRun]) -> bool:
-    """A store row belongs to one of the runs (by run id: not by name, and wherever the folder is mounted)."""
+    """A result row belongs to one of the runs (by run id: not by name, and wherever the folder is mounted)."""
     return any(row["run_id"] == run.run_id for run in runs)
 
 
@@ -299,8 +301,7 @@ def _log_figure5_curves(wb: Any, runs: Sequence[ReportedRun], figure5: Figure5) 
     for p in figure5.points:
         by_step[p["step"]][f"figure5/{p['task']}_accuracy/{p['run']}"] = p["accuracy"]
         by_step[p["step"]][f"figure5/{p['task']}_best_lr/{p['run']}"] = p["lr"]
-        if p["dev_loss"] is not None:
-            by_step[p["step"]][f"figure5/{p['task']}_dev_loss/{p['run']}"] = p["dev_loss"]
+        by_step[p["step"]][f"figure5/{p['task']}_dev_loss/{p['run']}"] = p["dev_loss"]
     for step in sorted(by_step):
         wb.log({"pretrain_step": step, **by_step[step]})
 

@@ -25,6 +25,7 @@ from transformers import get_scheduler
 import pretrain.modeling  # noqa: F401  (registers the "lnbert" model type with the Auto classes)
 from finetune.config import FinetuneConfig
 from finetune.glue import Example, baseline_metrics, batches, compute_metrics, encode, get_task, load_task
+from finetune.manifest import Results
 from pretrain.common.device import pick_device
 from pretrain.common.hardware import cpu_bf16_warning
 from pretrain.optim import build_adamw
@@ -170,7 +171,7 @@ def finetune(
     seed: int,
     recipe: FinetuneConfig,
     on_step: Callable[[int, float, float], None] | None = None,
-) -> dict[str, Any]:
+) -> Results:
     """Train a classifier from ``model_path`` on ``data.train`` and score it on ``data.dev``; ``on_step(step,
     loss, lr)`` is called after every optimizer step (the W&B job run's training curve)."""
     from transformers import AutoConfig, AutoModelForSequenceClassification, set_seed
@@ -226,13 +227,12 @@ def finetune(
             bar.set_postfix(loss=f"{loss.item():.3f}")
     bar.close()
     result = evaluate(model, data.dev, recipe.eval_batch_size, data.pad_id, device, recipe.mixed_precision)
-    metrics = compute_metrics(get_task(task), result["labels"], result["predictions"])
-    return {
-        **metrics,
+    return Results(
+        **compute_metrics(get_task(task), result["labels"], result["predictions"]),
         **baseline_metrics(get_task(task), result["labels"], result["predictions"]),
-        "dev_loss": result["dev_loss"],
-        "train_loss": epoch_loss / steps_per_epoch,  # mean over the last epoch
-        "epochs": recipe.epochs,
-        "train_steps": total_steps,
-        "wall_time_s": time.perf_counter() - start,
-    }
+        dev_loss=result["dev_loss"],
+        train_loss=epoch_loss / steps_per_epoch,  # mean over the last epoch
+        epochs=recipe.epochs,
+        train_steps=total_steps,
+        wall_time_s=time.perf_counter() - start,
+    )

@@ -4,13 +4,15 @@
     python -m finetune.worker RESULTS/manifests/000007.json --index=2    # elsewhere
 
 A SLURM array task and a local worker process run this same code. A task reads only its manifest and writes
-only result files beside it (finetune/manifest.py); it never opens the results store. A job whose result file
-exists is skipped, so a requeued or repeated task continues where the first copy stopped.
+only result files beside it (finetune/manifest.py). A job whose result file exists is skipped, so a requeued or
+repeated task continues where the first copy stopped.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import hashlib
 import json
 import os
 import sys
@@ -19,22 +21,26 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from finetune.config import FinetuneConfig
-from finetune.manifest import JobSpec, Manifest, ManifestJob, ResultsFolder, load_manifest
-from finetune.store import ResultStore
+from finetune.manifest import JobSpec, Manifest, ManifestJob, Model, ResultsFolder, load_manifest
 from finetune.tracking import WandbSettings, job_run
+from pretrain.common.formats import RUN_FORMAT, check_format
 from pretrain.run_folder.identity import read_run_id
-from pretrain.run_folder.layout import SNAPSHOT_INFO, SNAPSHOT_MARKER, SNAPSHOTS, list_snapshots, run_folder_of
-from pretrain.run_folder.manifest import ManifestError, verify_manifest
+from pretrain.run_folder.layout import (
+    MANIFEST_FILE,
+    SNAPSHOT_INFO,
+    SNAPSHOT_MARKER,
+    SNAPSHOTS,
+    list_snapshots,
+    run_folder_of,
+)
+from pretrain.run_folder.manifest import SNAPSHOT_FIX, ManifestError, sha256_file, verify_manifest
 
 if TYPE_CHECKING:
     from finetune.train import DataCache
 
-# Recipe fields that say how a worker runs, not what it computes (left out of a job's key).
-RUNTIME_FIELDS = ("eval_batch_size", "torch_threads", "device", "progress")
-
 
 # --------------------------------------------------------------------------------------------------
-# Jobs: what a model's jobs are and the key they are stored under
+# Jobs: what a model's jobs are, and their key
 # --------------------------------------------------------------------------------------------------
 
 
@@ -120,11 +126,30 @@ def check_not_a_run_folder(path: Path) -> None:
     )
 
 
-def describe_model(model: str | Path, store: ResultStore) -> dict[str, Any]:
-    """The job-key fields of a model: run id, name and folder, placement, pretraining step, tokens seen, path, and
-    a content hash. A pretraining snapshot (RUN/snapshots/step_*, with snapshot.json) belongs to its run; any other
-    folder (or a snapshot copied out of its run) is a run of its own, named by its content, and a name that is not
-    a folder is a Hub model (step -1, hashed by name)."""
+def snapshot_hash(model_dir: Path) -> str:
+    """The content hash of a model folder, for its jobs' key: of a snapshot, the hash of its manifest's file listing
+    (every file's size and checksum, written once by pretraining: read here, never recomputed; the task checks the
+    files against it before their weights are used). A plain model folder (save_pretrained, no manifest) is hashed
+    here: its config.json and weight files."""
+    manifest = model_dir / MANIFEST_FILE
+    if manifest.is_file():
+        payload = json.loads(manifest.read_text())
+        check_format(payload, manifest, RUN_FORMAT, SNAPSHOT_FIX)
+        files = payload["files"]
+    else:
+        weights = sorted(model_dir.glob("*.safetensors")) or sorted(model_dir.glob("*.bin"))
+        if not weights or not (model_dir / "config.json").is_file():
+            raise FileNotFoundError(
+                f"{model_dir} is not a model folder: expected config.json and model.safetensors (save_pretrained)"
+            )
+        files = {p.name: sha256_file(p) for p in (model_dir / "config.json", *weights)}
+    return hashlib.sha256(json.dumps(files, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def describe_model(model: str | Path) -> Model:
+    """The model of a job. A pretraining snapshot (RUN/snapshots/step_*, with snapshot.json) belongs to its run;
+    any other folder (or a snapshot copied out of its run) is a run of its own, named by its content, and a name
+    that is not a folder is a Hub model (step -1, hashed by name)."""
     path = Path(model)
     if not path.is_dir():
         from transformers import AutoConfig
@@ -141,38 +166,30 @@ def describe_model(model: str | Path, store: ResultStore) -> dict[str, Any]:
                 f"--model {name!r} is neither a model folder nor a model found on the Hugging Face Hub: "
                 f"{str(err).splitlines()[0]}"
             ) from None
-        return {
-            "run_id": f"hub-{model}",
-            "run_name": str(model),
-            "run_dir": str(model),
-            "placement": _placement({}, config),
-            "pretrain_step": -1,
-            "tokens_seen": None,
-            "model_path": str(model),
-            "snapshot_hash": f"hub:{model}",
-        }
+        return Model(run_id=f"hub-{name}", run_name=name, run_dir=name, placement=_placement({}, config),
+                     pretrain_step=-1, tokens_seen=None, model_path=name, snapshot_hash=f"hub:{name}")  # fmt: skip
     check_not_a_run_folder(path)
     info = _read_json(path / SNAPSHOT_INFO)
     run_dir = run_folder_of(path) if info else path.resolve()
-    snapshot_hash = store.snapshot_hash(path)
-    return {
-        "run_id": _run_id(run_dir, snapshot_hash) if info else f"model-{snapshot_hash}",
-        "run_name": str(info.get("run_name", run_dir.name)),
-        "run_dir": str(run_dir),
-        "placement": _placement(info, _read_json(path / "config.json")),
-        "pretrain_step": int(info.get("step", -1)),
-        "tokens_seen": info.get("tokens_seen"),
-        "model_path": str(path.resolve()),
-        "snapshot_hash": snapshot_hash,
-    }
+    content = snapshot_hash(path)
+    return Model(
+        run_id=_run_id(run_dir, content) if info else f"model-{content}",
+        run_name=str(info.get("run_name", run_dir.name)),
+        run_dir=str(run_dir),
+        placement=_placement(info, _read_json(path / "config.json")),
+        pretrain_step=int(info.get("step", -1)),
+        tokens_seen=info.get("tokens_seen"),
+        model_path=str(path.resolve()),
+        snapshot_hash=content,
+    )
 
 
 def job_specs(
-    description: dict[str, Any], task: str, lrs: Sequence[float], seeds: Sequence[int], recipe: FinetuneConfig
+    model: Model, task: str, lrs: Sequence[float], seeds: Sequence[int], recipe: FinetuneConfig
 ) -> list[JobSpec]:
-    """One job per (lr, seed) for a described model and a task."""
+    """One job per (lr, seed) for a model and a task."""
     return [
-        JobSpec(**description, task=task, lr=float(lr), seed=int(seed), recipe=recipe.result_key())
+        JobSpec(**dataclasses.asdict(model), task=task, lr=float(lr), seed=int(seed), recipe=recipe.result_key())
         for lr in lrs
         for seed in seeds
     ]
@@ -193,9 +210,9 @@ def run_job(job: ManifestJob, manifest: Manifest, folder: ResultsFolder, cache: 
     try:
         folder.write_started(job, manifest.submission)  # from here on, this attempt counts (finetune/manifest.py)
         check_snapshot(Path(spec.model_path))
-        recipe = FinetuneConfig(**spec.recipe, **runtime["recipe"])
-        data = cache.get(spec.model_path, spec.task, runtime["data_dir"], recipe)
-        tracking = WandbSettings(**runtime["wandb"]) if runtime.get("wandb") else None
+        recipe = FinetuneConfig(**spec.recipe, **runtime.recipe)
+        data = cache.get(spec.model_path, spec.task, runtime.data_dir, recipe)
+        tracking = WandbSettings(**runtime.wandb) if runtime.wandb else None
         with job_run(spec, tracking) as tracked:
             results = finetune(
                 spec.model_path, spec.task, data, spec.lr, spec.seed, recipe, tracked.log_step if tracked else None
@@ -207,7 +224,7 @@ def run_job(job: ManifestJob, manifest: Manifest, folder: ResultsFolder, cache: 
         folder.write_failed(job, manifest.submission, error)
         print(f"job {spec.key} ({spec.task} lr={spec.lr:g} seed={spec.seed}) failed: {error}", flush=True)
         return "failed"
-    if not folder.write_done(job, results):
+    if not folder.write_done(job, manifest.submission, results):
         print(f"job {spec.key} was finished first by another copy of this task: this result is dropped", flush=True)
         return "duplicate"
     return "done"

@@ -104,7 +104,7 @@ pretrain post_ln small_post_ln --data.tokenizer="$tokenizer" & runs+=("$!:post_l
 pretrain pre_ln small_pre_ln --data.tokenizer="$tokenizer" & runs+=("$!:pre_ln")
 pretrain post_ln_lr3e-4 small_post_ln --data.tokenizer="$tokenizer" --optim.lr=3e-4 & runs+=("$!:post_ln_lr3e-4")
 python -m finetune.schedule --runs="[$OUT/post_ln, $OUT/pre_ln]" --data_dir="$GLUE" --tasks='[mrpc, rte]' \
-  --lrs="$lrs" --seeds="$seeds" --store="$OUT/finetune.sqlite" --mode=follow --workers="$FT_WORKERS" \
+  --lrs="$lrs" --seeds="$seeds" --results_dir="$OUT/finetune.d" --mode=follow --workers="$FT_WORKERS" \
   --total_threads="$FT_WORKERS" "${recipe[@]}" > "$OUT/finetune.log" 2>&1 &
 scheduler=$!
 if ! wait_each "${runs[@]}"; then
@@ -117,18 +117,18 @@ wait_each "$scheduler:finetune" || exit 1
 phase "   fine-tuning done"
 
 # 3. Figure 5.
-python -m finetune.report --runs="[$OUT/post_ln, $OUT/pre_ln, $OUT/post_ln_lr3e-4]" --store="$OUT/finetune.sqlite" \
+python -m finetune.report --runs="[$OUT/post_ln, $OUT/pre_ln, $OUT/post_ln_lr3e-4]" --results_dir="$OUT/finetune.d" \
   --tasks='[mrpc, rte]' --out="$OUT/report" > "$OUT/report.log" 2>&1
 phase "3. report written: $OUT/report/summary.md"
 
 # 4. The baseline without pretraining: the same architecture, tokenizer and recipe from random weights, one task
-#    per core. Stores of their own (another recipe than step 2's), one per task: a store has one writer at a time,
-#    and a second finetune.run on it stops at once.
+#    per core. Results folders of their own (another recipe than step 2's), one per task: a results folder has one
+#    writer of manifests at a time, and a second finetune.run on it stops at once.
 last=$(printf "%s/pre_ln/snapshots/step_%08d" "$OUT" "$STEPS")
 baseline=()
 for task in mrpc rte; do
   python -m finetune.run --model="$last" --task="$task" --data_dir="$GLUE" --lrs="$lrs" --seeds="$seeds" \
-    --store="$OUT/finetune_random_init_$task.sqlite" --recipe.torch_threads=1 --recipe.progress=false "${recipe[@]}" \
+    --results_dir="$OUT/finetune_random_init_$task.d" --recipe.torch_threads=1 --recipe.progress=false "${recipe[@]}" \
     --recipe.random_init=true > "$OUT/finetune_random_init_$task.log" 2>&1 &
   baseline+=("$!:finetune_random_init_$task")
 done

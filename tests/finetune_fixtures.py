@@ -17,7 +17,7 @@ import torch
 from transformers import PreTrainedTokenizerFast
 
 from finetune.glue import TASKS, read_tsv
-from finetune.manifest import JobSpec
+from finetune.manifest import JobSpec, Results
 from finetune.schedule import ScheduleConfig
 from pretrain.common.atomic import write_json
 from pretrain.common.cli import from_dict
@@ -126,7 +126,7 @@ def config_for(tmp_path: Path, runs: list[Path], **overrides: Any) -> ScheduleCo
     """A scheduler config over ``runs`` with the QUICK recipe on the fixture GLUE; ``overrides`` win."""
     values: dict[str, Any] = dict(
         runs=[str(r) for r in runs],
-        store=str(tmp_path / "results.sqlite"),
+        results_dir=str(tmp_path / "results.d"),
         tasks=["mrpc"],
         data_dir=str(FIXTURE_GLUE),
         lrs=[1e-3],
@@ -144,3 +144,10 @@ def job_spec(**overrides: Any) -> JobSpec:
                                   tokens_seen=None, model_path="/r/s", snapshot_hash="h", task="mrpc", lr=2e-5,
                                   seed=0, recipe={"epochs": 3})  # fmt: skip
     return JobSpec(**{**values, **overrides})
+
+
+def results(**overrides: Any) -> Results:
+    """A finished job's measurements with placeholder values; ``overrides`` win."""
+    values: dict[str, Any] = dict(accuracy=0.5, dev_loss=0.7, train_loss=0.7, epochs=1, train_steps=2, wall_time_s=1.0,
+                                  majority_accuracy=0.5, top_class_share=0.6)  # fmt: skip
+    return Results(**{**values, **overrides})

@@ -1,9 +1,10 @@
-"""GLUE loading, one fine-tuning run on a tiny snapshot, the results store and the fine-tuning CLI."""
+"""GLUE loading, one fine-tuning run on a tiny snapshot, what the results folder says of its jobs, and the
+fine-tuning CLI."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
-import sqlite3
 import sys
 from pathlib import Path
 from typing import Any
@@ -14,17 +15,28 @@ from torch import nn
 
 from finetune.config import FinetuneConfig
 from finetune.glue import TASKS, baseline_metrics, batches, encode, get_task, load_task, read_tsv
-from finetune.manifest import ManifestJob, ResultsFolder
+from finetune.manifest import INTERRUPTED, Manifest, ManifestJob, ResultsFolder, Runtime
+from finetune.report import ReportConfig
 from finetune.run import RunConfig, run
 from finetune.run import cli as run_cli
 from finetune.run import main as run_main
-from finetune.schedule import ScheduleConfig, discover
-from finetune.store import ADDED_RESULT_COLUMNS, SCHEMA_VERSION, ResultStore, StoreVersionError
+from finetune.schedule import ScheduleConfig, StatusConfig, discover, retried, runnable
+from finetune.schedule import main as schedule_main
 from finetune.train import make_optimizer, make_scheduler
-from finetune.worker import describe_model, job_specs
+from finetune.worker import describe_model, job_specs, snapshot_hash
+from pretrain.common.atomic import write_json
 from pretrain.common.cli import ConfigError, from_dict, load_yaml, parse
+from pretrain.common.formats import FormatVersionError
 from pretrain.run_folder.layout import SNAPSHOT_INFO
-from tests.finetune_fixtures import FIXTURE_GLUE, QUICK, job_spec, make_run, tiny_tokenizer, write_snapshot
+from tests.finetune_fixtures import (
+    FIXTURE_GLUE,
+    QUICK,
+    job_spec,
+    make_run,
+    results,
+    tiny_tokenizer,
+    write_snapshot,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -147,7 +159,7 @@ def test_dynamic_padding_pads_to_batch_longest() -> None:
 
 
 # --------------------------------------------------------------------------------------------------
-# Fine-tuning and the store
+# Fine-tuning, and what the results folder says of its jobs
 # --------------------------------------------------------------------------------------------------
 
 
@@ -189,24 +201,44 @@ def test_one_job_key_for_a_snapshot_however_it_is_found(tmp_path: Path) -> None:
     info = json.loads((snapshot / SNAPSHOT_INFO).read_text())
     del info["run_name"], info["norm_placement"]
     (snapshot / SNAPSHOT_INFO).write_text(json.dumps(info))
-    with ResultStore(tmp_path / "results.sqlite") as store:
-        described = describe_model(str(snapshot), store)
-        discovered = discover(ScheduleConfig(runs=[str(run_dir)], lrs=[1e-3], seeds=[0], tasks=["mrpc"]), store)
-    assert described["run_name"] == "post_ln" and described["placement"] == "post"  # run folder; config.json
-    assert described["run_dir"] == str(run_dir.resolve()) and described["pretrain_step"] == 10
-    assert {k: getattr(discovered[0], k) for k in described} == described
+    described = describe_model(str(snapshot))
+    discovered = discover(ScheduleConfig(runs=[str(run_dir)], lrs=[1e-3], seeds=[0], tasks=["mrpc"]))
+    assert described.run_name == "post_ln" and described.placement == "post"  # run folder; config.json
+    assert described.run_dir == str(run_dir.resolve()) and described.pretrain_step == 10
+    (spec,) = job_specs(described, "mrpc", [1e-3], [0], FinetuneConfig())
+    assert discovered == [spec]
 
 
-def quick_run(snapshot: Path, task: str, store: Path, seeds: list[int] | None = None, **recipe: Any) -> RunConfig:
+def test_a_snapshots_hash_is_read_from_its_manifest(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Describing a snapshot reads no weights: its manifest lists every file's checksum. The task checks the files
+    against it before their weights are used (test_finetune_schedule.py)."""
+    from finetune import worker
+
+    snapshot = make_run(tmp_path, "post_ln", "post", steps=(10,)) / "snapshots" / "step_00000010"
+    expected = snapshot_hash(snapshot)
+    monkeypatch.setattr(worker, "sha256_file", lambda path: pytest.fail(f"{path} was hashed"))
+    assert describe_model(str(snapshot)).snapshot_hash == expected
+
+
+def test_recipe_and_runtime_fields_are_declared_once() -> None:
+    """The recipe's roles (pretrain/common/roles.py) split it into the job key's fields and the worker's runtime."""
+    recipe = FinetuneConfig(torch_threads=3, device="cpu")
+    assert recipe.runtime() == {"eval_batch_size": 64, "torch_threads": 3, "device": "cpu", "progress": True}
+    assert set(recipe.result_key()) | set(recipe.runtime()) == set(dataclasses.asdict(recipe))
+    assert not set(recipe.result_key()) & set(recipe.runtime())
+    assert job_spec(recipe=FinetuneConfig(device="cpu").result_key()).key == job_spec(recipe=recipe.result_key()).key
+
+
+def quick_run(snapshot: Path, task: str, folder: Path, seeds: list[int] | None = None, **recipe: Any) -> RunConfig:
     """finetune.run's config for ``snapshot`` on the fixture GLUE at lr 1e-3 with the QUICK recipe."""
     return RunConfig(model=str(snapshot), task=task, data_dir=str(FIXTURE_GLUE), lrs=[1e-3], seeds=seeds or [0],
-                     store=str(store), recipe=FinetuneConfig(**QUICK, **recipe))  # fmt: skip
+                     results_dir=str(folder), recipe=FinetuneConfig(**QUICK, **recipe))  # fmt: skip
 
 
 def test_finetune_writes_rows_then_skips_them(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     run_dir = make_run(tmp_path, "pre_ln", "pre", steps=(10,))
     snapshot = run_dir / "snapshots" / "step_00000010"
-    config = quick_run(snapshot, "mrpc", tmp_path / "results.sqlite", seeds=[0, 1])
+    config = quick_run(snapshot, "mrpc", tmp_path / "results.d", seeds=[0, 1])
     rows = run(config)
     assert "Loading weights" not in capsys.readouterr().err  # no loading bar per job
     assert [(r["status"], r["seed"], r["attempts"]) for r in rows] == [("done", 0, 1), ("done", 1, 1)]
@@ -223,23 +255,23 @@ def test_finetune_writes_rows_then_skips_them(tmp_path: Path, capsys: pytest.Cap
     assert row["majority_accuracy"] == 0.5 and 0.5 <= row["top_class_share"] <= 1.0
     assert (row["epochs"], row["train_steps"]) == (1, 2)
     assert row["run_id"] == (run_dir / "run_id").read_text().strip()
-    with ResultStore(config.store) as store:
-        submitted = sum(e["event"] == "submitted" for e in store.events())
+    folder = ResultsFolder(config.results_dir)
+    (manifest,) = folder.manifests()  # one submission of both jobs
+    assert [job.spec.seed for job in manifest.jobs] == [0, 1]
     assert run(config) == rows  # the second invocation recomputes nothing
-    with ResultStore(config.store) as store:
-        assert sum(e["event"] == "submitted" for e in store.events()) == submitted == 2
+    assert len(folder.manifests()) == 1
     assert len(list((tmp_path / "results.d" / "done").glob("*.json"))) == 2  # one result file per job
 
 
 def test_finetune_run_takes_over_the_jobs_of_a_killed_run(tmp_path: Path) -> None:
     snapshot = make_run(tmp_path, "pre_ln", "pre", steps=(10,)) / "snapshots" / "step_00000010"
-    config = quick_run(snapshot, "mrpc", tmp_path / "results.sqlite")
-    with ResultStore(config.store) as store:  # what a run killed inside its job leaves behind
-        (spec,) = job_specs(describe_model(config.model, store), "mrpc", [1e-3], [0], config.recipe)
-        store.enqueue([spec])
-        submission = store.new_submission("inprocess", 1)
-        store.mark_submitted(submission, "m.json", [(spec.key, 1, 0)])
-    ResultsFolder(tmp_path / "results.d").write_started(ManifestJob(spec=spec, attempt=1), submission)
+    config = quick_run(snapshot, "mrpc", tmp_path / "results.d")
+    (spec,) = job_specs(describe_model(config.model), "mrpc", [1e-3], [0], config.recipe)
+    folder = ResultsFolder(config.results_dir)  # what a run killed inside its job leaves behind:
+    job = ManifestJob(spec=spec, attempt=1)
+    folder.write_manifest(Manifest(1, "inprocess", 1, Runtime(None, {}, None), [job]))  # its manifest,
+    folder.write_started(job, 1)  # and the start of its job
+    assert folder.jobs()[spec.key].status == "submitted"
     (row,) = run(config)
     assert (row["status"], row["attempts"]) == ("done", 1)  # in-process, the job died with its run: not counted
 
@@ -248,7 +280,7 @@ def test_finetune_is_deterministic_given_seed(tmp_path: Path) -> None:
     snapshot = make_run(tmp_path, "post_ln", "post", steps=(10,)) / "snapshots" / "step_00000010"
     results = []
     for name in ("a", "b"):
-        config = quick_run(snapshot, "rte", tmp_path / f"{name}.sqlite", seeds=[3])
+        config = quick_run(snapshot, "rte", tmp_path / f"{name}.d", seeds=[3])
         (row,) = run(config)
         results.append((row["dev_loss"], row["accuracy"], row["f1"], row["train_loss"]))
     assert results[0] == results[1]
@@ -261,7 +293,7 @@ def test_recipe_variants_are_stored_apart(tmp_path: Path, variant: dict) -> None
     snapshot = make_run(tmp_path, "post_ln", "post", steps=(10,)) / "snapshots" / "step_00000010"
     rows = {}
     for name, extra in (("base", {}), ("variant", variant)):
-        config = quick_run(snapshot, "rte", tmp_path / "results.sqlite", **extra)
+        config = quick_run(snapshot, "rte", tmp_path / "results.d", **extra)
         (rows[name],) = run(config)
     assert rows["variant"]["recipe_hash"] != rows["base"]["recipe_hash"]
     assert rows["variant"]["key"] != rows["base"]["key"]
@@ -272,47 +304,70 @@ def test_recipe_variants_are_stored_apart(tmp_path: Path, variant: dict) -> None
 def test_rewritten_snapshot_gets_a_new_hash(tmp_path: Path) -> None:
     run_dir = make_run(tmp_path, "post_ln", "post", steps=(10,))
     path = run_dir / "snapshots" / "step_00000010"
-    with ResultStore(tmp_path / "s.sqlite") as store:
-        first = store.snapshot_hash(path)
-        assert store.snapshot_hash(path) == first
-        write_snapshot(run_dir, "post_ln", "post", 10, seed=123)  # other weights in the same folder
-        assert store.snapshot_hash(path) != first
+    first = snapshot_hash(path)
+    assert snapshot_hash(path) == first
+    write_snapshot(run_dir, "post_ln", "post", 10, seed=123)  # other weights in the same folder
+    assert snapshot_hash(path) != first
 
 
-def test_store_takes_in_result_and_failure_files(tmp_path: Path) -> None:
+def test_the_folder_says_what_each_job_is(tmp_path: Path) -> None:
+    """Status, attempts and errors come from the files alone: a manifest, its ended tasks, started, failed and
+    result files; nothing is taken in or cached."""
     folder = ResultsFolder(tmp_path / "results")
-    with ResultStore(tmp_path / "s.sqlite") as store:
-        assert store.enqueue([job_spec(), job_spec(seed=1)]) == 2
-        assert store.enqueue([job_spec(model_path="/moved/s")]) == 0
-        assert store.rows()[0]["model_path"] == "/moved/s"  # where the snapshot is now
-        submission = store.new_submission("local", 1)
-        store.mark_submitted(submission, "m.json", [(job_spec().key, 1, 0), (job_spec(seed=1).key, 1, 0)])
-        folder.write_failed(ManifestJob(job_spec(seed=1), 1), submission, "OSError: disk full")
-        folder.write_done(ManifestJob(job_spec(), 1), {"accuracy": 0.9})
-        assert store.ingest(folder) == (1, 1) and store.ingest(folder) == (0, 0)  # idempotent
-        done, failed = store.rows()
-        assert (done["status"], done["accuracy"], failed["status"], failed["error"]) == (
-            "done",
-            0.9,
-            "failed",
-            "OSError: disk full",
-        )
-        assert [spec.seed for spec, attempts in store.runnable(max_attempts=2)] == [1]
-        assert store.runnable(max_attempts=1) == [] and len(store.failures(max_attempts=1)) == 1
-        assert store.counts(2)[("r", "r-1", "mrpc")] == {
-            "queued": 0,
-            "submitted": 0,
-            "done": 1,
-            "failed": 0,
-            "retrying": 1,
-        }
-        # After --retry_failed, the old attempt's failure file no longer counts against the new round.
-        assert store.retry_failed() == 1
-        second = store.new_submission("local", 1)
-        store.mark_submitted(second, "m2.json", [(job_spec(seed=1).key, 1, 0)])
-        assert store.ingest(folder) == (0, 0) and store.rows()[1]["status"] == "submitted"
-        assert store.tasks_ended(second, [0], {0: "sacct: TIMEOUT"}) == 1
-        assert "ended without a result (sacct: TIMEOUT)" in store.rows()[1]["error"]
+    a, b, c = job_spec(), job_spec(seed=1), job_spec(seed=2)
+    runtime = Runtime(None, {}, None)
+    jobs = [ManifestJob(spec, 1) for spec in (a, b, c)]
+    folder.write_manifest(Manifest(1, "local", 1, runtime, jobs))
+    assert {s.status for s in folder.jobs().values()} == {"submitted"}
+    folder.write_failed(jobs[1], 1, "OSError: disk full")
+    folder.write_done(jobs[0], 1, results(accuracy=0.9))
+    states = folder.jobs()  # at once: what a task wrote is what the folder says
+    assert (states[a.key].status, states[a.key].results.accuracy) == ("done", 0.9)
+    assert (states[b.key].status, states[b.key].attempts, states[b.key].error) == ("failed", 1, "OSError: disk full")
+    assert states[c.key].status == "submitted"
+    # Its task ends (SLURM's TIMEOUT) after starting job c: that attempt is charged; an interrupt charges none.
+    folder.write_started(jobs[2], 1)
+    folder.write_manifest(Manifest(1, "local", 1, runtime, jobs, ended={0: "sacct: TIMEOUT"}))
+    states = folder.jobs()
+    assert (states[c.key].status, states[c.key].attempts) == ("failed", 1)
+    assert states[c.key].error == "task 0 of submission 1 ended without a result (sacct: TIMEOUT)"
+    folder.write_manifest(Manifest(1, "local", 1, runtime, jobs, ended={0: INTERRUPTED}))
+    assert (folder.jobs()[c.key].status, folder.jobs()[c.key].attempts) == ("queued", 0)
+    # What to run: the failed job while it has attempts left, a moved one with its spec as found now.
+    moved = job_spec(seed=2, model_path="/moved/s")
+    assert moved.key == c.key and runnable(folder.jobs(), [a, b, moved], max_attempts=2) == [(b, 1), (moved, 0)]
+    assert runnable(folder.jobs(), [b], max_attempts=1) == []
+    # --retry_failed: a fresh count until a submission records the new attempt; the old failure no longer counts.
+    (reset,) = retried(folder.jobs(), [b]).values()
+    assert (reset.status, reset.attempts) == ("queued", 0)
+    folder.write_manifest(Manifest(2, "local", 1, runtime, [ManifestJob(b, 1)]))
+    assert (folder.jobs()[b.key].status, folder.jobs()[b.key].attempts) == ("submitted", 1)
+
+
+def test_status_never_lags_the_folder(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A result file a task writes is in the next status listing, with nothing in between."""
+    folder = ResultsFolder(tmp_path / "results")
+    job = ManifestJob(job_spec(), 1)
+    folder.write_manifest(Manifest(1, "slurm", 1, Runtime(None, {}, None), [job], handle="1000"))
+    argv = ["status", f"--results_dir={folder.root}"]
+    assert schedule_main(argv) == 0
+    assert capsys.readouterr().out.splitlines()[-1].split()[1:] == ["0", "1", "0", "0", "0"]
+    folder.write_done(job, 1, results())  # as the array task does, while no scheduler runs
+    assert schedule_main(argv) == 0
+    assert capsys.readouterr().out.splitlines()[-1].split()[1:] == ["0", "0", "1", "0", "0"]
+    with pytest.raises(FileNotFoundError, match=r"results folder .*nothing does not exist; pass --results_dir"):
+        schedule_main(["status", f"--results_dir={tmp_path / 'nothing'}"])
+
+
+def test_a_results_folder_of_another_format_is_refused_with_what_to_do(tmp_path: Path) -> None:
+    folder = ResultsFolder(tmp_path / "results")
+    write_json(folder.done_path("k"), {"version": 1, "key": "k"})  # as the results store's version wrote them
+    with pytest.raises(FormatVersionError, match=r"done/k\.json has no format_version .*finish that results folder "
+                                                 r"with the checkout that wrote it, or point --results_dir at a new"):  # fmt: skip
+        folder.jobs()
+    write_json(folder.manifest_path(1), {"format_version": 99})
+    with pytest.raises(FormatVersionError, match=r"000001\.json has format_version 99; this code reads format_versi"):
+        folder.manifests()
 
 
 def test_baseline_metrics_of_a_model_that_answers_one_class() -> None:
@@ -328,33 +383,6 @@ def test_baseline_metrics_of_a_model_that_answers_one_class() -> None:
     assert rte == {"majority_accuracy": pytest.approx(279 / 408), "top_class_share": pytest.approx(279 / 408)}
 
 
-def test_store_created_before_the_baseline_columns_gets_them(tmp_path: Path) -> None:
-    path = tmp_path / "s.sqlite"
-    ResultStore(path).close()
-    with sqlite3.connect(path) as db:
-        for column in ADDED_RESULT_COLUMNS:
-            db.execute(f"ALTER TABLE jobs DROP COLUMN {column}")
-    with ResultStore(path) as store:
-        folder = ResultsFolder(tmp_path / "results")
-        folder.write_done(ManifestJob(job_spec(), 1), {"accuracy": 0.9, "top_class_share": 1.0})
-        store.ingest(folder)
-        assert store.rows()[0]["top_class_share"] == 1.0 and store.rows()[0]["majority_accuracy"] is None
-
-
-def test_store_from_newer_schema_is_refused(tmp_path: Path) -> None:
-    path = tmp_path / "s.sqlite"
-    ResultStore(path).close()
-    with sqlite3.connect(path) as db:
-        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
-        db.execute(f"PRAGMA user_version = {SCHEMA_VERSION + 1}")
-    with pytest.raises(StoreVersionError, match=r"schema version 3, newer than this code's 2.*Upgrade"):
-        ResultStore(path)
-    with sqlite3.connect(path) as db:
-        db.execute("PRAGMA user_version = 1")
-    with pytest.raises(StoreVersionError, match=r"schema version 1 \(jobs keyed by run name.*Move the old file aside"):
-        ResultStore(path)
-
-
 # --------------------------------------------------------------------------------------------------
 # Configuration and CLI
 # --------------------------------------------------------------------------------------------------
@@ -367,8 +395,24 @@ def test_presets_parse(preset: Path) -> None:
 
 
 def test_mixed_precision_choices_are_checked() -> None:
-    with pytest.raises(ValueError, match=r"recipe\.mixed_precision must be 'no' or 'bf16'; got 'fp16'"):
-        FinetuneConfig(mixed_precision="fp16")
+    with pytest.raises(ConfigError, match=r"recipe\.mixed_precision must be one of no, bf16; got 'fp16'"):
+        parse(RunConfig, ["--model=m", "--recipe.mixed_precision=fp16"], prog="test")
+
+
+@pytest.mark.parametrize("cls", [RunConfig, ScheduleConfig, StatusConfig, ReportConfig], ids=lambda c: c.__name__)
+def test_the_store_option_names_the_results_folder(cls: type) -> None:
+    required = {RunConfig: ["--model=m"], ScheduleConfig: ["--runs=[r]"], ReportConfig: ["--runs=[r]"]}
+    message = (
+        r"store: the results store is gone.*--results_dir=FOLDER instead \(default outputs/finetune/results"
+        r"\.d\)\. The results folder of --store=x/s\.sqlite \(x/s\.d\) is of an earlier format"
+    )
+    with pytest.raises(ConfigError, match=message):
+        parse(cls, [*required.get(cls, []), "--store=x/s.sqlite"], prog="test")
+
+
+def test_ingest_names_what_replaces_it() -> None:
+    with pytest.raises(ConfigError, match=r"ingest is gone.*finetune\.schedule status --results_dir=outputs/finetune"):
+        schedule_main(["ingest", "--max_attempts=2"])
 
 
 def test_cli_overrides_and_errors(capsys: pytest.CaptureFixture[str]) -> None:
@@ -418,7 +462,7 @@ def test_a_run_folder_as_model_names_its_snapshots_and_the_scheduler(tmp_path: P
     run_dir = make_run(tmp_path, "lnbert-post", steps=(10, 20))
     with pytest.raises(ValueError, match=r"is a pretraining run folder, not a model; its complete snapshots: .*"
                                          r"step_00000010, .*step_00000020\. .*finetune\.schedule --runs="):  # fmt: skip
-        run(quick_run(run_dir, "mrpc", tmp_path / "results.sqlite"))
+        run(quick_run(run_dir, "mrpc", tmp_path / "results.d"))
 
 
 def test_jobs_that_failed_every_attempt_point_to_retry_failed(

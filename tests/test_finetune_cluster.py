@@ -1,6 +1,6 @@
 """Fine-tuning at cluster scale: array tasks that only see a manifest and write result files (fake SLURM),
-exactly-once results under kills, requeues and duplicate runs, the store rebuilt from result files, run
-identity, retrying failed jobs with corrected input, follow mode ending on a dead run, orphaned workers."""
+exactly-once results under kills, requeues and duplicate runs, the jobs as the results folder says, run identity,
+retrying failed jobs with corrected input, follow mode ending on a dead run, orphaned workers."""
 
 from __future__ import annotations
 
@@ -14,39 +14,33 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from finetune.manifest import JobSpec, ManifestJob, ResultsFolder
+from finetune.manifest import ManifestJob, ResultsFolder
 from finetune.report import ReportConfig, report
-from finetune.schedule import ScheduleConfig, main, parse_until, run_state, schedule
-from finetune.store import ResultStore
+from finetune.schedule import ScheduleConfig, main, parse_until, run_state, schedule, status_lines
 from tests.fake_slurm import FakeSlurm
-from tests.finetune_fixtures import FIXTURE_GLUE, QUICK, config_for, job_spec, make_run
+from tests.finetune_fixtures import FIXTURE_GLUE, QUICK, config_for, job_spec, make_run, results
 
 ROOT = Path(__file__).resolve().parents[1]
-# Columns that hold what a job is and what it produced (not when this store happened to learn it).
-SAME = ("key", "run_id", "run_name", "pretrain_step", "snapshot_hash", "task", "lr", "seed", "recipe_hash")
-SAME += ("recipe", "status", "attempts", "error", "accuracy", "f1", "dev_loss", "train_loss", "train_steps")
 
 
 def rows(config: ScheduleConfig, status: str | None = None) -> list[dict[str, Any]]:
-    with ResultStore(config.store) as store:
-        return store.rows(status)
+    states = ResultsFolder(config.results_dir).jobs().values()
+    return [s.row() for s in states if status is None or s.status == status]
 
 
 def folder(config: ScheduleConfig) -> ResultsFolder:
-    return ResultsFolder(Path(config.store).with_suffix(".d"))
+    return ResultsFolder(config.results_dir)
 
 
 def done_files(config: ScheduleConfig) -> dict[str, dict[str, Any]]:
-    """Result files by key (a key twice would be a job recorded twice)."""
-    files = folder(config).done_files()
-    by_key = {f["key"]: f for f in files}
-    assert len(by_key) == len(files)
-    return by_key
+    """Result files by key, as written (one file per key: a job is never recorded twice)."""
+    return {path.stem: json.loads(path.read_text()) for path in (Path(config.results_dir) / "done").glob("*.json")}
 
 
 @pytest.fixture
@@ -128,12 +122,10 @@ def test_task_preempted_without_requeue_is_found_and_resubmitted(tmp_path: Path,
     assert [c["job"] for c in slurm.calls()] == [1000, 1001]  # the missing results were submitted again
     done = rows(config, "done")
     # Only a job the preempted task had started is charged the attempt; one it never reached is not.
-    started = {r["key"]: folder(config).was_started(r["key"], 1) for r in done}
+    started = {r["key"]: folder(config).started_path(r["key"], 1).is_file() for r in done}
     assert len(done) == 2 and all(r["attempts"] == 1 + started[r["key"]] for r in done)
-    with ResultStore(config.store) as store:
-        ended = [e for e in store.events() if e["event"] in ("failed", "not_started")]
-    assert sorted(e["key"] for e in ended) == sorted(started) and all("sacct: PREEMPTED" in e["detail"] for e in ended)
-    assert all((e["event"] == "failed") == started[e["key"]] for e in ended)
+    first, second = folder(config).manifests()
+    assert first.ended == {0: "sacct: PREEMPTED"} and second.ended == {0: "sacct: COMPLETED"}
     manifest = json.loads(folder(config).manifest_path(2).read_text())
     assert {j["key"]: j["attempt"] for j in manifest["jobs"]} == {k: 1 + s for k, s in started.items()}
 
@@ -159,30 +151,26 @@ def test_duplicate_copies_and_a_task_run_twice_record_each_job_once(
     slurm.wait_until(lambda: slurm.tasks()["1000_0"]["state"] == "COMPLETED" and slurm.tasks()["1000_0"]["runs"] == 2)
     assert task_counts(tmp_path / "slurm")[-1]["skipped"] == 2
     assert {key: folder(config).done_path(key).read_bytes() for key in files} == before
-    assert main(["ingest", f"--store={config.store}"]) == 0
     assert rows(config, "done") == done_rows
 
 
 # --------------------------------------------------------------------------------------------------
-# The store: rebuilt from result files; results keyed by run identity
+# The results folder alone: a new scheduler continues from it; results keyed by run identity
 # --------------------------------------------------------------------------------------------------
 
 
-def test_store_rebuilt_from_result_files_gives_the_same_rows(tmp_path: Path) -> None:
+def test_a_scheduler_started_again_has_nothing_to_redo(tmp_path: Path) -> None:
     good = make_run(tmp_path, "pre_ln", "pre", steps=(10, 20))
     bad = make_run(tmp_path, "post_ln", "post", steps=(10,))
     (bad / "snapshots" / "step_00000010" / "model.safetensors").write_bytes(b"not a safetensors file")
     config = config_for(tmp_path, [good, bad], seeds=[0, 1], max_attempts=2)
     failures = schedule(config)
-    assert len(failures) == 2 and all(f["attempts"] == 2 and "Error" in f["error"] for f in failures)
-    before = [{c: r[c] for c in SAME} for r in rows(config)]
+    assert len(failures) == 2 and all(f.attempts == 2 and "Error" in f.error for f in failures)
+    before = rows(config)
     assert sorted(r["status"] for r in before) == ["done"] * 4 + ["failed"] * 2
-    Path(config.store).unlink()
-    assert main(["ingest", f"--store={config.store}"]) == 0
-    assert [{c: r[c] for c in SAME} for r in rows(config)] == before
-    schedule(config)  # and the scheduler itself, on the rebuilt store, has nothing to redo
-    with ResultStore(config.store) as store:
-        assert not [e for e in store.events() if e["event"] == "submitted"]
+    submissions = len(folder(config).manifests())
+    assert len(schedule(config)) == 2  # the same command again: the files say what is done and what failed
+    assert len(folder(config).manifests()) == submissions and rows(config) == before
 
 
 def test_two_runs_of_one_name_stay_apart_and_a_moved_run_keeps_its_results(tmp_path: Path) -> None:
@@ -194,9 +182,9 @@ def test_two_runs_of_one_name_stay_apart_and_a_moved_run_keeps_its_results(tmp_p
     assert schedule(config) == []
     done = rows(config, "done")
     assert len(done) == 4 and len({r["run_id"] for r in done}) == 2
-    with ResultStore(config.store) as store:
-        assert len(store.counts(3)) == 2  # two lines in the status table, not one
-    result = report(ReportConfig(runs=[str(a), str(b), str(c)], store=config.store, out=str(tmp_path / "fig")))
+    assert len(status_lines(folder(config).jobs(), 3)) == 4  # two lines in the status table, not one
+    result = report(ReportConfig(runs=[str(a), str(b), str(c)], results_dir=config.results_dir,
+                                 out=str(tmp_path / "fig")))  # fmt: skip
     points = {p["run"]: p for p in result["points"]}
     ids = [(run / "run_id").read_text().strip() for run in (a, b)]
     assert sorted(points) == sorted(f"post_ln (post) [{i}]" for i in ids)  # and c borrows nobody's rows
@@ -205,32 +193,32 @@ def test_two_runs_of_one_name_stay_apart_and_a_moved_run_keeps_its_results(tmp_p
     moved = shutil.move(str(a), str(tmp_path / "elsewhere"))
     assert schedule(config_for(tmp_path, [Path(moved)], seeds=[0, 1])) == []
     assert len(rows(config)) == 4
-    result = report(ReportConfig(runs=[moved], store=config.store, out=str(tmp_path / "fig2")))
+    result = report(ReportConfig(runs=[moved], results_dir=config.results_dir, out=str(tmp_path / "fig2")))
     assert [p["seeds"] for p in result["points"]] == [2]
 
 
 def test_report_refuses_one_run_given_twice(tmp_path: Path) -> None:
     a = make_run(tmp_path, "post_ln", "post", steps=(10,))
     with pytest.raises(ValueError, match="names one run twice"):
-        report(ReportConfig(runs=[str(a), str(a)], store=str(tmp_path / "s.sqlite"), out=str(tmp_path / "f")))
+        report(ReportConfig(runs=[str(a), str(a)], results_dir=str(tmp_path / "s.d"), out=str(tmp_path / "f")))
 
 
 def test_result_files_follow_the_umask_and_the_first_copy_wins(tmp_path: Path) -> None:
     spec = job_spec(run_id="r1", run_dir="/x", model_path="/x/m", pretrain_step=10, lr=1e-3, recipe={"epochs": 1})
-    results = ResultsFolder(tmp_path / "results")
+    done = ResultsFolder(tmp_path / "results")
     old = os.umask(0o022)
     try:
-        assert results.write_done(ManifestJob(spec, 1), {"accuracy": 0.5})
-        assert not results.write_done(ManifestJob(spec, 2), {"accuracy": 0.9})  # a second copy is dropped
+        assert done.write_done(ManifestJob(spec, 1), 1, results(accuracy=0.5))
+        assert not done.write_done(ManifestJob(spec, 2), 2, results(accuracy=0.9))  # a second copy is dropped
     finally:
         os.umask(old)
-    path = results.done_path(spec.key)
+    path = done.done_path(spec.key)
     assert path.stat().st_mode & 0o777 == 0o644
     assert json.loads(path.read_text())["results"]["accuracy"] == 0.5
     assert [p.name for p in path.parent.iterdir()] == [path.name]  # no temporary file left behind
     # The key ignores where the run is and what it is called, not which run it is.
-    moved = JobSpec(**{**spec.to_dict(), "run_dir": "/y", "model_path": "/y/m", "run_name": "renamed"})
-    assert moved.key == spec.key and JobSpec(**{**spec.to_dict(), "run_id": "r2"}).key != spec.key
+    moved = replace(spec, run_dir="/y", model_path="/y/m", run_name="renamed", placement="?", tokens_seen=5)
+    assert moved.key == spec.key and replace(spec, run_id="r2").key != spec.key
 
 
 # --------------------------------------------------------------------------------------------------
@@ -239,8 +227,8 @@ def test_result_files_follow_the_umask_and_the_first_copy_wins(tmp_path: Path) -
 
 
 def cli_args(config: ScheduleConfig) -> list[str]:
-    args = [f"--runs={json.dumps(config.runs)}", f"--store={config.store}", "--tasks=[mrpc]", "--lrs=[1e-3]"]
-    args += ["--seeds=[0]", "--poll_interval_s=0.2", "--mode=once"]
+    args = [f"--runs={json.dumps(config.runs)}", f"--results_dir={config.results_dir}", "--tasks=[mrpc]"]
+    args += ["--lrs=[1e-3]", "--seeds=[0]", "--poll_interval_s=0.2", "--mode=once"]
     args += [f"--recipe.{k}={json.dumps(v)}" for k, v in QUICK.items()]
     return args
 
@@ -306,9 +294,8 @@ def test_killed_scheduler_stops_its_workers_and_a_restart_records_each_job_once(
     while not done_files(config):
         assert process.poll() is None and time.time() < deadline
         time.sleep(0.1)
-    with ResultStore(config.store) as store:
-        (submission,) = store.open_submissions()
-    workers = [int(p) for p in submission["handle"].split(":")[1].split(",")]
+    (manifest,) = folder(config).manifests()
+    workers = [int(p) for p in manifest.handle.split(":")[1].split(",")]
     os.kill(process.pid, signal.SIGKILL)
     process.wait()
     killed_at = len(done_files(config))

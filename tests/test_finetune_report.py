@@ -13,9 +13,8 @@ import pytest
 from finetune.manifest import JobSpec, ManifestJob, ResultsFolder
 from finetune.report import ReportConfig, clipped_interval, confidence_interval, report, steps_to_loss
 from finetune.report import main as report_main
-from finetune.store import ResultStore
 from pretrain.run_folder.identity import ensure_run_id, read_run_id
-from tests.finetune_fixtures import set_status
+from tests.finetune_fixtures import job_spec, results, set_status
 from tests.wandb_records import read_runs
 
 # Synthetic validation curves: Post-LN falls 1 per 100 steps, Pre-LN 1 per 60 steps.
@@ -44,12 +43,12 @@ def write_run(root: Path, name: str, placement: str, curve: dict[int, float]) ->
 
 
 def write_results(
-    store_path: Path, runs: dict[str, Path], results: dict[tuple[str, int, float], list[float]] = RESULTS
+    root: Path, runs: dict[str, Path], accuracies_of: dict[tuple[str, int, float], list[float]] = RESULTS
 ) -> None:
-    """Result files as array tasks write them, taken into the store as the scheduler does. An accuracy at
-    the dev set's majority (0.68) or minority (0.32) share is a job that answered one class."""
-    folder = ResultsFolder(store_path.with_suffix(".d"))
-    for (name, step, lr), accuracies in results.items():
+    """Result files as array tasks write them (the report reads them as they are). An accuracy at the dev set's
+    majority (0.68) or minority (0.32) share is a job that answered one class."""
+    folder = ResultsFolder(root)
+    for (name, step, lr), accuracies in accuracies_of.items():
         for task in ("mrpc", "rte"):
             for seed, accuracy in enumerate(accuracies):
                 spec = JobSpec(
@@ -68,11 +67,10 @@ def write_results(
                 )
                 f1 = accuracy - 0.1 if task == "mrpc" else None
                 one_class = accuracy in (0.68, 0.32)
-                metrics = {"accuracy": accuracy, "f1": f1, "dev_loss": 0.5 + step / 1000, "majority_accuracy": 0.68,
-                           "majority_f1": 0.81 if task == "mrpc" else None, "top_class_share": 1.0 if one_class else 0.6}  # fmt: skip
-                assert folder.write_done(ManifestJob(spec, 1), metrics)
-    with ResultStore(store_path) as store:
-        store.ingest(folder)
+                metrics = results(accuracy=accuracy, f1=f1, dev_loss=0.5 + step / 1000, majority_accuracy=0.68,
+                                  majority_f1=0.81 if task == "mrpc" else None,
+                                  top_class_share=1.0 if one_class else 0.6)  # fmt: skip
+                assert folder.write_done(ManifestJob(spec, 1), 1, metrics)
 
 
 @pytest.fixture
@@ -81,7 +79,7 @@ def runs(tmp_path: Path) -> dict[str, Path]:
         "post_ln": write_run(tmp_path, "post_ln", "post", POST),
         "pre_ln": write_run(tmp_path, "pre_ln", "pre", PRE),
     }
-    write_results(tmp_path / "results.sqlite", runs)
+    write_results(tmp_path / "results.d", runs)
     return runs
 
 
@@ -110,7 +108,7 @@ def test_steps_to_loss_interpolates() -> None:
 def test_report_figures_table_and_points(runs: dict[str, Path], tmp_path: Path) -> None:
     config = ReportConfig(
         runs=[str(runs["post_ln"]), str(runs["pre_ln"])],
-        store=str(tmp_path / "results.sqlite"),
+        results_dir=str(tmp_path / "results.d"),
         out=str(tmp_path / "fig"),
     )
     result = report(config)
@@ -155,8 +153,8 @@ def test_report_cli_with_target_loss_and_wandb_offline(
     out = tmp_path / "fig"
     args = [
         f"--runs=[{runs['post_ln']}, {runs['pre_ln']}]",
-        "--store",
-        str(tmp_path / "results.sqlite"),
+        "--results_dir",
+        str(tmp_path / "results.d"),
         "--out",
         str(out),
     ]
@@ -180,21 +178,21 @@ def test_report_cli_with_target_loss_and_wandb_offline(
     assert any(row.get("figure5/rte_dev_loss/pre_ln (pre)") == pytest.approx(0.6) for row in second.history)
 
 
-def test_report_refuses_mixed_recipes_and_missing_store(runs: dict[str, Path], tmp_path: Path) -> None:
-    with ResultStore(tmp_path / "results.sqlite") as store:
-        store.db.execute("UPDATE jobs SET recipe_hash = 'other' WHERE rowid = 1")
-    config = ReportConfig(
-        runs=[str(runs["post_ln"])], store=str(tmp_path / "results.sqlite"), out=str(tmp_path / "fig")
-    )
+def test_report_refuses_mixed_recipes_and_a_missing_folder(runs: dict[str, Path], tmp_path: Path) -> None:
+    other = job_spec(run_id=read_run_id(runs["post_ln"]), recipe={"epochs": 2})  # another recipe, same run
+    ResultsFolder(tmp_path / "results.d").write_done(ManifestJob(other, 1), 1, results())
+    config = ReportConfig(runs=[str(runs["post_ln"])], results_dir=str(tmp_path / "results.d"),
+                          out=str(tmp_path / "fig"))  # fmt: skip
     with pytest.raises(ValueError, match=r"several fine-tuning recipes.*--recipe_hash"):
         report(config)
-    config = ReportConfig(runs=[str(runs["post_ln"])], store=str(tmp_path / "none.sqlite"), out=str(tmp_path / "fig"))
-    # The store beside it is named (the smoke preset writes smoke.sqlite, the report reads results.sqlite).
-    with pytest.raises(FileNotFoundError, match=rf"results store .*none\.sqlite not found; .* holds results\.sqlite: "
-                                                rf"pass --store={tmp_path / 'results.sqlite'}"):  # fmt: skip
+    assert report(replace(config, recipe_hash=other.recipe_hash))["points"][0]["seeds"] == 1
+    config = replace(config, results_dir=str(tmp_path / "none.d"))
+    # The folder beside it is named (the smoke preset writes smoke.d, the report reads results.d by default).
+    with pytest.raises(FileNotFoundError, match=rf"results folder .*none\.d not found; .* holds results\.d: "
+                                                rf"pass --results_dir={tmp_path / 'results.d'}"):  # fmt: skip
         report(config)
-    config = replace(config, store=str(tmp_path / "nowhere" / "results.sqlite"))
-    with pytest.raises(FileNotFoundError, match=r"not found; run finetune\.schedule first or pass --store"):
+    config = replace(config, results_dir=str(tmp_path / "nowhere" / "results.d"))
+    with pytest.raises(FileNotFoundError, match=r"not found; run finetune\.schedule first or pass --results_dir"):
         report(config)
 
 
@@ -211,10 +209,10 @@ def test_report_flags_points_that_predict_one_class(tmp_path: Path) -> None:
         "post_ln": write_run(tmp_path, "post_ln", "post", POST),
         "pre_ln": write_run(tmp_path, "pre_ln", "pre", PRE),
     }
-    write_results(tmp_path / "results.sqlite", runs, ONE_CLASS)
+    write_results(tmp_path / "results.d", runs, ONE_CLASS)
     config = ReportConfig(
         runs=[str(runs["post_ln"]), str(runs["pre_ln"])],
-        store=str(tmp_path / "results.sqlite"),
+        results_dir=str(tmp_path / "results.d"),
         out=str(tmp_path / "fig"),
     )
     result = report(config)

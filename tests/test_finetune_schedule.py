@@ -1,4 +1,5 @@
-"""The scheduler: snapshot discovery, skipping done work, cost, crash recovery, one scheduler per store, retries.
+"""The scheduler: snapshot discovery, skipping done work, cost, crash recovery, one scheduler per results folder,
+retries.
 
 SLURM, result files and run identity: tests/test_finetune_cluster.py."""
 
@@ -13,25 +14,26 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from finetune.backends import InProcess, LocalArray, SlurmArray, SlurmConfig
-from finetune.manifest import ManifestJob, ResultsFolder
+from finetune.manifest import INTERRUPTED, LOCK, SCHEDULER_STOPPED, Manifest, ResultsFolder
 from finetune.schedule import (
     ScheduleConfig,
     collect,
     discover,
     free_slots,
     main,
+    runnable,
     runtime_settings,
     schedule,
     submit,
 )
 from finetune.schedule import cli as schedule_cli
-from finetune.store import ResultStore, StoreBusy, lock_path, spec_from_row, store_lock
 from pretrain.run_folder.layout import SNAPSHOT_MARKER
 from pretrain.run_folder.manifest import write_manifest
 from tests.finetune_fixtures import FIXTURE_GLUE, QUICK, config_for, make_run, set_status
@@ -41,7 +43,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def cli_args(config: ScheduleConfig) -> list[str]:
     """The command line that gives ``config`` (for schedulers started as separate processes)."""
-    args = [f"--runs={json.dumps(config.runs)}", "--store", config.store, f"--tasks={json.dumps(config.tasks)}"]
+    args = [f"--runs={json.dumps(config.runs)}", "--results_dir", config.results_dir]
+    args += [f"--tasks={json.dumps(config.tasks)}"]
     args += ["--data_dir", str(config.data_dir), f"--lrs={json.dumps(config.lrs)}"]
     args += [f"--seeds={json.dumps(config.seeds)}", f"--max_attempts={config.max_attempts}"]
     recipe = config.recipe
@@ -61,14 +64,28 @@ def start_scheduler(config: ScheduleConfig, *extra: str) -> subprocess.Popen:
     )
 
 
-def events(config: ScheduleConfig) -> list[dict[str, Any]]:
-    with ResultStore(config.store) as store:
-        return store.events()
+def folder(config: ScheduleConfig) -> ResultsFolder:
+    return ResultsFolder(config.results_dir)
+
+
+def manifests(config: ScheduleConfig) -> list[Manifest]:
+    return folder(config).manifests()
+
+
+def submitted(config: ScheduleConfig) -> list[tuple[int, int]]:
+    """(seed, attempt) of every job of every submission, in order: the scheduler's history."""
+    return [(job.spec.seed, job.attempt) for m in manifests(config) for job in m.jobs]
 
 
 def done_rows(config: ScheduleConfig) -> list[dict[str, Any]]:
-    with ResultStore(config.store) as store:
-        return store.rows("done")
+    return [state.row() for state in folder(config).done().values()]
+
+
+def pass_with(config: ScheduleConfig, backend: Any) -> int:
+    """One pass of a scheduler on ``backend``: ended tasks recorded, then the runnable jobs submitted."""
+    collect(folder(config), InProcess())
+    todo = runnable(folder(config).jobs(), discover(config), config.max_attempts)
+    return submit(folder(config), backend, runtime_settings(config), todo)
 
 
 def test_once_runs_complete_snapshots_and_skips_done_work(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -83,18 +100,18 @@ def test_once_runs_complete_snapshots_and_skips_done_work(tmp_path: Path, capsys
         (30, "mrpc"),
         (30, "rte"),
     ]
-    assert len([e for e in events(config) if e["event"] == "submitted"]) == 4
+    assert len(submitted(config)) == 4
     # The cost comes before the work: jobs x steps (8 examples, batch 4, 1 epoch: 2 steps a job).
     out = capsys.readouterr().out
     assert "4 jobs to run: 8 fine-tuning steps (time per step not known yet" in out
     # One line per pass says where the jobs are; the end shows the results (accuracy beside the majority class).
-    assert re.search(r"\] jobs: 0/4 done, 0 running, 4 queued, 0 failed  \(this pass: 4 new, 0 finished", out)
+    assert re.search(r"\] jobs: 0/4 done, 0 running, 4 queued, 0 failed\n", out)
     assert re.search(r"\] jobs: 4/4 done, 0 running, 0 queued, 0 failed", out)
     assert re.search(r"results \(finished jobs.*\n.*accuracy +majority +dev loss\n(post_ln +10 mrpc .*%.*\n)", out)
     assert schedule(config) == []  # a second pass finds everything done
     assert "jobs to run" not in capsys.readouterr().out
-    assert len([e for e in events(config) if e["event"] == "submitted"]) == 4
-    assert main(["status", "--store", config.store]) == 0
+    assert len(submitted(config)) == 4
+    assert main(["status", "--results_dir", config.results_dir]) == 0
     table = capsys.readouterr().out
     assert "post_ln" in table and "rte" in table and table.splitlines()[-1].split()[1:] == ["0", "0", "4", "0", "0"]
     # More seeds: the estimate now uses the time per step measured on the jobs already done.
@@ -105,7 +122,7 @@ def test_once_runs_complete_snapshots_and_skips_done_work(tmp_path: Path, capsys
     schedule(config_for(tmp_path, [run_dir], seeds=[2], step_time_s=900.0))
     out = capsys.readouterr().out
     assert "2 jobs to run: 4 fine-tuning steps x 900 s/step (configured step_time_s) = 1.00 worker-hours" in out
-    assert "2 queued, 0 failed  (this pass: 2 new, 0 finished, 0 failed attempts); ETA about 60 min" in out
+    assert "] jobs: 0/2 done, 0 running, 2 queued, 0 failed; ETA about 60 min" in out
 
 
 @pytest.mark.slow  # a scheduler subprocess imports torch and transformers: ~15 s on 2 busy cores
@@ -114,20 +131,20 @@ def test_killed_scheduler_loses_no_job_and_repeats_none(tmp_path: Path) -> None:
     # Enough optimizer steps that the job is still running when the scheduler is killed.
     config = config_for(tmp_path, [run_dir], recipe={**QUICK, "epochs": 300, "batch_size": 8})
     process = start_scheduler(config)
-    started = Path(config.store).with_suffix(".d") / "started"
+    started = Path(config.results_dir) / "started"
     deadline = time.time() + 120
     while not (started.is_dir() and any(started.iterdir())):  # killed inside the job
         assert process.poll() is None and time.time() < deadline, process.communicate()[0]
         time.sleep(0.05)
     os.killpg(process.pid, signal.SIGKILL)
     process.wait()
-    with ResultStore(config.store) as store:
-        (row,) = store.rows()
-    assert (row["status"], row["attempts"]) == ("submitted", 1)
+    (state,) = folder(config).jobs().values()
+    assert (state.status, state.attempts) == ("submitted", 1)
     assert schedule(config) == []  # the restart finds the dead scheduler's job without a result and runs it
     (row,) = done_rows(config)
     assert row["attempts"] == 1  # in-process, the job died with its scheduler: that attempt is not counted
-    assert [e["event"] for e in events(config)] == ["queued", "submitted", "not_started", "submitted", "done"]
+    assert submitted(config) == [(0, 1), (0, 1)]
+    assert [m.ended for m in manifests(config)] == [{0: SCHEDULER_STOPPED}] * 2
 
 
 @pytest.mark.slow  # two scheduler subprocesses: ~20 s on 2 busy cores
@@ -146,10 +163,7 @@ def test_two_schedulers_started_at_once_one_runs_the_other_names_it(tmp_path: Pa
         assert f"is in use by another scheduler (pid {processes[winner].pid} on " in outputs[loser], outputs[loser]
     assert all("Traceback" not in output for output in outputs)
     assert len(done_rows(config)) == 4
-    done = [e["key"] for e in events(config) if e["event"] == "done"]
-    assert sorted(done) == sorted(set(done)) and len(done) == 4
-    assert len([e for e in events(config) if e["event"] == "submitted"]) == 4  # no job computed twice
-    assert len(ResultsFolder(Path(config.store).with_suffix(".d")).done_files()) == 4
+    assert len(submitted(config)) == 4  # no job computed twice
 
 
 def test_a_second_scheduler_stops_naming_the_first_and_runs_once_it_is_gone(
@@ -159,16 +173,14 @@ def test_a_second_scheduler_stops_naming_the_first_and_runs_once_it_is_gone(
     config = config_for(tmp_path, [run_dir])
     argv = [*cli_args(config), "--mode=once"]
     monkeypatch.setattr(sys, "argv", ["python -m finetune.schedule", *argv])
-    with store_lock(config.store):  # the first scheduler, running
+    with folder(config).lock():  # the first scheduler, running
         assert schedule_cli() == 2
         err = capsys.readouterr().err
         assert f"is in use by another scheduler (pid {os.getpid()} on {socket.gethostname()}, running since " in err
-        assert "--store=PATH" in err and f"kill {os.getpid()}" in err
-        with pytest.raises(StoreBusy):  # ingest writes the store too
-            main(["ingest", f"--store={config.store}"])
-        assert not Path(config.store).exists()  # the refused one touched nothing
+        assert "--results_dir=FOLDER" in err and f"kill {os.getpid()}" in err
+        assert os.listdir(config.results_dir) == [LOCK]  # the refused one touched nothing
     assert main(argv) == 0  # one after the other: the lock went with the first
-    assert len(done_rows(config)) == 1 and lock_path(config.store).read_text() == ""
+    assert len(done_rows(config)) == 1 and (Path(config.results_dir) / LOCK).read_text() == ""
 
 
 class NeverRuns:
@@ -183,32 +195,24 @@ class NeverRuns:
 def test_scheduler_kills_charge_no_attempt_to_queued_jobs_or_the_job_in_hand(tmp_path: Path) -> None:
     run_dir = make_run(tmp_path, "post_ln", "post", steps=(10,))
     config = config_for(tmp_path, [run_dir], seeds=[0, 1, 2], max_attempts=2)
-    folder = ResultsFolder(Path(config.store).with_suffix(".d"))
-    runtime = runtime_settings(config)
     for _ in range(5):  # five schedulers killed in a row, more than max_attempts
-        with ResultStore(config.store) as store:
-            collect(store, folder, InProcess())
-            store.enqueue(discover(config, store))
-            assert submit(store, folder, NeverRuns(), runtime, config.max_attempts) == 3
-            (submission,) = store.open_submissions()
-            first = min(store.rows(), key=lambda r: r["seed"])  # each was killed inside the same first job
-            folder.write_started(ManifestJob(spec=spec_from_row(first), attempt=1), submission["id"])
+        assert pass_with(config, NeverRuns()) == 3
+        manifest = manifests(config)[-1]
+        folder(config).write_started(manifest.jobs[0], manifest.submission)  # each killed inside its first job
     assert schedule(config) == []  # the same command again finishes every job
     rows = sorted(done_rows(config), key=lambda r: r["seed"])
     assert [(r["seed"], r["attempts"]) for r in rows] == [(0, 1), (1, 1), (2, 1)]
-    for row in rows:
-        kinds = [e["event"] for e in events(config) if e["key"] == row["key"]]
-        assert kinds == ["queued", *["submitted", "not_started"] * 5, "submitted", "done"]
-    details = [e["detail"] for e in events(config) if e["key"] == rows[0]["key"] and e["event"] == "not_started"]
-    assert all("its scheduler died inside it: attempt not counted" in d for d in details)
+    assert submitted(config) == [(0, 1), (1, 1), (2, 1)] * 6  # every submission was the first attempt
+    assert [m.ended for m in manifests(config)] == [{0: SCHEDULER_STOPPED}] * 6
 
 
 @pytest.mark.parametrize(
     ("reason", "charged"),
     [("exit code 1", "both"), ("sacct: FAILED", "both"), ("sacct: CANCELLED by 1000", "both"),
+     ("not started: sbatch --parsable x failed (1): invalid partition", "both"),
      ("exit code 0", "started"), ("killed by SIGKILL", "started"), ("sacct: PREEMPTED", "started"),
      ("sacct: TIMEOUT", "started"), ("its worker process is gone", "started"),
-     ("the scheduler that ran it in-process stopped", "neither")],
+     (SCHEDULER_STOPPED, "neither"), (INTERRUPTED, "neither")],
 )  # fmt: skip
 def test_which_jobs_an_ended_task_is_charged_for(tmp_path: Path, reason: str, charged: str) -> None:
     """A broken task (a node without the package, a bad interpreter) would fail again: every job it left is
@@ -216,14 +220,11 @@ def test_which_jobs_an_ended_task_is_charged_for(tmp_path: Path, reason: str, ch
     (a job that kills its worker stops too), except in-process, where the job dies with its scheduler."""
     run_dir = make_run(tmp_path, "post_ln", "post", steps=(10,))
     config = config_for(tmp_path, [run_dir], seeds=[0, 1])
-    folder = ResultsFolder(Path(config.store).with_suffix(".d"))
-    with ResultStore(config.store) as store:
-        store.enqueue(discover(config, store))
-        submit(store, folder, NeverRuns(), runtime_settings(config), 3)
-        started = min(store.rows(), key=lambda r: r["seed"])
-        folder.write_started(ManifestJob(spec=spec_from_row(started), attempt=1), 1)
-        store.tasks_ended(1, [0], {0: reason}, folder)
-        status = {r["seed"]: (r["status"], r["attempts"]) for r in store.rows()}
+    pass_with(config, NeverRuns())
+    (manifest,) = manifests(config)
+    folder(config).write_started(manifest.jobs[0], 1)
+    folder(config).write_manifest(replace(manifest, ended={0: reason}))
+    status = {s.spec.seed: (s.status, s.attempts) for s in folder(config).jobs().values()}
     failed, queued = ("failed", 1), ("queued", 0)
     assert status[0] == (queued if charged == "neither" else failed)
     assert status[1] == (failed if charged == "both" else queued)
@@ -234,13 +235,12 @@ def test_failing_job_is_recorded_and_retried_up_to_max_attempts(tmp_path: Path) 
     (run_dir / "snapshots" / "step_00000010" / "model.safetensors").write_bytes(b"not a safetensors file")
     config = config_for(tmp_path, [run_dir], max_attempts=2)
     (failure,) = schedule(config)
-    with ResultStore(config.store) as store:
-        (row,) = store.rows()
-        assert row == failure and (row["status"], row["attempts"]) == ("failed", 2)
-        assert "Error" in row["error"] and len(row["error"]) > 10
-        assert store.counts(2)[("post_ln", row["run_id"], "mrpc")]["failed"] == 1
+    (state,) = folder(config).jobs().values()
+    assert state == failure and (state.status, state.attempts) == ("failed", 2)
+    assert "Error" in state.error and len(state.error) > 10
     assert len(schedule(config)) == 1  # attempts used up: not tried again
-    assert [e["event"] for e in events(config)] == ["queued", "submitted", "failed", "submitted", "failed"]
+    assert submitted(config) == [(0, 1), (0, 2)]
+    assert len(os.listdir(Path(config.results_dir) / "failed")) == 2  # one failure file per attempt
 
 
 def test_a_snapshot_damaged_after_it_was_found_is_not_fine_tuned(tmp_path: Path) -> None:
@@ -253,10 +253,8 @@ def test_a_snapshot_damaged_after_it_was_found_is_not_fine_tuned(tmp_path: Path)
     weights.write_bytes(bytes(data))
     config = config_for(tmp_path, [run_dir], max_attempts=1)
     (failure,) = schedule(config)
-    assert failure["status"] == "failed"
-    assert (
-        "damaged snapshot" in failure["error"] and "model.safetensors does not match its checksum" in failure["error"]
-    )
+    assert failure.status == "failed"
+    assert "damaged snapshot" in failure.error and "model.safetensors does not match its checksum" in failure.error
 
 
 def test_a_snapshot_is_hashed_once_per_process_until_its_files_change(tmp_path: Path, monkeypatch) -> None:
@@ -296,20 +294,21 @@ def test_jobs_found_while_local_workers_run_wait_for_a_free_worker(tmp_path: Pat
     them: the last one waits for the other worker rather than queue behind them on one."""
     run_dir = make_run(tmp_path, "pre_ln", "pre", steps=(10,), incomplete_steps=(20,), status="running")
     config = config_for(tmp_path, [run_dir], seeds=[0, 1, 2], mode="follow", workers=2)
-    folder, backend, runtime = ResultsFolder(Path(config.store).with_suffix(".d")), StartsNothing(2), runtime_settings(config)
-    with ResultStore(config.store) as store:
-        store.enqueue(discover(config, store))
-        assert submit(store, folder, backend, runtime, 3, slots=free_slots(backend, live=0)) == 3
-        snapshot = run_dir / "snapshots" / "step_00000020"
-        write_manifest(snapshot)
-        (snapshot / SNAPSHOT_MARKER).write_text("")
-        assert store.enqueue(discover(config, store)) == 3
-        assert free_slots(backend, live=2) == 0
-        assert submit(store, folder, backend, runtime, 3, slots=free_slots(backend, live=2)) == 0
-        assert {r["status"] for r in store.rows() if r["pretrain_step"] == 20} == {"queued"}
-        assert submit(store, folder, backend, runtime, 3, slots=free_slots(backend, live=1)) == 2
-        assert [r["status"] for r in store.rows() if r["pretrain_step"] == 20].count("queued") == 1
-        assert submit(store, folder, backend, runtime, 3, slots=free_slots(backend, live=1)) == 1
+    backend, runtime = StartsNothing(2), runtime_settings(config)
+
+    def todo() -> list[tuple[Any, int]]:
+        return runnable(folder(config).jobs(), discover(config), 3)
+
+    assert submit(folder(config), backend, runtime, todo(), slots=free_slots(backend, live=0)) == 3
+    snapshot = run_dir / "snapshots" / "step_00000020"
+    write_manifest(snapshot)
+    (snapshot / SNAPSHOT_MARKER).write_text("")
+    assert [spec.pretrain_step for spec, _ in todo()] == [20, 20, 20]
+    assert free_slots(backend, live=2) == 0
+    assert submit(folder(config), backend, runtime, todo(), slots=free_slots(backend, live=2)) == 0
+    assert submit(folder(config), backend, runtime, todo(), slots=free_slots(backend, live=1)) == 2
+    assert len(todo()) == 1
+    assert submit(folder(config), backend, runtime, todo(), slots=free_slots(backend, live=1)) == 1
     assert backend.started == [2, 1, 1]
     assert free_slots(SlurmArray(2, SlurmConfig()), live=5) == 2  # SLURM queues each array itself
 
@@ -320,7 +319,7 @@ def test_follow_picks_up_new_snapshots_until_the_run_ends(tmp_path: Path) -> Non
     follower = threading.Thread(target=schedule, args=(config,), daemon=True)
     follower.start()
     deadline = time.time() + 120
-    while not (Path(config.store).exists() and done_rows(config)):
+    while not done_rows(config):
         assert follower.is_alive() and time.time() < deadline
         time.sleep(0.1)
     assert follower.is_alive()  # the run is still going: keep following
@@ -348,7 +347,7 @@ def test_schedule_cli_errors(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=r"until='soon' is neither a duration"):
         main([runs, "--until=soon"])
     with pytest.raises(FileNotFoundError, match=r"results folder .*nothing\.d does not exist"):
-        main(["ingest", f"--store={tmp_path / 'nothing.sqlite'}"])
+        main(["status", f"--results_dir={tmp_path / 'nothing.d'}"])
 
 
 def test_ctrl_c_requeues_the_interrupted_jobs_without_counting_an_attempt(
@@ -358,7 +357,7 @@ def test_ctrl_c_requeues_the_interrupted_jobs_without_counting_an_attempt(
     from finetune.backends import InProcess
 
     run_dir = make_run(tmp_path, "post_ln", steps=(10,))
-    argv = [f"--runs=[{run_dir}]", f"--store={tmp_path / 'results.sqlite'}", f"--data_dir={FIXTURE_GLUE}",
+    argv = [f"--runs=[{run_dir}]", f"--results_dir={tmp_path / 'results.d'}", f"--data_dir={FIXTURE_GLUE}",
             "--tasks=[mrpc]", "--lrs=[1e-3]", "--seeds=[0, 1]", "--max_attempts=1",
             *(f"--recipe.{k}={v}" for k, v in QUICK.items())]  # fmt: skip
 
@@ -368,12 +367,11 @@ def test_ctrl_c_requeues_the_interrupted_jobs_without_counting_an_attempt(
     monkeypatch.setattr(InProcess, "start", interrupted)
     assert main(argv) == 130
     assert "interrupted: 2 unfinished job(s) queued again (not counted as failed attempts)" in capsys.readouterr().err
-    with ResultStore(tmp_path / "results.sqlite") as store:
-        assert [(r["status"], r["attempts"]) for r in store.rows()] == [("queued", 0), ("queued", 0)]
+    results = ResultsFolder(tmp_path / "results.d")
+    assert [(s.status, s.attempts) for s in results.jobs().values()] == [("queued", 0), ("queued", 0)]
     monkeypatch.undo()
     assert main(argv) == 0  # one attempt allowed, and it was not used up by the interruption
-    with ResultStore(tmp_path / "results.sqlite") as store:
-        assert [(r["status"], r["attempts"]) for r in store.rows()] == [("done", 1), ("done", 1)]
+    assert [(s.status, s.attempts) for s in results.jobs().values()] == [("done", 1), ("done", 1)]
 
 
 def test_ctrl_c_stops_a_scheduler_started_in_the_background_of_a_script(tmp_path: Path) -> None:
@@ -392,7 +390,7 @@ def test_ctrl_c_stops_a_scheduler_started_in_the_background_of_a_script(tmp_path
     )
     try:
         deadline = time.time() + 120
-        while not Path(config.store).exists():  # the scheduler is in its loop
+        while not (Path(config.results_dir) / "manifests").is_dir():  # the scheduler is in its loop
             assert proc.poll() is None and time.time() < deadline, proc.communicate()
             time.sleep(0.2)
         proc.send_signal(signal.SIGINT)

@@ -197,15 +197,17 @@ def test_reproduce_script_trains_every_run_on_the_mixture_it_describes(tmp_path:
 
 @pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
 def test_reproduce_script_baseline_jobs_run_side_by_side_and_report_a_failure(tmp_path: Path) -> None:
-    """The random-init baseline runs one finetune.run per task at once: each needs its own store (a store has one
-    writer; the run of 2026-12-02 lost its MRPC baseline to the lock), and a task that fails stops the script
-    with its name and log instead of a "done"."""
+    """The random-init baseline runs one finetune.run per task at once: each needs its own results folder (a folder
+    has one writer, which holds its lock), and a task that fails stops the script with its name and log instead of
+    a "done"."""
     result, calls = _reproduce_calls(tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
-    stores = [next(a for a in call if a.startswith("--store=")) for call in calls if call[:2] == ["-m", "finetune.run"]]
-    assert len(stores) == 2 and len(set(stores)) == 2, stores
+    folders = [
+        next(a for a in call if a.startswith("--results_dir=")) for call in calls if call[:2] == ["-m", "finetune.run"]
+    ]
+    assert len(folders) == 2 and len(set(folders)) == 2, folders
     schedule = next(call for call in calls if call[:2] == ["-m", "finetune.schedule"])
-    assert not set(stores) & set(schedule)
+    assert not set(folders) & set(schedule)
 
     result, _ = _reproduce_calls(tmp_path / "failing", fail="--task=mrpc")
     assert result.returncode == 1

@@ -24,7 +24,6 @@ from finetune import train as finetune_train
 from finetune.config import FinetuneConfig
 from finetune.run import RunConfig
 from finetune.run import run as finetune_run
-from finetune.store import ResultStore
 from finetune.train import DataCache, finetune
 from pretrain import training
 from pretrain.common import hardware
@@ -260,24 +259,23 @@ def _snapshot(root: Path, positions: int, dtype: torch.dtype = torch.float32) ->
     return root / "model"
 
 
-def _quick(model: Path, store: Path, glue: Path = FIXTURE_GLUE, **recipe: object) -> RunConfig:
-    return RunConfig(model=str(model), task="mrpc", data_dir=str(glue), lrs=[1e-3], seeds=[0], store=str(store),
+def _quick(model: Path, folder: Path, glue: Path = FIXTURE_GLUE, **recipe: object) -> RunConfig:
+    return RunConfig(model=str(model), task="mrpc", data_dir=str(glue), lrs=[1e-3], seeds=[0], results_dir=str(folder),
                      recipe=FinetuneConfig(**{**QUICK, **recipe}))  # fmt: skip
 
 
 def test_a_max_length_beyond_the_models_positions_is_refused_before_any_job(tmp_path: Path) -> None:
     model = _snapshot(tmp_path, positions=16)
-    config = _quick(model, tmp_path / "results.sqlite", max_length=128)
+    config = _quick(model, tmp_path / "results.d", max_length=128)
     with pytest.raises(ValueError, match=r"recipe\.max_length=128 exceeds the max_position_embeddings=16 .*"
                        r"set --recipe\.max_length=16 \(or lower\)"):  # fmt: skip
         finetune_run(config)
-    with ResultStore(config.store) as store:
-        assert store.rows() == []  # nothing queued
+    assert not Path(config.results_dir).exists()  # nothing submitted
     # A scheduled job (the worker's path) refuses too, before training.
     data = DataCache().get(str(model), "mrpc", str(FIXTURE_GLUE), config.recipe)
     with pytest.raises(ValueError, match=r"recipe\.max_length=128 exceeds"):
         finetune(str(model), "mrpc", data, 1e-3, 0, config.recipe)
-    (row,) = finetune_run(_quick(model, tmp_path / "ok.sqlite", max_length=16))
+    (row,) = finetune_run(_quick(model, tmp_path / "ok.d", max_length=16))
     assert row["status"] == "done"
 
 
@@ -292,7 +290,7 @@ def test_a_bf16_checkpoint_is_fine_tuned_in_float32(tmp_path: Path, monkeypatch:
         return real(module, *args)
 
     monkeypatch.setattr(finetune_train, "make_optimizer", recording)
-    (row,) = finetune_run(_quick(model, tmp_path / "results.sqlite", mixed_precision="bf16"))
+    (row,) = finetune_run(_quick(model, tmp_path / "results.d", mixed_precision="bf16"))
     assert row["status"] == "done" and seen == [{torch.float32}]
 
 
@@ -301,8 +299,8 @@ def test_the_real_mrpc_pairs_need_the_length_check(shared_data: Path, tmp_path: 
     crash in the forward pass; with the length it names, the job runs."""
     model = _snapshot(tmp_path, positions=64)
     with pytest.raises(ValueError, match=r"set --recipe\.max_length=64"):
-        finetune_run(_quick(model, tmp_path / "a.sqlite", glue=shared_data / "glue", max_length=128))
-    (row,) = finetune_run(_quick(model, tmp_path / "b.sqlite", glue=shared_data / "glue", max_length=64))
+        finetune_run(_quick(model, tmp_path / "a.d", glue=shared_data / "glue", max_length=128))
+    (row,) = finetune_run(_quick(model, tmp_path / "b.d", glue=shared_data / "glue", max_length=64))
     assert row["status"] == "done", row
 
 
@@ -383,5 +381,3 @@ def test_a_snapshot_of_a_compiled_model_has_the_models_own_keys(
     original = accelerator.unwrap_model(model, keep_torch_compile=False)
     assert torch.equal(loaded.bert.embeddings.word_embeddings.weight, original.bert.embeddings.word_embeddings.weight)
 
-
-# The GPU check's dry run on the real data: tests/test_gpu_check.py::test_dry_run_exercises_every_stage.

@@ -19,7 +19,6 @@ import finetune.train as finetune_train
 from finetune.config import FinetuneConfig
 from finetune.run import RunConfig, run
 from finetune.schedule import ScheduleConfig, wandb_settings
-from finetune.store import ResultStore
 from finetune.tracking import WandbSettings, job_run, job_run_id, model_norm_type
 from finetune.worker import describe_model, job_specs
 from pretrain.common.atomic import write_json
@@ -236,10 +235,10 @@ def test_online_without_credentials_fails_before_training(tmp_path: Path) -> Non
 def test_finetune_and_report_check_credentials_first(tmp_path: Path) -> None:
     snapshot = make_run(tmp_path, "r", steps=(10,)) / "snapshots" / "step_00000010"
     config = RunConfig(model=str(snapshot), task="mrpc", data_dir=str(FIXTURE_GLUE), lrs=[1e-3], seeds=[0],
-                       store=str(tmp_path / "results.sqlite"), wandb=True)  # fmt: skip
+                       results_dir=str(tmp_path / "results.d"), wandb=True)  # fmt: skip
     with pytest.raises(WandbCredentialsError, match=r"wandb login.*WANDB_MODE=offline"):
         run(config)
-    assert not (tmp_path / "results.sqlite").exists()
+    assert not (tmp_path / "results.d").exists()
 
 
 # --------------------------------------------------------------------------------------------------
@@ -259,7 +258,7 @@ def finetuned(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[dict
         data_dir=str(FIXTURE_GLUE),
         lrs=[1e-3],
         seeds=[0, 1],
-        store=str(root / "results.sqlite"),
+        results_dir=str(root / "results.d"),
         recipe=FinetuneConfig(**QUICK),
         wandb=True,
     )
@@ -321,7 +320,7 @@ def test_a_failing_job_ends_its_wandb_run_as_failed(tmp_path: Path, monkeypatch:
     monkeypatch.setattr(finetune_train, "finetune", broken)  # the worker imports it per job
     snapshot = make_run(tmp_path, "r", steps=(10,)) / "snapshots" / "step_00000010"
     config = RunConfig(model=str(snapshot), task="rte", data_dir=str(FIXTURE_GLUE), lrs=[1e-3], seeds=[0],
-                       store=str(tmp_path / "results.sqlite"), recipe=FinetuneConfig(**QUICK), wandb=True,
+                       results_dir=str(tmp_path / "results.d"), recipe=FinetuneConfig(**QUICK), wandb=True,
                        max_attempts=1)  # fmt: skip
     (row,) = run(config)
     assert row["status"] == "failed" and "out of memory" in row["error"]
@@ -350,8 +349,7 @@ def test_online_job_runs_use_their_snapshot_artifact(tmp_path: Path, monkeypatch
     monkeypatch.setattr(wandb, "init", lambda **kwargs: Run())
     run_dir = make_run(tmp_path, "r", steps=(10,))
     write_json(run_dir / WANDB_RUN_FILE, {"id": "abc", "group": "g", "project": "p"})
-    with ResultStore(tmp_path / "results.sqlite") as store:
-        description = describe_model(str(run_dir / "snapshots" / "step_00000010"), store)
+    description = describe_model(str(run_dir / "snapshots" / "step_00000010"))
     (spec,) = job_specs(description, "rte", [1e-3], [0], FinetuneConfig(**QUICK))
     with job_run(spec, WandbSettings(dir=str(tmp_path))):
         pass
@@ -360,7 +358,7 @@ def test_online_job_runs_use_their_snapshot_artifact(tmp_path: Path, monkeypatch
 
 
 def test_scheduler_workers_get_the_wandb_settings(tmp_path: Path) -> None:
-    config = ScheduleConfig(runs=[str(tmp_path)], store=str(tmp_path / "s" / "results.sqlite"), wandb=True,
+    config = ScheduleConfig(runs=[str(tmp_path)], results_dir=str(tmp_path / "s" / "results.d"), wandb=True,
                             wandb_project="p")  # fmt: skip
     assert wandb_settings(config) == WandbSettings(project="p", dir=str(tmp_path / "s"))
     assert wandb_settings(ScheduleConfig(runs=[str(tmp_path)])) is None
@@ -369,8 +367,7 @@ def test_scheduler_workers_get_the_wandb_settings(tmp_path: Path) -> None:
 def test_job_run_ids_are_deterministic(finetuned: tuple[Path, list[dict], list[LoggedRun]]) -> None:
     """The same job always maps to the same W&B run (a retried job continues its run)."""
     run_dir, _, logged = finetuned
-    with ResultStore(run_dir.parent / "results.sqlite") as store:
-        description = describe_model(str(run_dir / "snapshots" / "step_00000010"), store)
+    description = describe_model(str(run_dir / "snapshots" / "step_00000010"))
     specs = job_specs(description, "mrpc", [1e-3], [0, 1], FinetuneConfig(**QUICK))
     assert {job_run_id(spec) for spec in specs} == {r.id for r in logged}
 

@@ -6,9 +6,10 @@ random moments, then the same command is run once more and must finish every job
 
 Each trial makes a tiny pretraining run (tests/finetune_fixtures.py: two snapshots) with ``--jobs`` fine-tuning
 jobs, starts the scheduler, and kills it ``--kills`` times, each a random 0.5-4 s after the kill's scheduler
-opened its submission (so kills land while jobs run, and while later ones wait). It passes when the last run of
-the same command exits 0, every job is done, and each has one result file and one ``done`` event. Exit status 0
-when every trial passes.
+wrote its manifest (so kills land while jobs run, and while later ones wait). It passes when the last run of the
+same command exits 0, every job is done with one result file, and no job was charged an attempt by a kill (each
+result is its job's first attempt, and no job was ever submitted as a later one). Exit status 0 when every trial
+passes.
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ import os
 import random
 import shutil
 import signal
-import sqlite3
 import subprocess
 import sys
 import tempfile
@@ -29,36 +29,32 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(HERE))
 
+from finetune.manifest import ResultsFolder  # noqa: E402
 from tests.finetune_fixtures import FIXTURE_GLUE, QUICK, make_run  # noqa: E402
 
 
-def command(run_dir: Path, store: Path, jobs: int) -> list[str]:
+def command(run_dir: Path, results: Path, jobs: int) -> list[str]:
     seeds = list(range(jobs // 2))  # two snapshots
-    args = [f"--runs=[{run_dir}]", f"--store={store}", "--tasks=[mrpc]", "--lrs=[0.001]", f"--seeds={seeds}"]
+    args = [f"--runs=[{run_dir}]", f"--results_dir={results}", "--tasks=[mrpc]", "--lrs=[0.001]", f"--seeds={seeds}"]
     args += [f"--data_dir={FIXTURE_GLUE}", "--mode=once", "--workers=1", "--max_attempts=3"]
     args += [f"--recipe.{k}={json.dumps(v)}" for k, v in QUICK.items()]
     return [sys.executable, "-m", "finetune.schedule", *args]
 
 
-def submissions(store: Path) -> int:
-    if not store.exists():
-        return 0
-    try:
-        with sqlite3.connect(store, timeout=30) as db:
-            return db.execute("SELECT COUNT(*) FROM submissions").fetchone()[0]
-    except sqlite3.OperationalError:  # not created yet
-        return 0
+def submissions(results: Path) -> int:
+    folder = results / "manifests"
+    return len(list(folder.glob("*.json"))) if folder.is_dir() else 0
 
 
-def kill_once(cmd: list[str], root: Path, store: Path, rng: random.Random) -> str:
+def kill_once(cmd: list[str], root: Path, results: Path, rng: random.Random) -> str:
     """Start the scheduler, wait for its submission, kill it a random moment later; what happened."""
-    before = submissions(store)
+    before = submissions(results)
     env = {**os.environ, "PYTHONPATH": str(root), "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
            "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "WANDB_MODE": "offline"}  # fmt: skip
     process = subprocess.Popen(cmd, cwd=root, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                start_new_session=True)  # fmt: skip
     deadline = time.time() + 180
-    while submissions(store) <= before:
+    while submissions(results) <= before:
         if process.poll() is not None:
             return f"ended by itself (exit {process.returncode}) before submitting"
         if time.time() > deadline:
@@ -73,33 +69,34 @@ def kill_once(cmd: list[str], root: Path, store: Path, rng: random.Random) -> st
     return f"killed {delay:.1f} s after submitting"
 
 
-def check(store: Path, jobs: int) -> list[str]:
+def check(results: Path, jobs: int) -> list[str]:
     problems = []
-    with sqlite3.connect(store) as db:
-        statuses = dict(db.execute("SELECT status, COUNT(*) FROM jobs GROUP BY status").fetchall())
-        done_events = [r[0] for r in db.execute("SELECT key FROM events WHERE event = 'done'")]
+    statuses: dict[str, int] = {}
+    for state in ResultsFolder(results).jobs().values():
+        statuses[state.status] = statuses.get(state.status, 0) + 1
     if statuses != {"done": jobs}:
         problems.append(f"jobs by status {statuses}, not all {jobs} done")
-    if len(done_events) != len(set(done_events)):
-        problems.append("a job recorded done twice")
-    files = list((store.with_suffix(".d") / "done").glob("*.json"))
+    files = [json.loads(p.read_text()) for p in (results / "done").glob("*.json")]
     if len(files) != jobs:
         problems.append(f"{len(files)} result files for {jobs} jobs")
+    attempts = {j.attempt for m in ResultsFolder(results).manifests() for j in m.jobs} | {f["attempt"] for f in files}
+    if attempts != {1}:
+        problems.append(f"a kill was charged as an attempt (attempts {sorted(attempts)})")
     return problems
 
 
 def run_trial(index: int, workdir: Path, root: Path, jobs: int, kills: int, rng: random.Random) -> tuple[list, list]:
     trial = workdir / f"trial_{index:03d}"
     run_dir = make_run(trial, "post_ln", "post", steps=(10, 20))
-    store = trial / "results.sqlite"
-    cmd = command(run_dir, store, jobs)
-    events = [kill_once(cmd, root, store, rng) for _ in range(kills)]
+    results = trial / "results.d"
+    cmd = command(run_dir, results, jobs)
+    events = [kill_once(cmd, root, results, rng) for _ in range(kills)]
     env = {**os.environ, "PYTHONPATH": str(root), "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
            "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "WANDB_MODE": "offline"}  # fmt: skip
     final = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True)
     problems = [] if final.returncode == 0 else [f"the same command again exited {final.returncode}: "
                                                  f"{final.stderr.strip().splitlines()[:2]}"]  # fmt: skip
-    return events, problems + check(store, jobs)
+    return events, problems + check(results, jobs)
 
 
 def main() -> int:
