@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import sys
 
-from pretrain.common.cli import run_cli
+from pretrain.common.cli import ConfigError, run_cli
+from pretrain.common.device import FP16_NEEDS_A_GPU, surely_no_cuda
 from pretrain.config import help_text, parse_args
 
 
@@ -29,7 +30,10 @@ def main(argv: list[str] | None = None) -> int:
         print(help_text())
         return 0
     cfg = parse_args(argv)
-    cfg.data.check_local_files()  # a wrong corpus path is named now, before torch and before the run folder is read
+    # Answered now, before torch's seconds of import and before the run folder is read.
+    cfg.data.check_local_files()
+    if cfg.train.mixed_precision == "fp16" and surely_no_cuda():
+        raise ConfigError(FP16_NEEDS_A_GPU)
     from pretrain.training import run
 
     run(cfg, argv)

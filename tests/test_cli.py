@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import re
 import subprocess
 import sys
@@ -444,3 +445,13 @@ def test_run_cli_takes_ctrl_c_even_when_started_with_sigint_ignored() -> None:
         assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
     finally:
         signal.signal(signal.SIGINT, previous)
+
+
+def test_fp16_without_a_gpu_is_refused_before_torch() -> None:
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}  # no GPU for certain, on any machine
+    result = subprocess.run(
+        [sys.executable, "-X", "importtime", str(ROOT / "pretrain" / "run.py"), "--train.mixed_precision=fp16"],
+        capture_output=True, text=True, timeout=60, env=env,
+    )  # fmt: skip
+    assert result.returncode == 2
+    assert "train.mixed_precision=fp16 needs a GPU" in result.stderr and "| torch" not in result.stderr

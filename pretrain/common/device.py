@@ -4,6 +4,8 @@ benchmarks), the device Accelerate will choose for pretraining, and the size of 
 from __future__ import annotations
 
 import os
+import sys
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -33,6 +35,18 @@ def pick_device(name: str, *, flag: str = "--device") -> torch.device:
 def env_flag(name: str) -> bool:
     """An environment variable set to 1, true or yes (as Accelerate's launcher sets ACCELERATE_USE_CPU ...)."""
     return os.environ.get(name, "").lower() in ("1", "true", "yes")
+
+
+FP16_NEEDS_A_GPU = "train.mixed_precision=fp16 needs a GPU (its loss scaler is CUDA-only); use bf16 or no on CPU"
+
+
+def surely_no_cuda() -> bool:
+    """True when this process sees no CUDA GPU for certain, known without importing torch (a command checks its
+    options before torch's seconds of import): ``accelerate launch --cpu``, CUDA_VISIBLE_DEVICES empty or -1, or on
+    Linux no NVIDIA device node. False means perhaps one: torch decides later."""
+    if env_flag("ACCELERATE_USE_CPU") or os.environ.get("CUDA_VISIBLE_DEVICES", "unset").strip() in ("", "-1"):
+        return True
+    return sys.platform == "linux" and not Path("/dev/nvidiactl").exists()
 
 
 def accelerate_uses_cpu() -> bool:

@@ -54,8 +54,11 @@ def mfu_peak(configured: float | None, device: torch.device, mixed_precision: st
     """(peak FLOP/s of one device for ``train/mfu``, a line saying where it came from). ``configured`` is
     train.peak_flops_per_device: a number wins (0 disables MFU); None looks the device up in GPU_PEAKS, at the
     precision the matmuls run in (bf16/fp16 autocast, else TF32 when enabled, else plain fp32)."""
+    if configured == 0:
+        return 0.0, "train/mfu is not measured (train.peak_flops_per_device=0); set it to one device's peak FLOP/s"
     if configured is not None:
-        return configured, f"train/mfu against train.peak_flops_per_device={configured:g}"
+        return configured, (f"train/mfu: model FLOP/s per device as a share of train.peak_flops_per_device="
+                            f"{configured:g} FLOP/s")
     if device.type != "cuda":
         return 0.0, "train/mfu is 0: no data-sheet peak for a CPU (set train.peak_flops_per_device to choose one)"
     name = torch.cuda.get_device_name(device)
