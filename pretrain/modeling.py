@@ -5,7 +5,10 @@ One model file, read top to bottom: config, embeddings, attention, the layer, en
 and the four task models. Where the norms go is not decided here but by the layer's *block*, chosen from the table
 in ``pretrain/placements.py`` (post, pre, sandwich/peri, deepnorm, admin, rezero, b2t, resi_dual, mix_ln, lns,
 hybrid, normformer, output_ln, parallel; each draws its data flow); which norm is used (LayerNorm, RMSNorm, DyT) is
-``pretrain/norms.py``'s. With ``norm_placement="post"`` and ``norm_type="layernorm"`` every parameter name and every
+``pretrain/norms.py``'s. ``ngpt`` (nGPT, no norm module at all: unit-norm hidden states and weights) has its own
+embeddings, layers and MLM head in ``pretrain/ngpt.py``, assembled here at the same Hugging Face names; the training
+loops call ``after_optimizer_step`` after every optimizer step (it re-normalises nGPT's matrices and does nothing
+for the other placements). With ``norm_placement="post"`` and ``norm_type="layernorm"`` every parameter name and every
 output equals Hugging Face ``BertModel`` / ``BertForPreTraining`` (proven by ``tests/test_modeling.py``), so a
 Hugging Face BERT state dict loads with ``strict=True``; ``pre`` equals Hugging Face's ``RobertaPreLayerNorm``.
 On ``pre``, ``residual_scheme`` replaces the residual sum by Hyper-Connections, mHC or Attention Residuals
@@ -24,7 +27,6 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -51,10 +53,19 @@ from transformers.modeling_outputs import (
     MaskedLMOutput,
     SequenceClassifierOutput,
 )
-from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.utils import ModelOutput
 from transformers.utils.generic import can_return_tuple
 
+from pretrain.attention import attention_function, project_qkv
+from pretrain.ngpt import (
+    NGPT_MODULES,
+    NgptEmbeddings,
+    NgptEncoder,
+    NgptLMPredictionHead,
+    base_scale,
+    init_on_sphere,
+    normalize_matrices,
+)
 from pretrain.norms import NORM_MODULES, DyT, Scale, make_norm
 from pretrain.placements import (
     BLOCKS,
@@ -85,6 +96,7 @@ from pretrain.variants import (
     NormType,
     ResidualScheme,
     check_choice,
+    check_ngpt,
     check_residual_scheme,
 )
 
@@ -111,7 +123,9 @@ class LNBertConfig(BertConfig):
     Args:
         norm_placement: where the norms go, one of ``NORM_PLACEMENTS`` (the table in ``pretrain/placements.py``;
             docs/placements.md): ``"post"`` is Hugging Face BERT exactly, ``"pre"`` Xiong et al.'s Pre-LN with a
-            final norm; ``"peri"`` is another name of ``"sandwich"``.
+            final norm; ``"peri"`` is another name of ``"sandwich"``; ``"ngpt"`` is nGPT (``pretrain/ngpt.py``:
+            no norm module, so ``norm_type``, ``qk_norm`` and ``embedding_layer_norm`` are refused at other values
+            than their defaults; no dropout in its encoder, whatever the dropout fields say).
         norm_type: ``"layernorm"`` (BERT's), ``"rmsnorm"`` or ``"dyt"`` (``pretrain/norms.py``), for every norm
             of the model: embeddings, layers, final norm, the MLM head's transform and the placements' extra norms.
             Each sits at the Hugging Face name of the LayerNorm it replaces; eps is ``layer_norm_eps``.
@@ -196,6 +210,7 @@ class LNBertConfig(BertConfig):
             self.norm_placement, self.residual_scheme, self.hc_streams, self.mhc_sinkhorn_iters,
             self.mhc_bias_init, self.attn_res_block_size,
         )  # fmt: skip
+        check_ngpt(self.norm_placement, self.norm_type, self.qk_norm, self.embedding_layer_norm)
         if self.hidden_size % self.num_attention_heads != 0:
             raise ValueError(
                 f"hidden_size={self.hidden_size} is not divisible by num_attention_heads="
@@ -304,25 +319,6 @@ class LNBertEmbeddings(nn.Module):
         return self.dropout(self.LayerNorm(embeddings))
 
 
-def eager_attention_forward(
-    module: nn.Module,
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    attention_mask: torch.Tensor | None,
-    scaling: float,
-    dropout: float = 0.0,
-    **kwargs: Any,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Plain softmax attention; ``attention_mask`` is additive (0 / -inf), as transformers builds it."""
-    scores = torch.matmul(query, key.transpose(2, 3)) * scaling  # (B, nh, T, T)
-    if attention_mask is not None:
-        scores = scores + attention_mask
-    probs = F.dropout(scores.softmax(dim=-1), p=dropout, training=module.training)
-    out = torch.matmul(probs, value).transpose(1, 2).contiguous()  # (B, T, nh, hs)
-    return out, probs
-
-
 class LNBertSelfAttention(nn.Module):
     """Q, K, V projections and scaled dot-product attention over all heads, with the placements' per-head parts:
     norms on Q and K (``qk_norm``; HybridNorm also on V), over each head's ``head_size`` and shared by the heads,
@@ -348,29 +344,15 @@ class LNBertSelfAttention(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         batch, seq_len, _ = hidden_states.shape
         shape = (batch, seq_len, -1, self.head_size)
-        q, k, v = (x.view(shape).transpose(1, 2) for x in self._project_qkv(hidden_states))  # (B, nh, T, hs)
-        q, k, v = self.query_norm(q), self.key_norm(k), self.value_norm(v)
-        # The implementation is picked from transformers' table ("sdpa" by default, "eager", ...).
-        attention: Callable = ALL_ATTENTION_FUNCTIONS.get_interface(
-            self.config._attn_implementation, eager_attention_forward
+        projections = (self.query, self.key, self.value)
+        q, k, v = (
+            x.view(shape).transpose(1, 2) for x in project_qkv(hidden_states, projections, self.config.fused_qkv)
         )
-        out, probs = attention(
+        q, k, v = self.query_norm(q), self.key_norm(k), self.value_norm(v)  # (B, nh, T, hs)
+        out, probs = attention_function(self.config)(
             self, q, k, v, attention_mask, dropout=self.dropout.p if self.training else 0.0, scaling=self.scaling
         )  # out: (B, T, nh, hs)
         return out.reshape(batch, seq_len, -1), probs
-
-    def _project_qkv(self, hidden_states: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        if not self.config.fused_qkv:
-            return self.query(hidden_states), self.key(hidden_states), self.value(hidden_states)
-        # One (3H x H) GEMM; concatenating the weights copies 3·H² numbers per step (benchmarks/train_step.py).
-        projections = (self.query, self.key, self.value)
-        params = [m.weight for m in projections] + [m.bias for m in projections]
-        device_type = hidden_states.device.type
-        if torch.is_autocast_enabled(device_type):
-            # Concatenate in the compute dtype: each weight is cast once, as autocast would, and the copy is half-size.
-            params = [p.to(torch.get_autocast_dtype(device_type)) for p in params]
-        weight, bias = torch.cat(params[:3]), torch.cat(params[3:])
-        return F.linear(hidden_states, weight, bias).chunk(3, dim=-1)  # 3 x (B, T, H), views
 
 
 def _learned_residual_scale(config: LNBertConfig, ffn: bool) -> nn.Module:
@@ -597,13 +579,19 @@ class LNBertEncoder(nn.Module):
 
 
 class LNBertPooler(nn.Module):
+    """tanh(W h + b) of the [CLS] token, as Hugging Face BERT. nGPT's [CLS] vector has norm 1 (entries about
+    1/sqrt(d), not about 1 as after a LayerNorm): times sqrt(d) (``input_scale``) it reaches BERT's scale, so that
+    the pooler, the NSP head and the classifier stay BERT's, with BERT's init."""
+
     def __init__(self, config: LNBertConfig) -> None:
         super().__init__()
         self.dense = nn.Linear(config.hidden_size, config.hidden_size)
         self.activation = nn.Tanh()
+        self.input_scale = math.sqrt(config.hidden_size) if config.norm_placement == "ngpt" else 1.0
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        return self.activation(self.dense(hidden_states[:, 0]))  # the [CLS] token
+        first = hidden_states[:, 0]  # the [CLS] token
+        return self.activation(self.dense(first if self.input_scale == 1.0 else first * self.input_scale))
 
 
 class LNBertPredictionHeadTransform(nn.Module):
@@ -624,25 +612,36 @@ class LNBertLMPredictionHead(nn.Module):
         self.decoder = nn.Linear(config.hidden_size, config.vocab_size, bias=True)
         self.bias = nn.Parameter(torch.zeros(config.vocab_size))  # tied to decoder.bias
 
+    def set_decoder(self, decoder: nn.Linear) -> None:
+        self.decoder = decoder
+        self.bias = decoder.bias
+
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         return self.decoder(self.transform(hidden_states))
+
+
+def _mlm_head(config: LNBertConfig) -> LNBertLMPredictionHead | NgptLMPredictionHead:
+    return NgptLMPredictionHead(config) if config.norm_placement == "ngpt" else LNBertLMPredictionHead(config)
 
 
 class LNBertOnlyMLMHead(nn.Module):
     def __init__(self, config: LNBertConfig) -> None:
         super().__init__()
-        self.predictions = LNBertLMPredictionHead(config)
+        self.predictions = _mlm_head(config)
 
 
 class LNBertPreTrainingHeads(nn.Module):
     def __init__(self, config: LNBertConfig) -> None:
         super().__init__()
-        self.predictions = LNBertLMPredictionHead(config)
+        self.predictions = _mlm_head(config)
         self.seq_relationship = nn.Linear(config.hidden_size, 2)
 
 
 def mlm_logits_and_loss(
-    head: LNBertLMPredictionHead, sequence_output: torch.Tensor, labels: torch.Tensor | None, sparse: bool
+    head: LNBertLMPredictionHead | NgptLMPredictionHead,
+    sequence_output: torch.Tensor,
+    labels: torch.Tensor | None,
+    sparse: bool,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """MLM logits and mean cross-entropy over positions whose label is not -100.
 
@@ -674,12 +673,30 @@ class LNBertPreTrainedModel(PreTrainedModel):
     # No flash-attention claim: it needs the flash_attn package and a GPU, and no test here could exercise it.
     _supports_flex_attn = True
     _supports_attention_backend = True
-    _no_split_modules = ["LNBertEmbeddings", "LNBertLayer"]
+    _no_split_modules = ["LNBertEmbeddings", "LNBertLayer", "NgptEmbeddings", "NgptLayer"]
+
+    @torch.no_grad()
+    def after_optimizer_step(self) -> None:
+        """What a training loop calls after every optimizer step, pretraining's and fine-tuning's alike (on the
+        unwrapped model: ``accelerator.unwrap_model(model).after_optimizer_step()``): nGPT re-normalises its
+        matrices to unit norm along the embedding dimension (``pretrain.ngpt.normalize_matrices``); a no-op for
+        every other placement."""
+        if self.config.norm_placement == "ngpt":
+            normalize_matrices(self)
+
+    @property
+    def weight_decay_exempt(self) -> bool:
+        """No parameter of the model gets weight decay (read by ``pretrain.optim``): nGPT is trained with weight
+        decay 0, its matrices on the unit sphere and its scalers learned without a pull to 0."""
+        return self.config.norm_placement == "ngpt"
 
     @torch.no_grad()
     def _init_weights(self, module: nn.Module) -> None:
         config = self.config
-        if isinstance(module, nn.Linear):
+        sphere_dim = getattr(module, "unit_norm_dim", None)
+        if sphere_dim is not None:  # nGPT's matrices: unit norm along the embedding dimension from the start
+            init_on_sphere(module.weight, sphere_dim, base_scale(config.hidden_size))
+        elif isinstance(module, nn.Linear):
             # B2T's official rescaling_init: every weight matrix of its layers times L^(-1/2), after the base init.
             scale = getattr(module, "init_scale", 1.0)
             beta = getattr(module, "deepnorm_gain", None)
@@ -715,8 +732,10 @@ class LNBertPreTrainedModel(PreTrainedModel):
             module.init_parameters(config.initializer_range)
         elif isinstance(module, LNBertLMPredictionHead):
             init.zeros_(module.bias)
-        elif isinstance(module, LNBertEmbeddings):
+        elif isinstance(module, (LNBertEmbeddings, NgptEmbeddings)):
             init.copy_(module.position_ids, torch.arange(module.position_ids.shape[-1])[None])
+        elif isinstance(module, NGPT_MODULES):  # nGPT's learned scalers, stored with the scale trick (pretrain/ngpt.py)
+            module.init_parameters()
 
     def _check_loaded_keys(self, loading_info: dict[str, Any]) -> None:
         """A snapshot of another placement must not load with silently missing or unused encoder weights.
@@ -789,8 +808,9 @@ class LNBertModel(LNBertPreTrainedModel):
 
     def __init__(self, config: LNBertConfig, add_pooling_layer: bool = True) -> None:
         super().__init__(config)
-        self.embeddings = LNBertEmbeddings(config)
-        self.encoder = LNBertEncoder(config)
+        ngpt = config.norm_placement == "ngpt"
+        self.embeddings = NgptEmbeddings(config) if ngpt else LNBertEmbeddings(config)
+        self.encoder = NgptEncoder(config) if ngpt else LNBertEncoder(config)
         self.pooler = LNBertPooler(config) if add_pooling_layer else None
         self.post_init()
 
@@ -847,19 +867,20 @@ class LNBertForPreTrainingOutput(ModelOutput):
     nsp_loss: torch.Tensor | None = None
 
 
-_TIED_MLM_KEYS = {
-    "cls.predictions.decoder.weight": "bert.embeddings.word_embeddings.weight",
-    "cls.predictions.decoder.bias": "cls.predictions.bias",
-}
+def _tied_mlm_keys(config: LNBertConfig) -> dict[str, str]:
+    """The decoder's tied parameters (target: source), when ``tie_word_embeddings``; nGPT's decoder has no bias."""
+    keys = {"cls.predictions.decoder.weight": "bert.embeddings.word_embeddings.weight"}
+    if config.norm_placement != "ngpt":
+        keys["cls.predictions.decoder.bias"] = "cls.predictions.bias"
+    return keys
 
 
 class LNBertForPreTraining(LNBertPreTrainedModel):
     """Encoder + MLM head + NSP head, BERT's pretraining objective (loss = MLM + NSP)."""
 
-    _tied_weights_keys = _TIED_MLM_KEYS
-
     def __init__(self, config: LNBertConfig) -> None:
         super().__init__(config)
+        self._tied_weights_keys = _tied_mlm_keys(config)  # read by post_init
         self.bert = LNBertModel(config)
         self.cls = LNBertPreTrainingHeads(config)
         self.post_init()
@@ -868,8 +889,7 @@ class LNBertForPreTraining(LNBertPreTrainedModel):
         return self.cls.predictions.decoder
 
     def set_output_embeddings(self, new_embeddings: nn.Linear) -> None:
-        self.cls.predictions.decoder = new_embeddings
-        self.cls.predictions.bias = new_embeddings.bias
+        self.cls.predictions.set_decoder(new_embeddings)
 
     @can_return_tuple
     def forward(
@@ -920,10 +940,9 @@ class LNBertForPreTraining(LNBertPreTrainedModel):
 class LNBertForMaskedLM(LNBertPreTrainedModel):
     """Encoder (no pooler) + MLM head, as Hugging Face ``BertForMaskedLM``."""
 
-    _tied_weights_keys = _TIED_MLM_KEYS
-
     def __init__(self, config: LNBertConfig) -> None:
         super().__init__(config)
+        self._tied_weights_keys = _tied_mlm_keys(config)  # read by post_init
         self.bert = LNBertModel(config, add_pooling_layer=False)
         self.cls = LNBertOnlyMLMHead(config)
         self.post_init()
@@ -932,8 +951,7 @@ class LNBertForMaskedLM(LNBertPreTrainedModel):
         return self.cls.predictions.decoder
 
     def set_output_embeddings(self, new_embeddings: nn.Linear) -> None:
-        self.cls.predictions.decoder = new_embeddings
-        self.cls.predictions.bias = new_embeddings.bias
+        self.cls.predictions.set_decoder(new_embeddings)
 
     @can_return_tuple
     def forward(

@@ -16,17 +16,22 @@ ADAMW_IMPLEMENTATIONS: tuple[str, ...] = get_args(AdamWImplementation)
 # decay, selected by module type (pretrain.norms.NO_DECAY_MODULES): names differ between models, and a
 # name-substring rule ("LayerNorm.weight") silently misses norms called otherwise (final_layer_norm, ...). A module
 # whose own parameters differ (HC's static matrices and its dynamic projections) lists the exempt ones in its
-# ``no_weight_decay`` class attribute (pretrain/residual_streams.py).
+# ``no_weight_decay`` class attribute (pretrain/residual_streams.py). A module whose ``weight_decay_exempt`` is true
+# exempts every parameter under it: an nGPT model (``LNBertPreTrainedModel.weight_decay_exempt``), trained with
+# weight decay 0 as its paper, whatever the recipe's value.
 
 
 def weight_decay_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
-    """Two AdamW groups: decay on weight matrices and embeddings; none on biases, norms, learned scales and the
-    parameters a module marks ``no_weight_decay``.
+    """Two AdamW groups: decay on weight matrices and embeddings; none on biases, norms, learned scales, the
+    parameters a module marks ``no_weight_decay`` and everything under a module marked ``weight_decay_exempt``
+    (the first group is then empty).
 
     Trainable parameters only, each once (tied weights such as BERT's decoder/embedding appear once).
     """
     no_decay: set[int] = set()
     for module in model.modules():
+        if getattr(module, "weight_decay_exempt", False):
+            no_decay.update(id(p) for p in module.parameters())
         exempt = getattr(type(module), "no_weight_decay", frozenset())
         for name, param in module.named_parameters(recurse=False):
             if isinstance(module, NO_DECAY_MODULES) or name == "bias" or name in exempt:

@@ -23,10 +23,13 @@ builds exactly the modules its block reads (the others are ``nn.Identity``, with
     normformer  pre + head scales, B_a, a norm inside the FFN          yes          Shleifer et al. 2021, 2110.09456
     output_ln   x = x + N_a(Attn(x)); x = x + N_f(FFN(x))              yes          OLMo 2, 2501.00656
     parallel    h = N_a(x); x = x + Attn(h) + FFN(h)                   yes          GPT-J; PaLM; ModernBERT
+    ngpt        h = Norm(h + |a_A| (Norm(Attn(h)) - h)); likewise FFN  no           Loshchilov et al. 2025, 2410.01131
 
 Each block's docstring draws its data flow; docs/placements.md gives the equations, constants, parameter counts
-and the papers' claims. nGPT (Loshchilov et al. 2025) is a family (unit-norm weights re-normalised after every
-optimizer step, no weight decay), not a placement, and is not built.
+and the papers' claims. ``ngpt`` is a family of its own rather than a place for norms: no norm module at all,
+hidden states and weight vectors on the unit sphere (Norm(x) = x / ||x||), its own embeddings, layers and MLM head
+(``pretrain/ngpt.py``, whose ``ngpt_block`` is its row's block), its matrices re-normalised after every optimizer
+step (``LNBertPreTrainedModel.after_optimizer_step``) and no weight decay.
 
 A residual scheme (``residual_scheme``: Hyper-Connections, mHC, Attention Residuals; ``pretrain/residual_streams.py``)
 replaces Pre-LN's residual sum and keeps its sub-layers: every layer of ``pre`` with a scheme other than ``standard``
@@ -43,6 +46,7 @@ from typing import Protocol
 import torch
 from torch import nn
 
+from pretrain.ngpt import ngpt_block
 from pretrain.residual_streams import DepthSources, ResidualModule
 from pretrain.variants import NORM_PLACEMENTS, NormPlacement, variant_name
 
@@ -254,6 +258,7 @@ BLOCKS: dict[str, Block] = {
     "output_ln": Block(output_ln_block),
     "parallel": Block(parallel_block, ffn_norm=False),
     "residual_scheme": Block(residual_scheme_block),  # pre with LNBertConfig.residual_scheme != "standard"
+    "ngpt": Block(ngpt_block, attention_norm=False, ffn_norm=False),  # pretrain/ngpt.py's layers, no norm module
 }
 
 
@@ -283,6 +288,7 @@ PLACEMENTS: dict[str, Placement] = {
     "normformer": Placement("pre", final_norm=True),
     "output_ln": Placement("output_ln", final_norm=True),
     "parallel": Placement("parallel", final_norm=True),
+    "ngpt": Placement("ngpt", final_norm=False),
 }
 # Other names of a placement: Peri-LN's block is the Sandwich block.
 ALIASES: dict[str, str] = {"peri": "sandwich"}

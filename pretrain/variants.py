@@ -3,7 +3,7 @@
 Every command reads and checks its options before it imports torch and transformers (about 9 s of CPU), so that a
 typo answers at once. What the options are checked against lives here: the names of the placements, norm types,
 init schemes and residual schemes, the defaults of ``LNBertConfig``'s own options (documented there) and the checks
-of the residual scheme's options (``check_residual_scheme``). ``pretrain.placements``,
+of the residual scheme's options (``check_residual_scheme``) and of nGPT's (``check_ngpt``). ``pretrain.placements``,
 ``pretrain.norms``, ``pretrain.modeling`` and ``pretrain.config`` take them from here; nothing here imports more
 than the standard library.
 """
@@ -16,7 +16,7 @@ from typing import Literal, get_args
 
 NormPlacement = Literal[
     "post", "pre", "sandwich", "peri", "deepnorm", "admin", "rezero", "b2t", "resi_dual",
-    "mix_ln", "lns", "hybrid", "normformer", "output_ln", "parallel",
+    "mix_ln", "lns", "hybrid", "normformer", "output_ln", "parallel", "ngpt",
 ]  # fmt: skip
 NORM_PLACEMENTS: tuple[str, ...] = get_args(NormPlacement)
 
@@ -113,6 +113,28 @@ def check_residual_scheme(
             f"{prefix}attn_res_block_size={size!r} must be an integer >= 1 (sub-layers per block; 1 or null: Full "
             "AttnRes; even values close blocks between layers)"
         )
+
+
+def check_ngpt(
+    norm_placement: str, norm_type: str, qk_norm: bool, embedding_layer_norm: bool, prefix: str = ""
+) -> None:
+    """Refuse, under ``norm_placement="ngpt"``, the options that choose a norm module: nGPT has none (its hidden
+    states and weight vectors are normalised to unit length, x / ||x||), so each would change nothing but the
+    variant's label. ``residual_scheme`` is refused by ``check_residual_scheme`` (Pre-LN only)."""
+    if norm_placement != "ngpt":
+        return
+    given = {"norm_type": norm_type, "qk_norm": qk_norm, "embedding_layer_norm": embedding_layer_norm}
+    why = {
+        "norm_type": "nGPT has no LayerNorm, RMSNorm or DyT",
+        "qk_norm": "nGPT normalises each head's queries and keys itself, then scales them by s_qk",
+        "embedding_layer_norm": "nGPT's embedding output is always Norm(E_tok + E_type + E_pos), on the unit sphere",
+    }
+    for key, value in given.items():
+        if value != getattr(DEFAULTS, key):
+            raise ValueError(
+                f"{prefix}{key}={value!r} does not apply to {prefix}norm_placement='ngpt': {why[key]}; leave "
+                f"{prefix}{key} at its default ({getattr(DEFAULTS, key)!r}, which ngpt does not read)"
+            )
 
 
 def residual_scheme_label(

@@ -1,0 +1,458 @@
+"""nGPT, the normalized Transformer, as a BERT: ``norm_placement="ngpt"`` (Loshchilov, Hsieh, Sun, Ginsburg,
+ICLR 2025, arXiv 2410.01131; official code ``NVIDIA/ngpt`` ``model.py`` and ``train.py``).
+
+Every hidden state, and every weight vector along the embedding dimension, lies on the unit sphere; there is no
+LayerNorm, RMSNorm or DyT anywhere, no bias in the encoder and no dropout. With Norm(x) = x / ||x|| (no eps, no
+gain), d the hidden size, d_k the head size:
+
+    h_0 = Norm(E_tok[x] + E_type[t] + E_pos[p])                      BERT's three embeddings, each row unit norm
+    q, k = Norm(W_q h) s_qk, Norm(W_k h) s_qk   per head             softmax scale sqrt(d_k), not 1/sqrt(d_k)
+    h_A = Norm(W_o Attn(q, k, W_v h))
+    h   = Norm(h + |alpha_A| (h_A - h))                              Eq. 10: the eigen learning rate alpha_A
+    h_M = Norm(W_out GELU(s_u sqrt(d) (W_in h)))                     GELU kept for SwiGLU (A.1's sqrt(d) argument)
+    h   = Norm(h + |alpha_M| (h_M - h))                              Eq. 11
+    z   = s_z (E_out h_L)                                            Eq. 3: the MLM logits, no transform, no bias
+
+The learned vectors alpha_A, alpha_M, s_qk, s_u, s_z are stored with the paper's scale trick (§2.5, ``Scaler``).
+The matrices are normalised along the embedding dimension at init and, by the training loops through
+``LNBertPreTrainedModel.after_optimizer_step``, after every optimizer step (``normalize_matrices``, as train.py's
+``normalize_matrices()``): the rows of the three embeddings, W_q, W_k, W_v, W_in and an untied E_out, the columns
+of W_o and W_out (``nn.Linear``'s (out, in) layout). The parameter names are Hugging Face BERT's for the
+projections and the official code's for the scalers (docs/placements.md, "nGPT"); the pooler, NSP head and
+classifier stay BERT's and read sqrt(d) h_0 of the [CLS] token (``pretrain.modeling.LNBertPooler``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import torch
+from torch import nn
+from transformers import initialization as init
+from transformers.activations import ACT2FN
+
+from pretrain.attention import attention_function, project_qkv
+
+if TYPE_CHECKING:
+    from pretrain.modeling import LNBertConfig
+
+# The effective values at init (§2.6; model.py's *_init_value).
+ALPHA_INIT = 0.05  # alpha_A, alpha_M: "in order of 1/n_layers"
+SQK_INIT = 1.0
+SU_INIT = 1.0
+SZ_INIT = 1.0
+
+
+def base_scale(hidden_size: int) -> float:
+    """1 / sqrt(d): the official ``base_scale`` (train.py sets it from n_embd), the stored value of most scalers."""
+    return hidden_size**-0.5
+
+
+@dataclass(frozen=True)
+class Scaler:
+    """How a learned vector is stored (the paper's scale trick, §2.5): as ``scale`` * ones at init, used as
+    stored * (``init`` / ``scale``). Its effective value starts at ``init``, and an Adam step of about lr on the
+    stored value moves the effective one by about lr * init / scale."""
+
+    init: float
+    """s_init: the effective value at init."""
+    scale: float
+    """s_scale: the stored value at init."""
+
+    def initial(self, size: int) -> torch.Tensor:
+        return torch.full((size,), self.scale)
+
+    def effective(self, stored: torch.Tensor) -> torch.Tensor:
+        return stored * (self.init / self.scale)
+
+
+class _UnitNorm(torch.autograd.Function):
+    """y = x / ||x|| with the backward written out, dx = (g - y (g . y)) / ||x||: three elementwise passes where
+    autograd's division and norm take six (and a mask), 1.8x faster forward and backward on CPU at (8, 128, 768).
+    nGPT normalises six times per layer, so this is its largest cost after the GEMMs."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        norm = torch.linalg.vector_norm(x, dim=-1, keepdim=True)
+        y = x / norm
+        ctx.save_for_backward(y, norm)
+        return y
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        y, norm = ctx.saved_tensors
+        return (grad - y * (grad * y).sum(-1, keepdim=True)) / norm
+
+
+def unit(x: torch.Tensor) -> torch.Tensor:
+    """Norm(x) = x / ||x|| over the last dimension, in at least float32 (the result's dtype). No eps, as the
+    paper and the official ``justnorm``: Norm(0) is NaN, which is why the word embeddings have no ``padding_idx``."""
+    return _UnitNorm.apply(x.to(torch.promote_types(x.dtype, torch.float32)))
+
+
+# --------------------------------------------------------------------------------------------------
+# The matrices on the sphere
+# --------------------------------------------------------------------------------------------------
+
+SphereModule = TypeVar("SphereModule", nn.Linear, nn.Embedding)
+
+
+def on_sphere(module: SphereModule, dim: int) -> SphereModule:
+    """Mark ``module``'s weight as unit norm along ``dim``, the embedding dimension (1: each row, 0: each column of
+    ``nn.Linear``'s (out, in) weight): initialised there by the model's ``_init_weights`` and kept there by
+    ``normalize_matrices``."""
+    module.unit_norm_dim = dim
+    return module
+
+
+def sphere_matrices(model: nn.Module) -> list[tuple[nn.Parameter, int]]:
+    """Every weight marked by ``on_sphere`` under ``model`` (any wrapper: DDP, Accelerate) with its dimension, each
+    once (a tied decoder is the word embeddings)."""
+    found: dict[int, tuple[nn.Parameter, int]] = {}
+    for module in model.modules():
+        dim = getattr(module, "unit_norm_dim", None)
+        if dim is not None:
+            found.setdefault(id(module.weight), (module.weight, dim))
+    return list(found.values())
+
+
+def _normalized(weight: torch.Tensor, dim: int) -> torch.Tensor:
+    w = weight.to(torch.promote_types(weight.dtype, torch.float32))
+    return w / torch.linalg.vector_norm(w, dim=dim, keepdim=True)
+
+
+@torch.no_grad()
+def normalize_matrices(model: nn.Module) -> None:
+    """Re-normalise every matrix on the sphere to unit norm along its embedding dimension, in place, computed in
+    float32 (train.py's ``normalize_matrices()``); what ``after_optimizer_step`` runs for nGPT."""
+    for weight, dim in sphere_matrices(model):
+        if weight.dtype in (torch.float32, torch.float64):
+            weight.div_(torch.linalg.vector_norm(weight, dim=dim, keepdim=True))
+        else:
+            weight.copy_(_normalized(weight, dim))
+
+
+def init_on_sphere(weight: torch.Tensor, dim: int, std: float) -> None:
+    """normal(0, std) (the official 1/sqrt(d); a Gaussian's direction does not depend on it), then unit norm along
+    ``dim``. Through ``transformers.initialization``, so weights loaded by ``from_pretrained`` are left as they are."""
+    init.normal_(weight, mean=0.0, std=std)
+    init.copy_(weight, _normalized(weight, dim))
+
+
+# --------------------------------------------------------------------------------------------------
+# Embeddings, attention, FFN
+# --------------------------------------------------------------------------------------------------
+
+
+class NgptEmbeddings(nn.Module):
+    """h_0 = Norm(E_tok[x] + E_type[t] + E_pos[p]): BERT's three tables, each row on the sphere; no LayerNorm, no
+    dropout, and no ``padding_idx`` (BERT zeroes the [PAD] row, and Norm(0) is NaN)."""
+
+    def __init__(self, config: LNBertConfig) -> None:
+        super().__init__()
+        d = config.hidden_size
+        self.word_embeddings = on_sphere(nn.Embedding(config.vocab_size, d), dim=1)
+        self.position_embeddings = on_sphere(nn.Embedding(config.max_position_embeddings, d), dim=1)
+        self.token_type_embeddings = on_sphere(nn.Embedding(config.type_vocab_size, d), dim=1)
+        self.register_buffer("position_ids", torch.arange(config.max_position_embeddings)[None], persistent=False)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        token_type_ids: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        if position_ids is None:
+            position_ids = self.position_ids[:, : input_ids.shape[1]]
+        if token_type_ids is None:
+            token_type_ids = torch.zeros_like(input_ids)
+        embeddings = self.word_embeddings(input_ids) + self.token_type_embeddings(token_type_ids)
+        embeddings = embeddings + self.position_embeddings(position_ids)
+        return unit(embeddings).to(embeddings.dtype)
+
+
+class NgptSelfAttention(nn.Module):
+    """Q, K, V without biases; each head's queries and keys normalised and scaled by s_qk (``sqk``, d numbers
+    viewed as (heads, d_k)); softmax scale sqrt(d_k), as the official code's ``softmax_scale``."""
+
+    def __init__(self, config: LNBertConfig) -> None:
+        super().__init__()
+        self.config = config
+        d = config.hidden_size
+        self.head_size = d // config.num_attention_heads
+        self.query = on_sphere(nn.Linear(d, d, bias=False), dim=1)
+        self.key = on_sphere(nn.Linear(d, d, bias=False), dim=1)
+        self.value = on_sphere(nn.Linear(d, d, bias=False), dim=1)
+        self.sqk_scaler = Scaler(SQK_INIT, base_scale(d))
+        self.sqk = nn.Parameter(self.sqk_scaler.initial(d))
+        self.is_causal = False  # read by transformers' SDPA / flash attention interfaces
+
+    def init_parameters(self) -> None:
+        init.copy_(self.sqk, self.sqk_scaler.initial(self.sqk.numel()))
+
+    def forward(
+        self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        batch, seq_len, _ = hidden_states.shape
+        shape = (batch, seq_len, -1, self.head_size)
+        projections = (self.query, self.key, self.value)
+        q, k, v = (
+            x.view(shape).transpose(1, 2) for x in project_qkv(hidden_states, projections, self.config.fused_qkv)
+        )
+        s_qk = self.sqk_scaler.effective(self.sqk).view(-1, 1, self.head_size)  # (nh, 1, hs) against (B, nh, T, hs)
+        q, k = ((unit(x) * s_qk).to(v.dtype) for x in (q, k))
+        out, probs = attention_function(self.config)(
+            self, q, k, v, attention_mask, dropout=0.0, scaling=self.head_size**0.5
+        )  # out: (B, T, nh, hs)
+        return out.reshape(batch, seq_len, -1), probs
+
+
+class NgptProjection(nn.Module):
+    """A projection back to the hidden size without bias, each column (the embedding dimension of its (d, n)
+    weight) on the sphere: ``attention.output`` and ``output`` at Hugging Face's names (``.dense``)."""
+
+    def __init__(self, in_features: int, hidden_size: int) -> None:
+        super().__init__()
+        self.dense = on_sphere(nn.Linear(in_features, hidden_size, bias=False), dim=0)
+
+
+class NgptAttention(nn.Module):
+    def __init__(self, config: LNBertConfig) -> None:
+        super().__init__()
+        self.self = NgptSelfAttention(config)
+        self.output = NgptProjection(config.hidden_size, config.hidden_size)
+
+
+class NgptIntermediate(nn.Module):
+    """GELU(s_u sqrt(d) (W_in h)): the FFN input without bias, scaled per channel by s_u (``su``, stored 1, used
+    1: §2.6) and by sqrt(d), which moves the activation's input, a cosine, into GELU's non-linear range (A.1)."""
+
+    def __init__(self, config: LNBertConfig) -> None:
+        super().__init__()
+        self.dense = on_sphere(nn.Linear(config.hidden_size, config.intermediate_size, bias=False), dim=1)
+        self.intermediate_act_fn = ACT2FN[config.hidden_act]
+        self.su_scaler = Scaler(SU_INIT, 1.0)
+        self.su = nn.Parameter(self.su_scaler.initial(config.intermediate_size))
+        self.input_scale = math.sqrt(config.hidden_size)
+
+    def init_parameters(self) -> None:
+        init.copy_(self.su, self.su_scaler.initial(self.su.numel()))
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        u = self.dense(hidden_states)
+        scale = self.su_scaler.effective(self.su) * self.input_scale  # (d_ff,): one vector, not one more full pass
+        return self.intermediate_act_fn(u * scale.to(u.dtype))
+
+
+# --------------------------------------------------------------------------------------------------
+# The layer and the encoder
+# --------------------------------------------------------------------------------------------------
+
+
+class NgptLayer(nn.Module):
+    """One nGPT layer at Hugging Face BERT's module names, plus the eigen learning rates ``attn_alpha`` and
+    ``mlp_alpha`` (d each, stored 1/sqrt(d), used |stored * 0.05 sqrt(d)|); ``ngpt_block`` is its data flow."""
+
+    def __init__(self, config: LNBertConfig) -> None:
+        super().__init__()
+        d = config.hidden_size
+        self.attention = NgptAttention(config)
+        self.intermediate = NgptIntermediate(config)
+        self.output = NgptProjection(config.intermediate_size, d)
+        self.alpha_scaler = Scaler(ALPHA_INIT, base_scale(d))
+        self.attn_alpha = nn.Parameter(self.alpha_scaler.initial(d))
+        self.mlp_alpha = nn.Parameter(self.alpha_scaler.initial(d))
+
+    def init_parameters(self) -> None:
+        for alpha in (self.attn_alpha, self.mlp_alpha):
+            init.copy_(alpha, self.alpha_scaler.initial(alpha.numel()))
+
+    # What the block reads.
+    def attend(self, h: torch.Tensor, attention_mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """W_o Attn(h), before its Norm."""
+        out, probs = self.attention.self(h, attention_mask)
+        return self.attention.output.dense(out), probs
+
+    def feed_forward(self, h: torch.Tensor) -> torch.Tensor:
+        """W_out GELU(s_u sqrt(d) W_in h), before its Norm."""
+        return self.output.dense(self.intermediate(h))
+
+    def eigen_lr_a(self) -> torch.Tensor:
+        """|alpha_A|, the effective attention eigen learning rate (A.2: the sign is free, its magnitude is used)."""
+        return self.alpha_scaler.effective(self.attn_alpha).abs()
+
+    def eigen_lr_m(self) -> torch.Tensor:
+        """|alpha_M|, the effective MLP eigen learning rate."""
+        return self.alpha_scaler.effective(self.mlp_alpha).abs()
+
+    def forward(self, h: torch.Tensor, attention_mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        return ngpt_block(self, h, attention_mask)
+
+
+def ngpt_block(
+    layer: NgptLayer, h: torch.Tensor, mask: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """nGPT: each sub-layer moves the unit-norm h toward its normalised output by the eigen learning rate (a LERP
+    for the paper's SLERP), then back onto the sphere. No norm module; ``h`` itself is not normalised again
+    (it is unit norm already: the official ``justnorm(h)`` is there "normally not needed").
+
+        h ──┬─────────────────────────────┐
+            Attn                          │
+            Norm = h_A                    │
+            └── h + |alpha_A| (h_A - h) ──┘
+                Norm
+        h ──┬─────────────────────────────┐
+            FFN                           │
+            Norm = h_M                    │
+            └── h + |alpha_M| (h_M - h) ──┘
+                Norm
+
+    The stream stays in its own dtype (float32 under bf16 autocast, as Pre-LN's residual sum); every Norm is
+    computed in at least float32.
+    """
+    dtype = h.dtype
+    branch, probs = layer.attend(h, mask)
+    h = unit(torch.lerp(h, unit(branch).to(dtype), layer.eigen_lr_a().to(dtype))).to(dtype)
+    branch = layer.feed_forward(h)
+    h = unit(torch.lerp(h, unit(branch).to(dtype), layer.eigen_lr_m().to(dtype))).to(dtype)
+    return h, probs
+
+
+class NgptEncoder(nn.Module):
+    """The layer stack; no final norm (the last layer's output is on the sphere)."""
+
+    def __init__(self, config: LNBertConfig) -> None:
+        super().__init__()
+        self.layer = nn.ModuleList([NgptLayer(config) for _ in range(config.num_hidden_layers)])
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        output_hidden_states: bool = False,
+        output_attentions: bool = False,
+    ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...] | None, tuple[torch.Tensor, ...] | None]:
+        """As ``LNBertEncoder``: ``hidden_states`` holds h_0 .. h_L, every one of norm 1."""
+        hidden_states = [x] if output_hidden_states else None
+        attentions = [] if output_attentions else None
+        for layer in self.layer:
+            x, probs = layer(x, attention_mask)
+            if hidden_states is not None:
+                hidden_states.append(x)
+            if attentions is not None:
+                attentions.append(probs)
+        return x, tuple(hidden_states) if hidden_states else None, tuple(attentions) if attentions else None
+
+
+class NgptLMPredictionHead(nn.Module):
+    """z = s_z (E_out h): the decoder without bias (tied to the word embeddings when ``tie_word_embeddings``, as
+    BERT; else its own rows on the sphere), scaled per token of the vocabulary by s_z (``sz``, stored 1/sqrt(d),
+    used 1). No transform: its dense and LayerNorm would take h off the sphere."""
+
+    def __init__(self, config: LNBertConfig) -> None:
+        super().__init__()
+        self.decoder = on_sphere(nn.Linear(config.hidden_size, config.vocab_size, bias=False), dim=1)
+        self.sz_scaler = Scaler(SZ_INIT, base_scale(config.hidden_size))
+        self.sz = nn.Parameter(self.sz_scaler.initial(config.vocab_size))
+
+    def init_parameters(self) -> None:
+        init.copy_(self.sz, self.sz_scaler.initial(self.sz.numel()))
+
+    def set_decoder(self, decoder: nn.Linear) -> None:
+        self.decoder = on_sphere(decoder, dim=1)
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        # Float32 logits (under autocast the product promotes), as the loss takes them.
+        return self.decoder(hidden_states) * self.sz_scaler.effective(self.sz)
+
+
+# Modules with learned scalers, initialised by their own ``init_parameters`` (the model's ``_init_weights``).
+NGPT_MODULES: tuple[type[nn.Module], ...] = (NgptSelfAttention, NgptIntermediate, NgptLayer, NgptLMPredictionHead)
+
+
+# --------------------------------------------------------------------------------------------------
+# Measurements: the unit-norm invariants and the learned scalers
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class NgptStats:
+    """nGPT's invariants and its learned scalers at one moment, L layers. Effective values (after the scale trick)
+    are means over each vector's entries."""
+
+    weight_norm_error: float
+    """The largest |‖w‖ - 1| over the embedding-dimension vectors of every matrix on the sphere: float32 rounding
+    right after ``after_optimizer_step``; read between ``optimizer.step()`` and it, how far one step moved them."""
+    attn_alpha: torch.Tensor
+    """(L,): mean |alpha_A| per layer."""
+    mlp_alpha: torch.Tensor
+    """(L,): mean |alpha_M| per layer."""
+    sqk: torch.Tensor
+    """(L,): mean s_qk per layer."""
+    su: torch.Tensor
+    """(L,): mean s_u per layer (without the constant sqrt(d))."""
+    sz: float | None
+    """Mean s_z (None without an MLM head)."""
+    hidden_norm_error: float | None = None
+    """The largest |‖h‖ - 1| over the hidden states given to ``ngpt_stats`` (None when none were)."""
+
+    def scalars(self) -> dict[str, float]:
+        """Flat names for a logger: ``weight_norm_error``, ``attn_alpha/ll``, ``mlp_alpha/ll``, ``sqk/ll``,
+        ``su/ll`` (ll the layer, two digits), ``sz``, ``hidden_norm_error`` where measured."""
+        out = {"weight_norm_error": self.weight_norm_error}
+        for name in ("attn_alpha", "mlp_alpha", "sqk", "su"):
+            out.update({f"{name}/{i:02d}": float(v) for i, v in enumerate(getattr(self, name))})
+        for name in ("sz", "hidden_norm_error"):
+            if getattr(self, name) is not None:
+                out[name] = getattr(self, name)
+        return out
+
+
+@torch.no_grad()
+def ngpt_stats(model: nn.Module, hidden_states: tuple[torch.Tensor, ...] | None = None) -> NgptStats:
+    """``NgptStats`` of ``model`` (any wrapper), from its parameters alone: no forward pass; about one read of the
+    sphere matrices, in float32. ``hidden_states`` (a forward's ``output_hidden_states``) adds their norm error."""
+    errors = [
+        (torch.linalg.vector_norm(weight.float(), dim=dim) - 1).abs().max() for weight, dim in sphere_matrices(model)
+    ]
+    if not errors:
+        raise ValueError("the model has no nGPT matrices (norm_placement is not 'ngpt')")
+    layers = [m for m in model.modules() if isinstance(m, NgptLayer)]
+    heads = [m for m in model.modules() if isinstance(m, NgptLMPredictionHead)]
+
+    def means(values: list[torch.Tensor]) -> torch.Tensor:
+        return torch.stack([v.float().mean() for v in values]).cpu()
+
+    hidden = None
+    if hidden_states is not None:
+        hidden = max(float((torch.linalg.vector_norm(h.float(), dim=-1) - 1).abs().max()) for h in hidden_states)
+    return NgptStats(
+        weight_norm_error=float(torch.stack(errors).max()),
+        attn_alpha=means([layer.eigen_lr_a() for layer in layers]),
+        mlp_alpha=means([layer.eigen_lr_m() for layer in layers]),
+        sqk=means([a.sqk_scaler.effective(a.sqk) for a in (layer.attention.self for layer in layers)]),
+        su=means([f.su_scaler.effective(f.su) for f in (layer.intermediate for layer in layers)]),
+        sz=float(heads[0].sz_scaler.effective(heads[0].sz).float().mean()) if heads else None,
+        hidden_norm_error=hidden,
+    )
+
+
+__all__ = [
+    "NGPT_MODULES",
+    "NgptEmbeddings",
+    "NgptEncoder",
+    "NgptLMPredictionHead",
+    "NgptLayer",
+    "NgptStats",
+    "Scaler",
+    "base_scale",
+    "init_on_sphere",
+    "ngpt_block",
+    "ngpt_stats",
+    "normalize_matrices",
+    "on_sphere",
+    "sphere_matrices",
+    "unit",
+]
