@@ -13,6 +13,7 @@ import signal
 import socket
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -67,14 +68,20 @@ class Backend(Protocol):
 
 
 class InProcess:
-    """One task, run to its end inside the scheduler (``workers: 1``; what ``finetune.run`` uses)."""
+    """One task, run to its end inside the scheduler (``workers: 1``; what ``finetune.run`` uses).
+
+    ``after_job`` is called after each of its jobs: the scheduler prints the job's line then, not once the
+    whole submission has run."""
 
     name, size = "inprocess", 1
+
+    def __init__(self, after_job: Callable[[], object] = lambda: None) -> None:
+        self.after_job = after_job
 
     def start(self, manifest: Path, tasks: int, submission: int) -> str:
         from finetune.worker import run_task  # imports torch and transformers: only where jobs run
 
-        run_task(manifest, 0)
+        run_task(manifest, 0, on_job=lambda _: self.after_job())
         return ""
 
     def live_tasks(self, manifest: Manifest) -> tuple[set[int], dict[int, str]]:
@@ -111,7 +118,8 @@ class LocalArray:
     def start(self, manifest: Path, tasks: int, submission: int) -> str:
         for index in range(tasks):
             command = [sys.executable, "-m", "finetune.worker", str(manifest), f"--index={index}"]
-            command.append(f"--parent_pid={os.getpid()}")
+            # The scheduler prints each job's line as it reads the result; the workers share its terminal.
+            command += [f"--parent_pid={os.getpid()}", "--quiet"]
             self.processes[(submission, index)] = subprocess.Popen(command)
         pids = ",".join(str(self.processes[(submission, i)].pid) for i in range(tasks))
         return f"{socket.gethostname()}:{pids}"

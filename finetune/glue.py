@@ -120,8 +120,8 @@ def load_local(task: GlueTask, data_dir: str | Path) -> dict[str, list[Example]]
     absent = [str(p) for p in paths.values() if not p.is_file()]
     if absent:
         raise FileNotFoundError(
-            f"GLUE {task.name.upper()} files not found: {', '.join(absent)}. Expected in --data-dir "
-            f"{data_dir}: {expected_layout(task)} (the original GLUE download layout); leave --data-dir "
+            f"GLUE {task.name.upper()} files not found: {', '.join(absent)}. Expected in --data_dir "
+            f"{data_dir}: {expected_layout(task)} (the original GLUE download layout); leave --data_dir "
             "unset to download nyu-mll/glue from the Hugging Face Hub instead"
         )
     return {split: read_tsv(path, task) for split, path in paths.items()}

@@ -8,8 +8,8 @@ one folder, ``results_dir`` (docs/finetune_files.md):
                                     with the backend's handle of its tasks and, as they end, why they ended
     RESULTS/started/KEY.7.json      written by a task as it starts a job of submission 7
     RESULTS/done/KEY.json           one per finished job: the proof that it is done; never changes once there
-    RESULTS/failed/KEY.7.TAG.json   one per failed attempt (in submission 7) of a job, with the error (TAG: host,
-                                    pid, time)
+    RESULTS/failed/KEY.7.TAG.json   one per failed attempt (in submission 7) of a job, with the error and whether
+                                    it failed for good (a refused snapshot) (TAG: host, pid, time)
 
 There is no other state: what a job is (queued, submitted, done or failed, its attempts and its error) is derived
 from these files each time it is asked (``ResultsFolder.jobs``), so a listing never lags the tasks and a scheduler
@@ -101,6 +101,12 @@ class JobSpec(Model):
     @cached_property  # a job's key is asked for often; its fields never change
     def recipe_hash(self) -> str:
         return recipe_hash(self.recipe)
+
+    @property
+    def label(self) -> str:
+        """The job in a line of output: task, lr, seed, snapshot step and run name."""
+        step = f" step={self.pretrain_step}" if self.pretrain_step >= 0 else ""
+        return f"{self.task} lr={self.lr:g} seed={self.seed}{step} ({self.run_name})"
 
     @cached_property
     def key(self) -> str:
@@ -202,6 +208,19 @@ class JobState:
     """Why its latest attempt failed (failed only)."""
     results: Results | None = None
     """What it measured (done only)."""
+    permanent: bool = False
+    """Its latest attempt failed for a reason no retry changes while the snapshot's files stay as they are (the
+    snapshot was refused: incomplete, damaged, of another format version, of mixed placements): failed for good."""
+    snapshot_stamp: str | None = None
+    """The stamp of the model folder's files when that attempt failed (finetune.worker.files_stamp; failed only):
+    a failure for good holds until the stamp of the files there now differs."""
+
+    def line(self, outcome: str = "") -> str:
+        """What a researcher reads when the job ends: ``done TASK lr=.. seed=.. step=.. (RUN) acc 0.684 in 41 s``,
+        or ``failed ..., attempt N{outcome}: ERROR``, where ``outcome`` says what happens next (the scheduler's)."""
+        if self.results is not None:
+            return f"done {self.spec.label} acc {self.results.accuracy:.3f} in {self.results.wall_time_s:.0f} s"
+        return f"failed {self.spec.label}, attempt {self.attempts}{outcome}: {self.error}"
 
     def row(self) -> dict[str, Any]:
         """The flat view of tables and the report: the spec's fields, key, recipe hash, status, attempts, error and
@@ -209,7 +228,7 @@ class JobState:
         spec = {f.name: getattr(self.spec, f.name) for f in dataclasses.fields(JobSpec)}  # asdict copies: slow
         results = {f.name: getattr(self.results, f.name) if self.results else None for f in dataclasses.fields(Results)}
         return {**spec, "key": self.spec.key, "recipe_hash": self.spec.recipe_hash, "status": self.status,
-                "attempts": self.attempts, "error": self.error, **results}  # fmt: skip
+                "attempts": self.attempts, "error": self.error, "permanent": self.permanent, **results}  # fmt: skip
 
 
 def charged(reason: str, started: bool) -> bool:
@@ -381,12 +400,16 @@ class ResultsFolder:
         text = json.dumps(stamped(payload, RESULTS_FORMAT), indent=1, sort_keys=True)
         return atomic.write_once(self.done_path(job.spec.key), text)  # the first copy wins: it never changes
 
-    def write_failed(self, job: ManifestJob, submission: int, error: str) -> None:
-        """Record a failed attempt of a job."""
+    def write_failed(
+        self, job: ManifestJob, submission: int, error: str, permanent: bool = False, snapshot_stamp: str | None = None
+    ) -> None:
+        """Record a failed attempt of a job; ``permanent``: failed for good while the model folder's files have
+        ``snapshot_stamp`` (JobState)."""
         info = worker_info()
         path = self.root / FAILED / f"{job.spec.key}.{submission}.{info['host']}-{info['pid']}-{time.time_ns()}.json"
         payload = {"key": job.spec.key, "attempt": job.attempt, "submission": submission, "spec": asdict(job.spec),
-                   "error": error, "worker": info, "failed": time.time()}  # fmt: skip
+                   "error": error, "permanent": permanent, "snapshot_stamp": snapshot_stamp, "worker": info,
+                   "failed": time.time()}  # fmt: skip
         write_json(path, payload)
 
     # ----------------------------------------------------------------------------------------------
@@ -415,7 +438,8 @@ class ResultsFolder:
         for f in self._read(FAILED):
             latest = states.get(f["key"])
             if latest is None or f["submission"] >= latest.submission:
-                states[f["key"]] = JobState(JobSpec(**f["spec"]), "failed", f["attempt"], f["submission"], f["error"])
+                states[f["key"]] = JobState(JobSpec(**f["spec"]), "failed", f["attempt"], f["submission"], f["error"],
+                                            permanent=f["permanent"], snapshot_stamp=f["snapshot_stamp"])  # fmt: skip
         states.update(self.done())
         return states
 

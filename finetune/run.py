@@ -28,7 +28,7 @@ from finetune.backends import InProcess
 from finetune.config import DEFAULT_LRS, DEFAULT_SEEDS, FinetuneConfig, ResultsOption, check_tasks, validate_grid
 from finetune.glue import load_task
 from finetune.manifest import ResultsBusy, ResultsFolder, Runtime
-from finetune.schedule import collect, retried, runnable, submit
+from finetune.schedule import JobLines, collect, lifted, retried, runnable, submit
 from finetune.tracking import WandbSettings, check_wandb
 from finetune.worker import check_snapshot, describe_model, job_specs
 from pretrain.common.cli import parse, require, run_cli
@@ -91,14 +91,16 @@ def run(config: RunConfig) -> list[dict[str, Any]]:
     with folder.lock():
         backend = InProcess()
         collect(folder, backend)  # the jobs of an earlier run that was killed in them are queued again
+        backend.after_job = JobLines(folder, config.max_attempts)  # one line per job, as it ends
         jobs = folder.jobs()
         resets = retried(jobs, specs) if config.retry_failed else {}
         new = sum(spec.key not in jobs for spec in specs)
-        print(f"{len(specs)} jobs for {config.model} on {config.task}: {new} new, in {folder.root}")
+        print(f"{len(specs)} jobs for {config.model} on {config.task}: {new} new, in {folder.root}", flush=True)
         # The folder may hold other work (a scheduler's): this command runs only its own grid.
-        while submit(folder, backend, runtime, runnable({**jobs, **resets}, specs, config.max_attempts)):
+        jobs |= resets
+        while submit(folder, backend, runtime, runnable(jobs | lifted(jobs, specs), specs, config.max_attempts)):
             collect(folder, backend)
-            jobs, resets = folder.jobs(), {}
+            jobs = folder.jobs()
         return [jobs[spec.key].row() for spec in specs]
 
 

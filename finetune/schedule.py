@@ -17,7 +17,13 @@ array per manifest). Tasks read only the manifest and write only result files (f
 ``--mode=once`` runs the jobs of the snapshots that exist until each is done or failed ``max_attempts`` times;
 ``--mode=follow`` also picks up new snapshots until every run is finished, diverged, failed or dead (status.json
 ``running`` but its heartbeat older than ``dead_after_min``), or until ``--until``. The exit code is 1 when jobs failed
-every attempt (they are listed with their errors); ``--retry_failed=true`` queues them again.
+every attempt (they are listed with their errors); ``--retry_failed=true`` queues them again. A job whose snapshot
+is refused (incomplete, damaged, of another format version or of mixed placements) fails for good at once: it is
+not tried again, by this command or a later one, until the snapshot's files change (restored from a copy).
+
+It prints one line per job as it learns of its end (``done mrpc lr=3e-05 seed=2 step=1200 (RUN) acc 0.684 in
+41 s``, or ``failed ...`` with the reason), and the cost of the jobs before starting them: at ``--step_time_s``,
+or else at the time per step of the first job that finishes, printed then.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ import os
 import re
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Literal
@@ -42,13 +49,14 @@ from finetune.manifest import (
     JobState,
     Manifest,
     ManifestJob,
+    Results,
     ResultsBusy,
     ResultsFolder,
     Runtime,
     recipe_hash,
 )
 from finetune.tracking import WandbSettings, check_wandb
-from finetune.worker import describe_model, job_specs
+from finetune.worker import describe_model, files_stamp, job_specs
 from pretrain.common.cli import ConfigError, parse_command, require, run_cli
 from pretrain.run_folder.identity import read_run_id
 from pretrain.run_folder.layout import DEAD_AFTER_S, TERMINAL_STATUSES, is_dead, list_snapshots, read_status
@@ -96,11 +104,14 @@ class ScheduleConfig(ResultsOption):
     max_attempts: int = 3
     """Attempts per job before it stays failed. An attempt counts once its task started the job (failed, or its
     worker killed or preempted in it); a job that a killed scheduler or task never reached is not charged, nor, with
-    --workers=1, the job that died with its scheduler."""
+    --workers=1, the job that died with its scheduler. A job whose snapshot is refused fails for good at its first
+    attempt: no retry changes that until the snapshot's files change."""
     retry_failed: bool = False
-    """Queue the jobs that failed every attempt again (after fixing the cause, e.g. a missing --data_dir)."""
+    """Queue the jobs that failed for good again (every attempt, or at once on a refused snapshot), after fixing
+    the cause (e.g. a missing --data_dir)."""
     step_time_s: float | None = None
-    """Seconds per fine-tuning step for the cost estimate; unset: measured on the finished jobs of the recipe."""
+    """Seconds per fine-tuning step for the cost estimate; unset: measured on the finished jobs of the recipe
+    (on a first run, the estimate follows when the first job finishes)."""
     recipe: FinetuneConfig = field(default_factory=FinetuneConfig)
     """The fine-tuning recipe of every job."""
     slurm: SlurmConfig = field(default_factory=SlurmConfig)
@@ -195,8 +206,8 @@ def runs_ended(config: ScheduleConfig) -> dict[str, str]:
 
 
 def column(state: JobState, max_attempts: int) -> str:
-    """The status table's column of a job (COLUMNS)."""
-    if state.status == "failed" and state.attempts < max_attempts:
+    """The status table's column of a job (COLUMNS): a job failed for good (``permanent``) is failed at once."""
+    if state.status == "failed" and not state.permanent and state.attempts < max_attempts:
         return "retrying"
     return state.status
 
@@ -223,6 +234,29 @@ def retried(jobs: dict[str, JobState], wanted: list[JobSpec]) -> dict[str, JobSt
     }
 
 
+def lifted(jobs: dict[str, JobState], wanted: list[JobSpec]) -> dict[str, JobState]:
+    """The wanted jobs failed for good whose model folder's files changed since (restored from a copy, saved
+    again: ``files_stamp``), queued again with a fresh count of attempts. Asked on every pass: the failure is no
+    longer the latest state once a submission records the new attempt."""
+    stamps: dict[str, str | None] = {}  # by folder: each is looked at once a pass
+    out = {}
+    for spec in wanted:
+        state = jobs.get(spec.key)
+        if state is None or state.status != "failed" or not state.permanent:
+            continue
+        if spec.model_path not in stamps:  # where the snapshot is now
+            stamps[spec.model_path] = files_stamp(Path(spec.model_path))
+        if stamps[spec.model_path] != state.snapshot_stamp:
+            out[spec.key] = replace(state, status="queued", attempts=0, error=None, permanent=False)
+    return out
+
+
+def unfinished(jobs: dict[str, JobState], wanted: list[JobSpec], max_attempts: int) -> list[JobSpec]:
+    """The wanted jobs still to run: new, queued, submitted, or failed with attempts left."""
+    return [spec for spec in wanted if spec.key not in jobs or column(jobs[spec.key], max_attempts) in (
+        "queued", "submitted", "retrying")]  # fmt: skip
+
+
 # --------------------------------------------------------------------------------------------------
 # What the scheduler prints
 # --------------------------------------------------------------------------------------------------
@@ -245,13 +279,18 @@ def status_lines(jobs: dict[str, JobState], max_attempts: int) -> list[str]:
     return lines
 
 
+def measured(config: ScheduleConfig, jobs: dict[str, JobState]) -> list[Results]:
+    """The results of the finished jobs of this recipe: their steps and seconds give the time per step."""
+    recipe = recipe_hash(config.recipe.result_key())
+    return [s.results for s in jobs.values() if s.results is not None and s.spec.recipe_hash == recipe]
+
+
 def step_time(config: ScheduleConfig, jobs: dict[str, JobState]) -> float | None:
     """Seconds per optimizer step: configured, or measured on the finished jobs of this recipe (training and
-    evaluation)."""
+    evaluation); None before one has finished."""
     if config.step_time_s is not None:
         return config.step_time_s
-    recipe = recipe_hash(config.recipe.result_key())
-    done = [s.results for s in jobs.values() if s.results is not None and s.spec.recipe_hash == recipe]
+    done = measured(config, jobs)
     steps = sum(r.train_steps for r in done)
     return sum(r.wall_time_s for r in done) / steps if steps else None
 
@@ -266,8 +305,7 @@ def progress_line(config: ScheduleConfig, jobs: dict[str, JobState], wanted: lis
         f"jobs: {total['done']}/{len(wanted)} done, {total['submitted']} running, "
         f"{total['queued'] + total['retrying']} queued, {total['failed']} failed"
     )
-    left = [spec for spec, state in zip(wanted, states, strict=True) if state is None or column(
-        state, config.max_attempts) in ("queued", "submitted", "retrying")]  # fmt: skip
+    left = unfinished(jobs, wanted, config.max_attempts)
     seconds = step_time(config, jobs)
     if seconds is None or not left:
         return line
@@ -309,32 +347,76 @@ def train_steps(config: ScheduleConfig, task: str) -> int:
     return math.ceil(examples / recipe.batch_size) * recipe.epochs
 
 
-def cost_line(config: ScheduleConfig, jobs: dict[str, JobState], specs: list[JobSpec]) -> str:
-    """How many jobs, optimizer steps, and (with a per-step time) hours of work are about to start."""
-    steps = sum(train_steps(config, spec.task) for spec in specs)
-    line = f"{len(specs)} jobs to run: {steps:,} fine-tuning steps"
+def cost_line(config: ScheduleConfig, jobs: dict[str, JobState], specs: list[JobSpec], what: str = "to run") -> str:
+    """How many jobs, optimizer steps, and (with a per-step time) hours of work are about to start (or are left)."""
+    per_job = {task: train_steps(config, task) for task in {spec.task for spec in specs}}  # reads each task once
+    steps = sum(per_job[spec.task] for spec in specs)
+    line = f"{len(specs)} jobs {what}: {steps:,} fine-tuning steps"
     seconds = step_time(config, jobs)
     if seconds is None:
-        return line + " (time per step not known yet: pass --step_time_s=S for an estimate; BENCHMARKS.md has some)"
-    source = "configured step_time_s" if config.step_time_s is not None else "measured on finished jobs"
-    hours = steps * seconds / 3600
+        return line + " (the time they take follows once the first job finishes; --step_time_s=S gives it now)"
+    done = len(measured(config, jobs))
+    source = ("configured step_time_s" if config.step_time_s is not None
+              else "measured on the first finished job" if done == 1 else f"measured on {done} finished jobs")  # fmt: skip
+    work = steps * seconds
     parallel = config.workers if config.backend == "slurm" or config.workers > 1 else 1
-    return line + (
-        f" x {seconds:.3g} s/step ({source}) = {hours:.2f} worker-hours, "
-        f"about {hours / min(parallel, len(specs)):.2f} h with {parallel} worker(s)"
-    )
+    wall = work / min(parallel, len(specs))
+    if work >= 3600:
+        return line + (
+            f" x {seconds:.3g} s/step ({source}) = {work / 3600:.2f} worker-hours, about {wall / 3600:.2f} h with "
+            f"{parallel} worker(s)"
+        )
+    return line + f" x {seconds:.3g} s/step ({source}) = about {max(1, round(wall / 60))} min with {parallel} worker(s)"
 
 
 def print_failures(failures: list[JobState]) -> None:
-    print(f"{len(failures)} job(s) failed every attempt:", file=sys.stderr)
-    for state in failures:
-        spec = state.spec
-        print(
-            f"  {spec.run_name} [{spec.run_id}] step {spec.pretrain_step} {spec.task} lr={spec.lr:g} seed={spec.seed}"
-            f" ({state.attempts} attempts): {state.error}",
-            file=sys.stderr,
-        )
+    """The jobs that failed for good, with their errors: those that used every attempt, then those whose snapshot
+    was refused (tried once: no retry changes that while its files stay as they are)."""
+    exhausted, refused = [s for s in failures if not s.permanent], [s for s in failures if s.permanent]
+    for states, title in ((exhausted, "failed every attempt"),
+                          (refused, "failed for good: their snapshot was refused (not tried again until its files "
+                                    "change, e.g. restored from a copy)")):  # fmt: skip
+        if states:
+            print(f"{len(states)} job(s) {title}:", file=sys.stderr)
+        for state in states:
+            spec = state.spec
+            print(
+                f"  {spec.run_name} [{spec.run_id}] step {spec.pretrain_step} {spec.task} lr={spec.lr:g} "
+                f"seed={spec.seed} ({state.attempts} attempt{'s' * (state.attempts != 1)}): {state.error}",
+                file=sys.stderr,
+            )
     print("fix the cause and queue them again with --retry_failed=true", file=sys.stderr)
+
+
+class JobLines:
+    """Prints one line per job that ended (done, or failed with its reason and what happens next) since it last
+    looked at the results folder: what a researcher follows, whatever backend runs the jobs. Called on every pass,
+    and in-process after every job. Jobs that had ended before it was made are not printed."""
+
+    def __init__(self, folder: ResultsFolder, max_attempts: int) -> None:
+        self.folder, self.max_attempts = folder, max_attempts
+        self.seen = {key: self._end(state) for key, state in folder.jobs().items()}
+
+    @staticmethod
+    def _end(state: JobState) -> tuple[str, int] | None:
+        """Which end of a job this is (an attempt of a later submission ends again), or None: not ended."""
+        return (state.status, state.submission) if state.status in ("done", "failed") else None
+
+    def outcome(self, state: JobState) -> str:
+        if state.permanent:
+            return ", for good (not tried again until the snapshot's files change)"
+        left = state.attempts < self.max_attempts
+        return f" of {self.max_attempts}, " + ("to be tried again" if left else "none left")
+
+    def __call__(self) -> dict[str, JobState]:
+        """The jobs as the folder says now, after printing the line of each that ended since the last call."""
+        jobs = self.folder.jobs()
+        for key, state in jobs.items():
+            end = self._end(state)
+            if end is not None and self.seen.get(key) != end:
+                print(state.line(self.outcome(state) if state.status == "failed" else ""), flush=True)
+            self.seen[key] = end
+        return jobs
 
 
 # --------------------------------------------------------------------------------------------------
@@ -415,10 +497,11 @@ def free_slots(backend: Backend, live: int) -> int:
     return max(0, backend.size - live) if isinstance(backend, LocalArray) else backend.size
 
 
-def make_backend(config: ScheduleConfig) -> Backend:
+def make_backend(config: ScheduleConfig, after_job: Callable[[], object]) -> Backend:
+    """The backend of the command; ``after_job``: what the in-process one calls after each job."""
     if config.backend == "slurm":
         return SlurmArray(config.workers, config.slurm)
-    return InProcess() if config.workers == 1 else LocalArray(config.workers)
+    return InProcess(after_job) if config.workers == 1 else LocalArray(config.workers)
 
 
 def check_inputs(config: ScheduleConfig) -> None:
@@ -459,27 +542,46 @@ def schedule(config: ScheduleConfig) -> list[JobState]:
 
 
 def _schedule(config: ScheduleConfig, folder: ResultsFolder) -> list[JobState]:
-    backend = make_backend(config)
+    lines = JobLines(folder, config.max_attempts)
+    wanted: list[JobSpec] = []
+    unmeasured = False  # a cost line went out without a time per step: the first finished job gives it
+
+    def follow() -> dict[str, JobState]:
+        """The jobs as the folder says now, after their lines, and once the first job measured the time per step,
+        the estimate the cost line could not give (in-process: right after that job, not after its submission)."""
+        nonlocal unmeasured
+        jobs = lines()
+        if unmeasured and step_time(config, jobs) is not None:
+            unmeasured = False
+            if left := unfinished(jobs, wanted, config.max_attempts):
+                print(cost_line(config, jobs, left, "left"), flush=True)
+        return jobs
+
+    backend = make_backend(config, after_job=follow)
     runtime = runtime_settings(config)
     deadline = parse_until(config.until) if config.until else None
     resets: dict[str, JobState] = {}
-    wanted: list[JobSpec] = []
-    found, printed, first = set(), "", True
+    found, printed, first, rerun = set(), "", True, set()
     try:
         while True:
             # Whether the runs ended is read before looking for snapshots, so none written before the end is missed.
             ended = runs_ended(config) if config.mode == "follow" else {}
             live = collect(folder, backend, config.slurm)
             wanted = discover(config)
-            jobs = folder.jobs()
+            jobs = follow()
             if config.retry_failed and first:
                 resets = retried(jobs, wanted)
                 print(f"queued {len(resets)} failed job(s) again (--retry_failed)", flush=True)
             # A retried job counts afresh until a submission records its new attempts.
             jobs |= {key: reset for key, reset in resets.items() if jobs[key].submission <= reset.submission}
+            changed = lifted(jobs, wanted)
+            if changed.keys() - rerun:
+                print(f"{len(changed)} job(s) that failed for good run again: their snapshot's files changed", flush=True)
+            jobs, rerun = jobs | changed, rerun | changed.keys()
             todo = runnable(jobs, wanted, config.max_attempts)
             if todo and {spec.key for spec in wanted} - found:  # the first pass, or new snapshots
                 print(cost_line(config, jobs, [spec for spec, _ in todo]), flush=True)
+                unmeasured = step_time(config, jobs) is None
             line = progress_line(config, jobs, wanted)
             if todo or line != printed:
                 print(f"[{time.strftime('%H:%M:%S')}] {line}", flush=True)
@@ -502,7 +604,7 @@ def _schedule(config: ScheduleConfig, folder: ResultsFolder) -> list[JobState]:
         raise Interrupted(0 if isinstance(backend, SlurmArray) else requeue_after_interrupt(folder)) from None
     finally:
         backend.close()
-    jobs = folder.jobs()
+    jobs = lines()  # the last lines: local workers' and SLURM tasks' results since the last pass
     print("\n".join(status_lines(jobs, config.max_attempts)), flush=True)
     results = results_lines(jobs)
     if results:

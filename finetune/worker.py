@@ -16,14 +16,14 @@ import hashlib
 import json
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from finetune.config import FinetuneConfig
-from finetune.manifest import JobSpec, Manifest, ManifestJob, Model, ResultsFolder, load_manifest
+from finetune.manifest import JobSpec, JobState, Manifest, ManifestJob, Model, ResultsFolder, load_manifest
 from finetune.tracking import WandbSettings, job_run
-from pretrain.common.formats import RUN_FORMAT, check_format
+from pretrain.common.formats import RUN_FORMAT, FormatVersionError, check_format
 from pretrain.run_folder.identity import read_run_id
 from pretrain.run_folder.layout import (
     MANIFEST_FILE,
@@ -63,30 +63,55 @@ def _placement(info: dict[str, Any], config: dict[str, Any]) -> str:
     return str(placement)
 
 
+class SnapshotRefused(ValueError):
+    """A model folder refused as it is: a snapshot without its COMPLETE marker, damaged (its files do not match
+    its manifest), of another format version, or whose weights are of another placement than its config. No
+    retry changes that while its files stay as they are: its jobs fail for good (finetune/manifest.py)."""
+
+
+def files_stamp(path: Path) -> str | None:
+    """The names, sizes and modification times of a model folder's files, hashed (no file is read): it changes
+    whenever a file is written, replaced, added or removed (a snapshot restored from a copy, or saved again).
+    None when there is no such folder (a Hub model, or a folder that is gone)."""
+    if not path.is_dir():
+        return None
+    entries = []
+    for file in sorted(path.rglob("*")):
+        try:
+            stat = file.stat()
+        except FileNotFoundError:  # removed while listed: the stamp of what is there
+            continue
+        if file.is_file():
+            entries.append((file.relative_to(path).as_posix(), stat.st_size, stat.st_mtime_ns))
+    return hashlib.sha256(json.dumps(entries).encode()).hexdigest()[:16]
+
+
 def check_snapshot(path: Path) -> None:
     """A pretraining snapshot (a folder with snapshot.json; a plain Hugging Face folder has none) is used only
     when complete (COMPLETE marker) and when its files match its manifest. Checked by finetune.run on the
     user's --model, and by every scheduled job before it loads the weights (a snapshot damaged after it was
-    found fails its jobs, with the reason, instead of being fine-tuned)."""
+    found fails its jobs for good, with the reason, instead of being fine-tuned). Raises SnapshotRefused."""
     if not (path / SNAPSHOT_INFO).is_file():
         check_placement(path)
         return
     if not (path / SNAPSHOT_MARKER).is_file():
-        raise ValueError(
+        raise SnapshotRefused(
             f"{str(path)!r} is a snapshot without its {SNAPSHOT_MARKER} marker: it is still being written, "
             "or its run was killed while writing it (the resumed run writes it again). Use a complete snapshot."
         )
     # A task runs many jobs on one snapshot, and hashing reads every byte of it (440 MB for BERT-base): hash it
     # again only when a file's size or modification time changed since it last verified in this process.
-    stamp = tuple(sorted((f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in path.iterdir() if f.is_file()))
+    stamp = files_stamp(path)
     if _verified.get(path.resolve()) == stamp:
         return
     try:
         verify_manifest(path)
     except ManifestError as err:
-        raise ValueError(
+        raise SnapshotRefused(
             f"{str(path)!r} is a damaged snapshot: {err}. It is not fine-tuned: restore it from a copy, or use another."
         ) from None
+    except FormatVersionError as err:  # its message says what to do
+        raise SnapshotRefused(str(err)) from None
     check_placement(path)
     _verified[path.resolve()] = stamp
 
@@ -99,13 +124,13 @@ def check_placement(path: Path) -> None:
     )
 
     if problem := placement_mismatch(path):
-        raise ValueError(
+        raise SnapshotRefused(
             f"--model {str(path)!r} cannot be fine-tuned: {problem}. Its files do not belong together (one was "
             "replaced or copied from another run): restore the folder from a copy, or pass another --model."
         )
 
 
-_verified: dict[Path, tuple] = {}  # snapshot folder -> the (name, size, mtime) of its files when it last verified
+_verified: dict[Path, str | None] = {}  # snapshot folder -> its files_stamp when it last verified
 
 
 def check_not_a_run_folder(path: Path) -> None:
@@ -200,8 +225,9 @@ def job_specs(
 # --------------------------------------------------------------------------------------------------
 
 
-def run_job(job: ManifestJob, manifest: Manifest, folder: ResultsFolder, cache: DataCache) -> str:
-    """Run one job and write its result file (or its failure file). Returns done, duplicate or failed."""
+def run_job(job: ManifestJob, manifest: Manifest, folder: ResultsFolder, cache: DataCache) -> JobState | None:
+    """Run one job and write its result file (or its failure file); returns how it ended (done or failed), or
+    None when another copy of it finished first (this result is dropped)."""
     from finetune.train import (
         finetune,  # torch and transformers: the scheduler, which imports this module, never needs them
     )
@@ -219,22 +245,39 @@ def run_job(job: ManifestJob, manifest: Manifest, folder: ResultsFolder, cache: 
             )
             if tracked:
                 tracked.finish(results)
+    except SnapshotRefused as err:  # no retry changes this while the snapshot's files stay as they are
+        return _failed(job, manifest.submission, folder, err, permanent=True)
     except Exception as err:  # recorded for the scheduler, which retries it; go on with the next job
-        error = f"{type(err).__name__}: {err}"
-        folder.write_failed(job, manifest.submission, error)
-        print(f"job {spec.key} ({spec.task} lr={spec.lr:g} seed={spec.seed}) failed: {error}", flush=True)
-        return "failed"
+        return _failed(job, manifest.submission, folder, err, permanent=False)
     if not folder.write_done(job, manifest.submission, results):
         print(f"job {spec.key} was finished first by another copy of this task: this result is dropped", flush=True)
-        return "duplicate"
-    return "done"
+        return None
+    return JobState(spec, "done", job.attempt, manifest.submission, results=results)
 
 
-def run_task(manifest_path: str | Path, index: int, parent_pid: int | None = None) -> dict[str, int]:
+def _failed(job: ManifestJob, submission: int, folder: ResultsFolder, err: Exception, permanent: bool) -> JobState:
+    """Record a failed attempt, with what the model folder's files were then."""
+    error, stamp = f"{type(err).__name__}: {err}", files_stamp(Path(job.spec.model_path))
+    folder.write_failed(job, submission, error, permanent=permanent, snapshot_stamp=stamp)
+    return JobState(job.spec, "failed", job.attempt, submission, error, permanent=permanent, snapshot_stamp=stamp)
+
+
+def print_line(state: JobState) -> None:
+    """A job's line in the task's log (the scheduler adds what happens next to a failed one)."""
+    print(state.line(", for good" if state.permanent else ""), flush=True)
+
+
+def run_task(
+    manifest_path: str | Path,
+    index: int,
+    parent_pid: int | None = None,
+    on_job: Callable[[JobState], object] = print_line,
+) -> dict[str, int]:
     """Run task ``index`` of a manifest; returns how many of its jobs ended done, duplicate, skipped, failed.
 
     With ``parent_pid`` (a local worker), the task stops before its next job once that process is gone: a
     killed scheduler does not leave workers running on (the job in hand is finished and recorded).
+    ``on_job`` is called with each job that ended (default: print its line, into the task's log).
     """
     manifest_path = Path(manifest_path).resolve()
     manifest = load_manifest(manifest_path)
@@ -250,7 +293,10 @@ def run_task(manifest_path: str | Path, index: int, parent_pid: int | None = Non
         if folder.is_done(job.spec.key):
             counts["skipped"] += 1
             continue
-        counts[run_job(job, manifest, folder, cache)] += 1
+        state = run_job(job, manifest, folder, cache)
+        counts["duplicate" if state is None else state.status] += 1
+        if state is not None:
+            on_job(state)
     return counts
 
 
@@ -259,6 +305,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("manifest", help="a manifest written by finetune.schedule (RESULTS/manifests/N.json)")
     parser.add_argument("--index", type=int, default=None, help="task index (default: $SLURM_ARRAY_TASK_ID)")
     parser.add_argument("--parent_pid", type=int, default=None, help="stop before the next job once it is gone")
+    parser.add_argument("--quiet", action="store_true", help="no line per job (its scheduler prints them)")
     args = parser.parse_args(argv)
     index = args.index
     if index is None:
@@ -266,11 +313,12 @@ def main(argv: list[str] | None = None) -> int:
             parser.error("no --index and no SLURM_ARRAY_TASK_ID: pass --index=N outside a SLURM array")
         index = int(os.environ["SLURM_ARRAY_TASK_ID"])
     try:
-        counts = run_task(args.manifest, index, args.parent_pid)
+        counts = run_task(args.manifest, index, args.parent_pid, on_job=(lambda _: None) if args.quiet else print_line)
     except (FileNotFoundError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    print(f"task {index} of {args.manifest}: " + ", ".join(f"{k} {v}" for k, v in counts.items()), flush=True)
+    if not args.quiet:
+        print(f"task {index} of {args.manifest}: " + ", ".join(f"{k} {v}" for k, v in counts.items()), flush=True)
     # A failed job is the scheduler's to retry (it reads the failure file); the task itself did its work.
     return 0
 

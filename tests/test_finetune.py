@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -130,8 +131,9 @@ def test_unknown_task_lists_valid_ones() -> None:
 
 def test_missing_task_folder_names_path_and_layout(tmp_path: Path) -> None:
     (tmp_path / "MRPC").mkdir()
-    with pytest.raises(FileNotFoundError, match=r"RTE/train\.tsv.*index\tsentence1\tsentence2\tlabel"):
+    with pytest.raises(FileNotFoundError, match=r"RTE/train\.tsv.*index\tsentence1\tsentence2\tlabel") as raised:
         load_task("rte", tmp_path)
+    assert "--data_dir" in str(raised.value) and "--data-dir" not in str(raised.value)  # the flag the commands take
     with pytest.raises(FileNotFoundError, match=str(tmp_path / "MRPC" / "dev.tsv")):
         load_task("mrpc", tmp_path)
 
@@ -240,7 +242,10 @@ def test_finetune_writes_rows_then_skips_them(tmp_path: Path, capsys: pytest.Cap
     snapshot = run_dir / "snapshots" / "step_00000010"
     config = quick_run(snapshot, "mrpc", tmp_path / "results.d", seeds=[0, 1])
     rows = run(config)
-    assert "Loading weights" not in capsys.readouterr().err  # no loading bar per job
+    out = capsys.readouterr()
+    assert "Loading weights" not in out.err  # no loading bar per job
+    # One line per job as it ends: what it was and what it measured.
+    assert re.findall(r"^done mrpc lr=0\.001 seed=(\d) step=10 \(pre_ln\) acc [\d.]+ in \d+ s$", out.out, re.M) == ["0", "1"]
     assert [(r["status"], r["seed"], r["attempts"]) for r in rows] == [("done", 0, 1), ("done", 1, 1)]
     row = rows[0]
     assert (row["run_name"], row["placement"], row["pretrain_step"], row["tokens_seen"]) == (
@@ -468,7 +473,7 @@ def test_a_run_folder_as_model_names_its_snapshots_and_the_scheduler(tmp_path: P
 def test_jobs_that_failed_every_attempt_point_to_retry_failed(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    # Issue 25: a job failed for a missing --data_dir; rerun with it, the old error came back with no hint.
+    # A job failed for a missing --data_dir; rerun with it, the old error must come back with the hint.
     failed = {"lr": 1e-3, "seed": 0, "status": "failed", "attempts": 3, "accuracy": None, "f1": None,
               "error": "OSError: nyu-mll/glue is not reachable"}  # fmt: skip
     monkeypatch.setattr("finetune.run.run", lambda config: [failed])

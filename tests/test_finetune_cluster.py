@@ -23,6 +23,7 @@ import pytest
 from finetune.manifest import ManifestJob, ResultsFolder
 from finetune.report import ReportConfig, report
 from finetune.schedule import ScheduleConfig, main, parse_until, run_state, schedule, status_lines
+from pretrain.run_folder.manifest import write_manifest
 from tests.fake_slurm import FakeSlurm
 from tests.finetune_fixtures import FIXTURE_GLUE, QUICK, config_for, job_spec, make_run, results
 
@@ -132,12 +133,18 @@ def test_task_preempted_without_requeue_is_found_and_resubmitted(tmp_path: Path,
 
 @pytest.mark.slow  # three array-task processes: ~30 s on 2 busy cores
 def test_duplicate_copies_and_a_task_run_twice_record_each_job_once(
-    tmp_path: Path, slurm: FakeSlurm, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, slurm: FakeSlurm, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     run_dir = make_run(tmp_path, "pre_ln", "pre", steps=(10,))
     config = slurm_config(tmp_path, [run_dir], seeds=[0, 1])
     monkeypatch.setenv("FAKE_SLURM_COPIES", "2")  # the task runs twice at once, on "two nodes"
     assert schedule(config) == []
+    # The scheduler prints each job's line once, as it reads its result file; the task's log has them too.
+    lines = re.findall(r"^done mrpc lr=0\.001 seed=(\d) step=10 \(pre_ln\) acc [\d.]+ in \d+ s$", capsys.readouterr().out,
+                       re.M)  # fmt: skip
+    assert sorted(lines) == ["0", "1"]
+    logs = "".join(path.read_text() for path in (tmp_path / "slurm").glob("*.out"))
+    assert len(re.findall(r"^done mrpc lr=0\.001 seed=\d step=10 \(pre_ln\)", logs, re.M)) == 2
     counts = task_counts(tmp_path / "slurm")
     assert len(counts) == 2 and sum(c["done"] for c in counts) == 2  # each result written exactly once
     assert sum(c["done"] + c["duplicate"] + c["skipped"] for c in counts) == 4
@@ -163,6 +170,7 @@ def test_a_scheduler_started_again_has_nothing_to_redo(tmp_path: Path) -> None:
     good = make_run(tmp_path, "pre_ln", "pre", steps=(10, 20))
     bad = make_run(tmp_path, "post_ln", "post", steps=(10,))
     (bad / "snapshots" / "step_00000010" / "model.safetensors").write_bytes(b"not a safetensors file")
+    write_manifest(bad / "snapshots" / "step_00000010")  # as its run wrote it: retried, not refused for good
     config = config_for(tmp_path, [good, bad], seeds=[0, 1], max_attempts=2)
     failures = schedule(config)
     assert len(failures) == 2 and all(f.attempts == 2 and "Error" in f.error for f in failures)

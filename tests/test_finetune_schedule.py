@@ -5,9 +5,11 @@ SLURM, result files and run identity: tests/test_finetune_cluster.py."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import re
+import shlex
 import signal
 import socket
 import subprocess
@@ -101,9 +103,13 @@ def test_once_runs_complete_snapshots_and_skips_done_work(tmp_path: Path, capsys
         (30, "rte"),
     ]
     assert len(submitted(config)) == 4
-    # The cost comes before the work: jobs x steps (8 examples, batch 4, 1 epoch: 2 steps a job).
+    # The cost comes before the work: jobs x steps (8 examples, batch 4, 1 epoch: 2 steps a job); on a first run
+    # its time follows from the first job to finish.
     out = capsys.readouterr().out
-    assert "4 jobs to run: 8 fine-tuning steps (time per step not known yet" in out
+    assert "4 jobs to run: 8 fine-tuning steps (the time they take follows once the first job finishes" in out
+    assert re.search(r"\n3 jobs left: 6 fine-tuning steps x [\d.e-]+ s/step \(measured on the first finished job\) "
+                     r"= about 1 min with 1 worker\(s\)\n", out)  # fmt: skip
+    assert len(re.findall(r"^done (mrpc|rte) lr=0\.001 seed=0 step=(10|30) \(post_ln\) acc [\d.]+ in \d+ s$", out, re.M)) == 4
     # One line per pass says where the jobs are; the end shows the results (accuracy beside the majority class).
     assert re.search(r"\] jobs: 0/4 done, 0 running, 4 queued, 0 failed\n", out)
     assert re.search(r"\] jobs: 4/4 done, 0 running, 0 queued, 0 failed", out)
@@ -117,7 +123,7 @@ def test_once_runs_complete_snapshots_and_skips_done_work(tmp_path: Path, capsys
     # More seeds: the estimate now uses the time per step measured on the jobs already done.
     schedule(config_for(tmp_path, [run_dir], tasks=["mrpc", "rte"], seeds=[0, 1]))
     assert re.search(
-        r"4 jobs to run: 8 fine-tuning steps x [\d.e-]+ s/step \(measured on finished jobs\)", capsys.readouterr().out
+        r"4 jobs to run: 8 fine-tuning steps x [\d.e-]+ s/step \(measured on 4 finished jobs\)", capsys.readouterr().out
     )
     schedule(config_for(tmp_path, [run_dir], seeds=[2], step_time_s=900.0))
     out = capsys.readouterr().out
@@ -232,29 +238,96 @@ def test_which_jobs_an_ended_task_is_charged_for(tmp_path: Path, reason: str, ch
 
 def test_failing_job_is_recorded_and_retried_up_to_max_attempts(tmp_path: Path) -> None:
     run_dir = make_run(tmp_path, "post_ln", "post", steps=(10,))
-    (run_dir / "snapshots" / "step_00000010" / "model.safetensors").write_bytes(b"not a safetensors file")
+    snapshot = run_dir / "snapshots" / "step_00000010"
+    (snapshot / "model.safetensors").write_bytes(b"not a safetensors file")
+    write_manifest(snapshot)  # written so by its run: the snapshot is not refused, its weights fail to load
     config = config_for(tmp_path, [run_dir], max_attempts=2)
     (failure,) = schedule(config)
     (state,) = folder(config).jobs().values()
-    assert state == failure and (state.status, state.attempts) == ("failed", 2)
+    assert state == failure and (state.status, state.attempts, state.permanent) == ("failed", 2, False)
     assert "Error" in state.error and len(state.error) > 10
     assert len(schedule(config)) == 1  # attempts used up: not tried again
     assert submitted(config) == [(0, 1), (0, 2)]
     assert len(os.listdir(Path(config.results_dir) / "failed")) == 2  # one failure file per attempt
 
 
-def test_a_snapshot_damaged_after_it_was_found_is_not_fine_tuned(tmp_path: Path) -> None:
-    """Bytes changed in place (the same size, still a loadable safetensors file): the job checks the snapshot's
-    manifest before loading it, so it fails with the reason instead of fine-tuning other weights."""
+def damage(path: Path) -> bytes:
+    """Flip the low bits of the last weights in place (the same size, still a loadable safetensors file: not what
+    was trained); returns the bytes it had."""
+    original = path.read_bytes()
+    data = bytearray(original)
+    data[-8:] = bytes(b ^ 0x01 for b in data[-8:])
+    path.write_bytes(bytes(data))
+    return original
+
+
+def test_a_damaged_snapshot_fails_its_jobs_once_for_good_until_it_is_restored(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A snapshot damaged after it was found: each job checks it against its manifest before loading it and fails
+    with the reason, once. No retry changes a damaged snapshot, so a rerun, even with more attempts, submits
+    nothing while its files are as they were; restored from a copy (the same content: the same keys), its jobs
+    run."""
     run_dir = make_run(tmp_path, "post_ln", "post", steps=(10,))
-    weights = run_dir / "snapshots" / "step_00000010" / "model.safetensors"
-    data = bytearray(weights.read_bytes())
-    data[-8:] = bytes(b ^ 0x01 for b in data[-8:])  # the last weights' low bits: loads, but not what was trained
-    weights.write_bytes(bytes(data))
-    config = config_for(tmp_path, [run_dir], max_attempts=1)
-    (failure,) = schedule(config)
-    assert failure.status == "failed"
-    assert "damaged snapshot" in failure.error and "model.safetensors does not match its checksum" in failure.error
+    original = damage(run_dir / "snapshots" / "step_00000010" / "model.safetensors")
+    config = config_for(tmp_path, [run_dir], seeds=[0, 1], max_attempts=3)
+    failures = schedule(config)
+    assert [(f.status, f.attempts, f.permanent) for f in failures] == [("failed", 1, True)] * 2
+    assert "damaged snapshot" in failures[0].error and "model.safetensors does not match its checksum" in failures[0].error
+    assert submitted(config) == [(0, 1), (1, 1)]
+    assert "failed mrpc lr=0.001 seed=1 step=10 (post_ln), attempt 1, for good (not tried again until the " \
+           "snapshot's files change): SnapshotRefused: " in capsys.readouterr().out  # fmt: skip
+    # Rerun with more attempts: nothing is submitted, and the status table says failed, not retrying.
+    assert main([*cli_args(config_for(tmp_path, [run_dir], seeds=[0, 1], max_attempts=5)), "--mode=once"]) == 1
+    assert "2 job(s) failed for good: their snapshot was refused" in capsys.readouterr().err
+    assert submitted(config) == [(0, 1), (1, 1)] and len(os.listdir(Path(config.results_dir) / "failed")) == 2
+    assert main(["status", f"--results_dir={config.results_dir}", "--max_attempts=5"]) == 0
+    assert capsys.readouterr().out.splitlines()[-1].split()[1:] == ["0", "0", "0", "2", "0"]
+    # --retry_failed still tries them (the user says the cause is fixed): once each, for good again.
+    assert len(schedule(config_for(tmp_path, [run_dir], seeds=[0, 1], retry_failed=True))) == 2
+    assert submitted(config) == [(0, 1), (1, 1)] * 2
+    # Restored from a copy: its files changed, so the same command runs its jobs, from a fresh count.
+    (run_dir / "snapshots" / "step_00000010" / "model.safetensors").write_bytes(original)
+    assert schedule(config) == []
+    assert sorted((r["seed"], r["attempts"]) for r in done_rows(config)) == [(0, 1), (1, 1)]
+    assert submitted(config) == [(0, 1), (1, 1)] * 3
+    assert "2 job(s) that failed for good run again: their snapshot's files changed" in capsys.readouterr().out
+
+
+def test_each_job_has_its_line_as_it_ends_beside_the_progress_bar(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With one worker the jobs run in the scheduler's process: each job's line comes as soon as it ended (not once
+    its submission has run), on a line of its own after the job's progress bar, and the first finished job gives
+    the time per step that the cost line could not."""
+    from finetune import train
+
+    run_dir = make_run(tmp_path, "post_ln", "post", steps=(10,))
+    config = config_for(tmp_path, [run_dir], seeds=[0, 1, 2], recipe={**QUICK, "progress": True})
+    terminal = io.StringIO()  # stdout and the bar's stderr in one stream, as a terminal shows them
+    monkeypatch.setattr(sys, "stdout", terminal)
+    monkeypatch.setattr(sys, "stderr", terminal)
+    real = train.finetune
+
+    def finetune(*args: Any, **kwargs: Any) -> Any:
+        print(f"<job seed={args[4]} starts>", flush=True)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(train, "finetune", finetune)
+    assert schedule(config) == []
+    monkeypatch.undo()
+    pieces = re.split(r"[\r\n]", terminal.getvalue())
+    assert any(p.startswith("mrpc lr=0.001 seed=1:") and "|" in p for p in pieces)  # the bar was drawn
+    assert all(p.startswith("done ") for p in pieces if "done mrpc" in p)  # and no line was written into it
+    events = [p.split(" in ")[0] for p in pieces if re.match(r"<job|done |\d+ jobs", p)]
+    label = "mrpc lr=0.001 seed={} step=10 (post_ln)"
+    assert [re.sub(r"acc [\d.]+|x [\d.e-]+ s/step.*", "", e).strip() for e in events] == [
+        "3 jobs to run: 6 fine-tuning steps (the time they take follows once the first job finishes; --step_time_s=S "
+        "gives it now)",
+        "<job seed=0 starts>", "done " + label.format(0), "2 jobs left: 4 fine-tuning steps",
+        "<job seed=1 starts>", "done " + label.format(1),
+        "<job seed=2 starts>", "done " + label.format(2),
+    ]  # fmt: skip
 
 
 def test_a_snapshot_is_hashed_once_per_process_until_its_files_change(tmp_path: Path, monkeypatch) -> None:
@@ -271,7 +344,7 @@ def test_a_snapshot_is_hashed_once_per_process_until_its_files_change(tmp_path: 
     data = bytearray(weights.read_bytes())
     data[-1] ^= 0x01
     weights.write_bytes(bytes(data))  # a write changes the modification time: verified again, and refused
-    with pytest.raises(ValueError, match="damaged snapshot"):
+    with pytest.raises(worker.SnapshotRefused, match="damaged snapshot"):  # its jobs fail for good
         worker.check_snapshot(snapshot)
     assert len(calls) == 2
 
@@ -353,7 +426,7 @@ def test_schedule_cli_errors(tmp_path: Path) -> None:
 def test_ctrl_c_requeues_the_interrupted_jobs_without_counting_an_attempt(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    # Issue 25: Ctrl-C printed a raw KeyboardInterrupt, and the rerun counted the interrupted jobs as failed.
+    # Ctrl-C must not print a raw KeyboardInterrupt, nor the rerun count the interrupted jobs as failed.
     from finetune.backends import InProcess
 
     run_dir = make_run(tmp_path, "post_ln", steps=(10,))
@@ -399,3 +472,31 @@ def test_ctrl_c_stops_a_scheduler_started_in_the_background_of_a_script(tmp_path
         proc.kill()
     assert proc.returncode == 130, err[-2000:]
     assert "Run the same command to continue" in err
+
+
+def test_the_comparison_script_ends_with_the_commands_that_fine_tune_its_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """launch/compare_placements.sh, its pretraining runs stood in for, ends with the scheduler and report commands
+    on the two runs it made; both parse, from the checkout the script names."""
+    from finetune.report import ReportConfig
+    from pretrain.common.cli import parse
+
+    fake = tmp_path / "fake_run"
+    fake.write_text(
+        "out=$(printf '%s\\n' \"$@\" | sed -n 's/^--train.output_dir=//p')\nmkdir -p \"$out\"\n"
+        "printf '{\"status\": \"finished\"}' > \"$out/status.json\"\n"
+        "echo '{\"step\": 2, \"val/mlm_loss\": 7.5}' > \"$out/metrics.jsonl\"\n"
+    )
+    out = tmp_path / "compare"
+    result = subprocess.run(["bash", str(ROOT / "launch" / "compare_placements.sh"), "small"], cwd=tmp_path,
+                            env={**os.environ, "LAUNCH": f"bash {fake}", "OUT": str(out)}, capture_output=True,
+                            text=True, timeout=60)  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert f"next (from {ROOT}): fine-tune every snapshot of both runs" in result.stdout
+    commands = [shlex.split(line) for line in result.stdout.splitlines() if line.startswith("  python -m finetune.")]
+    assert [c[:3] for c in commands] == [["python", "-m", "finetune.schedule"], ["python", "-m", "finetune.report"]]
+    monkeypatch.chdir(ROOT)
+    runs = [str(out / "post"), str(out / "pre")]
+    assert parse(ScheduleConfig, commands[0][3:], prog="schedule").runs == runs
+    assert parse(ReportConfig, commands[1][3:], prog="report").runs == runs

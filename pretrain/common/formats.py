@@ -17,7 +17,7 @@ from typing import Any
 
 FORMAT_KEY = "format_version"
 RUN_FORMAT = 1
-RESULTS_FORMAT = 1
+RESULTS_FORMAT = 2
 
 
 class FormatVersionError(ValueError):
