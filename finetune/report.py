@@ -1,23 +1,36 @@
 """Figure 5 of Xiong et al. 2020 from pretraining logs and the fine-tuning results folder.
 
     python -m finetune.report --runs='[runs/post_ln, runs/pre_ln]' --results_dir=outputs/finetune/results.d
-        --out=outputs/figure5 [--target_loss=1.69] [--wandb]      (one command, on two lines here)
+        --out=outputs/figure5 [--target_loss=1.69] [--data_dir=path/to/glue] [--wandb]   (one command, two lines)
+    python -m finetune.report --runs='[runs/post_ln, runs/pre_ln]' --tasks='[]'   # panel (a) alone, no results
 
 Panels: (a) validation MLM loss against pretraining step, one line per run (RUN/metrics.jsonl); (b) MRPC and
 (c) RTE dev accuracy against pretraining step: for each (run, step) the learning rate with the best mean dev
 accuracy over seeds, drawn as that mean with a 95% t-interval over seeds clipped to [0, 100] (accuracy cannot
 leave it), beside the dev set's majority-class and chance accuracies; a hollow marker flags a point whose every
-seed predicts (almost) one class; (d) the same points' dev loss. ``summary.md`` holds the steps each run needs
-to reach a validation loss (interpolated between evaluations) in this comparison's own terms, the baselines,
-the per-step results with their flags, and links to the figures. ``--wandb`` logs the same to one W&B report
-run whose id is derived from the runs, so re-running updates it (WANDB_MODE=offline works without network).
+seed predicts (almost) one class; (d) the same points' dev loss with its t-interval, beside the loss of predicting
+the label prior, on an axis at least MIN_LOSS_SPAN tall. ``summary.md`` holds the steps each run needs to reach a
+validation loss (interpolated between evaluations; ``~`` where they are far apart) in this comparison's own terms,
+the recipe keys in which the runs differ besides their model variant, the baselines (over the dev examples the
+jobs were scored on), the per-step results with their flags, and links to the figures.
+
+The report says what its inputs cannot show: jobs of the results folder not done yet (counted per run and task;
+the points they belong to are marked and no verdict is drawn from them), no fine-tuning results at all (only panel
+(a) is drawn, with a warning on stderr and in summary.md; exit code 0: the report of runs that are not fine-tuned
+yet is a normal stage), runs whose recipes differ, steps-to-loss figures interpolated over a wide gap, and
+baselines of a truncated dev set. A results folder that does not exist is an error (exit code 2): pass the right
+one, or ``--tasks='[]'`` for panel (a) alone. ``--wandb`` logs the same to one W&B report run whose id is derived
+from the runs, so re-running updates it (WANDB_MODE=offline works without network).
 """
 
 from __future__ import annotations
 
+import inspect
 import json
 import math
-from collections import defaultdict
+import sys
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -25,15 +38,33 @@ from typing import Any
 import numpy as np
 
 from finetune.config import ResultsOption, check_tasks
+from finetune.glue import get_task
 from finetune.manifest import DONE, ResultsFolder
-from finetune.tracking import Figure5, ReportSettings, log_report, of_runs
-from pretrain.common.cli import parse, require, run_cli
+from finetune.tracking import RUN_CONFIG_FIX, Figure5, ReportSettings, log_report, of_runs
+from pretrain.common import atomic
+from pretrain.common.cli import flatten, parse, require, run_cli
 from pretrain.common.reporting import pyplot, save_figure
+from pretrain.common.roles import keys_where
+from pretrain.config import PretrainConfig
 from pretrain.run_folder.identity import read_run_id
-from pretrain.run_folder.layout import RUN_CONFIG_FILE, read_metrics, read_status
+from pretrain.run_folder.layout import RUN_CONFIG_FILE, read_metrics, read_run_config, read_status
 from pretrain.tracking.wandb_logging import check_credentials, wandb_mode
+from pretrain.variants import variant_name
 
 VAL_LOSS = "val/mlm_loss"
+WIDE_GAP_SHARE = 0.1
+"""A steps-to-loss figure interpolated between two evaluations farther apart than this share of the figure itself
+is marked ``~``: the run reaches the loss somewhere between them, so the figure (and a ratio of two) is uncertain by
+that much. Relative to the figure, not the run: a ratio of two figures is as uncertain as its figures."""
+MIN_LOSS_SPAN = 0.1
+"""Panel (d)'s y-axis spans at least this many nats, so that seed noise of 1e-4 is not stretched into a trend."""
+VARIANT_KEYS = frozenset(f"model.{name}" for name in inspect.signature(variant_name).parameters)
+"""The config keys that make a run's model variant (its label): what a comparison of placements varies on purpose."""
+RECIPE_KEYS = keys_where(PretrainConfig, lambda rules: rules.recipe) - VARIANT_KEYS
+"""The keys of what a run learns (roles recipe and limit, pretrain/common/roles.py) besides the model variant: runs
+that differ in one of them differ in more than their placement."""
+NOT_DONE = ("queued", "submitted", "failed")
+"""The statuses of a job without a result (finetune.manifest.Status), in the order the report counts them."""
 
 
 @dataclass(kw_only=True)
@@ -45,11 +76,15 @@ class ReportConfig(ResultsOption):
     out: str = "outputs/figure5"
     """Folder for the PNG figures and summary.md."""
     tasks: list[str] = field(default_factory=lambda: ["mrpc", "rte"])
-    """GLUE tasks to draw, one panel each."""
+    """GLUE tasks to draw, one panel each; [] draws panel (a) alone and reads no results folder."""
     target_loss: float | None = None
     """Validation loss for the steps-to-loss table; unset: the smallest loss every run reaches."""
     recipe_hash: str | None = None
     """Use only results of this fine-tuning recipe (needed when the results folder holds several)."""
+    data_dir: str | None = None
+    """GLUE folder in the original layout (MRPC/dev.tsv, RTE/dev.tsv). Given, the baselines of jobs scored on the
+    first N dev examples (recipe.max_eval_examples) are also computed over the full dev sets; unset, the report
+    says they are of those N examples only (it never downloads GLUE)."""
     wandb: bool = False
     """Also log to W&B one report run (job_type report) with a deterministic id, so re-running updates it:
     steps-to-loss table, Figure 5 curves against pretrain_step, per-seed rows, figures (WANDB_MODE=offline
@@ -74,30 +109,48 @@ class ReportConfig(ResultsOption):
 
 @dataclass(frozen=True)
 class RunInfo:
+    """A pretraining run as the report compares it."""
+
     path: Path
+    """The run folder, resolved."""
     run_id: str
     """The run's identity (RUN/run_id): results are matched by it, never by name or path."""
     name: str
+    """The run's name (status.json run_name, else the folder's name)."""
     placement: str
+    """The norm placement (post, pre, ...)."""
+    variant: str
+    """The model variant (pretrain.variants.variant_name: placement, residual scheme, norm type, QK-norm); the
+    placement alone for a run without run_config.json."""
+    config: dict[str, Any]
+    """The run's resolved pretraining config (RUN/run_config.json) by dotted key; {} for a run without one."""
     label: str
-    """Legend and table label; unique among the runs of one report."""
+    """Legend and table label, ``NAME (VARIANT)``; unique among the runs of one report."""
 
 
 # --------------------------------------------------------------------------------------------------
-# Validation loss curves and steps to a target loss
+# Runs: their labels and recipes
 # --------------------------------------------------------------------------------------------------
+
+
+def run_variant(config: dict[str, Any]) -> str:
+    """The variant name of a flattened run config: every key variant_name reads that the config holds."""
+    given = {key.removeprefix("model."): config[key] for key in VARIANT_KEYS if key in config}
+    return variant_name(**given)
 
 
 def run_info(run_dir: str | Path) -> RunInfo:
+    """A run folder as the report compares it; a run_config.json of another format version is refused."""
     path = Path(run_dir).resolve()
     if not path.is_dir():
         raise FileNotFoundError(f"pretraining run folder {path} not found")
     status = read_status(path)
-    config_path = path / RUN_CONFIG_FILE
-    config = json.loads(config_path.read_text()) if config_path.is_file() else {}
-    placement = str(status.get("norm_placement") or config.get("model", {}).get("norm_placement", "unknown"))
+    config = flatten(read_run_config(path, RUN_CONFIG_FIX))
+    placement = str(config.get("model.norm_placement") or status.get("norm_placement") or "unknown")
+    variant = run_variant(config) if config else placement
     name = str(status.get("run_name") or path.name)
-    return RunInfo(path=path, run_id=read_run_id(path), name=name, placement=placement, label=f"{name} ({placement})")
+    return RunInfo(path=path, run_id=read_run_id(path), name=name, placement=placement, variant=variant,
+                   config=config, label=f"{name} ({variant})")  # fmt: skip
 
 
 def run_infos(run_dirs: list[str]) -> list[RunInfo]:
@@ -117,6 +170,54 @@ def run_infos(run_dirs: list[str]) -> list[RunInfo]:
     return out
 
 
+ABSENT = "(absent)"
+"""A recipe key one run's config does not hold."""
+
+
+def recipe_differences(runs: Sequence[RunInfo]) -> list[tuple[str, list[Any]]]:
+    """The recipe keys (RECIPE_KEYS) whose values differ between ``runs``, each with the runs' values in order;
+    [] for fewer than two runs or a run without run_config.json (``unconfigured`` says which)."""
+    if len(runs) < 2 or unconfigured(runs):
+        return []
+    differ = [key for key in sorted(RECIPE_KEYS) if len({json.dumps(run.config.get(key, ABSENT)) for run in runs}) > 1]
+    return [(key, [run.config.get(key, ABSENT) for run in runs]) for key in differ]
+
+
+def unconfigured(runs: Sequence[RunInfo]) -> list[str]:
+    """The labels of the runs whose recipe is unknown (no run_config.json)."""
+    return [run.label for run in runs if not run.config]
+
+
+def _value(value: Any) -> str:
+    """A config value as a user writes it on the command line (YAML)."""
+    if isinstance(value, float):
+        return f"{value:g}"
+    return value if isinstance(value, str) else json.dumps(value, sort_keys=True)
+
+
+def differences_text(differences: list[tuple[str, list[Any]]]) -> str:
+    """``optim.lr 0.0001 vs 0.0003, optim.warmup_steps 100 vs 0``."""
+    return ", ".join(f"{key} {' vs '.join(_value(v) for v in values)}" for key, values in differences)
+
+
+def recipe_caveat(runs: Sequence[RunInfo]) -> str:
+    """What a comparison of ``runs`` (a ratio of their steps) owes besides the placement; empty when nothing."""
+    names = " vs ".join(run.label for run in runs)
+    if unconfigured(runs):
+        return (f" Their recipes are unknown ({', '.join(unconfigured(runs))}: no {RUN_CONFIG_FILE}), so the ratio "
+                "may not be the placement's alone.")  # fmt: skip
+    differences = recipe_differences(runs)
+    if not differences:
+        return ""
+    return (f" Their recipes differ besides the model variant ({names}: {differences_text(differences)}), so the "
+            "ratio is not the placement's alone.")  # fmt: skip
+
+
+# --------------------------------------------------------------------------------------------------
+# Validation loss curves and steps to a target loss
+# --------------------------------------------------------------------------------------------------
+
+
 def val_loss_curve(run_dir: str | Path) -> list[tuple[int, float]]:
     """(step, validation MLM loss) by step; a step logged twice (a resumed run) keeps its last value."""
     by_step = {int(m["step"]): float(m[VAL_LOSS]) for m in read_metrics(run_dir) if m.get(VAL_LOSS) is not None}
@@ -124,15 +225,30 @@ def val_loss_curve(run_dir: str | Path) -> list[tuple[int, float]]:
     return sorted((step, loss) for step, loss in by_step.items() if math.isfinite(loss))
 
 
-def steps_to_loss(curve: list[tuple[int, float]], target: float) -> float | None:
-    """First step at which the loss reaches ``target``, linearly interpolated between evaluations."""
+@dataclass(frozen=True)
+class Crossing:
+    """Where a validation curve first reaches a loss."""
+
+    step: float
+    """The step, linearly interpolated between the two evaluations around it."""
+    bracket: tuple[int, int] | None
+    """Those two evaluations' steps; None when an evaluation is at the loss or the first one is below it."""
+
+    @property
+    def wide(self) -> bool:
+        """Interpolated across a gap wider than WIDE_GAP_SHARE of the figure: the figure is that uncertain."""
+        return self.bracket is not None and self.bracket[1] - self.bracket[0] > WIDE_GAP_SHARE * self.step
+
+
+def crossing(curve: list[tuple[int, float]], target: float) -> Crossing | None:
+    """The first step at which the loss reaches ``target`` (None if it never does)."""
     previous = None
     for step, loss in curve:
         if loss <= target:
-            if previous is None or previous[1] == loss:
-                return float(step)
-            (s0, l0) = previous
-            return s0 + (l0 - target) / (l0 - loss) * (step - s0)
+            if previous is None or loss == target:
+                return Crossing(float(step), None)
+            (s0, l0) = previous  # l0 > target >= loss
+            return Crossing(s0 + (l0 - target) / (l0 - loss) * (step - s0), (s0, step))
         previous = (step, loss)
     return None
 
@@ -144,22 +260,95 @@ def default_target(curves: dict[str, list[tuple[int, float]]]) -> float | None:
 
 
 def steps_table(runs: list[RunInfo], curves: dict[str, list[tuple[int, float]]], target: float) -> list[dict[str, Any]]:
-    """Steps to ``target`` per run, and the ratio to the slowest run that reaches it."""
-    steps = {run.label: steps_to_loss(curves[run.label], target) for run in runs}
-    reached = [s for s in steps.values() if s is not None]
+    """Steps to ``target`` per run, the ratio to the slowest run that reaches it, and whether the figure is
+    interpolated across a wide gap (``approximate``, between the evaluations of ``bracket``)."""
+    found = {run.label: crossing(curves[run.label], target) for run in runs}
+    reached = [c.step for c in found.values() if c is not None]
     slowest = max(reached) if reached else None
-    return [
-        {
-            "run": run.label,
-            "steps": steps[run.label],
-            "ratio": steps[run.label] / slowest if steps[run.label] is not None and slowest else None,
-        }
-        for run in runs
-    ]
+    rows = []
+    for run in runs:
+        c = found[run.label]
+        rows.append({"run": run.label, "steps": None if c is None else c.step,
+                     "ratio": c.step / slowest if c is not None and slowest else None,
+                     "approximate": c is not None and c.wide, "bracket": None if c is None else c.bracket})  # fmt: skip
+    return rows
 
 
 # --------------------------------------------------------------------------------------------------
-# Fine-tuning results: best lr per (run, step), mean and t-interval over seeds
+# Fine-tuning jobs: which are done, which are not
+# --------------------------------------------------------------------------------------------------
+
+
+def select_rows(rows: list[dict[str, Any]], recipe_hash: str | None) -> list[dict[str, Any]]:
+    """Rows of one fine-tuning recipe: mixing recipes in one point would average unlike numbers."""
+    if recipe_hash is not None:
+        return [r for r in rows if r["recipe_hash"] == recipe_hash]
+    recipes = sorted({r["recipe_hash"] for r in rows})
+    if len(recipes) > 1:
+        raise ValueError(
+            f"the results folder holds results of several fine-tuning recipes {recipes}; choose one with --recipe_hash"
+        )
+    return rows
+
+
+def report_jobs(
+    folder: ResultsFolder, runs: Sequence[RunInfo], tasks: list[str], recipe_hash: str | None
+) -> list[dict[str, Any]]:
+    """Every job of the report's runs and tasks that the results folder names, whatever its status (rows of
+    ``JobState.row``), of one recipe. Jobs the scheduler has not written into a manifest yet are unknown here."""
+    rows = [state.row() for state in folder.jobs().values()]
+    return select_rows([r for r in rows if r["task"] in tasks and of_runs(r, runs)], recipe_hash)
+
+
+def not_done_counts(jobs: list[dict[str, Any]], runs: Sequence[RunInfo], tasks: list[str]) -> dict[str, Counter]:
+    """``"RUN TASK"`` -> how many of its jobs are queued, submitted and failed, in the order of the runs and tasks."""
+    counts: dict[tuple[int, int], Counter] = defaultdict(Counter)
+    order = {run.run_id: i for i, run in enumerate(runs)}
+    for job in jobs:
+        if job["status"] != "done":
+            counts[(order[job["run_id"]], tasks.index(job["task"]))][job["status"]] += 1
+    return {f"{runs[r].label} {tasks[t].upper()}": counts[(r, t)] for r, t in sorted(counts)}
+
+
+def progress_warning(jobs: list[dict[str, Any]], runs: Sequence[RunInfo], tasks: list[str], root: Path) -> str | None:
+    """How many jobs of which runs and tasks are not done yet; None when every job the folder names is done."""
+    counts = not_done_counts(jobs, runs, tasks)
+    if not counts:
+        return None
+    missing = sum(sum(c.values()) for c in counts.values())
+    parts = [f"{name}: {', '.join(f'{c[s]} {s}' for s in NOT_DONE if c[s])}" for name, c in counts.items()]
+    failed = any(c["failed"] for c in counts.values())
+    return (
+        f"**Incomplete: {missing} of {len(jobs)} jobs are not done** ({'; '.join(parts)}). The points they belong to "
+        "are marked * in the table (their best lr and mean may still change) and no verdict is final. Run the "
+        f"report again when `python -m finetune.schedule status --results_dir={root}` shows them done"
+        + ("; failed jobs run again with finetune.schedule's --retry_failed=true" if failed else "")
+        + "."
+    )
+
+
+def job_warnings(jobs: list[dict[str, Any]], runs: Sequence[RunInfo], tasks: list[str], root: Path) -> list[str]:
+    """What the results folder cannot show yet: no result at all (what to run, or wait for), then the jobs not done."""
+    warnings = [] if any(job["status"] == "done" for job in jobs) else [no_results_warning(jobs, runs, root)]
+    progress = progress_warning(jobs, runs, tasks, root)
+    return warnings + ([progress] if progress else [])
+
+
+def no_results_warning(jobs: list[dict[str, Any]], runs: Sequence[RunInfo], root: Path) -> str:
+    """What to do when no job of the runs is done: wait for the jobs named, or schedule them."""
+    if jobs:
+        return (f"**No fine-tuning job of these runs is done yet** ({len(jobs)} named in {root}): panels (b)-(d) are "
+                "not drawn until one is.")  # fmt: skip
+    paths = ", ".join(str(run.path) for run in runs)
+    return (
+        f"**No fine-tuning results of these runs** in {root}: panels (b)-(d) are not drawn. Fine-tune their "
+        f"snapshots first: `python -m finetune.schedule --config=configs/finetune/bert_glue.yaml --runs='[{paths}]' "
+        f"--results_dir={root} --data_dir=GLUE` (docs/finetuning.md), or pass the --results_dir that holds them."
+    )
+
+
+# --------------------------------------------------------------------------------------------------
+# Fine-tuning results: best lr per (run, step), mean and t-interval over seeds; the dev sets' baselines
 # --------------------------------------------------------------------------------------------------
 
 
@@ -182,16 +371,54 @@ def clipped_interval(mean: float, half_width: float, low: float = 0.0, high: flo
     return max(lower, low), min(upper, high), lower < low or upper > high
 
 
-def task_baselines(rows: list[dict[str, Any]], task: str) -> dict[str, float | None]:
-    """The dev set's majority-class accuracy (and F1) as the task's jobs measured them, and chance (a uniform
-    guess between the two labels). None where the task has none (RTE has no F1) or no job of it finished."""
+def entropy(shares: Iterable[float]) -> float:
+    """In nats, as the dev loss: the cross-entropy of always predicting the label prior."""
+    return -sum(p * math.log(p) for p in shares if p > 0)
+
+
+def prior_loss(majority_share: float) -> float:
+    """The dev loss of predicting the label prior of a two-class dev set whose majority class has this share."""
+    return entropy((majority_share, 1 - majority_share))
+
+
+def full_dev_baselines(task: str, data_dir: str) -> dict[str, Any]:
+    """The baselines of the whole dev set in ``data_dir`` (GLUE's original layout)."""
+    from finetune.glue import baseline_metrics, load_task  # scikit-learn: only when asked
+
+    labels = np.array([e.label for e in load_task(task, data_dir)["dev"]])
+    metrics = baseline_metrics(get_task(task), labels, labels)
+    counts = np.bincount(labels)
+    return {"full_examples": len(labels), "full_majority_accuracy": metrics["majority_accuracy"],
+            "full_majority_f1": metrics.get("majority_f1"), "full_prior_loss": entropy(counts / len(labels))}  # fmt: skip
+
+
+def task_baselines(rows: list[dict[str, Any]], task: str, data_dir: str | None = None) -> dict[str, Any]:
+    """The dev set's majority-class accuracy (and F1) and label-prior loss as the task's jobs measured them, chance
+    (a uniform guess between the two labels), and ``eval_examples``: the N of recipe.max_eval_examples when the jobs
+    were scored on the first N dev examples only (None: the whole dev set). With ``data_dir``, a truncated set's
+    baselines also over the whole dev set (``full_*``). None where the task has none (RTE has no F1) or no job of
+    it finished."""
 
     def typical(column: str) -> float | None:
         values = [r[column] for r in rows if r["task"] == task and r.get(column) is not None]
         # One recipe, one dev set: the values agree; the median is robust to a job with a capped dev set.
         return float(np.median(values)) if values else None
 
-    return {"majority_accuracy": typical("majority_accuracy"), "majority_f1": typical("majority_f1"), "chance": 0.5}
+    majority = typical("majority_accuracy")
+    limits = {r["recipe"].get("max_eval_examples") for r in rows if r["task"] == task}  # one recipe: one limit
+    base: dict[str, Any] = {
+        "majority_accuracy": majority,
+        "majority_f1": typical("majority_f1"),
+        "chance": 0.5,
+        "prior_loss": prior_loss(majority) if majority is not None and len(get_task(task).label_names) == 2 else None,
+        "eval_examples": next(iter(limits), None),
+        **dict.fromkeys(("full_examples", "full_majority_accuracy", "full_majority_f1", "full_prior_loss")),
+    }
+    if base["eval_examples"] is not None and data_dir is not None:
+        base.update(full_dev_baselines(task, data_dir))
+        if base["full_examples"] <= base["eval_examples"]:  # the limit cut nothing: the jobs saw the whole set
+            base["eval_examples"] = None
+    return base
 
 
 def one_class_seeds(group: list[dict[str, Any]], share: float) -> int:
@@ -199,33 +426,34 @@ def one_class_seeds(group: list[dict[str, Any]], share: float) -> int:
     return sum(r["top_class_share"] >= share for r in group)
 
 
-def select_rows(rows: list[dict[str, Any]], recipe_hash: str | None) -> list[dict[str, Any]]:
-    """Rows of one fine-tuning recipe: mixing recipes in one point would average unlike numbers."""
-    if recipe_hash is not None:
-        return [r for r in rows if r["recipe_hash"] == recipe_hash]
-    recipes = sorted({r["recipe_hash"] for r in rows})
-    if len(recipes) > 1:
-        raise ValueError(
-            f"the results folder holds results of several fine-tuning recipes {recipes}; choose one with --recipe_hash"
-        )
-    return rows
-
-
 def best_lr_points(
-    rows: list[dict[str, Any]], runs: list[RunInfo], task: str, one_class_share: float = 0.95
+    rows: list[dict[str, Any]],
+    runs: list[RunInfo],
+    task: str,
+    one_class_share: float = 0.95,
+    jobs: list[dict[str, Any]] | None = None,
 ) -> list[dict[str, Any]]:
     """For each (run, step): the lr with the best mean dev accuracy, with its mean, CI (and the CI clipped to
-    [0, 1]), seed count, mean dev loss, and how many seeds predict one class (``one_class``: all of them)."""
+    [0, 1]), seed count, mean dev loss and its CI, and how many seeds predict one class (``one_class``: all of
+    them). ``jobs`` (every job of the runs, done or not; default ``rows``) gives each point its ``planned_seeds``
+    (the seeds of its lr) and ``not_done`` (its jobs of any lr without a result: ``incomplete``)."""
+    label_of = {run.run_id: run.label for run in runs}
     groups: dict[tuple[str, int], dict[float, list[dict[str, Any]]]] = defaultdict(lambda: defaultdict(list))
-    for run in runs:
-        # By run id: a run folder moved or mounted elsewhere is the same run; another run of the same name is not.
-        for row in (r for r in rows if r["task"] == task and r["run_id"] == run.run_id):
-            groups[(run.label, row["pretrain_step"])][row["lr"]].append(row)
+    # By run id: a run folder moved or mounted elsewhere is the same run; another run of the same name is not.
+    for row in (r for r in rows if r["task"] == task and r["run_id"] in label_of):
+        groups[(label_of[row["run_id"]], row["pretrain_step"])][row["lr"]].append(row)
+    planned: dict[tuple[str, int, float], set[int]] = defaultdict(set)
+    not_done: Counter[tuple[str, int]] = Counter()
+    for job in (j for j in (rows if jobs is None else jobs) if j["task"] == task and j["run_id"] in label_of):
+        point = (label_of[job["run_id"]], job["pretrain_step"])
+        planned[(*point, job["lr"])].add(job["seed"])
+        not_done[point] += job["status"] != "done"
     points = []
     for (label, step), by_lr in sorted(groups.items()):
         lr, group = max(by_lr.items(), key=lambda item: (np.mean([r["accuracy"] for r in item[1]]), -item[0]))
         accuracies = [r["accuracy"] for r in group]
         f1s = [r["f1"] for r in group if r["f1"] is not None]
+        dev_losses = [r["dev_loss"] for r in group]
         accuracy, accuracy_ci = float(np.mean(accuracies)), confidence_interval(accuracies)
         low, high, clipped = clipped_interval(accuracy, accuracy_ci)
         one_class = one_class_seeds(group, one_class_share)
@@ -236,6 +464,9 @@ def best_lr_points(
                 "step": step,
                 "lr": lr,
                 "seeds": len(group),
+                "planned_seeds": max(len(planned[(label, step, lr)]), len(group)),
+                "not_done": not_done[(label, step)],
+                "incomplete": not_done[(label, step)] > 0,
                 "accuracy": accuracy,
                 "accuracy_ci": accuracy_ci,
                 "accuracy_low": low,
@@ -243,7 +474,8 @@ def best_lr_points(
                 "accuracy_clipped": clipped,
                 "f1": float(np.mean(f1s)) if f1s else None,
                 "f1_ci": confidence_interval(f1s) if f1s else None,
-                "dev_loss": float(np.mean([r["dev_loss"] for r in group])),
+                "dev_loss": float(np.mean(dev_losses)),
+                "dev_loss_ci": confidence_interval(dev_losses),
                 "one_class_seeds": one_class,
                 "one_class": one_class == len(group),
             }
@@ -252,7 +484,7 @@ def best_lr_points(
 
 
 # --------------------------------------------------------------------------------------------------
-# Figures and summary
+# Figures
 # --------------------------------------------------------------------------------------------------
 
 # One marker and line style per run, so that series that coincide (two runs stuck on the majority class) stay
@@ -307,13 +539,18 @@ def _finish(fig: Any, ax: Any, path: Path, note: str | None = None) -> Path:
     return save_figure(fig, path)
 
 
+def dev_set_text(base: dict[str, Any]) -> str:
+    """Which dev examples a baseline is of, for a legend: empty for the whole dev set."""
+    return "" if base.get("eval_examples") is None else f", first {base['eval_examples']} dev examples"
+
+
 def plot_task(
     runs: list[RunInfo],
     points: list[dict[str, Any]],
     task: str,
     panel: str,
     path: Path,
-    baselines: dict[str, float | None] | None = None,
+    baselines: dict[str, Any] | None = None,
 ) -> Path:
     """Best-lr mean accuracy per step and run, its clipped t-interval, the dev set's majority and chance
     accuracies; a hollow marker is a point whose every seed predicts (almost) one class."""
@@ -337,12 +574,16 @@ def plot_task(
         for xi, yi, p in zip(x, y, mine, strict=True):
             face = "white" if p["one_class"] else colour
             ax.plot([xi], [yi], marker=marker, markersize=6, markerfacecolor=face, markeredgecolor=colour, zorder=3)
-    baselines = baselines or {}
-    if baselines.get("majority_accuracy") is not None:
-        majority = 100 * baselines["majority_accuracy"]
-        ax.axhline(majority, color="black", linestyle="--", linewidth=0.9, label=f"majority class {majority:.1f}%")
-    if baselines.get("chance") is not None:
-        chance = 100 * baselines["chance"]
+    base = baselines or {}
+    if base.get("majority_accuracy") is not None:
+        majority = 100 * base["majority_accuracy"]
+        full = base.get("full_majority_accuracy")
+        label = f"majority class {majority:.1f}%{dev_set_text(base)}" + (
+            f"\n(all {base['full_examples']}: {100 * full:.1f}%)" if full is not None and base["eval_examples"] else ""
+        )
+        ax.axhline(majority, color="black", linestyle="--", linewidth=0.9, label=label)
+    if base.get("chance") is not None:
+        chance = 100 * base["chance"]
         ax.axhline(chance, color="grey", linestyle=":", linewidth=0.9, label=f"chance {chance:.0f}%")
     if any(p["one_class"] for p in points):
         ax.plot([], [], linestyle="none", marker="o", markerfacecolor="white", markeredgecolor="black",
@@ -352,28 +593,74 @@ def plot_task(
     note = "mean over seeds; bars: 95% t-interval,\nclipped to [0, 100]" + (
         " (some are)" if any(p["accuracy_clipped"] for p in points) else ""
     )
+    incomplete = sum(p["incomplete"] for p in points)
+    if incomplete:
+        note += f"\n{incomplete} point(s) incomplete: jobs not done"
     return _finish(fig, ax, path, note)
 
 
-def plot_dev_loss(runs: list[RunInfo], points: list[dict[str, Any]], tasks: list[str], panel: str, path: Path) -> Path:
-    """The best-lr points' mean dev loss: it separates runs whose accuracies are all the majority class."""
+def loss_limits(values: list[float], min_span: float = MIN_LOSS_SPAN) -> tuple[float, float]:
+    """A loss axis over ``values`` (5% margins), at least ``min_span`` tall around their middle, never below 0."""
+    finite = [v for v in values if math.isfinite(v)]
+    if not finite:
+        return 0.0, min_span
+    low, high = min(finite), max(finite)
+    low, high = low - 0.05 * (high - low), high + 0.05 * (high - low)
+    if high - low < min_span:
+        middle = (low + high) / 2
+        low, high = middle - min_span / 2, middle + min_span / 2
+    return (0.0, high - low) if low < 0 else (low, high)
+
+
+def plot_dev_loss(
+    runs: list[RunInfo],
+    points: list[dict[str, Any]],
+    tasks: list[str],
+    panel: str,
+    path: Path,
+    baselines: dict[str, dict[str, Any]] | None = None,
+) -> Path:
+    """The best-lr points' mean dev loss with its t-interval over seeds, beside the loss of predicting the label
+    prior: it separates runs whose accuracies are all the majority class. The y-axis spans at least MIN_LOSS_SPAN."""
     plt = pyplot()
     fig, axes = plt.subplots(1, len(tasks), figsize=(4 * len(tasks), 3.4), squeeze=False)
+    legend: dict[str, Any] = {}
     for ax, task in zip(axes[0], tasks, strict=True):
         mine = [p for p in points if p["task"] == task]
         offsets = x_offsets(runs, [p["step"] for p in mine])
+        drawn: list[float] = []
         for index, run in enumerate(runs):
             series = [p for p in mine if p["run"] == run.label]
-            if series:
-                ax.plot([p["step"] + offsets[run.label] for p in series], [p["dev_loss"] for p in series],
-                        markersize=5, label=run.label, **style(index))  # fmt: skip
-        ax.set(xlabel="pretraining step", ylabel="dev loss (cross-entropy)", title=f"{task.upper()}")
+            if not series:
+                continue
+            half = [0.0 if math.isnan(p["dev_loss_ci"]) else p["dev_loss_ci"] for p in series]
+            y = [p["dev_loss"] for p in series]
+            ax.errorbar([p["step"] + offsets[run.label] for p in series], y, yerr=half, capsize=3, markersize=5,
+                        label=run.label, **style(index))  # fmt: skip
+            drawn += [v - h for v, h in zip(y, half, strict=True)] + [v + h for v, h in zip(y, half, strict=True)]
+        base = (baselines or {}).get(task, {})
+        title = task.upper()
+        if base.get("prior_loss") is not None:
+            ax.axhline(base["prior_loss"], color="black", linestyle="--", linewidth=0.9,
+                       label="label prior (entropy of the dev labels)")  # fmt: skip
+            drawn.append(base["prior_loss"])
+            title += f" (label prior {base['prior_loss']:.4f}{dev_set_text(base)})"
+        ax.set_ylim(*loss_limits(drawn))
+        ax.set(xlabel="pretraining step", ylabel="dev loss (cross-entropy, nats)")
+        ax.set_title(title, fontsize="small")
         ax.grid(alpha=0.3)
-    fig.suptitle(f"({panel}) dev loss of the best-lr points, mean over seeds")
-    handles, labels = axes[0][0].get_legend_handles_labels()
-    if handles:
-        fig.legend(handles, labels, loc="upper left", bbox_to_anchor=(1.0, 0.9), fontsize="small", frameon=False)
+        legend.update(zip(*reversed(ax.get_legend_handles_labels()), strict=True))
+    fig.suptitle(f"({panel}) dev loss of the best-lr points: mean over seeds, bars 95% t-interval; "
+                 f"y-axis at least {MIN_LOSS_SPAN:g} nats tall")  # fmt: skip
+    if legend:
+        fig.legend(list(legend.values()), list(legend), loc="upper left", bbox_to_anchor=(1.0, 0.9), fontsize="small",
+                   frameon=False)  # fmt: skip
     return save_figure(fig, path)
+
+
+# --------------------------------------------------------------------------------------------------
+# Summary
+# --------------------------------------------------------------------------------------------------
 
 
 def _fmt(value: float | None, spec: str) -> str:
@@ -384,9 +671,9 @@ def _pct(value: float | None) -> str:
     return "—" if value is None else f"{100 * value:.2f}"
 
 
-def _mean_ci(mean: float, ci: float) -> str:
-    """Percent, with the interval when there is one (a single seed has none)."""
-    return f"{100 * mean:.2f}" + ("" if math.isnan(ci) else f" ± {100 * ci:.2f}")
+def _mean_ci(mean: float, ci: float, scale: float = 100, digits: int = 2) -> str:
+    """Percent (or ``scale`` 1: the value), with the interval when there is one (a single seed has none)."""
+    return f"{scale * mean:.{digits}f}" + ("" if math.isnan(ci) else f" ± {scale * ci:.{digits}f}")
 
 
 def _accuracy_cell(point: dict[str, Any]) -> str:
@@ -396,33 +683,152 @@ def _accuracy_cell(point: dict[str, Any]) -> str:
     return f"{100 * point['accuracy']:.2f} [{100 * point['accuracy_low']:.2f}, {100 * point['accuracy_high']:.2f}]†"
 
 
+def _seeds_cell(point: dict[str, Any]) -> str:
+    """Seeds done, of those planned when fewer are done; * when jobs of the point are not done."""
+    done = (
+        str(point["seeds"])
+        if point["seeds"] == point["planned_seeds"]
+        else f"{point['seeds']}/{point['planned_seeds']}"
+    )
+    return done + (" *" if point["incomplete"] else "")
+
+
 def _flag_cell(point: dict[str, Any]) -> str:
     if point["one_class"]:
         return f"**one class** ({point['one_class_seeds']}/{point['seeds']} seeds)"
     return f"{point['one_class_seeds']}/{point['seeds']} seeds" if point["one_class_seeds"] else ""
 
 
-def steps_sentence(table: list[dict[str, Any]], target: float) -> str:
-    """The comparison in its own terms: which run reaches the target first, in how many steps, against which."""
+def _steps_cell(row: dict[str, Any]) -> str:
+    """The steps, ``~`` before a figure interpolated across a wide gap."""
+    return "—" if row["steps"] is None else ("~" if row["approximate"] else "") + f"{row['steps']:.0f}"
+
+
+def steps_sentence(table: list[dict[str, Any]], target: float, runs: Sequence[RunInfo]) -> str:
+    """The comparison in its own terms: which run reaches the target first, in how many steps, against which, and
+    what else differs between the two (recipe_caveat)."""
     reached = sorted((row for row in table if row["steps"] is not None), key=lambda row: row["steps"])
     if len(reached) < 2:
         return f"Fewer than two runs reach validation loss {target:.4g}: no comparison of their steps."
     fastest, slowest = reached[0], reached[-1]
     if not fastest["steps"]:
         return f"{fastest['run']} starts at or below validation loss {target:.4g}: no comparison of steps."
+    about = "~" if fastest["approximate"] or slowest["approximate"] else ""
+    by_label = {run.label: run for run in runs}
     return (
-        f"In this comparison, {fastest['run']} reaches validation loss {target:.4g} in {fastest['steps']:.0f} steps, "
-        f"{slowest['steps'] / fastest['steps']:.2f}x fewer than {slowest['run']} ({slowest['steps']:.0f} steps)."
+        f"In this comparison, {fastest['run']} reaches validation loss {target:.4g} in {_steps_cell(fastest)} steps, "
+        f"{about}{slowest['steps'] / fastest['steps']:.2f}x fewer than {slowest['run']} ({_steps_cell(slowest)} "
+        f"steps).{recipe_caveat([by_label[fastest['run']], by_label[slowest['run']]])}"
     )
 
 
+def gap_notes(table: list[dict[str, Any]]) -> list[str]:
+    """One footnote per figure interpolated across a wide gap, naming the evaluations around it."""
+    return [
+        f"~ {row['run']}: interpolated between the evaluations at steps {row['bracket'][0]} and {row['bracket'][1]}, "
+        f"more than {100 * WIDE_GAP_SHARE:.0f}% of the figure apart: the run reaches the loss somewhere in between. "
+        "Evaluate more often (--train.eval_every; launch/compare_placements.sh sizes it to the run's length) for a "
+        "closer figure."
+        for row in table
+        if row["approximate"]
+    ]
+
+
+def recipes_section(runs: Sequence[RunInfo]) -> list[str]:
+    """Whether the runs share their recipe besides the model variant, and every key in which they do not."""
+    if len(runs) < 2:
+        return []
+    lines = ["## Recipes", ""]
+    if unconfigured(runs):
+        lines.append(f"Recipes not compared: {', '.join(unconfigured(runs))} has no {RUN_CONFIG_FILE} (a run writes "
+                     "it when it starts).")  # fmt: skip
+    elif differences := recipe_differences(runs):
+        lines.append(
+            f"The runs' recipes differ besides the model variant ({' vs '.join(run.label for run in runs)}): "
+            f"{differences_text(differences)}. Any difference between their curves is not the placement's alone."
+        )
+    else:
+        lines.append("The runs share their recipe besides the model variant.")
+    lines += ["(Compared: the pretraining config keys of role recipe and limit, pretrain/common/roles.py, other "
+              "than the variant's: placement, norm type, QK-norm, residual scheme.)", ""]  # fmt: skip
+    return lines
+
+
+def baselines_section(baselines: dict[str, dict[str, Any]]) -> list[str]:
+    """The baselines of the dev examples the jobs were scored on, and the full dev sets' where they differ."""
+    lines = [
+        "## Baselines on the dev sets",
+        "",
+        "Majority class: always answer the dev set's most common label; label prior: the dev loss of predicting the "
+        "labels' shares (their entropy, nats); chance: a uniform guess between the two.",
+        "",
+        "| task | dev examples | majority-class accuracy (%) | majority-class F1 (%) | label-prior loss | chance accuracy (%) |",
+        "|---|---|---:|---:|---:|---:|",
+    ]
+    for task, base in baselines.items():
+        scored = "all" if base["eval_examples"] is None else f"first {base['eval_examples']}"
+        lines.append(f"| {task.upper()} | {scored} | {_pct(base['majority_accuracy'])} | {_pct(base['majority_f1'])} | "
+                     f"{_fmt(base['prior_loss'], '.4f')} | {_pct(base['chance'])} |")  # fmt: skip
+        if base["eval_examples"] is not None and base["full_examples"] is not None:
+            lines.append(f"| {task.upper()} | all {base['full_examples']} | {_pct(base['full_majority_accuracy'])} | "
+                         f"{_pct(base['full_majority_f1'])} | {_fmt(base['full_prior_loss'], '.4f')} | "
+                         f"{_pct(base['chance'])} |")  # fmt: skip
+    lines.append("")
+    truncated = sorted({base["eval_examples"] for base in baselines.values() if base["eval_examples"] is not None})
+    if truncated:
+        n = ", ".join(map(str, truncated))
+        lines.append(
+            f"The jobs were scored on the first {n} dev examples (recipe.max_eval_examples={n}): their accuracies, "
+            "the majority class and the label prior above are those of that subset, not of the full dev set. "
+            + (
+                "The rows 'all' are the full dev sets (--data_dir)."
+                if all(b["full_examples"] is not None for b in baselines.values() if b["eval_examples"] is not None)
+                else "For the full dev sets' figures pass --data_dir=GLUE (the folder in the original layout)."
+            )
+        )
+        lines.append("")
+    return lines
+
+
+def points_section(points: list[dict[str, Any]], one_class_share: float) -> list[str]:
+    lines = [
+        "## Dev results per pretraining step",
+        "",
+        "Best lr by mean accuracy; mean ± 95% t-interval over seeds; † the interval reaches past [0, 100] and is "
+        f"given by its bounds clipped to it. One class: at least {100 * one_class_share:.0f}% of a seed's dev "
+        "predictions fall in one class (n/n: every seed's). Seeds d/p: d of the p seeds of that lr are done; "
+        "* incomplete: jobs of that run and step (any lr) are not done, so its best lr and mean may change.",
+        "",
+        "| task | run | step | best lr | seeds | accuracy (%) | F1 (%) | dev loss | one class |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for p in points:
+        f1 = "—" if p["f1"] is None else _mean_ci(p["f1"], p["f1_ci"])
+        lines.append(
+            f"| {p['task'].upper()} | {p['run']} | {p['step']} | {p['lr']:g} | {_seeds_cell(p)} | "
+            f"{_accuracy_cell(p)} | {f1} | {_mean_ci(p['dev_loss'], p['dev_loss_ci'], 1, 4)} | {_flag_cell(p)} |"
+        )
+    return [*lines, ""]
+
+
 def warnings_for(
-    points: list[dict[str, Any]], tasks: list[str], baselines: dict[str, dict[str, float | None]] | None = None
+    points: list[dict[str, Any]],
+    tasks: list[str],
+    baselines: dict[str, dict[str, Any]] | None = None,
+    not_done: int = 0,
+    jobs: int = 0,
 ) -> list[str]:
     """Sentences for the reader when the fine-tuning results cannot tell the runs apart: every point predicts
     one class, or (per task) every point predicts one class or none beats the dev set's majority class beyond its
-    interval (a mean one point above it, ± three, is no better than the majority class)."""
+    interval (a mean one point above it, ± three, is no better than the majority class). While ``not_done`` of
+    the ``jobs`` have no result, none is a verdict: the banner waits, the others say they are provisional."""
     if points and all(p["one_class"] for p in points):
+        if not_done:
+            return [
+                f"**No verdict yet** ({not_done} of {jobs} jobs not done): every seed of every point done so far "
+                "predicts (almost) one class; wait for the rest before concluding that no snapshot beats the "
+                "majority class."
+            ]
         return [
             "**No snapshot beats the majority class**: at every point every seed predicts (almost) one class, so "
             "the accuracies are the dev sets' label balance, not what pretraining gave: pretrain longer or use a "
@@ -441,7 +847,8 @@ def warnings_for(
                 f"No {task.upper()} point beats the majority class ({100 * majority:.2f}%) beyond its 95% interval: "
                 "pretrain longer or use a larger model before reading its accuracies."
             )
-    return out
+    provisional = f" Provisional: {not_done} of {jobs} jobs are not done." if not_done else ""
+    return [sentence + provisional for sentence in out]
 
 
 def _lower_bound(point: dict[str, Any]) -> float:
@@ -451,69 +858,37 @@ def _lower_bound(point: dict[str, Any]) -> float:
 
 
 def summary_markdown(
-    target: float | None,
-    table: list[dict[str, Any]],
-    points: list[dict[str, Any]],
-    images: list[Path],
-    baselines: dict[str, dict[str, float | None]] | None = None,
-    one_class_share: float = 0.95,
+    runs: Sequence[RunInfo], target: float | None, figure5: Figure5, tasks: list[str], one_class_share: float = 0.95
 ) -> str:
-    baselines = baselines or {}
     lines = ["# Figure 5: pretraining speed and downstream accuracy by LayerNorm placement", ""]
-    lines += [
-        f"> {warning}\n"
-        for warning in warnings_for(points, list(baselines) or sorted({p["task"] for p in points}), baselines)
-    ]
+    lines += [f"> {warning}\n" for warning in figure5.warnings]
+    if not tasks:
+        lines += ["Panel (a) alone (--tasks=[]): no fine-tuning results read.", ""]
     if target is None:
         lines += ["No validation loss is reached by every run yet: no steps-to-loss table.", ""]
     else:
         lines += [
             f"## Steps to validation MLM loss {target:.4g}",
             "",
-            steps_sentence(table, target),
+            steps_sentence(figure5.steps, target, runs),
             "Steps are interpolated linearly between evaluations. They measure these runs (their model, data and "
             "schedule) against each other; the paper's step counts are of BERT-base on its own corpus and scale.",
             "",
             "| run | steps | steps / slowest | slowest / steps |",
             "|---|---:|---:|---:|",
         ]
-        for row in table:
+        for row in figure5.steps:
             speedup = None if not row["ratio"] else 1 / row["ratio"]
             lines.append(
-                f"| {row['run']} | {_fmt(row['steps'], '.0f')} | {_fmt(row['ratio'], '.3f')} | {_fmt(speedup, '.2f')}{'x' if speedup else ''} |"
+                f"| {row['run']} | {_steps_cell(row)} | {_fmt(row['ratio'], '.3f')} | {_fmt(speedup, '.2f')}{'x' if speedup else ''} |"
             )
         lines.append("")
-    if baselines:
-        lines += [
-            "## Baselines on the dev sets",
-            "",
-            "Majority class: always answer the dev set's most common label; chance: a uniform guess between the two.",
-            "",
-            "| task | majority-class accuracy (%) | majority-class F1 (%) | chance accuracy (%) |",
-            "|---|---:|---:|---:|",
-        ]
-        for task, base in baselines.items():
-            lines.append(
-                f"| {task.upper()} | {_pct(base['majority_accuracy'])} | {_pct(base['majority_f1'])} | {_pct(base['chance'])} |"
-            )
-        lines.append("")
-    lines += [
-        "## Dev results per pretraining step",
-        "",
-        "Best lr by mean accuracy; mean ± 95% t-interval over seeds; † the interval reaches past [0, 100] and is "
-        f"given by its bounds clipped to it. One class: at least {100 * one_class_share:.0f}% of a seed's dev "
-        "predictions fall in one class (n/n: every seed's).",
-        "",
-        "| task | run | step | best lr | seeds | accuracy (%) | F1 (%) | dev loss | one class |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---|",
-    ]
-    for p in points:
-        f1 = "—" if p["f1"] is None else _mean_ci(p["f1"], p["f1_ci"])
-        lines.append(
-            f"| {p['task'].upper()} | {p['run']} | {p['step']} | {p['lr']:g} | {p['seeds']} | "
-            f"{_accuracy_cell(p)} | {f1} | {_fmt(p['dev_loss'], '.4f')} | {_flag_cell(p)} |"
-        )
-    lines += ["", "## Figures", ""] + [f"![{image.stem}]({image.name})" for image in images]
+        for note in gap_notes(figure5.steps):
+            lines += [note, ""]
+    lines += recipes_section(runs)
+    if figure5.points:
+        lines += baselines_section(figure5.baselines) + points_section(figure5.points, one_class_share)
+    lines += ["## Figures", ""] + [f"![{image.stem}]({image.name})" for image in figure5.images]
     return "\n".join(lines) + "\n"
 
 
@@ -524,7 +899,7 @@ def summary_markdown(
 
 def check_results_dir(root: Path) -> None:
     """A missing results folder names the ones beside it (configs/finetune/smoke.yaml writes smoke.d, not the
-    default results.d), so that the fix is one --results_dir away."""
+    default results.d), so that the fix is one --results_dir away, and how to draw panel (a) without one."""
     if root.is_dir():
         return
     others = sorted(p for p in root.parent.glob("*") if (p / DONE).is_dir()) if root.parent.is_dir() else []
@@ -534,7 +909,7 @@ def check_results_dir(root: Path) -> None:
         if others
         else "; run finetune.schedule first or pass --results_dir"
     )
-    raise FileNotFoundError(f"results folder {root} not found{hint}")
+    raise FileNotFoundError(f"results folder {root} not found{hint}; --tasks='[]' draws panel (a) alone")
 
 
 def report(config: ReportConfig) -> dict[str, Any]:
@@ -545,28 +920,34 @@ def report(config: ReportConfig) -> dict[str, Any]:
     curves = {run.label: val_loss_curve(run.path) for run in runs}
     target = config.target_loss if config.target_loss is not None else default_target(curves)
     table = steps_table(runs, curves, target) if target is not None else []
-    folder = ResultsFolder(config.results_dir)
-    check_results_dir(folder.root)
-    rows = select_rows([state.row() for state in folder.done().values()], config.recipe_hash)
-    points = [p for task in config.tasks for p in best_lr_points(rows, runs, task, config.one_class_share)]
-    mine = [r for r in rows if of_runs(r, runs)]
-    baselines = {task: task_baselines(mine, task) for task in config.tasks}
+    root = Path(config.results_dir).resolve()
+    if config.tasks:  # --tasks=[]: panel (a) alone, no results folder read
+        check_results_dir(root)
+    jobs = report_jobs(ResultsFolder(root), runs, config.tasks, config.recipe_hash) if config.tasks else []
+    rows = [job for job in jobs if job["status"] == "done"]
+    points = [p for task in config.tasks for p in best_lr_points(rows, runs, task, config.one_class_share, jobs)]
+    baselines = {task: task_baselines(rows, task, config.data_dir) for task in config.tasks} if rows else {}
+    warnings = job_warnings(jobs, runs, config.tasks, root) if config.tasks else []
+    warnings += warnings_for(points, config.tasks, baselines, len(jobs) - len(rows), len(jobs))
     out = Path(config.out)
     out.mkdir(parents=True, exist_ok=True)
     images = [plot_loss(runs, curves, target, out / "figure5a_val_loss.png")]
-    panels = iter("bcdefghij")
-    for task in config.tasks:
+    if rows:  # panels (b)-(d) have something to draw
+        panels = iter("bcdefghij")
+        for task in config.tasks:
+            panel = next(panels)
+            mine = [p for p in points if p["task"] == task]
+            images.append(plot_task(runs, mine, task, panel, out / f"figure5{panel}_{task}.png", baselines[task]))
         panel = next(panels)
-        mine_points = [p for p in points if p["task"] == task]
-        images.append(plot_task(runs, mine_points, task, panel, out / f"figure5{panel}_{task}.png", baselines[task]))
-    panel = next(panels)
-    images.append(plot_dev_loss(runs, points, config.tasks, panel, out / f"figure5{panel}_dev_loss.png"))
-    summary = summary_markdown(target, table, points, images, baselines, config.one_class_share)
-    (out / "summary.md").write_text(summary)
-    warnings = warnings_for(points, config.tasks, baselines)
+        images.append(plot_dev_loss(runs, points, config.tasks, panel, out / f"figure5{panel}_dev_loss.png", baselines))
+    figure5 = Figure5(curves=curves, steps=table, points=points, rows=rows, images=images, baselines=baselines,
+                      warnings=warnings)  # fmt: skip
+    atomic.write_text(out / "summary.md", summary_markdown(runs, target, figure5, config.tasks, config.one_class_share))
     result = {
         "target_loss": target,
         "steps": table,
+        "recipe_differences": recipe_differences(runs),
+        "jobs": jobs,
         "points": points,
         "baselines": baselines,
         "warnings": warnings,
@@ -581,18 +962,18 @@ def report(config: ReportConfig) -> dict[str, Any]:
             target_loss=config.target_loss,
             out=config.out,
         )
-        figure5 = Figure5(
-            curves=curves, steps=table, points=points, rows=rows, images=images, baselines=baselines, warnings=warnings
-        )
         result["wandb_dir"] = log_report(runs, settings, figure5)
     return result
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Exit code 0 once the report is written, warnings or not (each on stderr as well as in summary.md)."""
     config = parse(ReportConfig, argv, prog="python -m finetune.report", description=__doc__)
     result = report(config)
     print(result["summary"].read_text())
     print(f"wrote {', '.join(str(p) for p in result['images'])} and {result['summary']}")
+    for warning in result["warnings"]:
+        print(f"warning: {warning.replace('**', '')}", file=sys.stderr)
     return 0
 
 

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from finetune.manifest import JobSpec, Results
-from pretrain.run_folder.layout import RUN_CONFIG_FILE
+from pretrain.run_folder.layout import read_run_config
 from pretrain.tracking.wandb_logging import (
     check_credentials,
     read_run_file,
@@ -35,6 +35,9 @@ from pretrain.tracking.wandb_logging import (
     snapshot_artifact_name,
     wandb_mode,
 )
+
+RUN_CONFIG_FIX = "fine-tune and report it with the checkout that wrote the run"
+"""What a reader of another format version's RUN/run_config.json can do (pretrain/common/formats.py)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -58,8 +61,7 @@ def pretraining_run(run_dir: str) -> dict[str, Any]:
     model or a run that never logged to W&B)."""
     path = Path(run_dir)
     identity = read_run_file(path) if path.is_dir() else {}
-    config_path = path / RUN_CONFIG_FILE
-    tracking = json.loads(config_path.read_text()).get("tracking", {}) if config_path.is_file() else {}
+    tracking = read_run_config(path, RUN_CONFIG_FIX).get("tracking", {})
     return {
         "id": identity.get("id"),
         "group": identity.get("group"),
@@ -189,6 +191,7 @@ class ReportedRun(Protocol):
     run_id: str
     name: str
     placement: str
+    variant: str
     label: str
 
 
@@ -213,19 +216,22 @@ class Figure5:
     curves: dict[str, list[tuple[int, float]]]
     """Validation loss (step, loss) by run label."""
     steps: list[dict[str, Any]]
-    """The steps-to-loss table: run, steps, ratio."""
+    """The steps-to-loss table: run, steps, ratio, approximate (interpolated across a wide gap), bracket."""
     points: list[dict[str, Any]]
     """The best-lr points of panels (b)-(d) (POINT_COLUMNS)."""
     rows: list[dict[str, Any]]
-    """The result rows the points were drawn from (one per job: seed)."""
+    """The result rows the points were drawn from: the done jobs of the runs, tasks and recipe (one per seed)."""
     images: list[Path]
-    baselines: dict[str, dict[str, float | None]]
-    """Majority-class and chance accuracies by task."""
+    """The PNGs drawn."""
+    baselines: dict[str, dict[str, Any]]
+    """Majority-class, label-prior and chance baselines by task, with the dev examples they are of."""
     warnings: list[str]
+    """What the inputs cannot show (jobs not done, no results, no verdict), for the reader."""
 
 
-POINT_COLUMNS = ["task", "run", "norm_placement", "step", "lr", "seeds", "accuracy", "accuracy_ci", "accuracy_low",
-                 "accuracy_high", "f1", "f1_ci", "dev_loss", "one_class_seeds", "one_class"]  # fmt: skip
+POINT_COLUMNS = ["task", "run", "norm_placement", "variant", "step", "lr", "seeds", "planned_seeds", "incomplete",
+                 "accuracy", "accuracy_ci", "accuracy_low", "accuracy_high", "f1", "f1_ci", "dev_loss", "dev_loss_ci",
+                 "one_class_seeds", "one_class"]  # fmt: skip
 # The per-seed table: a job's name and placement, its key fields (the recipe by its hash) and its results.
 _KEYED = [f.name for f in dataclasses.fields(JobSpec) if f.metadata["role"] == "key" and f.name != "recipe"]
 SEED_COLUMNS = ["run_name", "placement", *_KEYED, "recipe_hash", *(f.name for f in dataclasses.fields(Results))]
@@ -274,9 +280,12 @@ def _start_report_run(runs: Sequence[ReportedRun], settings: ReportSettings, row
         name=f"figure5-{comparison or 'report'}",
         group=f"{comparison or 'figure5'}-report",
         job_type="report",
-        tags=sorted({*(run.placement for run in runs), *([comparison] if comparison else [])}),
+        tags=sorted(
+            {*(run.placement for run in runs), *(run.variant for run in runs), *([comparison] if comparison else [])}
+        ),
         config={
             "norm_placement": [run.placement for run in runs],
+            "variant": [run.variant for run in runs],
             "comparison": comparison,
             "runs": [run.name for run in runs],
             "pretrain_run_ids": [p["id"] for p in pretraining],
@@ -309,17 +318,15 @@ def _log_figure5_curves(wb: Any, runs: Sequence[ReportedRun], figure5: Figure5) 
 def _log_report_tables(wb: Any, runs: Sequence[ReportedRun], tasks: list[str], figure5: Figure5) -> None:
     import wandb
 
-    placement = {run.label: run.placement for run in runs}
+    model = {run.label: {"norm_placement": run.placement, "variant": run.variant} for run in runs}
     seed_rows = [r for r in figure5.rows if r["task"] in tasks and of_runs(r, runs)]
     wb.log(
         {
             "tables/steps_to_loss": _table(
-                [{**row, "norm_placement": placement[row["run"]]} for row in figure5.steps],
-                ["run", "norm_placement", "steps", "ratio"],
+                [{**row, **model[row["run"]]} for row in figure5.steps],
+                ["run", "norm_placement", "variant", "steps", "ratio", "approximate"],
             ),
-            "tables/best_lr_points": _table(
-                [{**p, "norm_placement": placement[p["run"]]} for p in figure5.points], POINT_COLUMNS
-            ),
+            "tables/best_lr_points": _table([{**p, **model[p["run"]]} for p in figure5.points], POINT_COLUMNS),
             "tables/seed_rows": _table(seed_rows, SEED_COLUMNS),
             **{f"figures/{image.stem}": wandb.Image(str(image)) for image in figure5.images},
         }

@@ -39,11 +39,22 @@ run_status() {  # the status field of RUN/status.json ("" when there is none)
   python -c 'import json, sys; print(json.load(open(sys.argv[1])).get("status", ""))' "$1/status.json" 2>/dev/null || true
 }
 
+# Evaluations sized to the run's length: at least about 20 of them (never fewer than the preset makes), so that
+# finetune.report's steps to a loss interpolate between close evaluations. A --train.eval_every among the
+# arguments comes after this one and wins. Empty when the options do not parse: the run itself then says why.
+eval_every() {  # the cadence for preset $1 and the arguments after it
+  python -c 'import sys
+from pretrain.config import parse_args
+train = parse_args(sys.argv[1:]).train
+print(max(1, min(train.eval_every or train.max_steps, train.max_steps // 20)))' --config "$@" 2>/dev/null || true
+}
+
 for placement in post pre; do
   preset=$POST; [[ $placement == pre ]] && preset=$PRE
   echo "=== $placement-LN: $preset -> $OUT/$placement"
+  every=$(eval_every "$preset" "$@")
   # shellcheck disable=SC2086  # LAUNCH is a command line
-  $LAUNCH pretrain/run.py --config "$preset" --train.seed="$SEED" \
+  $LAUNCH pretrain/run.py --config "$preset" --train.seed="$SEED" ${every:+--train.eval_every="$every"} \
     --train.output_dir="$OUT/$placement" --train.run_name="$SCALE-$placement-ln" \
     --tracking.comparison="$COMPARISON" "$@"
   if (( interrupted )) || [[ $(run_status "$OUT/$placement") == preempted ]]; then
@@ -71,3 +82,16 @@ for placement in ("post", "pre"):
     status = json.load(open(f"{run}/status.json"))["status"]
     print(f"{placement:>4}-LN  status={status}  val/mlm_loss  {curve}")
 PY
+
+# What comes next (README.md, "The next step") on the two runs just made. OUT and the presets are relative to
+# this checkout, where the script ran: the commands run from it too.
+runs="[$OUT/post, $OUT/pre]"
+from=""
+[[ ${OLDPWD:-$PWD} == "$PWD" ]] || from=" (from $PWD)"
+cat <<NEXT
+
+next$from: fine-tune every snapshot of both runs on MRPC and RTE (3 lrs x 6 seeds; GLUE in the original TSV
+layout, or without --data_dir nyu-mll/glue from the Hub), then draw Figure 5 (PNGs and summary.md):
+  python -m finetune.schedule --config=configs/finetune/bert_glue.yaml --runs='$runs' --data_dir=path/to/glue --mode=follow --workers=2
+  python -m finetune.report --runs='$runs' --out=outputs/figure5
+NEXT

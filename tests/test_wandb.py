@@ -22,6 +22,7 @@ from finetune.schedule import ScheduleConfig, wandb_settings
 from finetune.tracking import WandbSettings, job_run, job_run_id, model_norm_type
 from finetune.worker import describe_model, job_specs
 from pretrain.common.atomic import write_json
+from pretrain.common.formats import RUN_FORMAT, stamped
 from pretrain.config import parse_args, to_dict
 from pretrain.modeling import LNBertForPreTraining
 from pretrain.run import main as pretrain_main
@@ -251,7 +252,7 @@ def finetuned(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[dict
     root = tmp_path_factory.mktemp("wandb-finetune")
     run_dir = make_run(root, "pre_ln", "pre", steps=(10,))
     write_json(run_dir / WANDB_RUN_FILE, {"id": "pretrain01", "group": "cmp-pre-abc", "project": "lnbert"})
-    write_json(run_dir / RUN_CONFIG_FILE, {"tracking": {"project": "lnbert", "comparison": "cmp"}})
+    write_json(run_dir / RUN_CONFIG_FILE, stamped({"tracking": {"project": "lnbert", "comparison": "cmp"}}, RUN_FORMAT))
     config = RunConfig(
         model=str(run_dir / "snapshots" / "step_00000010"),
         task="mrpc",
