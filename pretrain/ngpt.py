@@ -26,17 +26,18 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 import torch
 from torch import nn
+from transformers import BertConfig
 from transformers import initialization as init
 from transformers.activations import ACT2FN
 
 from pretrain.attention import attention_function, project_qkv
 
-if TYPE_CHECKING:
-    from pretrain.modeling import LNBertConfig
+# The ``config`` arguments below are the model's LNBertConfig (pretrain/modeling.py), typed as its Hugging Face base
+# class: this module sits below the model file, which imports it.
 
 # The effective values at init (§2.6; model.py's *_init_value).
 ALPHA_INIT = 0.05  # alpha_A, alpha_M: "in order of 1/n_layers"
@@ -150,7 +151,7 @@ class NgptEmbeddings(nn.Module):
     """h_0 = Norm(E_tok[x] + E_type[t] + E_pos[p]): BERT's three tables, each row on the sphere; no LayerNorm, no
     dropout, and no ``padding_idx`` (BERT zeroes the [PAD] row, and Norm(0) is NaN)."""
 
-    def __init__(self, config: LNBertConfig) -> None:
+    def __init__(self, config: BertConfig) -> None:
         super().__init__()
         d = config.hidden_size
         self.word_embeddings = on_sphere(nn.Embedding(config.vocab_size, d), dim=1)
@@ -177,7 +178,7 @@ class NgptSelfAttention(nn.Module):
     """Q, K, V without biases; each head's queries and keys normalised and scaled by s_qk (``sqk``, d numbers
     viewed as (heads, d_k)); softmax scale sqrt(d_k), as the official code's ``softmax_scale``."""
 
-    def __init__(self, config: LNBertConfig) -> None:
+    def __init__(self, config: BertConfig) -> None:
         super().__init__()
         self.config = config
         d = config.hidden_size
@@ -219,7 +220,7 @@ class NgptProjection(nn.Module):
 
 
 class NgptAttention(nn.Module):
-    def __init__(self, config: LNBertConfig) -> None:
+    def __init__(self, config: BertConfig) -> None:
         super().__init__()
         self.self = NgptSelfAttention(config)
         self.output = NgptProjection(config.hidden_size, config.hidden_size)
@@ -229,7 +230,7 @@ class NgptIntermediate(nn.Module):
     """GELU(s_u sqrt(d) (W_in h)): the FFN input without bias, scaled per channel by s_u (``su``, stored 1, used
     1: §2.6) and by sqrt(d), which moves the activation's input, a cosine, into GELU's non-linear range (A.1)."""
 
-    def __init__(self, config: LNBertConfig) -> None:
+    def __init__(self, config: BertConfig) -> None:
         super().__init__()
         self.dense = on_sphere(nn.Linear(config.hidden_size, config.intermediate_size, bias=False), dim=1)
         self.intermediate_act_fn = ACT2FN[config.hidden_act]
@@ -255,7 +256,7 @@ class NgptLayer(nn.Module):
     """One nGPT layer at Hugging Face BERT's module names, plus the eigen learning rates ``attn_alpha`` and
     ``mlp_alpha`` (d each, stored 1/sqrt(d), used |stored * 0.05 sqrt(d)|); ``ngpt_block`` is its data flow."""
 
-    def __init__(self, config: LNBertConfig) -> None:
+    def __init__(self, config: BertConfig) -> None:
         super().__init__()
         d = config.hidden_size
         self.attention = NgptAttention(config)
@@ -323,7 +324,7 @@ def ngpt_block(
 class NgptEncoder(nn.Module):
     """The layer stack; no final norm (the last layer's output is on the sphere)."""
 
-    def __init__(self, config: LNBertConfig) -> None:
+    def __init__(self, config: BertConfig) -> None:
         super().__init__()
         self.layer = nn.ModuleList([NgptLayer(config) for _ in range(config.num_hidden_layers)])
 
@@ -351,7 +352,7 @@ class NgptLMPredictionHead(nn.Module):
     BERT; else its own rows on the sphere), scaled per token of the vocabulary by s_z (``sz``, stored 1/sqrt(d),
     used 1). No transform: its dense and LayerNorm would take h off the sphere."""
 
-    def __init__(self, config: LNBertConfig) -> None:
+    def __init__(self, config: BertConfig) -> None:
         super().__init__()
         self.decoder = on_sphere(nn.Linear(config.hidden_size, config.vocab_size, bias=False), dim=1)
         self.sz_scaler = Scaler(SZ_INIT, base_scale(config.hidden_size))

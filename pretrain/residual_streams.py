@@ -38,14 +38,15 @@ import math
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
+from transformers import BertConfig
 from transformers import initialization as init
 
-if TYPE_CHECKING:
-    from pretrain.modeling import LNBertConfig
+# The ``config`` arguments below are the model's LNBertConfig (pretrain/modeling.py), typed as its Hugging Face base
+# class: this module sits below the model file, which imports it.
 
 HC_DYNAMIC_SCALE_INIT = 0.01  # DHC's s_alpha and s_beta at init (HC paper, Algorithm 2)
 MHC_GATE_INIT = 0.01  # mHC's alpha_pre, alpha_post, alpha_res at init (mHC paper, Table 5)
@@ -373,7 +374,7 @@ RESIDUAL_MODULES: tuple[type[nn.Module], ...] = (HyperConnection, ManifoldHyperC
 ResidualState = torch.Tensor | DepthSources
 
 
-def residual_module(config: LNBertConfig, sublayer: int) -> ResidualModule:
+def residual_module(config: BertConfig, sublayer: int) -> ResidualModule:
     """The residual module of sub-layer ``sublayer`` (layer i's attention: 2i, its FFN: 2i + 1) under the config's
     residual scheme."""
     scheme = config.residual_scheme
@@ -389,7 +390,7 @@ def residual_module(config: LNBertConfig, sublayer: int) -> ResidualModule:
     raise ValueError(f"residual_scheme={scheme!r} has no residual modules")
 
 
-def start_state(config: LNBertConfig, embeddings: torch.Tensor) -> ResidualState:
+def start_state(config: BertConfig, embeddings: torch.Tensor) -> ResidualState:
     """The residual state the first layer reads: n copies of the embedding output (HC, mHC), or AttnRes's sources
     holding the embedding output alone."""
     if config.residual_scheme == "attn_res":
