@@ -22,12 +22,12 @@ from torch import nn
 from tqdm.auto import tqdm
 from transformers import get_scheduler
 
-import pretrain.modeling  # noqa: F401  (registers the "lnbert" model type with the Auto classes)
 from finetune.config import FinetuneConfig
 from finetune.glue import Example, baseline_metrics, batches, compute_metrics, encode, get_task, load_task
 from finetune.manifest import Results
 from pretrain.common.device import pick_device
 from pretrain.common.hardware import cpu_bf16_warning
+from pretrain.modeling import LNBertPreTrainedModel  # and registers "lnbert" with the Auto classes
 from pretrain.optim import build_adamw
 
 
@@ -97,6 +97,8 @@ def train_step(
     if recipe.max_grad_norm > 0:
         torch.nn.utils.clip_grad_norm_(model.parameters(), recipe.max_grad_norm)
     optimizer.step()
+    if isinstance(model, LNBertPreTrainedModel):  # any Hugging Face classifier fine-tunes here too
+        model.after_optimizer_step()  # nGPT's weights back on the unit sphere; nothing for the other placements
     optimizer.zero_grad(set_to_none=True)
     return loss.detach()
 

@@ -427,8 +427,13 @@ def placement_mismatch(folder: Path) -> str:
         found = _body_names(f.keys())
     tiny = dict(vocab_size=8, hidden_size=4, num_attention_heads=1, intermediate_size=4, max_position_embeddings=8)
 
-    def names(placement: str) -> set[str]:
-        config = LNBertConfig.from_dict({**saved, **tiny, "norm_placement": placement})
+    def names(placement: str) -> set[str] | None:
+        """The placement's parameter names under the folder's other settings; None where they rule it out (a
+        residual scheme is Pre-LN's only, nGPT takes no norm type)."""
+        try:
+            config = LNBertConfig.from_dict({**saved, **tiny, "norm_placement": placement})
+        except ValueError:
+            return None
         return _body_names(LNBertForPreTraining(config).state_dict())
 
     declared = saved.get("norm_placement", LNBertConfig().norm_placement)
