@@ -21,8 +21,13 @@ CPU-second, measured the same way) are the figures to read there; on an idle mac
 Variants are ``MODEL[+MOD...]``: MODEL is ``hf`` or a norm placement (any of ``pretrain.placements.NORM_PLACEMENTS``:
 ``post``, ``pre``, ``sandwich``, ``deepnorm``, ``normformer``, ...); MODs: ``dense`` (ours: MLM head on every position, as Hugging Face), ``eager`` (eager attention
 instead of SDPA), ``compile`` (``torch.compile`` the model; compile time reported as the first step), an
-optimizer (``fused``, ``foreach``, ``loop``: overrides ``--optimizer``), and ours' fast-path switches from
-``FAST_PATH_MODS``.
+optimizer (``fused``, ``foreach``, ``loop``: overrides ``--optimizer``), ours' fast-path switches from
+``FAST_PATH_MODS``, and a residual scheme by its label in run names (``pre+hc4``: dynamic Hyper-Connections with 4
+streams; ``pre+shc4`` static, ``pre+mhc4``, ``pre+mhc4-idres``, ``pre+attnres`` Full AttnRes, ``pre+attnres-b2``
+Block AttnRes with blocks of 2 sub-layers; ``pretrain.config.residual_scheme_fields``):
+
+    python -m benchmarks.train_step --variants='[pre, pre+shc4, pre+hc4, pre+mhc4, pre+attnres, pre+attnres-b2]' \
+        --baseline=pre --shapes='[small]' --precisions='[fp32, bf16]' --profile=pre+hc4
 
 FLOPs per token = 6N + 12·L·H·T (``pretrain.flops.flops_per_token``, the count the logged ``train/mfu`` uses too;
 N: matmul weights a token passes through, forward+backward = 6 per weight; 12·L·H·T: attention scores and weighted
@@ -33,6 +38,11 @@ uses what the variant actually executes; ``tok/s`` is the headline, comparable a
 Every batch has one padded position (``--padded_batches``, on by default), so that every variant passes a mask to
 SDPA and takes the same attention kernel, compiled or not; the "attention kernel" column says which one each
 variant's step ran (read from the profiler's operators).
+
+The "peak MiB" column is the memory one training step needs at its highest: on CUDA the allocator's peak; on a CPU
+(no allocator statistics) the parameters and the optimizer state plus the highest sum of the tensors the step's
+operators allocated and had not freed yet (torch.profiler's memory records, operator by operator, so a transient
+inside one operator is missed), read from the same untimed step as the attention kernel.
 """
 
 from __future__ import annotations
@@ -63,9 +73,11 @@ from pretrain.common.cli import ConfigError, parse, require, run_cli
 from pretrain.common.device import pick_device
 from pretrain.common.hardware import cpu_bf16_warning
 from pretrain.common.reporting import format_table
+from pretrain.config import residual_scheme_fields
 from pretrain.flops import flops_per_token
 from pretrain.optim import build_adamw
 from pretrain.placements import NORM_PLACEMENTS
+from pretrain.variants import DEFAULTS, check_residual_scheme
 
 # Named shapes: (layers, hidden, heads, seq, vocab, batch). The small one is the CPU pretraining size.
 SHAPES: dict[str, dict[str, int]] = {
@@ -135,6 +147,7 @@ def parse_variant(spec: str) -> Variant:
     if model not in MODELS:
         raise ValueError(f"variant {spec!r}: model {model!r} is not one of {', '.join(MODELS)}")
     variant = Variant(spec=spec.strip(), model=model)
+    scheme = None
     for mod in mods:
         if mod in FAST_PATH_MODS:
             if variant.is_hf:
@@ -147,8 +160,24 @@ def parse_variant(spec: str) -> Variant:
         elif mod in OPTIMIZERS:
             variant.optimizer = mod
         else:
-            valid = ", ".join([*FAST_PATH_MODS, *OTHER_MODS])
-            raise ValueError(f"variant {spec!r}: unknown modifier {mod!r}; valid modifiers: {valid}")
+            try:
+                fields = residual_scheme_fields(mod)
+            except ValueError as err:
+                valid = ", ".join([*FAST_PATH_MODS, *OTHER_MODS])
+                raise ValueError(
+                    f"variant {spec!r}: unknown modifier {mod!r}; valid modifiers: {valid}, or a residual scheme: {err}"
+                ) from None
+            if variant.is_hf or scheme is not None:
+                raise ValueError(f"variant {spec!r}: {mod!r} is a residual scheme; give one, to one of our models")
+            scheme = mod
+            try:
+                check_residual_scheme(
+                    variant.model, fields["residual_scheme"], fields["hc_streams"], DEFAULTS.mhc_sinkhorn_iters,
+                    fields["mhc_bias_init"], fields["attn_res_block_size"],
+                )  # fmt: skip
+            except ValueError as err:
+                raise ValueError(f"variant {spec!r}: {err}") from None
+            variant.config_overrides.update(fields)
     return variant
 
 
@@ -245,6 +274,7 @@ class Runner:
     step: Callable[[dict[str, torch.Tensor]], torch.Tensor]
     first_step_s: float = 0.0
     attention_kernel: str = ""
+    peak_bytes: int = 0  # the memory a step needs at its highest (inspect_step)
 
 
 def make_runner(
@@ -261,6 +291,8 @@ def make_runner(
             loss = forward(**batch).loss
         loss.backward()
         opt.step()
+        if not variant.is_hf:
+            model.after_optimizer_step()  # nGPT re-normalises its matrices, part of its step; a no-op otherwise
         return loss.detach()
 
     return Runner(variant, model, opt, step)
@@ -283,7 +315,7 @@ def measure_group(
         runner.first_step_s = timed(lambda r=runner: r.step(batches[0]), device)
         for _ in range(args.warmup - 1):
             runner.step(batches[0])
-        runner.attention_kernel = attention_kernel(runner, batches[0], device)
+        runner.attention_kernel, runner.peak_bytes = inspect_step(runner, batches[0], device)
     times: dict[str, list[float]] = {v.spec: [] for v in variants}
     cpu_times: dict[str, list[float]] = {v.spec: [] for v in variants}
     losses: dict[str, float] = {}
@@ -319,17 +351,45 @@ def timed_step(runner: Runner, batch: dict[str, torch.Tensor], device: torch.dev
     return seconds, cpu_seconds, float(holder[0])
 
 
-def attention_kernel(runner: Runner, batch: dict[str, torch.Tensor], device: torch.device) -> str:
-    """The SDPA kernel(s) one (untimed) step of ``runner`` ran, from the operators the profiler recorded; which
-    kernel SDPA picks depends on the mask, dtype, head size and tracing, so it is read, not assumed."""
+def inspect_step(runner: Runner, batch: dict[str, torch.Tensor], device: torch.device) -> tuple[str, int]:
+    """What one (untimed) step of ``runner`` ran and needed: the SDPA kernel(s), from the operators the profiler
+    recorded (which kernel SDPA picks depends on the mask, dtype, head size and tracing, so it is read, not
+    assumed), and its peak memory in bytes (module docstring: CUDA's allocator peak; on a CPU, the parameters and
+    optimizer state plus the step's own peak, ``step_peak_bytes``)."""
     from torch.profiler import ProfilerActivity, profile
 
-    with profile(activities=[ProfilerActivity.CPU]) as prof:  # the aten operators are recorded on the host
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    # The aten operators are recorded on the host; on a CPU, with the bytes each allocates and frees.
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=device.type == "cpu") as prof:
         runner.step(batch)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
     names = {event.key for event in prof.key_averages()}
-    return " + ".join(sorted({kernel for op, kernel in SDPA_KERNELS.items() if op in names})) or NO_SDPA_KERNEL
+    kernel = " + ".join(sorted({kernel for op, kernel in SDPA_KERNELS.items() if op in names})) or NO_SDPA_KERNEL
+    if device.type == "cuda":
+        return kernel, torch.cuda.max_memory_allocated(device)
+    return kernel, persistent_bytes(runner) + step_peak_bytes(prof.events())
+
+
+def persistent_bytes(runner: Runner) -> int:
+    """The bytes that live across steps: parameters and the optimizer's state (gradients are freed at each step's
+    start, ``zero_grad(set_to_none=True)``, and counted in the step)."""
+    tensors = [*runner.model.parameters()]
+    tensors += [t for state in runner.optimizer.state.values() for t in state.values() if torch.is_tensor(t)]
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def step_peak_bytes(events: Any) -> int:
+    """The highest running sum, over a step's top-level operators in the order they ran, of the bytes each
+    allocated less those it freed (``FunctionEvent.cpu_memory_usage``, its children included): the step's own
+    peak above what existed before it. Frees of tensors from before the profile (the previous step's gradients)
+    are not recorded, so they never lower the sum."""
+    held = peak = 0
+    for event in sorted((e for e in events if e.cpu_parent is None), key=lambda e: e.time_range.start):
+        held += event.cpu_memory_usage
+        peak = max(peak, held)
+    return peak
 
 
 def profile_step(runner: Runner, batch: dict[str, torch.Tensor], device: torch.device, rows: int) -> str:
@@ -357,6 +417,7 @@ def summarise(
 ) -> dict[str, Any]:
     tokens = shape["batch"] * shape["seq"]
     masked = max(1, round(MLM_FRACTION * shape["seq"])) / shape["seq"]
+    # The plain BERT count: the dense-count columns, one yardstick for every variant (a scale of tok/s).
     config = BertConfig(**hf_config_kwargs(shape))
     dense_fpt = flops_per_token(config, shape["seq"])
     sparse_fpt = flops_per_token(config, shape["seq"], mlm_head_share=masked)
@@ -365,7 +426,8 @@ def summarise(
     for variant, runner in zip(variants, runners, strict=True):
         t = times[variant.spec]
         stats = spread(t)
-        fpt = sparse_fpt if variant.sparse_head else dense_fpt
+        # What this variant executes: its own model's count (a residual scheme's mixing included).
+        fpt = flops_per_token(runner.model.config, shape["seq"], mlm_head_share=masked if variant.sparse_head else 1.0)
         row: dict[str, Any] = {
             "variant": variant.spec,
             "step_s": stats,
@@ -377,6 +439,7 @@ def summarise(
             "dense_count_tflops": dense_fpt * tokens / stats["median"] / 1e12,
             "first_step_s": runner.first_step_s,
             "attention_kernel": runner.attention_kernel,
+            "peak_mib": runner.peak_bytes / 2**20,
             "loss": losses.get(variant.spec),
         }
         if baseline is not None:
@@ -430,6 +493,7 @@ def print_group(group: dict[str, Any], shape_name: str) -> None:
         "MFU exec",
         "MFU dense-count",
         "MFU exec (CPU time)",
+        "peak MiB",
         "1st step s",
         "attention kernel",
     ]
@@ -450,6 +514,7 @@ def print_group(group: dict[str, Any], shape_name: str) -> None:
                 f"{100 * r['mfu_exec']:.1f}%",
                 f"{100 * r['mfu_dense_count']:.1f}%",
                 f"{100 * r['mfu_exec_cpu_time']:.1f}%" if r["mfu_exec_cpu_time"] is not None else "-",
+                f"{r['peak_mib']:.0f}",
                 f"{r['first_step_s']:.2f}",
                 r.get("attention_kernel", "-"),
             ]

@@ -4,8 +4,8 @@
     python -m finetune.dashboard --comparison=bert-base-placements --dry_run   # build it and print it, offline
 
 The view (built with wandb-workspaces, the W&B team's library for saved views; ``pip install -e ".[dashboard]"``)
-shows the runs whose config ``comparison`` is the given one, grouped by ``norm_placement`` and ``norm_type``, so
-every panel draws one line per placement and norm type (the mean over seeds, with its min-max band):
+shows the runs whose config ``comparison`` is the given one, grouped by ``variant`` (placement, residual
+scheme, norm type, QK-norm: ``pre``, ``pre-hc4``, ``post-rmsnorm``), so every panel draws one line per variant (the mean over seeds, with its min-max band):
 
 - Figure 5: validation MLM loss against step; MRPC and RTE dev accuracy of every fine-tuning run against
   ``config.pretrain_step`` (the seed and lr spread), and the report's best-lr means against ``pretrain_step``;
@@ -30,7 +30,7 @@ from pretrain.tracking.wandb_logging import check_credentials
 # Runs-table columns: config:KEY, summary:KEY (a nested summary as KEY.min), run:ATTRIBUTE.
 OUTCOME_COLUMNS = [
     "run:jobType",
-    "config:norm_placement",
+    "config:variant",
     "config:train.seed",
     "summary:status",
     "summary:step",
@@ -65,7 +65,11 @@ class DashboardConfig:
     """Build the view and print what it holds without contacting W&B."""
 
     def __post_init__(self) -> None:
-        require(bool(self.comparison.strip()), "comparison", "is empty; pass the runs' tracking.comparison: --comparison=NAME")
+        require(
+            bool(self.comparison.strip()),
+            "comparison",
+            "is empty; pass the runs' tracking.comparison: --comparison=NAME",
+        )
         check_tasks("tasks", self.tasks)
 
 
@@ -127,7 +131,7 @@ def build_workspace(config: DashboardConfig, entity: str) -> Any:
         ],
         runset_settings=ws.RunsetSettings(
             filters=[ws.Config("comparison") == config.comparison],
-            groupby=[ws.Config("norm_placement"), ws.Config("norm_type")],
+            groupby=[ws.Config("variant")],
             pinned_columns=list(OUTCOME_COLUMNS),
         ),
         settings=ws.WorkspaceSettings(x_axis="Step"),

@@ -2,7 +2,7 @@
 report's run (``finetune.report --wandb``).
 
 Each job's run carries what a W&B scatter or line plot needs to draw Figure 5 with the seed spread natively:
-config ``pretrain_step``, ``norm_placement``, ``norm_type``, ``task``, ``lr``, ``seed``, ``recipe_hash`` and the pretraining
+config ``pretrain_step``, ``norm_placement``, ``variant``, ``task``, ``lr``, ``seed``, ``recipe_hash`` and the pretraining
 run's W&B id; summary ``accuracy``/``f1``/``dev_loss`` (and the same under ``{task}/``, so one panel per task
 needs no filter); history ``train/loss`` and ``train/lr`` against ``train_step``. Its group holds the jobs
 that pool (one pretraining group, step, task, lr and recipe: the seeds), so W&B's mean line is a mean over
@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import inspect
 import json
 from collections import defaultdict
 from collections.abc import Iterator, Sequence
@@ -35,6 +36,7 @@ from pretrain.tracking.wandb_logging import (
     snapshot_artifact_name,
     wandb_mode,
 )
+from pretrain.variants import variant_name
 
 RUN_CONFIG_FIX = "fine-tune and report it with the checkout that wrote the run"
 """What a reader of another format version's RUN/run_config.json can do (pretrain/common/formats.py)."""
@@ -82,20 +84,23 @@ def job_group(spec: JobSpec, pretrain_group: str | None) -> str:
     return f"{base}-{spec.task}-step{spec.pretrain_step}-lr{spec.lr:g}-{spec.recipe_hash[:8]}"
 
 
-def model_norm_type(model_path: str) -> str:
-    """The norm type in a model folder's config.json; Hugging Face BERT (and a Hub id, not read here) is LayerNorm.
+def model_variant(model_path: str) -> str:
+    """The model variant (``pretrain.variants.variant_name``: ``pre``, ``pre-hc4``, ``post-rmsnorm``, ...) of a model
+    folder's config.json; Hugging Face BERT, and a Hub id (not read here), is ``post``.
 
     Read for W&B only, not part of the job key (which would change every existing job's identity): the dashboard
-    groups fine-tuning runs by placement and norm type, as it groups pretraining runs."""
+    groups fine-tuning runs by variant, as it groups pretraining runs."""
     config_path = Path(model_path) / "config.json"
     config = json.loads(config_path.read_text()) if config_path.is_file() else {}
-    return str(config.get("norm_type", "layernorm"))
+    if config.get("model_type") != "lnbert":
+        return "post"
+    return variant_name(**{key: config[key] for key in inspect.signature(variant_name).parameters if key in config})
 
 
 def job_config(spec: JobSpec, pretraining: dict[str, Any]) -> dict[str, Any]:
     config = {
         "norm_placement": spec.placement,
-        "norm_type": model_norm_type(spec.model_path),
+        "variant": model_variant(spec.model_path),
         "comparison": pretraining["comparison"],
         "pretrain_run_id": pretraining["id"],
         "pretrain_run": spec.run_name,

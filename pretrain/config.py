@@ -9,7 +9,11 @@ generates ``--help`` from them. Every field has a docstring under it; every chec
 
 from __future__ import annotations
 
+import difflib
+import functools
 import importlib.util
+import inspect
+import itertools
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,7 +24,20 @@ from pretrain.common.cli import help_text as _help_text
 from pretrain.common.cli import require as _require
 from pretrain.common.roles import keys_where, resolved_keys, role
 from pretrain.data.config import DataConfig
-from pretrain.variants import DEFAULTS, InitScheme, NormPlacement, NormType, variant_name
+from pretrain.variants import (
+    DEFAULTS,
+    MHC_BIAS_INITS,
+    RESIDUAL_SCHEMES,
+    InitScheme,
+    MhcBiasInit,
+    NormPlacement,
+    NormType,
+    ResidualScheme,
+    check_ngpt,
+    check_residual_scheme,
+    residual_scheme_label,
+    variant_name,
+)
 
 if TYPE_CHECKING:
     from pretrain.modeling import LNBertConfig
@@ -111,6 +128,19 @@ class ModelConfig:
     fused_qkv: bool = role("recipe", default=DEFAULTS.fused_qkv)
     """Compute Q, K, V with one GEMM (same parameters and names; equal within float rounding). A few % faster
     under bf16 (BENCHMARKS.md); off by default so Post-LN stays op-for-op Hugging Face BERT."""
+    residual_scheme: ResidualScheme = role("recipe", default=DEFAULTS.residual_scheme)
+    """How the sub-layers' outputs reach the later ones, on norm_placement=pre only: standard (Pre-LN's residual
+    sum), hc (Hyper-Connections), mhc (manifold-constrained HC), attn_res (Attention Residuals); docs/placements.md."""
+    hc_streams: int = role("recipe", default=DEFAULTS.hc_streams)
+    """hc, mhc: the number of residual streams n (the papers' 4)."""
+    hc_dynamic: bool = role("recipe", default=DEFAULTS.hc_dynamic)
+    """hc: dynamic HC (per-token weights, the paper's default); false: static HC."""
+    mhc_sinkhorn_iters: int = role("recipe", default=DEFAULTS.mhc_sinkhorn_iters)
+    """mhc: Sinkhorn-Knopp iterations of H_res (the paper's 20)."""
+    mhc_bias_init: MhcBiasInit = role("recipe", default=DEFAULTS.mhc_bias_init)
+    """mhc: the static biases at init: zero (H_res uniform 1/n: the Pre-LN model) or identity (H_res near I)."""
+    attn_res_block_size: int | None = role("recipe", default=DEFAULTS.attn_res_block_size)
+    """attn_res: Block AttnRes's block size in sub-layers (attention and FFN count one each); null: Full AttnRes."""
 
     def __post_init__(self) -> None:
         for key in ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size"):
@@ -131,11 +161,23 @@ class ModelConfig:
         )
         _require(self.admin_omega is None or self.admin_omega > 0, "model.admin_omega", "must be > 0, or null")
         _require(self.dyt_alpha_init > 0, "model.dyt_alpha_init", "must be > 0 (DyT's default: 0.5)")
+        try:
+            check_residual_scheme(
+                self.norm_placement, self.residual_scheme, self.hc_streams, self.mhc_sinkhorn_iters,
+                self.mhc_bias_init, self.attn_res_block_size, prefix="model.",
+            )  # fmt: skip
+            check_ngpt(self.norm_placement, self.norm_type, self.qk_norm, self.embedding_layer_norm, prefix="model.")
+        except ValueError as err:
+            raise ConfigError(str(err)) from None
 
     @property
     def variant(self) -> str:
-        """The model's label in run names, W&B groups and reports (``pre``, ``pre-rmsnorm``, ...)."""
-        return variant_name(self.norm_placement, self.norm_type, self.qk_norm)
+        """The model's label in run names, W&B groups and reports (``pre``, ``pre-rmsnorm``, ``pre-hc4``, ...)."""
+        return variant_name(
+            self.norm_placement, self.norm_type, self.qk_norm, residual_scheme=self.residual_scheme,
+            hc_streams=self.hc_streams, hc_dynamic=self.hc_dynamic, mhc_bias_init=self.mhc_bias_init,
+            attn_res_block_size=self.attn_res_block_size,
+        )  # fmt: skip
 
     def to_lnbert(self, vocab_size: int) -> LNBertConfig:
         """The model config; ``vocab_size`` is the resolved one (``self.vocab_size`` or the tokenizer's)."""
@@ -146,6 +188,57 @@ class ModelConfig:
         config = LNBertConfig(vocab_size=vocab_size, **fields)
         config._attn_implementation = self.attn_implementation
         return config
+
+
+# --------------------------------------------------------------------------------------------------
+# Residual schemes by the label they have in run names
+# --------------------------------------------------------------------------------------------------
+
+STANDARD_LABEL = "standard"
+"""The label of the plain residual sum, which run names leave out (``residual_scheme_label`` gives "")."""
+RESIDUAL_SCHEME_FIELDS: tuple[str, ...] = tuple(inspect.signature(residual_scheme_label).parameters)
+"""The model fields a label names a residual scheme by: ``residual_scheme_label``'s arguments."""
+LABEL_SIZES = range(1, 65)
+"""The stream counts and block sizes a label is read for (``residual_scheme_fields``)."""
+
+
+@functools.cache
+def _scheme_labels() -> dict[str, dict[str, Any]]:
+    """Every label ``residual_scheme_label`` gives for up to 64 streams or sub-layers per block, with the fields
+    that give it. Each field's values are tried default first, so a field the label does not depend on keeps its
+    default: reading a label back is a lookup in what the one function that writes labels wrote."""
+    values = {
+        "residual_scheme": RESIDUAL_SCHEMES, "hc_streams": LABEL_SIZES, "hc_dynamic": (True, False),
+        "mhc_bias_init": MHC_BIAS_INITS, "attn_res_block_size": (None, *LABEL_SIZES),
+    }  # fmt: skip
+    assert set(values) == set(RESIDUAL_SCHEME_FIELDS), "a new argument of residual_scheme_label needs its values here"
+    ordered = [sorted(values[k], key=lambda v, k=k: v != getattr(DEFAULTS, k)) for k in RESIDUAL_SCHEME_FIELDS]
+    labels: dict[str, dict[str, Any]] = {}
+    for combination in itertools.product(*ordered):
+        fields = dict(zip(RESIDUAL_SCHEME_FIELDS, combination, strict=True))
+        labels.setdefault(residual_scheme_label(**fields) or STANDARD_LABEL, fields)
+    return labels
+
+
+def residual_scheme_fields(label: str) -> dict[str, Any]:
+    """The model fields (``RESIDUAL_SCHEME_FIELDS``) of the residual scheme a variant's label names, the fields it
+    does not name at their defaults: ``standard``, ``hc4`` (dynamic HC, 4 streams), ``shc4`` (static HC), ``mhc4``,
+    ``mhc4-idres`` (mHC, identity bias init), ``attnres`` (Full AttnRes), ``attnres-b4`` (Block AttnRes, 4
+    sub-layers per block); streams and block sizes up to 64. A ValueError names the closest label otherwise."""
+    labels = _scheme_labels()
+    if label not in labels:
+        # A scheme's own name means its label with the default options (hc: hc4), not the closest string (hc9).
+        close = (
+            [residual_scheme_label(label)]
+            if label in RESIDUAL_SCHEMES[1:]
+            else difflib.get_close_matches(str(label), labels, n=1)
+        )
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        raise ValueError(
+            f"{label!r} is not a residual scheme's label{hint} (labels as in run names: standard, hc4, shc4, mhc4, "
+            "mhc4-idres, attnres, attnres-b4; any stream count or block size up to 64)"
+        )
+    return dict(labels[label])
 
 
 # Schedules every supported transformers has: a config that names one is checked without importing transformers
@@ -206,7 +299,8 @@ class TrainConfig:
     output_dir: str = role("mechanics", default="")
     """Run directory (layout: docs/run_layout.md); empty: runs/<run_name>."""
     run_name: str = role("run", default="")
-    """Name of the run in status.json, snapshots and trackers; empty: lnbert-<norm_placement>."""
+    """Name of the run in status.json, snapshots and trackers; empty: lnbert-<the model's variant> (lnbert-pre,
+    lnbert-pre-rmsnorm, lnbert-pre-hc4, ...)."""
     seed: int = role("run", default=0)
     """Seed for initialisation, data order, masking and dropout."""
     max_steps: int = role("limit", default=300)

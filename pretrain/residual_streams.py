@@ -78,11 +78,9 @@ def _dot(x: torch.Tensor, vector: torch.Tensor) -> torch.Tensor:
 
 
 def _mix_streams(weights: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
-    """``weights`` (..., m, n) times the n streams of ``state`` (B, T, n, d): (B, T, m, d), batched over the streams.
-    Static weights are one GEMM (einsum). Per-token weights are a batched matmul of tiny matrices, except on CPU:
-    there a broadcast product and a sum over n is 3.5x faster forward and backward (1,024 tokens, d 256, n 4)."""
-    if weights.dim() > 2 and state.device.type == "cpu":
-        return (weights.unsqueeze(-1) * state.unsqueeze(-3)).sum(-2)
+    """``weights`` (..., m, n) times the n streams of ``state`` (B, T, n, d): (B, T, m, d), batched over the streams:
+    one einsum, static or per-token weights alike (on CPU a broadcast product and a sum over n is no faster at
+    d 128 and 8.7x slower at d 768, forward and backward)."""
     return torch.einsum("...kj,...jd->...kd", weights, state)
 
 

@@ -15,6 +15,7 @@ import os
 import sys
 import time
 from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
@@ -26,6 +27,7 @@ from accelerate.utils import (
     DataLoaderConfiguration,
     InitProcessGroupKwargs,
     ProjectConfiguration,
+    is_compiled_module,
     set_seed,
 )
 from torch import nn
@@ -42,8 +44,10 @@ from pretrain.data.pipeline import build_pretraining_data
 from pretrain.data.vocabulary import check_one_vocabulary, data_fingerprint, with_trained_vocabulary
 from pretrain.flops import flops_per_token
 from pretrain.modeling import LNBertForPreTraining
+from pretrain.ngpt import ngpt_stats
 from pretrain.optim import build_adamw, resolve_adamw_implementation
 from pretrain.prepare import data_report, prepare_command
+from pretrain.residual_streams import ResidualRecorder, ResidualStats, recording, residual_stats
 from pretrain.run_folder.checkpointing import (
     TOKENIZER_ROOM,
     DiskFull,
@@ -84,6 +88,8 @@ from pretrain.tracking.metrics import (
     log_snapshot,
     model_flops_utilisation,
     record_outcome,
+    residual_matrices,
+    residual_scalars,
     rewind_metrics,
 )
 from pretrain.tracking.wandb_logging import check_credentials, wandb_mode
@@ -220,6 +226,8 @@ class StepStats:
     stop: bool
     grad_norm: float
     layer_grad_norms: dict[str, float]
+    residual: ResidualStats | None = None  # what the residual scheme did, at log steps (None for the standard one)
+    ngpt: dict[str, float] = field(default_factory=dict)  # nGPT's invariants and scalers, at log steps
 
 
 def batch_iterator(setup: TrainingSetup, state: TrainState) -> Iterator[dict[str, torch.Tensor]]:
@@ -241,7 +249,7 @@ def batch_iterator(setup: TrainingSetup, state: TrainState) -> Iterator[dict[str
 
 
 def train_step(
-    setup: TrainingSetup, batches: Iterator[dict[str, torch.Tensor]], stop: StopRequest, with_layer_norms: bool
+    setup: TrainingSetup, batches: Iterator[dict[str, torch.Tensor]], stop: StopRequest, log_step: bool
 ) -> StepStats:
     """Accumulate gradients over micro-batches until Accelerate syncs, check the loss, then step.
 
@@ -249,12 +257,21 @@ def train_step(
     already stepped inside ``backward``; no checkpoint is written from that state either way). When the loss is
     finite but fp16's loss-scaled gradients overflowed (an infinite norm), the scaler skips the update and lowers
     its scale (``optimizer.step`` is still called: that is where it does so); ``step_outcome`` judges the run.
+    After the update the model's ``after_optimizer_step`` runs (nGPT re-normalises its matrices). A ``log_step``
+    also measures the per-layer gradient norms, on the first micro-batch what the residual scheme does
+    (``residual_recording``), and nGPT's invariants and scalers (``pretrain.ngpt.ngpt_stats``, from the parameters,
+    between the update and the re-normalisation: ``ngpt/weight_norm_error`` is how far one step moved them).
     """
     accelerator, model = setup.accelerator, setup.model
     sums = torch.zeros(6, device=accelerator.device)  # loss, mlm, nsp, tokens, micro-batches, slots
+    residual, ngpt = None, {}
     for batch in batches:
         with accelerator.accumulate(model):
-            out = model(**batch)
+            measure = log_step and residual is None  # the step's first micro-batch, at a log step
+            with residual_recording(setup, batch) if measure else nullcontext() as recorder:
+                out = model(**batch)
+            if measure:
+                residual = recorder.stats() if recorder is not None else residual_measurement(setup, batch)
             accelerator.backward(out.loss)
             nsp = out.nsp_loss.detach() if out.nsp_loss is not None else torch.zeros((), device=sums.device)
             sums += torch.stack(
@@ -280,12 +297,15 @@ def train_step(
                 grad_norm = float(norm) if norm is not None else float("nan")
                 finite = math.isfinite(grad_norm) or norm is None
                 overflow = not finite and accelerator.scaler is not None
-                if finite and with_layer_norms and accelerator.state.deepspeed_plugin is None:  # ZeRO partitions
-                    unwrapped = accelerator.unwrap_model(model, keep_torch_compile=False)
+                unwrapped = accelerator.unwrap_model(model, keep_torch_compile=False)
+                if finite and log_step and accelerator.state.deepspeed_plugin is None:  # ZeRO partitions
                     layer_norms = layer_grad_norms(unwrapped, 1 / clip_coefficient(grad_norm, max_norm))
                 if finite or overflow:
                     setup.optimizer.step()  # on an overflow the scaler skips the update and lowers its scale
                     setup.scheduler.step()  # the learning rate stays a function of the step number
+                    if log_step and unwrapped.config.norm_placement == "ngpt":
+                        ngpt = ngpt_stats(unwrapped).scalars()  # before re-normalising: how far the step moved
+                    unwrapped.after_optimizer_step()  # nGPT: its matrices back onto the sphere
             setup.optimizer.zero_grad(set_to_none=True)
             micro = totals[4].item()
             return StepStats(
@@ -299,8 +319,38 @@ def train_step(
                 stop=totals[6].item() > 0,
                 grad_norm=grad_norm,
                 layer_grad_norms=layer_norms,
+                residual=residual,
+                ngpt=ngpt,
             )
     raise RuntimeError("the training data ran out")  # batch_iterator loops over epochs forever
+
+
+def has_residual_scheme(setup: TrainingSetup) -> bool:
+    return setup.cfg.model.residual_scheme != "standard"
+
+
+def residual_recording(
+    setup: TrainingSetup, batch: dict[str, torch.Tensor]
+) -> AbstractContextManager[ResidualRecorder | None]:
+    """Records the residual scheme's measurements (``pretrain.residual_streams.recording``) during the training
+    forward of ``batch`` itself, a few small reductions per sub-layer instead of a second forward pass (a third of
+    a step: a grid cell logs every step). Yields None where nothing is recorded: the standard scheme, and a
+    compiled model, whose graph would be traced again with the recorder in it (``residual_measurement`` then)."""
+    if not has_residual_scheme(setup) or is_compiled_module(setup.model):
+        return nullcontext()
+    unwrapped = setup.accelerator.unwrap_model(setup.model, keep_torch_compile=False)
+    return recording(unwrapped, batch["attention_mask"])
+
+
+def residual_measurement(setup: TrainingSetup, batch: dict[str, torch.Tensor]) -> ResidualStats | None:
+    """The residual scheme's measurements where the training forward does not record them (a compiled model): one
+    eval-mode forward of the encoder without gradients on ``batch``, under the run's autocast. None for the
+    standard scheme."""
+    if not has_residual_scheme(setup):
+        return None
+    unwrapped = setup.accelerator.unwrap_model(setup.model, keep_torch_compile=False)
+    with setup.accelerator.autocast():
+        return residual_stats(unwrapped, batch["input_ids"], batch["attention_mask"], batch.get("token_type_ids"))
 
 
 @torch.no_grad()
@@ -496,6 +546,9 @@ def step_metrics(
         metrics["train/skipped_steps"] = skipped
         metrics["train/loss_scale"] = accelerator.scaler.get_scale()
     metrics.update(stats.layer_grad_norms)
+    if stats.residual is not None:
+        metrics.update(residual_scalars(stats.residual))
+    metrics.update({f"ngpt/{key}": value for key, value in stats.ngpt.items()})
     return metrics
 
 
@@ -531,7 +584,7 @@ def training_loop(setup: TrainingSetup, state: TrainState, stop: StopRequest, pr
         next_step = state.step + 1
         log_now = next_step % train_cfg.log_every == 0 or next_step == last_step
         started = time.perf_counter()
-        stats = train_step(setup, batches, stop, with_layer_norms=log_now)
+        stats = train_step(setup, batches, stop, log_step=log_now)
         window_time += time.perf_counter() - started
         outcome = step_outcome(stats, skipped_in_a_row, train_cfg.max_skipped_steps)
         if outcome == "diverged":
@@ -549,7 +602,8 @@ def training_loop(setup: TrainingSetup, state: TrainState, stop: StopRequest, pr
         progress.update(1)
         if log_now:
             metrics = step_metrics(setup, state, stats, window_tokens, window_slots, window_time, window_skipped)
-            log_metrics(accelerator, setup.run_dir, metrics, state.step)
+            matrices = residual_matrices(stats.residual) if stats.residual is not None else {}
+            log_metrics(accelerator, setup.run_dir, metrics, state.step, file_only=matrices)
             postfix.update(progress_postfix(stats.loss, metrics["train/lr"], setup.last_eval))
             progress.set_postfix(postfix)
             window_tokens, window_slots, window_time, window_skipped = 0, 0, 0.0, 0

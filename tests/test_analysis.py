@@ -112,6 +112,16 @@ def test_model_stream_hook_reads_post_ln_ffn_sum(tiny_kwargs):
     assert all(s > 1.05 for s in scales), scales
 
 
+def test_init_scale_panel_tells_norm_types_and_inits_apart():
+    layernorm, rmsnorm = (init_scale.curve_style("post", norm, "bert") for norm in ("layernorm", "rmsnorm"))
+    assert layernorm["color"] == rmsnorm["color"]  # one colour per placement
+    assert layernorm["linestyle"] != rmsnorm["linestyle"]  # post/bert and post-rmsnorm/bert differ
+    xavier = init_scale.curve_style("post", "layernorm", "xavier")
+    assert xavier["markerfacecolor"] != layernorm["markerfacecolor"]  # post/xavier and post/bert differ
+    assert init_scale.curve_style("pre", "layernorm", "bert", scheme_index=1)["marker"] != layernorm["marker"]
+    assert init_scale.curve_style("pre", "layernorm", "bert")["color"] != layernorm["color"]
+
+
 def test_init_scale_command_writes_table_and_png(tmp_path, tiny_kwargs):
     out = tmp_path / "scale"
     argv = [

@@ -55,11 +55,11 @@ def test_init_grads_killed_mid_way_keeps_its_cells_and_continues(tmp_path, monke
     real = init_grads.measure_init_grads
     measured = []
 
-    def dies_on_the_third(args, data, init_scheme, placement, depth, norm_type="layernorm"):
+    def dies_on_the_third(args, data, init_scheme, placement, depth, norm_type="layernorm", scheme="standard"):
         if len(measured) == 2:
             raise Killed
         measured.append((placement, depth))
-        return real(args, data, init_scheme, placement, depth, norm_type)
+        return real(args, data, init_scheme, placement, depth, norm_type, scheme)
 
     monkeypatch.setattr(init_grads, "measure_init_grads", dies_on_the_third)
     with pytest.raises(Killed):
@@ -246,6 +246,68 @@ def test_the_gpu_grid_preset_parses_to_every_placement_and_norm_type():
     preset = Path(__file__).resolve().parents[1] / "configs" / "analysis" / "grid_gpu.yaml"
     command, args = cli.parse_args(["grid", "--config", str(preset)])
     assert command == "grid"
-    assert {p for p, _ in args.models.values()} == set(PLACEMENTS) - set(ALIASES)  # peri is sandwich
-    assert {t for _, t in args.models.values()} == {"layernorm", "rmsnorm", "dyt"}
+    assert {m.placement for m in args.models.values()} == set(PLACEMENTS) - set(ALIASES) - {"ngpt"}  # peri is sandwich
+    assert {m.norm_type for m in args.models.values()} == {"layernorm", "rmsnorm", "dyt"}
     assert len(grid_cells(args, args.seeds)) == 14 * 3 * 2 * 2 * 2
+
+
+# --------------------------------------------------------------------------------------------------
+# Residual schemes as models of the analyses
+# --------------------------------------------------------------------------------------------------
+
+
+def test_a_scheme_adds_a_model_on_each_placement_that_takes_it():
+    from pretrain.analysis.options import models
+
+    found = models(["post", "pre"], ["layernorm", "rmsnorm"], ["standard", "shc4", "attnres-b2"])
+    assert [m.label for m in found] == ["post", "pre", "pre-shc4", "pre-attnres-b2",
+                                        "post-rmsnorm", "pre-rmsnorm", "pre-shc4-rmsnorm", "pre-attnres-b2-rmsnorm"]  # fmt: skip
+    shc = found[2]
+    assert (shc.placement, shc.norm_type, shc.scheme) == ("pre", "layernorm", "shc4")
+    assert common.model_config(
+        cli.parse_args(["init-scale"])[1], shc.placement, "bert", 2, 50, scheme=shc.scheme
+    ).to_dict()["hc_dynamic"] is False  # fmt: skip
+    # The combinations the model refuses are left out: a scheme on Post-LN, a norm type for nGPT.
+    assert [m.label for m in models(["post", "ngpt"], ["layernorm", "rmsnorm"], ["standard", "hc4"])] == [
+        "post", "ngpt", "post-rmsnorm"]  # fmt: skip
+    # Every scheme model's colour is its own, the standard ones keep their placement's.
+    assert common.model_color(found[1]) == common.placement_color("pre")
+    assert common.model_color(shc) != common.placement_color("pre")
+
+
+def test_init_scale_over_scheme_models_reads_their_streams(tmp_path):
+    """At their Pre-LN-equivalent init, HC's streams and AttnRes's summed sources are Pre-LN's stream."""
+    out = tmp_path / "scale"
+    argv = ["init-scale", "--num_layers=2", "--paper_hidden_size=16", "--seeds=2", "--model_seeds=1",
+            "--hidden_size=16", "--num_heads=2", "--vocab_size=50", "--seq_len=8", "--batch_size=2",
+            "--placements=[post, pre]", "--residual_schemes=[standard, hc4, shc2, attnres, mhc4]",
+            "--init_schemes=[xavier]", "--out", str(out)]  # fmt: skip
+    assert cli.main(argv) == 0
+    model = json.loads((out / "results.json").read_text())["model"]
+    assert sorted(model) == sorted(f"{m}/xavier" for m in ("post", "pre", "pre-hc4", "pre-shc2", "pre-attnres", "pre-mhc4"))
+    for label in ("pre-hc4", "pre-shc2", "pre-attnres"):
+        assert model[f"{label}/xavier"]["mean"] == pytest.approx(model["pre/xavier"]["mean"], rel=1e-4), label
+    assert model["pre-mhc4/xavier"]["mean"] != model["pre/xavier"]["mean"]  # phi's random init: near, not equal
+    assert "HC, mHC: the mean over their n streams" in (out / "table.txt").read_text()
+    # Adding the scheme axis left the standard models' cells as they were: read, not measured again.
+    assert cli.main([*argv[:-3], "--residual_schemes=[standard]", "--init_schemes=[xavier]", "--out", str(out)]) == 0
+
+
+def test_init_grads_and_init_perturb_over_scheme_models(tmp_path):
+    out = tmp_path / "grads"
+    assert cli.main(grads_argv(tmp_path, out, "--residual_schemes=[standard, shc4, attnres-b2]")) == 0
+    raw = json.loads((out / "results.json").read_text())["raw"]
+    assert {key.split("/")[1] for key in raw} == {"post", "pre", "pre-shc4", "pre-attnres-b2"}
+    for label in ("pre-shc4", "pre-attnres-b2"):  # the Pre-LN model at init: its gradients
+        for seed, expected in enumerate(raw["bert/pre/2"]["w2"]):
+            assert raw[f"bert/{label}/2"]["w2"][seed] == pytest.approx(expected, rel=1e-3), label
+    assert "pre-shc4 W1" in (out / "table.txt").read_text()
+
+    out = tmp_path / "perturb"
+    argv = ["init-perturb", "--hidden_size=16", "--num_heads=2", "--vocab_size=64", "--seq_len=8", "--batch_size=2",
+            "--seeds=1", "--depths=[1, 2]", "--init_schemes=[xavier]", "--placements=[pre]",
+            "--residual_schemes=[standard, mhc4]", "--out", str(out)]  # fmt: skip
+    assert cli.main(argv) == 0
+    raw = json.loads((out / "results.json").read_text())["raw"]
+    assert sorted(raw) == ["xavier/pre-mhc4/1", "xavier/pre-mhc4/2", "xavier/pre/1", "xavier/pre/2"]
+    assert all(v[0] > 0 for v in raw.values())

@@ -4,6 +4,7 @@ name, floats must be finite, bad YAML names its file and line, and --help shows 
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import math
 import os
 import re
@@ -27,6 +28,7 @@ from finetune.schedule import IngestConfig, ScheduleConfig, StatusConfig
 from pretrain.analysis.options import GridConfig, InitGradsConfig, InitScaleConfig, LnJacobianConfig
 from pretrain.common.cli import ConfigError, _convert, field_type, flatten, parse, read_yaml, run_cli, to_dict
 from pretrain.config import PretrainConfig
+from pretrain.variants import variant_name
 
 ROOT = Path(__file__).resolve().parents[1]
 PRETRAIN_PRESETS = sorted((ROOT / "configs" / "pretrain").glob("*.yaml"))
@@ -92,8 +94,8 @@ def _changed(value: Any) -> Any:
     return None
 
 
-# Keys the default run name is made of (PretrainConfig: lnbert-<placement>[-<norm type>][-qknorm]).
-NAMES_THE_RUN = {"model.norm_placement", "model.norm_type", "model.qk_norm"}
+# Keys the default run name is made of (PretrainConfig: lnbert-<the model's variant>): variant_name's arguments.
+NAMES_THE_RUN = {f"model.{name}" for name in inspect.signature(variant_name).parameters}
 
 
 @pytest.mark.parametrize(("cls", "base_argv"), CASES, ids=CASE_IDS)

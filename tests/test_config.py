@@ -168,6 +168,19 @@ def test_resolved_config_round_trips_through_json() -> None:
         (["--train.stop_at_step=500"], r"train.stop_at_step must be in \[1, train.max_steps=300\]"),
         (["--model.hidden_size"], r"--model.hidden_size needs a value"),
         (["max_steps=3"], r"unexpected argument 'max_steps=3'"),
+        (
+            ["--model.residual_scheme=hc"],
+            r"model.residual_scheme='hc' needs model.norm_placement='pre' \(got 'post'\).*set model.norm_placement=pre",
+        ),
+        (["--model.residual_scheme=hyper"], r"model.residual_scheme must be one of standard, hc, mhc, attn_res"),
+        (["--model.norm_placement=pre", "--model.hc_streams=0"], r"model.hc_streams=0 must be an integer >= 1"),
+        (["--model.mhc_sinkhorn_iters=0"], r"model.mhc_sinkhorn_iters=0 must be an integer >= 1"),
+        (["--model.attn_res_block_size=0"], r"model.attn_res_block_size=0 must be an integer >= 1"),
+        (["--model.mhc_bias_init=ones"], r"model.mhc_bias_init must be one of zero, identity; got 'ones'"),
+        (
+            ["--model.norm_placement=ngpt", "--model.norm_type=rmsnorm"],
+            r"model.norm_type='rmsnorm' does not apply to model.norm_placement='ngpt'",
+        ),
     ],
 )
 def test_bad_configs_name_the_key_and_the_fix(argv: list[str], message: str) -> None:
@@ -248,3 +261,99 @@ def test_the_schedules_checked_without_transformers_are_transformers_own() -> No
     from pretrain.config import COMMON_SCHEDULERS
 
     assert set(COMMON_SCHEDULERS) <= {s.value for s in SchedulerType}
+
+
+# --------------------------------------------------------------------------------------------------
+# Residual schemes: the six model fields, their names, their check before torch
+# --------------------------------------------------------------------------------------------------
+
+SCHEME_ARGS = ["--model.norm_placement=pre", "--model.residual_scheme=mhc", "--model.hc_streams=2",
+               "--model.mhc_sinkhorn_iters=7", "--model.mhc_bias_init=identity"]  # fmt: skip
+
+
+def test_the_scheme_fields_round_trip_through_a_preset_the_cli_json_and_the_model_config(tmp_path: Path) -> None:
+    preset = tmp_path / "mhc.yaml"
+    preset.write_text("model:\n  norm_placement: pre\n  residual_scheme: mhc\n  hc_streams: 2\n"
+                      "  mhc_sinkhorn_iters: 7\n  mhc_bias_init: identity\n")  # fmt: skip
+    cfg = parse_args(["--config", str(preset)])
+    assert cfg == parse_args(SCHEME_ARGS)
+    assert from_dict(PretrainConfig, json.loads(json.dumps(to_dict(cfg)))) == cfg
+    lnbert = cfg.model.to_lnbert(vocab_size=100)
+    fields = ("residual_scheme", "hc_streams", "hc_dynamic", "mhc_sinkhorn_iters", "mhc_bias_init", "attn_res_block_size")
+    assert {k: getattr(lnbert, k) for k in fields} == {k: getattr(cfg.model, k) for k in fields}
+    assert (lnbert.residual_scheme, lnbert.hc_streams, lnbert.mhc_sinkhorn_iters) == ("mhc", 2, 7)
+    # The defaults are the model's own (pretrain.variants.DEFAULTS).
+    from pretrain.modeling import LNBertConfig
+
+    assert {k: getattr(ModelConfig(), k) for k in fields} == {k: getattr(LNBertConfig(), k) for k in fields}
+
+
+@pytest.mark.parametrize(
+    ("argv", "variant"),
+    [
+        ([], "post"),
+        (["--model.norm_placement=pre", "--model.hc_streams=8"], "pre"),  # a scheme option alone names nothing
+        (["--model.norm_placement=pre", "--model.residual_scheme=hc"], "pre-hc4"),
+        (["--model.norm_placement=pre", "--model.residual_scheme=hc", "--model.hc_dynamic=false"], "pre-shc4"),
+        (SCHEME_ARGS, "pre-mhc2-idres"),
+        (["--model.norm_placement=pre", "--model.residual_scheme=attn_res"], "pre-attnres"),
+        (["--model.norm_placement=pre", "--model.residual_scheme=attn_res", "--model.attn_res_block_size=4",
+          "--model.norm_type=rmsnorm"], "pre-attnres-b4-rmsnorm"),
+    ],
+)  # fmt: skip
+def test_runs_and_wandb_groups_are_named_by_the_variant(argv: list[str], variant: str) -> None:
+    from pretrain.tracking.wandb_logging import pretrain_group
+
+    cfg = parse_args(argv)
+    assert cfg.model.variant == variant
+    assert cfg.train.run_name == f"lnbert-{variant}" and cfg.train.output_dir == f"runs/lnbert-{variant}"
+    assert pretrain_group(to_dict(cfg.tracking), cfg.model.variant, "abcd1234") == f"lnbert-{variant}-abcd1234"
+
+
+@pytest.mark.parametrize(
+    ("label", "fields"),
+    [
+        ("standard", {"residual_scheme": "standard"}),
+        ("hc4", {"residual_scheme": "hc", "hc_streams": 4, "hc_dynamic": True}),
+        ("shc8", {"residual_scheme": "hc", "hc_streams": 8, "hc_dynamic": False}),
+        ("mhc4-idres", {"residual_scheme": "mhc", "mhc_bias_init": "identity"}),
+        ("attnres", {"residual_scheme": "attn_res", "attn_res_block_size": None}),
+        ("attnres-b64", {"residual_scheme": "attn_res", "attn_res_block_size": 64}),
+    ],
+)
+def test_a_scheme_label_reads_back_into_the_fields_that_name_it(label: str, fields: dict) -> None:
+    from pretrain.config import residual_scheme_fields
+    from pretrain.variants import DEFAULTS, residual_scheme_label
+
+    found = residual_scheme_fields(label)
+    assert {k: found[k] for k in fields} == fields
+    assert all(found[k] == getattr(DEFAULTS, k) for k in found.keys() - fields.keys())  # the rest at their defaults
+    assert (residual_scheme_label(**found) or "standard") == label
+
+
+@pytest.mark.parametrize(
+    ("label", "message"),
+    [("hc", r"'hc' is not a residual scheme's label; did you mean 'hc4'\?"),
+     ("attn_res", r"did you mean 'attnres'\?"), ("hc65", r"any stream count or block size up to 64")],
+)  # fmt: skip
+def test_a_bad_scheme_label_names_the_label_meant(label: str, message: str) -> None:
+    from pretrain.config import residual_scheme_fields
+
+    with pytest.raises(ValueError, match=message):
+        residual_scheme_fields(label)
+
+
+def test_a_scheme_on_another_placement_is_refused_before_torch_is_imported() -> None:
+    import subprocess
+    import sys
+
+    result = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "pretrain.run", "--model.norm_placement=sandwich",
+         "--model.residual_scheme=attn_res"],
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 2
+    assert "error: model.residual_scheme='attn_res' needs model.norm_placement='pre' (got 'sandwich')" in result.stderr
+    imported = {line.rsplit("|", 1)[-1].strip().split(".")[0] for line in result.stderr.splitlines()
+                if line.startswith("import time:")}  # fmt: skip
+    assert not imported & {"torch", "transformers"}

@@ -13,7 +13,7 @@ from transformers import BertConfig
 
 from benchmarks import common, train_step
 from pretrain.common.device import pick_device
-from pretrain.flops import flops_per_token
+from pretrain.flops import flops_per_token, residual_scheme_flops
 from pretrain.modeling import NORM_PLACEMENTS, LNBertConfig, LNBertForPreTraining
 from tests.conftest import TINY
 
@@ -159,6 +159,30 @@ def test_flops_per_token_matches_a_hand_count_for_a_tiny_config() -> None:
     assert flops_per_token(hf, 16) == flops_per_token(config, 16)
 
 
+# L=2 (4 sub-layers), d=32: each scheme's mixing counted by hand, per sub-layer, forward.
+SCHEME_FLOPS = {
+    "shc": ({"residual_scheme": "hc", "hc_streams": 3, "hc_dynamic": False}, 4 * (2 * 4 * 3 * 32 + 2 * 3 * 32)),
+    "dhc": ({"residual_scheme": "hc", "hc_streams": 3},
+            4 * (2 * 4 * 3 * 32 + 2 * 3 * 32 + 2 * 3 * 32 * 4 + 2 * 3 * 32)),
+    "mhc": ({"residual_scheme": "mhc", "hc_streams": 2, "mhc_sinkhorn_iters": 5},
+            4 * (2 * 3 * 2 * 32 + 2 * 2 * 32 + 2 * 64 * (4 + 4) + 4 * 4 * 5)),  # phi: (n d) x (2n + n^2)
+    # Full: sub-layers 0..3 read 1, 2, 3, 4 sources, the output 5; 4 K d each
+    "attnres": ({"residual_scheme": "attn_res"}, 4 * 32 * (1 + 2 + 3 + 4 + 5)),
+    # Block of 3: b0 | b0, partial | b0, partial | b0, b1 | the output: b0, b1, partial
+    "attnres-b3": ({"residual_scheme": "attn_res", "attn_res_block_size": 3}, 4 * 32 * (1 + 2 + 2 + 2 + 3)),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", list(SCHEME_FLOPS))
+def test_a_residual_schemes_flops_are_its_mixing_counted_by_hand(name: str) -> None:
+    settings, forward = SCHEME_FLOPS[name]
+    config = LNBertConfig(**TINY, norm_placement="pre", **settings)
+    assert residual_scheme_flops(config) == forward
+    plain = LNBertConfig(**TINY, norm_placement="pre")
+    assert residual_scheme_flops(plain) == 0.0 and residual_scheme_flops(BertConfig(**TINY)) == 0.0
+    assert flops_per_token(config, 16) == pytest.approx(flops_per_token(plain, 16) + 3 * forward)  # fwd + bwd
+
+
 def test_flops_per_token_bert_base_is_the_familiar_6_x_110m() -> None:
     base = BertConfig()  # 12 x 768, vocabulary 30522
     assert 660e6 < flops_per_token(base, 128) < 670e6
@@ -170,6 +194,30 @@ def test_parse_variant_reads_model_and_modifiers() -> None:
     assert train_step.parse_variant("pre").sparse_head
     assert not train_step.parse_variant("hf").sparse_head
     assert train_step.parse_variant("hf+eager").attn_implementation == "eager"
+
+
+def test_parse_variant_reads_a_residual_scheme_by_its_label() -> None:
+    v = train_step.parse_variant("pre+shc2+qkv")
+    assert v.config_overrides == {"residual_scheme": "hc", "hc_streams": 2, "hc_dynamic": False, "mhc_bias_init": "zero",
+                                  "attn_res_block_size": None, "fused_qkv": True}  # fmt: skip
+    assert train_step.parse_variant("pre+attnres-b2").config_overrides["attn_res_block_size"] == 2
+    assert train_step.parse_variant("pre+mhc4-idres").config_overrides["mhc_bias_init"] == "identity"
+    model = train_step.build_model(train_step.parse_variant("pre+hc4"), dict(train_step.SHAPES["tiny"]), seed=0)
+    assert (model.config.residual_scheme, model.config.hc_streams, model.config.hc_dynamic) == ("hc", 4, True)
+
+
+@pytest.mark.parametrize(
+    ("spec", "match"),
+    [
+        ("pre+hc", r"unknown modifier 'hc'.*did you mean 'hc4'\?"),
+        ("post+hc4", r"variant 'post\+hc4': residual_scheme='hc' needs norm_placement='pre'"),
+        ("hf+attnres", r"'attnres' is a residual scheme; give one, to one of our models"),
+        ("pre+hc4+mhc4", r"'mhc4' is a residual scheme; give one"),
+    ],
+)
+def test_parse_variant_rejects_bad_schemes(spec: str, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        train_step.parse_variant(spec)
 
 
 @pytest.mark.parametrize(
@@ -247,19 +295,47 @@ def test_each_benchmark_row_says_which_attention_kernel_it_ran() -> None:
 def test_train_step_benchmark_runs_end_to_end_on_cpu(tmp_path) -> None:
     out = tmp_path / "r.json"
     payload = train_step.main([
-        "--shapes=[tiny]", "--precisions=[fp32, bf16]", "--variants=[hf, pre+dense+qkv+foreach]", "--reps", "2",
+        "--shapes=[tiny]", "--precisions=[fp32, bf16]", "--variants=[hf, pre+dense+qkv+foreach, pre+mhc2]", "--reps", "2",
         "--warmup", "1", "--device", "cpu", "--gemm_size", "64", "--profile", "hf", "--profile_rows", "5",
         "--out", str(out),
     ])  # fmt: skip
     saved = json.loads(out.read_text())
     assert [g["precision"] for g in saved["groups"]] == ["fp32", "bf16"]
     for group in payload["groups"]:
-        assert [r["variant"] for r in group["rows"]] == ["hf", "pre+dense+qkv+foreach"]
+        assert [r["variant"] for r in group["rows"]] == ["hf", "pre+dense+qkv+foreach", "pre+mhc2"]
         for row in group["rows"]:
             assert row["step_s"]["n"] == 2 and row["tokens_per_s"] > 0 and row["loss"] > 0
             assert row["speedup_vs_baseline"]["median"] > 0
+            assert row["peak_mib"] > 0
+        hf, dense, mhc = group["rows"]
+        assert hf["exec_flops_per_token"] == dense["exec_flops_per_token"]  # the same count, dense heads both
+        assert mhc["exec_flops_per_token"] > group["flops_per_token"]["sparse_head"]  # and the mixing's on top
         assert "aten::" in group["profile"]
     assert payload["peaks"]["measured_tflops"]["bf16"] > 0
+
+
+def test_a_steps_peak_memory_is_the_highest_running_sum_of_its_operators() -> None:
+    from types import SimpleNamespace
+
+    def op(start: int, change: int, parent: object = None) -> SimpleNamespace:
+        return SimpleNamespace(time_range=SimpleNamespace(start=start), cpu_memory_usage=change, cpu_parent=parent)
+
+    top = op(0, 100)
+    events = [op(3, -50), top, op(1, 40, parent=top), op(2, 30), op(4, 5)]  # a child is in its parent's 100
+    assert train_step.step_peak_bytes(events) == 130  # 100, 130, 80, 85
+    assert train_step.step_peak_bytes([op(0, -10)]) == 0  # a free of what existed before never counts as peak
+
+
+def test_peak_memory_counts_a_schemes_wider_state() -> None:
+    """Four streams hold four copies of the state: a larger peak than Pre-LN's at the same shape."""
+    from argparse import Namespace
+
+    args = Namespace(seed=0, optimizer="fused", warmup=1, reps=1, profile=None, profile_rows=0, baseline="pre")
+    shape = dict(train_step.SHAPES["tiny"], batch=8, seq=64, hidden=64)
+    variants = [train_step.parse_variant(s) for s in ("pre", "pre+shc8")]
+    group = train_step.measure_group(variants, shape, "fp32", args, torch.device("cpu"))
+    pre, shc = group["rows"]
+    assert shc["peak_mib"] > pre["peak_mib"] > 0
 
 
 def test_gpu_peak_table_knows_hopper_and_ampere() -> None:

@@ -179,6 +179,43 @@ def test_depth_is_an_axis_of_the_grid_and_reaches_each_run():
     assert run_argv[-2:] == ["--train.max_steps=9", "--data.vocab_size=500"]  # last: they win in pretrain/run.py
 
 
+def test_the_residual_scheme_is_an_axis_of_the_grid_and_names_each_run():
+    _, args = cli.parse_args(["grid", "--placements=[post, pre]", "--residual_schemes=[standard, hc4, attnres-b2]",
+                              "--depths=[2]", "--lrs=[1e-3]", "--warmup_steps=[0]"])  # fmt: skip
+    assert args.variants == ["post", "pre", "pre-hc4", "pre-attnres-b2"]  # a scheme goes on the placement that takes it
+    cells = {cell.placement: cell for cell in grid.grid_cells(args, args.seeds)}
+    assert cells["pre-hc4"].name == "pre-hc4-d2-h128-w0-lr0.001-s0"
+    plain = grid.cell_overrides(args, cells["pre"], grid.Path("cell"))
+    assert not [a for a in plain if a.startswith(("--model.residual_scheme", "--model.hc_", "--model.mhc_", "--model.attn_res"))]
+    for label, scheme in (("pre", "standard"), ("pre-hc4", "hc"), ("pre-attnres-b2", "attn_res")):
+        run_argv = grid.cell_overrides(args, cells[label], grid.Path("cell"))
+        cfg = parse(PretrainConfig, run_argv, prog="pretrain.run")
+        assert (cfg.model.residual_scheme, cfg.model.variant) == (scheme, label)  # the cell's name is its run's variant
+    assert "--model.attn_res_block_size=2" in grid.cell_overrides(args, cells["pre-attnres-b2"], grid.Path("cell"))
+    assert [grid.heading(args, label) for label in args.variants] == ["post-LN", "pre-LN", "pre-hc4", "pre-attnres-b2"]
+    # A preset's scheme options cannot change what a cell's label says: the cell's own come after it.
+    _, preset_args = cli.parse_args(["grid", "--placements=[pre]", "--residual_schemes=[shc2]"])
+    run_argv = grid.cell_overrides(preset_args, grid.grid_cells(preset_args, [0])[0], grid.Path("cell"))
+    assert {"--model.hc_streams=2", "--model.hc_dynamic=false", "--model.residual_scheme=hc"} <= set(run_argv)
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--residual_schemes=[standard, hc]"], r"residual_schemes item 'hc' is not a residual scheme's label; did you mean 'hc4'"),
+        (["--placements=[post, sandwich]", "--residual_schemes=[standard, mhc4]"],
+         r"residual_schemes item 'mhc4' is in no model the other axes allow: .*needs norm_placement='pre'"),
+        (["--placements=[ngpt]", "--norm_types=[rmsnorm]"],
+         r"placements item 'ngpt' is in no model the other axes allow: norm_type='rmsnorm' does not apply"),
+        (["--residual_schemes=[hc4, hc4]"], r"residual_schemes must be a non-empty list without repeats"),
+        (["--residual_schemes=[]"], r"residual_schemes must be a non-empty list without repeats"),
+    ],
+)  # fmt: skip
+def test_the_scheme_axis_is_checked_before_any_run(argv, message):
+    with pytest.raises(ConfigError, match=message):
+        cli.parse_args(["grid", *argv])
+
+
 def test_grid_options_are_checked():
     with pytest.raises(ConfigError, match="overrides item 'max_steps' is not KEY=VALUE"):
         cli.parse_args(["grid", "--overrides=[max_steps]"])

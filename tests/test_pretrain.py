@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 import os
 import shutil
 import signal
@@ -81,6 +82,102 @@ def test_tiny_run_writes_the_documented_layout(tmp_path: Path, data_cache: Path)
     assert json.loads((run / "run_config.json").read_text())["train"]["peak_flops_per_device"] == 0.0
     assert {"val/mlm_loss", "val/mlm_accuracy", "val/nsp_accuracy"} <= set(rows[-1])
     assert (run / "tokenizer" / "tokenizer.json").is_file()
+    # The standard scheme logs what it logged before residual schemes existed.
+    assert not [k for row in rows for k in row if k.startswith("residual/") or k.endswith("residual")]
+
+
+# Each residual scheme on the tiny model: its variant (the run's name) and its options.
+SCHEME_RUNS = {
+    "pre-hc4": ["--model.residual_scheme=hc"],
+    "pre-shc2": ["--model.residual_scheme=hc", "--model.hc_dynamic=false", "--model.hc_streams=2"],
+    "pre-mhc4": ["--model.residual_scheme=mhc", "--model.mhc_sinkhorn_iters=5"],
+    "pre-attnres": ["--model.residual_scheme=attn_res"],
+    "pre-attnres-b3": ["--model.residual_scheme=attn_res", "--model.attn_res_block_size=3"],
+}
+
+
+def scheme_run(run: Path, data_cache: Path, variant: str) -> list[dict]:
+    """A 3-step run of ``variant`` logging at steps 2 and 3; its training lines."""
+    argv = tiny_args(run, data_cache, "--model.norm_placement=pre", *SCHEME_RUNS[variant], "--train.max_steps=3",
+                     "--train.log_every=2", "--train.eval_every=0", "--train.checkpoint_every=0",
+                     "--train.snapshot_at_start=false")  # fmt: skip
+    assert main(argv) == 0
+    rows = [row for row in read_metrics(run) if "train/loss" in row]
+    assert [row["step"] for row in rows] == [2, 3]
+    return rows
+
+
+@pytest.mark.parametrize("variant", list(SCHEME_RUNS))
+def test_a_residual_scheme_run_logs_its_measurements_and_saves_a_snapshot_of_its_scheme(
+    tmp_path: Path, data_cache: Path, variant: str
+) -> None:
+    from transformers import AutoModelForPreTraining
+
+    run = tmp_path / "run"
+    last = scheme_run(run, data_cache, variant)[-1]
+    sublayers = 4  # 2 layers
+    norms = [last[f"residual/output_norm/{k:02d}"] for k in range(sublayers)]
+    assert all(math.isfinite(v) and v > 0 for v in norms), norms
+    assert last["grad_norm/layer_00/residual"] > 0 and last["grad_norm/layer_01/residual"] > 0
+    assert last["grad_norm/layer_01/ffn"] > 0  # the sub-layers' groups as before
+    if "hc" in variant:
+        n = 2 if variant == "pre-shc2" else 4
+        h_res = torch.tensor(last["residual/h_res"])
+        assert h_res.shape == (sublayers, n, n)
+        assert torch.tensor(last["residual/h_pre"]).shape == torch.tensor(last["residual/h_post"]).shape == (sublayers, n)
+        gain = last["residual/composite_gain/per_sublayer"]
+        assert len(gain) == sublayers and gain[-1] == pytest.approx(
+            [last["residual/composite_gain/row"], last["residual/composite_gain/col"]], rel=1e-3
+        )
+        if variant == "pre-mhc4":  # Sinkhorn-Knopp: doubly stochastic, so the composite gain stays 1
+            assert torch.allclose(h_res.sum(-1), torch.ones(sublayers, n), atol=1e-3)
+            assert last["residual/composite_gain/row"] == pytest.approx(1.0, abs=1e-2)
+        if variant == "pre-shc2":  # two small steps from A_r = I
+            assert torch.allclose(h_res, torch.eye(n).expand(sublayers, n, n), atol=0.05)
+    else:
+        weights = torch.tensor(last["residual/depth_weights"])  # (sub-layers + the output) x sources
+        assert weights.shape == ((sublayers + 1, sublayers + 1) if variant == "pre-attnres" else (sublayers + 1, 3))
+        assert torch.allclose(weights.sum(-1), torch.ones(sublayers + 1), atol=1e-3)
+        assert last["grad_norm/output_residual"] > 0
+        assert "residual/composite_gain/row" not in last
+    # The snapshot is the scheme's, named by its variant; loading it as another scheme is refused.
+    snapshot = list_snapshots(run)[-1]
+    assert snapshot.info["run_name"] == f"lnbert-{variant}"
+    model = AutoModelForPreTraining.from_pretrained(snapshot.path)
+    assert model.config.residual_scheme == SCHEME_RUNS[variant][0].split("=")[1]
+    with pytest.raises(ValueError, match="Checkpoint does not match residual_scheme='standard'"):
+        LNBertForPreTraining.from_pretrained(snapshot.path, residual_scheme="standard")
+
+
+def test_a_compiled_model_measures_its_scheme_in_a_forward_of_its_own(
+    tmp_path: Path, data_cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Under torch.compile the training forward records nothing (its graph would be traced again with the
+    recorder in it): one eval forward without gradients measures the same things."""
+    from pretrain import training
+
+    monkeypatch.setattr(training, "is_compiled_module", lambda model: True)  # compiling itself takes minutes
+    monkeypatch.setattr(training, "recording", None)  # never reached
+    last = scheme_run(tmp_path / "run", data_cache, "pre-mhc4")[-1]
+    h_res = torch.tensor(last["residual/h_res"])
+    assert torch.allclose(h_res.sum(-1), torch.ones(4, 4), atol=1e-3)
+    assert all(last[f"residual/output_norm/{k:02d}"] > 0 for k in range(4))
+
+
+def test_an_ngpt_run_keeps_its_matrices_on_the_sphere_and_logs_its_invariants(tmp_path: Path, data_cache: Path) -> None:
+    from pretrain.ngpt import ngpt_stats
+
+    run = tmp_path / "run"
+    argv = tiny_args(run, data_cache, "--model.norm_placement=ngpt", "--train.max_steps=3", "--train.log_every=2",
+                     "--train.eval_every=0", "--train.checkpoint_every=0", "--optim.weight_decay=0")  # fmt: skip
+    assert main(argv) == 0
+    last = [row for row in read_metrics(run) if "train/loss" in row][-1]
+    # Read between the update and the re-normalisation: one step moved the vectors off the sphere, a little.
+    assert 0 < last["ngpt/weight_norm_error"] < 0.1
+    assert {"ngpt/attn_alpha/01", "ngpt/mlp_alpha/00", "ngpt/sqk/00", "ngpt/su/01", "ngpt/sz"} <= set(last)
+    model = LNBertForPreTraining.from_pretrained(list_snapshots(run)[-1].path)
+    assert ngpt_stats(model).weight_norm_error < 1e-5  # after every step: back on the sphere
+    assert read_status(run)["run_name"] == "lnbert-ngpt"
 
 
 @pytest.mark.parametrize("placement", ["post", "pre"])

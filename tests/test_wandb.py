@@ -19,7 +19,7 @@ import finetune.train as finetune_train
 from finetune.config import FinetuneConfig
 from finetune.run import RunConfig, run
 from finetune.schedule import ScheduleConfig, wandb_settings
-from finetune.tracking import WandbSettings, job_run, job_run_id, model_norm_type
+from finetune.tracking import WandbSettings, job_run, job_run_id, model_variant
 from finetune.worker import describe_model, job_specs
 from pretrain.common.atomic import write_json
 from pretrain.common.formats import RUN_FORMAT, stamped
@@ -292,7 +292,7 @@ def test_one_wandb_run_per_finetuning_job(finetuned: tuple[Path, list[dict], lis
             1e-3,
         )
         assert (config["pretrain_run_id"], config["comparison"]) == ("pretrain01", "cmp")
-        assert config["norm_type"] == "layernorm"  # the dashboard groups by placement and norm type
+        assert config["variant"] == "pre"  # the dashboard groups by variant
         assert config["recipe_hash"] == row["recipe_hash"] and config["recipe"]["batch_size"] == 4
         assert config["snapshot_artifact"] == "snapshot-pretrain01:step-10"
         assert job.summary["accuracy"] == pytest.approx(row["accuracy"])
@@ -305,13 +305,16 @@ def test_one_wandb_run_per_finetuning_job(finetuned: tuple[Path, list[dict], lis
         assert all("train/loss" in row for row in job.history)
 
 
-def test_finetuning_runs_record_the_models_norm_type(tmp_path: Path) -> None:
-    """The dashboard groups by norm_placement and norm_type: a fine-tuning run reads the type from its model."""
-    write_json(tmp_path / "config.json", {"model_type": "lnbert", "norm_type": "rmsnorm"})
-    assert model_norm_type(str(tmp_path)) == "rmsnorm"
+def test_finetuning_runs_record_the_models_variant(tmp_path: Path) -> None:
+    """The dashboard groups by variant: a fine-tuning run reads it from its model's config.json."""
+    write_json(tmp_path / "config.json", {"model_type": "lnbert", "norm_placement": "pre", "norm_type": "rmsnorm"})
+    assert model_variant(str(tmp_path)) == "pre-rmsnorm"
+    write_json(tmp_path / "config.json", {"model_type": "lnbert", "norm_placement": "pre", "residual_scheme": "hc",
+                                          "hc_streams": 4, "hc_dynamic": False})  # fmt: skip
+    assert model_variant(str(tmp_path)) == "pre-shc4"
     write_json(tmp_path / "config.json", {"model_type": "bert"})
-    assert model_norm_type(str(tmp_path)) == "layernorm"  # Hugging Face BERT
-    assert model_norm_type("google-bert/bert-base-uncased") == "layernorm"  # a Hub id: not read, BERT's
+    assert model_variant(str(tmp_path)) == "post"  # Hugging Face BERT
+    assert model_variant("google-bert/bert-base-uncased") == "post"  # a Hub id: not read, BERT's
 
 
 def test_a_failing_job_ends_its_wandb_run_as_failed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -401,12 +404,12 @@ def test_dashboard_view_has_figure5_gradients_throughput_and_outcomes() -> None:
     assert {y for p in panels["Throughput and MFU"] for y in p.y} >= {"train/tokens_per_s", "train/mfu"}
     runset = workspace.runset_settings
     assert "comparison" in str(runset.filters) and "bert-base-placements" in str(runset.filters)
-    assert [g.name for g in runset.groupby] == ["norm_placement", "norm_type"]
+    assert [g.name for g in runset.groupby] == ["variant"]
     for column in ("summary:status", "summary:diverged_at_step", "summary:val/mlm_loss.min", "summary:tokens_seen"):
         assert column in runset.pinned_columns
     model = workspace._to_model()  # what would be sent: the filter, grouping and panels survive serialisation
     spec = model.model_dump_json()
-    assert "norm_placement" in spec and "config:pretrain_step" in spec and "summary:mrpc/accuracy" in spec
+    assert "variant" in spec and "config:pretrain_step" in spec and "summary:mrpc/accuracy" in spec
 
 
 def test_dashboard_creates_then_updates_the_same_view(monkeypatch: pytest.MonkeyPatch) -> None:

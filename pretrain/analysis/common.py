@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 from collections.abc import Callable, Iterable
@@ -10,9 +11,10 @@ from typing import Any
 
 import torch
 
-from pretrain.analysis.options import ModelSize
+from pretrain.analysis.options import Model, ModelSize
 from pretrain.common.atomic import write_json
 from pretrain.common.cli import to_dict
+from pretrain.config import STANDARD_LABEL, residual_scheme_fields
 from pretrain.modeling import NORM_PLACEMENTS, LNBertConfig
 
 
@@ -72,6 +74,16 @@ def placement_color(placement: str) -> Any:
     return colormaps["tab20"](NORM_PLACEMENTS.index(placement) % 20)
 
 
+def model_color(model: Model) -> Any:
+    """A model's colour, the same in every figure: its placement's (``placement_color``), or with a residual scheme
+    one of Dark2's eight, by its label (a hash, not Python's, which changes with every process)."""
+    if model.scheme == STANDARD_LABEL:
+        return placement_color(model.placement)
+    from matplotlib import colormaps
+
+    return colormaps["Dark2"](int(hashlib.sha256(model.label.encode()).hexdigest(), 16) % 8)
+
+
 def model_config(
     size: ModelSize,
     placement: str,
@@ -80,9 +92,12 @@ def model_config(
     vocab_size: int,
     pad_token_id: int = 0,
     norm_type: str = "layernorm",
+    scheme: str = STANDARD_LABEL,
 ) -> LNBertConfig:
-    """A model config of ``size``, dropout off (measurements at initialisation)."""
+    """A model config of ``size``, dropout off (measurements at initialisation); ``scheme``: the residual scheme's
+    label (``pretrain.config.residual_scheme_fields``)."""
     return LNBertConfig(
+        **residual_scheme_fields(scheme),
         norm_type=norm_type,
         vocab_size=vocab_size,
         pad_token_id=pad_token_id,

@@ -21,10 +21,11 @@ from typing import Any
 import torch
 
 from pretrain.analysis import outcomes, probes
-from pretrain.analysis.common import placement_color, write_outputs
-from pretrain.analysis.options import GridConfig
+from pretrain.analysis.common import model_color, write_outputs
+from pretrain.analysis.options import GridConfig, Model
 from pretrain.common.cli import parse, to_dict
 from pretrain.common.reporting import format_table, pyplot, save_figure
+from pretrain.config import STANDARD_LABEL
 from pretrain.data.cache import exclusive_lock
 from pretrain.run_folder.layout import RUN_CONFIG_FILE, STATUS_FILE, read_metrics, read_status
 
@@ -69,10 +70,11 @@ def cell_overrides(args: GridConfig, cell: Cell, run_dir: Path) -> list[str]:
     ``overrides`` come last, so they win.
     """
     argv = [f"--config={args.preset}"] if args.preset else []
-    placement, norm_type = args.models[cell.placement]
+    model = args.models[cell.placement]
     argv += [
-        f"--model.norm_placement={placement}",
-        f"--model.norm_type={norm_type}",
+        f"--model.norm_placement={model.placement}",
+        f"--model.norm_type={model.norm_type}",
+        *scheme_overrides(model),
         f"--model.num_hidden_layers={cell.depth}",
         f"--model.hidden_size={cell.width}",
         f"--model.num_attention_heads={args.num_heads}",
@@ -92,6 +94,15 @@ def cell_overrides(args: GridConfig, cell: Cell, run_dir: Path) -> list[str]:
         "--tracking.backend=none",
     ]
     return argv + [f"--{item.removeprefix('--')}" for item in args.overrides]
+
+
+def scheme_overrides(model: Model) -> list[str]:
+    """The pretrain/run.py arguments of a model's residual scheme, every field its label names (so that a preset's
+    cannot change what the label says); none for the standard scheme, whose cells run as before schemes existed."""
+    if model.scheme == STANDARD_LABEL:
+        return []
+    return [f"--model.{key}={'null' if v is None else str(v).lower() if isinstance(v, bool) else v}"
+            for key, v in model.scheme_fields.items()]  # fmt: skip
 
 
 def read_cell(run_dir: Path) -> dict[str, Any]:
@@ -363,6 +374,12 @@ def describe_setting(runs: list[dict[str, Any]], combined: str) -> str:
     return f"{text} ({len(done)})" if len(done) > 1 else text
 
 
+def heading(args: GridConfig, label: str) -> str:
+    """A model's heading in the table and the heat maps: its label with "-LN" (pre-LN, post-rmsnorm-LN), or with a
+    residual scheme the label alone (pre-hc4: "-LN" would read as part of the scheme's name)."""
+    return f"{label}-LN" if args.models[label].scheme == STANDARD_LABEL else label
+
+
 def _row_label(args: GridConfig, width: int, depth: int, warmup: int) -> str:
     return (f"h{width} " if len(args.hidden_sizes) > 1 else "") + f"depth {depth}, warm-up {warmup}"
 
@@ -409,10 +426,6 @@ def probe_lines(args: GridConfig, results: dict[Cell, dict[str, Any]], shown: li
     return rows
 
 
-SCALAR_KINDS = {"rezero_gate.weight": "ReZero gate", ".alpha": "DyT alpha", "residual_scale.weight": "residual scale",
-                "head_scale.weight": "head scale"}  # fmt: skip
-
-
 def scalar_lines(args: GridConfig, results: dict[Cell, dict[str, Any]]) -> list[list[Any]]:
     """Per cell with learned scalars (probes.learned_scalars) and kind of scalar: mean absolute value [min, max] over
     the model's parameters of that kind (ReZero's gates take either sign) at step 0 and at each snapshot after the
@@ -421,7 +434,7 @@ def scalar_lines(args: GridConfig, results: dict[Cell, dict[str, Any]]) -> list[
     for cell, r in sorted(results.items(), key=lambda kv: kv[0].name):
         found = (r.get("probe") or {}).get("learned_scalars") or {}
         steps = found.get("steps", [])
-        for suffix, kind in SCALAR_KINDS.items():
+        for suffix, kind in probes.SCALAR_KINDS.items():
             series = [v for name, v in found.get("values", {}).items() if name.endswith(suffix)]
             if not series:
                 continue
@@ -463,7 +476,7 @@ def report_table(
             )]
             for width, depth, warmup in itertools.product(widths, depths, warmups)
         ]  # fmt: skip
-        sections.append(f"{placement}-LN\n" + format_table(["setting \\ lr", *(f"{lr:g}" for lr in lrs)], rows))
+        sections.append(f"{heading(args, placement)}\n" + format_table(["setting \\ lr", *(f"{lr:g}" for lr in lrs)], rows))
     names = sorted(f"{s[0]} d{s[2]} h{s[1]} w{s[3]} lr{s[4]:g}: {combined[s]}" for s in on_boundary)
     sections.append(f"boundary ({len(names)} settings):\n  " + ("\n  ".join(names) if names else "none"))
     what = "boundary" if on_boundary else "no boundary: the deepest, highest-lr corner"
@@ -547,7 +560,7 @@ def plot_grid(args: GridConfig, results: dict[Cell, dict[str, Any]], combined: d
         ax.set_yticks(range(len(row_keys)), [_row_label(args, *row).replace("depth ", "d").replace(", warm-up ", " w")
                                              for row in row_keys])  # fmt: skip
         ax.set_xlabel("peak learning rate")
-        ax.set_title(f"{placement}-LN, {args.max_steps} steps")
+        ax.set_title(f"{heading(args, placement)}, {args.max_steps} steps")
     for k in range(n, n_rows * n_cols):
         axes[k // n_cols][k % n_cols].axis("off")
     if image is not None:
@@ -578,7 +591,7 @@ def plot_probes(args: GridConfig, results: dict[Cell, dict[str, Any]], shown: li
         loss_ax, low_ax, grad_ax, change_ax = axes[:, col]
         width, depth, warmup, lr = corner
         for placement in args.variants:
-            color = placement_color(args.models[placement][0])
+            color = model_color(args.models[placement])
             for k, r in enumerate(_seed_results(results, (placement, *corner))):
                 label = f"{placement} {_one(r)}"
                 style = ["-", "--", ":", "-."][k % 4]

@@ -12,13 +12,14 @@ from pretrain.analysis.common import (
     cell_result,
     cell_settings,
     mean_and_sem,
+    model_color,
     model_config,
-    placement_color,
     write_outputs,
 )
-from pretrain.analysis.options import InitGradsConfig, variants
+from pretrain.analysis.options import InitGradsConfig, models
 from pretrain.common.cli import to_dict
 from pretrain.common.reporting import format_table, pyplot, save_figure
+from pretrain.config import STANDARD_LABEL
 from pretrain.modeling import LNBertConfig, LNBertForMaskedLM
 
 
@@ -82,14 +83,23 @@ def ffn_gradient_norms(
 
 
 def measure_init_grads(
-    args: InitGradsConfig, data: Any, init_scheme: str, placement: str, depth: int, norm_type: str = "layernorm"
+    args: InitGradsConfig,
+    data: Any,
+    init_scheme: str,
+    placement: str,
+    depth: int,
+    norm_type: str = "layernorm",
+    scheme: str = STANDARD_LABEL,
 ) -> dict[str, list[list[float]]]:
-    """Per-seed, per-layer W1/W2 gradient norms of one (init, placement, norm type, depth); seed s uses batch s."""
+    """Per-seed, per-layer W1/W2 gradient norms of one (init, placement, norm type, residual scheme by its label,
+    depth); seed s uses batch s."""
     w1s, w2s = [], []
     tokenizer = data.tokenizer
     for s in range(args.seeds):
         batch = mlm_batch(data, args.batch_size, args.seed + s)
-        config = model_config(args, placement, init_scheme, depth, len(tokenizer), tokenizer.pad_token_id, norm_type)
+        config = model_config(
+            args, placement, init_scheme, depth, len(tokenizer), tokenizer.pad_token_id, norm_type, scheme
+        )
         w1, w2 = ffn_gradient_norms(config, batch, args.seed + s, resolve_device(args.device))
         w1s.append(w1)
         w2s.append(w2)
@@ -101,7 +111,7 @@ def _mean_sem(values: list[float]) -> tuple[float, float]:
     return mean[0], sem[0]
 
 
-AXES = ("placements", "norm_types", "init_schemes", "depths", "num_layers")
+AXES = ("placements", "norm_types", "residual_schemes", "init_schemes", "depths", "num_layers")
 """The options a cell (init scheme, model, depth) is drawn from; every other option is a setting of each cell."""
 
 
@@ -122,17 +132,20 @@ def run(args: InitGradsConfig) -> int:
     out = Path(args.out)
     settings = {**cell_settings(args, AXES), "vocab": len(data.tokenizer)}
     raw: dict[str, Any] = {}
+    compared = models(args.placements, args.norm_types, args.residual_schemes)
     for init_scheme in args.init_schemes:
-        for label, placement, norm_type in variants(args.placements, args.norm_types):
+        for model in compared:
             for depth in depths:
-                key = f"{init_scheme}/{label}/{depth}"
+                key = f"{init_scheme}/{model.label}/{depth}"
                 # Each cell is written as soon as it is measured: a killed run keeps its cells, a rerun reads them.
                 raw[key] = cell_result(
                     out, key, settings,
-                    lambda p=placement, d=depth, t=norm_type, i=init_scheme: measure_init_grads(args, data, i, p, d, t),
+                    lambda m=model, d=depth, i=init_scheme: measure_init_grads(
+                        args, data, i, m.placement, d, m.norm_type, m.scheme
+                    ),
                 )  # fmt: skip
-                print(f"measured {init_scheme}/{label}/depth {depth}", flush=True)
-    labels = [label for label, _, _ in variants(args.placements, args.norm_types)]
+                print(f"measured {init_scheme}/{model.label}/depth {depth}", flush=True)
+    labels = [model.label for model in compared]
 
     source = args.data or "python_docs"
     header = (
@@ -198,8 +211,8 @@ def plot_init_grads(args: InitGradsConfig, raw: dict[str, Any], path: Path) -> N
     layers = list(range(1, args.num_layers + 1))
     for row, init_scheme in enumerate(args.init_schemes):
         ax_w1, ax_w2, ax_depth = axes[row]
-        for label, placement, _ in variants(args.placements, args.norm_types):
-            color = placement_color(placement)
+        for model in models(args.placements, args.norm_types, args.residual_schemes):
+            label, color = model.label, model_color(model)
             grads = raw[f"{init_scheme}/{label}/{args.num_layers}"]
             for ax, key in ((ax_w1, "w1"), (ax_w2, "w2")):
                 mean, sem = mean_and_sem(torch.tensor(grads[key]))

@@ -17,10 +17,13 @@ from pretrain.analysis.common import (
     placement_color,
     write_outputs,
 )
-from pretrain.analysis.options import InitScaleConfig, variants
+from pretrain.analysis.options import InitScaleConfig, models
 from pretrain.common.cli import to_dict
 from pretrain.common.reporting import format_table, pyplot, save_figure
+from pretrain.config import STANDARD_LABEL
 from pretrain.modeling import LNBertConfig, LNBertModel
+from pretrain.residual_streams import DepthSources
+from pretrain.variants import INIT_SCHEMES, NORM_TYPES
 
 
 def paper_bounds(layer: int) -> tuple[float, float]:
@@ -88,7 +91,9 @@ def model_stream_scale(config: LNBertConfig, batch_size: int, seq_len: int, seed
     Layers whose block ends in a norm (post, deepnorm, admin, b2t, mix_ln's Post-LN layers): the input of that
     norm, the un-normalised sum (x_post5 = x_post3 + FFN(x_post3), scaled by alpha for DeepNorm). ResiDual: its
     un-normalised stream d. The others: the residual stream after each layer (``hidden_states[-1]`` would be
-    after the final norm, so the layer outputs are hooked instead).
+    after the final norm, so the layer outputs are hooked instead); for HC and mHC the mean of E||x_j||^2/d over
+    their n streams (each is Pre-LN's stream at their Pre-LN-equivalent init), for AttnRes the plain sum of its
+    sources (the Pre-LN stream its sub-layers' outputs add up to).
     """
     torch.manual_seed(seed)
     model = LNBertModel(config, add_pooling_layer=False).eval()
@@ -105,7 +110,7 @@ def model_stream_scale(config: LNBertConfig, batch_size: int, seq_len: int, seed
         elif config.placement.two_streams:
             hooks.append(layer.register_forward_hook(lambda _m, _inputs, output: record(output[0][1])))
         else:
-            hooks.append(layer.register_forward_hook(lambda _m, _inputs, output: record(output[0])))
+            hooks.append(layer.register_forward_hook(lambda _m, _inputs, output: record(stream_of(output[0]))))
     generator = torch.Generator().manual_seed(seed)
     input_ids = torch.randint(0, config.vocab_size, (batch_size, seq_len), generator=generator)
     with torch.no_grad():
@@ -115,8 +120,29 @@ def model_stream_scale(config: LNBertConfig, batch_size: int, seq_len: int, seed
     return captured
 
 
-AXES = ("placements", "norm_types", "init_schemes")
+def stream_of(state: torch.Tensor | DepthSources) -> torch.Tensor:
+    """What ``model_stream_scale`` measures of a layer's output: the stream itself, HC's and mHC's n streams
+    (B, T, n, d), whose mean over n ``record`` takes with the tokens', or AttnRes's sources summed."""
+    return state.total() if isinstance(state, DepthSources) else state
+
+
+AXES = ("placements", "norm_types", "residual_schemes", "init_schemes")
 """The options the model cells (ii) are drawn from; every other option is a setting of each cell."""
+NORM_LINESTYLES = ("-", "--", ":", "-.")
+SCHEME_MARKERS = ("o", "s", "^", "D", "v", "P", "X")
+
+
+def curve_style(placement: str, norm_type: str, init_scheme: str, scheme_index: int = 0) -> dict[str, Any]:
+    """How panel (ii) draws one model cell, so that cells differing in any axis (post/bert and post-rmsnorm/bert)
+    are told apart: colour per placement, line style per norm type, marker per residual scheme (its index among
+    those compared), filled markers for the first init scheme (bert), hollow for the other (xavier)."""
+    color = placement_color(placement)
+    return {
+        "color": color,
+        "linestyle": NORM_LINESTYLES[NORM_TYPES.index(norm_type) % len(NORM_LINESTYLES)],
+        "marker": SCHEME_MARKERS[scheme_index % len(SCHEME_MARKERS)],
+        "markerfacecolor": color if INIT_SCHEMES.index(init_scheme) == 0 else "white",
+    }
 
 
 def run(args: InitScaleConfig) -> int:
@@ -171,10 +197,16 @@ def run(args: InitScaleConfig) -> int:
     )
 
     results["model"] = {}
+    styles = {}
     model_rows = []
+    compared = models(args.placements, args.norm_types, args.residual_schemes)
     for init_scheme in args.init_schemes:
-        for label, placement, norm_type in variants(args.placements, args.norm_types):
-            config = model_config(args, placement, init_scheme, args.num_layers, args.vocab_size, norm_type=norm_type)
+        for model in compared:
+            label, placement = model.label, model.placement
+            config = model_config(
+                args, placement, init_scheme, args.num_layers, args.vocab_size, norm_type=model.norm_type,
+                scheme=model.scheme,
+            )  # fmt: skip
 
             def measure(config: LNBertConfig = config, placement: str = placement) -> dict[str, Any]:
                 samples = [
@@ -185,6 +217,8 @@ def run(args: InitScaleConfig) -> int:
                 return {"mean": mean, "sem": sem, "placement": placement}
 
             key = f"{label}/{init_scheme}"
+            scheme_index = args.residual_schemes.index(model.scheme)
+            styles[key] = curve_style(placement, model.norm_type, init_scheme, scheme_index)
             results["model"][key] = cell_result(out, f"model/{key}", settings, measure)
             mean = results["model"][key]["mean"]
             model_rows.append([label, init_scheme, *(f"{m:.4g}" for m in mean)])
@@ -192,15 +226,19 @@ def run(args: InitScaleConfig) -> int:
         f"\n\n(ii) LNBertModel at init (hidden {args.hidden_size}, FFN {args.intermediate_size or 4 * args.hidden_size}, "
         f"GELU, {args.num_heads} heads, random ids, batch {args.batch_size} x {args.seq_len}, {args.model_seeds} seeds): "
         "E||.||^2/d per layer; layers ending in a norm (post, deepnorm, admin, b2t): that norm's input x_post5; "
-        "resi_dual: its stream d; the others: the residual stream x_l\n"
-        + format_table(["placement", "init", *(f"l={layer}" for layer in layers)], model_rows)
+        "resi_dual: its stream d; the others: the residual stream x_l"
+        + ("" if all(m.scheme == STANDARD_LABEL for m in compared) else
+           " (HC, mHC: the mean over their n streams; AttnRes: the sum of its sources)")
+        + "\n" + format_table(["placement", "init", *(f"l={layer}" for layer in layers)], model_rows)
     )
     write_outputs(out, table, results)
-    plot_init_scale(results, layers, out / "init_scale.png")
+    plot_init_scale(results, layers, styles, out / "init_scale.png")
     return 0
 
 
-def plot_init_scale(results: dict[str, Any], layers: list[int], path: Path) -> None:
+def plot_init_scale(results: dict[str, Any], layers: list[int], styles: dict[str, dict[str, Any]], path: Path) -> None:
+    """(i) the simplified setting against Lemma 2's bounds; (ii) every model cell, drawn as ``styles`` says
+    (curve_style) and labelled by its variant and init scheme."""
     plt = pyplot()
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.4))
     ax1.fill_between(
@@ -220,10 +258,9 @@ def plot_init_scale(results: dict[str, Any], layers: list[int], path: Path) -> N
     ax1.set_ylabel("E||x||^2 / d")
     ax1.legend(fontsize=8)
     for key, stats in results["model"].items():
-        init_scheme = key.rsplit("/", 1)[1]
-        color = placement_color(stats["placement"])  # one colour per placement, line style per init
-        ax2.plot(layers, stats["mean"], "o-" if init_scheme == "xavier" else "s--", color=color, label=key)
-    ax2.set_title("(ii) LNBertModel at init")
+        ax2.plot(layers, stats["mean"], label=key, **styles[key])
+    ax2.set_title("(ii) LNBertModel at init\ncolour: placement; line: norm type; marker: residual scheme; "
+                  f"hollow: {', '.join(INIT_SCHEMES[1:])} init", fontsize="small")  # fmt: skip
     ax2.set_xlabel("layer l")
     ax2.set_ylabel("E||x||^2 / d  (post: FFN-LN input; pre: stream)")
     ax2.set_yscale("log")

@@ -11,8 +11,17 @@ from typing import Any, Literal
 
 from pretrain.analysis import outcomes
 from pretrain.common.cli import field_type, require
-from pretrain.config import PretrainConfig
-from pretrain.variants import NORM_PLACEMENTS, InitScheme, NormPlacement, NormType, variant_name
+from pretrain.config import STANDARD_LABEL, PretrainConfig, residual_scheme_fields
+from pretrain.variants import (
+    DEFAULTS,
+    NORM_PLACEMENTS,
+    InitScheme,
+    NormPlacement,
+    NormType,
+    check_ngpt,
+    check_residual_scheme,
+    variant_name,
+)
 
 DEFAULT_OUT = Path("runs") / "analysis"
 
@@ -23,9 +32,71 @@ def _positive(config: Any, *keys: str) -> None:
         require(getattr(config, key) > 0, key, f"must be a positive integer; got {getattr(config, key)}")
 
 
-def variants(placements: list[str], norm_types: list[str]) -> list[tuple[str, str, str]]:
-    """(label, placement, norm_type) of every model a measurement compares; the label as in run names."""
-    return [(variant_name(p, t), p, t) for t in norm_types for p in placements]
+@dataclass(frozen=True)
+class Model:
+    """One model a measurement compares."""
+
+    label: str
+    """Its name as in run names: ``pre``, ``pre-rmsnorm``, ``pre-hc4``, ..."""
+    placement: str
+    """Its norm placement."""
+    norm_type: str
+    """Its norm type."""
+    scheme: str = STANDARD_LABEL
+    """Its residual scheme, by the label run names give it (``pretrain.config.residual_scheme_fields``)."""
+
+    @property
+    def scheme_fields(self) -> dict[str, Any]:
+        """The model config's residual-scheme fields (residual_scheme, hc_streams, ...)."""
+        return residual_scheme_fields(self.scheme)
+
+
+def model_problem(placement: str, norm_type: str, scheme: str) -> str:
+    """Why the model of ``placement``, ``norm_type`` and the residual scheme labelled ``scheme`` cannot be built ("" when
+    it can): the model's own checks decide (``pretrain.variants.check_residual_scheme``: a scheme on Pre-LN only;
+    ``check_ngpt``: nGPT has no norm type)."""
+    fields = residual_scheme_fields(scheme)
+    try:
+        check_residual_scheme(
+            placement, fields["residual_scheme"], fields["hc_streams"], DEFAULTS.mhc_sinkhorn_iters,
+            fields["mhc_bias_init"], fields["attn_res_block_size"],
+        )  # fmt: skip
+        check_ngpt(placement, norm_type, DEFAULTS.qk_norm, DEFAULTS.embedding_layer_norm)
+    except ValueError as err:
+        return str(err)
+    return ""
+
+
+def models(placements: list[str], norm_types: list[str], residual_schemes: list[str]) -> list[Model]:
+    """Every model a measurement compares, in this order: norm types, then placements, then residual schemes (the
+    standard one first); each combination the model takes (``model_problem``): a scheme other than standard goes on
+    the placements that take it (Pre-LN), nGPT comes with the default norm type only."""
+    return [
+        Model(variant_name(placement, norm_type, **residual_scheme_fields(scheme)), placement, norm_type, scheme)
+        for norm_type in norm_types
+        for placement in placements
+        for scheme in residual_schemes
+        if not model_problem(placement, norm_type, scheme)
+    ]
+
+
+def check_models(config: Any) -> None:
+    """The model axes of ``config`` (placements, norm_types, residual_schemes): each a list without repeats; each
+    residual scheme a label (hc4, ...); each placement, norm type and scheme in one model at least."""
+    for key in ("placements", "norm_types", "residual_schemes"):
+        values = getattr(config, key)
+        require(bool(values) and len(set(values)) == len(values), key, f"must be a non-empty list without repeats; got {values}")  # fmt: skip
+    try:
+        for scheme in config.residual_schemes:
+            residual_scheme_fields(scheme)
+    except ValueError as err:
+        require(False, "residual_schemes", f"item {err}")
+    combinations = [(p, t, s) for p in config.placements for t in config.norm_types for s in config.residual_schemes]
+    problems = {combination: model_problem(*combination) for combination in combinations}
+    for key, position in (("placements", 0), ("norm_types", 1), ("residual_schemes", 2)):
+        for value in getattr(config, key):
+            mine = [problem for combination, problem in problems.items() if combination[position] == value]
+            require(not all(mine), key, f"item {value!r} is in no model the other axes allow: {mine[0]}")
 
 
 @dataclass(kw_only=True)
@@ -112,6 +183,10 @@ class InitScaleConfig(ModelSize):
     """Placements measured in (ii)."""
     norm_types: list[NormType] = field(default_factory=lambda: ["layernorm"])
     """Norm types measured in (ii), each with every placement."""
+    residual_schemes: list[str] = field(default_factory=lambda: [STANDARD_LABEL])
+    """Residual schemes by their label in run names: standard, hc4 (dynamic HC, 4 streams), shc4 (static), mhc4,
+    mhc4-idres, attnres (Full AttnRes), attnres-b4 (Block, 4 sub-layers); each but standard adds a model on every
+    placement that takes it (pre: pre-hc4, ...)."""
     init_schemes: list[InitScheme] = field(default_factory=lambda: ["bert", "xavier"])
     """Initialisations measured in (ii)."""
     hidden_size: int = 256
@@ -122,6 +197,7 @@ class InitScaleConfig(ModelSize):
     def __post_init__(self) -> None:
         super().__post_init__()
         _positive(self, "num_layers", "paper_hidden_size", "paper_seq_len", "paper_sequences", "seeds", "model_seeds")
+        check_models(self)
 
 
 @dataclass(kw_only=True)
@@ -140,6 +216,10 @@ class InitGradsConfig(ModelSize):
     """Placements to measure."""
     norm_types: list[NormType] = field(default_factory=lambda: ["layernorm"])
     """Norm types to measure, each with every placement."""
+    residual_schemes: list[str] = field(default_factory=lambda: [STANDARD_LABEL])
+    """Residual schemes by their label in run names: standard, hc4 (dynamic HC, 4 streams), shc4 (static), mhc4,
+    mhc4-idres, attnres (Full AttnRes), attnres-b4 (Block, 4 sub-layers); each but standard adds a model on every
+    placement that takes it (pre: pre-hc4, ...)."""
     init_schemes: list[InitScheme] = field(default_factory=lambda: ["xavier", "bert"])
     """xavier: the paper's setting; bert: normal(0, 0.02)."""
     num_layers: int = 12
@@ -166,6 +246,7 @@ class InitGradsConfig(ModelSize):
     def __post_init__(self) -> None:
         super().__post_init__()
         _positive(self, "num_layers", "seeds", "max_documents")
+        check_models(self)
         require(bool(self.depths) and all(d > 0 for d in self.depths), "depths", f"must be positive; got {self.depths}")
 
 
@@ -175,8 +256,8 @@ class InitPerturbConfig(ModelSize):
 
     For each init scheme, model and depth, under seeds seeds: initialise LNBertModel (dropout off), compute the
     encoder output f(x, W) (last_hidden_state: after the last norm or the final norm) on random token ids, add
-    to every weight matrix of the encoder layers (2-D parameters: Q, K, V, attention output, FFN; not the
-    embeddings, norms, gates or scales) delta = epsilon * rms(W) * N(0, 1) elementwise, and report
+    to every weight matrix of the encoder layers (2-D parameters: Q, K, V, attention output, FFN, and a residual
+    scheme's mixing matrices; not the embeddings, norms, gates or scales) delta = epsilon * rms(W) * N(0, 1) elementwise, and report
     E||f(x, W) - f(x, W + delta)||^2 / E||f(x, W)||^2 over the tokens. Admin's claim: this grows like O(N) with
     the number of sub-layers N for Post-LN, like O(log N) for Admin and Pre-LN. Writes table.txt, results.json,
     init_perturb.png."""
@@ -185,6 +266,10 @@ class InitPerturbConfig(ModelSize):
     """Placements to measure."""
     norm_types: list[NormType] = field(default_factory=lambda: ["layernorm"])
     """Norm types to measure, each with every placement."""
+    residual_schemes: list[str] = field(default_factory=lambda: [STANDARD_LABEL])
+    """Residual schemes by their label in run names: standard, hc4 (dynamic HC, 4 streams), shc4 (static), mhc4,
+    mhc4-idres, attnres (Full AttnRes), attnres-b4 (Block, 4 sub-layers); each but standard adds a model on every
+    placement that takes it (pre: pre-hc4, ...)."""
     init_schemes: list[InitScheme] = field(default_factory=lambda: ["xavier", "bert"])
     """xavier: Admin's and the paper's analysis setting; bert: normal(0, 0.02)."""
     depths: list[int] = field(default_factory=lambda: [3, 6, 12, 24, 48])
@@ -202,13 +287,15 @@ class InitPerturbConfig(ModelSize):
     def __post_init__(self) -> None:
         super().__post_init__()
         _positive(self, "seeds")
+        check_models(self)
         require(self.epsilon >= 0, "epsilon", f"must be >= 0; got {self.epsilon}")
         require(bool(self.depths) and all(d > 0 for d in self.depths), "depths", f"must be positive; got {self.depths}")
 
 
 @dataclass(kw_only=True)
 class GridConfig:
-    """Where training breaks: a grid of short pretraining runs over placement x depth x width x warm-up x peak lr.
+    """Where training breaks: a grid of short pretraining runs over model x depth x width x warm-up x peak lr (a
+    model: placement x norm type x residual scheme).
 
     Each cell (one setting, one seed) is a pretraining run through the normal pipeline (python -m pretrain.run
     in a subprocess; jobs at once) with that setting, logging every step, with weights-only snapshots at steps
@@ -228,6 +315,10 @@ class GridConfig:
     """Placements, one heat map each."""
     norm_types: list[NormType] = field(default_factory=lambda: ["layernorm"])
     """Norm types, each with every placement (a model is named as in run names: pre, pre-rmsnorm, ...)."""
+    residual_schemes: list[str] = field(default_factory=lambda: [STANDARD_LABEL])
+    """Residual schemes by their label in run names: standard, hc4 (dynamic HC, 4 streams), shc4 (static), mhc4,
+    mhc4-idres, attnres (Full AttnRes), attnres-b4 (Block, 4 sub-layers); each but standard adds a model on every
+    placement that takes it (pre: pre-hc4, ...)."""
     depths: list[int] = field(default_factory=lambda: [6, 12, 24, 48])
     """Numbers of layers."""
     hidden_sizes: list[int] = field(default_factory=lambda: [128])
@@ -271,7 +362,8 @@ class GridConfig:
     def __post_init__(self) -> None:
         _positive(self, "max_steps", "num_heads", "jobs", "probe_batch_size")
         require(self.probe_steps >= 0 and self.boundary_seeds >= 0, "probe_steps", "and boundary_seeds must be >= 0")
-        for key in ("placements", "norm_types", "depths", "hidden_sizes", "warmup_steps", "lrs", "seeds"):
+        check_models(self)
+        for key in ("depths", "hidden_sizes", "warmup_steps", "lrs", "seeds"):
             values = getattr(self, key)
             require(bool(values) and len(set(values)) == len(values), key, f"must be a non-empty list without repeats; got {values}")  # fmt: skip
         require(all(d > 0 for d in self.depths), "depths", f"must be positive; got {self.depths}")
@@ -309,11 +401,9 @@ class GridConfig:
         return [self.variants, *(sorted(v) for v in (self.hidden_sizes, self.depths, self.warmup_steps, self.lrs))]
 
     @property
-    def models(self) -> dict[str, tuple[str, str]]:
-        """Each model of the grid by its name (placement x norm type): its (placement, norm type)."""
-        return {
-            label: (placement, norm_type) for label, placement, norm_type in variants(self.placements, self.norm_types)
-        }
+    def models(self) -> dict[str, Model]:
+        """Each model of the grid (placement x norm type x residual scheme) by its name."""
+        return {model.label: model for model in models(self.placements, self.norm_types, self.residual_schemes)}
 
     @property
     def variants(self) -> list[str]:

@@ -12,16 +12,16 @@ from pretrain.analysis.common import (
     cell_result,
     cell_settings,
     mean_and_sem,
+    model_color,
     model_config,
-    placement_color,
     write_outputs,
 )
-from pretrain.analysis.options import InitPerturbConfig, variants
+from pretrain.analysis.options import InitPerturbConfig, models
 from pretrain.common.cli import to_dict
 from pretrain.common.reporting import format_table, pyplot, save_figure
 from pretrain.modeling import LNBertConfig, LNBertModel
 
-AXES = ("placements", "norm_types", "init_schemes", "depths")
+AXES = ("placements", "norm_types", "residual_schemes", "init_schemes", "depths")
 """The options a cell (init scheme, model, depth) is drawn from; every other option is a setting of each cell."""
 
 
@@ -47,13 +47,17 @@ def run(args: InitPerturbConfig) -> int:
     out = Path(args.out)
     settings = cell_settings(args, AXES)
     depths = sorted(args.depths)
-    labels = variants(args.placements, args.norm_types)
+    compared = models(args.placements, args.norm_types, args.residual_schemes)
+    labels = [model.label for model in compared]
     raw: dict[str, list[float]] = {}
     for init_scheme in args.init_schemes:
-        for label, placement, norm_type in labels:
+        for model in compared:
             for depth in depths:
-                config = model_config(args, placement, init_scheme, depth, args.vocab_size, norm_type=norm_type)
-                key = f"{init_scheme}/{label}/{depth}"
+                config = model_config(
+                    args, model.placement, init_scheme, depth, args.vocab_size, norm_type=model.norm_type,
+                    scheme=model.scheme,
+                )  # fmt: skip
+                key = f"{init_scheme}/{model.label}/{depth}"
                 raw[key] = cell_result(out, key, settings, lambda c=config: [
                     output_change(c, args.batch_size, args.seq_len, args.epsilon, args.seed + s)
                     for s in range(args.seeds)
@@ -70,17 +74,17 @@ def run(args: InitPerturbConfig) -> int:
         rows = []
         for depth in depths:
             row: list[Any] = [depth]
-            for label, _, _ in labels:
+            for label in labels:
                 (mean,), (sem,) = mean_and_sem(torch.tensor(raw[f"{init_scheme}/{label}/{depth}"]).unsqueeze(1))
                 row.append(f"{mean:.4g} +- {sem:.2g}")
             rows.append(row)
         growth: list[Any] = [f"{depths[-1]}/{depths[0]}"]
-        for label, _, _ in labels:
+        for label in labels:
             first = sum(raw[f"{init_scheme}/{label}/{depths[0]}"]) / args.seeds
             last = sum(raw[f"{init_scheme}/{label}/{depths[-1]}"]) / args.seeds
             growth.append(f"{last / first:.3g}" if first > 0 else "n/a (0)")
         rows.append(growth)
-        sections.append(f"init {init_scheme}\n" + format_table(["depth", *(lab for lab, _, _ in labels)], rows))
+        sections.append(f"init {init_scheme}\n" + format_table(["depth", *labels], rows))
     write_outputs(out, "\n\n".join(sections), {"args": to_dict(args), "depths": depths, "raw": raw})
     plot_init_perturb(args, raw, out / "init_perturb.png")
     return 0
@@ -91,12 +95,13 @@ def plot_init_perturb(args: InitPerturbConfig, raw: dict[str, list[float]], path
     fig, axes = plt.subplots(1, len(args.init_schemes), figsize=(5.5 * len(args.init_schemes), 4.2), squeeze=False)
     depths = sorted(args.depths)
     for ax, init_scheme in zip(axes[0], args.init_schemes, strict=True):
-        for label, placement, _ in variants(args.placements, args.norm_types):
+        for model in models(args.placements, args.norm_types, args.residual_schemes):
+            label = model.label
             mean, sem = zip(*(
                 (m[0], e[0]) for m, e in (mean_and_sem(torch.tensor(raw[f"{init_scheme}/{label}/{d}"]).unsqueeze(1))
                                            for d in depths)
             ), strict=True)  # fmt: skip
-            ax.errorbar(depths, mean, yerr=sem, fmt="o-", color=placement_color(placement), label=label, capsize=2)
+            ax.errorbar(depths, mean, yerr=sem, fmt="o-", color=model_color(model), label=label, capsize=2)
         ax.set_xscale("log")
         ax.set_yscale("log")
         ax.set_xticks(depths, [str(d) for d in depths])

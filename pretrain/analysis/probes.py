@@ -126,9 +126,15 @@ def first_grad_norms(metrics: list[dict[str, Any]], max_step: int) -> dict[str, 
     return found
 
 
-SCALAR_NAMES = ("rezero_gate.weight", ".alpha", "residual_scale.weight", "head_scale.weight")
-"""The learned scalars and scales a placement or norm type adds, by the end of their parameter names: ReZero's
-gates, DyT's alpha, Admin's learnable omega (and NormFormer's optional residual scale), NormFormer's head scales."""
+SCALAR_KINDS = {
+    "rezero_gate.weight": "ReZero gate", ".alpha": "DyT alpha", "residual_scale.weight": "residual scale",
+    "head_scale.weight": "head scale", ".dynamic_alpha_scale": "HC s_alpha", ".dynamic_beta_scale": "HC s_beta",
+    ".alpha_pre": "mHC alpha_pre", ".alpha_post": "mHC alpha_post", ".alpha_res": "mHC alpha_res",
+}  # fmt: skip
+"""The learned scalars and scales a placement, norm type or residual scheme adds, by the end of their parameter
+names, and what the report calls them: ReZero's gates, DyT's alpha, Admin's learnable omega (and NormFormer's
+optional residual scale), NormFormer's head scales, dynamic HC's scales s_alpha and s_beta, mHC's gates."""
+SCALAR_NAMES = tuple(SCALAR_KINDS)
 
 
 def learned_scalars(run_dir: Path) -> dict[str, Any]:

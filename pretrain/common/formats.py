@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 FORMAT_KEY = "format_version"
-RUN_FORMAT = 1
+RUN_FORMAT = 2  # 2: run_config.json gained the residual-scheme fields
 RESULTS_FORMAT = 2
 
 

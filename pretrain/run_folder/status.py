@@ -29,6 +29,7 @@ def write_status(
             "step": step,
             "run_name": cfg.train.run_name,
             "norm_placement": cfg.model.norm_placement,
+            "variant": cfg.model.variant,
             "updated": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "diverged_at_step": diverged_at,
             "message": message,

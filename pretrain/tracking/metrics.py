@@ -1,4 +1,5 @@
-"""What a run logs: Accelerate trackers (W&B, TensorBoard), RUN/metrics.jsonl, gradient norms, throughput, MFU."""
+"""What a run logs: Accelerate trackers (W&B, TensorBoard), RUN/metrics.jsonl, gradient norms, a residual scheme's
+measurements, throughput, MFU."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from torch import nn
 
 from pretrain.common.atomic import write_text
 from pretrain.config import PretrainConfig, flatten, to_dict
+from pretrain.residual_streams import RESIDUAL_MODULES, ResidualStats
 from pretrain.run_folder.layout import METRICS_FILE, read_metrics
 from pretrain.tracking.wandb_logging import (
     SUMMARY_LINES,
@@ -124,8 +126,11 @@ def log_snapshot(accelerator: Accelerator, run_dir: Path, snapshot_dir: Path | N
     run.log_artifact(snapshot_artifact(snapshot_dir, identity["id"]), aliases=[snapshot_alias(step)])
 
 
-def log_metrics(accelerator: Accelerator, run_dir: Path, metrics: dict[str, Any], step: int) -> None:
-    """Send ``metrics`` to the trackers and append them to RUN/metrics.jsonl (main process only)."""
+def log_metrics(
+    accelerator: Accelerator, run_dir: Path, metrics: dict[str, Any], step: int, file_only: dict[str, Any] | None = None
+) -> None:
+    """Send ``metrics`` to the trackers and append them, with ``file_only`` (values that are no scalars, kept out
+    of the trackers), to RUN/metrics.jsonl (main process only)."""
     metrics = {"step": step, **metrics}
     accelerator.log(metrics, step=step)
     run = wandb_run(accelerator)
@@ -134,7 +139,7 @@ def log_metrics(accelerator: Accelerator, run_dir: Path, metrics: dict[str, Any]
         set_summary(run, **{k.replace("/", "_"): v for k, v in metrics.items() if k.startswith("val/")})
     if accelerator.is_main_process:
         with open(Path(run_dir) / METRICS_FILE, "a") as f:
-            f.write(json.dumps(metrics, sort_keys=True) + "\n")
+            f.write(json.dumps({**metrics, **(file_only or {})}, sort_keys=True) + "\n")
 
 
 def rewind_metrics(run_dir: Path, step: int) -> dict[str, float]:
@@ -154,28 +159,34 @@ def rewind_metrics(run_dir: Path, step: int) -> dict[str, float]:
 
 
 def layer_grad_norms(model: nn.Module, clip_factor: float = 1.0) -> dict[str, float]:
-    """L2 norm of the gradient of each layer's attention weights (Q, K, V, output) and FFN weights (in, out).
+    """L2 norm of the gradient of each layer's attention weights (Q, K, V, output) and FFN weights (in, out)
+    (``grad_norm/layer_NN/attn``, ``.../ffn``), and of a residual scheme's modules: every parameter of the
+    layer's two (``.../residual``) and AttnRes's output aggregation (``grad_norm/output_residual``).
 
     ``model`` is the unwrapped LNBertForPreTraining; ``clip_factor`` undoes gradient clipping (the norms are
     read after clipping, so they are divided by the clip coefficient to report the raw gradient).
     """
+    groups: dict[str, list[nn.Parameter]] = {}
+    encoder = model.bert.encoder
+    for index, layer in enumerate(encoder.layer):
+        attention = (layer.attention.self.query, layer.attention.self.key, layer.attention.self.value,
+                     layer.attention.output.dense)  # fmt: skip
+        groups[f"grad_norm/layer_{index:02d}/attn"] = [linear.weight for linear in attention]
+        groups[f"grad_norm/layer_{index:02d}/ffn"] = [layer.intermediate.dense.weight, layer.output.dense.weight]
+        groups[f"grad_norm/layer_{index:02d}/residual"] = _residual_parameters(layer)
+    groups["grad_norm/output_residual"] = _residual_parameters(encoder)
     norms = {}
-    for index, layer in enumerate(model.bert.encoder.layer):
-        groups = {
-            "attn": [
-                layer.attention.self.query,
-                layer.attention.self.key,
-                layer.attention.self.value,
-                layer.attention.output.dense,
-            ],
-            "ffn": [layer.intermediate.dense, layer.output.dense],
-        }
-        for name, linears in groups.items():
-            grads = [lin.weight.grad for lin in linears if lin.weight.grad is not None]
-            if grads:
-                norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g.float()) for g in grads]))
-                norms[f"grad_norm/layer_{index:02d}/{name}"] = norm.item() * clip_factor
+    for key, parameters in groups.items():
+        grads = [p.grad for p in parameters if p.grad is not None]
+        if grads:
+            norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g.float()) for g in grads]))
+            norms[key] = norm.item() * clip_factor
     return norms
+
+
+def _residual_parameters(module: nn.Module) -> list[nn.Parameter]:
+    """The parameters of ``module``'s children that are a residual scheme's modules (none for the standard one)."""
+    return [p for child in module.children() if isinstance(child, RESIDUAL_MODULES) for p in child.parameters()]
 
 
 def clip_coefficient(total_norm: float, max_norm: float) -> float:
@@ -183,6 +194,42 @@ def clip_coefficient(total_norm: float, max_norm: float) -> float:
     if max_norm <= 0:
         return 1.0
     return min(1.0, max_norm / (total_norm + 1e-6))
+
+
+# --------------------------------------------------------------------------------------------------
+# A residual scheme's measurements (pretrain.residual_streams.ResidualStats)
+# --------------------------------------------------------------------------------------------------
+
+RESIDUAL_PREFIX = "residual/"
+SIGNIFICANT_DIGITS = 4  # of the matrices' entries in metrics.jsonl: a fifth digit is below a step's noise
+
+
+def residual_scalars(stats: ResidualStats) -> dict[str, float]:
+    """The measurements a tracker draws, as scalars: ``residual/output_norm/KK`` (every sub-layer's output norm,
+    mean over real tokens) and, for HC and mHC, ``residual/composite_gain/row`` and ``.../col`` (the max absolute
+    row and column sums of the product of H_res over the whole depth)."""
+    return {RESIDUAL_PREFIX + key: value for key, value in stats.scalars().items()}
+
+
+def residual_matrices(stats: ResidualStats) -> dict[str, list]:
+    """The small matrices, each as one nested list for RUN/metrics.jsonl (not for the trackers: 24 sub-layers of
+    4 x 4 would be hundreds of charts), rounded to ``SIGNIFICANT_DIGITS``: ``residual/h_pre``, ``.../h_post``
+    (N x n), ``.../h_res`` (N x n x n) and ``.../composite_gain/per_sublayer`` (N x 2: the gain of the product up to each
+    sub-layer) for HC and mHC; ``residual/depth_weights`` ((N + 1) x K) for AttnRes (``ResidualStats``)."""
+    found = {
+        "h_pre": stats.pre,
+        "h_post": stats.post,
+        "h_res": stats.res,
+        "composite_gain/per_sublayer": stats.composite_gain,
+        "depth_weights": stats.depth_weights,
+    }
+    return {RESIDUAL_PREFIX + name: _rounded(value.tolist()) for name, value in found.items() if value is not None}
+
+
+def _rounded(values: Any) -> Any:
+    if isinstance(values, list):
+        return [_rounded(v) for v in values]
+    return float(f"{values:.{SIGNIFICANT_DIGITS}g}")
 
 
 # --------------------------------------------------------------------------------------------------
