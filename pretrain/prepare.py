@@ -210,7 +210,9 @@ def main(argv: list[str] | None = None) -> int:
         print(__doc__)
         print(help_text().replace("python pretrain/run.py", PROG))
         return 0
-    prepare(parse_args(argv))
+    cfg = parse_args(argv)
+    cfg.data.check_local_files()  # a missing or empty corpus answers now, before the heavy imports
+    prepare(cfg)
     return 0
 
 

@@ -35,7 +35,7 @@ from tqdm.auto import tqdm
 from transformers import get_scheduler
 
 from pretrain.common.atomic import write_json
-from pretrain.common.device import accelerate_uses_cpu, choose_cpu_threads, env_flag
+from pretrain.common.device import FP16_NEEDS_A_GPU, accelerate_uses_cpu, choose_cpu_threads, env_flag
 from pretrain.common.formats import RUN_FORMAT, stamped
 from pretrain.common.hardware import auto_mixed_precision, cpu_bf16_warning, mfu_peak
 from pretrain.config import ConfigError, PretrainConfig, TrainConfig, resolved_config, to_dict
@@ -122,13 +122,17 @@ def check_environment(cfg: PretrainConfig) -> None:
     """Combinations that only the hardware/launcher can rule out; fail before any work."""
     on_cpu = accelerate_uses_cpu()
     if cfg.train.mixed_precision == "fp16" and on_cpu:
-        raise ConfigError(
-            "train.mixed_precision=fp16 needs a GPU (its loss scaler is CUDA-only); use bf16 or no on CPU"
-        )
+        raise ConfigError(FP16_NEEDS_A_GPU)
     if cfg.train.mixed_precision == "bf16" and on_cpu and (warning := cpu_bf16_warning("--train.mixed_precision=no")):
         say(f"warning: {warning}", sys.stderr)
     if cfg.train.compile and env_flag("ACCELERATE_USE_DEEPSPEED"):
         raise ConfigError("train.compile=true does not work with DeepSpeed; set --train.compile=false")
+    if cfg.model.norm_placement == "ngpt" and env_flag("ACCELERATE_USE_DEEPSPEED"):
+        # ZeRO steps its own copies of the weights, which would overwrite the re-normalised module parameters.
+        raise ConfigError(
+            "model.norm_placement=ngpt does not work with DeepSpeed (its optimizer keeps its own copies of the "
+            "weights, which nGPT's re-normalisation after each step cannot reach); launch without DeepSpeed (DDP)"
+        )
     if cfg.tracking.backend == "wandb":
         check_credentials(wandb_mode(cfg.tracking.wandb_mode), cfg.train.output_dir)
 

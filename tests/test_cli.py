@@ -401,15 +401,25 @@ def test_an_unknown_key_in_a_preset_names_the_file(tmp_path: Path) -> None:
 def test_a_wrong_corpus_path_is_named_before_torch_and_before_the_run_folder(tmp_path: Path) -> None:
     """In a folder that holds a run, a mistyped corpus path is named as such (not as 'a different run')."""
     (tmp_path / "empty.jsonl").write_text("")
-    for path, message in (("missing.jsonl", "no such file or folder"), ("empty.jsonl", "empty corpus")):
+    cases = [(script, path, message) for script in ("run.py", "prepare.py")
+             for path, message in (("missing.jsonl", "no such file or folder"), ("empty.jsonl", "empty corpus"))]  # fmt: skip
+    for script, path, message in cases:
         result = subprocess.run(
-            [sys.executable, "-X", "importtime", str(ROOT / "pretrain" / "run.py"),
+            [sys.executable, "-X", "importtime", str(ROOT / "pretrain" / script),
              f"--data.sources=[{{kind: json, path: {tmp_path / path}}}]", f"--train.output_dir={tmp_path}"],
             capture_output=True, text=True, timeout=60,
         )  # fmt: skip
         assert result.returncode == 2
         assert f"data.sources[0].path='{tmp_path / path}': {message}" in result.stderr
         assert "import time:" in result.stderr and "| torch" not in result.stderr
+
+
+def test_commands_let_idle_cpu_threads_sleep_unless_the_user_chose(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Spinning OpenMP threads made the default run 7x slower beside a busy job; a policy the user set stays."""
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    assert run_cli(lambda: 0) == 0 and os.environ["OMP_WAIT_POLICY"] == "PASSIVE"
+    monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")
+    assert run_cli(lambda: 0) == 0 and os.environ["OMP_WAIT_POLICY"] == "ACTIVE"
 
 
 def test_help_of_a_command_with_subcommands_shows_the_default_ones_options(capsys: pytest.CaptureFixture) -> None:

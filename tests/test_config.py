@@ -200,13 +200,15 @@ def test_unknown_key_in_a_preset(tmp_path: Path) -> None:
         parse_args(["--config", str(preset)])
 
 
-def test_fp16_on_cpu_and_deepspeed_with_compile_fail_before_any_work(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_fp16_on_cpu_deepspeed_with_compile_or_ngpt_fail_before_any_work(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("torch.cuda.is_available", lambda: False)
     with pytest.raises(ConfigError, match=r"train.mixed_precision=fp16 needs a GPU"):
         check_environment(parse_args(["--train.mixed_precision=fp16"]))
     monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")
     with pytest.raises(ConfigError, match=r"train.compile=true does not work with DeepSpeed"):
         check_environment(parse_args(["--train.compile=true"]))
+    with pytest.raises(ConfigError, match=r"model.norm_placement=ngpt does not work with DeepSpeed"):
+        check_environment(parse_args(["--model.norm_placement=ngpt"]))
 
 
 @pytest.mark.parametrize("cls", [*SECTIONS, DataConfig], ids=lambda c: c.__name__)

@@ -46,6 +46,8 @@ from typing import Any, Literal, TypeVar, Union, get_args, get_origin
 
 import yaml
 
+from pretrain.common.device import passive_cpu_threads
+
 T = TypeVar("T")
 
 
@@ -503,7 +505,8 @@ def interruptible() -> Iterator[None]:
 def run_cli(main: Callable[[], int], errors: tuple[type[BaseException], ...] = ()) -> int:
     """Run a command-line ``main``: bad input (ConfigError, ValueError, FileNotFoundError and ``errors``) ends
     with its message on stderr and exit code 2, not a traceback (LNBERT_TRACEBACK=1 shows it). Ctrl-C reaches it
-    however it was started (``interruptible``)."""
+    however it was started (``interruptible``). Idle CPU threads sleep (``device.passive_cpu_threads``)."""
+    passive_cpu_threads()
     try:
         with interruptible():
             return main()

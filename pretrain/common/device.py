@@ -57,6 +57,14 @@ def accelerate_uses_cpu() -> bool:
     return not torch.cuda.is_available() or env_flag("ACCELERATE_USE_CPU")
 
 
+def passive_cpu_threads() -> None:
+    """Let torch's idle OpenMP threads sleep instead of spinning (``OMP_WAIT_POLICY=PASSIVE``) unless the user chose
+    a policy. Spinning threads fight any other job for the cores: beside one busy process the default run under
+    ``accelerate launch``, which gives it 2 threads on 2 cores, took 7x longer. OpenMP reads the variable when torch
+    loads it, so the commands call this before they import torch (``pretrain.common.cli.run_cli``)."""
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+
 def choose_cpu_threads() -> str:
     """Size torch's CPU thread pool and say how. OMP_NUM_THREADS wins (``accelerate launch`` sets it); otherwise
     half of this process's share of the cores: torch's default (every core) oversubscribes the cores as soon as
