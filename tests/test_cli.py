@@ -415,7 +415,7 @@ def test_a_wrong_corpus_path_is_named_before_torch_and_before_the_run_folder(tmp
 
 
 def test_commands_let_idle_cpu_threads_sleep_unless_the_user_chose(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Spinning OpenMP threads made the default run 7x slower beside a busy job; a policy the user set stays."""
+    """Spinning OpenMP threads made the default run 1.6-1.8x slower beside a busy job; a policy the user set stays."""
     monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
     assert run_cli(lambda: 0) == 0 and os.environ["OMP_WAIT_POLICY"] == "PASSIVE"
     monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")
