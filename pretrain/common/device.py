@@ -60,8 +60,8 @@ def accelerate_uses_cpu() -> bool:
 def passive_cpu_threads() -> None:
     """Let torch's idle OpenMP threads sleep instead of spinning (``OMP_WAIT_POLICY=PASSIVE``) unless the user chose
     a policy. Spinning threads fight any other job for the cores: beside one busy process the default run under
-    ``accelerate launch``, which gives it 2 threads on 2 cores, took 1.6-1.8x longer (docs/pretraining.md). OpenMP reads the variable when torch
-    loads it, so the commands call this before they import torch (``pretrain.common.cli.run_cli``)."""
+    ``accelerate launch``, which gives it 2 threads on 2 cores, took 1.6-1.8x longer (docs/pretraining.md). OpenMP
+    reads the variable when torch loads it, so the commands call this before they import torch (``cli.run_cli``)."""
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
