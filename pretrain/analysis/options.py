@@ -413,3 +413,42 @@ class GridConfig:
     @property
     def rules(self) -> outcomes.Rules:
         return outcomes.Rules(trained_margin=self.trained_margin, blowup_margin=self.blowup_margin)
+
+
+@dataclass(kw_only=True)
+class RankingConfig:
+    """Rank the models of one or more grids by their final validation loss over seeds, with ties, and show each
+    model's trainable learning rates.
+
+    Reads the results.json of each grid (``grid --report_only`` writes it without running anything) and, from
+    ``recorded``, results kept elsewhere (a JSON list of cells: model, depth, width, warmup, lr, seed, outcome,
+    gap). A model's score at the ranked setting is its gap (final validation MLM loss minus the validation
+    unigram cross-entropy of the seed's own split: the seeds split the documents differently), per seed and as
+    a mean. Verdict over seeds: "trains" when every seed trained, "fails" when none did, else "mixed", with the
+    number of seeds it rests on. Two models tie when their means differ by no more than the larger of their
+    seed ranges (max - min) and ``tie_floor``. Writes table.txt, results.json and ranking.png to ``out``."""
+
+    grids: list[str]
+    """Grid output folders (each with its results.json)."""
+    recorded: str = ""
+    """A JSON file of results recorded elsewhere (a list of cells as above); empty: none."""
+    depth: int = 12
+    """The ranked setting's depth."""
+    width: int = 128
+    """Its width."""
+    warmup: int = 0
+    """Its warm-up steps."""
+    lr: float = 1e-3
+    """Its peak learning rate."""
+    lrs: list[float] = field(default_factory=lambda: [3e-4, 1e-3, 3e-3])
+    """The learning rates of the trainable-range panel (same depth, width and warm-up)."""
+    tie_floor: float = 0.055
+    """Nats below which two means tie whatever their seeds say: the same seed's gap moved 0.055 nats between two
+    CPUs (docs/results.md section 8)."""
+    out: str = str(DEFAULT_OUT / "ranking")
+    """Output folder."""
+
+    def __post_init__(self) -> None:
+        require(bool(self.grids), "grids", "must name at least one grid folder")
+        require(self.tie_floor >= 0, "tie_floor", f"must be >= 0; got {self.tie_floor}")
+        require(bool(self.lrs) and all(lr > 0 for lr in self.lrs), "lrs", f"must be positive; got {self.lrs}")

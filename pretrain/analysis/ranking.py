@@ -1,0 +1,157 @@
+"""``ranking``: the models of one or more grids ranked by final validation loss over seeds, ties marked, and the
+learning rates each trains at (options.RankingConfig says how)."""
+
+from __future__ import annotations
+
+import json
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pretrain.analysis.common import write_outputs
+from pretrain.analysis.options import RankingConfig
+from pretrain.common.cli import to_dict
+from pretrain.common.reporting import format_table, pyplot, save_figure
+
+VERDICT_COLORS = {"trains": "tab:green", "mixed": "tab:orange", "fails": "tab:red"}
+
+
+@dataclass(frozen=True)
+class Result:
+    """One seed of one model at one setting."""
+
+    model: str
+    depth: int
+    width: int
+    warmup: int
+    lr: float
+    seed: int
+    outcome: str  # outcomes.OUTCOMES
+    gap: float | None  # final validation MLM loss - the seed's validation unigram cross-entropy
+    source: str  # the grid folder, or the recorded file
+
+
+def grid_results(folder: Path) -> list[Result]:
+    """The finished cells of a grid's results.json."""
+    path = folder / "results.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} not found: run the grid with --report_only to write it")
+    found = []
+    for cell in json.loads(path.read_text())["cells"].values():
+        model, width, depth, warmup, lr = cell["setting"]
+        reference = (cell.get("probe") or {}).get("val_unigram_cross_entropy")
+        loss = cell.get("val_mlm_loss")
+        gap = loss - reference if loss is not None and reference is not None else None
+        if cell["outcome"] != "incomplete":
+            found.append(Result(model, depth, width, warmup, lr, cell["seed"], cell["outcome"], gap, str(folder)))
+    return found
+
+
+def recorded_results(path: Path) -> list[Result]:
+    """Cells recorded elsewhere: a JSON list of {model, depth, width, warmup, lr, seed, outcome, gap}."""
+    return [Result(**{**item, "source": item.get("source", str(path))}) for item in json.loads(path.read_text())]
+
+
+def verdict(outcomes: list[str]) -> str:
+    """trains: every seed trained; fails: none did; else mixed."""
+    trained = sum(o == "trained" for o in outcomes)
+    return "trains" if trained == len(outcomes) else "fails" if trained == 0 else "mixed"
+
+
+def summarise(results: list[Result]) -> dict[str, Any]:
+    """One model at one setting: its seeds' gaps side by side, mean, range, verdict and the seeds it rests on."""
+    ordered = sorted(results, key=lambda r: r.seed)
+    gaps = [r.gap for r in ordered if r.gap is not None]
+    return {
+        "seeds": [r.seed for r in ordered],
+        "outcomes": [r.outcome for r in ordered],
+        "gaps": [r.gap for r in ordered],
+        "mean_gap": statistics.fmean(gaps) if gaps else None,
+        "range": max(gaps) - min(gaps) if gaps else None,
+        "verdict": verdict([r.outcome for r in ordered]),
+        "sources": sorted({r.source for r in ordered}),
+    }
+
+
+def rank(summaries: dict[str, dict[str, Any]], tie_floor: float) -> list[dict[str, Any]]:
+    """Models by mean gap, best first; ``ties_with``: the better-placed models within the tie threshold (the
+    larger of the two seed ranges and ``tie_floor``), ``place``: one plus the number of models clearly ahead."""
+    ordered = sorted((s for s in summaries.values() if s["mean_gap"] is not None), key=lambda s: s["mean_gap"])
+    for s in ordered:
+        threshold = [(o, max(s["range"], o["range"], tie_floor)) for o in ordered if o is not s]
+        s["ties_with"] = [o["model"] for o, t in threshold if abs(o["mean_gap"] - s["mean_gap"]) <= t]
+        s["place"] = 1 + sum(o["mean_gap"] < s["mean_gap"] - t for o, t in threshold)
+    return ordered
+
+
+def run(args: RankingConfig) -> int:
+    results = [r for folder in args.grids for r in grid_results(Path(folder))]
+    if args.recorded:
+        results += recorded_results(Path(args.recorded))
+    at = (args.depth, args.width, args.warmup)
+    by_key: dict[tuple[str, float], list[Result]] = {}
+    for r in results:
+        if (r.depth, r.width, r.warmup) == at:
+            by_key.setdefault((r.model, r.lr), []).append(r)
+    summaries = {key: {"model": key[0], "lr": key[1], **summarise(found)} for key, found in by_key.items()}
+    ranked = rank({m: s for (m, lr), s in summaries.items() if lr == args.lr}, args.tie_floor)
+    if not ranked:
+        raise ValueError(f"no finished cell at depth {args.depth}, width {args.width}, warm-up {args.warmup}, "
+                         f"lr {args.lr:g} in {', '.join(args.grids)}")  # fmt: skip
+    ranges = {s["model"]: {lr: summaries[(s["model"], lr)]["verdict"] if (s["model"], lr) in summaries else None
+                           for lr in args.lrs} for s in ranked}  # fmt: skip
+    table = ranking_table(args, ranked, ranges)
+    print(table)
+    write_outputs(Path(args.out), table, {
+        "args": to_dict(args), "ranked": ranked, "lr_verdicts": {m: {f"{lr:g}": v for lr, v in r.items()}
+                                                                 for m, r in ranges.items()},
+        "summaries": {f"{m}/lr{lr:g}": s for (m, lr), s in summaries.items()},
+    })  # fmt: skip
+    plot_ranking(args, ranked, ranges, Path(args.out) / "ranking.png")
+    return 0
+
+
+def ranking_table(args: RankingConfig, ranked: list[dict[str, Any]], ranges: dict[str, dict]) -> str:
+    def gaps(s: dict[str, Any]) -> str:
+        return " / ".join("-" if g is None else f"{g:+.3f}" for g in s["gaps"])
+
+    rows = [[s["place"], s["model"], f"{s['verdict']} ({len(s['seeds'])})", f"{s['mean_gap']:+.3f}",
+             gaps(s), f"{s['range']:.3f}", ", ".join(s["ties_with"]) or "-",
+             " ".join(f"{lr:g}:{(v or 'not run')}" for lr, v in ranges[s["model"]].items())]
+            for s in ranked]  # fmt: skip
+    head = (f"depth {args.depth}, width {args.width}, warm-up {args.warmup}, lr {args.lr:g}: final val MLM loss minus "
+            f"the seed's validation unigram cross-entropy (nats; 'trained' needs <= -0.1); ties: means within the "
+            f"larger of the two seed ranges and {args.tie_floor:g}")  # fmt: skip
+    return head + "\n" + format_table(
+        ["place", "model", "verdict (seeds)", "mean gap", "gap per seed", "range", "ties with", "verdict per lr"], rows
+    )
+
+
+def plot_ranking(args: RankingConfig, ranked: list[dict[str, Any]], ranges: dict[str, dict], path: Path) -> None:
+    """Left: each model's seeds (dots) and mean (bar), best at the top, its place on the label ("=" when it ties
+    with a model above); right: its verdict at each learning rate of ``lrs``."""
+    plt = pyplot()
+    n = len(ranked)
+    fig, (ax, lr_ax) = plt.subplots(1, 2, figsize=(11, 0.32 * n + 1.6), width_ratios=[3, 1], sharey=True)
+    for y, s in enumerate(ranked):
+        color = VERDICT_COLORS[s["verdict"]]
+        ax.barh(y, s["mean_gap"], color=color, alpha=0.35, height=0.6)
+        ax.scatter([g for g in s["gaps"] if g is not None], [y] * sum(g is not None for g in s["gaps"]),
+                   color=color, s=14, zorder=3)  # fmt: skip
+        for x, lr in enumerate(args.lrs):
+            found = ranges[s["model"]][lr]
+            lr_ax.scatter(x, y, marker="s", s=90, color=VERDICT_COLORS.get(found, "lightgray"))
+    above = {s["model"]: {o for o in s["ties_with"] if ranked.index(next(r for r in ranked if r["model"] == o))
+                          < ranked.index(s)} for s in ranked}  # fmt: skip
+    labels = [f"{s['place']}{'=' if above[s['model']] else ''} {s['model']} ({len(s['seeds'])})" for s in ranked]
+    ax.set_yticks(range(n), labels)
+    ax.invert_yaxis()
+    ax.axvline(-0.1, color="gray", ls="--", lw=0.8)
+    ax.set_xlabel("final val MLM loss − unigram cross-entropy (nats; trained: left of the dashed line)")
+    ax.set_title(f"depth {args.depth}, width {args.width}, lr {args.lr:g}, warm-up {args.warmup}: seeds and mean")
+    lr_ax.set_xticks(range(len(args.lrs)), [f"{lr:g}" for lr in args.lrs])
+    lr_ax.set_xlim(-0.6, len(args.lrs) - 0.4)
+    lr_ax.set_xlabel("peak lr")
+    lr_ax.set_title("trains / mixed / fails (grey: not run)", fontsize=9)
+    save_figure(fig, path)

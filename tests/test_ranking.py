@@ -1,0 +1,68 @@
+"""The ranking over grids: verdicts over seeds, gaps to each seed's own reference, ties, lr ranges."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from pretrain.analysis.cli import main
+from pretrain.analysis.ranking import Result, rank, summarise, verdict
+
+
+def _cell(model: str, lr: float, seed: int, outcome: str, loss: float, reference: float = 6.2) -> dict:
+    return {"setting": [model, 128, 12, 0, lr], "seed": seed, "outcome": outcome, "val_mlm_loss": loss,
+            "probe": {"val_unigram_cross_entropy": reference}}  # fmt: skip
+
+
+def _grid(folder: Path, cells: list[dict]) -> Path:
+    folder.mkdir(parents=True)
+    (folder / "results.json").write_text(json.dumps({"cells": {str(i): c for i, c in enumerate(cells)}}))
+    return folder
+
+
+def test_verdicts_need_every_seed() -> None:
+    assert verdict(["trained", "trained"]) == "trains"
+    assert verdict(["failed to train", "diverged"]) == "fails"
+    assert verdict(["trained", "failed to train"]) == "mixed"
+
+
+def test_gaps_are_to_each_seeds_own_reference_and_ties_use_the_larger_spread() -> None:
+    def results(model: str, gaps: list[float]) -> list[Result]:
+        return [Result(model, 12, 128, 0, 1e-3, seed, "trained", gap, "x") for seed, gap in enumerate(gaps)]
+
+    summaries = {m: {"model": m, **summarise(results(m, g))}
+                 for m, g in {"a": [-0.30, -0.20], "b": [-0.19, -0.17], "c": [-0.05, -0.06]}.items()}  # fmt: skip
+    ranked = rank(summaries, tie_floor=0.01)
+    assert [s["model"] for s in ranked] == ["a", "b", "c"]
+    a, b, c = ranked
+    assert a["range"] == pytest.approx(0.10) and b["mean_gap"] == pytest.approx(-0.18)
+    assert b["ties_with"] == ["a"] and b["place"] == 1  # 0.07 apart, within a's range of 0.10
+    assert c["ties_with"] == [] and c["place"] == 3
+
+
+def test_ranking_command_reads_grids_and_recorded_results(tmp_path: Path) -> None:
+    grid = _grid(tmp_path / "grid", [
+        _cell("pre", 1e-3, 1, "trained", 6.0, reference=6.25),  # gap -0.25 against its own seed's reference
+        _cell("post", 1e-3, 1, "failed to train", 6.19),
+        _cell("pre", 3e-3, 0, "failed to train", 6.15),
+        _cell("pre", 1e-3, 2, "incomplete", 7.0),  # left out
+    ])  # fmt: skip
+    recorded = tmp_path / "recorded.json"
+    recorded.write_text(json.dumps([{"model": "pre", "depth": 12, "width": 128, "warmup": 0, "lr": 1e-3, "seed": 0,
+                                     "outcome": "trained", "gap": -0.171}]))  # fmt: skip
+    out = tmp_path / "out"
+    assert main(["ranking", f"--grids=[{grid}]", f"--recorded={recorded}", f"--out={out}"]) == 0
+    found = json.loads((out / "results.json").read_text())
+    pre, post = found["ranked"]
+    assert (pre["model"], pre["seeds"], pre["verdict"]) == ("pre", [0, 1], "trains")
+    assert pre["gaps"] == pytest.approx([-0.171, -0.25])
+    assert (post["verdict"], post["place"]) == ("fails", 2)
+    assert found["lr_verdicts"]["pre"] == {"0.0003": None, "0.001": "trains", "0.003": "fails"}
+    assert (out / "ranking.png").stat().st_size > 0 and "trains (2)" in (out / "table.txt").read_text()
+
+
+def test_a_grid_without_results_names_the_command(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match="--report_only"):
+        main(["ranking", f"--grids=[{tmp_path}]", f"--out={tmp_path / 'out'}"])
