@@ -66,3 +66,34 @@ def test_ranking_command_reads_grids_and_recorded_results(tmp_path: Path) -> Non
 def test_a_grid_without_results_names_the_command(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError, match="--report_only"):
         main(["ranking", f"--grids=[{tmp_path}]", f"--out={tmp_path / 'out'}"])
+
+
+def test_input_similarity_is_one_when_the_sub_layers_add_nothing(tmp_path: Path) -> None:
+    """Pre-LN with zero sub-layer outputs: every sub-layer reads LN(embeddings), so consecutive inputs are equal."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    from pretrain.analysis.probes import input_similarity
+    from pretrain.run_folder.manifest import write_manifest
+    from tests.finetune_fixtures import write_snapshot
+
+    snapshot = write_snapshot(tmp_path, "run", "pre", step=5)
+    batch = {"input_ids": torch.randint(5, 30, (2, 9)), "attention_mask": torch.ones(2, 9, dtype=torch.long),
+             "token_type_ids": torch.zeros(2, 9, dtype=torch.long)}  # fmt: skip
+    batch["attention_mask"][1, 6:] = 0
+    outputs = ("attention.output.dense.weight", "attention.output.dense.bias", "output.dense.weight", "output.dense.bias")
+
+    def rewrite(scale: float) -> dict:
+        state = load_file(str(snapshot / "model.safetensors"))
+        for key in [k for k in state if k.endswith(outputs)]:
+            state[key] = state[key] * scale
+        save_file(state, str(snapshot / "model.safetensors"), metadata={"format": "pt"})
+        write_manifest(snapshot)
+        return state
+
+    layers = sum(k.endswith("intermediate.dense.weight") for k in rewrite(100.0))  # sub-layers that change the stream
+    found = input_similarity(tmp_path, batch)
+    assert found["step"] == 5 and len(found["per_pair"]) == 2 * layers - 1
+    assert all(-1 <= c <= 1 for c in found["per_pair"]) and found["mean"] < 0.99
+    rewrite(0.0)
+    assert input_similarity(tmp_path, batch)["per_pair"] == pytest.approx([1.0] * (2 * layers - 1), abs=1e-6)

@@ -110,6 +110,38 @@ def output_changes(run_dir: Path, batch: dict[str, torch.Tensor], max_step: int)
     ]
 
 
+@torch.no_grad()
+def input_similarity(run_dir: Path, batch: dict[str, torch.Tensor]) -> dict[str, Any]:
+    """How alike the inputs of consecutive sub-layers are in the run's last complete snapshot (HC's claim: more
+    streams, less similar inputs, less representation collapse): the cosine similarity of sub-layer k's input and
+    sub-layer k+1's, per real token, averaged over ``batch``; the sub-layers in order (layer 1's attention, its
+    FFN, layer 2's attention, ...), each input as the sub-layer receives it (after its pre-norm where it has one).
+    ``{"step": s, "per_pair": [...], "mean": m}``; empty without snapshots."""
+    from pretrain.modeling import LNBertForPreTraining
+
+    snapshots = list_snapshots(run_dir)
+    if not snapshots:
+        return {}
+    with _load_lock:
+        model = LNBertForPreTraining.from_pretrained(snapshots[-1].path).eval()
+    inputs: list[torch.Tensor] = []
+
+    def keep(_module: torch.nn.Module, args: tuple, kwargs: dict) -> None:
+        inputs.append((args[0] if args else kwargs["hidden_states"]).float())
+
+    hooks = [module.register_forward_pre_hook(keep, with_kwargs=True)
+             for layer in model.bert.encoder.layer for module in (layer.attention.self, layer.intermediate)]  # fmt: skip
+    try:
+        model.bert(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"])
+    finally:
+        for hook in hooks:
+            hook.remove()
+    real = batch["attention_mask"].bool()
+    pairs = [float(torch.nn.functional.cosine_similarity(a[real], b[real], dim=-1).mean())
+             for a, b in itertools.pairwise(inputs)]  # fmt: skip
+    return {"step": snapshots[-1].step, "per_pair": pairs, "mean": sum(pairs) / len(pairs)}
+
+
 def first_grad_norms(metrics: list[dict[str, Any]], max_step: int) -> dict[str, dict[str, list[float]]]:
     """Per-layer raw gradient norms (``grad_norm/layer_NN/attn|ffn`` of RUN/metrics.jsonl) of the logged steps
     up to ``max_step``: ``{"1": {"attn": [layer 0, layer 1, ...], "ffn": [...]}, ...}``."""
@@ -157,8 +189,8 @@ def learned_scalars(run_dir: Path) -> dict[str, Any]:
 
 
 def probe_cell(run_dir: Path, *, max_step: int, batch_size: int = 16) -> dict[str, Any]:
-    """Unigram references, early per-layer gradient norms, early output changes and learned scalars over the
-    snapshots of one ended run; stored in RUN/grid_probe.json and read from there next time (the run's files no
+    """Unigram references, early per-layer gradient norms, early output changes, learned scalars over the
+    snapshots and the similarity of consecutive sub-layers' inputs at the last of one ended run; stored in RUN/grid_probe.json and read from there next time (the run's files no
     longer change)."""
     path = run_dir / PROBE_FILE
     if path.is_file():
@@ -169,6 +201,7 @@ def probe_cell(run_dir: Path, *, max_step: int, batch_size: int = 16) -> dict[st
         "first_grad_norms": first_grad_norms(read_metrics(run_dir), max_step),
         "output_changes": output_changes(run_dir, batch, max_step),
         "learned_scalars": learned_scalars(run_dir),
+        "input_similarity": input_similarity(run_dir, batch),
     }
     write_json(path, probe)
     return probe
