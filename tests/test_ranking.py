@@ -63,17 +63,33 @@ def test_ranking_command_reads_grids_and_recorded_results(tmp_path: Path) -> Non
     assert (out / "ranking.png").stat().st_size > 0 and "trains (2)" in (out / "table.txt").read_text()
 
 
+def test_steps_to_the_targets_final_loss_and_sublayer_numbers(tmp_path: Path) -> None:
+    pre = {**_cell("pre", 1e-3, 0, "trained", 6.0), "train_curve": [[1, 7.0], [2, 6.0], [3, 5.0]],
+           "probe": {"val_unigram_cross_entropy": 6.2, "sublayers": {"input_similarity": [0.9, 0.7],
+                                                                     "output_norm": [1.0, 1.0, 3.0, 5.0]}}}  # fmt: skip
+    hc = {**_cell("pre-hc4", 1e-3, 0, "trained", 5.9), "train_curve": [[1, 6.0], [2, 5.0], [3, 4.0]]}
+    slow = {**_cell("post", 1e-3, 0, "failed to train", 6.19), "train_curve": [[1, 7.0], [2, 6.5], [3, 6.2]]}
+    grid = _grid(tmp_path / "grid", [pre, hc, slow])
+    out = tmp_path / "out"
+    assert main(["ranking", f"--grids=[{grid}]", "--smoothing=1", f"--out={out}"]) == 0
+    found = {s["model"]: s["diagnostics"]["mean"] for s in json.loads((out / "results.json").read_text())["ranked"]}
+    assert (found["pre"]["steps_to_target"], found["pre-hc4"]["steps_to_target"], found["post"]["steps_to_target"]) == (3, 2, None)
+    assert found["pre"]["input_similarity"] == pytest.approx(0.8)
+    assert found["pre"]["output_norm_last_over_first"] == pytest.approx(4.0)
+    assert "never" in (out / "table.txt").read_text()
+
+
 def test_a_grid_without_results_names_the_command(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError, match="--report_only"):
         main(["ranking", f"--grids=[{tmp_path}]", f"--out={tmp_path / 'out'}"])
 
 
-def test_input_similarity_is_one_when_the_sub_layers_add_nothing(tmp_path: Path) -> None:
+def test_sublayer_inputs_are_alike_when_the_sub_layers_add_nothing(tmp_path: Path) -> None:
     """Pre-LN with zero sub-layer outputs: every sub-layer reads LN(embeddings), so consecutive inputs are equal."""
     import torch
     from safetensors.torch import load_file, save_file
 
-    from pretrain.analysis.probes import input_similarity
+    from pretrain.analysis.probes import sublayer_io
     from pretrain.run_folder.manifest import write_manifest
     from tests.finetune_fixtures import write_snapshot
 
@@ -92,8 +108,11 @@ def test_input_similarity_is_one_when_the_sub_layers_add_nothing(tmp_path: Path)
         return state
 
     layers = sum(k.endswith("intermediate.dense.weight") for k in rewrite(100.0))  # sub-layers that change the stream
-    found = input_similarity(tmp_path, batch)
-    assert found["step"] == 5 and len(found["per_pair"]) == 2 * layers - 1
-    assert all(-1 <= c <= 1 for c in found["per_pair"]) and found["mean"] < 0.99
+    found = sublayer_io(tmp_path, batch)
+    assert found["step"] == 5 and len(found["input_similarity"]) == 2 * layers - 1
+    assert all(-1 <= c <= 1 for c in found["input_similarity"]) and min(found["input_similarity"]) < 0.99
+    assert len(found["output_norm"]) == 2 * layers and min(found["output_norm"]) > 0
     rewrite(0.0)
-    assert input_similarity(tmp_path, batch)["per_pair"] == pytest.approx([1.0] * (2 * layers - 1), abs=1e-6)
+    found = sublayer_io(tmp_path, batch)
+    assert found["output_norm"] == [0.0] * (2 * layers)
+    assert found["input_similarity"] == pytest.approx([1.0] * (2 * layers - 1), abs=1e-6)

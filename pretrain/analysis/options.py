@@ -426,7 +426,12 @@ class RankingConfig:
     unigram cross-entropy of the seed's own split: the seeds split the documents differently), per seed and as
     a mean. Verdict over seeds: "trains" when every seed trained, "fails" when none did, else "mixed", with the
     number of seeds it rests on. Two models tie when their means differ by no more than the larger of their
-    seed ranges (max - min) and ``tie_floor``. Writes table.txt, results.json and ranking.png to ``out``."""
+    seed ranges (max - min) and ``tie_floor``. A second table gives what the residual designs' papers claim, per
+    model (mean over seeds): the cosine similarity of consecutive sub-layers' inputs and the last layer's
+    sub-layer output norm over the first's (at the last snapshot, probes.sublayer_io), the spread of per-layer FFN
+    gradient norms (coefficient of variation over the layers, median over the last tenth of the steps), HC's and
+    mHC's composite gain at the end (``residual/composite_gain/row``), and the steps to ``target``'s final
+    training loss. Writes table.txt, results.json and ranking.png to ``out``."""
 
     grids: list[str]
     """Grid output folders (each with its results.json)."""
@@ -442,6 +447,11 @@ class RankingConfig:
     """Its peak learning rate."""
     lrs: list[float] = field(default_factory=lambda: [3e-4, 1e-3, 3e-3])
     """The learning rates of the trainable-range panel (same depth, width and warm-up)."""
+    target: str = "pre"
+    """The model whose final training loss the others' "steps to target" is measured against (same seed); empty:
+    none."""
+    smoothing: int = 25
+    """Steps of the trailing mean over the training MLM loss curve before it is compared with the target."""
     tie_floor: float = 0.055
     """Nats below which two means tie whatever their seeds say: the same seed's gap moved 0.055 nats between two
     CPUs (docs/results.md section 8)."""
@@ -450,5 +460,6 @@ class RankingConfig:
 
     def __post_init__(self) -> None:
         require(bool(self.grids), "grids", "must name at least one grid folder")
+        require(self.smoothing > 0, "smoothing", f"must be a positive integer; got {self.smoothing}")
         require(self.tie_floor >= 0, "tie_floor", f"must be >= 0; got {self.tie_floor}")
         require(bool(self.lrs) and all(lr > 0 for lr in self.lrs), "lrs", f"must be positive; got {self.lrs}")

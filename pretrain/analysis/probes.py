@@ -111,12 +111,13 @@ def output_changes(run_dir: Path, batch: dict[str, torch.Tensor], max_step: int)
 
 
 @torch.no_grad()
-def input_similarity(run_dir: Path, batch: dict[str, torch.Tensor]) -> dict[str, Any]:
-    """How alike the inputs of consecutive sub-layers are in the run's last complete snapshot (HC's claim: more
-    streams, less similar inputs, less representation collapse): the cosine similarity of sub-layer k's input and
-    sub-layer k+1's, per real token, averaged over ``batch``; the sub-layers in order (layer 1's attention, its
-    FFN, layer 2's attention, ...), each input as the sub-layer receives it (after its pre-norm where it has one).
-    ``{"step": s, "per_pair": [...], "mean": m}``; empty without snapshots."""
+def sublayer_io(run_dir: Path, batch: dict[str, torch.Tensor]) -> dict[str, Any]:
+    """What the sub-layers read and write in the run's last complete snapshot, on ``batch`` (eval mode), the
+    sub-layers in order (layer 1's attention, its FFN, layer 2's attention, ...): ``input_similarity``, the cosine
+    similarity of consecutive sub-layers' inputs as each receives them (after its pre-norm where it has one), per
+    real token, averaged (HC's claim: more streams, less alike inputs); ``output_norm``, the L2 norm of each
+    sub-layer's output projection (attention's output dense, the FFN's second dense), averaged over real tokens
+    (AttnRes's claim: bounded where Pre-LN's grow with depth). Empty without snapshots."""
     from pretrain.modeling import LNBertForPreTraining
 
     snapshots = list_snapshots(run_dir)
@@ -125,21 +126,32 @@ def input_similarity(run_dir: Path, batch: dict[str, torch.Tensor]) -> dict[str,
     with _load_lock:
         model = LNBertForPreTraining.from_pretrained(snapshots[-1].path).eval()
     inputs: list[torch.Tensor] = []
+    outputs: list[torch.Tensor] = []
 
-    def keep(_module: torch.nn.Module, args: tuple, kwargs: dict) -> None:
+    def read(_module: torch.nn.Module, args: tuple, kwargs: dict) -> None:
         inputs.append((args[0] if args else kwargs["hidden_states"]).float())
 
-    hooks = [module.register_forward_pre_hook(keep, with_kwargs=True)
-             for layer in model.bert.encoder.layer for module in (layer.attention.self, layer.intermediate)]  # fmt: skip
+    def write(_module: torch.nn.Module, _args: tuple, output: torch.Tensor) -> None:
+        outputs.append(output.float())
+
+    layers = model.bert.encoder.layer
+    hooks = [module.register_forward_pre_hook(read, with_kwargs=True)
+             for layer in layers for module in (layer.attention.self, layer.intermediate)]  # fmt: skip
+    hooks += [module.register_forward_hook(write)
+              for layer in layers for module in (layer.attention.output.dense, layer.output.dense)]  # fmt: skip
     try:
         model.bert(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"])
     finally:
         for hook in hooks:
             hook.remove()
     real = batch["attention_mask"].bool()
-    pairs = [float(torch.nn.functional.cosine_similarity(a[real], b[real], dim=-1).mean())
-             for a, b in itertools.pairwise(inputs)]  # fmt: skip
-    return {"step": snapshots[-1].step, "per_pair": pairs, "mean": sum(pairs) / len(pairs)}
+    similarity = [float(torch.nn.functional.cosine_similarity(a[real], b[real], dim=-1).mean())
+                  for a, b in itertools.pairwise(inputs)]  # fmt: skip
+    return {
+        "step": snapshots[-1].step,
+        "input_similarity": similarity,
+        "output_norm": [float(torch.linalg.vector_norm(out[real], dim=-1).mean()) for out in outputs],
+    }
 
 
 def first_grad_norms(metrics: list[dict[str, Any]], max_step: int) -> dict[str, dict[str, list[float]]]:
@@ -190,7 +202,7 @@ def learned_scalars(run_dir: Path) -> dict[str, Any]:
 
 def probe_cell(run_dir: Path, *, max_step: int, batch_size: int = 16) -> dict[str, Any]:
     """Unigram references, early per-layer gradient norms, early output changes, learned scalars over the
-    snapshots and the similarity of consecutive sub-layers' inputs at the last of one ended run; stored in RUN/grid_probe.json and read from there next time (the run's files no
+    snapshots and what the sub-layers read and write at the last (``sublayer_io``), of one ended run; stored in RUN/grid_probe.json and read from there next time (the run's files no
     longer change)."""
     path = run_dir / PROBE_FILE
     if path.is_file():
@@ -201,7 +213,7 @@ def probe_cell(run_dir: Path, *, max_step: int, batch_size: int = 16) -> dict[st
         "first_grad_norms": first_grad_norms(read_metrics(run_dir), max_step),
         "output_changes": output_changes(run_dir, batch, max_step),
         "learned_scalars": learned_scalars(run_dir),
-        "input_similarity": input_similarity(run_dir, batch),
+        "sublayers": sublayer_io(run_dir, batch),
     }
     write_json(path, probe)
     return probe

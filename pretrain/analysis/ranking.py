@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +13,7 @@ from pretrain.analysis.common import write_outputs
 from pretrain.analysis.options import RankingConfig
 from pretrain.common.cli import to_dict
 from pretrain.common.reporting import format_table, pyplot, save_figure
+from pretrain.run_folder.layout import METRICS_FILE, read_metrics
 
 VERDICT_COLORS = {"trains": "tab:green", "mixed": "tab:orange", "fails": "tab:red"}
 
@@ -30,6 +31,9 @@ class Result:
     outcome: str  # outcomes.OUTCOMES
     gap: float | None  # final validation MLM loss - the seed's validation unigram cross-entropy
     source: str  # the grid folder, or the recorded file
+    run_dir: str = ""  # the run's folder (grid cells only)
+    probe: dict[str, Any] = field(default_factory=dict, compare=False)  # the grid's probe of the run
+    train_curve: list[list[float]] = field(default_factory=list, compare=False)  # [step, training MLM loss]
 
 
 def grid_results(folder: Path) -> list[Result]:
@@ -38,13 +42,14 @@ def grid_results(folder: Path) -> list[Result]:
     if not path.is_file():
         raise FileNotFoundError(f"{path} not found: run the grid with --report_only to write it")
     found = []
-    for cell in json.loads(path.read_text())["cells"].values():
+    for name, cell in json.loads(path.read_text())["cells"].items():
         model, width, depth, warmup, lr = cell["setting"]
         reference = (cell.get("probe") or {}).get("val_unigram_cross_entropy")
         loss = cell.get("val_mlm_loss")
         gap = loss - reference if loss is not None and reference is not None else None
         if cell["outcome"] != "incomplete":
-            found.append(Result(model, depth, width, warmup, lr, cell["seed"], cell["outcome"], gap, str(folder)))
+            found.append(Result(model, depth, width, warmup, lr, cell["seed"], cell["outcome"], gap, str(folder),
+                                str(folder / "runs" / name), cell.get("probe") or {}, cell.get("train_curve") or []))  # fmt: skip
     return found
 
 
@@ -85,6 +90,77 @@ def rank(summaries: dict[str, dict[str, Any]], tie_floor: float) -> list[dict[st
     return ordered
 
 
+# --------------------------------------------------------------------------------------------------
+# What the residual designs' papers claim, per run
+# --------------------------------------------------------------------------------------------------
+
+
+def smoothed_curve(curve: list[list[float]], window: int) -> list[tuple[int, float]]:
+    """(step, trailing mean of the last ``window`` logged training losses)."""
+    losses = [loss for _, loss in curve]
+    return [(int(step), statistics.fmean(losses[max(0, i + 1 - window) : i + 1])) for i, (step, _) in enumerate(curve)]
+
+
+def steps_to(curve: list[tuple[int, float]], target: float) -> int | None:
+    """The first step whose smoothed loss is at or below ``target``; None when none is."""
+    return next((step for step, loss in curve if loss <= target), None)
+
+
+def grad_spread(run_dir: Path) -> float | None:
+    """The coefficient of variation (std / mean) of the per-layer FFN gradient norms, median over the last tenth
+    of the logged steps (RUN/metrics.jsonl): 0 when every layer gets the same gradient."""
+    if not (run_dir / METRICS_FILE).is_file():
+        return None
+    rows = [r for r in read_metrics(run_dir) if any(k.startswith("grad_norm/layer_") for k in r)]
+    spreads = []
+    for row in rows[len(rows) - max(1, len(rows) // 10) :]:
+        norms = [v for k, v in row.items() if k.startswith("grad_norm/layer_") and k.endswith("/ffn")]
+        if len(norms) > 1 and statistics.fmean(norms) > 0:
+            spreads.append(statistics.pstdev(norms) / statistics.fmean(norms))
+    return statistics.median(spreads) if spreads else None
+
+
+def composite_gain(run_dir: Path) -> float | None:
+    """HC's and mHC's composite gain over the whole depth at the last logged step (``residual/composite_gain/row``)."""
+    if not (run_dir / METRICS_FILE).is_file():
+        return None
+    found = [r["residual/composite_gain/row"] for r in read_metrics(run_dir) if "residual/composite_gain/row" in r]
+    return found[-1] if found else None
+
+
+def diagnostics(result: Result, target_curve: list[list[float]] | None, window: int) -> dict[str, float | None]:
+    """One run's numbers for the papers' claims (options.RankingConfig)."""
+    sublayers = result.probe.get("sublayers") or {}
+    similarity, norms = sublayers.get("input_similarity"), sublayers.get("output_norm")
+    run_dir = Path(result.run_dir) if result.run_dir else None
+    target = smoothed_curve(target_curve, window)[-1][1] if target_curve else None
+    return {
+        "input_similarity": statistics.fmean(similarity) if similarity else None,
+        "output_norm_last_over_first": (norms[-2] + norms[-1]) / (norms[0] + norms[1])
+        if norms and norms[0] + norms[1] > 0
+        else None,
+        "grad_spread": grad_spread(run_dir) if run_dir else None,
+        "composite_gain": composite_gain(run_dir) if run_dir else None,
+        "steps_to_target": steps_to(smoothed_curve(result.train_curve, window), target)
+        if target is not None and result.train_curve
+        else None,
+    }
+
+
+def mean_diagnostics(found: list[dict[str, float | None]]) -> dict[str, float | None]:
+    """The mean over seeds of each diagnostic the seeds have (steps to target: None if any seed never got there)."""
+    keys = found[0].keys() if found else ()
+    out: dict[str, float | None] = {}
+    for key in keys:
+        values = [d[key] for d in found]
+        if key == "steps_to_target" and any(v is None for v in values):
+            out[key] = None
+        else:
+            known = [v for v in values if v is not None]
+            out[key] = statistics.fmean(known) if known else None
+    return out
+
+
 def run(args: RankingConfig) -> int:
     results = [r for folder in args.grids for r in grid_results(Path(folder))]
     if args.recorded:
@@ -95,13 +171,21 @@ def run(args: RankingConfig) -> int:
         if (r.depth, r.width, r.warmup) == at:
             by_key.setdefault((r.model, r.lr), []).append(r)
     summaries = {key: {"model": key[0], "lr": key[1], **summarise(found)} for key, found in by_key.items()}
+    targets = {
+        (r.seed, r.lr): r.train_curve for r in results if r.model == args.target and (r.depth, r.width, r.warmup) == at
+    }
+    for key, found in by_key.items():
+        per_seed = [
+            diagnostics(r, targets.get((r.seed, r.lr)), args.smoothing) for r in sorted(found, key=lambda r: r.seed)
+        ]
+        summaries[key]["diagnostics"] = {"per_seed": per_seed, "mean": mean_diagnostics(per_seed)}
     ranked = rank({m: s for (m, lr), s in summaries.items() if lr == args.lr}, args.tie_floor)
     if not ranked:
         raise ValueError(f"no finished cell at depth {args.depth}, width {args.width}, warm-up {args.warmup}, "
                          f"lr {args.lr:g} in {', '.join(args.grids)}")  # fmt: skip
     ranges = {s["model"]: {lr: summaries[(s["model"], lr)]["verdict"] if (s["model"], lr) in summaries else None
                            for lr in args.lrs} for s in ranked}  # fmt: skip
-    table = ranking_table(args, ranked, ranges)
+    table = ranking_table(args, ranked, ranges) + "\n\n" + diagnostics_table(args, ranked)
     print(table)
     write_outputs(Path(args.out), table, {
         "args": to_dict(args), "ranked": ranked, "lr_verdicts": {m: {f"{lr:g}": v for lr, v in r.items()}
@@ -123,8 +207,39 @@ def ranking_table(args: RankingConfig, ranked: list[dict[str, Any]], ranges: dic
     head = (f"depth {args.depth}, width {args.width}, warm-up {args.warmup}, lr {args.lr:g}: final val MLM loss minus "
             f"the seed's validation unigram cross-entropy (nats; 'trained' needs <= -0.1); ties: means within the "
             f"larger of the two seed ranges and {args.tie_floor:g}")  # fmt: skip
-    return head + "\n" + format_table(
-        ["place", "model", "verdict (seeds)", "mean gap", "gap per seed", "range", "ties with", "verdict per lr"], rows
+    return (
+        head
+        + "\n"
+        + format_table(
+            ["place", "model", "verdict (seeds)", "mean gap", "gap per seed", "range", "ties with", "verdict per lr"],
+            rows,
+        )
+    )
+
+
+def diagnostics_table(args: RankingConfig, ranked: list[dict[str, Any]]) -> str:
+    def shown(value: float | None, form: str) -> str:
+        return "-" if value is None else format(value, form)
+
+    rows = []
+    for s in ranked:
+        mean, per_seed = s["diagnostics"]["mean"], s["diagnostics"]["per_seed"]
+        steps = " / ".join(shown(d["steps_to_target"], "d") if d["steps_to_target"] is not None else "never"
+                           for d in per_seed)  # fmt: skip
+        rows.append([s["model"], shown(mean["input_similarity"], ".3f"), shown(mean["output_norm_last_over_first"], ".2f"),
+                     shown(mean["grad_spread"], ".3f"), shown(mean["composite_gain"], ".3g"),
+                     steps if args.target else "-"])  # fmt: skip
+    head = (f"per model, mean over its seeds: input similarity of consecutive sub-layers and output norm of the last "
+            f"layer over the first (last snapshot); FFN gradient spread over layers (CV, last tenth); HC/mHC composite "
+            f"gain at the end; steps to {args.target or 'a target'}'s final training MLM loss (per seed, trailing mean "
+            f"over {args.smoothing} steps)")  # fmt: skip
+    return (
+        head
+        + "\n"
+        + format_table(
+            ["model", "input similarity", "out norm L/1", "grad spread", "composite gain", f"steps to {args.target}"],
+            rows,
+        )
     )
 
 
