@@ -224,11 +224,11 @@ def residual_scheme_block(layer: LNBertLayer, state: Stream, mask: torch.Tensor 
         state ──R.read── h ── N_a ── Attn ──R.write──> state
         state ──R.read── h ── N_f ── FFN ───R.write──> state
     """
-    h, carry = layer.attention_residual.read(state)
+    h, pending = layer.attention_residual.read(state)
     branch, probs = layer.attend(layer.norm_a(h), mask)
-    state = layer.attention_residual.write(state, carry, branch)
-    h, carry = layer.ffn_residual.read(state)
-    return layer.ffn_residual.write(state, carry, layer.feed_forward(layer.norm_f(h))), probs
+    state = layer.attention_residual.write(state, pending, branch)
+    h, pending = layer.ffn_residual.read(state)
+    return layer.ffn_residual.write(state, pending, layer.feed_forward(layer.norm_f(h))), probs
 
 
 # --------------------------------------------------------------------------------------------------

@@ -8,8 +8,8 @@ Hugging Face names and their own pre-norms ``N``. Layer ``i`` holds two residual
 (sub-layer ``k = 2i``) and ``ffn_residual`` (``k = 2i + 1``), and its block (``placements.residual_scheme_block``)
 runs, per sub-layer F:
 
-    h, carry = residual.read(state)                   # the sub-layer's input, from the residual state
-    state = residual.write(state, carry, F(N(h)))     # its output, into the state
+    h, pending = residual.read(state)                   # the sub-layer's input, from the residual state
+    state = residual.write(state, pending, F(N(h)))     # its output, into the state
 
 The residual state per token, and how the encoder ends (``start_state``, ``collapse``):
 
@@ -104,11 +104,11 @@ class StreamMixer(nn.Module):
             mixed = _mix_streams(weights, state)  # (B, T, n + 1, d)
         return mixed[..., 0, :], (mixed[..., 1:, :], h_post)
 
-    def write(self, state: torch.Tensor, carry: tuple[torch.Tensor, torch.Tensor], out: torch.Tensor) -> torch.Tensor:
+    def write(self, state: torch.Tensor, pending: tuple[torch.Tensor, torch.Tensor], out: torch.Tensor) -> torch.Tensor:
         """The new streams H_res x + H_post^T out, ``out`` (B, T, d) the sub-layer's output."""
         if self.recorder is not None:
             self.recorder.output(out)
-        mixed, h_post = carry
+        mixed, h_post = pending
         with _autocast_off(mixed):
             return mixed + h_post.unsqueeze(-1).to(mixed.dtype) * out.unsqueeze(-2).to(mixed.dtype)
 
@@ -357,7 +357,7 @@ class AttentionResidual(nn.Module):
             self.recorder.depth_weights(weights)
         return h, None
 
-    def write(self, state: DepthSources, carry: None, out: torch.Tensor) -> DepthSources:
+    def write(self, state: DepthSources, pending: None, out: torch.Tensor) -> DepthSources:
         if self.recorder is not None:
             self.recorder.output(out)
         return state.add(out)
