@@ -50,8 +50,9 @@ def test_ranking_command_reads_grids_and_recorded_results(tmp_path: Path) -> Non
         _cell("pre", 1e-3, 2, "incomplete", 7.0),  # left out
     ])  # fmt: skip
     recorded = tmp_path / "recorded.json"
-    recorded.write_text(json.dumps([{"model": "pre", "depth": 12, "width": 128, "warmup": 0, "lr": 1e-3, "seed": 0,
-                                     "outcome": "trained", "gap": -0.171}]))  # fmt: skip
+    kept = {"model": "pre", "depth": 12, "width": 128, "warmup": 0, "lr": 1e-3}
+    recorded.write_text(json.dumps([{**kept, "seed": 0, "outcome": "trained", "gap": -0.171},
+                                    {**kept, "seed": 1, "outcome": "trained", "gap": -0.9}]))  # the grid's seed 1 wins  # fmt: skip
     out = tmp_path / "out"
     assert main(["ranking", f"--grids=[{grid}]", f"--recorded={recorded}", f"--out={out}"]) == 0
     found = json.loads((out / "results.json").read_text())

@@ -141,6 +141,7 @@ def diagnostics(result: Result, target_curve: list[list[float]] | None, window: 
         else None,
         "grad_spread": grad_spread(run_dir) if run_dir else None,
         "composite_gain": composite_gain(run_dir) if run_dir else None,
+        "target_known": target is not None and bool(result.train_curve),
         "steps_to_target": steps_to(smoothed_curve(result.train_curve, window), target)
         if target is not None and result.train_curve
         else None,
@@ -153,7 +154,9 @@ def mean_diagnostics(found: list[dict[str, float | None]]) -> dict[str, float | 
     out: dict[str, float | None] = {}
     for key in keys:
         values = [d[key] for d in found]
-        if key == "steps_to_target" and any(v is None for v in values):
+        if key == "target_known":
+            out[key] = all(values)
+        elif key == "steps_to_target" and any(v is None for v in values):
             out[key] = None
         else:
             known = [v for v in values if v is not None]
@@ -163,8 +166,10 @@ def mean_diagnostics(found: list[dict[str, float | None]]) -> dict[str, float | 
 
 def run(args: RankingConfig) -> int:
     results = [r for folder in args.grids for r in grid_results(Path(folder))]
-    if args.recorded:
-        results += recorded_results(Path(args.recorded))
+    if args.recorded:  # a cell the grids ran here wins over the same cell recorded elsewhere
+        ran = {(r.model, r.depth, r.width, r.warmup, r.lr, r.seed) for r in results}
+        results += [r for r in recorded_results(Path(args.recorded))
+                    if (r.model, r.depth, r.width, r.warmup, r.lr, r.seed) not in ran]  # fmt: skip
     at = (args.depth, args.width, args.warmup)
     by_key: dict[tuple[str, float], list[Result]] = {}
     for r in results:
@@ -224,8 +229,8 @@ def diagnostics_table(args: RankingConfig, ranked: list[dict[str, Any]]) -> str:
     rows = []
     for s in ranked:
         mean, per_seed = s["diagnostics"]["mean"], s["diagnostics"]["per_seed"]
-        steps = " / ".join(shown(d["steps_to_target"], "d") if d["steps_to_target"] is not None else "never"
-                           for d in per_seed)  # fmt: skip
+        steps = " / ".join("no target" if not d["target_known"] else "never" if d["steps_to_target"] is None
+                           else str(d["steps_to_target"]) for d in per_seed)  # fmt: skip
         rows.append([s["model"], shown(mean["input_similarity"], ".3f"), shown(mean["output_norm_last_over_first"], ".2f"),
                      shown(mean["grad_spread"], ".3f"), shown(mean["composite_gain"], ".3g"),
                      steps if args.target else "-"])  # fmt: skip
