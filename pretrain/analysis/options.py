@@ -450,8 +450,10 @@ class RankingConfig:
     target: str = "pre"
     """The model whose final training loss the others' "steps to target" is measured against (same seed); empty:
     none."""
-    smoothing: int = 25
-    """Steps of the trailing mean over the training MLM loss curve before it is compared with the target."""
+    smoothing: int = 100
+    """Steps of the trailing mean over the training MLM loss curve before it is compared with the target: a
+    batch-16 curve jumps by more than the gaps between models from one batch to the next, and one seed feeds every
+    model the same batches, so a short window finds the same easy stretch of data in every run."""
     tie_floor: float = 0.055
     """Nats below which two means tie whatever their seeds say: the same seed's gap moved 0.055 nats between two
     CPUs (docs/results.md section 8)."""
