@@ -80,8 +80,11 @@ def test_steps_to_the_targets_final_loss_and_sublayer_numbers(tmp_path: Path) ->
     assert "never" in (out / "table.txt").read_text()
 
 
-def test_a_grid_without_results_names_the_command(tmp_path: Path) -> None:
+def test_a_grid_without_results_or_with_damaged_ones_names_the_command(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError, match="--report_only"):
+        main(["ranking", f"--grids=[{tmp_path}]", f"--out={tmp_path / 'out'}"])
+    (tmp_path / "results.json").write_text('{"cells": {"a"')  # cut short
+    with pytest.raises(ValueError, match=r"is damaged.*--report_only"):
         main(["ranking", f"--grids=[{tmp_path}]", f"--out={tmp_path / 'out'}"])
 
 

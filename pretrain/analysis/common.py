@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from pretrain.analysis.options import Model, ModelSize
-from pretrain.common.atomic import write_json
+from pretrain.common.atomic import write_json, write_text
 from pretrain.common.cli import to_dict
 from pretrain.config import STANDARD_LABEL, residual_scheme_fields
 from pretrain.modeling import NORM_PLACEMENTS, LNBertConfig
@@ -22,8 +22,10 @@ def write_outputs(out_dir: Path, table: str, results: dict[str, Any]) -> None:
     """Print the table and store it with the raw numbers, so a figure can be redrawn without rerunning."""
     out_dir.mkdir(parents=True, exist_ok=True)
     print(table)
-    (out_dir / "table.txt").write_text(table + "\n")
-    (out_dir / "results.json").write_text(json.dumps(results, indent=2, sort_keys=True) + "\n")
+    # Atomic: a measurement killed while writing leaves the previous files, never half a results.json for the
+    # commands that read it (grid --report_only, ranking).
+    write_text(out_dir / "table.txt", table + "\n")
+    write_json(out_dir / "results.json", results)
 
 
 CELLS_DIR = "cells"

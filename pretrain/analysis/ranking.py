@@ -41,8 +41,12 @@ def grid_results(folder: Path) -> list[Result]:
     path = folder / "results.json"
     if not path.is_file():
         raise FileNotFoundError(f"{path} not found: run the grid with --report_only to write it")
+    try:
+        cells = json.loads(path.read_text())["cells"]
+    except (json.JSONDecodeError, KeyError) as err:
+        raise ValueError(f"{path} is damaged ({err}): run the grid with --report_only to write it again") from None
     found = []
-    for name, cell in json.loads(path.read_text())["cells"].items():
+    for name, cell in cells.items():
         model, width, depth, warmup, lr = cell["setting"]
         reference = (cell.get("probe") or {}).get("val_unigram_cross_entropy")
         loss = cell.get("val_mlm_loss")
@@ -106,12 +110,10 @@ def steps_to(curve: list[tuple[int, float]], target: float) -> int | None:
     return next((step for step, loss in curve if loss <= target), None)
 
 
-def grad_spread(run_dir: Path) -> float | None:
-    """The coefficient of variation (std / mean) of the per-layer FFN gradient norms, median over the last tenth
-    of the logged steps (RUN/metrics.jsonl): 0 when every layer gets the same gradient."""
-    if not (run_dir / METRICS_FILE).is_file():
-        return None
-    rows = [r for r in read_metrics(run_dir) if any(k.startswith("grad_norm/layer_") for k in r)]
+def grad_spread(rows: list[dict[str, Any]]) -> float | None:
+    """The coefficient of variation (std / mean) of the per-layer FFN gradient norms in a run's metrics ``rows``,
+    median over the last tenth of the logged steps: 0 when every layer gets the same gradient."""
+    rows = [r for r in rows if any(k.startswith("grad_norm/layer_") for k in r)]
     spreads = []
     for row in rows[len(rows) - max(1, len(rows) // 10) :]:
         norms = [v for k, v in row.items() if k.startswith("grad_norm/layer_") and k.endswith("/ffn")]
@@ -120,11 +122,9 @@ def grad_spread(run_dir: Path) -> float | None:
     return statistics.median(spreads) if spreads else None
 
 
-def composite_gain(run_dir: Path) -> float | None:
+def composite_gain(rows: list[dict[str, Any]]) -> float | None:
     """HC's and mHC's composite gain over the whole depth at the last logged step (``residual/composite_gain/row``)."""
-    if not (run_dir / METRICS_FILE).is_file():
-        return None
-    found = [r["residual/composite_gain/row"] for r in read_metrics(run_dir) if "residual/composite_gain/row" in r]
+    found = [r["residual/composite_gain/row"] for r in rows if "residual/composite_gain/row" in r]
     return found[-1] if found else None
 
 
@@ -132,15 +132,16 @@ def diagnostics(result: Result, target_curve: list[list[float]] | None, window: 
     """One run's numbers for the papers' claims (options.RankingConfig)."""
     sublayers = result.probe.get("sublayers") or {}
     similarity, norms = sublayers.get("input_similarity"), sublayers.get("output_norm")
-    run_dir = Path(result.run_dir) if result.run_dir else None
+    metrics = Path(result.run_dir) / METRICS_FILE if result.run_dir else None
+    rows = read_metrics(metrics.parent) if metrics is not None and metrics.is_file() else None  # read once
     target = smoothed_curve(target_curve, window)[-1][1] if target_curve else None
     return {
         "input_similarity": statistics.fmean(similarity) if similarity else None,
         "output_norm_last_over_first": (norms[-2] + norms[-1]) / (norms[0] + norms[1])
         if norms and norms[0] + norms[1] > 0
         else None,
-        "grad_spread": grad_spread(run_dir) if run_dir else None,
-        "composite_gain": composite_gain(run_dir) if run_dir else None,
+        "grad_spread": grad_spread(rows) if rows is not None else None,
+        "composite_gain": composite_gain(rows) if rows is not None else None,
         "target_known": target is not None and bool(result.train_curve),
         "steps_to_target": steps_to(smoothed_curve(result.train_curve, window), target)
         if target is not None and result.train_curve
@@ -191,7 +192,6 @@ def run(args: RankingConfig) -> int:
     ranges = {s["model"]: {lr: summaries[(s["model"], lr)]["verdict"] if (s["model"], lr) in summaries else None
                            for lr in args.lrs} for s in ranked}  # fmt: skip
     table = ranking_table(args, ranked, ranges) + "\n\n" + diagnostics_table(args, ranked)
-    print(table)
     write_outputs(Path(args.out), table, {
         "args": to_dict(args), "ranked": ranked, "lr_verdicts": {m: {f"{lr:g}": v for lr, v in r.items()}
                                                                  for m, r in ranges.items()},

@@ -61,7 +61,9 @@ def passive_cpu_threads() -> None:
     """Let torch's idle OpenMP threads sleep instead of spinning (``OMP_WAIT_POLICY=PASSIVE``) unless the user chose
     a policy. Spinning threads fight any other job for the cores: beside one busy process the default run under
     ``accelerate launch``, which gives it 2 threads on 2 cores, took 1.6-1.8x longer (docs/pretraining.md). OpenMP
-    reads the variable when torch loads it, so the commands call this before they import torch (``cli.run_cli``)."""
+    reads the variable when torch loads it, so ``cli.run_cli`` calls this: it takes effect in the commands that read
+    their options before importing torch (every pretraining, fine-tuning and analysis command, and the grid's
+    cells); the benchmarks import torch first and keep OpenMP's default, under which their figures were measured."""
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
