@@ -1,9 +1,6 @@
-"""The data cache under ``data.cache_dir``: folders named by a hash of their inputs, written atomically
-(``pretrain.common.atomic.atomic_dir``), and the lock that keeps two processes from making the same one at once.
-
-Trained tokenizers (pretrain/data/tokenizer.py) and tokenised instances (pretrain/data/instance_cache.py) are cached
-here, so a second run with the same inputs, or the other processes of a distributed run, reuse them.
-"""
+"""The data cache under ``data.cache_dir`` (trained tokenizers, prepared instances): folders named by a hash of
+their inputs, written atomically (``pretrain.common.atomic.atomic_dir``), and the lock that keeps two processes from
+making the same one at once."""
 
 from __future__ import annotations
 

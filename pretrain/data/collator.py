@@ -1,8 +1,4 @@
-"""Dynamic masking: the collate function that turns a list of instances into a padded, masked-LM batch.
-
-Masks are a pure function of (seed, epoch, instance_id), so resumed runs and any number of DataLoader workers
-see the same masks.
-"""
+"""Dynamic masking: the collate function that turns a list of instances into a padded, masked-LM batch."""
 
 from __future__ import annotations
 
@@ -19,11 +15,7 @@ class MaskingCollator:
     number of DataLoader workers) reproduces exactly the same masks; set_epoch gives each epoch new ones."""
 
     def __init__(
-        self,
-        tokenizer: PreTrainedTokenizerBase,
-        *,
-        mlm_probability: float = 0.15,
-        seed: int = 0,
+        self, tokenizer: PreTrainedTokenizerBase, *, mlm_probability: float = 0.15, seed: int = 0,
         pad_to_multiple_of: int | None = 8,
     ) -> None:
         if not 0.0 < mlm_probability < 1.0:
@@ -60,28 +52,22 @@ class MaskingCollator:
         return masked, labels
 
     def __call__(self, examples: list[dict]) -> dict[str, torch.Tensor]:
-        lengths = [len(e["input_ids"]) for e in examples]
-        width = max(lengths)
+        width = max(len(e["input_ids"]) for e in examples)
         if self.pad_to_multiple_of:
             width = -(-width // self.pad_to_multiple_of) * self.pad_to_multiple_of
-        n = len(examples)
-        input_ids = np.full((n, width), self.pad_id, dtype=np.int64)  # (B, T)
-        labels = np.full((n, width), -100, dtype=np.int64)
-        token_type_ids = np.zeros((n, width), dtype=np.int64)
-        attention_mask = np.zeros((n, width), dtype=np.int64)
-        for row, (example, length) in enumerate(zip(examples, lengths, strict=True)):
-            ids = np.asarray(example["input_ids"], dtype=np.int64)
-            input_ids[row, :length], labels[row, :length] = self.mask(ids, int(example["instance_id"]))
-            token_type_ids[row, :length] = np.asarray(example["token_type_ids"], dtype=np.int64)
-            attention_mask[row, :length] = 1
+        shape = (len(examples), width)  # (B, T)
         batch = {
-            "input_ids": torch.from_numpy(input_ids),
-            "attention_mask": torch.from_numpy(attention_mask),
-            "token_type_ids": torch.from_numpy(token_type_ids),
-            "labels": torch.from_numpy(labels),
+            "input_ids": np.full(shape, self.pad_id, dtype=np.int64),
+            "attention_mask": np.zeros(shape, dtype=np.int64),
+            "token_type_ids": np.zeros(shape, dtype=np.int64),
+            "labels": np.full(shape, -100, dtype=np.int64),
         }
+        for row, example in enumerate(examples):
+            ids = np.asarray(example["input_ids"], dtype=np.int64)
+            n = len(ids)
+            batch["input_ids"][row, :n], batch["labels"][row, :n] = self.mask(ids, int(example["instance_id"]))
+            batch["token_type_ids"][row, :n] = example["token_type_ids"]
+            batch["attention_mask"][row, :n] = 1
         if "next_sentence_label" in examples[0]:
-            batch["next_sentence_label"] = torch.tensor(
-                [int(e["next_sentence_label"]) for e in examples], dtype=torch.long
-            )
-        return batch
+            batch["next_sentence_label"] = np.array([int(e["next_sentence_label"]) for e in examples], dtype=np.int64)
+        return {name: torch.from_numpy(column) for name, column in batch.items()}

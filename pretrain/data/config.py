@@ -1,10 +1,8 @@
 """The data config: what the data pipeline reads, and the checks that keep its values sound.
 
-A leaf of the data pipeline: the stages (``corpus``, ``tokenizer``, ``instances``) and ``data`` import their config
-from here, and it imports none of them, so they import each other in one direction only. The constants that the
-checks need (the source kinds, the objectives, the smallest plausible vocabulary) live here for the same reason;
-Each field declares its role and the data keys that hold its
-value (``role(...)``, pretrain/common/roles.py), from which the cache keys and the resume checks take their fields.
+A leaf of the data pipeline: every stage imports its config (and the constants its checks need) from here, and it
+imports none of them. Each field declares its role and the data keys that hold its value (``role(...)``,
+pretrain/common/roles.py), from which the cache keys and the resume checks take their fields.
 """
 
 from __future__ import annotations
@@ -25,6 +23,8 @@ LOCAL_SUFFIXES: dict[str, tuple[str, ...]] = {
 }
 WEIGHT_UNITS: tuple[str, ...] = ("documents", "words")
 OBJECTIVES: tuple[str, ...] = ("mlm_nsp", "mlm")
+# The data keys of a field that shapes the trained tokenizer, and so everything made with it.
+EVERY_KEY: tuple[str, ...] = ("tokenizer", "instances", "batches")
 # A tokenizer this small is a loading accident (transformers 5 can return a ~5-token stub), not a vocabulary.
 MIN_PLAUSIBLE_VOCAB = 100
 
@@ -34,9 +34,8 @@ class SourceConfig:
     """One corpus source."""
 
     kind: str = "python_docs"
-    """"hub" (``datasets.load_dataset(path, name, split=split)``), "json" (JSON Lines), "parquet", "text"
-    (plain text: documents separated by blank lines, one sentence or paragraph per line, as original BERT's
-    input files) or "python_docs" (English documentation shipped with the Python interpreter; no download)."""
+    """"hub", "json" (JSON Lines), "parquet", "text" (documents separated by blank lines, as original BERT's input
+    files) or "python_docs" (the documentation shipped with the Python interpreter; no download)."""
     path: str = ""
     """Hub dataset name (e.g. "wikipedia"), or a local file, glob or folder for json|parquet|text."""
     name: str | None = None
@@ -46,13 +45,10 @@ class SourceConfig:
     text_column: str = "text"
     """Column holding the document text (json, parquet, hub)."""
     weight: float = 1.0
-    """Relative share of source i in the mixture, counted in documents or in words (``data.weight_by``):
-    documents are drawn from the sources at random in that proportion until the first source runs out (no
-    document is repeated). Original BERT's corpus: 2.5B words of Wikipedia, 0.8B of BookCorpus."""
+    """Relative share in the mixture (in ``data.weight_by`` units), drawn until the first source runs out."""
     rows_per_document: int = 1
-    """Consecutive rows joined (one per line) into one document. 1: every row is a document (articles). A
-    corpus stored one sentence per row in reading order (bookcorpus/bookcorpus) needs more, or every
-    "document" is one sentence and next-sentence prediction has no real next sentence to learn from."""
+    """Consecutive rows joined (one per line) into one document: more than 1 for a corpus stored one sentence per
+    row (bookcorpus/bookcorpus), or NSP has no real next sentence to learn from."""
 
     def __post_init__(self) -> None:
         if self.kind not in SOURCE_KINDS:
@@ -74,9 +70,8 @@ class SourceConfig:
             raise ValueError(f"data.sources[].rows_per_document={self.rows_per_document} must be >= 1")
 
     def local_files(self, index: int) -> list[Path]:
-        """The files of a json|parquet|text source (``index``: its place in data.sources, for messages): one file, a
-        glob, or every matching file under a folder. A missing path, a folder or glob without such files, and files
-        that hold no bytes at all are FileNotFoundError/ValueError naming the key."""
+        """The files of a json|parquet|text source (``index``: its place in data.sources): one file, a glob, or every
+        matching file under a folder; none, or only empty ones, are FileNotFoundError/ValueError naming the key."""
         where = f"data.sources[{index}].path={self.path!r}"
         path = Path(self.path).expanduser()
         if glob.has_magic(self.path):
@@ -103,41 +98,35 @@ class SourceConfig:
 class DataConfig:
     """Corpus, tokenizer and instance creation for pretraining."""
 
-    sources: list[SourceConfig] = role(
-        "recipe", keyed_in=("tokenizer", "instances", "batches"), default_factory=lambda: [SourceConfig()]
-    )
+    sources: list[SourceConfig] = role("recipe", keyed_in=EVERY_KEY, default_factory=lambda: [SourceConfig()])
     """Corpus sources; several are mixed by weight."""
-    weight_by: str = role("recipe", keyed_in=("tokenizer", "instances", "batches"), default="documents")
-    """What the sources' weights count: "documents" (source i supplies weight_i / sum(weights) of the documents)
-    or "words" (of the words, estimated from a sample of each source's documents; what matches original BERT's
-    2.5B words of Wikipedia to 0.8B of BookCorpus whatever the sources' document lengths)."""
+    weight_by: str = role("recipe", keyed_in=EVERY_KEY, default="documents")
+    """What the sources' weights count: "documents" or "words" (estimated from a sample; original BERT: 2.5B words of
+    Wikipedia to 0.8B of BookCorpus)."""
     tokenizer: str | None = role("recipe", keyed_in=(), default=None)
-    """Hub name (e.g. "bert-base-uncased") or local folder; None: train WordPiece on the training documents.
-    WordPiece training is not bit-reproducible (tokenizers issue #1794: hash-map order breaks ties), so a trained
-    tokenizer is cached under cache_dir and saved with the run (RUN/tokenizer), which a resumed run loads."""
-    vocab_size: int = role("recipe", keyed_in=("tokenizer", "instances", "batches"), default=30522)
+    """Hub name (e.g. "bert-base-uncased") or local folder; None: train WordPiece on the training documents (not
+    bit-reproducible, tokenizers #1794: cached under cache_dir and saved as RUN/tokenizer, which a resume loads)."""
+    vocab_size: int = role("recipe", keyed_in=EVERY_KEY, default=30522)
     """Vocabulary size of a trained tokenizer (ignored when ``tokenizer`` is set)."""
-    lowercase: bool = role("recipe", keyed_in=("tokenizer", "instances", "batches"), default=True)
+    lowercase: bool = role("recipe", keyed_in=EVERY_KEY, default=True)
     """Lowercase and strip accents in a trained tokenizer, as bert-base-uncased (ignored when ``tokenizer`` is set)."""
     max_seq_length: int = role("recipe", keyed_in=("instances", "batches"), default=128)
     """Tokens per instance including [CLS]/[SEP]."""
     objective: str = role("recipe", keyed_in=("instances", "batches"), default="mlm_nsp")
     """"mlm_nsp" (BERT: segment pairs + next-sentence prediction) or "mlm" (full-length packed sequences, no NSP)."""
     short_seq_prob: float = role("recipe", keyed_in=("instances", "batches"), default=0.1)
-    """Probability of a shorter random target length (BERT: lessens the pretrain/fine-tune length mismatch);
-    mlm_nsp only."""
+    """Probability of a shorter random target length (BERT: less pretrain/fine-tune mismatch); mlm_nsp only."""
     nsp_random_prob: float = role("recipe", keyed_in=("instances", "batches"), default=0.5)
     """Probability that segment B is a random segment from another document (next_sentence_label 1); mlm_nsp only."""
     mlm_probability: float = role("recipe", keyed_in=("batches",), default=0.15)
     """Share of the non-special tokens chosen for masked-LM prediction (used by MaskingCollator)."""
-    validation_fraction: float = role("recipe", keyed_in=("tokenizer", "instances", "batches"), default=0.005)
+    validation_fraction: float = role("recipe", keyed_in=EVERY_KEY, default=0.005)
     """Share of documents held out for validation, BY DOCUMENT (paper: 199:1); at least one document."""
-    validation_documents: int | None = role("recipe", keyed_in=("tokenizer", "instances", "batches"), default=None)
-    """Exact number of held-out documents; overrides ``validation_fraction``. In streaming mode, where the total
-    is unknown, the default is validation_fraction * max_documents, or 1000 documents without max_documents."""
-    max_documents: int | None = role("recipe", keyed_in=("tokenizer", "instances", "batches"), default=None)
+    validation_documents: int | None = role("recipe", keyed_in=EVERY_KEY, default=None)
+    """Exact number of held-out documents, over ``validation_fraction`` (streamed without max_documents: 1000)."""
+    max_documents: int | None = role("recipe", keyed_in=EVERY_KEY, default=None)
     """Cap on documents read from each source and from the mixture (small runs, tests)."""
-    tokenizer_train_documents: int = role("recipe", keyed_in=("tokenizer", "instances", "batches"), default=100_000)
+    tokenizer_train_documents: int = role("recipe", keyed_in=EVERY_KEY, default=100_000)
     """Cap on the training documents a WordPiece tokenizer is trained on."""
     cache_dir: str = role("mechanics", keyed_in=(), default="runs/.cache/data")
     """Where tokenised instances and trained tokenizers are cached (keyed by a hash of their inputs)."""
@@ -148,20 +137,17 @@ class DataConfig:
     num_proc: int = role("mechanics", keyed_in=(), default=1)
     """Worker processes for tokenisation (the result does not depend on it)."""
     max_inline_preparation_mb: float = role("limit", keyed_in=(), default=64.0)
-    """Largest corpus (MiB of local files) that a run of several processes prepares itself, its other processes
-    waiting at a barrier; a larger one (or a Hub dataset) must be prepared first with ``python -m
-    pretrain.prepare`` (the run stops with that command otherwise). 64 MiB take under two minutes at the data
-    path's ~0.6 MB/s per core (BENCHMARKS.md), far inside the barrier's timeout (NCCL: 10 minutes)."""
+    """Largest corpus (MiB of local files) a run of several processes prepares itself behind a barrier; a larger one
+    needs ``python -m pretrain.prepare`` first. 64 MiB: under two minutes (BENCHMARKS.md), NCCL waits 10."""
 
     def __post_init__(self) -> None:
         # Configs parsed from YAML arrive as dicts.
         self.sources = [SourceConfig(**s) if isinstance(s, dict) else s for s in self.sources]
         if not self.sources:
             raise ValueError("data.sources must list at least one source (e.g. [{kind: python_docs}])")
-        if self.weight_by not in WEIGHT_UNITS:
-            raise ValueError(f"data.weight_by={self.weight_by!r} must be one of {', '.join(WEIGHT_UNITS)}")
-        if self.objective not in OBJECTIVES:
-            raise ValueError(f"data.objective={self.objective!r} must be one of {', '.join(OBJECTIVES)}")
+        for key, choices in (("weight_by", WEIGHT_UNITS), ("objective", OBJECTIVES)):
+            if getattr(self, key) not in choices:
+                raise ValueError(f"data.{key}={getattr(self, key)!r} must be one of {', '.join(choices)}")
         if self.max_seq_length < 8:
             raise ValueError(f"data.max_seq_length={self.max_seq_length} is too short; use at least 8 (BERT: 128/512)")
         if self.vocab_size < MIN_PLAUSIBLE_VOCAB:
@@ -184,9 +170,8 @@ class DataConfig:
                 raise ValueError(f"data.{key}={getattr(self, key)} must be >= 1")
 
     def check_local_files(self) -> None:
-        """Every local source names existing, non-empty files (checked by the commands before they import torch, so a
-        wrong path is answered at once; not at parse time, since a saved run's config stays readable after its corpus
-        moved)."""
+        """Every local source names existing, non-empty files: checked by the commands before they import torch, not
+        at parse time (a saved run's config stays readable after its corpus moved)."""
         for index, source in enumerate(self.sources):
             if source.kind in LOCAL_SUFFIXES:
                 source.local_files(index)

@@ -5,9 +5,7 @@
       --weights (per document, or per word: data.weight_by)-->  one dataset of documents (columns "text", "source")
       -> held-out documents (validation, split BY DOCUMENT before anything else, as the paper's 199:1)
 
-Local json/text files are checked to be UTF-8 first (the readers fail deep inside pyarrow otherwise). The
-"python_docs" source is built from the documentation shipped with the running Python, so a tiny model can be
-pretrained with no download.
+Local json/text files are checked to be UTF-8 first (the readers fail deep inside pyarrow otherwise).
 """
 
 from __future__ import annotations
@@ -34,39 +32,26 @@ from pretrain.data.config import LOCAL_SUFFIXES, DataConfig, SourceConfig
 
 logger = logging.getLogger(__name__)
 
+# Documents, materialised or streamed.
+Documents = datasets.Dataset | datasets.IterableDataset
 DOCUMENT_FEATURES = datasets.Features({"text": datasets.Value("string"), "source": datasets.Value("int16")})
 # Held-out documents of a streamed corpus of unknown size without max_documents or validation_documents.
 STREAMING_VALIDATION_DOCUMENTS = 1000
+# Documents sampled per source to estimate its mean words per document (data.weight_by="words"): the relative
+# standard error of the mean is about (coefficient of variation) / sqrt(n), ~3% for Wikipedia's article lengths.
+WORD_COUNT_SAMPLE = 2000
 
-
-# ----------------------------------------------------------------------------------------------------------------------
-# The python_docs source
-# ----------------------------------------------------------------------------------------------------------------------
-
-_SKIPPED_STDLIB_DIRS = {
-    "test",
-    "tests",
-    "idlelib",
-    "lib2to3",
-    "site-packages",
-    "dist-packages",
-    "turtledemo",
-    "ensurepip",
-    "__pycache__",
-    "pydoc_data",
-}
-# Modules with a one-line docstring (or test strings such as "¶ π 😀") are not prose worth a document.
+# The python_docs source. Modules with a one-line docstring (or test strings such as "¶ π 😀") are not prose.
 _MIN_PYTHON_DOC_WORDS = 20
+_SKIPPED_STDLIB_DIRS = {"test", "tests", "idlelib", "lib2to3", "site-packages", "dist-packages", "turtledemo",
+                        "ensurepip", "__pycache__", "pydoc_data"}
+_DOCUMENTED = (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
 
 
 def _reflow(text: str) -> str:
-    """Join hard-wrapped lines into one line per paragraph (blank-line separated), so that the sentence
-    splitter, which treats every line as a paragraph, sees whole sentences."""
+    """One line per (blank-line separated) paragraph: the sentence splitter treats every line as a paragraph."""
     paragraphs = (" ".join(p.split()) for p in re.split(r"\n\s*\n", text))
     return "\n".join(p for p in paragraphs if p)
-
-
-_DOCUMENTED = (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
 
 
 def _documented_nodes(node: ast.AST) -> Iterator[ast.AST]:
@@ -90,26 +75,17 @@ def _module_docstrings(path: Path) -> str:
 
 
 def iter_python_docs() -> Iterator[str]:
-    """The "python_docs" corpus: English documentation shipped with the running Python interpreter, so a tiny
-    model can be pretrained with no download.
-
-    1. ``pydoc_data.topics.topics``: the language reference topics behind ``help("if")`` etc.
-       (79 documents, about 465 KB in Python 3.11).
-    2. One document per standard-library module: its module, class and function docstrings, parsed with
-       ``ast`` (not imported) from the stdlib folder, skipping tests, idlelib, lib2to3 and site-packages
-       (about 380 documents, 1.5 MB in Python 3.11).
-
-    Lines are reflowed to one paragraph per line. Together about 460 documents, 2 MB of text, 0.3M words: enough for a
-    few hundred steps of a tiny model, not for a real BERT.
-    """
+    """The "python_docs" corpus: English documentation shipped with the running Python, so a tiny model can be
+    pretrained with no download. ``pydoc_data.topics`` (the language reference behind ``help("if")``), then one
+    document per standard-library module: its docstrings, parsed with ``ast`` (not imported). About 460 documents,
+    2 MB of text, 0.3M words in Python 3.11: a few hundred steps of a tiny model, not a real BERT."""
     from pydoc_data.topics import topics
 
     for name in sorted(topics):
         text = _reflow(topics[name])
         if len(text.split()) >= _MIN_PYTHON_DOC_WORDS:
             yield text
-    stdlib = Path(sysconfig.get_paths()["stdlib"])
-    for folder, subdirs, files in os.walk(stdlib):
+    for folder, subdirs, files in os.walk(Path(sysconfig.get_paths()["stdlib"])):
         subdirs[:] = sorted(d for d in subdirs if d not in _SKIPPED_STDLIB_DIRS and not d.startswith("config-"))
         for file in sorted(f for f in files if f.endswith(".py")):
             text = _reflow(_module_docstrings(Path(folder) / file))
@@ -124,16 +100,9 @@ def _python_docs_generator(max_documents: int | None, python_version: str) -> It
         yield {"text": text}
 
 
-# ----------------------------------------------------------------------------------------------------------------------
-# Local files: which, their encoding, their fingerprint for the cache key
-# ----------------------------------------------------------------------------------------------------------------------
-
-
 def check_utf8(path: Path, *, chunk_bytes: int = 1 << 24) -> None:
-    """Raise a ValueError naming the file, byte offset and line of the first invalid UTF-8 sequence.
-
-    Without this, the json/text readers fail deep inside pyarrow or silently drop text.
-    """
+    """Raise a ValueError naming the file, byte offset and line of the first invalid UTF-8 sequence (the json/text
+    readers would fail deep inside pyarrow or silently drop text)."""
     decoder = codecs.getincrementaldecoder("utf-8")("strict")
     offset, line = 0, 1
     with path.open("rb") as f:
@@ -188,11 +157,8 @@ def check_json_lines(path: Path, text_column: str, where: str) -> None:
             "that holds the text"
         )
     if bad:
-        print(
-            f"warning: {where}: {path}: {bad} of {total} lines have no string {text_column!r} field (first: line "
-            f"{first_bad}); they are skipped",
-            file=sys.stderr,
-        )
+        print(f"warning: {where}: {path}: {bad} of {total} lines have no string {text_column!r} field (first: line "
+              f"{first_bad}); they are skipped", file=sys.stderr)  # fmt: skip
 
 
 def source_fingerprint(source: SourceConfig, index: int) -> dict[str, Any]:
@@ -208,71 +174,54 @@ def source_fingerprint(source: SourceConfig, index: int) -> dict[str, Any]:
 
 def corpus_bytes(cfg: DataConfig) -> int | None:
     """Size of the corpus's files (python_docs: 0, it is a few MB); None when a source is on the Hub (unknown)."""
-    total = 0
-    for index, source in enumerate(cfg.sources):
-        if source.kind == "hub":
-            return None
-        if source.kind in LOCAL_SUFFIXES:
-            total += sum(p.stat().st_size for p in source.local_files(index))
-    return total
+    if any(source.kind == "hub" for source in cfg.sources):
+        return None
+    files = (p for i, s in enumerate(cfg.sources) if s.kind in LOCAL_SUFFIXES for p in s.local_files(i))
+    return sum(p.stat().st_size for p in files)
 
 
-# ----------------------------------------------------------------------------------------------------------------------
-# Sources -> documents -> (train, validation)
-# ----------------------------------------------------------------------------------------------------------------------
-
-
-def load_source(source: SourceConfig, index: int, cfg: DataConfig) -> datasets.Dataset | datasets.IterableDataset:
-    """One source as a dataset with a single string column "text", empty documents dropped."""
-    where = (
-        f"data.sources[{index}] ({source.kind} {source.path!r})"
-        if source.path
-        else f"data.sources[{index}] ({source.kind})"
-    )
+def _read_source(source: SourceConfig, index: int, cfg: DataConfig, where: str) -> Documents:
+    """One source's rows as ``datasets`` reads them, every column."""
     hf_cache = str(Path(cfg.cache_dir) / "hf")
+    num_proc = cfg.num_proc if cfg.num_proc > 1 and not cfg.streaming else None
     if source.kind == "python_docs":
+        gen_kwargs = {"max_documents": None if cfg.streaming else cfg.max_documents, "python_version": sys.version}
         if cfg.streaming:
-            gen_kwargs = {"max_documents": None, "python_version": sys.version}
-            ds = datasets.IterableDataset.from_generator(_python_docs_generator, gen_kwargs=gen_kwargs)
-        else:
-            gen_kwargs = {"max_documents": cfg.max_documents, "python_version": sys.version}
-            ds = datasets.Dataset.from_generator(_python_docs_generator, gen_kwargs=gen_kwargs, cache_dir=hf_cache)
-    elif source.kind == "hub":
-        try:
-            ds = datasets.load_dataset(
-                source.path,
-                source.name,
-                split=source.split,
-                streaming=cfg.streaming,
-                cache_dir=hf_cache,
-                num_proc=cfg.num_proc if cfg.num_proc > 1 and not cfg.streaming else None,  # one per Parquet file
-            )
+            return datasets.IterableDataset.from_generator(_python_docs_generator, gen_kwargs=gen_kwargs)
+        return datasets.Dataset.from_generator(_python_docs_generator, gen_kwargs=gen_kwargs, cache_dir=hf_cache)
+    if source.kind == "hub":
+        try:  # num_proc: one process per Parquet file
+            return datasets.load_dataset(source.path, source.name, split=source.split, streaming=cfg.streaming,
+                                         cache_dir=hf_cache, num_proc=num_proc)  # fmt: skip
         except (FileNotFoundError, ConnectionError) as e:  # DatasetNotFoundError, or offline: name the config key
             raise FileNotFoundError(
                 f"{where}: Hub dataset not found or not reachable ({e}); check data.sources[{index}].path and .name"
             ) from e
-    else:
-        files = source.local_files(index)
-        if all(p.stat().st_size == 0 for p in files):
-            raise ValueError(f"{where}: empty corpus, every file is empty: {', '.join(map(str, files))}")
-        if source.kind in ("json", "text"):
-            for p in files:
-                if not p.name.endswith(".gz"):
-                    check_utf8(p)
-                    if source.kind == "json":
-                        check_json_lines(p, source.text_column, where)
-        # "text": blank-line separated blocks are documents, as in original BERT's input files.
-        extra = {"sample_by": "paragraph"} if source.kind == "text" else {}
-        ds = datasets.load_dataset(
-            source.kind,
-            data_files=[str(p) for p in files],
-            split="train",
-            streaming=cfg.streaming,
-            cache_dir=hf_cache,
-            # Reading into Arrow runs one process per file: a single file gains nothing, a folder of shards does.
-            num_proc=min(cfg.num_proc, len(files)) if cfg.num_proc > 1 and not cfg.streaming else None,
-            **extra,
-        )
+    files = source.local_files(index)  # refuses a corpus whose files are all empty
+    for p in files:
+        if source.kind in ("json", "text") and not p.name.endswith(".gz"):
+            check_utf8(p)
+            if source.kind == "json":
+                check_json_lines(p, source.text_column, where)
+    # "text": blank-line separated blocks are documents, as in original BERT's input files.
+    extra = {"sample_by": "paragraph"} if source.kind == "text" else {}
+    return datasets.load_dataset(
+        source.kind,
+        data_files=[str(p) for p in files],
+        split="train",
+        streaming=cfg.streaming,
+        cache_dir=hf_cache,
+        # Reading into Arrow runs one process per file: a single file gains nothing, a folder of shards does.
+        num_proc=min(num_proc, len(files)) if num_proc else None,
+        **extra,
+    )
+
+
+def load_source(source: SourceConfig, index: int, cfg: DataConfig) -> Documents:
+    """One source as a dataset of documents, columns "text" and "source" (its index), empty documents dropped."""
+    label = f"{source.kind} {source.path!r}" if source.path else source.kind
+    where = f"data.sources[{index}] ({label})"
+    ds = _read_source(source, index, cfg, where)
     columns = ds.column_names
     if columns is None:  # a streamed source without declared features: look at the first record
         first = next(iter(ds), None)
@@ -289,8 +238,7 @@ def load_source(source: SourceConfig, index: int, cfg: DataConfig) -> datasets.D
         ds = ds.rename_column(source.text_column, "text")
     if ds.features is not None and ds.features["text"] != datasets.Value("string"):
         ds = ds.cast_column("text", datasets.Value("string"))
-    # The source of every document, for the per-source report after preparation (2 bytes a row; the text stays
-    # memory-mapped).
+    # The source of every document, for the per-source report after preparation (2 bytes a row).
     if cfg.streaming:
         ds = ds.map(partial(_tag_source, source=index), batched=True)
     else:
@@ -299,26 +247,31 @@ def load_source(source: SourceConfig, index: int, cfg: DataConfig) -> datasets.D
         ds = _documents_of(ds, source.rows_per_document)
     else:
         ds = _first_documents(ds, source.rows_per_document, cfg.max_documents)
-    if cfg.streaming:
-        if next(iter(ds), None) is None:
-            raise ValueError(f"{where}: empty corpus, no document has text in column {source.text_column!r}")
-    elif len(ds) == 0:
+    if (next(iter(ds), None) is None) if cfg.streaming else len(ds) == 0:
         raise ValueError(f"{where}: empty corpus, no document has text in column {source.text_column!r}")
     return ds
 
 
-def _documents_of(
-    ds: datasets.Dataset | datasets.IterableDataset, rows_per_document: int
-) -> datasets.Dataset | datasets.IterableDataset:
-    """Rows as documents: ``rows_per_document`` consecutive rows joined, blank rows and documents dropped."""
-    if rows_per_document > 1:
-        return group_rows(ds, rows_per_document)  # drops empty rows too: one pass over the rows, not two
-    return ds.filter(_has_text, batched=True)
+def _documents_of(ds: Documents, rows_per_document: int) -> Documents:
+    """Rows as documents: ``rows_per_document`` consecutive rows joined, blank rows and documents dropped.
+
+    Joined in one process, in order: a map batch always starts at a multiple of its size, a multiple of
+    rows_per_document, so groups never straddle batches (workers would cut the rows at arbitrary shard boundaries).
+    """
+    if rows_per_document == 1:
+        return ds.filter(_has_text, batched=True)
+    streamed = isinstance(ds, datasets.IterableDataset)
+    kwargs = {} if streamed else {"desc": f"Joining {rows_per_document} rows a document"}
+    return ds.map(
+        partial(_join_rows, rows_per_document=rows_per_document),
+        batched=True,
+        batch_size=rows_per_document * max(1, 1000 // rows_per_document),
+        remove_columns=["text", "source"],
+        **kwargs,
+    )
 
 
-def _first_documents(
-    ds: datasets.Dataset | datasets.IterableDataset, rows_per_document: int, n: int
-) -> datasets.Dataset | datasets.IterableDataset:
+def _first_documents(ds: Documents, rows_per_document: int, n: int) -> Documents:
     """The first ``n`` documents that have text: data.max_documents counts documents after blank ones are
     dropped, so a cap of 4 on a file with blank lines gives 4 documents. Streamed: lazily. Materialised: only as
     many rows as it takes (read in doubling chunks), never every row of a large source for a small cap."""
@@ -354,32 +307,7 @@ def _join_rows(batch: dict[str, list], *, rows_per_document: int) -> dict[str, l
     return out
 
 
-def group_rows(
-    ds: datasets.Dataset | datasets.IterableDataset, rows_per_document: int
-) -> datasets.Dataset | datasets.IterableDataset:
-    """Rows k * rows_per_document to (k + 1) * rows_per_document - 1 joined into document k (empty rows left out).
-
-    One process in order: a map batch always starts at a multiple of its size, a multiple of rows_per_document,
-    so groups never straddle batches (workers would cut the rows at arbitrary shard boundaries)."""
-    batch_size = rows_per_document * max(1, 1000 // rows_per_document)
-    kwargs = (
-        {} if isinstance(ds, datasets.IterableDataset) else {"desc": f"Joining {rows_per_document} rows a document"}
-    )
-    return ds.map(
-        partial(_join_rows, rows_per_document=rows_per_document),
-        batched=True,
-        batch_size=batch_size,
-        remove_columns=["text", "source"],
-        **kwargs,
-    )
-
-
-# Documents sampled per source to estimate its mean words per document (data.weight_by="words"): the relative
-# standard error of the mean is about (coefficient of variation) / sqrt(n), ~3% for Wikipedia's article lengths.
-WORD_COUNT_SAMPLE = 2000
-
-
-def mean_words_per_document(ds: datasets.Dataset | datasets.IterableDataset, *, seed: int) -> float:
+def mean_words_per_document(ds: Documents, *, seed: int) -> float:
     """Mean whitespace-separated words per document, from a seeded random sample (streamed: the first documents)."""
     if isinstance(ds, datasets.IterableDataset):
         texts = [row["text"] for row in ds.take(WORD_COUNT_SAMPLE)]
@@ -390,9 +318,7 @@ def mean_words_per_document(ds: datasets.Dataset | datasets.IterableDataset, *, 
     return float(np.mean([len(t.split()) for t in texts]))
 
 
-def mixture_probabilities(
-    parts: list[datasets.Dataset | datasets.IterableDataset], cfg: DataConfig, *, seed: int
-) -> np.ndarray:
+def mixture_probabilities(parts: list[Documents], cfg: DataConfig, *, seed: int) -> np.ndarray:
     """Per source, the probability that the next document comes from it. weight_by "documents": the weights
     themselves; "words": weight / mean words per document, so that source i supplies weight_i / sum(weights)
     of the mixture's words (a source of long articles gets fewer draws than one of short documents)."""
@@ -404,38 +330,37 @@ def mixture_probabilities(
     return weights / weights.sum()
 
 
-def load_documents(cfg: DataConfig, *, seed: int) -> datasets.Dataset | datasets.IterableDataset:
+def load_documents(cfg: DataConfig, *, seed: int) -> Documents:
     """All sources mixed by weight into one dataset of documents (columns "text" and "source"), at most
     max_documents."""
     parts = [load_source(s, i, cfg) for i, s in enumerate(cfg.sources)]
-    if len(parts) == 1:
-        docs = parts[0]
-    else:
+    docs = parts[0]
+    if len(parts) > 1:
+        probabilities = mixture_probabilities(parts, cfg, seed=seed).tolist()
         docs = datasets.interleave_datasets(
-            parts,
-            probabilities=mixture_probabilities(parts, cfg, seed=seed).tolist(),
-            seed=seed,
-            stopping_strategy="first_exhausted",
+            parts, probabilities=probabilities, seed=seed, stopping_strategy="first_exhausted"
         )
     if cfg.max_documents is not None:
         docs = docs.take(cfg.max_documents) if cfg.streaming else docs.select(range(min(len(docs), cfg.max_documents)))
     return docs
 
 
-def split_corpus(cfg: DataConfig, *, seed: int) -> tuple[datasets.Dataset | datasets.IterableDataset, datasets.Dataset]:
+def split_corpus(cfg: DataConfig, *, seed: int) -> tuple[Documents, datasets.Dataset]:
     """The corpus read, mixed and split: (train, validation) documents. The one route to them, for the instances
     and for the tokenizer's training texts."""
     return split_documents(load_documents(cfg, seed=seed), cfg, seed=seed)
 
 
-def split_documents(
-    docs: datasets.Dataset | datasets.IterableDataset, cfg: DataConfig, *, seed: int
-) -> tuple[datasets.Dataset | datasets.IterableDataset, datasets.Dataset]:
+def split_documents(docs: Documents, cfg: DataConfig, *, seed: int) -> tuple[Documents, datasets.Dataset]:
     """(train, validation) documents, split BY DOCUMENT before any instance is made, so no document contributes to
     both. Materialised: a seeded random validation_fraction (at least one document) is held out, and the train
     documents come shuffled. Streamed: the first documents of the stream are held out (and materialised)."""
     if isinstance(docs, datasets.IterableDataset):
-        n_val = _streaming_validation_count(cfg)
+        n_val = cfg.validation_documents
+        if n_val is None:
+            n_val = STREAMING_VALIDATION_DOCUMENTS
+            if cfg.max_documents is not None:
+                n_val = max(1, round(cfg.validation_fraction * cfg.max_documents))
         val = datasets.Dataset.from_list(list(docs.take(n_val)), features=DOCUMENT_FEATURES)
         if len(val) < 1:
             raise ValueError("the streamed corpus has no documents to hold out for validation")
@@ -453,15 +378,7 @@ def split_documents(
     return docs.select(order[n_val:]), docs.select(np.sort(order[:n_val]))
 
 
-def _streaming_validation_count(cfg: DataConfig) -> int:
-    if cfg.validation_documents is not None:
-        return cfg.validation_documents
-    if cfg.max_documents is not None:
-        return max(1, round(cfg.validation_fraction * cfg.max_documents))
-    return STREAMING_VALIDATION_DOCUMENTS
-
-
-def document_texts(docs: datasets.Dataset | datasets.IterableDataset) -> Iterator[str]:
+def document_texts(docs: Documents) -> Iterator[str]:
     """The texts of a dataset of documents, read in batches."""
     for batch in docs.iter(batch_size=1000):
         yield from batch["text"]

@@ -2,7 +2,7 @@
 instances depend on), made shard by shard by several processes, resumable after a kill, one preparation at a time
 per key (a lock), published atomically. The instances themselves are made by pretrain/data/instances.py.
 
-    cached_instances -> prepared_dir (data_cache_key) -> prepare_instances -> shards -> summary.json -> load_prepared
+    cached_instances -> prepared_dir (data_cache_key) -> prepare_instances -> shards -> summary.json -> shards loaded
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import shutil
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -34,47 +35,38 @@ from pretrain.data.instances import (
     SourceStats,
     add_chunk_instances,
     empty_columns,
-    gc_paused,
     instance_features,
     plain_backend,
 )
 from pretrain.data.tokenizer import pipeline_hash
 
-# DataConfig fields that do not change the instances (not keyed_in "instances", pretrain/data/config.py): masking
-# and the shuffle buffer act on batches, the rest are mechanics, ``streaming`` (a streamed corpus is never cached),
-# and the tokenizer's name (it enters the key by content, so a run handed a trained tokenizer's folder reuses its
-# instances).
+# DataConfig fields that do not change the instances (not keyed_in "instances"): those acting on batches, the
+# mechanics, ``streaming`` (never cached) and the tokenizer's name (it enters the key by content, pipeline_hash).
 _FIELDS_NOT_IN_KEY = not_keyed_in(DataConfig, "instances")
+# Chunks per shard at most: the unit of resumption, of the work handed to each process and of the progress bar.
+# 64 chunks = 16,384 documents, about 10M tokens of Wikipedia, a minute for one core (BENCHMARKS.md). Not part of
+# the cache key: the instances do not depend on it, only their grouping into files.
+SHARD_CHUNKS = 64
+SUMMARY_FILE = "summary.json"
+PARTS = ("train", "validation")
 
 
 def data_cache_key(cfg: DataConfig, tokenizer: PreTrainedTokenizerFast, *, seed: int) -> str:
     """Hash of everything the instances depend on: sources' content ids, the tokenizer, the config, the seed."""
     fields = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg) if f.name not in _FIELDS_NOT_IN_KEY}
     fields["sources"] = [source_fingerprint(s, i) for i, s in enumerate(cfg.sources)]
-    return content_hash(
-        {
-            "version": CACHE_FORMAT_VERSION,
-            "docs_per_chunk": DOCS_PER_CHUNK,
-            "config": fields,
-            "tokenizer": pipeline_hash(tokenizer),
-            "seed": seed,
-        }
-    )
+    key = {"version": CACHE_FORMAT_VERSION, "docs_per_chunk": DOCS_PER_CHUNK, "config": fields, "seed": seed}
+    return content_hash({**key, "tokenizer": pipeline_hash(tokenizer)})
 
 
 def prepared_dir(cfg: DataConfig, tokenizer: PreTrainedTokenizerFast, *, seed: int) -> Path:
-    """The folder the prepared instances of this config live in (complete when it exists)."""
+    """The folder the prepared instances of this config live in (complete once it holds SUMMARY_FILE)."""
     return Path(cfg.cache_dir) / f"instances-{data_cache_key(cfg, tokenizer, seed=seed)}"
 
 
 def cached_instances(
-    documents: Callable[[], tuple[datasets.Dataset, datasets.Dataset]],
-    tokenizer: PreTrainedTokenizerFast,
-    cfg: DataConfig,
-    *,
-    seed: int,
-    progress: bool = False,
-    folder: Path | None = None,
+    documents: Callable[[], tuple[datasets.Dataset, datasets.Dataset]], tokenizer: PreTrainedTokenizerFast,
+    cfg: DataConfig, *, seed: int, progress: bool = False, folder: Path | None = None,
 ) -> tuple[datasets.Dataset, datasets.Dataset]:
     """(train, validation) instances from ``cfg.cache_dir``; on a miss they are made first from ``documents()``
     (the training and validation documents, read only then), shard by shard, for every later call. ``folder``:
@@ -86,80 +78,41 @@ def cached_instances(
         with exclusive_lock(folder.with_name(f"{folder.name}.lock")):
             if not (folder / SUMMARY_FILE).is_file():
                 prepare_instances(documents, tokenizer, cfg, seed=seed, folder=folder, progress=progress)
-    return load_prepared(folder)
+    summary = read_summary(folder)
+    loaded = []
+    for name in PARTS:  # the shard files, memory-mapped, in order
+        shards = [datasets.Dataset.from_file(str(folder / name / f)) for f in summary[name]["shards"]]
+        loaded.append(shards[0] if len(shards) == 1 else datasets.concatenate_datasets(shards))
+    return loaded[0], loaded[1]
 
 
-# ----------------------------------------------------------------------------------------------------------------------
-# Preparation, shard by shard
-# ----------------------------------------------------------------------------------------------------------------------
-
-# Chunks per shard at most: the unit of resumption (a killed preparation redoes only the shards that were in
-# progress), of the work handed to each process and of the progress bar. 64 chunks = 16,384 documents, about 10M
-# tokens of Wikipedia, about a minute for one core (BENCHMARKS.md). A small corpus gets smaller shards
-# (shard_chunks). Not part of the cache key: the instances do not depend on it, only their grouping into files.
-SHARD_CHUNKS = 64
-SUMMARY_FILE = "summary.json"
-PARTS = ("train", "validation")
-
-
-def _shard_name(index: int) -> str:
-    return f"shard-{index:05d}"
+def read_summary(folder: Path) -> dict[str, Any]:
+    return json.loads((folder / SUMMARY_FILE).read_text())
 
 
 def _write_shard(
-    docs: datasets.Dataset,
-    path: Path,
-    *,
-    first_chunk: int,
-    tokenizer_json: str,
-    cfg: DataConfig,
-    seed: int,
-    part: str,
+    docs: datasets.Dataset, path: Path, *, first_chunk: int, tokenizer_json: str, cfg: DataConfig, seed: int, part: str
 ) -> dict[int, SourceStats]:
     """The instances of ``docs`` (consecutive chunks from ``first_chunk`` on) written to ``path`` (Arrow file),
     then their per-source counts to ``path.with_suffix(".json")``, the shard's completion marker. Both are
     written under temporary names and renamed, so a killed process leaves no shard that looks complete."""
-    tokenizer = Tokenizer.from_str(tokenizer_json)
-    tokenizer.no_truncation()
-    tokenizer.no_padding()
+    tokenizer = Tokenizer.from_str(tokenizer_json)  # plain_backend's: no truncation, no padding
     stats: dict[int, SourceStats] = {}
     with writing(path) as tmp, ArrowWriter(features=instance_features(cfg.objective), path=str(tmp)) as writer:
         for k, batch in enumerate(docs.iter(batch_size=DOCS_PER_CHUNK)):
             out = empty_columns(cfg.objective)
-            with gc_paused():
-                add_chunk_instances(
-                    out,
-                    batch["text"],
-                    first_chunk + k,
-                    tokenizer=tokenizer,
-                    cfg=cfg,
-                    seed=seed,
-                    part=part,
-                    sources=batch["source"],
-                    stats=stats,
-                )
+            add_chunk_instances(out, batch["text"], first_chunk + k, tokenizer=tokenizer, cfg=cfg, seed=seed,
+                                part=part, sources=batch["source"], stats=stats)  # fmt: skip
             writer.write_batch(out)
         writer.finalize()
     write_json(path.with_suffix(".json"), {str(k): dataclasses.asdict(v) for k, v in sorted(stats.items())})
     return stats
 
 
-def _read_shard_stats(marker: Path) -> dict[int, SourceStats]:
-    return {int(k): SourceStats(**v) for k, v in json.loads(marker.read_text()).items()}
-
-
 def shard_chunks(train_documents: int, num_proc: int) -> int:
     """Chunks per shard: SHARD_CHUNKS, or fewer for a small corpus, so that every process gets a few shards."""
     chunks = -(-train_documents // DOCS_PER_CHUNK)
     return max(1, min(SHARD_CHUNKS, -(-chunks // (4 * num_proc))))
-
-
-def _shards(docs: datasets.Dataset, chunks_per_shard: int) -> list[tuple[int, range]]:
-    """(first chunk, document range) per shard."""
-    step = chunks_per_shard * DOCS_PER_CHUNK
-    return [
-        (start // DOCS_PER_CHUNK, range(start, min(start + step, len(docs)))) for start in range(0, len(docs), step)
-    ]
 
 
 @dataclass(frozen=True)
@@ -169,19 +122,10 @@ class _ShardJob:
     path: Path  # the shard's Arrow file; path.with_suffix(".json") is its completion marker
     first_chunk: int
 
-    @property
-    def finished(self) -> bool:
-        return self.path.with_suffix(".json").is_file()
-
 
 def prepare_instances(
-    documents: Callable[[], tuple[datasets.Dataset, datasets.Dataset]],
-    tokenizer: PreTrainedTokenizerFast,
-    cfg: DataConfig,
-    *,
-    seed: int,
-    folder: Path,
-    progress: bool = False,
+    documents: Callable[[], tuple[datasets.Dataset, datasets.Dataset]], tokenizer: PreTrainedTokenizerFast,
+    cfg: DataConfig, *, seed: int, folder: Path, progress: bool = False,
 ) -> dict[str, Any]:
     """Make the training and validation instances into ``folder`` and return the summary.
 
@@ -193,14 +137,26 @@ def prepare_instances(
     chunks_per_shard = shard_chunks(len(train_docs), cfg.num_proc)
     # The shard size is in the name: finished shards are only reused with the document ranges they were made for.
     partial_dir = folder.with_name(f"{folder.name}.partial-{chunks_per_shard}")
-    jobs = _shard_jobs(partial_dir, (train_docs, val_docs), chunks_per_shard)
+    step = chunks_per_shard * DOCS_PER_CHUNK
+    jobs = []
+    for name, docs in zip(PARTS, (train_docs, val_docs), strict=True):
+        (partial_dir / name).mkdir(parents=True, exist_ok=True)
+        for index, start in enumerate(range(0, len(docs), step)):
+            rows = docs.select(range(start, min(start + step, len(docs))))
+            jobs.append(_ShardJob(name, rows, partial_dir / name / f"shard-{index:05d}.arrow", start // DOCS_PER_CHUNK))
     stats = _make_shards(jobs, plain_backend(tokenizer).to_str(), cfg, seed=seed, progress=progress)
     for name in PARTS:
         if sum(s.document_tokens for s in stats[name].values()) == 0:
             raise ValueError(f"no {name} instances could be made: the {name} documents hold no tokens")
     for leftover in partial_dir.glob("*/.*.tmp"):  # temporary files of a killed attempt (every shard is finished now)
         leftover.unlink(missing_ok=True)
-    summary = _summary(partial_dir, stats, cfg, seed)
+    made_for = {key: getattr(cfg, key) for key in ("max_seq_length", "objective", "weight_by")}
+    summary = {
+        "config": {**made_for, "sources": [dataclasses.asdict(s) for s in cfg.sources]},
+        "seed": seed,
+        **{name: _part_summary(partial_dir / name, stats[name], cfg.max_seq_length) for name in PARTS},
+        "disk_bytes": sum(p.stat().st_size for p in partial_dir.rglob("*") if p.is_file()),
+    }
     write_json(partial_dir / SUMMARY_FILE, summary)
     if not publish_dir(partial_dir, folder):  # another process (another node) finished it first; identical content
         if not (folder / SUMMARY_FILE).is_file():
@@ -209,78 +165,48 @@ def prepare_instances(
     return summary
 
 
-def _shard_jobs(
-    partial_dir: Path, parts: tuple[datasets.Dataset, datasets.Dataset], chunks_per_shard: int
-) -> list[_ShardJob]:
-    """Every shard of both parts, finished or not, in order."""
-    jobs = []
-    for name, docs in zip(PARTS, parts, strict=True):
-        (partial_dir / name).mkdir(parents=True, exist_ok=True)
-        for index, (first_chunk, rows) in enumerate(_shards(docs, chunks_per_shard)):
-            path = partial_dir / name / f"{_shard_name(index)}.arrow"
-            jobs.append(_ShardJob(name, docs.select(rows), path, first_chunk))
-    return jobs
-
-
 def _make_shards(
     jobs: list[_ShardJob], tokenizer_json: str, cfg: DataConfig, *, seed: int, progress: bool
 ) -> dict[str, dict[int, SourceStats]]:
     """Make the shards not finished yet (``data.num_proc`` processes) and return the per-source counts of every
     shard, by part: the finished ones' read from their markers."""
-    done = [job for job in jobs if job.finished]
-    todo = [job for job in jobs if not job.finished]
     stats: dict[str, dict[int, SourceStats]] = {name: {} for name in PARTS}
 
     def collect(job: _ShardJob, shard_stats: dict[int, SourceStats]) -> None:
         for source, counts in shard_stats.items():
             stats[job.part].setdefault(source, SourceStats()).add(counts)
 
-    for job in done:
-        collect(job, _read_shard_stats(job.path.with_suffix(".json")))
-    bar = tqdm(
-        total=sum(len(job.docs) for job in jobs),
-        initial=sum(len(job.docs) for job in done),
-        unit="doc",
-        desc="Preparing instances",
-        disable=not progress,
-        dynamic_ncols=True,
-    )
-    if done:
-        bar.write(f"resuming: {len(done)} of {len(jobs)} shards already made in {jobs[0].path.parent.parent}")
-    kwargs = {"tokenizer_json": tokenizer_json, "cfg": cfg, "seed": seed}
+    todo = []
+    for job in jobs:
+        marker = job.path.with_suffix(".json")
+        if marker.is_file():
+            collect(job, {int(k): SourceStats(**v) for k, v in json.loads(marker.read_text()).items()})
+        else:
+            todo.append(job)
+    total = sum(len(job.docs) for job in jobs)
+    initial = total - sum(len(job.docs) for job in todo)
+    bar = tqdm(total=total, initial=initial, unit="doc", desc="Preparing instances", disable=not progress,
+               dynamic_ncols=True)  # fmt: skip
+    if len(todo) < len(jobs):
+        done = len(jobs) - len(todo)
+        bar.write(f"resuming: {done} of {len(jobs)} shards already made in {jobs[0].path.parent.parent}")
+    write = partial(_write_shard, tokenizer_json=tokenizer_json, cfg=cfg, seed=seed)
     with bar:
         if cfg.num_proc == 1 or len(todo) <= 1:
             for job in todo:
-                collect(job, _write_shard(job.docs, job.path, first_chunk=job.first_chunk, part=job.part, **kwargs))
+                collect(job, write(job.docs, job.path, first_chunk=job.first_chunk, part=job.part))
                 bar.update(len(job.docs))
             return stats
         # spawn, not fork: the parent may hold Rust tokenizer threads, which a forked child inherits locked.
         context = multiprocessing.get_context("spawn")
         with ProcessPoolExecutor(max_workers=min(cfg.num_proc, len(todo)), mp_context=context) as pool:
             futures = {
-                pool.submit(_write_shard, job.docs, job.path, first_chunk=job.first_chunk, part=job.part, **kwargs): job
-                for job in todo
+                pool.submit(write, job.docs, job.path, first_chunk=job.first_chunk, part=job.part): job for job in todo
             }
             for future in as_completed(futures):
                 collect(futures[future], future.result())
                 bar.update(len(futures[future].docs))
     return stats
-
-
-def _summary(partial_dir: Path, stats: dict[str, dict[int, SourceStats]], cfg: DataConfig, seed: int) -> dict[str, Any]:
-    """summary.json: the config the instances were made for, each part's shards and counts, the folder's size."""
-    summary = {
-        "config": {
-            "max_seq_length": cfg.max_seq_length,
-            "objective": cfg.objective,
-            "sources": [dataclasses.asdict(s) for s in cfg.sources],
-            "weight_by": cfg.weight_by,
-        },
-        "seed": seed,
-        **{name: _part_summary(partial_dir / name, stats[name], cfg.max_seq_length) for name in PARTS},
-    }
-    summary["disk_bytes"] = _disk_bytes(partial_dir)
-    return summary
 
 
 def _part_summary(part_dir: Path, stats: dict[int, SourceStats], max_seq_length: int) -> dict[str, Any]:
@@ -299,21 +225,3 @@ def _part_summary(part_dir: Path, stats: dict[int, SourceStats], max_seq_length:
         "padding_fraction": 1 - real_tokens / (instances * max_seq_length) if instances else 0.0,
         "by_source": {str(k): dataclasses.asdict(v) for k, v in sorted(stats.items())},
     }
-
-
-def _disk_bytes(folder: Path) -> int:
-    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
-
-
-def load_prepared(folder: Path) -> tuple[datasets.Dataset, datasets.Dataset]:
-    """(train, validation) instances of a prepared folder: its shard files, memory-mapped, in order."""
-    summary = json.loads((folder / SUMMARY_FILE).read_text())
-    loaded = []
-    for name in PARTS:
-        shards = [datasets.Dataset.from_file(str(folder / name / f)) for f in summary[name]["shards"]]
-        loaded.append(shards[0] if len(shards) == 1 else datasets.concatenate_datasets(shards))
-    return loaded[0], loaded[1]
-
-
-def read_summary(folder: Path) -> dict[str, Any]:
-    return json.loads((folder / SUMMARY_FILE).read_text())

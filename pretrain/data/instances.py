@@ -9,9 +9,6 @@
 
 The chunk is the unit of work of the batched ``datasets.map`` (so ``num_proc`` workers never change the result)
 and the pool the random "next sentence" documents are drawn from. Validation documents go through the same code.
-Materialised instances are cached under ``data.cache_dir``, keyed by a hash of everything they depend on
-(``cached_instances``, pretrain/data/instance_cache.py); streamed ones (``stream_instances``) are made as the training
-loop reads them.
 """
 
 from __future__ import annotations
@@ -26,7 +23,6 @@ import re
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
-from functools import partial
 from itertools import chain
 from pathlib import Path
 
@@ -44,11 +40,6 @@ DOCS_PER_CHUNK = 256
 ID_SHIFT = 24
 VALIDATION_ID_OFFSET = 1 << 60
 
-
-# ----------------------------------------------------------------------------------------------------------------------
-# Documents -> sentences -> token ids -> instances
-# ----------------------------------------------------------------------------------------------------------------------
-
 # A sentence ends at . ! or ? (optionally followed by a closing quote or bracket) before whitespace and an
 # upper-case letter, digit or opening quote/bracket. Crude, but sentence boundaries only need to be roughly right
 # for NSP; original BERT's input was one sentence per line from a similar heuristic.
@@ -57,8 +48,8 @@ _SENTENCE_END = re.compile(r"([.!?][\"')\]]?)\s+(?=[\"'(\[]?[A-Z0-9])")
 
 
 def split_sentences(text: str) -> list[str]:
-    """Paragraphs (lines) split into sentences; empty pieces dropped (whitespace-only ones tokenise to nothing)."""
-    # One regex pass over the whole document: a sentence end becomes a line break.
+    """Paragraphs (lines) split into sentences, in one regex pass; empty pieces dropped (whitespace-only ones
+    tokenise to nothing)."""
     return [s for s in _SENTENCE_END.sub("\\1\n", text).split("\n") if s]
 
 
@@ -104,10 +95,10 @@ def create_nsp_instances(
 ) -> list[tuple[list[int], int, int, int]]:
     """BERT's create_instances_from_document over a pool of documents (each a list of token-id sentences).
 
-    Returns (input_ids, length of "[CLS] A [SEP]", is_random_next, index of A's document) per instance. Sentences accumulate up to a
-    target length (max_seq_length - 3, or with probability short_seq_prob a random shorter one); A is a random
-    prefix of the accumulated chunk; B is the rest (label 0) or, with probability nsp_random_prob, a segment of
-    another document in the pool (label 1), in which case the unused sentences are put back.
+    Returns (input_ids, length of "[CLS] A [SEP]", is_random_next, index of A's document) per instance. Sentences
+    accumulate up to a target length (max_seq_length - 3, or with probability short_seq_prob a random shorter one);
+    A is a random prefix of the accumulated chunk; B is the rest (label 0) or, with probability nsp_random_prob, a
+    segment of another document in the pool (label 1), in which case the unused sentences are put back.
     """
     max_tokens = cfg.max_seq_length - 3
     instances = []
@@ -164,11 +155,6 @@ def create_packed_instances(
     return [[cls_id, *stream[k : k + body], sep_id] for k in range(0, len(stream), body)]
 
 
-# ----------------------------------------------------------------------------------------------------------------------
-# Chunks of documents -> instance columns (materialised or streamed)
-# ----------------------------------------------------------------------------------------------------------------------
-
-
 def _stable_hash63(text: str) -> int:
     return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little") >> 1
 
@@ -176,27 +162,29 @@ def _stable_hash63(text: str) -> int:
 def _instances_from_chunks(
     batch: dict[str, list], indices: list[int], *, tokenizer: Tokenizer, cfg: DataConfig, seed: int, part: str
 ) -> dict[str, list]:
-    """Batched map function: each input row is a chunk of documents (column "text": list[str]); outputs instances.
-
-    ``part`` is "train" or "validation" (materialised: instance_id = chunk index << ID_SHIFT | position, validation
-    offset by VALIDATION_ID_OFFSET) or "stream" (ids and randomness keyed by the chunk's content, because stream
-    positions restart in every DataLoader worker that reads a shard).
-    """
+    """Batched map function: each input row is a chunk of documents (column "text": list[str]); outputs instances."""
     out = empty_columns(cfg.objective)
     sources = batch.get("source", [None] * len(batch["text"]))
-    with gc_paused():
-        for texts, chunk_sources, chunk_index in zip(batch["text"], sources, indices, strict=True):
-            add_chunk_instances(
-                out, texts, chunk_index, tokenizer=tokenizer, cfg=cfg, seed=seed, part=part, sources=chunk_sources
-            )
+    for texts, chunk_sources, chunk_index in zip(batch["text"], sources, indices, strict=True):
+        add_chunk_instances(
+            out, texts, chunk_index, tokenizer=tokenizer, cfg=cfg, seed=seed, part=part, sources=chunk_sources
+        )
     return out
+
+
+def instance_features(objective: str) -> datasets.Features:
+    features = {
+        "input_ids": datasets.List(datasets.Value("int32")),
+        "token_type_ids": datasets.List(datasets.Value("int8")),
+        "instance_id": datasets.Value("int64"),
+    }
+    if objective == "mlm_nsp":
+        features["next_sentence_label"] = datasets.Value("int8")
+    return datasets.Features(features)
 
 
 def empty_columns(objective: str) -> dict[str, list]:
-    out: dict[str, list] = {"input_ids": [], "token_type_ids": [], "instance_id": []}
-    if objective == "mlm_nsp":
-        out["next_sentence_label"] = []
-    return out
+    return {name: [] for name in instance_features(objective)}
 
 
 @contextlib.contextmanager
@@ -235,20 +223,22 @@ class SourceStats:
             setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
 
 
+def _instance_id(part: str, chunk_key: int, k: int) -> int:
+    """Materialised: chunk index << ID_SHIFT | position, validation offset by VALIDATION_ID_OFFSET. Streamed: a hash
+    of the chunk's content, because stream positions restart in every DataLoader worker that reads a shard."""
+    if part == "stream":
+        return _stable_hash63(f"{chunk_key}/{k}")
+    return (VALIDATION_ID_OFFSET if part == "validation" else 0) + (chunk_key << ID_SHIFT) + k
+
+
+@gc_paused()
 def add_chunk_instances(
-    out: dict[str, list],
-    texts: list[str],
-    chunk_index: int,
-    *,
-    tokenizer: Tokenizer,
-    cfg: DataConfig,
-    seed: int,
-    part: str,
-    sources: list[int] | None = None,
-    stats: dict[int, SourceStats] | None = None,
+    out: dict[str, list], texts: list[str], chunk_index: int, *, tokenizer: Tokenizer, cfg: DataConfig, seed: int,
+    part: str, sources: list[int] | None = None, stats: dict[int, SourceStats] | None = None,
 ) -> None:
     """Append the instances of one chunk of documents to the columns in ``out``; count what each source
-    (``sources``: one per text) contributed into ``stats`` when given."""
+    (``sources``: one per text) contributed into ``stats`` when given. ``part``: "train", "validation" or "stream"
+    (ids and randomness keyed by the chunk's content)."""
     cls_id, sep_id = tokenizer.token_to_id("[CLS]"), tokenizer.token_to_id("[SEP]")
     tokenized = tokenize_documents(texts, tokenizer)
     kept = [k for k, doc in enumerate(tokenized) if doc]
@@ -263,17 +253,12 @@ def add_chunk_instances(
             counts.document_tokens += sum(map(len, doc))
     if not documents:
         return
-    if part == "stream":
-        chunk_key = _stable_hash63(f"{len(texts)}/{texts[0]}")
-        make_id = partial(_stream_instance_id, chunk_key)
-    else:
-        chunk_key = chunk_index
-        make_id = ((VALIDATION_ID_OFFSET if part == "validation" else 0) + (chunk_index << ID_SHIFT)).__add__
+    chunk_key = _stable_hash63(f"{len(texts)}/{texts[0]}") if part == "stream" else chunk_index
     if cfg.objective == "mlm":
         for k, ids in enumerate(create_packed_instances(documents, cfg, cls_id=cls_id, sep_id=sep_id)):
             out["input_ids"].append(ids)
             out["token_type_ids"].append([0] * len(ids))
-            out["instance_id"].append(make_id(k))
+            out["instance_id"].append(_instance_id(part, chunk_key, k))
         return
     if len(documents) == 1:
         logger.warning("a chunk of %s documents has a single document: its next-sentence labels are all 0", part)
@@ -285,27 +270,12 @@ def add_chunk_instances(
         out["input_ids"].append(ids)
         out["token_type_ids"].append([0] * len_cls_a_sep + [1] * (len(ids) - len_cls_a_sep))
         out["next_sentence_label"].append(label)
-        out["instance_id"].append(make_id(k))
+        out["instance_id"].append(_instance_id(part, chunk_key, k))
         if stats is not None:
             counts = stats[doc_sources[d]]
             counts.instances += 1
             counts.true_next += label == 0
             counts.real_tokens += len(ids)
-
-
-def _stream_instance_id(chunk_key: int, k: int) -> int:
-    return _stable_hash63(f"{chunk_key}/{k}")
-
-
-def instance_features(objective: str) -> datasets.Features:
-    features = {
-        "input_ids": datasets.List(datasets.Value("int32")),
-        "token_type_ids": datasets.List(datasets.Value("int8")),
-        "instance_id": datasets.Value("int64"),
-    }
-    if objective == "mlm_nsp":
-        features["next_sentence_label"] = datasets.Value("int8")
-    return datasets.Features(features)
 
 
 def plain_backend(tokenizer: PreTrainedTokenizerFast) -> Tokenizer:
@@ -317,17 +287,11 @@ def plain_backend(tokenizer: PreTrainedTokenizerFast) -> Tokenizer:
 
 
 def make_instances(
-    docs: datasets.Dataset,
-    tokenizer: PreTrainedTokenizerFast,
-    cfg: DataConfig,
-    *,
-    seed: int,
-    validation: bool,
+    docs: datasets.Dataset, tokenizer: PreTrainedTokenizerFast, cfg: DataConfig, *, seed: int, validation: bool,
     work_dir: Path | None = None,
 ) -> datasets.Dataset:
     """Instances from materialised documents, in chunks of DOCS_PER_CHUNK documents, num_proc workers."""
     chunks = docs.batch(batch_size=DOCS_PER_CHUNK)
-    num_proc = min(cfg.num_proc, len(chunks)) if cfg.num_proc > 1 else None
     name = "validation" if validation else "train"
     return chunks.map(
         _instances_from_chunks,
@@ -337,7 +301,7 @@ def make_instances(
         remove_columns=chunks.column_names,
         features=instance_features(cfg.objective),
         fn_kwargs={"tokenizer": plain_backend(tokenizer), "cfg": cfg, "seed": seed, "part": name},
-        num_proc=num_proc,
+        num_proc=min(cfg.num_proc, len(chunks)) if cfg.num_proc > 1 else None,
         # Our own cache key decides reuse; skip datasets' function hashing and keep its files in our work dir.
         new_fingerprint=f"lnbert-{name}-{uuid.uuid4().hex}",
         cache_file_name=str(work_dir / f"{name}.arrow") if work_dir is not None else None,
@@ -350,12 +314,8 @@ def stream_instances(
 ) -> datasets.IterableDataset:
     """Training instances made on the fly from a document stream (shuffled with a buffer; set_epoch reshuffles)."""
     chunks = docs.shuffle(seed=seed, buffer_size=cfg.shuffle_buffer_size).batch(batch_size=DOCS_PER_CHUNK)
+    fn_kwargs = {"tokenizer": plain_backend(tokenizer), "cfg": cfg, "seed": seed, "part": "stream"}
     return chunks.map(
-        _instances_from_chunks,
-        batched=True,
-        batch_size=1,
-        with_indices=True,
-        remove_columns=["text", "source"],
-        features=instance_features(cfg.objective),
-        fn_kwargs={"tokenizer": plain_backend(tokenizer), "cfg": cfg, "seed": seed, "part": "stream"},
+        _instances_from_chunks, batched=True, batch_size=1, with_indices=True, remove_columns=["text", "source"],
+        features=instance_features(cfg.objective), fn_kwargs=fn_kwargs,
     )

@@ -15,18 +15,15 @@ from pretrain.data.pipeline import MaskingCollator, PretrainingData
 
 
 def copies_asynchronously() -> bool:
-    """Batches go to a GPU: page-locked by the loaders (pin_memory) and copied without blocking the host
-    (Accelerate's DataLoaderConfiguration(non_blocking=...), False by default). Both or neither: without pinned
-    memory a non-blocking copy is synchronous anyway."""
+    """Batches go to a GPU: pinned by the loaders and copied with Accelerate's non_blocking (False by default). Both
+    or neither: without pinned memory a non-blocking copy is synchronous anyway."""
     return not accelerate_uses_cpu()
 
 
 class EpochSampler(Sampler[int]):
     """A fresh permutation per epoch from ``seed + epoch`` alone, so an epoch's order is reproducible on resume.
-
-    ``epoch`` is set by the training loop. (No ``set_epoch`` method on purpose: Accelerate's data loaders call
-    it with their own iteration counter, which restarts at 0 for a resumed, batch-skipping loader.)
-    """
+    ``epoch`` is set by the training loop: no ``set_epoch`` method, which Accelerate's data loaders would call with
+    their own counter (it restarts at 0 for a resumed, batch-skipping loader)."""
 
     def __init__(self, size: int, seed: int) -> None:
         self.size, self.seed, self.epoch = size, seed, 0
@@ -54,28 +51,23 @@ def build_dataloaders(cfg: PretrainConfig, data: PretrainingData, num_processes:
     train_cfg = cfg.train
     batch = train_cfg.per_device_batch_size
     collator = MaskingCollator(data.tokenizer, mlm_probability=cfg.data.mlm_probability, seed=train_cfg.seed)
+    # Validation masks are fixed (epoch 0 of their own collator), so every evaluation sees the same task.
+    val_collator = MaskingCollator(data.tokenizer, mlm_probability=cfg.data.mlm_probability, seed=train_cfg.seed)
     # Own generators: creating a loader iterator then draws no number from the global RNG, which dropout uses.
-    common = dict(
-        num_workers=train_cfg.num_workers,
-        generator=torch.Generator().manual_seed(train_cfg.seed),
-        pin_memory=copies_asynchronously(),  # with the accelerator's non_blocking copies
-    )
-    sampler = None
-    if isinstance(data.train, torch.utils.data.IterableDataset) or not hasattr(data.train, "__len__"):
-        train = DataLoader(data.train, batch_size=batch, collate_fn=collator, drop_last=True, **common)
-    else:
+    generator = torch.Generator().manual_seed(train_cfg.seed)
+    common = dict(num_workers=train_cfg.num_workers, generator=generator, pin_memory=copies_asynchronously())
+    sampler = None  # a streamed training split comes in its own order
+    if not isinstance(data.train, torch.utils.data.IterableDataset) and hasattr(data.train, "__len__"):
         if len(data.train) < batch * num_processes:
             raise ValueError(
                 f"the training split has {len(data.train)} instances, fewer than one global micro-batch "
                 f"({batch} x {num_processes} processes); add documents or lower train.per_device_batch_size"
             )
         sampler = EpochSampler(len(data.train), train_cfg.seed)
-        train = DataLoader(data.train, batch_size=batch, sampler=sampler, collate_fn=collator, drop_last=True, **common)
+    train = DataLoader(data.train, batch_size=batch, sampler=sampler, collate_fn=collator, drop_last=True, **common)
     validation = data.validation
     if train_cfg.eval_batches:
         # A fixed subset iterated to the end (breaking out of a prepared loader confuses Accelerate's state).
         validation = validation.select(range(min(len(validation), train_cfg.eval_batches * batch * num_processes)))
-    # Validation masks are fixed (epoch 0 of their own collator), so every evaluation sees the same task.
-    val_collator = MaskingCollator(data.tokenizer, mlm_probability=cfg.data.mlm_probability, seed=train_cfg.seed)
     val_loader = DataLoader(validation, batch_size=batch, collate_fn=val_collator, **common)
     return Loaders(train=train, validation=val_loader, train_collator=collator, sampler=sampler)

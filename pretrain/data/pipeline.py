@@ -1,16 +1,4 @@
-"""Pretraining data: ``build_pretraining_data``, which runs the pipeline; each stage has its own module in this
-package, and the data config (DataConfig, SourceConfig) its leaf module, config.py (re-exported here).
-
-    corpus.py          sources (Hub / JSONL / Parquet / text / python_docs) --weights--> one stream of documents
-                       -> held-out documents (validation, split BY DOCUMENT before anything else, paper: 199:1)
-    tokenizer.py       -> tokenizer (Hub / local folder, or WordPiece trained on the training documents)
-    instances.py       -> chunks of documents -> sentences -> token ids -> instances as in original BERT's
-                       ``create_pretraining_data.py`` ([CLS] A [SEP] B [SEP] with next-sentence labels, or packed
-                       full-length sequences for the "mlm" objective), made on the fly from a streamed corpus, or
-    instance_cache.py  made shard by shard once and cached under ``data.cache_dir`` (lock: cache.py)
-    collator.py        MaskingCollator: pads a batch and applies BERT's 80/10/10 masking, a pure function of
-                       (seed, epoch, instance_id), so resumed runs and any number of DataLoader workers see the
-                       same masks.
+"""Pretraining data: ``build_pretraining_data``, which runs the stages of this package (listed in __init__.py).
 
 The training loop imports from here: DataConfig, build_pretraining_data, PretrainingData and MaskingCollator.
 """
@@ -53,15 +41,12 @@ class Prepared(NamedTuple):
     tokenizer: PreTrainedTokenizerFast | None
     """The named tokenizer, or the trained one from the cache; None: it is still to be trained."""
     instances: Path | None
-    """The prepared instances' folder (``prepared_dir``, complete once it holds SUMMARY_FILE); None when streaming
-    (nothing is prepared) or while the tokenizer, part of its key, is still to be trained."""
+    """The prepared instances' folder (``prepared_dir``); None when streaming or while the tokenizer is untrained."""
 
     @property
     def ready(self) -> bool:
         """Nothing is left to train or prepare (streaming: the tokenizer is there)."""
-        if self.tokenizer is None:
-            return False
-        return self.instances is None or (self.instances / SUMMARY_FILE).is_file()
+        return self.tokenizer is not None and (self.instances is None or (self.instances / SUMMARY_FILE).is_file())
 
 
 def prepared(cfg: DataConfig, *, seed: int) -> Prepared:
@@ -72,14 +57,13 @@ def prepared(cfg: DataConfig, *, seed: int) -> Prepared:
 
 
 def is_prepared(cfg: DataConfig, *, seed: int) -> bool:
-    """Whether everything the training needs from ``cfg.cache_dir`` is there: the trained tokenizer (when one is
-    trained) and, unless streaming, the prepared instances."""
+    """Whether ``cfg.cache_dir`` holds all the training needs: the tokenizer and, unless streaming, the instances."""
     return prepared(cfg, seed=seed).ready
 
 
 def check_prepared_for_distributed(cfg: DataConfig, *, ready: bool, num_processes: int, prepare_command: str) -> None:
     """Raise PreparationRequired when ``num_processes`` > 1 and a corpus too large to prepare under a barrier is
-    not prepared yet (``ready``: ``is_prepared``'s answer)."""
+    not prepared yet (``ready``)."""
     if num_processes <= 1 or ready:
         return
     size = corpus_bytes(cfg)
@@ -90,34 +74,25 @@ def check_prepared_for_distributed(cfg: DataConfig, *, ready: bool, num_processe
         f"the data is not prepared: data.cache_dir={cfg.cache_dir} holds no prepared instances for this config, and "
         f"the corpus ({what}) is too large to prepare while {num_processes - 1} other process(es) wait at a barrier "
         f"(data.max_inline_preparation_mb={cfg.max_inline_preparation_mb:g}; NCCL's barrier times out after 10 "
-        f"minutes). Prepare it once, on any machine that sees data.cache_dir "
-        f"(a CPU node will do), with the same arguments:\n    {prepare_command}\nthen start the training again"
+        f"minutes). Prepare it once, on any machine that sees data.cache_dir (a CPU node will do), with the same "
+        f"arguments:\n    {prepare_command}\nthen start the training again"
     )
 
 
 def build_pretraining_data(
-    cfg: DataConfig,
-    *,
-    seed: int,
-    save_tokenizer_to: Path | None = None,
+    cfg: DataConfig, *, seed: int, save_tokenizer_to: Path | None = None, model_vocab_size: int | None = None,
     main_process_first: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
-    model_vocab_size: int | None = None,
-    num_processes: int = 1,
-    prepare_command: str = "python -m pretrain.prepare [the same arguments]",
-    progress: bool = False,
-    trained_tokenizer: Path | None = None,
+    num_processes: int = 1, prepare_command: str = "python -m pretrain.prepare [the same arguments]",
+    progress: bool = False, trained_tokenizer: Path | None = None,
 ) -> PretrainingData:
     """Tokenizer, training and validation instances; built once (inside ``main_process_first()``), then reused
-    from ``cfg.cache_dir`` by every later call with the same inputs. In streaming mode the training instances
-    are made on the fly and only the validation instances are materialised. The corpus is read only when
-    something is not cached, and then once.
+    from ``cfg.cache_dir`` by every later call with the same inputs (streaming: only the validation instances are
+    materialised). The corpus is read only when something is not cached, and then once.
 
     With several processes (``num_processes``) a large corpus must have been prepared by ``pretrain/prepare.py``
     (``prepare_command``): otherwise PreparationRequired is raised before any process waits at a barrier.
-    ``trained_tokenizer``: where the main process saved the tokenizer it trained (for the other processes, whose
-    own cache may not have it: another node's)."""
-    # The tokenizer is loaded and the instances' key computed once, here, before any process waits at the barrier
-    # below: the readiness check needs both, and the preparation reuses them.
+    ``trained_tokenizer``: where the main process saved the tokenizer it trained (another node's cache lacks it)."""
+    # Loaded and keyed once, before any process waits at the barrier: the readiness check and the preparation need both.
     found = prepared(cfg, seed=seed)
     check_prepared_for_distributed(cfg, ready=found.ready, num_processes=num_processes, prepare_command=prepare_command)
 
@@ -126,13 +101,14 @@ def build_pretraining_data(
         return split_corpus(cfg, seed=seed)
 
     with main_process_first():
+        elsewhere = trained_tokenizer if trained_tokenizer is not None and trained_tokenizer.is_dir() else None
         tokenizer = load_or_train_tokenizer(
             cfg,
             save_dir=save_tokenizer_to,
             model_vocab_size=model_vocab_size,
             seed=seed,
             training_texts=lambda: document_texts(documents()[0]),
-            trained_elsewhere=trained_tokenizer if trained_tokenizer is not None and trained_tokenizer.is_dir() else None,
+            trained_elsewhere=elsewhere,
             loaded=found.tokenizer,
         )
         if cfg.streaming:
@@ -140,16 +116,10 @@ def build_pretraining_data(
             validation = make_instances(val_docs, tokenizer, cfg, seed=seed, validation=True)
             train = stream_instances(train_docs, tokenizer, cfg, seed=seed)
         else:
-            train, validation = cached_instances(documents, tokenizer, cfg, seed=seed, progress=progress, folder=found.instances)
+            folder = found.instances
+            train, validation = cached_instances(documents, tokenizer, cfg, seed=seed, progress=progress, folder=folder)
     return PretrainingData(train=train, validation=validation, tokenizer=tokenizer)
 
 
-__all__ = [
-    "DataConfig",
-    "MaskingCollator",
-    "PreparationRequired",
-    "PretrainingData",
-    "SourceConfig",
-    "build_pretraining_data",
-    "is_prepared",
-]
+__all__ = ["DataConfig", "MaskingCollator", "PreparationRequired", "PretrainingData", "SourceConfig",
+           "build_pretraining_data", "is_prepared"]  # fmt: skip

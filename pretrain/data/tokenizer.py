@@ -1,8 +1,5 @@
 """The WordPiece tokenizer: a named one (Hub or local folder) checked for BERT's needs, or one trained on the
-training documents and cached under ``data.cache_dir``.
-
-A trained tokenizer's ids are fixed by SPECIAL_TOKENS' order: [PAD]=0, [UNK]=1, [CLS]=2, [SEP]=3, [MASK]=4.
-"""
+training documents and cached under ``data.cache_dir``."""
 
 from __future__ import annotations
 
@@ -26,8 +23,7 @@ SPECIAL_TOKENS: tuple[str, ...] = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 
 
 def train_wordpiece_tokenizer(texts: Iterable[str], *, vocab_size: int, lowercase: bool = True) -> BertTokenizerFast:
-    """A BERT WordPiece tokenizer trained on ``texts`` (BERT normaliser and pre-tokenizer, [CLS]/[SEP] template),
-    with [PAD]=0, [UNK]=1, [CLS]=2, [SEP]=3, [MASK]=4."""
+    """A BERT WordPiece tokenizer trained on ``texts`` (BERT normaliser and pre-tokenizer, [CLS]/[SEP] template)."""
     tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
     tok.normalizer = normalizers.BertNormalizer(lowercase=lowercase, strip_accents=lowercase)
     tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
@@ -41,18 +37,13 @@ def train_wordpiece_tokenizer(texts: Iterable[str], *, vocab_size: int, lowercas
     return BertTokenizerFast(tokenizer_object=tok, do_lower_case=lowercase, strip_accents=lowercase)
 
 
-# A tokenizer has two identities, and each key takes the one it depends on (both fixed: existing runs' keys stay):
-# - vocab_hash, its vocabulary (token -> id): what a checkpoint's embedding rows mean. The processes of a run and a
-#   resumed run must agree on it (vocabulary.check_one_vocabulary, with_trained_vocabulary), and it is part of
-#   the batches' fingerprint (vocabulary.data_fingerprint), whatever the tokenizer's name or folder.
-# - pipeline_hash, everything that turns text into ids (normaliser, pre-tokenizer, vocabulary, special tokens): what
-#   the prepared instances are made with (instance_cache.data_cache_key). A changed normaliser with the same
-#   vocabulary makes other instances.
+# A tokenizer has two identities (both fixed: existing runs' keys stay): vocab_hash, what a checkpoint's embedding
+# rows mean (the processes of a run and its resumes must agree; part of the batches' fingerprint), and pipeline_hash,
+# what the prepared instances are made with (a changed normaliser with the same vocabulary makes other instances).
 
 
 def vocab_hash(tokenizer: PreTrainedTokenizerBase | Tokenizer) -> str:
-    """The vocabulary's identity (token -> id, added tokens included), whatever the tokenizer's name, folder or
-    normaliser settings."""
+    """The vocabulary's identity (token -> id, added tokens included), whatever the tokenizer's name or folder."""
     return hashlib.sha256(json.dumps(tokenizer.get_vocab(), sort_keys=True).encode()).hexdigest()
 
 
@@ -96,8 +87,7 @@ def _load_named_tokenizer(name: str) -> PreTrainedTokenizerFast:
         ) from e
 
 
-# DataConfig fields a trained tokenizer depends on (keyed_in "tokenizer", pretrain/data/config.py): the sources (by
-# their content's fingerprint) and the fields that pick the training documents or shape the vocabulary.
+# DataConfig fields a trained tokenizer depends on (keyed_in "tokenizer"); the sources by their content's fingerprint.
 _TOKENIZER_KEY_FIELDS = keyed_in(DataConfig, "tokenizer")
 
 
@@ -112,45 +102,36 @@ def trained_tokenizer_dir(cfg: DataConfig, seed: int) -> Path:
     return Path(cfg.cache_dir) / f"tokenizer-{_tokenizer_cache_key(cfg, seed)}"
 
 
-def cached_tokenizer(cfg: DataConfig, *, seed: int = 0, trained_elsewhere: Path | None = None) -> PreTrainedTokenizerFast | None:
-    """The tokenizer when it needs no training: the one ``data.tokenizer`` names (Hub or local folder), or the
-    WordPiece tokenizer this config trained before (in the cache); None when it is still to be trained.
+def cached_tokenizer(
+    cfg: DataConfig, *, seed: int = 0, trained_elsewhere: Path | None = None
+) -> PreTrainedTokenizerFast | None:
+    """The tokenizer when it needs no training: the one ``data.tokenizer`` names, or the WordPiece tokenizer this
+    config trained before (in the cache); None when it is still to be trained.
 
-    ``trained_elsewhere``: the copy another process of the same run trained and saved (the run's own tokenizer
-    folder). When this cache has none, it is taken in rather than trained again: WordPiece training is not
-    bit-reproducible (ties in the merge order), and two nodes with their own caches would otherwise train two
-    vocabularies for one model."""
+    ``trained_elsewhere``: the copy another process of the same run trained and saved, taken into a cache that has
+    none rather than trained again: two nodes with their own caches would otherwise train two vocabularies."""
     if cfg.tokenizer is not None:
         return _load_named_tokenizer(cfg.tokenizer)
     cached = trained_tokenizer_dir(cfg, seed)
-    if not (cached / "tokenizer.json").is_file() and trained_elsewhere is not None:
+    if not (cached / "tokenizer.json").is_file():
+        if trained_elsewhere is None:
+            return None
         with atomic_dir(cached) as tmp:
             AutoTokenizer.from_pretrained(str(trained_elsewhere)).save_pretrained(tmp)
-    if not (cached / "tokenizer.json").is_file():
-        return None
     return AutoTokenizer.from_pretrained(str(cached))
 
 
 def load_or_train_tokenizer(
-    cfg: DataConfig,
-    *,
-    save_dir: Path | None = None,
-    model_vocab_size: int | None = None,
-    seed: int = 0,
-    training_texts: Callable[[], Iterable[str]] | None = None,
-    trained_elsewhere: Path | None = None,
+    cfg: DataConfig, *, save_dir: Path | None = None, model_vocab_size: int | None = None, seed: int = 0,
+    training_texts: Callable[[], Iterable[str]] | None = None, trained_elsewhere: Path | None = None,
     loaded: PreTrainedTokenizerFast | None = None,
 ) -> PreTrainedTokenizerFast:
-    """The tokenizer named by ``data.tokenizer`` (Hub name or local folder), or a WordPiece tokenizer trained on
-    the training documents (cached under cache_dir, keyed by the corpus, seed and tokenizer fields), checked for
-    BERT's needs and ``model_vocab_size``.
+    """The tokenizer named by ``data.tokenizer``, or a WordPiece tokenizer trained on the training documents and
+    cached, checked for BERT's needs and ``model_vocab_size``, and saved to ``save_dir`` when given.
 
-    ``loaded``: what ``cached_tokenizer`` returned for this config (build_pretraining_data loads it before its
-    readiness check), not loaded again. ``trained_elsewhere``: see ``cached_tokenizer``.
-
-    ``training_texts`` returns the training documents' texts (build_pretraining_data passes the ones it already
-    read); by default the corpus is read and split here. Saved to ``save_dir`` (a folder AutoTokenizer opens).
-    """
+    ``loaded``: what ``cached_tokenizer`` returned for this config, not loaded again. ``training_texts``: the
+    training documents' texts (by default the corpus is read and split here). ``trained_elsewhere``: see
+    ``cached_tokenizer``."""
     tokenizer = loaded if loaded is not None else cached_tokenizer(cfg, seed=seed, trained_elsewhere=trained_elsewhere)
     name = cfg.tokenizer
     if name is None:

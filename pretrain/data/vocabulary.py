@@ -21,13 +21,12 @@ from pretrain.run_folder.layout import TOKENIZER_DIR, run_folder_of
 
 def with_trained_vocabulary(data: DataConfig, resume_from: Path | None) -> tuple[DataConfig, list[str]]:
     """``data``, except that a resumed run whose WordPiece tokenizer was trained loads it from the checkpoint's
-    run folder, as if ``data.tokenizer`` named it; and the override that says so on a command line (the data
-    preparation a run with several processes may ask for must make its instances with that vocabulary).
+    run folder, as if ``data.tokenizer`` named it; and the command-line override that says so (for the data
+    preparation a run with several processes may ask for).
 
-    WordPiece training is not bit-reproducible, so the vocabulary the checkpoint was trained with is the run's own,
-    whatever ``data.cache_dir`` holds now: a corpus copied again has new mtimes (a new cache key, nothing cached),
-    a lost cache nothing at all, a shared one perhaps another run's. ``data.tokenizer`` is in no key, so the
-    instances' cache key and the data fingerprint are unchanged."""
+    WordPiece training is not bit-reproducible, so the checkpoint's vocabulary is the run's own, whatever
+    ``data.cache_dir`` holds now (a copied corpus has new mtimes, a new key; a shared cache perhaps another run's).
+    ``data.tokenizer`` is in no key, so the instances' cache key and the data fingerprint are unchanged."""
     saved = None if resume_from is None else run_folder_of(resume_from) / TOKENIZER_DIR
     if data.tokenizer is not None or saved is None or not (saved / "tokenizer.json").is_file():
         return data, []
@@ -39,8 +38,7 @@ def check_one_vocabulary(accelerator: Accelerator, tokenizer: Any) -> None:
     tokenizer (not bit-reproducible) would average gradients over another vocabulary without any error."""
     if accelerator.num_processes == 1:
         return
-    vocab = vocab_hash(tokenizer)
-    hashes = gather_object([vocab])
+    hashes = gather_object([vocab_hash(tokenizer)])
     if len(set(hashes)) > 1:
         raise ConfigError(
             f"the processes of this run hold different vocabularies ({len(set(hashes))} distinct over "
@@ -55,6 +53,5 @@ def data_fingerprint(cfg: PretrainConfig, num_processes: int, tokenizer: Any) ->
     only meaningful for the same sequence). The vocabulary counts, not the tokenizer's name or folder."""
     mechanics = not_keyed_in(type(cfg.data), "batches")  # pretrain/data/config.py: keyed_in
     data = {k: v for k, v in to_dict(cfg.data).items() if k not in mechanics}
-    vocab = vocab_hash(tokenizer)
-    key = [data, vocab, cfg.train.seed, cfg.train.per_device_batch_size, num_processes]
+    key = [data, vocab_hash(tokenizer), cfg.train.seed, cfg.train.per_device_batch_size, num_processes]
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
