@@ -18,6 +18,8 @@ import math
 import statistics
 import tempfile
 import time
+import timeit
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -76,13 +78,9 @@ def write_results(folder: ResultsFolder, runs: list[Path], steps: list[int]) -> 
     return written
 
 
-def timed(fn: object, reps: int) -> float:
-    times = []
-    for _ in range(reps):
-        start = time.perf_counter()
-        fn()  # type: ignore[operator]
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+def timed(fn: Callable[[], object], reps: int) -> float:
+    """The median wall-clock seconds of ``reps`` calls."""
+    return statistics.median(timeit.repeat(fn, number=1, repeat=reps))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -3,20 +3,12 @@
     python -m finetune.dashboard --comparison=bert-base-placements             # --project=lnbert --entity=ME
     python -m finetune.dashboard --comparison=bert-base-placements --dry_run   # build it and print it, offline
 
-The view (built with wandb-workspaces, the W&B team's library for saved views; ``pip install -e ".[dashboard]"``)
-shows the runs whose config ``comparison`` is the given one, grouped by ``variant`` (placement, residual
-scheme, norm type, QK-norm: ``pre``, ``pre-hc4``, ``post-rmsnorm``), so every panel draws one line per variant (the mean over seeds, with its min-max band):
-
-- Figure 5: validation MLM loss against step; MRPC and RTE dev accuracy of every fine-tuning run against
-  ``config.pretrain_step`` (the seed and lr spread), and the report's best-lr means against ``pretrain_step``;
-- per-layer gradient norms (attention and FFN of every layer) and the global gradient norm;
-- throughput (tokens/s), MFU and tokens seen; fine-tuning training loss;
-- a runs table with the outcome columns (status, diverged_at_step, best and last validation loss, tokens
-  seen, and for fine-tuning runs task, step, lr, seed, accuracy, F1).
-
-The view has a name derived from the comparison: running the command again updates it instead of adding one.
+The view (wandb-workspaces, the W&B team's library for saved views: ``pip install -e ".[dashboard]"``) shows the
+runs of the given ``comparison`` grouped by ``variant`` (``pre``, ``pre-hc4``, ``post-rmsnorm``), one line per
+variant (the mean over seeds, with its min-max band): Figure 5, per-layer gradient norms, throughput and MFU,
+fine-tuning loss and a runs table with the outcome columns (docs/tracking.md). Its name is derived from the
+comparison: running the command again updates it instead of adding one.
 """
-
 from __future__ import annotations
 
 import re
@@ -28,23 +20,10 @@ from pretrain.common.cli import parse, require, run_cli
 from pretrain.tracking.wandb_logging import check_credentials
 
 # Runs-table columns: config:KEY, summary:KEY (a nested summary as KEY.min), run:ATTRIBUTE.
-OUTCOME_COLUMNS = [
-    "run:jobType",
-    "config:variant",
-    "config:train.seed",
-    "summary:status",
-    "summary:step",
-    "summary:diverged_at_step",
-    "summary:val/mlm_loss.min",
-    "summary:val/mlm_loss.last",
-    "summary:tokens_seen",
-    "config:task",
-    "config:pretrain_step",
-    "config:lr",
-    "config:seed",
-    "summary:accuracy",
-    "summary:f1",
-]
+OUTCOME_COLUMNS = ["run:jobType", "config:variant", "config:train.seed", "summary:status", "summary:step",
+                   "summary:diverged_at_step", "summary:val/mlm_loss.min", "summary:val/mlm_loss.last",
+                   "summary:tokens_seen", "config:task", "config:pretrain_step", "config:lr", "config:seed",
+                   "summary:accuracy", "summary:f1"]  # fmt: skip
 
 
 @dataclass(kw_only=True)
@@ -65,11 +44,8 @@ class DashboardConfig:
     """Build the view and print what it holds without contacting W&B."""
 
     def __post_init__(self) -> None:
-        require(
-            bool(self.comparison.strip()),
-            "comparison",
-            "is empty; pass the runs' tracking.comparison: --comparison=NAME",
-        )
+        require(bool(self.comparison.strip()), "comparison",
+                "is empty; pass the runs' tracking.comparison: --comparison=NAME")  # fmt: skip
         check_tasks("tasks", self.tasks)
 
 
@@ -96,17 +72,11 @@ def build_workspace(config: DashboardConfig, entity: str) -> Any:
     figure5 = [wr.LinePlot(title="(a) validation MLM loss", x="Step", y=["val/mlm_loss"], **mean_band)]
     for panel, task in zip("bcdefgh", config.tasks, strict=False):
         figure5 += [
-            wr.ScatterPlot(
-                title=f"({panel}) {task.upper()} dev accuracy of each fine-tuning run vs pretraining step",
-                x=wr.Config("pretrain_step"),
-                y=wr.SummaryMetric(f"{task}/accuracy"),
-            ),
-            wr.LinePlot(
-                title=f"({panel}) {task.upper()}: best lr, mean over seeds (finetune.report)",
-                x="pretrain_step",
-                metric_regex=f"figure5/{task}_accuracy/.*",
-            ),
-        ]
+            wr.ScatterPlot(title=f"({panel}) {task.upper()} dev accuracy of each fine-tuning run vs pretraining step",
+                           x=wr.Config("pretrain_step"), y=wr.SummaryMetric(f"{task}/accuracy")),
+            wr.LinePlot(title=f"({panel}) {task.upper()}: best lr, mean over seeds (finetune.report)",
+                        x="pretrain_step", metric_regex=f"figure5/{task}_accuracy/.*"),
+        ]  # fmt: skip
     gradients = [
         wr.LinePlot(title="attention gradient norm per layer", metric_regex=r"grad_norm/layer_\d+/attn"),
         wr.LinePlot(title="FFN gradient norm per layer", metric_regex=r"grad_norm/layer_\d+/ffn"),
@@ -120,22 +90,17 @@ def build_workspace(config: DashboardConfig, entity: str) -> Any:
     ]
     finetuning = [wr.LinePlot(title="fine-tuning training loss", x="train_step", y=["train/loss"], **mean_band)]
     return ws.Workspace(
-        entity=entity,
-        project=config.project,
-        name=config.name or f"LayerNorm placements: {config.comparison}",
+        entity=entity, project=config.project, name=config.name or f"LayerNorm placements: {config.comparison}",
         sections=[
             ws.Section(name="Figure 5", panels=figure5, is_open=True),
             ws.Section(name="Gradient norms per layer", panels=gradients, is_open=True),
             ws.Section(name="Throughput and MFU", panels=throughput, is_open=True),
             ws.Section(name="Fine-tuning", panels=finetuning),
         ],
-        runset_settings=ws.RunsetSettings(
-            filters=[ws.Config("comparison") == config.comparison],
-            groupby=[ws.Config("variant")],
-            pinned_columns=list(OUTCOME_COLUMNS),
-        ),
+        runset_settings=ws.RunsetSettings(filters=[ws.Config("comparison") == config.comparison],
+                                          groupby=[ws.Config("variant")], pinned_columns=list(OUTCOME_COLUMNS)),
         settings=ws.WorkspaceSettings(x_axis="Step"),
-    )
+    )  # fmt: skip
 
 
 def save_workspace(workspace: Any, comparison: str) -> Any:
@@ -175,8 +140,7 @@ def main(argv: list[str] | None = None) -> int:
         print(describe(build_workspace(config, config.entity or "ENTITY")))
         return 0
     check_credentials("online", fix="saving a view needs W&B online; --dry_run builds and prints it offline")
-    entity = config.entity
-    if entity is None:
+    if (entity := config.entity) is None:
         import wandb
 
         entity = wandb.Api().default_entity

@@ -4,28 +4,20 @@
         --out=outputs/figure5 [--target_loss=1.69] [--data_dir=path/to/glue] [--wandb]   (one command, two lines)
     python -m finetune.report --runs='[runs/post_ln, runs/pre_ln]' --tasks='[]'   # panel (a) alone, no results
 
-Panels: (a) validation MLM loss against pretraining step, one line per run (RUN/metrics.jsonl); (b) MRPC and
-(c) RTE dev accuracy against pretraining step: for each (run, step) the learning rate with the best mean dev
-accuracy over seeds, drawn as that mean with a 95% t-interval over seeds clipped to [0, 100] (accuracy cannot
-leave it), beside the dev set's majority-class and chance accuracies; a hollow marker flags a point whose every
-seed predicts (almost) one class; (d) the same points' dev loss with its t-interval, beside the loss of predicting
-the label prior, on an axis at least MIN_LOSS_SPAN tall. ``summary.md`` holds the steps each run needs to reach a
-validation loss (interpolated between evaluations; ``~`` where they are far apart) in this comparison's own terms,
-the recipe keys in which the runs differ besides their model variant, the baselines (over the dev examples the
-jobs were scored on), the per-step results with their flags, and links to the figures.
-
-The report says what its inputs cannot show: jobs of the results folder not done yet (counted per run and task;
-the points they belong to are marked and no verdict is drawn from them), no fine-tuning results at all (only panel
-(a) is drawn, with a warning on stderr and in summary.md; exit code 0: the report of runs that are not fine-tuned
-yet is a normal stage), runs whose recipes differ, steps-to-loss figures interpolated over a wide gap, and
-baselines of a truncated dev set. A results folder that does not exist is an error (exit code 2): pass the right
-one, or ``--tasks='[]'`` for panel (a) alone. ``--wandb`` logs the same to one W&B report run whose id is derived
-from the runs, so re-running updates it (WANDB_MODE=offline works without network).
+Panels: (a) validation MLM loss against pretraining step, one line per run; (b) MRPC and (c) RTE dev accuracy of
+the best lr per (run, step), mean and 95% t-interval over seeds, beside the dev set's majority-class and chance
+accuracies; (d) the same points' dev loss beside the loss of predicting the label prior. ``summary.md`` holds the
+steps each run needs to reach a validation loss, the recipe keys in which the runs differ, the baselines and the
+per-step results. It says what its inputs cannot show (docs/finetuning.md): jobs not done yet (no verdict is drawn
+from them), no fine-tuning results (panel (a) alone, a warning, exit code 0), runs whose recipes differ, figures
+interpolated over a wide gap and baselines of a truncated dev set. A results folder that does not exist is an error
+(exit code 2). ``--wandb`` logs the same to one W&B report run that re-running updates (WANDB_MODE=offline works).
 """
 
 from __future__ import annotations
 
 import inspect
+import itertools
 import json
 import math
 import sys
@@ -54,8 +46,7 @@ from pretrain.variants import variant_name
 VAL_LOSS = "val/mlm_loss"
 WIDE_GAP_SHARE = 0.1
 """A steps-to-loss figure interpolated between two evaluations farther apart than this share of the figure itself
-is marked ``~``: the run reaches the loss somewhere between them, so the figure (and a ratio of two) is uncertain by
-that much. Relative to the figure, not the run: a ratio of two figures is as uncertain as its figures."""
+is marked ``~``: relative to the figure, as a ratio of two figures is as uncertain as its figures."""
 MIN_LOSS_SPAN = 0.1
 """Panel (d)'s y-axis spans at least this many nats, so that seed noise of 1e-4 is not stretched into a trend."""
 VARIANT_KEYS = frozenset(f"model.{name}" for name in inspect.signature(variant_name).parameters)
@@ -82,13 +73,11 @@ class ReportConfig(ResultsOption):
     recipe_hash: str | None = None
     """Use only results of this fine-tuning recipe (needed when the results folder holds several)."""
     data_dir: str | None = None
-    """GLUE folder in the original layout (MRPC/dev.tsv, RTE/dev.tsv). Given, the baselines of jobs scored on the
-    first N dev examples (recipe.max_eval_examples) are also computed over the full dev sets; unset, the report
-    says they are of those N examples only (it never downloads GLUE)."""
+    """GLUE folder in the original layout (MRPC/dev.tsv, RTE/dev.tsv): baselines of jobs scored on the first N dev
+    examples (recipe.max_eval_examples) are then also given over the full dev sets (it never downloads GLUE)."""
     wandb: bool = False
-    """Also log to W&B one report run (job_type report) with a deterministic id, so re-running updates it:
-    steps-to-loss table, Figure 5 curves against pretrain_step, per-seed rows, figures (WANDB_MODE=offline
-    logs into OUT/wandb)."""
+    """Also log to W&B one report run (job_type report) with a deterministic id, so re-running updates it
+    (WANDB_MODE=offline logs into OUT/wandb)."""
     wandb_project: str | None = None
     """W&B project; unset: the pretraining runs' tracking.project (else lnbert)."""
     one_class_share: float = 0.95
@@ -100,11 +89,8 @@ class ReportConfig(ResultsOption):
         require(bool(self.runs), "runs", "is empty; pass the pretraining run folders with --runs='[RUN1, RUN2]'")
         check_tasks("tasks", self.tasks)
         require(self.target_loss is None or self.target_loss > 0, "target_loss", f"must be > 0; got {self.target_loss}")
-        require(
-            0.5 < self.one_class_share <= 1,
-            "one_class_share",
-            f"must be in (0.5, 1] (a share of dev predictions); got {self.one_class_share}",
-        )
+        require(0.5 < self.one_class_share <= 1, "one_class_share",
+                f"must be in (0.5, 1] (a share of dev predictions); got {self.one_class_share}")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -120,8 +106,7 @@ class RunInfo:
     placement: str
     """The norm placement (post, pre, ...)."""
     variant: str
-    """The model variant (pretrain.variants.variant_name: placement, residual scheme, norm type, QK-norm); the
-    placement alone for a run without run_config.json."""
+    """The model variant (pretrain.variants.variant_name); the placement alone for a run without run_config.json."""
     config: dict[str, Any]
     """The run's resolved pretraining config (RUN/run_config.json) by dotted key; {} for a run without one."""
     label: str
@@ -133,12 +118,6 @@ class RunInfo:
 # --------------------------------------------------------------------------------------------------
 
 
-def run_variant(config: dict[str, Any]) -> str:
-    """The variant name of a flattened run config: every key variant_name reads that the config holds."""
-    given = {key.removeprefix("model."): config[key] for key in VARIANT_KEYS if key in config}
-    return variant_name(**given)
-
-
 def run_info(run_dir: str | Path) -> RunInfo:
     """A run folder as the report compares it; a run_config.json of another format version is refused."""
     path = Path(run_dir).resolve()
@@ -147,7 +126,9 @@ def run_info(run_dir: str | Path) -> RunInfo:
     status = read_status(path)
     config = flatten(read_run_config(path, RUN_CONFIG_FIX))
     placement = str(config.get("model.norm_placement") or status.get("norm_placement") or "unknown")
-    variant = run_variant(config) if config else placement
+    # Every key variant_name reads that the config holds.
+    given = {key.removeprefix("model."): config[key] for key in VARIANT_KEYS if key in config}
+    variant = variant_name(**given) if config else placement
     name = str(status.get("run_name") or path.name)
     return RunInfo(path=path, run_id=read_run_id(path), name=name, placement=placement, variant=variant,
                    config=config, label=f"{name} ({variant})")  # fmt: skip
@@ -159,10 +140,10 @@ def run_infos(run_dirs: list[str]) -> list[RunInfo]:
     ids = [run.run_id for run in runs]
     if len(set(ids)) < len(ids):
         raise ValueError(f"--runs names one run twice (run ids {', '.join(ids)}); pass each run folder once")
-    labels = [run.label for run in runs]
+    labels = Counter(run.label for run in runs)
     out = []
     for run in runs:
-        if labels.count(run.label) > 1:
+        if labels[run.label] > 1:
             folders = [r.path.name for r in runs if r.label == run.label]
             suffix = run.path.name if folders.count(run.path.name) == 1 else run.run_id
             run = replace(run, label=f"{run.label} [{suffix}]")
@@ -170,8 +151,9 @@ def run_infos(run_dirs: list[str]) -> list[RunInfo]:
     return out
 
 
-ABSENT = "(absent)"
-"""A recipe key one run's config does not hold."""
+def unconfigured(runs: Sequence[RunInfo]) -> list[str]:
+    """The labels of the runs whose recipe is unknown (no run_config.json)."""
+    return [run.label for run in runs if not run.config]
 
 
 def recipe_differences(runs: Sequence[RunInfo]) -> list[tuple[str, list[Any]]]:
@@ -179,38 +161,30 @@ def recipe_differences(runs: Sequence[RunInfo]) -> list[tuple[str, list[Any]]]:
     [] for fewer than two runs or a run without run_config.json (``unconfigured`` says which)."""
     if len(runs) < 2 or unconfigured(runs):
         return []
-    differ = [key for key in sorted(RECIPE_KEYS) if len({json.dumps(run.config.get(key, ABSENT)) for run in runs}) > 1]
-    return [(key, [run.config.get(key, ABSENT) for run in runs]) for key in differ]
-
-
-def unconfigured(runs: Sequence[RunInfo]) -> list[str]:
-    """The labels of the runs whose recipe is unknown (no run_config.json)."""
-    return [run.label for run in runs if not run.config]
-
-
-def _value(value: Any) -> str:
-    """A config value as a user writes it on the command line (YAML)."""
-    if isinstance(value, float):
-        return f"{value:g}"
-    return value if isinstance(value, str) else json.dumps(value, sort_keys=True)
+    values = {key: [run.config.get(key, "(absent)") for run in runs] for key in sorted(RECIPE_KEYS)}
+    return [(key, v) for key, v in values.items() if len({json.dumps(value) for value in v}) > 1]
 
 
 def differences_text(differences: list[tuple[str, list[Any]]]) -> str:
-    """``optim.lr 0.0001 vs 0.0003, optim.warmup_steps 100 vs 0``."""
-    return ", ".join(f"{key} {' vs '.join(_value(v) for v in values)}" for key, values in differences)
+    """``optim.lr 0.0001 vs 0.0003, optim.warmup_steps 100 vs 0``, each value as a user writes it (YAML)."""
+
+    def written(value: Any) -> str:
+        if isinstance(value, float):
+            return f"{value:g}"
+        return value if isinstance(value, str) else json.dumps(value, sort_keys=True)
+
+    return ", ".join(f"{key} {' vs '.join(map(written, values))}" for key, values in differences)
 
 
 def recipe_caveat(runs: Sequence[RunInfo]) -> str:
     """What a comparison of ``runs`` (a ratio of their steps) owes besides the placement; empty when nothing."""
-    names = " vs ".join(run.label for run in runs)
     if unconfigured(runs):
         return (f" Their recipes are unknown ({', '.join(unconfigured(runs))}: no {RUN_CONFIG_FILE}), so the ratio "
                 "may not be the placement's alone.")  # fmt: skip
-    differences = recipe_differences(runs)
-    if not differences:
-        return ""
-    return (f" Their recipes differ besides the model variant ({names}: {differences_text(differences)}), so the "
-            "ratio is not the placement's alone.")  # fmt: skip
+    if differences := recipe_differences(runs):
+        return (f" Their recipes differ besides the model variant ({' vs '.join(run.label for run in runs)}: "
+                f"{differences_text(differences)}), so the ratio is not the placement's alone.")  # fmt: skip
+    return ""
 
 
 # --------------------------------------------------------------------------------------------------
@@ -263,12 +237,10 @@ def steps_table(runs: list[RunInfo], curves: dict[str, list[tuple[int, float]]],
     """Steps to ``target`` per run, the ratio to the slowest run that reaches it, and whether the figure is
     interpolated across a wide gap (``approximate``, between the evaluations of ``bracket``)."""
     found = {run.label: crossing(curves[run.label], target) for run in runs}
-    reached = [c.step for c in found.values() if c is not None]
-    slowest = max(reached) if reached else None
+    slowest = max((c.step for c in found.values() if c is not None), default=None)
     rows = []
-    for run in runs:
-        c = found[run.label]
-        rows.append({"run": run.label, "steps": None if c is None else c.step,
+    for label, c in found.items():
+        rows.append({"run": label, "steps": None if c is None else c.step,
                      "ratio": c.step / slowest if c is not None and slowest else None,
                      "approximate": c is not None and c.wide, "bracket": None if c is None else c.bracket})  # fmt: skip
     return rows
@@ -279,63 +251,47 @@ def steps_table(runs: list[RunInfo], curves: dict[str, list[tuple[int, float]]],
 # --------------------------------------------------------------------------------------------------
 
 
-def select_rows(rows: list[dict[str, Any]], recipe_hash: str | None) -> list[dict[str, Any]]:
-    """Rows of one fine-tuning recipe: mixing recipes in one point would average unlike numbers."""
-    if recipe_hash is not None:
-        return [r for r in rows if r["recipe_hash"] == recipe_hash]
-    recipes = sorted({r["recipe_hash"] for r in rows})
-    if len(recipes) > 1:
-        raise ValueError(
-            f"the results folder holds results of several fine-tuning recipes {recipes}; choose one with --recipe_hash"
-        )
-    return rows
-
-
 def report_jobs(
     folder: ResultsFolder, runs: Sequence[RunInfo], tasks: list[str], recipe_hash: str | None
 ) -> list[dict[str, Any]]:
     """Every job of the report's runs and tasks that the results folder names, whatever its status (rows of
-    ``JobState.row``), of one recipe. Jobs the scheduler has not written into a manifest yet are unknown here."""
+    ``JobState.row``), of one recipe: mixing recipes in one point would average unlike numbers. Jobs the scheduler
+    has not written into a manifest yet are unknown here."""
     rows = [state.row() for state in folder.jobs().values()]
-    return select_rows([r for r in rows if r["task"] in tasks and of_runs(r, runs)], recipe_hash)
-
-
-def not_done_counts(jobs: list[dict[str, Any]], runs: Sequence[RunInfo], tasks: list[str]) -> dict[str, Counter]:
-    """``"RUN TASK"`` -> how many of its jobs are queued, submitted and failed, in the order of the runs and tasks."""
-    counts: dict[tuple[int, int], Counter] = defaultdict(Counter)
-    order = {run.run_id: i for i, run in enumerate(runs)}
-    for job in jobs:
-        if job["status"] != "done":
-            counts[(order[job["run_id"]], tasks.index(job["task"]))][job["status"]] += 1
-    return {f"{runs[r].label} {tasks[t].upper()}": counts[(r, t)] for r, t in sorted(counts)}
+    rows = [r for r in rows if r["task"] in tasks and of_runs(r, runs)]
+    if recipe_hash is not None:
+        return [r for r in rows if r["recipe_hash"] == recipe_hash]
+    recipes = sorted({r["recipe_hash"] for r in rows})
+    if len(recipes) > 1:
+        raise ValueError(f"the results folder holds results of several fine-tuning recipes {recipes}; choose one "
+                         "with --recipe_hash")  # fmt: skip
+    return rows
 
 
 def progress_warning(jobs: list[dict[str, Any]], runs: Sequence[RunInfo], tasks: list[str], root: Path) -> str | None:
-    """How many jobs of which runs and tasks are not done yet; None when every job the folder names is done."""
-    counts = not_done_counts(jobs, runs, tasks)
-    if not counts:
+    """How many jobs of which runs and tasks are queued, submitted and failed, in the order of the runs and tasks;
+    None when every job the folder names is done."""
+    pending = Counter((job["run_id"], job["task"], job["status"]) for job in jobs if job["status"] != "done")
+    if not pending:
         return None
-    missing = sum(sum(c.values()) for c in counts.values())
-    parts = [f"{name}: {', '.join(f'{c[s]} {s}' for s in NOT_DONE if c[s])}" for name, c in counts.items()]
-    failed = any(c["failed"] for c in counts.values())
+    parts = []
+    for run, task in itertools.product(runs, tasks):
+        if counts := [f"{pending[run.run_id, task, s]} {s}" for s in NOT_DONE if pending[run.run_id, task, s]]:
+            parts.append(f"{run.label} {task.upper()}: {', '.join(counts)}")
+    failed = any(status == "failed" for *_, status in pending)
     return (
-        f"**Incomplete: {missing} of {len(jobs)} jobs are not done** ({'; '.join(parts)}). The points they belong to "
-        "are marked * in the table (their best lr and mean may still change) and no verdict is final. Run the "
-        f"report again when `python -m finetune.schedule status --results_dir={root}` shows them done"
+        f"**Incomplete: {sum(pending.values())} of {len(jobs)} jobs are not done** ({'; '.join(parts)}). The points "
+        "they belong to are marked * in the table (their best lr and mean may still change) and no verdict is final. "
+        f"Run the report again when `python -m finetune.schedule status --results_dir={root}` shows them done"
         + ("; failed jobs run again with finetune.schedule's --retry_failed=true" if failed else "")
         + "."
     )
 
 
-def job_warnings(jobs: list[dict[str, Any]], runs: Sequence[RunInfo], tasks: list[str], root: Path) -> list[str]:
-    """What the results folder cannot show yet: no result at all (what to run, or wait for), then the jobs not done."""
-    warnings = [] if any(job["status"] == "done" for job in jobs) else [no_results_warning(jobs, runs, root)]
-    progress = progress_warning(jobs, runs, tasks, root)
-    return warnings + ([progress] if progress else [])
-
-
-def no_results_warning(jobs: list[dict[str, Any]], runs: Sequence[RunInfo], root: Path) -> str:
-    """What to do when no job of the runs is done: wait for the jobs named, or schedule them."""
+def no_results_warning(jobs: list[dict[str, Any]], runs: Sequence[RunInfo], root: Path) -> str | None:
+    """What to do when no job of the runs is done: wait for the jobs named, or schedule them; None when one is."""
+    if any(job["status"] == "done" for job in jobs):
+        return None
     if jobs:
         return (f"**No fine-tuning job of these runs is done yet** ({len(jobs)} named in {root}): panels (b)-(d) are "
                 "not drawn until one is.")  # fmt: skip
@@ -387,31 +343,31 @@ def full_dev_baselines(task: str, data_dir: str) -> dict[str, Any]:
 
     labels = np.array([e.label for e in load_task(task, data_dir)["dev"]])
     metrics = baseline_metrics(get_task(task), labels, labels)
-    counts = np.bincount(labels)
     return {"full_examples": len(labels), "full_majority_accuracy": metrics["majority_accuracy"],
-            "full_majority_f1": metrics.get("majority_f1"), "full_prior_loss": entropy(counts / len(labels))}  # fmt: skip
+            "full_majority_f1": metrics.get("majority_f1"),
+            "full_prior_loss": entropy(np.bincount(labels) / len(labels))}  # fmt: skip
 
 
 def task_baselines(rows: list[dict[str, Any]], task: str, data_dir: str | None = None) -> dict[str, Any]:
-    """The dev set's majority-class accuracy (and F1) and label-prior loss as the task's jobs measured them, chance
-    (a uniform guess between the two labels), and ``eval_examples``: the N of recipe.max_eval_examples when the jobs
-    were scored on the first N dev examples only (None: the whole dev set). With ``data_dir``, a truncated set's
-    baselines also over the whole dev set (``full_*``). None where the task has none (RTE has no F1) or no job of
-    it finished."""
+    """The dev set's majority-class accuracy (and F1), label-prior loss and chance (a uniform guess) as the task's jobs
+    measured them (None where it has none, RTE's F1, or no job is done); ``eval_examples``: the N of
+    recipe.max_eval_examples when they saw the first N dev examples only (None: all); ``full_*``: with ``data_dir``,
+    a truncated set's baselines over the whole dev set."""
+    mine = [r for r in rows if r["task"] == task]
 
     def typical(column: str) -> float | None:
-        values = [r[column] for r in rows if r["task"] == task and r.get(column) is not None]
+        values = [r[column] for r in mine if r.get(column) is not None]
         # One recipe, one dev set: the values agree; the median is robust to a job with a capped dev set.
         return float(np.median(values)) if values else None
 
     majority = typical("majority_accuracy")
-    limits = {r["recipe"].get("max_eval_examples") for r in rows if r["task"] == task}  # one recipe: one limit
+    two_classes = len(get_task(task).label_names) == 2
     base: dict[str, Any] = {
         "majority_accuracy": majority,
         "majority_f1": typical("majority_f1"),
         "chance": 0.5,
-        "prior_loss": prior_loss(majority) if majority is not None and len(get_task(task).label_names) == 2 else None,
-        "eval_examples": next(iter(limits), None),
+        "prior_loss": prior_loss(majority) if majority is not None and two_classes else None,
+        "eval_examples": next(iter({r["recipe"].get("max_eval_examples") for r in mine}), None),  # one recipe
         **dict.fromkeys(("full_examples", "full_majority_accuracy", "full_majority_f1", "full_prior_loss")),
     }
     if base["eval_examples"] is not None and data_dir is not None:
@@ -421,33 +377,24 @@ def task_baselines(rows: list[dict[str, Any]], task: str, data_dir: str | None =
     return base
 
 
-def one_class_seeds(group: list[dict[str, Any]], share: float) -> int:
-    """How many of a point's jobs put at least ``share`` of their dev predictions in one class."""
-    return sum(r["top_class_share"] >= share for r in group)
-
-
 def best_lr_points(
-    rows: list[dict[str, Any]],
-    runs: list[RunInfo],
-    task: str,
-    one_class_share: float = 0.95,
-    jobs: list[dict[str, Any]] | None = None,
+    jobs: list[dict[str, Any]], runs: list[RunInfo], task: str, one_class_share: float
 ) -> list[dict[str, Any]]:
-    """For each (run, step): the lr with the best mean dev accuracy, with its mean, CI (and the CI clipped to
-    [0, 1]), seed count, mean dev loss and its CI, and how many seeds predict one class (``one_class``: all of
-    them). ``jobs`` (every job of the runs, done or not; default ``rows``) gives each point its ``planned_seeds``
-    (the seeds of its lr) and ``not_done`` (its jobs of any lr without a result: ``incomplete``)."""
+    """For each (run, step) with a result: the lr with the best mean dev accuracy, with its mean, CI (and the CI
+    clipped to [0, 1]), seed count, mean dev loss and its CI, and how many seeds predict one class (``one_class``:
+    all of them). ``jobs`` (every job of the runs, done or not) gives each point its ``planned_seeds`` (the seeds of
+    its lr) and ``not_done`` (its jobs of any lr without a result: ``incomplete``)."""
     label_of = {run.run_id: run.label for run in runs}
     groups: dict[tuple[str, int], dict[float, list[dict[str, Any]]]] = defaultdict(lambda: defaultdict(list))
-    # By run id: a run folder moved or mounted elsewhere is the same run; another run of the same name is not.
-    for row in (r for r in rows if r["task"] == task and r["run_id"] in label_of):
-        groups[(label_of[row["run_id"]], row["pretrain_step"])][row["lr"]].append(row)
     planned: dict[tuple[str, int, float], set[int]] = defaultdict(set)
     not_done: Counter[tuple[str, int]] = Counter()
-    for job in (j for j in (rows if jobs is None else jobs) if j["task"] == task and j["run_id"] in label_of):
+    # By run id: a run folder moved or mounted elsewhere is the same run; another run of the same name is not.
+    for job in (j for j in jobs if j["task"] == task and j["run_id"] in label_of):
         point = (label_of[job["run_id"]], job["pretrain_step"])
         planned[(*point, job["lr"])].add(job["seed"])
         not_done[point] += job["status"] != "done"
+        if job["status"] == "done":
+            groups[point][job["lr"]].append(job)
     points = []
     for (label, step), by_lr in sorted(groups.items()):
         lr, group = max(by_lr.items(), key=lambda item: (np.mean([r["accuracy"] for r in item[1]]), -item[0]))
@@ -456,30 +403,16 @@ def best_lr_points(
         dev_losses = [r["dev_loss"] for r in group]
         accuracy, accuracy_ci = float(np.mean(accuracies)), confidence_interval(accuracies)
         low, high, clipped = clipped_interval(accuracy, accuracy_ci)
-        one_class = one_class_seeds(group, one_class_share)
-        points.append(
-            {
-                "run": label,
-                "task": task,
-                "step": step,
-                "lr": lr,
-                "seeds": len(group),
-                "planned_seeds": max(len(planned[(label, step, lr)]), len(group)),
-                "not_done": not_done[(label, step)],
-                "incomplete": not_done[(label, step)] > 0,
-                "accuracy": accuracy,
-                "accuracy_ci": accuracy_ci,
-                "accuracy_low": low,
-                "accuracy_high": high,
-                "accuracy_clipped": clipped,
-                "f1": float(np.mean(f1s)) if f1s else None,
-                "f1_ci": confidence_interval(f1s) if f1s else None,
-                "dev_loss": float(np.mean(dev_losses)),
-                "dev_loss_ci": confidence_interval(dev_losses),
-                "one_class_seeds": one_class,
-                "one_class": one_class == len(group),
-            }
-        )
+        one_class = sum(r["top_class_share"] >= one_class_share for r in group)
+        points.append({
+            "run": label, "task": task, "step": step, "lr": lr, "seeds": len(group),
+            "planned_seeds": max(len(planned[(label, step, lr)]), len(group)), "not_done": not_done[(label, step)],
+            "incomplete": not_done[(label, step)] > 0, "accuracy": accuracy, "accuracy_ci": accuracy_ci,
+            "accuracy_low": low, "accuracy_high": high, "accuracy_clipped": clipped,
+            "f1": float(np.mean(f1s)) if f1s else None, "f1_ci": confidence_interval(f1s) if f1s else None,
+            "dev_loss": float(np.mean(dev_losses)), "dev_loss_ci": confidence_interval(dev_losses),
+            "one_class_seeds": one_class, "one_class": one_class == len(group),
+        })  # fmt: skip
     return points
 
 
@@ -504,23 +437,13 @@ def x_offsets(runs: list[RunInfo], steps: list[int]) -> dict[str, float]:
 
 def style(index: int) -> dict[str, Any]:
     """A run's colour, marker and line style, the same in every panel."""
-    return {
-        "color": f"C{index}",
-        "marker": MARKERS[index % len(MARKERS)],
-        "linestyle": LINESTYLES[index % len(LINESTYLES)],
-    }
+    return {"color": f"C{index}", "marker": MARKERS[index % len(MARKERS)],
+            "linestyle": LINESTYLES[index % len(LINESTYLES)]}  # fmt: skip
 
 
-def seeds_text(points: list[dict[str, Any]]) -> str:
-    counts = sorted({p["seeds"] for p in points})
-    return f"n={counts[0]}" if len(counts) == 1 else f"n={counts[0]}-{counts[-1]}"
-
-
-def plot_loss(
-    runs: list[RunInfo], curves: dict[str, list[tuple[int, float]]], target: float | None, path: Path
-) -> Path:
-    plt = pyplot()
-    fig, ax = plt.subplots(figsize=(7, 3.6))
+def plot_loss(runs: list[RunInfo], curves: dict[str, list[tuple[int, float]]], target: float | None,
+              path: Path) -> Path:  # fmt: skip
+    fig, ax = pyplot().subplots(figsize=(7, 3.6))
     for index, run in enumerate(runs):
         if curves[run.label]:
             steps, losses = zip(*curves[run.label], strict=True)
@@ -541,60 +464,48 @@ def _finish(fig: Any, ax: Any, path: Path, note: str | None = None) -> Path:
 
 def dev_set_text(base: dict[str, Any]) -> str:
     """Which dev examples a baseline is of, for a legend: empty for the whole dev set."""
-    return "" if base.get("eval_examples") is None else f", first {base['eval_examples']} dev examples"
+    return "" if base["eval_examples"] is None else f", first {base['eval_examples']} dev examples"
 
 
 def plot_task(
-    runs: list[RunInfo],
-    points: list[dict[str, Any]],
-    task: str,
-    panel: str,
-    path: Path,
-    baselines: dict[str, Any] | None = None,
+    runs: list[RunInfo], points: list[dict[str, Any]], task: str, panel: str, path: Path, base: dict[str, Any]
 ) -> Path:
-    """Best-lr mean accuracy per step and run, its clipped t-interval, the dev set's majority and chance
-    accuracies; a hollow marker is a point whose every seed predicts (almost) one class."""
-    plt = pyplot()
-    fig, ax = plt.subplots(figsize=(7.5, 3.6))  # the legend takes the right third
+    """Best-lr mean accuracy per step and run of ``task``, its clipped t-interval, the dev set's majority and chance
+    accuracies (``base``: task_baselines); a hollow marker is a point whose every seed predicts (almost) one class."""
+    points = [p for p in points if p["task"] == task]
+    fig, ax = pyplot().subplots(figsize=(7.5, 3.6))  # the legend takes the right third
     offsets = x_offsets(runs, [p["step"] for p in points])
     for index, run in enumerate(runs):
-        mine = [p for p in points if p["run"] == run.label]
-        if not mine:
+        if not (mine := [p for p in points if p["run"] == run.label]):
             continue
         x = [p["step"] + offsets[run.label] for p in mine]
         y = [100 * p["accuracy"] for p in mine]
-        bars = [
-            [0.0 if math.isnan(p["accuracy_low"]) else 100 * (p["accuracy"] - p["accuracy_low"]) for p in mine],
-            [0.0 if math.isnan(p["accuracy_high"]) else 100 * (p["accuracy_high"] - p["accuracy"]) for p in mine],
-        ]
-        marker = style(index)["marker"]
-        ax.errorbar(x, y, yerr=bars, capsize=3, label=f"{run.label}, {seeds_text(mine)} seeds", **style(index))
-        colour = style(index)["color"]
+        # No interval (one seed): no bar.
+        bars = 100 * np.nan_to_num([[p["accuracy"] - p["accuracy_low"] for p in mine],
+                                    [p["accuracy_high"] - p["accuracy"] for p in mine]])  # fmt: skip
+        seeds = sorted({p["seeds"] for p in mine})
+        n = f"{seeds[0]}" if len(seeds) == 1 else f"{seeds[0]}-{seeds[-1]}"
+        ax.errorbar(x, y, yerr=bars, capsize=3, label=f"{run.label}, n={n} seeds", **style(index))
         # Markers on top of every line and bar; hollow: the point's accuracy is the dev set's label balance.
-        for xi, yi, p in zip(x, y, mine, strict=True):
-            face = "white" if p["one_class"] else colour
-            ax.plot([xi], [yi], marker=marker, markersize=6, markerfacecolor=face, markeredgecolor=colour, zorder=3)
-    base = baselines or {}
-    if base.get("majority_accuracy") is not None:
-        majority = 100 * base["majority_accuracy"]
-        full = base.get("full_majority_accuracy")
+        colour = style(index)["color"]
+        ax.scatter(x, y, s=36, marker=style(index)["marker"], c=["white" if p["one_class"] else colour for p in mine],
+                   edgecolors=colour, linewidths=1, zorder=3)  # fmt: skip
+    if base["majority_accuracy"] is not None:
+        majority, full = 100 * base["majority_accuracy"], base["full_majority_accuracy"]
         label = f"majority class {majority:.1f}%{dev_set_text(base)}" + (
             f"\n(all {base['full_examples']}: {100 * full:.1f}%)" if full is not None and base["eval_examples"] else ""
         )
         ax.axhline(majority, color="black", linestyle="--", linewidth=0.9, label=label)
-    if base.get("chance") is not None:
-        chance = 100 * base["chance"]
-        ax.axhline(chance, color="grey", linestyle=":", linewidth=0.9, label=f"chance {chance:.0f}%")
+    chance = 100 * base["chance"]
+    ax.axhline(chance, color="grey", linestyle=":", linewidth=0.9, label=f"chance {chance:.0f}%")
     if any(p["one_class"] for p in points):
         ax.plot([], [], linestyle="none", marker="o", markerfacecolor="white", markeredgecolor="black",
                 label="hollow: every seed predicts one class")  # fmt: skip
     ax.set_ylim(max(0.0, ax.get_ylim()[0]), min(100.0, ax.get_ylim()[1]))
     ax.set(xlabel="pretraining step", ylabel="dev accuracy (%)", title=f"({panel}) {task.upper()}: best lr per step")
-    note = "mean over seeds; bars: 95% t-interval,\nclipped to [0, 100]" + (
-        " (some are)" if any(p["accuracy_clipped"] for p in points) else ""
-    )
-    incomplete = sum(p["incomplete"] for p in points)
-    if incomplete:
+    clipped = " (some are)" if any(p["accuracy_clipped"] for p in points) else ""
+    note = f"mean over seeds; bars: 95% t-interval,\nclipped to [0, 100]{clipped}"
+    if incomplete := sum(p["incomplete"] for p in points):
         note += f"\n{incomplete} point(s) incomplete: jobs not done"
     return _finish(fig, ax, path, note)
 
@@ -613,34 +524,27 @@ def loss_limits(values: list[float], min_span: float = MIN_LOSS_SPAN) -> tuple[f
 
 
 def plot_dev_loss(
-    runs: list[RunInfo],
-    points: list[dict[str, Any]],
-    tasks: list[str],
-    panel: str,
-    path: Path,
-    baselines: dict[str, dict[str, Any]] | None = None,
-) -> Path:
+    runs: list[RunInfo], points: list[dict[str, Any]], tasks: list[str], panel: str, path: Path,
+    baselines: dict[str, dict[str, Any]],
+) -> Path:  # fmt: skip
     """The best-lr points' mean dev loss with its t-interval over seeds, beside the loss of predicting the label
     prior: it separates runs whose accuracies are all the majority class. The y-axis spans at least MIN_LOSS_SPAN."""
-    plt = pyplot()
-    fig, axes = plt.subplots(1, len(tasks), figsize=(4 * len(tasks), 3.4), squeeze=False)
+    fig, axes = pyplot().subplots(1, len(tasks), figsize=(4 * len(tasks), 3.4), squeeze=False)
     legend: dict[str, Any] = {}
     for ax, task in zip(axes[0], tasks, strict=True):
         mine = [p for p in points if p["task"] == task]
         offsets = x_offsets(runs, [p["step"] for p in mine])
         drawn: list[float] = []
         for index, run in enumerate(runs):
-            series = [p for p in mine if p["run"] == run.label]
-            if not series:
+            if not (series := [p for p in mine if p["run"] == run.label]):
                 continue
-            half = [0.0 if math.isnan(p["dev_loss_ci"]) else p["dev_loss_ci"] for p in series]
-            y = [p["dev_loss"] for p in series]
+            half = np.nan_to_num([p["dev_loss_ci"] for p in series])
+            y = np.array([p["dev_loss"] for p in series])
             ax.errorbar([p["step"] + offsets[run.label] for p in series], y, yerr=half, capsize=3, markersize=5,
                         label=run.label, **style(index))  # fmt: skip
-            drawn += [v - h for v, h in zip(y, half, strict=True)] + [v + h for v, h in zip(y, half, strict=True)]
-        base = (baselines or {}).get(task, {})
-        title = task.upper()
-        if base.get("prior_loss") is not None:
+            drawn += [*(y - half), *(y + half)]
+        base, title = baselines[task], task.upper()
+        if base["prior_loss"] is not None:
             ax.axhline(base["prior_loss"], color="black", linestyle="--", linewidth=0.9,
                        label="label prior (entropy of the dev labels)")  # fmt: skip
             drawn.append(base["prior_loss"])
@@ -685,11 +589,7 @@ def _accuracy_cell(point: dict[str, Any]) -> str:
 
 def _seeds_cell(point: dict[str, Any]) -> str:
     """Seeds done, of those planned when fewer are done; * when jobs of the point are not done."""
-    done = (
-        str(point["seeds"])
-        if point["seeds"] == point["planned_seeds"]
-        else f"{point['seeds']}/{point['planned_seeds']}"
-    )
+    done = str(point["seeds"]) + ("" if point["seeds"] == point["planned_seeds"] else f"/{point['planned_seeds']}")
     return done + (" *" if point["incomplete"] else "")
 
 
@@ -714,44 +614,58 @@ def steps_sentence(table: list[dict[str, Any]], target: float, runs: Sequence[Ru
     if not fastest["steps"]:
         return f"{fastest['run']} starts at or below validation loss {target:.4g}: no comparison of steps."
     about = "~" if fastest["approximate"] or slowest["approximate"] else ""
-    by_label = {run.label: run for run in runs}
+    pair = [run for row in (fastest, slowest) for run in runs if run.label == row["run"]]
     return (
         f"In this comparison, {fastest['run']} reaches validation loss {target:.4g} in {_steps_cell(fastest)} steps, "
         f"{about}{slowest['steps'] / fastest['steps']:.2f}x fewer than {slowest['run']} ({_steps_cell(slowest)} "
-        f"steps).{recipe_caveat([by_label[fastest['run']], by_label[slowest['run']]])}"
+        f"steps).{recipe_caveat(pair)}"
     )
 
 
-def gap_notes(table: list[dict[str, Any]]) -> list[str]:
-    """One footnote per figure interpolated across a wide gap, naming the evaluations around it."""
-    return [
-        f"~ {row['run']}: interpolated between the evaluations at steps {row['bracket'][0]} and {row['bracket'][1]}, "
-        f"more than {100 * WIDE_GAP_SHARE:.0f}% of the figure apart: the run reaches the loss somewhere in between. "
-        "Evaluate more often (--train.eval_every; launch/compare_placements.sh sizes it to the run's length) for a "
-        "closer figure."
-        for row in table
-        if row["approximate"]
+def steps_section(table: list[dict[str, Any]], target: float, runs: Sequence[RunInfo]) -> list[str]:
+    """The steps-to-loss sentence and table, and one footnote per figure interpolated across a wide gap."""
+    lines = [
+        f"## Steps to validation MLM loss {target:.4g}",
+        "",
+        steps_sentence(table, target, runs),
+        "Steps are interpolated linearly between evaluations. They measure these runs (their model, data and "
+        "schedule) against each other; the paper's step counts are of BERT-base on its own corpus and scale.",
+        "",
+        "| run | steps | steps / slowest | slowest / steps |",
+        "|---|---:|---:|---:|",
     ]
+    for row in table:
+        speedup = 1 / row["ratio"] if row["ratio"] else None
+        lines.append(f"| {row['run']} | {_steps_cell(row)} | {_fmt(row['ratio'], '.3f')} | "
+                     f"{_fmt(speedup, '.2f')}{'x' if speedup else ''} |")  # fmt: skip
+    lines.append("")
+    for row in (row for row in table if row["approximate"]):
+        lines += [
+            f"~ {row['run']}: interpolated between the evaluations at steps {row['bracket'][0]} and "
+            f"{row['bracket'][1]}, more than {100 * WIDE_GAP_SHARE:.0f}% of the figure apart: the run reaches the loss "
+            "somewhere in between. Evaluate more often (--train.eval_every; launch/compare_placements.sh sizes it to "
+            "the run's length) for a closer figure.",
+            "",
+        ]
+    return lines
 
 
 def recipes_section(runs: Sequence[RunInfo]) -> list[str]:
     """Whether the runs share their recipe besides the model variant, and every key in which they do not."""
     if len(runs) < 2:
         return []
-    lines = ["## Recipes", ""]
     if unconfigured(runs):
-        lines.append(f"Recipes not compared: {', '.join(unconfigured(runs))} has no {RUN_CONFIG_FILE} (a run writes "
-                     "it when it starts).")  # fmt: skip
+        verdict = (f"Recipes not compared: {', '.join(unconfigured(runs))} has no {RUN_CONFIG_FILE} (a run writes "
+                   "it when it starts).")  # fmt: skip
     elif differences := recipe_differences(runs):
-        lines.append(
-            f"The runs' recipes differ besides the model variant ({' vs '.join(run.label for run in runs)}): "
-            f"{differences_text(differences)}. Any difference between their curves is not the placement's alone."
-        )
+        verdict = (f"The runs' recipes differ besides the model variant ({' vs '.join(run.label for run in runs)}): "
+                   f"{differences_text(differences)}. Any difference between their curves is not the placement's "
+                   "alone.")  # fmt: skip
     else:
-        lines.append("The runs share their recipe besides the model variant.")
-    lines += ["(Compared: the pretraining config keys of role recipe and limit, pretrain/common/roles.py, other "
-              "than the variant's: placement, norm type, QK-norm, residual scheme.)", ""]  # fmt: skip
-    return lines
+        verdict = "The runs share their recipe besides the model variant."
+    return ["## Recipes", "", verdict, "(Compared: the pretraining config keys of role recipe and limit, "
+            "pretrain/common/roles.py, other than the variant's: placement, norm type, QK-norm, residual scheme.)",
+            ""]  # fmt: skip
 
 
 def baselines_section(baselines: dict[str, dict[str, Any]]) -> list[str]:
@@ -774,19 +688,17 @@ def baselines_section(baselines: dict[str, dict[str, Any]]) -> list[str]:
                          f"{_pct(base['full_majority_f1'])} | {_fmt(base['full_prior_loss'], '.4f')} | "
                          f"{_pct(base['chance'])} |")  # fmt: skip
     lines.append("")
-    truncated = sorted({base["eval_examples"] for base in baselines.values() if base["eval_examples"] is not None})
+    truncated = [base for base in baselines.values() if base["eval_examples"] is not None]
     if truncated:
-        n = ", ".join(map(str, truncated))
-        lines.append(
+        n = ", ".join(map(str, sorted({base["eval_examples"] for base in truncated})))
+        full = all(base["full_examples"] is not None for base in truncated)
+        lines += [
             f"The jobs were scored on the first {n} dev examples (recipe.max_eval_examples={n}): their accuracies, "
             "the majority class and the label prior above are those of that subset, not of the full dev set. "
-            + (
-                "The rows 'all' are the full dev sets (--data_dir)."
-                if all(b["full_examples"] is not None for b in baselines.values() if b["eval_examples"] is not None)
-                else "For the full dev sets' figures pass --data_dir=GLUE (the folder in the original layout)."
-            )
-        )
-        lines.append("")
+            + ("The rows 'all' are the full dev sets (--data_dir)." if full else
+               "For the full dev sets' figures pass --data_dir=GLUE (the folder in the original layout)."),
+            "",
+        ]  # fmt: skip
     return lines
 
 
@@ -811,13 +723,8 @@ def points_section(points: list[dict[str, Any]], one_class_share: float) -> list
     return [*lines, ""]
 
 
-def warnings_for(
-    points: list[dict[str, Any]],
-    tasks: list[str],
-    baselines: dict[str, dict[str, Any]] | None = None,
-    not_done: int = 0,
-    jobs: int = 0,
-) -> list[str]:
+def warnings_for(points: list[dict[str, Any]], tasks: list[str], baselines: dict[str, dict[str, Any]] | None = None,
+                 not_done: int = 0, jobs: int = 0) -> list[str]:  # fmt: skip
     """Sentences for the reader when the fine-tuning results cannot tell the runs apart: every point predicts
     one class, or (per task) every point predicts one class or none beats the dev set's majority class beyond its
     interval (a mean one point above it, ± three, is no better than the majority class). While ``not_done`` of
@@ -858,7 +765,7 @@ def _lower_bound(point: dict[str, Any]) -> float:
 
 
 def summary_markdown(
-    runs: Sequence[RunInfo], target: float | None, figure5: Figure5, tasks: list[str], one_class_share: float = 0.95
+    runs: Sequence[RunInfo], target: float | None, figure5: Figure5, tasks: list[str], one_class_share: float
 ) -> str:
     lines = ["# Figure 5: pretraining speed and downstream accuracy by LayerNorm placement", ""]
     lines += [f"> {warning}\n" for warning in figure5.warnings]
@@ -867,24 +774,7 @@ def summary_markdown(
     if target is None:
         lines += ["No validation loss is reached by every run yet: no steps-to-loss table.", ""]
     else:
-        lines += [
-            f"## Steps to validation MLM loss {target:.4g}",
-            "",
-            steps_sentence(figure5.steps, target, runs),
-            "Steps are interpolated linearly between evaluations. They measure these runs (their model, data and "
-            "schedule) against each other; the paper's step counts are of BERT-base on its own corpus and scale.",
-            "",
-            "| run | steps | steps / slowest | slowest / steps |",
-            "|---|---:|---:|---:|",
-        ]
-        for row in figure5.steps:
-            speedup = None if not row["ratio"] else 1 / row["ratio"]
-            lines.append(
-                f"| {row['run']} | {_steps_cell(row)} | {_fmt(row['ratio'], '.3f')} | {_fmt(speedup, '.2f')}{'x' if speedup else ''} |"
-            )
-        lines.append("")
-        for note in gap_notes(figure5.steps):
-            lines += [note, ""]
+        lines += steps_section(figure5.steps, target, runs)
     lines += recipes_section(runs)
     if figure5.points:
         lines += baselines_section(figure5.baselines) + points_section(figure5.points, one_class_share)
@@ -902,13 +792,10 @@ def check_results_dir(root: Path) -> None:
     default results.d), so that the fix is one --results_dir away, and how to draw panel (a) without one."""
     if root.is_dir():
         return
-    others = sorted(p for p in root.parent.glob("*") if (p / DONE).is_dir()) if root.parent.is_dir() else []
-    hint = (
-        f"; {root.parent} holds {', '.join(p.name for p in others)}: pass --results_dir={others[0]}"
-        + (" (or another of them)" if len(others) > 1 else "")
-        if others
-        else "; run finetune.schedule first or pass --results_dir"
-    )
+    hint = "; run finetune.schedule first or pass --results_dir"
+    if others := sorted(p for p in root.parent.glob("*") if (p / DONE).is_dir()):
+        hint = f"; {root.parent} holds {', '.join(p.name for p in others)}: pass --results_dir={others[0]}"
+        hint += " (or another of them)" if len(others) > 1 else ""
     raise FileNotFoundError(f"results folder {root} not found{hint}; --tasks='[]' draws panel (a) alone")
 
 
@@ -921,47 +808,34 @@ def report(config: ReportConfig) -> dict[str, Any]:
     target = config.target_loss if config.target_loss is not None else default_target(curves)
     table = steps_table(runs, curves, target) if target is not None else []
     root = Path(config.results_dir).resolve()
+    jobs, warnings = [], []
     if config.tasks:  # --tasks=[]: panel (a) alone, no results folder read
         check_results_dir(root)
-    jobs = report_jobs(ResultsFolder(root), runs, config.tasks, config.recipe_hash) if config.tasks else []
+        jobs = report_jobs(ResultsFolder(root), runs, config.tasks, config.recipe_hash)
+        notes = (no_results_warning(jobs, runs, root), progress_warning(jobs, runs, config.tasks, root))
+        warnings = [note for note in notes if note]
     rows = [job for job in jobs if job["status"] == "done"]
-    points = [p for task in config.tasks for p in best_lr_points(rows, runs, task, config.one_class_share, jobs)]
+    points = [p for task in config.tasks for p in best_lr_points(jobs, runs, task, config.one_class_share)]
     baselines = {task: task_baselines(rows, task, config.data_dir) for task in config.tasks} if rows else {}
-    warnings = job_warnings(jobs, runs, config.tasks, root) if config.tasks else []
     warnings += warnings_for(points, config.tasks, baselines, len(jobs) - len(rows), len(jobs))
     out = Path(config.out)
     out.mkdir(parents=True, exist_ok=True)
     images = [plot_loss(runs, curves, target, out / "figure5a_val_loss.png")]
     if rows:  # panels (b)-(d) have something to draw
-        panels = iter("bcdefghij")
-        for task in config.tasks:
-            panel = next(panels)
-            mine = [p for p in points if p["task"] == task]
-            images.append(plot_task(runs, mine, task, panel, out / f"figure5{panel}_{task}.png", baselines[task]))
-        panel = next(panels)
+        panels = "bcdefghij"
+        for panel, task in zip(panels, config.tasks, strict=False):
+            images.append(plot_task(runs, points, task, panel, out / f"figure5{panel}_{task}.png", baselines[task]))
+        panel = panels[len(config.tasks)]
         images.append(plot_dev_loss(runs, points, config.tasks, panel, out / f"figure5{panel}_dev_loss.png", baselines))
     figure5 = Figure5(curves=curves, steps=table, points=points, rows=rows, images=images, baselines=baselines,
                       warnings=warnings)  # fmt: skip
     atomic.write_text(out / "summary.md", summary_markdown(runs, target, figure5, config.tasks, config.one_class_share))
-    result = {
-        "target_loss": target,
-        "steps": table,
-        "recipe_differences": recipe_differences(runs),
-        "jobs": jobs,
-        "points": points,
-        "baselines": baselines,
-        "warnings": warnings,
-        "images": images,
-        "summary": out / "summary.md",
-    }
+    result = {"target_loss": target, "steps": table, "recipe_differences": recipe_differences(runs), "jobs": jobs,
+              "points": points, "baselines": baselines, "warnings": warnings, "images": images,
+              "summary": out / "summary.md"}  # fmt: skip
     if config.wandb:
-        settings = ReportSettings(
-            project=config.wandb_project,
-            recipe_hash=config.recipe_hash,
-            tasks=config.tasks,
-            target_loss=config.target_loss,
-            out=config.out,
-        )
+        settings = ReportSettings(project=config.wandb_project, recipe_hash=config.recipe_hash, tasks=config.tasks,
+                                  target_loss=config.target_loss, out=config.out)  # fmt: skip
         result["wandb_dir"] = log_report(runs, settings, figure5)
     return result
 
