@@ -1,11 +1,11 @@
-"""What the analysis subcommands share: the output folder, results files, model sizes, mean and error."""
+"""What the analysis subcommands share: the output folder, results files, tables, model sizes, mean and error."""
 
 from __future__ import annotations
 
 import hashlib
 import json
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +14,7 @@ import torch
 from pretrain.analysis.options import Model, ModelSize
 from pretrain.common.atomic import write_json, write_text
 from pretrain.common.cli import to_dict
+from pretrain.common.reporting import format_table
 from pretrain.config import STANDARD_LABEL, residual_scheme_fields
 from pretrain.modeling import NORM_PLACEMENTS, LNBertConfig
 
@@ -28,6 +29,11 @@ def write_outputs(out_dir: Path, table: str, results: dict[str, Any]) -> None:
     write_json(out_dir / "results.json", results)
 
 
+def titled_table(title: str, headers: list[str], rows: list[list[Any]]) -> str:
+    """A table (``format_table``) under its one-line title."""
+    return f"{title}\n" + format_table(headers, rows)
+
+
 CELLS_DIR = "cells"
 """Under a measurement's --out: one JSON file per finished cell (cell_result), so a killed measurement keeps them."""
 
@@ -36,6 +42,15 @@ def cell_settings(args: Any, axes: Iterable[str]) -> dict[str, Any]:
     """What a cell's numbers depend on besides its own key: the measurement's options without its axes (the lists
     the cells are drawn from) and without --out; a stored cell made with other settings is measured again."""
     return {k: v for k, v in to_dict(args).items() if k not in {*axes, "out"}}
+
+
+def cell_results(out_dir: Path, settings: dict[str, Any], measures: dict[str, Callable[[], Any]]) -> dict[str, Any]:
+    """``cell_result`` of each cell of ``measures`` (key -> measure), in their order, each reported when done."""
+    found = {}
+    for key, measure in measures.items():
+        found[key] = cell_result(out_dir, key, settings, measure)
+        print(f"measured {key}", flush=True)
+    return found
 
 
 def cell_result(out_dir: Path, key: str, settings: dict[str, Any], measure: Callable[[], Any]) -> Any:
@@ -69,6 +84,18 @@ def mean_and_sem(samples: torch.Tensor) -> tuple[list[float], list[float]]:
     return samples.mean(dim=0).tolist(), sem.tolist()
 
 
+def mean_sem(values: Sequence[float]) -> tuple[float, float]:
+    """Mean and standard error of the mean of independent draws of one number."""
+    (mean,), (sem,) = mean_and_sem(torch.tensor(values).unsqueeze(1))
+    return mean, sem
+
+
+def mean_sem_text(values: Sequence[float]) -> str:
+    """``mean +- sem`` of independent draws, as the tables give it."""
+    mean, sem = mean_sem(values)
+    return f"{mean:.4g} +- {sem:.2g}"
+
+
 def placement_color(placement: str) -> Any:
     """One colour per placement, the same in every figure (tab20 holds all of them)."""
     from matplotlib import colormaps
@@ -86,30 +113,13 @@ def model_color(model: Model) -> Any:
     return colormaps["Dark2"](int(hashlib.sha256(model.label.encode()).hexdigest(), 16) % 8)
 
 
-def model_config(
-    size: ModelSize,
-    placement: str,
-    init_scheme: str,
-    num_layers: int,
-    vocab_size: int,
-    pad_token_id: int = 0,
-    norm_type: str = "layernorm",
-    scheme: str = STANDARD_LABEL,
-) -> LNBertConfig:
+def model_config(size: ModelSize, placement: str, init_scheme: str, num_layers: int, vocab_size: int,
+                 pad_token_id: int = 0, norm_type: str = "layernorm", scheme: str = STANDARD_LABEL) -> LNBertConfig:
     """A model config of ``size``, dropout off (measurements at initialisation); ``scheme``: the residual scheme's
     label (``pretrain.config.residual_scheme_fields``)."""
     return LNBertConfig(
-        **residual_scheme_fields(scheme),
-        norm_type=norm_type,
-        vocab_size=vocab_size,
-        pad_token_id=pad_token_id,
-        hidden_size=size.hidden_size,
-        num_hidden_layers=num_layers,
-        num_attention_heads=size.num_heads,
-        intermediate_size=size.intermediate_size or 4 * size.hidden_size,
-        max_position_embeddings=max(512, size.seq_len),
-        norm_placement=placement,
-        init_scheme=init_scheme,
-        hidden_dropout_prob=0.0,
-        attention_probs_dropout_prob=0.0,
-    )
+        **residual_scheme_fields(scheme), norm_type=norm_type, norm_placement=placement, init_scheme=init_scheme,
+        vocab_size=vocab_size, pad_token_id=pad_token_id, hidden_size=size.hidden_size, num_hidden_layers=num_layers,
+        num_attention_heads=size.num_heads, intermediate_size=size.intermediate_size or 4 * size.hidden_size,
+        max_position_embeddings=max(512, size.seq_len), hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
+    )  # fmt: skip

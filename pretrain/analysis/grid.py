@@ -3,7 +3,6 @@ through pretrain/run.py, classified as diverged, blew up, failed to train or tra
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import math
 import signal
@@ -11,7 +10,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
@@ -21,13 +19,16 @@ from typing import Any
 import torch
 
 from pretrain.analysis import outcomes, probes
-from pretrain.analysis.common import model_color, write_outputs
+from pretrain.analysis.common import model_color, titled_table, write_outputs
 from pretrain.analysis.options import GridConfig, Model
 from pretrain.common.cli import parse, to_dict
-from pretrain.common.reporting import format_table, pyplot, save_figure
+from pretrain.common.reporting import pyplot, save_figure
 from pretrain.config import STANDARD_LABEL
 from pretrain.data.cache import exclusive_lock
 from pretrain.run_folder.layout import RUN_CONFIG_FILE, STATUS_FILE, read_metrics, read_status
+
+ENDED = ("finished", "diverged")
+"""The statuses of a run that ended (RUN/status.json): such a cell is read and probed, never run again."""
 
 
 @dataclass(frozen=True)
@@ -53,47 +54,30 @@ class Cell:
 def grid_cells(args: GridConfig, seeds: list[int]) -> list[Cell]:
     """Every setting with every seed, in the order of the axes as given, placements innermost (so a stopped
     grid has compared all placements at the settings it reached)."""
-    return [
-        Cell(placement, width, depth, warmup, lr, seed)
-        for width, depth, warmup, lr, seed in itertools.product(
-            args.hidden_sizes, args.depths, args.warmup_steps, args.lrs, seeds
-        )
-        for placement in args.variants
-    ]
+    axes = (args.hidden_sizes, args.depths, args.warmup_steps, args.lrs, seeds)
+    return [Cell(placement, *values) for values in itertools.product(*axes) for placement in args.variants]
 
 
 def cell_overrides(args: GridConfig, cell: Cell, run_dir: Path) -> list[str]:
-    """pretrain/run.py arguments of one cell: the grid's sizes and this cell's setting and seed.
-
-    Every step is logged (loss curve, per-layer gradient norms); snapshots at steps 0..probe_steps feed the
-    output-change measure; evaluation once, at the end; a checkpoint at the end and when stopped by a signal.
-    ``overrides`` come last, so they win.
-    """
-    argv = [f"--config={args.preset}"] if args.preset else []
+    """pretrain/run.py arguments of one cell: the grid's sizes and this cell's setting and seed. Every step is logged
+    (loss curve, per-layer gradient norms); snapshots at steps 0..probe_steps feed the output-change measure;
+    evaluation once, at the end; a checkpoint at the end and when stopped by a signal. ``overrides`` come last, so
+    they win."""
     model = args.models[cell.placement]
-    argv += [
-        f"--model.norm_placement={model.placement}",
-        f"--model.norm_type={model.norm_type}",
-        *scheme_overrides(model),
-        f"--model.num_hidden_layers={cell.depth}",
-        f"--model.hidden_size={cell.width}",
+    snapshot_steps = ", ".join(str(s) for s in range(1, args.probe_steps + 1))
+    return [
+        *([f"--config={args.preset}"] if args.preset else []),
+        f"--model.norm_placement={model.placement}", f"--model.norm_type={model.norm_type}", *scheme_overrides(model),
+        f"--model.num_hidden_layers={cell.depth}", f"--model.hidden_size={cell.width}",
         f"--model.num_attention_heads={args.num_heads}",
         f"--model.intermediate_size={args.intermediate_size or 4 * cell.width}",
-        f"--optim.lr={cell.lr}",
-        f"--optim.warmup_steps={cell.warmup}",
-        f"--train.seed={cell.seed}",
-        f"--train.max_steps={args.max_steps}",
-        f"--train.output_dir={run_dir}",
-        f"--train.run_name=grid-{cell.name}",
-        "--train.log_every=1",
-        "--train.eval_every=0",
-        "--train.checkpoint_every=0",
-        f"--train.snapshot_at_start={'true' if args.probe_steps else 'false'}",
-        f"--train.snapshot_steps=[{', '.join(str(s) for s in range(1, args.probe_steps + 1))}]",
-        "--train.snapshot_at_end=false",
-        "--tracking.backend=none",
-    ]
-    return argv + [f"--{item.removeprefix('--')}" for item in args.overrides]
+        f"--optim.lr={cell.lr}", f"--optim.warmup_steps={cell.warmup}",
+        f"--train.seed={cell.seed}", f"--train.max_steps={args.max_steps}", f"--train.output_dir={run_dir}",
+        f"--train.run_name=grid-{cell.name}", "--train.log_every=1", "--train.eval_every=0",
+        "--train.checkpoint_every=0", f"--train.snapshot_at_start={'true' if args.probe_steps else 'false'}",
+        f"--train.snapshot_steps=[{snapshot_steps}]", "--train.snapshot_at_end=false", "--tracking.backend=none",
+        *(f"--{item.removeprefix('--')}" for item in args.overrides),
+    ]  # fmt: skip
 
 
 def scheme_overrides(model: Model) -> list[str]:
@@ -106,7 +90,7 @@ def scheme_overrides(model: Model) -> list[str]:
 
 
 def read_cell(run_dir: Path) -> dict[str, Any]:
-    """Status, training MLM loss curve, final validation MLM loss and divergence step of one run (pretrain.run_folder.layout)."""
+    """Status, training MLM loss curve, final validation MLM loss and divergence step of one run."""
     status = read_status(run_dir)
     rows = read_metrics(run_dir)
     val = [row for row in rows if "val/mlm_loss" in row]
@@ -115,10 +99,8 @@ def read_cell(run_dir: Path) -> dict[str, Any]:
     curve = {row["step"]: row["train/mlm_loss"] for row in rows if "train/mlm_loss" in row}
     # The lowest and the highest layer's FFN gradient norm at every logged step: where Post-LN's lower layers
     # stop learning (Liu et al. 2020's gradient vanishing toward the input) shows over the whole run.
-    ffn = sorted(
-        {k for row in rows for k in row if k.startswith("grad_norm/layer_") and k.endswith("/ffn")},
-        key=lambda k: int(k.split("/")[1].removeprefix("layer_")),  # layer_100 after layer_99
-    )
+    ffn = sorted({k for row in rows for k in row if k.startswith("grad_norm/layer_") and k.endswith("/ffn")},
+                 key=probes.by_layer)  # fmt: skip
     grads = {row["step"]: [row[ffn[0]], row[ffn[-1]]] for row in rows if ffn and ffn[0] in row and ffn[-1] in row}
     return {
         **cell_cost(run_dir, rows),
@@ -139,7 +121,7 @@ def cell_cost(run_dir: Path, rows: list[dict[str, Any]]) -> dict[str, float | No
     interpreter's start before that is not counted. None where the files are missing."""
     seconds, seen = 0.0, 0
     for row in rows:
-        if "train/tokens_per_s" in row and row.get("train/tokens_per_s"):
+        if row.get("train/tokens_per_s"):
             seconds += (row["tokens_seen"] - seen) / row["train/tokens_per_s"]
             seen = row["tokens_seen"]
     start, end = run_dir / RUN_CONFIG_FILE, run_dir / STATUS_FILE
@@ -151,13 +133,10 @@ def judge(args: GridConfig, cell: dict[str, Any]) -> dict[str, Any]:
     """``cell`` (read_cell, plus the probe of an ended run) with its outcome."""
     probe = cell.get("probe") or {}
     cell["outcome"] = outcomes.classify(
-        status=cell["status"],
-        train_losses=[loss for _, loss in cell["train_curve"]],
-        val_loss=cell["val_mlm_loss"],
+        status=cell["status"], train_losses=[loss for _, loss in cell["train_curve"]], val_loss=cell["val_mlm_loss"],
         train_unigram_entropy=probe.get("train_unigram_entropy"),
-        val_unigram_cross_entropy=probe.get("val_unigram_cross_entropy"),
-        rules=args.rules,
-    )
+        val_unigram_cross_entropy=probe.get("val_unigram_cross_entropy"), rules=args.rules,
+    )  # fmt: skip
     return cell
 
 
@@ -205,14 +184,14 @@ class Stopper:
             with self._lock:
                 self._children.discard(child)
 
-    @contextlib.contextmanager
-    def installed(self) -> Iterator[Stopper]:
-        previous = {sig: signal.signal(sig, self.request) for sig in (signal.SIGTERM, signal.SIGINT)}
-        try:
-            yield self
-        finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
+    def __enter__(self) -> Stopper:
+        """Installs ``request`` as the SIGTERM and SIGINT handler until the ``with`` block ends."""
+        self._previous = {sig: signal.signal(sig, self.request) for sig in (signal.SIGTERM, signal.SIGINT)}
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
 
 
 # pretrain/run.py settings that do not change what a cell measures (where and how often it saves, how it loads
@@ -248,7 +227,13 @@ def run_cell(args: GridConfig, cell: Cell, stopper: Stopper | None = None) -> di
         with exclusive_lock(run_dir.with_name(f"{cell.name}.lock"), on_wait=waiting, stop=stopper.requested):
             return _run_cell_locked(args, cell, stopper, run_dir)
     except InterruptedError:
-        return {**read_cell(run_dir), "status": "not started", "outcome": "incomplete", "message": "grid stopped"}
+        return incomplete(run_dir, "grid stopped", "not started")
+
+
+def incomplete(run_dir: Path, message: str, status: str | None = None) -> dict[str, Any]:
+    """A cell that did not end in this sitting: what its folder holds, with ``message`` and, if given, ``status``."""
+    found = {**read_cell(run_dir), "outcome": "incomplete", "message": message}
+    return found if status is None else {**found, "status": status}
 
 
 def _run_cell_locked(args: GridConfig, cell: Cell, stopper: Stopper, run_dir: Path) -> dict[str, Any]:
@@ -257,14 +242,14 @@ def _run_cell_locked(args: GridConfig, cell: Cell, stopper: Stopper, run_dir: Pa
     differ = other_settings(args, cell, run_dir)
     if differ:
         message = (f"{run_dir} holds a run with other settings ({', '.join(differ[:6])} differ from this grid's): "
-                   "left as it is. Rerun with the settings it was made with, or use another --out for these.")  # fmt: skip
+                   "left as it is. Rerun with the settings it was made with, or use another --out for these.")
         say(f"{cell.name}: {message}")
-        return {**read_cell(run_dir), "status": "failed", "outcome": "incomplete", "message": message}
-    if read_status(run_dir).get("status") not in ("finished", "diverged"):
+        return incomplete(run_dir, message, "failed")
+    if read_status(run_dir).get("status") not in ENDED:
         if args.report_only:
-            return {**read_cell(run_dir), "outcome": "incomplete", "message": "not ended (--report_only runs nothing)"}
+            return incomplete(run_dir, "not ended (--report_only runs nothing)")
         if stopper.requested.is_set():
-            return {**read_cell(run_dir), "status": "not started", "outcome": "incomplete", "message": "grid stopped"}
+            return incomplete(run_dir, "grid stopped", "not started")
         argv = cell_overrides(args, cell, run_dir)
         if run_dir.exists() and latest_checkpoint(run_dir) is not None:
             argv.append("--train.resume=auto")
@@ -276,16 +261,15 @@ def _run_cell_locked(args: GridConfig, cell: Cell, stopper: Stopper, run_dir: Pa
         with log.open("a") as f:  # a resumed cell appends to its log
             code = stopper.run([sys.executable, "-m", "pretrain.run", *argv], f)
         if code is None:
-            return {**read_cell(run_dir), "status": "not started", "outcome": "incomplete", "message": "grid stopped"}
-        if code != 0 and read_status(run_dir).get("status") not in ("finished", "diverged"):
+            return incomplete(run_dir, "grid stopped", "not started")
+        if code != 0 and read_status(run_dir).get("status") not in ENDED:
             # (a run that recorded its end before a late signal or error is read like any other)
             tail = log.read_text().strip().splitlines()[-3:]
-            return {**read_cell(run_dir), "status": "failed", "message": f"exit code {code}: {' | '.join(tail)}",
-                    "outcome": "incomplete"}  # fmt: skip
+            return incomplete(run_dir, f"exit code {code}: {' | '.join(tail)}", "failed")
     else:
         say(f"{cell.name}: already done, reading {run_dir}")
     result = read_cell(run_dir)
-    if result["status"] in ("finished", "diverged"):
+    if result["status"] in ENDED:
         result["probe"] = probes.probe_cell(run_dir, max_step=args.probe_steps, batch_size=args.probe_batch_size)
     return judge(args, result)
 
@@ -307,15 +291,19 @@ def setting_outcomes(results: dict[Cell, dict[str, Any]]) -> dict[tuple, str]:
 def extra_seed_cells(args: GridConfig, results: dict[Cell, dict[str, Any]]) -> list[Cell]:
     """Further seeds for the settings on the boundary, up to boundary_seeds per setting."""
     on_boundary = outcomes.boundary(setting_outcomes(results), args.axes)
-    extra_seeds = [max(args.seeds) + k for k in range(1, args.boundary_seeds - len(args.seeds) + 1)]
-    return [cell for cell in grid_cells(args, extra_seeds) if cell.setting in on_boundary and cell not in results]
+    return [cell for cell in grid_cells(args, extra_seeds(args)) if cell.setting in on_boundary and cell not in results]
+
+
+def extra_seeds(args: GridConfig) -> list[int]:
+    """The seeds settings on the boundary are repeated with (max(seeds)+1, ...), up to boundary_seeds in all."""
+    return [max(args.seeds) + k for k in range(1, args.boundary_seeds - len(args.seeds) + 1)]
 
 
 def run(args: GridConfig) -> int:
     out = Path(args.out)
-    with Stopper().installed() as stopper:
+    with Stopper() as stopper:
         if args.report_only:
-            seeds = [*args.seeds, *(max(args.seeds) + k for k in range(1, args.boundary_seeds - len(args.seeds) + 1))]
+            seeds = [*args.seeds, *extra_seeds(args)]
             started = [cell for cell in grid_cells(args, seeds) if (out / "runs" / cell.name).is_dir()]
             results = run_cells(args, started, stopper)
         else:
@@ -337,13 +325,8 @@ def run(args: GridConfig) -> int:
     })  # fmt: skip
     plot_grid(args, results, combined, out / "grid.png")
     plot_probes(args, results, shown, out / "boundary.png")
-    failed = [cell.name for cell, r in results.items() if r["status"] not in ("finished", "diverged")]
+    failed = any(r["status"] not in ENDED for r in results.values())
     return 1 if failed and not args.report_only else 0
-
-
-# --------------------------------------------------------------------------------------------------
-# Table
-# --------------------------------------------------------------------------------------------------
 
 
 def _seed_results(results: dict[Cell, dict[str, Any]], setting: tuple) -> list[dict[str, Any]]:
@@ -357,6 +340,11 @@ def _one(result: dict[str, Any]) -> str:
     if outcome == "incomplete":
         return result["status"]
     return f"{outcomes.SHORT[outcome]}{result['val_mlm_loss']:.3f}"
+
+
+def setting_text(results: dict[Cell, dict[str, Any]], combined: dict[tuple, str], setting: tuple) -> str:
+    """``describe_setting`` of one setting of the grid."""
+    return describe_setting(_seed_results(results, setting), combined.get(setting, "incomplete"))
 
 
 def describe_setting(runs: list[dict[str, Any]], combined: str) -> str:
@@ -408,21 +396,18 @@ def probe_lines(args: GridConfig, results: dict[Cell, dict[str, Any]], shown: li
     """Per shown setting, placement and seed: FFN gradient norm of the first and last layer at step 1 and their
     ratio, and the relative output change of each of the first updates."""
     rows = []
-    for corner in shown:
-        for placement in args.variants:
-            for r in _seed_results(results, (placement, *corner)):
-                probe = r.get("probe") or {}
-                grads = probe.get("first_grad_norms", {}).get("1", {}).get("ffn")
-                changes = [c["change"] for c in probe.get("output_changes", [])]
-                width, depth, warmup, lr = corner
-                late = late_grads(r.get("ffn_grad_first_last", []))
-                rows.append([
-                    placement, f"d{depth} h{width} w{warmup} lr{lr:g}", _one(r),
-                    f"{grads[0]:.3g}" if grads else "-", f"{grads[-1]:.3g}" if grads else "-",
-                    f"{probes.ratio_last_to_first(grads):.3g}" if grads else "-",
-                    " ".join(f"{c:.3g}" for c in changes) or "-",
-                    f"{late[0]:.2g} / {late[1]:.2g}" if late else "-",
-                ])  # fmt: skip
+    for (width, depth, warmup, lr), placement in itertools.product(shown, args.variants):
+        for r in _seed_results(results, (placement, width, depth, warmup, lr)):
+            probe = r.get("probe") or {}
+            grads = probe.get("first_grad_norms", {}).get("1", {}).get("ffn")
+            steps = [grads[0], grads[-1], probes.ratio_last_to_first(grads)] if grads else []
+            changes = [c["change"] for c in probe.get("output_changes", [])]
+            late = late_grads(r.get("ffn_grad_first_last", []))
+            rows.append([
+                placement, f"d{depth} h{width} w{warmup} lr{lr:g}", _one(r),
+                *([f"{v:.3g}" for v in steps] or ["-"] * 3), " ".join(f"{c:.3g}" for c in changes) or "-",
+                f"{late[0]:.2g} / {late[1]:.2g}" if late else "-",
+            ])  # fmt: skip
     return rows
 
 
@@ -448,13 +433,8 @@ def scalar_lines(args: GridConfig, results: dict[Cell, dict[str, Any]]) -> list[
     return rows
 
 
-def report_table(
-    args: GridConfig,
-    results: dict[Cell, dict[str, Any]],
-    combined: dict[tuple, str],
-    on_boundary: set[tuple],
-    shown: list[tuple],
-) -> str:
+def report_table(args: GridConfig, results: dict[Cell, dict[str, Any]], combined: dict[tuple, str],
+                 on_boundary: set[tuple], shown: list[tuple]) -> str:  # fmt: skip
     refs = [r["probe"] for r in results.values() if r.get("probe")]
     reference = (
         f"unigram entropy of the training tokens {refs[0]['train_unigram_entropy']:.3f}, validation unigram "
@@ -469,54 +449,38 @@ def report_table(
     ]
     _, widths, depths, warmups, lrs = args.axes
     for placement in args.variants:
-        rows = [
-            [_row_label(args, width, depth, warmup), *(
-                describe_setting(_seed_results(results, s), combined.get(s, "incomplete"))
-                for s in ((placement, width, depth, warmup, lr) for lr in lrs)
-            )]
-            for width, depth, warmup in itertools.product(widths, depths, warmups)
-        ]  # fmt: skip
-        sections.append(f"{heading(args, placement)}\n" + format_table(["setting \\ lr", *(f"{lr:g}" for lr in lrs)], rows))
+        rows = [[_row_label(args, *row), *(setting_text(results, combined, (placement, *row, lr)) for lr in lrs)]
+                for row in itertools.product(widths, depths, warmups)]  # fmt: skip
+        sections.append(titled_table(heading(args, placement), ["setting \\ lr", *(f"{lr:g}" for lr in lrs)], rows))
     names = sorted(f"{s[0]} d{s[2]} h{s[1]} w{s[3]} lr{s[4]:g}: {combined[s]}" for s in on_boundary)
     sections.append(f"boundary ({len(names)} settings):\n  " + ("\n  ".join(names) if names else "none"))
     what = "boundary" if on_boundary else "no boundary: the deepest, highest-lr corner"
-    sections.append(
-        f"first steps of the shown settings ({what}); FFN gradient norm (raw, before clipping) of the first and "
-        f"last layer at step 1; relative change of the encoder output on a fixed batch by updates 1..{args.probe_steps}; "
-        "median FFN gradient norm of the first and last layer over the last tenth of the run"
-        "\n" + format_table(
-            ["placement", "setting", "result", "grad L1", "grad Llast", "last/first", "output change per update",
-             "late grad L1 / Llast"],
-            probe_lines(args, results, shown),
-        )
-    )  # fmt: skip
-    costs = [
-        [cell.name, f"{r['train_seconds']:.0f}", f"{r['wall_seconds']:.0f}"]
-        for cell, r in sorted(results.items(), key=lambda kv: kv[0].name)
-        if r.get("train_seconds") is not None and r.get("wall_seconds") is not None
-    ]
+    sections.append(titled_table(
+        f"first steps of the shown settings ({what}); FFN gradient norm (raw, before clipping) of the first and last "
+        f"layer at step 1; relative change of the encoder output on a fixed batch by updates 1..{args.probe_steps}; "
+        "median FFN gradient norm of the first and last layer over the last tenth of the run",
+        ["placement", "setting", "result", "grad L1", "grad Llast", "last/first", "output change per update",
+         "late grad L1 / Llast"],
+        probe_lines(args, results, shown),
+    ))  # fmt: skip
+    costs = [[cell.name, f"{r['train_seconds']:.0f}", f"{r['wall_seconds']:.0f}"]
+             for cell, r in sorted(results.items(), key=lambda kv: kv[0].name)
+             if r.get("train_seconds") is not None and r.get("wall_seconds") is not None]  # fmt: skip
     if costs:
-        sections.append(
-            "cost per cell (seconds of wall clock; on a shared machine, what the cell got): its training steps, and the "
-            "run from its start to its last status (evaluation, snapshots, checkpoints included)\n"
-            + format_table(["cell", "training steps s", "run s"], costs)
-        )
+        sections.append(titled_table(
+            "cost per cell (seconds of wall clock; on a shared machine, what the cell got): its training steps, and "
+            "the run from its start to its last status (evaluation, snapshots, checkpoints included)",
+            ["cell", "training steps s", "run s"], costs))  # fmt: skip
     scalars = scalar_lines(args, results)
     if scalars:
-        sections.append(
-            "learned scalars over the run (snapshots at step 0 and every train.snapshot_every steps): mean |x| [min, max] "
-            "over the model's parameters of that kind (a vector, e.g. Admin's omega: its mean)\n"
-            + format_table(["cell", "scalar", "per snapshot step: mean |x| [min, max]"], scalars)
-        )
-    failed = {cell.name: r["message"] for cell, r in results.items() if r["status"] not in ("finished", "diverged")}
+        sections.append(titled_table(
+            "learned scalars over the run (snapshots at step 0 and every train.snapshot_every steps): mean |x| "
+            "[min, max] over the model's parameters of that kind (a vector, e.g. Admin's omega: its mean)",
+            ["cell", "scalar", "per snapshot step: mean |x| [min, max]"], scalars))  # fmt: skip
+    failed = {cell.name: r["message"] for cell, r in results.items() if r["status"] not in ENDED}
     if failed:
         sections.append("cells that did not complete:\n" + "\n".join(f"  {k}: {v}" for k, v in failed.items()))
     return "\n\n".join(sections)
-
-
-# --------------------------------------------------------------------------------------------------
-# Figures
-# --------------------------------------------------------------------------------------------------
 
 
 def plot_grid(args: GridConfig, results: dict[Cell, dict[str, Any]], combined: dict[tuple, str], path: Path) -> None:
@@ -543,15 +507,14 @@ def plot_grid(args: GridConfig, results: dict[Cell, dict[str, Any]], combined: d
         1.2 + (1.3 * len(lrs) + 1.3) * n_cols, (0.45 * len(row_keys) + 1.1) * n_rows))  # fmt: skip
     cmap = plt.get_cmap("viridis").with_extremes(bad="lightgray")
     image = None
-    for k, placement in enumerate(args.variants):
-        ax = axes[k // n_cols][k % n_cols]
+    for ax, placement in zip(axes.flat, args.variants, strict=False):
         image = ax.imshow(grids[placement].numpy(), cmap=cmap, vmin=vmin, vmax=vmax, aspect="auto")
         for i, row in enumerate(row_keys):
             for j, lr in enumerate(lrs):
                 setting = (placement, *row, lr)
                 value = grids[placement][i, j].item()
                 dark = not math.isnan(value) and value < (vmin + vmax) / 2  # the low end of viridis is dark
-                text = describe_setting(_seed_results(results, setting), combined.get(setting, "incomplete"))
+                text = setting_text(results, combined, setting)
                 ax.text(j, i, text.replace(" (", "\n(").replace("|", "\n"), ha="center", va="center",
                         fontsize=8, color="white" if dark else "black")  # fmt: skip
                 if combined.get(setting) == "seeds differ":
@@ -559,13 +522,12 @@ def plot_grid(args: GridConfig, results: dict[Cell, dict[str, Any]], combined: d
         ax.set_xticks(range(len(lrs)), [f"{lr:g}" for lr in lrs])
         ax.set_yticks(range(len(row_keys)), [_row_label(args, *row).replace("depth ", "d").replace(", warm-up ", " w")
                                              for row in row_keys])  # fmt: skip
-        ax.set_xlabel("peak learning rate")
-        ax.set_title(f"{heading(args, placement)}, {args.max_steps} steps")
-    for k in range(n, n_rows * n_cols):
-        axes[k // n_cols][k % n_cols].axis("off")
+        ax.set(xlabel="peak learning rate", title=f"{heading(args, placement)}, {args.max_steps} steps")
+    for ax in axes.flat[n:]:
+        ax.axis("off")
     if image is not None:
-        fig.colorbar(image, ax=axes.ravel().tolist(), shrink=0.8,
-                     label="final val MLM loss (gray: diverged; red frame: seeds differ; plateau: failed to train)")  # fmt: skip
+        label = "final val MLM loss (gray: diverged; red frame: seeds differ; plateau: failed to train)"
+        fig.colorbar(image, ax=axes.ravel().tolist(), shrink=0.8, label=label)
     print(f"wrote {save_figure(fig, path, tight_layout=False)}")
 
 
@@ -582,10 +544,9 @@ def plot_probes(args: GridConfig, results: dict[Cell, dict[str, Any]], shown: li
     """Per shown setting (a column): training MLM loss curves of every placement and seed with the unigram
     entropy dashed; the lowest layer's FFN gradient norm over the run; FFN gradient norm per layer at step 1;
     relative output change of each of the first updates."""
-    plt = pyplot()
     if not shown:
         return
-    fig, axes = plt.subplots(4, len(shown), figsize=(3.0 * len(shown), 10.4), squeeze=False)
+    fig, axes = pyplot().subplots(4, len(shown), figsize=(3.0 * len(shown), 10.4), squeeze=False)
     window = max(1, args.max_steps // 25)  # a loss per step of a small batch is too noisy to compare curves by
     for col, corner in enumerate(shown):
         loss_ax, low_ax, grad_ax, change_ax = axes[:, col]
@@ -606,9 +567,8 @@ def plot_probes(args: GridConfig, results: dict[Cell, dict[str, Any]], shown: li
                     loss_ax.axhline(probe["train_unigram_entropy"], color="gray", ls="--", lw=0.8)
                 grads = probe.get("first_grad_norms", {}).get("1", {}).get("ffn")
                 if grads:
-                    grad_ax.plot(
-                        range(1, len(grads) + 1), grads, style, color=color, lw=0.9, marker=".", ms=3, label=label
-                    )
+                    grad_ax.plot(range(1, len(grads) + 1), grads, style, color=color, lw=0.9, marker=".", ms=3,
+                                 label=label)  # fmt: skip
                 changes = probe.get("output_changes", [])
                 if changes:
                     change_ax.plot([c["to"] for c in changes], [c["change"] for c in changes], "o" + style,
@@ -618,10 +578,8 @@ def plot_probes(args: GridConfig, results: dict[Cell, dict[str, Any]], shown: li
         loss_ax.set_ylabel(f"train MLM loss, mean of {window} steps (dashed: unigram)", fontsize=8)
         low_ax.set_xlabel("step")
         low_ax.set_ylabel("layer 1's FFN grad norm", fontsize=8)
-        grad_ax.set_xlabel("layer")
-        grad_ax.set_ylabel("FFN grad norm at step 1")
-        change_ax.set_xlabel("update t")
-        change_ax.set_ylabel("||f(W_t) - f(W_t-1)|| / ||f(W_t-1)||")
+        grad_ax.set(xlabel="layer", ylabel="FFN grad norm at step 1")
+        change_ax.set(xlabel="update t", ylabel="||f(W_t) - f(W_t-1)|| / ||f(W_t-1)||")
         for ax in (low_ax, grad_ax, change_ax):
             if ax.has_data():
                 ax.set_yscale("log")

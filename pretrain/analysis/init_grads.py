@@ -2,23 +2,18 @@
 
 from __future__ import annotations
 
+import itertools
 import math
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from pretrain.analysis.common import (
-    cell_result,
-    cell_settings,
-    mean_and_sem,
-    model_color,
-    model_config,
-    write_outputs,
-)
-from pretrain.analysis.options import InitGradsConfig, models
+from pretrain.analysis import common
+from pretrain.analysis.options import InitGradsConfig
 from pretrain.common.cli import to_dict
-from pretrain.common.reporting import format_table, pyplot, save_figure
+from pretrain.common.reporting import pyplot, save_figure
 from pretrain.config import STANDARD_LABEL
 from pretrain.modeling import LNBertConfig, LNBertForMaskedLM
 
@@ -39,14 +34,9 @@ def load_mlm_data(args: InitGradsConfig) -> Any:
         raise FileNotFoundError(f"--data={args.data}: no such file; give a JSON Lines file with a 'text' field")
     source = SourceConfig(kind="json", path=str(args.data)) if args.data else SourceConfig(kind="python_docs")
     cfg = DataConfig(
-        sources=[source],
-        tokenizer=args.tokenizer,
-        vocab_size=args.vocab_size,
-        max_seq_length=args.seq_len,
-        objective="mlm",
-        max_documents=args.max_documents,
-        cache_dir=str(args.cache_dir),
-    )
+        sources=[source], tokenizer=args.tokenizer, vocab_size=args.vocab_size, objective="mlm",
+        max_seq_length=args.seq_len, max_documents=args.max_documents, cache_dir=str(args.cache_dir),
+    )  # fmt: skip
     return build_pretraining_data(cfg, seed=0)
 
 
@@ -56,17 +46,15 @@ def mlm_batch(data: Any, batch_size: int, seed: int) -> dict[str, torch.Tensor]:
 
     n = len(data.train)
     if n < batch_size:
-        raise ValueError(
-            f"only {n} training instances for --batch_size={batch_size}; raise --max_documents or lower --batch_size"
-        )
+        raise ValueError(f"only {n} training instances for --batch_size={batch_size}; "
+                         "raise --max_documents or lower --batch_size")  # fmt: skip
     rows = torch.randperm(n, generator=torch.Generator().manual_seed(seed))[:batch_size].tolist()
     collator = MaskingCollator(data.tokenizer, mlm_probability=0.15, seed=seed)
     return collator([data.train[i] for i in rows])
 
 
-def ffn_gradient_norms(
-    config: LNBertConfig, batch: dict[str, torch.Tensor], seed: int, device: str = "cpu"
-) -> tuple[list[float], list[float]]:
+def ffn_gradient_norms(config: LNBertConfig, batch: dict[str, torch.Tensor], seed: int,
+                       device: str = "cpu") -> tuple[list[float], list[float]]:  # fmt: skip
     """Frobenius norms of dL/dW1 and dL/dW2 (``intermediate.dense.weight``, ``output.dense.weight``) per layer.
 
     A fresh model initialised under ``seed``; L is the MLM loss of one batch. Dropout is off (eval mode and
@@ -82,33 +70,16 @@ def ffn_gradient_norms(
     return w1, w2
 
 
-def measure_init_grads(
-    args: InitGradsConfig,
-    data: Any,
-    init_scheme: str,
-    placement: str,
-    depth: int,
-    norm_type: str = "layernorm",
-    scheme: str = STANDARD_LABEL,
-) -> dict[str, list[list[float]]]:
+def measure_init_grads(args: InitGradsConfig, data: Any, init_scheme: str, placement: str, depth: int,
+                       norm_type: str = "layernorm", scheme: str = STANDARD_LABEL) -> dict[str, list[list[float]]]:
     """Per-seed, per-layer W1/W2 gradient norms of one (init, placement, norm type, residual scheme by its label,
     depth); seed s uses batch s."""
-    w1s, w2s = [], []
-    tokenizer = data.tokenizer
-    for s in range(args.seeds):
-        batch = mlm_batch(data, args.batch_size, args.seed + s)
-        config = model_config(
-            args, placement, init_scheme, depth, len(tokenizer), tokenizer.pad_token_id, norm_type, scheme
-        )
-        w1, w2 = ffn_gradient_norms(config, batch, args.seed + s, resolve_device(args.device))
-        w1s.append(w1)
-        w2s.append(w2)
-    return {"w1": w1s, "w2": w2s}
-
-
-def _mean_sem(values: list[float]) -> tuple[float, float]:
-    mean, sem = mean_and_sem(torch.tensor(values).unsqueeze(1))
-    return mean[0], sem[0]
+    tokenizer, device = data.tokenizer, resolve_device(args.device)
+    config = common.model_config(args, placement, init_scheme, depth, len(tokenizer), tokenizer.pad_token_id,
+                                 norm_type, scheme)  # fmt: skip
+    norms = [ffn_gradient_norms(config, mlm_batch(data, args.batch_size, seed), seed, device)
+             for seed in range(args.seed, args.seed + args.seeds)]  # fmt: skip
+    return {"w1": [w1 for w1, _ in norms], "w2": [w2 for _, w2 in norms]}
 
 
 AXES = ("placements", "norm_types", "residual_schemes", "init_schemes", "depths", "num_layers")
@@ -130,103 +101,72 @@ def run(args: InitGradsConfig) -> int:
     data = load_mlm_data(args)
     depths = sorted(set(args.depths) | {args.num_layers})
     out = Path(args.out)
-    settings = {**cell_settings(args, AXES), "vocab": len(data.tokenizer)}
-    raw: dict[str, Any] = {}
-    compared = models(args.placements, args.norm_types, args.residual_schemes)
-    for init_scheme in args.init_schemes:
-        for model in compared:
-            for depth in depths:
-                key = f"{init_scheme}/{model.label}/{depth}"
-                # Each cell is written as soon as it is measured: a killed run keeps its cells, a rerun reads them.
-                raw[key] = cell_result(
-                    out, key, settings,
-                    lambda m=model, d=depth, i=init_scheme: measure_init_grads(
-                        args, data, i, m.placement, d, m.norm_type, m.scheme
-                    ),
-                )  # fmt: skip
-                print(f"measured {init_scheme}/{model.label}/depth {depth}", flush=True)
-    labels = [model.label for model in compared]
-
-    source = args.data or "python_docs"
+    settings = {**common.cell_settings(args, AXES), "vocab": len(data.tokenizer)}
+    # Each cell is written as soon as it is measured: a killed run keeps its cells, a rerun reads them.
+    raw = common.cell_results(out, settings, {
+        f"{init}/{m.label}/{depth}": partial(measure_init_grads, args, data, init, m.placement, depth, m.norm_type,
+                                             m.scheme)
+        for init, m, depth in itertools.product(args.init_schemes, args.models.values(), depths)
+    })  # fmt: skip
     header = (
-        f"MLM on {source} (vocab {len(data.tokenizer)}), hidden {args.hidden_size}, FFN "
+        f"MLM on {args.data or 'python_docs'} (vocab {len(data.tokenizer)}), hidden {args.hidden_size}, FFN "
         f"{args.intermediate_size or 4 * args.hidden_size}, batch {args.batch_size} x {args.seq_len}, "
         f"mean over {args.seeds} seeds (+- standard error); dropout off"
     )
-    sections = [header]
-    for init_scheme in args.init_schemes:
-        per_layer = []
-        for layer in range(args.num_layers):
-            row: list[Any] = [layer + 1]
-            for placement in labels:
-                grads = raw[f"{init_scheme}/{placement}/{args.num_layers}"]
-                row += [_mean_sem([g[layer] for g in grads["w1"]])[0], _mean_sem([g[layer] for g in grads["w2"]])[0]]
-            per_layer.append(row)
-        headers = ["layer", *(f"{p} {w}" for p in labels for w in ("W1", "W2"))]
-        sections.append(
-            f"init {init_scheme}: ||dL/dW||_F per layer, depth {args.num_layers}\n" + format_table(headers, per_layer)
-        )
-        spread = []
-        for placement in labels:
-            grads = raw[f"{init_scheme}/{placement}/{args.num_layers}"]
-            row = [placement]
-            for key in ("w1", "w2"):
-                mean = [_mean_sem([g[layer] for g in grads[key]])[0] for layer in range(args.num_layers)]
-                row += [f"{v:.3g}" for v in layer_spread(mean)]
-            spread.append(row)
-        sections.append(
-            f"init {init_scheme}: spread of the per-layer gradient norms at depth {args.num_layers} (of the seed means): "
-            "CV = std / mean across layers (population std), L1/L = first layer over last\n"
-            + format_table(["model", "W1 CV", "W1 L1/L", "W2 CV", "W2 L1/L"], spread)
-        )
-        by_depth = []
-        for depth in args.depths:
-            row = [depth]
-            for placement in labels:
-                mean, sem = _mean_sem([g[-1] for g in raw[f"{init_scheme}/{placement}/{depth}"]["w2"]])
-                row.append(f"{mean:.4g} +- {sem:.2g}")
-            by_depth.append(row)
-        ratio_row: list[Any] = [f"{min(args.depths)}/{max(args.depths)}"]
-        for placement in labels:
-            shallow = _mean_sem([g[-1] for g in raw[f"{init_scheme}/{placement}/{min(args.depths)}"]["w2"]])[0]
-            deep = _mean_sem([g[-1] for g in raw[f"{init_scheme}/{placement}/{max(args.depths)}"]["w2"]])[0]
-            # ReZero's FFN gradients are exactly 0 at init (its gates are 0): no ratio to give.
-            ratio_row.append(f"{shallow / deep:.3f}" if deep else "n/a (0)")
-        by_depth.append(ratio_row)
-        sections.append(
-            f"init {init_scheme}: last layer ||dL/dW2||_F vs depth (last row: ratio shallow/deep; Pre-LN theory "
-            f"sqrt({max(args.depths)}/{min(args.depths)}) = {math.sqrt(max(args.depths) / min(args.depths)):.3f}, "
-            "Post-LN theory 1)\n" + format_table(["depth", *labels], by_depth)
-        )
+    sections = [header, *(table for init in args.init_schemes for table in init_tables(args, raw, init))]
     results = {"args": to_dict(args), "vocab_size": len(data.tokenizer), "depths": depths, "raw": raw}
-    write_outputs(out, "\n\n".join(sections), results)
+    common.write_outputs(out, "\n\n".join(sections), results)
     plot_init_grads(args, raw, out / "init_grads.png")
     return 0
 
 
+def last_w2(raw: dict[str, Any], init_scheme: str, label: str, depth: int) -> list[float]:
+    """The last layer's ||dL/dW2||_F of each seed in one cell."""
+    return [g[-1] for g in raw[f"{init_scheme}/{label}/{depth}"]["w2"]]
+
+
+def init_tables(args: InitGradsConfig, raw: dict[str, Any], init_scheme: str) -> list[str]:
+    """One init scheme's tables: the per-layer norms at num_layers, their spread over the layers, and the last
+    layer's W2 norm against depth."""
+    labels, n = list(args.models), args.num_layers
+    per_layer = {(label, w): common.mean_and_sem(torch.tensor(raw[f"{init_scheme}/{label}/{n}"][w]))[0]
+                 for label in labels for w in ("w1", "w2")}  # fmt: skip
+    profile = [[layer + 1, *(per_layer[label, w][layer] for label in labels for w in ("w1", "w2"))]
+               for layer in range(n)]  # fmt: skip
+    spread = [[label, *(f"{v:.3g}" for w in ("w1", "w2") for v in layer_spread(per_layer[label, w]))]
+              for label in labels]  # fmt: skip
+    last = partial(last_w2, raw, init_scheme)
+    shallow, deep = min(args.depths), max(args.depths)
+    by_depth = [[depth, *(common.mean_sem_text(last(label, depth)) for label in labels)] for depth in args.depths]
+    ratios = [(common.mean_sem(last(label, shallow))[0], common.mean_sem(last(label, deep))[0]) for label in labels]
+    # ReZero's FFN gradients are exactly 0 at init (its gates are 0): no ratio to give.
+    by_depth.append([f"{shallow}/{deep}", *(f"{s / d:.3f}" if d else "n/a (0)" for s, d in ratios)])
+    tables = [
+        (f"||dL/dW||_F per layer, depth {n}", ["layer", *(f"{p} {w}" for p in labels for w in ("W1", "W2"))], profile),
+        (f"spread of the per-layer gradient norms at depth {n} (of the seed means): CV = std / mean across layers "
+         "(population std), L1/L = first layer over last", ["model", "W1 CV", "W1 L1/L", "W2 CV", "W2 L1/L"], spread),
+        (f"last layer ||dL/dW2||_F vs depth (last row: ratio shallow/deep; Pre-LN theory sqrt({deep}/{shallow}) = "
+         f"{math.sqrt(deep / shallow):.3f}, Post-LN theory 1)", ["depth", *labels], by_depth),
+    ]  # fmt: skip
+    return [common.titled_table(f"init {init_scheme}: {title}", headers, rows) for title, headers, rows in tables]
+
+
 def plot_init_grads(args: InitGradsConfig, raw: dict[str, Any], path: Path) -> None:
-    plt = pyplot()
     n_rows = len(args.init_schemes)
-    fig, axes = plt.subplots(n_rows, 3, figsize=(15, 4.2 * n_rows), squeeze=False)
+    fig, axes = pyplot().subplots(n_rows, 3, figsize=(15, 4.2 * n_rows), squeeze=False)
     layers = list(range(1, args.num_layers + 1))
-    for row, init_scheme in enumerate(args.init_schemes):
-        ax_w1, ax_w2, ax_depth = axes[row]
-        for model in models(args.placements, args.norm_types, args.residual_schemes):
-            label, color = model.label, model_color(model)
-            grads = raw[f"{init_scheme}/{label}/{args.num_layers}"]
+    for (ax_w1, ax_w2, ax_depth), init_scheme in zip(axes, args.init_schemes, strict=True):
+        for label, model in args.models.items():
+            style = {"fmt": "o-", "color": common.model_color(model), "label": label, "capsize": 2}
             for ax, key in ((ax_w1, "w1"), (ax_w2, "w2")):
-                mean, sem = mean_and_sem(torch.tensor(grads[key]))
-                ax.errorbar(layers, mean, yerr=sem, fmt="o-", color=color, label=label, capsize=2)
-            stats = [_mean_sem([g[-1] for g in raw[f"{init_scheme}/{label}/{d}"]["w2"]]) for d in args.depths]
-            ax_depth.errorbar(args.depths, [m for m, _ in stats], yerr=[s for _, s in stats], fmt="o-",
-                              color=color, label=label, capsize=2)  # fmt: skip
-        for ax, title in ((ax_w1, "W1 (intermediate.dense)"), (ax_w2, "W2 (output.dense)")):
-            ax.set_title(f"{init_scheme} init: ||dL/d{title.split()[0]}||_F per layer, depth {args.num_layers}")
-            ax.set_xlabel("layer")
-        ax_depth.set_title(f"{init_scheme} init: last layer ||dL/dW2||_F vs depth")
-        ax_depth.set_xlabel("number of layers")
+                mean, sem = common.mean_and_sem(torch.tensor(raw[f"{init_scheme}/{label}/{args.num_layers}"][key]))
+                ax.errorbar(layers, mean, yerr=sem, **style)
+            mean, sem = zip(*(common.mean_sem(last_w2(raw, init_scheme, label, d)) for d in args.depths), strict=True)
+            ax_depth.errorbar(args.depths, mean, yerr=sem, **style)
+        for ax, w in ((ax_w1, "W1"), (ax_w2, "W2")):
+            ax.set(title=f"{init_scheme} init: ||dL/d{w}||_F per layer, depth {args.num_layers}", xlabel="layer")
+        ax_depth.set(title=f"{init_scheme} init: last layer ||dL/dW2||_F vs depth", xlabel="number of layers")
         for ax in (ax_w1, ax_w2, ax_depth):
-            ax.set_yscale("log")
-            ax.set_ylabel("gradient norm")
+            ax.set(yscale="log", ylabel="gradient norm")
             ax.legend(fontsize=6, ncol=2)
     print(f"wrote {save_figure(fig, path)}")

@@ -5,6 +5,8 @@ runs its config; ``cli.py`` maps the subcommands to both."""
 
 from __future__ import annotations
 
+import itertools
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -32,6 +34,20 @@ def _positive(config: Any, *keys: str) -> None:
         require(getattr(config, key) > 0, key, f"must be a positive integer; got {getattr(config, key)}")
 
 
+def _each(config: Any, key: str, ok: Callable[[Any], bool], what: str) -> None:
+    """``config.<key>`` must be a non-empty list of items that are all ``ok``; ``what`` they must be."""
+    values = getattr(config, key)
+    require(bool(values) and all(ok(v) for v in values), key, f"must be {what}; got {values}")
+
+
+def _distinct(config: Any, *keys: str) -> None:
+    """Each of ``keys`` of ``config`` must be a non-empty list without repeats."""
+    for key in keys:
+        values = getattr(config, key)
+        require(bool(values) and len(set(values)) == len(values), key,
+                f"must be a non-empty list without repeats; got {values}")  # fmt: skip
+
+
 @dataclass(frozen=True)
 class Model:
     """One model a measurement compares."""
@@ -52,9 +68,9 @@ class Model:
 
 
 def model_problem(placement: str, norm_type: str, scheme: str) -> str:
-    """Why the model of ``placement``, ``norm_type`` and the residual scheme labelled ``scheme`` cannot be built ("" when
-    it can): the model's own checks decide (``pretrain.variants.check_residual_scheme``: a scheme on Pre-LN only;
-    ``check_ngpt``: nGPT has no norm type)."""
+    """Why the model of ``placement``, ``norm_type`` and the residual scheme labelled ``scheme`` cannot be built
+    ("" when it can): the model's own checks decide (``pretrain.variants.check_residual_scheme``: a scheme on
+    Pre-LN only; ``check_ngpt``: nGPT has no norm type)."""
     fields = residual_scheme_fields(scheme)
     try:
         check_residual_scheme(
@@ -71,38 +87,51 @@ def models(placements: list[str], norm_types: list[str], residual_schemes: list[
     """Every model a measurement compares, in this order: norm types, then placements, then residual schemes (the
     standard one first); each combination the model takes (``model_problem``): a scheme other than standard goes on
     the placements that take it (Pre-LN), nGPT comes with the default norm type only."""
-    return [
-        Model(variant_name(placement, norm_type, **residual_scheme_fields(scheme)), placement, norm_type, scheme)
-        for norm_type in norm_types
-        for placement in placements
-        for scheme in residual_schemes
-        if not model_problem(placement, norm_type, scheme)
-    ]
-
-
-def check_models(config: Any) -> None:
-    """The model axes of ``config`` (placements, norm_types, residual_schemes): each a list without repeats; each
-    residual scheme a label (hc4, ...); each placement, norm type and scheme in one model at least."""
-    for key in ("placements", "norm_types", "residual_schemes"):
-        values = getattr(config, key)
-        require(bool(values) and len(set(values)) == len(values), key, f"must be a non-empty list without repeats; got {values}")  # fmt: skip
-    try:
-        for scheme in config.residual_schemes:
-            residual_scheme_fields(scheme)
-    except ValueError as err:
-        require(False, "residual_schemes", f"item {err}")
-    combinations = [(p, t, s) for p in config.placements for t in config.norm_types for s in config.residual_schemes]
-    problems = {combination: model_problem(*combination) for combination in combinations}
-    for key, position in (("placements", 0), ("norm_types", 1), ("residual_schemes", 2)):
-        for value in getattr(config, key):
-            mine = [problem for combination, problem in problems.items() if combination[position] == value]
-            require(not all(mine), key, f"item {value!r} is in no model the other axes allow: {mine[0]}")
+    return [Model(variant_name(p, t, **residual_scheme_fields(s)), p, t, s)
+            for t, p, s in itertools.product(norm_types, placements, residual_schemes) if not model_problem(p, t, s)]
 
 
 @dataclass(kw_only=True)
-class ModelSize:
-    """The size of the LNBertModel a measurement initialises (subclasses set their own defaults)."""
+class ModelAxes:
+    """The models a measurement compares: placement x norm type x residual scheme (``models``)."""
 
+    placements: list[NormPlacement] = field(default_factory=lambda: list(NORM_PLACEMENTS))
+    """Placements to compare (grid: one heat map each)."""
+    norm_types: list[NormType] = field(default_factory=lambda: ["layernorm"])
+    """Norm types, each with every placement (a model is named as in run names: pre, pre-rmsnorm, ...)."""
+    residual_schemes: list[str] = field(default_factory=lambda: [STANDARD_LABEL])
+    """Residual schemes by their label in run names: standard, hc4 (dynamic HC, 4 streams), shc4 (static), mhc4,
+    mhc4-idres, attnres (Full AttnRes), attnres-b4 (Block, 4 sub-layers); each but standard adds a model on every
+    placement that takes it (pre: pre-hc4, ...)."""
+
+    def __post_init__(self) -> None:
+        """Each axis a list without repeats; each residual scheme a label (hc4, ...); each placement, norm type and
+        scheme in one model at least."""
+        _distinct(self, "placements", "norm_types", "residual_schemes")
+        try:
+            for scheme in self.residual_schemes:
+                residual_scheme_fields(scheme)
+        except ValueError as err:
+            require(False, "residual_schemes", f"item {err}")
+        axes = (self.placements, self.norm_types, self.residual_schemes)
+        problems = {combination: model_problem(*combination) for combination in itertools.product(*axes)}
+        for position, key in enumerate(("placements", "norm_types", "residual_schemes")):
+            for value in axes[position]:
+                mine = [problem for combination, problem in problems.items() if combination[position] == value]
+                require(not all(mine), key, f"item {value!r} is in no model the other axes allow: {mine[0]}")
+
+    @property
+    def models(self) -> dict[str, Model]:
+        """Each model compared (``models``) by its name, in their order."""
+        return {model.label: model for model in models(self.placements, self.norm_types, self.residual_schemes)}
+
+
+@dataclass(kw_only=True)
+class ModelSize(ModelAxes):
+    """The models and size of the LNBertModel a measurement initialises (subclasses set their own defaults)."""
+
+    init_schemes: list[InitScheme] = field(default_factory=lambda: ["xavier", "bert"])
+    """xavier: the paper's (and Admin's) analysis setting; bert: normal(0, 0.02)."""
     hidden_size: int = 256
     """Hidden size d."""
     num_heads: int = 4
@@ -121,12 +150,10 @@ class ModelSize:
     """Output folder for table.txt, results.json and the PNG."""
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         _positive(self, "hidden_size", "num_heads", "vocab_size", "seq_len", "batch_size")
-        require(
-            self.intermediate_size is None or self.intermediate_size > 0,
-            "intermediate_size",
-            f"must be a positive integer or null; got {self.intermediate_size}",
-        )
+        require(self.intermediate_size is None or self.intermediate_size > 0, "intermediate_size",
+                f"must be a positive integer or null; got {self.intermediate_size}")  # fmt: skip
 
 
 @dataclass(kw_only=True)
@@ -150,8 +177,8 @@ class LnJacobianConfig:
     """Output folder for table.txt, results.json and ln_jacobian.png."""
 
     def __post_init__(self) -> None:
-        require(bool(self.dims) and all(d > 0 for d in self.dims), "dims", f"must be positive integers; got {self.dims}")
-        require(bool(self.scales) and all(s > 0 for s in self.scales), "scales", f"must be > 0; got {self.scales}")
+        _each(self, "dims", lambda d: d > 0, "positive integers")
+        _each(self, "scales", lambda s: s > 0, "> 0")
         require(self.eps >= 0, "eps", f"must be >= 0; got {self.eps}")
 
 
@@ -179,25 +206,12 @@ class InitScaleConfig(ModelSize):
     """Weight draws in (i)."""
     model_seeds: int = 3
     """Model initialisations in (ii)."""
-    placements: list[NormPlacement] = field(default_factory=lambda: list(NORM_PLACEMENTS))
-    """Placements measured in (ii)."""
-    norm_types: list[NormType] = field(default_factory=lambda: ["layernorm"])
-    """Norm types measured in (ii), each with every placement."""
-    residual_schemes: list[str] = field(default_factory=lambda: [STANDARD_LABEL])
-    """Residual schemes by their label in run names: standard, hc4 (dynamic HC, 4 streams), shc4 (static), mhc4,
-    mhc4-idres, attnres (Full AttnRes), attnres-b4 (Block, 4 sub-layers); each but standard adds a model on every
-    placement that takes it (pre: pre-hc4, ...)."""
     init_schemes: list[InitScheme] = field(default_factory=lambda: ["bert", "xavier"])
-    """Initialisations measured in (ii)."""
-    hidden_size: int = 256
-    seq_len: int = 128
-    batch_size: int = 8
     out: str = str(DEFAULT_OUT / "init_scale")
 
     def __post_init__(self) -> None:
         super().__post_init__()
         _positive(self, "num_layers", "paper_hidden_size", "paper_seq_len", "paper_sequences", "seeds", "model_seeds")
-        check_models(self)
 
 
 @dataclass(kw_only=True)
@@ -212,16 +226,6 @@ class InitGradsConfig(ModelSize):
     per-layer gradients grow toward the output; Pre-LN's shrink like 1/sqrt(L) and are nearly uniform across
     layers. Writes table.txt, results.json, init_grads.png."""
 
-    placements: list[NormPlacement] = field(default_factory=lambda: list(NORM_PLACEMENTS))
-    """Placements to measure."""
-    norm_types: list[NormType] = field(default_factory=lambda: ["layernorm"])
-    """Norm types to measure, each with every placement."""
-    residual_schemes: list[str] = field(default_factory=lambda: [STANDARD_LABEL])
-    """Residual schemes by their label in run names: standard, hc4 (dynamic HC, 4 streams), shc4 (static), mhc4,
-    mhc4-idres, attnres (Full AttnRes), attnres-b4 (Block, 4 sub-layers); each but standard adds a model on every
-    placement that takes it (pre: pre-hc4, ...)."""
-    init_schemes: list[InitScheme] = field(default_factory=lambda: ["xavier", "bert"])
-    """xavier: the paper's setting; bert: normal(0, 0.02)."""
     num_layers: int = 12
     """Depth of the per-layer profile."""
     depths: list[int] = field(default_factory=lambda: [6, 8, 10, 12, 14])
@@ -246,8 +250,7 @@ class InitGradsConfig(ModelSize):
     def __post_init__(self) -> None:
         super().__post_init__()
         _positive(self, "num_layers", "seeds", "max_documents")
-        check_models(self)
-        require(bool(self.depths) and all(d > 0 for d in self.depths), "depths", f"must be positive; got {self.depths}")
+        _each(self, "depths", lambda d: d > 0, "positive")
 
 
 @dataclass(kw_only=True)
@@ -257,21 +260,12 @@ class InitPerturbConfig(ModelSize):
     For each init scheme, model and depth, under seeds seeds: initialise LNBertModel (dropout off), compute the
     encoder output f(x, W) (last_hidden_state: after the last norm or the final norm) on random token ids, add
     to every weight matrix of the encoder layers (2-D parameters: Q, K, V, attention output, FFN, and a residual
-    scheme's mixing matrices; not the embeddings, norms, gates or scales) delta = epsilon * rms(W) * N(0, 1) elementwise, and report
-    E||f(x, W) - f(x, W + delta)||^2 / E||f(x, W)||^2 over the tokens. Admin's claim: this grows like O(N) with
-    the number of sub-layers N for Post-LN, like O(log N) for Admin and Pre-LN. Writes table.txt, results.json,
-    init_perturb.png."""
+    scheme's mixing matrices; not the embeddings, norms, gates or scales) delta = epsilon * rms(W) * N(0, 1)
+    elementwise, and report E||f(x, W) - f(x, W + delta)||^2 / E||f(x, W)||^2 over the tokens. Admin's claim:
+    this grows like O(N) with the number of sub-layers N for Post-LN, like O(log N) for Admin and Pre-LN. Writes
+    table.txt, results.json, init_perturb.png."""
 
     placements: list[NormPlacement] = field(default_factory=lambda: ["post", "admin", "deepnorm", "pre"])
-    """Placements to measure."""
-    norm_types: list[NormType] = field(default_factory=lambda: ["layernorm"])
-    """Norm types to measure, each with every placement."""
-    residual_schemes: list[str] = field(default_factory=lambda: [STANDARD_LABEL])
-    """Residual schemes by their label in run names: standard, hc4 (dynamic HC, 4 streams), shc4 (static), mhc4,
-    mhc4-idres, attnres (Full AttnRes), attnres-b4 (Block, 4 sub-layers); each but standard adds a model on every
-    placement that takes it (pre: pre-hc4, ...)."""
-    init_schemes: list[InitScheme] = field(default_factory=lambda: ["xavier", "bert"])
-    """xavier: Admin's and the paper's analysis setting; bert: normal(0, 0.02)."""
     depths: list[int] = field(default_factory=lambda: [3, 6, 12, 24, 48])
     """Numbers of layers L (N = 2L sub-layers)."""
     epsilon: float = 1e-2
@@ -287,38 +281,25 @@ class InitPerturbConfig(ModelSize):
     def __post_init__(self) -> None:
         super().__post_init__()
         _positive(self, "seeds")
-        check_models(self)
         require(self.epsilon >= 0, "epsilon", f"must be >= 0; got {self.epsilon}")
-        require(bool(self.depths) and all(d > 0 for d in self.depths), "depths", f"must be positive; got {self.depths}")
+        _each(self, "depths", lambda d: d > 0, "positive")
 
 
 @dataclass(kw_only=True)
-class GridConfig:
+class GridConfig(ModelAxes):
     """Where training breaks: a grid of short pretraining runs over model x depth x width x warm-up x peak lr (a
     model: placement x norm type x residual scheme).
 
-    Each cell (one setting, one seed) is a pretraining run through the normal pipeline (python -m pretrain.run
-    in a subprocess; jobs at once) with that setting, logging every step, with weights-only snapshots at steps
-    0..probe_steps and one evaluation at the end. Its outcome: diverged (non-finite loss: the step), blew up,
-    failed to train, or trained (final validation loss); the rules and their thresholds are in outcomes.py and
-    below. Settings next to a change of outcome (along any axis, placements included) are repeated with more
-    seeds up to boundary_seeds, and the map marks where seeds disagree. For the cells shown in boundary.png
-    (the boundary, or without one the deepest, fastest, warm-up-free corner) the table gives what the theory
-    says to look at: per-layer gradient norms at the first steps and the relative change of the output by the
-    first updates (Liu et al. 2020; probes.py). Runs live in OUT/runs/<cell>, logs in OUT/logs. A stopped grid
-    continues with the same command: finished and diverged cells are read, not rerun, and an interrupted cell
-    resumes from its last checkpoint (pretrain/run.py with train.resume=auto). Cells run in the order of the axes as given,
-    placements innermost. Anything else of pretrain/run.py (data, batch size, precision, ...) goes through
-    preset and overrides. Writes table.txt, results.json, grid.png, boundary.png."""
+    Each cell (one setting, one seed) is a run of python -m pretrain.run in a subprocess (jobs at once), logging
+    every step, with weights-only snapshots at steps 0..probe_steps and one evaluation at the end. Its outcome:
+    diverged (the step), blew up, failed to train, or trained (final validation loss), by the rules of outcomes.py.
+    Settings next to a change of outcome (along any axis) are repeated with more seeds up to boundary_seeds; for
+    the cells in boundary.png the table gives the per-layer gradient norms of the first steps and the relative
+    output change by the first updates (Liu et al. 2020; probes.py). Runs live in OUT/runs/<cell>, logs in
+    OUT/logs. The same command continues a stopped grid: ended cells are read, interrupted ones resume from their
+    last checkpoint. Cells run in the order of the axes as given, placements innermost. Anything else of
+    pretrain/run.py goes through preset and overrides. Writes table.txt, results.json, grid.png, boundary.png."""
 
-    placements: list[NormPlacement] = field(default_factory=lambda: list(NORM_PLACEMENTS))
-    """Placements, one heat map each."""
-    norm_types: list[NormType] = field(default_factory=lambda: ["layernorm"])
-    """Norm types, each with every placement (a model is named as in run names: pre, pre-rmsnorm, ...)."""
-    residual_schemes: list[str] = field(default_factory=lambda: [STANDARD_LABEL])
-    """Residual schemes by their label in run names: standard, hc4 (dynamic HC, 4 streams), shc4 (static), mhc4,
-    mhc4-idres, attnres (Full AttnRes), attnres-b4 (Block, 4 sub-layers); each but standard adds a model on every
-    placement that takes it (pre: pre-hc4, ...)."""
     depths: list[int] = field(default_factory=lambda: [6, 12, 24, 48])
     """Numbers of layers."""
     hidden_sizes: list[int] = field(default_factory=lambda: [128])
@@ -344,54 +325,38 @@ class GridConfig:
     trained_margin: float = 0.1
     """Trained: final validation loss at least this many nats below the validation unigram cross-entropy."""
     blowup_margin: float = 1.0
-    """Blew up: the last tenth of the training-loss curve stays this many nats above the training unigram
-    entropy and above the lowest loss logged before it."""
+    """Blew up: the last tenth of the loss curve stays this many nats above the unigram entropy and the run's best."""
     preset: str | None = None
     """A pretrain/run.py preset YAML applied to every cell first."""
     overrides: list[str] = field(default_factory=list)
     """Extra pretrain/run.py overrides for every cell (they win), e.g. '[train.per_device_batch_size=16]'."""
     report_only: bool = False
-    """Run nothing: report the cells under --out that have a run folder (ended ones with their outcome), the rest
-    of the axes shown as '-'. One report over the union of the axes of grids that ran different parts of a map
-    into the same --out (e.g. more learning rates at depth 6 than at depth 48)."""
+    """Run nothing: report the cells under --out that have a run folder, the rest as '-' (one report over grids
+    that ran different parts of a map into the same --out)."""
     jobs: int = 1
     """Cells run at once, each its own process; on a CPU, set OMP_NUM_THREADS to cores / jobs."""
     out: str = str(DEFAULT_OUT / "grid")
     """Output folder (runs/, logs/, table.txt, results.json, grid.png, boundary.png)."""
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         _positive(self, "max_steps", "num_heads", "jobs", "probe_batch_size")
         require(self.probe_steps >= 0 and self.boundary_seeds >= 0, "probe_steps", "and boundary_seeds must be >= 0")
-        check_models(self)
-        for key in ("depths", "hidden_sizes", "warmup_steps", "lrs", "seeds"):
-            values = getattr(self, key)
-            require(bool(values) and len(set(values)) == len(values), key, f"must be a non-empty list without repeats; got {values}")  # fmt: skip
-        require(all(d > 0 for d in self.depths), "depths", f"must be positive; got {self.depths}")
-        require(all(w >= 0 for w in self.warmup_steps), "warmup_steps", f"must be >= 0; got {self.warmup_steps}")
-        require(
-            all(w <= self.max_steps for w in self.warmup_steps),
-            "warmup_steps",
-            f"must be <= max_steps={self.max_steps}",
-        )
-        require(all(lr > 0 for lr in self.lrs), "lrs", f"must be > 0; got {self.lrs}")
-        require(
-            all(h > 0 and h % self.num_heads == 0 for h in self.hidden_sizes),
-            "hidden_sizes",
-            f"must be positive multiples of num_heads={self.num_heads}; got {self.hidden_sizes}",
-        )
-        require(
-            self.intermediate_size is None or self.intermediate_size > 0, "intermediate_size", "must be > 0 or null"
-        )
-        require(
-            self.trained_margin >= 0 and self.blowup_margin > 0, "trained_margin", "must be >= 0 (blowup_margin > 0)"
-        )
+        _distinct(self, "depths", "hidden_sizes", "warmup_steps", "lrs", "seeds")
+        _each(self, "depths", lambda d: d > 0, "positive")
+        _each(self, "warmup_steps", lambda w: w >= 0, ">= 0")
+        require(max(self.warmup_steps) <= self.max_steps, "warmup_steps", f"must be <= max_steps={self.max_steps}")
+        _each(self, "lrs", lambda lr: lr > 0, "> 0")
+        _each(self, "hidden_sizes", lambda h: h > 0 and h % self.num_heads == 0,
+              f"positive multiples of num_heads={self.num_heads}")  # fmt: skip
+        require(self.intermediate_size is None or self.intermediate_size > 0, "intermediate_size",
+                "must be > 0 or null")  # fmt: skip
+        require(self.trained_margin >= 0 and self.blowup_margin > 0, "trained_margin",
+                "must be >= 0 (blowup_margin > 0)")  # fmt: skip
         for item in self.overrides:
             key, eq, _ = item.removeprefix("--").partition("=")
-            require(
-                bool(eq) and "." in key,
-                "overrides",
-                f"item {item!r} is not KEY=VALUE with a dotted key, e.g. train.per_device_batch_size=16",
-            )
+            message = f"item {item!r} is not KEY=VALUE with a dotted key, e.g. train.per_device_batch_size=16"
+            require(bool(eq) and "." in key, "overrides", message)
             field_type(PretrainConfig, key)  # a typo fails now, not in every cell
 
     @property
@@ -399,11 +364,6 @@ class GridConfig:
         """The axes of a setting, in the order of ``Cell.setting``; numbers sorted (tables, maps and neighbours
         go by size, whatever order the cells ran in)."""
         return [self.variants, *(sorted(v) for v in (self.hidden_sizes, self.depths, self.warmup_steps, self.lrs))]
-
-    @property
-    def models(self) -> dict[str, Model]:
-        """Each model of the grid (placement x norm type x residual scheme) by its name."""
-        return {model.label: model for model in models(self.placements, self.norm_types, self.residual_schemes)}
 
     @property
     def variants(self) -> list[str]:
@@ -422,15 +382,12 @@ class RankingConfig:
 
     Reads the results.json of each grid (``grid --report_only`` writes it without running anything) and, from
     ``recorded``, results kept elsewhere (a JSON list of cells: model, depth, width, warmup, lr, seed, outcome,
-    gap). A model's score at the ranked setting is its gap (final validation MLM loss minus the validation
-    unigram cross-entropy of the seed's own split: the seeds split the documents differently), per seed and as
-    a mean. Verdict over seeds: "trains" when every seed trained, "fails" when none did, else "mixed", with the
-    number of seeds it rests on. Two models tie when their means differ by no more than the larger of their
-    seed ranges (max - min) and ``tie_floor``. A second table gives what the residual designs' papers claim, per
-    model (mean over seeds): the cosine similarity of consecutive sub-layers' inputs and the last layer's
-    sub-layer output norm over the first's (at the last snapshot, probes.sublayer_io), the spread of per-layer FFN
-    gradient norms (coefficient of variation over the layers, median over the last tenth of the steps), HC's and
-    mHC's composite gain at the end (``residual/composite_gain/row``), and the steps to ``target``'s final
+    gap). A model's score is its gap (final validation MLM loss minus the validation unigram cross-entropy of the
+    seed's own split), per seed and as a mean. Verdict over seeds: "trains" when every seed trained, "fails" when
+    none did, else "mixed". Two models tie when their means differ by no more than the larger of their seed ranges
+    and ``tie_floor``. A second table gives what the residual designs' papers claim, per model: the similarity of
+    consecutive sub-layers' inputs and the last over the first sub-layer output norm (probes.sublayer_io), the
+    spread of per-layer FFN gradient norms, HC's and mHC's composite gain, and the steps to ``target``'s final
     training loss. Writes table.txt, results.json and ranking.png to ``out``."""
 
     grids: list[str]
@@ -448,20 +405,17 @@ class RankingConfig:
     lrs: list[float] = field(default_factory=lambda: [3e-4, 1e-3, 3e-3])
     """The learning rates of the trainable-range panel (same depth, width and warm-up)."""
     target: str = "pre"
-    """The model whose final training loss the others' "steps to target" is measured against (same seed); empty:
-    none."""
+    """The model whose final training loss the others' "steps to target" is measured against; empty: none."""
     smoothing: int = 100
-    """Steps of the trailing mean over the training MLM loss curve before it is compared with the target: a
-    batch-16 curve jumps by more than the gaps between models from one batch to the next, and one seed feeds every
-    model the same batches, so a short window finds the same easy stretch of data in every run."""
+    """Steps of the trailing mean over the training MLM loss before it is compared with the target's: a batch-16
+    curve jumps by more than the gaps between models, and a short window finds the same easy batches in every run."""
     tie_floor: float = 0.055
-    """Nats below which two means tie whatever their seeds say: the same seed's gap moved 0.055 nats between two
-    CPUs (docs/results.md section 8)."""
+    """Nats below which two means tie: the same seed's gap moved 0.055 nats between two CPUs (results.md, sec. 8)."""
     out: str = str(DEFAULT_OUT / "ranking")
     """Output folder."""
 
     def __post_init__(self) -> None:
         require(bool(self.grids), "grids", "must name at least one grid folder")
-        require(self.smoothing > 0, "smoothing", f"must be a positive integer; got {self.smoothing}")
+        _positive(self, "smoothing")
         require(self.tie_floor >= 0, "tie_floor", f"must be >= 0; got {self.tie_floor}")
-        require(bool(self.lrs) and all(lr > 0 for lr in self.lrs), "lrs", f"must be positive; got {self.lrs}")
+        _each(self, "lrs", lambda lr: lr > 0, "positive")

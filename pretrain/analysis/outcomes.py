@@ -16,7 +16,6 @@ synthetic curves. The rules, in the order they are applied:
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
@@ -49,15 +48,8 @@ def blew_up(train_losses: Sequence[float], train_unigram_entropy: float, rules: 
     return min(tail) > floor
 
 
-def classify(
-    *,
-    status: str,
-    train_losses: Sequence[float],
-    val_loss: float | None,
-    train_unigram_entropy: float | None,
-    val_unigram_cross_entropy: float | None,
-    rules: Rules,
-) -> Outcome:
+def classify(*, status: str, train_losses: Sequence[float], val_loss: float | None,
+             train_unigram_entropy: float | None, val_unigram_cross_entropy: float | None, rules: Rules) -> Outcome:
     """The outcome of one run (module docstring), from its status, its logged training MLM losses in step
     order, its final validation MLM loss and the unigram references of its data."""
     if status == "diverged":
@@ -74,8 +66,7 @@ def classify(
 def combine(outcomes: Iterable[Outcome]) -> Outcome | Literal["seeds differ"]:
     """One outcome for a cell's seeds: theirs when they agree (incomplete seeds are left out while another
     seed has finished), else "seeds differ"."""
-    counts = Counter(outcomes)
-    done = [o for o in counts if o != "incomplete"]
+    done = [o for o in dict.fromkeys(outcomes) if o != "incomplete"]
     if not done:
         return "incomplete"
     return done[0] if len(done) == 1 else "seeds differ"

@@ -2,23 +2,18 @@
 
 from __future__ import annotations
 
+import itertools
 import math
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from pretrain.analysis.common import (
-    cell_result,
-    cell_settings,
-    mean_and_sem,
-    model_color,
-    model_config,
-    write_outputs,
-)
-from pretrain.analysis.options import InitPerturbConfig, models
+from pretrain.analysis import common
+from pretrain.analysis.options import InitPerturbConfig, Model
 from pretrain.common.cli import to_dict
-from pretrain.common.reporting import format_table, pyplot, save_figure
+from pretrain.common.reporting import pyplot, save_figure
 from pretrain.modeling import LNBertConfig, LNBertModel
 
 AXES = ("placements", "norm_types", "residual_schemes", "init_schemes", "depths")
@@ -43,71 +38,52 @@ def output_change(config: LNBertConfig, batch_size: int, seq_len: int, epsilon: 
     return ((after - before).pow(2).sum(-1).mean() / before.pow(2).sum(-1).mean()).item()
 
 
+def measure(args: InitPerturbConfig, init_scheme: str, model: Model, depth: int) -> list[float]:
+    """``output_change`` of one (init scheme, model, depth) under each seed."""
+    config = common.model_config(args, model.placement, init_scheme, depth, args.vocab_size,
+                                 norm_type=model.norm_type, scheme=model.scheme)  # fmt: skip
+    seeds = range(args.seed, args.seed + args.seeds)
+    return [output_change(config, args.batch_size, args.seq_len, args.epsilon, seed) for seed in seeds]
+
+
 def run(args: InitPerturbConfig) -> int:
     out = Path(args.out)
-    settings = cell_settings(args, AXES)
     depths = sorted(args.depths)
-    compared = models(args.placements, args.norm_types, args.residual_schemes)
-    labels = [model.label for model in compared]
-    raw: dict[str, list[float]] = {}
-    for init_scheme in args.init_schemes:
-        for model in compared:
-            for depth in depths:
-                config = model_config(
-                    args, model.placement, init_scheme, depth, args.vocab_size, norm_type=model.norm_type,
-                    scheme=model.scheme,
-                )  # fmt: skip
-                key = f"{init_scheme}/{model.label}/{depth}"
-                raw[key] = cell_result(out, key, settings, lambda c=config: [
-                    output_change(c, args.batch_size, args.seq_len, args.epsilon, args.seed + s)
-                    for s in range(args.seeds)
-                ])  # fmt: skip
-                print(f"measured {key}", flush=True)
+    raw: dict[str, list[float]] = common.cell_results(out, common.cell_settings(args, AXES), {
+        f"{init}/{model.label}/{depth}": partial(measure, args, init, model, depth)
+        for init, model, depth in itertools.product(args.init_schemes, args.models.values(), depths)
+    })  # fmt: skip
     sections = [
         f"E||f(x,W) - f(x,W+delta)||^2 / E||f(x,W)||^2 at init, delta = {args.epsilon:g} x rms(W) x N(0,1) on every "
         f"encoder weight matrix; hidden {args.hidden_size}, {args.num_heads} heads, random ids, batch "
-        f"{args.batch_size} x {args.seq_len}, mean over {args.seeds} seeds (+- standard error); dropout off. Last rows: "
-        f"growth from depth {depths[0]} to {depths[-1]}, against O(N) = {depths[-1] / depths[0]:g} and O(log N) = "
-        f"{math.log(2 * depths[-1] + 1) / math.log(2 * depths[0] + 1):.3g} (ln(N+1), N = 2L sub-layers)"
+        f"{args.batch_size} x {args.seq_len}, mean over {args.seeds} seeds (+- standard error); dropout off. Last "
+        f"rows: growth from depth {depths[0]} to {depths[-1]}, against O(N) = {depths[-1] / depths[0]:g} and "
+        f"O(log N) = {math.log(2 * depths[-1] + 1) / math.log(2 * depths[0] + 1):.3g} (ln(N+1), N = 2L sub-layers)"
     ]
-    for init_scheme in args.init_schemes:
-        rows = []
-        for depth in depths:
-            row: list[Any] = [depth]
-            for label in labels:
-                (mean,), (sem,) = mean_and_sem(torch.tensor(raw[f"{init_scheme}/{label}/{depth}"]).unsqueeze(1))
-                row.append(f"{mean:.4g} +- {sem:.2g}")
-            rows.append(row)
-        growth: list[Any] = [f"{depths[-1]}/{depths[0]}"]
-        for label in labels:
-            first = sum(raw[f"{init_scheme}/{label}/{depths[0]}"]) / args.seeds
-            last = sum(raw[f"{init_scheme}/{label}/{depths[-1]}"]) / args.seeds
-            growth.append(f"{last / first:.3g}" if first > 0 else "n/a (0)")
-        rows.append(growth)
-        sections.append(f"init {init_scheme}\n" + format_table(["depth", *labels], rows))
-    write_outputs(out, "\n\n".join(sections), {"args": to_dict(args), "depths": depths, "raw": raw})
+    labels = list(args.models)
+    for init in args.init_schemes:
+        rows: list[list[Any]] = [[depth, *(common.mean_sem_text(raw[f"{init}/{label}/{depth}"]) for label in labels)]
+                                 for depth in depths]  # fmt: skip
+        growth = [[sum(raw[f"{init}/{label}/{depth}"]) for depth in (depths[0], depths[-1])] for label in labels]
+        rows.append([f"{depths[-1]}/{depths[0]}", *(f"{last / first:.3g}" if first > 0 else "n/a (0)"
+                                                    for first, last in growth)])  # fmt: skip
+        sections.append(common.titled_table(f"init {init}", ["depth", *labels], rows))
+    common.write_outputs(out, "\n\n".join(sections), {"args": to_dict(args), "depths": depths, "raw": raw})
     plot_init_perturb(args, raw, out / "init_perturb.png")
     return 0
 
 
 def plot_init_perturb(args: InitPerturbConfig, raw: dict[str, list[float]], path: Path) -> None:
-    plt = pyplot()
-    fig, axes = plt.subplots(1, len(args.init_schemes), figsize=(5.5 * len(args.init_schemes), 4.2), squeeze=False)
+    n = len(args.init_schemes)
+    fig, axes = pyplot().subplots(1, n, figsize=(5.5 * n, 4.2), squeeze=False)
     depths = sorted(args.depths)
     for ax, init_scheme in zip(axes[0], args.init_schemes, strict=True):
-        for model in models(args.placements, args.norm_types, args.residual_schemes):
-            label = model.label
-            mean, sem = zip(*(
-                (m[0], e[0]) for m, e in (mean_and_sem(torch.tensor(raw[f"{init_scheme}/{label}/{d}"]).unsqueeze(1))
-                                           for d in depths)
-            ), strict=True)  # fmt: skip
-            ax.errorbar(depths, mean, yerr=sem, fmt="o-", color=model_color(model), label=label, capsize=2)
-        ax.set_xscale("log")
-        ax.set_yscale("log")
+        for label, model in args.models.items():
+            mean, sem = zip(*(common.mean_sem(raw[f"{init_scheme}/{label}/{d}"]) for d in depths), strict=True)
+            ax.errorbar(depths, mean, yerr=sem, fmt="o-", color=common.model_color(model), label=label, capsize=2)
+        ax.set(xscale="log", yscale="log", xlabel="number of layers L", ylabel="||f(W) - f(W + delta)||^2 / ||f(W)||^2",
+               title=f"{init_scheme} init: output change, delta = {args.epsilon:g} rms(W)")
         ax.set_xticks(depths, [str(d) for d in depths])
         ax.set_xticks([], minor=True)
-        ax.set_xlabel("number of layers L")
-        ax.set_ylabel("||f(W) - f(W + delta)||^2 / ||f(W)||^2")
-        ax.set_title(f"{init_scheme} init: output change, delta = {args.epsilon:g} rms(W)")
         ax.legend(fontsize=7)
     print(f"wrote {save_figure(fig, path)}")

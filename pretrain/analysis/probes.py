@@ -36,9 +36,8 @@ _data_lock = threading.Lock()  # the grid measures finished cells from several t
 _load_lock = threading.Lock()
 
 
-def unigram_reference(
-    train_ids: Iterable[Sequence[int]], val_ids: Iterable[Sequence[int]], special_ids: Iterable[int], vocab_size: int
-) -> dict[str, float]:
+def unigram_reference(train_ids: Iterable[Sequence[int]], val_ids: Iterable[Sequence[int]], special_ids: Iterable[int],
+                      vocab_size: int) -> dict[str, float]:  # fmt: skip
     """The MLM loss of a model that ignores context, from the token counts of the data (special tokens are never
     MLM targets, so they are left out): ``train_unigram_entropy``, the entropy of the training tokens'
     distribution, and ``val_unigram_cross_entropy``, the mean loss on the validation tokens of predicting each
@@ -80,13 +79,20 @@ def _run_data(run_dir: Path, batch_size: int) -> tuple[dict[str, float], dict[st
         if key not in _data_cache:
             data = build_pretraining_data(from_dict(DataConfig, resolved["data"]), seed=seed)
             tokenizer = data.tokenizer
-            reference = unigram_reference(
-                data.train["input_ids"], data.validation["input_ids"], tokenizer.all_special_ids, len(tokenizer)
-            )
+            reference = unigram_reference(data.train["input_ids"], data.validation["input_ids"],
+                                          tokenizer.all_special_ids, len(tokenizer))  # fmt: skip
             rows = [data.validation[i] for i in range(min(batch_size, len(data.validation)))]
             batch = MaskingCollator(tokenizer, mlm_probability=resolved["data"]["mlm_probability"], seed=0)(rows)
             _data_cache[key] = (reference, batch)
         return _data_cache[key]
+
+
+def _load(path: Path) -> Any:
+    """A snapshot's model in eval mode (dropout off), loaded under ``_load_lock``."""
+    from pretrain.modeling import LNBertForPreTraining
+
+    with _load_lock:
+        return LNBertForPreTraining.from_pretrained(path).eval()
 
 
 @torch.no_grad()
@@ -95,19 +101,13 @@ def output_changes(run_dir: Path, batch: dict[str, torch.Tensor], max_step: int)
     ``max_step`` (fp32, eval mode: dropout off): ``[{"from": t0, "to": t1, "change": ...}, ...]``."""
     from transformers.utils import logging as hf_logging
 
-    from pretrain.modeling import LNBertForPreTraining
-
     hf_logging.disable_progress_bar()  # one "Loading weights" bar per snapshot would bury the grid's own lines
     outputs = []
     for snap in [s for s in list_snapshots(run_dir) if s.step <= max_step]:
-        with _load_lock:
-            model = LNBertForPreTraining.from_pretrained(snap.path).eval()
-        hidden = model.bert(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"]).last_hidden_state
-        outputs.append((snap.step, hidden.float()))
-    return [
-        {"from": s0, "to": s1, "change": relative_output_change(h0, h1, batch["attention_mask"])}
-        for (s0, h0), (s1, h1) in itertools.pairwise(outputs)
-    ]
+        hidden = _load(snap.path).bert(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"])
+        outputs.append((snap.step, hidden.last_hidden_state.float()))
+    return [{"from": s0, "to": s1, "change": relative_output_change(h0, h1, batch["attention_mask"])}
+            for (s0, h0), (s1, h1) in itertools.pairwise(outputs)]
 
 
 @torch.no_grad()
@@ -118,13 +118,10 @@ def sublayer_io(run_dir: Path, batch: dict[str, torch.Tensor]) -> dict[str, Any]
     real token, averaged (HC's claim: more streams, less alike inputs); ``output_norm``, the L2 norm of each
     sub-layer's output projection (attention's output dense, the FFN's second dense), averaged over real tokens
     (AttnRes's claim: bounded where Pre-LN's grow with depth). Empty without snapshots."""
-    from pretrain.modeling import LNBertForPreTraining
-
     snapshots = list_snapshots(run_dir)
     if not snapshots:
         return {}
-    with _load_lock:
-        model = LNBertForPreTraining.from_pretrained(snapshots[-1].path).eval()
+    model = _load(snapshots[-1].path)
     inputs: list[torch.Tensor] = []
     outputs: list[torch.Tensor] = []
 
@@ -134,16 +131,12 @@ def sublayer_io(run_dir: Path, batch: dict[str, torch.Tensor]) -> dict[str, Any]
     def write(_module: torch.nn.Module, _args: tuple, output: torch.Tensor) -> None:
         outputs.append(output.float())
 
-    layers = model.bert.encoder.layer
-    hooks = [module.register_forward_pre_hook(read, with_kwargs=True)
-             for layer in layers for module in (layer.attention.self, layer.intermediate)]  # fmt: skip
-    hooks += [module.register_forward_hook(write)
-              for layer in layers for module in (layer.attention.output.dense, layer.output.dense)]  # fmt: skip
-    try:
-        model.bert(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"])
-    finally:
-        for hook in hooks:
-            hook.remove()
+    for layer in model.bert.encoder.layer:  # the model is this function's own: its hooks go with it
+        layer.attention.self.register_forward_pre_hook(read, with_kwargs=True)
+        layer.attention.output.dense.register_forward_hook(write)
+        layer.intermediate.register_forward_pre_hook(read, with_kwargs=True)
+        layer.output.dense.register_forward_hook(write)
+    model.bert(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"])
     real = batch["attention_mask"].bool()
     similarity = [float(torch.nn.functional.cosine_similarity(a[real], b[real], dim=-1).mean())
                   for a, b in itertools.pairwise(inputs)]  # fmt: skip
@@ -159,15 +152,18 @@ def first_grad_norms(metrics: list[dict[str, Any]], max_step: int) -> dict[str, 
     up to ``max_step``: ``{"1": {"attn": [layer 0, layer 1, ...], "ffn": [...]}, ...}``."""
     found: dict[str, dict[str, list[float]]] = {}
     for row in metrics:
-        if "train/loss" not in row or row["step"] > max_step:
-            continue
-        per_kind: dict[str, list[float]] = {}
-        # By layer number: the keys are zero-padded to two digits, so from depth 100 on text order is wrong.
-        layer_keys = [k for k in row if k.startswith("grad_norm/layer_")]
-        for key in sorted(layer_keys, key=lambda k: (int(k.split("/")[1].removeprefix("layer_")), k)):
-            per_kind.setdefault(key.rsplit("/", 1)[1], []).append(row[key])
-        found[str(row["step"])] = per_kind
+        if "train/loss" in row and row["step"] <= max_step:
+            per_kind: dict[str, list[float]] = {}
+            for key in sorted((k for k in row if k.startswith("grad_norm/layer_")), key=by_layer):
+                per_kind.setdefault(key.rsplit("/", 1)[1], []).append(row[key])
+            found[str(row["step"])] = per_kind  # a step logged twice (resumed run): the later line
     return found
+
+
+def by_layer(key: str) -> tuple[int, str]:
+    """Sort key of ``grad_norm/layer_NN/...`` metrics: by layer number (NN has two digits, so from depth 100 on text
+    order is wrong), then by name."""
+    return int(key.split("/")[1].removeprefix("layer_")), key
 
 
 SCALAR_KINDS = {
@@ -178,7 +174,6 @@ SCALAR_KINDS = {
 """The learned scalars and scales a placement, norm type or residual scheme adds, by the end of their parameter
 names, and what the report calls them: ReZero's gates, DyT's alpha, Admin's learnable omega (and NormFormer's
 optional residual scale), NormFormer's head scales, dynamic HC's scales s_alpha and s_beta, mHC's gates."""
-SCALAR_NAMES = tuple(SCALAR_KINDS)
 
 
 def learned_scalars(run_dir: Path) -> dict[str, Any]:
@@ -195,15 +190,15 @@ def learned_scalars(run_dir: Path) -> dict[str, Any]:
             continue
         state = load_file(str(weights))
         steps.append(snap.step)
-        for name in sorted(k for k in state if k.endswith(SCALAR_NAMES)):
+        for name in sorted(k for k in state if k.endswith(tuple(SCALAR_KINDS))):
             values.setdefault(name.removeprefix("bert."), []).append(float(state[name].float().mean()))
     return {"steps": steps, "values": values}
 
 
 def probe_cell(run_dir: Path, *, max_step: int, batch_size: int = 16) -> dict[str, Any]:
     """Unigram references, early per-layer gradient norms, early output changes, learned scalars over the
-    snapshots and what the sub-layers read and write at the last (``sublayer_io``), of one ended run; stored in RUN/grid_probe.json and read from there next time (the run's files no
-    longer change)."""
+    snapshots and what the sub-layers read and write at the last (``sublayer_io``), of one ended run; stored in
+    RUN/grid_probe.json and read from there next time (the run's files no longer change)."""
     path = run_dir / PROBE_FILE
     if path.is_file():
         return json.loads(path.read_text())

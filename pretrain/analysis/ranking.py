@@ -9,13 +9,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pretrain.analysis.common import write_outputs
+from pretrain.analysis.common import titled_table, write_outputs
 from pretrain.analysis.options import RankingConfig
 from pretrain.common.cli import to_dict
-from pretrain.common.reporting import format_table, pyplot, save_figure
-from pretrain.run_folder.layout import METRICS_FILE, read_metrics
+from pretrain.common.reporting import pyplot, save_figure
+from pretrain.run_folder.layout import read_metrics
 
 VERDICT_COLORS = {"trains": "tab:green", "mixed": "tab:orange", "fails": "tab:red"}
+DIAGNOSTIC_FORMS = {"input_similarity": ".3f", "output_norm_last_over_first": ".2f", "grad_spread": ".3f",
+                    "composite_gain": ".3g"}  # fmt: skip
+"""The diagnostics table's columns after the model's name, each with its number format."""
 
 
 @dataclass(frozen=True)
@@ -48,12 +51,12 @@ def grid_results(folder: Path) -> list[Result]:
     found = []
     for name, cell in cells.items():
         model, width, depth, warmup, lr = cell["setting"]
-        reference = (cell.get("probe") or {}).get("val_unigram_cross_entropy")
-        loss = cell.get("val_mlm_loss")
+        probe = cell.get("probe") or {}
+        reference, loss = probe.get("val_unigram_cross_entropy"), cell.get("val_mlm_loss")
         gap = loss - reference if loss is not None and reference is not None else None
         if cell["outcome"] != "incomplete":
             found.append(Result(model, depth, width, warmup, lr, cell["seed"], cell["outcome"], gap, str(folder),
-                                str(folder / "runs" / name), cell.get("probe") or {}, cell.get("train_curve") or []))  # fmt: skip
+                                str(folder / "runs" / name), probe, cell.get("train_curve") or []))  # fmt: skip
     return found
 
 
@@ -94,9 +97,7 @@ def rank(summaries: dict[str, dict[str, Any]], tie_floor: float) -> list[dict[st
     return ordered
 
 
-# --------------------------------------------------------------------------------------------------
 # What the residual designs' papers claim, per run
-# --------------------------------------------------------------------------------------------------
 
 
 def smoothed_curve(curve: list[list[float]], window: int) -> list[tuple[int, float]]:
@@ -112,7 +113,7 @@ def steps_to(curve: list[tuple[int, float]], target: float) -> int | None:
 
 def grad_spread(rows: list[dict[str, Any]]) -> float | None:
     """The coefficient of variation (std / mean) of the per-layer FFN gradient norms in a run's metrics ``rows``,
-    median over the last tenth of the logged steps: 0 when every layer gets the same gradient."""
+    median over the last tenth of the logged steps: 0 when every layer gets the same gradient; None without rows."""
     rows = [r for r in rows if any(k.startswith("grad_norm/layer_") for k in r)]
     spreads = []
     for row in rows[len(rows) - max(1, len(rows) // 10) :]:
@@ -132,36 +133,31 @@ def diagnostics(result: Result, target_curve: list[list[float]] | None, window: 
     """One run's numbers for the papers' claims (options.RankingConfig)."""
     sublayers = result.probe.get("sublayers") or {}
     similarity, norms = sublayers.get("input_similarity"), sublayers.get("output_norm")
-    metrics = Path(result.run_dir) / METRICS_FILE if result.run_dir else None
-    rows = read_metrics(metrics.parent) if metrics is not None and metrics.is_file() else None  # read once
+    rows = read_metrics(result.run_dir) if result.run_dir else []  # read once; [] without a metrics file
     target = smoothed_curve(target_curve, window)[-1][1] if target_curve else None
+    known = target is not None and bool(result.train_curve)
     return {
         "input_similarity": statistics.fmean(similarity) if similarity else None,
         "output_norm_last_over_first": (norms[-2] + norms[-1]) / (norms[0] + norms[1])
-        if norms and norms[0] + norms[1] > 0
-        else None,
-        "grad_spread": grad_spread(rows) if rows is not None else None,
-        "composite_gain": composite_gain(rows) if rows is not None else None,
-        "target_known": target is not None and bool(result.train_curve),
-        "steps_to_target": steps_to(smoothed_curve(result.train_curve, window), target)
-        if target is not None and result.train_curve
-        else None,
+        if norms and norms[0] + norms[1] > 0 else None,
+        "grad_spread": grad_spread(rows),
+        "composite_gain": composite_gain(rows),
+        "target_known": known,
+        "steps_to_target": steps_to(smoothed_curve(result.train_curve, window), target) if known else None,
     }
 
 
 def mean_diagnostics(found: list[dict[str, float | None]]) -> dict[str, float | None]:
     """The mean over seeds of each diagnostic the seeds have (steps to target: None if any seed never got there)."""
-    keys = found[0].keys() if found else ()
     out: dict[str, float | None] = {}
-    for key in keys:
+    for key in found[0] if found else ():
         values = [d[key] for d in found]
+        known = [v for v in values if v is not None]
         if key == "target_known":
             out[key] = all(values)
-        elif key == "steps_to_target" and any(v is None for v in values):
-            out[key] = None
         else:
-            known = [v for v in values if v is not None]
-            out[key] = statistics.fmean(known) if known else None
+            never = key == "steps_to_target" and len(known) < len(values)
+            out[key] = statistics.fmean(known) if known and not never else None
     return out
 
 
@@ -177,20 +173,17 @@ def run(args: RankingConfig) -> int:
         if (r.depth, r.width, r.warmup) == at:
             by_key.setdefault((r.model, r.lr), []).append(r)
     summaries = {key: {"model": key[0], "lr": key[1], **summarise(found)} for key, found in by_key.items()}
-    targets = {
-        (r.seed, r.lr): r.train_curve for r in results if r.model == args.target and (r.depth, r.width, r.warmup) == at
-    }
+    targets = {(r.seed, r.lr): r.train_curve for (model, _), found in by_key.items() if model == args.target
+               for r in found}  # fmt: skip
     for key, found in by_key.items():
-        per_seed = [
-            diagnostics(r, targets.get((r.seed, r.lr)), args.smoothing) for r in sorted(found, key=lambda r: r.seed)
-        ]
+        found = sorted(found, key=lambda r: r.seed)
+        per_seed = [diagnostics(r, targets.get((r.seed, r.lr)), args.smoothing) for r in found]
         summaries[key]["diagnostics"] = {"per_seed": per_seed, "mean": mean_diagnostics(per_seed)}
     ranked = rank({m: s for (m, lr), s in summaries.items() if lr == args.lr}, args.tie_floor)
     if not ranked:
         raise ValueError(f"no finished cell at depth {args.depth}, width {args.width}, warm-up {args.warmup}, "
                          f"lr {args.lr:g} in {', '.join(args.grids)}")  # fmt: skip
-    ranges = {s["model"]: {lr: summaries[(s["model"], lr)]["verdict"] if (s["model"], lr) in summaries else None
-                           for lr in args.lrs} for s in ranked}  # fmt: skip
+    ranges = {s["model"]: {lr: summaries.get((s["model"], lr), {}).get("verdict") for lr in args.lrs} for s in ranked}
     table = ranking_table(args, ranked, ranges) + "\n\n" + diagnostics_table(args, ranked)
     write_outputs(Path(args.out), table, {
         "args": to_dict(args), "ranked": ranked, "lr_verdicts": {m: {f"{lr:g}": v for lr, v in r.items()}
@@ -202,76 +195,54 @@ def run(args: RankingConfig) -> int:
 
 
 def ranking_table(args: RankingConfig, ranked: list[dict[str, Any]], ranges: dict[str, dict]) -> str:
-    def gaps(s: dict[str, Any]) -> str:
-        return " / ".join("-" if g is None else f"{g:+.3f}" for g in s["gaps"])
-
     rows = [[s["place"], s["model"], f"{s['verdict']} ({len(s['seeds'])})", f"{s['mean_gap']:+.3f}",
-             gaps(s), f"{s['range']:.3f}", ", ".join(s["ties_with"]) or "-",
-             " ".join(f"{lr:g}:{(v or 'not run')}" for lr, v in ranges[s["model"]].items())]
-            for s in ranked]  # fmt: skip
+             " / ".join("-" if g is None else f"{g:+.3f}" for g in s["gaps"]), f"{s['range']:.3f}",
+             ", ".join(s["ties_with"]) or "-",
+             " ".join(f"{lr:g}:{v or 'not run'}" for lr, v in ranges[s["model"]].items())] for s in ranked]  # fmt: skip
     head = (f"depth {args.depth}, width {args.width}, warm-up {args.warmup}, lr {args.lr:g}: final val MLM loss minus "
             f"the seed's validation unigram cross-entropy (nats; 'trained' needs <= -0.1); ties: means within the "
             f"larger of the two seed ranges and {args.tie_floor:g}")  # fmt: skip
-    return (
-        head
-        + "\n"
-        + format_table(
-            ["place", "model", "verdict (seeds)", "mean gap", "gap per seed", "range", "ties with", "verdict per lr"],
-            rows,
-        )
-    )
+    headers = ["place", "model", "verdict (seeds)", "mean gap", "gap per seed", "range", "ties with", "verdict per lr"]
+    return titled_table(head, headers, rows)
 
 
 def diagnostics_table(args: RankingConfig, ranked: list[dict[str, Any]]) -> str:
-    def shown(value: float | None, form: str) -> str:
-        return "-" if value is None else format(value, form)
-
     rows = []
     for s in ranked:
         mean, per_seed = s["diagnostics"]["mean"], s["diagnostics"]["per_seed"]
         steps = " / ".join("no target" if not d["target_known"] else "never" if d["steps_to_target"] is None
                            else str(d["steps_to_target"]) for d in per_seed)  # fmt: skip
-        rows.append([s["model"], shown(mean["input_similarity"], ".3f"), shown(mean["output_norm_last_over_first"], ".2f"),
-                     shown(mean["grad_spread"], ".3f"), shown(mean["composite_gain"], ".3g"),
-                     steps if args.target else "-"])  # fmt: skip
+        shown = ["-" if mean[key] is None else format(mean[key], form) for key, form in DIAGNOSTIC_FORMS.items()]
+        rows.append([s["model"], *shown, steps if args.target else "-"])
     head = (f"per model, mean over its seeds: input similarity of consecutive sub-layers and output norm of the last "
             f"layer over the first (last snapshot); FFN gradient spread over layers (CV, last tenth); HC/mHC composite "
             f"gain at the end; steps to {args.target or 'a target'}'s final training MLM loss (per seed, trailing mean "
             f"over {args.smoothing} steps)")  # fmt: skip
-    return (
-        head
-        + "\n"
-        + format_table(
-            ["model", "input similarity", "out norm L/1", "grad spread", "composite gain", f"steps to {args.target}"],
-            rows,
-        )
-    )
+    headers = ["model", "input similarity", "out norm L/1", "grad spread", "composite gain", f"steps to {args.target}"]
+    return titled_table(head, headers, rows)
 
 
 def plot_ranking(args: RankingConfig, ranked: list[dict[str, Any]], ranges: dict[str, dict], path: Path) -> None:
     """Left: each model's seeds (dots) and mean (bar), best at the top, its place on the label ("=" when it ties
     with a model above); right: its verdict at each learning rate of ``lrs``."""
-    plt = pyplot()
     n = len(ranked)
-    fig, (ax, lr_ax) = plt.subplots(1, 2, figsize=(11, 0.32 * n + 1.6), width_ratios=[3, 1], sharey=True)
+    fig, (ax, lr_ax) = pyplot().subplots(1, 2, figsize=(11, 0.32 * n + 1.6), width_ratios=[3, 1], sharey=True)
     for y, s in enumerate(ranked):
         color = VERDICT_COLORS[s["verdict"]]
         ax.barh(y, s["mean_gap"], color=color, alpha=0.35, height=0.6)
-        ax.scatter([g for g in s["gaps"] if g is not None], [y] * sum(g is not None for g in s["gaps"]),
-                   color=color, s=14, zorder=3)  # fmt: skip
+        gaps = [g for g in s["gaps"] if g is not None]
+        ax.scatter(gaps, [y] * len(gaps), color=color, s=14, zorder=3)
         for x, lr in enumerate(args.lrs):
-            found = ranges[s["model"]][lr]
-            lr_ax.scatter(x, y, marker="s", s=90, color=VERDICT_COLORS.get(found, "lightgray"))
-    above = {s["model"]: {o for o in s["ties_with"] if ranked.index(next(r for r in ranked if r["model"] == o))
-                          < ranked.index(s)} for s in ranked}  # fmt: skip
-    labels = [f"{s['place']}{'=' if above[s['model']] else ''} {s['model']} ({len(s['seeds'])})" for s in ranked]
+            lr_ax.scatter(x, y, marker="s", s=90, color=VERDICT_COLORS.get(ranges[s["model"]][lr], "lightgray"))
+    position = {s["model"]: y for y, s in enumerate(ranked)}
+    tied = ["=" if any(position[o] < y for o in s["ties_with"]) else "" for y, s in enumerate(ranked)]
+    labels = [f"{s['place']}{t} {s['model']} ({len(s['seeds'])})" for s, t in zip(ranked, tied, strict=True)]
     ax.set_yticks(range(n), labels)
     ax.invert_yaxis()
     ax.axvline(-0.1, color="gray", ls="--", lw=0.8)
-    ax.set_xlabel("final val MLM loss − unigram cross-entropy (nats; trained: left of the dashed line)")
-    ax.set_title(f"depth {args.depth}, width {args.width}, lr {args.lr:g}, warm-up {args.warmup}: seeds and mean")
+    ax.set(xlabel="final val MLM loss − unigram cross-entropy (nats; trained: left of the dashed line)",
+           title=f"depth {args.depth}, width {args.width}, lr {args.lr:g}, warm-up {args.warmup}: seeds and mean")
     lr_ax.set_xticks(range(len(args.lrs)), [f"{lr:g}" for lr in args.lrs])
-    lr_ax.set_xlim(-0.6, len(args.lrs) - 0.4)
-    lr_ax.set_xlabel("peak lr")
+    lr_ax.set(xlim=(-0.6, len(args.lrs) - 0.4), xlabel="peak lr")
     lr_ax.set_title("trains / mixed / fails (grey: not run)", fontsize=9)
     save_figure(fig, path)
