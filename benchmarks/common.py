@@ -2,20 +2,25 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import platform
 import statistics
 import subprocess
+import sys
 import time
 from collections.abc import Callable
 from datetime import datetime, timezone
+from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from pretrain.common.hardware import gpu_peak
+from pretrain.common.cli import run_cli
+from pretrain.common.device import pick_device
+from pretrain.common.hardware import cpu_bf16_warning, gpu_peak
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 
@@ -27,6 +32,17 @@ def configure_device(device: torch.device) -> None:
         torch.backends.cudnn.allow_tf32 = True
 
 
+def start_device(name: str, threads: int | None, bf16: bool, fp32_setting: str) -> torch.device:
+    """The ``--device`` to run on, configured (``--threads``, TF32); a warning when ``bf16`` is emulated there."""
+    if threads:
+        torch.set_num_threads(threads)
+    device = pick_device(name)
+    configure_device(device)
+    if device.type == "cpu" and bf16 and (warning := cpu_bf16_warning(fp32_setting)):
+        print(f"warning: {warning}", file=sys.stderr, flush=True)
+    return device
+
+
 def synchronize(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -34,11 +50,7 @@ def synchronize(device: torch.device) -> None:
 
 def timed(fn: Callable[[], Any], device: torch.device) -> float:
     """Wall-clock seconds of one call, with the device queue drained before and after."""
-    synchronize(device)
-    start = time.perf_counter()
-    fn()
-    synchronize(device)
-    return time.perf_counter() - start
+    return timed_with_cpu(fn, device)[0]
 
 
 def timed_with_cpu(fn: Callable[[], Any], device: torch.device) -> tuple[float, float]:
@@ -57,49 +69,33 @@ def timed_with_cpu(fn: Callable[[], Any], device: torch.device) -> tuple[float, 
 def spread(values: list[float]) -> dict[str, float]:
     """Median and the noise around it: interquartile range and min/max, relative to the median."""
     med = statistics.median(values)
-    if len(values) >= 4:
-        q1, _, q3 = statistics.quantiles(values, n=4)
-    else:
-        q1, q3 = min(values), max(values)
-    return {
-        "median": med,
-        "min": min(values),
-        "max": max(values),
-        "iqr_rel": (q3 - q1) / med if med else 0.0,
-        "range_rel": (max(values) - min(values)) / med if med else 0.0,
-        "n": len(values),
-    }
+    q1, _, q3 = statistics.quantiles(values, n=4) if len(values) >= 4 else (min(values), med, max(values))
+    return {"median": med, "min": min(values), "max": max(values), "iqr_rel": (q3 - q1) / med if med else 0.0,
+            "range_rel": (max(values) - min(values)) / med if med else 0.0, "n": len(values)}  # fmt: skip
+
+
+def paired_speedup(times: list[float], reference: list[float]) -> dict[str, float]:
+    """``spread`` of reference / time per repetition: both timed in the same one, so shared-machine drift cancels."""
+    return spread([r / t for t, r in zip(times, reference, strict=True)])
 
 
 def cpu_model() -> str:
-    try:
+    with contextlib.suppress(FileNotFoundError):
         out = subprocess.run(["lscpu"], capture_output=True, text=True, check=False).stdout
-    except FileNotFoundError:
-        return platform.processor() or "unknown"
-    for line in out.splitlines():
-        if line.startswith("Model name:"):
-            return line.split(":", 1)[1].strip()
+        for line in out.splitlines():
+            if line.startswith("Model name:"):
+                return line.split(":", 1)[1].strip()
     return platform.processor() or "unknown"
 
 
 def machine_info(device: torch.device) -> dict[str, Any]:
     info: dict[str, Any] = {
-        "device": str(device),
-        "cpu_model": cpu_model(),
-        "cpu_count": os.cpu_count(),
-        "torch_threads": torch.get_num_threads(),
-        "torch": torch.__version__,
-        "python": platform.python_version(),
+        "device": str(device), "cpu_model": cpu_model(), "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(), "torch": torch.__version__, "python": platform.python_version(),
         "mkldnn": torch.backends.mkldnn.is_available(),
         "load_average": os.getloadavg() if hasattr(os, "getloadavg") else None,
-        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
-    }
-    try:
-        import transformers
-
-        info["transformers"] = transformers.__version__
-    except ImportError:  # the benchmarks that compare against Hugging Face need it; the rest do not
-        info["transformers"] = None
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(), "transformers": version("transformers"),
+    }  # fmt: skip
     if device.type == "cuda":
         info["gpu"] = torch.cuda.get_device_name(device)
         info["cuda"] = torch.version.cuda
@@ -128,11 +124,9 @@ GEMM_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
 def gemm_peaks(
-    device: torch.device,
-    size: int | None = None,
-    earlier: dict[str, Any] | None = None,
+    device: torch.device, size: int | None = None, earlier: dict[str, Any] | None = None,
     precisions: tuple[str, ...] | list[str] = ("fp32", "bf16"),
-) -> dict[str, Any]:
+) -> dict[str, Any]:  # fmt: skip
     """Measured GEMM TFLOP/s of each of ``precisions`` (fp32, bf16), plus the data-sheet figures on a known GPU.
 
     Only the precisions asked for: on a CPU without native bf16 one 2048^3 bf16 GEMM takes minutes (emulated).
@@ -160,11 +154,21 @@ def gemm_peaks(
     }
 
 
-def write_results(name: str, payload: dict[str, Any], out: Path | None = None) -> Path:
+def write_results(name: str, payload: dict[str, Any], out: str | Path | None = None) -> Path:
     """Write ``payload`` as JSON to ``out`` or ``benchmarks/results/<name>-<UTC time>.json``."""
-    if out is None:
-        stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-        out = RESULTS_DIR / f"{name}-{stamp}.json"
+    if not out:
+        out = RESULTS_DIR / f"{name}-{datetime.now(timezone.utc).strftime('%Y%m%dT%H%M%SZ')}.json"
+    out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(payload, indent=2, default=str) + "\n")
     return out
+
+
+def command(main: Callable[[], object]) -> Callable[[], int]:
+    """A benchmark's ``main`` for the command line: bad options end with their message and exit code 2."""
+
+    def run() -> int:
+        main()
+        return 0
+
+    return lambda: run_cli(run)

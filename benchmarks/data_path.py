@@ -17,13 +17,11 @@ The WordPiece tokenizer is trained on the subset first when ``--tokenizer`` is n
 
 from __future__ import annotations
 
-import dataclasses
 import statistics
-import sys
 import tempfile
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -31,19 +29,15 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
-from benchmarks.common import configure_device, machine_info, spread, write_results
-from benchmarks.train_step import ADAMW, SHAPES, Precision, ShapeName, autocast_context
-from pretrain.common.cli import parse, require, run_cli
-from pretrain.common.device import pick_device
-from pretrain.common.hardware import cpu_bf16_warning
+from benchmarks.common import command, machine_info, spread, start_device, synchronize, write_results
+from benchmarks.train_step import SHAPES, Precision, ShapeName, make_runner, parse_variant
+from pretrain.common.cli import parse, require
 from pretrain.common.reporting import format_table
 from pretrain.data.collator import MaskingCollator
 from pretrain.data.corpus import SourceConfig, load_documents
 from pretrain.data.instances import make_instances
 from pretrain.data.pipeline import DataConfig
 from pretrain.data.tokenizer import load_or_train_tokenizer
-from pretrain.modeling import LNBertConfig, LNBertForPreTraining
-from pretrain.optim import build_adamw
 
 
 @dataclass(kw_only=True)
@@ -93,28 +87,12 @@ def parse_args(argv: list[str] | None = None) -> DataPathConfig:
     return parse(DataPathConfig, argv, prog="python -m benchmarks.data_path", description=__doc__ or "")
 
 
-def data_config(args: DataPathConfig, cache_dir: Path) -> DataConfig:
-    return DataConfig(
-        sources=[SourceConfig(kind="json", path=args.corpus)],
-        tokenizer=args.tokenizer,
-        vocab_size=args.vocab_size,
-        max_seq_length=args.max_seq_length,
-        max_documents=args.max_documents,
-        cache_dir=str(cache_dir),
-    )
-
-
 def plain_tokenisation(docs: Any, tokenizer: Any) -> tuple[float, int]:
     """Seconds and tokens of ``datasets.map`` with the tokenizer alone: the floor any pipeline pays."""
     start = time.perf_counter()
-    out = docs.map(
-        lambda b: tokenizer(b["text"], add_special_tokens=False),
-        batched=True,
-        remove_columns=docs.column_names,
-        new_fingerprint=f"plain-{uuid.uuid4().hex}",
-    )
-    seconds = time.perf_counter() - start
-    return seconds, int(sum(len(ids) for ids in out["input_ids"]))
+    out = docs.map(lambda b: tokenizer(b["text"], add_special_tokens=False), batched=True,
+                   remove_columns=docs.column_names, new_fingerprint=f"plain-{uuid.uuid4().hex}")  # fmt: skip
+    return time.perf_counter() - start, int(sum(len(ids) for ids in out["input_ids"]))
 
 
 def our_instances(docs: Any, tokenizer: Any, cfg: DataConfig, work_dir: Path, seed: int) -> tuple[float, Any]:
@@ -148,20 +126,11 @@ def padding_waste(lengths: np.ndarray, batch: int, max_len: int, seed: int, mult
 def data_wait(instances: Any, tokenizer: Any, args: DataPathConfig, workers: int,
               device: torch.device) -> dict[str, Any]:  # fmt: skip
     """Share of training time spent in ``next(loader)``: ``--shape`` model, sparse head, fused QKV, fused AdamW."""
-    shape = SHAPES[args.shape]
-    config = LNBertConfig(
-        vocab_size=len(tokenizer), hidden_size=shape["hidden"], num_hidden_layers=shape["layers"],
-        num_attention_heads=shape["heads"], intermediate_size=4 * shape["hidden"],
-        max_position_embeddings=max(512, args.max_seq_length), tie_word_embeddings=True, fused_qkv=True,
-    )  # fmt: skip
-    torch.manual_seed(args.seed)
-    model = LNBertForPreTraining(config).to(device).train()
-    optimizer = build_adamw(model, **ADAMW, implementation="fused")
-    autocast = autocast_context(args.precision, device)
-    collator = MaskingCollator(tokenizer, seed=args.seed)
+    shape = dict(SHAPES[args.shape], vocab=len(tokenizer), seq=args.max_seq_length)
+    runner = make_runner(parse_variant("post+qkv"), shape, args.precision, "fused", device, args.seed)
     loader = DataLoader(
-        instances, batch_size=args.batch, shuffle=True, collate_fn=collator, drop_last=True,
-        num_workers=workers, pin_memory=device.type == "cuda", persistent_workers=False,
+        instances, batch_size=args.batch, shuffle=True, collate_fn=MaskingCollator(tokenizer, seed=args.seed),
+        drop_last=True, num_workers=workers, pin_memory=device.type == "cuda", persistent_workers=False,
         generator=torch.Generator().manual_seed(args.seed),
     )  # fmt: skip
     iterator = iter(loader)
@@ -174,115 +143,76 @@ def data_wait(instances: Any, tokenizer: Any, args: DataPathConfig, workers: int
             iterator = iter(loader)
             batch = next(iterator)
         got = time.perf_counter()
-        batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
-        optimizer.zero_grad(set_to_none=True)
-        with autocast():
-            loss = model(**batch).loss
-        loss.backward()
-        optimizer.step()
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
+        runner.step({k: v.to(device, non_blocking=True) for k, v in batch.items()})
+        synchronize(device)
         if step > 0:  # the first batch includes starting the workers
             waits.append(got - start)
             steps.append(time.perf_counter() - start)
-    return {
-        "workers": workers,
-        "wait_share": sum(waits) / sum(steps),
-        "wait_s": spread(waits),
-        "step_s": spread(steps),
-        "first_batch_included": False,
-    }
+    return {"workers": workers, "wait_share": sum(waits) / sum(steps), "wait_s": spread(waits), "step_s": spread(steps),
+            "first_batch_included": False}  # fmt: skip
+
+
+def print_tables(pre: dict[str, Any], waste: dict[str, float], waits: list[dict], args: DataPathConfig) -> None:
+    print("\n## Preprocessing (corpus tokens/s, median of alternated reps)")
+    paths = {"pretrain.data.instances.make_instances": "ours", "datasets.map(tokenizer)": "plain_map"}
+    rows = [[path, f"{pre[key + '_s']['median']:.2f}", f"{100 * pre[key + '_s']['iqr_rel']:.0f}%",
+             f"{pre[key + '_tokens_per_s']:.0f}"] for path, key in paths.items()]  # fmt: skip
+    print(format_table(["path", "median s", "noise IQR", "corpus tok/s"], rows, style="markdown"))
+    print(f"{pre['documents']} documents, {pre['corpus_tokens']} tokens -> {pre['instances']} instances")
+    print("\n## Padding (share of positions that are padding)")
+    headers = ["fixed max_seq_length", "pad to batch longest (x8)", "packed (objective mlm), to longest", "mean length",
+               "full-length share"]  # fmt: skip
+    row = [f"{100 * waste['pad_share_fixed_length']:.1f}%", f"{100 * waste['pad_share_pad_to_longest']:.1f}%",
+           f"{100 * waste['pad_share_packed_pad_to_longest']:.1f}%", f"{waste['mean_length']:.1f}",
+           f"{100 * waste['share_full_length']:.1f}%"]  # fmt: skip
+    print(format_table(headers, [row], style="markdown"))
+    print(f"\n## Data wait ({args.precision}, batch {args.batch}, {args.shape} model, {args.steps - 1} timed steps)")
+    rows = [[w["workers"], f"{100 * w['wait_share']:.2f}%", f"{1e3 * w['wait_s']['median']:.2f}",
+             f"{w['step_s']['median']:.3f}"] for w in waits]  # fmt: skip
+    print(format_table(["num_workers", "wait share", "wait ms (median)", "step s (median)"], rows, style="markdown"))
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
-    device = pick_device(args.device)
-    configure_device(device)
-    if device.type == "cpu" and args.precision == "bf16" and (warning := cpu_bf16_warning("--precision=fp32")):
-        print(f"warning: {warning}", file=sys.stderr, flush=True)
+    device = start_device(args.device, None, args.precision == "bf16", "--precision=fp32")
     with tempfile.TemporaryDirectory(prefix="lnbert-data-bench-") as tmp:
-        cache_dir = Path(args.cache_dir) if args.cache_dir else Path(tmp)
-        cfg = data_config(args, cache_dir)
+        cache_dir = Path(args.cache_dir or tmp)
+        cfg = DataConfig(sources=[SourceConfig(kind="json", path=args.corpus)], tokenizer=args.tokenizer,
+                         vocab_size=args.vocab_size, max_seq_length=args.max_seq_length,
+                         max_documents=args.max_documents, cache_dir=str(cache_dir))  # fmt: skip
         docs = load_documents(cfg, seed=args.seed)
         start = time.perf_counter()
         tokenizer = load_or_train_tokenizer(cfg, seed=args.seed)
         tokenizer_s = time.perf_counter() - start
         print(f"{len(docs)} documents; tokenizer ({len(tokenizer)} tokens) ready in {tokenizer_s:.1f} s")
         ours_s, plain_s = [], []
-        corpus_tokens, made = 0, None
         for rep in range(args.reps):
             seconds, made = our_instances(docs, tokenizer, cfg, cache_dir / f"work-{rep}", args.seed)
             ours_s.append(seconds)
             seconds, corpus_tokens = plain_tokenisation(docs, tokenizer)
             plain_s.append(seconds)
         lengths = np.array([len(ids) for ids in made["input_ids"]])
-        pre = {
-            "documents": len(docs),
-            "corpus_tokens": corpus_tokens,
-            "instances": len(made),
-            "instance_tokens": int(lengths.sum()),
-            "tokenizer_s": tokenizer_s,
-            "ours_s": spread(ours_s),
-            "plain_map_s": spread(plain_s),
-            "ours_tokens_per_s": corpus_tokens / statistics.median(ours_s),
-            "plain_map_tokens_per_s": corpus_tokens / statistics.median(plain_s),
-        }
+        pre = {"documents": len(docs), "corpus_tokens": corpus_tokens, "instances": len(made),
+               "instance_tokens": int(lengths.sum()), "tokenizer_s": tokenizer_s,
+               "ours_s": spread(ours_s), "plain_map_s": spread(plain_s),
+               "ours_tokens_per_s": corpus_tokens / statistics.median(ours_s),
+               "plain_map_tokens_per_s": corpus_tokens / statistics.median(plain_s)}  # fmt: skip
         waste = padding_waste(lengths, args.batch, args.max_seq_length, args.seed)
-        packed_cfg = dataclasses.replace(cfg, objective="mlm")
+        packed_cfg = replace(cfg, objective="mlm")
         _, packed = our_instances(docs, tokenizer, packed_cfg, cache_dir / "work-packed", args.seed)
         packed_lengths = np.array([len(ids) for ids in packed["input_ids"]])
         packed_waste = padding_waste(packed_lengths, args.batch, args.max_seq_length, args.seed)
         waste["pad_share_packed_pad_to_longest"] = packed_waste["pad_share_pad_to_longest"]
         waste["packed_mean_length"] = packed_waste["mean_length"]
         waits = [data_wait(made, tokenizer, args, w, device) for w in args.workers]
-    print("\n## Preprocessing (corpus tokens/s, median of alternated reps)")
-    print(format_table(
-        ["path", "median s", "noise IQR", "corpus tok/s"],
-        [["pretrain.data.instances.make_instances", f"{pre['ours_s']['median']:.2f}",
-          f"{100 * pre['ours_s']['iqr_rel']:.0f}%", f"{pre['ours_tokens_per_s']:.0f}"],
-         ["datasets.map(tokenizer)", f"{pre['plain_map_s']['median']:.2f}",
-          f"{100 * pre['plain_map_s']['iqr_rel']:.0f}%", f"{pre['plain_map_tokens_per_s']:.0f}"]],
-        style="markdown",
-    ))  # fmt: skip
-    print(f"{pre['documents']} documents, {corpus_tokens} tokens -> {pre['instances']} instances")
-    print("\n## Padding (share of positions that are padding)")
-    print(format_table(
-        ["fixed max_seq_length", "pad to batch longest (x8)", "packed (objective mlm), to longest", "mean length",
-         "full-length share"],
-        [[f"{100 * waste['pad_share_fixed_length']:.1f}%", f"{100 * waste['pad_share_pad_to_longest']:.1f}%",
-          f"{100 * waste['pad_share_packed_pad_to_longest']:.1f}%", f"{waste['mean_length']:.1f}",
-          f"{100 * waste['share_full_length']:.1f}%"]],
-        style="markdown",
-    ))  # fmt: skip
-    print(f"\n## Data wait ({args.precision}, batch {args.batch}, {args.shape} model, {args.steps - 1} timed steps)")
-    print(format_table(
-        ["num_workers", "wait share", "wait ms (median)", "step s (median)"],
-        [[w["workers"], f"{100 * w['wait_share']:.2f}%", f"{1e3 * w['wait_s']['median']:.2f}",
-          f"{w['step_s']['median']:.3f}"] for w in waits],
-        style="markdown",
-    ))  # fmt: skip
-    payload = {
-        "benchmark": "data_path",
-        "machine": machine_info(device),
-        "args": vars(args),
-        "preprocessing": pre,
-        "padding": waste,
-        "data_wait": waits,
-    }
-    path = write_results("data_path", payload, Path(args.out) if args.out else None)
-    print(f"\nwrote {path}")
+    print_tables(pre, waste, waits, args)
+    payload = {"benchmark": "data_path", "machine": machine_info(device), "args": vars(args), "preprocessing": pre,
+               "padding": waste, "data_wait": waits}  # fmt: skip
+    print(f"\nwrote {write_results('data_path', payload, args.out)}")
     return payload
 
 
-def cli() -> int:
-    """``main`` for the command line: bad options end with their message and exit code 2."""
-
-    def run() -> int:
-        main()
-        return 0
-
-    return run_cli(run)
-
+cli = command(main)
 
 if __name__ == "__main__":
     raise SystemExit(cli())

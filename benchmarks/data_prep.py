@@ -2,37 +2,36 @@
 
     python -m benchmarks.data_prep --corpus=PATH/TO/corpus --sizes_mchars='[75, 300]' --num_procs='[1, 2]'
 
-1. Files: from ``CORPUS/wiki.jsonl`` (articles) and ``CORPUS/books.jsonl`` (whole books), repeated as needed,
-   ``SIZE`` million characters of text in the presets' mixture (2.5 : 0.8 words): ``wiki.jsonl``, one article a
-   row (wikimedia/wikipedia's shape), and ``books.jsonl``, one sentence a row in book order (bookcorpus/bookcorpus's
-   shape). Written once per size under ``work_dir`` (git-ignored), streamed, never held in memory.
+1. Files: ``SIZE`` million characters of ``CORPUS/wiki.jsonl`` (articles) and ``CORPUS/books.jsonl`` (whole books),
+   repeated as needed, in the presets' mixture (2.5 : 0.8 words): ``wiki.jsonl`` one article a row
+   (wikimedia/wikipedia's shape), ``books.jsonl`` one sentence a row in book order (bookcorpus/bookcorpus's shape).
+   Written once per size under ``work_dir`` (git-ignored), streamed, never held in memory.
 2. Preparation: the preset's ``data`` section (``weight_by: words``, ``rows_per_document: 256`` for the books,
-   128-token NSP instances) with these files as sources and a local 30,522-token uncased WordPiece tokenizer
-   (bert-base-uncased is not downloadable here; the same size and normalisation), ``data.num_proc`` 1 and 2, each
-   in a fresh process and a fresh cache: time per phase (reading the files into Arrow, grouping the book rows,
-   mixing, splitting; making the instances), corpus tokens per second, peak resident memory of the main process
-   and of the largest worker (``resource.getrusage``), disk of the prepared instances and of datasets' own cache.
-3. Time to first batch for training from the prepared cache (a fresh process: find the cache, build the
-   DataLoader of pretrain/run.py, first batch), and the same in streaming mode (``data.streaming``: hold out the
-   validation documents, fill the shuffle buffer, make the first instances), with the streamed throughput and
-   memory over ``stream_batches`` batches.
-
+   128-token NSP instances) on these files with a local 30,522-token uncased WordPiece (bert-base-uncased is not
+   downloadable here; the same size and normalisation), each ``data.num_proc`` in a fresh process and cache: time
+   per phase (reading into Arrow, grouping the book rows, mixing, splitting; making the instances), corpus tokens
+   per second, peak resident memory of the main process and of the largest worker (``resource.getrusage``), disk
+   of the prepared instances and of datasets' own cache.
+3. Time to the first training batch from the prepared cache (a fresh process: find the cache, build the DataLoader
+   of pretrain/run.py), and in streaming mode (``data.streaming``: hold out the validation documents, fill the
+   shuffle buffer, make the first instances), with the streamed throughput and memory over ``stream_batches``.
 4. What grows with the number of documents and rows rather than characters: reading, grouping, mixing and splitting
-   two sources of ``scaling_rows`` short rows each (one a document, and 256 rows a document), at two sizes: the
-   peak memory of the process and the time; the slope is the cost per row at the presets' 6.4M articles and 74M
-   BookCorpus rows.
+   two sources of ``scaling_rows`` short rows each (one a document, and 256 rows a document) at two sizes, peak
+   memory and time; the slope is the cost per row at the presets' 6.4M articles and 74M BookCorpus rows.
 
 Results go to a JSON file; the table printed at the end is the one in BENCHMARKS.md ("Preparing the corpus").
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import multiprocessing
 import resource
 import shutil
 import threading
 import time
+from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from itertools import islice
@@ -41,7 +40,7 @@ from typing import Any
 
 import psutil
 
-from benchmarks.common import RESULTS_DIR, write_results
+from benchmarks.common import write_results
 from pretrain.common.atomic import writing
 from pretrain.common.cli import parse, require, run_cli
 from pretrain.common.reporting import format_table
@@ -84,11 +83,6 @@ class DataPrepConfig:
         require(bool(self.sizes_mchars) and min(self.sizes_mchars) > 0, "sizes_mchars", "must list sizes > 0")
         require(bool(self.num_procs) and min(self.num_procs) >= 1, "num_procs", "must list numbers >= 1")
         require(self.batch >= 1 and self.stream_batches >= 1, "batch", "and stream_batches must be >= 1")
-
-
-# ----------------------------------------------------------------------------------------------------------------------
-# 1. Files in the two Hub shapes
-# ----------------------------------------------------------------------------------------------------------------------
 
 
 def _rows(path: Path) -> Any:
@@ -148,16 +142,10 @@ def train_tokenizer(corpus: Path, folder: Path) -> str:
     return str(folder)
 
 
-# ----------------------------------------------------------------------------------------------------------------------
-# 2-3. Measurements, each in a fresh process
-# ----------------------------------------------------------------------------------------------------------------------
-
-
 def _config(preset: str, files: Path, tokenizer: str, cache: Path, num_proc: int, *extra: str) -> Any:
     from pretrain.config import parse_args
 
-    preset_sources = parse_args(["--config", preset]).data.sources
-    wiki, books = preset_sources  # the presets' two sources, with their weights and rows_per_document
+    wiki, books = parse_args(["--config", preset]).data.sources  # with their weights and rows_per_document
     sources = [
         {"kind": "json", "path": str(files / "wiki.jsonl"), "weight": wiki.weight},
         {"kind": "json", "path": str(files / "books.jsonl"), "weight": books.weight,
@@ -173,48 +161,37 @@ def _peak_mb() -> dict[str, float]:
     """Peak resident memory (MiB) of this process and of its largest finished child (the pool's workers), and the
     CPU seconds (user + system) of this process and of all its finished children."""
     own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    return {
-        "main_peak_mb": own.ru_maxrss / 1024,
-        "worker_peak_mb": children.ru_maxrss / 1024,
-        "main_cpu_s": own.ru_utime + own.ru_stime,
-        "workers_cpu_s": children.ru_utime + children.ru_stime,
-    }
+    return {"main_peak_mb": own.ru_maxrss / 1024, "worker_peak_mb": children.ru_maxrss / 1024,
+            "main_cpu_s": own.ru_utime + own.ru_stime, "workers_cpu_s": children.ru_utime + children.ru_stime}
 
 
-class AnonymousMemory:
-    """Peak anonymous resident memory (MiB; /proc/PID/status RssAnon) of this process and of its largest child,
-    sampled every 0.2 s. Unlike the peak RSS it leaves out the pages of memory-mapped files (the Arrow caches),
-    which the kernel drops when memory is short: it is what a process holds."""
+def _anon_mb(process: psutil.Process) -> float:
+    """Anonymous resident MiB (RssAnon: resident less file-backed and shared pages); 0 once the process ended."""
+    with contextlib.suppress(psutil.Error):
+        memory = process.memory_info()
+        return (memory.rss - memory.shared) / 2**20
+    return 0.0
 
-    def __init__(self) -> None:
-        self.main = self.worker = 0.0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._sample, daemon=True)
 
-    @staticmethod
-    def _anon_mb(pid: int) -> float:
-        try:
-            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-                if line.startswith("RssAnon:"):
-                    return int(line.split()[1]) / 1024
-        except OSError:  # the process ended
-            pass
-        return 0.0
+@contextlib.contextmanager
+def anonymous_memory() -> Iterator[dict[str, float]]:
+    """Peak anonymous resident memory (MiB) of this process ("main") and of its largest child ("worker"), sampled
+    every 0.2 s. Unlike the peak RSS it leaves out the pages of memory-mapped files (the Arrow caches), which the
+    kernel drops when memory is short: it is what a process holds."""
+    peaks, stop, me = {"main": 0.0, "worker": 0.0}, threading.Event(), psutil.Process()
 
-    def _sample(self) -> None:
-        me = psutil.Process()
-        while not self._stop.wait(0.2):
-            self.main = max(self.main, self._anon_mb(me.pid))
-            for child in me.children(recursive=True):
-                self.worker = max(self.worker, self._anon_mb(child.pid))
+    def sample() -> None:
+        while not stop.wait(0.2):
+            peaks["main"] = max(peaks["main"], _anon_mb(me))
+            peaks["worker"] = max([peaks["worker"], *map(_anon_mb, me.children(recursive=True))])
 
-    def __enter__(self) -> AnonymousMemory:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
+    thread = threading.Thread(target=sample, daemon=True)
+    thread.start()
+    try:
+        yield peaks
+    finally:
+        stop.set()
+        thread.join()
 
 
 def _disk(path: Path) -> int:
@@ -230,46 +207,34 @@ def measure_preparation(preset: str, files: str, tokenizer: str, cache: str, num
 
     cfg = _config(preset, Path(files), tokenizer, Path(cache), num_proc).data
     after_imports = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    anon = AnonymousMemory().__enter__()
-    t0 = time.perf_counter()
-    docs = load_documents(cfg, seed=seed)
-    t1 = time.perf_counter()
-    train, val = split_documents(docs, cfg, seed=seed)
-    t2 = time.perf_counter()
-    tok = load_or_train_tokenizer(cfg, seed=seed)
-    folder = prepared_dir(cfg, tok, seed=seed)
-    t3 = time.perf_counter()
-    before = _peak_mb()
-    summary = prepare_instances(lambda: (train, val), tok, cfg, seed=seed, folder=folder)
-    t4 = time.perf_counter()
-    after = _peak_mb()
-    anon.__exit__()
+    with anonymous_memory() as anon:
+        t0 = time.perf_counter()
+        docs = load_documents(cfg, seed=seed)
+        t1 = time.perf_counter()
+        train, val = split_documents(docs, cfg, seed=seed)
+        t2 = time.perf_counter()
+        tok = load_or_train_tokenizer(cfg, seed=seed)
+        folder = prepared_dir(cfg, tok, seed=seed)
+        t3 = time.perf_counter()
+        before = _peak_mb()
+        summary = prepare_instances(lambda: (train, val), tok, cfg, seed=seed, folder=folder)
+        t4 = time.perf_counter()
+        after = _peak_mb()
     # CPU seconds of the instance phase, all processes (the pool's workers have exited: they are counted).
     instances_cpu_s = sum(after[k] - before[k] for k in ("main_cpu_s", "workers_cpu_s"))
-    by_source = summary["train"]["by_source"]
+    splits = ("train", "validation")
     return {
-        "num_proc": num_proc,
-        "documents": len(docs),
-        "load_mix_s": t1 - t0,
-        "split_s": t2 - t1,
-        "instances_s": t4 - t3,
-        "instances_cpu_s": instances_cpu_s,
+        "num_proc": num_proc, "documents": len(docs),
+        "load_mix_s": t1 - t0, "split_s": t2 - t1, "instances_s": t4 - t3, "instances_cpu_s": instances_cpu_s,
         "total_s": t4 - t0,
-        "corpus_tokens": sum(
-            s["document_tokens"] for p in ("train", "validation") for s in summary[p]["by_source"].values()
-        ),
-        "instances": summary["train"]["instances"] + summary["validation"]["instances"],
-        "real_tokens": summary["train"]["real_tokens"] + summary["validation"]["real_tokens"],
-        "padding_fraction": summary["train"]["padding_fraction"],
-        "by_source": by_source,
-        "instances_bytes": _disk(folder),
-        "hf_cache_bytes": _disk(Path(cache) / "hf"),
-        "main_anon_peak_mb": anon.main,
-        "worker_anon_peak_mb": anon.worker,
-        "rss_start_mb": baseline,
-        "rss_after_imports_mb": after_imports,
-        **_peak_mb(),
-    }
+        "corpus_tokens": sum(s["document_tokens"] for p in splits for s in summary[p]["by_source"].values()),
+        "instances": sum(summary[p]["instances"] for p in splits),
+        "real_tokens": sum(summary[p]["real_tokens"] for p in splits),
+        "padding_fraction": summary["train"]["padding_fraction"], "by_source": summary["train"]["by_source"],
+        "instances_bytes": _disk(folder), "hf_cache_bytes": _disk(Path(cache) / "hf"),
+        "main_anon_peak_mb": anon["main"], "worker_anon_peak_mb": anon["worker"],
+        "rss_start_mb": baseline, "rss_after_imports_mb": after_imports, **_peak_mb(),
+    }  # fmt: skip
 
 
 def measure_first_batch(preset: str, files: str, tokenizer: str, cache: str, batch: int, streaming: bool,
@@ -279,23 +244,17 @@ def measure_first_batch(preset: str, files: str, tokenizer: str, cache: str, bat
     from pretrain.data.loaders import build_dataloaders
     from pretrain.data.pipeline import build_pretraining_data
 
-    extra = [f"--train.per_device_batch_size={batch}", "--train.num_workers=0", f"--train.seed={seed}"]
-    if streaming:
-        extra.append("--data.streaming=true")
+    extra = [f"--train.per_device_batch_size={batch}", "--train.num_workers=0", f"--train.seed={seed}",
+             *(["--data.streaming=true"] if streaming else [])]  # fmt: skip
     cfg = _config(preset, Path(files), tokenizer, Path(cache), 1, *extra)
     t0 = time.perf_counter()
     data = build_pretraining_data(cfg.data, seed=seed)
     t1 = time.perf_counter()
-    loaders = build_dataloaders(cfg, data, 1)
-    batches = iter(loaders.train)
+    batches = iter(build_dataloaders(cfg, data, 1).train)
     first = next(batches)
     t2 = time.perf_counter()
-    result = {
-        "streaming": streaming,
-        "data_s": t1 - t0,
-        "first_batch_s": t2 - t0,
-        "batch_shape": list(first["input_ids"].shape),
-    }
+    result = {"streaming": streaming, "data_s": t1 - t0, "first_batch_s": t2 - t0,
+              "batch_shape": list(first["input_ids"].shape)}  # fmt: skip
     if streaming:
         tokens, start = 0, time.perf_counter()
         for b in islice(batches, stream_batches):
@@ -321,21 +280,21 @@ def measure_rows(folder: str, rows: int, seed: int) -> dict:
     sources = [SourceConfig(kind="json", path=str(paths[0]), weight=2.5),
                SourceConfig(kind="json", path=str(paths[1]), weight=0.8, rows_per_document=256)]  # fmt: skip
     cfg = DataConfig(sources=sources, weight_by="words", cache_dir=str(Path(folder) / f"cache-{rows}"))
-    anon = AnonymousMemory().__enter__()
-    t0 = time.perf_counter()
-    articles = load_source(sources[0], 0, cfg)
-    t1 = time.perf_counter()
-    books = load_source(sources[1], 1, cfg)
-    t2 = time.perf_counter()
-    docs = load_documents(cfg, seed=seed)  # the sources again (from datasets' cache), then the mixture
-    split_documents(docs, cfg, seed=seed)
-    t3 = time.perf_counter()
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    anon.__exit__()
+    with anonymous_memory() as anon:
+        t0 = time.perf_counter()
+        articles = load_source(sources[0], 0, cfg)
+        t1 = time.perf_counter()
+        books = load_source(sources[1], 1, cfg)
+        t2 = time.perf_counter()
+        docs = load_documents(cfg, seed=seed)  # the sources again (from datasets' cache), then the mixture
+        split_documents(docs, cfg, seed=seed)
+        t3 = time.perf_counter()
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     shutil.rmtree(cfg.cache_dir, ignore_errors=True)
     return {"rows_per_source": rows, "articles": len(articles), "book_documents": len(books),
             "mixed_documents": len(docs), "read_articles_s": t1 - t0, "read_group_books_s": t2 - t1,
-            "mix_split_s": t3 - t2, "rss_after_imports_mb": base, "peak_mb": peak, "anon_peak_mb": anon.main}  # fmt: skip
+            "mix_split_s": t3 - t2, "rss_after_imports_mb": base, "peak_mb": peak,
+            "anon_peak_mb": anon["main"]}  # fmt: skip
 
 
 def in_fresh_process(fn: Any, *args: Any) -> dict:
@@ -344,20 +303,14 @@ def in_fresh_process(fn: Any, *args: Any) -> dict:
         return pool.submit(fn, *args).result()
 
 
-# ----------------------------------------------------------------------------------------------------------------------
-# Driver
-# ----------------------------------------------------------------------------------------------------------------------
-
-
 def main(cfg: DataPrepConfig) -> dict[str, Any]:
-    work = Path(cfg.work_dir)
-    corpus = Path(cfg.corpus)
-    for name in ("wiki.jsonl", "books.jsonl"):
-        require((corpus / name).is_file(), "corpus", f"must be a folder with wiki.jsonl and books.jsonl ({corpus})")
+    work, corpus = Path(cfg.work_dir), Path(cfg.corpus)
+    found = all((corpus / name).is_file() for name in ("wiki.jsonl", "books.jsonl"))
+    require(found, "corpus", f"must be a folder with wiki.jsonl and books.jsonl ({corpus})")
     start = time.perf_counter()
     tokenizer = cfg.tokenizer or train_tokenizer(corpus, work / "tokenizer")
     results: dict[str, Any] = {"config": vars(cfg), "tokenizer_s": time.perf_counter() - start, "sizes": []}
-    out = Path(cfg.out) if cfg.out else None
+    out = cfg.out
     for mchars in cfg.sizes_mchars:
         files = work / f"files-{mchars:g}M"
         size: dict[str, Any] = {"mchars": mchars, "files": build_files(corpus, files, mchars), "prepare": []}
@@ -365,25 +318,20 @@ def main(cfg: DataPrepConfig) -> dict[str, Any]:
         for num_proc in cfg.num_procs:
             cache = work / f"cache-{mchars:g}M-{num_proc}"
             shutil.rmtree(cache, ignore_errors=True)
-            run = in_fresh_process(
-                measure_preparation, cfg.preset, str(files), tokenizer, str(cache), num_proc, cfg.seed
-            )
+            run = in_fresh_process(measure_preparation, cfg.preset, str(files), tokenizer, str(cache), num_proc,
+                                   cfg.seed)  # fmt: skip
             size["prepare"].append(run)
             print(json.dumps(run)[:600], flush=True)
             if cfg.first_batch and num_proc == cfg.num_procs[-1]:  # keep the last cache for the first-batch measurement
-                size["first_batch"] = in_fresh_process(
-                    measure_first_batch, cfg.preset, str(files), tokenizer, str(cache), cfg.batch, False, 0, cfg.seed
-                )
                 stream_cache = work / f"cache-{mchars:g}M-stream"
-                size["stream"] = in_fresh_process(
-                    measure_first_batch, cfg.preset, str(files), tokenizer, str(stream_cache), cfg.batch, True,
-                    cfg.stream_batches, cfg.seed,
-                )  # fmt: skip
+                for key, folder, streaming in (("first_batch", cache, False), ("stream", stream_cache, True)):
+                    size[key] = in_fresh_process(measure_first_batch, cfg.preset, str(files), tokenizer, str(folder),
+                                                 cfg.batch, streaming, cfg.stream_batches, cfg.seed)  # fmt: skip
                 print(json.dumps(size["first_batch"]), json.dumps(size["stream"]), flush=True)
                 shutil.rmtree(stream_cache, ignore_errors=True)
             shutil.rmtree(cache, ignore_errors=True)
         results["path"] = str(write_results("data_prep", results, out))
-        out = Path(results["path"])  # one file, rewritten after every size
+        out = results["path"]  # one file, rewritten after every size
     if cfg.scaling_rows:
         (work / "rows").mkdir(parents=True, exist_ok=True)
         results["rows"] = [in_fresh_process(measure_rows, str(work / "rows"), n, cfg.seed) for n in cfg.scaling_rows]
@@ -393,22 +341,19 @@ def main(cfg: DataPrepConfig) -> dict[str, Any]:
 
 
 def report(results: dict[str, Any]) -> str:
-    rows = []
-    for size in results["sizes"]:
-        for run in size["prepare"]:
-            rows.append([
-                f"{size['mchars']:g}M chars", run["num_proc"], f"{run['corpus_tokens'] / 1e6:.1f}M",
-                f"{run['load_mix_s']:.0f}", f"{run['instances_s']:.0f}", f"{run['total_s']:.0f}",
-                f"{run['corpus_tokens'] / run['instances_s'] / run['num_proc'] / 1e3:.0f}k",
-                f"{run['corpus_tokens'] / run['instances_cpu_s'] / 1e3:.0f}k",
-                f"{run['main_peak_mb']:.0f} ({run.get('main_anon_peak_mb', 0):.0f})",
-                f"{run['worker_peak_mb']:.0f} ({run.get('worker_anon_peak_mb', 0):.0f})" if run["num_proc"] > 1 else "-",
-                f"{run['instances_bytes'] / run['real_tokens'] * 1e9 / 2**30:.1f}",
-            ])  # fmt: skip
+    rows = [[
+        f"{size['mchars']:g}M chars", run["num_proc"], f"{run['corpus_tokens'] / 1e6:.1f}M", f"{run['load_mix_s']:.0f}",
+        f"{run['instances_s']:.0f}", f"{run['total_s']:.0f}",
+        f"{run['corpus_tokens'] / run['instances_s'] / run['num_proc'] / 1e3:.0f}k",
+        f"{run['corpus_tokens'] / run['instances_cpu_s'] / 1e3:.0f}k",
+        f"{run['main_peak_mb']:.0f} ({run['main_anon_peak_mb']:.0f})",
+        f"{run['worker_peak_mb']:.0f} ({run['worker_anon_peak_mb']:.0f})" if run["num_proc"] > 1 else "-",
+        f"{run['instances_bytes'] / run['real_tokens'] * 1e9 / 2**30:.1f}",
+    ] for size in results["sizes"] for run in size["prepare"]]  # fmt: skip
     table = format_table(
         ["corpus", "num_proc", "corpus tokens", "read+mix s", "instances s", "total s", "tok/s per process",
-         "tok per CPU-s",
-         "main peak MiB (anon)", "worker peak MiB (anon)", "GiB per 1B tokens"], rows, style="markdown",
+         "tok per CPU-s", "main peak MiB (anon)", "worker peak MiB (anon)", "GiB per 1B tokens"], rows,
+        style="markdown",
     )  # fmt: skip
     lines = [table, ""]
     for size in results["sizes"]:
@@ -425,7 +370,7 @@ def report(results: dict[str, Any]) -> str:
             f"{r['rows_per_source']:,} rows a source -> {r['mixed_documents']:,} mixed documents: read "
             f"{r['read_articles_s']:.0f} s, read + group 256 {r['read_group_books_s']:.0f} s, mix + split "
             f"{r['mix_split_s']:.0f} s, peak {r['peak_mb']:.0f} MiB (after imports {r['rss_after_imports_mb']:.0f}), "
-            f"anonymous {r.get('anon_peak_mb', 0):.0f} MiB"
+            f"anonymous {r['anon_peak_mb']:.0f} MiB"
         )
     return "\n".join(lines)
 
@@ -436,5 +381,4 @@ def cli(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
     raise SystemExit(run_cli(cli))

@@ -13,68 +13,52 @@ repetition, so a slow spell on the shared machine hits all of them, and the rati
     python -m benchmarks.train_step --threads=1 ...     # on a shared, busy CPU: read the CPU-time columns
     python -m benchmarks.train_step --help              # every option (lists are YAML lists)
 
-On a CPU shared with other jobs, wall-clock times swing by 50-100% (two OpenMP threads wait for each other
-whenever one is descheduled). With ``--threads=1`` the process CPU time per step is steady (IQR a few %), so
-the "x baseline (CPU time)", "tok/CPU-s" and "MFU exec (CPU time)" columns (against the GEMM's FLOPs per
-CPU-second, measured the same way) are the figures to read there; on an idle machine or a GPU, the wall-clock ones.
+On a busy shared CPU wall-clock times swing by 50-100% (two OpenMP threads wait for each other whenever one is
+descheduled): with ``--threads=1`` read the steady CPU-time columns ("x baseline (CPU time)", "tok/CPU-s", "MFU exec
+(CPU time)", against the GEMM's FLOPs per CPU-second); on an idle machine or a GPU, the wall-clock ones.
 
-Variants are ``MODEL[+MOD...]``: MODEL is ``hf`` or a norm placement (any of ``pretrain.placements.NORM_PLACEMENTS``:
-``post``, ``pre``, ``sandwich``, ``deepnorm``, ``normformer``, ...); MODs: ``dense`` (ours: MLM head on every position, as Hugging Face), ``eager`` (eager attention
-instead of SDPA), ``compile`` (``torch.compile`` the model; compile time reported as the first step), an
-optimizer (``fused``, ``foreach``, ``loop``: overrides ``--optimizer``), ours' fast-path switches from
-``FAST_PATH_MODS``, and a residual scheme by its label in run names (``pre+hc4``: dynamic Hyper-Connections with 4
-streams; ``pre+shc4`` static, ``pre+mhc4``, ``pre+mhc4-idres``, ``pre+attnres`` Full AttnRes, ``pre+attnres-b2``
-Block AttnRes with blocks of 2 sub-layers; ``pretrain.config.residual_scheme_fields``):
+Variants are ``MODEL[+MOD...]``: MODEL is ``hf`` or a norm placement (``pretrain.placements.NORM_PLACEMENTS``:
+``post``, ``pre``, ``sandwich``, ``deepnorm``, ``normformer``, ...); MODs: ``dense`` (ours: MLM head on every position,
+as Hugging Face), ``eager`` (eager attention instead of SDPA), ``compile`` (``torch.compile`` the model; compile
+time reported as the first step), an optimizer (``fused``, ``foreach``, ``loop``: overrides ``--optimizer``), ours'
+fast-path switches from ``FAST_PATH_MODS``, and a residual scheme by its label in run names (``pre+hc4``: dynamic
+Hyper-Connections with 4 streams; ``pre+shc4`` static, ``pre+mhc4``, ``pre+mhc4-idres``, ``pre+attnres`` Full
+AttnRes, ``pre+attnres-b2`` Block AttnRes with blocks of 2 sub-layers; ``pretrain.config.residual_scheme_fields``):
 
     python -m benchmarks.train_step --variants='[pre, pre+shc4, pre+hc4, pre+mhc4, pre+attnres, pre+attnres-b2]' \
         --baseline=pre --shapes='[small]' --precisions='[fp32, bf16]' --profile=pre+hc4
 
-FLOPs per token = 6N + 12·L·H·T (``pretrain.flops.flops_per_token``, the count the logged ``train/mfu`` uses too;
-N: matmul weights a token passes through, forward+backward = 6 per weight; 12·L·H·T: attention scores and weighted
-sum). The MLM head (transform + vocab decoder) counts for every token ("dense-head" count) or for the masked 15%
-only ("sparse-head" count, what our default executes). ``exec`` FLOP/s
-uses what the variant actually executes; ``tok/s`` is the headline, comparable across variants.
+FLOPs per token = 6N + 12·L·H·T (``pretrain.flops.flops_per_token``, as the logged ``train/mfu``; N: matmul weights
+a token passes through, 6 per weight forward+backward; 12·L·H·T: attention scores and weighted sum). The MLM head
+counts for every token ("dense-head") or for the masked 15% only ("sparse-head", what our default executes).
+``exec`` FLOP/s uses what the variant executes; ``tok/s`` is the headline, comparable across variants.
 
-Every batch has one padded position (``--padded_batches``, on by default), so that every variant passes a mask to
-SDPA and takes the same attention kernel, compiled or not; the "attention kernel" column says which one each
-variant's step ran (read from the profiler's operators).
-
-The "peak MiB" column is the memory one training step needs at its highest: on CUDA the allocator's peak; on a CPU
-(no allocator statistics) the parameters and the optimizer state plus the highest sum of the tensors the step's
-operators allocated and had not freed yet (torch.profiler's memory records, operator by operator, so a transient
-inside one operator is missed), read from the same untimed step as the attention kernel.
+Every batch has one padded position (``--padded_batches``), so that every variant passes a mask to SDPA and takes
+the same attention kernel, compiled or not; the "attention kernel" column says which one each ran (read from the
+profiler's operators). "peak MiB" is the highest memory of one step: on CUDA the allocator's peak; on a CPU the
+parameters and optimizer state plus the highest sum of the tensors the step's operators allocated and had not
+freed yet (torch.profiler's memory records, operator by operator: a transient inside one operator is missed).
 """
 
 from __future__ import annotations
 
-import contextlib
 import gc
 import statistics
-import sys
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal, get_args
 
 import torch
 from torch import nn
-from transformers import BertConfig
+from torch.profiler import ProfilerActivity, profile
+from transformers import BertConfig, BertForPreTraining
 
-from benchmarks.common import (
-    configure_device,
-    gemm_peaks,
-    machine_info,
-    spread,
-    timed,
-    timed_with_cpu,
-    write_results,
-)
-from pretrain.common.cli import ConfigError, parse, require, run_cli
-from pretrain.common.device import pick_device
-from pretrain.common.hardware import cpu_bf16_warning
+from benchmarks import common
+from pretrain.common.cli import ConfigError, parse, require
 from pretrain.common.reporting import format_table
 from pretrain.config import residual_scheme_fields
 from pretrain.flops import flops_per_token
+from pretrain.modeling import LNBertConfig, LNBertForPreTraining
 from pretrain.optim import build_adamw
 from pretrain.placements import NORM_PLACEMENTS
 from pretrain.variants import DEFAULTS, check_residual_scheme
@@ -94,18 +78,17 @@ ShapeName = Literal["base", "small", "preset", "tiny", "grid"]
 Precision = Literal["fp32", "bf16"]
 Optimizer = Literal["fused", "foreach", "loop"]
 assert set(get_args(ShapeName)) == set(SHAPES)
-PRECISIONS: tuple[str, ...] = get_args(Precision)
 MODELS = ("hf", *NORM_PLACEMENTS)
 # AdamW as BERT pretraining uses it; variants pick the kernel (OPTIMIZERS: name -> build_adamw's implementation).
 ADAMW: dict[str, Any] = dict(lr=1e-4, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.01)
 OPTIMIZERS: dict[str, str] = {"fused": "fused", "foreach": "foreach", "loop": "for_loop"}
 assert set(get_args(Optimizer)) == set(OPTIMIZERS)
 # Fast-path switches of LNBertConfig, as variant MODs: name -> config overrides (ours only).
-FAST_PATH_MODS: dict[str, dict[str, Any]] = {
-    "dense": {"sparse_mlm_head": False},
-    "qkv": {"fused_qkv": True},
+FAST_PATH_MODS: dict[str, dict[str, Any]] = {"dense": {"sparse_mlm_head": False}, "qkv": {"fused_qkv": True}}
+# The other MODs: name -> fields of the Variant they set.
+VARIANT_MODS: dict[str, dict[str, Any]] = {
+    "eager": {"attn_implementation": "eager"}, "compile": {"compile": True}, **{o: {"optimizer": o} for o in OPTIMIZERS}
 }
-OTHER_MODS = ("eager", "compile", *OPTIMIZERS)
 MLM_FRACTION = 0.15
 MASK_TOKEN_ID = 103  # [MASK] in the bert-base-uncased vocabulary; any id works for timing
 PADDED_POSITIONS = 1  # padding at the end of the last row of every batch: one SDPA kernel for all (random_batch)
@@ -147,29 +130,23 @@ def parse_variant(spec: str) -> Variant:
     if model not in MODELS:
         raise ValueError(f"variant {spec!r}: model {model!r} is not one of {', '.join(MODELS)}")
     variant = Variant(spec=spec.strip(), model=model)
-    scheme = None
     for mod in mods:
         if mod in FAST_PATH_MODS:
             if variant.is_hf:
                 raise ValueError(f"variant {spec!r}: {mod!r} is a switch of our model; Hugging Face has no such switch")
             variant.config_overrides.update(FAST_PATH_MODS[mod])
-        elif mod == "eager":
-            variant.attn_implementation = "eager"
-        elif mod == "compile":
-            variant.compile = True
-        elif mod in OPTIMIZERS:
-            variant.optimizer = mod
+        elif mod in VARIANT_MODS:
+            variant = replace(variant, **VARIANT_MODS[mod])
         else:
             try:
                 fields = residual_scheme_fields(mod)
             except ValueError as err:
-                valid = ", ".join([*FAST_PATH_MODS, *OTHER_MODS])
+                valid = ", ".join([*FAST_PATH_MODS, *VARIANT_MODS])
                 raise ValueError(
                     f"variant {spec!r}: unknown modifier {mod!r}; valid modifiers: {valid}, or a residual scheme: {err}"
                 ) from None
-            if variant.is_hf or scheme is not None:
+            if variant.is_hf or "residual_scheme" in variant.config_overrides:
                 raise ValueError(f"variant {spec!r}: {mod!r} is a residual scheme; give one, to one of our models")
-            scheme = mod
             try:
                 check_residual_scheme(
                     variant.model, fields["residual_scheme"], fields["hc_streams"], DEFAULTS.mhc_sinkhorn_iters,
@@ -181,54 +158,33 @@ def parse_variant(spec: str) -> Variant:
     return variant
 
 
-# --------------------------------------------------------------------------------------------------
-# Models, data, optimizer
-# --------------------------------------------------------------------------------------------------
-
-
 def hf_config_kwargs(shape: dict[str, int]) -> dict[str, Any]:
-    return dict(
-        vocab_size=shape["vocab"],
-        hidden_size=shape["hidden"],
-        num_hidden_layers=shape["layers"],
-        num_attention_heads=shape["heads"],
-        intermediate_size=4 * shape["hidden"],
-        max_position_embeddings=max(512, shape["seq"]),
-        tie_word_embeddings=True,
-    )
+    return dict(vocab_size=shape["vocab"], hidden_size=shape["hidden"], num_hidden_layers=shape["layers"],
+                num_attention_heads=shape["heads"], intermediate_size=4 * shape["hidden"],
+                max_position_embeddings=max(512, shape["seq"]), tie_word_embeddings=True)  # fmt: skip
 
 
 def build_model(variant: Variant, shape: dict[str, int], seed: int) -> nn.Module:
-    """Hugging Face ``BertForPreTraining`` or our ``LNBertForPreTraining``; same seed, same init scheme.
-
-    Our Post-LN and Hugging Face built from the same seed have the same weights (the equivalence tests load one
-    state dict into the other strictly); we do not rely on it, only on the shapes.
-    """
+    """Hugging Face ``BertForPreTraining`` or our ``LNBertForPreTraining``; same seed, same init scheme (only the
+    shapes are relied on, though our Post-LN and Hugging Face built from one seed have the same weights)."""
     torch.manual_seed(seed)
     if variant.is_hf:
-        from transformers import BertForPreTraining
-
-        config = BertConfig(**hf_config_kwargs(shape))
-        return BertForPreTraining._from_config(config, attn_implementation=variant.attn_implementation)
-    from pretrain.modeling import LNBertConfig, LNBertForPreTraining
-
-    config = LNBertConfig(**hf_config_kwargs(shape), norm_placement=variant.model, **variant.config_overrides)
-    return LNBertForPreTraining._from_config(config, attn_implementation=variant.attn_implementation)
+        model_cls, config = BertForPreTraining, BertConfig(**hf_config_kwargs(shape))
+    else:
+        model_cls = LNBertForPreTraining
+        config = LNBertConfig(**hf_config_kwargs(shape), norm_placement=variant.model, **variant.config_overrides)
+    return model_cls._from_config(config, attn_implementation=variant.attn_implementation)
 
 
-def random_batch(
-    shape: dict[str, int], device: torch.device, generator: torch.Generator, padded: bool = True
-) -> dict[str, torch.Tensor]:
+def random_batch(shape: dict[str, int], device: torch.device, generator: torch.Generator,
+                 padded: bool = True) -> dict[str, torch.Tensor]:  # fmt: skip
     """Token ids, a sentence-pair segment split, exactly round(15% · T) MLM targets per row (never [CLS], never
-    padding), and (``padded``) the last position of the last row padded (``PADDED_POSITIONS``).
+    padding), and (``padded``) the last ``PADDED_POSITIONS`` of the last row padded.
 
-    The padding is there for the attention kernel, not for realism: with an all-ones mask transformers passes no
-    mask to SDPA in eager mode (flash attention on CUDA) but builds a (B, 1, T, T) one while dynamo traces the model
-    (``is_tracing`` in ``masking_utils``: transformers 5.17 even for a missing mask), which sends a ``+compile``
-    variant to another kernel (memory-efficient). With one padded position every variant, eager or compiled, ours
-    or Hugging Face's, passes the same mask to SDPA and takes the same kernel, the one the training loop's padded
-    batches take; each row reports it (``attention_kernel``). Throughput still counts every slot. ``padded=False``
-    gives the all-ones mask the CPU figures of BENCHMARKS.md sections 1-4 were measured with.
+    The padding is for the attention kernel: with an all-ones mask transformers passes no mask to SDPA eagerly but
+    builds a (B, 1, T, T) one while dynamo traces (``is_tracing`` in ``masking_utils``), which sends a ``+compile``
+    variant to another kernel. With one padded position every variant takes the kernel the training loop's padded
+    batches take. ``padded=False``: the all-ones mask of BENCHMARKS.md sections 1-4's CPU figures.
     """
     batch, seq, vocab = shape["batch"], shape["seq"], shape["vocab"]
     low = min(1000, vocab // 2)  # above the special tokens of a BERT vocabulary
@@ -248,25 +204,15 @@ def random_batch(
         positions = 1 + torch.randperm(real - 1, generator=generator)[:n_masked]
         labels[row, positions] = input_ids[row, positions]
         input_ids[row, positions] = MASK_TOKEN_ID % vocab
-    tensors = {
-        "input_ids": input_ids,
-        "attention_mask": attention_mask,
-        "token_type_ids": token_type_ids,
-        "labels": labels,
-        "next_sentence_label": torch.randint(0, 2, (batch,), generator=generator),
-    }
+    nsp_labels = torch.randint(0, 2, (batch,), generator=generator)
+    tensors = dict(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids, labels=labels,
+                   next_sentence_label=nsp_labels)  # fmt: skip
     return {k: v.to(device) for k, v in tensors.items()}
-
-
-def autocast_context(precision: str, device: torch.device) -> Callable[[], contextlib.AbstractContextManager]:
-    if precision == "fp32":
-        return contextlib.nullcontext
-    return lambda: torch.autocast(device.type, dtype=torch.bfloat16)
 
 
 @dataclass
 class Runner:
-    """A model, its optimizer and a one-step closure."""
+    """A model, its optimizer, a one-step closure, and what its steps measured."""
 
     variant: Variant
     model: nn.Module
@@ -275,19 +221,28 @@ class Runner:
     first_step_s: float = 0.0
     attention_kernel: str = ""
     peak_bytes: int = 0  # the memory a step needs at its highest (inspect_step)
+    times: list[float] = field(default_factory=list)  # wall-clock seconds of each timed step
+    cpu_times: list[float] = field(default_factory=list)  # process CPU seconds (all threads) of each timed step
+    loss: float | None = None  # of the last timed step
+
+    def timed_step(self, batch: dict[str, torch.Tensor], device: torch.device) -> None:
+        """One training step, with its wall-clock and CPU seconds and its loss recorded."""
+        losses: list[torch.Tensor] = []
+        seconds, cpu_seconds = common.timed_with_cpu(lambda: losses.append(self.step(batch)), device)
+        self.times.append(seconds)
+        self.cpu_times.append(cpu_seconds)
+        self.loss = float(losses[0])
 
 
-def make_runner(
-    variant: Variant, shape: dict[str, int], precision: str, optimizer: str, device: torch.device, seed: int
-) -> Runner:
+def make_runner(variant: Variant, shape: dict[str, int], precision: str, optimizer: str, device: torch.device,
+                seed: int) -> Runner:  # fmt: skip
     model = build_model(variant, shape, seed).to(device).train()
     opt = build_adamw(model, **ADAMW, implementation=OPTIMIZERS[variant.optimizer or optimizer])
     forward = torch.compile(model) if variant.compile else model
-    autocast = autocast_context(precision, device)
 
     def step(batch: dict[str, torch.Tensor]) -> torch.Tensor:
         opt.zero_grad(set_to_none=True)
-        with autocast():
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bf16"):
             loss = forward(**batch).loss
         loss.backward()
         opt.step()
@@ -298,86 +253,52 @@ def make_runner(
     return Runner(variant, model, opt, step)
 
 
-# --------------------------------------------------------------------------------------------------
-# Measurement
-# --------------------------------------------------------------------------------------------------
-
-
-def measure_group(
-    variants: list[Variant], shape: dict[str, int], precision: str, args: TrainStepConfig, device: torch.device
-) -> dict[str, Any]:
+def measure_group(variants: list[Variant], shape: dict[str, int], precision: str, args: TrainStepConfig,
+                  device: torch.device) -> dict[str, Any]:  # fmt: skip
     """All variants of one (shape, precision): warm-up, then ``reps`` interleaved timed steps each."""
     generator = torch.Generator().manual_seed(args.seed)
     padded = getattr(args, "padded_batches", True)
     batches = [random_batch(shape, device, generator, padded) for _ in range(2)]
     runners = [make_runner(v, shape, precision, args.optimizer, device, args.seed) for v in variants]
     for runner in runners:  # the first step includes compilation / kernel selection: reported, not timed
-        runner.first_step_s = timed(lambda r=runner: r.step(batches[0]), device)
+        runner.first_step_s = common.timed(lambda r=runner: r.step(batches[0]), device)
         for _ in range(args.warmup - 1):
             runner.step(batches[0])
         runner.attention_kernel, runner.peak_bytes = inspect_step(runner, batches[0], device)
-    times: dict[str, list[float]] = {v.spec: [] for v in variants}
-    cpu_times: dict[str, list[float]] = {v.spec: [] for v in variants}
-    losses: dict[str, float] = {}
     for rep in range(args.reps):
-        batch = batches[rep % len(batches)]
         shift = rep % len(runners)
         for runner in runners[shift:] + runners[:shift]:  # rotate who goes first
-            seconds, cpu_seconds, loss = timed_step(runner, batch, device)
-            times[runner.variant.spec].append(seconds)
-            cpu_times[runner.variant.spec].append(cpu_seconds)
-            losses[runner.variant.spec] = loss
-    profile = None
-    if args.profile:
-        target = next((r for r in runners if r.variant.spec == args.profile), None)
-        if target is None:
-            raise ValueError(f"--profile={args.profile!r} is not among --variants {[v.spec for v in variants]}")
-        profile = profile_step(target, batches[0], device, args.profile_rows)
-    result = summarise(variants, runners, times, cpu_times, losses, shape, precision, args)
-    result["profile"] = profile
-    result["device"] = device.type
-    result["profile_variant"] = args.profile
-    del runners
+            runner.timed_step(batches[rep % len(batches)], device)
+    target = next((r for r in runners if r.variant.spec == args.profile), None)
+    top_ops = profile_step(target, batches[0], device, args.profile_rows) if target else None
+    result = summarise(runners, shape, precision, args.baseline)
+    result.update(profile=top_ops, device=device.type, profile_variant=args.profile)
+    del runners, target
     gc.collect()
     if device.type == "cuda":
         torch.cuda.empty_cache()
     return result
 
 
-def timed_step(runner: Runner, batch: dict[str, torch.Tensor], device: torch.device) -> tuple[float, float, float]:
-    """Wall-clock and process CPU seconds of one training step, and its loss."""
-    holder: list[torch.Tensor] = []
-    seconds, cpu_seconds = timed_with_cpu(lambda: holder.append(runner.step(batch)), device)
-    return seconds, cpu_seconds, float(holder[0])
-
-
 def inspect_step(runner: Runner, batch: dict[str, torch.Tensor], device: torch.device) -> tuple[str, int]:
-    """What one (untimed) step of ``runner`` ran and needed: the SDPA kernel(s), from the operators the profiler
-    recorded (which kernel SDPA picks depends on the mask, dtype, head size and tracing, so it is read, not
-    assumed), and its peak memory in bytes (module docstring: CUDA's allocator peak; on a CPU, the parameters and
-    optimizer state plus the step's own peak, ``step_peak_bytes``)."""
-    from torch.profiler import ProfilerActivity, profile
-
+    """The SDPA kernel(s) one untimed step of ``runner`` ran, read from the profiler's operators (the choice depends
+    on mask, dtype, head size and tracing), and its peak bytes (CUDA's allocator peak; on a CPU, the parameters and
+    optimizer state plus ``step_peak_bytes``)."""
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     # The aten operators are recorded on the host; on a CPU, with the bytes each allocates and frees.
     with profile(activities=[ProfilerActivity.CPU], profile_memory=device.type == "cpu") as prof:
         runner.step(batch)
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
+        common.synchronize(device)
     names = {event.key for event in prof.key_averages()}
     kernel = " + ".join(sorted({kernel for op, kernel in SDPA_KERNELS.items() if op in names})) or NO_SDPA_KERNEL
     if device.type == "cuda":
         return kernel, torch.cuda.max_memory_allocated(device)
-    return kernel, persistent_bytes(runner) + step_peak_bytes(prof.events())
-
-
-def persistent_bytes(runner: Runner) -> int:
-    """The bytes that live across steps: parameters and the optimizer's state (gradients are freed at each step's
-    start, ``zero_grad(set_to_none=True)``, and counted in the step)."""
-    tensors = [*runner.model.parameters()]
-    tensors += [t for state in runner.optimizer.state.values() for t in state.values() if torch.is_tensor(t)]
-    return sum(t.numel() * t.element_size() for t in tensors)
+    # What lives across steps: parameters and optimizer state (zero_grad(set_to_none=True) frees the gradients at
+    # each step's start, so they count in the step's own peak).
+    state = [t for s in runner.optimizer.state.values() for t in s.values() if torch.is_tensor(t)]
+    persistent = sum(t.numel() * t.element_size() for t in [*runner.model.parameters(), *state])
+    return kernel, persistent + step_peak_bytes(prof.events())
 
 
 def step_peak_bytes(events: Any) -> int:
@@ -394,131 +315,79 @@ def step_peak_bytes(events: Any) -> int:
 
 def profile_step(runner: Runner, batch: dict[str, torch.Tensor], device: torch.device, rows: int) -> str:
     """Top ops of one step by self time (the table that shows where the time goes)."""
-    from torch.profiler import ProfilerActivity, profile
-
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     with profile(activities=activities, record_shapes=False) as prof:
         runner.step(batch)
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
+        common.synchronize(device)
     sort_by = "self_device_time_total" if device.type == "cuda" else "self_cpu_time_total"
     return prof.key_averages().table(sort_by=sort_by, row_limit=rows, max_name_column_width=60)
 
 
-def summarise(
-    variants: list[Variant],
-    runners: list[Runner],
-    times: dict[str, list[float]],
-    cpu_times: dict[str, list[float]],
-    losses: dict[str, float],
-    shape: dict[str, int],
-    precision: str,
-    args: TrainStepConfig,
-) -> dict[str, Any]:
+def summarise(runners: list[Runner], shape: dict[str, int], precision: str, baseline_spec: str) -> dict[str, Any]:
     tokens = shape["batch"] * shape["seq"]
     masked = max(1, round(MLM_FRACTION * shape["seq"])) / shape["seq"]
     # The plain BERT count: the dense-count columns, one yardstick for every variant (a scale of tok/s).
     config = BertConfig(**hf_config_kwargs(shape))
     dense_fpt = flops_per_token(config, shape["seq"])
     sparse_fpt = flops_per_token(config, shape["seq"], mlm_head_share=masked)
-    baseline = next((v.spec for v in variants if v.spec == args.baseline), None)
+    baseline = next((r for r in runners if r.variant.spec == baseline_spec), None)
     rows = []
-    for variant, runner in zip(variants, runners, strict=True):
-        t = times[variant.spec]
-        stats = spread(t)
+    for runner in runners:
+        variant, t, cpu_t = runner.variant, runner.times, runner.cpu_times
+        stats = common.spread(t)
         # What this variant executes: its own model's count (a residual scheme's mixing included).
         fpt = flops_per_token(runner.model.config, shape["seq"], mlm_head_share=masked if variant.sparse_head else 1.0)
         row: dict[str, Any] = {
-            "variant": variant.spec,
-            "step_s": stats,
-            "step_cpu_s": spread(cpu_times[variant.spec]),
-            "tokens_per_cpu_s": tokens / statistics.median(cpu_times[variant.spec]),
-            "tokens_per_s": tokens / stats["median"],
-            "exec_flops_per_token": fpt,
-            "exec_tflops": fpt * tokens / stats["median"] / 1e12,
-            "dense_count_tflops": dense_fpt * tokens / stats["median"] / 1e12,
-            "first_step_s": runner.first_step_s,
-            "attention_kernel": runner.attention_kernel,
-            "peak_mib": runner.peak_bytes / 2**20,
-            "loss": losses.get(variant.spec),
-        }
+            "variant": variant.spec, "step_s": stats, "step_cpu_s": common.spread(cpu_t),
+            "tokens_per_cpu_s": tokens / statistics.median(cpu_t), "tokens_per_s": tokens / stats["median"],
+            "exec_flops_per_token": fpt, "exec_tflops": fpt * tokens / stats["median"] / 1e12,
+            "dense_count_tflops": dense_fpt * tokens / stats["median"] / 1e12, "first_step_s": runner.first_step_s,
+            "attention_kernel": runner.attention_kernel, "peak_mib": runner.peak_bytes / 2**20, "loss": runner.loss,
+        }  # fmt: skip
         if baseline is not None:
-            # Paired: both timed in the same repetition, so shared-machine drift cancels.
-            ratios = [b / o for o, b in zip(t, times[baseline], strict=True)]
-            row["speedup_vs_baseline"] = spread(ratios)
-            cpu_ratios = [b / o for o, b in zip(cpu_times[variant.spec], cpu_times[baseline], strict=True)]
-            row["cpu_time_speedup_vs_baseline"] = spread(cpu_ratios)
+            row["speedup_vs_baseline"] = common.paired_speedup(t, baseline.times)
+            row["cpu_time_speedup_vs_baseline"] = common.paired_speedup(cpu_t, baseline.cpu_times)
         rows.append(row)
-    return {
-        "shape": shape,
-        "precision": precision,
-        "tokens_per_step": tokens,
-        "masked_fraction": masked,
-        "flops_per_token": {"dense_head": dense_fpt, "sparse_head": sparse_fpt},
-        "baseline": baseline,
-        "rows": rows,
-    }
+    return {"shape": shape, "precision": precision, "tokens_per_step": tokens, "masked_fraction": masked,
+            "flops_per_token": {"dense_head": dense_fpt, "sparse_head": sparse_fpt},
+            "baseline": baseline.variant.spec if baseline else None, "rows": rows}  # fmt: skip
 
 
 def add_mfu(group: dict[str, Any], peaks: dict[str, Any]) -> None:
     """MFU of each row against the reference peak of the group's precision (executed and dense-count FLOPs)."""
     peak = peaks["reference_tflops"][group["precision"]]
     peak_cpu = peaks["measured_tflop_per_cpu_s"][group["precision"]]
-    tokens = group["tokens_per_step"]
     for row in group["rows"]:
         row["mfu_exec"] = row["exec_tflops"] / peak
         row["mfu_dense_count"] = row["dense_count_tflops"] / peak
-        # FLOPs per CPU-second of the step against the GEMM's: insensitive to other processes on the machine.
-        # Only meaningful where the CPU does the work.
-        cpu_rate = row["exec_flops_per_token"] * tokens / row["step_cpu_s"]["median"] / 1e12
+        # FLOPs per CPU-second of the step against the GEMM's: insensitive to other processes; CPU only.
+        cpu_rate = row["exec_flops_per_token"] * group["tokens_per_step"] / row["step_cpu_s"]["median"] / 1e12
         row["mfu_exec_cpu_time"] = cpu_rate / peak_cpu if group["device"] == "cpu" else None
 
 
 def print_group(group: dict[str, Any], shape_name: str) -> None:
-    fpt = group["flops_per_token"]
+    fpt, base = group["flops_per_token"], group["baseline"]
     print(
         f"\n## {shape_name} {group['shape']} — {group['precision']}; FLOPs/token: dense-head "
         f"{fpt['dense_head'] / 1e6:.1f} M, sparse-head {fpt['sparse_head'] / 1e6:.1f} M"
     )
-    headers = [
-        "variant",
-        "step s (median)",
-        "noise IQR",
-        "tok/s",
-        f"x {group['baseline']} (wall, min-max)",
-        f"x {group['baseline']} (CPU time)",
-        "CPU s/step",
-        "tok/CPU-s",
-        "exec TFLOP/s",
-        "MFU exec",
-        "MFU dense-count",
-        "MFU exec (CPU time)",
-        "peak MiB",
-        "1st step s",
-        "attention kernel",
-    ]
+    headers = ["variant", "step s (median)", "noise IQR", "tok/s", f"x {base} (wall, min-max)", f"x {base} (CPU time)",
+               "CPU s/step", "tok/CPU-s", "exec TFLOP/s", "MFU exec", "MFU dense-count", "MFU exec (CPU time)",
+               "peak MiB", "1st step s", "attention kernel"]  # fmt: skip
     rows = []
     for r in group["rows"]:
         speed, cpu_speed = r.get("speedup_vs_baseline"), r.get("cpu_time_speedup_vs_baseline")
-        rows.append(
-            [
-                r["variant"],
-                f"{r['step_s']['median']:.4f}",
-                f"{100 * r['step_s']['iqr_rel']:.1f}%",
-                f"{r['tokens_per_s']:.0f}",
-                f"{speed['median']:.2f} ({speed['min']:.2f}-{speed['max']:.2f})" if speed else "-",
-                f"{cpu_speed['median']:.2f} (IQR {100 * cpu_speed['iqr_rel']:.0f}%)" if cpu_speed else "-",
-                f"{r['step_cpu_s']['median']:.3f}",
-                f"{r['tokens_per_cpu_s']:.0f}",
-                f"{r['exec_tflops']:.3f}",
-                f"{100 * r['mfu_exec']:.1f}%",
-                f"{100 * r['mfu_dense_count']:.1f}%",
-                f"{100 * r['mfu_exec_cpu_time']:.1f}%" if r["mfu_exec_cpu_time"] is not None else "-",
-                f"{r['peak_mib']:.0f}",
-                f"{r['first_step_s']:.2f}",
-                r.get("attention_kernel", "-"),
-            ]
-        )
+        mfu_cpu = r["mfu_exec_cpu_time"]
+        rows.append([
+            r["variant"], f"{r['step_s']['median']:.4f}", f"{100 * r['step_s']['iqr_rel']:.1f}%",
+            f"{r['tokens_per_s']:.0f}",
+            f"{speed['median']:.2f} ({speed['min']:.2f}-{speed['max']:.2f})" if speed else "-",
+            f"{cpu_speed['median']:.2f} (IQR {100 * cpu_speed['iqr_rel']:.0f}%)" if cpu_speed else "-",
+            f"{r['step_cpu_s']['median']:.3f}", f"{r['tokens_per_cpu_s']:.0f}", f"{r['exec_tflops']:.3f}",
+            f"{100 * r['mfu_exec']:.1f}%", f"{100 * r['mfu_dense_count']:.1f}%",
+            f"{100 * mfu_cpu:.1f}%" if mfu_cpu is not None else "-", f"{r['peak_mib']:.0f}",
+            f"{r['first_step_s']:.2f}", r.get("attention_kernel", "-"),
+        ])  # fmt: skip
     print(format_table(headers, rows, style="markdown"))
     if group.get("profile"):
         print(f"\nprofile of one step of {group['profile_variant']} (top ops by self time):")
@@ -571,8 +440,10 @@ class TrainStepConfig:
             self.variant_list = [parse_variant(s) for s in self.variants]
         except ValueError as err:
             raise ConfigError(f"variants: {err}") from None
-        require(bool(self.variant_list), "variants", "must name at least one variant")
-        require(len({v.spec for v in self.variant_list}) == len(self.variant_list), "variants", "names a variant twice")
+        specs = [v.spec for v in self.variant_list]
+        require(bool(specs), "variants", "must name at least one variant")
+        require(len(set(specs)) == len(specs), "variants", "names a variant twice")
+        require(self.profile is None or self.profile in specs, "profile", f"{self.profile!r} is not among {specs}")
         require(bool(self.shapes) and bool(self.precisions), "shapes/precisions", "must not be empty")
         require(self.reps >= 1 and self.warmup >= 1, "reps/warmup", "must be >= 1")
         for key in ("batch", "seq", "threads", "gemm_size"):
@@ -591,32 +462,18 @@ def _per_precision(tflops: dict[str, float]) -> str:
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    device = pick_device(args.device)
-    configure_device(device)
-    info = machine_info(device)
+    device = common.start_device(args.device, args.threads, "bf16" in args.precisions, "--precisions='[fp32]'")
+    info = common.machine_info(device)
     print(f"machine: {info}")
-    if device.type == "cpu" and "bf16" in args.precisions and (warning := cpu_bf16_warning("--precisions='[fp32]'")):
-        print(f"warning: {warning}", file=sys.stderr, flush=True)
-    args.peaks = gemm_peaks(device, args.gemm_size, precisions=args.precisions)
-    measured = args.peaks["measured_tflops"]
-    per_cpu = args.peaks["measured_tflop_per_cpu_s"]
-    print(
-        f"GEMM per CPU-second: {_per_precision(per_cpu)} TFLOP per CPU-s ({torch.get_num_threads()} threads)"
-    )
-    print(
-        f"GEMM peak ({args.peaks['gemm_size']}^2, measured): {_per_precision(measured)} TFLOP/s; "
-        f"MFU reference: {args.peaks['reference']} {args.peaks['reference_tflops']}"
-    )
+    start_peaks = common.gemm_peaks(device, args.gemm_size, precisions=args.precisions)
+    print(f"GEMM per CPU-second: {_per_precision(start_peaks['measured_tflop_per_cpu_s'])} TFLOP per CPU-s "
+          f"({torch.get_num_threads()} threads)")  # fmt: skip
+    print(f"GEMM peak ({start_peaks['gemm_size']}^2, measured): {_per_precision(start_peaks['measured_tflops'])} "
+          f"TFLOP/s; MFU reference: {start_peaks['reference']} {start_peaks['reference_tflops']}")  # fmt: skip
     groups = []
-    start_peaks = args.peaks
     for shape_name in args.shapes:
-        shape = dict(SHAPES[shape_name])
-        if args.batch:
-            shape["batch"] = args.batch
-        if args.seq:
-            shape["seq"] = args.seq
+        named = SHAPES[shape_name]
+        shape = dict(named, batch=args.batch or named["batch"], seq=args.seq or named["seq"])
         for precision in args.precisions:
             group = measure_group(args.variant_list, shape, precision, args, device)
             group["shape_name"] = shape_name
@@ -624,36 +481,19 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             print_group(group, shape_name)
             groups.append(group)
     # Measure the peak again and keep the best: a busy spell on a shared machine must not inflate MFU.
-    args.peaks = gemm_peaks(device, args.gemm_size, earlier=start_peaks, precisions=args.precisions)
-    measured = args.peaks["measured_tflops"]
-    print(
-        f"\n# Summary (MFU against the best GEMM peak of start and end: {_per_precision(measured)} TFLOP/s "
-        f"measured; reference {args.peaks['reference']})"
-    )
+    peaks = common.gemm_peaks(device, args.gemm_size, earlier=start_peaks, precisions=args.precisions)
+    print(f"\n# Summary (MFU against the best GEMM peak of start and end: {_per_precision(peaks['measured_tflops'])} "
+          f"TFLOP/s measured; reference {peaks['reference']})")  # fmt: skip
     for group in groups:
-        add_mfu(group, args.peaks)
+        add_mfu(group, peaks)
         print_group({**group, "profile": None}, group["shape_name"])
-    payload = {
-        "benchmark": "train_step",
-        "machine": info,
-        "peaks": args.peaks,
-        "args": {k: v for k, v in vars(args).items() if k not in ("variant_list", "peaks")},
-        "groups": groups,
-    }
-    path = write_results("train_step", payload, Path(args.out) if args.out else None)
-    print(f"\nwrote {path}")
+    options = {k: v for k, v in vars(args).items() if k != "variant_list"}
+    payload = {"benchmark": "train_step", "machine": info, "peaks": peaks, "args": options, "groups": groups}
+    print(f"\nwrote {common.write_results('train_step', payload, args.out)}")
     return payload
 
 
-def cli() -> int:
-    """``main`` for the command line: bad options end with their message and exit code 2."""
-
-    def run() -> int:
-        main()
-        return 0
-
-    return run_cli(run)
-
+cli = common.command(main)
 
 if __name__ == "__main__":
     raise SystemExit(cli())

@@ -1,18 +1,15 @@
 #!/bin/bash
-# Train Post-LN and Pre-LN on the same data with the same seed (one after the other), then print where the
-# runs are. The two presets of a pair differ only in norm_placement and the LR schedule (the paper's
-# recipes), so the validation curves in RUN/metrics.jsonl compare the placements.
+# Train Post-LN and Pre-LN on the same data with the same seed (one after the other), then print where the runs are.
+# The two presets of a pair differ only in norm_placement and the LR schedule (the paper's recipes).
 #
 #   launch/compare_placements.sh small  --data.sources='[{kind: json, path: /data/wiki.jsonl}]'
 #   launch/compare_placements.sh base                               # BERT-base presets (GPUs; see README)
 #   LAUNCH="accelerate launch --config_file configs/accelerate/8gpu.yaml" launch/compare_placements.sh base
 #
-# Arguments after the scale go to both runs (e.g. --train.max_steps=300 --data.max_documents=500).
-# One Ctrl-C (or SIGTERM) stops the whole comparison: the running run saves a checkpoint and the script exits
-# 130 without starting the next one; the same command again continues both (a finished run is left as it is).
-# Variables: LAUNCH (default "python"), OUT (default runs/compare-<scale>), SEED (default 0),
-# COMPARISON (default compare-<scale>; W&B: add --tracking.backend=wandb, then
-# python -m finetune.dashboard --comparison compare-<scale>).
+# Arguments after the scale go to both runs (e.g. --train.max_steps=300 --data.max_documents=500). One Ctrl-C (or
+# SIGTERM) saves a checkpoint of the running run and exits 130; the same command again continues both.
+# Variables: LAUNCH (default "python"), OUT (default runs/compare-<scale>), SEED (default 0), COMPARISON (default
+# compare-<scale>; W&B: add --tracking.backend=wandb, then python -m finetune.dashboard --comparison compare-<scale>).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -26,22 +23,21 @@ esac
 LAUNCH=${LAUNCH:-python}
 OUT=${OUT:-runs/compare-$SCALE}
 SEED=${SEED:-0}
-# Every run of the comparison (both placements, every SEED) shares it: a W&B tag and config key that the
-# dashboard filters on. The W&B group is derived per placement and recipe, so W&B pools seeds, never placements.
+# Shared by every run of the comparison (both placements, every SEED): the W&B tag the dashboard filters on. The W&B
+# group is per placement and recipe, so W&B pools seeds, never placements.
 COMPARISON=${COMPARISON:-compare-$SCALE}
 
-# A Ctrl-C reaches the run and this script alike; the run saves a checkpoint and exits 0 ("preempted"), and bash
-# would then go on to the next placement. Remember it, and look at the run's status too (a SIGTERM sent to the
-# run alone, e.g. by a scheduler, reaches only it).
+# A Ctrl-C reaches the run too, which exits 0 ("preempted"): remember it, and read the run's status (a SIGTERM sent
+# to the run alone, by a scheduler, reaches only it), or bash would go on to the next placement.
 interrupted=0
 trap 'interrupted=1' INT TERM
 run_status() {  # the status field of RUN/status.json ("" when there is none)
   python -c 'import json, sys; print(json.load(open(sys.argv[1])).get("status", ""))' "$1/status.json" 2>/dev/null || true
 }
 
-# Evaluations sized to the run's length: at least about 20 of them (never fewer than the preset makes), so that
-# finetune.report's steps to a loss interpolate between close evaluations. A --train.eval_every among the
-# arguments comes after this one and wins. Empty when the options do not parse: the run itself then says why.
+# About 20 evaluations at least (never fewer than the preset makes), so that finetune.report's steps to a loss
+# interpolate between close ones; a --train.eval_every among the arguments comes later and wins. Empty when the
+# options do not parse: the run itself then says why.
 eval_every() {  # the cadence for preset $1 and the arguments after it
   python -c 'import sys
 from pretrain.config import parse_args
@@ -64,27 +60,22 @@ for placement in post pre; do
   fi
 done
 
-# Plain json, not pretrain.run_folder.layout: importing the project (torch, transformers) would cost seconds for a
-# summary.
+# Plain json: importing the project (pretrain.run_folder.layout, torch) would cost seconds for a summary.
 python - "$OUT" <<'PY'
-import json, sys
+import contextlib, json, sys
 out = sys.argv[1]
 for placement in ("post", "pre"):
     run = f"{out}/{placement}"
     rows = []
     for line in open(f"{run}/metrics.jsonl"):
-        try:
+        with contextlib.suppress(json.JSONDecodeError):  # the line a killed run was writing
             rows.append(json.loads(line))
-        except json.JSONDecodeError:  # the line a killed run was writing
-            pass
-    val = [(r["step"], r["val/mlm_loss"]) for r in rows if "val/mlm_loss" in r]
-    curve = "  ".join(f"{s}:{v:.3f}" for s, v in val)
+    curve = "  ".join(f"{r['step']}:{r['val/mlm_loss']:.3f}" for r in rows if "val/mlm_loss" in r)
     status = json.load(open(f"{run}/status.json"))["status"]
     print(f"{placement:>4}-LN  status={status}  val/mlm_loss  {curve}")
 PY
 
-# What comes next (README.md, "The next step") on the two runs just made. OUT and the presets are relative to
-# this checkout, where the script ran: the commands run from it too.
+# What comes next (README.md, "The next step"), run from this checkout like the script (OUT may be relative).
 runs="[$OUT/post, $OUT/pre]"
 from=""
 [[ ${OLDPWD:-$PWD} == "$PWD" ]] || from=" (from $PWD)"

@@ -122,9 +122,6 @@ if not cuda and "--require-cuda" in sys.argv:
 """
 
 
-# The steps, as a user would type them ---------------------------------------------------------------------------------
-
-
 def pretrain_command(recipe: Recipe, corpus: Path, out: Path, sizes: Sizes) -> list[str]:
     """``accelerate launch pretrain/run.py`` with the recipe's preset, the corpus and a smoke run's size. The
     tokenizer is a WordPiece trained on the corpus by the first run (cached for the others): nothing downloaded."""
@@ -147,8 +144,7 @@ def finetune_command(snapshot: Path, glue: Path, out: Path, sizes: Sizes) -> lis
 
 def mrpc_accuracy(log: str) -> float | None:
     """The accuracy column of finetune.run's table (``lr  seeds  accuracy  f1  status``, then one row per lr)."""
-    lines = log.splitlines()
-    for header, row in itertools.pairwise(lines):
+    for header, row in itertools.pairwise(log.splitlines()):
         if header.split()[:3] == ["lr", "seeds", "accuracy"]:
             with contextlib.suppress(IndexError, ValueError):  # "-": no job finished
                 return float(row.split()[2])
@@ -169,9 +165,6 @@ def steps(corpus: Path, glue: Path, out: Path, dry_run: bool) -> Iterator[tuple[
         snapshots = list_snapshots(out / "runs" / recipe.name)
         skipped = "its smoke run left no snapshot"
         yield f"mrpc_{recipe.name}", finetune_command(snapshots[-1].path, glue, out, sizes) if snapshots else skipped
-
-
-# Running them ---------------------------------------------------------------------------------------------------------
 
 
 @dataclass(kw_only=True)
@@ -213,28 +206,20 @@ def run_step(name: str, cmd: list[str], out: Path) -> Step:
                 proc.kill()
                 proc.wait()
             return Step(name=name, status="interrupted", command=command, seconds=round(time.monotonic() - start, 1))
+    tail = "\n".join(log.read_text(errors="replace").splitlines()[-TAIL_LINES:]) if rc else ""
     step = Step(name=name, status="passed" if rc == 0 else "failed", command=command, returncode=rc,
-                seconds=round(time.monotonic() - start, 1))  # fmt: skip
-    if rc:
-        step.note = "\n".join(log.read_text(errors="replace").splitlines()[-TAIL_LINES:])
+                seconds=round(time.monotonic() - start, 1), note=tail)  # fmt: skip
     print(f"[gpu_check] {name}: {step.status} in {step.seconds} s (log: {log})", flush=True)
     return step
-
-
-def interrupt(signum: int, frame: Any) -> None:
-    raise KeyboardInterrupt  # SIGTERM (a scheduler, kill): stop as on Ctrl-C
-
-
-def step_count(dry_run: bool) -> int:
-    """Environment, CUDA tests, throughput; a smoke run and a fine-tune per recipe."""
-    return 3 + 2 * len((DRY_RUN if dry_run else GPU).recipes)
 
 
 def run_check(plan: Iterable[tuple[str, list[str] | str]], out: Path, dry_run: bool) -> dict[str, Any]:
     """Run the steps in order (a failed one does not stop the next; a failed environment, or Ctrl-C, stops the
     check), publishing the summary after each; returns the results."""
+    described = subprocess.run(["git", "describe", "--always", "--dirty"], cwd=REPO, capture_output=True, text=True)
     results: dict[str, Any] = {"dry_run": dry_run, "started": time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime()),
-                               "commit": commit(), "host": socket.gethostname(), "steps": []}  # fmt: skip
+                               "commit": described.stdout.strip() or "unknown (not a git checkout)",
+                               "host": socket.gethostname(), "steps": []}  # fmt: skip
     for name, cmd in plan:
         step = run_step(name, cmd, out) if isinstance(cmd, list) else Step(name=name, status="skipped", note=cmd)
         results["steps"].append(asdict(step))
@@ -242,11 +227,6 @@ def run_check(plan: Iterable[tuple[str, list[str] | str]], out: Path, dry_run: b
         if step.status == "interrupted" or (name == "environment" and step.status == "failed"):
             break
     return results
-
-
-def commit() -> str:
-    found = subprocess.run(["git", "describe", "--always", "--dirty"], cwd=REPO, capture_output=True, text=True)
-    return found.stdout.strip() or "unknown (not a git checkout)"
 
 
 def publish(results: dict[str, Any], out: Path) -> None:
@@ -258,9 +238,6 @@ def publish(results: dict[str, Any], out: Path) -> None:
     results["smoke_runs"] = {r.name: smoke_run(out / "runs" / r.name, logs / f"mrpc_{r.name}.log") for r in RECIPES}
     atomic.write_json(out / "results.json", results)
     atomic.write_text(out / "summary.md", summary(results))
-
-
-# The figures, from what each step wrote -------------------------------------------------------------------------------
 
 
 def read_text(path: Path) -> str:
@@ -320,9 +297,6 @@ def smoke_run(run_dir: Path, mrpc_log: Path) -> dict[str, Any]:
             "mrpc_accuracy": mrpc_accuracy(read_text(mrpc_log))}  # fmt: skip
 
 
-# The summary ----------------------------------------------------------------------------------------------------------
-
-
 def fmt(value: Any, spec: str = "") -> str:
     return "-" if value is None else format(value, spec)
 
@@ -330,7 +304,7 @@ def fmt(value: Any, spec: str = "") -> str:
 def summary(results: dict[str, Any]) -> str:
     steps_ = results["steps"]
     passed = sum(s["status"] == "passed" for s in steps_)
-    planned = step_count(results["dry_run"])
+    planned = 3 + 2 * len((DRY_RUN if results["dry_run"] else GPU).recipes)  # 3 steps, then 2 per recipe
     not_run = f", {planned - len(steps_)} not run" if len(steps_) < planned else ""
     lines = [f"# GPU check{' (dry run: CPU, tiny shapes; its figures mean nothing)' if results['dry_run'] else ''}",
              "", f"{results['started']}, commit {results['commit']}, host {results['host']}: {passed} of "
@@ -382,9 +356,6 @@ def summary(results: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-# Command line ---------------------------------------------------------------------------------------------------------
-
-
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="bash launch/gpu_check.sh", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
@@ -395,9 +366,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if not args.corpus.is_dir() or not any(args.corpus.glob("*.jsonl")):
         parser.error(f'--corpus {args.corpus}: not a folder of *.jsonl files (JSON Lines, {{"text": ...}} a line)')
-    missing = " or ".join(
-        f"MRPC/{name}" for name in ("train.tsv", "dev.tsv") if not (args.glue / "MRPC" / name).is_file()
-    )
+    mrpc = args.glue / "MRPC"
+    missing = " or ".join(f"MRPC/{name}" for name in ("train.tsv", "dev.tsv") if not (mrpc / name).is_file())
     if missing:
         parser.error(f"--glue {args.glue}: no {missing} (GLUE's TSV layout: MRPC/train.tsv, MRPC/dev.tsv)")
     if args.out.exists() and (not args.out.is_dir() or any(args.out.iterdir())):
@@ -409,7 +379,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     out = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
-    signal.signal(signal.SIGTERM, interrupt)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # SIGTERM (a scheduler, kill): stop as on Ctrl-C
     plan = steps(args.corpus.resolve(), args.glue.resolve(), out, args.dry_run)
     try:
         results = run_check(plan, out, args.dry_run)

@@ -3,16 +3,13 @@
 #
 #   CORPUS=path/to/corpus GLUE=path/to/glue bash launch/reproduce_cpu.sh
 #
-# CORPUS holds wiki.jsonl and books.jsonl ({"text": ...} per line); GLUE holds MRPC/ and RTE/ in the
-# original GLUE TSV layout. Three pretraining runs of the small presets (4 x 128; bf16 autocast where the CPU
-# computes bf16 natively, else fp32) on the same data, seed and tokenizer: Post-LN (1% warm-up, peak 1e-4),
-# Pre-LN (no warm-up, 3e-4), and Post-LN at 3e-4 (does it diverge?). While they train, the scheduler fine-tunes
-# every snapshot of the first two on all of MRPC and RTE (3 epochs, 3 seeds); then the report draws the Figure 5
-# panels. Steps 1-3 took 83 minutes on 2 cores of an AMD EPYC with AVX512-BF16 and 88 on 2 of an Intel Xeon with
-# AMX (docs/results.md section 4); on 2 cores without native bf16 the three runs alone took 1.5 s a step (fp32),
-# before any fine-tuning started. Step 4 (random-init baseline) took 5-6 minutes and step 5 (warm-up x lr grid at
-# depth 12) 31 more. Every process uses one thread;
-# OUT/timing.txt records each phase.
+# CORPUS holds wiki.jsonl and books.jsonl ({"text": ...} per line); GLUE holds MRPC/ and RTE/ in the original GLUE
+# TSV layout. Three pretraining runs of the small presets (4 x 128; bf16 autocast where the CPU computes bf16
+# natively, else fp32) on the same data, seed and tokenizer: Post-LN (1% warm-up, peak 1e-4), Pre-LN (no warm-up,
+# 3e-4), and Post-LN at 3e-4 (does it diverge?). While they train, the scheduler fine-tunes every snapshot of the
+# first two on all of MRPC and RTE (3 epochs, 3 seeds); then the report draws the Figure 5 panels. Every process
+# uses one thread; OUT/timing.txt records each phase: steps 1-3 take 83-88 minutes on 2 cores with native bf16,
+# steps 4-5 about 37 more (docs/results.md section 4; without native bf16, 1.5 s a pretraining step in fp32).
 #
 # Knobs (environment): OUT, STEPS, SNAPSHOTS, SEEDS, LRS, FT_EPOCHS, FT_MAX_TRAIN (empty: all),
 # FT_PRECISION (bf16, no, or auto: bf16 where the CPU computes it natively, as the presets' pretraining does),
@@ -22,21 +19,12 @@ cd "$(dirname "$0")/.."
 
 : "${CORPUS:?set CORPUS to a folder with wiki.jsonl and books.jsonl}"
 : "${GLUE:?set GLUE to a folder with MRPC/ and RTE/ (GLUE TSV layout)}"
-OUT=${OUT:-runs/repro}
-STEPS=${STEPS:-3000}
-SNAPSHOTS=${SNAPSHOTS:-[600, 1200, 1800, 2400, 3000]}
-SEEDS=${SEEDS:-0 1 2}
-LRS=${LRS:-1e-4}
-FT_EPOCHS=${FT_EPOCHS:-3}
-FT_MAX_TRAIN=${FT_MAX_TRAIN:-}
-FT_PRECISION=${FT_PRECISION:-auto}
-FT_WORKERS=${FT_WORKERS:-2}
-GRID_STEPS=${GRID_STEPS:-200}
+: "${OUT:=runs/repro}" "${STEPS:=3000}" "${SNAPSHOTS:=[600, 1200, 1800, 2400, 3000]}" "${SEEDS:=0 1 2}" "${LRS:=1e-4}"
+: "${FT_EPOCHS:=3}" "${FT_MAX_TRAIN:=}" "${FT_PRECISION:=auto}" "${FT_WORKERS:=2}" "${GRID_STEPS:=200}"
 export OMP_NUM_THREADS=1  # several single-threaded jobs share the cores; 2 threads each would thrash
 mkdir -p "$OUT"
-# Ctrl-C reaches every process of this script: each pretraining run saves a checkpoint, the scheduler stops its
-# workers and queues their jobs again. Then stop here too (bash would go on to the next phase) and say how to go on:
-# the same command continues every run, the fine-tuning and the phases after them.
+# Ctrl-C reaches every process: the runs save checkpoints, the scheduler requeues its jobs. Stop here too (bash
+# would go on to the next phase); the same command continues everything.
 stopped() {
   trap '' INT
   echo "=== interrupted: waiting for the runs to save their checkpoints..." >&2
@@ -46,8 +34,7 @@ stopped() {
 }
 trap stopped INT
 phase() { echo "$(date -u +%FT%TZ) $SECONDS s  $*" | tee -a "$OUT/timing.txt"; }
-# A job that fails stops the script with its name and log ($OUT/NAME.log). wait_each PID:NAME...: each job's own
-# exit code (a bare `wait` returns 0, and `wait A B C` only C's, calling a failed job done).
+# wait_each PID:NAME...: each job's own exit code (`wait A B C` returns only C's); a failure names its log.
 failed() { echo "=== $1 failed: see $OUT/$1.log" >&2; }
 wait_each() {
   local job status=0
@@ -55,34 +42,21 @@ wait_each() {
   return "$status"
 }
 
-# Documents are mixed by weight until the first source runs out: 34:1 counted in documents (about 2734 articles :
-# 81 books) uses 94% of the documents, and makes the 2% held-out documents a validation set of both kinds. The
-# presets count weights in words; 34:1 in words would take 2 of the 81 books (1.4% of the tokens).
-# Every run of this script, the grid's cells included, reads its data through these options.
+# Mixed 34:1 counted in documents (about 2734 articles : 81 books) uses 94% of the documents and gives a validation
+# set of both kinds; the presets count in words, where 34:1 would take 2 of the books. Every run, the grid's too.
 data=(
   --data.sources="[{kind: json, path: $CORPUS/wiki.jsonl, weight: 34}, {kind: json, path: $CORPUS/books.jsonl, weight: 1}]"
-  --data.weight_by=documents
-  --data.validation_fraction=0.02
-  --data.cache_dir="$OUT/cache"
+  --data.weight_by=documents --data.validation_fraction=0.02 --data.cache_dir="$OUT/cache"
 )
-common=(
-  "${data[@]}"
-  --train.max_steps="$STEPS"
-  --train.snapshot_steps="$SNAPSHOTS"
-  --train.snapshot_at_start=false
-  --train.checkpoint_every=1000
-  --train.eval_every=100
-  --train.eval_batches=20
-  --train.seed=0
-)
+common=("${data[@]}" --train.max_steps="$STEPS" --train.snapshot_steps="$SNAPSHOTS" --train.snapshot_at_start=false
+        --train.checkpoint_every=1000 --train.eval_every=100 --train.eval_batches=20 --train.seed=0)
 pretrain() {  # name preset [overrides...]
   local name=$1 preset=$2; shift 2
   python pretrain/run.py --config "configs/pretrain/$preset.yaml" "${common[@]}" \
     --train.output_dir="$OUT/$name" --train.run_name="$name" "$@" > "$OUT/$name.log" 2>&1
 }
 if [[ $FT_PRECISION == auto ]]; then
-  # Without AVX512-BF16 or AMX, bf16 is emulated: on such a CPU no bf16 fine-tuning job of this script had
-  # finished after 32 minutes, against about 95 s a job on a free core with it (docs/results.md, section 4).
+  # Without AVX512-BF16 or AMX, bf16 is emulated: no fine-tuning job had finished after 32 minutes (95 s with it).
   FT_PRECISION=$(python -c 'from pretrain.common.hardware import cpu_has_native_bf16; print("no" if cpu_has_native_bf16() is False else "bf16")')
   echo "fine-tuning precision: $FT_PRECISION (FT_PRECISION=auto: bf16 only where this CPU computes it natively)"
 fi
@@ -96,8 +70,7 @@ pretrain warm_cache small_post_ln --train.max_steps=1 --train.snapshot_steps='[]
   { failed warm_cache; exit 1; }
 tokenizer="$OUT/warm_cache/tokenizer"
 
-# 2. The three runs side by side (same data order, masks, seed and tokenizer); the first two are fine-tuned
-#    as their snapshots appear.
+# 2. The three runs side by side (same data, masks, seed and tokenizer); the first two fine-tuned as they go.
 phase "2. pretraining (3 runs) and scheduled fine-tuning"
 runs=()
 pretrain post_ln small_post_ln --data.tokenizer="$tokenizer" & runs+=("$!:post_ln")
@@ -121,9 +94,8 @@ python -m finetune.report --runs="[$OUT/post_ln, $OUT/pre_ln, $OUT/post_ln_lr3e-
   --tasks='[mrpc, rte]' --out="$OUT/report" > "$OUT/report.log" 2>&1
 phase "3. report written: $OUT/report/summary.md"
 
-# 4. The baseline without pretraining: the same architecture, tokenizer and recipe from random weights, one task
-#    per core. Results folders of their own (another recipe than step 2's), one per task: a results folder has one
-#    writer of manifests at a time, and a second finetune.run on it stops at once.
+# 4. The baseline without pretraining (same architecture, tokenizer and recipe, random weights), one task per core,
+#    each with a results folder of its own: a results folder has one writer at a time.
 last=$(printf "%s/pre_ln/snapshots/step_%08d" "$OUT" "$STEPS")
 baseline=()
 for task in mrpc rte; do
