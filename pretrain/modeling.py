@@ -2,25 +2,18 @@
 the Transformer Architecture", and the placements proposed since).
 
 One model file, read top to bottom: config, embeddings, attention, the layer, encoder, heads, pretrained-model base,
-and the four task models. Where the norms go is not decided here but by the layer's *block*, chosen from the table
-in ``pretrain/placements.py`` (post, pre, sandwich/peri, deepnorm, admin, rezero, b2t, resi_dual, mix_ln, lns,
-hybrid, normformer, output_ln, parallel; each draws its data flow); which norm is used (LayerNorm, RMSNorm, DyT) is
-``pretrain/norms.py``'s. ``ngpt`` (nGPT, no norm module at all: unit-norm hidden states and weights) has its own
-embeddings, layers and MLM head in ``pretrain/ngpt.py``, assembled here at the same Hugging Face names; the training
-loops call ``after_optimizer_step`` after every optimizer step (it re-normalises nGPT's matrices and does nothing
-for the other placements). With ``norm_placement="post"`` and ``norm_type="layernorm"`` every parameter name and every
-output equals Hugging Face ``BertModel`` / ``BertForPreTraining`` (proven by ``tests/test_modeling.py``), so a
-Hugging Face BERT state dict loads with ``strict=True``; ``pre`` equals Hugging Face's ``RobertaPreLayerNorm``.
-On ``pre``, ``residual_scheme`` replaces the residual sum by Hyper-Connections, mHC or Attention Residuals
-(``pretrain/residual_streams.py``); the sub-layers keep Pre-LN's names, so a Pre-LN state dict loads into such a
-model with only the scheme's own parameters missing.
+the four task models. Where the norms go is decided by the layer's *block* (``pretrain/placements.py``, each
+drawing its data flow), the norm type by ``pretrain/norms.py``. nGPT's layers and MLM head are ``pretrain/ngpt.py``'s,
+at the same Hugging Face names. With ``norm_placement="post"`` and ``norm_type="layernorm"`` every parameter name and
+output equals Hugging Face ``BertModel`` / ``BertForPreTraining`` (``tests/test_modeling.py``), so a Hugging Face
+BERT state dict loads with ``strict=True``; ``pre`` equals Hugging Face's ``RobertaPreLayerNorm``. On ``pre``,
+``residual_scheme`` replaces the residual sum (``pretrain/residual_streams.py``), keeping Pre-LN's sub-layer names.
 
 Each sub-layer owns the norm Hugging Face calls ``attention.output.LayerNorm`` / ``output.LayerNorm`` (whatever its
-type); the block only decides where it is applied. Extra norms and scales have names of their own
-(``branch_norm``, ``query_norm``, ``ffn_norm``, ``rezero_gate``, ``residual_scale``, ``head_scale``) and exist only
-in the placements that use them, so Pre-LN has exactly one norm more than Post-LN (``encoder.final_layer_norm``).
-A residual scheme's modules are ``encoder.layer.{i}.attention_residual`` / ``ffn_residual`` (and AttnRes's
-``encoder.output_residual``).
+type); the block only decides where it is applied. Extra norms and scales (``branch_norm``, ``query_norm``,
+``ffn_norm``, ``rezero_gate``, ``residual_scale``, ``head_scale``) exist only in the placements that use them, so
+Pre-LN has one norm more than Post-LN (``encoder.final_layer_norm``). A residual scheme's modules are
+``encoder.layer.{i}.attention_residual`` / ``ffn_residual`` (and AttnRes's ``encoder.output_residual``).
 """
 
 from __future__ import annotations
@@ -48,23 +41,20 @@ from transformers import (
 from transformers import initialization as init
 from transformers.activations import ACT2FN
 from transformers.masking_utils import create_bidirectional_mask
-from transformers.modeling_outputs import (
-    BaseModelOutputWithPooling,
-    MaskedLMOutput,
-    SequenceClassifierOutput,
-)
-from transformers.utils import ModelOutput
+from transformers.modeling_outputs import BaseModelOutputWithPooling, MaskedLMOutput, SequenceClassifierOutput
+from transformers.models.bert.modeling_bert import BertForPreTrainingOutput
 from transformers.utils.generic import can_return_tuple
 
 from pretrain.attention import attention_function, project_qkv
 from pretrain.ngpt import (
     NGPT_MODULES,
-    NgptEmbeddings,
-    NgptEncoder,
+    NgptLayer,
     NgptLMPredictionHead,
+    UnitNorm,
     base_scale,
     init_on_sphere,
     normalize_matrices,
+    on_sphere,
 )
 from pretrain.norms import NORM_MODULES, DyT, Scale, make_norm
 from pretrain.placements import (
@@ -78,15 +68,8 @@ from pretrain.placements import (
     admin_omega_default,
     canonical_placement,
     mix_ln_post_layers_default,
-    resi_dual_output,
 )
-from pretrain.residual_streams import (
-    RESIDUAL_MODULES,
-    AttentionResidual,
-    collapse,
-    residual_module,
-    start_state,
-)
+from pretrain.residual_streams import RESIDUAL_MODULES, AttentionResidual, collapse, residual_module, start_state
 from pretrain.variants import (
     DEFAULTS,
     INIT_SCHEMES,
@@ -110,68 +93,37 @@ _COMPUTATION_FIELDS = (
 )  # fmt: skip
 
 
-# --------------------------------------------------------------------------------------------------
-# Config
-# --------------------------------------------------------------------------------------------------
-
-
 @strict
 class LNBertConfig(BertConfig):
-    r"""BERT configuration plus the choices the paper leaves open, each explicit and with the same
-    default for every placement.
+    r"""BERT configuration plus the choices the paper leaves open, each explicit and with the same default for
+    every placement (docs/model.md, docs/placements.md).
 
     Args:
-        norm_placement: where the norms go, one of ``NORM_PLACEMENTS`` (the table in ``pretrain/placements.py``;
-            docs/placements.md): ``"post"`` is Hugging Face BERT exactly, ``"pre"`` Xiong et al.'s Pre-LN with a
-            final norm; ``"peri"`` is another name of ``"sandwich"``; ``"ngpt"`` is nGPT (``pretrain/ngpt.py``:
-            no norm module, so ``norm_type``, ``qk_norm`` and ``embedding_layer_norm`` are refused at other values
-            than their defaults; no dropout in its encoder, whatever the dropout fields say).
-        norm_type: ``"layernorm"`` (BERT's), ``"rmsnorm"`` or ``"dyt"`` (``pretrain/norms.py``), for every norm
-            of the model: embeddings, layers, final norm, the MLM head's transform and the placements' extra norms.
-            Each sits at the Hugging Face name of the LayerNorm it replaces; eps is ``layer_norm_eps``.
-        qk_norm: a norm of ``norm_type`` over each head's queries and keys before the dot product
-            (``attention.self.query_norm`` / ``key_norm``, one per layer shared by its heads; Dehghani et al. 2023,
-            Wortsman et al. 2023). HybridNorm has these (and a value norm) whatever this says.
+        norm_placement: one of ``NORM_PLACEMENTS`` (``pretrain/placements.py``); ``"peri"`` is ``"sandwich"``; nGPT
+            (``"ngpt"``) has no norm module: ``norm_type``, ``qk_norm``, ``embedding_layer_norm`` keep their defaults.
+        norm_type: ``"layernorm"``, ``"rmsnorm"`` or ``"dyt"`` (``pretrain/norms.py``) for every norm of the model,
+            each at the Hugging Face name of the LayerNorm it replaces; eps is ``layer_norm_eps``.
+        qk_norm: a norm of ``norm_type`` over each head's queries and keys, shared by the heads (Dehghani et al. 2023).
         dyt_alpha_init: DyT's alpha at initialisation (its paper's default 0.5).
         mix_ln_post_layers: how many of the lowest layers are Post-LN under ``mix_ln``; ``None``: round(L/4).
         admin_omega: Admin's residual weight; ``None``: admin-torch's default sqrt((N+1)/ln(N+1) - 1), N = 2L.
-        admin_learnable_omega: Admin's omega as a learnable vector per sub-layer (``residual_scale``), initialised
-            to ``admin_omega``, instead of a fixed scalar (only the scalar exports to plain BERT).
+        admin_learnable_omega: Admin's omega as a learnable vector per sub-layer, not a scalar (which exports to BERT).
         b2t_rescale_init: B2T's init as its official code: every weight matrix of the layers scaled by L^(-1/2).
         hybrid_first_pre_norm: HybridNorm*: the first layer Pre-Norm in attention and FFN (its QKV norms stay).
-        normformer_head_scale, normformer_attn_norm, normformer_ffn_norm: NormFormer's three additions (a learned
-            scale per head, a norm on the attention output, a norm inside the FFN), each switchable.
+        normformer_head_scale, normformer_attn_norm, normformer_ffn_norm: NormFormer's head scales, attention-output
+            norm and FFN norm, each switchable.
         normformer_resid_scale: NormFormer's learned scale on the FFN skip (off by default, as in its paper).
-        embedding_layer_norm: keep BERT's norm on the summed embeddings (default ``True`` for every placement,
-            as in original BERT). ``False`` replaces it with the identity.
-        init_scheme: ``"bert"``: weights normal(0, ``initializer_range``) as original BERT;
-            ``"xavier"``: Xavier-normal weights (the setting of the paper's analysis). Biases zero,
-            norms gamma 1 / beta 0 in both. DeepNorm scales its V, attention-output and FFN weights by beta on top
-            of either (xavier: the paper's Xavier gain beta; bert: torchscale's ``bert_init``, normal(0, 0.02 beta)).
-        sparse_mlm_head: when MLM labels are given, run the MLM head only at positions whose label
-            is not -100. Loss and gradients equal the dense computation; ``prediction_logits`` then has
-            shape ``(num_masked, vocab_size)`` in row-major order of ``labels != -100``. Without labels
-            the head always runs densely.
-        tie_word_embeddings: tie the MLM decoder to the word embeddings (BERT does). Set explicitly
-            because transformers 5 no longer defaults it and untied weights fail silently.
-        fused_qkv: compute Q, K and V with one matrix multiply over the three projections' weights,
-            concatenated at forward time (parameter names stay Hugging Face's). Reads the input once
-            (under autocast: casts it to bf16 once instead of three times) and gives one larger GEMM;
-            equal to the three separate projections within float rounding. Off by default so that
-            Post-LN stays op-for-op Hugging Face BERT.
-        residual_scheme: how the sub-layers' outputs reach the later ones, on ``norm_placement="pre"`` only
-            (``pretrain/residual_streams.py``; docs/placements.md): ``"standard"`` (Pre-LN's residual sum),
-            ``"hc"`` (Hyper-Connections), ``"mhc"`` (manifold-constrained HC), ``"attn_res"`` (Attention Residuals).
+        embedding_layer_norm: keep BERT's norm on the summed embeddings (``False``: the identity).
+        init_scheme: ``"bert"``: normal(0, ``initializer_range``); ``"xavier"``: Xavier-normal (the paper's analysis).
+        sparse_mlm_head: with MLM labels, run the MLM head only where the label is not -100 (same loss, gradients).
+        tie_word_embeddings: tie the MLM decoder to the word embeddings, as BERT (transformers 5 no longer does).
+        fused_qkv: Q, K and V from one GEMM (equal within rounding; off: Post-LN is op-for-op Hugging Face BERT).
+        residual_scheme: ``"standard"`` (Pre-LN's sum), ``"hc"``, ``"mhc"`` or ``"attn_res"``, on ``"pre"`` only.
         hc_streams: n, the number of residual streams of ``hc`` and ``mhc`` (the papers' default 4).
-        hc_dynamic: ``hc``'s dynamic weights (DHC, the paper's default: tanh terms per token, scales 0.01);
-            ``False``: static HC (SHC).
+        hc_dynamic: ``hc``'s dynamic weights (DHC, the paper's default: per-token tanh terms); ``False``: SHC.
         mhc_sinkhorn_iters: Sinkhorn-Knopp iterations of mHC's H_res (the paper's 20), in at least float32.
-        mhc_bias_init: mHC's static biases at init, which its paper does not give: ``"zero"`` (H_pre = 1/2,
-            H_post = 1, H_res uniform 1/n: with the gates at 0 the model is the Pre-LN model) or ``"identity"``
-            (b_res diagonal, H_res starts with diagonal 0.99).
-        attn_res_block_size: Block AttnRes's block size in sub-layers (attention and FFN count one each; even
-            values close blocks between layers, odd ones may close a block between a layer's attention and its
-            FFN); ``None``: Full AttnRes (every sub-layer's output its own source, as a block size of 1).
+        mhc_bias_init: mHC's static biases at init (not in its paper): ``"zero"`` (H_res = J/n) or ``"identity"``.
+        attn_res_block_size: Block AttnRes's block size in sub-layers; ``None``: Full AttnRes (as size 1).
     """
 
     model_type = "lnbert"
@@ -223,9 +175,7 @@ class LNBertConfig(BertConfig):
                 "(or None for round(L/4))"
             )
         if self.admin_omega is not None and not (math.isfinite(self.admin_omega) and self.admin_omega > 0):
-            raise ValueError(
-                f"admin_omega={self.admin_omega} must be a positive number (or None for the O(log N) rule)"
-            )
+            raise ValueError(f"admin_omega={self.admin_omega} must be positive (or None for the O(log N) rule)")
         if not (math.isfinite(self.dyt_alpha_init) and self.dyt_alpha_init > 0):
             raise ValueError(f"dyt_alpha_init={self.dyt_alpha_init} must be a positive number (DyT's default: 0.5)")
         super().__post_init__(**kwargs)
@@ -233,10 +183,6 @@ class LNBertConfig(BertConfig):
     @property
     def placement(self) -> Placement:
         return PLACEMENTS[self.norm_placement]
-
-    @property
-    def has_final_layer_norm(self) -> bool:
-        return self.placement.final_norm
 
     def block_of_layer(self, index: int) -> str:
         """The block (``placements.BLOCKS``) of layer ``index`` (0-based)."""
@@ -259,12 +205,10 @@ class LNBertConfig(BertConfig):
 
     @property
     def residual_scale(self) -> float:
-        """The fixed scalar on every skip connection: DeepNorm's alpha, Admin's fixed omega; 1 otherwise."""
-        if self.norm_placement == "deepnorm":
-            return self.deepnorm_alpha
+        """The fixed scalar on every skip connection: Admin's fixed omega, DeepNorm's alpha; 1 otherwise."""
         if self.norm_placement == "admin" and not self.admin_learnable_omega:
             return self.admin_omega_value
-        return 1.0
+        return self.deepnorm_alpha
 
     @property
     def deepnorm_alpha(self) -> float:
@@ -285,32 +229,32 @@ def _norm_or_identity(config: LNBertConfig, wanted: bool, size: int | None = Non
     return config.make_norm(size) if wanted else nn.Identity()
 
 
-# --------------------------------------------------------------------------------------------------
-# Embeddings and attention
-# --------------------------------------------------------------------------------------------------
-
-
 class LNBertEmbeddings(nn.Module):
-    """Word + position + token-type embeddings, then (optionally) the embedding norm and dropout."""
+    """Word + position + token-type embeddings, then (optionally) the embedding norm and dropout. nGPT's: Norm(sum),
+    each table's rows on the sphere, no dropout, no ``padding_idx`` (BERT zeroes the [PAD] row; Norm(0) is NaN)."""
 
     def __init__(self, config: LNBertConfig) -> None:
         super().__init__()
-        self.word_embeddings = nn.Embedding(config.vocab_size, config.hidden_size, padding_idx=config.pad_token_id)
-        self.position_embeddings = nn.Embedding(config.max_position_embeddings, config.hidden_size)
-        self.token_type_embeddings = nn.Embedding(config.type_vocab_size, config.hidden_size)
-        self.LayerNorm = _norm_or_identity(config, config.embedding_layer_norm)
-        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+        ngpt = config.norm_placement == "ngpt"
+        d, padding_idx = config.hidden_size, None if ngpt else config.pad_token_id
+        self.word_embeddings = nn.Embedding(config.vocab_size, d, padding_idx=padding_idx)
+        self.position_embeddings = nn.Embedding(config.max_position_embeddings, d)
+        self.token_type_embeddings = nn.Embedding(config.type_vocab_size, d)
+        if ngpt:
+            for table in (self.word_embeddings, self.position_embeddings, self.token_type_embeddings):
+                on_sphere(table, dim=1)
+            self.LayerNorm, self.dropout = UnitNorm(), nn.Identity()
+        else:
+            self.LayerNorm = _norm_or_identity(config, config.embedding_layer_norm)
+            self.dropout = nn.Dropout(config.hidden_dropout_prob)
         self.register_buffer("position_ids", torch.arange(config.max_position_embeddings)[None], persistent=False)
 
     def forward(
-        self,
-        input_ids: torch.Tensor,
-        token_type_ids: torch.Tensor | None = None,
+        self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None,
         position_ids: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        seq_len = input_ids.shape[1]
+    ) -> torch.Tensor:  # fmt: skip
         if position_ids is None:
-            position_ids = self.position_ids[:, :seq_len]
+            position_ids = self.position_ids[:, : input_ids.shape[1]]
         if token_type_ids is None:
             token_type_ids = torch.zeros_like(input_ids)
         # Same summation order as Hugging Face BERT, so fp32 outputs match bit for bit.
@@ -320,9 +264,8 @@ class LNBertEmbeddings(nn.Module):
 
 
 class LNBertSelfAttention(nn.Module):
-    """Q, K, V projections and scaled dot-product attention over all heads, with the placements' per-head parts:
-    norms on Q and K (``qk_norm``; HybridNorm also on V), over each head's ``head_size`` and shared by the heads,
-    (NormFormer's per-head scale sits in ``LNBertSelfOutput``, after the output projection, as fairseq's code)."""
+    """Q, K, V projections and scaled dot-product attention, with norms over each head's Q and K (``qk_norm``;
+    HybridNorm also V), shared by the heads. NormFormer's head scale is in ``LNBertSelfOutput``, as fairseq's."""
 
     def __init__(self, config: LNBertConfig) -> None:
         super().__init__()
@@ -342,17 +285,12 @@ class LNBertSelfAttention(nn.Module):
     def forward(
         self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        batch, seq_len, _ = hidden_states.shape
-        shape = (batch, seq_len, -1, self.head_size)
-        projections = (self.query, self.key, self.value)
-        q, k, v = (
-            x.view(shape).transpose(1, 2) for x in project_qkv(hidden_states, projections, self.config.fused_qkv)
-        )
+        q, k, v = project_qkv(hidden_states, (self.query, self.key, self.value), self.head_size, self.config.fused_qkv)
         q, k, v = self.query_norm(q), self.key_norm(k), self.value_norm(v)  # (B, nh, T, hs)
         out, probs = attention_function(self.config)(
             self, q, k, v, attention_mask, dropout=self.dropout.p if self.training else 0.0, scaling=self.scaling
         )  # out: (B, T, nh, hs)
-        return out.reshape(batch, seq_len, -1), probs
+        return out.flatten(2), probs
 
 
 def _learned_residual_scale(config: LNBertConfig, ffn: bool) -> nn.Module:
@@ -368,12 +306,9 @@ class LNBertSelfOutput(nn.Module):
     """Attention output projection, the branch norm ``B_a`` (sandwich / Peri-LN, NormFormer), dropout; plus the
     sub-layer's norm ``LayerNorm`` (N_a) and skip scale ``residual_scale``, which the layer's block applies.
 
-    NormFormer's per-head scale ``head_scale`` multiplies the projection's output in groups of ``head_size``
-    before ``B_a``: fairseq's code (``c_attn`` in ``transformer_layer.py``) puts it there, after the output
-    projection, where the paper's text describes the heads' outputs before it. Each branch norm sits where its
-    official code has it: sandwich / Peri-LN's after dropout, ``B(dropout(F))`` (CogView's ``third_layernorm``
-    reads the attention's output after its ``output_dropout``; the same order as ``output_ln``'s
-    ``N(dropout(F))``), NormFormer's before, ``dropout(B(F))`` (fairseq's ``attn_ln``).
+    NormFormer's ``head_scale`` multiplies the projection's output per head, before ``B_a``, as fairseq's code
+    (``c_attn``; the paper's text puts it before the projection). Sandwich / Peri-LN's branch norm acts after dropout,
+    ``B(dropout(F))`` (CogView's ``third_layernorm``), NormFormer's before, ``dropout(B(F))`` (fairseq's ``attn_ln``).
     """
 
     def __init__(self, config: LNBertConfig, block: Block) -> None:
@@ -420,9 +355,8 @@ class LNBertIntermediate(nn.Module):
 
 
 class LNBertOutput(nn.Module):
-    """FFN output projection, dropout, the branch norm ``B_f`` (sandwich / Peri-LN, after dropout as CogView's
-    ``fourth_layernorm``); plus the sub-layer's norm ``LayerNorm`` (N_f) and skip scale ``residual_scale``, which
-    the layer's block applies."""
+    """FFN output projection, dropout, the branch norm ``B_f`` (after dropout, as CogView's ``fourth_layernorm``);
+    plus the sub-layer's norm ``LayerNorm`` (N_f) and skip scale ``residual_scale``, which the block applies."""
 
     def __init__(self, config: LNBertConfig, block: Block) -> None:
         super().__init__()
@@ -436,11 +370,6 @@ class LNBertOutput(nn.Module):
         return self.branch_norm(self.dropout(self.dense(hidden_states)))
 
 
-# --------------------------------------------------------------------------------------------------
-# The layer: its block (pretrain/placements.py) decides where the norms go
-# --------------------------------------------------------------------------------------------------
-
-
 class LNBertLayer(nn.Module):
     """One Transformer layer: Hugging Face BERT's modules, wired by the block its placement picks for this layer
     (``placements.BLOCKS``; each block draws its data flow). The accessors below are what the blocks read."""
@@ -449,8 +378,7 @@ class LNBertLayer(nn.Module):
         super().__init__()
         self.block = BLOCKS[config.block_of_layer(index)]
         self.residual_scale = config.residual_scale
-        # LayerNorm Scaling: the block's norm outputs times 1/sqrt(l), l = index + 1 (the official code's
-        # 1 / sqrt(layer_index + 1)).
+        # LayerNorm Scaling: the norm outputs times 1/sqrt(l), l = index + 1 (the official 1 / sqrt(layer_index + 1)).
         self.norm_scale = (index + 1) ** -0.5 if config.norm_placement == "lns" else 1.0
         self.attention = LNBertAttention(config, self.block)
         self.intermediate = LNBertIntermediate(config)
@@ -485,14 +413,12 @@ class LNBertLayer(nn.Module):
         return self.output.LayerNorm
 
     def attend(self, x: torch.Tensor, attention_mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """The attention sub-layer: self-attention, output projection (and the branch norm where there is one),
-        dropout."""
+        """The attention sub-layer: self-attention, output projection, branch norm (where there is one), dropout."""
         out, probs = self.attention.self(x, attention_mask)
         return self.attention.output(out), probs
 
     def feed_forward(self, x: torch.Tensor) -> torch.Tensor:
-        """The FFN sub-layer: input projection, activation, output projection (and the branch norm where there is
-        one), dropout."""
+        """The FFN sub-layer: both projections, activation, branch norm (where there is one), dropout."""
         return self.output(self.intermediate(x))
 
     def skip_a(self, x: torch.Tensor) -> torch.Tensor:
@@ -513,16 +439,17 @@ class LNBertLayer(nn.Module):
 
 
 class LNBertEncoder(nn.Module):
-    """The layer stack, and what the placement or residual scheme adds around it: the state the first layer reads
-    (``start``), the hidden state reported per layer (``reported``) and the output (``end``)."""
+    """The layer stack (nGPT's: ``NgptLayer``s), and what the placement or residual scheme adds around it: the state
+    the first layer reads (``start``), the hidden state reported per layer (``reported``), the output (``end``)."""
 
     def __init__(self, config: LNBertConfig) -> None:
         super().__init__()
         self.config = config
-        self.layer = nn.ModuleList([LNBertLayer(config, i) for i in range(config.num_hidden_layers)])
-        # Pre-LN's residual stream grows with depth (paper, Lemma 2); this final norm normalises it once
-        # for every consumer. Identity (no parameters) for placements that end in a norm anyway.
-        self.final_layer_norm = _norm_or_identity(config, config.has_final_layer_norm)
+        ngpt = config.norm_placement == "ngpt"
+        layers = [NgptLayer(config) if ngpt else LNBertLayer(config, i) for i in range(config.num_hidden_layers)]
+        self.layer = nn.ModuleList(layers)
+        # Pre-LN's residual stream grows with depth (paper, Lemma 2): normalised once here for every consumer.
+        self.final_layer_norm = _norm_or_identity(config, config.placement.final_norm)
         self.two_streams = config.placement.two_streams
         self.residual_scheme = config.residual_scheme
         if self.residual_scheme == "attn_res":
@@ -548,40 +475,31 @@ class LNBertEncoder(nn.Module):
             return self.final_layer_norm(self.output_residual.read(stream)[0])
         if self.residual_scheme != "standard":  # HC's Algorithm 1: sum the streams, then the final norm
             return self.final_layer_norm(collapse(stream))
-        return resi_dual_output(*stream, self.final_layer_norm) if self.two_streams else self.final_layer_norm(stream)
+        if self.two_streams:  # ResiDual: the Post-LN stream plus the normalised sum of every sub-layer's output
+            return stream[0] + self.final_layer_norm(stream[1])
+        return self.final_layer_norm(stream)
 
     def forward(
-        self,
-        x: torch.Tensor,
-        attention_mask: torch.Tensor | None,
-        output_hidden_states: bool = False,
-        output_attentions: bool = False,
-    ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...] | None, tuple[torch.Tensor, ...] | None]:
-        hidden_states = [x] if output_hidden_states else None
-        attentions = [] if output_attentions else None
+        self, x: torch.Tensor, attention_mask: torch.Tensor | None,
+        output_hidden_states: bool = False, output_attentions: bool = False,
+    ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...] | None, tuple[torch.Tensor, ...] | None]:  # fmt: skip
+        hidden_states, attentions = [x], []
         stream = self.start(x)
         for layer in self.layer:
             stream, probs = layer(stream, attention_mask)
-            if hidden_states is not None:
+            if output_hidden_states:
                 hidden_states.append(self.reported(stream))
-            if attentions is not None:
+            if output_attentions:
                 attentions.append(probs)
         x = self.end(stream)
-        if hidden_states is not None:
-            # As in Hugging Face, hidden_states[-1] is last_hidden_state (here: after the final norm).
-            hidden_states[-1] = x
-        return x, tuple(hidden_states) if hidden_states else None, tuple(attentions) if attentions else None
-
-
-# --------------------------------------------------------------------------------------------------
-# Heads (names as Hugging Face BERT)
-# --------------------------------------------------------------------------------------------------
+        hidden_states[-1] = x  # as in Hugging Face, hidden_states[-1] is last_hidden_state (after the final norm)
+        hidden = tuple(hidden_states) if output_hidden_states else None
+        return x, hidden, tuple(attentions) if output_attentions else None
 
 
 class LNBertPooler(nn.Module):
     """tanh(W h + b) of the [CLS] token, as Hugging Face BERT. nGPT's [CLS] vector has norm 1 (entries about
-    1/sqrt(d), not about 1 as after a LayerNorm): times sqrt(d) (``input_scale``) it reaches BERT's scale, so that
-    the pooler, the NSP head and the classifier stay BERT's, with BERT's init."""
+    1/sqrt(d)): times sqrt(d) (``input_scale``) it reaches BERT's scale, so the heads stay BERT's, with its init."""
 
     def __init__(self, config: LNBertConfig) -> None:
         super().__init__()
@@ -643,24 +561,16 @@ def mlm_logits_and_loss(
     labels: torch.Tensor | None,
     sparse: bool,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """MLM logits and mean cross-entropy over positions whose label is not -100.
-
-    Sparse: gather the labelled positions first, so the transform and the (vocab x hidden) decoder
-    run on ~15% of the tokens; the loss and its gradients are those of the dense computation.
-    """
+    """MLM logits and mean cross-entropy over positions whose label is not -100. Sparse: gather the labelled
+    positions first, so the head runs on ~15% of the tokens, with the dense computation's loss and gradients; the
+    logits are then ``(num_masked, vocab_size)``, row-major over ``labels != -100``."""
     if labels is None:
         return head(sequence_output), None
     if sparse:
         selected = labels != -100  # (B, T)
-        logits = head(sequence_output[selected])  # (num_masked, V)
-        return logits, F.cross_entropy(logits.float(), labels[selected])
-    logits = head(sequence_output)  # (B, T, V)
+        sequence_output, labels = sequence_output[selected], labels[selected]  # (num_masked, H), (num_masked,)
+    logits = head(sequence_output)  # (B, T, V) or (num_masked, V)
     return logits, F.cross_entropy(logits.float().view(-1, logits.shape[-1]), labels.view(-1))
-
-
-# --------------------------------------------------------------------------------------------------
-# Models
-# --------------------------------------------------------------------------------------------------
 
 
 class LNBertPreTrainedModel(PreTrainedModel):
@@ -669,25 +579,30 @@ class LNBertPreTrainedModel(PreTrainedModel):
     base_model_prefix = "bert"
     supports_gradient_checkpointing = False
     _supports_sdpa = True
-    # Flex attention gives sdpa's outputs (tests/test_modeling.py; on CPU, torch runs it without gradients only).
-    # No flash-attention claim: it needs the flash_attn package and a GPU, and no test here could exercise it.
+    # Flex attention gives sdpa's outputs (tests/test_modeling.py; on CPU without gradients only). No flash-attention
+    # claim: it needs the flash_attn package and a GPU, and no test here could exercise it.
     _supports_flex_attn = True
     _supports_attention_backend = True
-    _no_split_modules = ["LNBertEmbeddings", "LNBertLayer", "NgptEmbeddings", "NgptLayer"]
+    _no_split_modules = ["LNBertEmbeddings", "LNBertLayer", "NgptLayer"]
 
     @torch.no_grad()
     def after_optimizer_step(self) -> None:
-        """What a training loop calls after every optimizer step, pretraining's and fine-tuning's alike (on the
-        unwrapped model: ``accelerator.unwrap_model(model).after_optimizer_step()``): nGPT re-normalises its
-        matrices to unit norm along the embedding dimension (``pretrain.ngpt.normalize_matrices``); a no-op for
-        every other placement."""
+        """What every training loop calls after each optimizer step, on the unwrapped model
+        (``accelerator.unwrap_model(model).after_optimizer_step()``): nGPT re-normalises its matrices
+        (``pretrain.ngpt.normalize_matrices``); a no-op for every other placement."""
         if self.config.norm_placement == "ngpt":
             normalize_matrices(self)
 
+    def get_output_embeddings(self) -> nn.Linear | None:
+        """The MLM decoder of the models with an MLM head (``cls.predictions``); None for the others."""
+        return self.cls.predictions.decoder if hasattr(self, "cls") else None
+
+    def set_output_embeddings(self, new_embeddings: nn.Linear) -> None:
+        self.cls.predictions.set_decoder(new_embeddings)
+
     @property
     def weight_decay_exempt(self) -> bool:
-        """No parameter of the model gets weight decay (read by ``pretrain.optim``): nGPT is trained with weight
-        decay 0, its matrices on the unit sphere and its scalers learned without a pull to 0."""
+        """No parameter gets weight decay (``pretrain.optim``) under nGPT, trained with weight decay 0 as its paper."""
         return self.config.norm_placement == "ngpt"
 
     @torch.no_grad()
@@ -696,30 +611,20 @@ class LNBertPreTrainedModel(PreTrainedModel):
         sphere_dim = getattr(module, "unit_norm_dim", None)
         if sphere_dim is not None:  # nGPT's matrices: unit norm along the embedding dimension from the start
             init_on_sphere(module.weight, sphere_dim, base_scale(config.hidden_size))
-        elif isinstance(module, nn.Linear):
-            # B2T's official rescaling_init: every weight matrix of its layers times L^(-1/2), after the base init.
-            scale = getattr(module, "init_scale", 1.0)
-            beta = getattr(module, "deepnorm_gain", None)
-            if beta is not None and config.init_scheme == "xavier":
-                # DeepNet (Wang et al. 2022): Xavier-normal with gain beta on V, attention output and FFN.
-                init.xavier_normal_(module.weight, gain=beta)
-            elif beta is not None:
-                # torchscale's bert_init with deepnorm: normal(0, 0.02) on every projection, then V, attention
-                # output and FFN weights divided by (8N)^(1/4), i.e. times beta; Q and K keep normal(0, 0.02).
-                init.normal_(module.weight, mean=0.0, std=config.initializer_range * beta)
-            elif config.init_scheme == "xavier":
-                init.xavier_normal_(module.weight, gain=scale)
-            else:
-                init.normal_(module.weight, mean=0.0, std=config.initializer_range * scale)
-            if module.bias is not None:
-                init.zeros_(module.bias)
-        elif isinstance(module, nn.Embedding):
+        elif isinstance(module, (nn.Linear, nn.Embedding)):
+            # DeepNorm's V, attention output and FFN: gain beta (DeepNet, Wang et al. 2022: Xavier-normal with gain
+            # beta; torchscale's bert_init: normal(0, 0.02) divided by (8N)^(1/4), i.e. times beta). B2T's official
+            # rescaling_init: every weight matrix of its layers times L^(-1/2).
+            gain = getattr(module, "deepnorm_gain", getattr(module, "init_scale", 1.0))
             if config.init_scheme == "xavier":
-                init.xavier_normal_(module.weight)
+                init.xavier_normal_(module.weight, gain=gain)
             else:
-                init.normal_(module.weight, mean=0.0, std=config.initializer_range)
-            if module.padding_idx is not None and not getattr(module.weight, "_is_hf_initialized", False):
-                init.zeros_(module.weight[module.padding_idx])
+                init.normal_(module.weight, mean=0.0, std=config.initializer_range * gain)
+            if getattr(module, "bias", None) is not None:
+                init.zeros_(module.bias)
+            padding_idx = getattr(module, "padding_idx", None)
+            if padding_idx is not None and not getattr(module.weight, "_is_hf_initialized", False):
+                init.zeros_(module.weight[padding_idx])
         elif isinstance(module, NORM_MODULES):
             init.ones_(module.weight)
             if getattr(module, "bias", None) is not None:
@@ -732,30 +637,25 @@ class LNBertPreTrainedModel(PreTrainedModel):
             module.init_parameters(config.initializer_range)
         elif isinstance(module, LNBertLMPredictionHead):
             init.zeros_(module.bias)
-        elif isinstance(module, (LNBertEmbeddings, NgptEmbeddings)):
+        elif isinstance(module, LNBertEmbeddings):
             init.copy_(module.position_ids, torch.arange(module.position_ids.shape[-1])[None])
         elif isinstance(module, NGPT_MODULES):  # nGPT's learned scalers, stored with the scale trick (pretrain/ngpt.py)
             module.init_parameters()
 
     def _check_loaded_keys(self, loading_info: dict[str, Any]) -> None:
-        """A snapshot of another placement must not load with silently missing or unused encoder weights.
-
-        Head mismatches (an MLM snapshot opened as a classifier) are normal and allowed.
-        """
-        prefix = self.base_model_prefix + "."
-        own = prefix if any(k.startswith(prefix) for k in self.state_dict()) else ""
-        body = [own + "embeddings.", own + "encoder."]
-        bad = {
-            kind: sorted(k for k in loading_info.get(kind, ()) if any(k.startswith(b) for b in body))
-            for kind in ("missing_keys", "unexpected_keys")
-        }
-        if bad["missing_keys"] or bad["unexpected_keys"]:
+        """A snapshot of another placement must not load with silently missing or unused encoder weights (head
+        mismatches, an MLM snapshot opened as a classifier, are normal and allowed)."""
+        own = "" if self.base_model is self else self.base_model_prefix + "."
+        body = (own + "embeddings.", own + "encoder.")
+        kinds = ("missing_keys", "unexpected_keys")
+        missing, unexpected = (sorted(k for k in loading_info.get(kind, ()) if k.startswith(body)) for kind in kinds)
+        if missing or unexpected:
             raise ValueError(
                 f"Checkpoint does not match norm_placement={self.config.norm_placement!r}, "
                 f"norm_type={self.config.norm_type!r}, residual_scheme={self.config.residual_scheme!r}: missing "
-                f"encoder weights {bad['missing_keys'][:6]}, unexpected encoder weights "
-                f"{bad['unexpected_keys'][:6]}. Load it with the norm_placement, norm_type and residual_scheme it "
-                "was trained with (leave them out of from_pretrained to use the checkpoint's own config)."
+                f"encoder weights {missing[:6]}, unexpected encoder weights {unexpected[:6]}. Load it with the "
+                "norm_placement, norm_type and residual_scheme it was trained with (leave them out of "
+                "from_pretrained to use the checkpoint's own config)."
             )
 
     @classmethod
@@ -808,9 +708,8 @@ class LNBertModel(LNBertPreTrainedModel):
 
     def __init__(self, config: LNBertConfig, add_pooling_layer: bool = True) -> None:
         super().__init__(config)
-        ngpt = config.norm_placement == "ngpt"
-        self.embeddings = NgptEmbeddings(config) if ngpt else LNBertEmbeddings(config)
-        self.encoder = NgptEncoder(config) if ngpt else LNBertEncoder(config)
+        self.embeddings = LNBertEmbeddings(config)
+        self.encoder = LNBertEncoder(config)
         self.pooler = LNBertPooler(config) if add_pooling_layer else None
         self.post_init()
 
@@ -822,32 +721,21 @@ class LNBertModel(LNBertPreTrainedModel):
 
     @can_return_tuple
     def forward(
-        self,
-        input_ids: torch.Tensor,
-        attention_mask: torch.Tensor | None = None,
-        token_type_ids: torch.Tensor | None = None,
-        position_ids: torch.Tensor | None = None,
-        output_hidden_states: bool | None = None,
-        output_attentions: bool | None = None,
-        *,
-        pool: bool = True,
-        **kwargs: Any,
-    ) -> BaseModelOutputWithPooling:
-        """``hidden_states`` (when asked for) holds ``num_hidden_layers + 1`` tensors: the embedding output,
-        then the residual stream after each layer, except that the last entry is ``last_hidden_state``,
-        i.e. after the final LN for Pre-LN/sandwich (as in Hugging Face, ``hidden_states[-1]`` is what the
-        heads see). The final LN feeds ``last_hidden_state``, the pooler and the MLM and NSP heads.
-        ``pool=False`` skips the pooler (``pooler_output`` is None) for a caller that does not use it.
-        """
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None, position_ids: torch.Tensor | None = None,
+        output_hidden_states: bool | None = None, output_attentions: bool | None = None,
+        *, pool: bool = True, **kwargs: Any,
+    ) -> BaseModelOutputWithPooling:  # fmt: skip
+        """``hidden_states`` (when asked for) holds ``num_hidden_layers + 1`` tensors: the embedding output, then the
+        residual stream after each layer, except that the last entry is ``last_hidden_state``, after the final LN
+        where there is one (as in Hugging Face, what the pooler and the MLM and NSP heads see). ``pool=False``
+        skips the pooler (``pooler_output`` is None) for a caller that does not use it."""
         embeddings = self.embeddings(input_ids, token_type_ids, position_ids)
         # Bool/additive mask in the form the chosen attention implementation wants (None: no padding).
         mask = create_bidirectional_mask(config=self.config, inputs_embeds=embeddings, attention_mask=attention_mask)
-        sequence_output, hidden_states, attentions = self.encoder(
-            embeddings,
-            mask,
-            output_hidden_states=bool(output_hidden_states or self.config.output_hidden_states),
-            output_attentions=bool(output_attentions or self.config.output_attentions),
-        )
+        want_hidden = bool(output_hidden_states or self.config.output_hidden_states)
+        want_attentions = bool(output_attentions or self.config.output_attentions)
+        sequence_output, hidden_states, attentions = self.encoder(embeddings, mask, want_hidden, want_attentions)
         pooled = self.pooler(sequence_output) if self.pooler is not None and pool else None
         return BaseModelOutputWithPooling(
             last_hidden_state=sequence_output, pooler_output=pooled, hidden_states=hidden_states, attentions=attentions
@@ -855,14 +743,9 @@ class LNBertModel(LNBertPreTrainedModel):
 
 
 @dataclass
-class LNBertForPreTrainingOutput(ModelOutput):
-    """As Hugging Face's ``BertForPreTrainingOutput``, plus the two losses separately (for logging)."""
+class LNBertForPreTrainingOutput(BertForPreTrainingOutput):
+    """Hugging Face's ``BertForPreTrainingOutput``, plus the two losses separately (for logging)."""
 
-    loss: torch.Tensor | None = None
-    prediction_logits: torch.Tensor | None = None
-    seq_relationship_logits: torch.Tensor | None = None
-    hidden_states: tuple[torch.Tensor, ...] | None = None
-    attentions: tuple[torch.Tensor, ...] | None = None
     mlm_loss: torch.Tensor | None = None
     nsp_loss: torch.Tensor | None = None
 
@@ -885,56 +768,31 @@ class LNBertForPreTraining(LNBertPreTrainedModel):
         self.cls = LNBertPreTrainingHeads(config)
         self.post_init()
 
-    def get_output_embeddings(self) -> nn.Linear:
-        return self.cls.predictions.decoder
-
-    def set_output_embeddings(self, new_embeddings: nn.Linear) -> None:
-        self.cls.predictions.set_decoder(new_embeddings)
-
     @can_return_tuple
     def forward(
-        self,
-        input_ids: torch.Tensor,
-        attention_mask: torch.Tensor | None = None,
-        token_type_ids: torch.Tensor | None = None,
-        position_ids: torch.Tensor | None = None,
-        labels: torch.Tensor | None = None,
-        next_sentence_label: torch.Tensor | None = None,
-        output_hidden_states: bool | None = None,
-        output_attentions: bool | None = None,
-        **kwargs: Any,
-    ) -> LNBertForPreTrainingOutput:
-        """``labels``: MLM targets, -100 where not predicted. ``next_sentence_label``: 0 if segment B
-        follows A, 1 if random. The loss is MLM + NSP when both are given, MLM alone when only
-        ``labels`` is (the MLM-only objective). With ``labels`` but no ``next_sentence_label`` the pooler and the
-        NSP head do not run (``seq_relationship_logits`` is None): parameters outside the loss get no gradient,
-        which DDP (find_unused_parameters=False) reports as an error at the next step."""
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None, position_ids: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None, next_sentence_label: torch.Tensor | None = None,
+        output_hidden_states: bool | None = None, output_attentions: bool | None = None, **kwargs: Any,
+    ) -> LNBertForPreTrainingOutput:  # fmt: skip
+        """``labels``: MLM targets, -100 where not predicted. ``next_sentence_label``: 0 if segment B follows A, 1 if
+        random. The loss is MLM + NSP, or MLM alone with ``labels`` only (the MLM-only objective): then the pooler and
+        the NSP head do not run (``seq_relationship_logits`` is None) and their parameters get no gradient, which
+        DDP (find_unused_parameters=False) reports as an error at the next step."""
         nsp = labels is None or next_sentence_label is not None
-        out = self.bert(
-            input_ids, attention_mask, token_type_ids, position_ids, output_hidden_states, output_attentions,
-            return_dict=True,  # this model's return_dict applies to its own output, not to the encoder's
-            pool=nsp,
-        )  # fmt: skip
-        heads = self.cls
-        logits, mlm_loss = mlm_logits_and_loss(
-            heads.predictions, out.last_hidden_state, labels, self.config.sparse_mlm_head
-        )
-        nsp_logits = heads.seq_relationship(out.pooler_output) if nsp else None
+        inputs = (input_ids, attention_mask, token_type_ids, position_ids, output_hidden_states, output_attentions)
+        out = self.bert(*inputs, return_dict=True, pool=nsp)  # return_dict: the encoder's, not this model's
+        head, sparse = self.cls.predictions, self.config.sparse_mlm_head
+        logits, mlm_loss = mlm_logits_and_loss(head, out.last_hidden_state, labels, sparse)
+        nsp_logits = self.cls.seq_relationship(out.pooler_output) if nsp else None
         nsp_loss = None
         if next_sentence_label is not None:
             nsp_loss = F.cross_entropy(nsp_logits.float(), next_sentence_label.view(-1))
-        loss = None
-        if mlm_loss is not None:
-            loss = mlm_loss + nsp_loss if nsp_loss is not None else mlm_loss
+        loss = mlm_loss + nsp_loss if mlm_loss is not None and nsp_loss is not None else mlm_loss
         return LNBertForPreTrainingOutput(
-            loss=loss,
-            prediction_logits=logits,
-            seq_relationship_logits=nsp_logits,
-            hidden_states=out.hidden_states,
-            attentions=out.attentions,
-            mlm_loss=mlm_loss,
-            nsp_loss=nsp_loss,
-        )
+            loss=loss, prediction_logits=logits, seq_relationship_logits=nsp_logits, hidden_states=out.hidden_states,
+            attentions=out.attentions, mlm_loss=mlm_loss, nsp_loss=nsp_loss,
+        )  # fmt: skip
 
 
 class LNBertForMaskedLM(LNBertPreTrainedModel):
@@ -947,31 +805,17 @@ class LNBertForMaskedLM(LNBertPreTrainedModel):
         self.cls = LNBertOnlyMLMHead(config)
         self.post_init()
 
-    def get_output_embeddings(self) -> nn.Linear:
-        return self.cls.predictions.decoder
-
-    def set_output_embeddings(self, new_embeddings: nn.Linear) -> None:
-        self.cls.predictions.set_decoder(new_embeddings)
-
     @can_return_tuple
     def forward(
-        self,
-        input_ids: torch.Tensor,
-        attention_mask: torch.Tensor | None = None,
-        token_type_ids: torch.Tensor | None = None,
-        position_ids: torch.Tensor | None = None,
-        labels: torch.Tensor | None = None,
-        output_hidden_states: bool | None = None,
-        output_attentions: bool | None = None,
-        **kwargs: Any,
-    ) -> MaskedLMOutput:
-        out = self.bert(
-            input_ids, attention_mask, token_type_ids, position_ids, output_hidden_states, output_attentions,
-            return_dict=True,  # this model's return_dict applies to its own output, not to the encoder's
-        )  # fmt: skip
-        logits, loss = mlm_logits_and_loss(
-            self.cls.predictions, out.last_hidden_state, labels, self.config.sparse_mlm_head
-        )
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None, position_ids: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None, output_hidden_states: bool | None = None,
+        output_attentions: bool | None = None, **kwargs: Any,
+    ) -> MaskedLMOutput:  # fmt: skip
+        inputs = (input_ids, attention_mask, token_type_ids, position_ids, output_hidden_states, output_attentions)
+        out = self.bert(*inputs, return_dict=True)  # return_dict: the encoder's, not this model's
+        head, sparse = self.cls.predictions, self.config.sparse_mlm_head
+        logits, loss = mlm_logits_and_loss(head, out.last_hidden_state, labels, sparse)
         return MaskedLMOutput(loss=loss, logits=logits, hidden_states=out.hidden_states, attentions=out.attentions)
 
 
@@ -990,27 +834,19 @@ class LNBertForSequenceClassification(LNBertPreTrainedModel):
 
     @can_return_tuple
     def forward(
-        self,
-        input_ids: torch.Tensor,
-        attention_mask: torch.Tensor | None = None,
-        token_type_ids: torch.Tensor | None = None,
-        position_ids: torch.Tensor | None = None,
-        labels: torch.Tensor | None = None,
-        output_hidden_states: bool | None = None,
-        output_attentions: bool | None = None,
-        **kwargs: Any,
-    ) -> SequenceClassifierOutput:
-        out = self.bert(
-            input_ids, attention_mask, token_type_ids, position_ids, output_hidden_states, output_attentions,
-            return_dict=True,  # this model's return_dict applies to its own output, not to the encoder's
-        )  # fmt: skip
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None, position_ids: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None, output_hidden_states: bool | None = None,
+        output_attentions: bool | None = None, **kwargs: Any,
+    ) -> SequenceClassifierOutput:  # fmt: skip
+        inputs = (input_ids, attention_mask, token_type_ids, position_ids, output_hidden_states, output_attentions)
+        out = self.bert(*inputs, return_dict=True)  # return_dict: the encoder's, not this model's
         logits = self.classifier(self.dropout(out.pooler_output))
         loss = None
-        if labels is not None:
-            if self.num_labels == 1:
-                loss = F.mse_loss(logits.squeeze(-1).float(), labels.float())
-            else:
-                loss = F.cross_entropy(logits.float(), labels.view(-1))
+        if labels is not None and self.num_labels == 1:
+            loss = F.mse_loss(logits.squeeze(-1).float(), labels.float())
+        elif labels is not None:
+            loss = F.cross_entropy(logits.float(), labels.view(-1))
         return SequenceClassifierOutput(
             loss=loss, logits=logits, hidden_states=out.hidden_states, attentions=out.attentions
         )
@@ -1021,7 +857,7 @@ def count_layer_norms(model: nn.Module) -> int:
     return sum(isinstance(m, NORM_MODULES) for m in model.modules())
 
 
-# Registration with the Auto classes: importing `pretrain` makes "lnbert" snapshots open anywhere.
+# Registration with the Auto classes: importing `pretrain.modeling` makes "lnbert" snapshots open anywhere.
 AutoConfig.register(LNBertConfig.model_type, LNBertConfig, exist_ok=True)
 AutoModel.register(LNBertConfig, LNBertModel, exist_ok=True)
 AutoModelForPreTraining.register(LNBertConfig, LNBertForPreTraining, exist_ok=True)
@@ -1029,16 +865,7 @@ AutoModelForMaskedLM.register(LNBertConfig, LNBertForMaskedLM, exist_ok=True)
 AutoModelForSequenceClassification.register(LNBertConfig, LNBertForSequenceClassification, exist_ok=True)
 
 __all__ = [
-    "INIT_SCHEMES",
-    "NORM_PLACEMENTS",
-    "NORM_TYPES",
-    "LNBertConfig",
-    "LNBertForMaskedLM",
-    "LNBertForPreTraining",
-    "LNBertForPreTrainingOutput",
-    "LNBertForSequenceClassification",
-    "LNBertModel",
-    "LNBertPreTrainedModel",
-    "count_layer_norms",
-    "mlm_logits_and_loss",
-]
+    "INIT_SCHEMES", "NORM_PLACEMENTS", "NORM_TYPES", "LNBertConfig", "LNBertForMaskedLM", "LNBertForPreTraining",
+    "LNBertForPreTrainingOutput", "LNBertForSequenceClassification", "LNBertModel", "LNBertPreTrainedModel",
+    "count_layer_norms", "mlm_logits_and_loss",
+]  # fmt: skip

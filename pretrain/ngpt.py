@@ -14,12 +14,11 @@ gain), d the hidden size, d_k the head size:
     z   = s_z (E_out h_L)                                            Eq. 3: the MLM logits, no transform, no bias
 
 The learned vectors alpha_A, alpha_M, s_qk, s_u, s_z are stored with the paper's scale trick (§2.5, ``Scaler``).
-The matrices are normalised along the embedding dimension at init and, by the training loops through
-``LNBertPreTrainedModel.after_optimizer_step``, after every optimizer step (``normalize_matrices``, as train.py's
-``normalize_matrices()``): the rows of the three embeddings, W_q, W_k, W_v, W_in and an untied E_out, the columns
-of W_o and W_out (``nn.Linear``'s (out, in) layout). The parameter names are Hugging Face BERT's for the
-projections and the official code's for the scalers (docs/placements.md, "nGPT"); the pooler, NSP head and
-classifier stay BERT's and read sqrt(d) h_0 of the [CLS] token (``pretrain.modeling.LNBertPooler``).
+The matrices are normalised along the embedding dimension at init and after every optimizer step
+(``normalize_matrices``, as train.py's, through ``after_optimizer_step``): the rows of the three embeddings, W_q,
+W_k, W_v, W_in and an untied E_out, the columns of W_o and W_out (``nn.Linear``'s (out, in) layout). Names are
+Hugging Face BERT's for the projections, the official code's for the scalers. ``pretrain.modeling`` holds the
+embeddings (``UnitNorm`` their norm), the layer stack and BERT's pooler and heads, which read sqrt(d) h.
 """
 
 from __future__ import annotations
@@ -53,9 +52,8 @@ def base_scale(hidden_size: int) -> float:
 
 @dataclass(frozen=True)
 class Scaler:
-    """How a learned vector is stored (the paper's scale trick, §2.5): as ``scale`` * ones at init, used as
-    stored * (``init`` / ``scale``). Its effective value starts at ``init``, and an Adam step of about lr on the
-    stored value moves the effective one by about lr * init / scale."""
+    """How a learned vector is stored (the paper's scale trick, §2.5): ``scale`` * ones at init, used as stored *
+    (``init`` / ``scale``), so an Adam step of about lr moves the effective value by about lr * init / scale."""
 
     init: float
     """s_init: the effective value at init."""
@@ -70,9 +68,8 @@ class Scaler:
 
 
 class _UnitNorm(torch.autograd.Function):
-    """y = x / ||x|| with the backward written out, dx = (g - y (g . y)) / ||x||: three elementwise passes where
-    autograd's division and norm take six (and a mask), 1.8x faster forward and backward on CPU at (8, 128, 768).
-    nGPT normalises six times per layer, so this is its largest cost after the GEMMs."""
+    """y = x / ||x|| with the backward written out, dx = (g - y (g . y)) / ||x||: three elementwise passes, not six,
+    1.8x faster on CPU at (8, 128, 768); nGPT normalises six times per layer, its largest cost after the GEMMs."""
 
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
@@ -93,17 +90,12 @@ def unit(x: torch.Tensor) -> torch.Tensor:
     return _UnitNorm.apply(x.to(torch.promote_types(x.dtype, torch.float32)))
 
 
-# --------------------------------------------------------------------------------------------------
-# The matrices on the sphere
-# --------------------------------------------------------------------------------------------------
-
 SphereModule = TypeVar("SphereModule", nn.Linear, nn.Embedding)
 
 
 def on_sphere(module: SphereModule, dim: int) -> SphereModule:
-    """Mark ``module``'s weight as unit norm along ``dim``, the embedding dimension (1: each row, 0: each column of
-    ``nn.Linear``'s (out, in) weight): initialised there by the model's ``_init_weights`` and kept there by
-    ``normalize_matrices``."""
+    """Mark ``module``'s weight as unit norm along ``dim``, the embedding dimension (1: rows, 0: columns of
+    ``nn.Linear``'s (out, in) weight), for the model's ``_init_weights`` and ``normalize_matrices``."""
     module.unit_norm_dim = dim
     return module
 
@@ -111,11 +103,7 @@ def on_sphere(module: SphereModule, dim: int) -> SphereModule:
 def sphere_matrices(model: nn.Module) -> list[tuple[nn.Parameter, int]]:
     """Every weight marked by ``on_sphere`` under ``model`` (any wrapper: DDP, Accelerate) with its dimension, each
     once (a tied decoder is the word embeddings)."""
-    found: dict[int, tuple[nn.Parameter, int]] = {}
-    for module in model.modules():
-        dim = getattr(module, "unit_norm_dim", None)
-        if dim is not None:
-            found.setdefault(id(module.weight), (module.weight, dim))
+    found = {id(m.weight): (m.weight, m.unit_norm_dim) for m in model.modules() if hasattr(m, "unit_norm_dim")}
     return list(found.values())
 
 
@@ -129,10 +117,7 @@ def normalize_matrices(model: nn.Module) -> None:
     """Re-normalise every matrix on the sphere to unit norm along its embedding dimension, in place, computed in
     float32 (train.py's ``normalize_matrices()``); what ``after_optimizer_step`` runs for nGPT."""
     for weight, dim in sphere_matrices(model):
-        if weight.dtype in (torch.float32, torch.float64):
-            weight.div_(torch.linalg.vector_norm(weight, dim=dim, keepdim=True))
-        else:
-            weight.copy_(_normalized(weight, dim))
+        weight.copy_(_normalized(weight, dim))
 
 
 def init_on_sphere(weight: torch.Tensor, dim: int, std: float) -> None:
@@ -142,36 +127,11 @@ def init_on_sphere(weight: torch.Tensor, dim: int, std: float) -> None:
     init.copy_(weight, _normalized(weight, dim))
 
 
-# --------------------------------------------------------------------------------------------------
-# Embeddings, attention, FFN
-# --------------------------------------------------------------------------------------------------
+class UnitNorm(nn.Module):
+    """Norm(x) in ``x``'s dtype, without parameters: the embedding output h_0 (``LNBertEmbeddings.LayerNorm``)."""
 
-
-class NgptEmbeddings(nn.Module):
-    """h_0 = Norm(E_tok[x] + E_type[t] + E_pos[p]): BERT's three tables, each row on the sphere; no LayerNorm, no
-    dropout, and no ``padding_idx`` (BERT zeroes the [PAD] row, and Norm(0) is NaN)."""
-
-    def __init__(self, config: BertConfig) -> None:
-        super().__init__()
-        d = config.hidden_size
-        self.word_embeddings = on_sphere(nn.Embedding(config.vocab_size, d), dim=1)
-        self.position_embeddings = on_sphere(nn.Embedding(config.max_position_embeddings, d), dim=1)
-        self.token_type_embeddings = on_sphere(nn.Embedding(config.type_vocab_size, d), dim=1)
-        self.register_buffer("position_ids", torch.arange(config.max_position_embeddings)[None], persistent=False)
-
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        token_type_ids: torch.Tensor | None = None,
-        position_ids: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        if position_ids is None:
-            position_ids = self.position_ids[:, : input_ids.shape[1]]
-        if token_type_ids is None:
-            token_type_ids = torch.zeros_like(input_ids)
-        embeddings = self.word_embeddings(input_ids) + self.token_type_embeddings(token_type_ids)
-        embeddings = embeddings + self.position_embeddings(position_ids)
-        return unit(embeddings).to(embeddings.dtype)
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return unit(x).to(x.dtype)
 
 
 class NgptSelfAttention(nn.Module):
@@ -196,23 +156,16 @@ class NgptSelfAttention(nn.Module):
     def forward(
         self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        batch, seq_len, _ = hidden_states.shape
-        shape = (batch, seq_len, -1, self.head_size)
-        projections = (self.query, self.key, self.value)
-        q, k, v = (
-            x.view(shape).transpose(1, 2) for x in project_qkv(hidden_states, projections, self.config.fused_qkv)
-        )
+        q, k, v = project_qkv(hidden_states, (self.query, self.key, self.value), self.head_size, self.config.fused_qkv)
         s_qk = self.sqk_scaler.effective(self.sqk).view(-1, 1, self.head_size)  # (nh, 1, hs) against (B, nh, T, hs)
         q, k = ((unit(x) * s_qk).to(v.dtype) for x in (q, k))
-        out, probs = attention_function(self.config)(
-            self, q, k, v, attention_mask, dropout=0.0, scaling=self.head_size**0.5
-        )  # out: (B, T, nh, hs)
-        return out.reshape(batch, seq_len, -1), probs
+        scaling = self.head_size**0.5
+        out, probs = attention_function(self.config)(self, q, k, v, attention_mask, dropout=0.0, scaling=scaling)
+        return out.flatten(2), probs  # out: (B, T, nh, hs)
 
 
 class NgptProjection(nn.Module):
-    """A projection back to the hidden size without bias, each column (the embedding dimension of its (d, n)
-    weight) on the sphere: ``attention.output`` and ``output`` at Hugging Face's names (``.dense``)."""
+    """``attention.output`` and ``output``: a projection to the hidden size without bias, columns on the sphere."""
 
     def __init__(self, in_features: int, hidden_size: int) -> None:
         super().__init__()
@@ -247,11 +200,6 @@ class NgptIntermediate(nn.Module):
         return self.intermediate_act_fn(u * scale.to(u.dtype))
 
 
-# --------------------------------------------------------------------------------------------------
-# The layer and the encoder
-# --------------------------------------------------------------------------------------------------
-
-
 class NgptLayer(nn.Module):
     """One nGPT layer at Hugging Face BERT's module names, plus the eigen learning rates ``attn_alpha`` and
     ``mlp_alpha`` (d each, stored 1/sqrt(d), used |stored * 0.05 sqrt(d)|); ``ngpt_block`` is its data flow."""
@@ -280,13 +228,9 @@ class NgptLayer(nn.Module):
         """W_out GELU(s_u sqrt(d) W_in h), before its Norm."""
         return self.output.dense(self.intermediate(h))
 
-    def eigen_lr_a(self) -> torch.Tensor:
-        """|alpha_A|, the effective attention eigen learning rate (A.2: the sign is free, its magnitude is used)."""
-        return self.alpha_scaler.effective(self.attn_alpha).abs()
-
-    def eigen_lr_m(self) -> torch.Tensor:
-        """|alpha_M|, the effective MLP eigen learning rate."""
-        return self.alpha_scaler.effective(self.mlp_alpha).abs()
+    def eigen_lr(self, alpha: nn.Parameter) -> torch.Tensor:
+        """|alpha|, the effective eigen learning rate of ``attn_alpha`` or ``mlp_alpha`` (A.2: the sign is free)."""
+        return self.alpha_scaler.effective(alpha).abs()
 
     def forward(self, h: torch.Tensor, attention_mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
         return ngpt_block(self, h, attention_mask)
@@ -310,47 +254,19 @@ def ngpt_block(
             └── h + |alpha_M| (h_M - h) ──┘
                 Norm
 
-    The stream stays in its own dtype (float32 under bf16 autocast, as Pre-LN's residual sum); every Norm is
-    computed in at least float32.
+    The stream stays in its dtype (float32 under bf16 autocast, as Pre-LN's sum); every Norm is in at least float32.
     """
     dtype = h.dtype
     branch, probs = layer.attend(h, mask)
-    h = unit(torch.lerp(h, unit(branch).to(dtype), layer.eigen_lr_a().to(dtype))).to(dtype)
+    h = unit(torch.lerp(h, unit(branch).to(dtype), layer.eigen_lr(layer.attn_alpha).to(dtype))).to(dtype)
     branch = layer.feed_forward(h)
-    h = unit(torch.lerp(h, unit(branch).to(dtype), layer.eigen_lr_m().to(dtype))).to(dtype)
+    h = unit(torch.lerp(h, unit(branch).to(dtype), layer.eigen_lr(layer.mlp_alpha).to(dtype))).to(dtype)
     return h, probs
 
 
-class NgptEncoder(nn.Module):
-    """The layer stack; no final norm (the last layer's output is on the sphere)."""
-
-    def __init__(self, config: BertConfig) -> None:
-        super().__init__()
-        self.layer = nn.ModuleList([NgptLayer(config) for _ in range(config.num_hidden_layers)])
-
-    def forward(
-        self,
-        x: torch.Tensor,
-        attention_mask: torch.Tensor | None,
-        output_hidden_states: bool = False,
-        output_attentions: bool = False,
-    ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...] | None, tuple[torch.Tensor, ...] | None]:
-        """As ``LNBertEncoder``: ``hidden_states`` holds h_0 .. h_L, every one of norm 1."""
-        hidden_states = [x] if output_hidden_states else None
-        attentions = [] if output_attentions else None
-        for layer in self.layer:
-            x, probs = layer(x, attention_mask)
-            if hidden_states is not None:
-                hidden_states.append(x)
-            if attentions is not None:
-                attentions.append(probs)
-        return x, tuple(hidden_states) if hidden_states else None, tuple(attentions) if attentions else None
-
-
 class NgptLMPredictionHead(nn.Module):
-    """z = s_z (E_out h): the decoder without bias (tied to the word embeddings when ``tie_word_embeddings``, as
-    BERT; else its own rows on the sphere), scaled per token of the vocabulary by s_z (``sz``, stored 1/sqrt(d),
-    used 1). No transform: its dense and LayerNorm would take h off the sphere."""
+    """z = s_z (E_out h): the decoder without bias (tied to the word embeddings, as BERT, or its own rows on the
+    sphere), times s_z per vocabulary token (``sz``, stored 1/sqrt(d), used 1). No transform (it leaves the sphere)."""
 
     def __init__(self, config: BertConfig) -> None:
         super().__init__()
@@ -371,11 +287,6 @@ class NgptLMPredictionHead(nn.Module):
 
 # Modules with learned scalers, initialised by their own ``init_parameters`` (the model's ``_init_weights``).
 NGPT_MODULES: tuple[type[nn.Module], ...] = (NgptSelfAttention, NgptIntermediate, NgptLayer, NgptLMPredictionHead)
-
-
-# --------------------------------------------------------------------------------------------------
-# Measurements: the unit-norm invariants and the learned scalers
-# --------------------------------------------------------------------------------------------------
 
 
 @dataclass
@@ -415,9 +326,7 @@ class NgptStats:
 def ngpt_stats(model: nn.Module, hidden_states: tuple[torch.Tensor, ...] | None = None) -> NgptStats:
     """``NgptStats`` of ``model`` (any wrapper), from its parameters alone: no forward pass; about one read of the
     sphere matrices, in float32. ``hidden_states`` (a forward's ``output_hidden_states``) adds their norm error."""
-    errors = [
-        (torch.linalg.vector_norm(weight.float(), dim=dim) - 1).abs().max() for weight, dim in sphere_matrices(model)
-    ]
+    errors = [(torch.linalg.vector_norm(w.float(), dim=dim) - 1).abs().max() for w, dim in sphere_matrices(model)]
     if not errors:
         raise ValueError("the model has no nGPT matrices (norm_placement is not 'ngpt')")
     layers = [m for m in model.modules() if isinstance(m, NgptLayer)]
@@ -431,8 +340,8 @@ def ngpt_stats(model: nn.Module, hidden_states: tuple[torch.Tensor, ...] | None 
         hidden = max(float((torch.linalg.vector_norm(h.float(), dim=-1) - 1).abs().max()) for h in hidden_states)
     return NgptStats(
         weight_norm_error=float(torch.stack(errors).max()),
-        attn_alpha=means([layer.eigen_lr_a() for layer in layers]),
-        mlp_alpha=means([layer.eigen_lr_m() for layer in layers]),
+        attn_alpha=means([layer.eigen_lr(layer.attn_alpha) for layer in layers]),
+        mlp_alpha=means([layer.eigen_lr(layer.mlp_alpha) for layer in layers]),
         sqk=means([a.sqk_scaler.effective(a.sqk) for a in (layer.attention.self for layer in layers)]),
         su=means([f.su_scaler.effective(f.su) for f in (layer.intermediate for layer in layers)]),
         sz=float(heads[0].sz_scaler.effective(heads[0].sz).float().mean()) if heads else None,
@@ -441,19 +350,6 @@ def ngpt_stats(model: nn.Module, hidden_states: tuple[torch.Tensor, ...] | None 
 
 
 __all__ = [
-    "NGPT_MODULES",
-    "NgptEmbeddings",
-    "NgptEncoder",
-    "NgptLMPredictionHead",
-    "NgptLayer",
-    "NgptStats",
-    "Scaler",
-    "base_scale",
-    "init_on_sphere",
-    "ngpt_block",
-    "ngpt_stats",
-    "normalize_matrices",
-    "on_sphere",
-    "sphere_matrices",
-    "unit",
-]
+    "NGPT_MODULES", "NgptLMPredictionHead", "NgptLayer", "NgptStats", "Scaler", "UnitNorm", "base_scale",
+    "init_on_sphere", "ngpt_block", "ngpt_stats", "normalize_matrices", "on_sphere", "sphere_matrices", "unit",
+]  # fmt: skip

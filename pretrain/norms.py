@@ -1,16 +1,14 @@
 """The norm types every norm of the model can take, and the learned scales some placements add.
 
-One switch, ``LNBertConfig.norm_type``, picks the module for every norm of the model (embeddings, layers, final
-norm, the MLM head's transform and the placements' extra norms); ``make_norm`` builds it. Each type keeps the
-parameter names of ``nn.LayerNorm`` (``weight``, and ``bias`` where it has one), so a norm sits at the Hugging Face
-name of the LayerNorm it replaces.
+``LNBertConfig.norm_type`` picks the module for every norm of the model; ``make_norm`` builds it. Each type keeps
+``nn.LayerNorm``'s parameter names (``weight``, ``bias`` where it has one), so a norm sits at the Hugging Face name
+of the LayerNorm it replaces.
 
     layernorm  (x - mean) / sqrt(var + eps) * weight + bias      Hugging Face BERT's (Ba et al. 2016)
     rmsnorm    x / sqrt(mean(x^2) + eps) * weight                 Zhang & Sennrich 2019, arXiv 1910.07467
     dyt        weight * tanh(alpha * x) + bias, alpha a scalar    Zhu et al. 2025, arXiv 2503.10622
 
-Weight decay never applies to these modules' parameters, nor to ``Scale``'s (``NO_DECAY_MODULES``, read by
-``pretrain.optim``): selected by module type, never by parameter name.
+Weight decay never applies to these modules' parameters, nor to ``Scale``'s (``NO_DECAY_MODULES``, by type).
 """
 
 from __future__ import annotations
@@ -22,9 +20,8 @@ from pretrain.variants import NORM_TYPES, NormType
 
 
 class RMSNorm(nn.Module):
-    """Root-mean-square norm, computed in float32 whatever the input dtype, as Hugging Face's ``LlamaRMSNorm``
-    (under bf16 autocast the mean of squares would otherwise lose most of its digits). Equals
-    ``torch.nn.RMSNorm(size, eps)`` in float32."""
+    """Root-mean-square norm in float32 whatever the input dtype, as Hugging Face's ``LlamaRMSNorm`` (in bf16 the
+    mean of squares would lose most of its digits); ``torch.nn.RMSNorm(size, eps)`` in float32."""
 
     def __init__(self, size: int, eps: float) -> None:
         super().__init__()
@@ -88,13 +85,7 @@ def make_norm(norm_type: NormType, size: int, eps: float, dyt_alpha_init: float 
 
 NORM_MODULES: tuple[type[nn.Module], ...] = (nn.LayerNorm, RMSNorm, DyT)
 # Weight decay skips every parameter of these (pretrain.optim); torch's own norms for models from elsewhere.
-NO_DECAY_MODULES: tuple[type[nn.Module], ...] = (
-    *NORM_MODULES,
-    Scale,
-    nn.GroupNorm,
-    nn.BatchNorm1d,
-    *([nn.RMSNorm] if hasattr(nn, "RMSNorm") else []),
-)
+NO_DECAY_MODULES: tuple[type[nn.Module], ...] = (*NORM_MODULES, Scale, nn.GroupNorm, nn.BatchNorm1d, nn.RMSNorm)
 
 
 __all__ = ["NORM_MODULES", "NORM_TYPES", "NO_DECAY_MODULES", "DyT", "NormType", "RMSNorm", "Scale", "make_norm"]

@@ -12,22 +12,17 @@ from pretrain.norms import NO_DECAY_MODULES
 AdamWImplementation = Literal["auto", "fused", "foreach", "for_loop"]
 ADAMW_IMPLEMENTATIONS: tuple[str, ...] = get_args(AdamWImplementation)
 
-# Norms (every norm type) and learned scales (ReZero's gates, Admin's omega, NormFormer's scales) get no weight
-# decay, selected by module type (pretrain.norms.NO_DECAY_MODULES): names differ between models, and a
-# name-substring rule ("LayerNorm.weight") silently misses norms called otherwise (final_layer_norm, ...). A module
-# whose own parameters differ (HC's static matrices and its dynamic projections) lists the exempt ones in its
-# ``no_weight_decay`` class attribute (pretrain/residual_streams.py). A module whose ``weight_decay_exempt`` is true
-# exempts every parameter under it: an nGPT model (``LNBertPreTrainedModel.weight_decay_exempt``), trained with
-# weight decay 0 as its paper, whatever the recipe's value.
+# Norms (every norm type) and learned scales get no weight decay, selected by module type
+# (pretrain.norms.NO_DECAY_MODULES): a name-substring rule ("LayerNorm.weight") silently misses norms called
+# otherwise (final_layer_norm, ...). A module whose parameters differ (HC's static matrices and dynamic projections)
+# lists the exempt ones in its ``no_weight_decay`` class attribute; one whose ``weight_decay_exempt`` is true exempts
+# every parameter under it (nGPT, trained with weight decay 0 as its paper, whatever the recipe's value).
 
 
 def weight_decay_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
     """Two AdamW groups: decay on weight matrices and embeddings; none on biases, norms, learned scales, the
-    parameters a module marks ``no_weight_decay`` and everything under a module marked ``weight_decay_exempt``
-    (the first group is then empty).
-
-    Trainable parameters only, each once (tied weights such as BERT's decoder/embedding appear once).
-    """
+    parameters a module marks ``no_weight_decay`` and everything under a module marked ``weight_decay_exempt``.
+    Trainable parameters only, each once (tied weights such as BERT's decoder/embedding appear once)."""
     no_decay: set[int] = set()
     for module in model.modules():
         if getattr(module, "weight_decay_exempt", False):
@@ -44,8 +39,7 @@ def weight_decay_groups(model: nn.Module, weight_decay: float) -> list[dict[str,
 
 
 def resolve_adamw_implementation(implementation: AdamWImplementation, device: torch.device) -> AdamWImplementation:
-    """``auto`` is the fused kernel on CUDA (one launch for all parameters; PyTorch's own choice there is foreach)
-    and PyTorch's choice elsewhere; any other value as given."""
+    """``auto`` is the fused kernel on CUDA (one launch; PyTorch would pick foreach), PyTorch's choice elsewhere."""
     return "fused" if implementation == "auto" and device.type == "cuda" else implementation
 
 
@@ -58,18 +52,12 @@ def build_adamw(
     weight_decay: float,
     implementation: AdamWImplementation = "fused",
 ) -> torch.optim.AdamW:
-    """AdamW over ``weight_decay_groups`` (no decay on biases and normalisation parameters).
-
-    ``implementation``: "auto" (PyTorch's choice: foreach on CUDA, the for-loop on CPU), "fused" (one kernel, CPU
-    and CUDA; the fastest on both, BENCHMARKS.md; it agrees with the for-loop to rounding), "foreach" or "for_loop"
-    (the reference loop).
-    """
+    """AdamW over ``weight_decay_groups``. ``implementation``: "auto" (PyTorch's choice: foreach on CUDA, the
+    for-loop on CPU), "fused" (one kernel, CPU and CUDA, the fastest on both: BENCHMARKS.md; equal to the for-loop
+    to rounding), "foreach" or "for_loop" (the reference loop)."""
     if implementation not in ADAMW_IMPLEMENTATIONS:
         raise ValueError(
             f"AdamW implementation {implementation!r} is not valid; valid choices: {', '.join(ADAMW_IMPLEMENTATIONS)}"
         )
-    kernel = (
-        {} if implementation == "auto" else {"fused": implementation == "fused", "foreach": implementation == "foreach"}
-    )
-    groups = weight_decay_groups(model, weight_decay)
-    return torch.optim.AdamW(groups, lr=lr, betas=betas, eps=eps, **kernel)
+    kernel = {} if implementation == "auto" else {name: implementation == name for name in ("fused", "foreach")}
+    return torch.optim.AdamW(weight_decay_groups(model, weight_decay), lr=lr, betas=betas, eps=eps, **kernel)

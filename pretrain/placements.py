@@ -26,14 +26,9 @@ builds exactly the modules its block reads (the others are ``nn.Identity``, with
     ngpt        h = Norm(h + |a_A| (Norm(Attn(h)) - h)); likewise FFN  no           Loshchilov et al. 2025, 2410.01131
 
 Each block's docstring draws its data flow; docs/placements.md gives the equations, constants, parameter counts
-and the papers' claims. ``ngpt`` is a family of its own rather than a place for norms: no norm module at all,
-hidden states and weight vectors on the unit sphere (Norm(x) = x / ||x||), its own embeddings, layers and MLM head
-(``pretrain/ngpt.py``, whose ``ngpt_block`` is its row's block), its matrices re-normalised after every optimizer
-step (``LNBertPreTrainedModel.after_optimizer_step``) and no weight decay.
-
-A residual scheme (``residual_scheme``: Hyper-Connections, mHC, Attention Residuals; ``pretrain/residual_streams.py``)
-replaces Pre-LN's residual sum and keeps its sub-layers: every layer of ``pre`` with a scheme other than ``standard``
-runs ``residual_scheme_block``.
+and the papers' claims. ``ngpt`` is a family rather than a place for norms (``pretrain/ngpt.py``, ``ngpt_block``).
+A residual scheme (HC, mHC, AttnRes: ``pretrain/residual_streams.py``) replaces Pre-LN's residual sum and keeps its
+sub-layers (``residual_scheme_block``).
 """
 
 from __future__ import annotations
@@ -48,10 +43,9 @@ from torch import nn
 
 from pretrain.ngpt import ngpt_block
 from pretrain.residual_streams import DepthSources, ResidualModule
-from pretrain.variants import NORM_PLACEMENTS, NormPlacement, variant_name
+from pretrain.variants import NORM_PLACEMENTS, NormPlacement
 
-# The stream a block passes on: the residual stream, ResiDual's two streams (a, d), or a residual scheme's state
-# (HC's and mHC's n streams (B, T, n, d), AttnRes's sources).
+# What a block passes on: the stream, ResiDual's (a, d), or a residual scheme's (n streams, AttnRes's sources).
 Stream = torch.Tensor | tuple[torch.Tensor, torch.Tensor] | DepthSources
 Probs = torch.Tensor | None
 
@@ -73,11 +67,6 @@ class LNBertLayer(Protocol):
 
 
 BlockForward = Callable[[LNBertLayer, Stream, torch.Tensor | None], tuple[Stream, Probs]]
-
-
-# --------------------------------------------------------------------------------------------------
-# The blocks
-# --------------------------------------------------------------------------------------------------
 
 
 def post_block(layer: LNBertLayer, x: torch.Tensor, mask: torch.Tensor | None) -> tuple[torch.Tensor, Probs]:
@@ -157,7 +146,7 @@ def resi_dual_block(
     layer: LNBertLayer, streams: tuple[torch.Tensor, torch.Tensor], mask: torch.Tensor | None
 ) -> tuple[tuple[torch.Tensor, torch.Tensor], Probs]:
     """ResiDual: a Post-LN stream ``a`` and an un-normalised stream ``d`` that sums every sub-layer's output; the
-    encoder's output is ``a_L + N_final(d_L)`` (``resi_dual_output``).
+    encoder's output is ``a_L + N_final(d_L)`` (``LNBertEncoder.end``).
 
         a ──┬─────────┐            d ─────(+)──── d
             Attn = f  │                    │
@@ -231,11 +220,6 @@ def residual_scheme_block(layer: LNBertLayer, state: Stream, mask: torch.Tensor 
     return layer.ffn_residual.write(state, pending, layer.feed_forward(layer.norm_f(h))), probs
 
 
-# --------------------------------------------------------------------------------------------------
-# The table
-# --------------------------------------------------------------------------------------------------
-
-
 @dataclass(frozen=True)
 class Block:
     """One layer's wiring: its forward and the norms it reads (the layer builds these and no others)."""
@@ -297,19 +281,12 @@ assert set(PLACEMENTS) == set(NORM_PLACEMENTS), "every placement needs a row in 
 
 
 def canonical_placement(name: str) -> str:
-    """The placement's own name (``peri`` is ``sandwich``); distinct placements never compare equal here, though
-    several share a row's fields (``pre``, ``lns``, ``mix_ln``, ``normformer`` all use the pre block)."""
+    """The placement's own name (``peri`` is ``sandwich``); distinct placements stay distinct, even with one block."""
     return ALIASES.get(name, name)
 
 
-# --------------------------------------------------------------------------------------------------
-# The placements' constants
-# --------------------------------------------------------------------------------------------------
-
-
 def admin_omega_default(num_layers: int) -> float:
-    """admin-torch's default residual weight ('O(logn)' output change): sqrt((N+1)/ln(N+1) - 1), N = 2L
-    sub-layers (L = 12: 2.601)."""
+    """admin-torch's default residual weight ('O(logn)'): sqrt((N+1)/ln(N+1) - 1), N = 2L sub-layers (L = 12: 2.601)."""
     n = 2 * num_layers
     return math.sqrt((n + 1) / math.log(n + 1) - 1)
 
@@ -319,21 +296,7 @@ def mix_ln_post_layers_default(num_layers: int) -> int:
     return round(num_layers / 4)
 
 
-def resi_dual_output(a: torch.Tensor, d: torch.Tensor, final_norm: nn.Module) -> torch.Tensor:
-    """ResiDual's encoder output: the Post-LN stream plus the normalised sum of every sub-layer's output."""
-    return a + final_norm(d)
-
-
 __all__ = [
-    "ALIASES",
-    "BLOCKS",
-    "NORM_PLACEMENTS",
-    "PLACEMENTS",
-    "Block",
-    "NormPlacement",
-    "Placement",
-    "admin_omega_default",
-    "canonical_placement",
-    "mix_ln_post_layers_default",
-    "variant_name",
-]
+    "ALIASES", "BLOCKS", "NORM_PLACEMENTS", "PLACEMENTS", "Block", "NormPlacement", "Placement", "admin_omega_default",
+    "canonical_placement", "mix_ln_post_layers_default",
+]  # fmt: skip

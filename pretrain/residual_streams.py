@@ -1,44 +1,38 @@
-"""Residual schemes on Pre-LN: Hyper-Connections (HC, static and dynamic), manifold-constrained Hyper-Connections
-(mHC) and Attention Residuals (AttnRes, Full and Block), each a module per sub-layer that reads the sub-layer's
-input from the residual state and writes the sub-layer's output back (docs/placements.md, "Residual schemes").
+"""Residual schemes on Pre-LN (docs/placements.md, "Residual schemes"): Hyper-Connections (HC, static and dynamic),
+manifold-constrained Hyper-Connections (mHC) and Attention Residuals (AttnRes, Full and Block).
 
-``LNBertConfig.residual_scheme`` picks one: ``standard`` (Pre-LN's plain sum ``x = x + F(N(x))``, nothing from
-here), ``hc``, ``mhc`` or ``attn_res``, on ``norm_placement="pre"`` only. The sub-layers stay Pre-LN's, with their
-Hugging Face names and their own pre-norms ``N``. Layer ``i`` holds two residual modules, ``attention_residual``
-(sub-layer ``k = 2i``) and ``ffn_residual`` (``k = 2i + 1``), and its block (``placements.residual_scheme_block``)
-runs, per sub-layer F:
+``LNBertConfig.residual_scheme`` picks one on ``norm_placement="pre"``; the sub-layers stay Pre-LN's, with their
+names and pre-norms ``N``. Layer ``i`` holds ``attention_residual`` (sub-layer ``k = 2i``) and ``ffn_residual``
+(``k = 2i + 1``); its block (``placements.residual_scheme_block``) runs, per sub-layer F:
 
     h, pending = residual.read(state)                   # the sub-layer's input, from the residual state
     state = residual.write(state, pending, F(N(h)))     # its output, into the state
 
 The residual state per token, and how the encoder ends (``start_state``, ``collapse``):
 
-    hc, mhc    n streams of width d, (B, T, n, d); at the start n copies of the embedding output; at the end their
-               sum, then ``encoder.final_layer_norm`` (HC's Algorithm 1; mHC states no collapse)
-    attn_res   ``DepthSources``: the embedding output and the sub-layers' outputs (Full) or block sums (Block); at
-               the end their aggregation with the output's own query (``encoder.output_residual``), then
-               ``encoder.final_layer_norm``
+    hc, mhc    n streams of width d, (B, T, n, d): n copies of the embedding output at the start, summed at the
+               end before ``encoder.final_layer_norm`` (HC's Algorithm 1; mHC states no collapse)
+    attn_res   ``DepthSources``: the embedding output and the sub-layers' outputs (Full) or block sums (Block),
+               aggregated at the end by ``encoder.output_residual``, then ``encoder.final_layer_norm``
 
-HC and mHC in mHC's common form (its Eq. 3), ``x`` the n streams (n x d), a sub-layer does
-``x <- H_res x + H_post^T F(N(H_pre x))`` with:
+HC and mHC in mHC's common form (its Eq. 3), ``x`` the n streams (n x d): ``x <- H_res x + H_post^T F(N(H_pre x))``
 
     SHC   H_pre = A_m^T, H_post = B, H_res = A_r^T, learned static matrices                HC paper, Eqs. 1-5
     DHC   the same plus s tanh(norm(x) W) per token                                         HC paper, dynamic HC
     mHC   from RMSNorm(vec x): sigmoid, 2 sigmoid, Sinkhorn-Knopp (doubly stochastic)       mHC paper, Eqs. 7-9
 
-The state and its mixing run with autocast off, in the state's dtype (float32 under bf16 autocast, as Pre-LN's
-residual sum is), mHC's mappings in at least float32: only the sub-layers run in bf16. The mixing is batched over
-the streams (``_mix_streams``), never a loop over them. ``recording`` and ``residual_stats`` collect what the papers' claims are
-about: the mixing matrices, mHC's composite gain, AttnRes's weights over depth, every sub-layer's output norm.
+The state and its mixing run with autocast off in the state's dtype (float32 under bf16 autocast, as Pre-LN's sum),
+mHC's mappings in at least float32. ``recording`` and ``residual_stats`` measure what the papers' claims are about.
 """
 
 from __future__ import annotations
 
 import math
+from collections import defaultdict
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field, replace
-from typing import Any, ClassVar
+from typing import Any
 
 import torch
 from torch import nn
@@ -52,8 +46,7 @@ HC_DYNAMIC_SCALE_INIT = 0.01  # DHC's s_alpha and s_beta at init (HC paper, Algo
 MHC_GATE_INIT = 0.01  # mHC's alpha_pre, alpha_post, alpha_res at init (mHC paper, Table 5)
 MHC_NORM_EPS = 1e-20  # mHC's RMSNorm over the flattened streams (mHC paper, Table 5)
 SINKHORN_LOGIT_FLOOR = -60.0  # exp's input floor in ``sinkhorn``, relative to each matrix's largest logit
-# mhc_bias_init="identity": the diagonal of H_res at init (gates at 0); b_res = c I gives exactly this.
-MHC_IDENTITY_DIAGONAL = 0.99
+MHC_IDENTITY_DIAGONAL = 0.99  # mhc_bias_init="identity": H_res's diagonal at init (gates at 0), from b_res = c I
 
 
 def _autocast_off(x: torch.Tensor) -> AbstractContextManager[Any]:
@@ -66,15 +59,16 @@ def _at_least_float32(x: torch.Tensor) -> torch.Tensor:
     return x.to(torch.promote_types(x.dtype, torch.float32))
 
 
+def rms_normalize(x: torch.Tensor, eps: float) -> torch.Tensor:
+    """x / sqrt(mean(x^2) + eps) over the last dimension, in at least float32, without a gain."""
+    x = _at_least_float32(x)
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+
+
 def _dot(x: torch.Tensor, vector: torch.Tensor) -> torch.Tensor:
     """x @ vector over the last dimension, as a product and a sum: a matrix-vector product's result on CPU depends
     on the vector's memory alignment (a reloaded model's is another), this one does not."""
     return (x * vector).sum(-1)
-
-
-# --------------------------------------------------------------------------------------------------
-# Hyper-Connections and mHC: n streams
-# --------------------------------------------------------------------------------------------------
 
 
 def _mix_streams(weights: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
@@ -85,8 +79,7 @@ def _mix_streams(weights: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
 
 
 class StreamMixer(nn.Module):
-    """What HC and mHC share: per sub-layer ``x <- H_res x + H_post^T F(N(H_pre x))`` over the n streams ``x``
-    (B, T, n, d), with the mappings of the subclass (``mappings``)."""
+    """What HC and mHC share: ``x <- H_res x + H_post^T F(N(H_pre x))`` over the n streams ``x`` (B, T, n, d)."""
 
     recorder: ResidualRecorder | None = None  # set by ``recording``
 
@@ -121,22 +114,17 @@ class HyperConnection(StreamMixer):
         H <- B^T F(N(h)) + A_r^T H
 
     ``static_alpha`` is [A_m | A_r] (n x (n + 1)), ``static_beta`` is B (n). Dynamic HC adds, per token,
-    ``dynamic_alpha_scale * tanh(norm(H) @ dynamic_alpha_fn)`` (n x (n + 1)) to [A_m | A_r] and
-    ``dynamic_beta_scale * tanh(norm(H) @ dynamic_beta_fn)`` (n) to B, ``norm`` over each stream's d (of the
-    model's ``norm_type``: LayerNorm as Algorithm 2 by default), ``dynamic_alpha_fn`` (d x (n + 1)),
-    ``dynamic_beta_fn`` (d). The init equals Pre-Norm (Eq. 14): B = 1, A_m = e_(k mod n) for sub-layer k,
-    A_r = I, W = 0, scales 0.01.
+    ``dynamic_alpha_scale * tanh(norm(H) @ dynamic_alpha_fn)`` to [A_m | A_r] and ``dynamic_beta_scale *
+    tanh(norm(H) @ dynamic_beta_fn)`` to B, ``norm`` over each stream's d (the model's ``norm_type``: LayerNorm, as
+    Algorithm 2, by default). The init equals Pre-Norm (Eq. 14): B = 1, A_m = e_(k mod n), A_r = I, W = 0, s 0.01.
     """
 
     # HC paper §4: no weight decay on the static matrices, weight decay on the dynamic projections W. The scales
     # are learned scalar gains, exempt as every gain of the model is (the paper does not single them out).
-    no_weight_decay: ClassVar[frozenset[str]] = frozenset(
-        {"static_alpha", "static_beta", "dynamic_alpha_scale", "dynamic_beta_scale"}
-    )
+    no_weight_decay = frozenset({"static_alpha", "static_beta", "dynamic_alpha_scale", "dynamic_beta_scale"})
 
     def __init__(self, hidden_size: int, streams: int, sublayer: int, norm: nn.Module | None) -> None:
-        """``sublayer``: k, 0-based over the encoder's sub-layers (A_m's one-hot init); ``norm``: the dynamic
-        weights' norm, or None for static HC."""
+        """``sublayer``: k, 0-based (A_m's one-hot init); ``norm``: the dynamic weights' norm, None for static HC."""
         super().__init__()
         self.streams, self.sublayer, self.dynamic = streams, sublayer, norm is not None
         self.static_beta = nn.Parameter(torch.ones(streams))
@@ -180,10 +168,9 @@ class HyperConnection(StreamMixer):
 
 def sinkhorn(logits: torch.Tensor, iters: int) -> torch.Tensor:
     """mHC's Sinkhorn-Knopp projection of each (n x n) matrix of ``logits`` (mHC Eqs. 8-9): M = exp(logits), then
-    ``iters`` rounds of normalising the columns, then the rows. The result is non-negative, its rows sum to 1 (the
-    last normalisation) and its columns to 1 once converged. Subtracting each matrix's largest logit first changes
-    nothing (every normalisation removes a common factor) and keeps exp finite; the floor exp(-60) on the entries
-    keeps every sum positive (no 0 / 0) and changes only entries 26 orders of magnitude below the largest."""
+    ``iters`` rounds of normalising the columns, then the rows (rows sum to 1, columns once converged). Subtracting
+    each matrix's largest logit changes nothing and keeps exp finite; the floor exp(-60) keeps every sum positive
+    (no 0 / 0) and changes only entries 26 orders of magnitude below the largest."""
     m = torch.exp((logits - logits.detach().amax(dim=(-2, -1), keepdim=True)).clamp(min=SINKHORN_LOGIT_FLOOR))
     for _ in range(iters):
         m = m / m.sum(dim=-2, keepdim=True)  # columns
@@ -204,15 +191,11 @@ class ManifoldHyperConnection(StreamMixer):
     ``phi_pre``, ``phi_post`` (nC x n) and ``phi_res`` (nC x n^2) multiply from the right (not ``nn.Linear``'s
     layout); vec is row-major (stream s, channel c at s C + c), and so is mat (H_res[i, j] from column i n + j).
     The mappings run in at least float32, autocast off. Init: phi ~ N(0, initializer_range), the gates 0.01, the
-    biases by ``mhc_bias_init`` (zero: H_pre = 1/2, H_post = 1, H_res = J/n; identity: b_res diagonal, H_res's
-    diagonal 0.99).
+    biases by ``mhc_bias_init`` (zero: H_pre = 1/2, H_post = 1, H_res = J/n; identity: H_res's diagonal 0.99).
     """
 
-    # The paper gives no weight-decay rule; HC's (§4) applies: the projections phi decay, the static biases and
-    # the scalar gates do not.
-    no_weight_decay: ClassVar[frozenset[str]] = frozenset(
-        {"b_pre", "b_post", "b_res", "alpha_pre", "alpha_post", "alpha_res"}
-    )
+    # No weight-decay rule in the paper; HC's (§4) applies: the projections phi decay, biases and scalar gates do not.
+    no_weight_decay = frozenset({"b_pre", "b_post", "b_res", "alpha_pre", "alpha_post", "alpha_res"})
 
     def __init__(self, hidden_size: int, streams: int, sinkhorn_iters: int, bias_init: str) -> None:
         super().__init__()
@@ -248,8 +231,7 @@ class ManifoldHyperConnection(StreamMixer):
     def mappings(self, state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         n = self.streams
         with _autocast_off(state):
-            x = _at_least_float32(state.flatten(-2))  # (B, T, n d)
-            x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + MHC_NORM_EPS)
+            x = rms_normalize(state.flatten(-2), MHC_NORM_EPS)  # (B, T, n d)
             phi = torch.cat([self.phi_pre, self.phi_post, self.phi_res], dim=1).to(x.dtype)  # (n d, 2n + n^2)
             pre, post, res = (x @ phi).split([n, n, n * n], dim=-1)
             h_pre = torch.sigmoid(self.alpha_pre * pre + self.b_pre)
@@ -261,27 +243,14 @@ class ManifoldHyperConnection(StreamMixer):
         return f"streams={self.streams}, sinkhorn_iters={self.sinkhorn_iters}, bias_init={self.bias_init!r}"
 
 
-# --------------------------------------------------------------------------------------------------
-# Attention Residuals: attention over depth
-# --------------------------------------------------------------------------------------------------
-
-
-def rms_normalize(x: torch.Tensor, eps: float) -> torch.Tensor:
-    """x / sqrt(mean(x^2) + eps) over the last dimension, in at least float32, without a gain."""
-    x = _at_least_float32(x)
-    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
-
-
 @dataclass(frozen=True)
 class DepthSources:
     """AttnRes's residual state: what a sub-layer's input is made of, oldest first, and each one's key.
 
-    Block AttnRes (Eqs. 5-6) with blocks of ``block_size`` sub-layers: ``values`` holds b_0 (the embedding output)
-    and the sum b_n of each completed block; ``partial`` the sum of the current block's outputs so far (None at a
-    block's first sub-layer). A sub-layer attends over the values and the partial sum. Full AttnRes (Eqs. 1-4) is
-    ``block_size`` 1: the values are the embedding output and every earlier sub-layer's output. Every value is kept
-    in the embedding output's dtype (float32 under autocast), and its key, RMSNorm(value) without a gain, is
-    computed once for all the sub-layers that read it.
+    Block AttnRes (Eqs. 5-6), blocks of ``block_size`` sub-layers: ``values`` holds b_0 (the embedding output) and
+    the sum b_n of each completed block, ``partial`` the current block's sum so far (None at its first sub-layer); a
+    sub-layer attends over both. Full AttnRes (Eqs. 1-4) is ``block_size`` 1. Values are kept in the embedding
+    output's dtype (float32 under autocast); each key, RMSNorm(value) without a gain, is computed once.
     """
 
     block_size: int
@@ -313,10 +282,8 @@ class DepthSources:
     def total(self) -> torch.Tensor:
         """The plain sum of the embedding output and every sub-layer's output so far: Pre-LN's stream with these
         outputs (what ``hidden_states`` reports for AttnRes)."""
-        total = self.values[0]
-        for value in (*self.values[1:], *(() if self.partial is None else (self.partial,))):
-            total = total + value
-        return total
+        later = self.values[1:] if self.partial is None else (*self.values[1:], self.partial)
+        return sum(later, self.values[0])
 
 
 class AttentionResidual(nn.Module):
@@ -327,14 +294,12 @@ class AttentionResidual(nn.Module):
         h = sum_i alpha_i v_i,   alpha_i = softmax_i(w^T RMSNorm(v_i))          Eqs. 2-4 (Block: Eq. 6)
 
     w starts at zero (§5: "must"), so every input starts as the mean of its sources. The keys' RMSNorm has no gain:
-    w^T (g * RMSNorm(v)) = (w * g)^T RMSNorm(v), so a gain adds no function, and without one each source's key is
-    computed once. The sum over sources is a loop over depth whose products keep references to the sources
-    (stacking them would keep a copy of every source for every sub-layer that reads it: O(N^2) memory in Full).
+    w^T (g * RMSNorm(v)) = (w * g)^T RMSNorm(v) adds no function. The sum over sources is a loop over depth (stacking
+    them would keep a copy of every source for every sub-layer that reads it: O(N^2) memory in Full).
     """
 
-    # The report gives no weight-decay rule. The pseudo-queries get none: input-independent vectors like biases
-    # and gains, and decay would pull them to the uniform average, the init.
-    no_weight_decay: ClassVar[frozenset[str]] = frozenset({"pseudo_query"})
+    # No weight-decay rule in the report; none here: decay would pull the input-independent queries to the init.
+    no_weight_decay = frozenset({"pseudo_query"})
     recorder: ResidualRecorder | None = None  # set by ``recording``
 
     def __init__(self, hidden_size: int) -> None:
@@ -363,10 +328,6 @@ class AttentionResidual(nn.Module):
         return state.add(out)
 
 
-# --------------------------------------------------------------------------------------------------
-# What the model builds
-# --------------------------------------------------------------------------------------------------
-
 ResidualModule = HyperConnection | ManifoldHyperConnection | AttentionResidual
 RESIDUAL_MODULES: tuple[type[nn.Module], ...] = (HyperConnection, ManifoldHyperConnection, AttentionResidual)
 ResidualState = torch.Tensor | DepthSources
@@ -374,44 +335,32 @@ ResidualState = torch.Tensor | DepthSources
 
 def residual_module(config: BertConfig, sublayer: int) -> ResidualModule:
     """The residual module of sub-layer ``sublayer`` (layer i's attention: 2i, its FFN: 2i + 1) under the config's
-    residual scheme."""
-    scheme = config.residual_scheme
-    if scheme == "hc":
-        norm = config.make_norm() if config.hc_dynamic else None
-        return HyperConnection(config.hidden_size, config.hc_streams, sublayer, norm)
-    if scheme == "mhc":
-        return ManifoldHyperConnection(
-            config.hidden_size, config.hc_streams, config.mhc_sinkhorn_iters, config.mhc_bias_init
-        )
-    if scheme == "attn_res":
+    residual scheme (``hc``, ``mhc`` or ``attn_res``)."""
+    if config.residual_scheme == "attn_res":
         return AttentionResidual(config.hidden_size)
-    raise ValueError(f"residual_scheme={scheme!r} has no residual modules")
+    if config.residual_scheme == "mhc":
+        iters, bias_init = config.mhc_sinkhorn_iters, config.mhc_bias_init
+        return ManifoldHyperConnection(config.hidden_size, config.hc_streams, iters, bias_init)
+    norm = config.make_norm() if config.hc_dynamic else None
+    return HyperConnection(config.hidden_size, config.hc_streams, sublayer, norm)
 
 
 def start_state(config: BertConfig, embeddings: torch.Tensor) -> ResidualState:
-    """The residual state the first layer reads: n copies of the embedding output (HC, mHC), or AttnRes's sources
-    holding the embedding output alone."""
+    """The state the first layer reads: n copies of the embedding output (HC, mHC), or AttnRes's sources of it."""
     if config.residual_scheme == "attn_res":
         return DepthSources.start(embeddings, config.attn_res_block_size or 1, config.layer_norm_eps)
     return embeddings.unsqueeze(-2).expand(*embeddings.shape[:-1], config.hc_streams, embeddings.shape[-1])
 
 
 def collapse(state: ResidualState) -> torch.Tensor:
-    """The one stream a state stands for: the sum of the n streams (HC's end, before the final norm), or the plain
-    sum of AttnRes's sources."""
+    """The one stream a state stands for: the sum of the n streams (HC's end), or of AttnRes's sources."""
     return state.total() if isinstance(state, DepthSources) else state.sum(dim=-2)
-
-
-# --------------------------------------------------------------------------------------------------
-# Measurements for the papers' claims
-# --------------------------------------------------------------------------------------------------
 
 
 @dataclass
 class ResidualStats:
-    """What one forward pass showed of a residual scheme, over the batch's real tokens; N sub-layers (k = 2i for
-    layer i's attention, 2i + 1 for its FFN), n streams. HC's matrices are given in mHC's form: H_pre = A_m,
-    H_post = B, H_res = A_r^T (dynamic HC's per token, with its tanh terms)."""
+    """What one forward pass showed of a residual scheme over the batch's real tokens; N sub-layers (k = 2i, 2i + 1
+    for layer i), n streams. HC's matrices in mHC's form: H_pre = A_m, H_post = B, H_res = A_r^T (DHC's per token)."""
 
     output_norm: torch.Tensor
     """(N,): the mean over real tokens of each sub-layer's output norm ||F_k||_2 (every scheme)."""
@@ -422,13 +371,11 @@ class ResidualStats:
     res: torch.Tensor | None = None
     """(N, n, n): H_res, the mean over real tokens (HC, mHC)."""
     composite_gain: torch.Tensor | None = None
-    """(N, 2): for each k, the composite residual map P_k = H_res^k ... H_res^0 of each token, and the largest over
-    real tokens of its max absolute row sum ([:, 0]) and max absolute column sum ([:, 1]); the last row is the
-    whole depth's (mHC's "Amax gain magnitude"; 1 for an exactly doubly stochastic product)."""
+    """(N, 2): per k, the largest over real tokens of the max absolute row ([:, 0]) and column ([:, 1]) sum of
+    P_k = H_res^k ... H_res^0; the last row is mHC's "Amax gain magnitude" (1 when doubly stochastic)."""
     depth_weights: torch.Tensor | None = None
-    """(N + 1, K): AttnRes's weights over depth, the mean over real tokens: row k for sub-layer k's input, the last
-    row for the encoder's output; column j is source j in order (0 the embedding output, then each sub-layer's
-    output in Full, each block's sum in Block, a block's partial sum last); 0 where a row has fewer sources."""
+    """(N + 1, K): AttnRes's mean weights over depth, row k for sub-layer k's input, the last for the output; column
+    j is source j in ``DepthSources`` order (the embedding output first, a partial sum last), 0 past a row's own."""
 
     def scalars(self) -> dict[str, float]:
         """The headline numbers as flat names for a logger: ``output_norm/k`` (k two digits), and for HC and mHC
@@ -441,65 +388,47 @@ class ResidualStats:
 
 @dataclass
 class ResidualRecorder:
-    """Collects ``ResidualStats`` during one forward pass, reduced over the real tokens as it goes (a few small
-    reductions per sub-layer; nothing of the autograd graph is kept)."""
+    """Collects ``ResidualStats`` during one forward pass, reduced over the real tokens as it goes (detached)."""
 
     token_mask: torch.Tensor | None = None  # (B, T), nonzero at real tokens; None: every token
-    _norms: list[torch.Tensor] = field(default_factory=list)
-    _pre: list[torch.Tensor] = field(default_factory=list)
-    _post: list[torch.Tensor] = field(default_factory=list)
-    _res: list[torch.Tensor] = field(default_factory=list)
-    _gains: list[torch.Tensor] = field(default_factory=list)
-    _product: torch.Tensor | None = None
-    _weights: list[torch.Tensor] = field(default_factory=list)
+    _rows: dict[str, list[torch.Tensor]] = field(default_factory=lambda: defaultdict(list))  # per ResidualStats field
+    _product: torch.Tensor | None = None  # the composite H_res so far, per real token
 
     def _tokens(self, x: torch.Tensor, item_dims: int) -> torch.Tensor:
-        """The real tokens' values (M, *item) of ``x`` (B, T, *item), or ``x`` itself (1, *item) when it is the
-        same for every token (static HC)."""
+        """The real tokens' values (M, *item) of ``x`` (B, T, *item), or (1, *item) when ``x`` is static (SHC)."""
         x = x.detach().float()
         if x.dim() == item_dims:
             return x.unsqueeze(0)
         return x[self.token_mask.bool()] if self.token_mask is not None else x.flatten(0, 1)
 
     def mixing(self, h_pre: torch.Tensor, h_post: torch.Tensor, h_res: torch.Tensor) -> None:
-        self._pre.append(self._tokens(h_pre, 1).mean(0))
-        self._post.append(self._tokens(h_post, 1).mean(0))
+        self._rows["pre"].append(self._tokens(h_pre, 1).mean(0))
+        self._rows["post"].append(self._tokens(h_post, 1).mean(0))
         res = self._tokens(h_res, 2)  # (M, n, n)
-        self._res.append(res.mean(0))
+        self._rows["res"].append(res.mean(0))
         self._product = res if self._product is None else res @ self._product
         magnitude = self._product.abs()
-        self._gains.append(torch.stack([magnitude.sum(-1).amax(), magnitude.sum(-2).amax()]))
+        self._rows["composite_gain"].append(torch.stack([magnitude.sum(-1).amax(), magnitude.sum(-2).amax()]))
 
     def output(self, out: torch.Tensor) -> None:
-        self._norms.append(self._tokens(out.detach().float().norm(dim=-1), 0).mean())
+        self._rows["output_norm"].append(self._tokens(out.detach().float().norm(dim=-1), 0).mean())
 
     def depth_weights(self, weights: torch.Tensor) -> None:
-        self._weights.append(self._tokens(weights.movedim(0, -1), 1).mean(0))  # (K,)
+        self._rows["depth_weights"].append(self._tokens(weights.movedim(0, -1), 1).mean(0))  # (K,)
 
     def stats(self) -> ResidualStats:
-        def stacked(values: list[torch.Tensor]) -> torch.Tensor | None:
-            return torch.stack(values) if values else None
-
-        weights = None
-        if self._weights:
-            width = max(w.numel() for w in self._weights)
-            weights = torch.stack([nn.functional.pad(w, (0, width - w.numel())) for w in self._weights])
-        return ResidualStats(
-            output_norm=torch.stack(self._norms),
-            pre=stacked(self._pre),
-            post=stacked(self._post),
-            res=stacked(self._res),
-            composite_gain=stacked(self._gains),
-            depth_weights=weights,
-        )
+        rows = dict(self._rows)
+        if "depth_weights" in rows:  # fewer sources in the earlier rows: padded with 0
+            width = max(w.numel() for w in rows["depth_weights"])
+            rows["depth_weights"] = [nn.functional.pad(w, (0, width - w.numel())) for w in rows["depth_weights"]]
+        return ResidualStats(**{name: torch.stack(values) for name, values in rows.items()})
 
 
 @contextmanager
 def recording(model: nn.Module, token_mask: torch.Tensor | None = None) -> Iterator[ResidualRecorder]:
     """Record one forward pass of ``model``'s residual scheme: ``with recording(model, batch["attention_mask"]) as
-    rec: model(**batch)``, then ``rec.stats()``. Adds a few small reductions per sub-layer to that forward pass
-    (the training step's own, or ``residual_stats``'s); ``token_mask`` (B, T) keeps padding out of the means and
-    maxima."""
+    rec: model(**batch)``, then ``rec.stats()``; a few small reductions per sub-layer. ``token_mask`` (B, T) keeps
+    padding out of the means and maxima."""
     modules = [m for m in model.modules() if isinstance(m, RESIDUAL_MODULES)]
     if not modules:
         raise ValueError("the model has no residual scheme to record (residual_scheme='standard')")
@@ -515,11 +444,9 @@ def recording(model: nn.Module, token_mask: torch.Tensor | None = None) -> Itera
 
 @torch.no_grad()
 def residual_stats(
-    model: nn.Module,
-    input_ids: torch.Tensor,
-    attention_mask: torch.Tensor | None = None,
-    token_type_ids: torch.Tensor | None = None,
-) -> ResidualStats:
+    model: nn.Module, input_ids: torch.Tensor,
+    attention_mask: torch.Tensor | None = None, token_type_ids: torch.Tensor | None = None,
+) -> ResidualStats:  # fmt: skip
     """``ResidualStats`` of one forward pass of ``model``'s encoder on a batch, in eval mode (no dropout) and
     without gradients, for a training loop's log steps (about a third of a training step). The caller's autocast
     applies; the model's mode is restored."""
@@ -534,17 +461,7 @@ def residual_stats(
 
 
 __all__ = [
-    "RESIDUAL_MODULES",
-    "AttentionResidual",
-    "DepthSources",
-    "HyperConnection",
-    "ManifoldHyperConnection",
-    "ResidualRecorder",
-    "ResidualStats",
-    "collapse",
-    "recording",
-    "residual_module",
-    "residual_stats",
-    "sinkhorn",
+    "RESIDUAL_MODULES", "AttentionResidual", "DepthSources", "HyperConnection", "ManifoldHyperConnection",
+    "ResidualRecorder", "ResidualStats", "collapse", "recording", "residual_module", "residual_stats", "sinkhorn",
     "start_state",
-]
+]  # fmt: skip

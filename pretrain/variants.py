@@ -1,11 +1,9 @@
-"""What a model variant is made of, as names and defaults, without torch.
+"""What a model variant is made of, as names and defaults, without torch (standard library only).
 
-Every command reads and checks its options before it imports torch and transformers (about 9 s of CPU), so that a
-typo answers at once. What the options are checked against lives here: the names of the placements, norm types,
-init schemes and residual schemes, the defaults of ``LNBertConfig``'s own options (documented there) and the checks
-of the residual scheme's options (``check_residual_scheme``) and of nGPT's (``check_ngpt``). ``pretrain.placements``,
-``pretrain.norms``, ``pretrain.modeling`` and ``pretrain.config`` take them from here; nothing here imports more
-than the standard library.
+Every command checks its options before it imports torch and transformers (about 9 s of CPU), so that a typo
+answers at once, against what lives here: the names of the placements, norm types, init schemes and residual
+schemes, the defaults of ``LNBertConfig``'s own options (documented there), ``check_residual_scheme`` and
+``check_ngpt``.
 """
 
 from __future__ import annotations
@@ -26,13 +24,11 @@ NORM_TYPES: tuple[str, ...] = get_args(NormType)
 InitScheme = Literal["bert", "xavier"]
 INIT_SCHEMES: tuple[str, ...] = get_args(InitScheme)
 
-# How the sub-layers' outputs reach each other on top of Pre-LN (docs/placements.md, "Residual schemes"): the plain
-# residual sum, Hyper-Connections, manifold-constrained Hyper-Connections, Attention Residuals.
+# On top of Pre-LN (docs/placements.md): the plain residual sum, Hyper-Connections, mHC, Attention Residuals.
 ResidualScheme = Literal["standard", "hc", "mhc", "attn_res"]
 RESIDUAL_SCHEMES: tuple[str, ...] = get_args(ResidualScheme)
 
-# mHC's static biases at init, which its paper does not give: all zero (H_res uniform 1/n: the Pre-LN model when the
-# gates are 0), or b_res diagonal so that H_res starts near the identity.
+# mHC's static biases at init (not in its paper): zero (H_res uniform 1/n) or b_res diagonal (H_res near I).
 MhcBiasInit = Literal["zero", "identity"]
 MHC_BIAS_INITS: tuple[str, ...] = get_args(MhcBiasInit)
 
@@ -79,19 +75,13 @@ def check_choice(key: str, value: str, choices: tuple[str, ...]) -> None:
 
 
 def check_residual_scheme(
-    norm_placement: str,
-    residual_scheme: str,
-    hc_streams: int,
-    mhc_sinkhorn_iters: int,
-    mhc_bias_init: str,
-    attn_res_block_size: int | None,
-    prefix: str = "",
-) -> None:
+    norm_placement: str, residual_scheme: str, hc_streams: int, mhc_sinkhorn_iters: int, mhc_bias_init: str,
+    attn_res_block_size: int | None, prefix: str = "",
+) -> None:  # fmt: skip
     """Refuse a residual scheme the model cannot build, naming the field (``prefix`` + its name) and the fix.
 
     An odd ``attn_res_block_size`` is allowed: Block AttnRes is defined for any block size in sub-layers (1 is Full
-    AttnRes); an odd size only closes some blocks between a layer's attention and its FFN, where the paper's blocks
-    always close after a whole layer.
+    AttnRes); an odd size only closes some blocks inside a layer, where the paper's close after whole layers.
     """
     check_choice(f"{prefix}residual_scheme", residual_scheme, RESIDUAL_SCHEMES)
     if residual_scheme != "standard" and norm_placement != "pre":
@@ -100,12 +90,9 @@ def check_residual_scheme(
             f"{norm_placement!r}): HC, mHC and AttnRes are defined on a Pre-LN block only; set "
             f"{prefix}norm_placement=pre or {prefix}residual_scheme=standard"
         )
-    if not (isinstance(hc_streams, int) and hc_streams >= 1):
-        raise ValueError(f"{prefix}hc_streams={hc_streams!r} must be an integer >= 1 (the papers' default: 4)")
-    if not (isinstance(mhc_sinkhorn_iters, int) and mhc_sinkhorn_iters >= 1):
-        raise ValueError(
-            f"{prefix}mhc_sinkhorn_iters={mhc_sinkhorn_iters!r} must be an integer >= 1 (the paper's default: 20)"
-        )
+    for key, value, default in (("hc_streams", hc_streams, 4), ("mhc_sinkhorn_iters", mhc_sinkhorn_iters, 20)):
+        if not (isinstance(value, int) and value >= 1):
+            raise ValueError(f"{prefix}{key}={value!r} must be an integer >= 1 (the papers' default: {default})")
     check_choice(f"{prefix}mhc_bias_init", mhc_bias_init, MHC_BIAS_INITS)
     size = attn_res_block_size
     if size is not None and not (isinstance(size, int) and size >= 1):
@@ -123,27 +110,24 @@ def check_ngpt(
     variant's label. ``residual_scheme`` is refused by ``check_residual_scheme`` (Pre-LN only)."""
     if norm_placement != "ngpt":
         return
-    given = {"norm_type": norm_type, "qk_norm": qk_norm, "embedding_layer_norm": embedding_layer_norm}
-    why = {
-        "norm_type": "nGPT has no LayerNorm, RMSNorm or DyT",
-        "qk_norm": "nGPT normalises each head's queries and keys itself, then scales them by s_qk",
-        "embedding_layer_norm": "nGPT's embedding output is always Norm(E_tok + E_type + E_pos), on the unit sphere",
+    given = {
+        "norm_type": (norm_type, "nGPT has no LayerNorm, RMSNorm or DyT"),
+        "qk_norm": (qk_norm, "nGPT normalises each head's queries and keys itself, then scales them by s_qk"),
+        "embedding_layer_norm": (embedding_layer_norm, "nGPT's embedding output is Norm(E_tok + E_type + E_pos)"),
     }
-    for key, value in given.items():
+    for key, (value, why) in given.items():
         if value != getattr(DEFAULTS, key):
             raise ValueError(
-                f"{prefix}{key}={value!r} does not apply to {prefix}norm_placement='ngpt': {why[key]}; leave "
+                f"{prefix}{key}={value!r} does not apply to {prefix}norm_placement='ngpt': {why}; leave "
                 f"{prefix}{key} at its default ({getattr(DEFAULTS, key)!r}, which ngpt does not read)"
             )
 
 
 def residual_scheme_label(
-    residual_scheme: str = DEFAULTS.residual_scheme,
-    hc_streams: int = DEFAULTS.hc_streams,
-    hc_dynamic: bool = DEFAULTS.hc_dynamic,
-    mhc_bias_init: str = DEFAULTS.mhc_bias_init,
+    residual_scheme: str = DEFAULTS.residual_scheme, hc_streams: int = DEFAULTS.hc_streams,
+    hc_dynamic: bool = DEFAULTS.hc_dynamic, mhc_bias_init: str = DEFAULTS.mhc_bias_init,
     attn_res_block_size: int | None = DEFAULTS.attn_res_block_size,
-) -> str:
+) -> str:  # fmt: skip
     """The residual scheme's part of a variant's label, empty for ``standard``: ``hc4`` (dynamic HC, 4 streams),
     ``shc4`` (static HC), ``mhc4`` (``mhc4-idres`` with the identity bias init), ``attnres`` (Full AttnRes),
     ``attnres-b4`` (Block AttnRes, blocks of 4 sub-layers; ``attnres-b1`` computes what ``attnres`` does)."""
@@ -157,16 +141,11 @@ def residual_scheme_label(
 
 
 def variant_name(
-    norm_placement: str,
-    norm_type: str = DEFAULTS.norm_type,
-    qk_norm: bool = DEFAULTS.qk_norm,
-    *,
-    residual_scheme: str = DEFAULTS.residual_scheme,
-    hc_streams: int = DEFAULTS.hc_streams,
-    hc_dynamic: bool = DEFAULTS.hc_dynamic,
-    mhc_bias_init: str = DEFAULTS.mhc_bias_init,
+    norm_placement: str, norm_type: str = DEFAULTS.norm_type, qk_norm: bool = DEFAULTS.qk_norm, *,
+    residual_scheme: str = DEFAULTS.residual_scheme, hc_streams: int = DEFAULTS.hc_streams,
+    hc_dynamic: bool = DEFAULTS.hc_dynamic, mhc_bias_init: str = DEFAULTS.mhc_bias_init,
     attn_res_block_size: int | None = DEFAULTS.attn_res_block_size,
-) -> str:
+) -> str:  # fmt: skip
     """The label of a model variant in run names, W&B groups and tags, and reports: the placement, its residual
     scheme (``residual_scheme_label``), then the norm type and QK-norm when they are not the defaults (``pre``,
     ``pre-rmsnorm``, ``post-dyt-qknorm``, ``pre-hc4``, ``pre-attnres-b4-rmsnorm``)."""
