@@ -1,8 +1,8 @@
 """Where a manifest's tasks run: in this process, as local worker processes, or as a SLURM job array.
 
-Every backend runs the same task code (finetune/worker.py) on the same manifest, and tells the scheduler which
-of a submission's tasks are still alive; a task that ended while some of its jobs have no result file is
-how the scheduler finds preempted, killed or timed-out work (finetune/schedule.py submits it again).
+Every backend runs the same task code (finetune/worker.py) on the same manifest, and tells the scheduler which of
+a submission's tasks are still alive: a task that ended without all its results is preempted, killed or timed-out
+work, which the scheduler submits again.
 """
 
 from __future__ import annotations
@@ -39,8 +39,7 @@ class SlurmConfig:
     mem: str | None = None
     """#SBATCH --mem (e.g. 16G; unset: the cluster's default)."""
     requeue: bool = True
-    """#SBATCH --requeue: a preempted task is put back in the queue by SLURM and continues with the jobs that
-    have no result file yet. Tasks that end without requeue are found by the scheduler and submitted again."""
+    """#SBATCH --requeue: SLURM requeues a preempted task, which continues with the jobs that have no result yet."""
     extra: list[str] = field(default_factory=list)
     """Further sbatch options, one per entry, e.g. ['--account=abc']."""
     python: str = "python"
@@ -64,14 +63,13 @@ class Backend(Protocol):
         """The task indices still queued or running, and for ended ones, why they ended (if known)."""
         ...
 
-    def close(self) -> None: ...
+    def close(self) -> None:
+        """Stop what this process started, where stopping it is this process's to do."""
 
 
-class InProcess:
-    """One task, run to its end inside the scheduler (``workers: 1``; what ``finetune.run`` uses).
-
-    ``after_job`` is called after each of its jobs: the scheduler prints the job's line then, not once the
-    whole submission has run."""
+class InProcess(Backend):
+    """One task, run to its end inside the scheduler (``workers: 1``; what ``finetune.run`` uses); ``after_job`` is
+    called after each of its jobs, so the scheduler prints the job's line then."""
 
     name, size = "inprocess", 1
 
@@ -88,9 +86,6 @@ class InProcess:
         # Its jobs ran inside a scheduler that has returned (or was killed, when this is another one).
         return set(), dict.fromkeys(range(manifest.tasks), SCHEDULER_STOPPED)
 
-    def close(self) -> None:
-        pass
-
 
 def _pid_alive(pid: int) -> bool:
     try:
@@ -102,12 +97,9 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
-class LocalArray:
-    """A local "array": one worker process per task (``python -m finetune.worker MANIFEST --index=i``).
-
-    The workers get this process's pid and stop before their next job once it is gone, so a killed
-    scheduler leaves no worker running on for long (each finishes the job it holds and records it).
-    """
+class LocalArray(Backend):
+    """A local "array": one worker process per task (``python -m finetune.worker MANIFEST --index=i``). The workers
+    stop before their next job once this process is gone, so a killed scheduler leaves no worker running on."""
 
     name = "local"
 
@@ -116,11 +108,10 @@ class LocalArray:
         self.processes: dict[tuple[int, int], subprocess.Popen] = {}
 
     def start(self, manifest: Path, tasks: int, submission: int) -> str:
+        # --quiet: the scheduler prints each job's line as it reads the result; the workers share its terminal.
+        command = [sys.executable, "-m", "finetune.worker", str(manifest), f"--parent_pid={os.getpid()}", "--quiet"]
         for index in range(tasks):
-            command = [sys.executable, "-m", "finetune.worker", str(manifest), f"--index={index}"]
-            # The scheduler prints each job's line as it reads the result; the workers share its terminal.
-            command += [f"--parent_pid={os.getpid()}", "--quiet"]
-            self.processes[(submission, index)] = subprocess.Popen(command)
+            self.processes[(submission, index)] = subprocess.Popen([*command, f"--index={index}"])
         pids = ",".join(str(self.processes[(submission, i)].pid) for i in range(tasks))
         return f"{socket.gethostname()}:{pids}"
 
@@ -150,32 +141,24 @@ class LocalArray:
             process.wait()
 
 
-class SlurmArray:
-    """A SLURM job array per submission: ``sbatch`` a script whose tasks run ``python -m finetune.worker``."""
+class SlurmArray(Backend):
+    """A SLURM job array per submission: ``sbatch`` a script whose tasks run ``python -m finetune.worker``. Closing
+    it leaves the array tasks running: the next pass, or the next scheduler, finds their result files."""
 
     name = "slurm"
 
     def __init__(self, size: int, config: SlurmConfig) -> None:
-        self.size = size
-        self.config = config
+        self.size, self.config = size, config
 
     def script(self, manifest: Path, tasks: int, submission: int) -> Path:
         slurm = self.config
         folder = Path(slurm.dir).resolve()
         folder.mkdir(parents=True, exist_ok=True)
-        options = [
-            f"--job-name=lnbert-finetune-{submission}",
-            f"--array=0-{tasks - 1}",
-            f"--cpus-per-task={slurm.cpus_per_task}",
-            f"--time={slurm.time}",
-            f"--output={folder}/%x_%A_%a.out",
-        ]
-        options += ["--requeue"] if slurm.requeue else ["--no-requeue"]
-        options += [f"--partition={slurm.partition}"] if slurm.partition else []
-        options += [f"--gres=gpu:{slurm.gpus_per_task}"] if slurm.gpus_per_task else []
-        options += [f"--mem={slurm.mem}"] if slurm.mem else []
-        options += slurm.extra
-        command = f"{shlex.quote(slurm.python)} -m finetune.worker {shlex.quote(str(manifest))}"
+        options = [f"--job-name=lnbert-finetune-{submission}", f"--array=0-{tasks - 1}",
+                   f"--cpus-per-task={slurm.cpus_per_task}", f"--time={slurm.time}", f"--output={folder}/%x_%A_%a.out",
+                   "--requeue" if slurm.requeue else "--no-requeue"]  # fmt: skip
+        unless_unset = {"--partition=": slurm.partition, "--gres=gpu:": slurm.gpus_per_task, "--mem=": slurm.mem}
+        options += [f"{option}{value}" for option, value in unless_unset.items() if value] + slurm.extra
         path = folder / f"finetune_{submission:06d}.sbatch"
         path.write_text(
             "#!/bin/bash\n"
@@ -183,7 +166,7 @@ class SlurmArray:
             + "# Task $SLURM_ARRAY_TASK_ID runs its share of the manifest's jobs and writes one result file per job\n"
             + "# beside it (finetune/worker.py).\n"
             + f"cd {shlex.quote(os.getcwd())}\n"
-            + f"exec {command}\n"
+            + f"exec {shlex.quote(slurm.python)} -m finetune.worker {shlex.quote(str(manifest))}\n"
         )
         return path
 
@@ -212,21 +195,17 @@ class SlurmArray:
 
     def states(self, job_id: str) -> dict[int, str]:
         """The final state of each ended task from sacct (PREEMPTED, TIMEOUT, ...); empty if sacct fails."""
+        command = ["sacct", "--noheader", "--parsable2", "--allocations", f"--jobs={job_id}", "--format=JobID,State"]
         try:
-            output = _slurm(
-                ["sacct", "--noheader", "--parsable2", "--allocations", f"--jobs={job_id}", "--format=JobID,State"]
-            )
+            output = _slurm(command)
         except (SlurmError, FileNotFoundError):
             return {}
         states = {}
         for line in output.splitlines():
             job, _, state = line.partition("|")
-            if "_" in job and job.rsplit("_", 1)[1].isdigit():
-                states[int(job.rsplit("_", 1)[1])] = f"sacct: {state}"
+            if (task := job.rpartition("_")[2]) != job and task.isdigit():
+                states[int(task)] = f"sacct: {state}"
         return states
-
-    def close(self) -> None:
-        pass  # array tasks run on: the next pass, or the next scheduler, finds their result files
 
 
 class SlurmError(RuntimeError):

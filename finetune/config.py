@@ -1,19 +1,15 @@
-"""The fine-tuning recipe: a typed dataclass with a docstring under each field (also its ``--help`` text).
-
-The commands (finetune.run, finetune.schedule, finetune.report) read it through the project's one loader,
-pretrain/common/cli.py: a preset (``--config configs/finetune/x.yaml``) and ``--key=value`` / ``--recipe.key=value``
-overrides end in the same dataclasses, whose ``__post_init__`` rejects bad values with a message naming the key.
+"""The fine-tuning recipe and the options the commands share: typed dataclasses, read by pretrain/common/cli.py
+(a ``--config`` preset and ``--key=value`` overrides), whose ``__post_init__`` rejects bad values naming the key.
 
 Each recipe field declares its role once (pretrain/common/roles.py): ``recipe`` fields change the numbers a job
-produces and are part of its key (``FinetuneConfig.result_key``); ``mechanics`` fields say how a worker runs
-(batch size of evaluation, threads, device, progress bar) and reach the tasks beside the key
-(``FinetuneConfig.runtime``).
+produces and are part of its key (``FinetuneConfig.result_key``); ``mechanics`` fields say how a worker runs and
+reach the tasks beside the key (``FinetuneConfig.runtime``).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -23,7 +19,7 @@ from pretrain.common.roles import keys_where, role
 
 Device = Literal["auto", "cpu", "cuda"]
 RESULTS_DIR = "outputs/finetune/results.d"
-"""The default results folder (where the results store of earlier versions kept its files by default)."""
+"""The default results folder."""
 
 
 @dataclass(kw_only=True)
@@ -49,14 +45,12 @@ class FinetuneConfig:
     max_grad_norm: float = role("recipe", default=1.0)
     """Clip the global gradient norm to this value (BERT: 1.0); 0 disables clipping."""
     mixed_precision: Literal["no", "bf16"] = role("recipe", default="no")
-    """Autocast the forward pass to bf16 ("bf16": about 1.6x faster on a CPU with AVX512-BF16 and on any
-    recent GPU; weights, gradients and the optimizer stay fp32) or train in fp32 ("no"). Part of the
-    recipe: results of the two are filed apart."""
+    """Autocast the forward pass to bf16 (about 1.6x faster on a CPU with AVX512-BF16 and on any recent GPU;
+    weights, gradients and the optimizer stay fp32) or train in fp32 ("no"); results of the two are filed apart."""
     eval_batch_size: int = role("mechanics", default=64)
     """Sequences per batch when evaluating on the dev set (does not change results)."""
     random_init: bool = role("recipe", default=False)
-    """Ignore the model's weights and fine-tune its architecture from random initialisation (the baseline
-    without pretraining); the tokenizer is still the model's."""
+    """Fine-tune the model's architecture from random initialisation (the baseline without pretraining)."""
     max_train_examples: int | None = role("recipe", default=None)
     """Use only the first N training examples (quick checks); None uses them all."""
     max_eval_examples: int | None = role("recipe", default=None)
@@ -110,20 +104,6 @@ def check_tasks(key: str, names: list[str]) -> None:
             raise ConfigError(f"{key}: {err}") from None
 
 
-def validate_grid(lrs: list[float], seeds: list[int]) -> None:
-    """The learning rates and seeds of a grid (``lrs`` and ``seeds`` keys of run and schedule)."""
-    require(
-        bool(lrs) and all(lr > 0 for lr in lrs),
-        "lrs",
-        f"must be a non-empty list of positive learning rates; got {lrs}",
-    )
-    require(
-        bool(seeds) and all(s >= 0 for s in seeds) and len(set(seeds)) == len(seeds),
-        "seeds",
-        f"must be a non-empty list of distinct integers >= 0; got {seeds}",
-    )
-
-
 @dataclass(kw_only=True)
 class ResultsOption:
     """The results folder option of the commands that read or write it (run, schedule, status, report)."""
@@ -144,5 +124,32 @@ class ResultsOption:
             )
 
 
-__all__ = ["DEFAULT_LRS", "DEFAULT_SEEDS", "RESULTS_DIR", "FinetuneConfig", "ResultsOption", "check_tasks",
-           "validate_grid"]  # fmt: skip
+@dataclass(kw_only=True)
+class GridOptions(ResultsOption):
+    """The options finetune.run and finetune.schedule share: the data, the (lr, seed) grid, the recipe and W&B."""
+
+    data_dir: str | None = None
+    """Folder in the original GLUE layout (MRPC/train.tsv, RTE/dev.tsv, ...); unset: nyu-mll/glue from the Hub."""
+    lrs: list[float] = field(default_factory=lambda: list(DEFAULT_LRS))
+    """Peak learning rates, one job each per seed (the report picks the best per snapshot by mean dev accuracy)."""
+    seeds: list[int] = field(default_factory=lambda: list(DEFAULT_SEEDS))
+    """Random seeds (classifier init, dropout, data order) per model, task and lr; the paper uses 6."""
+    retry_failed: bool = False
+    """Queue the jobs that failed for good again, after fixing the cause (e.g. a missing --data_dir)."""
+    recipe: FinetuneConfig = field(default_factory=FinetuneConfig)
+    """The fine-tuning recipe of every job."""
+    wandb: bool = False
+    """Log one W&B run per job (job_type finetune; WANDB_MODE=offline logs locally, beside the results folder)."""
+    wandb_project: str | None = None
+    """W&B project of the job runs; unset: the pretraining run's tracking.project (else lnbert)."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        ok = bool(self.lrs) and all(lr > 0 for lr in self.lrs)
+        require(ok, "lrs", f"must be a non-empty list of positive learning rates; got {self.lrs}")
+        ok = bool(self.seeds) and all(s >= 0 for s in self.seeds) and len(set(self.seeds)) == len(self.seeds)
+        require(ok, "seeds", f"must be a non-empty list of distinct integers >= 0; got {self.seeds}")
+
+
+__all__ = ["DEFAULT_LRS", "DEFAULT_SEEDS", "RESULTS_DIR", "FinetuneConfig", "GridOptions", "ResultsOption",
+           "check_tasks"]  # fmt: skip

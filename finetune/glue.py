@@ -38,24 +38,16 @@ class GlueTask:
     label_names: tuple[str, ...]
     """Label strings in id order, as on the Hub; numeric labels in the TSV are taken as ids."""
     metrics: tuple[str, ...]
+    header: tuple[str, ...]
+    """The TSV header line of the original GLUE download."""
 
 
 TASKS: dict[str, GlueTask] = {
-    "mrpc": GlueTask(
-        name="mrpc",
-        folder="MRPC",
-        columns=("#1 String", "#2 String", "Quality"),
-        label_names=("not_equivalent", "equivalent"),
-        metrics=("accuracy", "f1"),
-    ),
-    "rte": GlueTask(
-        name="rte",
-        folder="RTE",
-        columns=("sentence1", "sentence2", "label"),
-        label_names=("entailment", "not_entailment"),
-        metrics=("accuracy",),
-    ),
-}
+    "mrpc": GlueTask("mrpc", "MRPC", ("#1 String", "#2 String", "Quality"), ("not_equivalent", "equivalent"),
+                     ("accuracy", "f1"), ("Quality", "#1 ID", "#2 ID", "#1 String", "#2 String")),
+    "rte": GlueTask("rte", "RTE", ("sentence1", "sentence2", "label"), ("entailment", "not_entailment"),
+                    ("accuracy",), ("index", "sentence1", "sentence2", "label")),
+}  # fmt: skip
 SPLIT_FILES = {"train": "train.tsv", "dev": "dev.tsv"}
 HUB_DATASET = "nyu-mll/glue"
 HUB_SPLITS = {"train": "train", "dev": "validation"}
@@ -76,11 +68,7 @@ def get_task(name: str) -> GlueTask:
 
 
 def expected_layout(task: GlueTask) -> str:
-    header = "\t".join(
-        ("Quality", "#1 ID", "#2 ID", "#1 String", "#2 String")
-        if task.name == "mrpc"
-        else ("index", "sentence1", "sentence2", "label")
-    )
+    header = "\t".join(task.header)
     return f"{task.folder}/train.tsv and {task.folder}/dev.tsv, tab-separated with the header line: {header}"
 
 
@@ -132,9 +120,8 @@ def load_hub(task: GlueTask) -> dict[str, list[Example]]:
     from datasets import load_dataset  # imported here: a slow import that local data does not need
 
     dataset = load_dataset(HUB_DATASET, task.name)
-    text_a, text_b = ("sentence1", "sentence2")
     return {
-        split: [Example(r[text_a], r[text_b], int(r["label"])) for r in dataset[hub_split]]
+        split: [Example(r["sentence1"], r["sentence2"], int(r["label"])) for r in dataset[hub_split]]
         for split, hub_split in HUB_SPLITS.items()
     }
 
@@ -145,31 +132,16 @@ def load_task(name: str, data_dir: str | Path | None = None) -> dict[str, list[E
     return load_local(task, data_dir) if data_dir is not None else load_hub(task)
 
 
-# --------------------------------------------------------------------------------------------------
-# Tokenizing and batching
-# --------------------------------------------------------------------------------------------------
+# --- Tokenizing and batching ----------------------------------------------------------------------
 
 
 def encode(tokenizer: Any, examples: list[Example], max_length: int) -> list[dict[str, Any]]:
     """Tokenize pairs without padding (batches are padded to their own longest sequence)."""
-    enc = tokenizer(
-        [e.text_a for e in examples],
-        [e.text_b for e in examples],
-        truncation="longest_first",
-        max_length=max_length,
-        padding=False,
-        return_token_type_ids=True,
-        return_attention_mask=True,
-    )
-    return [
-        {
-            "input_ids": enc["input_ids"][i],
-            "token_type_ids": enc["token_type_ids"][i],
-            "attention_mask": enc["attention_mask"][i],
-            "labels": e.label,
-        }
-        for i, e in enumerate(examples)
-    ]
+    pairs = [e.text_a for e in examples], [e.text_b for e in examples]
+    enc = tokenizer(*pairs, truncation="longest_first", max_length=max_length, padding=False,
+                    return_token_type_ids=True, return_attention_mask=True)  # fmt: skip
+    keys = ("input_ids", "token_type_ids", "attention_mask")
+    return [{**{k: enc[k][i] for k in keys}, "labels": e.label} for i, e in enumerate(examples)]
 
 
 def collate(features: list[dict[str, Any]], pad_token_id: int) -> dict[str, torch.Tensor]:
@@ -177,16 +149,10 @@ def collate(features: list[dict[str, Any]], pad_token_id: int) -> dict[str, torc
     import torch
 
     longest = max(len(f["input_ids"]) for f in features)
-
-    def padded(key: str, value: int) -> torch.Tensor:
-        return torch.tensor([f[key] + [value] * (longest - len(f[key])) for f in features], dtype=torch.long)
-
-    return {
-        "input_ids": padded("input_ids", pad_token_id),
-        "token_type_ids": padded("token_type_ids", 0),
-        "attention_mask": padded("attention_mask", 0),
-        "labels": torch.tensor([f["labels"] for f in features], dtype=torch.long),
-    }
+    padding = {"input_ids": pad_token_id, "token_type_ids": 0, "attention_mask": 0}
+    batch = {k: [f[k] + [pad] * (longest - len(f[k])) for f in features] for k, pad in padding.items()}
+    batch["labels"] = [f["labels"] for f in features]
+    return {k: torch.tensor(v, dtype=torch.long) for k, v in batch.items()}
 
 
 def batches(
@@ -195,8 +161,8 @@ def batches(
     """Batches in a random order drawn from ``generator`` (training), or in file order when it is None."""
     import torch
 
-    order = torch.randperm(len(features), generator=generator).tolist() if generator is not None else None
-    indices = order if order is not None else list(range(len(features)))
+    count = len(features)
+    indices = range(count) if generator is None else torch.randperm(count, generator=generator).tolist()
     for start in range(0, len(indices), batch_size):
         yield collate([features[i] for i in indices[start : start + batch_size]], pad_token_id)
 
@@ -220,10 +186,8 @@ def baseline_metrics(task: GlueTask, labels: np.ndarray, predictions: np.ndarray
     classes = len(task.label_names)
     label_counts = np.bincount(labels, minlength=classes)
     majority = int(label_counts.argmax())
-    out = {
-        "majority_accuracy": float(label_counts[majority] / len(labels)),
-        "top_class_share": float(np.bincount(predictions, minlength=classes).max() / len(predictions)),
-    }
+    out = {"majority_accuracy": float(label_counts[majority] / len(labels)),
+           "top_class_share": float(np.bincount(predictions, minlength=classes).max() / len(predictions))}  # fmt: skip
     if "f1" in task.metrics:
         out["majority_f1"] = float(f1_score(labels, np.full_like(labels, majority), zero_division=0))
     return out

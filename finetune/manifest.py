@@ -12,11 +12,9 @@ one folder, ``results_dir`` (docs/finetune_files.md):
                                     it failed for good (a refused snapshot) (TAG: host, pid, time)
 
 There is no other state: what a job is (queued, submitted, done or failed, its attempts and its error) is derived
-from these files each time it is asked (``ResultsFolder.jobs``), so a listing never lags the tasks and a scheduler
-killed at any moment continues from the files alone. Files are written atomically (pretrain/common/atomic.py:
-a temporary name, then a rename or a hard link, both atomic on NFS and Lustre) with the permissions the umask
-gives, so colleagues can read them. A job that runs twice (a requeued task, two copies of one task) computes the
-same KEY; the first copy's result file stays and the second is dropped.
+from these files each time it is asked (``ResultsFolder.jobs``), so a scheduler killed at any moment continues from
+the files alone. Files are written atomically (pretrain/common/atomic.py); of a job that ran twice (same KEY), the
+first copy's result file stays.
 """
 
 from __future__ import annotations
@@ -143,8 +141,7 @@ class Results:
 
 @dataclass(frozen=True)
 class Runtime:
-    """Inputs of a submission's jobs that do not change their numbers: from the command that submitted (a
-    corrected --data_dir reaches the next submission)."""
+    """Inputs of a submission's jobs that do not change their numbers, from the command that submitted."""
 
     data_dir: str | None
     """GLUE folder in the original layout (absolute), or None: nyu-mll/glue from the Hub."""
@@ -185,10 +182,6 @@ class Manifest:
             raise ValueError(f"task index {index} is outside this manifest's 0..{self.tasks - 1}")
         return self.jobs[index :: self.tasks]
 
-    def task_of(self, position: int) -> int:
-        """The task that runs the manifest's ``position``-th job."""
-        return position % self.tasks
-
     @property
     def is_open(self) -> bool:
         return len(self.ended) < self.tasks
@@ -209,11 +202,9 @@ class JobState:
     results: Results | None = None
     """What it measured (done only)."""
     permanent: bool = False
-    """Its latest attempt failed for a reason no retry changes while the snapshot's files stay as they are (the
-    snapshot was refused: incomplete, damaged, of another format version, of mixed placements): failed for good."""
+    """Failed for good: its snapshot was refused, which no retry changes while the snapshot's files stay as they are."""
     snapshot_stamp: str | None = None
-    """The stamp of the model folder's files when that attempt failed (finetune.worker.files_stamp; failed only):
-    a failure for good holds until the stamp of the files there now differs."""
+    """The model folder's files_stamp when that attempt failed: a failure for good holds while it is unchanged."""
 
     def line(self, outcome: str = "") -> str:
         """What a researcher reads when the job ends: ``done TASK lr=.. seed=.. step=.. (RUN) acc 0.684 in 41 s``,
@@ -223,23 +214,18 @@ class JobState:
         return f"failed {self.spec.label}, attempt {self.attempts}{outcome}: {self.error}"
 
     def row(self) -> dict[str, Any]:
-        """The flat view of tables and the report: the spec's fields, key, recipe hash, status, attempts, error and
-        the result fields (None until it is done)."""
+        """The flat view of tables and the report: the spec's fields, key, status, ... and the result fields."""
         spec = {f.name: getattr(self.spec, f.name) for f in dataclasses.fields(JobSpec)}  # asdict copies: slow
-        results = {f.name: getattr(self.results, f.name) if self.results else None for f in dataclasses.fields(Results)}
+        results = {f.name: getattr(self.results, f.name, None) for f in dataclasses.fields(Results)}
         return {**spec, "key": self.spec.key, "recipe_hash": self.spec.recipe_hash, "status": self.status,
                 "attempts": self.attempts, "error": self.error, "permanent": self.permanent, **results}  # fmt: skip
 
 
 def charged(reason: str, started: bool) -> bool:
-    """Whether a job its task left without a result is charged that attempt, given why the task ended.
-
-    A task that failed by itself (a local worker's non-zero exit code, SLURM's FAILED, a refused sbatch) would fail
-    again, and one that someone cancelled (SLURM's CANCELLED) would never end if resubmitted for free: every job it
-    left is charged, so a broken environment still stops after max_attempts. A task stopped from outside (killed,
-    preempted, out of time, its node lost) is charged for the job it had started only (a job that kills its worker
-    stops too); not even for that one when an interrupt stopped it, or when it ran in its scheduler's process, which
-    died with the job in hand (else a scheduler killed soon after each start would use up that job's attempts)."""
+    """Whether a job its task left without a result is charged that attempt, given why the task ended: for every
+    job when the task failed by itself or was cancelled (a broken environment still stops after max_attempts); for
+    the job it had started when it was stopped from outside (killed, preempted); for none when an interrupt stopped
+    it or it died with its scheduler's process (docs/finetune_files.md)."""
     code = reason.removeprefix("exit code ")
     state = reason.removeprefix("sacct: ").split(" ")[0]
     failed_itself = (code != reason and code.strip() != "0") or (state != reason and state in ("FAILED", "CANCELLED"))
@@ -248,18 +234,14 @@ def charged(reason: str, started: bool) -> bool:
     return started and reason not in (SCHEDULER_STOPPED, INTERRUPTED)
 
 
-# --------------------------------------------------------------------------------------------------
-# Writing and reading files
-# --------------------------------------------------------------------------------------------------
+# --- Writing and reading files --------------------------------------------------------------------
 
 
 def worker_info() -> dict[str, Any]:
     """Where this attempt ran: host, pid and, under SLURM, the array job and task."""
-    info: dict[str, Any] = {"host": socket.gethostname(), "pid": os.getpid()}
-    for name in ("SLURM_ARRAY_JOB_ID", "SLURM_ARRAY_TASK_ID", "SLURM_JOB_ID", "SLURM_RESTART_COUNT"):
-        if name in os.environ:
-            info[name.lower()] = os.environ[name]
-    return info
+    slurm = ("SLURM_ARRAY_JOB_ID", "SLURM_ARRAY_TASK_ID", "SLURM_JOB_ID", "SLURM_RESTART_COUNT")
+    info = {name.lower(): os.environ[name] for name in slurm if name in os.environ}
+    return {"host": socket.gethostname(), "pid": os.getpid(), **info}
 
 
 def write_json(path: Path, payload: dict[str, Any]) -> None:
@@ -314,21 +296,15 @@ class ResultsFolder:
         names = sorted(os.listdir(folder)) if folder.is_dir() else []
         return [folder / name for name in names if name.endswith(".json") and not name.startswith(".")]
 
-    # ----------------------------------------------------------------------------------------------
-    # The scheduler's files
-    # ----------------------------------------------------------------------------------------------
+    # --- The scheduler's files ---
 
     @contextmanager
     def lock(self) -> Iterator[None]:
         """Hold the folder's lock (flock on RESULTS/lock) for the block, or raise ResultsBusy naming its holder.
 
         Two schedulers on one folder would each submit the same jobs. The lock goes with its process, so a killed
-        scheduler blocks nobody; the file names the holder (host, pid, start time) for the message. It is written
-        in place, not through atomic.py: a rename would put a new file beside the one that is locked.
-        The folder lives on the shared file system. Over NFS, Linux emulates flock with POSIX byte-range locks,
-        which the server grants across hosts (NFSv4, or NFSv3 with its lock manager running); on Lustre, flock
-        works across nodes only with the ``flock`` mount option (``localflock`` locks within one node only, and
-        without either option flock fails, which is reported here)."""
+        scheduler blocks nobody. The file, which names the holder for the message, is written in place: a rename
+        would put a new file beside the one that is locked. NFS and Lustre (``-o flock``): docs/finetune_files.md."""
         path = self.root / LOCK
         self.root.mkdir(parents=True, exist_ok=True)
         with open(path, "a+") as f:
@@ -343,16 +319,14 @@ class ResultsFolder:
                     "it with -o flock); keep the results folder on one that does"
                 ) from None
             try:
-                f.seek(0)
-                f.truncate()
+                f.truncate(0)  # "a+": the write goes to the (new) end
                 since = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
                 f.write(json.dumps({"host": socket.gethostname(), "pid": os.getpid(), "since": since,
                                     "command": sys.argv}))  # fmt: skip
                 f.flush()
                 yield
             finally:
-                f.seek(0)
-                f.truncate()  # a released lock names nobody
+                f.truncate(0)  # a released lock names nobody
                 fcntl.flock(f, fcntl.LOCK_UN)
 
     def manifest_path(self, submission: int) -> Path:
@@ -373,9 +347,7 @@ class ResultsFolder:
         """Every submission, in order."""
         return [load_manifest(path) for path in self._files(MANIFESTS)]
 
-    # ----------------------------------------------------------------------------------------------
-    # The tasks' files
-    # ----------------------------------------------------------------------------------------------
+    # --- The tasks' files: each names the job, its attempt and submission, and where it ran ---
 
     def started_path(self, key: str, submission: int) -> Path:
         return self.root / STARTED / f"{key}.{submission}.json"
@@ -387,73 +359,65 @@ class ResultsFolder:
         return self.done_path(key).is_file()
 
     def write_started(self, job: ManifestJob, submission: int) -> None:
-        """Record that this attempt of a job began (before any of its work): its attempt then counts even if the
-        task dies inside it, so a job that kills its process stops after max_attempts."""
-        payload = {"key": job.spec.key, "attempt": job.attempt, "submission": submission, "worker": worker_info(),
-                   "started": time.time()}  # fmt: skip
-        write_json(self.started_path(job.spec.key, submission), payload)
+        """Record that this attempt of a job began, before any of its work: a job that kills its task is charged."""
+        path = self.started_path(job.spec.key, submission)
+        write_json(path, _attempt(job, submission, worker_info(), started=time.time()))
 
     def write_done(self, job: ManifestJob, submission: int, results: Results) -> bool:
         """Record a finished job; False if another copy of it finished first (this copy is dropped)."""
-        payload = {"key": job.spec.key, "attempt": job.attempt, "submission": submission, "spec": asdict(job.spec),
-                   "results": asdict(results), "worker": worker_info(), "finished": time.time()}  # fmt: skip
+        payload = _attempt(job, submission, worker_info(), spec=asdict(job.spec), results=asdict(results),
+                           finished=time.time())  # fmt: skip
         text = json.dumps(stamped(payload, RESULTS_FORMAT), indent=1, sort_keys=True)
         return atomic.write_once(self.done_path(job.spec.key), text)  # the first copy wins: it never changes
 
     def write_failed(
         self, job: ManifestJob, submission: int, error: str, permanent: bool = False, snapshot_stamp: str | None = None
     ) -> None:
-        """Record a failed attempt of a job; ``permanent``: failed for good while the model folder's files have
-        ``snapshot_stamp`` (JobState)."""
+        """Record a failed attempt of a job (``permanent``, ``snapshot_stamp``: JobState's)."""
         info = worker_info()
         path = self.root / FAILED / f"{job.spec.key}.{submission}.{info['host']}-{info['pid']}-{time.time_ns()}.json"
-        payload = {"key": job.spec.key, "attempt": job.attempt, "submission": submission, "spec": asdict(job.spec),
-                   "error": error, "permanent": permanent, "snapshot_stamp": snapshot_stamp, "worker": info,
-                   "failed": time.time()}  # fmt: skip
-        write_json(path, payload)
+        write_json(path, _attempt(job, submission, info, spec=asdict(job.spec), error=error, permanent=permanent,
+                                  snapshot_stamp=snapshot_stamp, failed=time.time()))  # fmt: skip
 
-    # ----------------------------------------------------------------------------------------------
-    # What the files say
-    # ----------------------------------------------------------------------------------------------
+    # --- What the files say ---
 
     def done(self) -> dict[str, JobState]:
         """The finished jobs, by key, from their result files."""
-        return {
-            p["key"]: JobState(
-                JobSpec(**p["spec"]), "done", p["attempt"], p["submission"], results=Results(**p["results"])
-            )
-            for p in self._read(DONE)
-        }
+        return {p["key"]: JobState(JobSpec(**p["spec"]), "done", p["attempt"], p["submission"],
+                                   results=Results(**p["results"])) for p in self._read(DONE)}  # fmt: skip
 
     def jobs(self) -> dict[str, JobState]:
-        """Every job a file of the folder names, by key. A job's latest submission decides (the highest-numbered
-        manifest or failure file that names it): failed there (a failure file), under way (its task has not
-        ended), or its task ended without its result: a failed attempt if the task is charged for it (``charged``),
-        else queued again with the attempts it had. A result file makes it done, whatever else was written."""
+        """Every job a file of the folder names, by key. A result file makes it done; else its latest submission
+        decides: failed there (a failure file), under way, or its task ended without its result: a failed attempt
+        if the task is ``charged`` for it, else queued again with the attempts it had."""
         states: dict[str, JobState] = {}
         started = {p.name for p in self._files(STARTED)}
         for manifest in self.manifests():
             for position, job in enumerate(manifest.jobs):
-                states[job.spec.key] = _listed(manifest, position, job, started)
+                states[job.spec.key] = _listed(manifest, position % manifest.tasks, job, started)
         for f in self._read(FAILED):
             latest = states.get(f["key"])
             if latest is None or f["submission"] >= latest.submission:
                 states[f["key"]] = JobState(JobSpec(**f["spec"]), "failed", f["attempt"], f["submission"], f["error"],
                                             permanent=f["permanent"], snapshot_stamp=f["snapshot_stamp"])  # fmt: skip
-        states.update(self.done())
-        return states
+        return states | self.done()
 
 
-def _listed(manifest: Manifest, position: int, job: ManifestJob, started: set[str]) -> JobState:
-    """A job as its submission's manifest (and its started file) says, before its failure and result files."""
-    task, submission = manifest.task_of(position), manifest.submission
+def _attempt(job: ManifestJob, submission: int, worker: dict[str, Any], **fields: Any) -> dict[str, Any]:
+    """The payload of a task's file about one attempt of a job."""
+    return {"key": job.spec.key, "attempt": job.attempt, "submission": submission, **fields, "worker": worker}
+
+
+def _listed(manifest: Manifest, task: int, job: ManifestJob, started: set[str]) -> JobState:
+    """A job of ``task`` as its submission's manifest (and its started file) says."""
+    submission = manifest.submission
     state = JobState(job.spec, "submitted", job.attempt, submission)
     reason = manifest.ended.get(task)
     if reason is None:
         return state
     if charged(reason, f"{job.spec.key}.{submission}.json" in started):
-        return replace(state, status="failed", error=f"task {task} of submission {submission} ended without a "
-                                                      f"result ({reason})")  # fmt: skip
+        error = f"task {task} of submission {submission} ended without a result ({reason})"
+        return replace(state, status="failed", error=error)
     return replace(state, status="queued", attempts=job.attempt - 1)
 
 

@@ -5,72 +5,54 @@
     python -m finetune.run --config=configs/finetune/bert_glue.yaml --model=... --lrs='[2e-5]' --seeds='[0, 1]'
     python -m finetune.run --help                                          # every key, its type, default and doc
 
-The model is any folder written by pretraining (``snapshots/step_*``; ``import pretrain`` registers the
-``lnbert`` Auto classes) or any BERT-like model that ``AutoModelForSequenceClassification`` opens. Each
-(lr, seed) is one job, run in this process through a manifest and a result file in the results folder
-(``--results_dir``) as the scheduler runs them (finetune/schedule.py): a job already done is skipped, so the
-command can be re-run after an interruption. The recipe is original BERT's (batch 32, 3 epochs, 10% linear
-warm-up then linear decay, max length 128, AdamW with weight decay 0.01 except on biases and norms), evaluated
-on dev.
+The model is any folder written by pretraining (``snapshots/step_*``) or any BERT-like model that
+``AutoModelForSequenceClassification`` opens. Each (lr, seed) is one job, run in this process through a manifest and
+a result file in the results folder (``--results_dir``), as the scheduler runs them (finetune/schedule.py): a job
+already done is skipped, so the command can be re-run after an interruption. The recipe is original BERT's
+(finetune/train.py), evaluated on dev.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import sys
-from dataclasses import dataclass, field
+from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from finetune.backends import InProcess
-from finetune.config import DEFAULT_LRS, DEFAULT_SEEDS, FinetuneConfig, ResultsOption, check_tasks, validate_grid
+from finetune.config import GridOptions, check_tasks
 from finetune.glue import load_task
 from finetune.manifest import ResultsBusy, ResultsFolder, Runtime
-from finetune.schedule import JobLines, collect, lifted, retried, runnable, submit
-from finetune.tracking import WandbSettings, check_wandb
+from finetune.schedule import collect, job_lines, lifted, retried, runnable, submit, wandb_settings
+from finetune.tracking import check_wandb
 from finetune.worker import check_snapshot, describe_model, job_specs
 from pretrain.common.cli import parse, require, run_cli
 
 
 @dataclass(kw_only=True)
-class RunConfig(ResultsOption):
+class RunConfig(GridOptions):
     """Fine-tune one model on one GLUE task over a grid of learning rates and seeds; results go to the folder."""
 
     model: str
     """A snapshot folder written by pretraining (RUN/snapshots/step_*) or a model name on the Hugging Face Hub."""
     task: str = "mrpc"
     """GLUE task: mrpc or rte."""
-    data_dir: str | None = None
-    """Folder in the original GLUE layout (MRPC/train.tsv, RTE/dev.tsv, ...); unset: nyu-mll/glue from the Hub."""
-    lrs: list[float] = field(default_factory=lambda: list(DEFAULT_LRS))
-    """Peak learning rates to try (one job each per seed)."""
-    seeds: list[int] = field(default_factory=lambda: list(DEFAULT_SEEDS))
-    """Random seeds (classifier init, dropout, data order); the paper uses 6 per point."""
     max_attempts: int = 2
     """Tries per job before it stays failed."""
-    retry_failed: bool = False
-    """Try again the jobs of this grid that failed every attempt (after fixing the cause)."""
-    recipe: FinetuneConfig = field(default_factory=FinetuneConfig)
-    """The fine-tuning recipe."""
-    wandb: bool = False
-    """Log one W&B run per job (job_type finetune; WANDB_MODE=offline logs locally, beside the results folder)."""
-    wandb_project: str | None = None
-    """W&B project of the job runs; unset: the pretraining run's tracking.project (else lnbert)."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
         check_tasks("task", [self.task])
-        validate_grid(self.lrs, self.seeds)
         require(self.max_attempts >= 1, "max_attempts", f"must be >= 1; got {self.max_attempts}")
 
 
 def run(config: RunConfig) -> list[dict[str, Any]]:
-    """Run what is not done of the grid for one model and task in this process; returns the grid's rows.
-
-    The scheduler's path with one in-process worker: a manifest, result files, and this process holding the lock.
-    """
+    """Run what is not done of the grid for one model and task in this process, the scheduler's way (a manifest,
+    result files, this process holding the lock); returns the grid's rows."""
     # torch and transformers once the options are read (a typo answers before their seconds of import)
     from transformers import AutoConfig
 
@@ -83,7 +65,7 @@ def run(config: RunConfig) -> list[dict[str, Any]]:
     if data_dir is not None:
         load_task(config.task, data_dir)  # fail now, on the user's input, rather than inside every job
     folder = ResultsFolder(config.results_dir)
-    tracking = WandbSettings(project=config.wandb_project, dir=str(folder.root.parent)) if config.wandb else None
+    tracking = wandb_settings(config)
     check_wandb(tracking)
     runtime = Runtime(data_dir, config.recipe.runtime(), dataclasses.asdict(tracking) if tracking else None)
     specs = job_specs(describe_model(config.model), config.task, config.lrs, config.seeds, config.recipe)
@@ -91,7 +73,7 @@ def run(config: RunConfig) -> list[dict[str, Any]]:
     with folder.lock():
         backend = InProcess()
         collect(folder, backend)  # the jobs of an earlier run that was killed in them are queued again
-        backend.after_job = JobLines(folder, config.max_attempts)  # one line per job, as it ends
+        backend.after_job = job_lines(folder, config.max_attempts)  # one line per job, as it ends
         jobs = folder.jobs()
         resets = retried(jobs, specs) if config.retry_failed else {}
         new = sum(spec.key not in jobs for spec in specs)
@@ -116,9 +98,7 @@ def summarize(rows: list[dict[str, Any]]) -> str:
             # One seed has no spread: print no "± 0" that reads as a measured zero.
             spread = f"±{np.std(values):.4f}" if len(values) > 1 else ""
             stats.append(f"{np.mean(values):.4f}{spread}" if values else "-")
-        statuses = ", ".join(
-            f"{s} {sum(r['status'] == s for r in group)}" for s in sorted({r["status"] for r in group})
-        )
+        statuses = ", ".join(f"{s} {n}" for s, n in sorted(Counter(r["status"] for r in group).items()))
         lines.append(f"{lr:<9g} {len(done):<6d} {stats[0]:<15} {stats[1]:<15} {statuses}")
     errors = {r["error"] for r in rows if r["status"] == "failed"}
     lines += [f"error: {e}" for e in sorted(errors)]
@@ -132,12 +112,9 @@ def main(argv: list[str] | None = None) -> int:
     failed = [r for r in rows if r["status"] == "failed" and r["attempts"] >= config.max_attempts]
     if failed and not config.retry_failed:
         # Jobs that failed every attempt are not run again: the errors above may be from an earlier command.
-        print(
-            f"{len(failed)} job(s) failed every attempt ({config.max_attempts}); such jobs are not run again, so "
-            "their errors may be an earlier command's. After fixing the cause (e.g. a missing --data_dir), run the "
-            "same command with --retry_failed=true",
-            file=sys.stderr,
-        )
+        print(f"{len(failed)} job(s) failed every attempt ({config.max_attempts}); such jobs are not run again, so "
+              "their errors may be an earlier command's. After fixing the cause (e.g. a missing --data_dir), run the "
+              "same command with --retry_failed=true", file=sys.stderr)  # fmt: skip
     return 0 if all(r["status"] == "done" for r in rows) else 1
 
 

@@ -8,39 +8,34 @@
 
 Every snapshot folder with its COMPLETE marker becomes task x lr x seed jobs, keyed by the run's id (RUN/run_id),
 the snapshot's content hash and the recipe. The results folder (finetune/manifest.py) is the only record of the
-jobs, and this process the only one that writes its manifests (it holds the folder's lock). On each pass it reads
-the folder, records in their manifests the tasks that ended (preempted, killed, out of time: a job such a task
-left without a result is submitted again), and writes a manifest of the jobs still to run, whose tasks run on the
-backend: ``local`` (N worker processes here; 1 runs the jobs in this process) or ``slurm`` (one ``sbatch`` job
-array per manifest). Tasks read only the manifest and write only result files (finetune/worker.py).
+jobs, and this process, holding its lock, the only writer of its manifests. On each pass it records the tasks that
+ended (a job such a task left without a result is submitted again) and writes a manifest of the jobs still to run,
+whose tasks run on the backend: ``local`` (N worker processes; 1 runs the jobs in this process) or ``slurm`` (one
+``sbatch`` job array per manifest). Tasks read only the manifest and write only result files (finetune/worker.py).
 
 ``--mode=once`` runs the jobs of the snapshots that exist until each is done or failed ``max_attempts`` times;
-``--mode=follow`` also picks up new snapshots until every run is finished, diverged, failed or dead (status.json
-``running`` but its heartbeat older than ``dead_after_min``), or until ``--until``. The exit code is 1 when jobs failed
-every attempt (they are listed with their errors); ``--retry_failed=true`` queues them again. A job whose snapshot
-is refused (incomplete, damaged, of another format version or of mixed placements) fails for good at once: it is
-not tried again, by this command or a later one, until the snapshot's files change (restored from a copy).
-
-It prints one line per job as it learns of its end (``done mrpc lr=3e-05 seed=2 step=1200 (RUN) acc 0.684 in
-41 s``, or ``failed ...`` with the reason), and the cost of the jobs before starting them: at ``--step_time_s``,
-or else at the time per step of the first job that finishes, printed then.
+``--mode=follow`` also picks up new snapshots until every run is finished, diverged, failed or dead (its heartbeat
+older than ``dead_after_min``), or until ``--until``. The exit code is 1 when jobs failed every attempt, or for good
+on a refused snapshot (listed with their errors); ``--retry_failed=true`` queues them again. It prints one line per
+job as it ends, and the cost of the jobs before starting them (docs/finetuning.md).
 """
 
 from __future__ import annotations
 
 import datetime
+import functools
 import math
 import os
 import re
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Literal
 
 from finetune.backends import Backend, InProcess, LocalArray, SlurmArray, SlurmConfig, SlurmError
-from finetune.config import DEFAULT_LRS, DEFAULT_SEEDS, FinetuneConfig, ResultsOption, check_tasks, validate_grid
+from finetune.config import GridOptions, ResultsOption, check_tasks
 from finetune.glue import load_task
 from finetune.manifest import (
     INTERRUPTED,
@@ -72,29 +67,22 @@ __all__ = ["ScheduleConfig", "SlurmConfig", "main", "schedule"]
 
 
 @dataclass(kw_only=True)
-class ScheduleConfig(ResultsOption):
+class ScheduleConfig(GridOptions):
     """Fine-tune every complete snapshot of the given pretraining runs (see the module docstring)."""
 
     runs: list[str]
     """Pretraining run folders (RUN/ of docs/run_layout.md) to watch."""
     tasks: list[str] = field(default_factory=lambda: ["mrpc", "rte"])
     """GLUE tasks to fine-tune every snapshot on."""
-    data_dir: str | None = None
-    """GLUE folder in the original layout (MRPC/train.tsv, ...); unset: nyu-mll/glue from the Hub."""
-    lrs: list[float] = field(default_factory=lambda: list(DEFAULT_LRS))
-    """Peak learning rates (the report picks the best per snapshot by mean dev accuracy)."""
-    seeds: list[int] = field(default_factory=lambda: list(DEFAULT_SEEDS))
-    """Random seeds per (snapshot, task, lr); the paper uses 6."""
     mode: Mode = "once"
     """once: run the jobs of the snapshots that exist, then exit. follow: keep polling until all runs end."""
     poll_interval_s: float = 60.0
     """Seconds between passes (reading the results folder, looking for new snapshots and ended tasks)."""
     until: str | None = None
-    """Stop following at this time: an ISO date-time (2026-12-01T06:00, local time unless it has an offset) or a
-    duration from now (90m, 8h, 45s). Submitted SLURM tasks run on; the next scheduler finds their results."""
+    """Stop following at an ISO date-time (2026-12-01T06:00, local unless it has an offset) or after a duration
+    (90m, 8h, 45s). Submitted SLURM tasks run on; the next scheduler finds their results."""
     dead_after_min: float = DEAD_AFTER_S / 60
-    """A run whose status.json says running but whose heartbeat ("updated", refreshed every few seconds while it
-    trains) is older than this many minutes is dead (it crashed without saying so): follow mode stops waiting."""
+    """A running run whose status.json heartbeat is older than this many minutes is dead: follow mode stops waiting."""
     backend: BackendName = "local"
     """local: worker processes on this machine. slurm: one job array per submission, through sbatch."""
     workers: int = 1
@@ -102,30 +90,17 @@ class ScheduleConfig(ResultsOption):
     total_threads: int = 0
     """CPU threads the local workers share (each gets total_threads // workers); 0: all cores."""
     max_attempts: int = 3
-    """Attempts per job before it stays failed. An attempt counts once its task started the job (failed, or its
-    worker killed or preempted in it); a job that a killed scheduler or task never reached is not charged, nor, with
-    --workers=1, the job that died with its scheduler. A job whose snapshot is refused fails for good at its first
-    attempt: no retry changes that until the snapshot's files change."""
-    retry_failed: bool = False
-    """Queue the jobs that failed for good again (every attempt, or at once on a refused snapshot), after fixing
-    the cause (e.g. a missing --data_dir)."""
+    """Attempts per job before it stays failed (what is charged: docs/finetune_files.md); a job whose snapshot is
+    refused fails for good at its first attempt, until the snapshot's files change."""
     step_time_s: float | None = None
-    """Seconds per fine-tuning step for the cost estimate; unset: measured on the finished jobs of the recipe
-    (on a first run, the estimate follows when the first job finishes)."""
-    recipe: FinetuneConfig = field(default_factory=FinetuneConfig)
-    """The fine-tuning recipe of every job."""
+    """Seconds per fine-tuning step for the cost estimate; unset: measured on the finished jobs of the recipe."""
     slurm: SlurmConfig = field(default_factory=SlurmConfig)
     """Settings of the slurm backend."""
-    wandb: bool = False
-    """Log one W&B run per job (job_type finetune; WANDB_MODE=offline logs locally, beside the results folder)."""
-    wandb_project: str | None = None
-    """W&B project of the job runs; unset: the pretraining run's tracking.project (else lnbert)."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
         require(bool(self.runs), "runs", "is empty; pass one or more pretraining run folders: --runs='[RUN1, RUN2]'")
         check_tasks("tasks", self.tasks)
-        validate_grid(self.lrs, self.seeds)
         for key in ("workers", "max_attempts"):
             require(getattr(self, key) >= 1, key, f"must be >= 1; got {getattr(self, key)}")
         for key in ("poll_interval_s", "dead_after_min"):
@@ -168,9 +143,7 @@ def parse_until(value: str, now: float | None = None) -> float:
         ) from None
 
 
-# --------------------------------------------------------------------------------------------------
-# Discovering jobs, and the state of the pretraining runs
-# --------------------------------------------------------------------------------------------------
+# --- Discovering jobs, and the state of the pretraining runs ---------------------------------------
 
 
 def discover(config: ScheduleConfig) -> list[JobSpec]:
@@ -200,83 +173,72 @@ def runs_ended(config: ScheduleConfig) -> dict[str, str]:
     return states if all(s in (*TERMINAL_STATUSES, "dead") for s in states.values()) else {}
 
 
-# --------------------------------------------------------------------------------------------------
-# The jobs to run, from what the results folder says
-# --------------------------------------------------------------------------------------------------
+# --- The jobs to run, from what the results folder says -------------------------------------------
 
 
-def column(state: JobState, max_attempts: int) -> str:
-    """The status table's column of a job (COLUMNS): a job failed for good (``permanent``) is failed at once."""
+def column(state: JobState | None, max_attempts: int) -> str:
+    """The status table's column of a job (None: not in the folder yet); a job failed for good is failed at once."""
+    if state is None:
+        return "queued"
     if state.status == "failed" and not state.permanent and state.attempts < max_attempts:
         return "retrying"
     return state.status
 
 
+def counts(states: Iterable[JobState | None], max_attempts: int) -> dict[str, int]:
+    """How many of ``states`` are in each column of the status table."""
+    total = dict.fromkeys(COLUMNS, 0)
+    for state in states:
+        total[column(state, max_attempts)] += 1
+    return total
+
+
 def runnable(jobs: dict[str, JobState], wanted: list[JobSpec], max_attempts: int) -> list[tuple[JobSpec, int]]:
-    """The wanted jobs to submit now (new, queued, or failed with attempts left), with the attempts they had; the
-    spec is the one found now (where the run folder is now)."""
-    out = []
-    for spec in sorted(wanted, key=lambda s: (s.run_id, s.pretrain_step, s.task, s.lr, s.seed)):
-        state = jobs.get(spec.key)
-        if state is None or state.status == "queued" or column(state, max_attempts) == "retrying":
-            out.append((spec, state.attempts if state else 0))
-    return out
+    """The wanted jobs to submit now (new, queued, or failed with attempts left), with the attempts they had."""
+    wanted = sorted(wanted, key=lambda s: (s.run_id, s.pretrain_step, s.task, s.lr, s.seed))
+    todo = [spec for spec in wanted if column(jobs.get(spec.key), max_attempts) in ("queued", "retrying")]
+    return [(spec, jobs[spec.key].attempts if spec.key in jobs else 0) for spec in todo]
+
+
+def _queued_again(state: JobState) -> JobState:
+    return replace(state, status="queued", attempts=0, error=None, permanent=False)
 
 
 def retried(jobs: dict[str, JobState], wanted: list[JobSpec]) -> dict[str, JobState]:
-    """``jobs`` with the wanted failed ones queued again with a fresh count of attempts (--retry_failed). Kept for
-    the command's lifetime; the manifest that submits one records its new first attempt."""
+    """The wanted failed jobs queued again with a fresh count of attempts (--retry_failed)."""
     keys = {spec.key for spec in wanted}
-    return {
-        key: replace(state, status="queued", attempts=0, error=None)
-        for key, state in jobs.items()
-        if key in keys and state.status == "failed"
-    }
+    return {key: _queued_again(state) for key, state in jobs.items() if key in keys and state.status == "failed"}
 
 
 def lifted(jobs: dict[str, JobState], wanted: list[JobSpec]) -> dict[str, JobState]:
-    """The wanted jobs failed for good whose model folder's files changed since (restored from a copy, saved
-    again: ``files_stamp``), queued again with a fresh count of attempts. Asked on every pass: the failure is no
-    longer the latest state once a submission records the new attempt."""
-    stamps: dict[str, str | None] = {}  # by folder: each is looked at once a pass
+    """The wanted jobs failed for good whose model folder's files changed since (``files_stamp``), queued again
+    with a fresh count of attempts. Asked on every pass: a submission records the new attempt."""
+    stamp = functools.cache(lambda folder: files_stamp(Path(folder)))  # each folder looked at once a pass
     out = {}
-    for spec in wanted:
+    for spec in wanted:  # where the snapshot is now
         state = jobs.get(spec.key)
-        if state is None or state.status != "failed" or not state.permanent:
-            continue
-        if spec.model_path not in stamps:  # where the snapshot is now
-            stamps[spec.model_path] = files_stamp(Path(spec.model_path))
-        if stamps[spec.model_path] != state.snapshot_stamp:
-            out[spec.key] = replace(state, status="queued", attempts=0, error=None, permanent=False)
+        if state and state.status == "failed" and state.permanent and stamp(spec.model_path) != state.snapshot_stamp:
+            out[spec.key] = _queued_again(state)
     return out
 
 
 def unfinished(jobs: dict[str, JobState], wanted: list[JobSpec], max_attempts: int) -> list[JobSpec]:
     """The wanted jobs still to run: new, queued, submitted, or failed with attempts left."""
-    return [spec for spec in wanted if spec.key not in jobs or column(jobs[spec.key], max_attempts) in (
-        "queued", "submitted", "retrying")]  # fmt: skip
+    return [spec for spec in wanted if column(jobs.get(spec.key), max_attempts) in ("queued", "submitted", "retrying")]
 
 
-# --------------------------------------------------------------------------------------------------
-# What the scheduler prints
-# --------------------------------------------------------------------------------------------------
+# --- What the scheduler prints --------------------------------------------------------------------
 
 
 def status_lines(jobs: dict[str, JobState], max_attempts: int) -> list[str]:
     """A table of job counts per (run, task), and a total line."""
-    counts: dict[tuple[str, str, str], dict[str, int]] = {}
+    groups: dict[tuple[str, str, str], list[JobState]] = {}
     for state in jobs.values():
-        spec = state.spec
-        entry = counts.setdefault((spec.run_name, spec.run_id, spec.task), dict.fromkeys(COLUMNS, 0))
-        entry[column(state, max_attempts)] += 1
-    header = f"{'run':<24} {'run id':<26} {'task':<6}" + "".join(f" {k:>9}" for k in COLUMNS)
-    lines, total = [header], dict.fromkeys(COLUMNS, 0)
-    for (name, run_id, task), c in sorted(counts.items()):
-        lines.append(f"{name:<24} {run_id:<26} {task:<6}" + "".join(f" {c[k]:>9}" for k in COLUMNS))
-        for key in COLUMNS:
-            total[key] += c[key]
-    lines.append(f"{'total':<24} {'':<26} {'':<6}" + "".join(f" {total[k]:>9}" for k in COLUMNS))
-    return lines
+        groups.setdefault((state.spec.run_name, state.spec.run_id, state.spec.task), []).append(state)
+    rows = [("run", "run id", "task", *COLUMNS)]
+    rows += [(*group, *counts(states, max_attempts).values()) for group, states in sorted(groups.items())]
+    rows.append(("total", "", "", *counts(jobs.values(), max_attempts).values()))
+    return [f"{name:<24} {run_id:<26} {task:<6}" + "".join(f" {n:>9}" for n in c) for name, run_id, task, *c in rows]
 
 
 def measured(config: ScheduleConfig, jobs: dict[str, JobState]) -> list[Results]:
@@ -286,8 +248,7 @@ def measured(config: ScheduleConfig, jobs: dict[str, JobState]) -> list[Results]
 
 
 def step_time(config: ScheduleConfig, jobs: dict[str, JobState]) -> float | None:
-    """Seconds per optimizer step: configured, or measured on the finished jobs of this recipe (training and
-    evaluation); None before one has finished."""
+    """Seconds per optimizer step: configured, or measured on the finished jobs of this recipe (else None)."""
     if config.step_time_s is not None:
         return config.step_time_s
     done = measured(config, jobs)
@@ -295,12 +256,19 @@ def step_time(config: ScheduleConfig, jobs: dict[str, JobState]) -> float | None
     return sum(r.wall_time_s for r in done) / steps if steps else None
 
 
+def train_steps(config: ScheduleConfig, specs: list[JobSpec]) -> int:
+    """Optimizer steps of the jobs ``specs`` under the recipe (each task's training set is read once)."""
+    recipe, per_job = config.recipe, {}
+    for task in {spec.task for spec in specs}:
+        examples = len(load_task(task, config.data_dir)["train"]) if config.data_dir else GLUE_TRAIN_SIZES[task]
+        examples = min(examples, recipe.max_train_examples or examples)
+        per_job[task] = math.ceil(examples / recipe.batch_size) * recipe.epochs
+    return sum(per_job[spec.task] for spec in specs)
+
+
 def progress_line(config: ScheduleConfig, jobs: dict[str, JobState], wanted: list[JobSpec]) -> str:
     """Where the wanted jobs are, and an ETA once a step time is known."""
-    states = [jobs.get(spec.key) for spec in wanted]
-    total = dict.fromkeys(COLUMNS, 0)
-    for state in states:
-        total[column(state, config.max_attempts) if state else "queued"] += 1
+    total = counts((jobs.get(spec.key) for spec in wanted), config.max_attempts)
     line = (
         f"jobs: {total['done']}/{len(wanted)} done, {total['submitted']} running, "
         f"{total['queued'] + total['retrying']} queued, {total['failed']} failed"
@@ -309,73 +277,54 @@ def progress_line(config: ScheduleConfig, jobs: dict[str, JobState], wanted: lis
     seconds = step_time(config, jobs)
     if seconds is None or not left:
         return line
-    per_job = {task: train_steps(config, task) for task in {spec.task for spec in left}}  # reads each task once
-    steps = sum(per_job[spec.task] for spec in left)
-    return line + f"; ETA about {steps * seconds / min(config.workers, len(left)) / 60:.0f} min"
+    return line + f"; ETA about {train_steps(config, left) * seconds / min(config.workers, len(left)) / 60:.0f} min"
 
 
 def results_lines(jobs: dict[str, JobState]) -> list[str]:
     """The finished jobs' dev accuracy: mean over seeds per run, step, task and lr, beside the dev set's majority
-    class (a mean at the majority class is a model that answers one class)."""
-    groups: dict[tuple[str, int, str, float], list[JobState]] = {}
+    class (a mean there is a model that answers one class)."""
+    groups: dict[tuple[str, int, str, float], list[Results]] = {}
     for state in jobs.values():
         if state.results is not None:
             spec = state.spec
-            groups.setdefault((spec.run_name, spec.pretrain_step, spec.task, spec.lr), []).append(state)
+            groups.setdefault((spec.run_name, spec.pretrain_step, spec.task, spec.lr), []).append(state.results)
     if not groups:
         return []
-    lines = [
-        f"{'run':<24} {'step':>8} {'task':<5} {'lr':>8} {'seeds':>5} {'accuracy':>9} {'majority':>9} {'dev loss':>9}"
-    ]
-    for (name, step, task, lr), states in sorted(groups.items()):
-        results = [s.results for s in states if s.results is not None]
-        lines.append(
-            f"{name:<24} {step:>8} {task:<5} {lr:>8g} {len(results):>5} "
-            f"{100 * sum(r.accuracy for r in results) / len(results):>8.2f}% "
-            f"{f'{100 * results[0].majority_accuracy:.2f}%':>9} "
-            f"{sum(r.dev_loss for r in results) / len(results):>9.4f}"
-        )
+    header = ("run", "step", "task", "lr", "seeds", "accuracy", "majority", "dev loss")
+    lines = ["{:<24} {:>8} {:<5} {:>8} {:>5} {:>9} {:>9} {:>9}".format(*header)]
+    for (name, step, task, lr), results in sorted(groups.items()):
+        accuracy, majority = 100 * sum(r.accuracy for r in results) / len(results), 100 * results[0].majority_accuracy
+        dev_loss = sum(r.dev_loss for r in results) / len(results)
+        lines.append(f"{name:<24} {step:>8} {task:<5} {lr:>8g} {len(results):>5} {accuracy:>8.2f}% "
+                     f"{f'{majority:.2f}%':>9} {dev_loss:>9.4f}")  # fmt: skip
     return lines
-
-
-def train_steps(config: ScheduleConfig, task: str) -> int:
-    """Optimizer steps of one job of ``task`` under the recipe."""
-    recipe = config.recipe
-    examples = len(load_task(task, config.data_dir)["train"]) if config.data_dir else GLUE_TRAIN_SIZES[task]
-    if recipe.max_train_examples is not None:
-        examples = min(examples, recipe.max_train_examples)
-    return math.ceil(examples / recipe.batch_size) * recipe.epochs
 
 
 def cost_line(config: ScheduleConfig, jobs: dict[str, JobState], specs: list[JobSpec], what: str = "to run") -> str:
     """How many jobs, optimizer steps, and (with a per-step time) hours of work are about to start (or are left)."""
-    per_job = {task: train_steps(config, task) for task in {spec.task for spec in specs}}  # reads each task once
-    steps = sum(per_job[spec.task] for spec in specs)
+    steps = train_steps(config, specs)
     line = f"{len(specs)} jobs {what}: {steps:,} fine-tuning steps"
     seconds = step_time(config, jobs)
     if seconds is None:
         return line + " (the time they take follows once the first job finishes; --step_time_s=S gives it now)"
     done = len(measured(config, jobs))
-    source = ("configured step_time_s" if config.step_time_s is not None
-              else "measured on the first finished job" if done == 1 else f"measured on {done} finished jobs")  # fmt: skip
+    source = "measured on the first finished job" if done == 1 else f"measured on {done} finished jobs"
+    source = "configured step_time_s" if config.step_time_s is not None else source
     work = steps * seconds
-    parallel = config.workers if config.backend == "slurm" or config.workers > 1 else 1
-    wall = work / min(parallel, len(specs))
+    wall, workers = work / min(config.workers, len(specs)), f"{config.workers} worker(s)"
+    line += f" x {seconds:.3g} s/step ({source}) = "
     if work >= 3600:
-        return line + (
-            f" x {seconds:.3g} s/step ({source}) = {work / 3600:.2f} worker-hours, about {wall / 3600:.2f} h with "
-            f"{parallel} worker(s)"
-        )
-    return line + f" x {seconds:.3g} s/step ({source}) = about {max(1, round(wall / 60))} min with {parallel} worker(s)"
+        return line + f"{work / 3600:.2f} worker-hours, about {wall / 3600:.2f} h with {workers}"
+    return line + f"about {max(1, round(wall / 60))} min with {workers}"
 
 
 def print_failures(failures: list[JobState]) -> None:
     """The jobs that failed for good, with their errors: those that used every attempt, then those whose snapshot
-    was refused (tried once: no retry changes that while its files stay as they are)."""
-    exhausted, refused = [s for s in failures if not s.permanent], [s for s in failures if s.permanent]
-    for states, title in ((exhausted, "failed every attempt"),
-                          (refused, "failed for good: their snapshot was refused (not tried again until its files "
-                                    "change, e.g. restored from a copy)")):  # fmt: skip
+    was refused."""
+    refused = ("failed for good: their snapshot was refused (not tried again until its files change, e.g. restored "
+               "from a copy)")  # fmt: skip
+    for permanent, title in ((False, "failed every attempt"), (True, refused)):
+        states = [s for s in failures if s.permanent == permanent]
         if states:
             print(f"{len(states)} job(s) {title}:", file=sys.stderr)
         for state in states:
@@ -388,40 +337,34 @@ def print_failures(failures: list[JobState]) -> None:
     print("fix the cause and queue them again with --retry_failed=true", file=sys.stderr)
 
 
-class JobLines:
-    """Prints one line per job that ended (done, or failed with its reason and what happens next) since it last
-    looked at the results folder: what a researcher follows, whatever backend runs the jobs. Called on every pass,
-    and in-process after every job. Jobs that had ended before it was made are not printed."""
+def outcome(state: JobState, max_attempts: int) -> str:
+    """What happens next to a job that failed, for its line."""
+    if state.permanent:
+        return ", for good (not tried again until the snapshot's files change)"
+    return f" of {max_attempts}, " + ("to be tried again" if state.attempts < max_attempts else "none left")
 
-    def __init__(self, folder: ResultsFolder, max_attempts: int) -> None:
-        self.folder, self.max_attempts = folder, max_attempts
-        self.seen = {key: self._end(state) for key, state in folder.jobs().items()}
 
-    @staticmethod
-    def _end(state: JobState) -> tuple[str, int] | None:
-        """Which end of a job this is (an attempt of a later submission ends again), or None: not ended."""
+def job_lines(folder: ResultsFolder, max_attempts: int) -> Callable[[], dict[str, JobState]]:
+    """A function that returns the jobs as the folder says now, after printing one line per job that ended since its
+    last call (done, or failed with what happens next), whatever the backend; jobs that had ended before are not."""
+
+    def end(state: JobState) -> tuple[str, int] | None:  # an attempt of a later submission ends again
         return (state.status, state.submission) if state.status in ("done", "failed") else None
 
-    def outcome(self, state: JobState) -> str:
-        if state.permanent:
-            return ", for good (not tried again until the snapshot's files change)"
-        left = state.attempts < self.max_attempts
-        return f" of {self.max_attempts}, " + ("to be tried again" if left else "none left")
+    seen = {key: end(state) for key, state in folder.jobs().items()}
 
-    def __call__(self) -> dict[str, JobState]:
-        """The jobs as the folder says now, after printing the line of each that ended since the last call."""
-        jobs = self.folder.jobs()
+    def lines() -> dict[str, JobState]:
+        jobs = folder.jobs()
         for key, state in jobs.items():
-            end = self._end(state)
-            if end is not None and self.seen.get(key) != end:
-                print(state.line(self.outcome(state) if state.status == "failed" else ""), flush=True)
-            self.seen[key] = end
+            if end(state) is not None and seen.get(key) != end(state):
+                print(state.line(outcome(state, max_attempts) if state.status == "failed" else ""), flush=True)
+            seen[key] = end(state)
         return jobs
 
+    return lines
 
-# --------------------------------------------------------------------------------------------------
-# One pass of the scheduler
-# --------------------------------------------------------------------------------------------------
+
+# --- One pass of the scheduler --------------------------------------------------------------------
 
 
 def runtime_settings(config: ScheduleConfig) -> Runtime:
@@ -438,24 +381,18 @@ def runtime_settings(config: ScheduleConfig) -> Runtime:
     return Runtime(data_dir=data_dir, recipe=values, wandb=asdict(wandb) if wandb else None)
 
 
-def wandb_settings(config: ScheduleConfig) -> WandbSettings | None:
+def wandb_settings(config: GridOptions) -> WandbSettings | None:
     """One W&B run per job when --wandb (finetune/tracking.py); offline runs go beside the results folder."""
     directory = str(Path(config.results_dir).resolve().parent)
     return WandbSettings(project=config.wandb_project, dir=directory) if config.wandb else None
 
 
 def submit(
-    folder: ResultsFolder,
-    backend: Backend,
-    runtime: Runtime,
-    jobs: list[tuple[JobSpec, int]],
-    slots: int | None = None,
+    folder: ResultsFolder, backend: Backend, runtime: Runtime, jobs: list[tuple[JobSpec, int]], slots: int | None = None
 ) -> int:
     """Write a manifest of ``jobs`` (spec, attempts so far) and start its tasks; returns how many jobs it holds.
-
-    ``slots``: the tasks that may start now (default: the backend's size; none: nothing is submitted). A manifest's
-    jobs are dealt to its tasks when it is written, so with fewer slots than the backend's size only those slots'
-    share of the jobs goes in it: the rest wait for the next free worker instead of queueing behind these."""
+    With fewer ``slots`` (tasks that may start now) than the backend's size, only those slots' share of the jobs
+    goes in: the rest wait for the next free worker instead of queueing behind these."""
     tasks = min(backend.size if slots is None else slots, len(jobs))
     if tasks <= 0:
         return 0
@@ -475,8 +412,7 @@ def submit(
 def collect(folder: ResultsFolder, backend: Backend, slurm: SlurmConfig | None = None) -> int:
     """Record in their manifests the tasks of open submissions that ended, with why; returns the tasks still live."""
     # A submission is asked about by the kind of backend that started it (a restart may use another one).
-    kinds: dict[str, Backend] = {"inprocess": InProcess(), "local": LocalArray(1)}
-    kinds["slurm"] = SlurmArray(1, slurm or SlurmConfig())
+    kinds = {"inprocess": InProcess(), "local": LocalArray(1), "slurm": SlurmArray(1, slurm or SlurmConfig())}
     kinds[backend.name] = backend
     live = 0
     for manifest in folder.manifests():
@@ -492,27 +428,8 @@ def collect(folder: ResultsFolder, backend: Backend, slurm: SlurmConfig | None =
 
 def free_slots(backend: Backend, live: int) -> int:
     """Tasks the next submission may start. Local workers share this machine's cores with the ``live`` tasks of
-    earlier submissions: jobs found while they run (follow mode: a new snapshot) wait for a free worker, so no
-    more than --workers run at once, each with total_threads // workers threads. SLURM queues each array itself."""
+    earlier submissions, so no more than --workers run at once; SLURM queues each array itself."""
     return max(0, backend.size - live) if isinstance(backend, LocalArray) else backend.size
-
-
-def make_backend(config: ScheduleConfig, after_job: Callable[[], object]) -> Backend:
-    """The backend of the command; ``after_job``: what the in-process one calls after each job."""
-    if config.backend == "slurm":
-        return SlurmArray(config.workers, config.slurm)
-    return InProcess(after_job) if config.workers == 1 else LocalArray(config.workers)
-
-
-def check_inputs(config: ScheduleConfig) -> None:
-    """Fail on the user's input before any job does: run folders and (local) GLUE files must exist."""
-    missing = [r for r in config.runs if not Path(r).is_dir()]
-    if missing and config.mode == "once":
-        raise FileNotFoundError(f"run folder(s) not found: {', '.join(missing)}; pass pretraining run folders (RUN/)")
-    if config.data_dir is not None:
-        for task in config.tasks:
-            load_task(task, config.data_dir)
-    check_wandb(wandb_settings(config))
 
 
 class Interrupted(Exception):
@@ -520,14 +437,13 @@ class Interrupted(Exception):
 
 
 def requeue_after_interrupt(folder: ResultsFolder) -> int:
-    """After a Ctrl-C that stopped this machine's workers: their tasks are recorded as ended by the interrupt, which
-    charges no attempt, so their jobs without a result are queued again; returns how many. SLURM tasks keep
-    running: a later pass finds their results."""
+    """After a Ctrl-C stopped this machine's workers, record their tasks as ended by the interrupt (no attempt
+    charged); returns how many jobs are queued again. SLURM tasks run on."""
     stopped = set()
     for manifest in folder.manifests():
         if manifest.is_open and manifest.backend != "slurm":
-            folder.write_manifest(replace(manifest, ended={**dict.fromkeys(range(manifest.tasks), INTERRUPTED),
-                                                           **manifest.ended}))  # fmt: skip
+            ended = {**dict.fromkeys(range(manifest.tasks), INTERRUPTED), **manifest.ended}
+            folder.write_manifest(replace(manifest, ended=ended))
             stopped.add(manifest.submission)
     return sum(s.status == "queued" and s.submission in stopped for s in folder.jobs().values())
 
@@ -535,20 +451,27 @@ def requeue_after_interrupt(folder: ResultsFolder) -> int:
 def schedule(config: ScheduleConfig) -> list[JobState]:
     """Run the jobs of complete snapshots, once or until the runs end; returns the jobs that failed for good.
     One scheduler per results folder: a second one stops with ResultsBusy, naming the first."""
-    check_inputs(config)
+    # The user's input fails here rather than in every job: run folders and (local) GLUE files must exist.
+    missing = [r for r in config.runs if not Path(r).is_dir()]
+    if missing and config.mode == "once":
+        raise FileNotFoundError(f"run folder(s) not found: {', '.join(missing)}; pass pretraining run folders (RUN/)")
+    if config.data_dir is not None:
+        for task in config.tasks:
+            load_task(task, config.data_dir)
+    check_wandb(wandb_settings(config))
     folder = ResultsFolder(config.results_dir)
     with folder.lock():
         return _schedule(config, folder)
 
 
 def _schedule(config: ScheduleConfig, folder: ResultsFolder) -> list[JobState]:
-    lines = JobLines(folder, config.max_attempts)
+    lines = job_lines(folder, config.max_attempts)
     wanted: list[JobSpec] = []
     unmeasured = False  # a cost line went out without a time per step: the first finished job gives it
 
     def follow() -> dict[str, JobState]:
-        """The jobs as the folder says now, after their lines, and once the first job measured the time per step,
-        the estimate the cost line could not give (in-process: right after that job, not after its submission)."""
+        """The jobs as the folder says now, after their lines and, once the first job measured the time per step,
+        the estimate the cost line could not give."""
         nonlocal unmeasured
         jobs = lines()
         if unmeasured and step_time(config, jobs) is not None:
@@ -557,7 +480,10 @@ def _schedule(config: ScheduleConfig, folder: ResultsFolder) -> list[JobState]:
                 print(cost_line(config, jobs, left, "left"), flush=True)
         return jobs
 
-    backend = make_backend(config, after_job=follow)
+    if config.backend == "slurm":
+        backend: Backend = SlurmArray(config.workers, config.slurm)
+    else:
+        backend = InProcess(follow) if config.workers == 1 else LocalArray(config.workers)
     runtime = runtime_settings(config)
     deadline = parse_until(config.until) if config.until else None
     resets: dict[str, JobState] = {}
@@ -589,12 +515,10 @@ def _schedule(config: ScheduleConfig, folder: ResultsFolder) -> list[JobState]:
             submitted = submit(folder, backend, runtime, todo, slots=free_slots(backend, live))
             if isinstance(backend, InProcess) and submitted:
                 continue  # the jobs ran in this pass: look at their results at once
-            if not live and not submitted:
-                if config.mode == "once":
-                    break
+            if not live and not submitted and (config.mode == "once" or ended):
                 if ended:
                     print("every run ended: " + ", ".join(f"{r} {s}" for r, s in ended.items()), flush=True)
-                    break
+                break
             if deadline is not None and time.time() >= deadline:
                 print(f"stopping at --until {config.until}; submitted tasks keep running", flush=True)
                 break
@@ -606,24 +530,20 @@ def _schedule(config: ScheduleConfig, folder: ResultsFolder) -> list[JobState]:
         backend.close()
     jobs = lines()  # the last lines: local workers' and SLURM tasks' results since the last pass
     print("\n".join(status_lines(jobs, config.max_attempts)), flush=True)
-    results = results_lines(jobs)
-    if results:
+    if results := results_lines(jobs):
         print("\nresults (finished jobs; python -m finetune.report draws Figure 5 from them):", flush=True)
         print("\n".join(results), flush=True)
     failed = [jobs.get(spec.key) for spec in wanted]
     return [s for s in failed if s is not None and column(s, config.max_attempts) == "failed"]
 
 
-# --------------------------------------------------------------------------------------------------
-# Command line
-# --------------------------------------------------------------------------------------------------
+# --- Command line ---------------------------------------------------------------------------------
 
 
 def main(argv: list[str] | None = None) -> int:
     commands = {"run": ScheduleConfig, "status": StatusConfig, "ingest": IngestConfig}
-    command, config = parse_command(
-        commands, argv, prog="python -m finetune.schedule", description=__doc__, default="run"
-    )
+    prog = "python -m finetune.schedule"
+    command, config = parse_command(commands, argv, prog=prog, description=__doc__, default="run")
     if command == "ingest":
         raise ConfigError(
             "ingest is gone: there is no results store to rebuild, the results folder is the only record. "

@@ -1,16 +1,6 @@
-"""W&B runs of fine-tuning: one run per job (snapshot x task x lr x seed), when tracking is on, and the
-report's run (``finetune.report --wandb``).
-
-Each job's run carries what a W&B scatter or line plot needs to draw Figure 5 with the seed spread natively:
-config ``pretrain_step``, ``norm_placement``, ``variant``, ``task``, ``lr``, ``seed``, ``recipe_hash`` and the pretraining
-run's W&B id; summary ``accuracy``/``f1``/``dev_loss`` (and the same under ``{task}/``, so one panel per task
-needs no filter); history ``train/loss`` and ``train/lr`` against ``train_step``. Its group holds the jobs
-that pool (one pretraining group, step, task, lr and recipe: the seeds), so W&B's mean line is a mean over
-seeds. The run id is derived from the job's identity: a retried job continues the same W&B run.
-
-The report's run (job_type report) holds Figure 5 as W&B curves against ``pretrain_step``, its tables (steps to a
-loss, best-lr points, the per-seed rows) and its figures; its id is derived from the runs, recipe and tasks, so
-running the report again updates it.
+"""W&B runs of fine-tuning: one run per job (snapshot x task x lr x seed) when tracking is on, grouped so that
+W&B's mean line is a mean over seeds, and the report's run (``finetune.report --wandb``). Each run's id is derived
+from what it holds (a retried job, a report run again, continues its run); what each run carries: docs/tracking.md.
 """
 
 from __future__ import annotations
@@ -64,12 +54,9 @@ def pretraining_run(run_dir: str) -> dict[str, Any]:
     path = Path(run_dir)
     identity = read_run_file(path) if path.is_dir() else {}
     tracking = read_run_config(path, RUN_CONFIG_FIX).get("tracking", {})
-    return {
-        "id": identity.get("id"),
-        "group": identity.get("group"),
-        "project": identity.get("project") or tracking.get("project"),
-        "comparison": tracking.get("comparison") or "",
-    }
+    project = identity.get("project") or tracking.get("project")
+    return {"id": identity.get("id"), "group": identity.get("group"), "project": project,
+            "comparison": tracking.get("comparison") or ""}  # fmt: skip
 
 
 def job_run_id(spec: JobSpec) -> str:
@@ -85,11 +72,8 @@ def job_group(spec: JobSpec, pretrain_group: str | None) -> str:
 
 
 def model_variant(model_path: str) -> str:
-    """The model variant (``pretrain.variants.variant_name``: ``pre``, ``pre-hc4``, ``post-rmsnorm``, ...) of a model
-    folder's config.json; Hugging Face BERT, and a Hub id (not read here), is ``post``.
-
-    Read for W&B only, not part of the job key (which would change every existing job's identity): the dashboard
-    groups fine-tuning runs by variant, as it groups pretraining runs."""
+    """The model variant (``pretrain.variants.variant_name``: ``pre``, ``pre-hc4``, ...) of a model folder's
+    config.json; Hugging Face BERT, and a Hub id, is ``post``. For the dashboard's groups only, not in the job key."""
     config_path = Path(model_path) / "config.json"
     config = json.loads(config_path.read_text()) if config_path.is_file() else {}
     if config.get("model_type") != "lnbert":
@@ -97,28 +81,19 @@ def model_variant(model_path: str) -> str:
     return variant_name(**{key: config[key] for key in inspect.signature(variant_name).parameters if key in config})
 
 
+JOB_CONFIG_FIELDS = ("pretrain_step", "tokens_seen", "task", "lr", "seed", "recipe_hash", "recipe", "snapshot_hash",
+                     "model_path")  # fmt: skip
+"""The job's fields that its W&B run's config holds under their own names."""
+
+
 def job_config(spec: JobSpec, pretraining: dict[str, Any]) -> dict[str, Any]:
-    config = {
-        "norm_placement": spec.placement,
-        "variant": model_variant(spec.model_path),
-        "comparison": pretraining["comparison"],
-        "pretrain_run_id": pretraining["id"],
-        "pretrain_run": spec.run_name,
-        "pretrain_step": spec.pretrain_step,
-        "tokens_seen": spec.tokens_seen,
-        "task": spec.task,
-        "lr": spec.lr,
-        "seed": spec.seed,
-        "recipe_hash": spec.recipe_hash,
-        "recipe": spec.recipe,
-        "snapshot_hash": spec.snapshot_hash,
-        "model_path": spec.model_path,
-    }
+    config = {"norm_placement": spec.placement, "variant": model_variant(spec.model_path),
+              "comparison": pretraining["comparison"], "pretrain_run_id": pretraining["id"],
+              "pretrain_run": spec.run_name, **{name: getattr(spec, name) for name in JOB_CONFIG_FIELDS}}  # fmt: skip
     if pretraining["id"] and spec.pretrain_step >= 0:
         # The snapshot's model artifact (logged by the pretraining run): which checkpoint gave this number.
-        config["snapshot_artifact"] = (
-            f"{snapshot_artifact_name(pretraining['id'])}:{snapshot_alias(spec.pretrain_step)}"
-        )
+        artifact = snapshot_artifact_name(pretraining["id"])
+        config["snapshot_artifact"] = f"{artifact}:{snapshot_alias(spec.pretrain_step)}"
     return config
 
 
@@ -135,16 +110,9 @@ class JobRun:
 
     def finish(self, results: Results) -> None:
         metrics = {"accuracy": results.accuracy, "f1": results.f1, "dev_loss": results.dev_loss}
-        self.run.summary.update(
-            {
-                **metrics,
-                **{f"{self.task}/{k}": v for k, v in metrics.items()},
-                "train_loss": results.train_loss,
-                "train_steps": results.train_steps,
-                "wall_time_s": results.wall_time_s,
-                "status": "done",
-            }
-        )
+        self.run.summary.update({**metrics, **{f"{self.task}/{k}": v for k, v in metrics.items()},
+                                 "train_loss": results.train_loss, "train_steps": results.train_steps,
+                                 "wall_time_s": results.wall_time_s, "status": "done"})  # fmt: skip
 
 
 @contextlib.contextmanager
@@ -158,18 +126,12 @@ def job_run(spec: JobSpec, settings: WandbSettings | None) -> Iterator[JobRun | 
     pretraining = pretraining_run(spec.run_dir)
     mode = wandb_mode()
     Path(settings.dir).mkdir(parents=True, exist_ok=True)
+    comparison = [pretraining["comparison"]] if pretraining["comparison"] else []
     run = wandb.init(
-        project=settings.project or pretraining["project"] or "lnbert",
-        id=job_run_id(spec),
-        resume="allow",
+        project=settings.project or pretraining["project"] or "lnbert", id=job_run_id(spec), resume="allow",
         name=f"{spec.run_name}-{spec.task}-step{spec.pretrain_step}-lr{spec.lr:g}-seed{spec.seed}",
-        group=job_group(spec, pretraining["group"]),
-        job_type="finetune",
-        tags=sorted({spec.placement, spec.task, *([pretraining["comparison"]] if pretraining["comparison"] else [])}),
-        config=job_config(spec, pretraining),
-        dir=settings.dir,
-        mode=mode,
-        reinit="finish_previous",
+        group=job_group(spec, pretraining["group"]), job_type="finetune", config=job_config(spec, pretraining),
+        tags=sorted({spec.placement, spec.task, *comparison}), dir=settings.dir, mode=mode, reinit="finish_previous",
     )
     if pretraining["id"] and spec.pretrain_step >= 0 and mode == "online":
         # Lineage: the same files give the same digest, so W&B links the version the pretraining run logged.
@@ -184,9 +146,7 @@ def job_run(spec: JobSpec, settings: WandbSettings | None) -> Iterator[JobRun | 
     run.finish()
 
 
-# --------------------------------------------------------------------------------------------------
-# The report's run (finetune/report.py --wandb)
-# --------------------------------------------------------------------------------------------------
+# --- The report's run (finetune/report.py --wandb) ------------------------------------------------
 
 
 class ReportedRun(Protocol):
@@ -254,12 +214,32 @@ def report_run_id(runs: Sequence[ReportedRun], recipe: str | None, tasks: list[s
 
 
 def log_report(runs: Sequence[ReportedRun], settings: ReportSettings, figure5: Figure5) -> str:
-    """One W&B run (job_type report) with a deterministic id, so re-running the report updates it: the
-    steps-to-loss table, the Figure 5 curves against ``pretrain_step``, the best-lr points, the raw per-seed
-    rows (wandb.Table) and the figures. Returns the run's local folder."""
+    """One W&B run (job_type report) with a deterministic id, so re-running the report updates it: the Figure 5
+    series against ``pretrain_step`` (one log call per step), the steps-to-loss table, the best-lr points, the raw
+    per-seed rows (wandb.Table) and the figures. Returns the run's local folder."""
+    import wandb
+
     wb = _start_report_run(runs, settings, figure5.rows)
-    _log_figure5_curves(wb, runs, figure5)
-    _log_report_tables(wb, runs, settings.tasks, figure5)
+    wb.define_metric("pretrain_step")
+    wb.define_metric("figure5/*", step_metric="pretrain_step")
+    by_step: dict[int, dict[str, float]] = defaultdict(dict)
+    for run in runs:
+        for step, loss in figure5.curves[run.label]:
+            by_step[step][f"figure5/val_mlm_loss/{run.label}"] = loss
+    for p in figure5.points:
+        for panel, key in (("accuracy", "accuracy"), ("best_lr", "lr"), ("dev_loss", "dev_loss")):
+            by_step[p["step"]][f"figure5/{p['task']}_{panel}/{p['run']}"] = p[key]
+    for step in sorted(by_step):
+        wb.log({"pretrain_step": step, **by_step[step]})
+    model = {run.label: {"norm_placement": run.placement, "variant": run.variant} for run in runs}
+    seed_rows = [r for r in figure5.rows if r["task"] in settings.tasks and of_runs(r, runs)]
+    steps_columns = ["run", "norm_placement", "variant", "steps", "ratio", "approximate"]
+    wb.log({
+        "tables/steps_to_loss": _table([{**row, **model[row["run"]]} for row in figure5.steps], steps_columns),
+        "tables/best_lr_points": _table([{**p, **model[p["run"]]} for p in figure5.points], POINT_COLUMNS),
+        "tables/seed_rows": _table(seed_rows, SEED_COLUMNS),
+        **{f"figures/{image.stem}": wandb.Image(str(image)) for image in figure5.images},
+    })  # fmt: skip
     wb.summary.update(
         {"target_loss": settings.target_loss, "warnings": " ".join(figure5.warnings)}
         | {f"steps_to_loss/{row['run']}": row["steps"] for row in figure5.steps}
@@ -278,63 +258,15 @@ def _start_report_run(runs: Sequence[ReportedRun], settings: ReportSettings, row
     project = settings.project or next((p["project"] for p in pretraining if p["project"]), None) or "lnbert"
     recipes = sorted({r["recipe_hash"] for r in rows})
     recipe = settings.recipe_hash or (recipes[0] if len(recipes) == 1 else None)
+    placements, variants = [run.placement for run in runs], [run.variant for run in runs]
+    config = {"norm_placement": placements, "variant": variants, "comparison": comparison,
+              "runs": [run.name for run in runs], "pretrain_run_ids": [p["id"] for p in pretraining],
+              "tasks": list(settings.tasks), "target_loss": settings.target_loss, "recipe_hash": recipe}  # fmt: skip
     return wandb.init(
-        project=project,
-        id=report_run_id(runs, recipe, settings.tasks),
-        resume="allow",
-        name=f"figure5-{comparison or 'report'}",
-        group=f"{comparison or 'figure5'}-report",
-        job_type="report",
-        tags=sorted(
-            {*(run.placement for run in runs), *(run.variant for run in runs), *([comparison] if comparison else [])}
-        ),
-        config={
-            "norm_placement": [run.placement for run in runs],
-            "variant": [run.variant for run in runs],
-            "comparison": comparison,
-            "runs": [run.name for run in runs],
-            "pretrain_run_ids": [p["id"] for p in pretraining],
-            "tasks": list(settings.tasks),
-            "target_loss": settings.target_loss,
-            "recipe_hash": recipe,
-        },
-        dir=settings.out,
-        mode=wandb_mode(),
-        reinit="finish_previous",
-    )
-
-
-def _log_figure5_curves(wb: Any, runs: Sequence[ReportedRun], figure5: Figure5) -> None:
-    """Every panel's series against ``pretrain_step`` (figure5/...), one log call per step."""
-    wb.define_metric("pretrain_step")
-    wb.define_metric("figure5/*", step_metric="pretrain_step")
-    by_step: dict[int, dict[str, float]] = defaultdict(dict)
-    for run in runs:
-        for step, loss in figure5.curves[run.label]:
-            by_step[step][f"figure5/val_mlm_loss/{run.label}"] = loss
-    for p in figure5.points:
-        by_step[p["step"]][f"figure5/{p['task']}_accuracy/{p['run']}"] = p["accuracy"]
-        by_step[p["step"]][f"figure5/{p['task']}_best_lr/{p['run']}"] = p["lr"]
-        by_step[p["step"]][f"figure5/{p['task']}_dev_loss/{p['run']}"] = p["dev_loss"]
-    for step in sorted(by_step):
-        wb.log({"pretrain_step": step, **by_step[step]})
-
-
-def _log_report_tables(wb: Any, runs: Sequence[ReportedRun], tasks: list[str], figure5: Figure5) -> None:
-    import wandb
-
-    model = {run.label: {"norm_placement": run.placement, "variant": run.variant} for run in runs}
-    seed_rows = [r for r in figure5.rows if r["task"] in tasks and of_runs(r, runs)]
-    wb.log(
-        {
-            "tables/steps_to_loss": _table(
-                [{**row, **model[row["run"]]} for row in figure5.steps],
-                ["run", "norm_placement", "variant", "steps", "ratio", "approximate"],
-            ),
-            "tables/best_lr_points": _table([{**p, **model[p["run"]]} for p in figure5.points], POINT_COLUMNS),
-            "tables/seed_rows": _table(seed_rows, SEED_COLUMNS),
-            **{f"figures/{image.stem}": wandb.Image(str(image)) for image in figure5.images},
-        }
+        project=project, id=report_run_id(runs, recipe, settings.tasks), resume="allow",
+        name=f"figure5-{comparison or 'report'}", group=f"{comparison or 'figure5'}-report", job_type="report",
+        tags=sorted({*placements, *variants, *([comparison] if comparison else [])}), config=config,
+        dir=settings.out, mode=wandb_mode(), reinit="finish_previous",
     )
 
 

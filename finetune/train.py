@@ -1,13 +1,13 @@
 """Fine-tuning one job: a classifier trained from a model on one GLUE task with one (lr, seed), scored on dev.
 
 The recipe is original BERT's (batch 32, 3 epochs, 10% linear warm-up then linear decay, max length 128, AdamW
-with weight decay 0.01 except on biases and norms). ``finetune`` is what a worker (finetune/worker.py) runs for
-each claimed job; ``DataCache`` keeps a task's tokenized features across the jobs of one snapshot.
+with weight decay 0.01 except on biases and norms); ``finetune`` is what a worker runs for each job.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import sys
 import time
@@ -19,11 +19,13 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.optim import Optimizer
+from torch.optim.lr_scheduler import LRScheduler
 from tqdm.auto import tqdm
 from transformers import get_scheduler
 
 from finetune.config import FinetuneConfig
-from finetune.glue import Example, baseline_metrics, batches, compute_metrics, encode, get_task, load_task
+from finetune.glue import baseline_metrics, batches, compute_metrics, encode, get_task, load_task
 from finetune.manifest import Results
 from pretrain.common.device import pick_device
 from pretrain.common.hardware import cpu_bf16_warning
@@ -32,10 +34,8 @@ from pretrain.optim import build_adamw
 
 
 def check_max_length(config: Any, max_length: int, model: str) -> None:
-    """Refuse a recipe.max_length beyond the model's position embeddings: the forward pass would fail on the first
-    pair that long ("The size of tensor a (128) must match the size of tensor b (64)"), or, worse, only some jobs
-    would, by the lengths of their data. Refused rather than capped: a capped length would not be the recipe the
-    results are filed under."""
+    """Refuse a recipe.max_length beyond the model's position embeddings, where the forward pass of only the jobs
+    with pairs that long would fail; not capped, which would not be the recipe the results are filed under."""
     positions = getattr(config, "max_position_embeddings", None)
     if positions is not None and max_length > positions:
         raise ValueError(
@@ -57,22 +57,13 @@ def warn_emulated_bf16(device: torch.device, mixed_precision: str) -> None:
 
 
 def make_optimizer(model: nn.Module, recipe: FinetuneConfig, lr: float) -> torch.optim.AdamW:
-    """The recipe's AdamW (fused kernel: the fastest on CPU and CUDA, BENCHMARKS.md) at peak learning rate ``lr``."""
-    return build_adamw(
-        model,
-        lr=lr,
-        betas=(recipe.adam_beta1, recipe.adam_beta2),
-        eps=recipe.adam_eps,
-        weight_decay=recipe.weight_decay,
-        implementation="fused",
-    )
+    """The recipe's AdamW (build_adamw's fused kernel: the fastest on CPU and CUDA) at peak learning rate ``lr``."""
+    betas = (recipe.adam_beta1, recipe.adam_beta2)
+    return build_adamw(model, lr=lr, betas=betas, eps=recipe.adam_eps, weight_decay=recipe.weight_decay)
 
 
-def make_scheduler(
-    optimizer: torch.optim.Optimizer, recipe: FinetuneConfig, total_steps: int
-) -> torch.optim.lr_scheduler.LRScheduler:
-    """BERT's schedule, as pretraining's (``get_scheduler``): the learning rate rises linearly from 0 over the first
-    ``warmup_ratio`` of the steps, then falls linearly to 0 at the last step."""
+def make_scheduler(optimizer: Optimizer, recipe: FinetuneConfig, total_steps: int) -> LRScheduler:
+    """BERT's schedule, as pretraining's: linear from 0 over the first ``warmup_ratio`` of the steps, then to 0."""
     warmup_steps = int(recipe.warmup_ratio * total_steps)
     return get_scheduler("linear", optimizer, num_warmup_steps=warmup_steps, num_training_steps=total_steps)
 
@@ -83,11 +74,7 @@ def autocast(device: torch.device, mixed_precision: str) -> contextlib.AbstractC
 
 
 def train_step(
-    model: nn.Module,
-    batch: dict[str, torch.Tensor],
-    optimizer: torch.optim.Optimizer,
-    recipe: FinetuneConfig,
-    device: torch.device,
+    model: nn.Module, batch: dict[str, torch.Tensor], optimizer: Optimizer, recipe: FinetuneConfig, device: torch.device
 ) -> torch.Tensor:
     """One optimizer step on one batch (the learning-rate schedule is the caller's); returns the loss."""
     batch = {k: v.to(device) for k, v in batch.items()}
@@ -105,13 +92,9 @@ def train_step(
 
 @torch.no_grad()
 def evaluate(
-    model: nn.Module,
-    features: list[dict[str, Any]],
-    batch_size: int,
-    pad_id: int,
-    device: torch.device,
+    model: nn.Module, features: list[dict[str, Any]], batch_size: int, pad_id: int, device: torch.device,
     mixed_precision: str = "no",
-) -> dict[str, Any]:
+) -> dict[str, Any]:  # fmt: skip
     """Dev loss, labels and predictions (in file order)."""
     model.eval()
     losses, labels, predictions = 0.0, [], []
@@ -122,11 +105,8 @@ def evaluate(
         losses += F.cross_entropy(logits, batch["labels"], reduction="sum").item()
         labels.append(batch["labels"].cpu().numpy())
         predictions.append(logits.argmax(-1).cpu().numpy())
-    return {
-        "dev_loss": losses / len(features),
-        "labels": np.concatenate(labels),
-        "predictions": np.concatenate(predictions),
-    }
+    return {"dev_loss": losses / len(features), "labels": np.concatenate(labels),
+            "predictions": np.concatenate(predictions)}  # fmt: skip
 
 
 @dataclass
@@ -139,41 +119,34 @@ class TaskData:
 
 
 class DataCache:
-    """Loaded tasks and tokenized features, reused while a worker runs jobs of the same snapshot."""
+    """Loaded tasks, and the tokenized features of one snapshot, reused while a worker runs its jobs."""
 
     def __init__(self) -> None:
-        self.tasks: dict[tuple[str, str | None], dict[str, list[Example]]] = {}
-        self.features: dict[tuple[Any, ...], TaskData] = {}
+        self.load_task = functools.cache(load_task)  # each task's files read once
+        self.key: tuple[Any, ...] | None = None
+        self.data: TaskData | None = None
 
     def get(self, model_path: str, task: str, data_dir: str | None, recipe: FinetuneConfig) -> TaskData:
         from transformers import AutoTokenizer
 
         key = (model_path, task, data_dir, recipe.max_length, recipe.max_train_examples, recipe.max_eval_examples)
-        if key not in self.features:
-            if (task, data_dir) not in self.tasks:
-                self.tasks[(task, data_dir)] = load_task(task, data_dir)
-            splits = self.tasks[(task, data_dir)]
+        if self.data is None or key != self.key:  # one snapshot at a time: tokenized features are cheap to rebuild
+            splits = self.load_task(task, data_dir)
             tokenizer = AutoTokenizer.from_pretrained(model_path)
             if tokenizer.pad_token_id is None:
                 raise ValueError(f"the tokenizer of {model_path} has no padding token; save one with the model")
-            self.features.clear()  # one snapshot at a time: tokenized features are cheap to rebuild
-            self.features[key] = TaskData(
+            self.key, self.data = key, TaskData(
                 train=encode(tokenizer, splits["train"][: recipe.max_train_examples], recipe.max_length),
                 dev=encode(tokenizer, splits["dev"][: recipe.max_eval_examples], recipe.max_length),
                 pad_id=tokenizer.pad_token_id,
             )
-        return self.features[key]
+        return self.data
 
 
 def finetune(
-    model_path: str,
-    task: str,
-    data: TaskData,
-    lr: float,
-    seed: int,
-    recipe: FinetuneConfig,
+    model_path: str, task: str, data: TaskData, lr: float, seed: int, recipe: FinetuneConfig,
     on_step: Callable[[int, float, float], None] | None = None,
-) -> Results:
+) -> Results:  # fmt: skip
     """Train a classifier from ``model_path`` on ``data.train`` and score it on ``data.dev``; ``on_step(step,
     loss, lr)`` is called after every optimizer step (the W&B job run's training curve)."""
     from transformers import AutoConfig, AutoModelForSequenceClassification, set_seed
@@ -185,23 +158,20 @@ def finetune(
     device = pick_device(recipe.device, flag="recipe.device")
     warn_emulated_bf16(device, recipe.mixed_precision)
     set_seed(seed)  # python, numpy, torch: the classifier's init and dropout
-    # The load report lists the pretraining heads as unused and the classifier as new: expected here, and
-    # an lnbert snapshot of another placement still fails loudly (LNBertPreTrainedModel.from_pretrained).
+    # The load report (pretraining heads unused, the classifier new) is expected here, and the "Loading weights"
+    # bar of every job would interleave with the scheduler's lines; a snapshot of another placement still fails.
     verbosity, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
     hf_logging.set_verbosity_error()
-    # Its "Loading weights" bar, one per job and worker, interleaves with every other line of the scheduler.
     hf_logging.disable_progress_bar()
     try:
-        # float32 weights whatever the checkpoint stores (transformers 5 loads in the saved dtype, dtype="auto":
-        # a bf16 checkpoint would train in bf16, where most updates at lr 3e-5 round away); the recipe's autocast
-        # decides the compute dtype.
+        # float32 weights whatever the checkpoint stores (transformers 5 loads the saved dtype: in bf16 most
+        # updates at lr 3e-5 round away); the recipe's autocast decides the compute dtype.
         if recipe.random_init:
             config = AutoConfig.from_pretrained(model_path, num_labels=2)
-            model = AutoModelForSequenceClassification.from_config(config, dtype=torch.float32).to(device)
+            model = AutoModelForSequenceClassification.from_config(config, dtype=torch.float32)
         else:
-            model = AutoModelForSequenceClassification.from_pretrained(
-                model_path, num_labels=2, dtype=torch.float32
-            ).to(device)
+            model = AutoModelForSequenceClassification.from_pretrained(model_path, num_labels=2, dtype=torch.float32)
+        model = model.to(device)
     finally:
         hf_logging.set_verbosity(verbosity)
         if bars:
@@ -218,20 +188,21 @@ def finetune(
         model.train()
         epoch_loss = 0.0
         for batch in batches(data.train, recipe.batch_size, data.pad_id, generator=order):
-            loss = train_step(model, batch, optimizer, recipe, device)
+            loss = train_step(model, batch, optimizer, recipe, device).item()
             lr_used = scheduler.get_last_lr()[0]
             scheduler.step()
-            epoch_loss += loss.item()
+            epoch_loss += loss
             step += 1
             if on_step is not None:
-                on_step(step, loss.item(), lr_used)
+                on_step(step, loss, lr_used)
             bar.update()
-            bar.set_postfix(loss=f"{loss.item():.3f}")
+            bar.set_postfix(loss=f"{loss:.3f}")
     bar.close()
     result = evaluate(model, data.dev, recipe.eval_batch_size, data.pad_id, device, recipe.mixed_precision)
+    scored = get_task(task), result["labels"], result["predictions"]
     return Results(
-        **compute_metrics(get_task(task), result["labels"], result["predictions"]),
-        **baseline_metrics(get_task(task), result["labels"], result["predictions"]),
+        **compute_metrics(*scored),
+        **baseline_metrics(*scored),
         dev_loss=result["dev_loss"],
         train_loss=epoch_loss / steps_per_epoch,  # mean over the last epoch
         epochs=recipe.epochs,

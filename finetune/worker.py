@@ -27,6 +27,7 @@ from pretrain.common.formats import RUN_FORMAT, FormatVersionError, check_format
 from pretrain.run_folder.identity import read_run_id
 from pretrain.run_folder.layout import (
     MANIFEST_FILE,
+    RUN_ID_FILE,
     SNAPSHOT_INFO,
     SNAPSHOT_MARKER,
     SNAPSHOTS,
@@ -39,16 +40,7 @@ if TYPE_CHECKING:
     from finetune.train import DataCache
 
 
-# --------------------------------------------------------------------------------------------------
-# Jobs: what a model's jobs are, and their key
-# --------------------------------------------------------------------------------------------------
-
-
-def _run_id(run_dir: Path, snapshot_hash: str) -> str:
-    try:
-        return read_run_id(run_dir)
-    except FileNotFoundError:  # a snapshot copied out of its run folder
-        return f"model-{snapshot_hash}"
+# --- Jobs: what a model's jobs are, and their key -------------------------------------------------
 
 
 def _read_json(path: Path) -> dict[str, Any]:
@@ -57,22 +49,18 @@ def _read_json(path: Path) -> dict[str, Any]:
 
 def _placement(info: dict[str, Any], config: dict[str, Any]) -> str:
     """The norm placement from the snapshot info, else the model config; Hugging Face BERT is Post-LN."""
-    placement = info.get("norm_placement") or config.get("norm_placement")
-    if placement is None:
-        placement = "post" if config.get("model_type") == "bert" else "unknown"
-    return str(placement)
+    default = "post" if config.get("model_type") == "bert" else "unknown"
+    return str(info.get("norm_placement") or config.get("norm_placement") or default)
 
 
 class SnapshotRefused(ValueError):
-    """A model folder refused as it is: a snapshot without its COMPLETE marker, damaged (its files do not match
-    its manifest), of another format version, or whose weights are of another placement than its config. No
-    retry changes that while its files stay as they are: its jobs fail for good (finetune/manifest.py)."""
+    """A model folder refused as it is (incomplete, damaged, of another format version, or weights of another
+    placement than its config): no retry changes that while its files stay as they are, its jobs fail for good."""
 
 
 def files_stamp(path: Path) -> str | None:
     """The names, sizes and modification times of a model folder's files, hashed (no file is read): it changes
-    whenever a file is written, replaced, added or removed (a snapshot restored from a copy, or saved again).
-    None when there is no such folder (a Hub model, or a folder that is gone)."""
+    whenever a file is written, replaced, added or removed. None when there is no such folder (a Hub model)."""
     if not path.is_dir():
         return None
     entries = []
@@ -86,11 +74,13 @@ def files_stamp(path: Path) -> str | None:
     return hashlib.sha256(json.dumps(entries).encode()).hexdigest()[:16]
 
 
+_verified: dict[Path, str | None] = {}  # snapshot folder -> its files_stamp when it last verified
+
+
 def check_snapshot(path: Path) -> None:
-    """A pretraining snapshot (a folder with snapshot.json; a plain Hugging Face folder has none) is used only
-    when complete (COMPLETE marker) and when its files match its manifest. Checked by finetune.run on the
-    user's --model, and by every scheduled job before it loads the weights (a snapshot damaged after it was
-    found fails its jobs for good, with the reason, instead of being fine-tuned). Raises SnapshotRefused."""
+    """A pretraining snapshot (a folder with snapshot.json) is used only when complete (COMPLETE marker) and when
+    its files match its manifest; any model folder only when its weights are of its config's placement. Checked on
+    finetune.run's --model and by every job before it loads the weights. Raises SnapshotRefused."""
     if not (path / SNAPSHOT_INFO).is_file():
         check_placement(path)
         return
@@ -99,8 +89,8 @@ def check_snapshot(path: Path) -> None:
             f"{str(path)!r} is a snapshot without its {SNAPSHOT_MARKER} marker: it is still being written, "
             "or its run was killed while writing it (the resumed run writes it again). Use a complete snapshot."
         )
-    # A task runs many jobs on one snapshot, and hashing reads every byte of it (440 MB for BERT-base): hash it
-    # again only when a file's size or modification time changed since it last verified in this process.
+    # Hashing reads every byte (440 MB for BERT-base) and a task runs many jobs on one snapshot: verify it again
+    # only when a file's size or modification time changed since it last verified in this process.
     stamp = files_stamp(path)
     if _verified.get(path.resolve()) == stamp:
         return
@@ -117,11 +107,9 @@ def check_snapshot(path: Path) -> None:
 
 
 def check_placement(path: Path) -> None:
-    """An lnbert model folder whose weights are of another placement than its config.json says is refused here,
-    in fine-tuning's terms (the model's own check speaks to Python callers of from_pretrained)."""
-    from pretrain.run_folder.checkpointing import (
-        placement_mismatch,  # imports accelerate: only where models are checked
-    )
+    """An lnbert model folder whose weights are of another placement than its config.json says is refused, in
+    fine-tuning's terms (the model's own check speaks to Python callers of from_pretrained)."""
+    from pretrain.run_folder.checkpointing import placement_mismatch  # imports accelerate: only where it is used
 
     if problem := placement_mismatch(path):
         raise SnapshotRefused(
@@ -130,32 +118,25 @@ def check_placement(path: Path) -> None:
         )
 
 
-_verified: dict[Path, str | None] = {}  # snapshot folder -> its files_stamp when it last verified
-
-
 def check_not_a_run_folder(path: Path) -> None:
-    """A pretraining run folder (RUN/ with snapshots/) given where a model is expected: name its snapshots and
-    the command that fine-tunes all of them, rather than "not a model folder"."""
+    """A pretraining run folder given where a model is expected: name its snapshots and the command that
+    fine-tunes all of them, rather than "not a model folder"."""
     if (path / "config.json").is_file() or not (path / SNAPSHOTS).is_dir():
         return
     snapshots = [str(s.path) for s in list_snapshots(path)]
-    listed = (
-        f"its complete snapshots: {', '.join(snapshots[:4])}{', ...' if len(snapshots) > 4 else ''}"
-        if snapshots
-        else "it has no complete snapshot yet"
-    )
+    listed = f"its complete snapshots: {', '.join(snapshots[:4])}{', ...' if len(snapshots) > 4 else ''}"
     raise ValueError(
-        f"--model {str(path)!r} is a pretraining run folder, not a model; {listed}. Fine-tune one with "
+        f"--model {str(path)!r} is a pretraining run folder, not a model; "
+        f"{listed if snapshots else 'it has no complete snapshot yet'}. Fine-tune one with "
         f"--model={path}/snapshots/step_NNNNNNNN, or every snapshot of the run with python -m finetune.schedule "
         f"--runs='[{path}]'"
     )
 
 
 def snapshot_hash(model_dir: Path) -> str:
-    """The content hash of a model folder, for its jobs' key: of a snapshot, the hash of its manifest's file listing
-    (every file's size and checksum, written once by pretraining: read here, never recomputed; the task checks the
-    files against it before their weights are used). A plain model folder (save_pretrained, no manifest) is hashed
-    here: its config.json and weight files."""
+    """The content hash of a model folder, for its jobs' key. Of a snapshot: the hash of its manifest's file
+    listing (every file's size and checksum, written by pretraining: read, never recomputed). A plain model folder
+    (save_pretrained, no manifest) is hashed here: its config.json and weight files."""
     manifest = model_dir / MANIFEST_FILE
     if manifest.is_file():
         payload = json.loads(manifest.read_text())
@@ -171,34 +152,41 @@ def snapshot_hash(model_dir: Path) -> str:
     return hashlib.sha256(json.dumps(files, sort_keys=True).encode()).hexdigest()[:16]
 
 
+def hub_model(name: str) -> Model:
+    """A model on the Hugging Face Hub: step -1, hashed by name."""
+    from transformers import AutoConfig
+
+    import pretrain.modeling  # noqa: F401  (a Hub model can be an lnbert one)
+
+    if Path(name).exists() or name.startswith((".", "/", "~")) or name.count("/") > 1:
+        raise FileNotFoundError(f"--model {name!r}: no such model folder (a Hub name is NAME or ORG/NAME)")
+    try:
+        config = AutoConfig.from_pretrained(name).to_dict()
+    except (OSError, ValueError) as err:  # offline, unknown name, or a name the Hub rejects
+        raise FileNotFoundError(
+            f"--model {name!r} is neither a model folder nor a model found on the Hugging Face Hub: "
+            f"{str(err).splitlines()[0]}"
+        ) from None
+    return Model(run_id=f"hub-{name}", run_name=name, run_dir=name, placement=_placement({}, config),
+                 pretrain_step=-1, tokens_seen=None, model_path=name, snapshot_hash=f"hub:{name}")  # fmt: skip
+
+
 def describe_model(model: str | Path) -> Model:
     """The model of a job. A pretraining snapshot (RUN/snapshots/step_*, with snapshot.json) belongs to its run;
     any other folder (or a snapshot copied out of its run) is a run of its own, named by its content, and a name
-    that is not a folder is a Hub model (step -1, hashed by name)."""
+    that is not a folder is a Hub model."""
     path = Path(model)
     if not path.is_dir():
-        from transformers import AutoConfig
-
-        import pretrain.modeling  # noqa: F401  (a Hub model can be an lnbert one)
-
-        name = str(model)
-        if path.exists() or name.startswith((".", "/", "~")) or name.count("/") > 1:
-            raise FileNotFoundError(f"--model {name!r}: no such model folder (a Hub name is NAME or ORG/NAME)")
-        try:
-            config = AutoConfig.from_pretrained(name).to_dict()
-        except (OSError, ValueError) as err:  # offline, unknown name, or a name the Hub rejects
-            raise FileNotFoundError(
-                f"--model {name!r} is neither a model folder nor a model found on the Hugging Face Hub: "
-                f"{str(err).splitlines()[0]}"
-            ) from None
-        return Model(run_id=f"hub-{name}", run_name=name, run_dir=name, placement=_placement({}, config),
-                     pretrain_step=-1, tokens_seen=None, model_path=name, snapshot_hash=f"hub:{name}")  # fmt: skip
+        return hub_model(str(model))
     check_not_a_run_folder(path)
     info = _read_json(path / SNAPSHOT_INFO)
     run_dir = run_folder_of(path) if info else path.resolve()
     content = snapshot_hash(path)
+    run_id = f"model-{content}"
+    if info and (run_dir / RUN_ID_FILE).is_file():  # else a snapshot copied out of its run folder
+        run_id = read_run_id(run_dir)
     return Model(
-        run_id=_run_id(run_dir, content) if info else f"model-{content}",
+        run_id=run_id,
         run_name=str(info.get("run_name", run_dir.name)),
         run_dir=str(run_dir),
         placement=_placement(info, _read_json(path / "config.json")),
@@ -213,53 +201,39 @@ def job_specs(
     model: Model, task: str, lrs: Sequence[float], seeds: Sequence[int], recipe: FinetuneConfig
 ) -> list[JobSpec]:
     """One job per (lr, seed) for a model and a task."""
-    return [
-        JobSpec(**dataclasses.asdict(model), task=task, lr=float(lr), seed=int(seed), recipe=recipe.result_key())
-        for lr in lrs
-        for seed in seeds
-    ]
+    fields, key = dataclasses.asdict(model), recipe.result_key()
+    return [JobSpec(**fields, task=task, lr=float(lr), seed=int(seed), recipe=key) for lr in lrs for seed in seeds]
 
 
-# --------------------------------------------------------------------------------------------------
-# One task of a manifest: run its jobs, one result file each
-# --------------------------------------------------------------------------------------------------
+# --- One task of a manifest: run its jobs, one result file each -----------------------------------
 
 
 def run_job(job: ManifestJob, manifest: Manifest, folder: ResultsFolder, cache: DataCache) -> JobState | None:
     """Run one job and write its result file (or its failure file); returns how it ended (done or failed), or
     None when another copy of it finished first (this result is dropped)."""
-    from finetune.train import (
-        finetune,  # torch and transformers: the scheduler, which imports this module, never needs them
-    )
+    from finetune.train import finetune  # torch and transformers: the scheduler, importing this module, never needs
 
-    spec, runtime = job.spec, manifest.runtime
+    spec, runtime, submission = job.spec, manifest.runtime, manifest.submission
     try:
-        folder.write_started(job, manifest.submission)  # from here on, this attempt counts (finetune/manifest.py)
+        folder.write_started(job, submission)  # from here on, this attempt counts (finetune/manifest.py)
         check_snapshot(Path(spec.model_path))
         recipe = FinetuneConfig(**spec.recipe, **runtime.recipe)
         data = cache.get(spec.model_path, spec.task, runtime.data_dir, recipe)
-        tracking = WandbSettings(**runtime.wandb) if runtime.wandb else None
-        with job_run(spec, tracking) as tracked:
-            results = finetune(
-                spec.model_path, spec.task, data, spec.lr, spec.seed, recipe, tracked.log_step if tracked else None
-            )
+        with job_run(spec, WandbSettings(**runtime.wandb) if runtime.wandb else None) as tracked:
+            on_step = tracked.log_step if tracked else None
+            results = finetune(spec.model_path, spec.task, data, spec.lr, spec.seed, recipe, on_step)
             if tracked:
                 tracked.finish(results)
-    except SnapshotRefused as err:  # no retry changes this while the snapshot's files stay as they are
-        return _failed(job, manifest.submission, folder, err, permanent=True)
     except Exception as err:  # recorded for the scheduler, which retries it; go on with the next job
-        return _failed(job, manifest.submission, folder, err, permanent=False)
-    if not folder.write_done(job, manifest.submission, results):
+        # A refused snapshot fails for good: no retry changes it while the snapshot's files stay as they are.
+        permanent, error = isinstance(err, SnapshotRefused), f"{type(err).__name__}: {err}"
+        stamp = files_stamp(Path(spec.model_path))
+        folder.write_failed(job, submission, error, permanent=permanent, snapshot_stamp=stamp)
+        return JobState(spec, "failed", job.attempt, submission, error, permanent=permanent, snapshot_stamp=stamp)
+    if not folder.write_done(job, submission, results):
         print(f"job {spec.key} was finished first by another copy of this task: this result is dropped", flush=True)
         return None
-    return JobState(spec, "done", job.attempt, manifest.submission, results=results)
-
-
-def _failed(job: ManifestJob, submission: int, folder: ResultsFolder, err: Exception, permanent: bool) -> JobState:
-    """Record a failed attempt, with what the model folder's files were then."""
-    error, stamp = f"{type(err).__name__}: {err}", files_stamp(Path(job.spec.model_path))
-    folder.write_failed(job, submission, error, permanent=permanent, snapshot_stamp=stamp)
-    return JobState(job.spec, "failed", job.attempt, submission, error, permanent=permanent, snapshot_stamp=stamp)
+    return JobState(spec, "done", job.attempt, submission, results=results)
 
 
 def print_line(state: JobState) -> None:
@@ -273,29 +247,25 @@ def run_task(
     parent_pid: int | None = None,
     on_job: Callable[[JobState], object] = print_line,
 ) -> dict[str, int]:
-    """Run task ``index`` of a manifest; returns how many of its jobs ended done, duplicate, skipped, failed.
+    """Run task ``index`` of a manifest; returns how many of its jobs ended done, duplicate, skipped, failed,
+    orphaned. With ``parent_pid`` (a local worker), the task stops before its next job once that process is gone,
+    so a killed scheduler leaves no worker running on. ``on_job`` is called with each job that ended."""
+    from finetune.train import DataCache
 
-    With ``parent_pid`` (a local worker), the task stops before its next job once that process is gone: a
-    killed scheduler does not leave workers running on (the job in hand is finished and recorded).
-    ``on_job`` is called with each job that ended (default: print its line, into the task's log).
-    """
     manifest_path = Path(manifest_path).resolve()
     manifest = load_manifest(manifest_path)
     folder = ResultsFolder(manifest_path.parent.parent)
-    from finetune.train import DataCache
-
     cache = DataCache()
     counts = dict.fromkeys(("done", "duplicate", "skipped", "failed", "orphaned"), 0)
     for job in manifest.jobs_of_task(index):
         if parent_pid is not None and os.getppid() != parent_pid:
             counts["orphaned"] += 1
-            continue
-        if folder.is_done(job.spec.key):
+        elif folder.is_done(job.spec.key):
             counts["skipped"] += 1
-            continue
-        state = run_job(job, manifest, folder, cache)
-        counts["duplicate" if state is None else state.status] += 1
-        if state is not None:
+        elif (state := run_job(job, manifest, folder, cache)) is None:
+            counts["duplicate"] += 1
+        else:
+            counts[state.status] += 1
             on_job(state)
     return counts
 
@@ -307,11 +277,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--parent_pid", type=int, default=None, help="stop before the next job once it is gone")
     parser.add_argument("--quiet", action="store_true", help="no line per job (its scheduler prints them)")
     args = parser.parse_args(argv)
-    index = args.index
-    if index is None:
-        if "SLURM_ARRAY_TASK_ID" not in os.environ:
-            parser.error("no --index and no SLURM_ARRAY_TASK_ID: pass --index=N outside a SLURM array")
-        index = int(os.environ["SLURM_ARRAY_TASK_ID"])
+    if args.index is None and "SLURM_ARRAY_TASK_ID" not in os.environ:
+        parser.error("no --index and no SLURM_ARRAY_TASK_ID: pass --index=N outside a SLURM array")
+    index = int(os.environ["SLURM_ARRAY_TASK_ID"]) if args.index is None else args.index
     try:
         counts = run_task(args.manifest, index, args.parent_pid, on_job=(lambda _: None) if args.quiet else print_line)
     except (FileNotFoundError, ValueError) as err:
