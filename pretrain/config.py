@@ -1,10 +1,8 @@
 """The pretraining configuration: typed dataclasses, one source of truth.
 
-A YAML preset (``--config FILE``) and dotted command-line overrides (``--train.max_steps=100``, values parsed
-as YAML, so ``--data.sources='[{"kind": "json", "path": "x.jsonl"}]'`` works) become a :class:`PretrainConfig`
-through the project's one loader (pretrain/common/cli.py), which reads the field types from the dataclasses and
-generates ``--help`` from them. Every field has a docstring under it; every check lives in a
-``__post_init__`` and names the key to change.
+A YAML preset (``--config FILE``) and dotted overrides (``--train.max_steps=100``) become a :class:`PretrainConfig`
+through the project's one loader (pretrain/common/cli.py), which also generates ``--help`` from the docstring under
+every field. Every check lives in a ``__post_init__`` and names the key to change.
 """
 
 from __future__ import annotations
@@ -43,22 +41,9 @@ if TYPE_CHECKING:
     from pretrain.modeling import LNBertConfig
 
 __all__ = [
-    "RESOLVED_AT_START",
-    "RESUMABLE_CHANGES",
-    "ConfigError",
-    "DataConfig",
-    "ModelConfig",
-    "OptimConfig",
-    "PretrainConfig",
-    "TrackingConfig",
-    "TrainConfig",
-    "field_docs",
-    "flatten",
-    "from_dict",
-    "help_text",
-    "parse_args",
-    "resolved_config",
-    "to_dict",
+    "RESOLVED_AT_START", "RESUMABLE_CHANGES", "ConfigError", "DataConfig", "ModelConfig", "OptimConfig",
+    "PretrainConfig", "TrackingConfig", "TrainConfig", "field_docs", "flatten", "from_dict", "help_text", "parse_args",
+    "resolved_config", "to_dict",
 ]
 
 
@@ -69,13 +54,11 @@ __all__ = [
 
 @dataclass(kw_only=True)
 class ModelConfig:
-    """The BERT encoder and its norm placement (turned into an ``LNBertConfig`` by :meth:`to_lnbert`). The model's
-    own settings take the defaults ``LNBertConfig`` has (declared in pretrain/variants.py); the sizes here are the
-    built-in default's tiny model, not BERT's."""
+    """The BERT encoder and its norm placement (an ``LNBertConfig`` by :meth:`to_lnbert`), with LNBertConfig's defaults
+    (pretrain/variants.py); the sizes are the built-in default's tiny model, not BERT's."""
 
     norm_placement: NormPlacement = role("recipe", default=DEFAULTS.norm_placement)
-    """Where the norms go: post (original BERT), pre (Xiong et al. 2020), sandwich (= peri), deepnorm, admin, rezero,
-    b2t, resi_dual, mix_ln, lns, hybrid, normformer, output_ln, parallel (docs/placements.md)."""
+    """Where the norms go: post is original BERT, pre Xiong et al. 2020's, sandwich = peri (docs/placements.md)."""
     norm_type: NormType = role("recipe", default=DEFAULTS.norm_type)
     """The norm used everywhere (embeddings, layers, final norm, MLM head): layernorm, rmsnorm or dyt."""
     qk_norm: bool = role("recipe", default=DEFAULTS.qk_norm)
@@ -123,14 +106,11 @@ class ModelConfig:
     sparse_mlm_head: bool = role("recipe", default=DEFAULTS.sparse_mlm_head)
     """Run the MLM head only at masked positions (same loss and gradients, less compute)."""
     attn_implementation: Literal["sdpa", "eager"] = role("recipe", default="sdpa")
-    """Attention kernel: sdpa (PyTorch scaled_dot_product_attention) or eager (plain softmax; faster under
-    bf16 autocast on CPU, where SDPA's CPU kernel computes in fp32; see BENCHMARKS.md)."""
+    """Attention kernel: sdpa (scaled_dot_product_attention) or eager (faster under bf16 on CPU; BENCHMARKS.md)."""
     fused_qkv: bool = role("recipe", default=DEFAULTS.fused_qkv)
-    """Compute Q, K, V with one GEMM (same parameters and names; equal within float rounding). A few % faster
-    under bf16 (BENCHMARKS.md); off by default so Post-LN stays op-for-op Hugging Face BERT."""
+    """Q, K, V from one GEMM (same parameters; a few % faster under bf16); off: Post-LN is op-for-op HF BERT."""
     residual_scheme: ResidualScheme = role("recipe", default=DEFAULTS.residual_scheme)
-    """How the sub-layers' outputs reach the later ones, on norm_placement=pre only: standard (Pre-LN's residual
-    sum), hc (Hyper-Connections), mhc (manifold-constrained HC), attn_res (Attention Residuals); docs/placements.md."""
+    """How sub-layer outputs reach later ones (norm_placement=pre only): hc, mhc, attn_res (docs/placements.md)."""
     hc_streams: int = role("recipe", default=DEFAULTS.hc_streams)
     """hc, mhc: the number of residual streams n (the papers' 4)."""
     hc_dynamic: bool = role("recipe", default=DEFAULTS.hc_dynamic)
@@ -145,27 +125,19 @@ class ModelConfig:
     def __post_init__(self) -> None:
         for key in ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size"):
             _require(getattr(self, key) > 0, f"model.{key}", "must be a positive integer")
-        _require(
-            self.hidden_size % self.num_attention_heads == 0,
-            "model.num_attention_heads",
-            f"must divide model.hidden_size={self.hidden_size}; choose a divisor of hidden_size",
-        )
+        _require(self.hidden_size % self.num_attention_heads == 0, "model.num_attention_heads",
+                 f"must divide model.hidden_size={self.hidden_size}; choose a divisor of hidden_size")
         for key in ("hidden_dropout_prob", "attention_probs_dropout_prob"):
             _require(0.0 <= getattr(self, key) < 1.0, f"model.{key}", "must be in [0, 1)")
         _require(self.vocab_size is None or self.vocab_size > 0, "model.vocab_size", "must be positive or null")
         k = self.mix_ln_post_layers
-        _require(
-            k is None or 0 <= k <= self.num_hidden_layers,
-            "model.mix_ln_post_layers",
-            f"must be between 0 and model.num_hidden_layers={self.num_hidden_layers}, or null for round(L/4)",
-        )
+        _require(k is None or 0 <= k <= self.num_hidden_layers, "model.mix_ln_post_layers",
+                 f"must be between 0 and model.num_hidden_layers={self.num_hidden_layers}, or null for round(L/4)")
         _require(self.admin_omega is None or self.admin_omega > 0, "model.admin_omega", "must be > 0, or null")
         _require(self.dyt_alpha_init > 0, "model.dyt_alpha_init", "must be > 0 (DyT's default: 0.5)")
         try:
-            check_residual_scheme(
-                self.norm_placement, self.residual_scheme, self.hc_streams, self.mhc_sinkhorn_iters,
-                self.mhc_bias_init, self.attn_res_block_size, prefix="model.",
-            )  # fmt: skip
+            check_residual_scheme(self.norm_placement, self.residual_scheme, self.hc_streams, self.mhc_sinkhorn_iters,
+                                  self.mhc_bias_init, self.attn_res_block_size, prefix="model.")
             check_ngpt(self.norm_placement, self.norm_type, self.qk_norm, self.embedding_layer_norm, prefix="model.")
         except ValueError as err:
             raise ConfigError(str(err)) from None
@@ -173,11 +145,9 @@ class ModelConfig:
     @property
     def variant(self) -> str:
         """The model's label in run names, W&B groups and reports (``pre``, ``pre-rmsnorm``, ``pre-hc4``, ...)."""
-        return variant_name(
-            self.norm_placement, self.norm_type, self.qk_norm, residual_scheme=self.residual_scheme,
-            hc_streams=self.hc_streams, hc_dynamic=self.hc_dynamic, mhc_bias_init=self.mhc_bias_init,
-            attn_res_block_size=self.attn_res_block_size,
-        )  # fmt: skip
+        return variant_name(self.norm_placement, self.norm_type, self.qk_norm, residual_scheme=self.residual_scheme,
+                            hc_streams=self.hc_streams, hc_dynamic=self.hc_dynamic, mhc_bias_init=self.mhc_bias_init,
+                            attn_res_block_size=self.attn_res_block_size)
 
     def to_lnbert(self, vocab_size: int) -> LNBertConfig:
         """The model config; ``vocab_size`` is the resolved one (``self.vocab_size`` or the tokenizer's)."""
@@ -221,18 +191,14 @@ def _scheme_labels() -> dict[str, dict[str, Any]]:
 
 
 def residual_scheme_fields(label: str) -> dict[str, Any]:
-    """The model fields (``RESIDUAL_SCHEME_FIELDS``) of the residual scheme a variant's label names, the fields it
-    does not name at their defaults: ``standard``, ``hc4`` (dynamic HC, 4 streams), ``shc4`` (static HC), ``mhc4``,
-    ``mhc4-idres`` (mHC, identity bias init), ``attnres`` (Full AttnRes), ``attnres-b4`` (Block AttnRes, 4
-    sub-layers per block); streams and block sizes up to 64. A ValueError names the closest label otherwise."""
+    """The model fields (``RESIDUAL_SCHEME_FIELDS``) of the residual scheme a variant's label names, the others at their
+    defaults: ``standard``, ``hc4`` (dynamic HC, 4 streams), ``shc4`` (static), ``mhc4``, ``mhc4-idres`` (identity bias
+    init), ``attnres``, ``attnres-b4`` (blocks of 4 sub-layers); up to 64. A ValueError names the closest label."""
     labels = _scheme_labels()
     if label not in labels:
         # A scheme's own name means its label with the default options (hc: hc4), not the closest string (hc9).
-        close = (
-            [residual_scheme_label(label)]
-            if label in RESIDUAL_SCHEMES[1:]
-            else difflib.get_close_matches(str(label), labels, n=1)
-        )
+        own_name = label in RESIDUAL_SCHEMES[1:]
+        close = [residual_scheme_label(label)] if own_name else difflib.get_close_matches(str(label), labels, n=1)
         hint = f"; did you mean {close[0]!r}?" if close else ""
         raise ValueError(
             f"{label!r} is not a residual scheme's label{hint} (labels as in run names: standard, hc4, shc4, mhc4, "
@@ -267,16 +233,13 @@ class OptimConfig:
     max_grad_norm: float = role("recipe", default=1.0)
     """Clip the total gradient norm to this value; 0 disables clipping (the norm is still logged)."""
     implementation: Literal["auto", "fused", "foreach", "for_loop"] = role("run", default="auto")
-    """AdamW kernel: auto (fused on CUDA; PyTorch's choice, the for_loop, on CPU), fused (one kernel; CUDA and
-    CPU, the fastest on both, BENCHMARKS.md), foreach, or for_loop (the reference loop)."""
+    """AdamW kernel: auto (fused on CUDA, for_loop on CPU), fused (the fastest on both, BENCHMARKS.md), foreach."""
 
     def __post_init__(self) -> None:
         _require(self.lr > 0, "optim.lr", "must be > 0")
         _require(self.warmup_steps is None or self.warmup_steps >= 0, "optim.warmup_steps", "must be >= 0 or null")
         _require(0.0 <= self.warmup_fraction < 1.0, "optim.warmup_fraction", "must be in [0, 1)")
-        _require(
-            all(0.0 <= b < 1.0 for b in self.betas), "optim.betas", "both betas must be in [0, 1), e.g. [0.9, 0.999]"
-        )
+        _require(all(0.0 <= b < 1.0 for b in self.betas), "optim.betas", "must both be in [0, 1), e.g. [0.9, 0.999]")
         _require(self.eps > 0, "optim.eps", "must be > 0")
         _require(self.weight_decay >= 0, "optim.weight_decay", "must be >= 0")
         _require(self.max_grad_norm >= 0, "optim.max_grad_norm", "must be >= 0 (0 disables clipping)")
@@ -287,9 +250,7 @@ class OptimConfig:
             _require(self.scheduler in names, "optim.scheduler", f"must be one of {', '.join(names)}")
 
     def resolved_warmup_steps(self, max_steps: int) -> int:
-        if self.warmup_steps is not None:
-            return self.warmup_steps
-        return math.ceil(self.warmup_fraction * max_steps)
+        return self.warmup_steps if self.warmup_steps is not None else math.ceil(self.warmup_fraction * max_steps)
 
 
 @dataclass(kw_only=True)
@@ -299,26 +260,21 @@ class TrainConfig:
     output_dir: str = role("mechanics", default="")
     """Run directory (layout: docs/run_layout.md); empty: runs/<run_name>."""
     run_name: str = role("run", default="")
-    """Name of the run in status.json, snapshots and trackers; empty: lnbert-<the model's variant> (lnbert-pre,
-    lnbert-pre-rmsnorm, lnbert-pre-hc4, ...)."""
+    """Name in status.json, snapshots and trackers; empty: lnbert-<the model's variant> (lnbert-pre-rmsnorm, ...)."""
     seed: int = role("run", default=0)
     """Seed for initialisation, data order, masking and dropout."""
     max_steps: int = role("limit", default=300)
     """Optimizer steps in the whole run; the LR schedule spans exactly these steps (BERT: 1000000)."""
     stop_at_step: int | None = role("cadence", default=None)
-    """Stop cleanly (checkpoint, status preempted) at this step without changing the schedule; null: never.
-    For splitting a long run into jobs: resume with --train.resume=auto."""
+    """Stop cleanly (checkpoint, status preempted) at this step, schedule unchanged, to split a run into jobs."""
     per_device_batch_size: int = role("run", default=32)
     """Sequences per device per micro-batch. Global batch = this x processes x gradient_accumulation_steps."""
     gradient_accumulation_steps: int = role("run", default=1)
     """Micro-batches per optimizer step (through accelerator.accumulate)."""
     mixed_precision: Literal["no", "bf16", "fp16", "auto"] = role("recipe", default="no")
-    """Autocast precision; fp16 needs a GPU (it uses a loss scaler); auto: bf16 where the hardware computes it
-    natively (a CUDA GPU with bf16; a CPU with AVX512-BF16 or AMX), else no (fp32: emulated bf16 is several times
-    slower). Resolved at the start, and run_config.json records the result."""
+    """Autocast precision; fp16 needs a GPU; auto: bf16 where the GPU or CPU computes it natively, else no (fp32)."""
     max_skipped_steps: int = role("limit", default=25)
-    """fp16: steps in a row whose gradients may overflow (the loss scaler skips each and halves its scale; routine
-    in the first steps) before the run is called diverged. A non-finite loss is divergence at once."""
+    """fp16: overflowing steps in a row the loss scaler may skip before the run diverged (a NaN loss: at once)."""
     eval_every: int = role("cadence", default=100)
     """Evaluate on the validation split every this many steps (and at the end); 0: only at the end."""
     eval_batches: int = role("cadence", default=10)
@@ -340,27 +296,19 @@ class TrainConfig:
     num_workers: int = role("mechanics", default=0)
     """DataLoader worker processes (0: load in the main process)."""
     compile: bool = role("run", default=False)
-    """torch.compile the model (inductor, through Accelerate's dynamo plugin, after the DDP wrap); not with
-    DeepSpeed."""
+    """torch.compile the model (inductor, through Accelerate, after the DDP wrap); not with DeepSpeed."""
     resume: str = role("mechanics", default="")
     """Empty: start a new run (output_dir must not hold another one); auto: continue from the latest complete
     checkpoint in output_dir; or a path to a checkpoint folder (e.g. of a shorter-sequence phase)."""
     collective_timeout_s: int = role("limit", default=1800)
-    """Seconds a process waits for the others at a collective (all-reduce, barrier) before the run fails with a
-    message naming this key: a frozen or lost process stops the run instead of blocking it forever. Must cover
-    the slowest wait: the main process preparing data (first run) or writing a checkpoint."""
+    """Seconds a process waits at a collective before the run fails naming this key; covers data prep and saves."""
     peak_flops_per_device: float | None = role("mechanics", resolved=True, default=None)
-    """Peak FLOP/s of one device for train/mfu; null: the data sheet's dense figure for the GPU's name at the
-    run's precision (pretrain/common/hardware.py; the matched entry is printed at the start; 0 on a CPU or an unknown
-    card); 0 disables MFU."""
+    """Peak FLOP/s of a device for train/mfu; 0 disables MFU; null: the GPU's data-sheet figure (common/hardware.py)."""
 
     def __post_init__(self) -> None:
         _require(self.max_steps > 0, "train.max_steps", "must be > 0")
-        _require(
-            self.stop_at_step is None or 0 < self.stop_at_step <= self.max_steps,
-            "train.stop_at_step",
-            f"must be in [1, train.max_steps={self.max_steps}] or null",
-        )
+        _require(self.stop_at_step is None or 0 < self.stop_at_step <= self.max_steps, "train.stop_at_step",
+                 f"must be in [1, train.max_steps={self.max_steps}] or null")
         for key in ("per_device_batch_size", "gradient_accumulation_steps", "log_every", "keep_last_checkpoints",
                     "collective_timeout_s"):
             _require(getattr(self, key) > 0, f"train.{key}", "must be a positive integer")
@@ -368,11 +316,9 @@ class TrainConfig:
                     "max_skipped_steps"):
             _require(getattr(self, key) >= 0, f"train.{key}", "must be >= 0")
         _require(all(s >= 0 for s in self.snapshot_steps), "train.snapshot_steps", "steps must be >= 0")
-        _require(
-            self.peak_flops_per_device is None or self.peak_flops_per_device >= 0,
-            "train.peak_flops_per_device",
-            "must be >= 0 (0 disables MFU) or null (look the device up)",
-        )
+        peak = self.peak_flops_per_device
+        _require(peak is None or peak >= 0, "train.peak_flops_per_device",
+                 "must be >= 0 (0 disables MFU) or null (look the device up)")
 
     def global_batch_size(self, num_processes: int) -> int:
         """Sequences per optimizer step, over all processes."""
@@ -394,12 +340,10 @@ class TrackingConfig:
     run_name: str = role("tracking", default="")
     """Name shown in the tracker; empty: train.run_name."""
     comparison: str = role("tracking", default="")
-    """The comparison this run belongs to (e.g. bert-base-placements): a W&B tag and the config key
-    ``comparison`` that the dashboard (python -m finetune.dashboard) filters on. Give every run of a comparison
-    (both placements, all seeds) the same value."""
+    """The comparison this run belongs to (e.g. bert-base-placements), the same for all its placements and seeds:
+    a W&B tag and the config key the dashboard (python -m finetune.dashboard) filters on."""
     group: str = role("tracking", default="")
-    """W&B group; empty (recommended): {comparison}-{placement}-{recipe hash}, so a group pools only seeds of one
-    placement and recipe. W&B draws a group as one mean line: never put two placements in one group."""
+    """W&B group; empty (recommended): {comparison}-{placement}-{recipe hash}: never two placements in one group."""
     tags: list[str] = role("tracking", default_factory=list)
     """Extra W&B tags; the norm placement and the comparison are always added."""
     wandb_mode: Literal["online", "offline", "disabled"] = role("tracking", default="online")
@@ -407,11 +351,9 @@ class TrackingConfig:
 
     def __post_init__(self) -> None:
         # TensorBoard is an optional extra: say so now rather than from inside Accelerate once training started.
-        _require(
-            self.backend != "tensorboard" or importlib.util.find_spec("tensorboard") is not None,
-            "tracking.backend",
-            "is tensorboard, which is not installed: pip install -e '.[tensorboard]' (or choose wandb or none)",
-        )
+        installed = self.backend != "tensorboard" or importlib.util.find_spec("tensorboard") is not None
+        _require(installed, "tracking.backend",
+                 "is tensorboard, which is not installed: pip install -e '.[tensorboard]' (or choose wandb or none)")
 
 
 @dataclass(kw_only=True)
@@ -421,9 +363,8 @@ class PretrainConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     """The encoder and its norm placement."""
     data: DataConfig = field(
-        default_factory=lambda: DataConfig(vocab_size=2048, max_seq_length=64, validation_fraction=0.02)
-    )
-    """Corpus, tokenizer, NSP/MLM instance creation (pretrain/data/config.py; the pipeline: pretrain/data/pipeline.py)."""
+        default_factory=lambda: DataConfig(vocab_size=2048, max_seq_length=64, validation_fraction=0.02))
+    """Corpus, tokenizer, NSP/MLM instances (pretrain/data/config.py; the pipeline: pretrain/data/pipeline.py)."""
     optim: OptimConfig = field(default_factory=OptimConfig)
     """Optimizer and learning-rate schedule."""
     train: TrainConfig = field(default_factory=TrainConfig)
@@ -438,41 +379,30 @@ class PretrainConfig:
         if not train.output_dir:
             train.output_dir = str(Path("runs") / train.run_name)
         warmup = optim.resolved_warmup_steps(train.max_steps)
-        _require(
-            warmup <= train.max_steps,
-            "optim.warmup_steps",
-            f"= {warmup} exceeds train.max_steps={train.max_steps}; lower it or raise train.max_steps",
-        )
-        _require(
-            self.model.max_position_embeddings >= self.data.max_seq_length,
-            "model.max_position_embeddings",
-            f"= {self.model.max_position_embeddings} is smaller than data.max_seq_length={self.data.max_seq_length}; "
-            "raise it (BERT-base: 512) or lower data.max_seq_length",
-        )
-        if self.data.tokenizer is None and self.model.vocab_size is not None:
-            _require(
-                self.data.vocab_size <= self.model.vocab_size,
-                "data.vocab_size",
-                f"= {self.data.vocab_size} (the WordPiece vocabulary to train) exceeds model.vocab_size="
-                f"{self.model.vocab_size}; lower data.vocab_size or set model.vocab_size to null",
-            )
+        _require(warmup <= train.max_steps, "optim.warmup_steps",
+                 f"= {warmup} exceeds train.max_steps={train.max_steps}; lower it or raise train.max_steps")
+        model, data = self.model, self.data
+        _require(model.max_position_embeddings >= data.max_seq_length, "model.max_position_embeddings",
+                 f"= {model.max_position_embeddings} is smaller than data.max_seq_length={data.max_seq_length}; "
+                 "raise it (BERT-base: 512) or lower data.max_seq_length")
+        if data.tokenizer is None and model.vocab_size is not None:
+            _require(data.vocab_size <= model.vocab_size, "data.vocab_size",
+                     f"= {data.vocab_size} (the WordPiece vocabulary to train) exceeds model.vocab_size="
+                     f"{model.vocab_size}; lower data.vocab_size or set model.vocab_size to null")
 
 
-# The lists of fields that resume and the W&B recipe read, derived from each field's role (pretrain/common/roles.py).
-# Keys that may change between a run and its resumption without making it "another run" (limit, cadence and
-# mechanics fields; the tracking section is left out whole: where the metrics are shown does not change the run).
+# Derived from each field's role (pretrain/common/roles.py): the keys a resumed run may change without being another
+# run, and the fields whose null the run decides at its start (run_config.json holds the decided value).
 RESUMABLE_CHANGES = keys_where(PretrainConfig, lambda rules: rules.resumable)
-
-# Fields whose null the run decides at its start (role(..., resolved=True)): run_config.json holds the decided value.
 RESOLVED_AT_START = resolved_keys(PretrainConfig)
 
 
 def resolved_config(cfg: PretrainConfig, decided: dict[str, Any]) -> dict[str, Any]:
     """What run_config.json holds: ``cfg`` with the values the run decided at its start (``decided``: every dotted
-    key of RESOLVED_AT_START -> value) in place of its nulls. A field declared ``resolved`` that the caller does not
-    decide is an error here, not a null saved as if decided."""
+    key of RESOLVED_AT_START -> value) in place of its nulls; a key left undecided is an error, never a null saved."""
     if set(decided) != RESOLVED_AT_START:
-        raise KeyError(f"decided {sorted(decided)}; the run decides exactly RESOLVED_AT_START: {sorted(RESOLVED_AT_START)}")
+        raise KeyError(f"decided {sorted(decided)}; the run decides exactly RESOLVED_AT_START: "
+                       f"{sorted(RESOLVED_AT_START)}")
     out = to_dict(cfg)
     for key, value in decided.items():
         section, name = key.split(".")

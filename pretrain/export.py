@@ -21,12 +21,11 @@ from pretrain.common.cli import parse, run_cli
 from pretrain.run_folder.layout import MANIFEST_FILE
 from pretrain.run_folder.manifest import verify_manifest
 
+# torch, transformers and the model are imported inside the functions: the options are read and checked first.
 if TYPE_CHECKING:
     from transformers import BertConfig, BertForPreTraining
 
     from pretrain.modeling import LNBertConfig, LNBertForPreTraining
-
-# torch, transformers and the model are imported inside the functions: the options are read and checked first.
 
 
 @dataclass(kw_only=True)
@@ -47,9 +46,7 @@ def check_exportable(config: LNBertConfig) -> None:
             "(their residual scale folds into the output projections) do"
         )
     if config.norm_placement == "admin" and config.admin_learnable_omega:
-        raise ValueError(
-            "admin with admin_learnable_omega=true does not export: a vector omega does not fold into BERT"
-        )
+        raise ValueError("admin_learnable_omega=true does not export: a vector omega does not fold into BERT")
     for key, plain in (("norm_type", "layernorm"), ("qk_norm", False), ("embedding_layer_norm", True)):
         if getattr(config, key) != plain:
             raise ValueError(f"{key}={getattr(config, key)!r} does not export to plain BERT, which has {key}={plain!r}")
@@ -59,10 +56,8 @@ def bert_config(config: LNBertConfig) -> BertConfig:
     """The Hugging Face BERT config with the same shapes and settings (BERT's own fields only)."""
     from transformers import BertConfig
 
-    fields = {k: v for k, v in config.to_dict().items() if k in BertConfig().to_dict()}
-    fields.pop("model_type", None)
-    fields.pop("architectures", None)
-    return BertConfig(**fields)
+    bert_keys = set(BertConfig().to_dict()) - {"model_type", "architectures"}
+    return BertConfig(**{k: v for k, v in config.to_dict().items() if k in bert_keys})
 
 
 def export_to_bert(model: LNBertForPreTraining) -> BertForPreTraining:

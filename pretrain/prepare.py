@@ -2,21 +2,17 @@
 
     python -m pretrain.prepare --config configs/pretrain/bert_base_post_ln.yaml [--section.key=VALUE ...]
 
-It reads the same configuration as pretrain/run.py (the ``data`` section, ``train.seed`` and ``model.vocab_size``
-matter; the rest is accepted so the two commands take the same arguments) and builds what training reads from
-``data.cache_dir``: the tokenizer (trained and cached when ``data.tokenizer`` is null) and the training and
-validation instances, shard by shard with ``data.num_proc`` processes, with a progress bar and an ETA.
+It takes pretrain/run.py's arguments (the ``data`` section, ``train.seed`` and ``model.vocab_size`` matter) and
+builds what training reads from ``data.cache_dir``: the tokenizer (trained and cached when ``data.tokenizer`` is
+null) and the training and validation instances, shard by shard with ``data.num_proc`` processes.
 
-Interrupted (kill, preemption, time limit), it resumes: finished shards are kept in ``instances-KEY.partial-N/``
-and a rerun makes only the others; the folder is renamed to ``instances-KEY/`` when complete. A prepared config
-is reported again without work. At the end it prints a summary (documents, instances, tokens, padding, disk size)
-and, per source, the share of the tokens, the fraction of instances whose second segment is the true next
-segment and the mean real tokens per instance, with a warning for a source whose documents are too short to
-make real next-sentence pairs. The same report is in ``instances-KEY/summary.json``.
+Interrupted, it resumes: finished shards are kept in ``instances-KEY.partial-N/`` and a rerun makes only the others;
+the folder is renamed to ``instances-KEY/`` when complete. It prints a summary (documents, instances, tokens,
+padding, disk size; per source the share of the tokens, the true-next fraction, the real tokens per instance) with
+warnings for sources that cannot make real next-sentence pairs; the same report is in ``instances-KEY/summary.json``.
 
-Training then finds the prepared instances (same arguments, same cache key) and starts without a preparation
-under a barrier; with several processes and an unprepared large corpus it stops with exit code 2 and prints this
-command (pretrain/data/pipeline.py: check_prepared_for_distributed).
+Training then finds the prepared instances (same arguments, same cache key); with several processes and an
+unprepared large corpus it stops with exit code 2 and prints this command.
 """
 
 from __future__ import annotations
@@ -32,23 +28,16 @@ from pretrain.common.reporting import format_table
 from pretrain.config import PretrainConfig, help_text, parse_args
 from pretrain.data.config import DataConfig
 
-# The data pipeline (datasets, tokenizers, torch: seconds of import) is imported by the functions that use it, so
-# that ``python -m pretrain.prepare`` checks its options first.
+# The data pipeline (seconds of import) is imported by the functions that use it: the options are checked first.
 
 PROG = "python -m pretrain.prepare"
-# A source whose documents are mostly one sentence cannot make real next-sentence pairs: the "true next" segment
-# of a one-sentence document is the second half of that sentence.
-MAX_SINGLE_SENTENCE_SHARE = 0.5
-# Instances with fewer real tokens than this share of max_seq_length are mostly padding.
-MIN_FILL = 0.5
-# A source whose share of the training tokens is off its weight's share by more than this factor (and by more
-# than FAR_FROM_WEIGHT_MIN_POINTS percentage points) is not the mixture the weights ask for: weights counted in
-# documents give a source of long documents (books) most of the tokens.
+MAX_SINGLE_SENTENCE_SHARE = 0.5  # above it, a source's one-sentence documents make no real next-sentence pairs
+MIN_FILL = 0.5  # instances with fewer real tokens than this share of max_seq_length are mostly padding
+# A source's token share off its weight's share by this factor (and by FAR_FROM_WEIGHT_MIN_POINTS percentage points)
+# is not the mixture the weights ask for: weights counted in documents give long documents (books) most tokens.
 FAR_FROM_WEIGHT = 1.5
 FAR_FROM_WEIGHT_MIN_POINTS = 5.0
-# Fewer validation documents than this make a validation loss that moves with a handful of documents (their
-# instances are many but alike): too few to compare runs by.
-MIN_VALIDATION_DOCUMENTS = 10
+MIN_VALIDATION_DOCUMENTS = 10  # fewer make a validation loss that moves with a handful of documents
 
 
 def prepare_command(argv: list[str] | None) -> str:
@@ -60,9 +49,8 @@ def prepare_command(argv: list[str] | None) -> str:
 
 def source_label(cfg: DataConfig, index: int) -> str:
     source = cfg.sources[index]
-    return f"{index}: {source.kind} {source.path}".rstrip() + (
-        f" ({source.rows_per_document} rows/doc)" if source.rows_per_document > 1 else ""
-    )
+    rows = f" ({source.rows_per_document} rows/doc)" if source.rows_per_document > 1 else ""
+    return f"{index}: {source.kind} {source.path}".rstrip() + rows
 
 
 def source_checks(summary: dict[str, Any], cfg: DataConfig) -> tuple[list[dict[str, Any]], list[str]]:
@@ -109,12 +97,10 @@ def source_checks(summary: dict[str, Any], cfg: DataConfig) -> tuple[list[dict[s
                 f"is the second half of its sentence). If it stores one sentence per row in reading order, set "
                 f"data.sources[{index}].rows_per_document (the BERT-base presets use 256 for bookcorpus)"
             )
-        if (
-            row["real_tokens_per_instance"] is not None
-            and row["real_tokens_per_instance"] < MIN_FILL * cfg.max_seq_length
-        ):
+        fill = row["real_tokens_per_instance"]
+        if fill is not None and fill < MIN_FILL * cfg.max_seq_length:
             warnings.append(
-                f"source {row['source']}: its instances hold {row['real_tokens_per_instance']:.0f} real tokens on "
+                f"source {row['source']}: its instances hold {fill:.0f} real tokens on "
                 f"average out of data.max_seq_length={cfg.max_seq_length}: mostly padding (documents too short)"
             )
     return rows, warnings
@@ -172,8 +158,7 @@ def format_report(summary: dict[str, Any], cfg: DataConfig, folder: os.PathLike 
 
 
 def data_report(cfg: PretrainConfig, tokenizer: Any) -> str | None:
-    """The prepared data's summary and per-source check (with its warnings), as ``prepare`` prints it; pretraining
-    prints it at the start of every run. None when streaming (nothing is prepared: no counts to report)."""
+    """The prepared data's report as ``prepare`` prints it (so does pretraining at each start); None when streaming."""
     from pretrain.data.instance_cache import prepared_dir, read_summary
 
     if cfg.data.streaming:
@@ -188,14 +173,11 @@ def prepare(cfg: PretrainConfig, *, progress: bool = True) -> dict[str, Any]:
     from pretrain.data.pipeline import build_pretraining_data
 
     start = time.perf_counter()
-    data = build_pretraining_data(
-        cfg.data, seed=cfg.train.seed, model_vocab_size=cfg.model.vocab_size, progress=progress
-    )
+    data = build_pretraining_data(cfg.data, seed=cfg.train.seed, model_vocab_size=cfg.model.vocab_size,
+                                  progress=progress)
     if cfg.data.streaming:
-        print(
-            f"streaming: the tokenizer is ready ({len(data.tokenizer)} tokens) and {len(data.validation):,} validation "
-            f"instances are made; training instances are made on the fly, nothing else to prepare"
-        )
+        print(f"streaming: the tokenizer is ready ({len(data.tokenizer)} tokens) and {len(data.validation):,} "
+              "validation instances are made; training instances are made on the fly, nothing else to prepare")
         return {"streaming": True, "validation_instances": len(data.validation)}
     folder = prepared_dir(cfg.data, data.tokenizer, seed=cfg.train.seed)
     summary = read_summary(folder)

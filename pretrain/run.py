@@ -3,15 +3,17 @@
     accelerate launch --quiet pretrain/run.py                # built-in tiny default, offline, on CPU or one GPU
     python pretrain/run.py                                   # the same in this process
     python pretrain/run.py --config configs/pretrain/small_pre_ln.yaml --data.sources='[...]'
-    accelerate launch --config_file configs/accelerate/8gpu.yaml pretrain/run.py --config configs/pretrain/bert_base_pre_ln.yaml
+    accelerate launch --config_file configs/accelerate/8gpu.yaml pretrain/run.py \
+        --config configs/pretrain/bert_base_pre_ln.yaml
     python pretrain/run.py --help                            # every config key with its type, default and doc
 
-This module reads and checks the options; the training itself is pretrain/training.py, imported after them (torch,
-transformers, Accelerate: about 9 s of CPU), so that a typo answers at once. What a run writes is described in
-docs/run_layout.md. Exit codes: 0 finished, diverged (an experimental outcome, recorded in status.json) or
-preempted (SIGTERM/SIGINT or train.stop_at_step: checkpoint saved, continue with --train.resume=auto; or a full
-disk, found before a save or by a write: docs/faults.md says why 0); 2 bad configuration or input
-(message on stderr, nothing trained); 1 an unexpected error (status failed). The same command run again continues the run in train.output_dir, or reports it finished.
+This module reads and checks the options; the training itself (pretrain/training.py: torch, transformers,
+Accelerate, about 9 s of CPU) is imported after them, so that a typo answers at once. What a run writes:
+docs/run_layout.md. Exit codes: 0 finished, diverged (an experimental outcome, in status.json) or preempted
+(SIGTERM/SIGINT or train.stop_at_step: checkpoint saved; or a full disk, found before a save or by a write;
+continue with --train.resume=auto; docs/faults.md says why 0); 2 bad configuration or input (message on stderr,
+nothing trained); 1 an unexpected error (status failed). The same command run again continues the run in
+train.output_dir, or reports it finished.
 """
 
 from __future__ import annotations

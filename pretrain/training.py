@@ -34,7 +34,7 @@ from torch import nn
 from tqdm.auto import tqdm
 from transformers import get_scheduler
 
-from pretrain.common.atomic import write_json
+from pretrain.common.atomic import follow_umask, write_json
 from pretrain.common.device import FP16_NEEDS_A_GPU, accelerate_uses_cpu, choose_cpu_threads, env_flag
 from pretrain.common.formats import RUN_FORMAT, stamped
 from pretrain.common.hardware import auto_mixed_precision, cpu_bf16_warning, mfu_peak
@@ -48,6 +48,7 @@ from pretrain.ngpt import ngpt_stats
 from pretrain.optim import build_adamw, resolve_adamw_implementation
 from pretrain.prepare import data_report, prepare_command
 from pretrain.residual_streams import ResidualRecorder, ResidualStats, recording, residual_stats
+from pretrain.run_folder import layout
 from pretrain.run_folder.checkpointing import (
     TOKENIZER_ROOM,
     DiskFull,
@@ -56,7 +57,6 @@ from pretrain.run_folder.checkpointing import (
     check_same_run,
     checkpoint_step,
     fault_point,
-    follow_umask,
     free_space_problem,
     load_checkpoint,
     resolve_resume,
@@ -67,18 +67,6 @@ from pretrain.run_folder.checkpointing import (
     snapshot_is_complete,
 )
 from pretrain.run_folder.identity import ensure_run_id
-from pretrain.run_folder.layout import (
-    CHECKPOINTS,
-    METRICS_FILE,
-    RUN_CONFIG_FILE,
-    SNAPSHOTS,
-    STATUS_FILE,
-    TENSORBOARD_DIR,
-    TOKENIZER_DIR,
-    WANDB_DIR,
-    run_folder_of,
-    step_dirname,
-)
 from pretrain.run_folder.status import Heartbeat, StopRequest, write_status
 from pretrain.tracking.metrics import (
     clip_coefficient,
@@ -86,7 +74,6 @@ from pretrain.tracking.metrics import (
     layer_grad_norms,
     log_metrics,
     log_snapshot,
-    model_flops_utilisation,
     record_outcome,
     residual_matrices,
     residual_scalars,
@@ -125,45 +112,33 @@ def check_environment(cfg: PretrainConfig) -> None:
         raise ConfigError(FP16_NEEDS_A_GPU)
     if cfg.train.mixed_precision == "bf16" and on_cpu and (warning := cpu_bf16_warning("--train.mixed_precision=no")):
         say(f"warning: {warning}", sys.stderr)
-    if cfg.train.compile and env_flag("ACCELERATE_USE_DEEPSPEED"):
+    deepspeed = env_flag("ACCELERATE_USE_DEEPSPEED")
+    if cfg.train.compile and deepspeed:
         raise ConfigError("train.compile=true does not work with DeepSpeed; set --train.compile=false")
-    if cfg.model.norm_placement == "ngpt" and env_flag("ACCELERATE_USE_DEEPSPEED"):
-        # ZeRO steps its own copies of the weights, which would overwrite the re-normalised module parameters.
-        raise ConfigError(
-            "model.norm_placement=ngpt does not work with DeepSpeed (its optimizer keeps its own copies of the "
-            "weights, which nGPT's re-normalisation after each step cannot reach); launch without DeepSpeed (DDP)"
-        )
+    if cfg.model.norm_placement == "ngpt" and deepspeed:
+        raise ConfigError("model.norm_placement=ngpt does not work with DeepSpeed (its optimizer keeps its own copies "
+                          "of the weights, which nGPT's re-normalisation after each step cannot reach); launch without "
+                          "DeepSpeed (DDP)")
     if cfg.tracking.backend == "wandb":
         check_credentials(wandb_mode(cfg.tracking.wandb_mode), cfg.train.output_dir)
 
 
-class _SkipTiedWeightsNote(logging.Filter):
-    """Accelerate notes at every checkpoint that it left the tied MLM decoder weight out ("Removed shared
-    tensor"); loading ties it again, so there is nothing for a user to act on."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return "Removed shared tensor" not in record.getMessage()
-
-
 def build_accelerator(cfg: PretrainConfig) -> Accelerator:
-    logging.getLogger("accelerate.utils.other").addFilter(_SkipTiedWeightsNote())
-    distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1 or env_flag("ACCELERATE_USE_DEEPSPEED")
+    # Accelerate notes at every checkpoint that it left out the tied MLM decoder weight; loading ties it again.
+    note = "Removed shared tensor"
+    logging.getLogger("accelerate.utils.other").addFilter(lambda record: note not in record.getMessage())
     kwargs_handlers = []
-    if distributed:
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1 or env_flag("ACCELERATE_USE_DEEPSPEED"):
         # DeepSpeed on CPU needs gloo (it would pick an accelerator backend); a single process needs none.
         # The timeout turns a frozen process into an error on the others instead of an endless wait.
-        kwargs_handlers.append(
-            InitProcessGroupKwargs(
-                backend="gloo" if accelerate_uses_cpu() else "nccl",
-                timeout=datetime.timedelta(seconds=cfg.train.collective_timeout_s),
-            )
-        )
+        backend, timeout = "gloo" if accelerate_uses_cpu() else "nccl", cfg.train.collective_timeout_s
+        kwargs_handlers.append(InitProcessGroupKwargs(backend=backend, timeout=datetime.timedelta(seconds=timeout)))
     accelerator = Accelerator(
         mixed_precision=cfg.train.mixed_precision,
         gradient_accumulation_steps=cfg.train.gradient_accumulation_steps,
         log_with=None if cfg.tracking.backend == "none" else cfg.tracking.backend,
         project_config=ProjectConfiguration(
-            project_dir=cfg.train.output_dir, logging_dir=str(Path(cfg.train.output_dir) / TENSORBOARD_DIR)
+            project_dir=cfg.train.output_dir, logging_dir=str(Path(cfg.train.output_dir) / layout.TENSORBOARD_DIR)
         ),
         # The scheduler is stepped once per optimizer step, and its horizon is train.max_steps.
         step_scheduler_with_optimizer=False,
@@ -180,14 +155,12 @@ def build_accelerator(cfg: PretrainConfig) -> Accelerator:
 
 
 def build_model(cfg: PretrainConfig, vocab_size: int) -> LNBertForPreTraining:
-    """The model, uncompiled: train.compile is applied by ``accelerator.prepare`` after the DDP wrap
-    (build_accelerator), so that DDP's all-reduces overlap the compiled backward (PyTorch's DDP + compile
-    guidance); compiling first makes the backward one graph that the all-reduces wait for."""
+    """The model, uncompiled: ``accelerator.prepare`` compiles it after the DDP wrap, so that DDP's all-reduces overlap
+    the compiled backward (compiled first, the backward is one graph they wait for)."""
     model = LNBertForPreTraining(cfg.model.to_lnbert(vocab_size))
     if cfg.data.objective != "mlm_nsp":
         # No NSP loss: the pooler and the NSP head get no gradient, which DDP (find_unused_parameters=False)
-        # reports as an error at the second step. Frozen, they stay at their initial values, as before, and the
-        # snapshots keep every key.
+        # reports as an error at the second step. Frozen, they keep their initial values and the snapshots every key.
         model.bert.pooler.requires_grad_(False)
         model.cls.seq_relationship.requires_grad_(False)
     return model
@@ -206,6 +179,7 @@ class TrainingSetup:
     resolved: dict[str, Any]
     accelerator: Accelerator
     model: nn.Module
+    unwrapped: nn.Module  # the model without its DDP, DeepSpeed or compile wrapper
     optimizer: torch.optim.Optimizer
     scheduler: Any
     loaders: Loaders
@@ -255,17 +229,11 @@ def batch_iterator(setup: TrainingSetup, state: TrainState) -> Iterator[dict[str
 def train_step(
     setup: TrainingSetup, batches: Iterator[dict[str, torch.Tensor]], stop: StopRequest, log_step: bool
 ) -> StepStats:
-    """Accumulate gradients over micro-batches until Accelerate syncs, check the loss, then step.
-
-    When the loss is not finite on any process, no optimizer step is taken (under DeepSpeed the engine has
-    already stepped inside ``backward``; no checkpoint is written from that state either way). When the loss is
-    finite but fp16's loss-scaled gradients overflowed (an infinite norm), the scaler skips the update and lowers
-    its scale (``optimizer.step`` is still called: that is where it does so); ``step_outcome`` judges the run.
-    After the update the model's ``after_optimizer_step`` runs (nGPT re-normalises its matrices). A ``log_step``
-    also measures the per-layer gradient norms, on the first micro-batch what the residual scheme does
-    (``residual_recording``), and nGPT's invariants and scalers (``pretrain.ngpt.ngpt_stats``, from the parameters,
-    between the update and the re-normalisation: ``ngpt/weight_norm_error`` is how far one step moved them).
-    """
+    """Accumulate gradients over micro-batches until Accelerate syncs, check the loss, then step. A loss not finite on
+    any process takes no step (DeepSpeed's engine stepped in ``backward``; no checkpoint is written from that state);
+    with fp16 gradients that overflowed, ``optimizer.step`` lets the scaler skip the update and lower its scale;
+    ``step_outcome`` judges the run. A ``log_step`` also measures the layers' gradient norms, the residual scheme and
+    nGPT's invariants."""
     accelerator, model = setup.accelerator, setup.model
     sums = torch.zeros(6, device=accelerator.device)  # loss, mlm, nsp, tokens, micro-batches, slots
     residual, ngpt = None, {}
@@ -277,17 +245,9 @@ def train_step(
             if measure:
                 residual = recorder.stats() if recorder is not None else residual_measurement(setup, batch)
             accelerator.backward(out.loss)
-            nsp = out.nsp_loss.detach() if out.nsp_loss is not None else torch.zeros((), device=sums.device)
-            sums += torch.stack(
-                [
-                    out.loss.detach().float(),
-                    out.mlm_loss.detach().float(),
-                    nsp.float(),
-                    batch["attention_mask"].sum().float(),
-                    torch.ones((), device=sums.device),
-                    torch.tensor(float(batch["input_ids"].numel()), device=sums.device),
-                ]
-            )
+            nsp = out.nsp_loss if out.nsp_loss is not None else 0.0
+            parts = (out.loss, out.mlm_loss, nsp, batch["attention_mask"].sum(), 1.0, float(batch["input_ids"].numel()))
+            sums += torch.stack([torch.as_tensor(x, device=sums.device).detach().float() for x in parts])
             if not accelerator.sync_gradients:
                 continue
             # One all-reduce per step: the losses for logging, the finite check and the stop request.
@@ -301,7 +261,7 @@ def train_step(
                 grad_norm = float(norm) if norm is not None else float("nan")
                 finite = math.isfinite(grad_norm) or norm is None
                 overflow = not finite and accelerator.scaler is not None
-                unwrapped = accelerator.unwrap_model(model, keep_torch_compile=False)
+                unwrapped = setup.unwrapped
                 if finite and log_step and accelerator.state.deepspeed_plugin is None:  # ZeRO partitions
                     layer_norms = layer_grad_norms(unwrapped, 1 / clip_coefficient(grad_norm, max_norm))
                 if finite or overflow:
@@ -311,50 +271,31 @@ def train_step(
                         ngpt = ngpt_stats(unwrapped).scalars()  # before re-normalising: how far the step moved
                     unwrapped.after_optimizer_step()  # nGPT: its matrices back onto the sphere
             setup.optimizer.zero_grad(set_to_none=True)
-            micro = totals[4].item()
+            loss, mlm_loss, nsp_loss, tokens, micro, slots, stops = totals.tolist()
             return StepStats(
-                loss=totals[0].item() / micro,
-                mlm_loss=totals[1].item() / micro,
-                nsp_loss=totals[2].item() / micro,
-                tokens=int(totals[3].item()),
-                slots=int(totals[5].item()),
-                finite=finite,
-                overflow=overflow,
-                stop=totals[6].item() > 0,
-                grad_norm=grad_norm,
-                layer_grad_norms=layer_norms,
-                residual=residual,
-                ngpt=ngpt,
+                loss=loss / micro, mlm_loss=mlm_loss / micro, nsp_loss=nsp_loss / micro, tokens=int(tokens),
+                slots=int(slots), finite=finite, overflow=overflow, stop=stops > 0, grad_norm=grad_norm,
+                layer_grad_norms=layer_norms, residual=residual, ngpt=ngpt,
             )
     raise RuntimeError("the training data ran out")  # batch_iterator loops over epochs forever
-
-
-def has_residual_scheme(setup: TrainingSetup) -> bool:
-    return setup.cfg.model.residual_scheme != "standard"
 
 
 def residual_recording(
     setup: TrainingSetup, batch: dict[str, torch.Tensor]
 ) -> AbstractContextManager[ResidualRecorder | None]:
-    """Records the residual scheme's measurements (``pretrain.residual_streams.recording``) during the training
-    forward of ``batch`` itself, a few small reductions per sub-layer instead of a second forward pass (a third of
-    a step: a grid cell logs every step). Yields None where nothing is recorded: the standard scheme, and a
-    compiled model, whose graph would be traced again with the recorder in it (``residual_measurement`` then)."""
-    if not has_residual_scheme(setup) or is_compiled_module(setup.model):
+    """Records the residual scheme's measurements during the training forward itself (no second forward). None where
+    nothing is recorded: the standard scheme, and a compiled model (traced again with the recorder)."""
+    if setup.cfg.model.residual_scheme == "standard" or is_compiled_module(setup.model):
         return nullcontext()
-    unwrapped = setup.accelerator.unwrap_model(setup.model, keep_torch_compile=False)
-    return recording(unwrapped, batch["attention_mask"])
+    return recording(setup.unwrapped, batch["attention_mask"])
 
 
 def residual_measurement(setup: TrainingSetup, batch: dict[str, torch.Tensor]) -> ResidualStats | None:
-    """The residual scheme's measurements where the training forward does not record them (a compiled model): one
-    eval-mode forward of the encoder without gradients on ``batch``, under the run's autocast. None for the
-    standard scheme."""
-    if not has_residual_scheme(setup):
+    """The residual measurements by an extra forward without gradients (a compiled model); None for the standard one."""
+    if setup.cfg.model.residual_scheme == "standard":
         return None
-    unwrapped = setup.accelerator.unwrap_model(setup.model, keep_torch_compile=False)
     with setup.accelerator.autocast():
-        return residual_stats(unwrapped, batch["input_ids"], batch["attention_mask"], batch.get("token_type_ids"))
+        return residual_stats(setup.unwrapped, batch["input_ids"], batch["attention_mask"], batch.get("token_type_ids"))
 
 
 @torch.no_grad()
@@ -385,42 +326,32 @@ def evaluate(setup: TrainingSetup) -> dict[str, float]:
         totals += torch.cat([gathered.sum(0).double(), torch.tensor([len(gathered)], device=totals.device)])
     model.train()
     loss_sum, correct, masked, nsp_correct, examples = totals.tolist()
-    metrics = {
-        "val/mlm_loss": loss_sum / max(masked, 1),
-        "val/mlm_accuracy": correct / max(masked, 1),
-    }
+    metrics = {"val/mlm_loss": loss_sum / max(masked, 1), "val/mlm_accuracy": correct / max(masked, 1)}
     if setup.cfg.data.objective == "mlm_nsp":
         metrics["val/nsp_accuracy"] = nsp_correct / max(examples, 1)
     return metrics
 
 
 def save(setup: TrainingSetup, state: TrainState, *, snapshot: bool, checkpoint: bool) -> None:
-    """The saves due at this step, once the main process found room for them (DiskFull otherwise, as from a write
-    that finds the disk full). The snapshot first: a kill between the two leaves the previous checkpoint as the
-    latest, and the resumed run passes this step again and writes the snapshot again (docs/run_layout.md)."""
+    """The saves due at this step, once the main process found room for them (else DiskFull). The snapshot first: a kill
+    between the two leaves the previous checkpoint, and the resumed run writes the snapshot again."""
     if not (snapshot or checkpoint):
         return
     ensure_room(setup.accelerator, lambda: free_space_problem(setup.run_dir, setup.model, checkpoint, snapshot))
     if snapshot:
-        info = {
-            "step": state.step,
-            "tokens_seen": state.tokens_seen,
-            "run_name": setup.cfg.train.run_name,
-            "norm_placement": setup.cfg.model.norm_placement,
-            "metrics": dict(setup.last_eval),
-            "pretrain_config": setup.resolved,
-        }
+        info = {"step": state.step, "tokens_seen": state.tokens_seen, "run_name": setup.cfg.train.run_name,
+                "norm_placement": setup.cfg.model.norm_placement, "metrics": dict(setup.last_eval),
+                "pretrain_config": setup.resolved}
         with saving(snapshot_path(setup, state.step)):
             path = save_snapshot(setup.accelerator, setup.model, setup.tokenizer, setup.run_dir, info)
         log_snapshot(setup.accelerator, setup.run_dir, path, state.step)
     if checkpoint:
-        with saving(setup.run_dir / CHECKPOINTS / step_dirname(state.step)):
+        with saving(setup.run_dir / layout.CHECKPOINTS / layout.step_dirname(state.step)):
             save_checkpoint(setup.accelerator, setup.run_dir, state, setup.cfg.train.keep_last_checkpoints)
 
 
 def ensure_room(accelerator: Accelerator, problem: Callable[[], str]) -> None:
-    """Raise DiskFull on every process when the main process's room check (``problem``: a message, or "" when
-    there is room) fails: one reduce, so that all stop together."""
+    """DiskFull on every process when the main process's room check (``problem``: a message or "") fails: all stop."""
     found = problem() if accelerator.is_main_process else ""
     full = accelerator.reduce(torch.tensor([float(bool(found))], device=accelerator.device), reduction="sum")
     if full.item() > 0:
@@ -438,19 +369,17 @@ def set_status(
 
 
 def record_stop(accelerator: Accelerator, cfg: PretrainConfig, status: str, step: int, message: str) -> None:
-    """``set_status`` for a run that stops on a full disk or an error: when the status file does not fit either,
-    say so, and the stop (or the error) stands."""
+    """``set_status`` for a run stopping on a full disk or an error; a status file that does not fit is reported."""
     try:
         set_status(accelerator, cfg, status, step, message)
     except OSError as err:
-        print(f"error: could not record status {status} in {Path(cfg.train.output_dir) / STATUS_FILE}: {err}",
+        print(f"error: could not record status {status} in {Path(cfg.train.output_dir) / layout.STATUS_FILE}: {err}",
               file=sys.stderr)  # fmt: skip
 
 
 def start_snapshot_due(setup: TrainingSetup, state: TrainState) -> bool:
-    """A snapshot is written before the first step: at step 0 (train.snapshot_at_start), or on resume when the
-    checkpoint's step has a scheduled snapshot that is not complete (damaged or removed since, or scheduled by a
-    resume that changed train.snapshot_steps): the checkpoint holds the same weights."""
+    """A snapshot before the first step: at step 0 (train.snapshot_at_start), or on resume when the checkpoint's step
+    has a scheduled snapshot that is not complete (the checkpoint holds the same weights)."""
     train_cfg = setup.cfg.train
     if state.step == 0:
         return train_cfg.snapshot_at_start
@@ -459,7 +388,7 @@ def start_snapshot_due(setup: TrainingSetup, state: TrainState) -> bool:
 
 
 def snapshot_path(setup: TrainingSetup, step: int) -> Path:
-    return setup.run_dir / SNAPSHOTS / step_dirname(step)
+    return setup.run_dir / layout.SNAPSHOTS / layout.step_dirname(step)
 
 
 def snapshot_due(train_cfg: TrainConfig, step: int, last_step: int) -> bool:
@@ -472,16 +401,9 @@ VAL_MLM_LOSS = "val/mlm_loss"
 
 
 def progress_postfix(loss: float | None, lr: float | None, last_eval: dict[str, float]) -> dict[str, str]:
-    """The progress bar's postfix: train loss and lr of the last logged step, and the latest validation MLM loss
-    (the number the placements are compared by; without it the console never shows it)."""
-    postfix = {}
-    if loss is not None:
-        postfix["loss"] = f"{loss:.3f}"
-    if lr is not None:
-        postfix["lr"] = f"{lr:.2e}"
-    if last_eval.get(VAL_MLM_LOSS) is not None:
-        postfix["val"] = f"{last_eval[VAL_MLM_LOSS]:.3f}"
-    return postfix
+    """The progress bar's postfix: the last logged train loss and lr, and the latest validation MLM loss."""
+    shown = {"loss": (loss, ".3f"), "lr": (lr, ".2e"), "val": (last_eval.get(VAL_MLM_LOSS), ".3f")}
+    return {name: format(value, spec) for name, (value, spec) in shown.items() if value is not None}
 
 
 def final_validation(last_eval: dict[str, float]) -> str:
@@ -495,9 +417,8 @@ def final_validation(last_eval: dict[str, float]) -> str:
 
 
 def step_outcome(stats: StepStats, skipped_in_a_row: int, max_skipped_steps: int) -> str:
-    """stepped, skipped (an fp16 overflow: routine while the loss scale settles, in the first steps above all)
-    or diverged (a non-finite loss or gradient without a loss scaler, or more than ``max_skipped_steps`` overflows
-    in a row: the scale keeps falling because the gradients themselves are not finite)."""
+    """stepped, skipped (an fp16 overflow: routine while the loss scale settles) or diverged (not finite without a loss
+    scaler, or more than ``max_skipped_steps`` overflows in a row: the gradients themselves are not finite)."""
     if stats.finite:
         return "stepped"
     if stats.overflow and skipped_in_a_row < max_skipped_steps:
@@ -506,16 +427,11 @@ def step_outcome(stats: StepStats, skipped_in_a_row: int, max_skipped_steps: int
 
 
 def divergence_message(stats: StepStats, step: int, skipped_in_a_row: int) -> str:
+    what = f"loss or gradient not finite at step {step}"
     if stats.overflow:
-        return (
-            f"the fp16 gradients overflowed in {skipped_in_a_row + 1} steps in a row up to step {step}, more than "
-            f"train.max_skipped_steps={skipped_in_a_row} (loss {stats.loss}); the run diverged. No checkpoint or "
-            "snapshot was written from this state."
-        )
-    return (
-        f"loss or gradient not finite at step {step} (loss {stats.loss}); the run diverged. "
-        "No checkpoint or snapshot was written from this state."
-    )
+        what = (f"the fp16 gradients overflowed in {skipped_in_a_row + 1} steps in a row up to step {step}, more than "
+                f"train.max_skipped_steps={skipped_in_a_row}")
+    return f"{what} (loss {stats.loss}); the run diverged. No checkpoint or snapshot was written from this state."
 
 
 def run_evaluation(setup: TrainingSetup, state: TrainState) -> None:
@@ -526,10 +442,10 @@ def run_evaluation(setup: TrainingSetup, state: TrainState) -> None:
 def step_metrics(
     setup: TrainingSetup, state: TrainState, stats: StepStats, tokens: int, slots: int, seconds: float, skipped: int
 ) -> dict[str, float]:
-    """One metrics line: the last step's losses and gradient norms, throughput over the window since the last line
-    (``tokens`` real, ``slots`` with padding, in ``seconds`` of training steps), fp16's skipped steps."""
+    """One metrics line: the last step's losses and gradient norms, the window's throughput and fp16's skipped steps."""
     accelerator = setup.accelerator
     tokens_per_s = tokens / max(seconds, 1e-9)
+    peak = setup.peak_flops_per_device * accelerator.num_processes  # 0: MFU not measured
     metrics = {
         "tokens_seen": state.tokens_seen,
         "train/loss": stats.loss,
@@ -539,9 +455,7 @@ def step_metrics(
         "train/tokens_per_s": tokens_per_s,
         # Padding included: comparable with benchmarks.train_step, which counts every slot of its batch.
         "train/slot_tokens_per_s": slots / max(seconds, 1e-9),
-        "train/mfu": model_flops_utilisation(
-            tokens_per_s, setup.flops_per_token, setup.peak_flops_per_device, accelerator.num_processes
-        ),
+        "train/mfu": tokens_per_s * setup.flops_per_token / peak if peak > 0 else 0.0,
         "train/epoch": state.epoch,
     }
     if setup.cfg.data.objective == "mlm_nsp":
@@ -557,76 +471,67 @@ def step_metrics(
 
 
 def train(setup: TrainingSetup, state: TrainState, stop: StopRequest) -> str:
-    """The run from its current step: the step-0 evaluation and the start snapshot, then the loop. Returns the
-    outcome: finished, diverged or preempted (a full disk raises DiskFull)."""
+    """The run from its current step: the step-0 evaluation and the start snapshot, then steps until the last step, a
+    divergence or a stop request. Returns finished, diverged or preempted (a full disk raises DiskFull)."""
     if state.step == 0:
         run_evaluation(setup, state)
     save(setup, state, snapshot=start_snapshot_due(setup, state), checkpoint=False)
-    progress = tqdm(
-        total=setup.cfg.train.max_steps,
-        initial=state.step,
-        disable=not setup.accelerator.is_local_main_process,
-        desc="pretrain",
-    )
-    with progress:  # closed on every way out of the loop, an exception included
-        return training_loop(setup, state, stop, progress)
-
-
-def training_loop(setup: TrainingSetup, state: TrainState, stop: StopRequest, progress: tqdm) -> str:
-    """Steps until train.stop_at_step or train.max_steps, a divergence or a stop request; returns the outcome as
-    ``train`` does."""
     cfg, accelerator = setup.cfg, setup.accelerator
-    train_cfg = cfg.train
-    last_step = train_cfg.stop_at_step or train_cfg.max_steps
-    batches = batch_iterator(setup, state)
-    postfix = progress_postfix(None, None, setup.last_eval)  # a resumed run shows its last validation loss at once
-    # Throughput counts the time spent in training steps only (not evaluation or saving).
-    window_tokens, window_slots, window_time = 0, 0, 0.0
-    skipped_in_a_row, window_skipped = 0, 0
-    heartbeat = Heartbeat()
-    while state.step < last_step:
-        next_step = state.step + 1
-        log_now = next_step % train_cfg.log_every == 0 or next_step == last_step
-        started = time.perf_counter()
-        stats = train_step(setup, batches, stop, log_step=log_now)
-        window_time += time.perf_counter() - started
-        outcome = step_outcome(stats, skipped_in_a_row, train_cfg.max_skipped_steps)
-        if outcome == "diverged":
-            message = divergence_message(stats, state.step + 1, skipped_in_a_row)
-            set_status(accelerator, cfg, "diverged", state.step, message, diverged_at=state.step + 1)
-            log_metrics(accelerator, setup.run_dir, {"tokens_seen": state.tokens_seen, "diverged": 1}, state.step + 1)
-            accelerator.print(f"\n{message}")
-            return "diverged"
-        skipped_in_a_row = skipped_in_a_row + 1 if outcome == "skipped" else 0
-        window_skipped += outcome == "skipped"
-        state.step += 1
-        state.tokens_seen += stats.tokens
-        window_tokens += stats.tokens
-        window_slots += stats.slots
-        progress.update(1)
-        if log_now:
-            metrics = step_metrics(setup, state, stats, window_tokens, window_slots, window_time, window_skipped)
-            matrices = residual_matrices(stats.residual) if stats.residual is not None else {}
-            log_metrics(accelerator, setup.run_dir, metrics, state.step, file_only=matrices)
-            postfix.update(progress_postfix(stats.loss, metrics["train/lr"], setup.last_eval))
-            progress.set_postfix(postfix)
-            window_tokens, window_slots, window_time, window_skipped = 0, 0, 0.0, 0
-        done = state.step == last_step
-        preempted = stats.stop and not done
-        if (train_cfg.eval_every and state.step % train_cfg.eval_every == 0) or done:
-            run_evaluation(setup, state)
-            postfix.update(progress_postfix(None, None, setup.last_eval))
-            progress.set_postfix(postfix)
-        on_interval = bool(train_cfg.checkpoint_every) and state.step % train_cfg.checkpoint_every == 0
-        save(setup, state, snapshot=snapshot_due(train_cfg, state.step, last_step),
-             checkpoint=on_interval or done or preempted)  # fmt: skip
-        fault_point("step", state.step)
-        if heartbeat.due():
-            set_status(accelerator, cfg, "running", state.step)
-        if preempted:
-            accelerator.print(f"\nstop requested ({stop.signal_name}) at step {state.step}; checkpoint saved")
-            return "preempted"
-    return "finished" if state.step >= train_cfg.max_steps else "preempted"
+    progress = tqdm(total=cfg.train.max_steps, initial=state.step, disable=not accelerator.is_local_main_process,
+                    desc="pretrain")
+    with progress:  # closed on every way out of the loop, an exception included
+        train_cfg = cfg.train
+        last_step = train_cfg.stop_at_step or train_cfg.max_steps
+        batches = batch_iterator(setup, state)
+        postfix = progress_postfix(None, None, setup.last_eval)  # a resumed run shows its last validation loss at once
+        # Throughput counts the time spent in training steps only (not evaluation or saving).
+        window_tokens, window_slots, window_time = 0, 0, 0.0
+        skipped_in_a_row, window_skipped = 0, 0
+        heartbeat = Heartbeat()
+        while state.step < last_step:
+            next_step = state.step + 1
+            log_now = next_step % train_cfg.log_every == 0 or next_step == last_step
+            started = time.perf_counter()
+            stats = train_step(setup, batches, stop, log_step=log_now)
+            window_time += time.perf_counter() - started
+            outcome = step_outcome(stats, skipped_in_a_row, train_cfg.max_skipped_steps)
+            if outcome == "diverged":
+                message = divergence_message(stats, state.step + 1, skipped_in_a_row)
+                set_status(accelerator, cfg, "diverged", state.step, message, diverged_at=state.step + 1)
+                line = {"tokens_seen": state.tokens_seen, "diverged": 1}
+                log_metrics(accelerator, setup.run_dir, line, state.step + 1)
+                accelerator.print(f"\n{message}")
+                return "diverged"
+            skipped_in_a_row = skipped_in_a_row + 1 if outcome == "skipped" else 0
+            window_skipped += outcome == "skipped"
+            state.step += 1
+            state.tokens_seen += stats.tokens
+            window_tokens += stats.tokens
+            window_slots += stats.slots
+            progress.update(1)
+            if log_now:
+                metrics = step_metrics(setup, state, stats, window_tokens, window_slots, window_time, window_skipped)
+                matrices = residual_matrices(stats.residual) if stats.residual is not None else {}
+                log_metrics(accelerator, setup.run_dir, metrics, state.step, file_only=matrices)
+                postfix.update(progress_postfix(stats.loss, metrics["train/lr"], setup.last_eval))
+                progress.set_postfix(postfix)
+                window_tokens, window_slots, window_time, window_skipped = 0, 0, 0.0, 0
+            done = state.step == last_step
+            preempted = stats.stop and not done
+            if (train_cfg.eval_every and state.step % train_cfg.eval_every == 0) or done:
+                run_evaluation(setup, state)
+                postfix.update(progress_postfix(None, None, setup.last_eval))
+                progress.set_postfix(postfix)
+            on_interval = bool(train_cfg.checkpoint_every) and state.step % train_cfg.checkpoint_every == 0
+            save(setup, state, snapshot=snapshot_due(train_cfg, state.step, last_step),
+                 checkpoint=on_interval or done or preempted)  # fmt: skip
+            fault_point("step", state.step)
+            if heartbeat.due():
+                set_status(accelerator, cfg, "running", state.step)
+            if preempted:
+                accelerator.print(f"\nstop requested ({stop.signal_name}) at step {state.step}; checkpoint saved")
+                return "preempted"
+        return "finished" if state.step >= train_cfg.max_steps else "preempted"
 
 
 # --------------------------------------------------------------------------------------------------
@@ -635,9 +540,8 @@ def training_loop(setup: TrainingSetup, state: TrainState, stop: StopRequest, pr
 
 
 def decide_at_start(cfg: PretrainConfig, accelerator: Accelerator, tokenizer: Any, same_run: bool) -> dict[str, Any]:
-    """What run_config.json holds: ``cfg`` with the values decided now that the tokenizer is known
-    (RESOLVED_AT_START: the model's vocabulary, the peak FLOP/s train/mfu is measured against), after checking
-    that every process has the vocabulary it trains with."""
+    """What run_config.json holds: ``cfg`` with the values decided now that the tokenizer is known (RESOLVED_AT_START),
+    after checking that every process has the vocabulary it trains with."""
     check_one_vocabulary(accelerator, tokenizer)
     vocab_size = cfg.model.vocab_size or len(tokenizer)
     if len(tokenizer) > vocab_size:
@@ -658,68 +562,43 @@ def decide_at_start(cfg: PretrainConfig, accelerator: Accelerator, tokenizer: An
 def prepare_training(
     cfg: PretrainConfig, accelerator: Accelerator, resume_from: Path | None, same_run: bool, argv: list[str] | None
 ) -> tuple[TrainingSetup, TrainState]:
-    """``same_run``: ``resume_from`` is a checkpoint of this run folder (not a run continued in a new folder);
-    ``argv``: the run's arguments, which the data-preparation command it may print repeats."""
+    """``same_run``: ``resume_from`` is in this run folder; ``argv``: what the data-preparation hint repeats."""
     run_dir = Path(cfg.train.output_dir)
     set_seed(cfg.train.seed)
     data_cfg, overrides = with_trained_vocabulary(cfg.data, resume_from)
     # The tokenizer is saved during data preparation, before the model's size is known: room for it first.
     ensure_room(accelerator, lambda: room_problem(run_dir, TOKENIZER_ROOM))
+    is_main, tokenizer_dir = accelerator.is_main_process, run_dir / layout.TOKENIZER_DIR
     with saving(Path(cfg.data.cache_dir)):
         data = build_pretraining_data(
-            data_cfg,
-            seed=cfg.train.seed,
+            data_cfg, seed=cfg.train.seed, model_vocab_size=cfg.model.vocab_size, progress=is_main,
             # A resumed run keeps the tokenizer it saved (never overwritten by a re-trained one).
-            save_tokenizer_to=run_dir / TOKENIZER_DIR if accelerator.is_main_process and not same_run else None,
+            save_tokenizer_to=tokenizer_dir if is_main and not same_run else None,
             main_process_first=accelerator.main_process_first,
-            model_vocab_size=cfg.model.vocab_size,
             # Several processes: a large corpus must have been prepared by pretrain/prepare.py (not under a barrier).
             num_processes=accelerator.num_processes,
             prepare_command=prepare_command(None if argv is None else [*argv, *overrides]),
-            progress=accelerator.is_main_process,
             # After main_process_first the main process's tokenizer is in the run folder, which every node sees.
-            trained_tokenizer=None if accelerator.is_main_process else run_dir / TOKENIZER_DIR,
+            trained_tokenizer=None if is_main else tokenizer_dir,
         )
     resolved = decide_at_start(cfg, accelerator, data.tokenizer, same_run)
     vocab_size, peak_flops = resolved["model"]["vocab_size"], resolved["train"]["peak_flops_per_device"]
     set_seed(cfg.train.seed)  # the same initial weights whatever data preparation drew
     model = build_model(cfg, vocab_size)
-    optim = cfg.optim
-    optimizer = build_adamw(
-        model,
-        lr=optim.lr,
-        betas=optim.betas,
-        eps=optim.eps,
-        weight_decay=optim.weight_decay,
-        implementation=resolve_adamw_implementation(optim.implementation, accelerator.device),
-    )
-    max_steps = cfg.train.max_steps
-    scheduler = get_scheduler(
-        cfg.optim.scheduler,
-        optimizer,
-        num_warmup_steps=cfg.optim.resolved_warmup_steps(max_steps),
-        num_training_steps=max_steps,
-    )
+    optim, max_steps = cfg.optim, cfg.train.max_steps
+    optimizer = build_adamw(model, lr=optim.lr, betas=optim.betas, eps=optim.eps, weight_decay=optim.weight_decay,
+                            implementation=resolve_adamw_implementation(optim.implementation, accelerator.device))
+    scheduler = get_scheduler(optim.scheduler, optimizer, num_warmup_steps=optim.resolved_warmup_steps(max_steps),
+                              num_training_steps=max_steps)
     loaders = build_dataloaders(cfg, data, accelerator.num_processes)
-    model, optimizer, loaders.train, loaders.validation, scheduler = accelerator.prepare(
-        model, optimizer, loaders.train, loaders.validation, scheduler
-    )
+    prepared = accelerator.prepare(model, optimizer, loaders.train, loaders.validation, scheduler)
+    model, optimizer, loaders.train, loaders.validation, scheduler = prepared
     unwrapped = accelerator.unwrap_model(model, keep_torch_compile=False)
+    mlm_head_share = cfg.data.mlm_probability if unwrapped.config.sparse_mlm_head else 1.0
     setup = TrainingSetup(
-        cfg=cfg,
-        resolved=resolved,
-        accelerator=accelerator,
-        model=model,
-        optimizer=optimizer,
-        scheduler=scheduler,
-        loaders=loaders,
-        tokenizer=data.tokenizer,
-        run_dir=run_dir,
-        flops_per_token=flops_per_token(
-            unwrapped.config,
-            cfg.data.max_seq_length,
-            mlm_head_share=cfg.data.mlm_probability if unwrapped.config.sparse_mlm_head else 1.0,
-        ),
+        cfg=cfg, resolved=resolved, accelerator=accelerator, model=model, unwrapped=unwrapped, optimizer=optimizer,
+        scheduler=scheduler, loaders=loaders, tokenizer=data.tokenizer, run_dir=run_dir,
+        flops_per_token=flops_per_token(unwrapped.config, cfg.data.max_seq_length, mlm_head_share=mlm_head_share),
         peak_flops_per_device=peak_flops,
     )
     fingerprint = data_fingerprint(cfg, accelerator.num_processes, data.tokenizer)
@@ -727,9 +606,7 @@ def prepare_training(
     if resume_from is not None:
         state = load_checkpoint(accelerator, resume_from)
         if state.data_fingerprint != fingerprint:
-            accelerator.print(
-                f"resuming {resume_from} with different data or batch settings: the data starts from its beginning"
-            )
+            accelerator.print(f"resuming {resume_from} with different data or batch settings: the data starts over")
             state = dataclasses.replace(state, epoch=0, batches_in_epoch=0, data_fingerprint=fingerprint)
     if accelerator.is_main_process:
         start_run_folder(setup, state.step if same_run else -1)
@@ -737,35 +614,31 @@ def prepare_training(
 
 
 def start_run_folder(setup: TrainingSetup, resumed_at: int) -> None:
-    """The main process's files of a starting run: the data report, run_config.json, the run id, metrics.jsonl
-    cut back to ``resumed_at`` (-1: a run from step 0, a new one or one killed before its first checkpoint, keeps
-    no line of an earlier try)."""
+    """The main process's files of a starting run: the data report, run_config.json, the run id, metrics.jsonl cut back
+    to ``resumed_at`` (-1: a run from step 0 keeps no line of an earlier try)."""
     # What the run trains on, before it starts: a mixture that is not what the weights ask for, or a tiny
     # validation split, is seen now rather than after the run (the same report as pretrain.prepare's).
     report = data_report(setup.cfg, setup.tokenizer)
     if report is not None:
         print(report, flush=True)
-    write_json(setup.run_dir / RUN_CONFIG_FILE, stamped(setup.resolved, RUN_FORMAT))
+    write_json(setup.run_dir / layout.RUN_CONFIG_FILE, stamped(setup.resolved, RUN_FORMAT))
     ensure_run_id(setup.run_dir)  # once per run: fine-tuning results are keyed by it (pretrain/run_folder/identity.py)
     setup.last_eval = rewind_metrics(setup.run_dir, resumed_at)
-    if (setup.run_dir / TOKENIZER_DIR).is_dir():
-        follow_umask(setup.run_dir / TOKENIZER_DIR)
+    if (setup.run_dir / layout.TOKENIZER_DIR).is_dir():
+        follow_umask(setup.run_dir / layout.TOKENIZER_DIR)
 
 
 def pretrain(cfg: PretrainConfig, argv: list[str] | None = None) -> str:
-    """Run one pretraining job described by ``cfg`` (parsed from ``argv``, which the message naming the data
-    preparation command repeats); returns finished, diverged, preempted or "preempted (disk full)".
-
-    The one place a full disk is answered: DiskFull from a save (its room check, or a write that hit ENOSPC), or
-    a "No space left on device" from any other write, stops the run as preempted with the message; the same
-    command continues it once there is room."""
+    """Run one pretraining job described by ``cfg`` (parsed from ``argv``, which the data-preparation hint repeats);
+    returns finished, diverged, preempted or "preempted (disk full)". The one place a full disk is answered: DiskFull
+    from a save, or ENOSPC from any other write, stops the run as preempted until there is room."""
     resolve_mixed_precision(cfg)
     check_environment(cfg)
     accelerator = build_accelerator(cfg)
     run_dir = Path(cfg.train.output_dir)
     resume_from = resolve_resume(run_dir, to_dict(cfg), cfg.train.resume, lambda m: say(f"warning: {m}", sys.stderr))
     accelerator.wait_for_everyone()  # every process has checked the directory before the main one writes
-    same_run = resume_from is not None and run_folder_of(resume_from) == run_dir.resolve()
+    same_run = resume_from is not None and layout.run_folder_of(resume_from) == run_dir.resolve()
     state = TrainState(step=checkpoint_step(resume_from) if resume_from else 0)  # until the checkpoint is loaded
     setup = None
     try:
@@ -787,16 +660,11 @@ def pretrain(cfg: PretrainConfig, argv: list[str] | None = None) -> str:
         accelerator.end_training()
         return "preempted (disk full)"
     accelerator.end_training()  # after the final status, which the W&B summary records
-    tracker_dir = {"tensorboard": run_dir / TENSORBOARD_DIR, "wandb": run_dir / WANDB_DIR}.get(cfg.tracking.backend)
-    accelerator.print(
-        f"\n{outcome} at step {state.step}. Run directory {run_dir}:\n"
-        f"  checkpoints  {run_dir / CHECKPOINTS}\n"
-        f"  snapshots    {run_dir / SNAPSHOTS}\n"
-        f"  metrics      {run_dir / METRICS_FILE}\n"
-        f"  status       {run_dir / STATUS_FILE}"
-        + (f"\n  {cfg.tracking.backend:<12} {tracker_dir}" if tracker_dir else "")
-        + final_validation(setup.last_eval)
-    )
+    files = {"checkpoints": layout.CHECKPOINTS, "snapshots": layout.SNAPSHOTS, "metrics": layout.METRICS_FILE,
+             "status": layout.STATUS_FILE, "tensorboard": layout.TENSORBOARD_DIR, "wandb": layout.WANDB_DIR}
+    shown = [name for name in files if name not in ("tensorboard", "wandb") or name == cfg.tracking.backend]
+    listing = "".join(f"\n  {name:<12} {run_dir / files[name]}" for name in shown) + final_validation(setup.last_eval)
+    accelerator.print(f"\n{outcome} at step {state.step}. Run directory {run_dir}:{listing}")
     return outcome
 
 
@@ -814,12 +682,10 @@ def run_training(setup: TrainingSetup, state: TrainState, resume_from: Path | No
     set_status(accelerator, cfg, "running", state.step)
     with StopRequest().installed() as stop:
         outcome = train(setup, state, stop)
-    if outcome == "finished":
-        set_status(accelerator, cfg, "finished", state.step, "training finished")
-    elif outcome == "preempted":
-        set_status(
-            accelerator, cfg, "preempted", state.step, "stopped with a checkpoint; continue with --train.resume=auto"
-        )
+    final = {"finished": "training finished",
+             "preempted": "stopped with a checkpoint; continue with --train.resume=auto"}
+    if outcome in final:  # a diverged run has recorded its status
+        set_status(accelerator, cfg, outcome, state.step, final[outcome])
     return outcome
 
 
@@ -827,10 +693,9 @@ def failure_message(err: BaseException, accelerator: Accelerator, cfg: PretrainC
     """What status.json says of an unexpected error; a timeout with several processes names the key."""
     message = f"{type(err).__name__}: {err}"
     if accelerator.num_processes > 1 and any(word in str(err).lower() for word in ("timed out", "timeout")):
-        message += (
-            f" (no answer from another process within train.collective_timeout_s={cfg.train.collective_timeout_s}"
-            " s: a process froze or died, or its file system hung)"
-        )
+        timeout = cfg.train.collective_timeout_s
+        message += (f" (no answer from another process within train.collective_timeout_s={timeout} s: a process "
+                    "froze or died, or its file system hung)")
     return message
 
 

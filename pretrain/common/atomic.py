@@ -8,12 +8,10 @@ less the umask), so colleagues on a cluster can read it.
     atomic_dir(final)          a temporary folder to write ``final`` in, then renamed into place (publish_dir)
     follow_umask(folder)       the umask's mode for every file under a folder (mkstemp, used by libraries, gives 0600)
 
-A file goes through a temporary file beside it (``.NAME.XXXXXXXX.tmp``, a unique name from mkstemp, so threads,
-processes and hosts never share one), which is written, fsync'ed, given the umask's mode and then renamed over
-the target (or hard-linked to it, for create-once). A failure removes the temporary file and leaves the target as
-it was. Both steps are atomic on local file systems, NFS and Lustre.
-
-This module imports nothing but the standard library, and nothing of the project.
+A file goes through a uniquely named temporary file beside it (``.NAME.XXXXXXXX.tmp``, from mkstemp), which is
+written, fsync'ed, given the umask's mode and renamed over the target (hard-linked, for create-once): atomic on
+local file systems, NFS and Lustre. A failure removes the temporary file and leaves the target as it was.
+Standard library only.
 """
 
 from __future__ import annotations
@@ -28,18 +26,6 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-__all__ = [
-    "atomic_dir",
-    "current_umask",
-    "follow_umask",
-    "publish_dir",
-    "write_bytes",
-    "write_json",
-    "write_once",
-    "write_text",
-    "writing",
-]
-
 
 def current_umask() -> int:
     mask = os.umask(0o022)  # the only way to read it is to set it; put it back at once
@@ -48,17 +34,11 @@ def current_umask() -> int:
 
 
 def follow_umask(folder: str | Path) -> None:
-    """Give every file under ``folder`` the mode the user's umask asks for: libraries that write through
-    mkstemp (transformers' save_pretrained) create 0600 files that colleagues on a cluster cannot read."""
+    """The umask's mode for every file under ``folder`` (mkstemp, as in save_pretrained, makes 0600 files)."""
     mode = 0o666 & ~current_umask()
     for path in Path(folder).rglob("*"):
         if path.is_file():
             path.chmod(mode)
-
-
-# --------------------------------------------------------------------------------------------------
-# Files
-# --------------------------------------------------------------------------------------------------
 
 
 @contextlib.contextmanager
@@ -85,9 +65,8 @@ def _seal(tmp: Path) -> None:
 
 @contextlib.contextmanager
 def writing(path: str | Path) -> Iterator[Path]:
-    """A temporary path beside ``path`` for the block to write (by any means: a library given the path, a stream);
-    when the block ends without an error it is fsync'ed, given the umask's mode and renamed to ``path``. On an
-    error it is removed and ``path`` stays as it was."""
+    """A temporary path beside ``path`` for the block to write by any means; when the block ends without an error it is
+    fsync'ed, given the umask's mode and renamed to ``path``, else removed."""
     path = Path(path)
     with _temporary(path) as tmp:
         yield tmp
@@ -115,12 +94,9 @@ def write_json(
 
 
 def write_once(path: str | Path, data: str | bytes) -> bool:
-    """Create ``path`` with ``data`` unless it exists; False (and nothing written) if it already did.
-
-    A hard link from the finished temporary file: it fails if ``path`` exists, atomically on NFS and Lustre too, so
-    of two writers at once (two processes, two hosts) exactly one wins and the file never changes once there. On a
-    file system without hard links, a rename after a check (a rare race there lets the second copy replace the
-    first)."""
+    """Create ``path`` with ``data`` unless it exists; False (and nothing written) if it already did. A hard link from
+    the finished temporary file fails if ``path`` exists, atomically on NFS and Lustre too: of two writers exactly one
+    wins. Without hard links, a rename after a check (a rare race there lets the second copy replace the first)."""
     path = Path(path)
     with _temporary(path) as tmp:
         tmp.write_bytes(data.encode("utf-8") if isinstance(data, str) else data)
@@ -137,17 +113,10 @@ def write_once(path: str | Path, data: str | bytes) -> bool:
             return True
 
 
-# --------------------------------------------------------------------------------------------------
-# Folders
-# --------------------------------------------------------------------------------------------------
-
-
 def publish_dir(tmp: str | Path, final: str | Path, *, replace: bool = False) -> bool:
-    """Rename the finished folder ``tmp`` to ``final`` (one atomic step: readers see no folder or all of it).
-
-    When ``final`` exists: ``replace=True`` swaps it out (renamed to a hidden ``.FINAL.old`` sibling, removed
-    after; a kill in between leaves no ``final``, and the ``.old`` for the caller's clean-up); ``replace=False``
-    keeps it (another process finished the same work first) and returns False, leaving ``tmp`` to the caller."""
+    """Rename the finished folder ``tmp`` to ``final`` (one atomic step: readers see no folder or all of it). When
+    ``final`` exists, ``replace=True`` swaps it out (via a hidden ``.FINAL.old`` sibling, left for the caller's clean-up
+    by a kill in between); ``replace=False`` keeps it (another process finished first) and returns False."""
     tmp, final = Path(tmp), Path(final)
     if replace and final.exists():
         old = final.with_name(f".{final.name}.old")
@@ -168,9 +137,8 @@ def publish_dir(tmp: str | Path, final: str | Path, *, replace: bool = False) ->
 @contextlib.contextmanager
 def atomic_dir(final: str | Path) -> Iterator[Path]:
     """A temporary sibling folder (``FINAL.tmp-XXXXXXXX``) for the block to write ``final`` in; when the block ends
-    without an error its files get the umask's mode and it is renamed to ``final``, so readers never see a
-    half-written folder and a kill leaves none. If ``final`` appeared meanwhile (another process finished the same
-    content first), it stays and the temporary folder is dropped."""
+    without an error its files get the umask's mode and it is renamed to ``final`` (readers never see half a folder; a
+    kill leaves none). If ``final`` appeared meanwhile (another process finished first), it stays."""
     final = Path(final)
     tmp = final.with_name(f"{final.name}.tmp-{uuid.uuid4().hex[:8]}")
     tmp.mkdir(parents=True)

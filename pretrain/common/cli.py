@@ -1,26 +1,19 @@
 """One command-line loader for every command of the project: typed dataclasses, YAML presets, dotted overrides.
 
-A command declares its options as a dataclass (nested dataclasses are sections; a docstring under each field
-is its help). :func:`parse` reads
+A command declares its options as a dataclass (nested dataclasses are sections; the docstring under each field is
+its help). :func:`parse` reads ``[--config PRESET.yaml ...] [--key=VALUE | --key VALUE | --section.key=VALUE |
+--flag ...]``: presets merge in order, then the overrides in order (later wins). Every value is YAML (lists are
+YAML lists only: a comma-separated list is an error that says so); a bare ``--flag`` sets a boolean to true. An
+override changes only the key it names: the rest of its section keeps the default, which may differ from the
+section class's own defaults (e.g. ``PretrainConfig.data``).
 
-    [--config PRESET.yaml ...] [--key=VALUE | --key VALUE | --section.key=VALUE | --flag ...]
+A string-valued field takes the text as typed: YAML 1.1 reads plain ``no``, ``on``, ``null`` and ``123`` as
+booleans, null and numbers, so the loader keeps each plain scalar's text beside its value (:class:`AsTyped`) and
+:func:`_convert` picks the one the field's type takes (``null`` still clears an optional field).
 
-Presets are merged in the order given, then the overrides in the order given (later wins). Every value is
-read as YAML, so ``--lrs='[1e-5, 3e-5]'``, ``--data.sources='[{kind: json, path: x.jsonl}]'`` and
-``--target_loss=null`` work; lists are YAML lists only (a comma or space-separated list is an error that
-says so). A bare ``--flag`` sets a boolean field to true. Keys are spelled as in the YAML presets
-(underscores). An override changes only the key it names: a section that is not given keeps its default,
-and a section given one key keeps the other values of its default (which may differ from the section
-class's own defaults, e.g. ``PretrainConfig.data``).
-
-A field whose type is a string (or a choice of strings) takes the text as typed: YAML 1.1 reads plain
-``no``, ``off``, ``on``, ``yes``, ``null`` and ``123`` as booleans, null and numbers, so the loader keeps each
-plain scalar's text beside its value (:class:`AsTyped`) and :func:`_convert` picks the one the field's type
-takes (``--train.mixed_precision=no`` is the string ``no``; ``null`` still clears an optional field).
-
-Every problem is a :class:`ConfigError` naming the key (with "did you mean" for typos, in keys and in
-choices) or the preset file and line; :func:`run_cli` turns those into ``error: ...`` on stderr and exit code 2. Floats must be finite
-everywhere; range checks live in each dataclass's ``__post_init__`` and name the key.
+Every problem is a :class:`ConfigError` naming the key (with "did you mean" for typos) or the preset file and line;
+:func:`run_cli` turns it into ``error: ...`` on stderr and exit code 2. Floats must be finite everywhere; range
+checks live in each dataclass's ``__post_init__`` and name the key.
 """
 
 from __future__ import annotations
@@ -31,6 +24,7 @@ import dataclasses
 import difflib
 import functools
 import inspect
+import itertools
 import math
 import operator
 import os
@@ -68,8 +62,7 @@ def require(ok: bool, key: str, message: str) -> None:
 
 @dataclasses.dataclass(frozen=True)
 class AsTyped:
-    """A plain YAML scalar that YAML 1.1 reads as a boolean, null or number, with the text it was typed as:
-    a string-valued field takes ``text``, every other field ``value`` (:func:`_convert`)."""
+    """A plain YAML 1.1 boolean, null or number with the text it was typed as (a string-valued field takes the text)."""
 
     value: Any
     text: str
@@ -87,12 +80,8 @@ def _keep_text(constructor: Callable[[Any, Any], Any]) -> Callable[[Any, Any], A
     return construct
 
 
-for _tag, _constructor in (
-    ("bool", yaml.constructor.SafeConstructor.construct_yaml_bool),
-    ("null", yaml.constructor.SafeConstructor.construct_yaml_null),
-    ("int", yaml.constructor.SafeConstructor.construct_yaml_int),
-    ("float", yaml.constructor.SafeConstructor.construct_yaml_float),
-):
+for _tag in ("bool", "null", "int", "float"):
+    _constructor = getattr(yaml.constructor.SafeConstructor, f"construct_yaml_{_tag}")
     _ConfigLoader.add_constructor(f"tag:yaml.org,2002:{_tag}", _keep_text(_constructor))
 
 
@@ -111,9 +100,7 @@ def _takes_text(tp: Any, scalar: AsTyped) -> bool:
         return all(isinstance(a, str) for a in get_args(tp))
     if origin in (Union, types.UnionType):
         args = get_args(tp)
-        if scalar.value is None and type(None) in args:
-            return False
-        if type(scalar.value) in args:  # an int field of int | str keeps its number
+        if type(scalar.value) in args:  # null clears an optional; an int field of int | str keeps its number
             return False
         return any(_takes_text(a, scalar) for a in args if a is not type(None))
     return False
@@ -187,34 +174,25 @@ def _convert(value: Any, tp: Any, key: str, base: Any = None) -> Any:
         if not isinstance(value, (list, tuple)) or len(value) != len(items):
             raise wrong()
         return tuple(_convert(v, t, f"{key}[{i}]") for i, (v, t) in enumerate(zip(value, items, strict=True)))
-    if tp is bool:
-        if not isinstance(value, bool):
+    if tp in (bool, str):
+        if not isinstance(value, tp):
             raise wrong()
         return value
     if tp is int:
+        if isinstance(value, float) and value.is_integer():  # 1e6 is a float in YAML (max_steps: 1e6)
+            return int(value)
         if isinstance(value, bool) or not isinstance(value, int):
-            # 1e6 is a float in YAML; accept it when it is a whole number (max_steps: 1e6).
-            if isinstance(value, float) and value.is_integer():
-                return int(value)
             raise wrong()
         return value
     if tp is float:
-        if isinstance(value, bool):
-            raise wrong()
         if isinstance(value, str):  # PyYAML reads "1e-4" (no dot) as a string
-            try:
+            with contextlib.suppress(ValueError):
                 value = float(value)
-            except ValueError:
-                raise wrong() from None
-        if not isinstance(value, (int, float)):
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise wrong()
         if not math.isfinite(value):  # NaN disables clipping, compares false with every bound: never valid
             raise ConfigError(f"{key} must be a finite number, got {value!r}")
         return float(value)
-    if tp is str:
-        if not isinstance(value, str):
-            raise wrong()
-        return value
     raise TypeError(f"{key}: unsupported config type {tp!r}")  # a schema bug, not a user error
 
 
@@ -229,8 +207,7 @@ def _bare(name: str) -> str:
 
 
 def closest_choice(value: str, choices: list[str]) -> str | None:
-    """The choice ``value`` most likely meant: the one that is the same name spelled otherwise (``_bare``), else the
-    closest spelling; None when nothing is close."""
+    """The choice ``value`` most likely meant: the same name spelled otherwise (``_bare``), else the closest; None."""
     same = [c for c in choices if _bare(c) == _bare(value)]
     if same:
         return same[0]
@@ -247,31 +224,21 @@ def _unknown_key(key: str, prefix: str, valid: list[str]) -> ConfigError:
 
 def field_default(f: dataclasses.Field) -> Any:
     """The default of one field (a fresh one from its default_factory), or MISSING for a required field."""
-    if f.default is not dataclasses.MISSING:
-        return f.default
-    if f.default_factory is not dataclasses.MISSING:
-        return f.default_factory()
-    return dataclasses.MISSING
+    return f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
 
 
 def _kept_from_base(cls: type, base: Any) -> dict[str, Any]:
     """The fields of ``base`` that differ from ``cls``'s own defaults: what a partial mapping must keep."""
-    kept = {}
-    for f in dataclasses.fields(cls):
-        if f.init and getattr(base, f.name) != field_default(f):
-            kept[f.name] = getattr(base, f.name)
-    return kept
+    return {f.name: getattr(base, f.name) for f in dataclasses.fields(cls)
+            if f.init and getattr(base, f.name) != field_default(f)}
 
 
 def from_dict(cls: type[T], data: dict[str, Any], prefix: str = "", base: T | None = None) -> T:
-    """Build dataclass ``cls`` from a nested dict: unknown keys and wrong types raise ConfigError.
-
-    Keys the dict leaves out take the values of ``base`` if given, else the field defaults; a nested section
-    given as a dict starts from the field's default value (its default_factory), not from the section class's
-    defaults, so ``{"data": {"max_documents": 5}}`` changes that one key of the default ``data``."""
+    """Build dataclass ``cls`` from a nested dict (unknown keys and wrong types raise ConfigError); keys left out take
+    the values of ``base`` if given, else the field defaults (a section's default_factory)."""
     hints = _hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
-    kwargs = dict(_kept_from_base(cls, base)) if base is not None else {}
+    kwargs = _kept_from_base(cls, base) if base is not None else {}
     for key, value in data.items():
         if isinstance(key, AsTyped):  # a key spelled like a YAML 1.1 word (on:, no:) is that word
             key = key.text
@@ -287,18 +254,14 @@ def from_dict(cls: type[T], data: dict[str, Any], prefix: str = "", base: T | No
         raise ConfigError(f"{prefix or cls.__name__}: {err}") from err
 
 
-def to_dict(config: Any) -> dict[str, Any]:
-    """The config as plain JSON/YAML values (tuples become lists)."""
-    return _plain(dataclasses.asdict(config))
-
-
-def _plain(value: Any) -> Any:
+def to_dict(value: Any) -> Any:
+    """A config (a dataclass) as plain JSON/YAML values (tuples become lists)."""
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return _plain(dataclasses.asdict(value))
+        return to_dict(dataclasses.asdict(value))
     if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
+        return {k: to_dict(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
+        return [to_dict(v) for v in value]
     return value
 
 
@@ -307,10 +270,7 @@ def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     flat = {}
     for key, value in tree.items():
         name = f"{prefix}.{key}" if prefix else key
-        if isinstance(value, dict):
-            flat.update(flatten(value, name))
-        else:
-            flat[name] = value
+        flat.update(flatten(value, name) if isinstance(value, dict) else {name: value})
     return flat
 
 
@@ -345,10 +305,8 @@ def merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
     """``extra`` over ``base``, recursively for mappings (a later preset changes only the keys it names)."""
     merged = dict(base)
     for key, value in extra.items():
-        if isinstance(value, dict) and isinstance(merged.get(key), dict):
-            merged[key] = merge(merged[key], value)
-        else:
-            merged[key] = value
+        both = isinstance(value, dict) and isinstance(merged.get(key), dict)
+        merged[key] = merge(merged[key], value) if both else value
     return merged
 
 
@@ -368,8 +326,7 @@ def field_type(cls: type, dotted: str) -> Any:
 
 
 def check_keys(cls: type, tree: dict[str, Any], prefix: str = "") -> None:
-    """Every key of ``tree`` (a preset) is a field of ``cls``, section by section: an unknown key is a ConfigError
-    (the caller names the file)."""
+    """Every key of the preset ``tree`` is a field of ``cls``, section by section (else a ConfigError)."""
     for key, value in tree.items():
         name = key.text if isinstance(key, AsTyped) else str(key)  # a key spelled like a YAML 1.1 word (on:)
         dotted = f"{prefix}.{name}" if prefix else name
@@ -390,10 +347,6 @@ def set_override(cls: type, tree: dict[str, Any], dotted: str, value: Any) -> No
     node[leaf] = value
 
 
-def _is_bool(tp: Any) -> bool:
-    return tp is bool or (_is_optional(tp) and bool in get_args(tp))
-
-
 def read_tree(cls: type, argv: list[str]) -> dict[str, Any]:
     """``[--config FILE ...] [--key=value ...]`` as one nested dict (presets merged in order, then overrides)."""
     tree: dict[str, Any] = {}
@@ -402,14 +355,14 @@ def read_tree(cls: type, argv: list[str]) -> dict[str, Any]:
     while i < len(argv):
         arg = argv[i]
         if not arg.startswith("--") or arg == "--":
-            raise ConfigError(
-                f"unexpected argument {arg!r}; options look like --key=VALUE, and lists are YAML: --key='[a, b]'"
-            )
+            hint = "options look like --key=VALUE, and lists are YAML: --key='[a, b]'"
+            raise ConfigError(f"unexpected argument {arg!r}; {hint}")
         name, eq, raw = arg[2:].partition("=")
         i += 1
         if not eq:
             tp = None if name == "config" else field_type(cls, name)
-            if tp is not None and _is_bool(tp) and (i >= len(argv) or argv[i].startswith("--")):
+            is_bool = tp is bool or (_is_optional(tp) and bool in get_args(tp))
+            if is_bool and (i >= len(argv) or argv[i].startswith("--")):
                 raw = "true"  # a bare --flag
             elif i >= len(argv):
                 raise ConfigError(f"--{name} needs a value (--{name}=VALUE)")
@@ -435,8 +388,7 @@ def read_tree(cls: type, argv: list[str]) -> dict[str, Any]:
 
 
 def parse(cls: type[T], argv: list[str] | None = None, *, prog: str, description: str = "", usage: str = "") -> T:
-    """Presets and overrides in ``argv`` (default: sys.argv[1:]) -> a validated ``cls``; ``--help`` prints the
-    help generated from ``cls`` and exits 0."""
+    """Presets and overrides in ``argv`` (default: sys.argv[1:]) -> a validated ``cls``; ``--help`` prints its help."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if "-h" in argv or "--help" in argv:
         print(help_text(cls, prog=prog, description=description, usage=usage))
@@ -452,22 +404,19 @@ def parse_command(
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] in commands:
         command = argv.pop(0)
-    elif default and argv and argv[0] in ("-h", "--help"):
-        # The default subcommand is what a bare command runs: show its options, after the list of subcommands.
+    elif argv and argv[0] in ("-h", "--help"):
         print(_subcommand_list(commands, prog, description))
-        print(f"\noptions of {prog} (the subcommand {default!r}, also {prog} {default} --help):\n")
-        print(help_text(commands[default], prog=f"{prog} [{default}]", description=""))
+        if default:  # what a bare command runs: its options after the list of subcommands
+            print(f"\noptions of {prog} (the subcommand {default!r}, also {prog} {default} --help):\n")
+            print(help_text(commands[default], prog=f"{prog} [{default}]", description=""))
         raise SystemExit(0)
     elif default:
         command = default
+    elif argv:
+        close = difflib.get_close_matches(argv[0], list(commands), n=1)
+        hint = f"; did you mean '{close[0]}'?" if close else ""
+        raise ConfigError(f"unknown subcommand {argv[0]!r}{hint} (subcommands: {', '.join(commands)})")
     else:
-        if argv and argv[0] not in ("-h", "--help"):
-            close = difflib.get_close_matches(argv[0], list(commands), n=1)
-            hint = f"; did you mean '{close[0]}'?" if close else ""
-            raise ConfigError(f"unknown subcommand {argv[0]!r}{hint} (subcommands: {', '.join(commands)})")
-        if argv:
-            print(_subcommand_list(commands, prog, description))
-            raise SystemExit(0)
         raise ConfigError(f"missing subcommand; one of {', '.join(commands)} (see {prog} --help)")
     return command, parse(
         commands[command], argv, prog=f"{prog} {command}", description=inspect.getdoc(commands[command]) or ""
@@ -477,21 +426,17 @@ def parse_command(
 def _subcommand_list(commands: dict[str, type], prog: str, description: str) -> str:
     lines = [f"usage: {prog} SUBCOMMAND [--config PRESET.yaml ...] [--key=VALUE ...]", "", description.strip()]
     lines += ["", "subcommands:"]
-    lines += [f"  {name:<14}{_first_line(cls)}" for name, cls in commands.items()]
+    for name, cls in commands.items():
+        first_line = (inspect.getdoc(cls) or "").partition("\n")[0]
+        lines.append(f"  {name:<14}{first_line}")
     lines += ["", f"{prog} SUBCOMMAND --help lists each one's options."]
     return "\n".join(lines)
 
 
-def _first_line(cls: type) -> str:
-    return (inspect.getdoc(cls) or "").strip().splitlines()[0] if inspect.getdoc(cls) else ""
-
-
 @contextlib.contextmanager
 def interruptible() -> Iterator[None]:
-    """Ctrl-C raises KeyboardInterrupt in the block even when a script started this process in the background:
-    bash starts a script's ``command &`` with SIGINT ignored, and Python then installs no handler, so the command
-    would run on after the script and its other processes stopped (launch/reproduce_cpu.sh: the scheduler followed
-    runs that had saved their checkpoints). The previous handler is put back after the block."""
+    """Ctrl-C raises KeyboardInterrupt in the block even when a script started this process in the background with
+    SIGINT ignored (launch/reproduce_cpu.sh); the previous handler is put back after it."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -503,9 +448,8 @@ def interruptible() -> Iterator[None]:
 
 
 def run_cli(main: Callable[[], int], errors: tuple[type[BaseException], ...] = ()) -> int:
-    """Run a command-line ``main``: bad input (ConfigError, ValueError, FileNotFoundError and ``errors``) ends
-    with its message on stderr and exit code 2, not a traceback (LNBERT_TRACEBACK=1 shows it). Ctrl-C reaches it
-    however it was started (``interruptible``). Idle CPU threads sleep (``device.passive_cpu_threads``)."""
+    """Run a command-line ``main``: bad input (ValueError, FileNotFoundError, ``errors``) ends with its message on
+    stderr and exit code 2 (LNBERT_TRACEBACK=1: the traceback); Ctrl-C always reaches it; idle threads sleep."""
     passive_cpu_threads()
     try:
         with interruptible():
@@ -523,8 +467,7 @@ def run_cli(main: Callable[[], int], errors: tuple[type[BaseException], ...] = (
 
 
 def field_docs(cls: type) -> dict[str, str]:
-    """Per-field documentation: ``metadata["help"]``, a docstring under the field, or ``#:`` comments above it;
-    a field a subclass redeclares without a docstring (to change its default) keeps its base class's."""
+    """The docstring under each field; a subclass's redeclared field without one keeps its base class's."""
     docs: dict[str, str] = {}
     for klass in reversed(cls.__mro__):
         if dataclasses.is_dataclass(klass):
@@ -534,42 +477,22 @@ def field_docs(cls: type) -> dict[str, str]:
 
 @functools.cache
 def _own_field_docs(cls: type) -> dict[str, str]:
-    docs: dict[str, str] = {}
     try:
-        source = textwrap.dedent(inspect.getsource(cls))
+        body = ast.parse(textwrap.dedent(inspect.getsource(cls))).body[0].body  # type: ignore[attr-defined]
     except (OSError, TypeError):
-        source = ""
-    if source:
-        lines = source.splitlines()
-        body = ast.parse(source).body[0].body  # type: ignore[attr-defined]
-        for node, after in zip(body, [*body[1:], None], strict=True):
-            if not (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)):
-                continue
-            name = node.target.id
-            if (
-                isinstance(after, ast.Expr)
-                and isinstance(after.value, ast.Constant)
-                and isinstance(after.value.value, str)
-            ):
-                docs[name] = " ".join(inspect.cleandoc(after.value.value).split())
-                continue
-            comments = []
-            for line in reversed(lines[: node.lineno - 1]):
-                if not line.strip().startswith("#:"):
-                    break
-                comments.insert(0, line.strip()[2:].strip())
-            if comments:
-                docs[name] = " ".join(comments)
-    for f in dataclasses.fields(cls):
-        if "help" in f.metadata and f.name in inspect.get_annotations(cls):
-            docs[f.name] = str(f.metadata["help"])
-    return docs
+        return {}
+    return {
+        node.target.id: " ".join(inspect.cleandoc(after.value.value).split())
+        for node, after in itertools.pairwise(body)
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
+        and isinstance(after, ast.Expr) and isinstance(after.value, ast.Constant) and isinstance(after.value.value, str)
+    }  # fmt: skip
 
 
 def _yaml_value(value: Any) -> str:
     if value is dataclasses.MISSING:
         return "required"
-    text = yaml.safe_dump(_plain(value), default_flow_style=True, width=1000).strip()
+    text = yaml.safe_dump(to_dict(value), default_flow_style=True, width=1000).strip()
     return text.removesuffix("...").strip()
 
 
@@ -596,10 +519,8 @@ def _help_section(cls: type, prefix: str, defaults: Any) -> list[str]:
     docs = field_docs(cls)
     # A section's keys are listed after the plain keys of its level: a key listed after a section would read as
     # one of that section's (--wandb under "slurm:").
-    fields = sorted(
-        (f for f in dataclasses.fields(cls) if f.init), key=lambda f: dataclasses.is_dataclass(hints[f.name])
-    )
-    for f in fields:
+    init_fields = [f for f in dataclasses.fields(cls) if f.init]
+    for f in sorted(init_fields, key=lambda f: dataclasses.is_dataclass(hints[f.name])):
         key = f"{prefix}.{f.name}" if prefix else f.name
         tp = hints[f.name]
         default = getattr(defaults, f.name) if defaults is not None else field_default(f)

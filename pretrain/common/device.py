@@ -18,9 +18,7 @@ DEVICE_CHOICES: tuple[str, ...] = ("auto", "cpu", "cuda")
 
 def pick_device(name: str, *, flag: str = "--device") -> torch.device:
     """``"auto"``: CUDA when available, else CPU; ``"cpu"``/``"cuda"`` as given (``"cuda"`` must exist).
-
-    ``flag`` is how the user spells the setting, so the message names what to change (e.g. ``recipe.device``).
-    """
+    ``flag`` is how the user spells the setting (e.g. ``recipe.device``), which the message names."""
     import torch
 
     if name not in DEVICE_CHOICES:
@@ -41,36 +39,30 @@ FP16_NEEDS_A_GPU = "train.mixed_precision=fp16 needs a GPU (its loss scaler is C
 
 
 def surely_no_cuda() -> bool:
-    """True when this process sees no CUDA GPU for certain, known without importing torch (a command checks its
-    options before torch's seconds of import): ``accelerate launch --cpu``, CUDA_VISIBLE_DEVICES empty or -1, or on
-    Linux no NVIDIA device node. False means perhaps one: torch decides later."""
+    """True when this process surely sees no CUDA GPU, known without importing torch: ``accelerate launch --cpu``,
+    CUDA_VISIBLE_DEVICES empty or -1, or on Linux no NVIDIA device node (False: torch decides later)."""
     if env_flag("ACCELERATE_USE_CPU") or os.environ.get("CUDA_VISIBLE_DEVICES", "unset").strip() in ("", "-1"):
         return True
     return sys.platform == "linux" and not Path("/dev/nvidiactl").exists()
 
 
 def accelerate_uses_cpu() -> bool:
-    """Whether Accelerate runs this process on the CPU: no CUDA GPU, or ``accelerate launch --cpu`` (which sets
-    ACCELERATE_USE_CPU) on a machine with one."""
+    """Whether Accelerate runs this process on the CPU: no CUDA GPU, or ACCELERATE_USE_CPU (launch --cpu)."""
     import torch
 
     return not torch.cuda.is_available() or env_flag("ACCELERATE_USE_CPU")
 
 
 def passive_cpu_threads() -> None:
-    """Let torch's idle OpenMP threads sleep instead of spinning (``OMP_WAIT_POLICY=PASSIVE``) unless the user chose
-    a policy. Spinning threads fight any other job for the cores: beside one busy process the default run under
-    ``accelerate launch``, which gives it 2 threads on 2 cores, took 1.6-1.8x longer (docs/pretraining.md). OpenMP
-    reads the variable when torch loads it, so ``cli.run_cli`` calls this: it takes effect in the commands that read
-    their options before importing torch (every pretraining, fine-tuning and analysis command, and the grid's
-    cells); the benchmarks import torch first and keep OpenMP's default, under which their figures were measured."""
+    """Let torch's idle OpenMP threads sleep instead of spinning (``OMP_WAIT_POLICY=PASSIVE``) unless the user chose a
+    policy: spinning threads fight other jobs for the cores (1.6-1.8x slower, docs/pretraining.md). OpenMP reads it when
+    torch loads, so ``cli.run_cli`` sets it; the benchmarks import torch first and keep OpenMP's default."""
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
 def choose_cpu_threads() -> str:
-    """Size torch's CPU thread pool and say how. OMP_NUM_THREADS wins (``accelerate launch`` sets it); otherwise
-    half of this process's share of the cores: torch's default (every core) oversubscribes the cores as soon as
-    anything else runs, which made the tiny default run 4-10x slower on a shared 2-core machine."""
+    """Size torch's CPU thread pool and say how: OMP_NUM_THREADS wins; otherwise half of this process's share of the
+    cores (torch's every-core default made the tiny run 4-10x slower on a shared 2-core machine)."""
     import torch
 
     if os.environ.get("OMP_NUM_THREADS"):

@@ -1,8 +1,7 @@
 """The versions of the file formats the project writes, declared once, and the one check every reader makes.
 
-A file that other code reads later carries ``"format_version"``; a reader refuses a file of another version (or of
-none, written before versions existed) with a message that says what to do, instead of guessing at fields that
-moved. When a format changes, its number goes up by one; there is no per-field compatibility.
+A file that other code reads later carries ``"format_version"``; a reader refuses another version (or none) with a
+message that says what to do, instead of guessing at fields that moved. A changed format's number goes up by one.
 
     RUN_FORMAT       a pretraining run folder: run_config.json, checkpoints' and snapshots' manifest.json
     RESULTS_FORMAT   a fine-tuning results folder: manifests and the started, done and failed files

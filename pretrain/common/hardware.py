@@ -51,9 +51,8 @@ def gpu_peak(device_name: str) -> GpuPeak | None:
 
 
 def mfu_peak(configured: float | None, device: torch.device, mixed_precision: str) -> tuple[float, str]:
-    """(peak FLOP/s of one device for ``train/mfu``, a line saying where it came from). ``configured`` is
-    train.peak_flops_per_device: a number wins (0 disables MFU); None looks the device up in GPU_PEAKS, at the
-    precision the matmuls run in (bf16/fp16 autocast, else TF32 when enabled, else plain fp32)."""
+    """(peak FLOP/s of one device for ``train/mfu``, where it came from). ``configured`` (train.peak_flops_per_device)
+    wins (0 disables MFU); None looks the device up in GPU_PEAKS at the precision the matmuls run in."""
     if configured == 0:
         return 0.0, "train/mfu is not measured (train.peak_flops_per_device=0); set it to one device's peak FLOP/s"
     if configured is not None:
@@ -64,8 +63,7 @@ def mfu_peak(configured: float | None, device: torch.device, mixed_precision: st
     name = torch.cuda.get_device_name(device)
     entry = gpu_peak(name)
     if entry is None:
-        return 0.0, (f"train/mfu is 0: {name!r} is not in pretrain/common/hardware.py's table; "
-                     "set train.peak_flops_per_device")
+        return 0.0, f"train/mfu is 0: {name!r} is not in pretrain/common/hardware.py; set train.peak_flops_per_device"
     if mixed_precision in ("bf16", "fp16"):
         kind, tflops = f"{mixed_precision} dense", entry.bf16
     elif torch.backends.cuda.matmul.allow_tf32:
@@ -77,14 +75,8 @@ def mfu_peak(configured: float | None, device: torch.device, mixed_precision: st
     return tflops * 1e12, f"train/mfu against {tflops:g} TFLOP/s per device ({name!r} matched {entry.label}, {kind})"
 
 
-# --------------------------------------------------------------------------------------------------
-# bf16 on CPU
-# --------------------------------------------------------------------------------------------------
-
-
 def cpu_has_native_bf16() -> bool | None:
-    """True when this x86 CPU has AVX512-BF16 or AMX-BF16 (oneDNN computes bf16 natively); False when it lacks
-    both; None when torch cannot tell (not x86, or an old torch)."""
+    """Whether this x86 CPU has AVX512-BF16 or AMX-BF16 (native bf16 in oneDNN); None when torch cannot tell."""
     try:
         flags = torch._C._cpu._get_cpu_capability()
     except AttributeError:
@@ -95,8 +87,7 @@ def cpu_has_native_bf16() -> bool | None:
 
 
 def cpu_bf16_warning(fp32_setting: str) -> str:
-    """A warning for bf16 autocast on a CPU without native bf16 (emulated: several times slower than fp32) that
-    names ``fp32_setting``, how to run in fp32 instead; empty when the CPU has it or torch cannot tell."""
+    """A warning naming ``fp32_setting`` when bf16 autocast is emulated on this CPU (several times slower), else ""."""
     if cpu_has_native_bf16() is not False:
         return ""
     return (

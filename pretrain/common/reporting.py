@@ -14,31 +14,26 @@ from typing import Any, Literal
 def format_table(
     headers: Sequence[str], rows: Sequence[Sequence[Any]], *, style: Literal["plain", "markdown"] = "plain"
 ) -> str:
-    """A table of ``rows`` under ``headers``; floats in 4 significant digits, everything else as ``str``.
-
-    ``plain``: right-aligned columns under a dashed rule; ``markdown``: a left-aligned pipe table."""
+    """A table of ``rows`` under ``headers`` (floats in 4 significant digits, the rest as ``str``): ``plain``
+    right-aligns columns under a dashed rule, ``markdown`` makes a left-aligned pipe table."""
 
     def cell(value: Any) -> str:
         return f"{value:.4g}" if isinstance(value, float) else str(value)
 
     cells = [[cell(v) for v in row] for row in rows]
     widths = [max(len(h), *(len(r[i]) for r in cells)) if cells else len(h) for i, h in enumerate(headers)]
-    if style == "markdown":
-        lines = [
-            "| " + " | ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)) + " |",
-            "|" + "|".join("-" * (w + 2) for w in widths) + "|",
-        ]
-        lines += ["| " + " | ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) + " |" for row in cells]
-        return "\n".join(lines)
-    lines = ["  ".join(h.rjust(w) for h, w in zip(headers, widths, strict=True))]
-    lines.append("  ".join("-" * w for w in widths))
-    lines += ["  ".join(c.rjust(w) for c, w in zip(row, widths, strict=True)) for row in cells]
-    return "\n".join(lines)
+    markdown = style == "markdown"
+
+    def line(row: Sequence[str]) -> str:
+        padded = [c.ljust(w) if markdown else c.rjust(w) for c, w in zip(row, widths, strict=True)]
+        return f"| {' | '.join(padded)} |" if markdown else "  ".join(padded)
+
+    rule = "|" + "|".join("-" * (w + 2) for w in widths) + "|" if markdown else "  ".join("-" * w for w in widths)
+    return "\n".join([line(headers), rule, *map(line, cells)])
 
 
 def pyplot() -> Any:
-    """matplotlib's pyplot on the file-only Agg backend (no display on servers or in tests); imported on first
-    use because matplotlib is slow to import and only the commands that draw need it."""
+    """matplotlib's pyplot on the file-only Agg backend, imported on first use (slow to import; few commands draw)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -48,8 +43,7 @@ def pyplot() -> Any:
 
 
 def save_figure(fig: Any, path: Path, *, tight_layout: bool = True) -> Path:
-    """Save ``fig`` as a PNG at 120 dpi, cropped to the drawing, and close it. ``tight_layout=False`` where a
-    colour bar spans several axes (matplotlib cannot lay those out and warns)."""
+    """Save ``fig`` as a PNG at 120 dpi, cropped, and close it (``tight_layout=False``: a colour bar spans axes)."""
     if tight_layout:
         fig.tight_layout()
     fig.savefig(path, dpi=120, bbox_inches="tight")

@@ -1,11 +1,7 @@
-"""What each config field is for, declared once beside the field; every list of fields is derived from it.
-
-A field of the pretraining config is declared with :func:`role`::
+"""What each config field is for, declared once beside the field; every list of fields is derived from it::
 
     seed: int = role("run", default=0)
     max_seq_length: int = role("recipe", keyed_in=("instances", "batches"), default=128)
-
-The role says how a run treats the field:
 
 | role        | in the W&B recipe hash | may differ on resume (``--train.resume=auto``) | may differ on a plain rerun |
 |-------------|------------------------|------------------------------------------------|-----------------------------|
@@ -17,25 +13,15 @@ The role says how a run treats the field:
 | ``tracking``  | the whole ``tracking`` section is outside the run: never compared, never hashed |
 
 - recipe: what is learned (the model, the data, the optimizer, the precision).
-- run: this run of a recipe: its name, its seed, how the batch is split over devices, the kernels that compute it.
-  Changing one is another run of the same recipe (same W&B group).
-- limit: a bound a continued run may move (its length, the skipped fp16 steps tolerated, a wait's timeout, the
-  largest corpus prepared inline); part of the recipe hash.
+- run: this run of a recipe (name, seed, how the batch is split over devices, kernels): same W&B group.
+- limit: a bound a continued run may move (its length, the fp16 skips tolerated, a timeout, the inline corpus size).
 - cadence: how often a run evaluates, logs and saves, how many saves it keeps, and where it stops.
-- mechanics: where files go and how many workers do the work; never what is computed. The same command run again
-  with other mechanics continues the same run.
-- tracking: where the metrics are shown. ``checkpointing.config_differences`` leaves the whole section out, so its
-  fields are in no derived list.
+- mechanics: where files go and how many workers do the work; never what is computed.
 
-Data fields also say which keys hold their value (``keyed_in``): the trained tokenizer's cache key
-(``tokenizer``), the prepared instances' cache key (``instances``) and the fingerprint of the batch sequence that a
-resume checks (``batches``).
-
-``resolved=True`` marks a field whose null asks the run to decide the value at its start (the model's vocabulary:
-the tokenizer's size), after the data is prepared; run_config.json holds the value decided. Before the data is
-prepared a request of null matches the saved value; once decided, the value is compared with the saved one.
-
-The lists derived from the declarations, where they are read:
+Data fields also say which keys hold their value (``keyed_in``): the trained tokenizer's cache key (``tokenizer``),
+the prepared instances' cache key (``instances``) and the fingerprint of the batch sequence a resume checks
+(``batches``). ``resolved=True`` marks a field whose null the run decides at its start, once the data is prepared
+(the model's vocabulary); run_config.json holds the decided value, and a null request matches it.
 
     config.RESUMABLE_CHANGES              rules.resumable        checkpointing.config_differences on resume
     checkpointing.IDENTICAL_RUN_IGNORES   rules.rerun            the same command run again
@@ -45,11 +31,8 @@ The lists derived from the declarations, where they are read:
     instance_cache._FIELDS_NOT_IN_KEY     not keyed_in "instances" the prepared instances' cache folder
     vocabulary.data_fingerprint           not keyed_in "batches" the data position a resume checks
 
-A new field needs only its declaration; tests/test_roles.py fails for a field declared without a role (or a data
-field without ``keyed_in``), and pins the lists and the keys computed from them, so that a change to either is
-deliberate.
-
-This module imports nothing of the project (the data config, a leaf of the data pipeline, uses it).
+tests/test_roles.py fails for a field declared without a role (or a data field without ``keyed_in``) and pins the
+lists and the keys computed from them. This module imports nothing of the project.
 """
 
 from __future__ import annotations
@@ -88,11 +71,7 @@ DATA_KEYS: tuple[str, ...] = get_args(DataKey)
 
 
 def role(
-    name: Role,
-    *,
-    keyed_in: Iterable[DataKey] | None = None,
-    resolved: bool = False,
-    default: Any = MISSING,
+    name: Role, *, keyed_in: Iterable[DataKey] | None = None, resolved: bool = False, default: Any = MISSING,
     default_factory: Any = MISSING,
 ) -> Any:
     """A dataclass field with its role (and, for a data field, the keys that hold its value)."""
@@ -108,7 +87,7 @@ def role(
 
 
 def role_of(key: str, f: dataclasses.Field) -> str:
-    """The role of field ``f`` (dotted ``key``); a field declared without one is an error that says how to declare it."""
+    """The role of field ``f`` (dotted ``key``); an error without one."""
     if "role" not in f.metadata:
         raise TypeError(f"config field {key} has no role: declare it with "
                         "pretrain.common.roles.role(ROLE, default=...)")
@@ -149,13 +128,10 @@ def resolved_keys(cls: type) -> frozenset[str]:
 
 def keyed_in(cls: type, key: DataKey) -> frozenset[str]:
     """The fields of the data config ``cls`` whose value the key ``key`` holds."""
-    names = set()
     for f in dataclasses.fields(cls):
         if "keyed_in" not in f.metadata:
             raise TypeError(f"data field {f.name} does not say which keys hold it: declare role(..., keyed_in=(...))")
-        if key in f.metadata["keyed_in"]:
-            names.add(f.name)
-    return frozenset(names)
+    return frozenset(f.name for f in dataclasses.fields(cls) if key in f.metadata["keyed_in"])
 
 
 def not_keyed_in(cls: type, key: DataKey) -> frozenset[str]:

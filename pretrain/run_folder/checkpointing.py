@@ -1,9 +1,8 @@
 """Full-state checkpoints (resumable) and weights-only snapshots, written atomically (docs/run_layout.md).
 
-A checkpoint is ``accelerator.save_state`` (model, optimizer, scheduler, grad scaler, RNG of every process)
-plus ``train_state.json`` (step, epoch, position in the epoch, tokens seen). It is written into a hidden
-temp folder and renamed into place only when every process has finished writing, so a kill during a save
-leaves the previous checkpoint as the latest; leftover temp folders are ignored and cleaned up.
+A checkpoint is ``accelerator.save_state`` (model, optimizer, scheduler, grad scaler, RNG of every process) plus
+``train_state.json``, written into a hidden temp folder renamed into place once every process has written: a kill
+during a save leaves the previous checkpoint as the latest, and the temp folder is cleaned up later.
 """
 
 from __future__ import annotations
@@ -42,8 +41,7 @@ from pretrain.run_folder.layout import (
 from pretrain.run_folder.manifest import ManifestError, folder_size, verify_manifest, write_manifest
 
 # Keys that may differ when the same command is run again in the same folder (it then continues that run): the
-# mechanics fields (pretrain/common/roles.py). run_config.json records the peak FLOP/s that train/mfu was measured
-# against, looked up when it was null, which is why train.peak_flops_per_device is one.
+# mechanics fields (pretrain/common/roles.py), train.peak_flops_per_device among them (run_config.json records it).
 IDENTICAL_RUN_IGNORES = keys_where(PretrainConfig, lambda rules: rules.rerun)
 # What the user of a run folder (its run_config.json, its checkpoints) of another format version can do.
 RESUME_FIX = "finish the run with the checkout that started it, or start a new run in another --train.output_dir"
@@ -64,10 +62,6 @@ class TrainState:
     data_fingerprint: str = ""
     """Identifies the data config; on a change (e.g. the 512-token phase) the data position starts over."""
 
-    @classmethod
-    def read(cls, checkpoint: Path) -> TrainState:
-        return cls(**json.loads((checkpoint / TRAIN_STATE_FILE).read_text()))
-
 
 # --------------------------------------------------------------------------------------------------
 # Checkpoints
@@ -75,18 +69,12 @@ class TrainState:
 
 
 def list_checkpoints(run_dir: Path) -> list[tuple[int, Path]]:
-    """Complete checkpoints as (step, path), oldest first. The step comes from the folder's name, not from
-    train_state.json: listing must not read a file that may be damaged before its manifest is verified
-    (newest_verified_checkpoint skips a damaged one with a warning)."""
+    """Complete checkpoints as (step, path), oldest first; the step comes from the folder's name (no file is read before
+    its manifest is verified), and temp folders (".step_*") are left out."""
     root = Path(run_dir) / CHECKPOINTS
-    found = []
-    for path in root.iterdir() if root.is_dir() else []:
-        # Temp folders start with "." and have no train_state.json until they are complete.
-        step = checkpoint_step(path)
-        if step is None or not (path / TRAIN_STATE_FILE).is_file():
-            continue
-        found.append((step, path))
-    return sorted(found)
+    paths = root.iterdir() if root.is_dir() else []
+    return sorted((step, path) for path in paths
+                  if (step := checkpoint_step(path)) is not None and (path / TRAIN_STATE_FILE).is_file())
 
 
 def checkpoint_step(path: Path) -> int | None:
@@ -101,29 +89,20 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
 
 
 def fault_point(name: str, step: int) -> None:
-    """Fault injection for tests/faults/kill_trials.py: ``LNBERT_KILL_AT=name:step`` kills this process with
-    SIGKILL at that point of that step (the dangerous moments of a save). Unset in normal use."""
+    """Fault injection for tests/faults/kill_trials.py: ``LNBERT_KILL_AT=name:step`` SIGKILLs this process there."""
     if os.environ.get("LNBERT_KILL_AT") == f"{name}:{step}":
         os.kill(os.getpid(), signal.SIGKILL)
 
 
-def remove_temp_folders(root: Path) -> None:
-    """Remove what killed saves left behind: hidden ``.step_*.tmp``/``.old`` folders of any step."""
-    for path in root.iterdir() if root.is_dir() else []:
-        if path.name.startswith("."):
-            shutil.rmtree(path) if path.is_dir() else path.unlink()
-
-
 def save_checkpoint(accelerator: Accelerator, run_dir: Path, state: TrainState, keep_last: int) -> Path:
-    """Save the full training state atomically into RUN/checkpoints/step_XXXXXXXX; keep the last ``keep_last``.
-
-    Every process calls this (each writes its own RNG state, and DeepSpeed its own shards).
-    """
+    """Save the full state atomically to RUN/checkpoints/step_X, keeping ``keep_last``; every process calls it."""
     root = Path(run_dir) / CHECKPOINTS
     final = root / step_dirname(state.step)
     tmp = root / f".{final.name}.tmp"
     if accelerator.is_main_process:
-        remove_temp_folders(root)
+        for path in root.iterdir() if root.is_dir() else []:  # what killed saves left: .step_*.tmp, .old
+            if path.name.startswith("."):
+                shutil.rmtree(path) if path.is_dir() else path.unlink()
         tmp.mkdir(parents=True)
     accelerator.wait_for_everyone()
     accelerator.save_state(str(tmp))
@@ -144,7 +123,7 @@ def save_checkpoint(accelerator: Accelerator, run_dir: Path, state: TrainState, 
 def load_checkpoint(accelerator: Accelerator, checkpoint: Path) -> TrainState:
     """Restore model, optimizer, scheduler, scaler and RNG from ``checkpoint``; return its train state."""
     accelerator.load_state(str(checkpoint))
-    return TrainState.read(checkpoint)
+    return TrainState(**json.loads((checkpoint / TRAIN_STATE_FILE).read_text()))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -153,16 +132,15 @@ def load_checkpoint(accelerator: Accelerator, checkpoint: Path) -> TrainState:
 
 DISK_FULL_HINT = "Free space there, then continue with --train.resume=auto (from the latest checkpoint)"
 TOKENIZER_ROOM = 16 << 20
-"""Bytes a run's tokenizer folder may take (bert-base-uncased's files are about 1 MB), checked before data preparation."""
+"""Bytes a run's tokenizer folder may take (bert-base-uncased's are about 1 MB), checked before data preparation."""
 _NO_ROOM_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
 # How a library that wraps the OSError (safetensors, Rust's std::io) words it.
 _NO_ROOM_WORDS = ("No space left on device", "Disk quota exceeded", "os error 28", "os error 122")
 
 
 class DiskFull(Exception):
-    """No room on the disk for a save: found by the room check before it, or by a write that hit ENOSPC/EDQUOT.
-    The run stops as preempted and the same command continues it once there is room; the message names the path
-    and the fix."""
+    """No room on the disk for a save (found by the room check, or a write that hit ENOSPC/EDQUOT): the run stops as
+    preempted, and the same command continues it once there is room."""
 
 
 def free_space_problem(run_dir: Path, model: torch.nn.Module, checkpoint: bool, snapshot: bool) -> str:
@@ -177,18 +155,15 @@ def free_space_problem(run_dir: Path, model: torch.nn.Module, checkpoint: bool, 
 
 
 def room_problem(folder: Path, needed: int) -> str:
-    """A message when the disk of ``folder`` (or of its nearest existing parent) has less than ``needed`` bytes
-    free with a 10% margin, else ""."""
+    """A message when the disk of ``folder`` (or its nearest existing parent) lacks ``needed`` bytes + 10%, else ""."""
     existing = Path(folder).absolute()
     while not existing.exists():
         existing = existing.parent
     free = shutil.disk_usage(existing).free
     if free >= 1.1 * needed:
         return ""
-    return (
-        f"disk full: {free / 1e9:.2f} GB free at {folder}, the next save needs about {needed / 1e9:.2f} GB. "
-        + DISK_FULL_HINT
-    )
+    needs = f"the next save needs about {needed / 1e9:.2f} GB"
+    return f"disk full: {free / 1e9:.2f} GB free at {folder}, {needs}. {DISK_FULL_HINT}"
 
 
 def as_disk_full(err: BaseException, where: Path) -> DiskFull | None:
@@ -198,7 +173,8 @@ def as_disk_full(err: BaseException, where: Path) -> DiskFull | None:
         return err
     seen: BaseException | None = err
     while seen is not None:
-        if (isinstance(seen, OSError) and seen.errno in _NO_ROOM_ERRNOS) or any(w in str(seen) for w in _NO_ROOM_WORDS):
+        no_room = isinstance(seen, OSError) and seen.errno in _NO_ROOM_ERRNOS
+        if no_room or any(word in str(seen) for word in _NO_ROOM_WORDS):
             path = getattr(seen, "filename", None) or where
             return DiskFull(f"disk full: no space left while writing {path} ({type(seen).__name__}). {DISK_FULL_HINT}")
         seen = seen.__cause__ or seen.__context__
@@ -207,8 +183,7 @@ def as_disk_full(err: BaseException, where: Path) -> DiskFull | None:
 
 @contextlib.contextmanager
 def saving(path: Path) -> Iterator[None]:
-    """A save of ``path``: a full disk inside it raises DiskFull naming the file, else ``path`` (a library's own
-    error, such as safetensors', often names no file)."""
+    """A save of ``path``: a full disk in it raises DiskFull naming the file, or ``path`` when a library names none."""
     try:
         yield
     except DiskFull:
@@ -229,30 +204,23 @@ def _warn(message: str) -> None:
 
 
 def newest_verified_checkpoint(run_dir: Path, warn: Callable[[str], None] = _warn) -> Path | None:
-    """The newest checkpoint whose files match its manifest; each one that does not is named in a warning
-    (with the file at fault) and skipped, never used."""
+    """The newest checkpoint whose files match its manifest; a damaged one is skipped with a warning naming the file."""
     for _, path in reversed(list_checkpoints(run_dir)):
         try:
             verify_manifest(path, RESUME_FIX)
+            return path
         except ManifestError as err:
             warn(f"skipping a damaged checkpoint: {err}")
-            continue
-        return path
     return None
 
 
 def resolve_resume(
     run_dir: Path, requested: dict[str, Any], resume: str, warn: Callable[[str], None] = _warn
 ) -> Path | None:
-    """The checkpoint to resume from (None: start at step 0), or a ValueError/FileNotFoundError that says what
-    to do. Called on every process before any work, with the config as requested (``to_dict(cfg)``): what the run
-    decides at its start is compared later (``check_same_run`` with ``resolved_config``).
-
-    ``resume=""`` (the same command run again): a new run in an empty folder; the identical run found in the
-    folder is continued (from its newest verified checkpoint, or from step 0 when it stopped before its first
-    one); anything else is refused. ``resume="auto"``: the same, except that keys in RESUMABLE_CHANGES may
-    differ (and a folder without a run gets one, with a warning). A path: that checkpoint, which must verify.
-    """
+    """The checkpoint to resume from (None: step 0), or a ValueError/FileNotFoundError that says what to do; every
+    process calls it first, with the config as requested. ``resume=""``: a new run in an empty folder, or the identical
+    run there continued (newest verified checkpoint, or step 0); else refused. ``"auto"``: the same, but keys in
+    RESUMABLE_CHANGES may differ (an empty folder gets a run, with a warning). A path: that checkpoint, verified."""
     run_dir = Path(run_dir)
     config_file = run_dir / RUN_CONFIG_FILE
     checkpoints = list_checkpoints(run_dir)
@@ -260,7 +228,8 @@ def resolve_resume(
     if resume in ("", "auto"):
         if not holds_run:
             if resume == "auto":  # e.g. killed while preparing data, before run_config.json: the same run, anew
-                warn(f"--train.resume=auto: nothing to resume in {run_dir} (no {RUN_CONFIG_FILE}, no checkpoint): starting the run")
+                warn(f"--train.resume=auto: nothing to resume in {run_dir} (no {RUN_CONFIG_FILE}, no checkpoint): "
+                     "starting the run")
             return None
         check_same_run(run_dir, requested)  # first: a key that --train.resume=auto would refuse too is named now
         changed = config_differences(run_dir, requested, IDENTICAL_RUN_IGNORES) if resume == "" else []
@@ -301,19 +270,14 @@ def resolve_resume(
 
 
 def config_differences(run_dir: Path, config: dict[str, Any], ignored: frozenset[str]) -> list[str]:
-    """Dotted keys whose values differ from the folder's run_config.json, apart from ``ignored`` and tracking.
-
-    ``config``: the request (before the data is prepared) or the config with the values decided at the start
-    (``resolved_config``); a null at a key of RESOLVED_AT_START is a request the saved value answers."""
+    """Dotted keys whose values differ from the folder's run_config.json, apart from ``ignored`` and tracking;
+    ``config`` is the request or the resolved config (a null at a key of RESOLVED_AT_START matches the saved value)."""
     saved = read_run_config(run_dir, RESUME_FIX)
     if not saved:
         return []
     tokenizer = config["data"]["tokenizer"]
-    if (
-        saved["data"]["tokenizer"] is None
-        and tokenizer
-        and Path(tokenizer).resolve() == (run_dir / TOKENIZER_DIR).resolve()
-    ):
+    own = run_dir / TOKENIZER_DIR
+    if saved["data"]["tokenizer"] is None and tokenizer and Path(tokenizer).resolve() == own.resolve():
         # The run's own trained tokenizer, named explicitly (to resume where the data cache is gone): the same run.
         config = {**config, "data": {**config["data"], "tokenizer": None}}
     old, new = flatten(saved), flatten(config)
@@ -325,8 +289,7 @@ def config_differences(run_dir: Path, config: dict[str, Any], ignored: frozenset
 
 
 def check_same_run(run_dir: Path, config: dict[str, Any]) -> None:
-    """Refuse to continue a run of ``run_dir`` with ``config`` (request or resolved) where a key outside
-    RESUMABLE_CHANGES differs from its run_config.json."""
+    """Refuse ``config`` for ``run_dir``'s run where a key outside RESUMABLE_CHANGES differs from run_config.json."""
     diff = config_differences(run_dir, config, RESUMABLE_CHANGES)
     if diff:
         raise ValueError(
@@ -341,13 +304,9 @@ def check_same_run(run_dir: Path, config: dict[str, Any]) -> None:
 
 
 def deepspeed_fp32_weights(accelerator: Accelerator, model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """The fp32 master weights of a DeepSpeed model by parameter name (tied names each), on the CPU.
-
-    Under bf16/fp16 the engine casts the module itself, so ``get_state_dict`` returns 16-bit weights; the
-    optimizer holds the fp32 masters (ZeRO 1/2 partitioned, the bf16 optimizer whole). Collective: every
-    process assembles each parameter (the same order on all, ``named_parameters``). Empty without masters
-    (fp32 training: the module's weights are the masters).
-    """
+    """The fp32 master weights of a DeepSpeed model by parameter name (tied names each), on the CPU: under bf16/fp16
+    the engine casts the module, so ``get_state_dict`` returns 16-bit weights. Collective (every process assembles
+    each parameter, in ``named_parameters`` order). Empty without masters (fp32: the module's weights are them)."""
     from deepspeed.utils import safe_get_full_fp32_param
 
     unwrapped = accelerator.unwrap_model(model, keep_torch_compile=False)
@@ -363,16 +322,11 @@ def deepspeed_fp32_weights(accelerator: Accelerator, model: torch.nn.Module) -> 
 
 
 def save_snapshot(
-    accelerator: Accelerator,
-    model: torch.nn.Module,
-    tokenizer: PreTrainedTokenizerBase,
-    run_dir: Path,
+    accelerator: Accelerator, model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, run_dir: Path,
     info: dict[str, Any],
 ) -> Path | None:
-    """``save_pretrained`` folder + tokenizer + snapshot.json, then the COMPLETE marker last.
-
-    Every process calls this (gathering a sharded state dict is collective); only the main process writes.
-    """
+    """``save_pretrained`` folder + tokenizer + snapshot.json, then the COMPLETE marker last. Every process calls
+    this (gathering a sharded state dict is collective); only the main process writes."""
     # Full, unwrapped keys: no "module."; and no "_orig_mod.", which get_state_dict keeps for a model that
     # accelerator.prepare compiled (train.compile) and which from_pretrained would not find.
     state_dict = {k.removeprefix("_orig_mod."): v for k, v in accelerator.get_state_dict(model).items()}
@@ -408,11 +362,9 @@ def snapshot_is_complete(path: Path) -> bool:
 
 
 def placement_mismatch(folder: Path) -> str:
-    """A description of how an lnbert model folder's weights disagree with its config.json's norm_placement,
-    or "" when they agree (or the folder is not an lnbert save_pretrained folder). Reads tensor names only.
-
-    Each placement's parameter names come from a tiny model of the folder's own config; Post-LN and DeepNorm
-    share names, so the weights' placement may be named as either."""
+    """How an lnbert model folder's weights disagree with its config.json's norm_placement, or "" (they agree, or it
+    is no lnbert folder). Reads tensor names only, against a tiny model of each placement under the folder's config
+    (Post-LN and DeepNorm share names, so the weights' placement may be named as either)."""
     from safetensors import safe_open
 
     from pretrain.modeling import NORM_PLACEMENTS, LNBertConfig, LNBertForPreTraining

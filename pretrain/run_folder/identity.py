@@ -14,14 +14,10 @@ from pretrain.common.atomic import write_once
 from pretrain.run_folder.layout import RUN_ID_FILE
 
 
-def new_run_id() -> str:
-    """Sortable by start time and unique: ``20261201-000137-3f9a1c2e``."""
-    return f"{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}-{uuid.uuid4().hex[:8]}"
-
-
 def ensure_run_id(run_dir: str | Path) -> str:
-    """The run's id; written now if the folder has none (a resumed run keeps the id it started with)."""
-    write_once(Path(run_dir) / RUN_ID_FILE, new_run_id() + "\n")  # two processes starting at once agree on one id
+    """The run's id (``20261201-000137-3f9a1c2e``: sortable, unique), written now unless the folder has one already."""
+    new_id = f"{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}-{uuid.uuid4().hex[:8]}"
+    write_once(Path(run_dir) / RUN_ID_FILE, new_id + "\n")  # two processes starting at once agree on one id
     return read_run_id(run_dir)
 
 

@@ -69,8 +69,7 @@ def list_snapshots(run_dir: str | Path) -> list[Snapshot]:
 
 
 def read_run_config(run_dir: str | Path, fix: str) -> dict[str, Any]:
-    """RUN/run_config.json without its format_version ({} before the run wrote it); a file of another format
-    version raises FormatVersionError with ``fix`` (what the reader's user can do)."""
+    """RUN/run_config.json without format_version ({} if absent); another version: FormatVersionError with ``fix``."""
     path = Path(run_dir) / RUN_CONFIG_FILE
     if not path.is_file():
         return {}
@@ -85,11 +84,8 @@ def read_status(run_dir: str | Path) -> dict[str, Any]:
 
 
 def is_dead(status: dict[str, Any], now: float | None = None, after_s: float = DEAD_AFTER_S) -> bool:
-    """True when ``status`` (from read_status) says running but its heartbeat is older than ``after_s``.
-
-    A live run refreshes "updated" every HEARTBEAT_EVERY_S while it trains; evaluation, checkpoints and
-    snapshots between two heartbeats take far less than DEAD_AFTER_S.
-    """
+    """True when ``status`` (from read_status) says running but its heartbeat is older than ``after_s``: a live run
+    refreshes "updated" every HEARTBEAT_EVERY_S while it trains, and a save between two takes far less."""
     if status.get("status") != "running" or "updated" not in status:
         return False
     updated = datetime.datetime.fromisoformat(status["updated"]).timestamp()

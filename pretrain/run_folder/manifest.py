@@ -1,9 +1,8 @@
 """Manifests: the list of a checkpoint's or snapshot's files with their sizes and SHA-256 checksums.
 
-A manifest is written after every other file of the folder and before the folder is marked complete (the
-checkpoint's rename, the snapshot's COMPLETE marker); it is checked before the folder is used, so a file that
-went missing, was truncated or had bytes overwritten is found instead of resuming or fine-tuning from garbage.
-It carries the run folder's ``format_version`` (pretrain/common/formats.py): a folder of another version is refused.
+Written after every other file, before the folder is marked complete (the checkpoint's rename, the snapshot's
+COMPLETE marker), and checked before the folder is used: a file missing, truncated or overwritten is found instead of
+resuming or fine-tuning from garbage. It carries the run folder's ``format_version`` (pretrain/common/formats.py).
 """
 
 from __future__ import annotations
@@ -40,17 +39,15 @@ def sha256_file(path: Path) -> str:
 
 def _listed_files(folder: Path) -> list[Path]:
     """Every file under ``folder`` except the manifest and completion markers written after it."""
-    return sorted(
-        p for p in folder.rglob("*") if p.is_file() and p.name not in (MANIFEST_FILE, SNAPSHOT_MARKER) and not p.name.startswith(".")
-    )
+    later = (MANIFEST_FILE, SNAPSHOT_MARKER)
+    return sorted(p for p in folder.rglob("*") if p.is_file() and p.name not in later and not p.name.startswith("."))
 
 
 def write_manifest(folder: Path) -> None:
     """Record every file of ``folder`` (relative path, size, sha256) in ``folder/manifest.json``."""
     folder = Path(folder)
-    files = {
-        p.relative_to(folder).as_posix(): {"size": p.stat().st_size, "sha256": sha256_file(p)} for p in _listed_files(folder)
-    }
+    files = {p.relative_to(folder).as_posix(): {"size": p.stat().st_size, "sha256": sha256_file(p)}
+             for p in _listed_files(folder)}
     write_json(folder / MANIFEST_FILE, stamped({"files": files}, RUN_FORMAT))
 
 

@@ -1,6 +1,5 @@
-"""A live run's status.json, as the main process writes it (the readers are in pretrain/run_folder/layout.py): the
-status itself, the heartbeat that tells a live run from a dead one, and the stop requests (SIGTERM/SIGINT) the
-training loop answers with a checkpoint. The tracker's copy of the outcome is the driver's (pretrain/training.py)."""
+"""A live run's status.json as the main process writes it (its readers: pretrain/run_folder/layout.py), the heartbeat
+that tells a live run from a dead one, and the stop requests (SIGTERM/SIGINT) the loop answers with a checkpoint."""
 
 from __future__ import annotations
 
@@ -22,19 +21,11 @@ def write_status(
     cfg: PretrainConfig, status: str, step: int, message: str = "", diverged_at: int | None = None
 ) -> None:
     """RUN/status.json (docs/run_layout.md); the main process calls it."""
-    write_json(
-        Path(cfg.train.output_dir) / STATUS_FILE,
-        {
-            "status": status,
-            "step": step,
-            "run_name": cfg.train.run_name,
-            "norm_placement": cfg.model.norm_placement,
-            "variant": cfg.model.variant,
-            "updated": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "diverged_at_step": diverged_at,
-            "message": message,
-        },
-    )
+    updated = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    write_json(Path(cfg.train.output_dir) / STATUS_FILE, {
+        "status": status, "step": step, "run_name": cfg.train.run_name, "norm_placement": cfg.model.norm_placement,
+        "variant": cfg.model.variant, "updated": updated, "diverged_at_step": diverged_at, "message": message,
+    })  # fmt: skip
 
 
 @dataclass
@@ -46,11 +37,9 @@ class StopRequest:
     @contextlib.contextmanager
     def installed(self) -> Iterator[StopRequest]:
         previous = {}
-        try:
+        with contextlib.suppress(ValueError):  # not in the main thread (e.g. a worker thread): no handlers
             for sig in (signal.SIGTERM, signal.SIGINT):
                 previous[sig] = signal.signal(sig, self._handle)
-        except ValueError:  # not in the main thread (e.g. called from a worker thread): no handlers
-            pass
         try:
             yield self
         finally:
@@ -65,8 +54,7 @@ class StopRequest:
 
 @dataclass
 class Heartbeat:
-    """Says when status.json is due to be rewritten ("running", the step, the time): every HEARTBEAT_EVERY_S
-    seconds, so that readers can tell a live run from a dead one (layout.is_dead)."""
+    """Says when status.json is due again: every HEARTBEAT_EVERY_S, so readers tell a live run from a dead one."""
 
     last: float = field(default_factory=time.monotonic)
     """When it was last due (time.monotonic)."""

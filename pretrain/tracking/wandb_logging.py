@@ -1,17 +1,12 @@
 """W&B conventions shared by pretraining, fine-tuning and the Figure 5 report.
 
-What a user sees in the project's workspace follows from a few rules kept here, in one place:
-
-- **Groups pool, tags and config compare.** W&B draws the runs of a group as one mean line, so a group holds
-  only runs that may be averaged: the same recipe and placement, different seeds. The comparison a run
-  belongs to (``tracking.comparison``) is a tag and a config key; the placement is the config key
-  ``norm_placement`` in every run type (pretrain, finetune, report).
-- **One W&B run per pretraining run,** however often it is preempted: its id is kept in ``RUN/wandb_run.json``
-  and resumed (``resume="allow"``).
-- **Outcomes in the summary:** ``status``, ``diverged_at_step``, the best and last validation MLM loss
-  (``val/mlm_loss`` as {min, last}; W&B's end-of-run printout shows only flat values, so ``val_mlm_loss`` too).
-- **Lineage:** snapshots are model artifacts by reference (``file://``, nothing uploaded), aliased
-  ``step-N``; fine-tuning runs use them.
+- **Groups pool, tags and config compare.** W&B draws a group as one mean line, so a group holds only runs that may
+  be averaged: one recipe and placement, different seeds. The comparison (``tracking.comparison``) is a tag and a
+  config key; the placement is the config key ``norm_placement`` in every run type (pretrain, finetune, report).
+- **One W&B run per pretraining run,** however often it is preempted: its id is kept in ``RUN/wandb_run.json``.
+- **Outcomes in the summary:** ``status``, ``diverged_at_step``, the best and last ``val/mlm_loss`` (and the flat
+  ``val_mlm_loss``, which W&B's end-of-run printout shows).
+- **Lineage:** snapshots are model artifacts by reference (``file://``, nothing uploaded), aliased ``step-N``.
 
 ``wandb`` is imported inside the functions: a run without W&B tracking never loads it.
 """
@@ -32,9 +27,8 @@ from pretrain.run_folder.layout import SNAPSHOT_INFO, WANDB_DIR, WANDB_RUN_FILE,
 
 SUMMARY_LINES = 40
 """Summary values W&B prints when a run ends: its default (10, in key order) hides val/* behind the train/* keys."""
-# Fields that do not change what a run learns (the run, cadence and mechanics roles of pretrain/common/roles.py:
-# identity, seed, paths, cadence of logs and saves, how the batch is split over devices), by section; everything else
-# in the resolved config is the recipe.
+# Fields that do not change what a run learns (pretrain/common/roles.py: seed, paths, cadence, how the batch is split
+# over devices, ...), by section; everything else in the resolved config is the recipe.
 _NOT_RECIPE = by_section(keys_where(PretrainConfig, lambda rules: not rules.recipe))
 
 
@@ -61,9 +55,8 @@ def check_credentials(mode: str, run_dir: str | Path = "RUN", fix: str | None = 
             f"or log offline: WANDB_MODE=offline now, `wandb sync {Path(run_dir) / WANDB_DIR}/offline-run-*` later; "
             "or turn W&B off (--tracking.backend=none for pretraining, no --wandb for fine-tuning and the report)"
         )
-        raise WandbCredentialsError(
-            f"no W&B credentials found. Log in once with `wandb login` (or set WANDB_API_KEY); {fix}."
-        )
+        login = "Log in once with `wandb login` (or set WANDB_API_KEY)"
+        raise WandbCredentialsError(f"no W&B credentials found. {login}; {fix}.")
 
 
 def short_hash(payload: Any, length: int = 8) -> str:
@@ -71,15 +64,9 @@ def short_hash(payload: Any, length: int = 8) -> str:
     return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:length]
 
 
-# --------------------------------------------------------------------------------------------------
-# Pretraining runs: identity, group, config, outcome
-# --------------------------------------------------------------------------------------------------
-
-
 def recipe(resolved: dict[str, Any], global_batch_size: int) -> dict[str, Any]:
-    """The part of a resolved pretraining config that changes what is learned: model, data, optimizer, steps
-    and the global batch. Seeds, paths, logging and checkpoint cadence, and how the batch is split over
-    devices are left out, so runs that differ only there (seeds above all) share a recipe and a W&B group."""
+    """The part of a resolved pretraining config that changes what is learned (model, data, optimizer, steps, global
+    batch): runs that differ only in seeds, paths, cadence or batch split share a recipe and a W&B group."""
     out = {
         section: {k: v for k, v in resolved[section].items() if k not in _NOT_RECIPE.get(section, set())}
         for section in ("model", "data", "optim", "train")
@@ -89,11 +76,8 @@ def recipe(resolved: dict[str, Any], global_batch_size: int) -> dict[str, Any]:
 
 
 def pretrain_group(tracking: dict[str, Any], placement: str, recipe_hash: str) -> str:
-    """``tracking.group`` when set; otherwise ``{comparison}-{placement}-{recipe hash}``: only seeds differ
-    within it, so W&B's mean line over a group is a mean over seeds of one placement."""
-    if tracking.get("group"):
-        return str(tracking["group"])
-    return f"{tracking.get('comparison') or 'lnbert'}-{placement}-{recipe_hash}"
+    """``tracking.group`` when set, else ``{comparison}-{placement}-{recipe hash}``: a group pools only seeds."""
+    return str(tracking.get("group") or f"{tracking.get('comparison') or 'lnbert'}-{placement}-{recipe_hash}")
 
 
 def read_run_file(run_dir: str | Path) -> dict[str, Any]:
@@ -103,43 +87,19 @@ def read_run_file(run_dir: str | Path) -> dict[str, Any]:
 
 
 def run_identity(run_dir: Path, resume_from: Path | None, group: str, project: str) -> dict[str, Any]:
-    """The W&B run this pretraining run logs to, written to RUN/wandb_run.json before the run starts.
-
-    - a new run: a new id;
-    - resumed from its own checkpoint (every preemption): the id in RUN/wandb_run.json, so the run stays one
-      W&B run and one continuous curve;
-    - continued from another run's checkpoint (the 512-token phase): that run's id and group, so the phase
-      extends the same W&B run and curve (its config is updated to the new phase's).
-    """
+    """The W&B run this pretraining run logs to, written to RUN/wandb_run.json before the run starts: a new id for a
+    new run; resumed from its own checkpoint, the id in RUN/wandb_run.json (one W&B run, one curve); continued from
+    another run's checkpoint (the 512-token phase), that run's id and group, so the phase extends its curve."""
+    identity = {}
     if resume_from is not None:
         source = run_folder_of(resume_from)
-        if source == Path(run_dir).resolve():
-            identity = read_run_file(run_dir)
-        else:
-            identity = {**read_run_file(source), "continued_from": str(source)}
-        if identity.get("id"):
-            write_json(Path(run_dir) / WANDB_RUN_FILE, identity)
-            return identity
-    # W&B run ids are [a-z0-9]; 12 random hex digits never collide within a project in practice.
-    identity = {"id": secrets.token_hex(6), "group": group, "project": project}
+        own = source == Path(run_dir).resolve()
+        identity = read_run_file(run_dir) if own else {**read_run_file(source), "continued_from": str(source)}
+    if not identity.get("id"):
+        # W&B run ids are [a-z0-9]; 12 random hex digits never collide within a project in practice.
+        identity = {"id": secrets.token_hex(6), "group": group, "project": project}
     write_json(Path(run_dir) / WANDB_RUN_FILE, identity)
     return identity
-
-
-def define_pretrain_metrics(run: Any) -> None:
-    """Summaries of a pretraining run: best and last validation loss (the runs table shows both)."""
-    run.define_metric("val/mlm_loss", summary="min,last")
-    run.define_metric("val/mlm_accuracy", summary="max,last")
-
-
-def set_summary(run: Any, **values: Any) -> None:
-    """Outcome fields of the runs table (status, diverged_at_step, ...); None values are written as None."""
-    run.summary.update(values)
-
-
-# --------------------------------------------------------------------------------------------------
-# Snapshots as model artifacts (by reference)
-# --------------------------------------------------------------------------------------------------
 
 
 def snapshot_artifact_name(wandb_run_id: str) -> str:
@@ -148,8 +108,7 @@ def snapshot_artifact_name(wandb_run_id: str) -> str:
 
 
 def snapshot_artifact(snapshot_dir: str | Path, wandb_run_id: str) -> Any:
-    """A W&B model artifact that references the snapshot folder's files (``file://``, checksummed, not
-    uploaded): W&B records which files at which digest, and the weights stay where they are."""
+    """A W&B model artifact referencing the snapshot's files (``file://``, checksummed, not uploaded)."""
     import wandb
 
     path = Path(snapshot_dir).resolve()
