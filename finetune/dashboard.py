@@ -60,11 +60,6 @@ def _libraries() -> tuple[Any, Any]:
     return wr, ws
 
 
-def view_slug(comparison: str) -> str:
-    """The view's stable identifier in the project (the ``?nw=`` of its URL)."""
-    return "lnbert-" + re.sub(r"[^a-z0-9]+", "-", comparison.lower()).strip("-")
-
-
 def build_workspace(config: DashboardConfig, entity: str) -> Any:
     """The saved view as a wandb-workspaces ``Workspace`` object (no network)."""
     wr, ws = _libraries()
@@ -108,7 +103,7 @@ def save_workspace(workspace: Any, comparison: str) -> Any:
     _libraries()  # a clear message when wandb-workspaces is missing
     from wandb_workspaces.workspaces import internal
 
-    name = f"nw-{view_slug(comparison)}-v"
+    name = f"nw-lnbert-{re.sub(r'[^a-z0-9]+', '-', comparison.lower()).strip('-')}-v"  # the ?nw= of the view's URL
     workspace._internal_name = name
     try:
         workspace._internal_id = internal.View.from_name(workspace.entity, workspace.project, name).id

@@ -22,7 +22,7 @@ import json
 import math
 import sys
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -45,15 +45,13 @@ from pretrain.variants import variant_name
 
 VAL_LOSS = "val/mlm_loss"
 WIDE_GAP_SHARE = 0.1
-"""A steps-to-loss figure interpolated between two evaluations farther apart than this share of the figure itself
-is marked ``~``: relative to the figure, as a ratio of two figures is as uncertain as its figures."""
+"""A steps-to-loss figure interpolated across a gap wider than this share of the figure itself is marked ``~``."""
 MIN_LOSS_SPAN = 0.1
 """Panel (d)'s y-axis spans at least this many nats, so that seed noise of 1e-4 is not stretched into a trend."""
 VARIANT_KEYS = frozenset(f"model.{name}" for name in inspect.signature(variant_name).parameters)
 """The config keys that make a run's model variant (its label): what a comparison of placements varies on purpose."""
 RECIPE_KEYS = keys_where(PretrainConfig, lambda rules: rules.recipe) - VARIANT_KEYS
-"""The keys of what a run learns (roles recipe and limit, pretrain/common/roles.py) besides the model variant: runs
-that differ in one of them differ in more than their placement."""
+"""The keys of what a run learns (roles recipe and limit, pretrain/common/roles.py) besides the model variant."""
 NOT_DONE = ("queued", "submitted", "failed")
 """The statuses of a job without a result (finetune.manifest.Status), in the order the report counts them."""
 
@@ -113,9 +111,7 @@ class RunInfo:
     """Legend and table label, ``NAME (VARIANT)``; unique among the runs of one report."""
 
 
-# --------------------------------------------------------------------------------------------------
 # Runs: their labels and recipes
-# --------------------------------------------------------------------------------------------------
 
 
 def run_info(run_dir: str | Path) -> RunInfo:
@@ -126,7 +122,6 @@ def run_info(run_dir: str | Path) -> RunInfo:
     status = read_status(path)
     config = flatten(read_run_config(path, RUN_CONFIG_FIX))
     placement = str(config.get("model.norm_placement") or status.get("norm_placement") or "unknown")
-    # Every key variant_name reads that the config holds.
     given = {key.removeprefix("model."): config[key] for key in VARIANT_KEYS if key in config}
     variant = variant_name(**given) if config else placement
     name = str(status.get("run_name") or path.name)
@@ -157,23 +152,23 @@ def unconfigured(runs: Sequence[RunInfo]) -> list[str]:
 
 
 def recipe_differences(runs: Sequence[RunInfo]) -> list[tuple[str, list[Any]]]:
-    """The recipe keys (RECIPE_KEYS) whose values differ between ``runs``, each with the runs' values in order;
-    [] for fewer than two runs or a run without run_config.json (``unconfigured`` says which)."""
+    """The recipe keys whose values differ between ``runs``, with the runs' values; [] when one is unconfigured."""
     if len(runs) < 2 or unconfigured(runs):
         return []
     values = {key: [run.config.get(key, "(absent)") for run in runs] for key in sorted(RECIPE_KEYS)}
     return [(key, v) for key, v in values.items() if len({json.dumps(value) for value in v}) > 1]
 
 
-def differences_text(differences: list[tuple[str, list[Any]]]) -> str:
-    """``optim.lr 0.0001 vs 0.0003, optim.warmup_steps 100 vs 0``, each value as a user writes it (YAML)."""
+def differences_text(runs: Sequence[RunInfo], differences: list[tuple[str, list[Any]]]) -> str:
+    """``(A vs B: optim.lr 0.0001 vs 0.0003, optim.warmup_steps 100 vs 0)``, each value as a user writes it (YAML)."""
 
     def written(value: Any) -> str:
         if isinstance(value, float):
             return f"{value:g}"
         return value if isinstance(value, str) else json.dumps(value, sort_keys=True)
 
-    return ", ".join(f"{key} {' vs '.join(map(written, values))}" for key, values in differences)
+    pairs = ", ".join(f"{key} {' vs '.join(map(written, values))}" for key, values in differences)
+    return f"({' vs '.join(run.label for run in runs)}: {pairs})"
 
 
 def recipe_caveat(runs: Sequence[RunInfo]) -> str:
@@ -182,14 +177,12 @@ def recipe_caveat(runs: Sequence[RunInfo]) -> str:
         return (f" Their recipes are unknown ({', '.join(unconfigured(runs))}: no {RUN_CONFIG_FILE}), so the ratio "
                 "may not be the placement's alone.")  # fmt: skip
     if differences := recipe_differences(runs):
-        return (f" Their recipes differ besides the model variant ({' vs '.join(run.label for run in runs)}: "
-                f"{differences_text(differences)}), so the ratio is not the placement's alone.")  # fmt: skip
+        return (f" Their recipes differ besides the model variant {differences_text(runs, differences)}, so the "
+                "ratio is not the placement's alone.")  # fmt: skip
     return ""
 
 
-# --------------------------------------------------------------------------------------------------
 # Validation loss curves and steps to a target loss
-# --------------------------------------------------------------------------------------------------
 
 
 def val_loss_curve(run_dir: str | Path) -> list[tuple[int, float]]:
@@ -234,29 +227,22 @@ def default_target(curves: dict[str, list[tuple[int, float]]]) -> float | None:
 
 
 def steps_table(runs: list[RunInfo], curves: dict[str, list[tuple[int, float]]], target: float) -> list[dict[str, Any]]:
-    """Steps to ``target`` per run, the ratio to the slowest run that reaches it, and whether the figure is
-    interpolated across a wide gap (``approximate``, between the evaluations of ``bracket``)."""
+    """Steps to ``target`` per run, the ratio to the slowest run that reaches it, and whether it is ``approximate``."""
     found = {run.label: crossing(curves[run.label], target) for run in runs}
     slowest = max((c.step for c in found.values() if c is not None), default=None)
-    rows = []
-    for label, c in found.items():
-        rows.append({"run": label, "steps": None if c is None else c.step,
-                     "ratio": c.step / slowest if c is not None and slowest else None,
-                     "approximate": c is not None and c.wide, "bracket": None if c is None else c.bracket})  # fmt: skip
-    return rows
+    return [{"run": label, "steps": None if c is None else c.step,
+             "ratio": c.step / slowest if c is not None and slowest else None,
+             "approximate": c is not None and c.wide, "bracket": None if c is None else c.bracket}
+            for label, c in found.items()]  # fmt: skip
 
 
-# --------------------------------------------------------------------------------------------------
 # Fine-tuning jobs: which are done, which are not
-# --------------------------------------------------------------------------------------------------
 
 
-def report_jobs(
-    folder: ResultsFolder, runs: Sequence[RunInfo], tasks: list[str], recipe_hash: str | None
-) -> list[dict[str, Any]]:
-    """Every job of the report's runs and tasks that the results folder names, whatever its status (rows of
-    ``JobState.row``), of one recipe: mixing recipes in one point would average unlike numbers. Jobs the scheduler
-    has not written into a manifest yet are unknown here."""
+def report_jobs(folder: ResultsFolder, runs: Sequence[RunInfo], tasks: list[str],
+                recipe_hash: str | None) -> list[dict[str, Any]]:  # fmt: skip
+    """Every job of the report's runs and tasks that the results folder names, whatever its status, of one recipe:
+    mixing recipes in one point would average unlike numbers."""
     rows = [state.row() for state in folder.jobs().values()]
     rows = [r for r in rows if r["task"] in tasks and of_runs(r, runs)]
     if recipe_hash is not None:
@@ -269,8 +255,7 @@ def report_jobs(
 
 
 def progress_warning(jobs: list[dict[str, Any]], runs: Sequence[RunInfo], tasks: list[str], root: Path) -> str | None:
-    """How many jobs of which runs and tasks are queued, submitted and failed, in the order of the runs and tasks;
-    None when every job the folder names is done."""
+    """How many jobs of which runs and tasks are queued, submitted and failed; None when every job is done."""
     pending = Counter((job["run_id"], job["task"], job["status"]) for job in jobs if job["status"] != "done")
     if not pending:
         return None
@@ -279,13 +264,10 @@ def progress_warning(jobs: list[dict[str, Any]], runs: Sequence[RunInfo], tasks:
         if counts := [f"{pending[run.run_id, task, s]} {s}" for s in NOT_DONE if pending[run.run_id, task, s]]:
             parts.append(f"{run.label} {task.upper()}: {', '.join(counts)}")
     failed = any(status == "failed" for *_, status in pending)
-    return (
-        f"**Incomplete: {sum(pending.values())} of {len(jobs)} jobs are not done** ({'; '.join(parts)}). The points "
-        "they belong to are marked * in the table (their best lr and mean may still change) and no verdict is final. "
-        f"Run the report again when `python -m finetune.schedule status --results_dir={root}` shows them done"
-        + ("; failed jobs run again with finetune.schedule's --retry_failed=true" if failed else "")
-        + "."
-    )
+    return (f"**Incomplete: {sum(pending.values())} of {len(jobs)} jobs are not done** ({'; '.join(parts)}). The "
+            "points they belong to are marked * in the table (their best lr and mean may still change) and no verdict "
+            f"is final. Run the report again when `python -m finetune.schedule status --results_dir={root}` shows them "
+            "done" + ("; failed jobs run again with finetune.schedule's --retry_failed=true." if failed else "."))
 
 
 def no_results_warning(jobs: list[dict[str, Any]], runs: Sequence[RunInfo], root: Path) -> str | None:
@@ -296,16 +278,13 @@ def no_results_warning(jobs: list[dict[str, Any]], runs: Sequence[RunInfo], root
         return (f"**No fine-tuning job of these runs is done yet** ({len(jobs)} named in {root}): panels (b)-(d) are "
                 "not drawn until one is.")  # fmt: skip
     paths = ", ".join(str(run.path) for run in runs)
-    return (
-        f"**No fine-tuning results of these runs** in {root}: panels (b)-(d) are not drawn. Fine-tune their "
-        f"snapshots first: `python -m finetune.schedule --config=configs/finetune/bert_glue.yaml --runs='[{paths}]' "
-        f"--results_dir={root} --data_dir=GLUE` (docs/finetuning.md), or pass the --results_dir that holds them."
-    )
+    return (f"**No fine-tuning results of these runs** in {root}: panels (b)-(d) are not drawn. Fine-tune their "
+            "snapshots first: `python -m finetune.schedule --config=configs/finetune/bert_glue.yaml "
+            f"--runs='[{paths}]' --results_dir={root} --data_dir=GLUE` (docs/finetuning.md), or pass the --results_dir "
+            "that holds them.")
 
 
-# --------------------------------------------------------------------------------------------------
 # Fine-tuning results: best lr per (run, step), mean and t-interval over seeds; the dev sets' baselines
-# --------------------------------------------------------------------------------------------------
 
 
 def confidence_interval(values: list[float], level: float = 0.95) -> float:
@@ -319,8 +298,8 @@ def confidence_interval(values: list[float], level: float = 0.95) -> float:
 
 
 def clipped_interval(mean: float, half_width: float, low: float = 0.0, high: float = 1.0) -> tuple[float, float, bool]:
-    """``(lower, upper, clipped)``: the interval ``mean ± half_width`` cut to the range the quantity can take (an
-    accuracy's [0, 1]: a t-interval over two seeds can reach past both ends); nan bounds for an undefined one."""
+    """``(lower, upper, clipped)``: ``mean ± half_width`` cut to [low, high] (a t-interval over two seeds can reach
+    past both ends of an accuracy's range); nan bounds for an undefined one."""
     if math.isnan(half_width):
         return float("nan"), float("nan"), False
     lower, upper = mean - half_width, mean + half_width
@@ -349,10 +328,9 @@ def full_dev_baselines(task: str, data_dir: str) -> dict[str, Any]:
 
 
 def task_baselines(rows: list[dict[str, Any]], task: str, data_dir: str | None = None) -> dict[str, Any]:
-    """The dev set's majority-class accuracy (and F1), label-prior loss and chance (a uniform guess) as the task's jobs
-    measured them (None where it has none, RTE's F1, or no job is done); ``eval_examples``: the N of
-    recipe.max_eval_examples when they saw the first N dev examples only (None: all); ``full_*``: with ``data_dir``,
-    a truncated set's baselines over the whole dev set."""
+    """The dev set's majority-class accuracy (and F1), label-prior loss and chance as the task's jobs measured them;
+    ``eval_examples``: the N of recipe.max_eval_examples when they saw the first N dev examples only (None: all);
+    ``full_*``: with ``data_dir``, a truncated set's baselines over the whole dev set."""
     mine = [r for r in rows if r["task"] == task]
 
     def typical(column: str) -> float | None:
@@ -377,13 +355,10 @@ def task_baselines(rows: list[dict[str, Any]], task: str, data_dir: str | None =
     return base
 
 
-def best_lr_points(
-    jobs: list[dict[str, Any]], runs: list[RunInfo], task: str, one_class_share: float
-) -> list[dict[str, Any]]:
-    """For each (run, step) with a result: the lr with the best mean dev accuracy, with its mean, CI (and the CI
-    clipped to [0, 1]), seed count, mean dev loss and its CI, and how many seeds predict one class (``one_class``:
-    all of them). ``jobs`` (every job of the runs, done or not) gives each point its ``planned_seeds`` (the seeds of
-    its lr) and ``not_done`` (its jobs of any lr without a result: ``incomplete``)."""
+def best_lr_points(jobs: list[dict[str, Any]], runs: list[RunInfo], task: str,
+                   one_class_share: float) -> list[dict[str, Any]]:  # fmt: skip
+    """For each (run, step) with a result: the lr with the best mean dev accuracy, its mean and CI over seeds, dev
+    loss, one-class seeds; ``jobs`` not done yet give ``planned_seeds`` and ``not_done`` (``incomplete``)."""
     label_of = {run.run_id: run.label for run in runs}
     groups: dict[tuple[str, int], dict[float, list[dict[str, Any]]]] = defaultdict(lambda: defaultdict(list))
     planned: dict[tuple[str, int, float], set[int]] = defaultdict(set)
@@ -416,9 +391,7 @@ def best_lr_points(
     return points
 
 
-# --------------------------------------------------------------------------------------------------
 # Figures
-# --------------------------------------------------------------------------------------------------
 
 # One marker and line style per run, so that series that coincide (two runs stuck on the majority class) stay
 # visible: the later run's line is drawn over the earlier one's in another style, offset a little along x.
@@ -428,11 +401,14 @@ OFFSET_SHARE = 0.012
 """Horizontal offset between neighbouring runs' points, as a share of the steps' range."""
 
 
-def x_offsets(runs: list[RunInfo], steps: list[int]) -> dict[str, float]:
-    """A small horizontal offset per run, centred on zero, so that equal values at one step do not hide."""
-    span = (max(steps) - min(steps)) if steps else 0
-    unit = OFFSET_SHARE * (span or 1)
-    return {run.label: unit * (i - (len(runs) - 1) / 2) for i, run in enumerate(runs)}
+def run_series(runs: list[RunInfo], points: list[dict[str, Any]]) -> Iterator[tuple[int, RunInfo, list, list[float]]]:
+    """(index, run, its points, their x) per run with points; x offset a little per run, centred on zero, so that equal
+    values at one step do not hide."""
+    steps = [p["step"] for p in points] or [0]
+    unit = OFFSET_SHARE * ((max(steps) - min(steps)) or 1)
+    for index, run in enumerate(runs):
+        if mine := [p for p in points if p["run"] == run.label]:
+            yield index, run, mine, [p["step"] + unit * (index - (len(runs) - 1) / 2) for p in mine]
 
 
 def style(index: int) -> dict[str, Any]:
@@ -467,18 +443,13 @@ def dev_set_text(base: dict[str, Any]) -> str:
     return "" if base["eval_examples"] is None else f", first {base['eval_examples']} dev examples"
 
 
-def plot_task(
-    runs: list[RunInfo], points: list[dict[str, Any]], task: str, panel: str, path: Path, base: dict[str, Any]
-) -> Path:
-    """Best-lr mean accuracy per step and run of ``task``, its clipped t-interval, the dev set's majority and chance
-    accuracies (``base``: task_baselines); a hollow marker is a point whose every seed predicts (almost) one class."""
+def plot_task(runs: list[RunInfo], points: list[dict[str, Any]], task: str, panel: str, path: Path,
+              base: dict[str, Any]) -> Path:  # fmt: skip
+    """Best-lr mean accuracy per step and run of ``task`` with its clipped t-interval, beside the majority and chance
+    accuracies; hollow markers: every seed predicts (almost) one class."""
     points = [p for p in points if p["task"] == task]
     fig, ax = pyplot().subplots(figsize=(7.5, 3.6))  # the legend takes the right third
-    offsets = x_offsets(runs, [p["step"] for p in points])
-    for index, run in enumerate(runs):
-        if not (mine := [p for p in points if p["run"] == run.label]):
-            continue
-        x = [p["step"] + offsets[run.label] for p in mine]
+    for index, run, mine, x in run_series(runs, points):
         y = [100 * p["accuracy"] for p in mine]
         # No interval (one seed): no bar.
         bars = 100 * np.nan_to_num([[p["accuracy"] - p["accuracy_low"] for p in mine],
@@ -523,25 +494,19 @@ def loss_limits(values: list[float], min_span: float = MIN_LOSS_SPAN) -> tuple[f
     return (0.0, high - low) if low < 0 else (low, high)
 
 
-def plot_dev_loss(
-    runs: list[RunInfo], points: list[dict[str, Any]], tasks: list[str], panel: str, path: Path,
-    baselines: dict[str, dict[str, Any]],
-) -> Path:  # fmt: skip
-    """The best-lr points' mean dev loss with its t-interval over seeds, beside the loss of predicting the label
-    prior: it separates runs whose accuracies are all the majority class. The y-axis spans at least MIN_LOSS_SPAN."""
+def plot_dev_loss(runs: list[RunInfo], points: list[dict[str, Any]], tasks: list[str], panel: str, path: Path,
+                  baselines: dict[str, dict[str, Any]]) -> Path:  # fmt: skip
+    """The best-lr points' mean dev loss and t-interval beside the label prior's loss: it separates runs whose
+    accuracies are all the majority class."""
     fig, axes = pyplot().subplots(1, len(tasks), figsize=(4 * len(tasks), 3.4), squeeze=False)
     legend: dict[str, Any] = {}
     for ax, task in zip(axes[0], tasks, strict=True):
         mine = [p for p in points if p["task"] == task]
-        offsets = x_offsets(runs, [p["step"] for p in mine])
         drawn: list[float] = []
-        for index, run in enumerate(runs):
-            if not (series := [p for p in mine if p["run"] == run.label]):
-                continue
+        for index, run, series, x in run_series(runs, mine):
             half = np.nan_to_num([p["dev_loss_ci"] for p in series])
             y = np.array([p["dev_loss"] for p in series])
-            ax.errorbar([p["step"] + offsets[run.label] for p in series], y, yerr=half, capsize=3, markersize=5,
-                        label=run.label, **style(index))  # fmt: skip
+            ax.errorbar(x, y, yerr=half, capsize=3, markersize=5, label=run.label, **style(index))
             drawn += [*(y - half), *(y + half)]
         base, title = baselines[task], task.upper()
         if base["prior_loss"] is not None:
@@ -562,9 +527,7 @@ def plot_dev_loss(
     return save_figure(fig, path)
 
 
-# --------------------------------------------------------------------------------------------------
 # Summary
-# --------------------------------------------------------------------------------------------------
 
 
 def _fmt(value: float | None, spec: str) -> str:
@@ -605,8 +568,7 @@ def _steps_cell(row: dict[str, Any]) -> str:
 
 
 def steps_sentence(table: list[dict[str, Any]], target: float, runs: Sequence[RunInfo]) -> str:
-    """The comparison in its own terms: which run reaches the target first, in how many steps, against which, and
-    what else differs between the two (recipe_caveat)."""
+    """Which run reaches the target first, in how many steps, against which, and what else differs (recipe_caveat)."""
     reached = sorted((row for row in table if row["steps"] is not None), key=lambda row: row["steps"])
     if len(reached) < 2:
         return f"Fewer than two runs reach validation loss {target:.4g}: no comparison of their steps."
@@ -615,11 +577,9 @@ def steps_sentence(table: list[dict[str, Any]], target: float, runs: Sequence[Ru
         return f"{fastest['run']} starts at or below validation loss {target:.4g}: no comparison of steps."
     about = "~" if fastest["approximate"] or slowest["approximate"] else ""
     pair = [run for row in (fastest, slowest) for run in runs if run.label == row["run"]]
-    return (
-        f"In this comparison, {fastest['run']} reaches validation loss {target:.4g} in {_steps_cell(fastest)} steps, "
-        f"{about}{slowest['steps'] / fastest['steps']:.2f}x fewer than {slowest['run']} ({_steps_cell(slowest)} "
-        f"steps).{recipe_caveat(pair)}"
-    )
+    return (f"In this comparison, {fastest['run']} reaches validation loss {target:.4g} in {_steps_cell(fastest)} "
+            f"steps, {about}{slowest['steps'] / fastest['steps']:.2f}x fewer than {slowest['run']} "
+            f"({_steps_cell(slowest)} steps).{recipe_caveat(pair)}")
 
 
 def steps_section(table: list[dict[str, Any]], target: float, runs: Sequence[RunInfo]) -> list[str]:
@@ -658,9 +618,8 @@ def recipes_section(runs: Sequence[RunInfo]) -> list[str]:
         verdict = (f"Recipes not compared: {', '.join(unconfigured(runs))} has no {RUN_CONFIG_FILE} (a run writes "
                    "it when it starts).")  # fmt: skip
     elif differences := recipe_differences(runs):
-        verdict = (f"The runs' recipes differ besides the model variant ({' vs '.join(run.label for run in runs)}): "
-                   f"{differences_text(differences)}. Any difference between their curves is not the placement's "
-                   "alone.")  # fmt: skip
+        verdict = (f"The runs' recipes differ besides the model variant {differences_text(runs, differences)}. Any "
+                   "difference between their curves is not the placement's alone.")  # fmt: skip
     else:
         verdict = "The runs share their recipe besides the model variant."
     return ["## Recipes", "", verdict, "(Compared: the pretraining config keys of role recipe and limit, "
@@ -716,44 +675,34 @@ def points_section(points: list[dict[str, Any]], one_class_share: float) -> list
     ]
     for p in points:
         f1 = "—" if p["f1"] is None else _mean_ci(p["f1"], p["f1_ci"])
-        lines.append(
-            f"| {p['task'].upper()} | {p['run']} | {p['step']} | {p['lr']:g} | {_seeds_cell(p)} | "
-            f"{_accuracy_cell(p)} | {f1} | {_mean_ci(p['dev_loss'], p['dev_loss_ci'], 1, 4)} | {_flag_cell(p)} |"
-        )
+        lines.append(f"| {p['task'].upper()} | {p['run']} | {p['step']} | {p['lr']:g} | {_seeds_cell(p)} | "
+                     f"{_accuracy_cell(p)} | {f1} | {_mean_ci(p['dev_loss'], p['dev_loss_ci'], 1, 4)} | "
+                     f"{_flag_cell(p)} |")  # fmt: skip
     return [*lines, ""]
 
 
 def warnings_for(points: list[dict[str, Any]], tasks: list[str], baselines: dict[str, dict[str, Any]] | None = None,
                  not_done: int = 0, jobs: int = 0) -> list[str]:  # fmt: skip
-    """Sentences for the reader when the fine-tuning results cannot tell the runs apart: every point predicts
-    one class, or (per task) every point predicts one class or none beats the dev set's majority class beyond its
-    interval (a mean one point above it, ± three, is no better than the majority class). While ``not_done`` of
-    the ``jobs`` have no result, none is a verdict: the banner waits, the others say they are provisional."""
+    """Sentences for when the results cannot tell the runs apart: every point (or every point of a task) predicts one
+    class, or none beats the majority class beyond its interval; provisional while ``not_done`` jobs have no result."""
     if points and all(p["one_class"] for p in points):
         if not_done:
-            return [
-                f"**No verdict yet** ({not_done} of {jobs} jobs not done): every seed of every point done so far "
-                "predicts (almost) one class; wait for the rest before concluding that no snapshot beats the "
-                "majority class."
-            ]
-        return [
-            "**No snapshot beats the majority class**: at every point every seed predicts (almost) one class, so "
-            "the accuracies are the dev sets' label balance, not what pretraining gave: pretrain longer or use a "
-            "larger model (the dev loss may still differ between runs)."
-        ]
+            return [f"**No verdict yet** ({not_done} of {jobs} jobs not done): every seed of every point done so far "
+                    "predicts (almost) one class; wait for the rest before concluding that no snapshot beats the "
+                    "majority class."]  # fmt: skip
+        return ["**No snapshot beats the majority class**: at every point every seed predicts (almost) one class, so "
+                "the accuracies are the dev sets' label balance, not what pretraining gave: pretrain longer or use a "
+                "larger model (the dev loss may still differ between runs)."]  # fmt: skip
     out = []
     for task in tasks:
         mine = [p for p in points if p["task"] == task]
         majority = (baselines or {}).get(task, {}).get("majority_accuracy")
         if mine and all(p["one_class"] for p in mine):
-            out.append(
-                f"Every {task.upper()} point predicts (almost) one class: its accuracies say nothing of the runs."
-            )
+            out.append(f"Every {task.upper()} point predicts (almost) one class: its accuracies say nothing of the "
+                       "runs.")  # fmt: skip
         elif mine and majority is not None and not any(_lower_bound(p) > majority for p in mine):
-            out.append(
-                f"No {task.upper()} point beats the majority class ({100 * majority:.2f}%) beyond its 95% interval: "
-                "pretrain longer or use a larger model before reading its accuracies."
-            )
+            out.append(f"No {task.upper()} point beats the majority class ({100 * majority:.2f}%) beyond its 95% "
+                       "interval: pretrain longer or use a larger model before reading its accuracies.")  # fmt: skip
     provisional = f" Provisional: {not_done} of {jobs} jobs are not done." if not_done else ""
     return [sentence + provisional for sentence in out]
 
@@ -764,9 +713,8 @@ def _lower_bound(point: dict[str, Any]) -> float:
     return point["accuracy"] if low is None or math.isnan(low) else low
 
 
-def summary_markdown(
-    runs: Sequence[RunInfo], target: float | None, figure5: Figure5, tasks: list[str], one_class_share: float
-) -> str:
+def summary_markdown(runs: Sequence[RunInfo], target: float | None, figure5: Figure5, tasks: list[str],
+                     one_class_share: float) -> str:  # fmt: skip
     lines = ["# Figure 5: pretraining speed and downstream accuracy by LayerNorm placement", ""]
     lines += [f"> {warning}\n" for warning in figure5.warnings]
     if not tasks:
@@ -782,14 +730,11 @@ def summary_markdown(
     return "\n".join(lines) + "\n"
 
 
-# --------------------------------------------------------------------------------------------------
 # Driver
-# --------------------------------------------------------------------------------------------------
 
 
 def check_results_dir(root: Path) -> None:
-    """A missing results folder names the ones beside it (configs/finetune/smoke.yaml writes smoke.d, not the
-    default results.d), so that the fix is one --results_dir away, and how to draw panel (a) without one."""
+    """A missing results folder names the ones beside it (configs/finetune/smoke.yaml writes smoke.d, not results.d)."""
     if root.is_dir():
         return
     hint = "; run finetune.schedule first or pass --results_dir"

@@ -23,8 +23,7 @@ def write_outputs(out_dir: Path, table: str, results: dict[str, Any]) -> None:
     """Print the table and store it with the raw numbers, so a figure can be redrawn without rerunning."""
     out_dir.mkdir(parents=True, exist_ok=True)
     print(table)
-    # Atomic: a measurement killed while writing leaves the previous files, never half a results.json for the
-    # commands that read it (grid --report_only, ranking).
+    # Atomic: a measurement killed while writing never leaves half a results.json (grid --report_only, ranking).
     write_text(out_dir / "table.txt", table + "\n")
     write_json(out_dir / "results.json", results)
 
@@ -54,11 +53,9 @@ def cell_results(out_dir: Path, settings: dict[str, Any], measures: dict[str, Ca
 
 
 def cell_result(out_dir: Path, key: str, settings: dict[str, Any], measure: Callable[[], Any]) -> Any:
-    """The result of one cell of a measurement (``key`` such as ``xavier/pre/12``): read from
-    OUT/cells/<key>.json when an earlier run with the same ``settings`` finished it, else measured by
-    ``measure()`` and written there at once (write_json: a kill never leaves half a file), so a crashed or
-    killed measurement continues where it stopped when the same command runs again. ``measure`` returns JSON-able
-    data (lists and dicts of numbers)."""
+    """The JSON-able result of one cell (``key`` such as ``xavier/pre/12``): read from OUT/cells/<key>.json when an
+    earlier run with the same ``settings`` finished it, else ``measure()``d and written there at once, so a killed
+    measurement continues where it stopped."""
     path = out_dir / CELLS_DIR / (key.replace("/", "__") + ".json")
     if path.is_file():
         try:
@@ -115,8 +112,7 @@ def model_color(model: Model) -> Any:
 
 def model_config(size: ModelSize, placement: str, init_scheme: str, num_layers: int, vocab_size: int,
                  pad_token_id: int = 0, norm_type: str = "layernorm", scheme: str = STANDARD_LABEL) -> LNBertConfig:
-    """A model config of ``size``, dropout off (measurements at initialisation); ``scheme``: the residual scheme's
-    label (``pretrain.config.residual_scheme_fields``)."""
+    """A model config of ``size``, dropout off (measurements at initialisation); ``scheme``: a residual scheme label."""
     return LNBertConfig(
         **residual_scheme_fields(scheme), norm_type=norm_type, norm_placement=placement, init_scheme=init_scheme,
         vocab_size=vocab_size, pad_token_id=pad_token_id, hidden_size=size.hidden_size, num_hidden_layers=num_layers,

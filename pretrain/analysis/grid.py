@@ -23,7 +23,7 @@ from pretrain.analysis.common import model_color, titled_table, write_outputs
 from pretrain.analysis.options import GridConfig, Model
 from pretrain.common.cli import parse, to_dict
 from pretrain.common.reporting import pyplot, save_figure
-from pretrain.config import STANDARD_LABEL
+from pretrain.config import STANDARD_LABEL, residual_scheme_fields
 from pretrain.data.cache import exclusive_lock
 from pretrain.run_folder.layout import RUN_CONFIG_FILE, STATUS_FILE, read_metrics, read_status
 
@@ -52,17 +52,14 @@ class Cell:
 
 
 def grid_cells(args: GridConfig, seeds: list[int]) -> list[Cell]:
-    """Every setting with every seed, in the order of the axes as given, placements innermost (so a stopped
-    grid has compared all placements at the settings it reached)."""
+    """Every setting with every seed, placements innermost (a stopped grid has compared them where it got to)."""
     axes = (args.hidden_sizes, args.depths, args.warmup_steps, args.lrs, seeds)
     return [Cell(placement, *values) for values in itertools.product(*axes) for placement in args.variants]
 
 
 def cell_overrides(args: GridConfig, cell: Cell, run_dir: Path) -> list[str]:
-    """pretrain/run.py arguments of one cell: the grid's sizes and this cell's setting and seed. Every step is logged
-    (loss curve, per-layer gradient norms); snapshots at steps 0..probe_steps feed the output-change measure;
-    evaluation once, at the end; a checkpoint at the end and when stopped by a signal. ``overrides`` come last, so
-    they win."""
+    """pretrain/run.py arguments of one cell: every step logged, snapshots at steps 0..probe_steps (the output-change
+    measure), one evaluation at the end; ``overrides`` come last, so they win."""
     model = args.models[cell.placement]
     snapshot_steps = ", ".join(str(s) for s in range(1, args.probe_steps + 1))
     return [
@@ -81,12 +78,12 @@ def cell_overrides(args: GridConfig, cell: Cell, run_dir: Path) -> list[str]:
 
 
 def scheme_overrides(model: Model) -> list[str]:
-    """The pretrain/run.py arguments of a model's residual scheme, every field its label names (so that a preset's
-    cannot change what the label says); none for the standard scheme, whose cells run as before schemes existed."""
+    """Every residual-scheme field the model's label names (so that a preset cannot change what the label says);
+    none for the standard scheme, whose cells run as before schemes existed."""
     if model.scheme == STANDARD_LABEL:
         return []
     return [f"--model.{key}={'null' if v is None else str(v).lower() if isinstance(v, bool) else v}"
-            for key, v in model.scheme_fields.items()]  # fmt: skip
+            for key, v in residual_scheme_fields(model.scheme).items()]  # fmt: skip
 
 
 def read_cell(run_dir: Path) -> dict[str, Any]:
@@ -115,10 +112,9 @@ def read_cell(run_dir: Path) -> dict[str, Any]:
 
 
 def cell_cost(run_dir: Path, rows: list[dict[str, Any]]) -> dict[str, float | None]:
-    """What a run cost: ``train_seconds``, the time of its training steps (each logged line's new tokens over its
-    tokens per second; every step is logged in a grid cell), and ``wall_seconds``, from the start of the run
-    (RUN/run_config.json written) to its last status (RUN/status.json), evaluation and saves included; the
-    interpreter's start before that is not counted. None where the files are missing."""
+    """What a run cost: ``train_seconds``, its training steps' time (each logged step's new tokens over its tokens per
+    second), and ``wall_seconds``, from RUN/run_config.json written to the last RUN/status.json (evaluation and saves
+    included, the interpreter's start not); None where the files are missing."""
     seconds, seen = 0.0, 0
     for row in rows:
         if row.get("train/tokens_per_s"):
@@ -129,28 +125,10 @@ def cell_cost(run_dir: Path, rows: list[dict[str, Any]]) -> dict[str, float | No
     return {"train_seconds": seconds if seen else None, "wall_seconds": wall}
 
 
-def judge(args: GridConfig, cell: dict[str, Any]) -> dict[str, Any]:
-    """``cell`` (read_cell, plus the probe of an ended run) with its outcome."""
-    probe = cell.get("probe") or {}
-    cell["outcome"] = outcomes.classify(
-        status=cell["status"], train_losses=[loss for _, loss in cell["train_curve"]], val_loss=cell["val_mlm_loss"],
-        train_unigram_entropy=probe.get("train_unigram_entropy"),
-        val_unigram_cross_entropy=probe.get("val_unigram_cross_entropy"), rules=args.rules,
-    )  # fmt: skip
-    return cell
-
-
 def say(line: str) -> None:
     """One line to stdout in one write (cells report from several threads)."""
     sys.stdout.write(line + "\n")
     sys.stdout.flush()
-
-
-def _start_over(run_dir: Path) -> None:
-    """A run folder with no checkpoint to resume (killed before its first one): kept aside, not reused."""
-    aside = run_dir.with_name(f"{run_dir.name}.stopped-{time.strftime('%Y%m%dT%H%M%S')}")
-    run_dir.rename(aside)
-    say(f"{run_dir.name}: no checkpoint to resume; the partial run was moved to {aside}")
 
 
 class Stopper:
@@ -185,7 +163,6 @@ class Stopper:
                 self._children.discard(child)
 
     def __enter__(self) -> Stopper:
-        """Installs ``request`` as the SIGTERM and SIGINT handler until the ``with`` block ends."""
         self._previous = {sig: signal.signal(sig, self.request) for sig in (signal.SIGTERM, signal.SIGINT)}
         return self
 
@@ -204,9 +181,8 @@ SAME_CELL_IGNORES = frozenset({
 
 
 def other_settings(args: GridConfig, cell: Cell, run_dir: Path) -> list[str]:
-    """Keys on which the run already in a cell's folder differs from the cell as this grid would run it (another
-    --max_steps or --overrides on the same --out): such a run is not this cell, finished or not, and continuing
-    it would change its schedule mid-run. Settings in SAME_CELL_IGNORES may differ."""
+    """Keys (besides SAME_CELL_IGNORES) on which the run already in a cell's folder differs from the cell as this grid
+    would run it: such a run is not this cell, and continuing it would change its schedule mid-run."""
     from pretrain.config import PretrainConfig
     from pretrain.run_folder.checkpointing import config_differences
 
@@ -215,9 +191,8 @@ def other_settings(args: GridConfig, cell: Cell, run_dir: Path) -> list[str]:
 
 
 def run_cell(args: GridConfig, cell: Cell, stopper: Stopper | None = None) -> dict[str, Any]:
-    """Run one cell in a subprocess (a fresh interpreter per run, as a user would launch it) and probe it. A run
-    that already finished or diverged is read, not rerun; an interrupted one continues from its checkpoint; a
-    run with other settings in the cell's folder is neither (the cell fails, saying so)."""
+    """Run one cell in a fresh interpreter and probe it; an ended run is read, an interrupted one resumed, one with
+    other settings left alone (the cell fails, saying so)."""
     stopper = stopper or Stopper()
     run_dir = Path(args.out) / "runs" / cell.name
     # One grid at a time in a cell: two grids with overlapping axes on one --out would otherwise both run it
@@ -239,8 +214,7 @@ def incomplete(run_dir: Path, message: str, status: str | None = None) -> dict[s
 def _run_cell_locked(args: GridConfig, cell: Cell, stopper: Stopper, run_dir: Path) -> dict[str, Any]:
     from pretrain.run_folder.checkpointing import latest_checkpoint  # imports accelerate: only when running cells
 
-    differ = other_settings(args, cell, run_dir)
-    if differ:
+    if differ := other_settings(args, cell, run_dir):
         message = (f"{run_dir} holds a run with other settings ({', '.join(differ[:6])} differ from this grid's): "
                    "left as it is. Rerun with the settings it was made with, or use another --out for these.")
         say(f"{cell.name}: {message}")
@@ -253,8 +227,10 @@ def _run_cell_locked(args: GridConfig, cell: Cell, stopper: Stopper, run_dir: Pa
         argv = cell_overrides(args, cell, run_dir)
         if run_dir.exists() and latest_checkpoint(run_dir) is not None:
             argv.append("--train.resume=auto")
-        elif run_dir.exists():
-            _start_over(run_dir)
+        elif run_dir.exists():  # killed before its first checkpoint: kept aside, not reused
+            aside = run_dir.with_name(f"{run_dir.name}.stopped-{time.strftime('%Y%m%dT%H%M%S')}")
+            run_dir.rename(aside)
+            say(f"{run_dir.name}: no checkpoint to resume; the partial run was moved to {aside}")
         log = Path(args.out) / "logs" / f"{cell.name}.log"
         log.parent.mkdir(parents=True, exist_ok=True)
         say(f"{cell.name}: python -m pretrain.run {' '.join(argv)}  (log: {log})")
@@ -269,13 +245,19 @@ def _run_cell_locked(args: GridConfig, cell: Cell, stopper: Stopper, run_dir: Pa
     else:
         say(f"{cell.name}: already done, reading {run_dir}")
     result = read_cell(run_dir)
+    probe = {}
     if result["status"] in ENDED:
-        result["probe"] = probes.probe_cell(run_dir, max_step=args.probe_steps, batch_size=args.probe_batch_size)
-    return judge(args, result)
+        probe = probes.probe_cell(run_dir, max_step=args.probe_steps, batch_size=args.probe_batch_size)
+        result["probe"] = probe
+    result["outcome"] = outcomes.classify(
+        status=result["status"], train_losses=[loss for _, loss in result["train_curve"]],
+        val_loss=result["val_mlm_loss"], train_unigram_entropy=probe.get("train_unigram_entropy"),
+        val_unigram_cross_entropy=probe.get("val_unigram_cross_entropy"), rules=args.rules,
+    )  # fmt: skip
+    return result
 
 
 def run_cells(args: GridConfig, cells: list[Cell], stopper: Stopper) -> dict[Cell, dict[str, Any]]:
-    # Each cell is its own process, so the threads only wait on them (and probe ended runs, briefly).
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
         return dict(zip(cells, pool.map(lambda cell: run_cell(args, cell, stopper), cells), strict=True))
 
@@ -302,12 +284,9 @@ def extra_seeds(args: GridConfig) -> list[int]:
 def run(args: GridConfig) -> int:
     out = Path(args.out)
     with Stopper() as stopper:
-        if args.report_only:
-            seeds = [*args.seeds, *extra_seeds(args)]
-            started = [cell for cell in grid_cells(args, seeds) if (out / "runs" / cell.name).is_dir()]
-            results = run_cells(args, started, stopper)
-        else:
-            results = run_cells(args, grid_cells(args, args.seeds), stopper)
+        seeds = [*args.seeds, *extra_seeds(args)] if args.report_only else args.seeds
+        cells = [c for c in grid_cells(args, seeds) if not args.report_only or (out / "runs" / c.name).is_dir()]
+        results = run_cells(args, cells, stopper)
         extra = [] if args.report_only else extra_seed_cells(args, results)
         if extra and not stopper.requested.is_set():
             say(f"{len({c.setting for c in extra})} settings on the boundary: {len(extra)} more seeds")
@@ -363,8 +342,7 @@ def describe_setting(runs: list[dict[str, Any]], combined: str) -> str:
 
 
 def heading(args: GridConfig, label: str) -> str:
-    """A model's heading in the table and the heat maps: its label with "-LN" (pre-LN, post-rmsnorm-LN), or with a
-    residual scheme the label alone (pre-hc4: "-LN" would read as part of the scheme's name)."""
+    """A model's heading in tables and heat maps: its label with "-LN" (pre-LN), a residual scheme's alone (pre-hc4)."""
     return f"{label}-LN" if args.models[label].scheme == STANDARD_LABEL else label
 
 
@@ -373,9 +351,8 @@ def _row_label(args: GridConfig, width: int, depth: int, warmup: int) -> str:
 
 
 def probe_settings(args: GridConfig, on_boundary: set[tuple]) -> list[tuple]:
-    """The settings whose loss curves and probes are shown: the boundary, all placements at each of its
-    (width, depth, warm-up, lr); without a boundary, the deepest, widest, highest-lr corner with and without
-    warm-up. At most 6 (deepest and fastest first)."""
+    """At most 6 (width, depth, warm-up, lr) whose curves and probes are shown, deepest and fastest first: the
+    boundary's, else the deepest, widest, highest-lr corner at each warm-up."""
     if on_boundary:
         corners = sorted({s[1:] for s in on_boundary}, key=lambda s: (-s[1], -s[3], s[2], -s[0]))
     else:
@@ -412,23 +389,18 @@ def probe_lines(args: GridConfig, results: dict[Cell, dict[str, Any]], shown: li
 
 
 def scalar_lines(args: GridConfig, results: dict[Cell, dict[str, Any]]) -> list[list[Any]]:
-    """Per cell with learned scalars (probes.learned_scalars) and kind of scalar: mean absolute value [min, max] over
-    the model's parameters of that kind (ReZero's gates take either sign) at step 0 and at each snapshot after the
-    probed first steps."""
+    """Per cell and kind of learned scalar: mean |x| [min, max] over the model's parameters of that kind (ReZero's
+    gates take either sign) at step 0 and at each snapshot after the probed first steps."""
     rows = []
     for cell, r in sorted(results.items(), key=lambda kv: kv[0].name):
         found = (r.get("probe") or {}).get("learned_scalars") or {}
         steps = found.get("steps", [])
         for suffix, kind in probes.SCALAR_KINDS.items():
-            series = [v for name, v in found.get("values", {}).items() if name.endswith(suffix)]
-            if not series:
+            if not (series := [v for name, v in found.get("values", {}).items() if name.endswith(suffix)]):
                 continue
             shown = [i for i, step in enumerate(steps) if step == 0 or step > args.probe_steps]
-            text = "  ".join(
-                f"{steps[i]}: {sum(abs(v[i]) for v in series) / len(series):.3g} "
-                f"[{min(v[i] for v in series):.3g}, {max(v[i] for v in series):.3g}]"
-                for i in shown
-            )
+            text = "  ".join(f"{steps[i]}: {sum(abs(v[i]) for v in series) / len(series):.3g} "
+                             f"[{min(v[i] for v in series):.3g}, {max(v[i] for v in series):.3g}]" for i in shown)
             rows.append([cell.name, f"{kind} (x{len(series)})", text])
     return rows
 
@@ -436,11 +408,9 @@ def scalar_lines(args: GridConfig, results: dict[Cell, dict[str, Any]]) -> list[
 def report_table(args: GridConfig, results: dict[Cell, dict[str, Any]], combined: dict[tuple, str],
                  on_boundary: set[tuple], shown: list[tuple]) -> str:  # fmt: skip
     refs = [r["probe"] for r in results.values() if r.get("probe")]
-    reference = (
-        f"unigram entropy of the training tokens {refs[0]['train_unigram_entropy']:.3f}, validation unigram "
-        f"cross-entropy {refs[0]['val_unigram_cross_entropy']:.3f} nats (seed of the first cell)"
-        if refs else "no cell ended yet"
-    )  # fmt: skip
+    reference = (f"unigram entropy of the training tokens {refs[0]['train_unigram_entropy']:.3f}, validation unigram "
+                 f"cross-entropy {refs[0]['val_unigram_cross_entropy']:.3f} nats (seed of the first cell)"
+                 if refs else "no cell ended yet")  # fmt: skip
     sections = [
         f"final val/mlm_loss after {args.max_steps} steps; heads {args.num_heads}; {reference}\n"
         f"'plateau X': failed to train (X > validation unigram cross-entropy - {args.trained_margin}); 'blew up X': "
@@ -471,14 +441,12 @@ def report_table(args: GridConfig, results: dict[Cell, dict[str, Any]], combined
             "cost per cell (seconds of wall clock; on a shared machine, what the cell got): its training steps, and "
             "the run from its start to its last status (evaluation, snapshots, checkpoints included)",
             ["cell", "training steps s", "run s"], costs))  # fmt: skip
-    scalars = scalar_lines(args, results)
-    if scalars:
+    if scalars := scalar_lines(args, results):
         sections.append(titled_table(
             "learned scalars over the run (snapshots at step 0 and every train.snapshot_every steps): mean |x| "
             "[min, max] over the model's parameters of that kind (a vector, e.g. Admin's omega: its mean)",
             ["cell", "scalar", "per snapshot step: mean |x| [min, max]"], scalars))  # fmt: skip
-    failed = {cell.name: r["message"] for cell, r in results.items() if r["status"] not in ENDED}
-    if failed:
+    if failed := {cell.name: r["message"] for cell, r in results.items() if r["status"] not in ENDED}:
         sections.append("cells that did not complete:\n" + "\n".join(f"  {k}: {v}" for k, v in failed.items()))
     return "\n\n".join(sections)
 
@@ -499,10 +467,8 @@ def plot_grid(args: GridConfig, results: dict[Cell, dict[str, Any]], combined: d
     finite = torch.cat([g[~g.isnan()] for g in grids.values()])
     vmin, vmax = (finite.min().item(), finite.max().item()) if len(finite) else (0.0, 1.0)
     n = len(args.variants)
-    n_cols = 2 if n > 2 else n
-    n_rows = math.ceil(n / n_cols)
-    # Constrained layout keeps each panel's row labels, title and x label clear of its neighbours' (and the
-    # colour bar clear of the panels); sizes in inches: 1.3 per lr column, 0.45 per row, the rest for labels.
+    n_cols, n_rows = min(n, 2), math.ceil(n / min(n, 2))
+    # Constrained layout keeps labels and colour bar clear of the panels; inches: 1.3 per lr column, 0.45 per row.
     fig, axes = plt.subplots(n_rows, n_cols, squeeze=False, layout="constrained", figsize=(
         1.2 + (1.3 * len(lrs) + 1.3) * n_cols, (0.45 * len(row_keys) + 1.1) * n_rows))  # fmt: skip
     cmap = plt.get_cmap("viridis").with_extremes(bad="lightgray")
@@ -532,8 +498,7 @@ def plot_grid(args: GridConfig, results: dict[Cell, dict[str, Any]], combined: d
 
 
 def smoothed(curve: list[list[float]], window: int) -> tuple[list[float], list[float]]:
-    """(steps, losses) of a [[step, loss], ...] curve as the running mean of ``window`` points, each at the last
-    step of its window (a short curve: the mean of all its points so far)."""
+    """(steps, losses): the running mean of ``window`` points of a [[step, loss], ...] curve, at its windows' ends."""
     steps, losses = zip(*curve, strict=True)
     window = max(1, min(window, len(losses)))
     means = torch.tensor(losses, dtype=torch.float64).unfold(0, window, 1).mean(1).tolist()
@@ -541,9 +506,8 @@ def smoothed(curve: list[list[float]], window: int) -> tuple[list[float], list[f
 
 
 def plot_probes(args: GridConfig, results: dict[Cell, dict[str, Any]], shown: list[tuple], path: Path) -> None:
-    """Per shown setting (a column): training MLM loss curves of every placement and seed with the unigram
-    entropy dashed; the lowest layer's FFN gradient norm over the run; FFN gradient norm per layer at step 1;
-    relative output change of each of the first updates."""
+    """Per shown setting (a column): training loss curves of every placement and seed, the lowest layer's FFN
+    gradient norm over the run, FFN gradient norm per layer at step 1 and the output change by the first updates."""
     if not shown:
         return
     fig, axes = pyplot().subplots(4, len(shown), figsize=(3.0 * len(shown), 10.4), squeeze=False)
@@ -565,12 +529,10 @@ def plot_probes(args: GridConfig, results: dict[Cell, dict[str, Any]], shown: li
                 probe = r.get("probe") or {}
                 if k == 0 and probe:
                     loss_ax.axhline(probe["train_unigram_entropy"], color="gray", ls="--", lw=0.8)
-                grads = probe.get("first_grad_norms", {}).get("1", {}).get("ffn")
-                if grads:
+                if grads := probe.get("first_grad_norms", {}).get("1", {}).get("ffn"):
                     grad_ax.plot(range(1, len(grads) + 1), grads, style, color=color, lw=0.9, marker=".", ms=3,
                                  label=label)  # fmt: skip
-                changes = probe.get("output_changes", [])
-                if changes:
+                if changes := probe.get("output_changes", []):
                     change_ax.plot([c["to"] for c in changes], [c["change"] for c in changes], "o" + style,
                                    color=color, ms=3, lw=0.9)  # fmt: skip
         loss_ax.set_title(f"d{depth} h{width} w{warmup} lr{lr:g}", fontsize=9)

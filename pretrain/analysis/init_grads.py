@@ -18,17 +18,10 @@ from pretrain.config import STANDARD_LABEL
 from pretrain.modeling import LNBertConfig, LNBertForMaskedLM
 
 
-def resolve_device(name: str) -> str:
-    return ("cuda" if torch.cuda.is_available() else "cpu") if name == "auto" else name
-
-
 def load_mlm_data(args: InitGradsConfig) -> Any:
-    """Real text through the pretraining data pipeline: Python's own documentation (no download) or a JSONL file.
-
-    ``objective="mlm"`` gives full-length packed sequences; the measurement uses the MLM loss only.
-    """
-    # Imported here: `datasets` takes seconds to import and the other subcommands do not need it.
-    from pretrain.data.pipeline import DataConfig, SourceConfig, build_pretraining_data
+    """Real text through the pretraining data pipeline (objective mlm: full-length packed sequences): Python's own
+    documentation (no download) or a JSONL file."""
+    from pretrain.data.pipeline import DataConfig, SourceConfig, build_pretraining_data  # `datasets`: seconds to import
 
     if args.data is not None and not Path(args.data).exists():
         raise FileNotFoundError(f"--data={args.data}: no such file; give a JSON Lines file with a 'text' field")
@@ -55,26 +48,23 @@ def mlm_batch(data: Any, batch_size: int, seed: int) -> dict[str, torch.Tensor]:
 
 def ffn_gradient_norms(config: LNBertConfig, batch: dict[str, torch.Tensor], seed: int,
                        device: str = "cpu") -> tuple[list[float], list[float]]:  # fmt: skip
-    """Frobenius norms of dL/dW1 and dL/dW2 (``intermediate.dense.weight``, ``output.dense.weight``) per layer.
-
-    A fresh model initialised under ``seed``; L is the MLM loss of one batch. Dropout is off (eval mode and
-    zero dropout probabilities) so the numbers are those of the deterministic network; autograd still runs.
-    """
+    """Per layer, ||dL/dW1||_F and ||dL/dW2||_F (``intermediate.dense.weight``, ``output.dense.weight``) of a fresh
+    model initialised under ``seed``, L the MLM loss of one batch, dropout off (eval mode)."""
     torch.manual_seed(seed)
     model = LNBertForMaskedLM(config).to(device).eval()
     inputs = {k: batch[k].to(device) for k in ("input_ids", "attention_mask", "token_type_ids", "labels")}
     model(**inputs).loss.backward()
     layers = model.bert.encoder.layer
-    w1 = [layer.intermediate.dense.weight.grad.norm().item() for layer in layers]
-    w2 = [layer.output.dense.weight.grad.norm().item() for layer in layers]
-    return w1, w2
+    return ([layer.intermediate.dense.weight.grad.norm().item() for layer in layers],
+            [layer.output.dense.weight.grad.norm().item() for layer in layers])  # fmt: skip
 
 
 def measure_init_grads(args: InitGradsConfig, data: Any, init_scheme: str, placement: str, depth: int,
                        norm_type: str = "layernorm", scheme: str = STANDARD_LABEL) -> dict[str, list[list[float]]]:
     """Per-seed, per-layer W1/W2 gradient norms of one (init, placement, norm type, residual scheme by its label,
     depth); seed s uses batch s."""
-    tokenizer, device = data.tokenizer, resolve_device(args.device)
+    tokenizer = data.tokenizer
+    device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
     config = common.model_config(args, placement, init_scheme, depth, len(tokenizer), tokenizer.pad_token_id,
                                  norm_type, scheme)  # fmt: skip
     norms = [ffn_gradient_norms(config, mlm_batch(data, args.batch_size, seed), seed, device)
@@ -87,10 +77,8 @@ AXES = ("placements", "norm_types", "residual_schemes", "init_schemes", "depths"
 
 
 def layer_spread(per_layer: list[float]) -> tuple[float, float]:
-    """(coefficient of variation across layers, first layer / last layer) of a per-layer profile: the population
-    standard deviation of the values over their mean (Mix-LN's uniformity measure; 0 when every layer gets the
-    same gradient) and the ratio NormFormer's early/late mismatch is about (nan where the mean or the last layer is
-    0, as ReZero's at init)."""
+    """(population CV across layers: Mix-LN's uniformity measure, first layer / last layer: NormFormer's early/late
+    mismatch) of a per-layer profile; nan where the mean or the last layer is 0 (ReZero's at init)."""
     values = torch.tensor(per_layer, dtype=torch.float64)
     mean = values.mean().item()
     cv = values.std(unbiased=False).item() / mean if mean > 0 else math.nan
@@ -108,11 +96,9 @@ def run(args: InitGradsConfig) -> int:
                                              m.scheme)
         for init, m, depth in itertools.product(args.init_schemes, args.models.values(), depths)
     })  # fmt: skip
-    header = (
-        f"MLM on {args.data or 'python_docs'} (vocab {len(data.tokenizer)}), hidden {args.hidden_size}, FFN "
-        f"{args.intermediate_size or 4 * args.hidden_size}, batch {args.batch_size} x {args.seq_len}, "
-        f"mean over {args.seeds} seeds (+- standard error); dropout off"
-    )
+    header = (f"MLM on {args.data or 'python_docs'} (vocab {len(data.tokenizer)}), hidden {args.hidden_size}, FFN "
+              f"{args.intermediate_size or 4 * args.hidden_size}, batch {args.batch_size} x {args.seq_len}, "
+              f"mean over {args.seeds} seeds (+- standard error); dropout off")  # fmt: skip
     sections = [header, *(table for init in args.init_schemes for table in init_tables(args, raw, init))]
     results = {"args": to_dict(args), "vocab_size": len(data.tokenizer), "depths": depths, "raw": raw}
     common.write_outputs(out, "\n\n".join(sections), results)

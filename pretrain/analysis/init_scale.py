@@ -77,7 +77,8 @@ def model_stream_scale(config: LNBertConfig, batch_size: int, seq_len: int, seed
     d = config.hidden_size
     captured: list[float] = []
 
-    def record(v: torch.Tensor) -> None:
+    def record(v: torch.Tensor | DepthSources) -> None:
+        v = v.total() if isinstance(v, DepthSources) else v
         captured.append((v.double().pow(2).sum(-1) / d).mean().item())
 
     for layer in model.encoder.layer:  # the model is this function's own: its hooks go with it
@@ -86,17 +87,11 @@ def model_stream_scale(config: LNBertConfig, batch_size: int, seq_len: int, seed
         elif config.placement.two_streams:
             layer.register_forward_hook(lambda _m, _inputs, output: record(output[0][1]))
         else:
-            layer.register_forward_hook(lambda _m, _inputs, output: record(stream_of(output[0])))
+            layer.register_forward_hook(lambda _m, _inputs, output: record(output[0]))
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         model(torch.randint(0, config.vocab_size, (batch_size, seq_len), generator=generator))
     return captured
-
-
-def stream_of(state: torch.Tensor | DepthSources) -> torch.Tensor:
-    """What ``model_stream_scale`` measures of a layer's output: the stream itself, HC's and mHC's n streams
-    (B, T, n, d), whose mean over n ``record`` takes with the tokens', or AttnRes's sources summed."""
-    return state.total() if isinstance(state, DepthSources) else state
 
 
 AXES = ("placements", "norm_types", "residual_schemes", "init_schemes")
@@ -106,9 +101,8 @@ SCHEME_MARKERS = ("o", "s", "^", "D", "v", "P", "X")
 
 
 def curve_style(placement: str, norm_type: str, init_scheme: str, scheme_index: int = 0) -> dict[str, Any]:
-    """How panel (ii) draws one model cell, so that cells differing in any axis (post/bert and post-rmsnorm/bert)
-    are told apart: colour per placement, line style per norm type, marker per residual scheme (its index among
-    those compared), filled markers for the first init scheme (bert), hollow for the other (xavier)."""
+    """How panel (ii) draws one model cell, so that cells differing in any axis are told apart: colour per placement,
+    line style per norm type, marker per residual scheme (its index), hollow markers for init schemes after bert."""
     color = common.placement_color(placement)
     return {
         "color": color,
@@ -145,11 +139,9 @@ def run(args: InitScaleConfig) -> int:
     measured = {key: common.cell_result(out, f"model/{key}", settings, partial(model_stats, args, m, i))
                 for key, (m, i) in cells.items()}  # fmt: skip
     post, pre = simplified["post"], simplified["pre"]
-    rows = []
-    for i, layer in enumerate(range(1, args.num_layers + 1)):
-        low, high = paper_bounds(layer)
-        inside = "yes" if low <= pre["mean"][i] <= high else "NO"
-        rows.append([layer, post["mean"][i], post["sem"][i], 1.5, pre["mean"][i], pre["sem"][i], low, high, inside])
+    bounds = [paper_bounds(layer) for layer in range(1, args.num_layers + 1)]
+    rows = [[i + 1, post["mean"][i], post["sem"][i], 1.5, pre["mean"][i], pre["sem"][i], low, high,
+             "yes" if low <= pre["mean"][i] <= high else "NO"] for i, (low, high) in enumerate(bounds)]  # fmt: skip
     table = common.titled_table(
         f"(i) paper's simplified setting: d={args.paper_hidden_size}, T={args.paper_seq_len} tokens, uniform "
         f"attention, Xavier, ReLU FFN width d, {args.seeds} seeds x {args.paper_sequences} sequences",

@@ -27,12 +27,6 @@ def model_layer_norm(hidden_size: int, eps: float) -> nn.LayerNorm:
     return norm
 
 
-def layer_norm_jacobian_norm(norm: nn.LayerNorm, x: torch.Tensor) -> float:
-    """||dLN(x)/dx||_2 for one vector ``x`` of shape ``(d,)``, by autograd and an SVD."""
-    jac = torch.autograd.functional.jacobian(norm, x, vectorize=True)  # (d, d)
-    return torch.linalg.matrix_norm(jac, ord=2).item()
-
-
 def ln_jacobian_rows(dims: Sequence[int], scales: Sequence[float], eps: float, seed: int) -> list[dict[str, Any]]:
     """One row per (d, scale): x = scale * (z + 3), z ~ N(0, I_d); the offset checks that the mean drops out.
     ``paper`` is sqrt(d)/||y|| with y = x - mean(x); ``with_eps`` is the exact value for LayerNorm's variance
@@ -46,7 +40,8 @@ def ln_jacobian_rows(dims: Sequence[int], scales: Sequence[float], eps: float, s
             x = scale * (z + 3.0)
             y = x - x.mean()
             y_norm = torch.linalg.vector_norm(y).item()
-            measured = layer_norm_jacobian_norm(norm, x)
+            jacobian = torch.autograd.functional.jacobian(norm, x, vectorize=True)  # (d, d)
+            measured = torch.linalg.matrix_norm(jacobian, ord=2).item()
             paper = math.sqrt(d) / y_norm
             with_eps = math.sqrt(d) / math.sqrt(y_norm**2 + d * eps)
             rows.append(dict(d=d, scale=scale, y_norm=y_norm, measured=measured, paper=paper,

@@ -61,16 +61,10 @@ class Model:
     scheme: str = STANDARD_LABEL
     """Its residual scheme, by the label run names give it (``pretrain.config.residual_scheme_fields``)."""
 
-    @property
-    def scheme_fields(self) -> dict[str, Any]:
-        """The model config's residual-scheme fields (residual_scheme, hc_streams, ...)."""
-        return residual_scheme_fields(self.scheme)
-
 
 def model_problem(placement: str, norm_type: str, scheme: str) -> str:
-    """Why the model of ``placement``, ``norm_type`` and the residual scheme labelled ``scheme`` cannot be built
-    ("" when it can): the model's own checks decide (``pretrain.variants.check_residual_scheme``: a scheme on
-    Pre-LN only; ``check_ngpt``: nGPT has no norm type)."""
+    """Why the model of ``placement``, ``norm_type`` and residual scheme label ``scheme`` cannot be built ("" when it
+    can), as the model's own checks say."""
     fields = residual_scheme_fields(scheme)
     try:
         check_residual_scheme(
@@ -84,9 +78,7 @@ def model_problem(placement: str, norm_type: str, scheme: str) -> str:
 
 
 def models(placements: list[str], norm_types: list[str], residual_schemes: list[str]) -> list[Model]:
-    """Every model a measurement compares, in this order: norm types, then placements, then residual schemes (the
-    standard one first); each combination the model takes (``model_problem``): a scheme other than standard goes on
-    the placements that take it (Pre-LN), nGPT comes with the default norm type only."""
+    """Every combination the model takes (``model_problem``), by norm type, then placement, then residual scheme."""
     return [Model(variant_name(p, t, **residual_scheme_fields(s)), p, t, s)
             for t, p, s in itertools.product(norm_types, placements, residual_schemes) if not model_problem(p, t, s)]
 
@@ -105,8 +97,6 @@ class ModelAxes:
     placement that takes it (pre: pre-hc4, ...)."""
 
     def __post_init__(self) -> None:
-        """Each axis a list without repeats; each residual scheme a label (hc4, ...); each placement, norm type and
-        scheme in one model at least."""
         _distinct(self, "placements", "norm_types", "residual_schemes")
         try:
             for scheme in self.residual_schemes:
@@ -361,8 +351,7 @@ class GridConfig(ModelAxes):
 
     @property
     def axes(self) -> list[list[Any]]:
-        """The axes of a setting, in the order of ``Cell.setting``; numbers sorted (tables, maps and neighbours
-        go by size, whatever order the cells ran in)."""
+        """The axes of a setting, in the order of ``Cell.setting``; numbers sorted (tables go by size)."""
         return [self.variants, *(sorted(v) for v in (self.hidden_sizes, self.depths, self.warmup_steps, self.lrs))]
 
     @property

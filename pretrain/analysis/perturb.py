@@ -53,13 +53,12 @@ def run(args: InitPerturbConfig) -> int:
         f"{init}/{model.label}/{depth}": partial(measure, args, init, model, depth)
         for init, model, depth in itertools.product(args.init_schemes, args.models.values(), depths)
     })  # fmt: skip
-    sections = [
-        f"E||f(x,W) - f(x,W+delta)||^2 / E||f(x,W)||^2 at init, delta = {args.epsilon:g} x rms(W) x N(0,1) on every "
-        f"encoder weight matrix; hidden {args.hidden_size}, {args.num_heads} heads, random ids, batch "
-        f"{args.batch_size} x {args.seq_len}, mean over {args.seeds} seeds (+- standard error); dropout off. Last "
-        f"rows: growth from depth {depths[0]} to {depths[-1]}, against O(N) = {depths[-1] / depths[0]:g} and "
-        f"O(log N) = {math.log(2 * depths[-1] + 1) / math.log(2 * depths[0] + 1):.3g} (ln(N+1), N = 2L sub-layers)"
-    ]
+    sections = [f"E||f(x,W) - f(x,W+delta)||^2 / E||f(x,W)||^2 at init, delta = {args.epsilon:g} x rms(W) x N(0,1) on "
+                f"every encoder weight matrix; hidden {args.hidden_size}, {args.num_heads} heads, random ids, batch "
+                f"{args.batch_size} x {args.seq_len}, mean over {args.seeds} seeds (+- standard error); dropout off. "
+                f"Last rows: growth from depth {depths[0]} to {depths[-1]}, against O(N) = {depths[-1] / depths[0]:g} "
+                f"and O(log N) = {math.log(2 * depths[-1] + 1) / math.log(2 * depths[0] + 1):.3g} (ln(N+1), N = 2L "
+                "sub-layers)"]  # fmt: skip
     labels = list(args.models)
     for init in args.init_schemes:
         rows: list[list[Any]] = [[depth, *(common.mean_sem_text(raw[f"{init}/{label}/{depth}"]) for label in labels)]

@@ -30,9 +30,7 @@ PROBE_FILE = "grid_probe.json"
 
 _data_cache: dict[str, tuple[dict[str, float], dict[str, torch.Tensor]]] = {}
 _data_lock = threading.Lock()  # the grid measures finished cells from several threads
-# from_pretrained is not thread-safe: two threads loading at once made transformers report (and re-initialise)
-# the tied MLM decoder as missing in one of them. The encoder output measured here was unaffected, but one
-# load at a time costs nothing next to the runs.
+# from_pretrained is not thread-safe: two threads loading at once made transformers re-initialise the tied MLM decoder.
 _load_lock = threading.Lock()
 
 
@@ -67,8 +65,7 @@ def relative_output_change(before: torch.Tensor, after: torch.Tensor, mask: torc
 
 
 def _run_data(run_dir: Path, batch_size: int) -> tuple[dict[str, float], dict[str, torch.Tensor]]:
-    """(unigram references, fixed validation batch) of a run's data, rebuilt from RUN/run_config.json through
-    the pretraining data pipeline (a cache hit: the run built it). Memoised per data config and seed."""
+    """(unigram references, fixed validation batch) of a run's data, rebuilt from RUN/run_config.json (a cache hit)."""
     from pretrain.common.cli import from_dict
     from pretrain.data.pipeline import DataConfig, MaskingCollator, build_pretraining_data  # slow imports: only here
 
@@ -112,12 +109,10 @@ def output_changes(run_dir: Path, batch: dict[str, torch.Tensor], max_step: int)
 
 @torch.no_grad()
 def sublayer_io(run_dir: Path, batch: dict[str, torch.Tensor]) -> dict[str, Any]:
-    """What the sub-layers read and write in the run's last complete snapshot, on ``batch`` (eval mode), the
-    sub-layers in order (layer 1's attention, its FFN, layer 2's attention, ...): ``input_similarity``, the cosine
-    similarity of consecutive sub-layers' inputs as each receives them (after its pre-norm where it has one), per
-    real token, averaged (HC's claim: more streams, less alike inputs); ``output_norm``, the L2 norm of each
-    sub-layer's output projection (attention's output dense, the FFN's second dense), averaged over real tokens
-    (AttnRes's claim: bounded where Pre-LN's grow with depth). Empty without snapshots."""
+    """What the sub-layers (in order: attention, FFN, next attention, ...) read and write in the last snapshot, on
+    ``batch``, averaged over real tokens: ``input_similarity``, the cosine similarity of consecutive sub-layers'
+    inputs as each receives them (HC's claim: more streams, less alike inputs); ``output_norm``, the L2 norm of each
+    sub-layer's output projection (AttnRes's claim: bounded where Pre-LN's grow with depth). Empty without snapshots."""
     snapshots = list_snapshots(run_dir)
     if not snapshots:
         return {}
@@ -161,8 +156,7 @@ def first_grad_norms(metrics: list[dict[str, Any]], max_step: int) -> dict[str, 
 
 
 def by_layer(key: str) -> tuple[int, str]:
-    """Sort key of ``grad_norm/layer_NN/...`` metrics: by layer number (NN has two digits, so from depth 100 on text
-    order is wrong), then by name."""
+    """Sort key of ``grad_norm/layer_NN/...`` metrics: by layer number (text order fails from layer 100), then name."""
     return int(key.split("/")[1].removeprefix("layer_")), key
 
 
@@ -172,14 +166,12 @@ SCALAR_KINDS = {
     ".alpha_pre": "mHC alpha_pre", ".alpha_post": "mHC alpha_post", ".alpha_res": "mHC alpha_res",
 }  # fmt: skip
 """The learned scalars and scales a placement, norm type or residual scheme adds, by the end of their parameter
-names, and what the report calls them: ReZero's gates, DyT's alpha, Admin's learnable omega (and NormFormer's
-optional residual scale), NormFormer's head scales, dynamic HC's scales s_alpha and s_beta, mHC's gates."""
+names, and what the report calls them (residual scale: Admin's omega, NormFormer's optional one)."""
 
 
 def learned_scalars(run_dir: Path) -> dict[str, Any]:
-    """The learned scalars of a run over its complete snapshots (read from their model.safetensors, no model built):
-    ``{"steps": [0, 1, ...], "values": {parameter name: [its mean at each step]}}``; a vector (Admin's omega, head
-    scales) is given by its mean. Empty ``values`` for a model without such parameters."""
+    """The learned scalars (SCALAR_KINDS) of a run over its complete snapshots, a vector by its mean, read from their
+    model.safetensors: ``{"steps": [0, 1, ...], "values": {parameter name: [its mean at each step]}}``."""
     from safetensors.torch import load_file
 
     steps: list[int] = []
@@ -196,9 +188,8 @@ def learned_scalars(run_dir: Path) -> dict[str, Any]:
 
 
 def probe_cell(run_dir: Path, *, max_step: int, batch_size: int = 16) -> dict[str, Any]:
-    """Unigram references, early per-layer gradient norms, early output changes, learned scalars over the
-    snapshots and what the sub-layers read and write at the last (``sublayer_io``), of one ended run; stored in
-    RUN/grid_probe.json and read from there next time (the run's files no longer change)."""
+    """Unigram references, early gradient norms and output changes, learned scalars and ``sublayer_io`` of one ended
+    run; stored in RUN/grid_probe.json and read from there next time (the run's files no longer change)."""
     path = run_dir / PROBE_FILE
     if path.is_file():
         return json.loads(path.read_text())

@@ -167,18 +167,18 @@ def run(args: RankingConfig) -> int:
         ran = {(r.model, r.depth, r.width, r.warmup, r.lr, r.seed) for r in results}
         results += [r for r in recorded_results(Path(args.recorded))
                     if (r.model, r.depth, r.width, r.warmup, r.lr, r.seed) not in ran]  # fmt: skip
-    at = (args.depth, args.width, args.warmup)
     by_key: dict[tuple[str, float], list[Result]] = {}
     for r in results:
-        if (r.depth, r.width, r.warmup) == at:
+        if (r.depth, r.width, r.warmup) == (args.depth, args.width, args.warmup):
             by_key.setdefault((r.model, r.lr), []).append(r)
-    summaries = {key: {"model": key[0], "lr": key[1], **summarise(found)} for key, found in by_key.items()}
     targets = {(r.seed, r.lr): r.train_curve for (model, _), found in by_key.items() if model == args.target
                for r in found}  # fmt: skip
-    for key, found in by_key.items():
+    summaries = {}
+    for (model, lr), found in by_key.items():
         found = sorted(found, key=lambda r: r.seed)
         per_seed = [diagnostics(r, targets.get((r.seed, r.lr)), args.smoothing) for r in found]
-        summaries[key]["diagnostics"] = {"per_seed": per_seed, "mean": mean_diagnostics(per_seed)}
+        summaries[model, lr] = {"model": model, "lr": lr, **summarise(found),
+                                "diagnostics": {"per_seed": per_seed, "mean": mean_diagnostics(per_seed)}}  # fmt: skip
     ranked = rank({m: s for (m, lr), s in summaries.items() if lr == args.lr}, args.tie_floor)
     if not ranked:
         raise ValueError(f"no finished cell at depth {args.depth}, width {args.width}, warm-up {args.warmup}, "
