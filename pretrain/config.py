@@ -324,10 +324,6 @@ class TrainConfig:
         """Sequences per optimizer step, over all processes."""
         return self.per_device_batch_size * num_processes * self.gradient_accumulation_steps
 
-    def is_snapshot_step(self, step: int) -> bool:
-        on_interval = self.snapshot_every > 0 and step % self.snapshot_every == 0
-        return on_interval or step in self.snapshot_steps or (step == 0 and self.snapshot_at_start)
-
 
 @dataclass(kw_only=True)
 class TrackingConfig:

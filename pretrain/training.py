@@ -358,10 +358,8 @@ def ensure_room(accelerator: Accelerator, problem: Callable[[], str]) -> None:
         raise DiskFull(found or "disk full at the main process's run directory")
 
 
-def set_status(
-    accelerator: Accelerator, cfg: PretrainConfig, status: str, step: int, message: str = "",
-    diverged_at: int | None = None,
-) -> None:
+def set_status(accelerator: Accelerator, cfg: PretrainConfig, status: str, step: int, message: str = "",
+               diverged_at: int | None = None) -> None:
     """The run's status, on the main process: RUN/status.json and the tracker's summary (the outcome columns)."""
     if accelerator.is_main_process:
         write_status(cfg, status, step, message, diverged_at)
@@ -393,8 +391,9 @@ def snapshot_path(setup: TrainingSetup, step: int) -> Path:
 
 def snapshot_due(train_cfg: TrainConfig, step: int, last_step: int) -> bool:
     """A snapshot is scheduled at ``step`` (the final one only when the run ends at train.max_steps)."""
+    on_interval = train_cfg.snapshot_every > 0 and step % train_cfg.snapshot_every == 0
     final = step == last_step == train_cfg.max_steps and train_cfg.snapshot_at_end
-    return train_cfg.is_snapshot_step(step) or final
+    return on_interval or step in train_cfg.snapshot_steps or (step == 0 and train_cfg.snapshot_at_start) or final
 
 
 VAL_MLM_LOSS = "val/mlm_loss"

@@ -2,12 +2,6 @@
 a folder where the finished one belongs, and what is written gets the permissions the umask gives (0666 or 0777
 less the umask), so colleagues on a cluster can read it.
 
-    write_text(path, text), write_bytes(path, data), write_json(path, payload)   replace a file
-    writing(path)              a temporary file beside ``path`` for any writer (a library, a stream), then renamed
-    write_once(path, data)     create ``path`` unless it exists: the first writer wins, the file never changes
-    atomic_dir(final)          a temporary folder to write ``final`` in, then renamed into place (publish_dir)
-    follow_umask(folder)       the umask's mode for every file under a folder (mkstemp, used by libraries, gives 0600)
-
 A file goes through a uniquely named temporary file beside it (``.NAME.XXXXXXXX.tmp``, from mkstemp), which is
 written, fsync'ed, given the umask's mode and renamed over the target (hard-linked, for create-once): atomic on
 local file systems, NFS and Lustre. A failure removes the temporary file and leaves the target as it was.

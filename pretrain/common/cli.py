@@ -1,19 +1,11 @@
 """One command-line loader for every command of the project: typed dataclasses, YAML presets, dotted overrides.
 
 A command declares its options as a dataclass (nested dataclasses are sections; the docstring under each field is
-its help). :func:`parse` reads ``[--config PRESET.yaml ...] [--key=VALUE | --key VALUE | --section.key=VALUE |
---flag ...]``: presets merge in order, then the overrides in order (later wins). Every value is YAML (lists are
-YAML lists only: a comma-separated list is an error that says so); a bare ``--flag`` sets a boolean to true. An
-override changes only the key it names: the rest of its section keeps the default, which may differ from the
-section class's own defaults (e.g. ``PretrainConfig.data``).
-
-A string-valued field takes the text as typed: YAML 1.1 reads plain ``no``, ``on``, ``null`` and ``123`` as
-booleans, null and numbers, so the loader keeps each plain scalar's text beside its value (:class:`AsTyped`) and
-:func:`_convert` picks the one the field's type takes (``null`` still clears an optional field).
-
-Every problem is a :class:`ConfigError` naming the key (with "did you mean" for typos) or the preset file and line;
-:func:`run_cli` turns it into ``error: ...`` on stderr and exit code 2. Floats must be finite everywhere; range
-checks live in each dataclass's ``__post_init__`` and name the key.
+its help). Presets merge in order, then the overrides (later wins); every value is YAML, and an override changes only
+the key it names (the rest of its section keeps the default, which may differ from the section class's own).
+A string-valued field takes the text as typed, not YAML 1.1's boolean or number for ``no`` or ``123`` (AsTyped).
+Every problem is a :class:`ConfigError` naming the key or the preset file and line; :func:`run_cli` turns it into
+``error: ...`` on stderr and exit code 2.
 """
 
 from __future__ import annotations
@@ -227,18 +219,14 @@ def field_default(f: dataclasses.Field) -> Any:
     return f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
 
 
-def _kept_from_base(cls: type, base: Any) -> dict[str, Any]:
-    """The fields of ``base`` that differ from ``cls``'s own defaults: what a partial mapping must keep."""
-    return {f.name: getattr(base, f.name) for f in dataclasses.fields(cls)
-            if f.init and getattr(base, f.name) != field_default(f)}
-
-
 def from_dict(cls: type[T], data: dict[str, Any], prefix: str = "", base: T | None = None) -> T:
     """Build dataclass ``cls`` from a nested dict (unknown keys and wrong types raise ConfigError); keys left out take
     the values of ``base`` if given, else the field defaults (a section's default_factory)."""
     hints = _hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
-    kwargs = _kept_from_base(cls, base) if base is not None else {}
+    # A partial mapping keeps the fields of ``base`` that differ from ``cls``'s own defaults.
+    kept = fields.items() if base is not None else ()
+    kwargs = {k: getattr(base, k) for k, f in kept if getattr(base, k) != field_default(f)}
     for key, value in data.items():
         if isinstance(key, AsTyped):  # a key spelled like a YAML 1.1 word (on:, no:) is that word
             key = key.text
@@ -335,18 +323,6 @@ def check_keys(cls: type, tree: dict[str, Any], prefix: str = "") -> None:
             check_keys(cls, value, dotted)
 
 
-def set_override(cls: type, tree: dict[str, Any], dotted: str, value: Any) -> None:
-    """Put ``value`` at ``dotted`` in ``tree``, checking the path against the schema ``cls``."""
-    field_type(cls, dotted)
-    *parents, leaf = dotted.split(".")
-    node = tree
-    for depth, part in enumerate(parents):
-        node = node.setdefault(part, {})
-        if not isinstance(node, dict):
-            raise ConfigError(f"'{'.'.join(parents[: depth + 1])}' in the config file is not a mapping")
-    node[leaf] = value
-
-
 def read_tree(cls: type, argv: list[str]) -> dict[str, Any]:
     """``[--config FILE ...] [--key=value ...]`` as one nested dict (presets merged in order, then overrides)."""
     tree: dict[str, Any] = {}
@@ -382,8 +358,15 @@ def read_tree(cls: type, argv: list[str]) -> dict[str, Any]:
         except yaml.YAMLError as err:
             raise ConfigError(f"--{name}: cannot read {raw!r} as a YAML value ({err})") from None
         overrides.append((name, value))
-    for name, value in overrides:
-        set_override(cls, tree, name, value)
+    for dotted, value in overrides:
+        field_type(cls, dotted)
+        *parents, leaf = dotted.split(".")
+        node = tree
+        for depth, part in enumerate(parents):
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"'{'.'.join(parents[: depth + 1])}' in the config file is not a mapping")
+        node[leaf] = value
     return tree
 
 
@@ -405,7 +388,12 @@ def parse_command(
     if argv and argv[0] in commands:
         command = argv.pop(0)
     elif argv and argv[0] in ("-h", "--help"):
-        print(_subcommand_list(commands, prog, description))
+        print(f"usage: {prog} SUBCOMMAND [--config PRESET.yaml ...] [--key=VALUE ...]\n\n{description.strip()}\n")
+        print("subcommands:")
+        for name, cls in commands.items():
+            first_line = (inspect.getdoc(cls) or "").partition("\n")[0]
+            print(f"  {name:<14}{first_line}")
+        print(f"\n{prog} SUBCOMMAND --help lists each one's options.")
         if default:  # what a bare command runs: its options after the list of subcommands
             print(f"\noptions of {prog} (the subcommand {default!r}, also {prog} {default} --help):\n")
             print(help_text(commands[default], prog=f"{prog} [{default}]", description=""))
@@ -418,19 +406,8 @@ def parse_command(
         raise ConfigError(f"unknown subcommand {argv[0]!r}{hint} (subcommands: {', '.join(commands)})")
     else:
         raise ConfigError(f"missing subcommand; one of {', '.join(commands)} (see {prog} --help)")
-    return command, parse(
-        commands[command], argv, prog=f"{prog} {command}", description=inspect.getdoc(commands[command]) or ""
-    )
-
-
-def _subcommand_list(commands: dict[str, type], prog: str, description: str) -> str:
-    lines = [f"usage: {prog} SUBCOMMAND [--config PRESET.yaml ...] [--key=VALUE ...]", "", description.strip()]
-    lines += ["", "subcommands:"]
-    for name, cls in commands.items():
-        first_line = (inspect.getdoc(cls) or "").partition("\n")[0]
-        lines.append(f"  {name:<14}{first_line}")
-    lines += ["", f"{prog} SUBCOMMAND --help lists each one's options."]
-    return "\n".join(lines)
+    return command, parse(commands[command], argv, prog=f"{prog} {command}",
+                          description=inspect.getdoc(commands[command]) or "")
 
 
 @contextlib.contextmanager

@@ -203,17 +203,6 @@ def _warn(message: str) -> None:
     print(f"warning: {message}", file=sys.stderr, flush=True)
 
 
-def newest_verified_checkpoint(run_dir: Path, warn: Callable[[str], None] = _warn) -> Path | None:
-    """The newest checkpoint whose files match its manifest; a damaged one is skipped with a warning naming the file."""
-    for _, path in reversed(list_checkpoints(run_dir)):
-        try:
-            verify_manifest(path, RESUME_FIX)
-            return path
-        except ManifestError as err:
-            warn(f"skipping a damaged checkpoint: {err}")
-    return None
-
-
 def resolve_resume(
     run_dir: Path, requested: dict[str, Any], resume: str, warn: Callable[[str], None] = _warn
 ) -> Path | None:
@@ -239,7 +228,14 @@ def resolve_resume(
                 f"({', '.join(changed[:8])} differ from its {config_file.name}). Continue it with them with "
                 "--train.resume=auto, or start a new run in another directory with --train.output_dir=NEW_DIR."
             )
-        checkpoint = newest_verified_checkpoint(run_dir, warn)
+        checkpoint = None
+        for _, path in reversed(checkpoints):  # the newest whose files match its manifest
+            try:
+                verify_manifest(path, RESUME_FIX)
+                checkpoint = path
+                break
+            except ManifestError as err:
+                warn(f"skipping a damaged checkpoint: {err}")
         if checkpoint is None and checkpoints:
             raise ValueError(
                 f"no checkpoint under {run_dir / CHECKPOINTS} matches its manifest (see the warnings above); "

@@ -3,6 +3,7 @@ name under RUN/ and the readers of its files."""
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
 import time
@@ -59,12 +60,9 @@ class Snapshot:
 def list_snapshots(run_dir: str | Path) -> list[Snapshot]:
     """Complete snapshots of a run, by step. Folders without the marker (still being written) are skipped."""
     root = Path(run_dir) / SNAPSHOTS
-    found = []
-    for path in sorted(root.glob("step_*")) if root.is_dir() else []:
-        if not (path / SNAPSHOT_MARKER).is_file():
-            continue
-        info = json.loads((path / SNAPSHOT_INFO).read_text())
-        found.append(Snapshot(path=path, step=int(info["step"]), info=info))
+    complete = [path for path in root.glob("step_*") if (path / SNAPSHOT_MARKER).is_file()]
+    infos = [(path, json.loads((path / SNAPSHOT_INFO).read_text())) for path in complete]
+    found = [Snapshot(path=path, step=int(info["step"]), info=info) for path, info in infos]
     return sorted(found, key=lambda s: s.step)
 
 
@@ -96,10 +94,7 @@ def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
     """All lines of metrics.jsonl (a torn last line from a killed run is ignored)."""
     path = Path(run_dir) / METRICS_FILE
     rows = []
-    if path.is_file():
-        for line in path.read_text().splitlines():
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue
+    for line in path.read_text().splitlines() if path.is_file() else []:
+        with contextlib.suppress(json.JSONDecodeError):
+            rows.append(json.loads(line))
     return rows

@@ -37,17 +37,13 @@ def sha256_file(path: Path) -> str:
     return digest.hexdigest()
 
 
-def _listed_files(folder: Path) -> list[Path]:
-    """Every file under ``folder`` except the manifest and completion markers written after it."""
-    later = (MANIFEST_FILE, SNAPSHOT_MARKER)
-    return sorted(p for p in folder.rglob("*") if p.is_file() and p.name not in later and not p.name.startswith("."))
-
-
 def write_manifest(folder: Path) -> None:
-    """Record every file of ``folder`` (relative path, size, sha256) in ``folder/manifest.json``."""
+    """Record every file of ``folder`` (relative path, size, sha256) in ``folder/manifest.json``, but the manifest,
+    the completion marker written after it and hidden files."""
     folder = Path(folder)
-    files = {p.relative_to(folder).as_posix(): {"size": p.stat().st_size, "sha256": sha256_file(p)}
-             for p in _listed_files(folder)}
+    listed = sorted(p for p in folder.rglob("*") if p.is_file() and p.name not in (MANIFEST_FILE, SNAPSHOT_MARKER)
+                    and not p.name.startswith("."))  # fmt: skip
+    files = {p.relative_to(folder).as_posix(): {"size": p.stat().st_size, "sha256": sha256_file(p)} for p in listed}
     write_json(folder / MANIFEST_FILE, stamped({"files": files}, RUN_FORMAT))
 
 
