@@ -160,14 +160,11 @@ class SlurmArray(Backend):
         unless_unset = {"--partition=": slurm.partition, "--gres=gpu:": slurm.gpus_per_task, "--mem=": slurm.mem}
         options += [f"{option}{value}" for option, value in unless_unset.items() if value] + slurm.extra
         path = folder / f"finetune_{submission:06d}.sbatch"
-        path.write_text(
-            "#!/bin/bash\n"
-            + "".join(f"#SBATCH {option}\n" for option in options)
-            + "# Task $SLURM_ARRAY_TASK_ID runs its share of the manifest's jobs and writes one result file per job\n"
-            + "# beside it (finetune/worker.py).\n"
-            + f"cd {shlex.quote(os.getcwd())}\n"
-            + f"exec {shlex.quote(slurm.python)} -m finetune.worker {shlex.quote(str(manifest))}\n"
-        )
+        lines = ["#!/bin/bash", *(f"#SBATCH {option}" for option in options),
+                 "# Task $SLURM_ARRAY_TASK_ID runs its share of the manifest's jobs and writes one result file per job",
+                 "# beside it (finetune/worker.py).", f"cd {shlex.quote(os.getcwd())}",
+                 f"exec {shlex.quote(slurm.python)} -m finetune.worker {shlex.quote(str(manifest))}"]  # fmt: skip
+        path.write_text("\n".join(lines) + "\n")
         return path
 
     def start(self, manifest: Path, tasks: int, submission: int) -> str:

@@ -19,7 +19,6 @@ from pretrain.common.roles import keys_where, role
 
 Device = Literal["auto", "cpu", "cuda"]
 RESULTS_DIR = "outputs/finetune/results.d"
-"""The default results folder."""
 
 
 @dataclass(kw_only=True)
@@ -149,7 +148,3 @@ class GridOptions(ResultsOption):
         require(ok, "lrs", f"must be a non-empty list of positive learning rates; got {self.lrs}")
         ok = bool(self.seeds) and all(s >= 0 for s in self.seeds) and len(set(self.seeds)) == len(self.seeds)
         require(ok, "seeds", f"must be a non-empty list of distinct integers >= 0; got {self.seeds}")
-
-
-__all__ = ["DEFAULT_LRS", "DEFAULT_SEEDS", "RESULTS_DIR", "FinetuneConfig", "GridOptions", "ResultsOption",
-           "check_tasks"]  # fmt: skip

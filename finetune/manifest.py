@@ -222,10 +222,9 @@ class JobState:
 
 
 def charged(reason: str, started: bool) -> bool:
-    """Whether a job its task left without a result is charged that attempt, given why the task ended: for every
-    job when the task failed by itself or was cancelled (a broken environment still stops after max_attempts); for
-    the job it had started when it was stopped from outside (killed, preempted); for none when an interrupt stopped
-    it or it died with its scheduler's process (docs/finetune_files.md)."""
+    """Whether a job its task left without a result is charged that attempt, given why the task ended: every job of
+    a task that failed by itself or was cancelled; the job it had started when stopped from outside (killed,
+    preempted); none after an interrupt or with its scheduler's process (docs/finetune_files.md)."""
     code = reason.removeprefix("exit code ")
     state = reason.removeprefix("sacct: ").split(" ")[0]
     failed_itself = (code != reason and code.strip() != "0") or (state != reason and state in ("FAILED", "CANCELLED"))
@@ -301,10 +300,8 @@ class ResultsFolder:
     @contextmanager
     def lock(self) -> Iterator[None]:
         """Hold the folder's lock (flock on RESULTS/lock) for the block, or raise ResultsBusy naming its holder.
-
-        Two schedulers on one folder would each submit the same jobs. The lock goes with its process, so a killed
-        scheduler blocks nobody. The file, which names the holder for the message, is written in place: a rename
-        would put a new file beside the one that is locked. NFS and Lustre (``-o flock``): docs/finetune_files.md."""
+        The lock goes with its process (a killed scheduler blocks nobody); the file naming the holder is written in
+        place, as a rename would put a new file beside the locked one. NFS and Lustre: docs/finetune_files.md."""
         path = self.root / LOCK
         self.root.mkdir(parents=True, exist_ok=True)
         with open(path, "a+") as f:
@@ -354,9 +351,6 @@ class ResultsFolder:
 
     def done_path(self, key: str) -> Path:
         return self.root / DONE / f"{key}.json"
-
-    def is_done(self, key: str) -> bool:
-        return self.done_path(key).is_file()
 
     def write_started(self, job: ManifestJob, submission: int) -> None:
         """Record that this attempt of a job began, before any of its work: a job that kills its task is charged."""

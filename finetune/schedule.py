@@ -6,12 +6,11 @@
     python -m finetune.schedule status --results_dir=outputs/finetune/results.d   # the jobs, as the files say
     python -m finetune.schedule [run|status] --help
 
-Every snapshot folder with its COMPLETE marker becomes task x lr x seed jobs, keyed by the run's id (RUN/run_id),
-the snapshot's content hash and the recipe. The results folder (finetune/manifest.py) is the only record of the
-jobs, and this process, holding its lock, the only writer of its manifests. On each pass it records the tasks that
-ended (a job such a task left without a result is submitted again) and writes a manifest of the jobs still to run,
-whose tasks run on the backend: ``local`` (N worker processes; 1 runs the jobs in this process) or ``slurm`` (one
-``sbatch`` job array per manifest). Tasks read only the manifest and write only result files (finetune/worker.py).
+Every snapshot folder with its COMPLETE marker becomes task x lr x seed jobs, keyed by the run's id, the snapshot's
+content hash and the recipe. The results folder (finetune/manifest.py) is the only record of the jobs; this process,
+holding its lock, writes its manifests. Each pass records the tasks that ended (a job left without a result is
+submitted again) and submits a manifest of the jobs still to run to the backend: ``local`` (N worker processes; 1
+runs them in this process) or ``slurm`` (one ``sbatch`` job array per manifest).
 
 ``--mode=once`` runs the jobs of the snapshots that exist until each is done or failed ``max_attempts`` times;
 ``--mode=follow`` also picks up new snapshots until every run is finished, diverged, failed or dead (its heartbeat
@@ -138,9 +137,8 @@ def parse_until(value: str, now: float | None = None) -> float:
     try:
         return datetime.datetime.fromisoformat(value).timestamp()
     except ValueError:
-        raise ValueError(
-            f"until={value!r} is neither a duration (90m, 8h, 45s) nor an ISO date-time (2026-12-01T06:00)"
-        ) from None
+        forms = "a duration (90m, 8h, 45s) nor an ISO date-time (2026-12-01T06:00)"
+        raise ValueError(f"until={value!r} is neither {forms}") from None
 
 
 # --- Discovering jobs, and the state of the pretraining runs ---------------------------------------
@@ -241,19 +239,16 @@ def status_lines(jobs: dict[str, JobState], max_attempts: int) -> list[str]:
     return [f"{name:<24} {run_id:<26} {task:<6}" + "".join(f" {n:>9}" for n in c) for name, run_id, task, *c in rows]
 
 
-def measured(config: ScheduleConfig, jobs: dict[str, JobState]) -> list[Results]:
-    """The results of the finished jobs of this recipe: their steps and seconds give the time per step."""
-    recipe = recipe_hash(config.recipe.result_key())
-    return [s.results for s in jobs.values() if s.results is not None and s.spec.recipe_hash == recipe]
-
-
-def step_time(config: ScheduleConfig, jobs: dict[str, JobState]) -> float | None:
-    """Seconds per optimizer step: configured, or measured on the finished jobs of this recipe (else None)."""
+def step_time(config: ScheduleConfig, jobs: dict[str, JobState]) -> tuple[float | None, str]:
+    """Seconds per optimizer step, configured or measured on the finished jobs of this recipe (else None), and
+    where that figure comes from."""
     if config.step_time_s is not None:
-        return config.step_time_s
-    done = measured(config, jobs)
+        return config.step_time_s, "configured step_time_s"
+    recipe = recipe_hash(config.recipe.result_key())
+    done = [s.results for s in jobs.values() if s.results is not None and s.spec.recipe_hash == recipe]
     steps = sum(r.train_steps for r in done)
-    return sum(r.wall_time_s for r in done) / steps if steps else None
+    source = "measured on the first finished job" if len(done) == 1 else f"measured on {len(done)} finished jobs"
+    return (sum(r.wall_time_s for r in done) / steps if steps else None), source
 
 
 def train_steps(config: ScheduleConfig, specs: list[JobSpec]) -> int:
@@ -274,7 +269,7 @@ def progress_line(config: ScheduleConfig, jobs: dict[str, JobState], wanted: lis
         f"{total['queued'] + total['retrying']} queued, {total['failed']} failed"
     )
     left = unfinished(jobs, wanted, config.max_attempts)
-    seconds = step_time(config, jobs)
+    seconds, _ = step_time(config, jobs)
     if seconds is None or not left:
         return line
     return line + f"; ETA about {train_steps(config, left) * seconds / min(config.workers, len(left)) / 60:.0f} min"
@@ -304,12 +299,9 @@ def cost_line(config: ScheduleConfig, jobs: dict[str, JobState], specs: list[Job
     """How many jobs, optimizer steps, and (with a per-step time) hours of work are about to start (or are left)."""
     steps = train_steps(config, specs)
     line = f"{len(specs)} jobs {what}: {steps:,} fine-tuning steps"
-    seconds = step_time(config, jobs)
+    seconds, source = step_time(config, jobs)
     if seconds is None:
         return line + " (the time they take follows once the first job finishes; --step_time_s=S gives it now)"
-    done = len(measured(config, jobs))
-    source = "measured on the first finished job" if done == 1 else f"measured on {done} finished jobs"
-    source = "configured step_time_s" if config.step_time_s is not None else source
     work = steps * seconds
     wall, workers = work / min(config.workers, len(specs)), f"{config.workers} worker(s)"
     line += f" x {seconds:.3g} s/step ({source}) = "
@@ -319,8 +311,7 @@ def cost_line(config: ScheduleConfig, jobs: dict[str, JobState], specs: list[Job
 
 
 def print_failures(failures: list[JobState]) -> None:
-    """The jobs that failed for good, with their errors: those that used every attempt, then those whose snapshot
-    was refused."""
+    """The jobs that failed for good, with their errors: those out of attempts, then those of a refused snapshot."""
     refused = ("failed for good: their snapshot was refused (not tried again until its files change, e.g. restored "
                "from a copy)")  # fmt: skip
     for permanent, title in ((False, "failed every attempt"), (True, refused)):
@@ -328,12 +319,9 @@ def print_failures(failures: list[JobState]) -> None:
         if states:
             print(f"{len(states)} job(s) {title}:", file=sys.stderr)
         for state in states:
-            spec = state.spec
-            print(
-                f"  {spec.run_name} [{spec.run_id}] step {spec.pretrain_step} {spec.task} lr={spec.lr:g} "
-                f"seed={spec.seed} ({state.attempts} attempt{'s' * (state.attempts != 1)}): {state.error}",
-                file=sys.stderr,
-            )
+            spec, tries = state.spec, f"{state.attempts} attempt{'s' * (state.attempts != 1)}"
+            print(f"  {spec.run_name} [{spec.run_id}] step {spec.pretrain_step} {spec.task} lr={spec.lr:g} "
+                  f"seed={spec.seed} ({tries}): {state.error}", file=sys.stderr)  # fmt: skip
     print("fix the cause and queue them again with --retry_failed=true", file=sys.stderr)
 
 
@@ -345,8 +333,8 @@ def outcome(state: JobState, max_attempts: int) -> str:
 
 
 def job_lines(folder: ResultsFolder, max_attempts: int) -> Callable[[], dict[str, JobState]]:
-    """A function that returns the jobs as the folder says now, after printing one line per job that ended since its
-    last call (done, or failed with what happens next), whatever the backend; jobs that had ended before are not."""
+    """A function returning the jobs as the folder says now, after a line for each job that ended since its last
+    call (done, or failed with what happens next), whatever the backend."""
 
     def end(state: JobState) -> tuple[str, int] | None:  # an attempt of a later submission ends again
         return (state.status, state.submission) if state.status in ("done", "failed") else None
@@ -410,8 +398,8 @@ def submit(
 
 
 def collect(folder: ResultsFolder, backend: Backend, slurm: SlurmConfig | None = None) -> int:
-    """Record in their manifests the tasks of open submissions that ended, with why; returns the tasks still live."""
-    # A submission is asked about by the kind of backend that started it (a restart may use another one).
+    """Record in their manifests the tasks of open submissions that ended, with why; returns the tasks still live.
+    A submission is asked about by the kind of backend that started it (a restart may use another one)."""
     kinds = {"inprocess": InProcess(), "local": LocalArray(1), "slurm": SlurmArray(1, slurm or SlurmConfig())}
     kinds[backend.name] = backend
     live = 0
@@ -437,8 +425,8 @@ class Interrupted(Exception):
 
 
 def requeue_after_interrupt(folder: ResultsFolder) -> int:
-    """After a Ctrl-C stopped this machine's workers, record their tasks as ended by the interrupt (no attempt
-    charged); returns how many jobs are queued again. SLURM tasks run on."""
+    """Record the tasks of this machine's workers, stopped by Ctrl-C, as ended by the interrupt (no attempt charged);
+    returns how many jobs are queued again. SLURM tasks run on."""
     stopped = set()
     for manifest in folder.manifests():
         if manifest.is_open and manifest.backend != "slurm":
@@ -470,11 +458,10 @@ def _schedule(config: ScheduleConfig, folder: ResultsFolder) -> list[JobState]:
     unmeasured = False  # a cost line went out without a time per step: the first finished job gives it
 
     def follow() -> dict[str, JobState]:
-        """The jobs as the folder says now, after their lines and, once the first job measured the time per step,
-        the estimate the cost line could not give."""
+        """The jobs now, after their lines and, once a step time is measured, the estimate the cost line lacked."""
         nonlocal unmeasured
         jobs = lines()
-        if unmeasured and step_time(config, jobs) is not None:
+        if unmeasured and step_time(config, jobs)[0] is not None:
             unmeasured = False
             if left := unfinished(jobs, wanted, config.max_attempts):
                 print(cost_line(config, jobs, left, "left"), flush=True)
@@ -507,7 +494,7 @@ def _schedule(config: ScheduleConfig, folder: ResultsFolder) -> list[JobState]:
             todo = runnable(jobs, wanted, config.max_attempts)
             if todo and {spec.key for spec in wanted} - found:  # the first pass, or new snapshots
                 print(cost_line(config, jobs, [spec for spec, _ in todo]), flush=True)
-                unmeasured = step_time(config, jobs) is None
+                unmeasured = step_time(config, jobs)[0] is None
             line = progress_line(config, jobs, wanted)
             if todo or line != printed:
                 print(f"[{time.strftime('%H:%M:%S')}] {line}", flush=True)
@@ -562,11 +549,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except Interrupted as stopped:
         kept = "; submitted SLURM tasks keep running" if config.backend == "slurm" else ""
-        print(
-            f"\ninterrupted: {stopped.args[0]} unfinished job(s) queued again (not counted as failed attempts)"
-            f"{kept}. Run the same command to continue.",
-            file=sys.stderr,
-        )
+        print(f"\ninterrupted: {stopped.args[0]} unfinished job(s) queued again (not counted as failed attempts)"
+              f"{kept}. Run the same command to continue.", file=sys.stderr)  # fmt: skip
         return 130
     if failures:
         print_failures(failures)

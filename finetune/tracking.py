@@ -65,12 +65,6 @@ def job_run_id(spec: JobSpec) -> str:
     return f"ft-{short_hash(spec.key, 16)}"
 
 
-def job_group(spec: JobSpec, pretrain_group: str | None) -> str:
-    """The jobs that differ only in seed (W&B aggregates a group into one mean line)."""
-    base = pretrain_group or spec.run_name.replace("/", "-")
-    return f"{base}-{spec.task}-step{spec.pretrain_step}-lr{spec.lr:g}-{spec.recipe_hash[:8]}"
-
-
 def model_variant(model_path: str) -> str:
     """The model variant (``pretrain.variants.variant_name``: ``pre``, ``pre-hc4``, ...) of a model folder's
     config.json; Hugging Face BERT, and a Hub id, is ``post``. For the dashboard's groups only, not in the job key."""
@@ -127,10 +121,13 @@ def job_run(spec: JobSpec, settings: WandbSettings | None) -> Iterator[JobRun | 
     mode = wandb_mode()
     Path(settings.dir).mkdir(parents=True, exist_ok=True)
     comparison = [pretraining["comparison"]] if pretraining["comparison"] else []
+    # The jobs that differ only in seed share a group: W&B draws a group as one mean line.
+    base = pretraining["group"] or spec.run_name.replace("/", "-")
+    group = f"{base}-{spec.task}-step{spec.pretrain_step}-lr{spec.lr:g}-{spec.recipe_hash[:8]}"
     run = wandb.init(
         project=settings.project or pretraining["project"] or "lnbert", id=job_run_id(spec), resume="allow",
         name=f"{spec.run_name}-{spec.task}-step{spec.pretrain_step}-lr{spec.lr:g}-seed{spec.seed}",
-        group=job_group(spec, pretraining["group"]), job_type="finetune", config=job_config(spec, pretraining),
+        group=group, job_type="finetune", config=job_config(spec, pretraining),
         tags=sorted({spec.placement, spec.task, *comparison}), dir=settings.dir, mode=mode, reinit="finish_previous",
     )
     if pretraining["id"] and spec.pretrain_step >= 0 and mode == "online":
@@ -207,12 +204,6 @@ def of_runs(row: dict[str, Any], runs: Sequence[ReportedRun]) -> bool:
     return any(row["run_id"] == run.run_id for run in runs)
 
 
-def report_run_id(runs: Sequence[ReportedRun], recipe: str | None, tasks: list[str]) -> str:
-    """Deterministic: the same runs, recipe and tasks always update the same W&B report run."""
-    identity = [pretraining_run(str(run.path))["id"] or run.run_id for run in runs]
-    return f"report-{short_hash({'runs': identity, 'recipe': recipe, 'tasks': sorted(tasks)}, 16)}"
-
-
 def log_report(runs: Sequence[ReportedRun], settings: ReportSettings, figure5: Figure5) -> str:
     """One W&B run (job_type report) with a deterministic id, so re-running the report updates it: the Figure 5
     series against ``pretrain_step`` (one log call per step), the steps-to-loss table, the best-lr points, the raw
@@ -262,8 +253,11 @@ def _start_report_run(runs: Sequence[ReportedRun], settings: ReportSettings, row
     config = {"norm_placement": placements, "variant": variants, "comparison": comparison,
               "runs": [run.name for run in runs], "pretrain_run_ids": [p["id"] for p in pretraining],
               "tasks": list(settings.tasks), "target_loss": settings.target_loss, "recipe_hash": recipe}  # fmt: skip
+    # Deterministic: the same runs, recipe and tasks always update the same W&B report run.
+    identity = [p["id"] or run.run_id for p, run in zip(pretraining, runs, strict=True)]
+    run_id = short_hash({"runs": identity, "recipe": recipe, "tasks": sorted(settings.tasks)}, 16)
     return wandb.init(
-        project=project, id=report_run_id(runs, recipe, settings.tasks), resume="allow",
+        project=project, id=f"report-{run_id}", resume="allow",
         name=f"figure5-{comparison or 'report'}", group=f"{comparison or 'figure5'}-report", job_type="report",
         tags=sorted({*placements, *variants, *([comparison] if comparison else [])}), config=config,
         dir=settings.out, mode=wandb_mode(), reinit="finish_previous",

@@ -44,14 +44,11 @@ def check_max_length(config: Any, max_length: int, model: str) -> None:
         )
 
 
-_warned_bf16: list[bool] = []  # once per process: a worker runs many jobs
-
-
+@functools.cache  # once per process: a worker runs many jobs
 def warn_emulated_bf16(device: torch.device, mixed_precision: str) -> None:
     """Say, before the first job's work, that bf16 autocast on this CPU is emulated (several times slower)."""
-    if device.type != "cpu" or mixed_precision != "bf16" or _warned_bf16:
+    if device.type != "cpu" or mixed_precision != "bf16":
         return
-    _warned_bf16.append(True)
     if warning := cpu_bf16_warning("--recipe.mixed_precision=no"):
         print(f"warning: {warning}", file=sys.stderr, flush=True)
 
@@ -200,12 +197,6 @@ def finetune(
     bar.close()
     result = evaluate(model, data.dev, recipe.eval_batch_size, data.pad_id, device, recipe.mixed_precision)
     scored = get_task(task), result["labels"], result["predictions"]
-    return Results(
-        **compute_metrics(*scored),
-        **baseline_metrics(*scored),
-        dev_loss=result["dev_loss"],
-        train_loss=epoch_loss / steps_per_epoch,  # mean over the last epoch
-        epochs=recipe.epochs,
-        train_steps=total_steps,
-        wall_time_s=time.perf_counter() - start,
-    )
+    return Results(**compute_metrics(*scored), **baseline_metrics(*scored), dev_loss=result["dev_loss"],
+                   train_loss=epoch_loss / steps_per_epoch, epochs=recipe.epochs, train_steps=total_steps,
+                   wall_time_s=time.perf_counter() - start)  # fmt: skip

@@ -119,8 +119,7 @@ def check_placement(path: Path) -> None:
 
 
 def check_not_a_run_folder(path: Path) -> None:
-    """A pretraining run folder given where a model is expected: name its snapshots and the command that
-    fine-tunes all of them, rather than "not a model folder"."""
+    """A run folder given as a model: name its snapshots and the command that fine-tunes them all."""
     if (path / "config.json").is_file() or not (path / SNAPSHOTS).is_dir():
         return
     snapshots = [str(s.path) for s in list_snapshots(path)]
@@ -134,9 +133,8 @@ def check_not_a_run_folder(path: Path) -> None:
 
 
 def snapshot_hash(model_dir: Path) -> str:
-    """The content hash of a model folder, for its jobs' key. Of a snapshot: the hash of its manifest's file
-    listing (every file's size and checksum, written by pretraining: read, never recomputed). A plain model folder
-    (save_pretrained, no manifest) is hashed here: its config.json and weight files."""
+    """The content hash of a model folder, for its jobs' key: of a snapshot, the hash of its manifest's file listing
+    (sizes and checksums written by pretraining); of a plain save_pretrained folder, of its config and weights."""
     manifest = model_dir / MANIFEST_FILE
     if manifest.is_file():
         payload = json.loads(manifest.read_text())
@@ -172,9 +170,8 @@ def hub_model(name: str) -> Model:
 
 
 def describe_model(model: str | Path) -> Model:
-    """The model of a job. A pretraining snapshot (RUN/snapshots/step_*, with snapshot.json) belongs to its run;
-    any other folder (or a snapshot copied out of its run) is a run of its own, named by its content, and a name
-    that is not a folder is a Hub model."""
+    """The model of a job: a snapshot (with snapshot.json) belongs to its run; any other folder (or a snapshot copied
+    out of its run) is a run of its own, named by its content; a name that is not a folder is a Hub model."""
     path = Path(model)
     if not path.is_dir():
         return hub_model(str(model))
@@ -185,16 +182,10 @@ def describe_model(model: str | Path) -> Model:
     run_id = f"model-{content}"
     if info and (run_dir / RUN_ID_FILE).is_file():  # else a snapshot copied out of its run folder
         run_id = read_run_id(run_dir)
-    return Model(
-        run_id=run_id,
-        run_name=str(info.get("run_name", run_dir.name)),
-        run_dir=str(run_dir),
-        placement=_placement(info, _read_json(path / "config.json")),
-        pretrain_step=int(info.get("step", -1)),
-        tokens_seen=info.get("tokens_seen"),
-        model_path=str(path.resolve()),
-        snapshot_hash=content,
-    )
+    placement = _placement(info, _read_json(path / "config.json"))
+    return Model(run_id=run_id, run_name=str(info.get("run_name", run_dir.name)), run_dir=str(run_dir),
+                 placement=placement, pretrain_step=int(info.get("step", -1)), tokens_seen=info.get("tokens_seen"),
+                 model_path=str(path.resolve()), snapshot_hash=content)  # fmt: skip
 
 
 def job_specs(
@@ -260,7 +251,7 @@ def run_task(
     for job in manifest.jobs_of_task(index):
         if parent_pid is not None and os.getppid() != parent_pid:
             counts["orphaned"] += 1
-        elif folder.is_done(job.spec.key):
+        elif folder.done_path(job.spec.key).is_file():
             counts["skipped"] += 1
         elif (state := run_job(job, manifest, folder, cache)) is None:
             counts["duplicate"] += 1

@@ -1,15 +1,14 @@
 #!/bin/bash
-# Train Post-LN and Pre-LN on the same data with the same seed (one after the other), then print where the runs are.
-# The two presets of a pair differ only in norm_placement and the LR schedule (the paper's recipes).
+# Train Post-LN and Pre-LN (presets that differ only in norm_placement and the paper's LR schedules) on the same
+# data with the same seed, one after the other, then print where the runs are.
 #
 #   launch/compare_placements.sh small  --data.sources='[{kind: json, path: /data/wiki.jsonl}]'
 #   launch/compare_placements.sh base                               # BERT-base presets (GPUs; see README)
 #   LAUNCH="accelerate launch --config_file configs/accelerate/8gpu.yaml" launch/compare_placements.sh base
 #
-# Arguments after the scale go to both runs (e.g. --train.max_steps=300 --data.max_documents=500). One Ctrl-C (or
-# SIGTERM) saves a checkpoint of the running run and exits 130; the same command again continues both.
-# Variables: LAUNCH (default "python"), OUT (default runs/compare-<scale>), SEED (default 0), COMPARISON (default
-# compare-<scale>; W&B: add --tracking.backend=wandb, then python -m finetune.dashboard --comparison compare-<scale>).
+# Arguments after the scale go to both runs. Ctrl-C (or SIGTERM) checkpoints the running run and exits 130; the same
+# command continues both. Variables: LAUNCH (python), OUT (runs/compare-<scale>), SEED (0), COMPARISON
+# (compare-<scale>: the W&B tag of python -m finetune.dashboard --comparison, with --tracking.backend=wandb).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -23,8 +22,7 @@ esac
 LAUNCH=${LAUNCH:-python}
 OUT=${OUT:-runs/compare-$SCALE}
 SEED=${SEED:-0}
-# Shared by every run of the comparison (both placements, every SEED): the W&B tag the dashboard filters on. The W&B
-# group is per placement and recipe, so W&B pools seeds, never placements.
+# The W&B tag of every run of the comparison (the W&B group is per placement and recipe: seeds pool, placements not).
 COMPARISON=${COMPARISON:-compare-$SCALE}
 
 # A Ctrl-C reaches the run too, which exits 0 ("preempted"): remember it, and read the run's status (a SIGTERM sent
@@ -35,9 +33,8 @@ run_status() {  # the status field of RUN/status.json ("" when there is none)
   python -c 'import json, sys; print(json.load(open(sys.argv[1])).get("status", ""))' "$1/status.json" 2>/dev/null || true
 }
 
-# About 20 evaluations at least (never fewer than the preset makes), so that finetune.report's steps to a loss
-# interpolate between close ones; a --train.eval_every among the arguments comes later and wins. Empty when the
-# options do not parse: the run itself then says why.
+# At least 20 evaluations (never fewer than the preset's), so that finetune.report interpolates its steps to a loss
+# between close ones; an explicit --train.eval_every comes later and wins. Empty when the options do not parse.
 eval_every() {  # the cadence for preset $1 and the arguments after it
   python -c 'import sys
 from pretrain.config import parse_args

@@ -3,13 +3,10 @@
 #
 #   CORPUS=path/to/corpus GLUE=path/to/glue bash launch/reproduce_cpu.sh
 #
-# CORPUS holds wiki.jsonl and books.jsonl ({"text": ...} per line); GLUE holds MRPC/ and RTE/ in the original GLUE
-# TSV layout. Three pretraining runs of the small presets (4 x 128; bf16 autocast where the CPU computes bf16
-# natively, else fp32) on the same data, seed and tokenizer: Post-LN (1% warm-up, peak 1e-4), Pre-LN (no warm-up,
-# 3e-4), and Post-LN at 3e-4 (does it diverge?). While they train, the scheduler fine-tunes every snapshot of the
-# first two on all of MRPC and RTE (3 epochs, 3 seeds); then the report draws the Figure 5 panels. Every process
-# uses one thread; OUT/timing.txt records each phase: steps 1-3 take 83-88 minutes on 2 cores with native bf16,
-# steps 4-5 about 37 more (docs/results.md section 4; without native bf16, 1.5 s a pretraining step in fp32).
+# CORPUS holds wiki.jsonl and books.jsonl ({"text": ...} per line); GLUE holds MRPC/ and RTE/ (GLUE TSV layout).
+# Three runs of the small presets on the same data, seed and tokenizer: Post-LN (1% warm-up, 1e-4), Pre-LN (3e-4)
+# and Post-LN at 3e-4 (does it diverge?); the scheduler fine-tunes the first two's snapshots as they appear, then
+# the report draws Figure 5. OUT/timing.txt times each phase (on 2 cores: docs/results.md section 4).
 #
 # Knobs (environment): OUT, STEPS, SNAPSHOTS, SEEDS, LRS, FT_EPOCHS, FT_MAX_TRAIN (empty: all),
 # FT_PRECISION (bf16, no, or auto: bf16 where the CPU computes it natively, as the presets' pretraining does),
@@ -23,8 +20,8 @@ cd "$(dirname "$0")/.."
 : "${FT_EPOCHS:=3}" "${FT_MAX_TRAIN:=}" "${FT_PRECISION:=auto}" "${FT_WORKERS:=2}" "${GRID_STEPS:=200}"
 export OMP_NUM_THREADS=1  # several single-threaded jobs share the cores; 2 threads each would thrash
 mkdir -p "$OUT"
-# Ctrl-C reaches every process: the runs save checkpoints, the scheduler requeues its jobs. Stop here too (bash
-# would go on to the next phase); the same command continues everything.
+# Ctrl-C reaches every process (the runs checkpoint, the scheduler requeues its jobs): stop here too, not at the
+# next phase; the same command continues everything.
 stopped() {
   trap '' INT
   echo "=== interrupted: waiting for the runs to save their checkpoints..." >&2
@@ -42,8 +39,8 @@ wait_each() {
   return "$status"
 }
 
-# Mixed 34:1 counted in documents (about 2734 articles : 81 books) uses 94% of the documents and gives a validation
-# set of both kinds; the presets count in words, where 34:1 would take 2 of the books. Every run, the grid's too.
+# 34:1 counted in documents (2734 articles : 81 books) uses 94% of them, with a validation set of both kinds (the
+# presets count words, where 34:1 takes 2 books). Every run, the grid's too.
 data=(
   --data.sources="[{kind: json, path: $CORPUS/wiki.jsonl, weight: 34}, {kind: json, path: $CORPUS/books.jsonl, weight: 1}]"
   --data.weight_by=documents --data.validation_fraction=0.02 --data.cache_dir="$OUT/cache"

@@ -1,7 +1,6 @@
 #!/bin/bash
-# Pretraining as two SLURM jobs: data preparation on a CPU node (launch/slurm_prepare.sbatch), then the
-# multi-node training (launch/slurm_pretrain.sbatch), which starts only once the preparation succeeded
-# (--dependency=afterok). Both get the same preset and overrides, so the training finds the prepared data.
+# Pretraining as two SLURM jobs: data preparation on a CPU node (launch/slurm_prepare.sbatch), then, once it succeeded
+# (--dependency=afterok), the training (launch/slurm_pretrain.sbatch), with the same preset and overrides.
 #
 #   PRESET=configs/pretrain/bert_base_post_ln.yaml launch/submit_pretrain.sh --train.output_dir=/shared/runs/post_ln
 #

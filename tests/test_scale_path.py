@@ -322,7 +322,7 @@ def test_bf16_on_a_cpu_without_it_is_announced_before_any_work(
     training.check_environment(parse_args(["--train.mixed_precision=bf16", f"--train.output_dir={tmp_path}"]))
     err = capsys.readouterr().err
     assert "no native bf16 (no AVX512-BF16, no AMX" in err and "use --train.mixed_precision=no" in err
-    finetune_train._warned_bf16.clear()
+    finetune_train.warn_emulated_bf16.cache_clear()
     finetune_train.warn_emulated_bf16(torch.device("cpu"), "bf16")
     finetune_train.warn_emulated_bf16(torch.device("cpu"), "bf16")  # once per process
     assert capsys.readouterr().err.count("use --recipe.mixed_precision=no") == 1
