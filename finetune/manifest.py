@@ -33,7 +33,7 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
-from typing import Any, Literal
+from typing import IO, Any, Literal
 
 from pretrain.common import atomic
 from pretrain.common.formats import RESULTS_FORMAT, check_format, stamped
@@ -308,8 +308,7 @@ class ResultsFolder:
             try:
                 fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
-                f.seek(0)
-                raise ResultsBusy(_busy_message(self.root, f.read())) from None
+                raise ResultsBusy(_busy_message(self.root, _holder(f))) from None
             except OSError as err:
                 raise ResultsBusy(
                     f"cannot lock {path} ({err.strerror}): this file system does not support flock (Lustre: mount "
@@ -413,6 +412,18 @@ def _listed(manifest: Manifest, task: int, job: ManifestJob, started: set[str]) 
         error = f"task {task} of submission {submission} ended without a result ({reason})"
         return replace(state, status="failed", error=error)
     return replace(state, status="queued", attempts=job.attempt - 1)
+
+
+def _holder(f: IO[str], wait_s: float = 2.0) -> str:
+    """The lock file's content; a holder that took the lock this instant writes its name right after, so a file
+    that names nobody yet is read again for up to ``wait_s``."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        f.seek(0)
+        recorded = f.read()
+        if recorded.endswith("}") or time.monotonic() > deadline:
+            return recorded
+        time.sleep(0.05)
 
 
 def _busy_message(root: Path, recorded: str) -> str:
