@@ -123,10 +123,8 @@ def measured_gemm(dtype: torch.dtype, device: torch.device, size: int, reps: int
 GEMM_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
-def gemm_peaks(
-    device: torch.device, size: int | None = None, earlier: dict[str, Any] | None = None,
-    precisions: tuple[str, ...] | list[str] = ("fp32", "bf16"),
-) -> dict[str, Any]:  # fmt: skip
+def gemm_peaks(device: torch.device, size: int | None = None, earlier: dict[str, Any] | None = None,
+               precisions: tuple[str, ...] | list[str] = ("fp32", "bf16")) -> dict[str, Any]:  # fmt: skip
     """Measured GEMM TFLOP/s of each of ``precisions`` (fp32, bf16), plus the data-sheet figures on a known GPU.
 
     Only the precisions asked for: on a CPU without native bf16 one 2048^3 bf16 GEMM takes minutes (emulated).

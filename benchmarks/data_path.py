@@ -83,10 +83,6 @@ class DataPathConfig:
             require(getattr(self, key) >= 1, key, "must be >= 1")
 
 
-def parse_args(argv: list[str] | None = None) -> DataPathConfig:
-    return parse(DataPathConfig, argv, prog="python -m benchmarks.data_path", description=__doc__ or "")
-
-
 def plain_tokenisation(docs: Any, tokenizer: Any) -> tuple[float, int]:
     """Seconds and tokens of ``datasets.map`` with the tokenizer alone: the floor any pipeline pays."""
     start = time.perf_counter()
@@ -173,7 +169,7 @@ def print_tables(pre: dict[str, Any], waste: dict[str, float], waits: list[dict]
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    args = parse_args(argv)
+    args = parse(DataPathConfig, argv, prog="python -m benchmarks.data_path", description=__doc__ or "")
     device = start_device(args.device, None, args.precision == "bf16", "--precision=fp32")
     with tempfile.TemporaryDirectory(prefix="lnbert-data-bench-") as tmp:
         cache_dir = Path(args.cache_dir or tmp)

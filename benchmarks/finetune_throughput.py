@@ -74,11 +74,6 @@ class FinetuneThroughputConfig:
         require(self.threads is None or self.threads >= 1, "threads", "must be >= 1 or null")
 
 
-def parse_args(argv: list[str] | None = None) -> FinetuneThroughputConfig:
-    prog = "python -m benchmarks.finetune_throughput"
-    return parse(FinetuneThroughputConfig, argv, prog=prog, description=__doc__ or "")
-
-
 def task_tokenizer(splits: dict[str, list], folder: Path) -> Any:
     """WordPiece trained on the task's training sentences, saved and reopened as AutoTokenizer would."""
     texts = [t for e in splits["train"] for t in (e.text_a, e.text_b) if t]
@@ -140,7 +135,8 @@ def time_training(models: dict[str, nn.Module], features: list[dict], pad_id: in
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    args = parse_args(argv)
+    prog = "python -m benchmarks.finetune_throughput"
+    args = parse(FinetuneThroughputConfig, argv, prog=prog, description=__doc__ or "")
     device = start_device(args.device, args.threads, "bf16" in args.precisions, "--precisions='[fp32]'")
     splits = load_task(args.task, args.data_dir)
     if args.model:

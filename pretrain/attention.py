@@ -31,9 +31,8 @@ def attention_function(config: PretrainedConfig) -> Callable[..., tuple[torch.Te
     return ALL_ATTENTION_FUNCTIONS.get_interface(config._attn_implementation, eager_attention_forward)
 
 
-def project_qkv(
-    hidden_states: torch.Tensor, projections: tuple[nn.Linear, ...], head_size: int, fused: bool
-) -> tuple[torch.Tensor, ...]:
+def project_qkv(hidden_states: torch.Tensor, projections: tuple[nn.Linear, ...], head_size: int,
+                fused: bool) -> tuple[torch.Tensor, ...]:  # fmt: skip
     """Q, K and V, each split into heads (B, nh, T, hs): three GEMMs, or with ``fused`` one (3H x H) GEMM over the
     weights concatenated at forward time (biases too where the projections have them). Concatenating copies 3·H²
     numbers per step (benchmarks/train_step.py); the result equals the separate projections within float rounding."""

@@ -158,10 +158,8 @@ class LNBertConfig(BertConfig):
         check_choice("norm_placement", self.norm_placement, NORM_PLACEMENTS)
         check_choice("norm_type", self.norm_type, NORM_TYPES)
         check_choice("init_scheme", self.init_scheme, INIT_SCHEMES)
-        check_residual_scheme(
-            self.norm_placement, self.residual_scheme, self.hc_streams, self.mhc_sinkhorn_iters,
-            self.mhc_bias_init, self.attn_res_block_size,
-        )  # fmt: skip
+        check_residual_scheme(self.norm_placement, self.residual_scheme, self.hc_streams, self.mhc_sinkhorn_iters,
+                              self.mhc_bias_init, self.attn_res_block_size)  # fmt: skip
         check_ngpt(self.norm_placement, self.norm_type, self.qk_norm, self.embedding_layer_norm)
         if self.hidden_size % self.num_attention_heads != 0:
             raise ValueError(
@@ -249,10 +247,8 @@ class LNBertEmbeddings(nn.Module):
             self.dropout = nn.Dropout(config.hidden_dropout_prob)
         self.register_buffer("position_ids", torch.arange(config.max_position_embeddings)[None], persistent=False)
 
-    def forward(
-        self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None,
-        position_ids: torch.Tensor | None = None,
-    ) -> torch.Tensor:  # fmt: skip
+    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None,
+                position_ids: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
         if position_ids is None:
             position_ids = self.position_ids[:, : input_ids.shape[1]]
         if token_type_ids is None:
@@ -389,15 +385,13 @@ class LNBertLayer(nn.Module):
             # Sub-layer k counts attention and FFN: 2 * index and 2 * index + 1 (HC's one-hot A_m init reads it).
             self.attention_residual = residual_module(config, 2 * index)
             self.ffn_residual = residual_module(config, 2 * index + 1)
+        # Init gains read by _init_weights (sources cited there): DeepNorm's beta, B2T's L^(-1/2) on every matrix.
         if config.norm_placement == "deepnorm":
-            # Read by _init_weights: these four projections get their init scaled by beta.
             for linear in self.deepnorm_scaled_linears():
-                linear.deepnorm_gain = config.deepnorm_beta
+                linear.init_gain = config.deepnorm_beta
         if config.norm_placement == "b2t" and config.b2t_rescale_init:
-            # Read by _init_weights: the official rescaling_init multiplies every weight matrix of a layer by L^(-1/2).
-            for module in self.modules():
-                if isinstance(module, nn.Linear):
-                    module.init_scale = config.num_hidden_layers**-0.5
+            for linear in (m for m in self.modules() if isinstance(m, nn.Linear)):
+                linear.init_gain = config.num_hidden_layers**-0.5
 
     def deepnorm_scaled_linears(self) -> tuple[nn.Linear, ...]:
         """The projections DeepNorm down-scales at init: value, attention output, FFN in and out."""
@@ -556,9 +550,7 @@ class LNBertPreTrainingHeads(nn.Module):
 
 
 def mlm_logits_and_loss(
-    head: LNBertLMPredictionHead | NgptLMPredictionHead,
-    sequence_output: torch.Tensor,
-    labels: torch.Tensor | None,
+    head: LNBertLMPredictionHead | NgptLMPredictionHead, sequence_output: torch.Tensor, labels: torch.Tensor | None,
     sparse: bool,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """MLM logits and mean cross-entropy over positions whose label is not -100. Sparse: gather the labelled
@@ -615,32 +607,28 @@ class LNBertPreTrainedModel(PreTrainedModel):
             # DeepNorm's V, attention output and FFN: gain beta (DeepNet, Wang et al. 2022: Xavier-normal with gain
             # beta; torchscale's bert_init: normal(0, 0.02) divided by (8N)^(1/4), i.e. times beta). B2T's official
             # rescaling_init: every weight matrix of its layers times L^(-1/2).
-            gain = getattr(module, "deepnorm_gain", getattr(module, "init_scale", 1.0))
+            gain = getattr(module, "init_gain", 1.0)
             if config.init_scheme == "xavier":
                 init.xavier_normal_(module.weight, gain=gain)
             else:
                 init.normal_(module.weight, mean=0.0, std=config.initializer_range * gain)
-            if getattr(module, "bias", None) is not None:
-                init.zeros_(module.bias)
             padding_idx = getattr(module, "padding_idx", None)
             if padding_idx is not None and not getattr(module.weight, "_is_hf_initialized", False):
                 init.zeros_(module.weight[padding_idx])
         elif isinstance(module, NORM_MODULES):
             init.ones_(module.weight)
-            if getattr(module, "bias", None) is not None:
-                init.zeros_(module.bias)
             if isinstance(module, DyT):
                 init.constant_(module.alpha, module.alpha_init)
         elif isinstance(module, Scale):
             init.constant_(module.weight, module.init)
         elif isinstance(module, RESIDUAL_MODULES):  # their own inits (pretrain/residual_streams.py)
             module.init_parameters(config.initializer_range)
-        elif isinstance(module, LNBertLMPredictionHead):
-            init.zeros_(module.bias)
         elif isinstance(module, LNBertEmbeddings):
             init.copy_(module.position_ids, torch.arange(module.position_ids.shape[-1])[None])
         elif isinstance(module, NGPT_MODULES):  # nGPT's learned scalers, stored with the scale trick (pretrain/ngpt.py)
             module.init_parameters()
+        if isinstance(getattr(module, "bias", None), torch.Tensor):  # every bias (the MLM head's too) starts at zero
+            init.zeros_(module.bias)
 
     def _check_loaded_keys(self, loading_info: dict[str, Any]) -> None:
         """A snapshot of another placement must not load with silently missing or unused encoder weights (head
@@ -785,9 +773,8 @@ class LNBertForPreTraining(LNBertPreTrainedModel):
         head, sparse = self.cls.predictions, self.config.sparse_mlm_head
         logits, mlm_loss = mlm_logits_and_loss(head, out.last_hidden_state, labels, sparse)
         nsp_logits = self.cls.seq_relationship(out.pooler_output) if nsp else None
-        nsp_loss = None
-        if next_sentence_label is not None:
-            nsp_loss = F.cross_entropy(nsp_logits.float(), next_sentence_label.view(-1))
+        labelled = next_sentence_label is not None
+        nsp_loss = F.cross_entropy(nsp_logits.float(), next_sentence_label.view(-1)) if labelled else None
         loss = mlm_loss + nsp_loss if mlm_loss is not None and nsp_loss is not None else mlm_loss
         return LNBertForPreTrainingOutput(
             loss=loss, prediction_logits=logits, seq_relationship_logits=nsp_logits, hidden_states=out.hidden_states,
@@ -847,9 +834,8 @@ class LNBertForSequenceClassification(LNBertPreTrainedModel):
             loss = F.mse_loss(logits.squeeze(-1).float(), labels.float())
         elif labels is not None:
             loss = F.cross_entropy(logits.float(), labels.view(-1))
-        return SequenceClassifierOutput(
-            loss=loss, logits=logits, hidden_states=out.hidden_states, attentions=out.attentions
-        )
+        return SequenceClassifierOutput(loss=loss, logits=logits, hidden_states=out.hidden_states,
+                                        attentions=out.attentions)  # fmt: skip
 
 
 def count_layer_norms(model: nn.Module) -> int:

@@ -12,11 +12,9 @@ from pretrain.norms import NO_DECAY_MODULES
 AdamWImplementation = Literal["auto", "fused", "foreach", "for_loop"]
 ADAMW_IMPLEMENTATIONS: tuple[str, ...] = get_args(AdamWImplementation)
 
-# Norms (every norm type) and learned scales get no weight decay, selected by module type
-# (pretrain.norms.NO_DECAY_MODULES): a name-substring rule ("LayerNorm.weight") silently misses norms called
-# otherwise (final_layer_norm, ...). A module whose parameters differ (HC's static matrices and dynamic projections)
-# lists the exempt ones in its ``no_weight_decay`` class attribute; one whose ``weight_decay_exempt`` is true exempts
-# every parameter under it (nGPT, trained with weight decay 0 as its paper, whatever the recipe's value).
+# Norms and learned scales are exempt by module type (pretrain.norms.NO_DECAY_MODULES): a name-substring rule
+# ("LayerNorm.weight") silently misses norms named otherwise (final_layer_norm, ...). nGPT's ``weight_decay_exempt``
+# follows its paper (weight decay 0), whatever the recipe's value.
 
 
 def weight_decay_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
@@ -44,12 +42,7 @@ def resolve_adamw_implementation(implementation: AdamWImplementation, device: to
 
 
 def build_adamw(
-    model: nn.Module,
-    *,
-    lr: float,
-    betas: tuple[float, float],
-    eps: float,
-    weight_decay: float,
+    model: nn.Module, *, lr: float, betas: tuple[float, float], eps: float, weight_decay: float,
     implementation: AdamWImplementation = "fused",
 ) -> torch.optim.AdamW:
     """AdamW over ``weight_decay_groups``. ``implementation``: "auto" (PyTorch's choice: foreach on CUDA, the

@@ -55,13 +55,9 @@ def _autocast_off(x: torch.Tensor) -> AbstractContextManager[Any]:
     return torch.autocast(x.device.type, enabled=False)
 
 
-def _at_least_float32(x: torch.Tensor) -> torch.Tensor:
-    return x.to(torch.promote_types(x.dtype, torch.float32))
-
-
 def rms_normalize(x: torch.Tensor, eps: float) -> torch.Tensor:
     """x / sqrt(mean(x^2) + eps) over the last dimension, in at least float32, without a gain."""
-    x = _at_least_float32(x)
+    x = x.to(torch.promote_types(x.dtype, torch.float32))
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
 
 
@@ -443,10 +439,8 @@ def recording(model: nn.Module, token_mask: torch.Tensor | None = None) -> Itera
 
 
 @torch.no_grad()
-def residual_stats(
-    model: nn.Module, input_ids: torch.Tensor,
-    attention_mask: torch.Tensor | None = None, token_type_ids: torch.Tensor | None = None,
-) -> ResidualStats:  # fmt: skip
+def residual_stats(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                   token_type_ids: torch.Tensor | None = None) -> ResidualStats:  # fmt: skip
     """``ResidualStats`` of one forward pass of ``model``'s encoder on a batch, in eval mode (no dropout) and
     without gradients, for a training loop's log steps (about a third of a training step). The caller's autocast
     applies; the model's mode is restored."""

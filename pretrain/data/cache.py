@@ -23,9 +23,8 @@ def content_hash(obj: Any) -> str:
 
 
 @contextlib.contextmanager
-def exclusive_lock(
-    path: Path, on_wait: Callable[[], None] | None = None, stop: threading.Event | None = None
-) -> Iterator[None]:
+def exclusive_lock(path: Path, on_wait: Callable[[], None] | None = None,
+                   stop: threading.Event | None = None) -> Iterator[None]:  # fmt: skip
     """An exclusive advisory lock (flock) on ``path``, held for the block: work that two processes must not do at
     once (the same cache entry, the same grid cell) is done by the first while the second waits, then finds it
     done. ``on_wait`` is called once if another process holds it; a wait ends with InterruptedError when ``stop``

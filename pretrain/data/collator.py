@@ -22,12 +22,8 @@ class MaskingCollator:
             raise ValueError(f"mlm_probability={mlm_probability} must be in (0, 1) (BERT: 0.15)")
         if tokenizer.mask_token_id is None or tokenizer.pad_token_id is None:
             raise ValueError("the tokenizer needs [MASK] and [PAD] tokens for masked-LM pretraining")
-        self.mlm_probability = mlm_probability
-        self.seed = seed
-        self.pad_to_multiple_of = pad_to_multiple_of
-        self.epoch = 0
-        self.mask_id = tokenizer.mask_token_id
-        self.pad_id = tokenizer.pad_token_id
+        self.mlm_probability, self.seed, self.pad_to_multiple_of = mlm_probability, seed, pad_to_multiple_of
+        self.epoch, self.mask_id, self.pad_id = 0, tokenizer.mask_token_id, tokenizer.pad_token_id
         self.special_ids = np.array(sorted(set(tokenizer.all_special_ids)), dtype=np.int64)
         self.random_ids = np.setdiff1d(np.arange(len(tokenizer), dtype=np.int64), self.special_ids)
 

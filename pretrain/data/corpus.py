@@ -203,18 +203,12 @@ def _read_source(source: SourceConfig, index: int, cfg: DataConfig, where: str) 
             check_utf8(p)
             if source.kind == "json":
                 check_json_lines(p, source.text_column, where)
-    # "text": blank-line separated blocks are documents, as in original BERT's input files.
+    # "text": blank-line separated blocks are documents, as in original BERT's input files. Reading into Arrow runs
+    # one process per file: a single file gains nothing, a folder of shards does.
     extra = {"sample_by": "paragraph"} if source.kind == "text" else {}
-    return datasets.load_dataset(
-        source.kind,
-        data_files=[str(p) for p in files],
-        split="train",
-        streaming=cfg.streaming,
-        cache_dir=hf_cache,
-        # Reading into Arrow runs one process per file: a single file gains nothing, a folder of shards does.
-        num_proc=min(num_proc, len(files)) if num_proc else None,
-        **extra,
-    )
+    num_proc = min(num_proc, len(files)) if num_proc else None
+    return datasets.load_dataset(source.kind, data_files=[str(p) for p in files], split="train",
+                                 streaming=cfg.streaming, cache_dir=hf_cache, num_proc=num_proc, **extra)  # fmt: skip
 
 
 def load_source(source: SourceConfig, index: int, cfg: DataConfig) -> Documents:
@@ -262,13 +256,9 @@ def _documents_of(ds: Documents, rows_per_document: int) -> Documents:
         return ds.filter(_has_text, batched=True)
     streamed = isinstance(ds, datasets.IterableDataset)
     kwargs = {} if streamed else {"desc": f"Joining {rows_per_document} rows a document"}
-    return ds.map(
-        partial(_join_rows, rows_per_document=rows_per_document),
-        batched=True,
-        batch_size=rows_per_document * max(1, 1000 // rows_per_document),
-        remove_columns=["text", "source"],
-        **kwargs,
-    )
+    return ds.map(partial(_join_rows, rows_per_document=rows_per_document), batched=True,
+                  batch_size=rows_per_document * max(1, 1000 // rows_per_document), remove_columns=["text", "source"],
+                  **kwargs)  # fmt: skip
 
 
 def _first_documents(ds: Documents, rows_per_document: int, n: int) -> Documents:

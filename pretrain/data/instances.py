@@ -145,9 +145,8 @@ def create_nsp_instances(
     return instances
 
 
-def create_packed_instances(
-    documents: list[list[list[int]]], cfg: DataConfig, *, cls_id: int, sep_id: int
-) -> list[list[int]]:
+def create_packed_instances(documents: list[list[list[int]]], cfg: DataConfig, *, cls_id: int,
+                            sep_id: int) -> list[list[int]]:  # fmt: skip
     """The "mlm" objective: documents joined with [SEP] and cut into full-length [CLS] ... [SEP] sequences
     (the last one of the pool may be shorter)."""
     stream = list(chain.from_iterable(chain(chain.from_iterable(doc), (sep_id,)) for doc in documents))
@@ -166,9 +165,8 @@ def _instances_from_chunks(
     out = empty_columns(cfg.objective)
     sources = batch.get("source", [None] * len(batch["text"]))
     for texts, chunk_sources, chunk_index in zip(batch["text"], sources, indices, strict=True):
-        add_chunk_instances(
-            out, texts, chunk_index, tokenizer=tokenizer, cfg=cfg, seed=seed, part=part, sources=chunk_sources
-        )
+        add_chunk_instances(out, texts, chunk_index, tokenizer=tokenizer, cfg=cfg, seed=seed, part=part,
+                            sources=chunk_sources)  # fmt: skip
     return out
 
 
@@ -264,9 +262,8 @@ def add_chunk_instances(
         logger.warning("a chunk of %s documents has a single document: its next-sentence labels are all 0", part)
     # Python's generator: scalar draws cost ~0.1 us against ~2 us for numpy's. String seeds are stable.
     rng = random.Random(f"{seed}/{part}/{chunk_key}")
-    for k, (ids, len_cls_a_sep, label, d) in enumerate(
-        create_nsp_instances(documents, cfg, rng, cls_id=cls_id, sep_id=sep_id)
-    ):
+    instances = create_nsp_instances(documents, cfg, rng, cls_id=cls_id, sep_id=sep_id)
+    for k, (ids, len_cls_a_sep, label, d) in enumerate(instances):
         out["input_ids"].append(ids)
         out["token_type_ids"].append([0] * len_cls_a_sep + [1] * (len(ids) - len_cls_a_sep))
         out["next_sentence_label"].append(label)
@@ -293,20 +290,16 @@ def make_instances(
     """Instances from materialised documents, in chunks of DOCS_PER_CHUNK documents, num_proc workers."""
     chunks = docs.batch(batch_size=DOCS_PER_CHUNK)
     name = "validation" if validation else "train"
+    fn_kwargs = {"tokenizer": plain_backend(tokenizer), "cfg": cfg, "seed": seed, "part": name}
+    # Our own cache key decides reuse: no function hashing by datasets, and its files in our work dir.
     return chunks.map(
-        _instances_from_chunks,
-        batched=True,
-        batch_size=1,
-        with_indices=True,
-        remove_columns=chunks.column_names,
-        features=instance_features(cfg.objective),
-        fn_kwargs={"tokenizer": plain_backend(tokenizer), "cfg": cfg, "seed": seed, "part": name},
+        _instances_from_chunks, batched=True, batch_size=1, with_indices=True, remove_columns=chunks.column_names,
+        features=instance_features(cfg.objective), fn_kwargs=fn_kwargs,
         num_proc=min(cfg.num_proc, len(chunks)) if cfg.num_proc > 1 else None,
-        # Our own cache key decides reuse; skip datasets' function hashing and keep its files in our work dir.
         new_fingerprint=f"lnbert-{name}-{uuid.uuid4().hex}",
         cache_file_name=str(work_dir / f"{name}.arrow") if work_dir is not None else None,
         desc=f"Tokenising and making {name} instances",
-    )
+    )  # fmt: skip
 
 
 def stream_instances(

@@ -103,14 +103,9 @@ def build_pretraining_data(
     with main_process_first():
         elsewhere = trained_tokenizer if trained_tokenizer is not None and trained_tokenizer.is_dir() else None
         tokenizer = load_or_train_tokenizer(
-            cfg,
-            save_dir=save_tokenizer_to,
-            model_vocab_size=model_vocab_size,
-            seed=seed,
-            training_texts=lambda: document_texts(documents()[0]),
-            trained_elsewhere=elsewhere,
-            loaded=found.tokenizer,
-        )
+            cfg, save_dir=save_tokenizer_to, model_vocab_size=model_vocab_size, seed=seed, trained_elsewhere=elsewhere,
+            training_texts=lambda: document_texts(documents()[0]), loaded=found.tokenizer,
+        )  # fmt: skip
         if cfg.streaming:
             train_docs, val_docs = documents()
             validation = make_instances(val_docs, tokenizer, cfg, seed=seed, validation=True)
