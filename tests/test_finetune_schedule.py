@@ -5,6 +5,7 @@ SLURM, result files and run identity: tests/test_finetune_cluster.py."""
 
 from __future__ import annotations
 
+import fcntl
 import io
 import json
 import os
@@ -23,7 +24,7 @@ from typing import Any
 import pytest
 
 from finetune.backends import InProcess, LocalArray, SlurmArray, SlurmConfig
-from finetune.manifest import INTERRUPTED, LOCK, SCHEDULER_STOPPED, Manifest, ResultsFolder
+from finetune.manifest import INTERRUPTED, LOCK, SCHEDULER_STOPPED, Manifest, ResultsBusy, ResultsFolder
 from finetune.schedule import (
     ScheduleConfig,
     collect,
@@ -170,6 +171,18 @@ def test_two_schedulers_started_at_once_one_runs_the_other_names_it(tmp_path: Pa
     assert all("Traceback" not in output for output in outputs)
     assert len(done_rows(config)) == 4
     assert len(submitted(config)) == 4  # no job computed twice
+
+
+def test_a_scheduler_refused_the_instant_the_holder_took_the_lock_names_it(tmp_path: Path) -> None:
+    # The holder has the flock but writes its name a moment later: the refused one waits for the name.
+    results = ResultsFolder(tmp_path / "results")
+    results.root.mkdir()
+    with open(results.root / LOCK, "a+") as held:
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        name = json.dumps({"host": "node7", "pid": 4242, "since": "now"})
+        threading.Timer(0.3, lambda: (held.write(name), held.flush())).start()
+        with pytest.raises(ResultsBusy, match="pid 4242 on node7"), results.lock():
+            pass
 
 
 def test_a_second_scheduler_stops_naming_the_first_and_runs_once_it_is_gone(
