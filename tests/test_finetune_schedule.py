@@ -180,9 +180,13 @@ def test_a_scheduler_refused_the_instant_the_holder_took_the_lock_names_it(tmp_p
     with open(results.root / LOCK, "a+") as held:
         fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
         name = json.dumps({"host": "node7", "pid": 4242, "since": "now"})
-        threading.Timer(0.3, lambda: (held.write(name), held.flush())).start()
-        with pytest.raises(ResultsBusy, match="pid 4242 on node7"), results.lock():
-            pass
+        writer = threading.Timer(0.3, lambda: (held.write(name), held.flush()))
+        writer.start()
+        try:
+            with pytest.raises(ResultsBusy, match="pid 4242 on node7"), results.lock():
+                pass
+        finally:
+            writer.join()  # the name is written before the file closes, whatever the outcome
 
 
 def test_a_second_scheduler_stops_naming_the_first_and_runs_once_it_is_gone(

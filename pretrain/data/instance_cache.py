@@ -55,8 +55,9 @@ def data_cache_key(cfg: DataConfig, tokenizer: PreTrainedTokenizerFast, *, seed:
     """Hash of everything the instances depend on: sources' content ids, the tokenizer, the config, the seed."""
     fields = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg) if f.name not in _FIELDS_NOT_IN_KEY}
     fields["sources"] = [source_fingerprint(s, i) for i, s in enumerate(cfg.sources)]
-    key = {"version": CACHE_FORMAT_VERSION, "docs_per_chunk": DOCS_PER_CHUNK, "config": fields, "seed": seed}
-    return content_hash({**key, "tokenizer": pipeline_hash(tokenizer)})
+    tokenizer_id = pipeline_hash(tokenizer)
+    return content_hash({"version": CACHE_FORMAT_VERSION, "docs_per_chunk": DOCS_PER_CHUNK, "config": fields,
+                         "tokenizer": tokenizer_id, "seed": seed})  # fmt: skip
 
 
 def prepared_dir(cfg: DataConfig, tokenizer: PreTrainedTokenizerFast, *, seed: int) -> Path:
