@@ -34,9 +34,9 @@ from benchmarks.train_step import SHAPES, Precision, ShapeName, make_runner, par
 from pretrain.common.cli import parse, require
 from pretrain.common.reporting import format_table
 from pretrain.data.collator import MaskingCollator
+from pretrain.data.config import DataConfig
 from pretrain.data.corpus import SourceConfig, load_documents
 from pretrain.data.instances import make_instances
-from pretrain.data.pipeline import DataConfig
 from pretrain.data.tokenizer import load_or_train_tokenizer
 
 

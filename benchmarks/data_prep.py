@@ -268,8 +268,8 @@ def measure_first_batch(preset: str, files: str, tokenizer: str, cache: str, bat
 
 def measure_rows(folder: str, rows: int, seed: int) -> dict:
     """Read, group, mix and split two sources of ``rows`` short rows each (fresh process): peak memory and times."""
+    from pretrain.data.config import DataConfig, SourceConfig
     from pretrain.data.corpus import load_documents, load_source, split_documents
-    from pretrain.data.pipeline import DataConfig, SourceConfig
 
     base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     paths = [Path(folder) / f"{name}-{rows}.jsonl" for name in ("articles", "sentences")]

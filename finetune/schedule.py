@@ -62,8 +62,6 @@ GLUE_TRAIN_SIZES = {"mrpc": 3668, "rte": 2490}
 COLUMNS = ("queued", "submitted", "done", "failed", "retrying")
 """The status table's columns: failed jobs with attempts left are retrying; failed ones have none left."""
 
-__all__ = ["ScheduleConfig", "SlurmConfig", "main", "schedule"]
-
 
 @dataclass(kw_only=True)
 class ScheduleConfig(GridOptions):

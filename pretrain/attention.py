@@ -49,6 +49,3 @@ def project_qkv(hidden_states: torch.Tensor, projections: tuple[nn.Linear, ...],
     else:
         qkv = tuple(linear(hidden_states) for linear in projections)
     return tuple(x.unflatten(-1, (-1, head_size)).transpose(1, 2) for x in qkv)
-
-
-__all__ = ["attention_function", "eager_attention_forward", "project_qkv"]

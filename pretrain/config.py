@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from pretrain.common.cli import ConfigError, field_docs, flatten, from_dict, parse, to_dict
+from pretrain.common.cli import ConfigError, parse, to_dict
 from pretrain.common.cli import help_text as _help_text
 from pretrain.common.cli import require as _require
 from pretrain.common.roles import keys_where, resolved_keys, role
@@ -40,16 +40,8 @@ from pretrain.variants import (
 if TYPE_CHECKING:
     from pretrain.modeling import LNBertConfig
 
-__all__ = [
-    "RESOLVED_AT_START", "RESUMABLE_CHANGES", "ConfigError", "DataConfig", "ModelConfig", "OptimConfig",
-    "PretrainConfig", "TrackingConfig", "TrainConfig", "field_docs", "flatten", "from_dict", "help_text", "parse_args",
-    "resolved_config", "to_dict",
-]
 
-
-# --------------------------------------------------------------------------------------------------
 # The schema
-# --------------------------------------------------------------------------------------------------
 
 
 @dataclass(kw_only=True)
@@ -160,9 +152,7 @@ class ModelConfig:
         return config
 
 
-# --------------------------------------------------------------------------------------------------
 # Residual schemes by the label they have in run names
-# --------------------------------------------------------------------------------------------------
 
 STANDARD_LABEL = "standard"
 """The label of the plain residual sum, which run names leave out (``residual_scheme_label`` gives "")."""
@@ -406,9 +396,7 @@ def resolved_config(cfg: PretrainConfig, decided: dict[str, Any]) -> dict[str, A
     return out
 
 
-# --------------------------------------------------------------------------------------------------
 # Command line (the loader is pretrain/common/cli.py, shared by every command)
-# --------------------------------------------------------------------------------------------------
 
 PROG = "python pretrain/run.py"
 USAGE = f"""usage: {PROG} [--config PRESET.yaml ...] [--section.key=VALUE ...]

@@ -62,7 +62,6 @@ from pretrain.placements import (
     NORM_PLACEMENTS,
     PLACEMENTS,
     Block,
-    NormPlacement,
     Placement,
     Stream,
     admin_omega_default,
@@ -76,6 +75,7 @@ from pretrain.variants import (
     NORM_TYPES,
     InitScheme,
     MhcBiasInit,
+    NormPlacement,
     NormType,
     ResidualScheme,
     check_choice,
@@ -849,9 +849,3 @@ AutoModel.register(LNBertConfig, LNBertModel, exist_ok=True)
 AutoModelForPreTraining.register(LNBertConfig, LNBertForPreTraining, exist_ok=True)
 AutoModelForMaskedLM.register(LNBertConfig, LNBertForMaskedLM, exist_ok=True)
 AutoModelForSequenceClassification.register(LNBertConfig, LNBertForSequenceClassification, exist_ok=True)
-
-__all__ = [
-    "INIT_SCHEMES", "NORM_PLACEMENTS", "NORM_TYPES", "LNBertConfig", "LNBertForMaskedLM", "LNBertForPreTraining",
-    "LNBertForPreTrainingOutput", "LNBertForSequenceClassification", "LNBertModel", "LNBertPreTrainedModel",
-    "count_layer_norms", "mlm_logits_and_loss",
-]  # fmt: skip

@@ -347,9 +347,3 @@ def ngpt_stats(model: nn.Module, hidden_states: tuple[torch.Tensor, ...] | None 
         sz=float(heads[0].sz_scaler.effective(heads[0].sz).float().mean()) if heads else None,
         hidden_norm_error=hidden,
     )
-
-
-__all__ = [
-    "NGPT_MODULES", "NgptLMPredictionHead", "NgptLayer", "NgptStats", "Scaler", "UnitNorm", "base_scale",
-    "init_on_sphere", "ngpt_block", "ngpt_stats", "normalize_matrices", "on_sphere", "sphere_matrices", "unit",
-]  # fmt: skip

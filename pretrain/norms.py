@@ -86,6 +86,3 @@ def make_norm(norm_type: NormType, size: int, eps: float, dyt_alpha_init: float 
 NORM_MODULES: tuple[type[nn.Module], ...] = (nn.LayerNorm, RMSNorm, DyT)
 # Weight decay skips every parameter of these (pretrain.optim); torch's own norms for models from elsewhere.
 NO_DECAY_MODULES: tuple[type[nn.Module], ...] = (*NORM_MODULES, Scale, nn.GroupNorm, nn.BatchNorm1d, nn.RMSNorm)
-
-
-__all__ = ["NORM_MODULES", "NORM_TYPES", "NO_DECAY_MODULES", "DyT", "NormType", "RMSNorm", "Scale", "make_norm"]

@@ -452,10 +452,3 @@ def residual_stats(model: nn.Module, input_ids: torch.Tensor, attention_mask: to
     finally:
         model.train(was_training)
     return recorder.stats()
-
-
-__all__ = [
-    "RESIDUAL_MODULES", "AttentionResidual", "DepthSources", "HyperConnection", "ManifoldHyperConnection",
-    "ResidualRecorder", "ResidualStats", "collapse", "recording", "residual_module", "residual_stats", "sinkhorn",
-    "start_state",
-]  # fmt: skip

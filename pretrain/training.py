@@ -35,10 +35,11 @@ from tqdm.auto import tqdm
 from transformers import get_scheduler
 
 from pretrain.common.atomic import follow_umask, write_json
+from pretrain.common.cli import ConfigError, to_dict
 from pretrain.common.device import FP16_NEEDS_A_GPU, accelerate_uses_cpu, choose_cpu_threads, env_flag
 from pretrain.common.formats import RUN_FORMAT, stamped
 from pretrain.common.hardware import auto_mixed_precision, cpu_bf16_warning, mfu_peak
-from pretrain.config import ConfigError, PretrainConfig, TrainConfig, resolved_config, to_dict
+from pretrain.config import PretrainConfig, TrainConfig, resolved_config
 from pretrain.data.loaders import Loaders, build_dataloaders, copies_asynchronously
 from pretrain.data.pipeline import build_pretraining_data
 from pretrain.data.vocabulary import check_one_vocabulary, data_fingerprint, with_trained_vocabulary
@@ -86,9 +87,7 @@ class TrainingFailed(RuntimeError):
     """An unexpected error after training started (status.json says failed); never a configuration error."""
 
 
-# --------------------------------------------------------------------------------------------------
 # Setup
-# --------------------------------------------------------------------------------------------------
 
 
 def say(message: str, file: TextIO | None = None) -> None:
@@ -166,9 +165,7 @@ def build_model(cfg: PretrainConfig, vocab_size: int) -> LNBertForPreTraining:
     return model
 
 
-# --------------------------------------------------------------------------------------------------
 # Training
-# --------------------------------------------------------------------------------------------------
 
 
 @dataclass
@@ -533,9 +530,7 @@ def train(setup: TrainingSetup, state: TrainState, stop: StopRequest) -> str:
         return "finished" if state.step >= train_cfg.max_steps else "preempted"
 
 
-# --------------------------------------------------------------------------------------------------
 # Entry point
-# --------------------------------------------------------------------------------------------------
 
 
 def decide_at_start(cfg: PretrainConfig, accelerator: Accelerator, tokenizer: Any, same_run: bool) -> dict[str, Any]:

@@ -11,20 +11,17 @@ from pathlib import Path
 import pytest
 import yaml
 
+from pretrain.common.cli import ConfigError, field_docs, from_dict, to_dict
 from pretrain.config import (
-    ConfigError,
-    DataConfig,
     ModelConfig,
     OptimConfig,
     PretrainConfig,
     TrackingConfig,
     TrainConfig,
-    field_docs,
-    from_dict,
     help_text,
     parse_args,
-    to_dict,
 )
+from pretrain.data.config import DataConfig
 from pretrain.training import check_environment
 
 ROOT = Path(__file__).resolve().parents[1]

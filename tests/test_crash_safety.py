@@ -297,7 +297,8 @@ def _restamp(path: Path, version: int | None) -> None:
 
 
 def test_a_run_folder_of_another_format_version_is_refused(tmp_path: Path, data_cache: Path) -> None:
-    from pretrain.config import parse_args, to_dict
+    from pretrain.common.cli import to_dict
+    from pretrain.config import parse_args
     from pretrain.run_folder.checkpointing import resolve_resume
     from pretrain.run_folder.manifest import write_manifest
 

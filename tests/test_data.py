@@ -19,6 +19,8 @@ from transformers import AutoTokenizer, PreTrainedTokenizerFast
 import pretrain.data.instances
 import pretrain.data.pipeline
 import pretrain.data.tokenizer
+from pretrain.data.collator import MaskingCollator
+from pretrain.data.config import DataConfig, SourceConfig
 from pretrain.data.corpus import check_utf8, load_documents, split_corpus, split_documents
 from pretrain.data.instances import (
     _truncated_lengths,
@@ -27,7 +29,7 @@ from pretrain.data.instances import (
     plain_backend,
     tokenize_documents,
 )
-from pretrain.data.pipeline import DataConfig, MaskingCollator, SourceConfig, build_pretraining_data
+from pretrain.data.pipeline import build_pretraining_data
 from pretrain.data.tokenizer import SPECIAL_TOKENS, load_or_train_tokenizer, train_wordpiece_tokenizer
 
 datasets.disable_progress_bars()

@@ -13,7 +13,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from pretrain.config import ConfigError
+from pretrain.common.cli import ConfigError
 from pretrain.data import vocabulary
 from pretrain.run_folder.layout import read_metrics, read_status
 from tests.conftest import TINY_MODEL_ARGS

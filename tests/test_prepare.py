@@ -21,9 +21,10 @@ import pytest
 import pretrain.data.instance_cache
 import pretrain.data.tokenizer
 from pretrain.config import parse_args
+from pretrain.data.config import DataConfig, SourceConfig
 from pretrain.data.corpus import load_documents
 from pretrain.data.instance_cache import SUMMARY_FILE, prepared_dir, read_summary
-from pretrain.data.pipeline import DataConfig, PreparationRequired, SourceConfig, build_pretraining_data, is_prepared
+from pretrain.data.pipeline import PreparationRequired, build_pretraining_data, is_prepared
 from pretrain.data.vocabulary import with_trained_vocabulary
 from pretrain.prepare import format_report, prepare_command, source_checks
 from pretrain.prepare import main as prepare_main

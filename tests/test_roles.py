@@ -22,7 +22,7 @@ from pretrain.config import (
     resolved_config,
     to_dict,
 )
-from pretrain.data.pipeline import DataConfig, SourceConfig
+from pretrain.data.config import DataConfig, SourceConfig
 from pretrain.data.vocabulary import data_fingerprint
 from pretrain.run_folder.checkpointing import IDENTICAL_RUN_IGNORES, RUN_CONFIG_FILE, config_differences
 from pretrain.tracking.wandb_logging import _NOT_RECIPE, recipe, short_hash

@@ -22,8 +22,9 @@ from finetune.schedule import ScheduleConfig, wandb_settings
 from finetune.tracking import WandbSettings, job_run, job_run_id, model_variant
 from finetune.worker import describe_model, job_specs
 from pretrain.common.atomic import write_json
+from pretrain.common.cli import to_dict
 from pretrain.common.formats import RUN_FORMAT, stamped
-from pretrain.config import parse_args, to_dict
+from pretrain.config import parse_args
 from pretrain.modeling import LNBertForPreTraining
 from pretrain.run import main as pretrain_main
 from pretrain.run_folder.layout import RUN_CONFIG_FILE, WANDB_RUN_FILE

@@ -21,7 +21,8 @@ from pretrain.modeling import LNBertConfig, LNBertForMaskedLM
 def load_mlm_data(args: InitGradsConfig) -> Any:
     """Real text through the pretraining data pipeline (objective mlm: full-length packed sequences): Python's own
     documentation (no download) or a JSONL file."""
-    from pretrain.data.pipeline import DataConfig, SourceConfig, build_pretraining_data  # `datasets`: seconds to import
+    from pretrain.data.config import DataConfig, SourceConfig
+    from pretrain.data.pipeline import build_pretraining_data  # `datasets`: seconds to import
 
     if args.data is not None and not Path(args.data).exists():
         raise FileNotFoundError(f"--data={args.data}: no such file; give a JSON Lines file with a 'text' field")
@@ -35,7 +36,7 @@ def load_mlm_data(args: InitGradsConfig) -> Any:
 
 def mlm_batch(data: Any, batch_size: int, seed: int) -> dict[str, torch.Tensor]:
     """``batch_size`` training instances drawn by ``seed``, dynamically masked as in pretraining (15%)."""
-    from pretrain.data.pipeline import MaskingCollator  # lazily, as in load_mlm_data
+    from pretrain.data.collator import MaskingCollator  # lazily, as in load_mlm_data
 
     n = len(data.train)
     if n < batch_size:

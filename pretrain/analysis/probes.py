@@ -67,7 +67,9 @@ def relative_output_change(before: torch.Tensor, after: torch.Tensor, mask: torc
 def _run_data(run_dir: Path, batch_size: int) -> tuple[dict[str, float], dict[str, torch.Tensor]]:
     """(unigram references, fixed validation batch) of a run's data, rebuilt from RUN/run_config.json (a cache hit)."""
     from pretrain.common.cli import from_dict
-    from pretrain.data.pipeline import DataConfig, MaskingCollator, build_pretraining_data  # slow imports: only here
+    from pretrain.data.collator import MaskingCollator
+    from pretrain.data.config import DataConfig
+    from pretrain.data.pipeline import build_pretraining_data  # slow imports: only here
 
     resolved = json.loads((run_dir / RUN_CONFIG_FILE).read_text())
     seed = int(resolved["train"]["seed"])

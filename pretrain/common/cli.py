@@ -47,9 +47,7 @@ def require(ok: bool, key: str, message: str) -> None:
         raise ConfigError(f"{key} {message}")
 
 
-# --------------------------------------------------------------------------------------------------
 # YAML that keeps the text of plain scalars
-# --------------------------------------------------------------------------------------------------
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,9 +96,7 @@ def _takes_text(tp: Any, scalar: AsTyped) -> bool:
     return False
 
 
-# --------------------------------------------------------------------------------------------------
 # Nested dict -> dataclasses, using the type hints
-# --------------------------------------------------------------------------------------------------
 
 
 @functools.cache
@@ -262,9 +258,7 @@ def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return flat
 
 
-# --------------------------------------------------------------------------------------------------
 # Presets and overrides
-# --------------------------------------------------------------------------------------------------
 
 
 def load_yaml(path: str | Path) -> dict[str, Any]:
@@ -438,9 +432,7 @@ def run_cli(main: Callable[[], int], errors: tuple[type[BaseException], ...] = (
         return 2
 
 
-# --------------------------------------------------------------------------------------------------
 # --help, generated from the dataclasses and the docstrings under their fields
-# --------------------------------------------------------------------------------------------------
 
 
 def field_docs(cls: type) -> dict[str, str]:

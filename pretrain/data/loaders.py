@@ -11,7 +11,8 @@ from torch.utils.data import DataLoader, Sampler
 
 from pretrain.common.device import accelerate_uses_cpu
 from pretrain.config import PretrainConfig
-from pretrain.data.pipeline import MaskingCollator, PretrainingData
+from pretrain.data.collator import MaskingCollator
+from pretrain.data.pipeline import PretrainingData
 
 
 def copies_asynchronously() -> bool:

@@ -12,8 +12,9 @@ from typing import Any
 from accelerate import Accelerator
 from accelerate.utils import gather_object
 
+from pretrain.common.cli import ConfigError, to_dict
 from pretrain.common.roles import not_keyed_in
-from pretrain.config import ConfigError, PretrainConfig, to_dict
+from pretrain.config import PretrainConfig
 from pretrain.data.config import DataConfig
 from pretrain.data.tokenizer import vocab_hash
 from pretrain.run_folder.layout import TOKENIZER_DIR, run_folder_of

@@ -25,8 +25,9 @@ from accelerate import Accelerator
 from transformers import PreTrainedTokenizerBase
 
 from pretrain.common.atomic import follow_umask, publish_dir, write_json
+from pretrain.common.cli import flatten
 from pretrain.common.roles import keys_where
-from pretrain.config import RESOLVED_AT_START, RESUMABLE_CHANGES, PretrainConfig, flatten
+from pretrain.config import RESOLVED_AT_START, RESUMABLE_CHANGES, PretrainConfig
 from pretrain.run_folder.layout import (
     CHECKPOINTS,
     RUN_CONFIG_FILE,
@@ -63,9 +64,7 @@ class TrainState:
     """Identifies the data config; on a change (e.g. the 512-token phase) the data position starts over."""
 
 
-# --------------------------------------------------------------------------------------------------
 # Checkpoints
-# --------------------------------------------------------------------------------------------------
 
 
 def list_checkpoints(run_dir: Path) -> list[tuple[int, Path]]:
@@ -126,9 +125,7 @@ def load_checkpoint(accelerator: Accelerator, checkpoint: Path) -> TrainState:
     return TrainState(**json.loads((checkpoint / TRAIN_STATE_FILE).read_text()))
 
 
-# --------------------------------------------------------------------------------------------------
 # A full disk: one error for every save, which the driver answers with a clean stop
-# --------------------------------------------------------------------------------------------------
 
 DISK_FULL_HINT = "Free space there, then continue with --train.resume=auto (from the latest checkpoint)"
 TOKENIZER_ROOM = 16 << 20
@@ -194,9 +191,7 @@ def saving(path: Path) -> Iterator[None]:
         raise
 
 
-# --------------------------------------------------------------------------------------------------
 # Which run lives in the output directory
-# --------------------------------------------------------------------------------------------------
 
 
 def _warn(message: str) -> None:
@@ -294,9 +289,7 @@ def check_same_run(run_dir: Path, config: dict[str, Any]) -> None:
         )
 
 
-# --------------------------------------------------------------------------------------------------
 # Weights-only snapshots
-# --------------------------------------------------------------------------------------------------
 
 
 def deepspeed_fp32_weights(accelerator: Accelerator, model: torch.nn.Module) -> dict[str, torch.Tensor]:

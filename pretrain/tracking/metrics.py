@@ -12,7 +12,8 @@ from accelerate import Accelerator
 from torch import nn
 
 from pretrain.common.atomic import write_text
-from pretrain.config import PretrainConfig, flatten, to_dict
+from pretrain.common.cli import flatten, to_dict
+from pretrain.config import PretrainConfig
 from pretrain.residual_streams import RESIDUAL_MODULES, ResidualStats
 from pretrain.run_folder.layout import METRICS_FILE, read_metrics
 from pretrain.tracking.wandb_logging import (
