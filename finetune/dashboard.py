@@ -11,6 +11,7 @@ comparison: running the command again updates it instead of adding one.
 """
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -145,9 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def cli() -> int:
-    """``main`` for the command line: bad input ends with its message and exit code 2, not a traceback."""
-    return run_cli(main)
+cli = functools.partial(run_cli, main)  # bad input: its message and exit code 2, not a traceback
 
 
 if __name__ == "__main__":

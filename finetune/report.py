@@ -16,6 +16,7 @@ interpolated over a wide gap and baselines of a truncated dev set. A results fol
 
 from __future__ import annotations
 
+import functools
 import inspect
 import itertools
 import json
@@ -171,14 +172,14 @@ def differences_text(runs: Sequence[RunInfo], differences: list[tuple[str, list[
     return f"({' vs '.join(run.label for run in runs)}: {pairs})"
 
 
-def recipe_caveat(runs: Sequence[RunInfo]) -> str:
-    """What a comparison of ``runs`` (a ratio of their steps) owes besides the placement; empty when nothing."""
+def recipe_caveat(runs: Sequence[RunInfo], what: str = "the ratio") -> str:
+    """What a comparison of ``runs`` (``what`` it compares) owes besides the placement; empty when nothing."""
     if unconfigured(runs):
-        return (f" Their recipes are unknown ({', '.join(unconfigured(runs))}: no {RUN_CONFIG_FILE}), so the ratio "
-                "may not be the placement's alone.")  # fmt: skip
+        return (f"Their recipes are unknown ({', '.join(unconfigured(runs))}: no {RUN_CONFIG_FILE}, which a run writes "
+                f"when it starts), so {what} may not be the placement's alone.")  # fmt: skip
     if differences := recipe_differences(runs):
-        return (f" Their recipes differ besides the model variant {differences_text(runs, differences)}, so the "
-                "ratio is not the placement's alone.")  # fmt: skip
+        return (f"Their recipes differ besides the model variant {differences_text(runs, differences)}, so {what} is "
+                "not the placement's alone.")  # fmt: skip
     return ""
 
 
@@ -579,7 +580,7 @@ def steps_sentence(table: list[dict[str, Any]], target: float, runs: Sequence[Ru
     pair = [run for row in (fastest, slowest) for run in runs if run.label == row["run"]]
     return (f"In this comparison, {fastest['run']} reaches validation loss {target:.4g} in {_steps_cell(fastest)} "
             f"steps, {about}{slowest['steps'] / fastest['steps']:.2f}x fewer than {slowest['run']} "
-            f"({_steps_cell(slowest)} steps).{recipe_caveat(pair)}")
+            f"({_steps_cell(slowest)} steps). {recipe_caveat(pair)}").rstrip()
 
 
 def steps_section(table: list[dict[str, Any]], target: float, runs: Sequence[RunInfo]) -> list[str]:
@@ -614,17 +615,10 @@ def recipes_section(runs: Sequence[RunInfo]) -> list[str]:
     """Whether the runs share their recipe besides the model variant, and every key in which they do not."""
     if len(runs) < 2:
         return []
-    if unconfigured(runs):
-        verdict = (f"Recipes not compared: {', '.join(unconfigured(runs))} has no {RUN_CONFIG_FILE} (a run writes "
-                   "it when it starts).")  # fmt: skip
-    elif differences := recipe_differences(runs):
-        verdict = (f"The runs' recipes differ besides the model variant {differences_text(runs, differences)}. Any "
-                   "difference between their curves is not the placement's alone.")  # fmt: skip
-    else:
-        verdict = "The runs share their recipe besides the model variant."
-    return ["## Recipes", "", verdict, "(Compared: the pretraining config keys of role recipe and limit, "
-            "pretrain/common/roles.py, other than the variant's: placement, norm type, QK-norm, residual scheme.)",
-            ""]  # fmt: skip
+    verdict = recipe_caveat(runs, "a difference between their curves")
+    return ["## Recipes", "", verdict or "The runs share their recipe besides the model variant.",
+            "(Compared: the pretraining config keys of role recipe and limit, pretrain/common/roles.py, other than the "
+            "variant's: placement, norm type, QK-norm, residual scheme.)", ""]  # fmt: skip
 
 
 def baselines_section(baselines: dict[str, dict[str, Any]]) -> list[str]:
@@ -796,9 +790,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def cli() -> int:
-    """``main`` for the command line: bad input ends with its message and exit code 2, not a traceback."""
-    return run_cli(main)
+cli = functools.partial(run_cli, main)  # bad input: its message and exit code 2, not a traceback
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ already done is skipped, so the command can be re-run after an interruption. The
 from __future__ import annotations
 
 import dataclasses
+import functools
 import sys
 from collections import Counter
 from dataclasses import dataclass
@@ -118,9 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0 if all(r["status"] == "done" for r in rows) else 1
 
 
-def cli() -> int:
-    """``main`` for the command line: bad input ends with its message and exit code 2, not a traceback."""
-    return run_cli(main, errors=(ResultsBusy,))
+cli = functools.partial(run_cli, main, errors=(ResultsBusy,))  # bad input: its message and exit code 2, not a traceback
 
 
 if __name__ == "__main__":

@@ -556,9 +556,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def cli() -> int:
-    """``main`` for the command line: bad input ends with its message and exit code 2, not a traceback."""
-    return run_cli(main, errors=(ResultsBusy,))
+cli = functools.partial(run_cli, main, errors=(ResultsBusy,))  # bad input: its message and exit code 2, not a traceback
 
 
 if __name__ == "__main__":

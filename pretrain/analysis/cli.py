@@ -5,6 +5,7 @@ transformers) imported after."""
 
 from __future__ import annotations
 
+import functools
 import importlib
 import sys
 from typing import Any
@@ -35,6 +36,4 @@ def main(argv: list[str] | None = None) -> int:
     return importlib.import_module(COMMANDS[command][1]).run(config)
 
 
-def cli() -> int:
-    """``main`` for the command line: bad input ends with its message and exit code 2, not a traceback."""
-    return run_cli(main)
+cli = functools.partial(run_cli, main)  # bad input: its message and exit code 2, not a traceback
