@@ -16,6 +16,7 @@ interpolated over a wide gap and baselines of a truncated dev set. A results fol
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
 import itertools
@@ -32,15 +33,15 @@ import numpy as np
 
 from finetune.config import ResultsOption, check_tasks
 from finetune.glue import get_task
-from finetune.manifest import DONE, ResultsFolder
-from finetune.tracking import RUN_CONFIG_FIX, Figure5, ReportSettings, log_report, of_runs
+from finetune.manifest import DONE, JobSpec, Results, ResultsFolder
+from finetune.tracking import RUN_CONFIG_FIX, pretraining_run
 from pretrain.common import atomic
 from pretrain.common.cli import flatten, parse, require, run_cli
 from pretrain.common.reporting import pyplot, save_figure
 from pretrain.common.roles import keys_where
 from pretrain.config import PretrainConfig
 from pretrain.run_folder.layout import RUN_CONFIG_FILE, read_metrics, read_run_config, read_run_id, read_status
-from pretrain.tracking.wandb_logging import check_credentials, wandb_mode
+from pretrain.tracking.wandb_logging import check_credentials, short_hash, wandb_mode
 from pretrain.variants import variant_name
 
 VAL_LOSS = "val/mlm_loss"
@@ -109,6 +110,26 @@ class RunInfo:
     """The run's resolved pretraining config (RUN/run_config.json) by dotted key; {} for a run without one."""
     label: str
     """Legend and table label, ``NAME (VARIANT)``; unique among the runs of one report."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Figure5:
+    """What the report computed (finetune.report.report): the W&B run logs the same."""
+
+    curves: dict[str, list[tuple[int, float]]]
+    """Validation loss (step, loss) by run label."""
+    steps: list[dict[str, Any]]
+    """The steps-to-loss table: run, steps, ratio, approximate (interpolated across a wide gap), bracket."""
+    points: list[dict[str, Any]]
+    """The best-lr points of panels (b)-(d) (POINT_COLUMNS)."""
+    rows: list[dict[str, Any]]
+    """The result rows the points were drawn from: the done jobs of the runs, tasks and recipe (one per seed)."""
+    images: list[Path]
+    """The PNGs drawn."""
+    baselines: dict[str, dict[str, Any]]
+    """Majority-class, label-prior and chance baselines by task, with the dev examples they are of."""
+    warnings: list[str]
+    """What the inputs cannot show (jobs not done, no results, no verdict), for the reader."""
 
 
 # Runs: their labels and recipes
@@ -723,6 +744,88 @@ def summary_markdown(runs: Sequence[RunInfo], target: float | None, figure5: Fig
     return "\n".join(lines) + "\n"
 
 
+# The report's W&B run (--wandb)
+
+
+POINT_COLUMNS = ["task", "run", "norm_placement", "variant", "step", "lr", "seeds", "planned_seeds", "incomplete",
+                 "accuracy", "accuracy_ci", "accuracy_low", "accuracy_high", "f1", "f1_ci", "dev_loss", "dev_loss_ci",
+                 "one_class_seeds", "one_class"]  # fmt: skip
+# The per-seed table: a job's name and placement, its key fields (the recipe by its hash) and its results.
+_KEYED = [f.name for f in dataclasses.fields(JobSpec) if f.metadata["role"] == "key" and f.name != "recipe"]
+SEED_COLUMNS = ["run_name", "placement", *_KEYED, "recipe_hash", *(f.name for f in dataclasses.fields(Results))]
+
+
+def of_runs(row: dict[str, Any], runs: Sequence[RunInfo]) -> bool:
+    """A result row belongs to one of the runs (by run id: not by name, and wherever the folder is mounted)."""
+    return any(row["run_id"] == run.run_id for run in runs)
+
+
+def log_report(runs: Sequence[RunInfo], config: ReportConfig, figure5: Figure5) -> str:
+    """One W&B run (job_type report) with a deterministic id, so re-running the report updates it: the Figure 5
+    series against ``pretrain_step`` (one log call per step), the steps-to-loss table, the best-lr points, the raw
+    per-seed rows (wandb.Table) and the figures. Returns the run's local folder."""
+    import wandb
+
+    wb = _start_report_run(runs, config, figure5.rows)
+    wb.define_metric("pretrain_step")
+    wb.define_metric("figure5/*", step_metric="pretrain_step")
+    by_step: dict[int, dict[str, float]] = defaultdict(dict)
+    for run in runs:
+        for step, loss in figure5.curves[run.label]:
+            by_step[step][f"figure5/val_mlm_loss/{run.label}"] = loss
+    for p in figure5.points:
+        for panel, key in (("accuracy", "accuracy"), ("best_lr", "lr"), ("dev_loss", "dev_loss")):
+            by_step[p["step"]][f"figure5/{p['task']}_{panel}/{p['run']}"] = p[key]
+    for step in sorted(by_step):
+        wb.log({"pretrain_step": step, **by_step[step]})
+    model = {run.label: {"norm_placement": run.placement, "variant": run.variant} for run in runs}
+    seed_rows = [r for r in figure5.rows if r["task"] in config.tasks and of_runs(r, runs)]
+    steps_columns = ["run", "norm_placement", "variant", "steps", "ratio", "approximate"]
+    wb.log({
+        "tables/steps_to_loss": _table([{**row, **model[row["run"]]} for row in figure5.steps], steps_columns),
+        "tables/best_lr_points": _table([{**p, **model[p["run"]]} for p in figure5.points], POINT_COLUMNS),
+        "tables/seed_rows": _table(seed_rows, SEED_COLUMNS),
+        **{f"figures/{image.stem}": wandb.Image(str(image)) for image in figure5.images},
+    })  # fmt: skip
+    wb.summary.update(
+        {"target_loss": config.target_loss, "warnings": " ".join(figure5.warnings)}
+        | {f"steps_to_loss/{row['run']}": row["steps"] for row in figure5.steps}
+        | {f"baseline/{task}/{name}": value for task, base in figure5.baselines.items() for name, value in base.items()}
+    )
+    directory = wb.dir
+    wb.finish()
+    return directory
+
+
+def _start_report_run(runs: Sequence[RunInfo], config: ReportConfig, rows: list[dict[str, Any]]) -> Any:
+    import wandb
+
+    pretraining = [pretraining_run(str(run.path)) for run in runs]
+    comparison = next((p["comparison"] for p in pretraining if p["comparison"]), "")
+    project = config.wandb_project or next((p["project"] for p in pretraining if p["project"]), None) or "lnbert"
+    recipes = sorted({r["recipe_hash"] for r in rows})
+    recipe = config.recipe_hash or (recipes[0] if len(recipes) == 1 else None)
+    placements, variants = [run.placement for run in runs], [run.variant for run in runs]
+    run_config = {"norm_placement": placements, "variant": variants, "comparison": comparison,
+              "runs": [run.name for run in runs], "pretrain_run_ids": [p["id"] for p in pretraining],
+              "tasks": list(config.tasks), "target_loss": config.target_loss, "recipe_hash": recipe}  # fmt: skip
+    # Deterministic: the same runs, recipe and tasks always update the same W&B report run.
+    identity = [p["id"] or run.run_id for p, run in zip(pretraining, runs, strict=True)]
+    run_id = short_hash({"runs": identity, "recipe": recipe, "tasks": sorted(config.tasks)}, 16)
+    return wandb.init(
+        project=project, id=f"report-{run_id}", resume="allow",
+        name=f"figure5-{comparison or 'report'}", group=f"{comparison or 'figure5'}-report", job_type="report",
+        tags=sorted({*placements, *variants, *([comparison] if comparison else [])}), config=run_config,
+        dir=config.out, mode=wandb_mode(), reinit="finish_previous",
+    )
+
+
+def _table(rows: list[dict[str, Any]], columns: list[str]) -> Any:
+    import wandb
+
+    return wandb.Table(columns=columns, data=[[row.get(c) for c in columns] for row in rows])
+
+
 # Driver
 
 
@@ -772,9 +875,7 @@ def report(config: ReportConfig) -> dict[str, Any]:
               "points": points, "baselines": baselines, "warnings": warnings, "images": images,
               "summary": out / "summary.md"}  # fmt: skip
     if config.wandb:
-        settings = ReportSettings(project=config.wandb_project, recipe_hash=config.recipe_hash, tasks=config.tasks,
-                                  target_loss=config.target_loss, out=config.out)  # fmt: skip
-        result["wandb_dir"] = log_report(runs, settings, figure5)
+        result["wandb_dir"] = log_report(runs, config, figure5)
     return result
 
 
