@@ -148,10 +148,8 @@ def parse_variant(spec: str) -> Variant:
             if variant.is_hf or "residual_scheme" in variant.config_overrides:
                 raise ValueError(f"variant {spec!r}: {mod!r} is a residual scheme; give one, to one of our models")
             try:
-                check_residual_scheme(
-                    variant.model, fields["residual_scheme"], fields["hc_streams"], DEFAULTS.mhc_sinkhorn_iters,
-                    fields["mhc_bias_init"], fields["attn_res_block_size"],
-                )  # fmt: skip
+                check_residual_scheme(variant.model, fields["residual_scheme"], fields["hc_streams"], DEFAULTS.mhc_sinkhorn_iters,
+                                      fields["mhc_bias_init"], fields["attn_res_block_size"])  # fmt: skip
             except ValueError as err:
                 raise ValueError(f"variant {spec!r}: {err}") from None
             variant.config_overrides.update(fields)
@@ -367,10 +365,8 @@ def add_mfu(group: dict[str, Any], peaks: dict[str, Any]) -> None:
 
 def print_group(group: dict[str, Any], shape_name: str) -> None:
     fpt, base = group["flops_per_token"], group["baseline"]
-    print(
-        f"\n## {shape_name} {group['shape']} — {group['precision']}; FLOPs/token: dense-head "
-        f"{fpt['dense_head'] / 1e6:.1f} M, sparse-head {fpt['sparse_head'] / 1e6:.1f} M"
-    )
+    print(f"\n## {shape_name} {group['shape']} — {group['precision']}; FLOPs/token: dense-head "
+          f"{fpt['dense_head'] / 1e6:.1f} M, sparse-head {fpt['sparse_head'] / 1e6:.1f} M")  # fmt: skip
     headers = ["variant", "step s (median)", "noise IQR", "tok/s", f"x {base} (wall, min-max)", f"x {base} (CPU time)",
                "CPU s/step", "tok/CPU-s", "exec TFLOP/s", "MFU exec", "MFU dense-count", "MFU exec (CPU time)",
                "peak MiB", "1st step s", "attention kernel"]  # fmt: skip

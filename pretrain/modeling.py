@@ -47,9 +47,9 @@ from transformers.utils.generic import can_return_tuple
 
 from pretrain.attention import attention_function, project_qkv
 from pretrain.ngpt import (
-    NGPT_MODULES,
     NgptLayer,
     NgptLMPredictionHead,
+    Scaled,
     UnitNorm,
     base_scale,
     init_on_sphere,
@@ -168,10 +168,8 @@ class LNBertConfig(BertConfig):
             )
         k = self.mix_ln_post_layers
         if k is not None and not 0 <= k <= self.num_hidden_layers:
-            raise ValueError(
-                f"mix_ln_post_layers={k} must be between 0 and num_hidden_layers={self.num_hidden_layers} "
-                "(or None for round(L/4))"
-            )
+            raise ValueError(f"mix_ln_post_layers={k} must be between 0 and num_hidden_layers={self.num_hidden_layers} "
+                             "(or None for round(L/4))")  # fmt: skip
         if self.admin_omega is not None and not (math.isfinite(self.admin_omega) and self.admin_omega > 0):
             raise ValueError(f"admin_omega={self.admin_omega} must be positive (or None for the O(log N) rule)")
         if not (math.isfinite(self.dyt_alpha_init) and self.dyt_alpha_init > 0):
@@ -625,7 +623,7 @@ class LNBertPreTrainedModel(PreTrainedModel):
             module.init_parameters(config.initializer_range)
         elif isinstance(module, LNBertEmbeddings):
             init.copy_(module.position_ids, torch.arange(module.position_ids.shape[-1])[None])
-        elif isinstance(module, NGPT_MODULES):  # nGPT's learned scalers, stored with the scale trick (pretrain/ngpt.py)
+        elif isinstance(module, Scaled):  # nGPT's learned scalers, stored with the scale trick (pretrain/ngpt.py)
             module.init_parameters()
         if isinstance(getattr(module, "bias", None), torch.Tensor):  # every bias (the MLM head's too) starts at zero
             init.zeros_(module.bias)

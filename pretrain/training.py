@@ -538,10 +538,8 @@ def decide_at_start(cfg: PretrainConfig, accelerator: Accelerator, tokenizer: An
     check_one_vocabulary(accelerator, tokenizer)
     vocab_size = cfg.model.vocab_size or len(tokenizer)
     if len(tokenizer) > vocab_size:
-        raise ConfigError(
-            f"model.vocab_size={vocab_size} is smaller than the tokenizer's {len(tokenizer)} tokens; "
-            "raise model.vocab_size or set it to null (use the tokenizer's size)"
-        )
+        raise ConfigError(f"model.vocab_size={vocab_size} is smaller than the tokenizer's {len(tokenizer)} tokens; "
+                          "raise model.vocab_size or set it to null (use the tokenizer's size)")  # fmt: skip
     peak_flops, peak_note = mfu_peak(cfg.train.peak_flops_per_device, accelerator.device, cfg.train.mixed_precision)
     accelerator.print(peak_note)
     resolved = resolved_config(cfg, {"model.vocab_size": vocab_size, "train.peak_flops_per_device": peak_flops})

@@ -85,11 +85,9 @@ def check_residual_scheme(
     """
     check_choice(f"{prefix}residual_scheme", residual_scheme, RESIDUAL_SCHEMES)
     if residual_scheme != "standard" and norm_placement != "pre":
-        raise ValueError(
-            f"{prefix}residual_scheme={residual_scheme!r} needs {prefix}norm_placement='pre' (got "
-            f"{norm_placement!r}): HC, mHC and AttnRes are defined on a Pre-LN block only; set "
-            f"{prefix}norm_placement=pre or {prefix}residual_scheme=standard"
-        )
+        raise ValueError(f"{prefix}residual_scheme={residual_scheme!r} needs {prefix}norm_placement='pre' (got "
+                         f"{norm_placement!r}): HC, mHC and AttnRes are defined on a Pre-LN block only; set "
+                         f"{prefix}norm_placement=pre or {prefix}residual_scheme=standard")  # fmt: skip
     for key, value, default in (("hc_streams", hc_streams, 4), ("mhc_sinkhorn_iters", mhc_sinkhorn_iters, 20)):
         if not (isinstance(value, int) and value >= 1):
             raise ValueError(f"{prefix}{key}={value!r} must be an integer >= 1 (the papers' default: {default})")

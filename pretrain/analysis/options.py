@@ -67,10 +67,8 @@ def model_problem(placement: str, norm_type: str, scheme: str) -> str:
     can), as the model's own checks say."""
     fields = residual_scheme_fields(scheme)
     try:
-        check_residual_scheme(
-            placement, fields["residual_scheme"], fields["hc_streams"], DEFAULTS.mhc_sinkhorn_iters,
-            fields["mhc_bias_init"], fields["attn_res_block_size"],
-        )  # fmt: skip
+        check_residual_scheme(placement, fields["residual_scheme"], fields["hc_streams"], DEFAULTS.mhc_sinkhorn_iters,
+                              fields["mhc_bias_init"], fields["attn_res_block_size"])  # fmt: skip
         check_ngpt(placement, norm_type, DEFAULTS.qk_norm, DEFAULTS.embedding_layer_norm)
     except ValueError as err:
         return str(err)

@@ -223,10 +223,8 @@ def load_source(source: SourceConfig, index: int, cfg: DataConfig) -> Documents:
             raise ValueError(f"{where}: empty corpus, no documents")
         columns = list(first)
     if source.text_column not in columns:
-        raise ValueError(
-            f"{where}: text column {source.text_column!r} not found; columns are {columns}. "
-            f"Set data.sources[{index}].text_column"
-        )
+        raise ValueError(f"{where}: text column {source.text_column!r} not found; columns are {columns}. "
+                         f"Set data.sources[{index}].text_column")  # fmt: skip
     ds = ds.select_columns([source.text_column])
     if source.text_column != "text":
         ds = ds.rename_column(source.text_column, "text")
