@@ -637,19 +637,17 @@ def pretrain(cfg: PretrainConfig, argv: list[str] | None = None) -> str:
         outcome = run_training(setup, state, resume_from)
     except BaseException as err:
         full = as_disk_full(err, run_dir) if isinstance(err, Exception) else None
-        if full is None:
-            if setup is None:  # bad input found while preparing: nothing started, no status
-                raise
-            message = failure_message(err, accelerator, cfg)
-            record_stop(accelerator, cfg, "failed", state.step, message)
-            accelerator.end_training()
-            if isinstance(err, Exception):
-                raise TrainingFailed(f"training failed at step {state.step}: {message}") from err
+        if full is None and setup is None:  # bad input found while preparing: nothing started, no status
             raise
-        record_stop(accelerator, cfg, "preempted", state.step, str(full))
-        accelerator.print(f"\nstopped at step {state.step}: {full}")
+        message = str(full) if full is not None else failure_message(err, accelerator, cfg)
+        record_stop(accelerator, cfg, "failed" if full is None else "preempted", state.step, message)
         accelerator.end_training()
-        return "preempted (disk full)"
+        if full is not None:
+            accelerator.print(f"\nstopped at step {state.step}: {full}")
+            return "preempted (disk full)"
+        if isinstance(err, Exception):
+            raise TrainingFailed(f"training failed at step {state.step}: {message}") from err
+        raise
     accelerator.end_training()  # after the final status, which the W&B summary records
     files = {"checkpoints": layout.CHECKPOINTS, "snapshots": layout.SNAPSHOTS, "metrics": layout.METRICS_FILE,
              "status": layout.STATUS_FILE, "tensorboard": layout.TENSORBOARD_DIR, "wandb": layout.WANDB_DIR}
