@@ -28,7 +28,7 @@ from finetune.report import ReportConfig, report
 from finetune.schedule import status_lines
 from pretrain.common.atomic import write_json
 from pretrain.common.cli import parse, require, run_cli
-from pretrain.run_folder.layout import ensure_run_id
+from pretrain.run_folder.identity import ensure_run_id
 
 TASKS, LRS, SEEDS = ("mrpc", "rte"), (1e-5, 2e-5, 3e-5, 5e-5), range(25)
 

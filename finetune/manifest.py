@@ -66,7 +66,7 @@ class Model:
     """The model of a job: a pretraining snapshot (its run, its step) or any other model folder or Hub name."""
 
     run_id: str = field(metadata=KEY)
-    """Identity of the pretraining run (RUN/run_id, pretrain/run_folder/layout.py); not its name, not its path."""
+    """Identity of the pretraining run (RUN/run_id, pretrain/run_folder/identity.py); not its name, not its path."""
     run_name: str = field(metadata=ABOUT)
     """The run's name, for tables and legends only."""
     run_dir: str = field(metadata=ABOUT)

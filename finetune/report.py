@@ -40,7 +40,8 @@ from pretrain.common.cli import flatten, parse, require, run_cli
 from pretrain.common.reporting import pyplot, save_figure
 from pretrain.common.roles import keys_where
 from pretrain.config import PretrainConfig
-from pretrain.run_folder.layout import RUN_CONFIG_FILE, read_metrics, read_run_config, read_run_id, read_status
+from pretrain.run_folder.identity import read_run_id
+from pretrain.run_folder.layout import RUN_CONFIG_FILE, read_metrics, read_run_config, read_status
 from pretrain.tracking.wandb_logging import check_credentials, short_hash, wandb_mode
 from pretrain.variants import variant_name
 

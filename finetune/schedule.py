@@ -52,14 +52,8 @@ from finetune.manifest import (
 from finetune.tracking import WandbSettings, check_wandb
 from finetune.worker import describe_model, files_stamp, job_specs
 from pretrain.common.cli import ConfigError, parse_command, require, run_cli
-from pretrain.run_folder.layout import (
-    DEAD_AFTER_S,
-    TERMINAL_STATUSES,
-    is_dead,
-    list_snapshots,
-    read_run_id,
-    read_status,
-)
+from pretrain.run_folder.identity import read_run_id
+from pretrain.run_folder.layout import DEAD_AFTER_S, TERMINAL_STATUSES, is_dead, list_snapshots, read_status
 
 BackendName = Literal["local", "slurm"]
 Mode = Literal["once", "follow"]

@@ -24,6 +24,7 @@ from finetune.config import FinetuneConfig
 from finetune.manifest import JobSpec, JobState, Manifest, ManifestJob, Model, ResultsFolder, load_manifest
 from finetune.tracking import WandbSettings, job_run
 from pretrain.common.formats import RUN_FORMAT, FormatVersionError, check_format
+from pretrain.run_folder.identity import read_run_id
 from pretrain.run_folder.layout import (
     MANIFEST_FILE,
     RUN_ID_FILE,
@@ -31,7 +32,6 @@ from pretrain.run_folder.layout import (
     SNAPSHOT_MARKER,
     SNAPSHOTS,
     list_snapshots,
-    read_run_id,
     run_folder_of,
 )
 from pretrain.run_folder.manifest import SNAPSHOT_FIX, ManifestError, sha256_file, verify_manifest

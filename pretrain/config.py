@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from pretrain.common.cli import ConfigError, parse, to_dict
+from pretrain.common.cli import ConfigError, field_docs, flatten, from_dict, parse, to_dict
 from pretrain.common.cli import help_text as _help_text
 from pretrain.common.cli import require as _require
 from pretrain.common.roles import keys_where, resolved_keys, role
@@ -31,8 +31,7 @@ from pretrain.variants import (
     NormPlacement,
     NormType,
     ResidualScheme,
-    check_ngpt,
-    check_residual_scheme,
+    check_options,
     residual_scheme_label,
     variant_name,
 )
@@ -117,20 +116,11 @@ class ModelConfig:
     def __post_init__(self) -> None:
         for key in ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size"):
             _require(getattr(self, key) > 0, f"model.{key}", "must be a positive integer")
-        _require(self.hidden_size % self.num_attention_heads == 0, "model.num_attention_heads",
-                 f"must divide model.hidden_size={self.hidden_size}; choose a divisor of hidden_size")
         for key in ("hidden_dropout_prob", "attention_probs_dropout_prob"):
             _require(0.0 <= getattr(self, key) < 1.0, f"model.{key}", "must be in [0, 1)")
         _require(self.vocab_size is None or self.vocab_size > 0, "model.vocab_size", "must be positive or null")
-        k = self.mix_ln_post_layers
-        _require(k is None or 0 <= k <= self.num_hidden_layers, "model.mix_ln_post_layers",
-                 f"must be between 0 and model.num_hidden_layers={self.num_hidden_layers}, or null for round(L/4)")
-        _require(self.admin_omega is None or self.admin_omega > 0, "model.admin_omega", "must be > 0, or null")
-        _require(self.dyt_alpha_init > 0, "model.dyt_alpha_init", "must be > 0 (DyT's default: 0.5)")
         try:
-            check_residual_scheme(self.norm_placement, self.residual_scheme, self.hc_streams, self.mhc_sinkhorn_iters,
-                                  self.mhc_bias_init, self.attn_res_block_size, prefix="model.")
-            check_ngpt(self.norm_placement, self.norm_type, self.qk_norm, self.embedding_layer_norm, prefix="model.")
+            check_options(self, prefix="model.")
         except ValueError as err:
             raise ConfigError(str(err)) from None
 
@@ -415,3 +405,9 @@ def parse_args(argv: list[str]) -> PretrainConfig:
 def help_text() -> str:
     """The --help text of pretrain/run.py, generated from the dataclasses."""
     return _help_text(PretrainConfig, prog=PROG, usage=USAGE, defaults=PretrainConfig())
+
+__all__ = [
+    "RESOLVED_AT_START", "RESUMABLE_CHANGES", "ConfigError", "DataConfig", "ModelConfig", "OptimConfig",
+    "PretrainConfig", "TrackingConfig", "TrainConfig", "field_docs", "flatten", "from_dict", "help_text", "parse_args",
+    "resolved_config", "to_dict",
+]

@@ -47,9 +47,9 @@ from transformers.utils.generic import can_return_tuple
 
 from pretrain.attention import attention_function, project_qkv
 from pretrain.ngpt import (
+    NGPT_MODULES,
     NgptLayer,
     NgptLMPredictionHead,
-    Scaled,
     UnitNorm,
     base_scale,
     init_on_sphere,
@@ -59,7 +59,6 @@ from pretrain.ngpt import (
 from pretrain.norms import NORM_MODULES, DyT, Scale, make_norm
 from pretrain.placements import (
     BLOCKS,
-    NORM_PLACEMENTS,
     PLACEMENTS,
     Block,
     Placement,
@@ -72,15 +71,14 @@ from pretrain.residual_streams import RESIDUAL_MODULES, AttentionResidual, colla
 from pretrain.variants import (
     DEFAULTS,
     INIT_SCHEMES,
+    NORM_PLACEMENTS,
     NORM_TYPES,
     InitScheme,
     MhcBiasInit,
     NormPlacement,
     NormType,
     ResidualScheme,
-    check_choice,
-    check_ngpt,
-    check_residual_scheme,
+    check_options,
 )
 
 # Config fields that change what given weights compute (DeepNorm's alpha follows from the placement and depth);
@@ -155,25 +153,7 @@ class LNBertConfig(BertConfig):
     attn_res_block_size: int | None = DEFAULTS.attn_res_block_size
 
     def __post_init__(self, **kwargs: Any) -> None:
-        check_choice("norm_placement", self.norm_placement, NORM_PLACEMENTS)
-        check_choice("norm_type", self.norm_type, NORM_TYPES)
-        check_choice("init_scheme", self.init_scheme, INIT_SCHEMES)
-        check_residual_scheme(self.norm_placement, self.residual_scheme, self.hc_streams, self.mhc_sinkhorn_iters,
-                              self.mhc_bias_init, self.attn_res_block_size)  # fmt: skip
-        check_ngpt(self.norm_placement, self.norm_type, self.qk_norm, self.embedding_layer_norm)
-        if self.hidden_size % self.num_attention_heads != 0:
-            raise ValueError(
-                f"hidden_size={self.hidden_size} is not divisible by num_attention_heads="
-                f"{self.num_attention_heads}; choose num_attention_heads among the divisors of hidden_size"
-            )
-        k = self.mix_ln_post_layers
-        if k is not None and not 0 <= k <= self.num_hidden_layers:
-            raise ValueError(f"mix_ln_post_layers={k} must be between 0 and num_hidden_layers={self.num_hidden_layers} "
-                             "(or None for round(L/4))")  # fmt: skip
-        if self.admin_omega is not None and not (math.isfinite(self.admin_omega) and self.admin_omega > 0):
-            raise ValueError(f"admin_omega={self.admin_omega} must be positive (or None for the O(log N) rule)")
-        if not (math.isfinite(self.dyt_alpha_init) and self.dyt_alpha_init > 0):
-            raise ValueError(f"dyt_alpha_init={self.dyt_alpha_init} must be a positive number (DyT's default: 0.5)")
+        check_options(self)
         super().__post_init__(**kwargs)
 
     @property
@@ -623,7 +603,7 @@ class LNBertPreTrainedModel(PreTrainedModel):
             module.init_parameters(config.initializer_range)
         elif isinstance(module, LNBertEmbeddings):
             init.copy_(module.position_ids, torch.arange(module.position_ids.shape[-1])[None])
-        elif isinstance(module, Scaled):  # nGPT's learned scalers, stored with the scale trick (pretrain/ngpt.py)
+        elif isinstance(module, NGPT_MODULES):  # nGPT's learned scalers, stored with the scale trick (pretrain/ngpt.py)
             module.init_parameters()
         if isinstance(getattr(module, "bias", None), torch.Tensor):  # every bias (the MLM head's too) starts at zero
             init.zeros_(module.bias)
@@ -847,3 +827,9 @@ AutoModel.register(LNBertConfig, LNBertModel, exist_ok=True)
 AutoModelForPreTraining.register(LNBertConfig, LNBertForPreTraining, exist_ok=True)
 AutoModelForMaskedLM.register(LNBertConfig, LNBertForMaskedLM, exist_ok=True)
 AutoModelForSequenceClassification.register(LNBertConfig, LNBertForSequenceClassification, exist_ok=True)
+
+__all__ = [
+    "INIT_SCHEMES", "NORM_PLACEMENTS", "NORM_TYPES", "LNBertConfig", "LNBertForMaskedLM", "LNBertForPreTraining",
+    "LNBertForPreTrainingOutput", "LNBertForSequenceClassification", "LNBertModel", "LNBertPreTrainedModel",
+    "count_layer_norms", "mlm_logits_and_loss",
+]  # fmt: skip

@@ -67,25 +67,6 @@ class Scaler:
         return stored * (self.init / self.scale)
 
 
-class Scaled(nn.Module):
-    """A module with learned vectors stored with the scale trick: ``scalers`` names each one's ``Scaler``; the model's
-    ``_init_weights`` puts them back at their stored values (``init_parameters``)."""
-
-    scalers: dict[str, Scaler]
-
-    def scaled(self, name: str, scaler: Scaler, size: int) -> None:
-        """Register the learned vector ``name`` of ``size`` entries, stored with ``scaler``."""
-        self.scalers = {**getattr(self, "scalers", {}), name: scaler}
-        self.register_parameter(name, nn.Parameter(scaler.initial(size)))
-
-    def effective(self, name: str) -> torch.Tensor:
-        return self.scalers[name].effective(getattr(self, name))
-
-    def init_parameters(self) -> None:
-        for name, scaler in self.scalers.items():
-            init.copy_(getattr(self, name), scaler.initial(getattr(self, name).numel()))
-
-
 class _UnitNorm(torch.autograd.Function):
     """y = x / ||x|| with the backward written out, dx = (g - y (g . y)) / ||x||: three elementwise passes, not six,
     1.8x faster on CPU at (8, 128, 768); nGPT normalises six times per layer, its largest cost after the GEMMs."""
@@ -153,7 +134,7 @@ class UnitNorm(nn.Module):
         return unit(x).to(x.dtype)
 
 
-class NgptSelfAttention(Scaled):
+class NgptSelfAttention(nn.Module):
     """Q, K, V without biases; each head's queries and keys normalised and scaled by s_qk (``sqk``, d numbers
     viewed as (heads, d_k)); softmax scale sqrt(d_k), as the official code's ``softmax_scale``."""
 
@@ -165,14 +146,18 @@ class NgptSelfAttention(Scaled):
         self.query = on_sphere(nn.Linear(d, d, bias=False), dim=1)
         self.key = on_sphere(nn.Linear(d, d, bias=False), dim=1)
         self.value = on_sphere(nn.Linear(d, d, bias=False), dim=1)
-        self.scaled("sqk", Scaler(SQK_INIT, base_scale(d)), d)
+        self.sqk_scaler = Scaler(SQK_INIT, base_scale(d))
+        self.sqk = nn.Parameter(self.sqk_scaler.initial(d))
         self.is_causal = False  # read by transformers' SDPA / flash attention interfaces
+
+    def init_parameters(self) -> None:
+        init.copy_(self.sqk, self.sqk_scaler.initial(self.sqk.numel()))
 
     def forward(
         self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         q, k, v = project_qkv(hidden_states, (self.query, self.key, self.value), self.head_size, self.config.fused_qkv)
-        s_qk = self.effective("sqk").view(-1, 1, self.head_size)  # (nh, 1, hs) against (B, nh, T, hs)
+        s_qk = self.sqk_scaler.effective(self.sqk).view(-1, 1, self.head_size)  # (nh, 1, hs) against (B, nh, T, hs)
         q, k = ((unit(x) * s_qk).to(v.dtype) for x in (q, k))
         scaling = self.head_size**0.5
         out, probs = attention_function(self.config)(self, q, k, v, attention_mask, dropout=0.0, scaling=scaling)
@@ -194,7 +179,7 @@ class NgptAttention(nn.Module):
         self.output = NgptProjection(config.hidden_size, config.hidden_size)
 
 
-class NgptIntermediate(Scaled):
+class NgptIntermediate(nn.Module):
     """GELU(s_u sqrt(d) (W_in h)): the FFN input without bias, scaled per channel by s_u (``su``, stored 1, used
     1: §2.6) and by sqrt(d), which moves the activation's input, a cosine, into GELU's non-linear range (A.1)."""
 
@@ -202,16 +187,20 @@ class NgptIntermediate(Scaled):
         super().__init__()
         self.dense = on_sphere(nn.Linear(config.hidden_size, config.intermediate_size, bias=False), dim=1)
         self.intermediate_act_fn = ACT2FN[config.hidden_act]
-        self.scaled("su", Scaler(SU_INIT, 1.0), config.intermediate_size)
+        self.su_scaler = Scaler(SU_INIT, 1.0)
+        self.su = nn.Parameter(self.su_scaler.initial(config.intermediate_size))
         self.input_scale = math.sqrt(config.hidden_size)
+
+    def init_parameters(self) -> None:
+        init.copy_(self.su, self.su_scaler.initial(self.su.numel()))
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         u = self.dense(hidden_states)
-        scale = self.effective("su") * self.input_scale  # (d_ff,): one vector, not one more full pass
+        scale = self.su_scaler.effective(self.su) * self.input_scale  # (d_ff,): one vector, not one more full pass
         return self.intermediate_act_fn(u * scale.to(u.dtype))
 
 
-class NgptLayer(Scaled):
+class NgptLayer(nn.Module):
     """One nGPT layer at Hugging Face BERT's module names, plus the eigen learning rates ``attn_alpha`` and
     ``mlp_alpha`` (d each, stored 1/sqrt(d), used |stored * 0.05 sqrt(d)|); ``ngpt_block`` is its data flow."""
 
@@ -221,8 +210,13 @@ class NgptLayer(Scaled):
         self.attention = NgptAttention(config)
         self.intermediate = NgptIntermediate(config)
         self.output = NgptProjection(config.intermediate_size, d)
-        for name in ("attn_alpha", "mlp_alpha"):
-            self.scaled(name, Scaler(ALPHA_INIT, base_scale(d)), d)
+        self.alpha_scaler = Scaler(ALPHA_INIT, base_scale(d))
+        self.attn_alpha = nn.Parameter(self.alpha_scaler.initial(d))
+        self.mlp_alpha = nn.Parameter(self.alpha_scaler.initial(d))
+
+    def init_parameters(self) -> None:
+        for alpha in (self.attn_alpha, self.mlp_alpha):
+            init.copy_(alpha, self.alpha_scaler.initial(alpha.numel()))
 
     # What the block reads.
     def attend(self, h: torch.Tensor, attention_mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -234,9 +228,9 @@ class NgptLayer(Scaled):
         """W_out GELU(s_u sqrt(d) W_in h), before its Norm."""
         return self.output.dense(self.intermediate(h))
 
-    def eigen_lr(self, name: str) -> torch.Tensor:
-        """|alpha|, the effective eigen learning rate ``attn_alpha`` or ``mlp_alpha`` (A.2: the sign is free)."""
-        return self.effective(name).abs()
+    def eigen_lr(self, alpha: nn.Parameter) -> torch.Tensor:
+        """|alpha|, the effective eigen learning rate of ``attn_alpha`` or ``mlp_alpha`` (A.2: the sign is free)."""
+        return self.alpha_scaler.effective(alpha).abs()
 
     def forward(self, h: torch.Tensor, attention_mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
         return ngpt_block(self, h, attention_mask)
@@ -264,27 +258,35 @@ def ngpt_block(
     """
     dtype = h.dtype
     branch, probs = layer.attend(h, mask)
-    h = unit(torch.lerp(h, unit(branch).to(dtype), layer.eigen_lr("attn_alpha").to(dtype))).to(dtype)
+    h = unit(torch.lerp(h, unit(branch).to(dtype), layer.eigen_lr(layer.attn_alpha).to(dtype))).to(dtype)
     branch = layer.feed_forward(h)
-    h = unit(torch.lerp(h, unit(branch).to(dtype), layer.eigen_lr("mlp_alpha").to(dtype))).to(dtype)
+    h = unit(torch.lerp(h, unit(branch).to(dtype), layer.eigen_lr(layer.mlp_alpha).to(dtype))).to(dtype)
     return h, probs
 
 
-class NgptLMPredictionHead(Scaled):
+class NgptLMPredictionHead(nn.Module):
     """z = s_z (E_out h): the decoder without bias (tied to the word embeddings, as BERT, or its own rows on the
     sphere), times s_z per vocabulary token (``sz``, stored 1/sqrt(d), used 1). No transform (it leaves the sphere)."""
 
     def __init__(self, config: BertConfig) -> None:
         super().__init__()
         self.decoder = on_sphere(nn.Linear(config.hidden_size, config.vocab_size, bias=False), dim=1)
-        self.scaled("sz", Scaler(SZ_INIT, base_scale(config.hidden_size)), config.vocab_size)
+        self.sz_scaler = Scaler(SZ_INIT, base_scale(config.hidden_size))
+        self.sz = nn.Parameter(self.sz_scaler.initial(config.vocab_size))
+
+    def init_parameters(self) -> None:
+        init.copy_(self.sz, self.sz_scaler.initial(self.sz.numel()))
 
     def set_decoder(self, decoder: nn.Linear) -> None:
         self.decoder = on_sphere(decoder, dim=1)
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         # Float32 logits (under autocast the product promotes), as the loss takes them.
-        return self.decoder(hidden_states) * self.effective("sz")
+        return self.decoder(hidden_states) * self.sz_scaler.effective(self.sz)
+
+
+# Modules with learned scalers, initialised by their own ``init_parameters`` (the model's ``_init_weights``).
+NGPT_MODULES: tuple[type[nn.Module], ...] = (NgptSelfAttention, NgptIntermediate, NgptLayer, NgptLMPredictionHead)
 
 
 @dataclass
@@ -338,10 +340,10 @@ def ngpt_stats(model: nn.Module, hidden_states: tuple[torch.Tensor, ...] | None 
         hidden = max(float((torch.linalg.vector_norm(h.float(), dim=-1) - 1).abs().max()) for h in hidden_states)
     return NgptStats(
         weight_norm_error=float(torch.stack(errors).max()),
-        attn_alpha=means([layer.eigen_lr("attn_alpha") for layer in layers]),
-        mlp_alpha=means([layer.eigen_lr("mlp_alpha") for layer in layers]),
-        sqk=means([layer.attention.self.effective("sqk") for layer in layers]),
-        su=means([layer.intermediate.effective("su") for layer in layers]),
-        sz=float(heads[0].effective("sz").float().mean()) if heads else None,
+        attn_alpha=means([layer.eigen_lr(layer.attn_alpha) for layer in layers]),
+        mlp_alpha=means([layer.eigen_lr(layer.mlp_alpha) for layer in layers]),
+        sqk=means([a.sqk_scaler.effective(a.sqk) for a in (layer.attention.self for layer in layers)]),
+        su=means([f.su_scaler.effective(f.su) for f in (layer.intermediate for layer in layers)]),
+        sz=float(heads[0].sz_scaler.effective(heads[0].sz).float().mean()) if heads else None,
         hidden_norm_error=hidden,
     )

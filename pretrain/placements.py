@@ -43,7 +43,7 @@ from torch import nn
 
 from pretrain.ngpt import ngpt_block
 from pretrain.residual_streams import DepthSources, ResidualModule
-from pretrain.variants import NORM_PLACEMENTS
+from pretrain.variants import NORM_PLACEMENTS, NormPlacement
 
 # What a block passes on: the stream, ResiDual's (a, d), or a residual scheme's (n streams, AttnRes's sources).
 Stream = torch.Tensor | tuple[torch.Tensor, torch.Tensor] | DepthSources
@@ -294,3 +294,8 @@ def admin_omega_default(num_layers: int) -> float:
 def mix_ln_post_layers_default(num_layers: int) -> int:
     """Mix-LN's Post-LN layer count, round(L/4) (the authors' scripts: 3 of 12, 6 of 24)."""
     return round(num_layers / 4)
+
+__all__ = [
+    "ALIASES", "BLOCKS", "NORM_PLACEMENTS", "PLACEMENTS", "Block", "NormPlacement", "Placement", "admin_omega_default",
+    "canonical_placement", "mix_ln_post_layers_default",
+]  # fmt: skip

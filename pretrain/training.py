@@ -67,6 +67,7 @@ from pretrain.run_folder.checkpointing import (
     saving,
     snapshot_is_complete,
 )
+from pretrain.run_folder.identity import ensure_run_id
 from pretrain.run_folder.status import Heartbeat, StopRequest, write_status
 from pretrain.tracking.metrics import (
     clip_coefficient,
@@ -613,7 +614,7 @@ def start_run_folder(setup: TrainingSetup, resumed_at: int) -> None:
     if report is not None:
         print(report, flush=True)
     write_json(setup.run_dir / layout.RUN_CONFIG_FILE, stamped(setup.resolved, RUN_FORMAT))
-    layout.ensure_run_id(setup.run_dir)  # once per run: fine-tuning results are keyed by it
+    ensure_run_id(setup.run_dir)  # once per run: fine-tuning results are keyed by it (pretrain/run_folder/identity.py)
     setup.last_eval = rewind_metrics(setup.run_dir, resumed_at)
     if (setup.run_dir / layout.TOKENIZER_DIR).is_dir():
         follow_umask(setup.run_dir / layout.TOKENIZER_DIR)

@@ -2,15 +2,16 @@
 
 Every command checks its options before it imports torch and transformers (about 9 s of CPU), so that a typo
 answers at once, against what lives here: the names of the placements, norm types, init schemes and residual
-schemes, the defaults of ``LNBertConfig``'s own options (documented there), ``check_residual_scheme`` and
-``check_ngpt``.
+schemes, the defaults of ``LNBertConfig``'s own options (documented there), and ``check_options``, the one check
+of a model's options.
 """
 
 from __future__ import annotations
 
 import difflib
+import math
 from dataclasses import dataclass
-from typing import Literal, get_args
+from typing import Any, Literal, get_args
 
 NormPlacement = Literal[
     "post", "pre", "sandwich", "peri", "deepnorm", "admin", "rezero", "b2t", "resi_dual",
@@ -72,6 +73,28 @@ def check_choice(key: str, value: str, choices: tuple[str, ...]) -> None:
         close = difflib.get_close_matches(str(value), choices, n=1)
         hint = f" (did you mean {close[0]!r}?)" if close else ""
         raise ValueError(f"{key}={value!r} is not a valid choice{hint}; valid choices: {', '.join(choices)}")
+
+
+def check_options(options: Any, prefix: str = "") -> None:
+    """Refuse options no model builds, naming the field (``prefix`` + its name) and the fix: ``LNBertConfig``'s,
+    and the command line's ``model`` section (``prefix`` "model."), which has the same fields, before torch loads."""
+    for key, choices in (("norm_placement", NORM_PLACEMENTS), ("norm_type", NORM_TYPES), ("init_scheme", INIT_SCHEMES)):
+        check_choice(f"{prefix}{key}", getattr(options, key), choices)
+    p, o = prefix, options
+    if o.hidden_size % o.num_attention_heads != 0:
+        raise ValueError(f"{p}hidden_size={o.hidden_size} is not divisible by {p}num_attention_heads="
+                         f"{o.num_attention_heads}: {p}num_attention_heads must divide {p}hidden_size={o.hidden_size}")
+    k = o.mix_ln_post_layers
+    if k is not None and not 0 <= k <= o.num_hidden_layers:
+        raise ValueError(f"{p}mix_ln_post_layers={k} must be between 0 and {p}num_hidden_layers={o.num_hidden_layers} "
+                         "(or null for round(L/4))")  # fmt: skip
+    if o.admin_omega is not None and not (math.isfinite(o.admin_omega) and o.admin_omega > 0):
+        raise ValueError(f"{p}admin_omega={o.admin_omega} must be positive (or null for the O(log N) rule)")
+    if not (math.isfinite(o.dyt_alpha_init) and o.dyt_alpha_init > 0):
+        raise ValueError(f"{p}dyt_alpha_init={o.dyt_alpha_init} must be a positive number (DyT's default: 0.5)")
+    check_residual_scheme(o.norm_placement, o.residual_scheme, o.hc_streams, o.mhc_sinkhorn_iters, o.mhc_bias_init,
+                          o.attn_res_block_size, prefix)  # fmt: skip
+    check_ngpt(o.norm_placement, o.norm_type, o.qk_norm, o.embedding_layer_norm, prefix)
 
 
 def check_residual_scheme(

@@ -23,7 +23,8 @@ from pretrain.common.atomic import write_json
 from pretrain.common.cli import from_dict
 from pretrain.data.tokenizer import train_wordpiece_tokenizer
 from pretrain.modeling import LNBertConfig, LNBertForPreTraining
-from pretrain.run_folder.layout import SNAPSHOT_INFO, SNAPSHOT_MARKER, ensure_run_id, step_dirname
+from pretrain.run_folder.identity import ensure_run_id
+from pretrain.run_folder.layout import SNAPSHOT_INFO, SNAPSHOT_MARKER, step_dirname
 from pretrain.run_folder.manifest import write_manifest
 from tests.conftest import TINY
 

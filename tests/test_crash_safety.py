@@ -341,7 +341,7 @@ def test_a_snapshot_of_another_format_version_is_refused_by_finetuning_and_expor
 
 
 def test_a_folder_without_a_run_id_is_named_with_what_to_pass(tmp_path: Path) -> None:
-    from pretrain.run_folder.layout import ensure_run_id, read_run_id
+    from pretrain.run_folder.identity import ensure_run_id, read_run_id
 
     (tmp_path / "run_config.json").write_text("{}")
     with pytest.raises(FileNotFoundError, match=r"has no run_id: it is not a pretraining run folder of this version"):

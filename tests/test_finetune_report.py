@@ -27,7 +27,8 @@ from pretrain.common.atomic import write_json
 from pretrain.common.cli import run_cli, to_dict
 from pretrain.common.formats import RUN_FORMAT, stamped
 from pretrain.config import parse_args
-from pretrain.run_folder.layout import RUN_CONFIG_FILE, ensure_run_id, read_run_id
+from pretrain.run_folder.identity import ensure_run_id, read_run_id
+from pretrain.run_folder.layout import RUN_CONFIG_FILE
 from tests.finetune_fixtures import FIXTURE_GLUE, job_spec, results, set_status
 from tests.wandb_records import read_runs
 

@@ -1,7 +1,5 @@
-"""Pretraining data: ``build_pretraining_data``, which runs the stages of this package (listed in __init__.py).
-
-The training loop imports from here: DataConfig, build_pretraining_data, PretrainingData and MaskingCollator.
-"""
+"""Pretraining data: ``build_pretraining_data``, which runs the stages of this package (listed in __init__.py), and
+whether the cache already holds what a config needs (``prepared``, ``is_prepared``)."""
 
 from __future__ import annotations
 
@@ -14,7 +12,8 @@ from typing import NamedTuple
 import datasets
 from transformers import PreTrainedTokenizerFast
 
-from pretrain.data.config import DataConfig
+from pretrain.data.collator import MaskingCollator
+from pretrain.data.config import DataConfig, SourceConfig
 from pretrain.data.corpus import corpus_bytes, document_texts, split_corpus
 from pretrain.data.instance_cache import SUMMARY_FILE, cached_instances, prepared_dir
 from pretrain.data.instances import make_instances, stream_instances
@@ -113,3 +112,6 @@ def build_pretraining_data(
             folder = found.instances
             train, validation = cached_instances(documents, tokenizer, cfg, seed=seed, progress=progress, folder=folder)
     return PretrainingData(train=train, validation=validation, tokenizer=tokenizer)
+
+__all__ = ["DataConfig", "MaskingCollator", "PreparationRequired", "PretrainingData", "SourceConfig",
+           "build_pretraining_data", "is_prepared"]  # fmt: skip

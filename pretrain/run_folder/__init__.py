@@ -1,7 +1,7 @@
 """A run's files on disk: the contract that fine-tuning and the analyses read (docs/run_layout.md).
 
-    layout.py         the run folder's file names, their readers (status, metrics, snapshots, heartbeat age) and
-                      the run's id, written once into RUN/run_id, which fine-tuning results are keyed by
+    layout.py         the run folder's file names and their readers (status, metrics, snapshots, heartbeat age)
+    identity.py       the run's id, written once into RUN/run_id, which fine-tuning results are keyed by
     manifest.py       a checkpoint's or snapshot's files with their sizes and SHA-256 checksums
     status.py         a live run's status.json as the main process writes it, its heartbeat, the stop requests
     checkpointing.py  full-state checkpoints (resumable) and weights-only snapshots, written atomically; resume checks

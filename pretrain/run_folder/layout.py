@@ -1,5 +1,5 @@
 """The on-disk layout of a pretraining run (see docs/run_layout.md), shared by pretraining and fine-tuning: every
-name under RUN/, the readers of its files, and the run's id (RUN/run_id), which fine-tuning results are keyed by."""
+name under RUN/ and the readers of its files."""
 
 from __future__ import annotations
 
@@ -7,12 +7,10 @@ import contextlib
 import datetime
 import json
 import time
-import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pretrain.common.atomic import write_once
 from pretrain.common.formats import FORMAT_KEY, RUN_FORMAT, check_format
 
 # Every name under RUN/ (docs/run_layout.md), declared here once.
@@ -100,22 +98,3 @@ def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
         with contextlib.suppress(json.JSONDecodeError):
             rows.append(json.loads(line))
     return rows
-
-
-def ensure_run_id(run_dir: str | Path) -> str:
-    """The run's id (``20261201-000137-3f9a1c2e``: sortable, unique), written now unless the folder has one already:
-    fine-tuning results are keyed by it, not by the run's name or path (a run folder may move; two runs share a name)."""
-    new_id = f"{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}-{uuid.uuid4().hex[:8]}"
-    write_once(Path(run_dir) / RUN_ID_FILE, new_id + "\n")  # two processes starting at once agree on one id
-    return read_run_id(run_dir)
-
-
-def read_run_id(run_dir: str | Path) -> str:
-    """The id in RUN/run_id; FileNotFoundError that says what to pass when the folder has none."""
-    path = Path(run_dir) / RUN_ID_FILE
-    if not path.is_file():
-        raise FileNotFoundError(
-            f"{run_dir} has no {RUN_ID_FILE}: it is not a pretraining run folder of this version (RUN/ of "
-            "docs/run_layout.md); pass the folder pretrain/run.py wrote, the one that holds snapshots/ and status.json"
-        )
-    return path.read_text().strip()
