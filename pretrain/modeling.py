@@ -93,35 +93,9 @@ _COMPUTATION_FIELDS = (
 
 @strict
 class LNBertConfig(BertConfig):
-    r"""BERT configuration plus the choices the paper leaves open, each explicit and with the same default for
-    every placement (docs/model.md, docs/placements.md).
-
-    Args:
-        norm_placement: one of ``NORM_PLACEMENTS`` (``pretrain/placements.py``); ``"peri"`` is ``"sandwich"``; nGPT
-            (``"ngpt"``) has no norm module: ``norm_type``, ``qk_norm``, ``embedding_layer_norm`` keep their defaults.
-        norm_type: ``"layernorm"``, ``"rmsnorm"`` or ``"dyt"`` (``pretrain/norms.py``) for every norm of the model,
-            each at the Hugging Face name of the LayerNorm it replaces; eps is ``layer_norm_eps``.
-        qk_norm: a norm of ``norm_type`` over each head's queries and keys, shared by the heads (Dehghani et al. 2023).
-        dyt_alpha_init: DyT's alpha at initialisation (its paper's default 0.5).
-        mix_ln_post_layers: how many of the lowest layers are Post-LN under ``mix_ln``; ``None``: round(L/4).
-        admin_omega: Admin's residual weight; ``None``: admin-torch's default sqrt((N+1)/ln(N+1) - 1), N = 2L.
-        admin_learnable_omega: Admin's omega as a learnable vector per sub-layer, not a scalar (which exports to BERT).
-        b2t_rescale_init: B2T's init as its official code: every weight matrix of the layers scaled by L^(-1/2).
-        hybrid_first_pre_norm: HybridNorm*: the first layer Pre-Norm in attention and FFN (its QKV norms stay).
-        normformer_head_scale, normformer_attn_norm, normformer_ffn_norm: NormFormer's head scales, attention-output
-            norm and FFN norm, each switchable.
-        normformer_resid_scale: NormFormer's learned scale on the FFN skip (off by default, as in its paper).
-        embedding_layer_norm: keep BERT's norm on the summed embeddings (``False``: the identity).
-        init_scheme: ``"bert"``: normal(0, ``initializer_range``); ``"xavier"``: Xavier-normal (the paper's analysis).
-        sparse_mlm_head: with MLM labels, run the MLM head only where the label is not -100 (same loss, gradients).
-        tie_word_embeddings: tie the MLM decoder to the word embeddings, as BERT (transformers 5 no longer does).
-        fused_qkv: Q, K and V from one GEMM (equal within rounding; off: Post-LN is op-for-op Hugging Face BERT).
-        residual_scheme: ``"standard"`` (Pre-LN's sum), ``"hc"``, ``"mhc"`` or ``"attn_res"``, on ``"pre"`` only.
-        hc_streams: n, the number of residual streams of ``hc`` and ``mhc`` (the papers' default 4).
-        hc_dynamic: ``hc``'s dynamic weights (DHC, the paper's default: per-token tanh terms); ``False``: SHC.
-        mhc_sinkhorn_iters: Sinkhorn-Knopp iterations of mHC's H_res (the paper's 20), in at least float32.
-        mhc_bias_init: mHC's static biases at init (not in its paper): ``"zero"`` (H_res = J/n) or ``"identity"``.
-        attn_res_block_size: Block AttnRes's block size in sub-layers; ``None``: Full AttnRes (as size 1).
+    """BERT configuration plus the choices the paper leaves open, each explicit and with the same default for
+    every placement. Each option, its default and its meaning: docs/model.md (and the placements' constants,
+    docs/placements.md); the command line's ``model`` section has the same fields (``python pretrain/run.py --help``).
     """
 
     model_type = "lnbert"
