@@ -1,20 +1,11 @@
 """The results folder: the one record of the fine-tuning jobs, shared by the scheduler and the tasks that run them.
 
 Everything a task (a SLURM array task on another node, or a local worker process) needs or produces is a file in
-one folder, ``results_dir`` (docs/finetune_files.md):
-
-    RESULTS/lock                    held by the one scheduler (or finetune.run) that writes manifests
-    RESULTS/manifests/000007.json   submission 7: its jobs, written before its tasks start; rewritten (atomically)
-                                    with the backend's handle of its tasks and, as they end, why they ended
-    RESULTS/started/KEY.7.json      written by a task as it starts a job of submission 7
-    RESULTS/done/KEY.json           one per finished job: the proof that it is done; never changes once there
-    RESULTS/failed/KEY.7.TAG.json   one per failed attempt (in submission 7) of a job, with the error and whether
-                                    it failed for good (a refused snapshot) (TAG: host, pid, time)
-
-There is no other state: what a job is (queued, submitted, done or failed, its attempts and its error) is derived
-from these files each time it is asked (``ResultsFolder.jobs``), so a scheduler killed at any moment continues from
-the files alone. Files are written atomically (pretrain/common/atomic.py); of a job that ran twice (same KEY), the
-first copy's result file stays.
+one folder, ``results_dir``: one lock, manifests (a submission's jobs), and per job the files ``started/``, ``done/``
+and ``failed/`` (layout and formats: docs/finetune_files.md). There is no other state: what a job is (queued,
+submitted, done or failed, its attempts and its error) is derived from these files each time it is asked
+(``ResultsFolder.jobs``), so a scheduler killed at any moment continues from the files alone. Files are written
+atomically (pretrain/common/atomic.py); of a job that ran twice (same key), the first copy's result file stays.
 """
 
 from __future__ import annotations

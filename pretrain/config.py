@@ -406,6 +406,7 @@ def help_text() -> str:
     """The --help text of pretrain/run.py, generated from the dataclasses."""
     return _help_text(PretrainConfig, prog=PROG, usage=USAGE, defaults=PretrainConfig())
 
+
 __all__ = [
     "RESOLVED_AT_START", "RESUMABLE_CHANGES", "ConfigError", "DataConfig", "ModelConfig", "OptimConfig",
     "PretrainConfig", "TrackingConfig", "TrainConfig", "field_docs", "flatten", "from_dict", "help_text", "parse_args",

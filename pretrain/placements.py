@@ -295,6 +295,7 @@ def mix_ln_post_layers_default(num_layers: int) -> int:
     """Mix-LN's Post-LN layer count, round(L/4) (the authors' scripts: 3 of 12, 6 of 24)."""
     return round(num_layers / 4)
 
+
 __all__ = [
     "ALIASES", "BLOCKS", "NORM_PLACEMENTS", "PLACEMENTS", "Block", "NormPlacement", "Placement", "admin_omega_default",
     "canonical_placement", "mix_ln_post_layers_default",

@@ -113,5 +113,6 @@ def build_pretraining_data(
             train, validation = cached_instances(documents, tokenizer, cfg, seed=seed, progress=progress, folder=folder)
     return PretrainingData(train=train, validation=validation, tokenizer=tokenizer)
 
+
 __all__ = ["DataConfig", "MaskingCollator", "PreparationRequired", "PretrainingData", "SourceConfig",
            "build_pretraining_data", "is_prepared"]  # fmt: skip
