@@ -113,26 +113,6 @@ class RunInfo:
     """Legend and table label, ``NAME (VARIANT)``; unique among the runs of one report."""
 
 
-@dataclass(frozen=True, kw_only=True)
-class Figure5:
-    """What the report computed (finetune.report.report): the W&B run logs the same."""
-
-    curves: dict[str, list[tuple[int, float]]]
-    """Validation loss (step, loss) by run label."""
-    steps: list[dict[str, Any]]
-    """The steps-to-loss table: run, steps, ratio, approximate (interpolated across a wide gap), bracket."""
-    points: list[dict[str, Any]]
-    """The best-lr points of panels (b)-(d) (POINT_COLUMNS)."""
-    rows: list[dict[str, Any]]
-    """The result rows the points were drawn from: the done jobs of the runs, tasks and recipe (one per seed)."""
-    images: list[Path]
-    """The PNGs drawn."""
-    baselines: dict[str, dict[str, Any]]
-    """Majority-class, label-prior and chance baselines by task, with the dev examples they are of."""
-    warnings: list[str]
-    """What the inputs cannot show (jobs not done, no results, no verdict), for the reader."""
-
-
 # Runs: their labels and recipes
 
 
@@ -728,20 +708,20 @@ def _lower_bound(point: dict[str, Any]) -> float:
     return point["accuracy"] if low is None or math.isnan(low) else low
 
 
-def summary_markdown(runs: Sequence[RunInfo], target: float | None, figure5: Figure5, tasks: list[str],
+def summary_markdown(runs: Sequence[RunInfo], target: float | None, figure5: dict[str, Any], tasks: list[str],
                      one_class_share: float) -> str:  # fmt: skip
     lines = ["# Figure 5: pretraining speed and downstream accuracy by LayerNorm placement", ""]
-    lines += [f"> {warning}\n" for warning in figure5.warnings]
+    lines += [f"> {warning}\n" for warning in figure5["warnings"]]
     if not tasks:
         lines += ["Panel (a) alone (--tasks=[]): no fine-tuning results read.", ""]
     if target is None:
         lines += ["No validation loss is reached by every run yet: no steps-to-loss table.", ""]
     else:
-        lines += steps_section(figure5.steps, target, runs)
+        lines += steps_section(figure5["steps"], target, runs)
     lines += recipes_section(runs)
-    if figure5.points:
-        lines += baselines_section(figure5.baselines) + points_section(figure5.points, one_class_share)
-    lines += ["## Figures", ""] + [f"![{image.stem}]({image.name})" for image in figure5.images]
+    if figure5["points"]:
+        lines += baselines_section(figure5["baselines"]) + points_section(figure5["points"], one_class_share)
+    lines += ["## Figures", ""] + [f"![{image.stem}]({image.name})" for image in figure5["images"]]
     return "\n".join(lines) + "\n"
 
 
@@ -761,37 +741,37 @@ def of_runs(row: dict[str, Any], runs: Sequence[RunInfo]) -> bool:
     return any(row["run_id"] == run.run_id for run in runs)
 
 
-def log_report(runs: Sequence[RunInfo], config: ReportConfig, figure5: Figure5) -> str:
+def log_report(runs: Sequence[RunInfo], config: ReportConfig, figure5: dict[str, Any]) -> str:
     """One W&B run (job_type report) with a deterministic id, so re-running the report updates it: the Figure 5
     series against ``pretrain_step`` (one log call per step), the steps-to-loss table, the best-lr points, the raw
     per-seed rows (wandb.Table) and the figures. Returns the run's local folder."""
     import wandb
 
-    wb = _start_report_run(runs, config, figure5.rows)
+    wb = _start_report_run(runs, config, figure5["rows"])
     wb.define_metric("pretrain_step")
     wb.define_metric("figure5/*", step_metric="pretrain_step")
     by_step: dict[int, dict[str, float]] = defaultdict(dict)
     for run in runs:
-        for step, loss in figure5.curves[run.label]:
+        for step, loss in figure5["curves"][run.label]:
             by_step[step][f"figure5/val_mlm_loss/{run.label}"] = loss
-    for p in figure5.points:
+    for p in figure5["points"]:
         for panel, key in (("accuracy", "accuracy"), ("best_lr", "lr"), ("dev_loss", "dev_loss")):
             by_step[p["step"]][f"figure5/{p['task']}_{panel}/{p['run']}"] = p[key]
     for step in sorted(by_step):
         wb.log({"pretrain_step": step, **by_step[step]})
     model = {run.label: {"norm_placement": run.placement, "variant": run.variant} for run in runs}
-    seed_rows = [r for r in figure5.rows if r["task"] in config.tasks and of_runs(r, runs)]
+    seed_rows = [r for r in figure5["rows"] if r["task"] in config.tasks and of_runs(r, runs)]
     steps_columns = ["run", "norm_placement", "variant", "steps", "ratio", "approximate"]
     wb.log({
-        "tables/steps_to_loss": _table([{**row, **model[row["run"]]} for row in figure5.steps], steps_columns),
-        "tables/best_lr_points": _table([{**p, **model[p["run"]]} for p in figure5.points], POINT_COLUMNS),
+        "tables/steps_to_loss": _table([{**row, **model[row["run"]]} for row in figure5["steps"]], steps_columns),
+        "tables/best_lr_points": _table([{**p, **model[p["run"]]} for p in figure5["points"]], POINT_COLUMNS),
         "tables/seed_rows": _table(seed_rows, SEED_COLUMNS),
-        **{f"figures/{image.stem}": wandb.Image(str(image)) for image in figure5.images},
+        **{f"figures/{image.stem}": wandb.Image(str(image)) for image in figure5["images"]},
     })  # fmt: skip
     wb.summary.update(
-        {"target_loss": config.target_loss, "warnings": " ".join(figure5.warnings)}
-        | {f"steps_to_loss/{row['run']}": row["steps"] for row in figure5.steps}
-        | {f"baseline/{task}/{name}": value for task, base in figure5.baselines.items() for name, value in base.items()}
+        {"target_loss": config.target_loss, "warnings": " ".join(figure5["warnings"])}
+        | {f"steps_to_loss/{row['run']}": row["steps"] for row in figure5["steps"]}
+        | {f"baseline/{task}/{name}": value for task, base in figure5["baselines"].items() for name, value in base.items()}
     )
     directory = wb.dir
     wb.finish()
@@ -842,7 +822,10 @@ def check_results_dir(root: Path) -> None:
 
 
 def report(config: ReportConfig) -> dict[str, Any]:
-    """Write the figures and summary.md to ``config.out``; returns what they show."""
+    """Write the figures and summary.md to ``config.out`` (and with --wandb the W&B run); returns what they show:
+    ``curves`` (validation loss (step, loss) by run label), ``steps`` (the steps-to-loss table), ``jobs`` and
+    ``rows`` (every job of the runs, tasks and recipe; the done ones, one per seed), ``points`` (the best-lr points
+    of panels (b)-(d)), ``baselines`` by task, ``warnings``, ``images``, ``summary``."""
     if config.wandb:
         check_credentials(wandb_mode(), Path(config.out))
     runs = run_infos(config.runs)
@@ -869,14 +852,12 @@ def report(config: ReportConfig) -> dict[str, Any]:
             images.append(plot_task(runs, points, task, panel, out / f"figure5{panel}_{task}.png", baselines[task]))
         panel = panels[len(config.tasks)]
         images.append(plot_dev_loss(runs, points, config.tasks, panel, out / f"figure5{panel}_dev_loss.png", baselines))
-    figure5 = Figure5(curves=curves, steps=table, points=points, rows=rows, images=images, baselines=baselines,
-                      warnings=warnings)  # fmt: skip
-    atomic.write_text(out / "summary.md", summary_markdown(runs, target, figure5, config.tasks, config.one_class_share))
-    result = {"target_loss": target, "steps": table, "recipe_differences": recipe_differences(runs), "jobs": jobs,
-              "points": points, "baselines": baselines, "warnings": warnings, "images": images,
-              "summary": out / "summary.md"}  # fmt: skip
+    result = {"target_loss": target, "curves": curves, "steps": table, "recipe_differences": recipe_differences(runs),
+              "jobs": jobs, "rows": rows, "points": points, "baselines": baselines, "warnings": warnings,
+              "images": images, "summary": out / "summary.md"}  # fmt: skip
+    atomic.write_text(result["summary"], summary_markdown(runs, target, result, config.tasks, config.one_class_share))
     if config.wandb:
-        result["wandb_dir"] = log_report(runs, config, figure5)
+        result["wandb_dir"] = log_report(runs, config, result)
     return result
 
 
