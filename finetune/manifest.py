@@ -354,9 +354,8 @@ class ResultsFolder:
         text = json.dumps(stamped(payload, RESULTS_FORMAT), indent=1, sort_keys=True)
         return atomic.write_once(self.done_path(job.spec.key), text)  # the first copy wins: it never changes
 
-    def write_failed(
-        self, job: ManifestJob, submission: int, error: str, permanent: bool = False, snapshot_stamp: str | None = None
-    ) -> None:
+    def write_failed(self, job: ManifestJob, submission: int, error: str, permanent: bool = False,
+                     snapshot_stamp: str | None = None) -> None:  # fmt: skip
         """Record a failed attempt of a job (``permanent``, ``snapshot_stamp``: JobState's)."""
         info = worker_info()
         path = self.root / FAILED / f"{job.spec.key}.{submission}.{info['host']}-{info['pid']}-{time.time_ns()}.json"

@@ -373,9 +373,8 @@ def wandb_settings(config: GridOptions) -> WandbSettings | None:
     return WandbSettings(project=config.wandb_project, dir=directory) if config.wandb else None
 
 
-def submit(
-    folder: ResultsFolder, backend: Backend, runtime: Runtime, jobs: list[tuple[JobSpec, int]], slots: int | None = None
-) -> int:
+def submit(folder: ResultsFolder, backend: Backend, runtime: Runtime, jobs: list[tuple[JobSpec, int]],
+           slots: int | None = None) -> int:  # fmt: skip
     """Write a manifest of ``jobs`` (spec, attempts so far) and start its tasks; returns how many jobs it holds.
     With fewer ``slots`` (tasks that may start now) than the backend's size, only those slots' share of the jobs
     goes in: the rest wait for the next free worker instead of queueing behind these."""

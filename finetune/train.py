@@ -70,9 +70,8 @@ def autocast(device: torch.device, mixed_precision: str) -> contextlib.AbstractC
     return torch.autocast(device.type, dtype=torch.bfloat16, enabled=mixed_precision == "bf16")
 
 
-def train_step(
-    model: nn.Module, batch: dict[str, torch.Tensor], optimizer: Optimizer, recipe: FinetuneConfig, device: torch.device
-) -> torch.Tensor:
+def train_step(model: nn.Module, batch: dict[str, torch.Tensor], optimizer: Optimizer, recipe: FinetuneConfig,
+               device: torch.device) -> torch.Tensor:  # fmt: skip
     """One optimizer step on one batch (the learning-rate schedule is the caller's); returns the loss."""
     batch = {k: v.to(device) for k, v in batch.items()}
     with autocast(device, recipe.mixed_precision):
@@ -88,10 +87,8 @@ def train_step(
 
 
 @torch.no_grad()
-def evaluate(
-    model: nn.Module, features: list[dict[str, Any]], batch_size: int, pad_id: int, device: torch.device,
-    mixed_precision: str = "no",
-) -> dict[str, Any]:  # fmt: skip
+def evaluate(model: nn.Module, features: list[dict[str, Any]], batch_size: int, pad_id: int, device: torch.device,
+             mixed_precision: str = "no") -> dict[str, Any]:  # fmt: skip
     """Dev loss, labels and predictions (in file order)."""
     model.eval()
     losses, labels, predictions = 0.0, [], []
@@ -140,10 +137,8 @@ class DataCache:
         return self.data
 
 
-def finetune(
-    model_path: str, task: str, data: TaskData, lr: float, seed: int, recipe: FinetuneConfig,
-    on_step: Callable[[int, float, float], None] | None = None,
-) -> Results:  # fmt: skip
+def finetune(model_path: str, task: str, data: TaskData, lr: float, seed: int, recipe: FinetuneConfig,
+             on_step: Callable[[int, float, float], None] | None = None) -> Results:  # fmt: skip
     """Train a classifier from ``model_path`` on ``data.train`` and score it on ``data.dev``; ``on_step(step,
     loss, lr)`` is called after every optimizer step (the W&B job run's training curve)."""
     from transformers import AutoConfig, AutoModelForSequenceClassification, set_seed

@@ -232,12 +232,8 @@ def print_line(state: JobState) -> None:
     print(state.line(", for good" if state.permanent else ""), flush=True)
 
 
-def run_task(
-    manifest_path: str | Path,
-    index: int,
-    parent_pid: int | None = None,
-    on_job: Callable[[JobState], object] = print_line,
-) -> dict[str, int]:
+def run_task(manifest_path: str | Path, index: int, parent_pid: int | None = None,
+             on_job: Callable[[JobState], object] = print_line) -> dict[str, int]:  # fmt: skip
     """Run task ``index`` of a manifest; returns how many of its jobs ended done, duplicate, skipped, failed,
     orphaned. With ``parent_pid`` (a local worker), the task stops before its next job once that process is gone,
     so a killed scheduler leaves no worker running on. ``on_job`` is called with each job that ended."""

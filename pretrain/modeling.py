@@ -660,12 +660,10 @@ class LNBertModel(LNBertPreTrainedModel):
         self.embeddings.word_embeddings = value
 
     @can_return_tuple
-    def forward(
-        self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
-        token_type_ids: torch.Tensor | None = None, position_ids: torch.Tensor | None = None,
-        output_hidden_states: bool | None = None, output_attentions: bool | None = None,
-        *, pool: bool = True, **kwargs: Any,
-    ) -> BaseModelOutputWithPooling:  # fmt: skip
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                token_type_ids: torch.Tensor | None = None, position_ids: torch.Tensor | None = None,
+                output_hidden_states: bool | None = None, output_attentions: bool | None = None, *, pool: bool = True,
+                **kwargs: Any) -> BaseModelOutputWithPooling:  # fmt: skip
         """``hidden_states`` (when asked for) holds ``num_hidden_layers + 1`` tensors: the embedding output, then the
         residual stream after each layer, except that the last entry is ``last_hidden_state``, after the final LN
         where there is one (as in Hugging Face, what the pooler and the MLM and NSP heads see). ``pool=False``
@@ -745,12 +743,10 @@ class LNBertForMaskedLM(LNBertPreTrainedModel):
         self.post_init()
 
     @can_return_tuple
-    def forward(
-        self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
-        token_type_ids: torch.Tensor | None = None, position_ids: torch.Tensor | None = None,
-        labels: torch.Tensor | None = None, output_hidden_states: bool | None = None,
-        output_attentions: bool | None = None, **kwargs: Any,
-    ) -> MaskedLMOutput:  # fmt: skip
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                token_type_ids: torch.Tensor | None = None, position_ids: torch.Tensor | None = None,
+                labels: torch.Tensor | None = None, output_hidden_states: bool | None = None,
+                output_attentions: bool | None = None, **kwargs: Any) -> MaskedLMOutput:  # fmt: skip
         inputs = (input_ids, attention_mask, token_type_ids, position_ids, output_hidden_states, output_attentions)
         out = self.bert(*inputs, return_dict=True)  # return_dict: the encoder's, not this model's
         head, sparse = self.cls.predictions, self.config.sparse_mlm_head
@@ -772,12 +768,10 @@ class LNBertForSequenceClassification(LNBertPreTrainedModel):
         self.post_init()
 
     @can_return_tuple
-    def forward(
-        self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
-        token_type_ids: torch.Tensor | None = None, position_ids: torch.Tensor | None = None,
-        labels: torch.Tensor | None = None, output_hidden_states: bool | None = None,
-        output_attentions: bool | None = None, **kwargs: Any,
-    ) -> SequenceClassifierOutput:  # fmt: skip
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                token_type_ids: torch.Tensor | None = None, position_ids: torch.Tensor | None = None,
+                labels: torch.Tensor | None = None, output_hidden_states: bool | None = None,
+                output_attentions: bool | None = None, **kwargs: Any) -> SequenceClassifierOutput:  # fmt: skip
         inputs = (input_ids, attention_mask, token_type_ids, position_ids, output_hidden_states, output_attentions)
         out = self.bert(*inputs, return_dict=True)  # return_dict: the encoder's, not this model's
         logits = self.classifier(self.dropout(out.pooler_output))

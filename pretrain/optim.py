@@ -41,10 +41,8 @@ def resolve_adamw_implementation(implementation: AdamWImplementation, device: to
     return "fused" if implementation == "auto" and device.type == "cuda" else implementation
 
 
-def build_adamw(
-    model: nn.Module, *, lr: float, betas: tuple[float, float], eps: float, weight_decay: float,
-    implementation: AdamWImplementation = "fused",
-) -> torch.optim.AdamW:
+def build_adamw(model: nn.Module, *, lr: float, betas: tuple[float, float], eps: float, weight_decay: float,
+                implementation: AdamWImplementation = "fused") -> torch.optim.AdamW:  # fmt: skip
     """AdamW over ``weight_decay_groups``. ``implementation``: "auto" (PyTorch's choice: foreach on CUDA, the
     for-loop on CPU), "fused" (one kernel, CPU and CUDA, the fastest on both: BENCHMARKS.md; equal to the for-loop
     to rounding), "foreach" or "for_loop" (the reference loop)."""

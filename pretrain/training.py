@@ -435,9 +435,8 @@ def run_evaluation(setup: TrainingSetup, state: TrainState) -> None:
     log_metrics(setup.accelerator, setup.run_dir, {"tokens_seen": state.tokens_seen, **setup.last_eval}, state.step)
 
 
-def step_metrics(
-    setup: TrainingSetup, state: TrainState, stats: StepStats, tokens: int, slots: int, seconds: float, skipped: int
-) -> dict[str, float]:
+def step_metrics(setup: TrainingSetup, state: TrainState, stats: StepStats, tokens: int, slots: int, seconds: float,
+                 skipped: int) -> dict[str, float]:  # fmt: skip
     """One metrics line: the last step's losses and gradient norms, the window's throughput and fp16's skipped steps."""
     accelerator = setup.accelerator
     tokens_per_s = tokens / max(seconds, 1e-9)
@@ -551,9 +550,8 @@ def decide_at_start(cfg: PretrainConfig, accelerator: Accelerator, tokenizer: An
     return resolved
 
 
-def prepare_training(
-    cfg: PretrainConfig, accelerator: Accelerator, resume_from: Path | None, same_run: bool, argv: list[str] | None
-) -> tuple[TrainingSetup, TrainState]:
+def prepare_training(cfg: PretrainConfig, accelerator: Accelerator, resume_from: Path | None, same_run: bool,
+                     argv: list[str] | None) -> tuple[TrainingSetup, TrainState]:  # fmt: skip
     """``same_run``: ``resume_from`` is in this run folder; ``argv``: what the data-preparation hint repeats."""
     run_dir = Path(cfg.train.output_dir)
     set_seed(cfg.train.seed)

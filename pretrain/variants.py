@@ -97,10 +97,8 @@ def check_options(options: Any, prefix: str = "") -> None:
     check_ngpt(o.norm_placement, o.norm_type, o.qk_norm, o.embedding_layer_norm, prefix)
 
 
-def check_residual_scheme(
-    norm_placement: str, residual_scheme: str, hc_streams: int, mhc_sinkhorn_iters: int, mhc_bias_init: str,
-    attn_res_block_size: int | None, prefix: str = "",
-) -> None:  # fmt: skip
+def check_residual_scheme(norm_placement: str, residual_scheme: str, hc_streams: int, mhc_sinkhorn_iters: int,
+                          mhc_bias_init: str, attn_res_block_size: int | None, prefix: str = "") -> None:  # fmt: skip
     """Refuse a residual scheme the model cannot build, naming the field (``prefix`` + its name) and the fix.
 
     An odd ``attn_res_block_size`` is allowed: Block AttnRes is defined for any block size in sub-layers (1 is Full
@@ -144,11 +142,9 @@ def check_ngpt(
             )
 
 
-def residual_scheme_label(
-    residual_scheme: str = DEFAULTS.residual_scheme, hc_streams: int = DEFAULTS.hc_streams,
-    hc_dynamic: bool = DEFAULTS.hc_dynamic, mhc_bias_init: str = DEFAULTS.mhc_bias_init,
-    attn_res_block_size: int | None = DEFAULTS.attn_res_block_size,
-) -> str:  # fmt: skip
+def residual_scheme_label(residual_scheme: str = DEFAULTS.residual_scheme, hc_streams: int = DEFAULTS.hc_streams,
+                          hc_dynamic: bool = DEFAULTS.hc_dynamic, mhc_bias_init: str = DEFAULTS.mhc_bias_init,
+                          attn_res_block_size: int | None = DEFAULTS.attn_res_block_size) -> str:  # fmt: skip
     """The residual scheme's part of a variant's label, empty for ``standard``: ``hc4`` (dynamic HC, 4 streams),
     ``shc4`` (static HC), ``mhc4`` (``mhc4-idres`` with the identity bias init), ``attnres`` (Full AttnRes),
     ``attnres-b4`` (Block AttnRes, blocks of 4 sub-layers; ``attnres-b1`` computes what ``attnres`` does)."""
@@ -161,12 +157,10 @@ def residual_scheme_label(
     return ""
 
 
-def variant_name(
-    norm_placement: str, norm_type: str = DEFAULTS.norm_type, qk_norm: bool = DEFAULTS.qk_norm, *,
-    residual_scheme: str = DEFAULTS.residual_scheme, hc_streams: int = DEFAULTS.hc_streams,
-    hc_dynamic: bool = DEFAULTS.hc_dynamic, mhc_bias_init: str = DEFAULTS.mhc_bias_init,
-    attn_res_block_size: int | None = DEFAULTS.attn_res_block_size,
-) -> str:  # fmt: skip
+def variant_name(norm_placement: str, norm_type: str = DEFAULTS.norm_type, qk_norm: bool = DEFAULTS.qk_norm, *,
+                 residual_scheme: str = DEFAULTS.residual_scheme, hc_streams: int = DEFAULTS.hc_streams,
+                 hc_dynamic: bool = DEFAULTS.hc_dynamic, mhc_bias_init: str = DEFAULTS.mhc_bias_init,
+                 attn_res_block_size: int | None = DEFAULTS.attn_res_block_size) -> str:  # fmt: skip
     """The label of a model variant in run names, W&B groups and tags, and reports: the placement, its residual
     scheme (``residual_scheme_label``), then the norm type and QK-norm when they are not the defaults (``pre``,
     ``pre-rmsnorm``, ``post-dyt-qknorm``, ``pre-hc4``, ``pre-attnres-b4-rmsnorm``)."""

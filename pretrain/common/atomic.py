@@ -79,9 +79,8 @@ def write_text(path: str | Path, text: str) -> None:
     write_bytes(path, text.encode("utf-8"))
 
 
-def write_json(
-    path: str | Path, payload: Any, *, indent: int = 2, sort_keys: bool = True, default: Callable | None = str
-) -> None:
+def write_json(path: str | Path, payload: Any, *, indent: int = 2, sort_keys: bool = True,
+               default: Callable | None = str) -> None:  # fmt: skip
     """Replace ``path`` atomically with ``payload`` as JSON (``json.dump``'s ``indent``, ``sort_keys``, ``default``)."""
     with writing(path) as tmp, tmp.open("w", encoding="utf-8") as f:
         json.dump(payload, f, indent=indent, sort_keys=sort_keys, default=default)

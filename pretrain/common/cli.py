@@ -373,9 +373,8 @@ def parse(cls: type[T], argv: list[str] | None = None, *, prog: str, description
     return from_dict(cls, read_tree(cls, argv))
 
 
-def parse_command(
-    commands: dict[str, type], argv: list[str] | None = None, *, prog: str, description: str = "", default: str = ""
-) -> tuple[str, Any]:
+def parse_command(commands: dict[str, type], argv: list[str] | None = None, *, prog: str, description: str = "",
+                  default: str = "") -> tuple[str, Any]:  # fmt: skip
     """``SUBCOMMAND [options]``: the first word picks the schema in ``commands`` (``default`` when it is left
     out); returns (subcommand, config). ``--help`` before a subcommand lists them."""
     argv = list(sys.argv[1:] if argv is None else argv)

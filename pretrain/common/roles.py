@@ -70,10 +70,8 @@ ROLES: tuple[str, ...] = get_args(Role)
 DATA_KEYS: tuple[str, ...] = get_args(DataKey)
 
 
-def role(
-    name: Role, *, keyed_in: Iterable[DataKey] | None = None, resolved: bool = False, default: Any = MISSING,
-    default_factory: Any = MISSING,
-) -> Any:
+def role(name: Role, *, keyed_in: Iterable[DataKey] | None = None, resolved: bool = False, default: Any = MISSING,
+         default_factory: Any = MISSING) -> Any:  # fmt: skip
     """A dataclass field with its role (and, for a data field, the keys that hold its value)."""
     if name not in ROLES:
         raise ValueError(f"unknown role {name!r}; one of {', '.join(ROLES)}")

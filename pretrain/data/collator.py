@@ -14,10 +14,8 @@ class MaskingCollator:
     are -100 elsewhere. Masks are a pure function of (seed, epoch, instance_id), so a resumed run (and any
     number of DataLoader workers) reproduces exactly the same masks; set_epoch gives each epoch new ones."""
 
-    def __init__(
-        self, tokenizer: PreTrainedTokenizerBase, *, mlm_probability: float = 0.15, seed: int = 0,
-        pad_to_multiple_of: int | None = 8,
-    ) -> None:
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, *, mlm_probability: float = 0.15, seed: int = 0,
+                 pad_to_multiple_of: int | None = 8) -> None:  # fmt: skip
         if not 0.0 < mlm_probability < 1.0:
             raise ValueError(f"mlm_probability={mlm_probability} must be in (0, 1) (BERT: 0.15)")
         if tokenizer.mask_token_id is None or tokenizer.pad_token_id is None:

@@ -65,10 +65,9 @@ def prepared_dir(cfg: DataConfig, tokenizer: PreTrainedTokenizerFast, *, seed: i
     return Path(cfg.cache_dir) / f"instances-{data_cache_key(cfg, tokenizer, seed=seed)}"
 
 
-def cached_instances(
-    documents: Callable[[], tuple[datasets.Dataset, datasets.Dataset]], tokenizer: PreTrainedTokenizerFast,
-    cfg: DataConfig, *, seed: int, progress: bool = False, folder: Path | None = None,
-) -> tuple[datasets.Dataset, datasets.Dataset]:
+def cached_instances(documents: Callable[[], tuple[datasets.Dataset, datasets.Dataset]],
+                     tokenizer: PreTrainedTokenizerFast, cfg: DataConfig, *, seed: int, progress: bool = False,
+                     folder: Path | None = None) -> tuple[datasets.Dataset, datasets.Dataset]:  # fmt: skip
     """(train, validation) instances from ``cfg.cache_dir``; on a miss they are made first from ``documents()``
     (the training and validation documents, read only then), shard by shard, for every later call. ``folder``:
     ``prepared_dir`` of these arguments, when the caller computed it already."""
@@ -91,9 +90,8 @@ def read_summary(folder: Path) -> dict[str, Any]:
     return json.loads((folder / SUMMARY_FILE).read_text())
 
 
-def _write_shard(
-    docs: datasets.Dataset, path: Path, *, first_chunk: int, tokenizer_json: str, cfg: DataConfig, seed: int, part: str
-) -> dict[int, SourceStats]:
+def _write_shard(docs: datasets.Dataset, path: Path, *, first_chunk: int, tokenizer_json: str, cfg: DataConfig,
+                 seed: int, part: str) -> dict[int, SourceStats]:  # fmt: skip
     """The instances of ``docs`` (consecutive chunks from ``first_chunk`` on) written to ``path`` (Arrow file),
     then their per-source counts to ``path.with_suffix(".json")``, the shard's completion marker. Both are
     written under temporary names and renamed, so a killed process leaves no shard that looks complete."""
@@ -124,10 +122,9 @@ class _ShardJob:
     first_chunk: int
 
 
-def prepare_instances(
-    documents: Callable[[], tuple[datasets.Dataset, datasets.Dataset]], tokenizer: PreTrainedTokenizerFast,
-    cfg: DataConfig, *, seed: int, folder: Path, progress: bool = False,
-) -> dict[str, Any]:
+def prepare_instances(documents: Callable[[], tuple[datasets.Dataset, datasets.Dataset]],
+                      tokenizer: PreTrainedTokenizerFast, cfg: DataConfig, *, seed: int, folder: Path,
+                      progress: bool = False) -> dict[str, Any]:  # fmt: skip
     """Make the training and validation instances into ``folder`` and return the summary.
 
     The work goes to ``folder`` + ".partial-N", one shard (N chunks of documents, shard_chunks) per Arrow file, with

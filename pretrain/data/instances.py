@@ -90,9 +90,8 @@ def _truncate(tokens: list[int], keep: int, rng: random.Random) -> list[int]:
     return tokens[front : front + keep]
 
 
-def create_nsp_instances(
-    documents: list[list[list[int]]], cfg: DataConfig, rng: random.Random, *, cls_id: int, sep_id: int
-) -> list[tuple[list[int], int, int, int]]:
+def create_nsp_instances(documents: list[list[list[int]]], cfg: DataConfig, rng: random.Random, *, cls_id: int,
+                         sep_id: int) -> list[tuple[list[int], int, int, int]]:  # fmt: skip
     """BERT's create_instances_from_document over a pool of documents (each a list of token-id sentences).
 
     Returns (input_ids, length of "[CLS] A [SEP]", is_random_next, index of A's document) per instance. Sentences
@@ -158,9 +157,8 @@ def _stable_hash63(text: str) -> int:
     return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little") >> 1
 
 
-def _instances_from_chunks(
-    batch: dict[str, list], indices: list[int], *, tokenizer: Tokenizer, cfg: DataConfig, seed: int, part: str
-) -> dict[str, list]:
+def _instances_from_chunks(batch: dict[str, list], indices: list[int], *, tokenizer: Tokenizer, cfg: DataConfig,
+                           seed: int, part: str) -> dict[str, list]:  # fmt: skip
     """Batched map function: each input row is a chunk of documents (column "text": list[str]); outputs instances."""
     out = empty_columns(cfg.objective)
     sources = batch.get("source", [None] * len(batch["text"]))
@@ -230,10 +228,9 @@ def _instance_id(part: str, chunk_key: int, k: int) -> int:
 
 
 @gc_paused()
-def add_chunk_instances(
-    out: dict[str, list], texts: list[str], chunk_index: int, *, tokenizer: Tokenizer, cfg: DataConfig, seed: int,
-    part: str, sources: list[int] | None = None, stats: dict[int, SourceStats] | None = None,
-) -> None:
+def add_chunk_instances(out: dict[str, list], texts: list[str], chunk_index: int, *, tokenizer: Tokenizer,
+                        cfg: DataConfig, seed: int, part: str, sources: list[int] | None = None,
+                        stats: dict[int, SourceStats] | None = None) -> None:  # fmt: skip
     """Append the instances of one chunk of documents to the columns in ``out``; count what each source
     (``sources``: one per text) contributed into ``stats`` when given. ``part``: "train", "validation" or "stream"
     (ids and randomness keyed by the chunk's content)."""
@@ -283,10 +280,8 @@ def plain_backend(tokenizer: PreTrainedTokenizerFast) -> Tokenizer:
     return backend
 
 
-def make_instances(
-    docs: datasets.Dataset, tokenizer: PreTrainedTokenizerFast, cfg: DataConfig, *, seed: int, validation: bool,
-    work_dir: Path | None = None,
-) -> datasets.Dataset:
+def make_instances(docs: datasets.Dataset, tokenizer: PreTrainedTokenizerFast, cfg: DataConfig, *, seed: int,
+                   validation: bool, work_dir: Path | None = None) -> datasets.Dataset:  # fmt: skip
     """Instances from materialised documents, in chunks of DOCS_PER_CHUNK documents, num_proc workers."""
     chunks = docs.batch(batch_size=DOCS_PER_CHUNK)
     name = "validation" if validation else "train"

@@ -310,10 +310,8 @@ def deepspeed_fp32_weights(accelerator: Accelerator, model: torch.nn.Module) -> 
     return out
 
 
-def save_snapshot(
-    accelerator: Accelerator, model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, run_dir: Path,
-    info: dict[str, Any],
-) -> Path | None:
+def save_snapshot(accelerator: Accelerator, model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, run_dir: Path,
+                  info: dict[str, Any]) -> Path | None:  # fmt: skip
     """``save_pretrained`` folder + tokenizer + snapshot.json, then the COMPLETE marker last. Every process calls
     this (gathering a sharded state dict is collective); only the main process writes."""
     # Full, unwrapped keys: no "module."; and no "_orig_mod.", which get_state_dict keeps for a model that

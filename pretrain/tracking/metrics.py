@@ -42,10 +42,8 @@ def derived_config(cfg: PretrainConfig, model: nn.Module, num_processes: int) ->
     }
 
 
-def init_trackers(
-    accelerator: Accelerator, cfg: PretrainConfig, resolved: dict[str, Any], model: nn.Module,
-    resume_from: Path | None = None,
-) -> None:
+def init_trackers(accelerator: Accelerator, cfg: PretrainConfig, resolved: dict[str, Any], model: nn.Module,
+                  resume_from: Path | None = None) -> None:  # fmt: skip
     """Start the configured tracker (no-op for backend none). W&B gets the resolved config plus the placement, the
     comparison and the derived values at the top level, a group that pools only seeds, and the run id kept in RUN/
     (pretrain/tracking/wandb_logging.py); TensorBoard's hparams get lists as JSON strings."""
@@ -105,9 +103,8 @@ def log_snapshot(accelerator: Accelerator, run_dir: Path, snapshot_dir: Path | N
     run.log_artifact(snapshot_artifact(snapshot_dir, identity["id"]), aliases=[snapshot_alias(step)])
 
 
-def log_metrics(
-    accelerator: Accelerator, run_dir: Path, metrics: dict[str, Any], step: int, file_only: dict[str, Any] | None = None
-) -> None:
+def log_metrics(accelerator: Accelerator, run_dir: Path, metrics: dict[str, Any], step: int,
+                file_only: dict[str, Any] | None = None) -> None:  # fmt: skip
     """Send ``metrics`` to the trackers; append them and ``file_only`` (no scalars) to RUN/metrics.jsonl."""
     metrics = {"step": step, **metrics}
     accelerator.log(metrics, step=step)
