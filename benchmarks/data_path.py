@@ -124,11 +124,10 @@ def data_wait(instances: Any, tokenizer: Any, args: DataPathConfig, workers: int
     """Share of training time spent in ``next(loader)``: ``--shape`` model, sparse head, fused QKV, fused AdamW."""
     shape = dict(SHAPES[args.shape], vocab=len(tokenizer), seq=args.max_seq_length)
     runner = make_runner(parse_variant("post+qkv"), shape, args.precision, "fused", device, args.seed)
-    loader = DataLoader(
-        instances, batch_size=args.batch, shuffle=True, collate_fn=MaskingCollator(tokenizer, seed=args.seed),
-        drop_last=True, num_workers=workers, pin_memory=device.type == "cuda", persistent_workers=False,
-        generator=torch.Generator().manual_seed(args.seed),
-    )  # fmt: skip
+    loader = DataLoader(instances, batch_size=args.batch, shuffle=True,
+                        collate_fn=MaskingCollator(tokenizer, seed=args.seed), drop_last=True, num_workers=workers,
+                        pin_memory=device.type == "cuda", persistent_workers=False,
+                        generator=torch.Generator().manual_seed(args.seed))  # fmt: skip
     iterator = iter(loader)
     waits, steps = [], []
     for step in range(args.steps):

@@ -675,9 +675,8 @@ class LNBertModel(LNBertPreTrainedModel):
         want_attentions = bool(output_attentions or self.config.output_attentions)
         sequence_output, hidden_states, attentions = self.encoder(embeddings, mask, want_hidden, want_attentions)
         pooled = self.pooler(sequence_output) if self.pooler is not None and pool else None
-        return BaseModelOutputWithPooling(
-            last_hidden_state=sequence_output, pooler_output=pooled, hidden_states=hidden_states, attentions=attentions
-        )
+        return BaseModelOutputWithPooling(last_hidden_state=sequence_output, pooler_output=pooled,
+                                          hidden_states=hidden_states, attentions=attentions)  # fmt: skip
 
 
 @dataclass
@@ -726,10 +725,9 @@ class LNBertForPreTraining(LNBertPreTrainedModel):
         labelled = next_sentence_label is not None
         nsp_loss = F.cross_entropy(nsp_logits.float(), next_sentence_label.view(-1)) if labelled else None
         loss = mlm_loss + nsp_loss if mlm_loss is not None and nsp_loss is not None else mlm_loss
-        return LNBertForPreTrainingOutput(
-            loss=loss, prediction_logits=logits, seq_relationship_logits=nsp_logits, hidden_states=out.hidden_states,
-            attentions=out.attentions, mlm_loss=mlm_loss, nsp_loss=nsp_loss,
-        )  # fmt: skip
+        return LNBertForPreTrainingOutput(loss=loss, prediction_logits=logits, seq_relationship_logits=nsp_logits,
+                                          hidden_states=out.hidden_states, attentions=out.attentions, mlm_loss=mlm_loss,
+                                          nsp_loss=nsp_loss)  # fmt: skip
 
 
 class LNBertForMaskedLM(LNBertPreTrainedModel):

@@ -338,12 +338,10 @@ def ngpt_stats(model: nn.Module, hidden_states: tuple[torch.Tensor, ...] | None 
     hidden = None
     if hidden_states is not None:
         hidden = max(float((torch.linalg.vector_norm(h.float(), dim=-1) - 1).abs().max()) for h in hidden_states)
-    return NgptStats(
-        weight_norm_error=float(torch.stack(errors).max()),
-        attn_alpha=means([layer.eigen_lr(layer.attn_alpha) for layer in layers]),
-        mlp_alpha=means([layer.eigen_lr(layer.mlp_alpha) for layer in layers]),
-        sqk=means([a.sqk_scaler.effective(a.sqk) for a in (layer.attention.self for layer in layers)]),
-        su=means([f.su_scaler.effective(f.su) for f in (layer.intermediate for layer in layers)]),
-        sz=float(heads[0].sz_scaler.effective(heads[0].sz).float().mean()) if heads else None,
-        hidden_norm_error=hidden,
-    )
+    return NgptStats(weight_norm_error=float(torch.stack(errors).max()),
+                     attn_alpha=means([layer.eigen_lr(layer.attn_alpha) for layer in layers]),
+                     mlp_alpha=means([layer.eigen_lr(layer.mlp_alpha) for layer in layers]),
+                     sqk=means([a.sqk_scaler.effective(a.sqk) for a in (layer.attention.self for layer in layers)]),
+                     su=means([f.su_scaler.effective(f.su) for f in (layer.intermediate for layer in layers)]),
+                     sz=float(heads[0].sz_scaler.effective(heads[0].sz).float().mean()) if heads else None,
+                     hidden_norm_error=hidden)  # fmt: skip

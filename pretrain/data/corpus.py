@@ -325,9 +325,8 @@ def load_documents(cfg: DataConfig, *, seed: int) -> Documents:
     docs = parts[0]
     if len(parts) > 1:
         probabilities = mixture_probabilities(parts, cfg, seed=seed).tolist()
-        docs = datasets.interleave_datasets(
-            parts, probabilities=probabilities, seed=seed, stopping_strategy="first_exhausted"
-        )
+        docs = datasets.interleave_datasets(parts, probabilities=probabilities, seed=seed,
+                                            stopping_strategy="first_exhausted")  # fmt: skip
     if cfg.max_documents is not None:
         docs = docs.take(cfg.max_documents) if cfg.streaming else docs.select(range(min(len(docs), cfg.max_documents)))
     return docs

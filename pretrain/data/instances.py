@@ -287,14 +287,12 @@ def make_instances(docs: datasets.Dataset, tokenizer: PreTrainedTokenizerFast, c
     name = "validation" if validation else "train"
     fn_kwargs = {"tokenizer": plain_backend(tokenizer), "cfg": cfg, "seed": seed, "part": name}
     # Our own cache key decides reuse: no function hashing by datasets, and its files in our work dir.
-    return chunks.map(
-        _instances_from_chunks, batched=True, batch_size=1, with_indices=True, remove_columns=chunks.column_names,
-        features=instance_features(cfg.objective), fn_kwargs=fn_kwargs,
-        num_proc=min(cfg.num_proc, len(chunks)) if cfg.num_proc > 1 else None,
-        new_fingerprint=f"lnbert-{name}-{uuid.uuid4().hex}",
-        cache_file_name=str(work_dir / f"{name}.arrow") if work_dir is not None else None,
-        desc=f"Tokenising and making {name} instances",
-    )  # fmt: skip
+    return chunks.map(_instances_from_chunks, batched=True, batch_size=1, with_indices=True,
+                      remove_columns=chunks.column_names, features=instance_features(cfg.objective),
+                      fn_kwargs=fn_kwargs, num_proc=min(cfg.num_proc, len(chunks)) if cfg.num_proc > 1 else None,
+                      new_fingerprint=f"lnbert-{name}-{uuid.uuid4().hex}",
+                      cache_file_name=str(work_dir / f"{name}.arrow") if work_dir is not None else None,
+                      desc=f"Tokenising and making {name} instances")  # fmt: skip
 
 
 def stream_instances(

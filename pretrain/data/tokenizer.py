@@ -31,9 +31,8 @@ def train_wordpiece_tokenizer(texts: Iterable[str], *, vocab_size: int, lowercas
     trainer = trainers.WordPieceTrainer(vocab_size=vocab_size, special_tokens=list(SPECIAL_TOKENS), min_frequency=2)
     tok.train_from_iterator(texts, trainer=trainer)
     cls, sep = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
-    tok.post_processor = processors.TemplateProcessing(
-        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1", special_tokens=[("[CLS]", cls), ("[SEP]", sep)]
-    )
+    tok.post_processor = processors.TemplateProcessing(single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+                                                       special_tokens=[("[CLS]", cls), ("[SEP]", sep)])  # fmt: skip
     return BertTokenizerFast(tokenizer_object=tok, do_lower_case=lowercase, strip_accents=lowercase)
 
 
@@ -139,9 +138,8 @@ def load_or_train_tokenizer(
         name = f"WordPiece trained on the corpus ({cached})"
         if tokenizer is None:
             texts = training_texts() if training_texts is not None else document_texts(split_corpus(cfg, seed=seed)[0])
-            trained = train_wordpiece_tokenizer(
-                islice(texts, cfg.tokenizer_train_documents), vocab_size=cfg.vocab_size, lowercase=cfg.lowercase
-            )
+            trained = train_wordpiece_tokenizer(islice(texts, cfg.tokenizer_train_documents), vocab_size=cfg.vocab_size,
+                                                lowercase=cfg.lowercase)  # fmt: skip
             with atomic_dir(cached) as tmp:
                 trained.save_pretrained(tmp)
             tokenizer = AutoTokenizer.from_pretrained(str(cached))
