@@ -54,6 +54,7 @@ from torch.profiler import ProfilerActivity, profile
 from transformers import BertConfig, BertForPreTraining
 
 from benchmarks import common
+from pretrain.analysis.options import model_problem
 from pretrain.common.cli import ConfigError, parse, require
 from pretrain.common.reporting import format_table
 from pretrain.config import residual_scheme_fields
@@ -61,7 +62,7 @@ from pretrain.flops import flops_per_token
 from pretrain.modeling import LNBertConfig, LNBertForPreTraining
 from pretrain.optim import build_adamw
 from pretrain.placements import NORM_PLACEMENTS
-from pretrain.variants import DEFAULTS, check_residual_scheme
+from pretrain.variants import DEFAULTS
 
 # Named shapes: (layers, hidden, heads, seq, vocab, batch). The small one is the CPU pretraining size.
 SHAPES: dict[str, dict[str, int]] = {
@@ -147,11 +148,8 @@ def parse_variant(spec: str) -> Variant:
                 ) from None
             if variant.is_hf or "residual_scheme" in variant.config_overrides:
                 raise ValueError(f"variant {spec!r}: {mod!r} is a residual scheme; give one, to one of our models")
-            try:
-                check_residual_scheme(variant.model, fields["residual_scheme"], fields["hc_streams"], DEFAULTS.mhc_sinkhorn_iters,
-                                      fields["mhc_bias_init"], fields["attn_res_block_size"])  # fmt: skip
-            except ValueError as err:
-                raise ValueError(f"variant {spec!r}: {err}") from None
+            if problem := model_problem(variant.model, DEFAULTS.norm_type, mod):
+                raise ValueError(f"variant {spec!r}: {problem}")
             variant.config_overrides.update(fields)
     return variant
 

@@ -771,7 +771,7 @@ def log_report(runs: Sequence[RunInfo], config: ReportConfig, figure5: dict[str,
     wb.summary.update(
         {"target_loss": config.target_loss, "warnings": " ".join(figure5["warnings"])}
         | {f"steps_to_loss/{row['run']}": row["steps"] for row in figure5["steps"]}
-        | {f"baseline/{task}/{name}": value for task, base in figure5["baselines"].items() for name, value in base.items()}
+        | {f"baseline/{task}/{k}": value for task, base in figure5["baselines"].items() for k, value in base.items()}
     )
     directory = wb.dir
     wb.finish()
