@@ -13,6 +13,7 @@ import torch
 from pretrain.analysis import common
 from pretrain.analysis.options import InitGradsConfig
 from pretrain.common.cli import to_dict
+from pretrain.common.device import pick_device
 from pretrain.common.reporting import pyplot, save_figure
 from pretrain.config import STANDARD_LABEL
 from pretrain.modeling import LNBertConfig, LNBertForMaskedLM
@@ -48,7 +49,7 @@ def mlm_batch(data: Any, batch_size: int, seed: int) -> dict[str, torch.Tensor]:
 
 
 def ffn_gradient_norms(config: LNBertConfig, batch: dict[str, torch.Tensor], seed: int,
-                       device: str = "cpu") -> tuple[list[float], list[float]]:  # fmt: skip
+                       device: str | torch.device = "cpu") -> tuple[list[float], list[float]]:  # fmt: skip
     """Per layer, ||dL/dW1||_F and ||dL/dW2||_F (``intermediate.dense.weight``, ``output.dense.weight``) of a fresh
     model initialised under ``seed``, L the MLM loss of one batch, dropout off (eval mode)."""
     torch.manual_seed(seed)
@@ -65,7 +66,7 @@ def measure_init_grads(args: InitGradsConfig, data: Any, init_scheme: str, place
     """Per-seed, per-layer W1/W2 gradient norms of one (init, placement, norm type, residual scheme by its label,
     depth); seed s uses batch s."""
     tokenizer = data.tokenizer
-    device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
+    device = pick_device(args.device)
     config = common.model_config(args, placement, init_scheme, depth, len(tokenizer), tokenizer.pad_token_id,
                                  norm_type, scheme)  # fmt: skip
     norms = [ffn_gradient_norms(config, mlm_batch(data, args.batch_size, seed), seed, device)
