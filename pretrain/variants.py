@@ -2,8 +2,8 @@
 
 Every command checks its options before it imports torch and transformers (about 9 s of CPU), so that a typo
 answers at once, against what lives here: the names of the placements, norm types, init schemes and residual
-schemes, the defaults of ``LNBertConfig``'s own options (documented there), and ``check_options``, the one check
-of a model's options.
+schemes, the defaults of ``LNBertConfig``'s own options (each documented in docs/model.md), and ``check_options``,
+the one check of a model's options.
 """
 
 from __future__ import annotations
@@ -75,26 +75,25 @@ def check_choice(key: str, value: str, choices: tuple[str, ...]) -> None:
         raise ValueError(f"{key}={value!r} is not a valid choice{hint}; valid choices: {', '.join(choices)}")
 
 
-def check_options(options: Any, prefix: str = "") -> None:
-    """Refuse options no model builds, naming the field (``prefix`` + its name) and the fix: ``LNBertConfig``'s,
-    and the command line's ``model`` section (``prefix`` "model."), which has the same fields, before torch loads."""
+def check_options(config: Any, prefix: str = "") -> None:
+    """Refuse options no model builds, naming the field (``prefix`` + its name) and the fix: ``config`` is an
+    ``LNBertConfig``, or the command line's ``model`` section (``prefix`` "model."), checked before torch loads."""
     for key, choices in (("norm_placement", NORM_PLACEMENTS), ("norm_type", NORM_TYPES), ("init_scheme", INIT_SCHEMES)):
-        check_choice(f"{prefix}{key}", getattr(options, key), choices)
-    p, o = prefix, options
-    if o.hidden_size % o.num_attention_heads != 0:
-        raise ValueError(f"{p}hidden_size={o.hidden_size} is not divisible by {p}num_attention_heads="
-                         f"{o.num_attention_heads}: {p}num_attention_heads must divide {p}hidden_size={o.hidden_size}")
-    k = o.mix_ln_post_layers
-    if k is not None and not 0 <= k <= o.num_hidden_layers:
-        raise ValueError(f"{p}mix_ln_post_layers={k} must be between 0 and {p}num_hidden_layers={o.num_hidden_layers} "
-                         "(or null for round(L/4))")  # fmt: skip
-    if o.admin_omega is not None and not (math.isfinite(o.admin_omega) and o.admin_omega > 0):
-        raise ValueError(f"{p}admin_omega={o.admin_omega} must be positive (or null for the O(log N) rule)")
-    if not (math.isfinite(o.dyt_alpha_init) and o.dyt_alpha_init > 0):
-        raise ValueError(f"{p}dyt_alpha_init={o.dyt_alpha_init} must be a positive number (DyT's default: 0.5)")
-    check_residual_scheme(o.norm_placement, o.residual_scheme, o.hc_streams, o.mhc_sinkhorn_iters, o.mhc_bias_init,
-                          o.attn_res_block_size, prefix)  # fmt: skip
-    check_ngpt(o.norm_placement, o.norm_type, o.qk_norm, o.embedding_layer_norm, prefix)
+        check_choice(f"{prefix}{key}", getattr(config, key), choices)
+    width, heads = f"{prefix}hidden_size={config.hidden_size}", f"{prefix}num_attention_heads"
+    if config.hidden_size % config.num_attention_heads != 0:
+        raise ValueError(f"{width} is not divisible by {heads}={config.num_attention_heads}: {heads} must divide "
+                         f"{width}; choose one of its divisors")  # fmt: skip
+    if (k := config.mix_ln_post_layers) is not None and not 0 <= k <= config.num_hidden_layers:
+        raise ValueError(f"{prefix}mix_ln_post_layers={k} must be between 0 and {prefix}num_hidden_layers="
+                         f"{config.num_hidden_layers} (or null for round(L/4))")  # fmt: skip
+    if config.admin_omega is not None and not (math.isfinite(config.admin_omega) and config.admin_omega > 0):
+        raise ValueError(f"{prefix}admin_omega={config.admin_omega} must be positive (or null for the O(log N) rule)")
+    if not (math.isfinite(config.dyt_alpha_init) and config.dyt_alpha_init > 0):
+        raise ValueError(f"{prefix}dyt_alpha_init={config.dyt_alpha_init} must be > 0 (DyT's default: 0.5)")
+    check_residual_scheme(config.norm_placement, config.residual_scheme, config.hc_streams, config.mhc_sinkhorn_iters,
+                          config.mhc_bias_init, config.attn_res_block_size, prefix)  # fmt: skip
+    check_ngpt(config.norm_placement, config.norm_type, config.qk_norm, config.embedding_layer_norm, prefix)
 
 
 def check_residual_scheme(norm_placement: str, residual_scheme: str, hc_streams: int, mhc_sinkhorn_iters: int,
