@@ -246,7 +246,8 @@ def report_jobs(folder: ResultsFolder, runs: Sequence[RunInfo], tasks: list[str]
     """Every job of the report's runs and tasks that the results folder names, whatever its status, of one recipe:
     mixing recipes in one point would average unlike numbers."""
     rows = [state.row() for state in folder.jobs().values()]
-    rows = [r for r in rows if r["task"] in tasks and of_runs(r, runs)]
+    ids = {run.run_id for run in runs}  # by run id: not by name, and wherever the folder is mounted
+    rows = [r for r in rows if r["task"] in tasks and r["run_id"] in ids]
     if recipe_hash is not None:
         return [r for r in rows if r["recipe_hash"] == recipe_hash]
     recipes = sorted({r["recipe_hash"] for r in rows})
@@ -707,8 +708,8 @@ def _lower_bound(point: dict[str, Any]) -> float:
     return point["accuracy"] if low is None or math.isnan(low) else low
 
 
-def summary_markdown(runs: Sequence[RunInfo], target: float | None, figure5: dict[str, Any], tasks: list[str],
-                     one_class_share: float) -> str:  # fmt: skip
+def summary_markdown(runs: Sequence[RunInfo], figure5: dict[str, Any], tasks: list[str], one_class_share: float) -> str:
+    target = figure5["target_loss"]
     lines = ["# Figure 5: pretraining speed and downstream accuracy by LayerNorm placement", ""]
     lines += [f"> {warning}\n" for warning in figure5["warnings"]]
     if not tasks:
@@ -735,11 +736,6 @@ _KEYED = [f.name for f in dataclasses.fields(JobSpec) if f.metadata["role"] == "
 SEED_COLUMNS = ["run_name", "placement", *_KEYED, "recipe_hash", *(f.name for f in dataclasses.fields(Results))]
 
 
-def of_runs(row: dict[str, Any], runs: Sequence[RunInfo]) -> bool:
-    """A result row belongs to one of the runs (by run id: not by name, and wherever the folder is mounted)."""
-    return any(row["run_id"] == run.run_id for run in runs)
-
-
 def log_report(runs: Sequence[RunInfo], config: ReportConfig, figure5: dict[str, Any]) -> str:
     """One W&B run (job_type report) with a deterministic id, so re-running the report updates it: the Figure 5
     series against ``pretrain_step`` (one log call per step), the steps-to-loss table, the best-lr points, the raw
@@ -759,12 +755,11 @@ def log_report(runs: Sequence[RunInfo], config: ReportConfig, figure5: dict[str,
     for step in sorted(by_step):
         wb.log({"pretrain_step": step, **by_step[step]})
     model = {run.label: {"norm_placement": run.placement, "variant": run.variant} for run in runs}
-    seed_rows = [r for r in figure5["rows"] if r["task"] in config.tasks and of_runs(r, runs)]
     steps_columns = ["run", "norm_placement", "variant", "steps", "ratio", "approximate"]
     wb.log({
         "tables/steps_to_loss": _table([{**row, **model[row["run"]]} for row in figure5["steps"]], steps_columns),
         "tables/best_lr_points": _table([{**p, **model[p["run"]]} for p in figure5["points"]], POINT_COLUMNS),
-        "tables/seed_rows": _table(seed_rows, SEED_COLUMNS),
+        "tables/seed_rows": _table(figure5["rows"], SEED_COLUMNS),  # the report's runs, tasks and recipe only
         **{f"figures/{image.stem}": wandb.Image(str(image)) for image in figure5["images"]},
     })  # fmt: skip
     wb.summary.update(
@@ -787,8 +782,8 @@ def _start_report_run(runs: Sequence[RunInfo], config: ReportConfig, rows: list[
     recipe = config.recipe_hash or (recipes[0] if len(recipes) == 1 else None)
     placements, variants = [run.placement for run in runs], [run.variant for run in runs]
     run_config = {"norm_placement": placements, "variant": variants, "comparison": comparison,
-              "runs": [run.name for run in runs], "pretrain_run_ids": [p["id"] for p in pretraining],
-              "tasks": list(config.tasks), "target_loss": config.target_loss, "recipe_hash": recipe}  # fmt: skip
+                  "runs": [run.name for run in runs], "pretrain_run_ids": [p["id"] for p in pretraining],
+                  "tasks": list(config.tasks), "target_loss": config.target_loss, "recipe_hash": recipe}  # fmt: skip
     # Deterministic: the same runs, recipe and tasks always update the same W&B report run.
     identity = [p["id"] or run.run_id for p, run in zip(pretraining, runs, strict=True)]
     run_id = short_hash({"runs": identity, "recipe": recipe, "tasks": sorted(config.tasks)}, 16)
@@ -854,7 +849,7 @@ def report(config: ReportConfig) -> dict[str, Any]:
     result = {"target_loss": target, "curves": curves, "steps": table, "recipe_differences": recipe_differences(runs),
               "jobs": jobs, "rows": rows, "points": points, "baselines": baselines, "warnings": warnings,
               "images": images, "summary": out / "summary.md"}  # fmt: skip
-    atomic.write_text(result["summary"], summary_markdown(runs, target, result, config.tasks, config.one_class_share))
+    atomic.write_text(result["summary"], summary_markdown(runs, result, config.tasks, config.one_class_share))
     if config.wandb:
         result["wandb_dir"] = log_report(runs, config, result)
     return result
