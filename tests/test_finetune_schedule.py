@@ -23,8 +23,18 @@ from typing import Any
 
 import pytest
 
+import finetune.schedule
 from finetune.backends import InProcess, LocalArray, SlurmArray, SlurmConfig
-from finetune.manifest import INTERRUPTED, LOCK, SCHEDULER_STOPPED, Manifest, ResultsBusy, ResultsFolder
+from finetune.manifest import (
+    INTERRUPTED,
+    LOCK,
+    SCHEDULER_STOPPED,
+    Manifest,
+    ManifestJob,
+    ResultsBusy,
+    ResultsFolder,
+    load_manifest,
+)
 from finetune.schedule import (
     ScheduleConfig,
     collect,
@@ -39,7 +49,7 @@ from finetune.schedule import (
 from finetune.schedule import cli as schedule_cli
 from pretrain.run_folder.layout import SNAPSHOT_MARKER
 from pretrain.run_folder.manifest import write_manifest
-from tests.finetune_fixtures import FIXTURE_GLUE, QUICK, config_for, make_run, set_status
+from tests.finetune_fixtures import FIXTURE_GLUE, QUICK, config_for, make_run, results, set_status
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -517,3 +527,169 @@ def test_the_comparison_script_ends_with_the_commands_that_fine_tune_its_runs(
     runs = [str(out / "post"), str(out / "pre")]
     assert parse(ScheduleConfig, commands[0][3:], prog="schedule").runs == runs
     assert parse(ReportConfig, commands[1][3:], prog="report").runs == runs
+
+
+# --- Results that would make the scheduler loop, a deleted snapshot, a replaced lock -------------
+
+
+def bounded_starts(monkeypatch: pytest.MonkeyPatch, limit: int = 4) -> list[int]:
+    """In-process submissions run as usual, but a scheduler that submits more than ``limit`` times fails the test
+    (a loop, bounded) instead of running on."""
+    starts, real = [], InProcess.start
+
+    def start(self: InProcess, manifest: Path, tasks: int, submission: int) -> str:
+        starts.append(submission)
+        assert len(starts) <= limit, f"submitted {len(starts)} times: the scheduler loops"
+        return real(self, manifest, tasks, submission)
+
+    monkeypatch.setattr(InProcess, "start", start)
+    return starts
+
+
+def spoil(path: Path, kind: str, other: Path) -> None:
+    """Give a result file content a task never writes there."""
+    payload = json.loads(path.read_text())
+    if kind == "another job's":
+        payload = json.loads(other.read_text())  # cp done/OTHER.json done/THIS.json
+    elif kind == "a list":
+        payload = []
+    elif kind == "no results":
+        del payload["results"]
+    elif kind == "accuracy 2.0":
+        payload["results"]["accuracy"] = 2.0
+    path.write_text(json.dumps(payload))
+
+
+@pytest.mark.parametrize("kind", ["another job's", "a list", "no results", "accuracy 2.0"])
+def test_a_result_file_a_task_never_writes_is_named_by_status_report_and_scheduler(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], kind: str
+) -> None:
+    """Another job's result under this job's name makes every task skip the job (its file exists) while the folder
+    counts the other one: the scheduler would submit it for ever. A list, a result without its results, an
+    accuracy outside [0, 1] would be a traceback or counted without comment. Each is named, with what to do and
+    exit code 2, before anything is submitted; moved aside, its job runs again."""
+    from finetune.report import cli as report_cli
+
+    run_dir = make_run(tmp_path, "post_ln", "post", steps=(10,))
+    config = config_for(tmp_path, [run_dir], seeds=[0, 1])
+    for spec in discover(config):
+        folder(config).write_done(ManifestJob(spec, 1), 1, results())
+    other, spoiled = sorted((Path(config.results_dir) / "done").glob("*.json"))
+    spoil(spoiled, kind, other)
+    starts = bounded_starts(monkeypatch)
+    report_args = [f"--runs=[{run_dir}]", f"--results_dir={config.results_dir}", "--tasks=[mrpc]", f"--out={tmp_path}"]
+    commands = {
+        "scheduler": (schedule_cli, [*cli_args(config), "--mode=once"]),
+        "status": (schedule_cli, ["status", f"--results_dir={config.results_dir}"]),
+        "report": (report_cli, report_args),
+    }
+    for name, (cli, argv) in commands.items():
+        monkeypatch.setattr(sys, "argv", ["prog", *argv])
+        assert cli() == 2, name
+        err = capsys.readouterr().err
+        assert f"error: {spoiled} " in err and "move it aside and run the command again" in err, (name, err)
+    assert starts == []  # nothing submitted
+    spoiled.rename(tmp_path / "aside.json")
+    assert schedule(config) == []
+    assert len(done_rows(config)) == 2 and starts == [1]  # the job of the file moved aside, run once
+
+
+def test_a_scheduler_whose_submission_made_no_progress_stops_instead_of_submitting_it_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Whatever makes the tasks end without starting, finishing or failing a job (here: tasks that do nothing), the
+    same jobs with the same attempts are not submitted again: under SLURM that would be an sbatch every pass."""
+    run_dir = make_run(tmp_path, "post_ln", "post", steps=(10,))
+    config = config_for(tmp_path, [run_dir], seeds=[0, 1])
+    starts: list[int] = []
+
+    def start(self: InProcess, manifest: Path, tasks: int, submission: int) -> str:
+        starts.append(submission)
+        assert len(starts) <= 4, "submitted again and again: the scheduler loops"
+        return ""  # the task skipped every job
+
+    monkeypatch.setattr(InProcess, "start", start)
+    monkeypatch.setattr(sys, "argv", ["prog", *cli_args(config), "--mode=once"])
+    assert schedule_cli() == 2
+    err = capsys.readouterr().err
+    assert "error: the 2 job(s) of submission 1 (mrpc lr=0.001 seed=0 step=10 (post_ln), ...) are to be submitted " \
+           "again as they were" in err  # fmt: skip
+    assert starts == [1]
+    monkeypatch.undo()
+    monkeypatch.setattr(sys, "argv", ["prog", *cli_args(config), "--mode=once"])
+    assert schedule_cli() == 0  # tasks that run their jobs: the same command continues
+    assert len(done_rows(config)) == 2
+
+
+def test_a_snapshot_deleted_after_its_jobs_were_planned_fails_them_for_good_until_it_is_back(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from finetune.report import ReportConfig, report
+
+    run_dir = make_run(tmp_path, "post_ln", "post", steps=(10, 20))
+    config = config_for(tmp_path, [run_dir], seeds=[0, 1])
+    assert pass_with(config, NeverRuns()) == 4  # planned and submitted; its scheduler killed before they ran
+    snapshot, aside = run_dir / "snapshots" / "step_00000020", tmp_path / "aside"
+    snapshot.rename(aside)
+    failures = schedule(config)
+    assert [(f.spec.pretrain_step, f.status, f.permanent) for f in failures] == [(20, "failed", True)] * 2
+    assert f"snapshot {snapshot} no longer exists" in failures[0].error
+    assert len(done_rows(config)) == 2
+    # Skipped while it is gone: a rerun submits nothing and says why; status counts them failed, not retrying.
+    before = submitted(config)
+    assert main([*cli_args(config), "--mode=once"]) == 1
+    assert "2 job(s) failed for good: their snapshot was refused" in capsys.readouterr().err
+    assert submitted(config) == before
+    assert main(["status", f"--results_dir={config.results_dir}"]) == 0
+    assert capsys.readouterr().out.splitlines()[-1].split()[1:] == ["0", "0", "2", "2", "0"]
+    # The report names the points that lack them, and why.
+    result = report(ReportConfig(runs=[str(run_dir)], results_dir=config.results_dir, tasks=["mrpc"],
+                                 out=str(tmp_path / "fig")))  # fmt: skip
+    (missing,) = [w for w in result["warnings"] if "failed for good" in w]
+    assert "post_ln (post) step 20 (MRPC: 2 jobs)" in missing and f"snapshot {snapshot} no longer exists" in missing
+    # Back where it was: its jobs run.
+    aside.rename(snapshot)
+    assert schedule(config) == []
+    assert len(done_rows(config)) == 4
+
+
+class ReplacesTheLock(InProcess):
+    """A task that fails its jobs, during which someone deletes the lock file and a second scheduler makes a new
+    one."""
+
+    def start(self, manifest: Path, tasks: int, submission: int) -> str:
+        lock = manifest.parent.parent / LOCK
+        lock.unlink()
+        lock.write_text("")
+        for job in load_manifest(manifest).jobs:  # failed with attempts left: to be submitted again
+            ResultsFolder(lock.parent).write_failed(job, submission, "RuntimeError: out of memory")
+        return ""
+
+
+def test_a_scheduler_whose_lock_file_was_replaced_stops_before_its_next_submission(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    run_dir = make_run(tmp_path, "post_ln", "post", steps=(10,))
+    config = config_for(tmp_path, [run_dir], seeds=[0, 1], max_attempts=3)
+    monkeypatch.setattr(finetune.schedule, "InProcess", ReplacesTheLock)
+    with pytest.raises(ResultsBusy, match=r"lock file .*lock was deleted or replaced while this scheduler held it"):
+        schedule(config)
+    assert len(manifests(config)) == 1  # the failed jobs were not submitted again
+
+
+def test_the_lock_file_says_it_is_safe_to_leave(tmp_path: Path) -> None:
+    """A killed scheduler's lock file still names it; what it says must not invite its deletion."""
+    folder = ResultsFolder(tmp_path / "results")
+    with folder.lock():
+        note = json.loads((folder.root / LOCK).read_text())["note"]
+    assert "a dead holder's lock is free: leave this file in place" in note
+
+
+def test_a_killed_schedulers_temporary_manifest_is_removed_by_the_next(tmp_path: Path) -> None:
+    folder = ResultsFolder(tmp_path / "results")
+    (folder.root / "manifests").mkdir(parents=True)
+    left = folder.root / "manifests" / ".000001.json.k2j4h5.tmp"  # killed while writing submission 1
+    left.write_text('{"format_ver')
+    with folder.lock():
+        assert not left.exists()
+    assert folder.manifests() == []
