@@ -30,11 +30,18 @@ from pretrain.common import atomic
 from pretrain.common.formats import RESULTS_FORMAT, check_format, stamped
 
 MANIFESTS, STARTED, DONE, FAILED, LOCK = "manifests", "started", "done", "failed", "lock"
+MOVE_ASIDE = "move it aside and run the command again"
+"""What to do with a file of the results folder that this code cannot use as it is."""
 RESULTS_FIX = (
     "finish that results folder with the checkout that wrote it, or point --results_dir at a new folder (its jobs "
     "then run again)"
 )
 """What to do with a results folder written by another version (pretrain/common/formats.py)."""
+LOCK_NOTE = (
+    "held (flock) by this process while it runs; a dead holder's lock is free: leave this file in place (deleted, "
+    "it lets a second scheduler in beside a live one)"
+)
+"""What the lock file says beside its holder's name: a killed scheduler's file still names it."""
 
 Status = Literal["queued", "submitted", "done", "failed"]
 # Why a task ended without charging even the job it had started (finetune/backends.py gives the reasons).
@@ -128,6 +135,12 @@ class Results:
     """F1 of that answer (MRPC); None for RTE."""
     top_class_share: float
     """Share of the job's dev predictions in its most predicted class (1.0: it answers one class)."""
+
+    def __post_init__(self) -> None:
+        for name in ("accuracy", "f1", "majority_accuracy", "majority_f1", "top_class_share"):  # the shares
+            value = getattr(self, name)
+            if value is not None and not 0 <= value <= 1:
+                raise ValueError(f"{name} {value} is outside [0, 1]")
 
 
 @dataclass(frozen=True)
@@ -244,7 +257,9 @@ def read_json(path: Path) -> dict[str, Any]:
     try:
         payload = json.loads(path.read_text())
     except ValueError as err:  # cut short (a full disk): not used silently
-        raise ValueError(f"{path} is not readable JSON ({err}): move it aside and run the command again") from None
+        raise ValueError(f"{path} is not readable JSON ({err}): {MOVE_ASIDE}") from None
+    if not isinstance(payload, dict):
+        raise ValueError(f"{path} holds a JSON {type(payload).__name__}, not an object: {MOVE_ASIDE}")
     check_format(payload, path, RESULTS_FORMAT, RESULTS_FIX)
     return payload
 
@@ -270,15 +285,16 @@ class ResultsFolder:
 
     def __init__(self, root: str | Path) -> None:
         self.root = Path(root).resolve()
-        self._payloads: dict[Path, dict[str, Any]] = {}  # of done/ and failed/ files, which never change: read once
+        self._states: dict[Path, JobState] = {}  # of done/ and failed/ files, which never change: read once
+        self._held: tuple[int, int] | None = None  # (device, inode) of the lock file while this object holds it
 
-    def _read(self, sub: str) -> list[dict[str, Any]]:
-        """The payloads of the files of done/ or failed/, each read once (they never change once written)."""
+    def _read(self, sub: str) -> list[JobState]:
+        """The jobs as the files of done/ or failed/ say, each file read and checked once (they never change)."""
         paths = self._files(sub)
         for path in paths:
-            if path not in self._payloads:
-                self._payloads[path] = read_json(path)
-        return [self._payloads[path] for path in paths]
+            if path not in self._states:
+                self._states[path] = _file_state(path, read_json(path))
+        return [self._states[path] for path in paths]
 
     def _files(self, sub: str) -> list[Path]:
         """The files of a subfolder, without the temporary files of writes in progress (``.NAME.XXXX.tmp``)."""
@@ -292,7 +308,8 @@ class ResultsFolder:
     def lock(self) -> Iterator[None]:
         """Hold the folder's lock (flock on RESULTS/lock) for the block, or raise ResultsBusy naming its holder.
         The lock goes with its process (a killed scheduler blocks nobody); the file naming the holder is written in
-        place, as a rename would put a new file beside the locked one. NFS and Lustre: docs/finetune_files.md."""
+        place, as a rename would put a new file beside the locked one. Only the holder writes manifests, so the
+        temporary files of a killed holder's writes there go. NFS and Lustre: docs/finetune_files.md."""
         path = self.root / LOCK
         self.root.mkdir(parents=True, exist_ok=True)
         with open(path, "a+") as f:
@@ -309,10 +326,15 @@ class ResultsFolder:
                 f.truncate(0)  # "a+": the write goes to the (new) end
                 since = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
                 f.write(json.dumps({"host": socket.gethostname(), "pid": os.getpid(), "since": since,
-                                    "command": sys.argv}))  # fmt: skip
+                                    "command": sys.argv, "note": LOCK_NOTE}))  # fmt: skip
                 f.flush()
+                stat = os.fstat(f.fileno())
+                self._held = (stat.st_dev, stat.st_ino)
+                for tmp in (self.root / MANIFESTS).glob(".*.tmp"):
+                    tmp.unlink(missing_ok=True)
                 yield
             finally:
+                self._held = None
                 f.truncate(0)  # a released lock names nobody
                 fcntl.flock(f, fcntl.LOCK_UN)
 
@@ -322,8 +344,27 @@ class ResultsFolder:
     def next_submission(self) -> int:
         return max((int(p.stem) for p in self._files(MANIFESTS)), default=0) + 1
 
+    def check_lock(self) -> None:
+        """Raise ResultsBusy if the lock file this object holds was deleted or replaced: another scheduler may then
+        hold the new one, and two would submit the same jobs."""
+        path = self.root / LOCK
+        try:
+            stat = os.stat(path)
+        except FileNotFoundError:
+            stat = None
+        if stat is None or (stat.st_dev, stat.st_ino) != self._held:
+            raise ResultsBusy(
+                f"the lock file {path} was deleted or replaced while this scheduler held it: another scheduler may "
+                "now run on this folder, so this one stops before submitting more (the results written stay). Leave "
+                f"that file in place ({LOCK_NOTE}). Run the same command again once no other scheduler runs on this "
+                "folder."
+            )
+
     def write_manifest(self, manifest: Manifest) -> Path:
-        """Write (or rewrite, with its handle and ended tasks) a submission's manifest; its jobs never change."""
+        """Write (or rewrite, with its handle and ended tasks) a submission's manifest; its jobs never change.
+        Under the lock, only while the lock file is still the one held."""
+        if self._held is not None:
+            self.check_lock()
         path = self.manifest_path(manifest.submission)
         payload = asdict(manifest)
         payload["jobs"] = [{"key": job.spec.key, **asdict(job)} for job in manifest.jobs]
@@ -366,8 +407,7 @@ class ResultsFolder:
 
     def done(self) -> dict[str, JobState]:
         """The finished jobs, by key, from their result files."""
-        return {p["key"]: JobState(JobSpec(**p["spec"]), "done", p["attempt"], p["submission"],
-                                   results=Results(**p["results"])) for p in self._read(DONE)}  # fmt: skip
+        return {state.spec.key: state for state in self._read(DONE)}
 
     def jobs(self) -> dict[str, JobState]:
         """Every job a file of the folder names, by key. A result file makes it done; else its latest submission
@@ -378,17 +418,38 @@ class ResultsFolder:
         for manifest in self.manifests():
             for position, job in enumerate(manifest.jobs):
                 states[job.spec.key] = _listed(manifest, position % manifest.tasks, job, started)
-        for f in self._read(FAILED):
-            latest = states.get(f["key"])
-            if latest is None or f["submission"] >= latest.submission:
-                states[f["key"]] = JobState(JobSpec(**f["spec"]), "failed", f["attempt"], f["submission"], f["error"],
-                                            permanent=f["permanent"], snapshot_stamp=f["snapshot_stamp"])  # fmt: skip
+        for failed in self._read(FAILED):
+            latest = states.get(failed.spec.key)
+            if latest is None or failed.submission >= latest.submission:
+                states[failed.spec.key] = failed
         return states | self.done()
 
 
 def _attempt(job: ManifestJob, submission: int, worker: dict[str, Any], **fields: Any) -> dict[str, Any]:
     """The payload of a task's file about one attempt of a job."""
     return {"key": job.spec.key, "attempt": job.attempt, "submission": submission, **fields, "worker": worker}
+
+
+def _file_state(path: Path, payload: dict[str, Any]) -> JobState:
+    """The job a file of done/ or failed/ records, refused (naming the file) unless it is what a task writes there:
+    every field, the results in their ranges, and the job its name starts with. Another job's result under this
+    job's name would make every task skip this job while the folder counts the other: submitted for ever."""
+    p = payload
+    try:
+        spec = JobSpec(**p["spec"])
+        if path.parent.name == DONE:
+            state = JobState(spec, "done", p["attempt"], p["submission"], results=Results(**p["results"]))
+        else:
+            state = JobState(spec, "failed", p["attempt"], p["submission"], p["error"], permanent=p["permanent"],
+                             snapshot_stamp=p["snapshot_stamp"])  # fmt: skip
+    except (KeyError, TypeError, ValueError) as err:
+        problem = f"no field {err}" if isinstance(err, KeyError) else str(err)
+        raise ValueError(f"{path} is not a file a task writes ({problem}): {MOVE_ASIDE}") from None
+    named = path.name.split(".")[0]
+    if {named, p.get("key")} != {spec.key}:
+        raise ValueError(f"{path} is the file of job {spec.key} ({spec.label}), not of job {named} as its name says "
+                         f"(a copied, renamed or edited file): {MOVE_ASIDE}")  # fmt: skip
+    return state
 
 
 def _listed(manifest: Manifest, task: int, job: ManifestJob, started: set[str]) -> JobState:
