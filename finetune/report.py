@@ -273,6 +273,21 @@ def progress_warning(jobs: list[dict[str, Any]], runs: Sequence[RunInfo], tasks:
             "done" + ("; failed jobs run again with finetune.schedule's --retry_failed=true." if failed else "."))
 
 
+def refused_warning(jobs: list[dict[str, Any]], runs: Sequence[RunInfo]) -> str | None:
+    """The points that lack jobs failed for good (their snapshot refused: gone, incomplete or damaged) and why;
+    None when no job did."""
+    labels, refused = {run.run_id: run.label for run in runs}, {}
+    for job in jobs:
+        if job["status"] == "failed" and job["permanent"]:
+            refused.setdefault((labels[job["run_id"]], job["pretrain_step"]), []).append(job)
+    parts = []
+    for (label, step), group in sorted(refused.items()):
+        tasks = ", ".join(f"{task.upper()}: {n} jobs" for task, n in sorted(Counter(j["task"] for j in group).items()))
+        parts.append(f"{label} step {step} ({tasks}): {'; '.join(sorted({j['error'] for j in group}))}")
+    return (f"**Failed for good**, so missing from their points until the snapshot's files change (e.g. restored "
+            f"from a copy) and finetune.schedule runs them: {' | '.join(parts)}") if parts else None  # fmt: skip
+
+
 def no_results_warning(jobs: list[dict[str, Any]], runs: Sequence[RunInfo], root: Path) -> str | None:
     """What to do when no job of the runs is done: wait for the jobs named, or schedule them; None when one is."""
     if any(job["status"] == "done" for job in jobs):
@@ -831,7 +846,8 @@ def report(config: ReportConfig) -> dict[str, Any]:
     if config.tasks:  # --tasks=[]: panel (a) alone, no results folder read
         check_results_dir(root)
         jobs = report_jobs(ResultsFolder(root), runs, config.tasks, config.recipe_hash)
-        notes = (no_results_warning(jobs, runs, root), progress_warning(jobs, runs, config.tasks, root))
+        notes = (no_results_warning(jobs, runs, root), progress_warning(jobs, runs, config.tasks, root),
+                 refused_warning(jobs, runs))  # fmt: skip
         warnings = [note for note in notes if note]
     rows = [job for job in jobs if job["status"] == "done"]
     points = [p for task in config.tasks for p in best_lr_points(jobs, runs, task, config.one_class_share)]

@@ -28,7 +28,16 @@ from finetune.backends import InProcess
 from finetune.config import GridOptions, check_tasks
 from finetune.glue import load_task
 from finetune.manifest import ResultsBusy, ResultsFolder, Runtime
-from finetune.schedule import collect, job_lines, lifted, retried, runnable, submit, wandb_settings
+from finetune.schedule import (
+    NoProgress,
+    collect,
+    job_lines,
+    lifted,
+    retried,
+    runnable,
+    submit,
+    wandb_settings,
+)
 from finetune.tracking import check_wandb
 from finetune.worker import check_snapshot, describe_model, job_specs
 from pretrain.common.cli import parse, require, run_cli
@@ -81,7 +90,9 @@ def run(config: RunConfig) -> list[dict[str, Any]]:
         print(f"{len(specs)} jobs for {config.model} on {config.task}: {new} new, in {folder.root}", flush=True)
         # The folder may hold other work (a scheduler's): this command runs only its own grid.
         jobs |= resets
-        while submit(folder, backend, runtime, runnable(jobs | lifted(jobs, specs), specs, config.max_attempts)):
+        history: Counter[tuple[str, int]] = Counter()  # submit's: it stops jobs submitted again and again as they are
+        while submit(folder, backend, runtime, runnable(jobs | lifted(jobs, specs), specs, config.max_attempts),
+                     history=history):  # fmt: skip
             collect(folder, backend)
             jobs = folder.jobs()
         return [jobs[spec.key].row() for spec in specs]
@@ -119,7 +130,8 @@ def main(argv: list[str] | None = None) -> int:
     return 0 if all(r["status"] == "done" for r in rows) else 1
 
 
-cli = functools.partial(run_cli, main, errors=(ResultsBusy,))  # bad input: its message and exit code 2, not a traceback
+# Bad input, a busy folder, a pass without progress: its message and exit code 2, not a traceback.
+cli = functools.partial(run_cli, main, errors=(ResultsBusy, NoProgress))
 
 
 if __name__ == "__main__":

@@ -28,6 +28,7 @@ import os
 import re
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -155,6 +156,21 @@ def discover(config: ScheduleConfig) -> list[JobSpec]:
             for task in config.tasks:
                 specs += job_specs(model, task, config.lrs, config.seeds, config.recipe)
     return list({spec.key: spec for spec in specs}.values())  # a run given twice is one run
+
+
+def vanished(config: ScheduleConfig, jobs: dict[str, JobState], found: list[JobSpec]) -> list[JobSpec]:
+    """The unfinished jobs of the runs and grid of ``config`` that the folder names but ``found`` (discover) lacks,
+    as their model folder no longer exists: a snapshot deleted or moved after its jobs were planned. They stay
+    wanted, so that their task fails them for good, saying so, and they run once it is back."""
+    ids = {read_run_id(Path(run).resolve()) for run in config.runs if Path(run).is_dir()}
+    grid = {(task, float(lr), int(seed)) for task in config.tasks for lr in config.lrs for seed in config.seeds}
+    recipe, keys, gone = config.recipe.result_key(), {spec.key for spec in found}, []
+    for key, state in jobs.items():
+        spec = state.spec
+        ours = spec.run_id in ids and (spec.task, spec.lr, spec.seed) in grid and spec.recipe == recipe
+        if ours and key not in keys and state.status != "done" and not Path(spec.model_path).exists():
+            gone.append(spec)
+    return gone
 
 
 def run_state(run_dir: str | Path, dead_after_min: float, now: float | None = None) -> str:
@@ -373,15 +389,41 @@ def wandb_settings(config: GridOptions) -> WandbSettings | None:
     return WandbSettings(project=config.wandb_project, dir=directory) if config.wandb else None
 
 
+class NoProgress(RuntimeError):
+    """Jobs were submitted again and again as they were: their tasks ended without running them."""
+
+
+MAX_REPEATS = 3
+"""How often one scheduler submits a job with the same attempts so far (its tasks ended without finishing, failing
+or being charged for it: preempted before they reached it, or skipped it) before it stops rather than loop."""
+
+
+def check_progress(history: Counter[tuple[str, int]], todo: list[tuple[JobSpec, int]]) -> None:
+    """Raise NoProgress when a job of ``todo`` (spec, attempts) was submitted MAX_REPEATS times with those attempts
+    (``history``: this process's submissions): submitting it again would end the same way, for ever (under SLURM,
+    an sbatch a pass)."""
+    if stuck := [spec for spec, attempts in todo if history[spec.key, attempts] >= MAX_REPEATS]:
+        raise NoProgress(
+            f"{len(stuck)} job(s) ({stuck[0].label}{', ...' * (len(stuck) > 1)}) were submitted {MAX_REPEATS} times "
+            "as they were: their tasks ended without finishing, failing or being charged for them, and would again. "
+            "A task skips a job whose result file (done/KEY.json) exists, and stops early when it cannot start: look "
+            "at those files and the tasks' output, then run the same command again"
+        )
+
+
 def submit(folder: ResultsFolder, backend: Backend, runtime: Runtime, jobs: list[tuple[JobSpec, int]],
-           slots: int | None = None) -> int:  # fmt: skip
+           slots: int | None = None, history: Counter[tuple[str, int]] | None = None) -> int:  # fmt: skip
     """Write a manifest of ``jobs`` (spec, attempts so far) and start its tasks; returns how many jobs it holds.
     With fewer ``slots`` (tasks that may start now) than the backend's size, only those slots' share of the jobs
-    goes in: the rest wait for the next free worker instead of queueing behind these."""
+    goes in: the rest wait for the next free worker instead of queueing behind these. With ``history`` (this
+    process's submissions, updated), a job already submitted MAX_REPEATS times as it is raises NoProgress."""
     tasks = min(backend.size if slots is None else slots, len(jobs))
     if tasks <= 0:
         return 0
     jobs = jobs[: math.ceil(len(jobs) * tasks / max(tasks, backend.size))]
+    if history is not None:
+        check_progress(history, jobs)
+        history.update((spec.key, attempts) for spec, attempts in jobs)
     lines = [ManifestJob(spec=spec, attempt=attempts + 1) for spec, attempts in jobs]
     manifest = Manifest(folder.next_submission(), backend.name, tasks, runtime, lines)
     path = folder.write_manifest(manifest)  # the jobs are under way from here: a restart asks the backend
@@ -471,7 +513,7 @@ def _schedule(config: ScheduleConfig, folder: ResultsFolder) -> list[JobState]:
     runtime = runtime_settings(config)
     deadline = parse_until(config.until) if config.until else None
     resets: dict[str, JobState] = {}
-    found, printed, first, rerun = set(), "", True, set()
+    found, printed, first, rerun, history = set(), "", True, set(), Counter()
     try:
         while True:
             # Whether the runs ended is read before looking for snapshots, so none written before the end is missed.
@@ -479,6 +521,7 @@ def _schedule(config: ScheduleConfig, folder: ResultsFolder) -> list[JobState]:
             live = collect(folder, backend, config.slurm)
             wanted = discover(config)
             jobs = follow()
+            wanted += vanished(config, jobs, wanted)
             if config.retry_failed and first:
                 resets = retried(jobs, wanted)
                 print(f"queued {len(resets)} failed job(s) again (--retry_failed)", flush=True)
@@ -496,7 +539,7 @@ def _schedule(config: ScheduleConfig, folder: ResultsFolder) -> list[JobState]:
             if todo or line != printed:
                 print(f"[{time.strftime('%H:%M:%S')}] {line}", flush=True)
             found, printed, first = found | {spec.key for spec in wanted}, line, False
-            submitted = submit(folder, backend, runtime, todo, slots=free_slots(backend, live))
+            submitted = submit(folder, backend, runtime, todo, slots=free_slots(backend, live), history=history)
             if isinstance(backend, InProcess) and submitted:
                 continue  # the jobs ran in this pass: look at their results at once
             if not live and not submitted and (config.mode == "once" or ended):
@@ -555,7 +598,8 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-cli = functools.partial(run_cli, main, errors=(ResultsBusy,))  # bad input: its message and exit code 2, not a traceback
+# Bad input, a busy folder, a pass without progress: its message and exit code 2, not a traceback.
+cli = functools.partial(run_cli, main, errors=(ResultsBusy, NoProgress))
 
 
 if __name__ == "__main__":

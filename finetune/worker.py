@@ -54,7 +54,7 @@ def _placement(info: dict[str, Any], config: dict[str, Any]) -> str:
 
 
 class SnapshotRefused(ValueError):
-    """A model folder refused as it is (incomplete, damaged, of another format version, or weights of another
+    """A model folder refused as it is (gone, incomplete, damaged, of another format version, or weights of another
     placement than its config): no retry changes that while its files stay as they are, its jobs fail for good."""
 
 
@@ -207,7 +207,11 @@ def run_job(job: ManifestJob, manifest: Manifest, folder: ResultsFolder, cache: 
     spec, runtime, submission = job.spec, manifest.runtime, manifest.submission
     try:
         folder.write_started(job, submission)  # from here on, this attempt counts (finetune/manifest.py)
-        check_snapshot(Path(spec.model_path))
+        model = Path(spec.model_path)
+        if model.is_absolute() and not model.is_dir():  # a model folder (a Hub model's path is its name)
+            raise SnapshotRefused(f"snapshot {model} no longer exists (deleted or moved after its jobs were planned): "
+                                  "they run once it is back")  # fmt: skip
+        check_snapshot(model)
         recipe = FinetuneConfig(**spec.recipe, **runtime.recipe)
         data = cache.get(spec.model_path, spec.task, runtime.data_dir, recipe)
         with job_run(spec, WandbSettings(**runtime.wandb) if runtime.wandb else None) as tracked:

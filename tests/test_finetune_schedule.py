@@ -594,27 +594,36 @@ def test_a_result_file_a_task_never_writes_is_named_by_status_report_and_schedul
     assert len(done_rows(config)) == 2 and starts == [1]  # the job of the file moved aside, run once
 
 
-def test_a_scheduler_whose_submission_made_no_progress_stops_instead_of_submitting_it_again(
+def test_a_scheduler_whose_submissions_make_no_progress_stops_instead_of_submitting_them_for_ever(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """Whatever makes the tasks end without starting, finishing or failing a job (here: tasks that do nothing), the
-    same jobs with the same attempts are not submitted again: under SLURM that would be an sbatch every pass."""
+    """Whatever makes the tasks end without finishing, failing or being charged for a job (here: tasks that do
+    nothing), the same jobs with the same attempts are not submitted for ever: under SLURM an sbatch every pass."""
     run_dir = make_run(tmp_path, "post_ln", "post", steps=(10,))
     config = config_for(tmp_path, [run_dir], seeds=[0, 1])
     starts: list[int] = []
 
     def start(self: InProcess, manifest: Path, tasks: int, submission: int) -> str:
         starts.append(submission)
-        assert len(starts) <= 4, "submitted again and again: the scheduler loops"
+        assert len(starts) <= 6, "submitted again and again: the scheduler loops"
         return ""  # the task skipped every job
 
     monkeypatch.setattr(InProcess, "start", start)
     monkeypatch.setattr(sys, "argv", ["prog", *cli_args(config), "--mode=once"])
     assert schedule_cli() == 2
     err = capsys.readouterr().err
-    assert "error: the 2 job(s) of submission 1 (mrpc lr=0.001 seed=0 step=10 (post_ln), ...) are to be submitted " \
-           "again as they were" in err  # fmt: skip
-    assert starts == [1]
+    assert "error: 2 job(s) (mrpc lr=0.001 seed=0 step=10 (post_ln), ...) were submitted 3 times as they were" in err
+    assert starts == [1, 2, 3]  # a task preempted before it reached its jobs is not cause enough to stop
+    # finetune.run submits its grid the same way, and stops the same way.
+    from finetune.run import cli as run_cli
+
+    snapshot = run_dir / "snapshots" / "step_00000010"
+    argv = [f"--model={snapshot}", "--task=mrpc", f"--results_dir={config.results_dir}", f"--data_dir={FIXTURE_GLUE}",
+            "--lrs=[1e-3]", "--seeds=[5]", *(f"--recipe.{k}={v}" for k, v in QUICK.items())]  # fmt: skip
+    monkeypatch.setattr(sys, "argv", ["prog", *argv])
+    assert run_cli() == 2
+    assert "error: 1 job(s) (mrpc lr=0.001 seed=5 step=10 (post_ln)) were submitted 3 times" in capsys.readouterr().err
+    assert starts == [1, 2, 3, 4, 5, 6]
     monkeypatch.undo()
     monkeypatch.setattr(sys, "argv", ["prog", *cli_args(config), "--mode=once"])
     assert schedule_cli() == 0  # tasks that run their jobs: the same command continues
@@ -645,7 +654,7 @@ def test_a_snapshot_deleted_after_its_jobs_were_planned_fails_them_for_good_unti
     # The report names the points that lack them, and why.
     result = report(ReportConfig(runs=[str(run_dir)], results_dir=config.results_dir, tasks=["mrpc"],
                                  out=str(tmp_path / "fig")))  # fmt: skip
-    (missing,) = [w for w in result["warnings"] if "failed for good" in w]
+    (missing,) = [w for w in result["warnings"] if "Failed for good" in w]
     assert "post_ln (post) step 20 (MRPC: 2 jobs)" in missing and f"snapshot {snapshot} no longer exists" in missing
     # Back where it was: its jobs run.
     aside.rename(snapshot)
