@@ -3,6 +3,7 @@ random moments, then the same command is run once more and must finish every job
 
     python tests/faults/scheduler_kills.py --trials 3 --kills 4        # about a minute per trial on 2 busy cores
     python tests/faults/scheduler_kills.py --root /path/to/other/checkout   # the scheduler of another checkout
+    python tests/faults/scheduler_kills.py --done_faults               # result files a task never writes, instead
 
 Each trial makes a tiny pretraining run (tests/finetune_fixtures.py: two snapshots) with ``--jobs`` fine-tuning
 jobs, starts the scheduler, and kills it ``--kills`` times, each a random 0.5-4 s after the kill's scheduler
@@ -10,6 +11,12 @@ wrote its manifest (so kills land while jobs run, and while later ones wait). It
 same command exits 0, every job is done with one result file, and no job was charged an attempt by a kill (each
 result is its job's first attempt, and no job was ever submitted as a later one). Exit status 0 when every trial
 passes.
+
+``--done_faults`` finishes such a grid once, then, for each kind of result file a task never writes (another job's
+under this job's name, a list, no results, an accuracy of 2.0, cut short, empty), spoils one result file of a copy
+of the folder and runs the same command, which must stop within ``--limit_s`` (another job's result made it submit
+the job for ever) with exit code 2, naming the file and submitting nothing; with the file moved aside, the same
+command must exit 0 with every job done once.
 """
 
 from __future__ import annotations
@@ -99,6 +106,74 @@ def run_trial(index: int, workdir: Path, root: Path, jobs: int, kills: int, rng:
     return events, problems + check(results, jobs)
 
 
+def spoil(path: Path, kind: str, other: Path) -> None:
+    """Give a result file content a task never writes (``other``: another job's result file)."""
+    payload = json.loads(path.read_text())
+    payload["results"]["accuracy"] = 2.0
+    texts = {"another job's": other.read_text(), "a list": "[]", "cut short": path.read_text()[:100], "empty": "",
+             "no results": json.dumps({k: v for k, v in payload.items() if k != "results"}),
+             "accuracy 2.0": json.dumps(payload)}  # fmt: skip
+    path.write_text(texts[kind])
+
+
+DONE_FAULTS = ("another job's", "a list", "no results", "accuracy 2.0", "cut short", "empty")
+
+
+def run_bounded(cmd: list[str], root: Path, limit_s: float) -> tuple[int | None, str]:
+    """Run ``cmd`` for at most ``limit_s``; its exit code (None: it was still running) and its error output."""
+    env = {**os.environ, "PYTHONPATH": str(root), "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
+           "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "WANDB_MODE": "offline"}  # fmt: skip
+    with tempfile.TemporaryFile("w+") as err:  # not a pipe: a looping command could fill it and block
+        process = subprocess.Popen(cmd, cwd=root, env=env, stdout=subprocess.DEVNULL, stderr=err,
+                                   start_new_session=True)  # fmt: skip
+        try:
+            code = process.wait(timeout=limit_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+            code = None
+        err.seek(0)
+        return code, err.read()
+
+
+def done_fault_trial(base: Path, kind: str, cmd: list[str], root: Path, jobs: int, limit_s: float) -> list[str]:
+    """One kind of spoiled result file in a copy of the finished folder ``base/results.d``; what went wrong."""
+    results = base / f"results_{DONE_FAULTS.index(kind)}.d"
+    shutil.copytree(base / "results.d", results)
+    cmd = [arg.replace(str(base / "results.d"), str(results)) for arg in cmd]
+    files = sorted((results / "done").glob("*.json"))
+    spoiled, before = files[min(3, len(files) - 1)], submissions(results)
+    spoil(spoiled, kind, files[0])
+    code, err = run_bounded(cmd, root, limit_s)
+    problems = []
+    if code is None:
+        problems.append(f"still running after {limit_s:.0f} s ({submissions(results) - before} submissions)")
+    elif code != 2 or str(spoiled) not in err or "move it aside" not in err:
+        problems.append(f"exit {code}, not 2 naming the file: {err.strip().splitlines()[-1:]}")
+    if submissions(results) != before:
+        problems.append(f"{submissions(results) - before} submission(s) with the spoiled file in place")
+    spoiled.rename(base / f"aside_{DONE_FAULTS.index(kind)}.json")
+    code, err = run_bounded(cmd, root, limit_s)
+    if code != 0:
+        problems.append(f"moved aside, the same command exited {code}: {err.strip().splitlines()[-1:]}")
+    return problems + check(results, jobs)
+
+
+def done_fault_trials(workdir: Path, root: Path, jobs: int, limit_s: float) -> int:
+    """Every kind of spoiled result file (DONE_FAULTS) once; how many kinds failed."""
+    base = workdir / "done_faults"
+    cmd = command(make_run(base, "post_ln", "post", steps=(10, 20)), base / "results.d", jobs)
+    code, err = run_bounded(cmd, root, 10 * limit_s)
+    if code != 0:
+        raise SystemExit(f"the grid did not finish (exit {code}): {err.strip().splitlines()[-2:]}")
+    failed = 0
+    for kind in DONE_FAULTS:
+        problems = done_fault_trial(base, kind, cmd, root, jobs, limit_s)
+        failed += bool(problems)
+        print(f"{kind}: {'ok' if not problems else 'FAILED: ' + '; '.join(problems)}", flush=True)
+    return failed
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--trials", type=int, default=3)
@@ -107,10 +182,19 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=0, help="seed of the random kill moments")
     parser.add_argument("--root", type=Path, default=HERE, help="checkout whose scheduler runs (default: this one)")
     parser.add_argument("--workdir", type=Path, default=None)
+    parser.add_argument("--done_faults", action="store_true", help="spoiled result files instead of kills")
+    parser.add_argument("--limit_s", type=float, default=300, help="--done_faults: seconds a command may take")
     args = parser.parse_args()
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="scheduler-kills-"))
     rng = random.Random(args.seed)
     began, failed = time.monotonic(), 0
+    if args.done_faults:
+        failed = done_fault_trials(workdir, args.root.resolve(), args.jobs, args.limit_s)
+        print(json.dumps({"kinds": len(DONE_FAULTS), "jobs": args.jobs, "passed": len(DONE_FAULTS) - failed,
+                          "failed": failed, "seconds": round(time.monotonic() - began)}))  # fmt: skip
+        if not failed:
+            shutil.rmtree(workdir / "done_faults", ignore_errors=True)
+        return 1 if failed else 0
     for index in range(args.trials):
         events, problems = run_trial(index, workdir, args.root.resolve(), args.jobs, args.kills, rng)
         failed += bool(problems)
