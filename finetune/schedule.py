@@ -15,8 +15,10 @@ runs them in this process) or ``slurm`` (one ``sbatch`` job array per manifest).
 ``--mode=once`` runs the jobs of the snapshots that exist until each is done or failed ``max_attempts`` times;
 ``--mode=follow`` also picks up new snapshots until every run is finished, diverged, failed or dead (its heartbeat
 older than ``dead_after_min``), or until ``--until``. The exit code is 1 when jobs failed every attempt, or for good
-on a refused snapshot (listed with their errors); ``--retry_failed=true`` queues them again. It prints one line per
-job as it ends, and the cost of the jobs before starting them (docs/finetuning.md).
+on a refused or deleted snapshot (listed with their errors); ``--retry_failed=true`` queues them again. It is 2, with
+what to do, on bad input, a folder another scheduler holds, a file of it that a task never writes, or jobs submitted
+MAX_REPEATS times without running. It prints one line per job as it ends, and the cost of the jobs before starting
+them (docs/finetuning.md).
 """
 
 from __future__ import annotations
