@@ -28,16 +28,7 @@ from finetune.backends import InProcess
 from finetune.config import GridOptions, check_tasks
 from finetune.glue import load_task
 from finetune.manifest import ResultsBusy, ResultsFolder, Runtime
-from finetune.schedule import (
-    NoProgress,
-    collect,
-    job_lines,
-    lifted,
-    retried,
-    runnable,
-    submit,
-    wandb_settings,
-)
+from finetune.schedule import NoProgress, collect, job_lines, lifted, retried, runnable, submit, wandb_settings
 from finetune.tracking import check_wandb
 from finetune.worker import check_snapshot, describe_model, job_specs
 from pretrain.common.cli import parse, require, run_cli
