@@ -2,8 +2,9 @@
 the Transformer Architecture", and the placements proposed since).
 
 One model file, read top to bottom: config, embeddings, attention, the layer, encoder, heads, pretrained-model base,
-the four task models. Where the norms go is decided by the layer's *block* (``pretrain/placements.py``, each
-drawing its data flow), the norm type by ``pretrain/norms.py``. nGPT's layers and MLM head are ``pretrain/ngpt.py``'s,
+the task models (pretraining, MLM, and Hugging Face BERT's fine-tuning heads over ``LNBertTaskModel``). Where the
+norms go is decided by the layer's *block* (``pretrain/placements.py``, each drawing its data flow), the norm type by
+``pretrain/norms.py``. nGPT's layers and MLM head are ``pretrain/ngpt.py``'s,
 at the same Hugging Face names. With ``norm_placement="post"`` and ``norm_type="layernorm"`` every parameter name and
 output equals Hugging Face ``BertModel`` / ``BertForPreTraining`` (``tests/test_modeling.py``), so a Hugging Face
 BERT state dict loads with ``strict=True``; ``pre`` equals Hugging Face's ``RobertaPreLayerNorm``. On ``pre``,
@@ -32,17 +33,32 @@ from transformers import (
     AutoConfig,
     AutoModel,
     AutoModelForMaskedLM,
+    AutoModelForMultipleChoice,
+    AutoModelForNextSentencePrediction,
     AutoModelForPreTraining,
+    AutoModelForQuestionAnswering,
     AutoModelForSequenceClassification,
+    AutoModelForTokenClassification,
     BertConfig,
     PretrainedConfig,
     PreTrainedModel,
 )
 from transformers import initialization as init
 from transformers.activations import ACT2FN
+from transformers.loss.loss_utils import ForQuestionAnsweringLoss, ForSequenceClassificationLoss
 from transformers.masking_utils import create_bidirectional_mask
-from transformers.modeling_outputs import BaseModelOutputWithPooling, MaskedLMOutput, SequenceClassifierOutput
+from transformers.modeling_layers import GradientCheckpointingLayer
+from transformers.modeling_outputs import (
+    BaseModelOutputWithPooling,
+    MaskedLMOutput,
+    MultipleChoiceModelOutput,
+    NextSentencePredictorOutput,
+    QuestionAnsweringModelOutput,
+    SequenceClassifierOutput,
+    TokenClassifierOutput,
+)
 from transformers.models.bert.modeling_bert import BertForPreTrainingOutput
+from transformers.utils import logging
 from transformers.utils.generic import can_return_tuple
 
 from pretrain.attention import attention_function, project_qkv
@@ -80,6 +96,8 @@ from pretrain.variants import (
     ResidualScheme,
     check_options,
 )
+
+logger = logging.get_logger(__name__)
 
 # Config fields that change what given weights compute (DeepNorm's alpha follows from the placement and depth);
 # fused_qkv, the attention kernel and init-only settings (dyt_alpha_init, b2t_rescale_init, mhc_bias_init) do not.
@@ -199,14 +217,18 @@ class LNBertEmbeddings(nn.Module):
             self.dropout = nn.Dropout(config.hidden_dropout_prob)
         self.register_buffer("position_ids", torch.arange(config.max_position_embeddings)[None], persistent=False)
 
-    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None,
-                position_ids: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
+    def forward(self, input_ids: torch.Tensor | None, token_type_ids: torch.Tensor | None = None,
+                position_ids: torch.Tensor | None = None,
+                inputs_embeds: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
+        """``inputs_embeds`` (B, T, H), given instead of ``input_ids``, replaces the word embeddings' rows."""
+        if inputs_embeds is None:
+            inputs_embeds = self.word_embeddings(input_ids)
         if position_ids is None:
-            position_ids = self.position_ids[:, : input_ids.shape[1]]
+            position_ids = self.position_ids[:, : inputs_embeds.shape[1]]
         if token_type_ids is None:
-            token_type_ids = torch.zeros_like(input_ids)
+            token_type_ids = torch.zeros(inputs_embeds.shape[:2], dtype=torch.long, device=inputs_embeds.device)
         # Same summation order as Hugging Face BERT, so fp32 outputs match bit for bit.
-        embeddings = self.word_embeddings(input_ids) + self.token_type_embeddings(token_type_ids)
+        embeddings = inputs_embeds + self.token_type_embeddings(token_type_ids)
         embeddings = embeddings + self.position_embeddings(position_ids)
         return self.dropout(self.LayerNorm(embeddings))
 
@@ -318,9 +340,11 @@ class LNBertOutput(nn.Module):
         return self.branch_norm(self.dropout(self.dense(hidden_states)))
 
 
-class LNBertLayer(nn.Module):
+class LNBertLayer(GradientCheckpointingLayer):
     """One Transformer layer: Hugging Face BERT's modules, wired by the block its placement picks for this layer
-    (``placements.BLOCKS``; each block draws its data flow). The accessors below are what the blocks read."""
+    (``placements.BLOCKS``; each block draws its data flow). The accessors below are what the blocks read. As
+    ``BertLayer``, a ``GradientCheckpointingLayer``: ``activation_checkpointing_enable()`` recomputes it in the
+    backward pass instead of keeping its activations."""
 
     def __init__(self, config: LNBertConfig, index: int = 0) -> None:
         super().__init__()
@@ -401,6 +425,8 @@ class LNBertEncoder(nn.Module):
         if self.residual_scheme == "attn_res":
             # AttnRes's output layer aggregates the sources with a query of its own, then the final norm.
             self.output_residual = AttentionResidual(config.hidden_size)
+        # What passes between layers is one tensor, except ResiDual's pair (a, d) and AttnRes's ``DepthSources``.
+        self.stream_is_tensor = not self.two_streams and self.residual_scheme != "attn_res"
 
     def start(self, x: torch.Tensor) -> Stream:
         """What the first layer reads: the embedding output; ResiDual's a_0 = d_0 = it; a residual scheme's state."""
@@ -432,26 +458,36 @@ class LNBertEncoder(nn.Module):
         hidden_states, attentions = [x], []
         stream = self.start(x)
         for layer in self.layer:
-            stream, probs = layer(stream, attention_mask)
+            stream, probs = layer(stream, attention_mask)  # positional, as GradientCheckpointingLayer wants
             if output_hidden_states:
                 hidden_states.append(self.reported(stream))
-            if output_attentions:
+            if output_attentions and probs is not None:  # sdpa computes no probabilities: () as in Hugging Face
                 attentions.append(probs)
+        if output_attentions and not attentions:
+            logger.warning_once(f"{self.config._attn_implementation} attention returns no attention probabilities "
+                                "(output_attentions gives an empty tuple); load the model with "
+                                "attn_implementation='eager' to get them")  # fmt: skip
         x = self.end(stream)
         hidden_states[-1] = x  # as in Hugging Face, hidden_states[-1] is last_hidden_state (after the final norm)
         hidden = tuple(hidden_states) if output_hidden_states else None
         return x, hidden, tuple(attentions) if output_attentions else None
 
 
+def head_input_scale(config: LNBertConfig) -> float:
+    """What BERT's heads over hidden states (the pooler, the token classifier, question answering) multiply them by:
+    nGPT's have norm 1 (entries about 1/sqrt(d)), times sqrt(d) they reach BERT's scale, so the heads stay BERT's,
+    with its init; 1 for every other placement."""
+    return math.sqrt(config.hidden_size) if config.norm_placement == "ngpt" else 1.0
+
+
 class LNBertPooler(nn.Module):
-    """tanh(W h + b) of the [CLS] token, as Hugging Face BERT. nGPT's [CLS] vector has norm 1 (entries about
-    1/sqrt(d)): times sqrt(d) (``input_scale``) it reaches BERT's scale, so the heads stay BERT's, with its init."""
+    """tanh(W h + b) of the [CLS] token, as Hugging Face BERT (``h`` times ``head_input_scale``)."""
 
     def __init__(self, config: LNBertConfig) -> None:
         super().__init__()
         self.dense = nn.Linear(config.hidden_size, config.hidden_size)
         self.activation = nn.Tanh()
-        self.input_scale = math.sqrt(config.hidden_size) if config.norm_placement == "ngpt" else 1.0
+        self.input_scale = head_input_scale(config)
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         first = hidden_states[:, 0]  # the [CLS] token
@@ -514,14 +550,22 @@ def mlm_logits_and_loss(
         selected = labels != -100  # (B, T)
         sequence_output, labels = sequence_output[selected], labels[selected]  # (num_masked, H), (num_masked,)
     logits = head(sequence_output)  # (B, T, V) or (num_masked, V)
-    return logits, F.cross_entropy(logits.float().view(-1, logits.shape[-1]), labels.view(-1))
+    return logits, cross_entropy(logits, labels)
+
+
+def cross_entropy(logits: torch.Tensor, labels: torch.Tensor | None) -> torch.Tensor | None:
+    """The mean cross-entropy over the classes of the last dimension, in float32, positions labelled -100 left out;
+    None without labels. The MLM, NSP, token-classification and multiple-choice losses."""
+    if labels is None:
+        return None
+    return F.cross_entropy(logits.float().view(-1, logits.shape[-1]), labels.view(-1))
 
 
 class LNBertPreTrainedModel(PreTrainedModel):
     config_class = LNBertConfig
     config: LNBertConfig
     base_model_prefix = "bert"
-    supports_gradient_checkpointing = False
+    supports_gradient_checkpointing = True  # every layer is a GradientCheckpointingLayer
     _supports_sdpa = True
     # Flex attention gives sdpa's outputs (tests/test_modeling.py; on CPU without gradients only). No flash-attention
     # claim: it needs the flash_attn package and a GPU, and no test here could exercise it.
@@ -537,9 +581,30 @@ class LNBertPreTrainedModel(PreTrainedModel):
         if self.config.norm_placement == "ngpt":
             normalize_matrices(self)
 
+    def activation_checkpointing_enable(
+        self, activation_checkpointing_kwargs: dict[str, Any] | None = None, **kwargs: Any
+    ) -> None:
+        """transformers' activation checkpointing of every layer (also ``gradient_checkpointing_enable()`` and the
+        Trainer's ``gradient_checkpointing``), non-reentrant unless the kwargs say otherwise: the same gradients for
+        less memory. Reentrant checkpointing (``use_reentrant=True``, and torch's default when the kwargs are given
+        without it) gives gradients only through tensor arguments: ResiDual's pair of streams and AttnRes's sources
+        would silently lose theirs, so it is refused for them."""
+        given = activation_checkpointing_kwargs
+        reentrant = given is not None and given.get("use_reentrant", True)
+        if reentrant and not self.base_model.encoder.stream_is_tensor:
+            config = self.config
+            raise ValueError(
+                f"reentrant activation checkpointing (activation_checkpointing_kwargs={given}) would drop the "
+                f"gradients of what passes between the layers of norm_placement={config.norm_placement!r}, "
+                f"residual_scheme={config.residual_scheme!r} (not one tensor); pass use_reentrant=False (the "
+                "default without kwargs)"
+            )
+        super().activation_checkpointing_enable(activation_checkpointing_kwargs, **kwargs)
+
     def get_output_embeddings(self) -> nn.Linear | None:
         """The MLM decoder of the models with an MLM head (``cls.predictions``); None for the others."""
-        return self.cls.predictions.decoder if hasattr(self, "cls") else None
+        predictions = getattr(getattr(self, "cls", None), "predictions", None)
+        return predictions.decoder if predictions is not None else None
 
     def set_output_embeddings(self, new_embeddings: nn.Linear) -> None:
         self.cls.predictions.set_decoder(new_embeddings)
@@ -599,16 +664,18 @@ class LNBertPreTrainedModel(PreTrainedModel):
             )
 
     @classmethod
-    def from_pretrained(cls, *args: Any, **kwargs: Any) -> LNBertPreTrainedModel:
+    def from_pretrained(
+        cls, pretrained_model_name_or_path: str | Path, *args: Any, **kwargs: Any
+    ) -> LNBertPreTrainedModel:
         """``PreTrainedModel.from_pretrained`` that fails loudly on encoder weight mismatches and on a
         placement (or another setting that changes the computation) other than the one trained with."""
         wants_info = kwargs.pop("output_loading_info", False)
-        path = Path(str(args[0] if args else kwargs.get("pretrained_model_name_or_path", "")))
+        path = Path(str(pretrained_model_name_or_path))
         saved = json.loads((path / "config.json").read_text()) if (path / "config.json").is_file() else {}
         checked = saved.get("model_type") in (LNBertConfig.model_type, "bert")  # Hugging Face BERT: Post-LN
         if checked:  # before the weights load: this message, not a shape mismatch's (hc_streams, ...)
             _check_same_computation(saved, cls._config_to_load(path, kwargs))
-        model, info = super().from_pretrained(*args, output_loading_info=True, **kwargs)
+        model, info = super().from_pretrained(pretrained_model_name_or_path, *args, output_loading_info=True, **kwargs)
         if checked:
             _check_same_computation(saved, model.config)
         model._check_loaded_keys(info)
@@ -648,6 +715,10 @@ class LNBertModel(LNBertPreTrainedModel):
 
     def __init__(self, config: LNBertConfig, add_pooling_layer: bool = True) -> None:
         super().__init__(config)
+        for key in ("is_decoder", "add_cross_attention"):  # BertModel's decoder mode, which lnbert does not build
+            if getattr(config, key):
+                raise ValueError(f"{key}=True: lnbert is an encoder (bidirectional self-attention, no cross-attention "
+                                 f"layers); leave {key} False")  # fmt: skip
         self.embeddings = LNBertEmbeddings(config)
         self.encoder = LNBertEncoder(config)
         self.pooler = LNBertPooler(config) if add_pooling_layer else None
@@ -660,15 +731,26 @@ class LNBertModel(LNBertPreTrainedModel):
         self.embeddings.word_embeddings = value
 
     @can_return_tuple
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+    def forward(self, input_ids: torch.Tensor | None = None, attention_mask: torch.Tensor | None = None,
                 token_type_ids: torch.Tensor | None = None, position_ids: torch.Tensor | None = None,
-                output_hidden_states: bool | None = None, output_attentions: bool | None = None, *, pool: bool = True,
+                inputs_embeds: torch.Tensor | None = None, output_hidden_states: bool | None = None,
+                output_attentions: bool | None = None, *, pool: bool = True,
                 **kwargs: Any) -> BaseModelOutputWithPooling:  # fmt: skip
-        """``hidden_states`` (when asked for) holds ``num_hidden_layers + 1`` tensors: the embedding output, then the
-        residual stream after each layer, except that the last entry is ``last_hidden_state``, after the final LN
-        where there is one (as in Hugging Face, what the pooler and the MLM and NSP heads see). ``pool=False``
-        skips the pooler (``pooler_output`` is None) for a caller that does not use it."""
-        embeddings = self.embeddings(input_ids, token_type_ids, position_ids)
+        """Hugging Face ``BertModel``'s inputs, one of ``input_ids`` and ``inputs_embeds`` (B, T, H). ``hidden_states``
+        (when asked for) holds ``num_hidden_layers + 1`` tensors: the embedding output, then the residual stream after
+        each layer, except that the last entry is ``last_hidden_state``, after the final LN where there is one (as in
+        Hugging Face, what the pooler and the heads see). ``pool=False`` skips the pooler (``pooler_output`` is None)
+        for a caller that does not use it. Other keyword arguments (a Trainer's ``num_items_in_batch``) are ignored,
+        as ``BertModel`` does, except the cross-attention inputs, which an encoder cannot use."""
+        if (input_ids is None) == (inputs_embeds is None):
+            raise ValueError("give exactly one of input_ids and inputs_embeds")
+        crossing = [k for k in ("encoder_hidden_states", "encoder_attention_mask") if kwargs.get(k) is not None]
+        if crossing:
+            raise ValueError(f"{', '.join(crossing)} given: lnbert is an encoder without cross-attention layers; pass "
+                             "the sequence itself as input_ids (or inputs_embeds)")  # fmt: skip
+        if input_ids is not None:
+            self.warn_if_padding_and_no_attention_mask(input_ids, attention_mask)
+        embeddings = self.embeddings(input_ids, token_type_ids, position_ids, inputs_embeds)
         # Bool/additive mask in the form the chosen attention implementation wants (None: no padding).
         mask = create_bidirectional_mask(config=self.config, inputs_embeds=embeddings, attention_mask=attention_mask)
         want_hidden = bool(output_hidden_states or self.config.output_hidden_states)
@@ -707,23 +789,22 @@ class LNBertForPreTraining(LNBertPreTrainedModel):
 
     @can_return_tuple
     def forward(
-        self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+        self, input_ids: torch.Tensor | None = None, attention_mask: torch.Tensor | None = None,
         token_type_ids: torch.Tensor | None = None, position_ids: torch.Tensor | None = None,
-        labels: torch.Tensor | None = None, next_sentence_label: torch.Tensor | None = None,
-        output_hidden_states: bool | None = None, output_attentions: bool | None = None, **kwargs: Any,
+        inputs_embeds: torch.Tensor | None = None, labels: torch.Tensor | None = None,
+        next_sentence_label: torch.Tensor | None = None, **kwargs: Any,
     ) -> LNBertForPreTrainingOutput:  # fmt: skip
         """``labels``: MLM targets, -100 where not predicted. ``next_sentence_label``: 0 if segment B follows A, 1 if
         random. The loss is MLM + NSP, or MLM alone with ``labels`` only (the MLM-only objective): then the pooler and
         the NSP head do not run (``seq_relationship_logits`` is None) and their parameters get no gradient, which
         DDP (find_unused_parameters=False) reports as an error at the next step."""
         nsp = labels is None or next_sentence_label is not None
-        inputs = (input_ids, attention_mask, token_type_ids, position_ids, output_hidden_states, output_attentions)
-        out = self.bert(*inputs, return_dict=True, pool=nsp)  # return_dict: the encoder's, not this model's
+        inputs = (input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds)
+        out = self.bert(*inputs, return_dict=True, pool=nsp, **kwargs)  # return_dict: the encoder's, not this model's
         head, sparse = self.cls.predictions, self.config.sparse_mlm_head
         logits, mlm_loss = mlm_logits_and_loss(head, out.last_hidden_state, labels, sparse)
         nsp_logits = self.cls.seq_relationship(out.pooler_output) if nsp else None
-        labelled = next_sentence_label is not None
-        nsp_loss = F.cross_entropy(nsp_logits.float(), next_sentence_label.view(-1)) if labelled else None
+        nsp_loss = cross_entropy(nsp_logits, next_sentence_label)
         loss = mlm_loss + nsp_loss if mlm_loss is not None and nsp_loss is not None else mlm_loss
         return LNBertForPreTrainingOutput(loss=loss, prediction_logits=logits, seq_relationship_logits=nsp_logits,
                                           hidden_states=out.hidden_states, attentions=out.attentions, mlm_loss=mlm_loss,
@@ -741,45 +822,170 @@ class LNBertForMaskedLM(LNBertPreTrainedModel):
         self.post_init()
 
     @can_return_tuple
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
-                token_type_ids: torch.Tensor | None = None, position_ids: torch.Tensor | None = None,
-                labels: torch.Tensor | None = None, output_hidden_states: bool | None = None,
-                output_attentions: bool | None = None, **kwargs: Any) -> MaskedLMOutput:  # fmt: skip
-        inputs = (input_ids, attention_mask, token_type_ids, position_ids, output_hidden_states, output_attentions)
-        out = self.bert(*inputs, return_dict=True)  # return_dict: the encoder's, not this model's
+    def forward(
+        self, input_ids: torch.Tensor | None = None, attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None, position_ids: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None, labels: torch.Tensor | None = None, **kwargs: Any,
+    ) -> MaskedLMOutput:  # fmt: skip
+        inputs = (input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds)
+        out = self.bert(*inputs, return_dict=True, **kwargs)  # return_dict: the encoder's, not this model's
         head, sparse = self.cls.predictions, self.config.sparse_mlm_head
         logits, loss = mlm_logits_and_loss(head, out.last_hidden_state, labels, sparse)
         return MaskedLMOutput(loss=loss, logits=logits, hidden_states=out.hidden_states, attentions=out.attentions)
 
 
-class LNBertForSequenceClassification(LNBertPreTrainedModel):
-    """Encoder + pooler + dropout + linear classifier, as Hugging Face ``BertForSequenceClassification``
-    (single-label classification with integer labels, regression when ``num_labels == 1``)."""
+def _classifier_dropout(config: LNBertConfig) -> nn.Dropout:
+    """BERT's dropout before a classifier: ``classifier_dropout``, else ``hidden_dropout_prob``."""
+    p = config.classifier_dropout
+    return nn.Dropout(p if p is not None else config.hidden_dropout_prob)
+
+
+class LNBertTaskModel(LNBertPreTrainedModel):
+    """The encoder under one small head: what Hugging Face's ``BertFor...`` task models share. ``encode`` runs the
+    encoder and gives what the head reads, with the encoder's outputs: the pooled [CLS] output (``pooled``, with the
+    pooler), or every token's hidden state times ``head_input_scale`` (without the pooler, as BERT's token-level
+    models). A subclass adds its head under BERT's names, then calls ``post_init``."""
+
+    pooled = True
 
     def __init__(self, config: LNBertConfig) -> None:
         super().__init__(config)
         self.num_labels = config.num_labels
-        self.bert = LNBertModel(config)
-        dropout = config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout_prob
-        self.dropout = nn.Dropout(dropout)
+        self.bert = LNBertModel(config, add_pooling_layer=self.pooled)
+        self.token_scale = head_input_scale(config)
+
+    def encode(self, *inputs: torch.Tensor | None, **kwargs: Any) -> tuple[torch.Tensor, BaseModelOutputWithPooling]:
+        out = self.bert(*inputs, return_dict=True, **kwargs)  # return_dict: the encoder's, not this model's
+        if self.pooled:
+            return out.pooler_output, out
+        hidden = out.last_hidden_state
+        return (hidden if self.token_scale == 1.0 else hidden * self.token_scale), out
+
+
+class LNBertForSequenceClassification(LNBertTaskModel):
+    """Pooled output + dropout + linear classifier, as Hugging Face ``BertForSequenceClassification``: the loss by
+    ``config.problem_type``, regression (MSE), single-label (cross-entropy over integer labels) or multi-label
+    (BCE over float labels), which the first labelled batch sets where it is None (``num_labels == 1``: regression)."""
+
+    def __init__(self, config: LNBertConfig) -> None:
+        super().__init__(config)
+        self.dropout = _classifier_dropout(config)
         self.classifier = nn.Linear(config.hidden_size, config.num_labels)
         self.post_init()
 
     @can_return_tuple
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
-                token_type_ids: torch.Tensor | None = None, position_ids: torch.Tensor | None = None,
-                labels: torch.Tensor | None = None, output_hidden_states: bool | None = None,
-                output_attentions: bool | None = None, **kwargs: Any) -> SequenceClassifierOutput:  # fmt: skip
-        inputs = (input_ids, attention_mask, token_type_ids, position_ids, output_hidden_states, output_attentions)
-        out = self.bert(*inputs, return_dict=True)  # return_dict: the encoder's, not this model's
-        logits = self.classifier(self.dropout(out.pooler_output))
-        loss = None
-        if labels is not None and self.num_labels == 1:
-            loss = F.mse_loss(logits.squeeze(-1).float(), labels.float())
-        elif labels is not None:
-            loss = F.cross_entropy(logits.float(), labels.view(-1))
+    def forward(
+        self, input_ids: torch.Tensor | None = None, attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None, position_ids: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None, labels: torch.Tensor | None = None, **kwargs: Any,
+    ) -> SequenceClassifierOutput:  # fmt: skip
+        pooled, out = self.encode(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, **kwargs)
+        logits = self.classifier(self.dropout(pooled))
+        loss = ForSequenceClassificationLoss(labels, logits.float(), self.config) if labels is not None else None
         return SequenceClassifierOutput(loss=loss, logits=logits, hidden_states=out.hidden_states,
                                         attentions=out.attentions)  # fmt: skip
+
+
+class LNBertForMultipleChoice(LNBertTaskModel):
+    """Each choice's pooled output + dropout + one score, as Hugging Face ``BertForMultipleChoice``: inputs
+    (B, C, T) (``inputs_embeds`` (B, C, T, H)), logits (B, C), ``labels`` the right choice's index."""
+
+    def __init__(self, config: LNBertConfig) -> None:
+        super().__init__(config)
+        self.dropout = _classifier_dropout(config)
+        self.classifier = nn.Linear(config.hidden_size, 1)
+        self.post_init()
+
+    @can_return_tuple
+    def forward(
+        self, input_ids: torch.Tensor | None = None, attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None, position_ids: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None, labels: torch.Tensor | None = None, **kwargs: Any,
+    ) -> MultipleChoiceModelOutput:  # fmt: skip
+        choices = (input_ids if input_ids is not None else inputs_embeds).shape[1]
+        flat = [x if x is None else x.flatten(0, -2) for x in (input_ids, attention_mask, token_type_ids, position_ids)]
+        embeds = inputs_embeds if inputs_embeds is None else inputs_embeds.flatten(0, -3)  # (B C, T, H)
+        pooled, out = self.encode(*flat, embeds, **kwargs)
+        logits = self.classifier(self.dropout(pooled)).view(-1, choices)  # (B, C)
+        return MultipleChoiceModelOutput(loss=cross_entropy(logits, labels), logits=logits,
+                                         hidden_states=out.hidden_states, attentions=out.attentions)  # fmt: skip
+
+
+class LNBertForTokenClassification(LNBertTaskModel):
+    """Every token's hidden state + dropout + linear classifier, as Hugging Face ``BertForTokenClassification``
+    (labels -100 where there is none to predict)."""
+
+    pooled = False
+
+    def __init__(self, config: LNBertConfig) -> None:
+        super().__init__(config)
+        self.dropout = _classifier_dropout(config)
+        self.classifier = nn.Linear(config.hidden_size, config.num_labels)
+        self.post_init()
+
+    @can_return_tuple
+    def forward(
+        self, input_ids: torch.Tensor | None = None, attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None, position_ids: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None, labels: torch.Tensor | None = None, **kwargs: Any,
+    ) -> TokenClassifierOutput:  # fmt: skip
+        hidden, out = self.encode(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, **kwargs)
+        logits = self.classifier(self.dropout(hidden))  # (B, T, num_labels)
+        return TokenClassifierOutput(loss=cross_entropy(logits, labels), logits=logits, hidden_states=out.hidden_states,
+                                     attentions=out.attentions)  # fmt: skip
+
+
+class LNBertForQuestionAnswering(LNBertTaskModel):
+    """Every token's hidden state + a linear layer to (start, end) logits, as Hugging Face
+    ``BertForQuestionAnswering`` (``qa_outputs``, ``num_labels`` 2); the loss, the mean of the start and end
+    cross-entropies, ignores positions outside the sequence."""
+
+    pooled = False
+
+    def __init__(self, config: LNBertConfig) -> None:
+        super().__init__(config)
+        self.qa_outputs = nn.Linear(config.hidden_size, config.num_labels)
+        self.post_init()
+
+    @can_return_tuple
+    def forward(
+        self, input_ids: torch.Tensor | None = None, attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None, position_ids: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None, start_positions: torch.Tensor | None = None,
+        end_positions: torch.Tensor | None = None, **kwargs: Any,
+    ) -> QuestionAnsweringModelOutput:  # fmt: skip
+        hidden, out = self.encode(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, **kwargs)
+        start, end = (x.squeeze(-1).contiguous() for x in self.qa_outputs(hidden).split(1, dim=-1))  # (B, T) each
+        loss = ForQuestionAnsweringLoss(start.float(), end.float(), start_positions, end_positions)
+        return QuestionAnsweringModelOutput(loss=loss, start_logits=start, end_logits=end,
+                                            hidden_states=out.hidden_states, attentions=out.attentions)  # fmt: skip
+
+
+class LNBertOnlyNSPHead(nn.Module):
+    def __init__(self, config: LNBertConfig) -> None:
+        super().__init__()
+        self.seq_relationship = nn.Linear(config.hidden_size, 2)
+
+
+class LNBertForNextSentencePrediction(LNBertTaskModel):
+    """Pooled output + BERT's NSP classifier (``cls.seq_relationship``), as Hugging Face
+    ``BertForNextSentencePrediction``; ``labels`` 0 if segment B follows A, 1 if random."""
+
+    def __init__(self, config: LNBertConfig) -> None:
+        super().__init__(config)
+        self.cls = LNBertOnlyNSPHead(config)
+        self.post_init()
+
+    @can_return_tuple
+    def forward(
+        self, input_ids: torch.Tensor | None = None, attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None, position_ids: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None, labels: torch.Tensor | None = None, **kwargs: Any,
+    ) -> NextSentencePredictorOutput:  # fmt: skip
+        pooled, out = self.encode(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, **kwargs)
+        logits = self.cls.seq_relationship(pooled)
+        return NextSentencePredictorOutput(loss=cross_entropy(logits, labels), logits=logits,
+                                           hidden_states=out.hidden_states, attentions=out.attentions)  # fmt: skip
 
 
 def count_layer_norms(model: nn.Module) -> int:
@@ -793,9 +999,14 @@ AutoModel.register(LNBertConfig, LNBertModel, exist_ok=True)
 AutoModelForPreTraining.register(LNBertConfig, LNBertForPreTraining, exist_ok=True)
 AutoModelForMaskedLM.register(LNBertConfig, LNBertForMaskedLM, exist_ok=True)
 AutoModelForSequenceClassification.register(LNBertConfig, LNBertForSequenceClassification, exist_ok=True)
+AutoModelForMultipleChoice.register(LNBertConfig, LNBertForMultipleChoice, exist_ok=True)
+AutoModelForTokenClassification.register(LNBertConfig, LNBertForTokenClassification, exist_ok=True)
+AutoModelForQuestionAnswering.register(LNBertConfig, LNBertForQuestionAnswering, exist_ok=True)
+AutoModelForNextSentencePrediction.register(LNBertConfig, LNBertForNextSentencePrediction, exist_ok=True)
 
 __all__ = [
-    "INIT_SCHEMES", "NORM_PLACEMENTS", "NORM_TYPES", "LNBertConfig", "LNBertForMaskedLM", "LNBertForPreTraining",
-    "LNBertForPreTrainingOutput", "LNBertForSequenceClassification", "LNBertModel", "LNBertPreTrainedModel",
-    "count_layer_norms", "mlm_logits_and_loss",
+    "INIT_SCHEMES", "NORM_PLACEMENTS", "NORM_TYPES", "LNBertConfig", "LNBertForMaskedLM", "LNBertForMultipleChoice",
+    "LNBertForNextSentencePrediction", "LNBertForPreTraining", "LNBertForPreTrainingOutput",
+    "LNBertForQuestionAnswering", "LNBertForSequenceClassification", "LNBertForTokenClassification", "LNBertModel",
+    "LNBertPreTrainedModel", "count_layer_norms", "cross_entropy", "mlm_logits_and_loss",
 ]  # fmt: skip

@@ -32,6 +32,7 @@ from torch import nn
 from transformers import BertConfig
 from transformers import initialization as init
 from transformers.activations import ACT2FN
+from transformers.modeling_layers import GradientCheckpointingLayer
 
 from pretrain.attention import attention_function, project_qkv
 
@@ -200,9 +201,10 @@ class NgptIntermediate(nn.Module):
         return self.intermediate_act_fn(u * scale.to(u.dtype))
 
 
-class NgptLayer(nn.Module):
+class NgptLayer(GradientCheckpointingLayer):
     """One nGPT layer at Hugging Face BERT's module names, plus the eigen learning rates ``attn_alpha`` and
-    ``mlp_alpha`` (d each, stored 1/sqrt(d), used |stored * 0.05 sqrt(d)|); ``ngpt_block`` is its data flow."""
+    ``mlp_alpha`` (d each, stored 1/sqrt(d), used |stored * 0.05 sqrt(d)|); ``ngpt_block`` is its data flow.
+    Checkpointed as ``LNBertLayer`` is."""
 
     def __init__(self, config: BertConfig) -> None:
         super().__init__()
