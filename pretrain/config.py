@@ -277,6 +277,9 @@ class TrainConfig:
     """DataLoader worker processes (0: load in the main process)."""
     compile: bool = role("run", default=False)
     """torch.compile the model (inductor, through Accelerate, after the DDP wrap); not with DeepSpeed."""
+    gradient_checkpointing: bool = role("mechanics", default=False)
+    """Recompute each layer's activations in the backward pass instead of keeping them (transformers' activation
+    checkpointing): less memory for one more forward of the layers per step, the same gradients."""
     resume: str = role("mechanics", default="")
     """Empty: start a new run (output_dir must not hold another one); auto: continue from the latest complete
     checkpoint in output_dir; or a path to a checkpoint folder (e.g. of a shorter-sequence phase)."""

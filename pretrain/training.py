@@ -157,6 +157,8 @@ def build_model(cfg: PretrainConfig, vocab_size: int) -> LNBertForPreTraining:
     """The model, uncompiled: ``accelerator.prepare`` compiles it after the DDP wrap, so that DDP's all-reduces overlap
     the compiled backward (compiled first, the backward is one graph they wait for)."""
     model = LNBertForPreTraining(cfg.model.to_lnbert(vocab_size))
+    if cfg.train.gradient_checkpointing:
+        model.activation_checkpointing_enable()
     if cfg.data.objective != "mlm_nsp":
         # No NSP loss: the pooler and the NSP head get no gradient, which DDP (find_unused_parameters=False)
         # reports as an error at the second step. Frozen, they keep their initial values and the snapshots every key.

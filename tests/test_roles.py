@@ -36,11 +36,11 @@ RESUMABLE_CHANGES_BEFORE = {
     "train.eval_batches", "train.log_every", "train.checkpoint_every", "train.keep_last_checkpoints",
     "train.snapshot_every", "train.snapshot_steps", "train.snapshot_at_start", "train.snapshot_at_end",
     "train.num_workers", "train.peak_flops_per_device", "train.collective_timeout_s", "train.max_skipped_steps",
-    "data.num_proc", "data.cache_dir", "data.max_inline_preparation_mb",
+    "data.num_proc", "data.cache_dir", "data.max_inline_preparation_mb", "train.gradient_checkpointing",
 }  # fmt: skip
 IDENTICAL_RUN_IGNORES_BEFORE = {
     "train.output_dir", "train.resume", "train.num_workers", "data.num_proc", "data.cache_dir",
-    "train.peak_flops_per_device",
+    "train.peak_flops_per_device", "train.gradient_checkpointing",
 }  # fmt: skip
 FIELDS_NOT_IN_INSTANCE_KEY_BEFORE = {
     "mlm_probability", "cache_dir", "num_proc", "streaming", "shuffle_buffer_size", "tokenizer",
@@ -56,7 +56,7 @@ NOT_RECIPE_BEFORE = {
     "train": {"output_dir", "run_name", "seed", "resume", "stop_at_step", "num_workers", "eval_every", "eval_batches",
               "log_every", "checkpoint_every", "keep_last_checkpoints", "snapshot_every", "snapshot_steps",
               "snapshot_at_start", "snapshot_at_end", "compile", "peak_flops_per_device",
-              "per_device_batch_size", "gradient_accumulation_steps"},
+              "per_device_batch_size", "gradient_accumulation_steps", "gradient_checkpointing"},
     "data": {"cache_dir", "num_proc"},
     "optim": {"implementation"},
 }  # fmt: skip
