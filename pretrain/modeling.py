@@ -962,6 +962,8 @@ class LNBertForQuestionAnswering(LNBertTaskModel):
 
 
 class LNBertOnlyNSPHead(nn.Module):
+    """BERT's NSP classifier alone, at its name ``cls.seq_relationship``."""
+
     def __init__(self, config: LNBertConfig) -> None:
         super().__init__()
         self.seq_relationship = nn.Linear(config.hidden_size, 2)
@@ -1008,5 +1010,5 @@ __all__ = [
     "INIT_SCHEMES", "NORM_PLACEMENTS", "NORM_TYPES", "LNBertConfig", "LNBertForMaskedLM", "LNBertForMultipleChoice",
     "LNBertForNextSentencePrediction", "LNBertForPreTraining", "LNBertForPreTrainingOutput",
     "LNBertForQuestionAnswering", "LNBertForSequenceClassification", "LNBertForTokenClassification", "LNBertModel",
-    "LNBertPreTrainedModel", "count_layer_norms", "cross_entropy", "mlm_logits_and_loss",
+    "LNBertPreTrainedModel", "LNBertTaskModel", "count_layer_norms", "cross_entropy", "mlm_logits_and_loss",
 ]  # fmt: skip

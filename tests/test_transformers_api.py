@@ -358,7 +358,7 @@ def test_the_decoder_inputs_are_refused():
 @pytest.mark.parametrize("head", HEADS)
 def test_head_loads_a_bert_checkpoint_strictly(head, tmp_path):
     """A Hugging Face ``BertFor...`` saved with save_pretrained opens as our Post-LN head with no missing or
-    unexpected weight, and gives BERT's logits and loss."""
+    unexpected weight, and gives BERT's logits and loss, as BERT's tuple with ``return_dict=False``."""
     ours_cls, bert_cls, _ = HEADS[head]
     torch.manual_seed(0)
     bert = bert_cls(BertConfig(**TINY)).eval()
@@ -370,9 +370,11 @@ def test_head_loads_a_bert_checkpoint_strictly(head, tmp_path):
     batch, target = batch_for(head), labels(head)
     with torch.no_grad():
         expected, got = bert(**batch, **target), ours.eval()(**batch, **target)
+        as_tuple = ours(**batch, **target, return_dict=False)
     assert expected.keys() == got.keys()
     for key, value in expected.items():
         torch.testing.assert_close(got[key], value, msg=key)
+    torch.testing.assert_close(as_tuple, expected.to_tuple())
 
 
 @pytest.mark.parametrize("name", VARIANTS)
