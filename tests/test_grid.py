@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 
-from pretrain.analysis import cli, grid, outcomes, probes
+from pretrain.analysis import cli, grid, outcomes, probes, provenance
 from pretrain.common import reporting
 from pretrain.common.atomic import write_json
 from pretrain.common.cli import ConfigError, parse, to_dict
@@ -303,8 +303,10 @@ class FakeRun:
 def fake_runs(monkeypatch):
     FakeRun.started = []
     reporting.pyplot()  # matplotlib's first import lists the system fonts through subprocess: before the fake
+    provenance.environment()  # git, through subprocess too
     monkeypatch.setattr(subprocess, "Popen", FakeRun)
     monkeypatch.setattr(probes, "probe_cell", lambda run_dir, **kw: {})
+    monkeypatch.setattr(provenance, "with_inputs", lambda run_dir: {})  # a fake run saves no tokenizer
     return FakeRun.started
 
 

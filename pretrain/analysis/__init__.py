@@ -7,7 +7,7 @@ raw numbers (``results.json``) into ``--out`` and draws a PNG there.
     python -m pretrain.analysis init-grads    # FFN gradient norms at init per layer and vs depth (Figure 3)
     python -m pretrain.analysis init-perturb  # output change from a small random weight change vs depth (Admin)
     python -m pretrain.analysis grid          # placement x depth x lr x warm-up map of short pretraining runs
-    python -m pretrain.analysis ranking       # the grids' models ranked by final loss over seeds, ties, lr ranges
+    python -m pretrain.analysis compare       # models each at its own lr, over seeds, paired tests (a study)
 
 ``python -m pretrain.analysis SUBCOMMAND --help`` lists each one's options (``--key=VALUE``, lists as YAML:
 ``--dims='[8, 24]'``). One module per subcommand (its measurement, table and figure);

@@ -20,7 +20,7 @@ COMMANDS: dict[str, tuple[type, str]] = {
     "init-grads": (options.InitGradsConfig, "pretrain.analysis.init_grads"),
     "init-perturb": (options.InitPerturbConfig, "pretrain.analysis.perturb"),
     "grid": (options.GridConfig, "pretrain.analysis.grid"),
-    "ranking": (options.RankingConfig, "pretrain.analysis.ranking"),
+    "compare": (options.CompareConfig, "pretrain.analysis.compare"),
 }
 
 

@@ -18,9 +18,9 @@ from typing import Any
 
 import torch
 
-from pretrain.analysis import outcomes, probes
+from pretrain.analysis import outcomes, probes, provenance
 from pretrain.analysis.common import model_color, titled_table, write_outputs
-from pretrain.analysis.options import GridConfig, Model
+from pretrain.analysis.options import CompareConfig, GridConfig, Model
 from pretrain.common.cli import parse, to_dict
 from pretrain.common.reporting import pyplot, save_figure
 from pretrain.config import STANDARD_LABEL, residual_scheme_fields
@@ -29,6 +29,8 @@ from pretrain.run_folder.layout import RUN_CONFIG_FILE, STATUS_FILE, read_metric
 
 ENDED = ("finished", "diverged")
 """The statuses of a run that ended (RUN/status.json): such a cell is read and probed, never run again."""
+Cells = GridConfig | CompareConfig
+"""What runs cells: a grid, or a study of ``compare`` (each names its models, ``model``, and shares CellRecipe)."""
 
 
 @dataclass(frozen=True)
@@ -57,10 +59,10 @@ def grid_cells(args: GridConfig, seeds: list[int]) -> list[Cell]:
     return [Cell(placement, *values) for values in itertools.product(*axes) for placement in args.variants]
 
 
-def cell_overrides(args: GridConfig, cell: Cell, run_dir: Path) -> list[str]:
+def cell_overrides(args: Cells, cell: Cell, run_dir: Path) -> list[str]:
     """pretrain/run.py arguments of one cell: every step logged, snapshots at steps 0..probe_steps (the output-change
     measure), one evaluation at the end; ``overrides`` come last, so they win."""
-    model = args.models[cell.placement]
+    model = args.model(cell.placement)
     snapshot_steps = ", ".join(str(s) for s in range(1, args.probe_steps + 1))
     return [
         *([f"--config={args.preset}"] if args.preset else []),
@@ -73,7 +75,7 @@ def cell_overrides(args: GridConfig, cell: Cell, run_dir: Path) -> list[str]:
         f"--train.run_name=grid-{cell.name}", "--train.log_every=1", "--train.eval_every=0",
         "--train.checkpoint_every=0", f"--train.snapshot_at_start={'true' if args.probe_steps else 'false'}",
         f"--train.snapshot_steps=[{snapshot_steps}]", "--train.snapshot_at_end=false", "--tracking.backend=none",
-        *(f"--{item.removeprefix('--')}" for item in args.overrides),
+        *(f"--{item.removeprefix('--')}" for item in args.run_overrides),
     ]  # fmt: skip
 
 
@@ -180,7 +182,7 @@ SAME_CELL_IGNORES = frozenset({
 })  # fmt: skip
 
 
-def other_settings(args: GridConfig, cell: Cell, run_dir: Path) -> list[str]:
+def other_settings(args: Cells, cell: Cell, run_dir: Path) -> list[str]:
     """Keys (besides SAME_CELL_IGNORES) on which the run already in a cell's folder differs from the cell as this grid
     would run it: such a run is not this cell, and continuing it would change its schedule mid-run."""
     from pretrain.config import PretrainConfig
@@ -190,7 +192,7 @@ def other_settings(args: GridConfig, cell: Cell, run_dir: Path) -> list[str]:
     return config_differences(run_dir, to_dict(wanted), SAME_CELL_IGNORES)
 
 
-def run_cell(args: GridConfig, cell: Cell, stopper: Stopper | None = None) -> dict[str, Any]:
+def run_cell(args: Cells, cell: Cell, stopper: Stopper | None = None) -> dict[str, Any]:
     """Run one cell in a fresh interpreter and probe it; an ended run is read, an interrupted one resumed, one with
     other settings left alone (the cell fails, saying so)."""
     stopper = stopper or Stopper()
@@ -211,7 +213,7 @@ def incomplete(run_dir: Path, message: str, status: str | None = None) -> dict[s
     return found if status is None else {**found, "status": status}
 
 
-def _run_cell_locked(args: GridConfig, cell: Cell, stopper: Stopper, run_dir: Path) -> dict[str, Any]:
+def _run_cell_locked(args: Cells, cell: Cell, stopper: Stopper, run_dir: Path) -> dict[str, Any]:
     from pretrain.run_folder.checkpointing import latest_checkpoint  # imports accelerate: only when running cells
 
     if differ := other_settings(args, cell, run_dir):
@@ -233,6 +235,7 @@ def _run_cell_locked(args: GridConfig, cell: Cell, stopper: Stopper, run_dir: Pa
             say(f"{run_dir.name}: no checkpoint to resume; the partial run was moved to {aside}")
         log = Path(args.out) / "logs" / f"{cell.name}.log"
         log.parent.mkdir(parents=True, exist_ok=True)
+        provenance.record_sitting(run_dir)
         say(f"{cell.name}: python -m pretrain.run {' '.join(argv)}  (log: {log})")
         with log.open("a") as f:  # a resumed cell appends to its log
             code = stopper.run([sys.executable, "-m", "pretrain.run", *argv], f)
@@ -249,6 +252,7 @@ def _run_cell_locked(args: GridConfig, cell: Cell, stopper: Stopper, run_dir: Pa
     if result["status"] in ENDED:
         probe = probes.probe_cell(run_dir, max_step=args.probe_steps, batch_size=args.probe_batch_size)
         result["probe"] = probe
+        result["provenance"] = provenance.with_inputs(run_dir)
     result["outcome"] = outcomes.classify(
         status=result["status"], train_losses=[loss for _, loss in result["train_curve"]],
         val_loss=result["val_mlm_loss"], train_unigram_entropy=probe.get("train_unigram_entropy"),
@@ -257,7 +261,7 @@ def _run_cell_locked(args: GridConfig, cell: Cell, stopper: Stopper, run_dir: Pa
     return result
 
 
-def run_cells(args: GridConfig, cells: list[Cell], stopper: Stopper) -> dict[Cell, dict[str, Any]]:
+def run_cells(args: Cells, cells: list[Cell], stopper: Stopper) -> dict[Cell, dict[str, Any]]:
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
         return dict(zip(cells, pool.map(lambda cell: run_cell(args, cell, stopper), cells), strict=True))
 

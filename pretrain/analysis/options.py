@@ -6,13 +6,14 @@ runs its config; ``cli.py`` maps the subcommands to both."""
 from __future__ import annotations
 
 import itertools
+import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 from pretrain.analysis import outcomes
-from pretrain.common.cli import field_type, require
+from pretrain.common.cli import ConfigError, field_type, from_dict, require
 from pretrain.config import STANDARD_LABEL, PretrainConfig, residual_scheme_fields
 from pretrain.variants import (
     DEFAULTS,
@@ -274,7 +275,57 @@ class InitPerturbConfig(ModelSize):
 
 
 @dataclass(kw_only=True)
-class GridConfig(ModelAxes):
+class CellRecipe:
+    """What every cell of a grid or a study shares: a short run of pretrain/run.py (``grid.run_cell``) and its outcome."""
+
+    max_steps: int = 150
+    """Steps per run (linear decay to 0 over them, after the warm-up)."""
+    num_heads: int = 2
+    """Attention heads (must divide every hidden size)."""
+    intermediate_size: int | None = None
+    """FFN width; null: 4 x hidden size."""
+    probe_steps: int = 4
+    """The first steps whose gradient norms and output changes are reported (snapshots at steps 0..this)."""
+    probe_batch_size: int = 16
+    """Validation instances in the fixed batch the output change is measured on."""
+    trained_margin: float = 0.1
+    """Trained: final validation loss at least this many nats below the validation unigram cross-entropy."""
+    blowup_margin: float = 1.0
+    """Blew up: the last tenth of the loss curve stays this many nats above the unigram entropy and the run's best."""
+    preset: str | None = None
+    """A pretrain/run.py preset YAML applied to every cell first."""
+    overrides: list[str] = field(default_factory=list)
+    """Extra pretrain/run.py overrides for every cell (they win), e.g. '[train.per_device_batch_size=16]'."""
+    report_only: bool = False
+    """Run nothing: report the cells under --out that have a run folder, the rest as not run."""
+    jobs: int = 1
+    """Cells run at once, each its own process; on a CPU, set OMP_NUM_THREADS to cores / jobs."""
+
+    def __post_init__(self) -> None:
+        _positive(self, "max_steps", "num_heads", "jobs", "probe_batch_size")
+        require(self.probe_steps >= 0, "probe_steps", f"must be >= 0; got {self.probe_steps}")
+        require(self.intermediate_size is None or self.intermediate_size > 0, "intermediate_size",
+                "must be > 0 or null")  # fmt: skip
+        require(self.trained_margin >= 0 and self.blowup_margin > 0, "trained_margin",
+                "must be >= 0 (blowup_margin > 0)")  # fmt: skip
+        for item in self.overrides:
+            key, eq, _ = item.removeprefix("--").partition("=")
+            message = f"item {item!r} is not KEY=VALUE with a dotted key, e.g. train.per_device_batch_size=16"
+            require(bool(eq) and "." in key, "overrides", message)
+            field_type(PretrainConfig, key)  # a typo fails now, not in every cell
+
+    @property
+    def run_overrides(self) -> list[str]:
+        """The pretrain/run.py overrides every cell gets after the cell's own settings."""
+        return self.overrides
+
+    @property
+    def rules(self) -> outcomes.Rules:
+        return outcomes.Rules(trained_margin=self.trained_margin, blowup_margin=self.blowup_margin)
+
+
+@dataclass(kw_only=True)
+class GridConfig(ModelAxes, CellRecipe):
     """Where training breaks: a grid of short pretraining runs over model x depth x width x warm-up x peak lr (a
     model: placement x norm type x residual scheme).
 
@@ -300,36 +351,16 @@ class GridConfig(ModelAxes):
     """train.seed values every setting runs with."""
     boundary_seeds: int = 2
     """Settings on the boundary are repeated with further seeds (max(seeds)+1, ...) until they have this many."""
-    max_steps: int = 150
-    """Steps per run (linear decay to 0 over them, after the warm-up)."""
-    num_heads: int = 2
-    """Attention heads (must divide every hidden size)."""
-    intermediate_size: int | None = None
-    """FFN width; null: 4 x hidden size."""
-    probe_steps: int = 4
-    """The first steps whose gradient norms and output changes are reported (snapshots at steps 0..this)."""
-    probe_batch_size: int = 16
-    """Validation instances in the fixed batch the output change is measured on."""
-    trained_margin: float = 0.1
-    """Trained: final validation loss at least this many nats below the validation unigram cross-entropy."""
-    blowup_margin: float = 1.0
-    """Blew up: the last tenth of the loss curve stays this many nats above the unigram entropy and the run's best."""
-    preset: str | None = None
-    """A pretrain/run.py preset YAML applied to every cell first."""
-    overrides: list[str] = field(default_factory=list)
-    """Extra pretrain/run.py overrides for every cell (they win), e.g. '[train.per_device_batch_size=16]'."""
     report_only: bool = False
     """Run nothing: report the cells under --out that have a run folder, the rest as '-' (one report over grids
     that ran different parts of a map into the same --out)."""
-    jobs: int = 1
-    """Cells run at once, each its own process; on a CPU, set OMP_NUM_THREADS to cores / jobs."""
     out: str = str(DEFAULT_OUT / "grid")
     """Output folder (runs/, logs/, table.txt, results.json, grid.png, boundary.png)."""
 
     def __post_init__(self) -> None:
-        super().__post_init__()
-        _positive(self, "max_steps", "num_heads", "jobs", "probe_batch_size")
-        require(self.probe_steps >= 0 and self.boundary_seeds >= 0, "probe_steps", "and boundary_seeds must be >= 0")
+        ModelAxes.__post_init__(self)
+        CellRecipe.__post_init__(self)
+        require(self.boundary_seeds >= 0, "boundary_seeds", f"must be >= 0; got {self.boundary_seeds}")
         _distinct(self, "depths", "hidden_sizes", "warmup_steps", "lrs", "seeds")
         _each(self, "depths", lambda d: d > 0, "positive")
         _each(self, "warmup_steps", lambda w: w >= 0, ">= 0")
@@ -337,15 +368,10 @@ class GridConfig(ModelAxes):
         _each(self, "lrs", lambda lr: lr > 0, "> 0")
         _each(self, "hidden_sizes", lambda h: h > 0 and h % self.num_heads == 0,
               f"positive multiples of num_heads={self.num_heads}")  # fmt: skip
-        require(self.intermediate_size is None or self.intermediate_size > 0, "intermediate_size",
-                "must be > 0 or null")  # fmt: skip
-        require(self.trained_margin >= 0 and self.blowup_margin > 0, "trained_margin",
-                "must be >= 0 (blowup_margin > 0)")  # fmt: skip
-        for item in self.overrides:
-            key, eq, _ = item.removeprefix("--").partition("=")
-            message = f"item {item!r} is not KEY=VALUE with a dotted key, e.g. train.per_device_batch_size=16"
-            require(bool(eq) and "." in key, "overrides", message)
-            field_type(PretrainConfig, key)  # a typo fails now, not in every cell
+
+    def model(self, label: str) -> Model:
+        """The model a cell of this grid names (``Cell.placement``)."""
+        return self.models[label]
 
     @property
     def axes(self) -> list[list[Any]]:
@@ -357,52 +383,146 @@ class GridConfig(ModelAxes):
         """The models' names, the first axis of a setting (``Cell.placement``)."""
         return list(self.models)
 
+
+@dataclass(kw_only=True)
+class StudyModel:
+    """One model of a study and its own recipe."""
+
+    placement: NormPlacement = "pre"
+    """Its norm placement."""
+    norm_type: NormType = "layernorm"
+    """Its norm type."""
+    residual_scheme: str = STANDARD_LABEL
+    """Its residual scheme, by its label in run names (hc4, attnres-b4, ...; ModelAxes.residual_schemes)."""
+    warmup: int = 0
+    """Its linear warm-up steps (Post-LN's paper recipe has one, Pre-LN's none)."""
+    lr: float | None = None
+    """Its peak learning rate, fixed (no stage 1 for it); null: stage 1 picks it."""
+
+    def __post_init__(self) -> None:
+        try:
+            residual_scheme_fields(self.residual_scheme)
+        except ValueError as err:
+            require(False, "residual_scheme", str(err))
+        problem = model_problem(self.placement, self.norm_type, self.residual_scheme)
+        require(not problem, "models", f"item {self.name!r} cannot be built: {problem}")
+        require(self.warmup >= 0, "warmup", f"must be >= 0; got {self.warmup}")
+        require(self.lr is None or self.lr > 0, "lr", f"must be > 0 or null; got {self.lr}")
+
     @property
-    def rules(self) -> outcomes.Rules:
-        return outcomes.Rules(trained_margin=self.trained_margin, blowup_margin=self.blowup_margin)
+    def model(self) -> Model:
+        fields = residual_scheme_fields(self.residual_scheme)
+        return Model(variant_name(self.placement, self.norm_type, **fields), self.placement, self.norm_type,
+                     self.residual_scheme)  # fmt: skip
+
+    @property
+    def name(self) -> str:
+        """Its name in tables, contrasts and ``baseline``: the model's label, ``+wN`` with N warm-up steps."""
+        return self.model.label + (f"+w{self.warmup}" if self.warmup else "")
 
 
 @dataclass(kw_only=True)
-class RankingConfig:
-    """Rank the models of one or more grids by their final validation loss over seeds, with ties, and show each
-    model's trainable learning rates.
+class CompareConfig(CellRecipe):
+    """Compare models as a reviewer accepts: each at its own learning rate, enough seeds, paired tests.
 
-    Reads the results.json of each grid (``grid --report_only`` writes it without running anything) and, from
-    ``recorded``, results kept elsewhere (a JSON list of cells: model, depth, width, warmup, lr, seed, outcome,
-    gap). A model's score is its gap (final validation MLM loss minus the validation unigram cross-entropy of the
-    seed's own split), per seed and as a mean. Verdict over seeds: "trains" when every seed trained, "fails" when
-    none did, else "mixed". Two models tie when their means differ by no more than the larger of their seed ranges
-    and ``tie_floor``. A second table gives what the residual designs' papers claim, per model: the similarity of
-    consecutive sub-layers' inputs and the last over the first sub-layer output norm (probes.sublayer_io), the
-    spread of per-layer FFN gradient norms, HC's and mHC's composite gain, and the steps to ``target``'s final
-    training loss. Writes table.txt, results.json and ranking.png to ``out``."""
+    Stage 1 runs every model at depth x width at every lr of ``lrs`` with the seeds ``lr_seeds``, and picks each
+    model's lr by the rule fixed before any run: the lowest mean gap (final validation MLM loss minus the seed's own
+    validation unigram cross-entropy) over those seeds, among the lrs where every one of them ended with a validation
+    loss (a diverged seed rules its lr out); equal means go to the lower lr. Stage 2 runs each model at its lr with
+    every seed of ``seeds`` (a cell stage 1 ran is read, not run again). The report gives each model's mean gap with a
+    95% interval, in order, and for each contrast (every model against ``baseline``, then ``pairs``) the paired
+    difference of the gaps over the seeds both have (a seed fixes the data split and the batch order, so it pairs
+    the two runs): its 95% interval and p-value (scipy.stats.ttest_rel), Holm's correction over the contrasts, the
+    verdict "ahead", "behind" or "cannot tell at this n" (Holm-adjusted p < alpha), and the smallest difference this
+    n detects with the stated power at alpha / contrasts. Every cell is a grid cell (grid.run_cell: a run of
+    pretrain/run.py, resumed after a stop; an ended cell is read, never run again) with its provenance
+    (provenance.py): cells of another tokenizer or data are refused, cells from another machine or other code only
+    with mixed_provenance, and then marked. Prints the cost before it starts. Writes table.txt, results.json (small:
+    the cells' gaps and provenance, the choices, the contrasts) and compare.png to out."""
 
-    grids: list[str]
-    """Grid output folders (each with its results.json)."""
-    recorded: str = ""
-    """A JSON file of results recorded elsewhere (a list of cells as above); empty: none."""
+    data: str
+    """The corpus: a JSON Lines file, glob or folder of them (one document per line, a "text" field)."""
+    tokenizer: str
+    """The study's one tokenizer: a folder as save_pretrained writes it (configs/analysis/wordpiece_2048)."""
+    models: list[StudyModel] = field(default_factory=list)
+    """The models, each {placement, norm_type, residual_scheme, warmup}."""
+    baseline: str = ""
+    """The model every other is contrasted with, by its name (pre, post+w50, pre-hc4); empty: none."""
+    pairs: list[tuple[str, str]] = field(default_factory=list)
+    """Further contrasts [a, b]: a's gap minus b's."""
     depth: int = 12
-    """The ranked setting's depth."""
+    """Layers."""
     width: int = 128
-    """Its width."""
-    warmup: int = 0
-    """Its warm-up steps."""
-    lr: float = 1e-3
-    """Its peak learning rate."""
+    """Hidden size."""
     lrs: list[float] = field(default_factory=lambda: [3e-4, 1e-3, 3e-3])
-    """The learning rates of the trainable-range panel (same depth, width and warm-up)."""
-    target: str = "pre"
-    """The model whose final training loss the others' "steps to target" is measured against; empty: none."""
+    """Stage 1's peak learning rates."""
+    lr_seeds: list[int] = field(default_factory=lambda: [0, 1])
+    """Stage 1's seeds."""
+    seeds: list[int] = field(default_factory=lambda: list(range(8)))
+    """Stage 2's seeds at each model's lr, which the contrasts use (those also in lr_seeds helped pick the lr: each
+    model's mean leans toward its best draw there; seeds apart from lr_seeds avoid it at the cost of more cells)."""
+    follow: str = ""
+    """A finished study's results.json: its ``top`` models at their lrs, its first-placed as the baseline (the same
+    models longer: another max_steps and out). models and baseline stay unset: they come from the file."""
+    top: int = 2
+    """How many of the followed study's models, best first."""
+    lr_only: bool = False
+    """Stop after stage 1 and report the lrs it picked (a stage whose results can be committed on their own)."""
+    alpha: float = 0.05
+    """Level of the tests (two-sided), after Holm's correction."""
+    power: float = 0.8
+    """Power at which the smallest detectable difference is given."""
     smoothing: int = 100
-    """Steps of the trailing mean over the training MLM loss before it is compared with the target's: a batch-16
-    curve jumps by more than the gaps between models, and a short window finds the same easy batches in every run."""
-    tie_floor: float = 0.055
-    """Nats below which two means tie: the same seed's gap moved 0.055 nats between two CPUs (results.md, sec. 8)."""
-    out: str = str(DEFAULT_OUT / "ranking")
-    """Output folder."""
+    """Steps of the trailing mean of the training loss for "steps to the baseline's final training loss"."""
+    mixed_provenance: bool = False
+    """Compare cells from another machine, other code or other library versions than most of the study's (marked in
+    every table and the figure); without it they are refused. Another tokenizer or data is refused always."""
+    seconds_per_cell: float = 300.0
+    """The cost estimate per cell while none has ended under out (then: the mean of those that have)."""
+    max_steps: int = 500
+    probe_steps: int = 0
+    out: str = str(DEFAULT_OUT / "compare")
+    """Output folder (runs/, logs/, table.txt, results.json, compare.png)."""
 
     def __post_init__(self) -> None:
-        require(bool(self.grids), "grids", "must name at least one grid folder")
-        _positive(self, "smoothing")
-        require(self.tie_floor >= 0, "tie_floor", f"must be >= 0; got {self.tie_floor}")
-        _each(self, "lrs", lambda lr: lr > 0, "positive")
+        super().__post_init__()
+        _positive(self, "depth", "width", "top", "smoothing")
+        require(self.width % self.num_heads == 0, "width", f"must be a multiple of num_heads={self.num_heads}")
+        require(bool(self.data) and bool(self.tokenizer), "data", "and tokenizer must be given (paths)")
+        if self.follow:
+            require(not self.models and not self.baseline, "follow", "takes models and baseline from the study it "
+                    f"follows ({self.follow}): leave them unset")  # fmt: skip
+            self.models, self.baseline = followed(self.follow, self.top)
+        require(bool(self.models), "models", "must name at least one model (or follow a finished study)")
+        _distinct(self, "lrs", "lr_seeds", "seeds")
+        _each(self, "lrs", lambda lr: lr > 0, "> 0")
+        require(0 < self.alpha < 1 and 0 < self.power < 1, "alpha", "and power must be in (0, 1)")
+        require(self.seconds_per_cell > 0, "seconds_per_cell", f"must be > 0; got {self.seconds_per_cell}")
+        names = [m.name for m in self.models]
+        require(len(set(names)) == len(names), "models", f"must not repeat a model; got {names}")
+        require(all(m.warmup <= self.max_steps for m in self.models), "models",
+                f"warm-ups must be <= max_steps={self.max_steps}")  # fmt: skip
+        named = [("baseline", self.baseline)] if self.baseline else []
+        for key, name in named + [("pairs", name) for pair in self.pairs for name in pair]:
+            require(name in names, key, f"names {name!r}, not a model of the study (one of {', '.join(names)})")
+
+    def model(self, label: str) -> Model:
+        """The model a cell of this study names (``Cell.placement``)."""
+        return next(m.model for m in self.models if m.model.label == label)
+
+    @property
+    def run_overrides(self) -> list[str]:
+        data = json.dumps(self.data)  # a JSON string is a YAML string, whatever the path holds
+        return [f"data.sources=[{{kind: json, path: {data}}}]", f"data.tokenizer={self.tokenizer}", *self.overrides]
+
+
+def followed(path: str, top: int) -> tuple[list[StudyModel], str]:
+    """The ``top`` models of a study's results.json, best first, each at the lr it was compared at, and the first's name."""
+    try:
+        ranked = [m for m in json.loads(Path(path).read_text())["models"] if m["mean_gap"] is not None]
+    except (OSError, ValueError, KeyError) as err:
+        raise ConfigError(f"follow={path!r} is not a study's results.json ({err}): name the file compare wrote") from None
+    require(len(ranked) >= top, "top", f"is {top}, but {path} ranks {len(ranked)} models")
+    keys = ("placement", "norm_type", "residual_scheme", "warmup", "lr")
+    models = [from_dict(StudyModel, {k: m[k] for k in keys}, prefix="follow") for m in ranked[:top]]
+    return models, models[0].name

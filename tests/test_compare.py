@@ -1,0 +1,300 @@
+"""The comparison protocol (``compare``): the paired tests, Holm's correction and the verdicts on synthetic numbers,
+the provenance it refuses or marks, the report over synthetic cells, and the whole protocol through pretrain/run.py."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from pretrain.analysis import cli, compare, provenance
+from pretrain.analysis.grid import Cell
+from pretrain.common.atomic import write_json
+from pretrain.common.cli import ConfigError
+
+HOME = {"commit": "a" * 40, "code": "1234abcd5678", "machine": {"cpu": "AMD EPYC 9B14", "threads": 1, "gpu": None},
+        "torch": "2.13.0", "transformers": "5.25.0", "python": "3.11.9"}  # fmt: skip
+INPUTS = {"tokenizer": "307c602bce1fb1a1", "data": "0123456789abcdef"}
+
+
+# --------------------------------------------------------------------------------------------------
+# Statistics
+# --------------------------------------------------------------------------------------------------
+
+
+def test_the_paired_interval_and_p_value_are_scipys_and_pair_by_seed():
+    rng = np.random.default_rng(0)
+    seed_effect = rng.normal(0, 0.05, 8)  # what a seed does to both models (its split, its batch order)
+    a, b = -0.20 + seed_effect + rng.normal(0, 0.005, 8), -0.17 + seed_effect + rng.normal(0, 0.005, 8)
+    found = compare.paired(list(a), list(b), 0.95)
+    d = a - b
+    half = stats.t.ppf(0.975, 7) * d.std(ddof=1) / math.sqrt(8)  # the textbook interval, written out
+    assert found["n"] == 8 and found["mean"] == pytest.approx(d.mean())
+    assert (found["low"], found["high"]) == pytest.approx((d.mean() - half, d.mean() + half))
+    assert found["p"] == pytest.approx(stats.ttest_rel(a, b).pvalue)
+    assert found["p"] == pytest.approx(stats.ttest_1samp(d, 0.0).pvalue)
+    assert found["p"] < 1e-4 < stats.ttest_ind(a, b).pvalue  # unpaired, the seeds' spread would hide it
+    assert compare.paired([-0.2], [-0.1], 0.95) == {"n": 1, "mean": pytest.approx(-0.1), "sd": None, "low": None,
+                                                     "high": None, "p": None}  # fmt: skip
+
+
+def test_holm_on_a_worked_example():
+    # sorted: 0.005 x 4 = 0.02; 0.01 x 3 = 0.03; 0.03 x 2 = 0.06; 0.04 x 1 = 0.04, raised to 0.06 (step-down)
+    assert compare.holm([0.01, 0.04, 0.03, 0.005]) == pytest.approx([0.03, 0.06, 0.06, 0.02])
+    assert compare.holm([0.5, None, 0.02]) == [pytest.approx(0.5), None, pytest.approx(0.04)]  # two tests, not three
+    assert compare.holm([0.9, 0.4]) == pytest.approx([0.9, 0.8])
+    assert compare.holm([0.6, 0.7]) == pytest.approx([1.0, 1.0])  # capped at 1
+
+
+def test_the_detectable_difference_has_the_stated_power():
+    rng = np.random.default_rng(1)
+    n, sd, level = 8, 0.04, 0.05 / 6
+    delta = compare.detectable(sd, n, level, 0.8)
+    diffs = rng.normal(delta, sd, (40_000, n))  # paired differences whose true mean is the detectable one
+    t = diffs.mean(1) / (diffs.std(1, ddof=1) / math.sqrt(n))
+    assert np.mean(np.abs(t) > stats.t.ppf(1 - level / 2, n - 1)) == pytest.approx(0.8, abs=0.01)
+    # many pairs: the normal approximation (z_{1-level/2} + z_power) sd / sqrt(n)
+    assert compare.detectable(1.0, 4000, 0.05, 0.8) == pytest.approx(2.8016 / math.sqrt(4000), rel=2e-3)
+    assert compare.detectable(sd, 2, level, 0.8) > 10 * compare.detectable(sd, 8, level, 0.8)  # n = 2 detects little
+
+
+def test_verdicts_follow_the_holm_p_value_and_the_sign():
+    assert compare.verdict(-0.05, 0.01, 0.05) == "ahead"  # a's gap lower: a ahead
+    assert compare.verdict(0.05, 0.01, 0.05) == "behind"
+    assert compare.verdict(-0.3, 0.05, 0.05) == "cannot tell at this n"
+    assert compare.verdict(-0.3, None, 0.05) == "cannot tell at this n"  # fewer than two pairs
+
+
+def test_contrasts_pair_the_seeds_both_have_and_correct_over_all():
+    _, args = cli.parse_args(["compare", "--data=c.jsonl", "--tokenizer=t", "--models=[{placement: pre},"
+                              " {residual_scheme: hc4}, {placement: rezero}, {placement: post, warmup: 50}]",
+                              "--baseline=pre", "--pairs=[[pre, post+w50], [pre-hc4, rezero]]"])  # fmt: skip
+    base = [-0.15, -0.10, -0.20, -0.12, -0.18, -0.16, -0.11, -0.14]
+    summaries = {
+        "pre": {"seeds": list(range(8)), "gaps": base, "marked": []},
+        "pre-hc4": {"seeds": list(range(8)), "gaps": [g - 0.05 + 0.002 * (i % 2) for i, g in enumerate(base)],
+                    "marked": []},
+        "rezero": {"seeds": list(range(8)), "gaps": [g + 0.1 * (-1) ** i for i, g in enumerate(base)], "marked": []},
+        "post+w50": {"seeds": [0, 1, 2, 5], "gaps": [g + 0.04 + 0.002 * (g > -0.15) for g in (base[0], base[1], base[2], base[5])],
+                     "marked": [2]},
+    }  # fmt: skip
+    found = {(c["a"], c["b"]): c for c in compare.contrasts(args, summaries)}
+    # every model against pre, then the pair not already there (pre vs post+w50 is post+w50 vs pre, reversed)
+    assert list(found) == [("pre-hc4", "pre"), ("rezero", "pre"), ("post+w50", "pre"), ("pre-hc4", "rezero")]
+    hc4, rezero, post = found["pre-hc4", "pre"], found["rezero", "pre"], found["post+w50", "pre"]
+    assert (hc4["verdict"], post["verdict"], rezero["verdict"]) == ("ahead", "behind", "cannot tell at this n")
+    assert post["seeds"] == [0, 1, 2, 5] and post["n"] == 4 and post["marked"] and not hc4["marked"]
+    ps = [c["p"] for c in found.values()]
+    assert [c["p_holm"] for c in found.values()] == pytest.approx(compare.holm(ps))
+    assert hc4["detectable"] == pytest.approx(compare.detectable(hc4["sd"], 8, 0.05 / 4, 0.8))
+
+
+# --------------------------------------------------------------------------------------------------
+# Provenance
+# --------------------------------------------------------------------------------------------------
+
+
+def _found(n: int, **changes) -> dict[str, dict]:
+    cells = {f"pre-s{i}": {"sittings": [HOME], "inputs": dict(INPUTS)} for i in range(n)}
+    for name, change in changes.items():
+        cells[name] = {**cells[name], **change}
+    return cells
+
+
+def test_cells_of_another_tokenizer_or_data_are_refused_whatever_the_option():
+    for key in ("tokenizer", "data"):
+        found = _found(4, **{"pre-s3": {"inputs": {**INPUTS, key: "ffff000011112222"}}})
+        for mixed in (False, True):
+            with pytest.raises(ValueError, match=rf"2 different {key}s: {INPUTS[key]} \(3 cells.*ffff000011112222 "
+                                                 r"\(1 cells, e.g. pre-s3\)"):  # fmt: skip
+                compare.check_provenance(found, mixed)
+
+
+def test_cells_from_another_machine_or_code_are_refused_or_marked():
+    elsewhere = {**HOME, "machine": {**HOME["machine"], "cpu": "Intel Xeon 8480"}}
+    older = {**HOME, "code": "99990000aaaa", "commit": "b" * 40}
+    found = _found(5, **{"pre-s3": {"sittings": [elsewhere]}, "pre-s4": {"sittings": [HOME, older]},
+                         "pre-s2": {"sittings": []}})  # fmt: skip
+    with pytest.raises(ValueError, match=r"3 cells ran elsewhere.*machine\.cpu: AMD EPYC 9B14 vs Intel Xeon 8480.*"
+                                         r"--mixed_provenance=true"):  # fmt: skip
+        compare.check_provenance(found, mixed=False)
+    home, marks = compare.check_provenance(found, mixed=True)
+    assert home == HOME
+    assert marks == {"pre-s2": ["no provenance recorded (run before it was)"],
+                     "pre-s3": ["machine.cpu: AMD EPYC 9B14 vs Intel Xeon 8480"],
+                     "pre-s4": ["code: 1234abcd5678 vs 99990000aaaa"]}  # fmt: skip
+    # a later commit that changes nothing the cells run is the same code
+    assert compare.check_provenance(_found(2, **{"pre-s1": {"sittings": [{**HOME, "commit": "c" * 40}]}}), False)[1] == {}
+
+
+def test_a_machine_records_its_environment_and_a_run_its_inputs_by_content(tmp_path):
+    env = provenance.environment()
+    assert env["machine"]["threads"] >= 1 and env["torch"] and env["code"] != ""
+    provenance.record_sitting(tmp_path)
+    provenance.record_sitting(tmp_path)  # resumed here: one sitting
+    assert provenance.read(tmp_path)["sittings"] == [env]
+    corpus = tmp_path / "a.jsonl"
+    corpus.write_text('{"text": "one"}\n')
+    data = {"sources": [{"kind": "json", "path": str(corpus), "name": None, "split": "train", "text_column": "text",
+                         "weight": 1.0, "rows_per_document": 1}], "cache_dir": "here", "max_seq_length": 64}  # fmt: skip
+    moved = tmp_path / "elsewhere" / "a.jsonl"
+    moved.parent.mkdir()
+    moved.write_text(corpus.read_text())
+    same = provenance.data_hash({**data, "cache_dir": "there", "sources": [{**data["sources"][0], "path": str(moved)}]})
+    assert provenance.data_hash(data) == same  # content, not place
+    moved.write_text('{"text": "two"}\n')
+    assert provenance.data_hash({**data, "sources": [{**data["sources"][0], "path": str(moved)}]}) != same
+    assert provenance.data_hash({**data, "max_seq_length": 32}) != same
+
+
+# --------------------------------------------------------------------------------------------------
+# The report over synthetic cells
+# --------------------------------------------------------------------------------------------------
+
+
+def _cell(out: Path, label: str, lr: float, seed: int, gap: float | None, *, warmup: int = 0, env=HOME, inputs=INPUTS):
+    """A run folder as an ended grid cell leaves it (status, metrics, the probe and provenance files)."""
+    run_dir = out / "runs" / Cell(label, 128, 12, warmup, lr, seed).name
+    write_json(run_dir / "status.json", {"status": "diverged" if gap is None else "finished", "step": 6})
+    rows = [{"step": s, "train/mlm_loss": 7.0 - 0.1 * s} for s in range(1, 7)]
+    rows += [] if gap is None else [{"step": 6, "val/mlm_loss": 6.2 + gap}]
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    write_json(run_dir / "grid_probe.json", {"train_unigram_entropy": 6.0, "val_unigram_cross_entropy": 6.2})
+    write_json(run_dir / "provenance.json", {"sittings": [env], "inputs": inputs})
+
+
+def _study(out: Path, *extra: str) -> list[str]:
+    return ["compare", "--data=corpus.jsonl", "--tokenizer=tok", f"--out={out}", "--report_only", "--lrs=[1e-3, 3e-3]",
+            "--seeds=[0, 1, 2, 3, 4, 5]", "--models=[{placement: pre}, {residual_scheme: hc4}, "
+            "{placement: post, warmup: 50}]", "--baseline=pre", *extra]  # fmt: skip
+
+
+def test_the_report_picks_each_lr_and_marks_other_machines_and_unfinished_models(tmp_path):
+    base = [-0.15, -0.10, -0.20, -0.12, -0.18, -0.16]
+    for seed, g in enumerate(base):
+        _cell(tmp_path, "pre", 1e-3, seed, g)
+        _cell(tmp_path, "pre-hc4", 1e-3, seed, g - 0.06 + 0.003 * (seed % 2))
+    for seed in (0, 1):
+        _cell(tmp_path, "pre", 3e-3, seed, -0.01)
+        _cell(tmp_path, "pre-hc4", 3e-3, seed, None if seed else -0.5)  # diverged in one seed: not this lr
+        _cell(tmp_path, "post", 1e-3, seed, -0.02, warmup=50)
+    elsewhere = {**HOME, "machine": {**HOME["machine"], "cpu": "Intel Xeon 8480"}}
+    for seed, g in zip((0, 1, 2, 3), (-0.18, -0.14, -0.21, -0.15), strict=True):  # post's best lr; 4 of 6 seeds
+        _cell(tmp_path, "post", 3e-3, seed, g, warmup=50, env=elsewhere if seed == 3 else HOME)
+    with pytest.raises(ValueError, match="1 cells ran elsewhere"):
+        cli.main(_study(tmp_path))
+    assert cli.main(_study(tmp_path, "--mixed_provenance=true")) == 0
+    found = json.loads((tmp_path / "results.json").read_text())
+    assert found["chosen"] == {"pre": 1e-3, "pre-hc4": 1e-3, "post+w50": 3e-3}
+    assert found["stage1"]["pre-hc4"]["0.003"]["mean_gap"] is None  # its diverged seed rules the lr out
+    assert [m["name"] for m in found["models"]] == ["pre-hc4", "post+w50", "pre"]
+    post = found["models"][1]
+    assert (post["seeds"], post["planned"], post["marked"]) == ([0, 1, 2, 3], 6, [3])
+    contrasts = {(c["a"], c["b"]): c for c in found["contrasts"]}
+    assert contrasts["pre-hc4", "pre"]["verdict"] == "ahead" and contrasts["post+w50", "pre"]["n"] == 4
+    assert found["provenance"]["marked"] == {Cell("post", 128, 12, 50, 3e-3, 3).name: ["machine.cpu: AMD EPYC 9B14 "
+                                                                                       "vs Intel Xeon 8480"]}  # fmt: skip
+    assert found["provenance"]["inputs"] == INPUTS and len(found["provenance"]["environments"]) == 2
+    table = (tmp_path / "table.txt").read_text()
+    assert "post+w50 (lr 0.003, 4 of 6 seeds) †" in table and "post+w50 - pre †" in table
+    assert "-0.010*" not in table and "-0.150" in table  # pre's lr 3e-3 not picked
+    assert (tmp_path / "compare.png").stat().st_size > 10_000
+    # another tokenizer in one cell: refused, option or not
+    _cell(tmp_path, "pre", 1e-3, 5, -0.16, inputs={**INPUTS, "tokenizer": "ffff000011112222"})
+    with pytest.raises(ValueError, match="2 different tokenizers"):
+        cli.main(_study(tmp_path, "--mixed_provenance=true"))
+
+
+def test_a_follow_up_takes_the_best_models_at_their_lrs(tmp_path):
+    results = tmp_path / "results.json"
+    ranked = [{"placement": "pre", "norm_type": "layernorm", "residual_scheme": "hc4", "warmup": 0, "lr": 1e-3,
+               "mean_gap": -0.25}, {"placement": "rezero", "norm_type": "layernorm", "residual_scheme": "standard",
+               "warmup": 0, "lr": 3e-3, "mean_gap": -0.24}, {"placement": "post", "norm_type": "layernorm",
+               "residual_scheme": "standard", "warmup": 50, "lr": None, "mean_gap": None}]  # fmt: skip
+    results.write_text(json.dumps({"models": ranked}))
+    _, args = cli.parse_args(["compare", "--data=c", "--tokenizer=t", f"--follow={results}", "--seeds=[0, 1]"])
+    assert [(m.name, m.lr) for m in args.models] == [("pre-hc4", 1e-3), ("rezero", 3e-3)] and args.baseline == "pre-hc4"
+    assert compare.stage1_cells(args) == [] and compare.choose_lrs(args, {})[0] == {"pre-hc4": 1e-3, "rezero": 3e-3}
+    with pytest.raises(ConfigError, match=r"top is 3, but .* ranks 2 models"):
+        cli.parse_args(["compare", "--data=c", "--tokenizer=t", f"--follow={results}", "--top=3"])
+    with pytest.raises(ConfigError, match="follow takes models and baseline"):
+        cli.parse_args(["compare", "--data=c", "--tokenizer=t", f"--follow={results}", "--baseline=pre"])
+
+
+def test_study_options_are_checked_before_any_run():
+    base = ["compare", "--data=c", "--tokenizer=t"]
+    for extra, message in [
+        ([], "models must name at least one model"),
+        (["--models=[{placement: pre}]", "--baseline=post"], r"baseline names 'post', not a model of the study \(one of pre\)"),
+        (["--models=[{placement: pre}, {placement: pre}]"], "models must not repeat a model"),
+        (["--models=[{placement: post, residual_scheme: mhc4}]"], r"models item 'post-mhc4' cannot be built"),
+        (["--models=[{placement: pre, warmup: 600}]"], "warm-ups must be <= max_steps=500"),
+    ]:  # fmt: skip
+        with pytest.raises(ConfigError, match=message):
+            cli.parse_args([*base, *extra])
+
+
+def test_the_headline_config_parses_to_its_six_models_and_contrasts():
+    root = Path(__file__).resolve().parents[1]
+    _, args = cli.parse_args(["compare", "--config", str(root / "configs/analysis/headline.yaml"), "--data=c"])
+    assert [m.name for m in args.models] == ["post+w50", "pre", "pre-hc4", "pre-hc1", "pre-attnres-b4", "rezero"]
+    assert compare.contrast_names(args) == [("post+w50", "pre"), ("pre-hc4", "pre"), ("pre-hc1", "pre"),
+                                            ("pre-attnres-b4", "pre"), ("rezero", "pre"), ("pre-hc4", "pre-hc1")]  # fmt: skip
+    assert len(compare.stage1_cells(args)) == 36 and (args.depth, args.width, args.max_steps) == (12, 128, 500)
+    assert provenance.tokenizer_hash(root / args.tokenizer)  # the committed vocabulary loads
+
+
+# --------------------------------------------------------------------------------------------------
+# The whole protocol, through pretrain/run.py
+# --------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_the_protocol_runs_from_nothing_and_a_stopped_study_continues_without_rerunning(tmp_path, capsys):
+    """Stage 1 (two lrs, one diverging), stopped at step 3 of every cell; the same command continues it, picks the
+    lrs, runs stage 2 and reports; a third sitting runs nothing."""
+    from pretrain.analysis.grid import read_cell
+    from pretrain.data.corpus import iter_python_docs
+    from pretrain.data.tokenizer import train_wordpiece_tokenizer
+
+    texts = [text for _, text in zip(range(60), iter_python_docs(), strict=False)]
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    tokenizer = tmp_path / "tokenizer"
+    train_wordpiece_tokenizer(texts, vocab_size=200).save_pretrained(tokenizer)
+    out = tmp_path / "study"
+    overrides = ["data.max_seq_length=32", "train.per_device_batch_size=4", "train.eval_batches=2",
+                 f"data.cache_dir={tmp_path / 'cache'}"]  # fmt: skip
+    argv = ["compare", f"--data={corpus}", f"--tokenizer={tokenizer}", f"--out={out}", "--models=[{placement: pre},"
+            " {placement: post, warmup: 2}]", "--baseline=pre", "--depth=2", "--width=16", "--max_steps=6",
+            "--lrs=[1e-3, 1e6]", "--lr_seeds=[0]", "--seeds=[0, 1]", "--jobs=2"]  # fmt: skip
+    assert cli.main([*argv, "--lr_only", f"--overrides={json.dumps([*overrides, 'train.stop_at_step=3'])}"]) == 1
+    assert "x 300 s (an estimate, --seconds_per_cell" in capsys.readouterr().out
+    first = json.loads((out / "results.json").read_text())
+    assert first["chosen"] == {} and set(first["waiting"]) == {"pre", "post+w2"}  # lr 1e-3 stopped at step 3
+    assert first["cells"][Cell("pre", 16, 2, 0, 1e6, 0).name]["outcome"] == "diverged"
+
+    argv.append(f"--overrides={json.dumps(overrides)}")
+    assert cli.main(argv) == 0
+    assert re.search(r"\(the mean run time of the [12] ended cells", capsys.readouterr().out)
+    found = json.loads((out / "results.json").read_text())
+    assert found["chosen"] == {"pre": 1e-3, "post+w2": 1e-3}  # the diverged lr is ruled out
+    assert [read_cell(out / "runs" / c)["train_curve"][i][0] for c in found["cells"] if "lr0.001-s0" in c
+            for i in range(6)] == [1, 2, 3, 4, 5, 6] * 2  # resumed at step 3, not restarted  # fmt: skip
+    assert not list((out / "runs").glob("*.stopped-*"))
+    (contrast,) = found["contrasts"]
+    assert (contrast["a"], contrast["b"], contrast["n"], contrast["seeds"]) == ("post+w2", "pre", 2, [0, 1])
+    assert contrast["p"] is not None and contrast["verdict"] in ("ahead", "behind", "cannot tell at this n")
+    assert found["provenance"]["environments"] == [provenance.environment()] and not found["provenance"]["marked"]
+    assert found["provenance"]["inputs"]["tokenizer"] == provenance.tokenizer_hash(tokenizer)
+    assert (out / "compare.png").stat().st_size > 10_000
+
+    logs = {p: p.stat().st_mtime_ns for p in (out / "logs").iterdir()}
+    assert len(logs) == 6 and cli.main(argv) == 0  # every cell ended: read, none run again
+    assert {p: p.stat().st_mtime_ns for p in (out / "logs").iterdir()} == logs
+    assert json.loads((out / "results.json").read_text())["contrasts"] == found["contrasts"]
