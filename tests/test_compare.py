@@ -239,7 +239,7 @@ def test_study_options_are_checked_before_any_run():
             cli.parse_args([*base, *extra])
 
 
-def test_the_headline_config_parses_to_its_six_models_and_contrasts():
+def test_the_headline_configs_parse_to_their_models_and_contrasts(tmp_path):
     root = Path(__file__).resolve().parents[1]
     _, args = cli.parse_args(["compare", "--config", str(root / "configs/analysis/headline.yaml"), "--data=c"])
     assert [m.name for m in args.models] == ["post+w50", "pre", "pre-hc4", "pre-hc1", "pre-attnres-b4", "rezero"]
@@ -247,6 +247,16 @@ def test_the_headline_config_parses_to_its_six_models_and_contrasts():
                                             ("pre-attnres-b4", "pre"), ("rezero", "pre"), ("pre-hc4", "pre-hc1")]  # fmt: skip
     assert len(compare.stage1_cells(args)) == 36 and (args.depth, args.width, args.max_steps) == (12, 128, 500)
     assert provenance.tokenizer_hash(root / args.tokenizer)  # the committed vocabulary loads
+    (tmp_path / "headline.json").write_text(json.dumps({"models": [
+        {"placement": "pre", "norm_type": "layernorm", "residual_scheme": "hc4", "warmup": 0, "lr": 1e-3, "mean_gap": -0.3},
+        {"placement": "post", "norm_type": "layernorm", "residual_scheme": "standard", "warmup": 50, "lr": 3e-4,
+         "mean_gap": -0.2}]}))  # fmt: skip
+    _, longer = cli.parse_args(["compare", "--config", str(root / "configs/analysis/headline.yaml"), "--config",
+                                str(root / "configs/analysis/headline_2000.yaml"), "--data=c",
+                                f"--follow={tmp_path / 'headline.json'}"])  # fmt: skip
+    assert [(m.name, m.lr) for m in longer.models] == [("pre-hc4", 1e-3), ("post+w50", 3e-4)]
+    assert (longer.max_steps, longer.seeds, longer.overrides) == (2000, [0, 1], args.overrides)
+    assert compare.contrast_names(longer) == [("post+w50", "pre-hc4")] and compare.stage1_cells(longer) == []
 
 
 # --------------------------------------------------------------------------------------------------

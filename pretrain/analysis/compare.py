@@ -299,27 +299,21 @@ def read_ended(args: CompareConfig, cells: list[Cell], stopper: Stopper) -> dict
 
 def cost_text(args: CompareConfig, results: dict[Cell, dict], chosen: dict[str, float]) -> str:
     """The cells this sitting may run, times the measured (or estimated) seconds per cell."""
-    def to_run(cells: list[Cell]) -> int:
-        return sum(c not in results for c in cells)
-
-    stage1 = to_run(stage1_cells(args))
-    fixed = to_run(stage2_cells(args, chosen))
-    # A model whose lr is not chosen yet runs its seeds outside lr_seeds at that lr (those inside are stage 1's).
-    later = 0 if args.lr_only else len(set(args.seeds) - set(args.lr_seeds)) * sum(
-        m.name not in chosen for m in args.models)  # fmt: skip
+    stage1 = sum(c not in results for c in stage1_cells(args))
+    stage2 = 0
+    if not args.lr_only:  # a model without its lr yet: its seeds outside lr_seeds, once stage 1 has picked it
+        unpicked = sum(m.name not in chosen for m in args.models) * len(set(args.seeds) - set(args.lr_seeds))
+        stage2 = sum(c not in results for c in stage2_cells(args, chosen)) + unpicked
     measured = [r["wall_seconds"] for r in results.values() if r.get("wall_seconds")]
     seconds = statistics.fmean(measured) if measured else args.seconds_per_cell
     source = (f"the mean run time of the {len(measured)} ended cells under {args.out}" if measured else
               f"an estimate, --seconds_per_cell: no cell under {args.out} has ended")  # fmt: skip
-    cells = stage1 + (0 if args.lr_only else fixed) + later
-    return (f"cost: {cells} cells to run ({stage1} of stage 1, {fixed if not args.lr_only else 0} of stage 2 at the "
-            f"lrs chosen, {later} once stage 1 picks the others' lrs) x {seconds:.0f} s ({source}) = "
-            f"{cells * seconds / 3600:.1f} h of one process, {cells * seconds / 3600 / args.jobs:.1f} h at "
-            f"--jobs={args.jobs}")  # fmt: skip
+    hours = (stage1 + stage2) * seconds / 3600
+    return (f"cost: {stage1 + stage2} cells to run ({stage1} in stage 1, {stage2} in stage 2) x {seconds:.0f} s "
+            f"({source}) = {hours:.1f} h of one process, {hours / args.jobs:.1f} h at --jobs={args.jobs}")
 
 
 def run(args: CompareConfig) -> int:
-    results: dict[Cell, dict] = {}
     with Stopper() as stopper:
         results = read_ended(args, candidate_cells(args), stopper)
         check_all(args, results, planned=not args.report_only)
@@ -507,7 +501,8 @@ def plot_compare(args: CompareConfig, ranked: list[dict[str, Any]], found: list[
                            edgecolors=colors[name], lw=1.5)  # fmt: skip
         lx.set_xscale("log")
         lx.set(xlabel="peak lr", ylabel=f"mean gap, seeds {args.lr_seeds}", title="stage 1 (ringed: the lr picked)")
-        lx.legend(fontsize=7)
+        if lx.get_legend_handles_labels()[0]:
+            lx.legend(fontsize=7)
     fig.text(0.01, 0.005, f"{MARK} / hollow: cells from another machine, code or library versions; 'k of n seeds': "
              "unfinished; +wN: a model's own warm-up", fontsize=7)  # fmt: skip
     print(f"wrote {save_figure(fig, path)}")

@@ -117,6 +117,9 @@ def tokenizer_hash(folder: Path | str) -> str:
 
     from pretrain.data.tokenizer import pipeline_hash
 
+    if not Path(folder).is_dir():
+        raise FileNotFoundError(f"tokenizer {str(folder)!r}: no such folder; name the folder save_pretrained wrote "
+                                "(tokenizer.json, tokenizer_config.json), e.g. configs/analysis/wordpiece_2048")  # fmt: skip
     return pipeline_hash(AutoTokenizer.from_pretrained(str(folder)))[:16]
 
 
