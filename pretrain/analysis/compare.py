@@ -51,7 +51,7 @@ def stage2_cells(args: CompareConfig, chosen: dict[str, float]) -> list[Cell]:
 def candidate_cells(args: CompareConfig) -> list[Cell]:
     """Every cell either stage could run, whatever lr stage 1 picks."""
     seeds = sorted({*args.lr_seeds, *args.seeds})
-    return list(dict.fromkeys(study_cell(args, m, lr, s) for m in args.models for lr in ([m.lr] if m.lr else args.lrs)
+    return list(dict.fromkeys(study_cell(args, m, lr, s) for m in args.models for lr in ([m.lr] if m.lr is not None else args.lrs)
                               for s in seeds))  # fmt: skip
 
 
@@ -227,7 +227,7 @@ def contrasts(args: CompareConfig, summaries: dict[str, dict[str, Any]]) -> list
     return found
 
 
-# The papers' claims, per run (from ranking's diagnostics)
+# The residual designs' claims, per run
 
 
 def smoothed_curve(curve: list[list[float]], window: int) -> list[tuple[int, float]]:
