@@ -31,7 +31,8 @@ from finetune.manifest import ResultsBusy, ResultsFolder, Runtime
 from finetune.schedule import NoProgress, collect, job_lines, lifted, retried, runnable, submit, wandb_settings
 from finetune.tracking import check_wandb
 from finetune.worker import check_snapshot, describe_model, job_specs
-from pretrain.common.cli import parse, require, run_cli
+from pretrain.common.cli import ConfigError, parse, require, run_cli
+from pretrain.run_folder.layout import SNAPSHOTS, TRAIN_STATE_FILE, list_snapshots, run_folder_of
 
 
 @dataclass(kw_only=True)
@@ -49,6 +50,19 @@ class RunConfig(GridOptions):
         super().__post_init__()
         check_tasks("task", [self.task])
         require(self.max_attempts >= 1, "max_attempts", f"must be >= 1; got {self.max_attempts}")
+        check_not_a_checkpoint(Path(self.model))
+
+
+def check_not_a_checkpoint(model: Path) -> None:
+    """A training checkpoint (RUN/checkpoints/step_N: optimizer state, no config.json) is not a model folder: name
+    the run's snapshots, which are, before transformers' import and its "Unrecognized model"."""
+    if not (model / TRAIN_STATE_FILE).is_file():
+        return
+    snapshots = [s.path.name for s in list_snapshots(run_folder_of(model))]
+    where = run_folder_of(model) / SNAPSHOTS
+    found = f"{where} holds {', '.join(snapshots)}" if snapshots else f"{where} holds no complete snapshot yet"
+    raise ConfigError(f"model={str(model)!r} is a training checkpoint (for resuming the run), not a model folder; "
+                      f"fine-tune a snapshot of the run, RUN/{SNAPSHOTS}/step_N: {found}")
 
 
 def run(config: RunConfig) -> list[dict[str, Any]]:

@@ -193,7 +193,8 @@ def main(argv: list[str] | None = None) -> int:
         print(help_text().replace("python pretrain/run.py", PROG))
         return 0
     cfg = parse_args(argv)
-    cfg.data.check_local_files()  # a missing or empty corpus answers now, before the heavy imports
+    for line in cfg.data.check_local_files():  # a missing or empty corpus answers now, before the heavy imports
+        print(line, flush=True)
     prepare(cfg)
     return 0
 

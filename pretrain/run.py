@@ -18,11 +18,15 @@ train.output_dir, or reports it finished.
 
 from __future__ import annotations
 
+import os
 import sys
+from pathlib import Path
 
-from pretrain.common.cli import ConfigError, run_cli
+from pretrain.common.cli import ConfigError, run_cli, to_dict
 from pretrain.common.device import FP16_NEEDS_A_GPU, surely_no_cuda
 from pretrain.config import help_text, parse_args
+from pretrain.run_folder.same_run import check_settings
+from pretrain.tracking.wandb_logging import check_credentials, wandb_mode
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -32,10 +36,16 @@ def main(argv: list[str] | None = None) -> int:
         print(help_text())
         return 0
     cfg = parse_args(argv)
-    # Answered now, before torch's seconds of import and before the run folder is read.
-    cfg.data.check_local_files()
+    # Answered now, before torch's seconds of import: the corpus files (their first lines), the settings of a run
+    # already in the folder, the precision and W&B's credentials.
+    for line in cfg.data.check_local_files():
+        if os.environ.get("RANK", "0") == "0":  # once, not once per process
+            print(line, flush=True)
+    check_settings(Path(cfg.train.output_dir), to_dict(cfg), cfg.train.resume)
     if cfg.train.mixed_precision == "fp16" and surely_no_cuda():
         raise ConfigError(FP16_NEEDS_A_GPU)
+    if cfg.tracking.backend == "wandb":
+        check_credentials(wandb_mode(cfg.tracking.wandb_mode), cfg.train.output_dir)
     from pretrain.training import run
 
     run(cfg, argv)

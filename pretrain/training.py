@@ -55,7 +55,6 @@ from pretrain.run_folder.checkpointing import (
     DiskFull,
     TrainState,
     as_disk_full,
-    check_same_run,
     checkpoint_step,
     fault_point,
     free_space_problem,
@@ -68,6 +67,7 @@ from pretrain.run_folder.checkpointing import (
     snapshot_is_complete,
 )
 from pretrain.run_folder.identity import ensure_run_id
+from pretrain.run_folder.same_run import check_same_run
 from pretrain.run_folder.status import Heartbeat, StopRequest, write_status
 from pretrain.tracking.metrics import (
     clip_coefficient,
@@ -80,7 +80,6 @@ from pretrain.tracking.metrics import (
     residual_scalars,
     rewind_metrics,
 )
-from pretrain.tracking.wandb_logging import check_credentials, wandb_mode
 
 
 class TrainingFailed(RuntimeError):
@@ -118,8 +117,6 @@ def check_environment(cfg: PretrainConfig) -> None:
         raise ConfigError("model.norm_placement=ngpt does not work with DeepSpeed (its optimizer keeps its own copies "
                           "of the weights, which nGPT's re-normalisation after each step cannot reach); launch without "
                           "DeepSpeed (DDP)")
-    if cfg.tracking.backend == "wandb":
-        check_credentials(wandb_mode(cfg.tracking.wandb_mode), cfg.train.output_dir)
 
 
 def build_accelerator(cfg: PretrainConfig) -> Accelerator:

@@ -442,7 +442,7 @@ def test_a_corpus_line_that_is_not_json_is_named(tmp_path: Path, data_cache: Pat
 def test_corpus_lines_without_text_are_counted_and_an_all_bad_source_refused(
     tmp_path: Path, data_cache: Path, capsys: pytest.CaptureFixture
 ) -> None:
-    from pretrain.data.corpus import check_json_lines
+    from pretrain.data.config import check_json_lines
 
     path = tmp_path / "c.jsonl"
     path.write_text('{"text": "a document"}\n{"body": "no text"}\n{"text": 5}\n')

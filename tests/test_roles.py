@@ -24,7 +24,8 @@ from pretrain.config import (
 )
 from pretrain.data.config import DataConfig, SourceConfig
 from pretrain.data.vocabulary import data_fingerprint
-from pretrain.run_folder.checkpointing import IDENTICAL_RUN_IGNORES, RUN_CONFIG_FILE, config_differences
+from pretrain.run_folder.layout import RUN_CONFIG_FILE
+from pretrain.run_folder.same_run import IDENTICAL_RUN_IGNORES, config_differences
 from pretrain.tracking.wandb_logging import _NOT_RECIPE, recipe, short_hash
 
 # --------------------------------------------------------------------------------------------------

@@ -3,6 +3,7 @@ CPU), so a typo answers at once; ``import pretrain.modeling`` registers the mode
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -75,3 +76,52 @@ def test_import_pretrain_is_light_and_pretrain_modeling_registers_the_auto_class
     result = run_python("-c", code, importtime=False)
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.split() == ["False", "LNBertConfig"]
+
+
+def _finished_run(folder: Path, *options: str) -> Path:
+    """A run folder as a run that finished leaves its run_config.json (all the early check reads)."""
+    from pretrain.common.atomic import write_json
+    from pretrain.common.cli import to_dict
+    from pretrain.common.formats import RUN_FORMAT, stamped
+    from pretrain.config import parse_args
+
+    write_json(folder / "run_config.json", stamped(to_dict(parse_args([f"--train.output_dir={folder}", *options])),
+                                                     RUN_FORMAT))  # fmt: skip
+    return folder
+
+
+def test_bad_input_that_needs_no_torch_is_refused_before_it(tmp_path: Path) -> None:
+    """Refusals that once waited for torch and the data (a minute under load): each answers with its fix, exit 2."""
+    broken, no_text = tmp_path / "broken.jsonl", tmp_path / "no_text.jsonl"
+    broken.write_text('{"text": "one"}\n{"text": "two"}\n{"text": "three\n')
+    no_text.write_text('{"body": "one"}\n{"body": "two"}\n')
+    run = _finished_run(tmp_path / "run", "--optim.lr=1e-4")
+    (run / "checkpoints" / "step_00000010").mkdir(parents=True)
+    (run / "checkpoints" / "step_00000010" / "train_state.json").write_text("{}")
+    cases = {
+        "broken.jsonl line 3 is not valid JSON": ["pretrain/run.py", f"--data.sources=[{{kind: json, path: {broken}}}]"],
+        "text column 'text' not found; columns are ['body'] (none of the first 2 lines": [
+            "pretrain/run.py", f"--data.sources=[{{kind: json, path: {no_text}}}]"],
+        "holds a different run: optim.lr 0.0001 -> 0.0003": ["pretrain/run.py", f"--train.output_dir={run}",
+                                                             "--optim.lr=3e-4"],
+        f"is a training checkpoint (for resuming the run), not a model folder; fine-tune a snapshot of the run, "
+        f"RUN/snapshots/step_N: {run / 'snapshots'} holds no complete snapshot yet": [
+            "-m", "finetune.run", f"--model={run / 'checkpoints' / 'step_00000010'}", "--task=mrpc"],
+    }  # fmt: skip
+    for message, args in cases.items():
+        result = run_python(*args)
+        assert result.returncode == 2, (args, result.stderr[-2000:])
+        assert message in result.stderr, (message, result.stderr[-2000:])
+        assert not imported_modules(result.stderr) & set(HEAVY), args
+
+
+def test_wandb_without_credentials_is_refused_before_torch(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if k not in ("WANDB_MODE", "WANDB_API_KEY", "WANDB_IDENTITY_TOKEN_FILE")}
+    env |= {"NETRC": str(tmp_path / "no-netrc"), "WANDB_CONFIG_DIR": str(tmp_path / "wandb-config"),
+            "PYTHONPATH": str(REPO)}  # fmt: skip
+    result = subprocess.run([sys.executable, "-X", "importtime", str(REPO / "pretrain" / "run.py"),
+                             "--tracking.backend=wandb"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                            timeout=120)  # fmt: skip
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert "no W&B credentials found" in result.stderr
+    assert not imported_modules(result.stderr) & {"torch", "transformers", "datasets", "accelerate"}

@@ -186,7 +186,7 @@ def other_settings(args: Cells, cell: Cell, run_dir: Path) -> list[str]:
     """Keys (besides SAME_CELL_IGNORES) on which the run already in a cell's folder differs from the cell as this grid
     would run it: such a run is not this cell, and continuing it would change its schedule mid-run."""
     from pretrain.config import PretrainConfig
-    from pretrain.run_folder.checkpointing import config_differences
+    from pretrain.run_folder.same_run import config_differences
 
     wanted = parse(PretrainConfig, cell_overrides(args, cell, run_dir), prog="pretrain.run")
     return config_differences(run_dir, to_dict(wanted), SAME_CELL_IGNORES)

@@ -23,10 +23,10 @@ the prepared instances' cache key (``instances``) and the fingerprint of the bat
 (``batches``). ``resolved=True`` marks a field whose null the run decides at its start, once the data is prepared
 (the model's vocabulary); run_config.json holds the decided value, and a null request matches it.
 
-    config.RESUMABLE_CHANGES              rules.resumable        checkpointing.config_differences on resume
-    checkpointing.IDENTICAL_RUN_IGNORES   rules.rerun            the same command run again
+    config.RESUMABLE_CHANGES              rules.resumable        same_run.config_differences on resume
+    same_run.IDENTICAL_RUN_IGNORES        rules.rerun            the same command run again
     wandb_logging._NOT_RECIPE             not rules.recipe       the W&B recipe hash (the group)
-    config.RESOLVED_AT_START              resolved               checkpointing.config_differences: a null asked
+    config.RESOLVED_AT_START              resolved               same_run.config_differences: a null asked
     tokenizer._TOKENIZER_KEY_FIELDS       keyed_in "tokenizer"   the trained tokenizer's cache folder
     instance_cache._FIELDS_NOT_IN_KEY     not keyed_in "instances" the prepared instances' cache folder
     vocabulary.data_fingerprint           not keyed_in "batches" the data position a resume checks
@@ -56,7 +56,7 @@ class Rules:
     resumable: bool
     """May differ when the run is continued with --train.resume=auto (config.RESUMABLE_CHANGES)."""
     rerun: bool
-    """May differ when the same command is run again in the same folder (checkpointing.IDENTICAL_RUN_IGNORES)."""
+    """May differ when the same command is run again in the same folder (same_run.IDENTICAL_RUN_IGNORES)."""
 
 
 RULES: dict[str, Rules] = {

@@ -8,8 +8,11 @@ pretrain/common/roles.py), from which the cache keys and the resume checks take 
 from __future__ import annotations
 
 import glob
+import json
 import math
+import sys
 from dataclasses import dataclass
+from itertools import islice
 from pathlib import Path
 
 from pretrain.common.roles import role
@@ -27,6 +30,8 @@ OBJECTIVES: tuple[str, ...] = ("mlm_nsp", "mlm")
 EVERY_KEY: tuple[str, ...] = ("tokenizer", "instances", "batches")
 # A tokenizer this small is a loading accident (transformers 5 can return a ~5-token stub), not a vocabulary.
 MIN_PLAUSIBLE_VOCAB = 100
+FIRST_LINES = 10
+"""Lines of each JSON Lines file the commands check before importing torch (all are checked when the corpus is read)."""
 
 
 @dataclass(kw_only=True)
@@ -169,9 +174,58 @@ class DataConfig:
             if getattr(self, key) < 1:
                 raise ValueError(f"data.{key}={getattr(self, key)} must be >= 1")
 
-    def check_local_files(self) -> None:
-        """Every local source names existing, non-empty files: checked by the commands before they import torch, not
-        at parse time (a saved run's config stays readable after its corpus moved)."""
+    def check_local_files(self) -> list[str]:
+        """Every local source names existing, non-empty files, and a JSON Lines file's first lines are JSON with the
+        text column: checked by the commands before they import torch, not at parse time (a saved run's config stays
+        readable after its corpus moved). Returns a line per source read from several files, saying how many."""
+        found = []
         for index, source in enumerate(self.sources):
-            if source.kind in LOCAL_SUFFIXES:
-                source.local_files(index)
+            if source.kind not in LOCAL_SUFFIXES:
+                continue
+            files = source.local_files(index)
+            where = f"data.sources[{index}] ({source.kind} {source.path!r})"
+            if len(files) > 1:
+                found.append(f"{where}: {len(files)} {source.kind} files, read as one source: {files[0]}, ...")
+            for path in files:
+                if source.kind == "json" and not path.name.endswith(".gz"):
+                    check_json_lines(path, source.text_column, where, max_lines=FIRST_LINES)
+        return found
+
+
+def check_json_lines(path: Path, text_column: str, where: str, max_lines: int | None = None) -> None:
+    """Validate a JSON Lines file (its first ``max_lines`` lines; None: all) before ``datasets`` reads it: a line that
+    is not JSON stops with the file and line (``datasets`` buries it in a long DatasetGenerationError); lines whose
+    ``text_column`` is missing or not a string are counted and reported (they would be dropped or converted
+    silently); a file where every line read is like that is refused. A ``.json`` file that is one JSON document (not
+    JSON Lines) is left alone."""
+    bad, total, first_bad, columns = 0, 0, None, None
+    # Invalid UTF-8 is check_utf8's to name (corpus.py), with its byte offset, when the whole corpus is read.
+    with path.open(encoding="utf-8", errors="replace") as f:
+        for line_no, line in enumerate(islice(f, max_lines), start=1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as err:
+                if line_no == 1 and path.suffix == ".json":
+                    return  # a pretty-printed JSON document: datasets reads it as a whole
+                raise ValueError(
+                    f"{where}: {path} line {line_no} is not valid JSON ({err.msg} at column {err.colno}); every "
+                    "line of a JSON Lines corpus must be one JSON object"
+                ) from None
+            total += 1
+            if columns is None and isinstance(record, dict):
+                columns = list(record)
+            if not isinstance(record, dict) or not isinstance(record.get(text_column), str):
+                bad += 1
+                first_bad = first_bad or line_no
+    if total and bad == total:
+        lines = f"the {total}" if max_lines is None else f"the first {total}"
+        raise ValueError(
+            f"{where}: text column {text_column!r} not found; columns are {columns or []} (none of {lines} lines of "
+            f"{path} has a string {text_column!r} field). Set data.sources[...].text_column to the field that holds "
+            "the text"
+        )
+    if bad and max_lines is None:  # a few lines read: said once, when the whole file is
+        print(f"warning: {where}: {path}: {bad} of {total} lines have no string {text_column!r} field (first: line "
+              f"{first_bad}); they are skipped", file=sys.stderr)  # fmt: skip

@@ -13,7 +13,6 @@ from __future__ import annotations
 import ast
 import codecs
 import dataclasses
-import json
 import logging
 import os
 import re
@@ -28,7 +27,7 @@ from typing import Any
 import datasets
 import numpy as np
 
-from pretrain.data.config import LOCAL_SUFFIXES, DataConfig, SourceConfig
+from pretrain.data.config import LOCAL_SUFFIXES, DataConfig, SourceConfig, check_json_lines
 
 logger = logging.getLogger(__name__)
 
@@ -123,42 +122,6 @@ def check_utf8(path: Path, *, chunk_bytes: int = 1 << 24) -> None:
                 return
             line += chunk.count(b"\n")
             offset += len(chunk)
-
-
-def check_json_lines(path: Path, text_column: str, where: str) -> None:
-    """Validate a JSON Lines file before ``datasets`` reads it: a line that is not JSON stops with the file and
-    line (``datasets`` buries it in a long DatasetGenerationError); lines whose ``text_column`` is missing or
-    not a string are counted and reported (they would be dropped or converted silently); a file where every
-    line is like that is refused. A ``.json`` file that is one JSON document (not JSON Lines) is left alone."""
-    bad, total, first_bad, columns = 0, 0, None, None
-    with path.open(encoding="utf-8") as f:
-        for line_no, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as err:
-                if line_no == 1 and path.suffix == ".json":
-                    return  # a pretty-printed JSON document: datasets reads it as a whole
-                raise ValueError(
-                    f"{where}: {path} line {line_no} is not valid JSON ({err.msg} at column {err.colno}); every "
-                    "line of a JSON Lines corpus must be one JSON object"
-                ) from None
-            total += 1
-            if columns is None and isinstance(record, dict):
-                columns = list(record)
-            if not isinstance(record, dict) or not isinstance(record.get(text_column), str):
-                bad += 1
-                first_bad = first_bad or line_no
-    if total and bad == total:
-        raise ValueError(
-            f"{where}: text column {text_column!r} not found; columns are {columns or []} (none of the {total} "
-            f"lines of {path} has a string {text_column!r} field). Set data.sources[...].text_column to the field "
-            "that holds the text"
-        )
-    if bad:
-        print(f"warning: {where}: {path}: {bad} of {total} lines have no string {text_column!r} field (first: line "
-              f"{first_bad}); they are skipped", file=sys.stderr)  # fmt: skip
 
 
 def source_fingerprint(source: SourceConfig, index: int) -> dict[str, Any]:

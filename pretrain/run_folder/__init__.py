@@ -4,7 +4,8 @@
     identity.py       the run's id, written once into RUN/run_id, which fine-tuning results are keyed by
     manifest.py       a checkpoint's or snapshot's files with their sizes and SHA-256 checksums
     status.py         a live run's status.json as the main process writes it, its heartbeat, the stop requests
-    checkpointing.py  full-state checkpoints (resumable) and weights-only snapshots, written atomically; resume checks
+    same_run.py       whether a command's config is the run its folder holds (the resume checks, without torch)
+    checkpointing.py  full-state checkpoints (resumable) and weights-only snapshots, written atomically; the resume
 
 Keep this file free of imports: ``checkpointing.py`` imports torch and accelerate, the others do not.
 """

@@ -25,27 +25,17 @@ from accelerate import Accelerator
 from transformers import PreTrainedTokenizerBase
 
 from pretrain.common.atomic import follow_umask, publish_dir, write_json
-from pretrain.common.cli import flatten
-from pretrain.common.roles import keys_where
-from pretrain.config import RESOLVED_AT_START, RESUMABLE_CHANGES, PretrainConfig
 from pretrain.run_folder.layout import (
     CHECKPOINTS,
     RUN_CONFIG_FILE,
     SNAPSHOT_INFO,
     SNAPSHOT_MARKER,
     SNAPSHOTS,
-    TOKENIZER_DIR,
     TRAIN_STATE_FILE,
-    read_run_config,
     step_dirname,
 )
 from pretrain.run_folder.manifest import ManifestError, folder_size, verify_manifest, write_manifest
-
-# Keys that may differ when the same command is run again in the same folder (it then continues that run): the
-# mechanics fields (pretrain/common/roles.py), train.peak_flops_per_device among them (run_config.json records it).
-IDENTICAL_RUN_IGNORES = keys_where(PretrainConfig, lambda rules: rules.rerun)
-# What the user of a run folder (its run_config.json, its checkpoints) of another format version can do.
-RESUME_FIX = "finish the run with the checkout that started it, or start a new run in another --train.output_dir"
+from pretrain.run_folder.same_run import RESUME_FIX, check_same_run, check_settings
 
 
 @dataclass(kw_only=True)
@@ -215,14 +205,7 @@ def resolve_resume(
                 warn(f"--train.resume=auto: nothing to resume in {run_dir} (no {RUN_CONFIG_FILE}, no checkpoint): "
                      "starting the run")
             return None
-        check_same_run(run_dir, requested)  # first: a key that --train.resume=auto would refuse too is named now
-        changed = config_differences(run_dir, requested, IDENTICAL_RUN_IGNORES) if resume == "" else []
-        if changed:
-            raise ValueError(
-                f"train.output_dir={str(run_dir)!r} already holds this run with other settings "
-                f"({', '.join(changed[:8])} differ from its {config_file.name}). Continue it with them with "
-                "--train.resume=auto, or start a new run in another directory with --train.output_dir=NEW_DIR."
-            )
+        check_settings(run_dir, requested, resume)
         checkpoint = None
         for _, path in reversed(checkpoints):  # the newest whose files match its manifest
             try:
@@ -258,35 +241,6 @@ def resolve_resume(
             "runs. Choose a new --train.output_dir for the continued run."
         )
     return checkpoint
-
-
-def config_differences(run_dir: Path, config: dict[str, Any], ignored: frozenset[str]) -> list[str]:
-    """Dotted keys whose values differ from the folder's run_config.json, apart from ``ignored`` and tracking;
-    ``config`` is the request or the resolved config (a null at a key of RESOLVED_AT_START matches the saved value)."""
-    saved = read_run_config(run_dir, RESUME_FIX)
-    if not saved:
-        return []
-    tokenizer = config["data"]["tokenizer"]
-    own = run_dir / TOKENIZER_DIR
-    if saved["data"]["tokenizer"] is None and tokenizer and Path(tokenizer).resolve() == own.resolve():
-        # The run's own trained tokenizer, named explicitly (to resume where the data cache is gone): the same run.
-        config = {**config, "data": {**config["data"], "tokenizer": None}}
-    old, new = flatten(saved), flatten(config)
-    for key in RESOLVED_AT_START:
-        if new.get(key) is None:
-            new[key] = old.get(key)
-    keys = sorted(set(old) | set(new))
-    return [k for k in keys if k not in ignored and not k.startswith("tracking.") and old.get(k) != new.get(k)]
-
-
-def check_same_run(run_dir: Path, config: dict[str, Any]) -> None:
-    """Refuse ``config`` for ``run_dir``'s run where a key outside RESUMABLE_CHANGES differs from run_config.json."""
-    diff = config_differences(run_dir, config, RESUMABLE_CHANGES)
-    if diff:
-        raise ValueError(
-            f"train.output_dir={str(run_dir)!r} holds a different run: {', '.join(diff[:8])} differ from its "
-            f"{RUN_CONFIG_FILE}. Resume it with its own settings, or choose a new --train.output_dir."
-        )
 
 
 # Weights-only snapshots
