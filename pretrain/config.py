@@ -341,8 +341,9 @@ class PretrainConfig:
 
     model: ModelConfig = field(default_factory=ModelConfig)
     """The encoder and its norm placement."""
+    # 3% of python_docs' ~460 documents: 14 held out, the fewest that pretrain.prepare does not warn about are 10.
     data: DataConfig = field(
-        default_factory=lambda: DataConfig(vocab_size=2048, max_seq_length=64, validation_fraction=0.02))
+        default_factory=lambda: DataConfig(vocab_size=2048, max_seq_length=64, validation_fraction=0.03))
     """Corpus, tokenizer, NSP/MLM instances (pretrain/data/config.py; the pipeline: pretrain/data/pipeline.py)."""
     optim: OptimConfig = field(default_factory=OptimConfig)
     """Optimizer and learning-rate schedule."""

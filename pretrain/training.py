@@ -690,4 +690,6 @@ def run(cfg: PretrainConfig, argv: list[str]) -> None:
     """``pretrain`` with torch's CPU threads chosen first (pretrain/run.py's ``main``, once the options are read)."""
     if accelerate_uses_cpu():
         say(choose_cpu_threads())
+        # Accelerate imports DeepSpeed wherever it is installed, which then warns that it found no GPU: say it is none.
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
     pretrain(cfg, argv)

@@ -127,7 +127,7 @@ def test_an_override_changes_only_the_key_it_names(cls: type, base_argv: list[st
 def test_the_data_section_keeps_its_default_when_one_key_is_given() -> None:
     cfg = parse(PretrainConfig, ["--data.max_documents=500"], prog="test")
     default = PretrainConfig().data
-    assert (cfg.data.vocab_size, cfg.data.max_seq_length, cfg.data.validation_fraction) == (2048, 64, 0.02)
+    assert (cfg.data.vocab_size, cfg.data.max_seq_length, cfg.data.validation_fraction) == (2048, 64, 0.03)
     assert dataclasses.replace(default, max_documents=500) == cfg.data
 
 

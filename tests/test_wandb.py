@@ -116,12 +116,14 @@ def test_pretrain_summary_holds_the_outcome(pretrain_runs: list[LoggedRun]) -> N
     val = [v for _, v in first.logged("val/mlm_loss")]
     assert first.summary["val/mlm_loss"] == {"min": min(val), "last": val[-1]}
     assert resumed.summary["tokens_seen"] > first.summary["tokens_seen"] > 0
+    # One name per metric: no flat copies (val_mlm_loss beside val/mlm_loss, val_nsp_accuracy beside val/...).
+    assert "val/nsp_accuracy" in resumed.summary and not [key for key in resumed.summary if key.startswith("val_")]
 
 
-def test_the_end_of_run_summary_shows_the_validation_loss(
+def test_the_end_of_run_summary_shows_the_validation_metrics_once(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
 ) -> None:
-    """W&B prints 10 summary values by default, in key order: val/mlm_loss came after "+8 ..."."""
+    """W&B prints 10 summary values by default, in key order: val/* came after "+8 ..."; each under one name."""
     import wandb
 
     monkeypatch.setenv("WANDB_SILENT", "false")
@@ -134,7 +136,8 @@ def test_the_end_of_run_summary_shows_the_validation_loss(
         wandb.teardown()  # ... and, for the next test, from the quiet ones
     printed = capfd.readouterr()
     summary = (printed.out + printed.err).split("Run summary:")[-1]
-    assert "val_mlm_loss" in summary and "train/loss" in summary and "..." not in summary
+    assert "val/nsp_accuracy" in summary and "train/loss" in summary and "..." not in summary
+    assert "val_" not in summary
 
 
 def test_snapshots_are_model_artifacts_by_reference(pretrained: Path, pretrain_runs: list[LoggedRun]) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import NamedTuple
 
@@ -77,6 +77,19 @@ def check_prepared_for_distributed(cfg: DataConfig, *, ready: bool, num_processe
     )
 
 
+@contextlib.contextmanager
+def quiet_datasets() -> Iterator[None]:
+    """``datasets``' own progress bars off (a bar per file read, per filter: a screen of them before training): the
+    instances' bar (``progress``) says how the preparation goes."""
+    shown = not datasets.are_progress_bars_disabled()
+    datasets.disable_progress_bars()
+    try:
+        yield
+    finally:
+        if shown:
+            datasets.enable_progress_bars()
+
+
 def build_pretraining_data(
     cfg: DataConfig, *, seed: int, save_tokenizer_to: Path | None = None, model_vocab_size: int | None = None,
     main_process_first: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
@@ -98,7 +111,7 @@ def build_pretraining_data(
     def documents() -> tuple[datasets.Dataset | datasets.IterableDataset, datasets.Dataset]:
         return split_corpus(cfg, seed=seed)
 
-    with main_process_first():
+    with main_process_first(), quiet_datasets():
         elsewhere = trained_tokenizer if trained_tokenizer is not None and trained_tokenizer.is_dir() else None
         tokenizer = load_or_train_tokenizer(
             cfg, save_dir=save_tokenizer_to, model_vocab_size=model_vocab_size, seed=seed, trained_elsewhere=elsewhere,

@@ -108,10 +108,6 @@ def log_metrics(accelerator: Accelerator, run_dir: Path, metrics: dict[str, Any]
     """Send ``metrics`` to the trackers; append them and ``file_only`` (no scalars) to RUN/metrics.jsonl."""
     metrics = {"step": step, **metrics}
     accelerator.log(metrics, step=step)
-    run = wandb_run(accelerator)
-    if run is not None and "val/mlm_loss" in metrics:
-        # W&B's end-of-run printout skips summaries that are dicts ({min, last}): flat copies of the latest values.
-        run.summary.update({k.replace("/", "_"): v for k, v in metrics.items() if k.startswith("val/")})
     if accelerator.is_main_process:
         with open(Path(run_dir) / METRICS_FILE, "a") as f:
             f.write(json.dumps({**metrics, **(file_only or {})}, sort_keys=True) + "\n")

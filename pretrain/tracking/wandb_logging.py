@@ -4,8 +4,8 @@
   be averaged: one recipe and placement, different seeds. The comparison (``tracking.comparison``) is a tag and a
   config key; the placement is the config key ``norm_placement`` in every run type (pretrain, finetune, report).
 - **One W&B run per pretraining run,** however often it is preempted: its id is kept in ``RUN/wandb_run.json``.
-- **Outcomes in the summary:** ``status``, ``diverged_at_step``, the best and last ``val/mlm_loss`` (and the flat
-  ``val_mlm_loss``, which W&B's end-of-run printout shows).
+- **Outcomes in the summary:** ``status``, ``diverged_at_step``, the best and last ``val/mlm_loss``; one name per
+  metric (W&B's end-of-run printout leaves out those two, a dict; the run's own last lines give the loss).
 - **Lineage:** snapshots are model artifacts by reference (``file://``, nothing uploaded), aliased ``step-N``.
 
 ``wandb`` is imported inside the functions: a run without W&B tracking never loads it.
