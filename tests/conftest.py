@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 import torch
 import yaml
@@ -41,3 +44,30 @@ def shared_data() -> Path:
     if not SHARED_DATA.is_dir():
         pytest.skip(f"real data not found at {SHARED_DATA}")
     return SHARED_DATA
+
+
+# A test that fails must not leave what it started running (a command past its timeout, a process still waiting for
+# a signal that never came): its descendants started during the test are killed when it fails.
+_FAILED = pytest.StashKey[bool]()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Iterator[pytest.TestReport]:
+    report = yield
+    if report.failed:
+        item.stash[_FAILED] = True
+    return report
+
+
+@pytest.fixture(autouse=True)
+def no_processes_left_by_a_failed_test(request: pytest.FixtureRequest) -> Iterator[None]:
+    me = psutil.Process()
+    before = {child.pid for child in me.children(recursive=True)}
+    yield
+    if not request.node.stash.get(_FAILED, False):
+        return
+    for child in me.children(recursive=True):
+        # W&B's service processes serve this process for its whole life, later tests included.
+        with contextlib.suppress(psutil.Error):
+            if child.pid not in before and not child.name().startswith("wandb-"):
+                child.kill()
