@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from finetune.config import ResultsOption, check_tasks
+from finetune.config import DEFAULT_LRS, DEFAULT_SEEDS, FinetuneConfig, ResultsOption, check_tasks
 from finetune.glue import get_task
 from finetune.manifest import DONE, JobSpec, Results, ResultsFolder
 from finetune.tracking import RUN_CONFIG_FIX, pretraining_run
@@ -267,10 +267,11 @@ def progress_warning(jobs: list[dict[str, Any]], runs: Sequence[RunInfo], tasks:
         if counts := [f"{pending[run.run_id, task, s]} {s}" for s in NOT_DONE if pending[run.run_id, task, s]]:
             parts.append(f"{run.label} {task.upper()}: {', '.join(counts)}")
     failed = any(status == "failed" for *_, status in pending)
-    return (f"**Incomplete: {sum(pending.values())} of {len(jobs)} jobs are not done** ({'; '.join(parts)}). The "
-            "points they belong to are marked * in the table (their best lr and mean may still change) and no verdict "
-            f"is final. Run the report again when `python -m finetune.schedule status --results_dir={root}` shows them "
-            "done" + ("; failed jobs run again with finetune.schedule's --retry_failed=true." if failed else "."))
+    return (f"**Incomplete: {sum(pending.values())} of {len(jobs)} jobs are not done** in {root} "
+            f"({'; '.join(parts)}). The points they belong to are marked * in the table (their best lr and mean may "
+            "still change) and no verdict is final. Run the report again when `python -m finetune.schedule status "
+            f"--results_dir={root}` shows them done"
+            + ("; failed jobs run again with finetune.schedule's --retry_failed=true." if failed else "."))
 
 
 def refused_warning(jobs: list[dict[str, Any]], runs: Sequence[RunInfo]) -> str | None:
@@ -300,6 +301,64 @@ def no_results_warning(jobs: list[dict[str, Any]], runs: Sequence[RunInfo], root
             "snapshots first: `python -m finetune.schedule --config=configs/finetune/bert_glue.yaml "
             f"--runs='[{paths}]' --results_dir={root} --data_dir=GLUE` (docs/finetuning.md), or pass the --results_dir "
             "that holds them.")
+
+
+def runs_without_results_warning(jobs: list[dict[str, Any]], runs: Sequence[RunInfo], root: Path) -> str | None:
+    """The runs with no done job when another run has one: named, not silently absent from panels (b)-(d) and the
+    dev results (no_results_warning speaks when no run has one)."""
+    done = {job["run_id"] for job in jobs if job["status"] == "done"}
+    missing = [run for run in runs if run.run_id not in done]
+    if not done or not missing:
+        return None
+    named = Counter(job["run_id"] for job in jobs)
+    which = "; ".join(f"{run.label}: none of its {named[run.run_id]} jobs is done" if named[run.run_id] else
+                      f"{run.label}: no job" for run in missing)  # fmt: skip
+    paths = ", ".join(str(run.path) for run in missing)
+    return (f"**No fine-tuning results for {len(missing)} of the {len(runs)} runs** in {root} ({which}): they are "
+            "absent from panels (b)-(d) and the dev results, and no accuracy of theirs is compared. Fine-tune them: "
+            f"`python -m finetune.schedule --config=configs/finetune/bert_glue.yaml --runs='[{paths}]' "
+            f"--results_dir={root} --data_dir=GLUE`, or pass the --results_dir that holds their results.")
+
+
+def inputs_section(runs: Sequence[RunInfo], jobs: list[dict[str, Any]], tasks: list[str], root: Path) -> list[str]:
+    """What the report read: the results folder, and per run its folder and the jobs found for it by task."""
+    found = Counter((job["run_id"], job["task"]) for job in jobs)
+    done = Counter((job["run_id"], job["task"]) for job in jobs if job["status"] == "done")
+    lines = ["## Inputs", "", f"Results folder read: `{root}` (--results_dir). Fine-tuning jobs found there per run and "
+             "task, done of all:", "", f"| run | run folder | {' | '.join(t.upper() for t in tasks)} |",
+             "|---|---|" + "---:|" * len(tasks)]  # fmt: skip
+    for run in runs:
+        cells = [f"{done[run.run_id, t]} of {found[run.run_id, t]}" if found[run.run_id, t] else "none" for t in tasks]
+        lines.append(f"| {run.label} | `{run.path}` | {' | '.join(cells)} |")
+    return [*lines, ""]
+
+
+def finetuning_recipe_section(jobs: list[dict[str, Any]]) -> list[str]:
+    """The fine-tuning recipe of these results (one: report_jobs keeps one) beside the paper's as
+    configs/finetune/bert_glue.yaml runs it (original BERT's: FinetuneConfig's defaults, DEFAULT_LRS x DEFAULT_SEEDS)."""
+    if not jobs:
+        return []
+    recipe, paper = jobs[0]["recipe"], FinetuneConfig()
+
+    def examples(n: int | None) -> str:
+        return "all" if n is None else f"first {n:,}"
+
+    lrs = ", ".join(f"{lr:g}" for lr in sorted({job["lr"] for job in jobs}))
+    rows = [
+        ("learning rates", lrs, ", ".join(f"{lr:g}" for lr in DEFAULT_LRS)),
+        ("seeds per point", len({job["seed"] for job in jobs}), len(DEFAULT_SEEDS)),
+        ("epochs", recipe.get("epochs", "—"), paper.epochs),
+        ("batch size", recipe.get("batch_size", "—"), paper.batch_size),
+        ("training examples", examples(recipe.get("max_train_examples")), examples(paper.max_train_examples)),
+        ("dev examples", examples(recipe.get("max_eval_examples")), examples(paper.max_eval_examples)),
+    ]
+    lines = ["## Fine-tuning recipe", "",
+             "| | these results | the paper's (original BERT's recipe, configs/finetune/bert_glue.yaml) |", "|---|---|---|",
+             *(f"| {name} | {ours} | {theirs} |" for name, ours, theirs in rows), ""]  # fmt: skip
+    if any(str(ours) != str(theirs) for _, ours, theirs in rows):
+        lines += ["Not the paper's recipe: fewer seeds give wider intervals, fewer examples or epochs lower accuracies. "
+                  "Compare these runs with each other, not with the paper's numbers.", ""]  # fmt: skip
+    return lines
 
 
 # Fine-tuning results: best lr per (run, step), mean and t-interval over seeds; the dev sets' baselines
@@ -734,6 +793,9 @@ def summary_markdown(runs: Sequence[RunInfo], figure5: dict[str, Any], tasks: li
     else:
         lines += steps_section(figure5["steps"], target, runs)
     lines += recipes_section(runs)
+    if tasks:
+        lines += inputs_section(runs, figure5["jobs"], tasks, figure5["results_dir"])
+        lines += finetuning_recipe_section(figure5["jobs"])
     if figure5["points"]:
         lines += baselines_section(figure5["baselines"]) + points_section(figure5["points"], one_class_share)
     lines += ["## Figures", ""] + [f"![{image.stem}]({image.name})" for image in figure5["images"]]
@@ -846,8 +908,8 @@ def report(config: ReportConfig) -> dict[str, Any]:
     if config.tasks:  # --tasks=[]: panel (a) alone, no results folder read
         check_results_dir(root)
         jobs = report_jobs(ResultsFolder(root), runs, config.tasks, config.recipe_hash)
-        notes = (no_results_warning(jobs, runs, root), progress_warning(jobs, runs, config.tasks, root),
-                 refused_warning(jobs, runs))  # fmt: skip
+        notes = (no_results_warning(jobs, runs, root), runs_without_results_warning(jobs, runs, root),
+                 progress_warning(jobs, runs, config.tasks, root), refused_warning(jobs, runs))  # fmt: skip
         warnings = [note for note in notes if note]
     rows = [job for job in jobs if job["status"] == "done"]
     points = [p for task in config.tasks for p in best_lr_points(jobs, runs, task, config.one_class_share)]
@@ -864,7 +926,7 @@ def report(config: ReportConfig) -> dict[str, Any]:
         images.append(plot_dev_loss(runs, points, config.tasks, panel, out / f"figure5{panel}_dev_loss.png", baselines))
     result = {"target_loss": target, "curves": curves, "steps": table, "recipe_differences": recipe_differences(runs),
               "jobs": jobs, "rows": rows, "points": points, "baselines": baselines, "warnings": warnings,
-              "images": images, "summary": out / "summary.md"}  # fmt: skip
+              "images": images, "summary": out / "summary.md", "results_dir": root}  # fmt: skip
     atomic.write_text(result["summary"], summary_markdown(runs, result, config.tasks, config.one_class_share))
     if config.wandb:
         result["wandb_dir"] = log_report(runs, config, result)

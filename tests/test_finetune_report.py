@@ -455,3 +455,64 @@ def test_run_labels_name_the_whole_variant(tmp_path: Path) -> None:
     qk = write_run(tmp_path, "post-qk", "post", PRE, "--model.qk_norm=true")
     labels = [info.label for info in report_module.run_infos([str(run), str(qk)])]
     assert labels == ["lnbert-lns-rmsnorm (lns-rmsnorm)", "post-qk (post-qknorm)"]
+
+
+# --------------------------------------------------------------------------------------------------
+# What the report read: the results folder, the jobs per run, the runs without results, the recipe
+# --------------------------------------------------------------------------------------------------
+
+
+def test_a_run_without_results_is_named_not_left_out(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Run A fine-tuned, run B (at another lr) not: B is named as having no results, not silently absent."""
+    runs = {
+        "post_ln": write_run(tmp_path, "post_ln", "post", POST, "--optim.lr=1e-4"),
+        "pre_ln": write_run(tmp_path, "pre_ln", "pre", PRE, "--optim.lr=3e-4"),
+    }
+    write_results(tmp_path / "results.d", runs, {key: acc for key, acc in RESULTS.items() if key[0] == "post_ln"})
+    out, results_dir = tmp_path / "fig", (tmp_path / "results.d").resolve()
+    args = [f"--runs=[{runs['post_ln']}, {runs['pre_ln']}]", f"--results_dir={results_dir}", f"--out={out}"]
+    code, _, stderr = report_cli(args, capsys)
+    assert code == 0
+    summary = (out / "summary.md").read_text()
+    named = f"No fine-tuning results for 1 of the 2 runs** in {results_dir} (pre_ln (pre): no job)"
+    assert named in summary and named.replace("**", "") in stderr
+    assert f"--runs='[{runs['pre_ln'].resolve()}]'" in summary  # how to give it results
+    assert f"| pre_ln (pre) | `{runs['pre_ln'].resolve()}` | none | none |" in summary
+    assert f"| post_ln (post) | `{runs['post_ln'].resolve()}` | 9 of 9 | 9 of 9 |" in summary
+    assert "optim.lr 0.0001 vs 0.0003" in summary  # the recipe difference, as before
+
+
+def test_the_report_names_the_results_folder_it_read(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A scheduler's manifest with 12 jobs submitted, none done: which folder says so is named."""
+    runs = {
+        "post_ln": write_run(tmp_path, "post_ln", "post", POST),
+        "pre_ln": write_run(tmp_path, "pre_ln", "pre", PRE),
+    }
+    folder = ResultsFolder(tmp_path / "elsewhere.d")
+    jobs = [ManifestJob(spec_of(runs[name], 100, task, 2e-5, seed), 1)
+            for name in runs for task in ("mrpc", "rte") for seed in range(3)]  # fmt: skip
+    folder.write_manifest(Manifest(1, "local", 4, Runtime(None, {}, None), jobs))
+    out = tmp_path / "fig"
+    args = [f"--runs=[{runs['post_ln']}, {runs['pre_ln']}]", f"--results_dir={folder.root}", f"--out={out}"]
+    code, _, stderr = report_cli(args, capsys)
+    assert code == 0
+    summary, root = (out / "summary.md").read_text(), folder.root.resolve()
+    assert f"**Incomplete: 12 of 12 jobs are not done** in {root} (" in summary
+    assert f"warning: Incomplete: 12 of 12 jobs are not done in {root} (" in stderr
+    assert f"Results folder read: `{root}` (--results_dir)" in summary
+    assert f"| pre_ln (pre) | `{runs['pre_ln'].resolve()}` | 0 of 3 | 0 of 3 |" in summary
+
+
+def test_the_summary_states_the_finetuning_recipe_beside_the_papers(runs: dict[str, Path], tmp_path: Path) -> None:
+    recipe = {"epochs": 1, "batch_size": 32, "max_train_examples": 1000, "max_eval_examples": None}
+    write_results(tmp_path / "quick.d", runs, {("post_ln", 100, 5e-5): [0.7, 0.72], ("pre_ln", 100, 5e-5): [0.7, 0.7]},
+                  recipe=recipe)  # fmt: skip
+    config = ReportConfig(runs=[str(runs["post_ln"]), str(runs["pre_ln"])], results_dir=str(tmp_path / "quick.d"),
+                          out=str(tmp_path / "fig"))  # fmt: skip
+    report(config)
+    summary = (tmp_path / "fig" / "summary.md").read_text()
+    assert "## Fine-tuning recipe" in summary
+    for row in ("| learning rates | 5e-05 | 2e-05, 3e-05, 5e-05 |", "| seeds per point | 2 | 6 |", "| epochs | 1 | 3 |",
+                "| training examples | first 1,000 | all |", "| dev examples | all | all |"):  # fmt: skip
+        assert row in summary, row
+    assert "Compare these runs with each other, not with the paper's numbers." in summary
