@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 import signal
 import subprocess
@@ -535,3 +536,21 @@ def test_two_grids_on_one_out_run_a_shared_cell_once(tmp_path, fake_runs, monkey
     third.join(timeout=30)
     assert results["first"]["status"] == results["third"]["status"] == "finished"
     assert len(fake_runs) == 1  # the third read the cell the first ran
+
+
+def test_the_grid_says_what_it_will_cost_before_it_starts(tmp_path):
+    """Its cells to run and their steps; the time a cell takes once cells of --out have ended (measured on them)."""
+    _, args = cli.parse_args(["grid", "--out", str(tmp_path), "--jobs=2", "--placements=[post, pre]", "--depths=[2]",
+                              "--hidden_sizes=[64]", "--warmup_steps=[0]", "--lrs=[1e-3]", "--seeds=[0, 1]",
+                              "--max_steps=150"])  # fmt: skip
+    cells = grid.grid_cells(args, args.seeds)
+    assert grid.cost_line(args, cells) == ("grid: 4 of 4 cells to run (600 steps); the time a cell takes follows as "
+                                           "cells end (none of --out has)")  # fmt: skip
+    for cell, seconds in zip(cells[:2], (60, 100), strict=False):  # two ended: 60 s and 100 s from start to end
+        run = tmp_path / "runs" / cell.name
+        write_json(run / "run_config.json", {})
+        write_json(run / "status.json", {"status": "finished", "step": 150})
+        os.utime(run / "run_config.json", (1000, 1000))
+        os.utime(run / "status.json", (1000 + seconds, 1000 + seconds))
+    assert grid.cost_line(args, cells) == ("grid: 2 of 4 cells to run (300 steps); 80 s a cell (measured on the 2 "
+                                           "that ended, their start aside) = about 1 min with 2 job(s)")  # fmt: skip

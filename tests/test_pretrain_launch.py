@@ -262,3 +262,51 @@ def test_slurm_script_requeues_a_preempted_run_until_it_ends(
     )  # fmt: skip
     assert result.returncode == 0, result.stdout + result.stderr
     assert ("scontrol requeue 4242" in log.read_text()) == requeued, result.stdout + result.stderr
+
+
+# A stand-in for `python pretrain/run.py` that leaves what a finished run leaves for the next command to compare:
+# its run_config.json (the options as given, resolved as the run would) and a status at max_steps.
+FINISHING_RUN = """
+out=$(printf '%s\\n' "$@" | sed -n 's/^--train.output_dir=//p')
+echo "$out" >> "$CALLS"
+mkdir -p "$out"
+python - "$@" <<'PY'
+import json, sys
+from pretrain.common.atomic import write_json
+from pretrain.common.cli import to_dict
+from pretrain.common.formats import RUN_FORMAT, stamped
+from pretrain.config import parse_args
+cfg = parse_args(sys.argv[2:])  # after pretrain/run.py
+write_json(f"{cfg.train.output_dir}/run_config.json", stamped(to_dict(cfg), RUN_FORMAT))
+write_json(f"{cfg.train.output_dir}/status.json", {"status": "finished", "step": cfg.train.max_steps})
+PY
+touch "$out/metrics.jsonl"
+"""
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+def test_a_changed_option_after_a_first_attempt_names_the_scripts_fix_and_only_the_option(tmp_path: Path) -> None:
+    """--train.max_steps=400 after the preset's 2000: refused before either run starts, naming OUT= (the script sets
+    the folders) and train.max_steps, not the evaluation cadence the script computed from it."""
+    _fake(tmp_path, "fake_run", FINISHING_RUN)
+    calls, out = tmp_path / "calls.log", tmp_path / "compare"
+    env = {**os.environ, "LAUNCH": f"bash {tmp_path / 'fake_run'}", "OUT": str(out), "CALLS": str(calls),
+           "PYTHONPATH": str(ROOT)}  # fmt: skip
+
+    def compare(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["bash", str(ROOT / "launch" / "compare_placements.sh"), "small", *args], cwd=tmp_path,
+                              env=env, capture_output=True, text=True, timeout=120)  # fmt: skip
+
+    first = compare()
+    assert first.returncode == 0, first.stdout + first.stderr
+    # The cost, before the first run: both runs' steps at the scale's measured time a step.
+    assert "cost: 2,000 + 2,000 steps to train (Post-LN, Pre-LN), about " in first.stderr
+    assert calls.read_text().split() == [str(out / "post"), str(out / "pre")]
+    again = compare()
+    assert again.returncode == 0 and "cost: 0 + 0 steps to train" in again.stderr  # the same command: finished
+    changed = compare("--train.max_steps=400")
+    assert changed.returncode == 2, changed.stdout + changed.stderr
+    assert "already holds this run with other settings (train.max_steps 2000 -> 400: " in changed.stderr
+    assert "OUT=NEW_DIR launch/compare_placements.sh small" in changed.stderr
+    assert "eval_every" not in changed.stderr and "--train.output_dir=NEW_DIR" not in changed.stderr
+    assert len(calls.read_text().split()) == 4  # neither run started

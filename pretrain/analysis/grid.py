@@ -285,11 +285,29 @@ def extra_seeds(args: GridConfig) -> list[int]:
     return [max(args.seeds) + k for k in range(1, args.boundary_seeds - len(args.seeds) + 1)]
 
 
+def cost_line(args: GridConfig, cells: list[Cell]) -> str:
+    """What the grid is about to cost: the cells to run and their steps, and the time a cell took, measured on the
+    cells of --out that ended (the first to end give it when none has)."""
+    runs = Path(args.out) / "runs"
+    ended = [cell for cell in cells if read_status(runs / cell.name).get("status") in ENDED]
+    todo = len(cells) - len(ended)
+    more = f", and up to {len(extra_seeds(args))} more seeds of each setting on the boundary" if extra_seeds(args) else ""
+    line = f"grid: {todo} of {len(cells)} cells to run ({todo * args.max_steps:,} steps{more})"
+    seconds = [s for cell in ended if (s := read_cell(runs / cell.name)["wall_seconds"])]
+    if not todo or not seconds:
+        return line + ("" if not todo else "; the time a cell takes follows as cells end (none of --out has)")
+    per_cell = sum(seconds) / len(seconds)
+    return (f"{line}; {per_cell:.0f} s a cell (measured on the {len(seconds)} that ended, their start aside) = about "
+            f"{todo * per_cell / min(args.jobs, todo) / 60:.0f} min with {args.jobs} job(s)")
+
+
 def run(args: GridConfig) -> int:
     out = Path(args.out)
     with Stopper() as stopper:
         seeds = [*args.seeds, *extra_seeds(args)] if args.report_only else args.seeds
         cells = [c for c in grid_cells(args, seeds) if not args.report_only or (out / "runs" / c.name).is_dir()]
+        if not args.report_only:
+            say(cost_line(args, cells))
         results = run_cells(args, cells, stopper)
         extra = [] if args.report_only else extra_seed_cells(args, results)
         if extra and not stopper.requested.is_set():
