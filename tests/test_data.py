@@ -214,6 +214,13 @@ def test_local_formats_load_documents(tmp_path: Path, kind: str) -> None:
     docs = load_documents(tiny_config(tmp_path, [source]), seed=0)
     assert docs.column_names == ["text", "source"]
     assert [t.strip() for t in docs["text"]] == texts
+    # A source read from several files says how many, before any is read (the commands print it before torch).
+    found = tiny_config(tmp_path, [source]).check_local_files()
+    if kind in ("json-folder", "json-glob"):
+        assert found == [f"data.sources[0] (json {str(path)!r}): 2 json files, read as one source: "
+                         f"{folder / 'part-0.jsonl'}, ..."]  # fmt: skip
+    elif kind != "hub-local":
+        assert found == []
 
 
 def test_mixing_follows_weights(tmp_path: Path) -> None:
