@@ -18,6 +18,7 @@ train.output_dir, or reports it finished.
 
 from __future__ import annotations
 
+import signal
 import sys
 
 from pretrain.common.cli import ConfigError, run_cli
@@ -48,4 +49,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    # Outside main, SIGTERM is ignored: main takes it as a stop request from its first line, and after main the run
+    # has ended and written its status, while the process may take seconds to exit (torch's teardown).
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     sys.exit(run_cli(main))  # bad input: the message on stderr and exit code 2
