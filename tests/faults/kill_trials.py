@@ -21,9 +21,9 @@ Corruption trials (``--corrupt N``): the run stops at step 8 (``train.stop_at_st
 checkpoint is deleted, cut to half its size or has bytes overwritten (cycling through ``CORRUPTIONS``), and the
 same checks follow ``--train.resume=auto``: the damaged checkpoint must be skipped for the one before it.
 
-SIGTERM trials (``--sigterm N``), cycling through three moments: a random one of start-up and training, counted from
-the command's first line (when the process catches SIGTERM, read from /proc: Linux); the first line it prints (torch
-imported, the data not yet prepared); the appearance of run_config.json (the end of start-up). The run must exit 0
+SIGTERM trials (``--sigterm N``), cycling through three moments: the first line the run prints (torch imported, the
+data not yet prepared); the appearance of run_config.json (the end of start-up); a random moment of start-up and
+training, counted from the command's first line (when the process catches SIGTERM, read from /proc: Linux). The run must exit 0
 with status preempted (or finished): what launch/slurm_pretrain.sbatch requeues on, never a death by the signal;
 then the same checks follow the same command.
 """
@@ -232,18 +232,18 @@ def sigterm_trial(index: int, workdir: Path, cache: Path, reference: Reference, 
     process = start(args)
     output = ""
     if index % 3 == 0:
+        output = process.stdout.readline()
+        moment = "at the first output"
+    elif index % 3 == 1:
+        while not (run_dir / "run_config.json").exists() and process.poll() is None:
+            time.sleep(0.01)
+        moment = "at run_config.json"
+    else:
         while not catches_sigterm(process.pid) and process.poll() is None:
             time.sleep(0.005)
         delay = rng.uniform(0, reference.startup_s + reference.training_window_s)
         time.sleep(delay)
         moment = f"{delay:.1f} s after the first line"
-    elif index % 3 == 1:
-        output = process.stdout.readline()
-        moment = "at the first output"
-    else:
-        while not (run_dir / "run_config.json").exists() and process.poll() is None:
-            time.sleep(0.01)
-        moment = "at run_config.json"
     if process.poll() is None:
         process.send_signal(signal.SIGTERM)
     output += process.communicate()[0]
