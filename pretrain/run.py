@@ -10,8 +10,8 @@
 This module reads and checks the options; the training itself (pretrain/training.py: torch, transformers,
 Accelerate, about 9 s of CPU) is imported after them, so that a typo answers at once. What a run writes:
 docs/run_layout.md. Exit codes: 0 finished, diverged (an experimental outcome, in status.json) or preempted
-(SIGTERM/SIGINT or RUN/STOP at any stage, or train.stop_at_step: checkpoint saved; or a full disk, found before a
-save or by a write; continue with --train.resume=auto; docs/faults.md says why 0); 2 bad configuration or input (message on stderr,
+(SIGTERM/SIGINT/RUN/STOP at any stage, train.stop_at_step: checkpoint saved; a full disk, before a save or by a write;
+continue with --train.resume=auto; docs/faults.md says why 0); 2 bad configuration or input (message on stderr,
 nothing trained); 1 an unexpected error (status failed). The same command run again continues the run in
 train.output_dir, or reports it finished.
 """
@@ -28,23 +28,26 @@ from pretrain.run_folder.status import StopRequest
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Parse the arguments and run; bad configuration raises ConfigError/ValueError/FileNotFoundError."""
-    # From the first line on, SIGTERM or Ctrl-C is a request to stop, answered at the next safe point (a stage of
-    # start-up or a step boundary) as preempted, exit code 0: never a death by the signal, which a job script would
-    # not requeue.
+    """Parse the arguments and run; bad configuration raises ConfigError/ValueError/FileNotFoundError. From its first
+    line on, SIGTERM or Ctrl-C is a request to stop, answered at the next safe point (a stage of start-up or a step
+    boundary) as preempted, exit code 0: never a death by the signal, which a job script would not requeue."""
     with StopRequest().installed() as stop:
-        argv = sys.argv[1:] if argv is None else argv
-        if "-h" in argv or "--help" in argv:
-            print(help_text())
-            return 0
-        cfg = parse_args(argv)
-        # Answered now, before torch's seconds of import and before the run folder is read.
-        cfg.data.check_local_files()
-        if cfg.train.mixed_precision == "fp16" and surely_no_cuda():
-            raise ConfigError(FP16_NEEDS_A_GPU)
-        from pretrain.training import run
+        return parse_and_run(argv, stop)
 
-        run(cfg, argv, stop)
+
+def parse_and_run(argv: list[str] | None, stop: StopRequest) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if "-h" in argv or "--help" in argv:
+        print(help_text())
+        return 0
+    cfg = parse_args(argv)
+    # Answered now, before torch's seconds of import and before the run folder is read.
+    cfg.data.check_local_files()
+    if cfg.train.mixed_precision == "fp16" and surely_no_cuda():
+        raise ConfigError(FP16_NEEDS_A_GPU)
+    from pretrain.training import run
+
+    run(cfg, argv, stop)
     return 0
 
 

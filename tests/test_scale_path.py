@@ -27,7 +27,6 @@ from finetune.run import run as finetune_run
 from finetune.train import DataCache, finetune
 from pretrain import training
 from pretrain.common import hardware
-from pretrain.common.cli import ConfigError
 from pretrain.common.hardware import gpu_peak, mfu_peak
 from pretrain.config import TrainConfig, parse_args
 from pretrain.modeling import LNBertConfig, LNBertForPreTraining
@@ -418,7 +417,7 @@ def test_a_run_continues_on_another_number_of_processes_bit_exactly(
                             tiny_args(split, data_cache, *common, "--train.stop_at_step=3"), tmp_path)  # fmt: skip
     assert two.returncode == 0, (two.stdout + two.stderr)[-3000:]
     assert not [k for k in load_file(latest_checkpoint(split) / "model.safetensors") if k.startswith("module.")]
-    with pytest.raises(ConfigError, match=r"global batch of 16 sequences per step; this launch gives 8 "):
+    with pytest.raises(ValueError, match=r"global batch of 16 sequences per step; this launch gives 8 "):
         pretrain_main(tiny_args(split, data_cache, *common, "--train.resume=auto"))
     one = ("--train.gradient_accumulation_steps=2",)
     assert pretrain_main(tiny_args(split, data_cache, *common, *one, "--train.resume=auto")) == 0
@@ -464,14 +463,14 @@ def test_a_deepspeed_checkpoint_is_refused_where_its_partitions_cannot_load(tmp_
     (checkpoint / "pytorch_model").mkdir(parents=True)  # the engine's own folder in accelerate's save_state
     write_json(checkpoint / "train_state.json", {"step": 3, "global_batch_size": 64, "num_processes": 8})
     write_manifest(checkpoint)
-    with pytest.raises(ConfigError, match=r"saved by DeepSpeed ZeRO on 8 process\(es\).* --num_processes 8 .*not on 1 "
+    with pytest.raises(ValueError, match=r"saved by DeepSpeed ZeRO on 8 process\(es\).* --num_processes 8 .*not on 1 "
                        rf"without DeepSpeed.*python {checkpoint}/zero_to_fp32.py {checkpoint} OUT_DIR"):  # fmt: skip
         pretrain_main([*argv, "--train.resume=auto"])
-    with pytest.raises(ConfigError, match=r"continues only under DeepSpeed on 8 process\(es\).*not on 4\."):
+    with pytest.raises(ValueError, match=r"continues only under DeepSpeed on 8 process\(es\).*not on 4\."):
         check_continuable(checkpoint, True, 64, 4, deepspeed=True)
     check_continuable(checkpoint, True, 64, 8, deepspeed=True)
     (checkpoint / "pytorch_model").rmdir()
-    with pytest.raises(ConfigError, match=r"saved without DeepSpeed, whose engine cannot load it"):
+    with pytest.raises(ValueError, match=r"saved without DeepSpeed, whose engine cannot load it"):
         check_continuable(checkpoint, True, 64, 8, deepspeed=True)
 
 

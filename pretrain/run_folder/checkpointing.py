@@ -26,7 +26,7 @@ from accelerate.utils import MODEL_NAME, gather_object
 from transformers import PreTrainedTokenizerBase
 
 from pretrain.common.atomic import follow_umask, publish_dir, write_json
-from pretrain.common.cli import ConfigError, flatten
+from pretrain.common.cli import flatten
 from pretrain.common.roles import keys_where
 from pretrain.config import RESOLVED_AT_START, RESUMABLE_CHANGES, PretrainConfig
 from pretrain.run_folder.layout import (
@@ -172,7 +172,7 @@ def check_continuable(checkpoint: Path, same_run: bool, global_batch_size: int, 
     saved = read_train_state(checkpoint)
     zero = (Path(checkpoint) / MODEL_NAME).is_dir()  # the engine's own folder in accelerate's save_state
     if zero and (not deepspeed or saved.num_processes != num_processes):
-        raise ConfigError(
+        raise ValueError(
             f"{checkpoint} was saved by DeepSpeed ZeRO on {saved.num_processes} process(es): its optimizer state is "
             f"partitioned {saved.num_processes} ways and continues only under DeepSpeed on {saved.num_processes} "
             f"process(es) (accelerate launch --config_file configs/accelerate/deepspeed_zero2.yaml --num_processes "
@@ -181,10 +181,10 @@ def check_continuable(checkpoint: Path, same_run: bool, global_batch_size: int, 
             f"{checkpoint}/zero_to_fp32.py {checkpoint} OUT_DIR (the run's snapshots hold the same fp32 weights)"
         )
     if deepspeed and not zero:
-        raise ConfigError(f"{checkpoint} was saved without DeepSpeed, whose engine cannot load it: continue it without "
+        raise ValueError(f"{checkpoint} was saved without DeepSpeed, whose engine cannot load it: continue it without "
                           "DeepSpeed (configs/accelerate/8gpu.yaml, DDP)")  # fmt: skip
     if same_run and saved.global_batch_size != global_batch_size:
-        raise ConfigError(
+        raise ValueError(
             f"{checkpoint} was trained with a global batch of {saved.global_batch_size} sequences per step; this launch "
             f"gives {global_batch_size} (train.per_device_batch_size x {num_processes} process(es) x "
             "train.gradient_accumulation_steps): set train.per_device_batch_size or train.gradient_accumulation_steps "
