@@ -182,7 +182,7 @@ def check_continuable(checkpoint: Path, same_run: bool, global_batch_size: int, 
         )
     if deepspeed and not zero:
         raise ValueError(f"{checkpoint} was saved without DeepSpeed, whose engine cannot load it: continue it without "
-                          "DeepSpeed (configs/accelerate/8gpu.yaml, DDP)")  # fmt: skip
+                         "DeepSpeed (configs/accelerate/8gpu.yaml, DDP)")  # fmt: skip
     if same_run and saved.global_batch_size != global_batch_size:
         raise ValueError(
             f"{checkpoint} was trained with a global batch of {saved.global_batch_size} sequences per step; this launch "
