@@ -256,8 +256,8 @@ def test_slurm_script_requeues_a_preempted_run_until_it_ends(
     # One node; exec keeps the pid the batch shell waits on, so the batch shell is the run's parent.
     _fake(bin_dir, "srun", 'while [[ $1 == -* ]]; do shift; done\nSLURM_NODEID=0 exec "$@"\n')
     body = f'echo \'{{"status": "{run_status}"}}\' > {run_dir}/status.json\n'
-    if signalled:  # SLURM's USR1 reaches the batch shell, which asks the run to stop through RUN/STOP
-        body = f"kill -USR1 $PPID\nwhile [[ ! -e {run_dir}/STOP ]]; do sleep 0.1; done\n" + body
+    if signalled:  # SLURM's USR1 reaches the batch shell, which asks the run to stop through RUN/STOP (within 60 s)
+        body = f"kill -USR1 $PPID\nfor _ in $(seq 600); do [[ -e {run_dir}/STOP ]] && break; sleep 0.1; done\n" + body
     _fake(bin_dir, "accelerate", body)
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_JOB_NODELIST": "node-1", "SLURM_NNODES": "1",
            "SLURM_JOB_ID": "4242", "SLURM_RESTART_COUNT": restarts, "PRESET": "configs/pretrain/small_pre_ln.yaml"}  # fmt: skip
