@@ -1,12 +1,12 @@
-"""The GPU check: the CUDA tests, the training-step benchmark at BERT-base, and a smoke run of the three pretraining
-recipes with one MRPC fine-tune each. Every step is the command a user would type; docs/gpu_check.md says what each
-checks and what to read in the summary.
+"""The GPU check: the CUDA tests, the training-step benchmark at BERT-base, a smoke run of the three pretraining
+recipes with one MRPC fine-tune each, and the first recipe on two GPUs (DDP, DeepSpeed) where the node has two. Every
+step is the command a user would type; docs/gpu_check.md says what each checks and what to read in the summary.
 
     bash launch/gpu_check.sh OUT --corpus DIR --glue DIR              # one GPU: minutes
     bash launch/gpu_check.sh OUT --corpus DIR --glue DIR --dry-run    # CPU, tiny shapes, every step, one recipe
 
-Each step's output goes to OUT/logs/STEP.log (its command on the first line); a step that fails is recorded with the
-last lines of its log, and the next step runs. OUT/summary.md and OUT/results.json (the figures) are rewritten after
+Each step's output goes to OUT/logs/STEP.log (its command on the first line); a step that fails, or runs past the
+check's time limit for one step (a hang), is recorded with the last lines of its log, and the next step runs. OUT/summary.md and OUT/results.json (the figures) are rewritten after
 every step. Exit code 0 when every step passed, 1 otherwise, 2 on bad arguments, 130 when stopped (Ctrl-C).
 """
 
@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.util
 import itertools
 import json
+import os
 import shlex
 import signal
 import socket
@@ -29,13 +31,15 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+import psutil  # accelerate's dependency: a launcher's workers may sit in sessions of their own
+
 from pretrain.common import atomic
-from pretrain.run_folder.layout import list_snapshots, read_metrics, read_status
+from pretrain.run_folder.layout import STOP_FILE, list_snapshots, read_metrics, read_status
 
 REPO = Path(__file__).resolve().parents[1]
 PRESETS = REPO / "configs" / "pretrain"
 TAIL_LINES = 30  # of a failed step's log, in the summary
-STOP_WAIT_S = 30  # after Ctrl-C, how long a step may take to stop before it is killed
+STOP_WAIT_S = 60  # after Ctrl-C, how long a step may take to stop (a smoke run: a step, a checkpoint) before a kill
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -72,28 +76,39 @@ class Sizes:
     benchmark: tuple[str, ...]
     """benchmarks.train_step's shape and repetition options."""
     launch: tuple[str, ...]
-    """accelerate launch's options."""
+    """The command before pretrain/run.py: accelerate launch with its options."""
     pretrain: tuple[str, ...]
     """pretrain/run.py options after the recipe's: model, data, steps and batch of a smoke run."""
     finetune: tuple[str, ...]
     """finetune.run's recipe options."""
     recipes: tuple[Recipe, ...]
     """The smoke runs."""
+    two_process: dict[str, tuple[str, ...]]
+    """The first recipe's smoke run on two processes: the run's name suffix -> the command before pretrain/run.py."""
+    step_timeout_s: float
+    """A step still running after this long has hung: it is stopped and recorded as failed, and the next one runs."""
 
 
+LAUNCH = (sys.executable, "-m", "accelerate.commands.launch")
+ACCELERATE_CONFIGS = REPO / "configs" / "accelerate"
 GPU = Sizes(
     benchmark=("--shapes=[base]", "--batch=64", "--reps=10"),
-    launch=("--config_file", str(REPO / "configs" / "accelerate" / "1gpu.yaml")),
+    launch=(*LAUNCH, "--config_file", str(ACCELERATE_CONFIGS / "1gpu.yaml")),
     # 200 steps of the presets' batch, 256 x 128 (64 x 4 micro-batches fit a 16 GB card), a vocabulary of BERT's
     # size, a loss every 10 steps, a validation every 50.
     pretrain=("--data.vocab_size=30522", "--train.max_steps=200", "--train.per_device_batch_size=64",
               "--train.gradient_accumulation_steps=4", "--train.log_every=10", "--train.eval_every=50"),
     finetune=(),
     recipes=RECIPES,
+    # Two GPUs of the node: the collectives and the sharded optimizer that one GPU never exercises.
+    two_process={"ddp2": (*LAUNCH, "--config_file", str(ACCELERATE_CONFIGS / "8gpu.yaml"), "--num_processes=2"),
+                 "deepspeed2": (*LAUNCH, "--config_file", str(ACCELERATE_CONFIGS / "deepspeed_zero2.yaml"),
+                                "--num_processes=2")},
+    step_timeout_s=3600,  # the longest step, a 200-step BERT-base run on one GPU, takes minutes
 )  # fmt: skip
 DRY_RUN = Sizes(
     benchmark=("--shapes=[tiny]", "--reps=2", "--warmup=1", "--gemm_size=256"),
-    launch=("--cpu", "--num_processes=1", "--num_machines=1", "--mixed_precision=no", "--dynamo_backend=no"),
+    launch=(*LAUNCH, "--cpu", "--num_processes=1", "--num_machines=1", "--mixed_precision=no", "--dynamo_backend=no"),
     pretrain=("--config", str(PRESETS / "tiny_model.yaml"), "--data.vocab_size=300",
               "--data.max_seq_length=32", "--data.num_proc=1", "--train.max_steps=4", "--train.per_device_batch_size=8",
               "--train.gradient_accumulation_steps=1", "--train.log_every=1", "--train.eval_every=2",
@@ -102,6 +117,11 @@ DRY_RUN = Sizes(
     finetune=("--recipe.epochs=1", "--recipe.max_train_examples=32", "--recipe.max_eval_examples=16",
               "--recipe.max_length=64"),
     recipes=RECIPES[:1],  # the same steps for one recipe: each run costs its imports, about 20 s on two cores
+    # DDP on two CPU processes (gloo); DeepSpeed would first build a CPU op, about a minute.
+    two_process={"ddp2": ("env", "ACCELERATE_USE_CPU=1", *LAUNCH, "--multi_gpu", "--num_processes=2",
+                          "--num_machines=1", "--main_process_port=29547", "--mixed_precision=no",
+                          "--dynamo_backend=no")},
+    step_timeout_s=1800,  # each step takes a few minutes on two loaded cores
 )  # fmt: skip
 
 # Versions, GPU and driver; fails without CUDA unless --dry-run (then nothing after it runs: hours on a CPU).
@@ -122,14 +142,17 @@ if not cuda and "--require-cuda" in sys.argv:
 """
 
 
-def pretrain_command(recipe: Recipe, corpus: Path, out: Path, sizes: Sizes) -> list[str]:
-    """``accelerate launch pretrain/run.py`` with the recipe's preset, the corpus and a smoke run's size. The
-    tokenizer is a WordPiece trained on the corpus by the first run (cached for the others): nothing downloaded."""
+def pretrain_command(recipe: Recipe, corpus: Path, out: Path, sizes: Sizes, launch: tuple[str, ...] = (),
+                     name: str = "") -> list[str]:  # fmt: skip
+    """``accelerate launch pretrain/run.py`` with the recipe's preset, the corpus and a smoke run's size (``launch``:
+    another launch than the sizes', for the run ``name``). The tokenizer is a WordPiece trained on the corpus by the
+    first run (cached for the others): nothing downloaded."""
     sources = f"[{{kind: json, path: {json.dumps(str(corpus))}}}]"
-    return [sys.executable, "-m", "accelerate.commands.launch", *sizes.launch, "pretrain/run.py",
+    name = name or recipe.name
+    return [*(launch or sizes.launch), "pretrain/run.py",
             "--config", str(PRESETS / recipe.preset), *recipe.overrides, f"--data.sources={sources}",
-            "--data.tokenizer=null", f"--data.cache_dir={out / 'cache'}", f"--train.output_dir={out / 'runs' / recipe.name}",
-            f"--train.run_name={recipe.name}", "--train.checkpoint_every=0", "--train.snapshot_every=0",
+            "--data.tokenizer=null", f"--data.cache_dir={out / 'cache'}", f"--train.output_dir={out / 'runs' / name}",
+            f"--train.run_name={name}", "--train.checkpoint_every=0", "--train.snapshot_every=0",
             "--train.snapshot_steps=[]", "--train.snapshot_at_start=false", "--tracking.backend=none",
             *sizes.pretrain]  # fmt: skip
 
@@ -165,6 +188,15 @@ def steps(corpus: Path, glue: Path, out: Path, dry_run: bool) -> Iterator[tuple[
         snapshots = list_snapshots(out / "runs" / recipe.name)
         skipped = "its smoke run left no snapshot"
         yield f"mrpc_{recipe.name}", finetune_command(snapshots[-1].path, glue, out, sizes) if snapshots else skipped
+    gpus = environment(out / "logs" / "environment.log").get("gpus") or 0
+    for suffix, launch in sizes.two_process.items():
+        name = f"{sizes.recipes[0].name}_{suffix}"
+        if not dry_run and gpus < 2:
+            yield f"pretrain_{name}", f"needs two GPUs; {gpus} visible"
+        elif "deepspeed" in suffix and importlib.util.find_spec("deepspeed") is None:
+            yield f"pretrain_{name}", "deepspeed is not installed (pip install -e '.[deepspeed]')"
+        else:
+            yield f"pretrain_{name}", pretrain_command(sizes.recipes[0], corpus, out, sizes, launch, name)
 
 
 @dataclass(kw_only=True)
@@ -185,9 +217,9 @@ class Step:
     """Why it was skipped; for a failed step, the last lines of its log."""
 
 
-def run_step(name: str, cmd: list[str], out: Path) -> Step:
-    """Run ``cmd`` in the checkout with its output to OUT/logs/NAME.log. Ctrl-C reaches the step too (one
-    process group) and stops it; a SIGINT or SIGTERM sent to this script alone is passed on as SIGTERM."""
+def run_step(name: str, cmd: list[str], out: Path, timeout_s: float) -> Step:
+    """Run ``cmd`` in the checkout with its output to OUT/logs/NAME.log, in a process group of its own: Ctrl-C (or
+    SIGTERM) reaches this script alone, which asks the step to stop (``stop_step``); so does ``timeout_s``."""
     log, command = out / "logs" / f"{name}.log", shlex.join(cmd)
     log.parent.mkdir(parents=True, exist_ok=True)
     print(f"[gpu_check] {name} ...", flush=True)
@@ -195,33 +227,59 @@ def run_step(name: str, cmd: list[str], out: Path) -> Step:
     with open(log, "wb") as f:  # written as the step runs (a log, not a result: atomic.py is for finished files)
         f.write(f"$ {command}\n".encode())
         f.flush()
-        proc = subprocess.Popen(cmd, cwd=REPO, stdout=f, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(cmd, cwd=REPO, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
         try:
-            rc = proc.wait()
+            rc = proc.wait(timeout=timeout_s)
         except KeyboardInterrupt:
-            proc.terminate()  # accelerate launch stops its training process on it
-            try:
-                proc.wait(timeout=STOP_WAIT_S)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            stop_step(proc, cmd)
             return Step(name=name, status="interrupted", command=command, seconds=round(time.monotonic() - start, 1))
-    tail = "\n".join(log.read_text(errors="replace").splitlines()[-TAIL_LINES:]) if rc else ""
+        except subprocess.TimeoutExpired:
+            stop_step(proc, cmd)
+            rc = None
+    lines = log.read_text(errors="replace").splitlines()[-TAIL_LINES:]
+    if rc is None:
+        lines.append(f"[gpu_check] still running after {timeout_s:g} s (a hang?): stopped")
+    tail = "\n".join(lines) if rc != 0 else ""
     step = Step(name=name, status="passed" if rc == 0 else "failed", command=command, returncode=rc,
                 seconds=round(time.monotonic() - start, 1), note=tail)  # fmt: skip
     print(f"[gpu_check] {name}: {step.status} in {step.seconds} s (log: {log})", flush=True)
     return step
 
 
-def run_check(plan: Iterable[tuple[str, list[str] | str]], out: Path, dry_run: bool) -> dict[str, Any]:
+def stop_step(proc: subprocess.Popen, cmd: list[str]) -> None:
+    """Ask a step to stop, wait STOP_WAIT_S, then kill what is left of it. A pretraining run is asked through its
+    RUN/STOP file (it stops at its next step with a checkpoint, status preempted): a signal would reach its launcher,
+    which kills it 5 s later; any other step gets SIGINT, as from Ctrl-C in a terminal."""
+    run_dirs = [arg.removeprefix("--train.output_dir=") for arg in cmd if arg.startswith("--train.output_dir=")]
+    if run_dirs:
+        Path(run_dirs[-1]).mkdir(parents=True, exist_ok=True)
+        (Path(run_dirs[-1]) / STOP_FILE).touch()
+    else:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGINT)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=STOP_WAIT_S)
+    with contextlib.suppress(psutil.NoSuchProcess):
+        for child in psutil.Process(proc.pid).children(recursive=True):
+            with contextlib.suppress(psutil.NoSuchProcess):
+                child.kill()
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+
+
+def run_check(
+    plan: Iterable[tuple[str, list[str] | str]], out: Path, dry_run: bool, timeout_s: float
+) -> dict[str, Any]:
     """Run the steps in order (a failed one does not stop the next; a failed environment, or Ctrl-C, stops the
-    check), publishing the summary after each; returns the results."""
+    check), publishing the summary after each; returns the results. ``timeout_s``: a step's limit."""
     described = subprocess.run(["git", "describe", "--always", "--dirty"], cwd=REPO, capture_output=True, text=True)
     results: dict[str, Any] = {"dry_run": dry_run, "started": time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime()),
                                "commit": described.stdout.strip() or "unknown (not a git checkout)",
                                "host": socket.gethostname(), "steps": []}  # fmt: skip
     for name, cmd in plan:
-        step = run_step(name, cmd, out) if isinstance(cmd, list) else Step(name=name, status="skipped", note=cmd)
+        run = isinstance(cmd, list)
+        step = run_step(name, cmd, out, timeout_s) if run else Step(name=name, status="skipped", note=str(cmd))
         results["steps"].append(asdict(step))
         publish(results, out)
         if step.status == "interrupted" or (name == "environment" and step.status == "failed"):
@@ -235,9 +293,17 @@ def publish(results: dict[str, Any], out: Path) -> None:
     results["environment"] = environment(logs / "environment.log")
     results["cuda_tests"] = junit_counts(logs / "cuda_tests.xml")
     results["throughput"] = benchmark_rows(out / "train_step.json")
-    results["smoke_runs"] = {r.name: smoke_run(out / "runs" / r.name, logs / f"mrpc_{r.name}.log") for r in RECIPES}
+    results["smoke_runs"] = {name: smoke_run(out / "runs" / name, logs / f"mrpc_{name}.log") for name in run_about()}
     atomic.write_json(out / "results.json", results)
     atomic.write_text(out / "summary.md", summary(results))
+
+
+def run_about() -> dict[str, str]:
+    """Every smoke run's name (OUT/runs/NAME) -> one line for the summary."""
+    about = {r.name: r.about for r in RECIPES}
+    for suffix in GPU.two_process:
+        about[f"{RECIPES[0].name}_{suffix}"] = f"{RECIPES[0].name} on two processes ({suffix.removesuffix('2')})"
+    return about
 
 
 def read_text(path: Path) -> str:
@@ -304,7 +370,8 @@ def fmt(value: Any, spec: str = "") -> str:
 def summary(results: dict[str, Any]) -> str:
     steps_ = results["steps"]
     passed = sum(s["status"] == "passed" for s in steps_)
-    planned = 3 + 2 * len((DRY_RUN if results["dry_run"] else GPU).recipes)  # 3 steps, then 2 per recipe
+    sizes = DRY_RUN if results["dry_run"] else GPU
+    planned = 3 + 2 * len(sizes.recipes) + len(sizes.two_process)  # 3 steps, 2 per recipe, the two-process runs
     not_run = f", {planned - len(steps_)} not run" if len(steps_) < planned else ""
     lines = [f"# GPU check{' (dry run: CPU, tiny shapes; its figures mean nothing)' if results['dry_run'] else ''}",
              "", f"{results['started']}, commit {results['commit']}, host {results['host']}: {passed} of "
@@ -341,7 +408,7 @@ def summary(results: dict[str, Any]) -> str:
                   "snapshot (BERT's recipe, lr 3e-5, seed 0), dev accuracy.", "",
                   "| run | recipe | status | steps | batch | train MLM loss | val MLM loss | tokens/s | MRPC acc |",
                   "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
-        about = {r.name: r.about for r in RECIPES}
+        about = run_about()
         for name, r in runs.items():
             status = r["status"] + (f" at step {r['diverged_at_step']}" if r["diverged_at_step"] is not None else "")
             lines.append(f"| {name} | {about[name]} | {status} | {fmt(r['step'])} | {fmt(r['batch'])} x "
@@ -349,7 +416,8 @@ def summary(results: dict[str, Any]) -> str:
                          f"{fmt(r['tokens_per_s'], '.0f')} | {fmt(r['mrpc_accuracy'], '.3f')} |")  # fmt: skip
     for s in steps_:
         if s["status"] == "failed":
-            lines += ["", f"## {s['name']} failed (exit code {s['returncode']})", "", f"`{s['command']}`", "",
+            how = "timed out" if s["returncode"] is None else f"exit code {s['returncode']}"
+            lines += ["", f"## {s['name']} failed ({how})", "", f"`{s['command']}`", "",
                       f"Last lines of logs/{s['name']}.log:", "", "```", s["note"], "```"]  # fmt: skip
         elif s["status"] == "skipped":
             lines += ["", f"## {s['name']} skipped: {s['note']}"]
@@ -379,10 +447,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     out = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
-    signal.signal(signal.SIGTERM, signal.default_int_handler)  # SIGTERM (a scheduler, kill): stop as on Ctrl-C
+    # Ctrl-C and SIGTERM (a scheduler, kill) stop the check, set here: a shell starts a background job (`&`) with
+    # SIGINT ignored, which Python would keep.
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.default_int_handler)
     plan = steps(args.corpus.resolve(), args.glue.resolve(), out, args.dry_run)
     try:
-        results = run_check(plan, out, args.dry_run)
+        results = run_check(plan, out, args.dry_run, (DRY_RUN if args.dry_run else GPU).step_timeout_s)
     except KeyboardInterrupt:  # a second Ctrl-C while a step was stopping
         return 130
     print(f"\n{(out / 'summary.md').read_text()}")

@@ -212,7 +212,7 @@ class OptimConfig:
     """Decoupled weight decay on weight matrices and embeddings (BERT: 0.01)."""
     max_grad_norm: float = role("recipe", default=1.0)
     """Clip the total gradient norm to this value; 0 disables clipping (the norm is still logged)."""
-    implementation: Literal["auto", "fused", "foreach", "for_loop"] = role("run", default="auto")
+    implementation: Literal["auto", "fused", "foreach", "for_loop"] = role("split", default="auto")
     """AdamW kernel: auto (fused on CUDA, for_loop on CPU), fused (the fastest on both, BENCHMARKS.md), foreach."""
 
     def __post_init__(self) -> None:
@@ -247,9 +247,9 @@ class TrainConfig:
     """Optimizer steps in the whole run; the LR schedule spans exactly these steps (BERT: 1000000)."""
     stop_at_step: int | None = role("cadence", default=None)
     """Stop cleanly (checkpoint, status preempted) at this step, schedule unchanged, to split a run into jobs."""
-    per_device_batch_size: int = role("run", default=32)
+    per_device_batch_size: int = role("split", default=32)
     """Sequences per device per micro-batch. Global batch = this x processes x gradient_accumulation_steps."""
-    gradient_accumulation_steps: int = role("run", default=1)
+    gradient_accumulation_steps: int = role("split", default=1)
     """Micro-batches per optimizer step (through accelerator.accumulate)."""
     mixed_precision: Literal["no", "bf16", "fp16", "auto"] = role("recipe", default="no")
     """Autocast precision; fp16 needs a GPU; auto: bf16 where the GPU or CPU computes it natively, else no (fp32)."""
@@ -275,7 +275,7 @@ class TrainConfig:
     """Save a snapshot of the final weights when the run finishes."""
     num_workers: int = role("mechanics", default=0)
     """DataLoader worker processes (0: load in the main process)."""
-    compile: bool = role("run", default=False)
+    compile: bool = role("split", default=False)
     """torch.compile the model (inductor, through Accelerate, after the DDP wrap); not with DeepSpeed."""
     gradient_checkpointing: bool = role("mechanics", default=False)
     """Recompute each layer's activations in the backward pass instead of keeping them (transformers' activation

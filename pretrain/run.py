@@ -10,7 +10,7 @@
 This module reads and checks the options; the training itself (pretrain/training.py: torch, transformers,
 Accelerate, about 9 s of CPU) is imported after them, so that a typo answers at once. What a run writes:
 docs/run_layout.md. Exit codes: 0 finished, diverged (an experimental outcome, in status.json) or preempted
-(SIGTERM/SIGINT or train.stop_at_step: checkpoint saved; or a full disk, found before a save or by a write;
+(SIGTERM/SIGINT/RUN/STOP at any stage, train.stop_at_step: checkpoint saved; a full disk, before a save or by a write;
 continue with --train.resume=auto; docs/faults.md says why 0); 2 bad configuration or input (message on stderr,
 nothing trained); 1 an unexpected error (status failed). The same command run again continues the run in
 train.output_dir, or reports it finished.
@@ -19,6 +19,7 @@ train.output_dir, or reports it finished.
 from __future__ import annotations
 
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -26,11 +27,19 @@ from pretrain.common.cli import ConfigError, run_cli, to_dict
 from pretrain.common.device import FP16_NEEDS_A_GPU, surely_no_cuda
 from pretrain.config import help_text, parse_args
 from pretrain.run_folder.same_run import check_settings
+from pretrain.run_folder.status import StopRequest
 from pretrain.tracking.wandb_logging import check_credentials, wandb_mode
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Parse the arguments and run; bad configuration raises ConfigError/ValueError/FileNotFoundError."""
+    """Parse the arguments and run; bad configuration raises ConfigError/ValueError/FileNotFoundError. From its first
+    line on, SIGTERM or Ctrl-C is a request to stop, answered at the next safe point (a stage of start-up or a step
+    boundary) as preempted, exit code 0: never a death by the signal, which a job script would not requeue."""
+    with StopRequest().installed() as stop:
+        return parse_and_run(argv, stop)
+
+
+def parse_and_run(argv: list[str] | None, stop: StopRequest) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if "-h" in argv or "--help" in argv:
         print(help_text())
@@ -48,9 +57,12 @@ def main(argv: list[str] | None = None) -> int:
         check_credentials(wandb_mode(cfg.tracking.wandb_mode), cfg.train.output_dir)
     from pretrain.training import run
 
-    run(cfg, argv)
+    run(cfg, argv, stop)
     return 0
 
 
 if __name__ == "__main__":
+    # Outside main, SIGTERM is ignored: main takes it as a stop request from its first line, and after main the run
+    # has ended and written its status, while the process may take seconds to exit (torch's teardown).
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     sys.exit(run_cli(main))  # bad input: the message on stderr and exit code 2

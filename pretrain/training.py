@@ -55,9 +55,11 @@ from pretrain.run_folder.checkpointing import (
     DiskFull,
     TrainState,
     as_disk_full,
+    check_continuable,
     checkpoint_step,
     fault_point,
     free_space_problem,
+    keep_model_names,
     load_checkpoint,
     resolve_resume,
     room_problem,
@@ -143,11 +145,20 @@ def build_accelerator(cfg: PretrainConfig) -> Accelerator:
         # prepare() compiles last, after the DDP wrap; None keeps an `accelerate config` dynamo choice.
         dynamo_backend="inductor" if cfg.train.compile else None,
     )
+    use_tf32_for_fp32(accelerator.device, cfg.train.mixed_precision)
     plugin = accelerator.state.deepspeed_plugin
     if plugin is not None and plugin.deepspeed_config.get("gradient_clipping") == "auto":
         # Accelerate would fill "auto" with 1.0; the value lives in the project config.
         plugin.deepspeed_config["gradient_clipping"] = cfg.optim.max_grad_norm
     return accelerator
+
+
+def use_tf32_for_fp32(device: torch.device, mixed_precision: str) -> None:
+    """fp32 training on a GPU computes its matmuls in TF32 (10-bit mantissa, tensor cores), set here whatever
+    train.compile says (Accelerate turns TF32 on for a compiled fp32 model only): the same numerics with and without
+    compile, what benchmarks.train_step measures as fp32, and the TF32 peak for train/mfu (hardware.mfu_peak)."""
+    if device.type == "cuda" and mixed_precision == "no":
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
 
 
 def build_model(cfg: PretrainConfig, vocab_size: int) -> LNBertForPreTraining:
@@ -205,21 +216,24 @@ class StepStats:
 
 
 def batch_iterator(setup: TrainingSetup, state: TrainState) -> Iterator[dict[str, torch.Tensor]]:
-    """Micro-batches from the current position on, epoch after epoch, keeping state.epoch/batches_in_epoch."""
+    """Micro-batches from the current position on, epoch after epoch, keeping state.epoch/samples_in_epoch. The
+    processes' micro-batches of one step are consecutive in the epoch's order (Accelerate's sharding), so a position
+    in sequences holds for any number of processes."""
+    per_micro_step = setup.cfg.train.per_device_batch_size * setup.accelerator.num_processes
     while True:
         setup.loaders.train_collator.set_epoch(state.epoch)  # masks are a function of (seed, epoch, instance)
         if setup.loaders.sampler is not None:
             setup.loaders.sampler.epoch = state.epoch
         loader = setup.loaders.train
-        if state.batches_in_epoch:
-            loader = setup.accelerator.skip_first_batches(loader, state.batches_in_epoch)
+        if state.samples_in_epoch:
+            loader = setup.accelerator.skip_first_batches(loader, state.samples_in_epoch // per_micro_step)
         if hasattr(loader, "set_epoch"):
             loader.set_epoch(state.epoch)  # for streaming datasets (shuffle buffer) and Accelerate's counters
         for batch in loader:
-            state.batches_in_epoch += 1
+            state.samples_in_epoch += per_micro_step
             yield batch
         state.epoch += 1
-        state.batches_in_epoch = 0
+        state.samples_in_epoch = 0
 
 
 def train_step(
@@ -247,7 +261,7 @@ def train_step(
             if not accelerator.sync_gradients:
                 continue
             # One all-reduce per step: the losses for logging, the finite check and the stop request.
-            flags = torch.tensor([float(bool(stop.signal_name))], device=sums.device)
+            flags = torch.tensor([float(bool(stop.reason(accelerator.is_main_process)))], device=sums.device)
             totals = accelerator.reduce(torch.cat([sums, flags]), reduction="sum")
             finite = bool(torch.isfinite(totals[:3]).all())
             grad_norm, layer_norms, overflow = float("nan"), {}, False
@@ -333,17 +347,17 @@ def save(setup: TrainingSetup, state: TrainState, *, snapshot: bool, checkpoint:
     between the two leaves the previous checkpoint, and the resumed run writes the snapshot again."""
     if not (snapshot or checkpoint):
         return
-    ensure_room(setup.accelerator, lambda: free_space_problem(setup.run_dir, setup.model, checkpoint, snapshot))
+    deepspeed = setup.accelerator.state.deepspeed_plugin is not None
+    ensure_room(setup.accelerator,
+                lambda: free_space_problem(setup.run_dir, setup.model, checkpoint, snapshot, deepspeed))  # fmt: skip
     if snapshot:
         info = {"step": state.step, "tokens_seen": state.tokens_seen, "run_name": setup.cfg.train.run_name,
                 "norm_placement": setup.cfg.model.norm_placement, "metrics": dict(setup.last_eval),
                 "pretrain_config": setup.resolved}
-        with saving(snapshot_path(setup, state.step)):
-            path = save_snapshot(setup.accelerator, setup.model, setup.tokenizer, setup.run_dir, info)
+        path = save_snapshot(setup.accelerator, setup.model, setup.tokenizer, setup.run_dir, info)
         log_snapshot(setup.accelerator, setup.run_dir, path, state.step)
     if checkpoint:
-        with saving(setup.run_dir / layout.CHECKPOINTS / layout.step_dirname(state.step)):
-            save_checkpoint(setup.accelerator, setup.run_dir, state, setup.cfg.train.keep_last_checkpoints)
+        save_checkpoint(setup.accelerator, setup.run_dir, state, setup.cfg.train.keep_last_checkpoints)
 
 
 def ensure_room(accelerator: Accelerator, problem: Callable[[], str]) -> None:
@@ -523,7 +537,8 @@ def train(setup: TrainingSetup, state: TrainState, stop: StopRequest) -> str:
             if heartbeat.due():
                 set_status(accelerator, cfg, "running", state.step)
             if preempted:
-                accelerator.print(f"\nstop requested ({stop.signal_name}) at step {state.step}; checkpoint saved")
+                why = stop.reason(accelerator.is_main_process) or "by another process"
+                accelerator.print(f"\nstop requested ({why}) at step {state.step}; checkpoint saved")
                 return "preempted"
         return "finished" if state.step >= train_cfg.max_steps else "preempted"
 
@@ -582,6 +597,7 @@ def prepare_training(cfg: PretrainConfig, accelerator: Accelerator, resume_from:
     loaders = build_dataloaders(cfg, data, accelerator.num_processes)
     prepared = accelerator.prepare(model, optimizer, loaders.train, loaders.validation, scheduler)
     model, optimizer, loaders.train, loaders.validation, scheduler = prepared
+    keep_model_names(accelerator)
     unwrapped = accelerator.unwrap_model(model, keep_torch_compile=False)
     mlm_head_share = cfg.data.mlm_probability if unwrapped.config.sparse_mlm_head else 1.0
     setup = TrainingSetup(
@@ -590,16 +606,24 @@ def prepare_training(cfg: PretrainConfig, accelerator: Accelerator, resume_from:
         flops_per_token=flops_per_token(unwrapped.config, cfg.data.max_seq_length, mlm_head_share=mlm_head_share),
         peak_flops_per_device=peak_flops,
     )
-    fingerprint = data_fingerprint(cfg, accelerator.num_processes, data.tokenizer)
-    state = TrainState(data_fingerprint=fingerprint)
-    if resume_from is not None:
-        state = load_checkpoint(accelerator, resume_from)
-        if state.data_fingerprint != fingerprint:
-            accelerator.print(f"resuming {resume_from} with different data or batch settings: the data starts over")
-            state = dataclasses.replace(state, epoch=0, batches_in_epoch=0, data_fingerprint=fingerprint)
+    state = start_state(cfg, accelerator, resume_from, data_fingerprint(cfg, data.tokenizer))
     if accelerator.is_main_process:
         start_run_folder(setup, state.step if same_run else -1)
     return setup, state
+
+
+def start_state(cfg: PretrainConfig, accelerator: Accelerator, resume_from: Path | None, fingerprint: str) -> TrainState:
+    """Step 0's state, or the checkpoint's (loaded) with this launch's batch split; the data position starts over
+    where the data differs, or (a new run from another's checkpoint) the batch does not divide it."""
+    state = TrainState(data_fingerprint=fingerprint)
+    if resume_from is not None:
+        state = load_checkpoint(accelerator, resume_from)
+        per_micro_step = cfg.train.per_device_batch_size * accelerator.num_processes
+        if state.data_fingerprint != fingerprint or state.samples_in_epoch % per_micro_step:
+            accelerator.print(f"resuming {resume_from} with different data or batch settings: the data starts over")
+            state = dataclasses.replace(state, epoch=0, samples_in_epoch=0, data_fingerprint=fingerprint)
+    return dataclasses.replace(state, global_batch_size=cfg.train.global_batch_size(accelerator.num_processes),
+                               num_processes=accelerator.num_processes)  # fmt: skip
 
 
 def start_run_folder(setup: TrainingSetup, resumed_at: int) -> None:
@@ -617,22 +641,32 @@ def start_run_folder(setup: TrainingSetup, resumed_at: int) -> None:
         follow_umask(setup.run_dir / layout.TOKENIZER_DIR)
 
 
-def pretrain(cfg: PretrainConfig, argv: list[str] | None = None) -> str:
+def pretrain(cfg: PretrainConfig, argv: list[str] | None = None, stop: StopRequest | None = None) -> str:
     """Run one pretraining job described by ``cfg`` (parsed from ``argv``, which the data-preparation hint repeats);
-    returns finished, diverged, preempted or "preempted (disk full)". The one place a full disk is answered: DiskFull
-    from a save, or ENOSPC from any other write, stops the run as preempted until there is room."""
+    returns finished, diverged, preempted or "preempted (disk full)". ``stop``: the command's stop request, installed
+    at its first line (pretrain/run.py). The one place a full disk is answered: DiskFull from a save, or ENOSPC from
+    any other write, stops the run as preempted until there is room."""
+    stop = stop or StopRequest()
     resolve_mixed_precision(cfg)
     check_environment(cfg)
     accelerator = build_accelerator(cfg)
     run_dir = Path(cfg.train.output_dir)
+    stop.file = run_dir / layout.STOP_FILE
     resume_from = resolve_resume(run_dir, to_dict(cfg), cfg.train.resume, lambda m: say(f"warning: {m}", sys.stderr))
-    accelerator.wait_for_everyone()  # every process has checked the directory before the main one writes
     same_run = resume_from is not None and layout.run_folder_of(resume_from) == run_dir.resolve()
+    if resume_from is not None:
+        check_continuable(resume_from, same_run, cfg.train.global_batch_size(accelerator.num_processes),
+                          accelerator.num_processes, deepspeed=env_flag("ACCELERATE_USE_DEEPSPEED"))  # fmt: skip
     state = TrainState(step=checkpoint_step(resume_from) if resume_from else 0)  # until the checkpoint is loaded
+    # A collective: every process has checked the directory before the main one writes.
+    if reason := stop_reason(accelerator, stop):
+        return stopped_before_training(accelerator, cfg, state.step, reason, stop)
     setup = None
     try:
         setup, state = prepare_training(cfg, accelerator, resume_from, same_run, argv)
-        outcome = run_training(setup, state, resume_from)
+        if reason := stop_reason(accelerator, stop):
+            return stopped_before_training(accelerator, cfg, state.step, reason, stop)
+        outcome = run_training(setup, state, resume_from, stop)
     except BaseException as err:
         full = as_disk_full(err, run_dir) if isinstance(err, Exception) else None
         if full is None and setup is None:  # bad input found while preparing: nothing started, no status
@@ -655,7 +689,30 @@ def pretrain(cfg: PretrainConfig, argv: list[str] | None = None) -> str:
     return outcome
 
 
-def run_training(setup: TrainingSetup, state: TrainState, resume_from: Path | None) -> str:
+def stop_reason(accelerator: Accelerator, stop: StopRequest) -> str:
+    """Collective: why a process was asked to stop (the main process's reason, else "by another process"), or ""."""
+    own = stop.reason(accelerator.is_main_process)
+    asked = accelerator.reduce(torch.tensor([float(bool(own))], device=accelerator.device), reduction="sum")
+    return (own or "by another process") if asked.item() > 0 else ""
+
+
+def stopped_before_training(accelerator: Accelerator, cfg: PretrainConfig, step: int, reason: str,
+                            stop: StopRequest) -> str:  # fmt: skip
+    """A stop requested during start-up: nothing trained since the checkpoint (or step 0), so nothing to save; the
+    run ends preempted, as it would at a step boundary (a finished run stays finished)."""
+    status = "finished" if step >= cfg.train.max_steps else "preempted"
+    message = f"stop requested ({reason}) before training"
+    if status == "preempted":
+        message += "; continue with --train.resume=auto"
+    record_stop(accelerator, cfg, status, step, message)
+    if accelerator.is_main_process:
+        stop.served()
+    accelerator.end_training()
+    accelerator.print(f"\n{message}")
+    return status
+
+
+def run_training(setup: TrainingSetup, state: TrainState, resume_from: Path | None, stop: StopRequest) -> str:
     """From the trackers' start to the final status; returns the outcome as ``train`` does."""
     cfg, accelerator = setup.cfg, setup.accelerator
     accelerator.print(
@@ -667,12 +724,13 @@ def run_training(setup: TrainingSetup, state: TrainState, resume_from: Path | No
         accelerator.print(f"run {cfg.train.run_name} has already finished (step {state.step}); nothing to train")
     init_trackers(accelerator, cfg, setup.resolved, setup.model, resume_from)
     set_status(accelerator, cfg, "running", state.step)
-    with StopRequest().installed() as stop:
-        outcome = train(setup, state, stop)
+    outcome = train(setup, state, stop)
     final = {"finished": "training finished",
              "preempted": "stopped with a checkpoint; continue with --train.resume=auto"}
     if outcome in final:  # a diverged run has recorded its status
         set_status(accelerator, cfg, outcome, state.step, final[outcome])
+    if accelerator.is_main_process:
+        stop.served()
     return outcome
 
 
@@ -686,10 +744,10 @@ def failure_message(err: BaseException, accelerator: Accelerator, cfg: PretrainC
     return message
 
 
-def run(cfg: PretrainConfig, argv: list[str]) -> None:
+def run(cfg: PretrainConfig, argv: list[str], stop: StopRequest) -> None:
     """``pretrain`` with torch's CPU threads chosen first (pretrain/run.py's ``main``, once the options are read)."""
     if accelerate_uses_cpu():
         say(choose_cpu_threads())
         # Accelerate imports DeepSpeed wherever it is installed, which then warns that it found no GPU: say it is none.
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
-    pretrain(cfg, argv)
+    pretrain(cfg, argv, stop)

@@ -12,11 +12,13 @@ import errno
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import torch
 from safetensors.torch import load_file
 
 import pretrain.run_folder.status as status_module
@@ -177,6 +179,28 @@ def test_the_same_command_twice_reports_the_finished_run(tmp_path: Path, data_ca
     out = capsys.readouterr().out
     assert "already finished" in out and str(run / "snapshots") in out
     assert read_status(run)["status"] == "finished" and len([r for r in read_metrics(run) if "train/loss" in r]) == 6
+
+
+def test_sigterm_during_start_up_ends_the_run_preempted(tmp_path: Path, data_cache: Path) -> None:
+    """From the command's first line SIGTERM is a stop request, whatever the stage: sent once torch is imported and
+    before the data is prepared, the run ends preempted with exit code 0 (what the SLURM script requeues on), not
+    killed by the signal (exit 143, no status.json); the same command then continues."""
+    run = tmp_path / "run"
+    argv = tiny_args(run, data_cache)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen([sys.executable, str(RUN_PY), *argv], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    try:
+        first = proc.stdout.readline()  # "1 CPU thread(s) per process": printed after torch's import
+        proc.send_signal(signal.SIGTERM)
+        output = first + proc.communicate(timeout=300)[0]
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, output[-3000:]
+    status = read_status(run)
+    assert (status["status"], status["step"]) == ("preempted", 0) and "SIGTERM" in status["message"], status
+    assert not list_checkpoints(run)
+    assert main(argv) == 0 and read_status(run)["status"] == "finished"
 
 
 def test_the_same_command_after_a_preemption_continues_the_run(tmp_path: Path, data_cache: Path) -> None:
@@ -518,25 +542,92 @@ def test_a_full_disk_before_the_first_save_is_a_clean_stop(
 
 
 @pytest.mark.parametrize(
-    ("target", "error", "named"),
-    [("save_snapshot", RuntimeError("Error while serializing: IoError(Os { code: 28, kind: StorageFull, "
-                                    'message: "No space left on device" })'), "snapshots/step_00000000"),
-     ("save_checkpoint", OSError(errno.ENOSPC, "No space left on device", "optimizer.bin"), "optimizer.bin")],
+    ("writer", "error", "named"),
+    [("save_pretrained", RuntimeError("Error while serializing: IoError(Os { code: 28, kind: StorageFull, "
+                                      'message: "No space left on device" })'), "snapshots/step_00000000"),
+     ("save_state", OSError(errno.ENOSPC, "No space left on device", "optimizer.bin"), "optimizer.bin")],
 )  # fmt: skip
 def test_a_full_disk_inside_a_save_ends_preempted_naming_the_path(
-    tmp_path: Path, data_cache: Path, monkeypatch: pytest.MonkeyPatch, target: str, error: Exception, named: str
+    tmp_path: Path, data_cache: Path, monkeypatch: pytest.MonkeyPatch, writer: str, error: Exception, named: str
 ) -> None:
     """The disk filled between the free-space check and the write (safetensors' own error names no file)."""
+    from accelerate import Accelerator
+
+    from pretrain.modeling import LNBertForPreTraining
 
     def full(*args: object, **kwargs: object) -> None:
         raise error
 
-    monkeypatch.setattr(run_module, target, full)
+    monkeypatch.setattr(LNBertForPreTraining if writer == "save_pretrained" else Accelerator, writer, full)
     run = tmp_path / "run"
     assert main(tiny_args(run, data_cache)) == 0
     status = read_status(run)
     assert status["status"] == "preempted" and named in status["message"] and "--train.resume=auto" in status["message"]
-    assert status["step"] == (0 if target == "save_snapshot" else 3)
+    assert status["step"] == (0 if writer == "save_pretrained" else 3)
+
+
+def _full_on_rank_1(rank: int, port: int, argv: list[str], out: Path) -> None:
+    """One of two gloo processes of a tiny run; on process 1 the disk is full for its own file of the checkpoint (its
+    RNG state, which every process writes), as when it alone met ENOSPC."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
+                      WORLD_SIZE="2", LOCAL_WORLD_SIZE="2", ACCELERATE_USE_CPU="1", OMP_NUM_THREADS="1")  # fmt: skip
+    torch.set_num_threads(1)
+    real = torch.save
+
+    def save(obj: object, f: object, *args: object, **kwargs: object) -> None:
+        if rank == 1 and "random_states_1" in str(f):
+            raise OSError(errno.ENOSPC, "No space left on device", str(f))
+        real(obj, f, *args, **kwargs)
+
+    torch.save = save
+    (out / f"rank{rank}").write_text(str(main(argv)))
+
+
+@pytest.mark.slow  # two processes that import the project
+def test_a_full_disk_on_one_process_stops_every_process(tmp_path: Path, data_cache: Path) -> None:
+    """The processes agree on how a save went (one collective): both stop at once, preempted, the status naming the
+    file of the process that met the full disk, instead of the others waiting train.collective_timeout_s for it."""
+    import socket
+
+    import torch.multiprocessing as mp
+
+    run = tmp_path / "run"
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    argv = tiny_args(run, data_cache, "--train.collective_timeout_s=120", "--train.snapshot_at_start=false")
+    context = mp.start_processes(_full_on_rank_1, args=(port, argv, tmp_path), nprocs=2, join=False,
+                                 start_method="spawn")  # fmt: skip
+    while not context.join(timeout=600):
+        pass
+    assert [(tmp_path / f"rank{rank}").read_text() for rank in (0, 1)] == ["0", "0"]
+    status = read_status(run)
+    assert (status["status"], status["step"]) == ("preempted", 3), status
+    assert "disk full" in status["message"] and "random_states_1.pkl" in status["message"], status
+    assert not list_checkpoints(run)
+
+
+def test_the_free_space_check_counts_what_a_save_takes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A snapshot holds fp32 weights; a first checkpoint the module's weights and fp32 AdamW moments, and under
+    DeepSpeed its fp32 master copy too: 14 bytes a parameter when the engine holds a bf16 module. (Meta tensors: a
+    billion parameters without memory.)"""
+    import shutil
+
+    from pretrain.run_folder.checkpointing import free_space_problem
+
+    real = shutil.disk_usage
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: real(path)._replace(free=1))
+    fp32 = torch.nn.Linear(10**5, 10**4, bias=False, device="meta")  # 1e9 parameters
+    bf16 = torch.nn.Linear(10**5, 10**4, bias=False, device="meta", dtype=torch.bfloat16)
+    needs = {(model.weight.dtype, kind, deepspeed): free_space_problem(tmp_path, model, kind == "checkpoint",
+                                                                      kind == "snapshot", deepspeed)
+             for model in (fp32, bf16) for kind in ("checkpoint", "snapshot") for deepspeed in (False, True)}  # fmt: skip
+    gb = {key: float(re.search(r"needs about ([\d.]+) GB", message).group(1)) for key, message in needs.items()}
+    assert gb[torch.float32, "checkpoint", False] == 12.0  # weights 4 + moments 8
+    assert gb[torch.bfloat16, "checkpoint", True] == 14.0  # bf16 module 2 + fp32 masters 4 + moments 8
+    assert gb[torch.float32, "checkpoint", True] == 16.0
+    assert {gb[torch.float32, "snapshot", ds] for ds in (False, True)} == {4.0}
+    assert {gb[torch.bfloat16, "snapshot", ds] for ds in (False, True)} == {4.0}  # DeepSpeed's fp32 masters
 
 
 # --------------------------------------------------------------------------------------------------
@@ -558,7 +649,6 @@ def _worker_of_rank(launcher: int, rank: int) -> int | None:
 
 @pytest.mark.slow
 def test_a_frozen_process_fails_the_run_with_a_message_naming_the_timeout(tmp_path: Path, data_cache: Path) -> None:
-    import signal
     import time
 
     run = tmp_path / "frozen"
@@ -593,15 +683,16 @@ def test_a_frozen_process_fails_the_run_with_a_message_naming_the_timeout(tmp_pa
 
 @pytest.mark.slow
 def test_kill_trials_script(tmp_path: Path) -> None:
-    """Two trials of tests/faults/kill_trials.py (a random kill killed again while resuming, and a kill while
-    the step-0 snapshot is written); the script runs any number of trials."""
+    """Two kill trials of tests/faults/kill_trials.py (a random kill killed again while resuming, and a kill while
+    the step-0 snapshot is written) and a SIGTERM trial (during start-up, before the data is prepared); the script
+    runs any number of trials."""
     script = ROOT / "tests" / "faults" / "kill_trials.py"
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    result = subprocess.run([sys.executable, str(script), "--trials", "2", "--workdir", str(tmp_path)],
-                            capture_output=True, text=True, env=env, timeout=900)  # fmt: skip
+    args = ["--trials", "2", "--sigterm", "1", "--workdir", str(tmp_path)]
+    result = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, env=env, timeout=900)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     summary = json.loads(next(line for line in reversed(result.stdout.splitlines()) if line.startswith("{")))
-    assert summary["passed"] == 2 and summary["kills"] == 3
+    assert summary["passed"] == 3 and summary["kills"] == 4 and summary["by_kind"]["sigterm"] == 1
 
 
 def test_a_failed_json_write_leaves_no_temp_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

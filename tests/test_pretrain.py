@@ -3,6 +3,7 @@ preemption, divergence, atomic checkpoints, and clear errors for bad input (thro
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import math
@@ -478,29 +479,77 @@ def test_resume_after_a_kill_drops_the_lines_logged_after_the_checkpoint(tmp_pat
     assert steps == [1, 2, 3, 4, 5, 6] and 99.0 not in train_losses(run).values()
 
 
-@pytest.mark.slow
-def test_sigterm_to_the_launcher_preempts_every_process(tmp_path: Path, data_cache: Path) -> None:
-    """SLURM signals `accelerate launch`; it forwards SIGTERM to both workers, which agree on the step to stop at."""
-    run = tmp_path / "ddp-sigterm"
-    argv = tiny_args(run, data_cache, "--train.max_steps=100000", "--train.checkpoint_every=0", "--train.eval_every=0")
-    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
-           "--main_process_port", "29521", str(RUN_PY), *argv]  # fmt: skip
-    env = {**os.environ, "ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        deadline = time.time() + 300
-        while time.time() < deadline and not any(r.get("step", 0) >= 3 for r in read_metrics(run)):
-            assert proc.poll() is None, "the run ended before it was signalled"
-            time.sleep(0.5)
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(timeout=120)  # the launcher's own exit code is torchrun's; status.json tells the outcome
-    finally:
-        proc.kill()
+def _stopped_once(run: Path, output: str) -> None:
+    """What a stop request leaves: status preempted, one checkpoint (checkpoint_every=0) at the step where every
+    process stopped, with both processes' RNG states, and no stop file."""
     status = read_status(run)
-    assert status["status"] == "preempted", status
+    assert status["status"] == "preempted", (status, output[-3000:])
     checkpoint = latest_checkpoint(run)
+    assert [step for step, _ in list_checkpoints(run)] == [status["step"]], output[-3000:]
     assert json.loads((checkpoint / "train_state.json").read_text())["step"] == status["step"]
     assert {p.name for p in checkpoint.glob("random_states_*.pkl")} == {"random_states_0.pkl", "random_states_1.pkl"}
+    assert not (run / "STOP").exists()
+
+
+def _signal_once_training(proc: subprocess.Popen, run: Path, target: int, signum: int) -> None:
+    deadline = time.time() + 300
+    while time.time() < deadline and not any(r.get("step", 0) >= 3 for r in read_metrics(run)):
+        assert proc.poll() is None, "the run ended before it was signalled"
+        time.sleep(0.5)
+    os.kill(target, signum)
+
+
+# Long enough to be signalled while training; a DataLoader worker per process, which the signals reach too.
+SIGNALLED_RUN = ("--train.max_steps=100000", "--train.checkpoint_every=0", "--train.eval_every=0",
+                 "--train.snapshot_at_start=false", "--train.num_workers=1")  # fmt: skip
+
+
+@pytest.mark.slow
+def test_sigterm_to_the_launcher_preempts_every_process(tmp_path: Path, data_cache: Path) -> None:
+    """SIGTERM to `accelerate launch --multi_gpu` (torchrun): it sends SIGTERM to each worker's process group, the
+    DataLoader workers included, and the workers agree on the step to stop at."""
+    run = tmp_path / "ddp-sigterm"
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+           "--main_process_port", "29521", str(RUN_PY), *tiny_args(run, data_cache, *SIGNALLED_RUN)]  # fmt: skip
+    env = {**os.environ, "ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        _signal_once_training(proc, run, proc.pid, signal.SIGTERM)
+        output, _ = proc.communicate(timeout=120)  # the launcher exits 128 + 15 (torchrun's way); status.json tells
+    finally:
+        proc.kill()
+    _stopped_once(run, output)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+def test_the_slurm_warning_stops_every_process_at_one_step_and_requeues(tmp_path: Path, data_cache: Path) -> None:
+    """launch/slurm_pretrain.sbatch with stand-ins for srun and scontrol only: the real `accelerate launch` of two
+    processes (gloo), each with a DataLoader worker. SLURM's warning (--signal=B:USR1) reaches the batch shell alone;
+    the run stops at one step with one checkpoint, exits 0 through the launcher and srun, and the job requeues."""
+    bin_dir, log, run = tmp_path / "bin", tmp_path / "calls.log", tmp_path / "run"
+    bin_dir.mkdir()
+    fakes = {"scontrol": f'echo "scontrol $*" >> {log}\n[[ $1 == show ]] && echo 127.0.0.1\ntrue\n',
+             "srun": 'while [[ $1 == -* ]]; do shift; done\nSLURM_NODEID=0 exec "$@"\n'}  # fmt: skip
+    for name, body in fakes.items():
+        (bin_dir / name).write_text("#!/bin/bash\n" + body)
+        (bin_dir / name).chmod(0o755)
+    env = {**os.environ, "PATH": os.pathsep.join([str(bin_dir), str(Path(sys.executable).parent), os.environ["PATH"]]),
+           "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "ACCELERATE_USE_CPU": "1", "SLURM_JOB_NODELIST": "node",
+           "SLURM_NNODES": "1", "SLURM_JOB_ID": "77", "SLURM_CPUS_PER_TASK": "1", "GPUS_PER_NODE": "2",
+           "MAIN_PORT": "29523", "PRESET": str(ROOT / "configs" / "pretrain" / "tiny_model.yaml")}  # fmt: skip
+    script = [str(ROOT / "launch" / "slurm_pretrain.sbatch"), *tiny_args(run, data_cache, *SIGNALLED_RUN)]
+    proc = subprocess.Popen(["bash", *script], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True)  # fmt: skip
+    try:
+        _signal_once_training(proc, run, proc.pid, signal.SIGUSR1)
+        output, _ = proc.communicate(timeout=180)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 0, output[-3000:]
+    _stopped_once(run, output)
+    assert "scontrol requeue 77" in log.read_text() and "stop requested" in output
 
 
 def test_resume_keeps_its_vocabulary_whatever_the_cache_holds(tmp_path: Path) -> None:

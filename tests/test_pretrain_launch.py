@@ -35,8 +35,9 @@ def test_slurm_script_launches_one_accelerate_per_node(tmp_path: Path) -> None:
     bin_dir.mkdir()
     log = tmp_path / "calls.log"
     _fake(bin_dir, "scontrol", 'printf "gpu-node-07\\ngpu-node-08\\n"\n')
-    # srun runs the task once per node with that node's SLURM_NODEID, as SLURM does.
-    _fake(bin_dir, "srun", 'shift  # --kill-on-bad-exit\nfor id in 0 1; do SLURM_NODEID=$id "$@"; done\n')
+    # srun runs the task once per node with that node's SLURM_NODEID, as SLURM does; its options are recorded.
+    srun = f'while [[ $1 == -* ]]; do echo "srun $1" >> {log}; shift; done\nfor id in 0 1; do SLURM_NODEID=$id "$@"; done\n'
+    _fake(bin_dir, "srun", srun)
     _fake(bin_dir, "accelerate", f'echo "accelerate $*" >> {log}\n')
     run_dir = tmp_path / "out"
     (run_dir / "checkpoints" / "step_00000010").mkdir(parents=True)
@@ -46,6 +47,7 @@ def test_slurm_script_launches_one_accelerate_per_node(tmp_path: Path) -> None:
         "PATH": f"{bin_dir}:{os.environ['PATH']}",
         "SLURM_JOB_NODELIST": "gpu-node-[07-08]",
         "SLURM_NNODES": "2",
+        "SLURM_CPUS_PER_TASK": "32",
         "PRESET": "configs/pretrain/small_pre_ln.yaml",
     }
     result = subprocess.run(
@@ -53,7 +55,10 @@ def test_slurm_script_launches_one_accelerate_per_node(tmp_path: Path) -> None:
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert result.returncode == 0, result.stdout + result.stderr
-    calls = log.read_text().splitlines()
+    lines = log.read_text().splitlines()
+    # SLURM 22.05 on: srun does not take sbatch's --cpus-per-task, and the node's processes would share one core.
+    assert "srun --cpus-per-task=32" in lines
+    calls = [line for line in lines if line.startswith("accelerate ")]
     assert len(calls) == 2
     for rank, call in enumerate(calls):
         assert f"--machine_rank {rank} " in call
@@ -240,19 +245,19 @@ def test_reproduce_script_stops_at_a_failed_pretraining_run(tmp_path: Path) -> N
 def test_slurm_script_requeues_a_preempted_run_until_it_ends(
     tmp_path: Path, signalled: bool, run_status: str, restarts: str, requeued: bool
 ) -> None:
-    """A stand-in accelerate plays the run: it signals the batch shell (as SLURM does before the time limit)
-    when asked, and ends with the given status.json; a stand-in scontrol records whether the job requeued."""
+    """A stand-in accelerate plays the run: it signals the batch shell (USR1, as SLURM's --signal=B:USR1 does before
+    the time limit) when asked, stops once RUN/STOP appears, and ends with the given status.json; a stand-in scontrol
+    records whether the job requeued."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     log = tmp_path / "calls.log"
     run_dir = tmp_path / "out"
-    run_dir.mkdir()
     _fake(bin_dir, "scontrol", f'echo "scontrol $*" >> {log}\n[[ $1 == show ]] && echo node-1\ntrue\n')
-    _fake(bin_dir, "srun", 'shift\nSLURM_NODEID=0 exec "$@"\n')  # one node; exec keeps the pid the batch shell waits on
-    finish = f'finish() {{ echo \'{{"status": "{run_status}"}}\' > {run_dir}/status.json; exit 0; }}\n'
-    body = finish + "finish\n"
-    if signalled:  # SLURM's TERM reaches the batch shell; the run stops when the shell forwards it
-        body = finish + "trap finish TERM\nkill -TERM $PPID\nsleep 20 & wait\n"
+    # One node; exec keeps the pid the batch shell waits on, so the batch shell is the run's parent.
+    _fake(bin_dir, "srun", 'while [[ $1 == -* ]]; do shift; done\nSLURM_NODEID=0 exec "$@"\n')
+    body = f'echo \'{{"status": "{run_status}"}}\' > {run_dir}/status.json\n'
+    if signalled:  # SLURM's USR1 reaches the batch shell, which asks the run to stop through RUN/STOP (within 60 s)
+        body = f"kill -USR1 $PPID\nfor _ in $(seq 600); do [[ -e {run_dir}/STOP ]] && break; sleep 0.1; done\n" + body
     _fake(bin_dir, "accelerate", body)
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_JOB_NODELIST": "node-1", "SLURM_NNODES": "1",
            "SLURM_JOB_ID": "4242", "SLURM_RESTART_COUNT": restarts, "PRESET": "configs/pretrain/small_pre_ln.yaml"}  # fmt: skip
@@ -310,3 +315,26 @@ def test_a_changed_option_after_a_first_attempt_names_the_scripts_fix_and_only_t
     assert "OUT=NEW_DIR launch/compare_placements.sh small" in changed.stderr
     assert "eval_every" not in changed.stderr and "--train.output_dir=NEW_DIR" not in changed.stderr
     assert len(calls.read_text().split()) == 4  # neither run started
+
+
+@pytest.mark.parametrize("script", sorted(p.name for p in (ROOT / "launch").glob("*.sbatch")))
+def test_slurm_logs_need_no_folder(script: str) -> None:
+    """SLURM opens --output before the script runs: a folder in it that a fresh checkout lacks fails the job with no
+    log at all."""
+    (output,) = [line.split("=", 1)[1] for line in (ROOT / "launch" / script).read_text().splitlines()
+                 if line.startswith("#SBATCH --output=")]  # fmt: skip
+    assert "/" not in output, output
+
+
+def test_the_one_gpu_config_keeps_the_gpu_the_scheduler_gave(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Accelerate's launcher sets CUDA_VISIBLE_DEVICES from gpu_ids: '0' would move a job that SLURM gave GPU 3 of a
+    shared node onto GPU 0. Its own code, with the device type it would find on a GPU node."""
+    import accelerate.utils.launch as accelerate_launch
+    from accelerate.commands.launch import _validate_launch_command, launch_command_parser
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3")
+    monkeypatch.setattr(accelerate_launch, "get_torch_accelerator_backend", lambda check_available=False: ("cuda", None))
+    config = ROOT / "configs" / "accelerate" / "1gpu.yaml"
+    args, _, _ = _validate_launch_command(launch_command_parser().parse_args(["--config_file", str(config), "x.py"]))
+    _, env = accelerate_launch.prepare_simple_launcher_cmd_env(args)
+    assert env["CUDA_VISIBLE_DEVICES"] == "3"

@@ -38,6 +38,8 @@ RESUMABLE_CHANGES_BEFORE = {
     "train.snapshot_every", "train.snapshot_steps", "train.snapshot_at_start", "train.snapshot_at_end",
     "train.num_workers", "train.peak_flops_per_device", "train.collective_timeout_s", "train.max_skipped_steps",
     "data.num_proc", "data.cache_dir", "data.max_inline_preparation_mb", "train.gradient_checkpointing",
+    # The batch split and kernels (role "split"): a run continues on another number of processes at its global batch.
+    "train.per_device_batch_size", "train.gradient_accumulation_steps", "train.compile", "optim.implementation",
 }  # fmt: skip
 IDENTICAL_RUN_IGNORES_BEFORE = {
     "train.output_dir", "train.resume", "train.num_workers", "data.num_proc", "data.cache_dir",
@@ -102,14 +104,16 @@ _OTHER_DATA = DataConfig(
     validation_documents=7, max_documents=900, tokenizer_train_documents=500, cache_dir="/c", streaming=False,
     shuffle_buffer_size=77, num_proc=3, max_inline_preparation_mb=8.0,
 )  # fmt: skip
-# CACHE_FORMAT_VERSION enters both cache keys: a deliberate bump changes them, and these values with it. The recipe
+# CACHE_FORMAT_VERSION enters both cache keys: a deliberate bump changes them, and these values with it. The data
+# fingerprints changed (from b109991157ec0d1f and 78bb2ffc61ea9b2d) when the batch split left them: a data position
+# counts sequences, which holds for any number of processes. The recipe
 # hashes changed (from f573bf8a and 3c59ba3d) when the residual scheme's six fields joined the model section: the
 # recipe holds every model field, so every run's W&B group did too.
 KEYS_BEFORE = {
     "default": {"tokenizer_key": "78575715f887ac51efcf", "instances_key": "e3daeec7f225c60a4f83",
-                "data_fingerprint": "b109991157ec0d1f", "recipe_hash": "0b07e65c"},
+                "data_fingerprint": "2b762b27d94286bf", "recipe_hash": "0b07e65c"},
     "other": {"tokenizer_key": "8dd6fcfbcc9f4580bfe8", "instances_key": "dc1a68e7375fc1f1159c",
-              "data_fingerprint": "78bb2ffc61ea9b2d", "recipe_hash": "8be0b38e"},
+              "data_fingerprint": "cc2f9c3b175b44e2", "recipe_hash": "8be0b38e"},
 }  # fmt: skip
 
 
@@ -121,7 +125,7 @@ def test_cache_keys_fingerprint_and_recipe_hash_are_pinned(name: str, monkeypatc
     assert {
         "tokenizer_key": tokenizer._tokenizer_cache_key(cfg.data, 3),
         "instances_key": instance_cache.data_cache_key(cfg.data, _Tokenizer(), seed=3),
-        "data_fingerprint": data_fingerprint(cfg, 2, _Tokenizer()),
+        "data_fingerprint": data_fingerprint(cfg, _Tokenizer()),
         "recipe_hash": short_hash(recipe(to_dict(cfg), 64)),
     } == KEYS_BEFORE[name]
 

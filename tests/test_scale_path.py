@@ -32,11 +32,13 @@ from pretrain.config import TrainConfig, parse_args
 from pretrain.modeling import LNBertConfig, LNBertForPreTraining
 from pretrain.optim import build_adamw, resolve_adamw_implementation
 from pretrain.run import main as pretrain_main
-from pretrain.run_folder.checkpointing import save_snapshot
-from pretrain.run_folder.layout import read_status
+from pretrain.run_folder.checkpointing import latest_checkpoint, save_snapshot
+from pretrain.run_folder.layout import read_metrics, read_status
 from pretrain.training import build_accelerator, build_model
+from tests import pretrain_helpers
 from tests.conftest import ROOT, TINY, TINY_MODEL_ARGS
 from tests.finetune_fixtures import FIXTURE_GLUE, QUICK, tiny_config, tiny_tokenizer
+from tests.pretrain_helpers import accelerate_launch, tiny_args
 
 
 def _free_port() -> int:
@@ -381,3 +383,128 @@ def test_a_snapshot_of_a_compiled_model_has_the_models_own_keys(
     original = accelerator.unwrap_model(model, keep_torch_compile=False)
     assert torch.equal(loaded.bert.embeddings.word_embeddings.weight, original.bert.embeddings.word_embeddings.weight)
 
+
+
+# --------------------------------------------------------------------------------------------------
+# A run continues on another number of processes or with train.compile changed; DeepSpeed's partitions refused
+# --------------------------------------------------------------------------------------------------
+
+data_cache = pretrain_helpers.data_cache  # one data cache for the module's runs
+NO_DROPOUT = ("--model.hidden_dropout_prob=0", "--model.attention_probs_dropout_prob=0")
+
+
+def _same_weights(a: Path, b: Path) -> bool:
+    x, y = load_file(latest_checkpoint(a) / "model.safetensors"), load_file(latest_checkpoint(b) / "model.safetensors")
+    return x.keys() == y.keys() and all(torch.equal(x[k], y[k]) for k in x)
+
+
+def _train_losses(run: Path) -> dict[int, float]:
+    return {row["step"]: row["train/loss"] for row in read_metrics(run) if "train/loss" in row}
+
+
+@pytest.mark.slow  # two processes that import the project
+def test_a_run_continues_on_another_number_of_processes_bit_exactly(
+    tmp_path: Path, data_cache: Path, fresh_accelerate_state: None
+) -> None:
+    """Two processes of 8 sequences (DDP, gloo) stop at step 3; one process continues with two micro-batches of 8,
+    the same global batch: each step sees the same sequences and averages the same gradients, so the weights and
+    losses equal a one-process run's from the start, bit for bit. Dropout off: each process draws its own masks,
+    which no other split reproduces. The checkpoint holds the model's own names (no DDP "module."), and a launch
+    that would change the global batch is refused before training."""
+    common = (*NO_DROPOUT, "--train.max_steps=6", "--train.checkpoint_every=3")
+    split, straight = tmp_path / "split", tmp_path / "straight"
+    two = accelerate_launch(["--multi_gpu", "--num_processes", "2", "--main_process_port", "29525"],
+                            tiny_args(split, data_cache, *common, "--train.stop_at_step=3"), tmp_path)  # fmt: skip
+    assert two.returncode == 0, (two.stdout + two.stderr)[-3000:]
+    assert not [k for k in load_file(latest_checkpoint(split) / "model.safetensors") if k.startswith("module.")]
+    with pytest.raises(ValueError, match=r"global batch of 16 sequences per step; this launch gives 8 "):
+        pretrain_main(tiny_args(split, data_cache, *common, "--train.resume=auto"))
+    one = ("--train.gradient_accumulation_steps=2",)
+    assert pretrain_main(tiny_args(split, data_cache, *common, *one, "--train.resume=auto")) == 0
+    assert pretrain_main(tiny_args(straight, data_cache, *common, *one)) == 0
+    assert read_status(split)["status"] == "finished" and _same_weights(split, straight)
+    assert _train_losses(split) == _train_losses(straight)
+
+
+def test_a_run_continues_with_train_compile_changed_bit_exactly(
+    tmp_path: Path, data_cache: Path, monkeypatch: pytest.MonkeyPatch, fresh_accelerate_state: None
+) -> None:
+    """torch.compile wraps the model ("_orig_mod."): a run compiled to step 2, continued uncompiled to step 4 and
+    compiled again to the end equals a run never compiled. torch.compile is its module wrapper here, run eagerly:
+    the wrapper is all that differs between the runs (inductor's kernels round otherwise, which no resume undoes)."""
+    from torch._dynamo.eval_frame import OptimizedModule
+
+    monkeypatch.setattr(torch, "compile", lambda model, **kwargs: OptimizedModule(model, lambda forward: forward))
+    split, straight = tmp_path / "split", tmp_path / "straight"
+    for stop, compiled in (("--train.stop_at_step=2", "true"), ("--train.stop_at_step=4", "false"), ("", "true")):
+        argv = tiny_args(split, data_cache, f"--train.compile={compiled}", "--train.resume=auto", *[stop][: bool(stop)])
+        assert pretrain_main(argv) == 0
+        keys = load_file(latest_checkpoint(split) / "model.safetensors").keys()
+        assert keys and not [k for k in keys if k.startswith("_orig_mod.")]
+    assert pretrain_main(tiny_args(straight, data_cache)) == 0
+    assert read_status(split)["status"] == "finished" and _same_weights(split, straight)
+    assert _train_losses(split) == _train_losses(straight)
+
+
+def test_a_deepspeed_checkpoint_is_refused_where_its_partitions_cannot_load(tmp_path: Path, data_cache: Path) -> None:
+    """ZeRO partitions the optimizer state one way per process: on another number of processes, or without
+    DeepSpeed, the run stops before training, naming the launch that continues it and the consolidated fp32
+    weights. A checkpoint saved without DeepSpeed cannot load into its engine either."""
+    from pretrain.common.atomic import write_json
+    from pretrain.common.cli import to_dict
+    from pretrain.common.formats import RUN_FORMAT, stamped
+    from pretrain.run_folder.checkpointing import check_continuable
+    from pretrain.run_folder.manifest import write_manifest
+
+    run = tmp_path / "run"
+    argv = tiny_args(run, data_cache)
+    write_json(run / "run_config.json", stamped(to_dict(parse_args(argv)), RUN_FORMAT))
+    checkpoint = run / "checkpoints" / "step_00000003"
+    (checkpoint / "pytorch_model").mkdir(parents=True)  # the engine's own folder in accelerate's save_state
+    write_json(checkpoint / "train_state.json", {"step": 3, "global_batch_size": 64, "num_processes": 8})
+    write_manifest(checkpoint)
+    with pytest.raises(ValueError, match=r"saved by DeepSpeed ZeRO on 8 process\(es\).* --num_processes 8 .*not on 1 "
+                       rf"without DeepSpeed.*python {checkpoint}/zero_to_fp32.py {checkpoint} OUT_DIR"):  # fmt: skip
+        pretrain_main([*argv, "--train.resume=auto"])
+    with pytest.raises(ValueError, match=r"continues only under DeepSpeed on 8 process\(es\).*not on 4\."):
+        check_continuable(checkpoint, True, 64, 4, deepspeed=True)
+    check_continuable(checkpoint, True, 64, 8, deepspeed=True)
+    (checkpoint / "pytorch_model").rmdir()
+    with pytest.raises(ValueError, match=r"saved without DeepSpeed, whose engine cannot load it"):
+        check_continuable(checkpoint, True, 64, 8, deepspeed=True)
+
+
+# --------------------------------------------------------------------------------------------------
+# Numbers that mislead: bf16 where a GPU emulates it, TF32 for fp32
+# --------------------------------------------------------------------------------------------------
+
+
+def test_auto_precision_is_fp32_on_a_gpu_that_emulates_bf16(monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch.cuda.is_bf16_supported() counts emulation (V100: compute capability 7.0, T4: 7.5), several times
+    slower than fp32; auto picks bf16 from Ampere (8.0) on, and says why."""
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *args, **kwargs: True)
+    for capability, expected in (((7, 0), "no"), ((7, 5), "no"), ((8, 0), "bf16"), ((9, 0), "bf16")):
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None, c=capability: c)
+        precision, why = hardware.auto_mixed_precision(on_cpu=False)
+        assert precision == expected, capability
+        assert ("computes bf16 natively" in why) == (expected == "bf16") and f"{capability[0]}.{capability[1]}" in why
+
+
+def test_fp32_training_uses_tf32_and_measures_mfu_against_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Set for fp32 on a GPU whatever train.compile says (Accelerate sets it for a compiled model only), so MFU is
+    against the TF32 peak; bf16 training leaves it as it is."""
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H100 80GB HBM3")
+    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    cuda = torch.device("cuda")
+    try:
+        torch.backends.cuda.matmul.allow_tf32 = False
+        training.use_tf32_for_fp32(cuda, "bf16")
+        assert not torch.backends.cuda.matmul.allow_tf32
+        training.use_tf32_for_fp32(torch.device("cpu"), "no")
+        assert not torch.backends.cuda.matmul.allow_tf32
+        training.use_tf32_for_fp32(cuda, "no")
+        assert torch.backends.cuda.matmul.allow_tf32 and torch.backends.cudnn.allow_tf32
+        peak, note = mfu_peak(None, cuda, "no")
+        assert peak == 494.7e12 and "TF32 dense" in note
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved

@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any
 
 FORMAT_KEY = "format_version"
-RUN_FORMAT = 2  # 2: run_config.json gained the residual-scheme fields
+RUN_FORMAT = 3  # 2: run_config.json gained the residual-scheme fields; 3: checkpoints hold the model's own parameter
+# names (no "module."/"_orig_mod."), train_state.json the data position in sequences, the global batch, the processes
 RESULTS_FORMAT = 2
 
 

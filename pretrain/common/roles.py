@@ -7,13 +7,16 @@
 |-------------|------------------------|------------------------------------------------|-----------------------------|
 | ``recipe``    | yes | no  | no  |
 | ``run``       | no  | no  | no  |
+| ``split``     | no  | yes (the global batch checked) | no |
 | ``limit``     | yes | yes | no  |
 | ``cadence``   | no  | yes | no  |
 | ``mechanics`` | no  | yes | yes |
 | ``tracking``  | the whole ``tracking`` section is outside the run: never compared, never hashed |
 
 - recipe: what is learned (the model, the data, the optimizer, the precision).
-- run: this run of a recipe (name, seed, how the batch is split over devices, kernels): same W&B group.
+- run: this run of a recipe (name, seed): same W&B group.
+- split: how the run's work is divided over devices and computed (per-device batch, accumulation, compile, AdamW's
+  kernels): a run may continue on another number of processes, at the same global batch (checkpointing.py checks it).
 - limit: a bound a continued run may move (its length, the fp16 skips tolerated, a timeout, the inline corpus size).
 - cadence: how often a run evaluates, logs and saves, how many saves it keeps, and where it stops.
 - mechanics: where files go and how many workers do the work; never what is computed.
@@ -43,7 +46,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import MISSING, dataclass
 from typing import Any, Literal, get_args
 
-Role = Literal["recipe", "run", "limit", "cadence", "mechanics", "tracking"]
+Role = Literal["recipe", "run", "split", "limit", "cadence", "mechanics", "tracking"]
 DataKey = Literal["tokenizer", "instances", "batches"]
 
 
@@ -62,6 +65,7 @@ class Rules:
 RULES: dict[str, Rules] = {
     "recipe": Rules(recipe=True, resumable=False, rerun=False),
     "run": Rules(recipe=False, resumable=False, rerun=False),
+    "split": Rules(recipe=False, resumable=True, rerun=False),
     "limit": Rules(recipe=True, resumable=True, rerun=False),
     "cadence": Rules(recipe=False, resumable=True, rerun=False),
     "mechanics": Rules(recipe=False, resumable=True, rerun=True),

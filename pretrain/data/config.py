@@ -143,7 +143,8 @@ class DataConfig:
     """Worker processes for tokenisation (the result does not depend on it)."""
     max_inline_preparation_mb: float = role("limit", keyed_in=(), default=64.0)
     """Largest corpus (MiB of local files) a run of several processes prepares itself behind a barrier; a larger one
-    needs ``python -m pretrain.prepare`` first. 64 MiB: under two minutes (BENCHMARKS.md), NCCL waits 10."""
+    needs ``python -m pretrain.prepare`` first. 64 MiB: under two minutes (BENCHMARKS.md); the others wait at most
+    train.collective_timeout_s (1800 s by default)."""
 
     def __post_init__(self) -> None:
         # Configs parsed from YAML arrive as dicts.

@@ -13,6 +13,7 @@ from pretrain.common.device import accelerate_uses_cpu
 from pretrain.config import PretrainConfig
 from pretrain.data.collator import MaskingCollator
 from pretrain.data.pipeline import PretrainingData
+from pretrain.run_folder.status import ignore_stop_signals
 
 
 def copies_asynchronously() -> bool:
@@ -56,7 +57,8 @@ def build_dataloaders(cfg: PretrainConfig, data: PretrainingData, num_processes:
     val_collator = MaskingCollator(data.tokenizer, mlm_probability=cfg.data.mlm_probability, seed=train_cfg.seed)
     # Own generators: creating a loader iterator then draws no number from the global RNG, which dropout uses.
     generator = torch.Generator().manual_seed(train_cfg.seed)
-    common = dict(num_workers=train_cfg.num_workers, generator=generator, pin_memory=copies_asynchronously())
+    common = dict(num_workers=train_cfg.num_workers, generator=generator, pin_memory=copies_asynchronously(),
+                  worker_init_fn=ignore_stop_signals)
     sampler = None  # a streamed training split comes in its own order
     if not isinstance(data.train, torch.utils.data.IterableDataset) and hasattr(data.train, "__len__"):
         if len(data.train) < batch * num_processes:

@@ -71,8 +71,8 @@ def check_prepared_for_distributed(cfg: DataConfig, *, ready: bool, num_processe
     raise PreparationRequired(
         f"the data is not prepared: data.cache_dir={cfg.cache_dir} holds no prepared instances for this config, and "
         f"the corpus ({what}) is too large to prepare while {num_processes - 1} other process(es) wait at a barrier "
-        f"(data.max_inline_preparation_mb={cfg.max_inline_preparation_mb:g}; NCCL's barrier times out after 10 "
-        f"minutes). Prepare it once, on any machine that sees data.cache_dir (a CPU node will do), with the same "
+        f"(data.max_inline_preparation_mb={cfg.max_inline_preparation_mb:g}; the barrier gives up after "
+        f"train.collective_timeout_s, 1800 s by default). Prepare it once, on any machine that sees data.cache_dir (a CPU node will do), with the same "
         f"arguments:\n    {prepare_command}\nthen start the training again"
     )
 

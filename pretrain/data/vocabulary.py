@@ -49,10 +49,11 @@ def check_one_vocabulary(accelerator: Accelerator, tokenizer: Any) -> None:
         )
 
 
-def data_fingerprint(cfg: PretrainConfig, num_processes: int, tokenizer: Any) -> str:
-    """What fixes the sequence of batches: data config, vocabulary, seed, batch size, processes (a position is
-    only meaningful for the same sequence). The vocabulary counts, not the tokenizer's name or folder."""
+def data_fingerprint(cfg: PretrainConfig, tokenizer: Any) -> str:
+    """What fixes the order of the training sequences: data config, vocabulary, seed (a position is only meaningful
+    for the same order; the batch is not in it, as the position counts sequences). The vocabulary counts, not the
+    tokenizer's name or folder."""
     mechanics = not_keyed_in(type(cfg.data), "batches")  # pretrain/data/config.py: keyed_in
     data = {k: v for k, v in to_dict(cfg.data).items() if k not in mechanics}
-    key = [data, vocab_hash(tokenizer), cfg.train.seed, cfg.train.per_device_batch_size, num_processes]
+    key = [data, vocab_hash(tokenizer), cfg.train.seed]
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]

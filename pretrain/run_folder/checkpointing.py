@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 from accelerate import Accelerator
+from accelerate.utils import MODEL_NAME, gather_object
 from transformers import PreTrainedTokenizerBase
 
 from pretrain.common.atomic import follow_umask, publish_dir, write_json
@@ -46,12 +47,16 @@ class TrainState:
     """Optimizer steps taken."""
     epoch: int = 0
     """Current pass over the training split (selects the data order and the MLM masks)."""
-    batches_in_epoch: int = 0
-    """Micro-batches of the current epoch each process has consumed (skipped on resume)."""
+    samples_in_epoch: int = 0
+    """Sequences of the current epoch trained on, over all processes (skipped on resume, however many processes)."""
     tokens_seen: int = 0
     """Non-padding tokens trained on, summed over processes."""
     data_fingerprint: str = ""
     """Identifies the data config; on a change (e.g. the 512-token phase) the data position starts over."""
+    global_batch_size: int = 0
+    """Sequences per optimizer step (per device x processes x accumulation); the same run keeps it on resume."""
+    num_processes: int = 1
+    """Processes that trained it: DeepSpeed ZeRO partitions its optimizer state one way per process."""
 
 
 # Checkpoints
@@ -88,15 +93,19 @@ def save_checkpoint(accelerator: Accelerator, run_dir: Path, state: TrainState, 
     root = Path(run_dir) / CHECKPOINTS
     final = root / step_dirname(state.step)
     tmp = root / f".{final.name}.tmp"
-    if accelerator.is_main_process:
+    main = accelerator.is_main_process
+
+    def begin() -> None:
+        if not main:
+            return
         for path in root.iterdir() if root.is_dir() else []:  # what killed saves left: .step_*.tmp, .old
             if path.name.startswith("."):
                 shutil.rmtree(path) if path.is_dir() else path.unlink()
         tmp.mkdir(parents=True)
-    accelerator.wait_for_everyone()
-    accelerator.save_state(str(tmp))
-    accelerator.wait_for_everyone()
-    if accelerator.is_main_process:
+
+    def publish() -> None:
+        if not main:
+            return
         fault_point("checkpoint_files", state.step)
         write_json(tmp / TRAIN_STATE_FILE, dataclasses.asdict(state))
         follow_umask(tmp)
@@ -105,14 +114,72 @@ def save_checkpoint(accelerator: Accelerator, run_dir: Path, state: TrainState, 
         fault_point("checkpoint_renamed", state.step)
         for _, path in list_checkpoints(run_dir)[:-keep_last]:
             shutil.rmtree(path)
-    accelerator.wait_for_everyone()
+
+    agreed(accelerator, tmp, begin)
+    agreed(accelerator, tmp, lambda: accelerator.save_state(str(tmp)))  # every process writes (its RNG, its shard)
+    agreed(accelerator, final, publish)
     return final
+
+
+def keep_model_names(accelerator: Accelerator) -> None:
+    """Checkpoints hold the model's own parameter names, whatever wraps it (DDP's "module.", torch.compile's
+    "_orig_mod."), and load into the unwrapped model: a run continues on another number of processes or with
+    train.compile changed. Accelerate's save/load hooks, which see the model list of each call."""
+
+    def unwrapped(models: list[torch.nn.Module]) -> list[torch.nn.Module]:
+        return [accelerator.unwrap_model(model, keep_torch_compile=False) for model in models]
+
+    def on_save(models: list[torch.nn.Module], weights: list[dict[str, Any]], output_dir: str) -> None:
+        if weights:  # empty under DeepSpeed, whose engine saves its own files
+            weights[:] = [model.state_dict() for model in unwrapped(models)]
+
+    def on_load(models: list[torch.nn.Module], input_dir: str) -> None:
+        models[:] = unwrapped(models)
+
+    accelerator.register_save_state_pre_hook(on_save)
+    accelerator.register_load_state_pre_hook(on_load)
 
 
 def load_checkpoint(accelerator: Accelerator, checkpoint: Path) -> TrainState:
     """Restore model, optimizer, scheduler, scaler and RNG from ``checkpoint``; return its train state."""
     accelerator.load_state(str(checkpoint))
-    return TrainState(**json.loads((checkpoint / TRAIN_STATE_FILE).read_text()))
+    # Accelerate restores its micro-batch counter (when to sync) as the checkpoint's launch counted it; a checkpoint is
+    # at a step boundary, where the next micro-batch starts a step whatever the accumulation: a count of 0.
+    accelerator.step = 0
+    return read_train_state(checkpoint)
+
+
+def read_train_state(checkpoint: Path) -> TrainState:
+    return TrainState(**json.loads((Path(checkpoint) / TRAIN_STATE_FILE).read_text()))
+
+
+def check_continuable(checkpoint: Path, same_run: bool, global_batch_size: int, num_processes: int,
+                      deepspeed: bool) -> None:  # fmt: skip
+    """Refuse, before any work, a checkpoint this launch cannot continue as its run: one of DeepSpeed ZeRO (its
+    optimizer state is partitioned one way per process) on another number of processes or without DeepSpeed, or
+    one without DeepSpeed under it; in the same run, another global batch (the recipe). Anything else continues:
+    another number of processes, accumulation, per-device batch or train.compile, at the same global batch."""
+    saved = read_train_state(checkpoint)
+    zero = (Path(checkpoint) / MODEL_NAME).is_dir()  # the engine's own folder in accelerate's save_state
+    if zero and (not deepspeed or saved.num_processes != num_processes):
+        raise ValueError(
+            f"{checkpoint} was saved by DeepSpeed ZeRO on {saved.num_processes} process(es): its optimizer state is "
+            f"partitioned {saved.num_processes} ways and continues only under DeepSpeed on {saved.num_processes} "
+            f"process(es) (accelerate launch --config_file configs/accelerate/deepspeed_zero2.yaml --num_processes "
+            f"{saved.num_processes} ...), not on {num_processes}{'' if deepspeed else ' without DeepSpeed'}. Its "
+            f"weights alone, consolidated in fp32, come from DeepSpeed's script beside them: python "
+            f"{checkpoint}/zero_to_fp32.py {checkpoint} OUT_DIR (the run's snapshots hold the same fp32 weights)"
+        )
+    if deepspeed and not zero:
+        raise ValueError(f"{checkpoint} was saved without DeepSpeed, whose engine cannot load it: continue it without "
+                         "DeepSpeed (configs/accelerate/8gpu.yaml, DDP)")  # fmt: skip
+    if same_run and saved.global_batch_size != global_batch_size:
+        raise ValueError(
+            f"{checkpoint} was trained with a global batch of {saved.global_batch_size} sequences per step; this launch "
+            f"gives {global_batch_size} (train.per_device_batch_size x {num_processes} process(es) x "
+            "train.gradient_accumulation_steps): set train.per_device_batch_size or train.gradient_accumulation_steps "
+            f"so that the product is {saved.global_batch_size} (it is the recipe), or start a new run"
+        )
 
 
 # A full disk: one error for every save, which the driver answers with a clean stop
@@ -130,14 +197,17 @@ class DiskFull(Exception):
     preempted, and the same command continues it once there is room."""
 
 
-def free_space_problem(run_dir: Path, model: torch.nn.Module, checkpoint: bool, snapshot: bool) -> str:
-    """A message when the disk of ``run_dir`` lacks room for the saves due now, else "". The checkpoint's size
-    is the latest one's (or, before the first, weights plus two AdamW moments); a snapshot's is the weights'."""
-    weights = sum(p.numel() * p.element_size() for p in model.parameters())
-    needed = weights if snapshot else 0
+def free_space_problem(run_dir: Path, model: torch.nn.Module, checkpoint: bool, snapshot: bool, deepspeed: bool) -> str:
+    """A message when the disk of ``run_dir`` lacks room for the saves due now, else "". A snapshot holds fp32
+    weights (4 bytes a parameter, DeepSpeed's fp32 masters under bf16 too). A checkpoint takes what the latest one
+    took, or before the first the module's weights plus fp32 AdamW moments (8 bytes) and, under DeepSpeed, its fp32
+    master copy (4 more: 14 bytes a parameter in bf16 mixed precision)."""
+    params = sum(p.numel() for p in model.parameters())
+    needed = 4 * params if snapshot else 0
     if checkpoint:
         latest = latest_checkpoint(run_dir)
-        needed += folder_size(latest) if latest else 3 * weights
+        module = sum(p.numel() * p.element_size() for p in model.parameters())
+        needed += folder_size(latest) if latest else module + (12 if deepspeed else 8) * params
     return room_problem(run_dir, needed)
 
 
@@ -179,6 +249,30 @@ def saving(path: Path) -> Iterator[None]:
         if (full := as_disk_full(err, path)) is not None:
             raise full from err
         raise
+
+
+def agreed(accelerator: Accelerator, where: Path, write: Callable[[], None]) -> None:
+    """This process's part of a save of ``where`` (``write``), then one collective on how it went on every process,
+    in place of the barrier that followed the writes: a full disk on any process (the main one's snapshot, any
+    process's RNG state or ZeRO shard) raises DiskFull on all of them, naming the file; any other error is raised
+    where it happened and stops the others with its message. So no process waits at the next collective for one
+    that left (until train.collective_timeout_s). A DeepSpeed save fails alone inside the engine, whose own barrier
+    the others then wait at: the free-space check before every save is what prevents that."""
+    error: Exception | None = None
+    try:
+        with saving(where):
+            write()
+    except Exception as err:  # shared below, then raised
+        error = err
+    mine = None if error is None else (isinstance(error, DiskFull), str(error))
+    failures = [outcome for outcome in gather_object([mine]) if outcome is not None]  # one entry per process
+    full = [message for is_full, message in failures if is_full]
+    if full:
+        raise DiskFull(full[0]) from error
+    if error is not None:
+        raise error
+    if failures:
+        raise RuntimeError(f"another process failed while saving {where}: {failures[0][1]}")
 
 
 # Which run lives in the output directory
@@ -274,7 +368,10 @@ def save_snapshot(accelerator: Accelerator, model: torch.nn.Module, tokenizer: P
     masters = deepspeed_fp32_weights(accelerator, model) if accelerator.state.deepspeed_plugin is not None else {}
     state_dict.update(masters)
     path = Path(run_dir) / SNAPSHOTS / step_dirname(info["step"])
-    if accelerator.is_main_process:
+
+    def write() -> None:
+        if not accelerator.is_main_process:
+            return
         shutil.rmtree(path, ignore_errors=True)  # an incomplete (or superseded) folder of the same step
         unwrapped = accelerator.unwrap_model(model, keep_torch_compile=False)
         unwrapped.save_pretrained(path, state_dict=state_dict)
@@ -287,7 +384,8 @@ def save_snapshot(accelerator: Accelerator, model: torch.nn.Module, tokenizer: P
         write_manifest(path)
         fault_point("snapshot_files", info["step"])
         (path / SNAPSHOT_MARKER).write_text("")
-    accelerator.wait_for_everyone()
+
+    agreed(accelerator, path, write)
     return path if accelerator.is_main_process else None
 
 

@@ -31,6 +31,9 @@ MANIFEST_FILE = "manifest.json"
 """In each checkpoint and snapshot: its files with sizes and checksums (pretrain/run_folder/manifest.py)."""
 SNAPSHOT_MARKER = "COMPLETE"
 """Written last into a snapshot: a reader ignores a folder without it."""
+STOP_FILE = "STOP"
+"""Present: the run stops at its next step boundary with a checkpoint (launch/slurm_pretrain.sbatch writes it on
+SLURM's warning signal; anyone may); the run removes it when it stops."""
 TERMINAL_STATUSES = ("finished", "diverged", "failed")
 HEARTBEAT_EVERY_S = 10
 """A running job rewrites status.json (its "updated" time and "step") at least this often while training."""

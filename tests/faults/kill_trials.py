@@ -4,6 +4,7 @@ resumed with --train.resume=auto until it finishes, and compared with an uninter
     python tests/faults/kill_trials.py --trials 30            # about 15 s per trial on one CPU thread
     python tests/faults/kill_trials.py --trials 200 --seed 7 --workdir /tmp/kills --keep
     python tests/faults/kill_trials.py --trials 0 --corrupt 18   # damaged latest checkpoints only
+    python tests/faults/kill_trials.py --trials 0 --sigterm 15   # SIGTERM at any stage, start-up included
 
 Each trial starts the run, kills it (SIGKILL) once or twice, then runs the same command with
 --train.resume=auto until it exits 0. It passes when the final weights are bit-identical to the
@@ -19,11 +20,18 @@ rename and the rotation of old ones (``checkpoint_renamed``), and after a step b
 Corruption trials (``--corrupt N``): the run stops at step 8 (``train.stop_at_step``), one file of its latest
 checkpoint is deleted, cut to half its size or has bytes overwritten (cycling through ``CORRUPTIONS``), and the
 same checks follow ``--train.resume=auto``: the damaged checkpoint must be skipped for the one before it.
+
+SIGTERM trials (``--sigterm N``), cycling through three moments: the first line the run prints (torch imported, the
+data not yet prepared); the appearance of run_config.json (the end of start-up); a random moment of start-up and
+training, counted from the command's first line (when the process catches SIGTERM, read from /proc: Linux). The run must exit 0
+with status preempted (or finished): what launch/slurm_pretrain.sbatch requeues on, never a death by the signal;
+then the same checks follow the same command.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
@@ -116,6 +124,8 @@ class Reference:
     snapshots: dict[int, dict]
     losses: dict[int, float]
     training_window_s: float
+    startup_s: float
+    """From the command's first line (SIGTERM caught) to run_config.json: importing torch, preparing the data."""
 
 
 @dataclass
@@ -129,9 +139,21 @@ def train_losses(run_dir: Path) -> list[tuple[int, float]]:
     return [(r["step"], r["train/loss"]) for r in read_metrics(run_dir) if "train/loss" in r]
 
 
+def catches_sigterm(pid: int) -> bool:
+    """Whether the process has a handler for SIGTERM (its SigCgt mask): pretrain/run.py's first line has run."""
+    with contextlib.suppress(FileNotFoundError):
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("SigCgt:"):
+                return bool(int(line.split()[1], 16) >> (signal.SIGTERM - 1) & 1)
+    return False
+
+
 def reference_run(workdir: Path, cache: Path) -> Reference:
     run_dir = workdir / "reference"
     process = start(run_args(run_dir, cache))
+    while not catches_sigterm(process.pid) and process.poll() is None:
+        time.sleep(0.01)
+    first_line = time.monotonic()
     while not (run_dir / "run_config.json").exists() and process.poll() is None:
         time.sleep(0.05)
     started = time.monotonic()
@@ -146,6 +168,7 @@ def reference_run(workdir: Path, cache: Path) -> Reference:
         snapshots={s.step: weights(s.path) for s in list_snapshots(run_dir)},
         losses=dict(train_losses(run_dir)),
         training_window_s=window,
+        startup_s=started - first_line,
     )
 
 
@@ -193,6 +216,46 @@ def check(run_dir: Path, reference: Reference, trial: Trial) -> None:
         problems.append(f"left behind: {leftovers}")
 
 
+def resume_to_the_end(args: list[str], trial: Trial) -> None:
+    for _ in range(3):  # resume until the run exits 0
+        process = start([*args, "--train.resume=auto"])
+        output, _ = process.communicate()
+        if process.returncode == 0:
+            return
+        trial.problems.append(f"resume exited {process.returncode}: {output.strip().splitlines()[-1:]}")
+
+
+def sigterm_trial(index: int, workdir: Path, cache: Path, reference: Reference, rng: random.Random) -> Trial:
+    trial = Trial(index)
+    run_dir = workdir / f"sigterm_{index:03d}"
+    args = run_args(run_dir, cache)
+    process = start(args)
+    output = ""
+    if index % 3 == 0:
+        output = process.stdout.readline()
+        moment = "at the first output"
+    elif index % 3 == 1:
+        while not (run_dir / "run_config.json").exists() and process.poll() is None:
+            time.sleep(0.01)
+        moment = "at run_config.json"
+    else:
+        while not catches_sigterm(process.pid) and process.poll() is None:
+            time.sleep(0.005)
+        delay = rng.uniform(0, reference.startup_s + reference.training_window_s)
+        time.sleep(delay)
+        moment = f"{delay:.1f} s after the first line"
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+    output += process.communicate()[0]
+    status = read_status(run_dir)
+    trial.kills.append(f"sigterm {moment}: {status.get('status')} at step {status.get('step')}")
+    if process.returncode != 0 or status.get("status") not in ("preempted", "finished"):
+        trial.problems.append(f"exit {process.returncode}, status {status.get('status')}: {output[-500:]!r}")
+    resume_to_the_end(args, trial)
+    check(run_dir, reference, trial)
+    return trial
+
+
 def run_trial(index: int, workdir: Path, cache: Path, reference: Reference, rng: random.Random) -> Trial:
     trial = Trial(index)
     run_dir = workdir / f"trial_{index:03d}"
@@ -203,15 +266,10 @@ def run_trial(index: int, workdir: Path, cache: Path, reference: Reference, rng:
         trial.kills.append(kill_at_hook(args, HOOKS[(index // 2) % len(HOOKS)]))
     else:
         trial.kills.append(kill_randomly(args, run_dir, reference.training_window_s, rng))
-    resume = [*args, "--train.resume=auto"]
     if index % 3 == 0:
+        resume = [*args, "--train.resume=auto"]
         trial.kills.append("then " + kill_randomly(resume, run_dir, reference.training_window_s, rng))
-    for _ in range(3):  # resume until the run exits 0
-        process = start(resume)
-        output, _ = process.communicate()
-        if process.returncode == 0:
-            break
-        trial.problems.append(f"resume exited {process.returncode}: {output.strip().splitlines()[-1:]}")
+    resume_to_the_end(args, trial)
     check(run_dir, reference, trial)
     return trial
 
@@ -227,12 +285,7 @@ def corruption_trial(index: int, workdir: Path, cache: Path, reference: Referenc
         trial.problems.append(f"the run to step 8 exited {first.returncode}: {output.strip().splitlines()[-1:]}")
         return trial
     damage(latest_checkpoint(run_dir) / file, how)
-    for _ in range(3):
-        process = start([*args, "--train.resume=auto"])
-        output, _ = process.communicate()
-        if process.returncode == 0:
-            break
-        trial.problems.append(f"resume exited {process.returncode}: {output.strip().splitlines()[-1:]}")
+    resume_to_the_end(args, trial)
     if not trial.problems:
         check(run_dir, reference, trial)
     return trial
@@ -242,6 +295,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--trials", type=int, default=30, help="number of trials (default 30)")
     parser.add_argument("--corrupt", type=int, default=0, help="damaged-checkpoint trials after them (default 0)")
+    parser.add_argument("--sigterm", type=int, default=0, help="SIGTERM trials after those (default 0)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random kill moments")
     parser.add_argument("--workdir", type=Path, default=None, help="where runs are written (default: a temp folder)")
     parser.add_argument("--keep", action="store_true", help="keep the trial folders")
@@ -255,20 +309,24 @@ def main() -> int:
     print(f"uninterrupted run: training window {reference.training_window_s:.1f} s; snapshots {sorted(reference.snapshots)}")
     failed, kills, by_kind = 0, 0, {}
     trials = [("kill", i) for i in range(args.trials)] + [("corrupt", i) for i in range(args.corrupt)]
+    trials += [("sigterm", i) for i in range(args.sigterm)]
+    folders = {"kill": "trial", "corrupt": "corrupt", "sigterm": "sigterm"}
     for kind, index in trials:
         if kind == "kill":
             trial = run_trial(index, workdir, cache, reference, rng)
-        else:
+        elif kind == "corrupt":
             trial = corruption_trial(index, workdir, cache, reference)
+        else:
+            trial = sigterm_trial(index, workdir, cache, reference, rng)
         failed += bool(trial.problems)
         kills += len(trial.kills)
         for kill in trial.kills:
-            kind = kill.removeprefix("then ").split(" ")[0].split(":")[0]
-            by_kind[kind] = by_kind.get(kind, 0) + 1
+            what = kill.removeprefix("then ").split(" ")[0].split(":")[0]
+            by_kind[what] = by_kind.get(what, 0) + 1
         verdict = "ok" if not trial.problems else "FAILED: " + "; ".join(trial.problems)
         print(f"{kind} {index:3d}  {', '.join(trial.kills):<55} {verdict}", flush=True)
         if not args.keep and not trial.problems:
-            shutil.rmtree(workdir / f"{'trial' if kind == 'kill' else 'corrupt'}_{index:03d}", ignore_errors=True)
+            shutil.rmtree(workdir / f"{folders[kind]}_{index:03d}", ignore_errors=True)
     summary = {"trials": len(trials), "kills": kills, "by_kind": by_kind, "passed": len(trials) - failed,
                "failed": failed, "seconds": round(time.monotonic() - began)}  # fmt: skip
     print(json.dumps(summary))
