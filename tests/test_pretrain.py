@@ -512,13 +512,23 @@ def test_sigterm_to_the_launcher_preempts_every_process(tmp_path: Path, data_cac
     cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
            "--main_process_port", "29521", str(RUN_PY), *tiny_args(run, data_cache, *SIGNALLED_RUN)]  # fmt: skip
     env = {**os.environ, "ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    log = tmp_path / "launcher.log"
+    with log.open("w") as out:
+        proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=out, stderr=subprocess.STDOUT)
     try:
         _signal_once_training(proc, run, proc.pid, signal.SIGTERM)
-        output, _ = proc.communicate(timeout=120)  # the launcher exits 128 + 15 (torchrun's way); status.json tells
+        # The launcher exits 128 + 15 (torchrun's way) once its workers have; status.json tells. A hang guard: the
+        # launcher kills its workers 30 s after the signal in any case. The output goes to a file, not a pipe, which
+        # a stray grandchild could hold open after the launcher exits.
+        try:
+            proc.wait(timeout=300)
+        except subprocess.TimeoutExpired:
+            tree = subprocess.run(["ps", "-eo", "pid,ppid,pgid,stat,etime,args", "--forest"], capture_output=True,
+                                  text=True).stdout  # fmt: skip
+            pytest.fail(f"the launcher still runs 300 s after SIGTERM:\n{tree}\n{log.read_text()[-3000:]}")
     finally:
         proc.kill()
-    _stopped_once(run, output)
+    _stopped_once(run, log.read_text())
 
 
 @pytest.mark.slow
