@@ -94,7 +94,7 @@ def build_models(args: FinetuneThroughputConfig, vocab_size: int) -> dict[str, n
         keys = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
                 "max_position_embeddings", "type_vocab_size")  # fmt: skip
         hf = BertForSequenceClassification(BertConfig(**{k: getattr(ours.config, k) for k in keys}, num_labels=2))
-        if ours.config.norm_placement == "post":
+        if hf.state_dict().keys() == ours.state_dict().keys():  # Post-LN's parameters: the same weights
             hf.load_state_dict(ours.state_dict(), strict=True)
         models["hf"] = hf
     return models

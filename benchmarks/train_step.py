@@ -17,7 +17,7 @@ On a busy shared CPU wall-clock times swing by 50-100% (two OpenMP threads wait 
 descheduled): with ``--threads=1`` read the steady CPU-time columns ("x baseline (CPU time)", "tok/CPU-s", "MFU exec
 (CPU time)", against the GEMM's FLOPs per CPU-second); on an idle machine or a GPU, the wall-clock ones.
 
-Variants are ``MODEL[+MOD...]``: MODEL is ``hf`` or a norm placement (``pretrain.placements.NORM_PLACEMENTS``:
+Variants are ``MODEL[+MOD...]``: MODEL is ``hf`` or a norm placement (``pretrain.variants.NORM_PLACEMENTS``:
 ``post``, ``pre``, ``sandwich``, ``deepnorm``, ``normformer``, ...); MODs: ``dense`` (ours: MLM head on every position,
 as Hugging Face), ``eager`` (eager attention instead of SDPA), ``compile`` (``torch.compile`` the model; compile
 time reported as the first step), an optimizer (``fused``, ``foreach``, ``loop``: overrides ``--optimizer``), ours'
@@ -61,8 +61,7 @@ from pretrain.config import residual_scheme_fields
 from pretrain.flops import flops_per_token
 from pretrain.modeling import LNBertConfig, LNBertForPreTraining
 from pretrain.optim import build_adamw
-from pretrain.placements import NORM_PLACEMENTS
-from pretrain.variants import DEFAULTS
+from pretrain.variants import DEFAULTS, NORM_PLACEMENTS
 
 # Named shapes: (layers, hidden, heads, seq, vocab, batch). The small one is the CPU pretraining size.
 SHAPES: dict[str, dict[str, int]] = {

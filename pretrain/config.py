@@ -10,9 +10,9 @@ from __future__ import annotations
 import difflib
 import functools
 import importlib.util
-import inspect
 import itertools
 import math
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -24,16 +24,13 @@ from pretrain.common.roles import keys_where, resolved_keys, role
 from pretrain.data.config import DataConfig
 from pretrain.variants import (
     DEFAULTS,
-    MHC_BIAS_INITS,
+    RESIDUAL_SCHEME_FIELDS,
     RESIDUAL_SCHEMES,
-    InitScheme,
-    MhcBiasInit,
-    NormPlacement,
-    NormType,
-    ResidualScheme,
+    LNBertOptions,
     check_options,
+    option_choices,
     residual_scheme_label,
-    variant_name,
+    variant_of,
 )
 
 if TYPE_CHECKING:
@@ -44,36 +41,10 @@ if TYPE_CHECKING:
 
 
 @dataclass(kw_only=True)
-class ModelConfig:
-    """The BERT encoder and its norm placement (an ``LNBertConfig`` by :meth:`to_lnbert`), with LNBertConfig's defaults
-    (pretrain/variants.py); the sizes are the built-in default's tiny model, not BERT's."""
+class ModelConfig(LNBertOptions):
+    """The BERT encoder and its norm placement (an ``LNBertConfig`` by :meth:`to_lnbert`): the model's own options
+    (``LNBertOptions``, pretrain/variants.py) and BERT's sizes, here the built-in default's tiny model, not BERT's."""
 
-    norm_placement: NormPlacement = role("recipe", default=DEFAULTS.norm_placement)
-    """Where the norms go: post is original BERT, pre Xiong et al. 2020's, sandwich = peri (docs/placements.md)."""
-    norm_type: NormType = role("recipe", default=DEFAULTS.norm_type)
-    """The norm used everywhere (embeddings, layers, final norm, MLM head): layernorm, rmsnorm or dyt."""
-    qk_norm: bool = role("recipe", default=DEFAULTS.qk_norm)
-    """A norm of norm_type on each head's queries and keys before the dot product (QK-norm)."""
-    dyt_alpha_init: float = role("recipe", default=DEFAULTS.dyt_alpha_init)
-    """DyT's alpha at initialisation (norm_type=dyt)."""
-    mix_ln_post_layers: int | None = role("recipe", default=DEFAULTS.mix_ln_post_layers)
-    """mix_ln: how many of the lowest layers are Post-LN; null: round(L/4) (3 of 12, 6 of 24)."""
-    admin_omega: float | None = role("recipe", default=DEFAULTS.admin_omega)
-    """admin: the residual weight omega; null: admin-torch's O(log N) rule sqrt((N+1)/ln(N+1) - 1), N = 2L."""
-    admin_learnable_omega: bool = role("recipe", default=DEFAULTS.admin_learnable_omega)
-    """admin: omega as a learnable vector per sub-layer (initialised to admin_omega) instead of a fixed scalar."""
-    b2t_rescale_init: bool = role("recipe", default=DEFAULTS.b2t_rescale_init)
-    """b2t: scale every weight matrix of the layers by L^(-1/2) at init, as B2T's official code does."""
-    hybrid_first_pre_norm: bool = role("recipe", default=DEFAULTS.hybrid_first_pre_norm)
-    """hybrid: HybridNorm*, the first layer Pre-Norm in attention and FFN."""
-    normformer_head_scale: bool = role("recipe", default=DEFAULTS.normformer_head_scale)
-    """normformer: a learned scale per attention head."""
-    normformer_attn_norm: bool = role("recipe", default=DEFAULTS.normformer_attn_norm)
-    """normformer: a norm on the attention output before the residual add."""
-    normformer_ffn_norm: bool = role("recipe", default=DEFAULTS.normformer_ffn_norm)
-    """normformer: a norm over the FFN's inner width after the activation."""
-    normformer_resid_scale: bool = role("recipe", default=DEFAULTS.normformer_resid_scale)
-    """normformer: a learned scale on the FFN skip connection (the paper's option for small models)."""
     hidden_size: int = role("recipe", default=64)
     """Width of the residual stream (BERT-base: 768)."""
     num_hidden_layers: int = role("recipe", default=2)
@@ -90,28 +61,8 @@ class ModelConfig:
     """Dropout on embeddings and sub-layer outputs (BERT: 0.1)."""
     attention_probs_dropout_prob: float = role("recipe", default=0.1)
     """Dropout on attention probabilities (BERT: 0.1)."""
-    init_scheme: InitScheme = role("recipe", default=DEFAULTS.init_scheme)
-    """Weight init: bert = normal(0, 0.02); xavier = Xavier-normal (the paper's analysis setting)."""
-    embedding_layer_norm: bool = role("recipe", default=DEFAULTS.embedding_layer_norm)
-    """Keep BERT's LayerNorm on the summed embeddings (same for every placement)."""
-    sparse_mlm_head: bool = role("recipe", default=DEFAULTS.sparse_mlm_head)
-    """Run the MLM head only at masked positions (same loss and gradients, less compute)."""
     attn_implementation: Literal["sdpa", "eager"] = role("recipe", default="sdpa")
     """Attention kernel: sdpa (scaled_dot_product_attention) or eager (faster under bf16 on CPU; BENCHMARKS.md)."""
-    fused_qkv: bool = role("recipe", default=DEFAULTS.fused_qkv)
-    """Q, K, V from one GEMM (same parameters; a few % faster under bf16); off: Post-LN is op-for-op HF BERT."""
-    residual_scheme: ResidualScheme = role("recipe", default=DEFAULTS.residual_scheme)
-    """How sub-layer outputs reach later ones (norm_placement=pre only): hc, mhc, attn_res (docs/placements.md)."""
-    hc_streams: int = role("recipe", default=DEFAULTS.hc_streams)
-    """hc, mhc: the number of residual streams n (the papers' 4)."""
-    hc_dynamic: bool = role("recipe", default=DEFAULTS.hc_dynamic)
-    """hc: dynamic HC (per-token weights, the paper's default); false: static HC."""
-    mhc_sinkhorn_iters: int = role("recipe", default=DEFAULTS.mhc_sinkhorn_iters)
-    """mhc: Sinkhorn-Knopp iterations of H_res (the paper's 20)."""
-    mhc_bias_init: MhcBiasInit = role("recipe", default=DEFAULTS.mhc_bias_init)
-    """mhc: the static biases at init: zero (H_res uniform 1/n: the Pre-LN model) or identity (H_res near I)."""
-    attn_res_block_size: int | None = role("recipe", default=DEFAULTS.attn_res_block_size)
-    """attn_res: Block AttnRes's block size in sub-layers (attention and FFN count one each); null: Full AttnRes."""
 
     def __post_init__(self) -> None:
         for key in ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size"):
@@ -127,9 +78,7 @@ class ModelConfig:
     @property
     def variant(self) -> str:
         """The model's label in run names, W&B groups and reports (``pre``, ``pre-rmsnorm``, ``pre-hc4``, ...)."""
-        return variant_name(self.norm_placement, self.norm_type, self.qk_norm, residual_scheme=self.residual_scheme,
-                            hc_streams=self.hc_streams, hc_dynamic=self.hc_dynamic, mhc_bias_init=self.mhc_bias_init,
-                            attn_res_block_size=self.attn_res_block_size)
+        return variant_of(self)
 
     def to_lnbert(self, vocab_size: int) -> LNBertConfig:
         """The model config; ``vocab_size`` is the resolved one (``self.vocab_size`` or the tokenizer's)."""
@@ -146,8 +95,6 @@ class ModelConfig:
 
 STANDARD_LABEL = "standard"
 """The label of the plain residual sum, which run names leave out (``residual_scheme_label`` gives "")."""
-RESIDUAL_SCHEME_FIELDS: tuple[str, ...] = tuple(inspect.signature(residual_scheme_label).parameters)
-"""The model fields a label names a residual scheme by: ``residual_scheme_label``'s arguments."""
 LABEL_SIZES = range(1, 65)
 """The stream counts and block sizes a label is read for (``residual_scheme_fields``)."""
 
@@ -155,13 +102,13 @@ LABEL_SIZES = range(1, 65)
 @functools.cache
 def _scheme_labels() -> dict[str, dict[str, Any]]:
     """Every label ``residual_scheme_label`` gives for up to 64 streams or sub-layers per block, with the fields
-    that give it. Each field's values are tried default first, so a field the label does not depend on keeps its
-    default: reading a label back is a lookup in what the one function that writes labels wrote."""
-    values = {
-        "residual_scheme": RESIDUAL_SCHEMES, "hc_streams": LABEL_SIZES, "hc_dynamic": (True, False),
-        "mhc_bias_init": MHC_BIAS_INITS, "attn_res_block_size": (None, *LABEL_SIZES),
-    }  # fmt: skip
-    assert set(values) == set(RESIDUAL_SCHEME_FIELDS), "a new argument of residual_scheme_label needs its values here"
+    that give it. Each field's values (by its type: a choice, a flag, a size or null) are tried default first, so a
+    field the label does not depend on keeps its default: reading a label back is a lookup in what the one function
+    that writes labels wrote."""
+    types = typing.get_type_hints(LNBertOptions)
+    choices = {**option_choices(), **{key: (True, False) for key in RESIDUAL_SCHEME_FIELDS if types[key] is bool}}
+    values = {key: choices.get(key, (None, *LABEL_SIZES) if types[key] == int | None else LABEL_SIZES)
+              for key in RESIDUAL_SCHEME_FIELDS}  # fmt: skip
     ordered = [sorted(values[k], key=lambda v, k=k: v != getattr(DEFAULTS, k)) for k in RESIDUAL_SCHEME_FIELDS]
     labels: dict[str, dict[str, Any]] = {}
     for combination in itertools.product(*ordered):
@@ -178,7 +125,7 @@ def residual_scheme_fields(label: str) -> dict[str, Any]:
     if label not in labels:
         # A scheme's own name means its label with the default options (hc: hc4), not the closest string (hc9).
         own_name = label in RESIDUAL_SCHEMES[1:]
-        close = [residual_scheme_label(label)] if own_name else difflib.get_close_matches(str(label), labels, n=1)
+        close = [residual_scheme_label(residual_scheme=label)] if own_name else difflib.get_close_matches(str(label), labels, n=1)
         hint = f"; did you mean {close[0]!r}?" if close else ""
         raise ValueError(
             f"{label!r} is not a residual scheme's label{hint} (labels as in run names: standard, hc4, shc4, mhc4, "

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 from pretrain.common.atomic import atomic_dir
 from pretrain.common.cli import parse, run_cli
+from pretrain.placements import PLACEMENTS
 from pretrain.run_folder.layout import MANIFEST_FILE
 from pretrain.run_folder.manifest import verify_manifest
 
@@ -41,12 +42,12 @@ class ExportConfig:
 def check_exportable(config: LNBertConfig) -> None:
     """Raise ``ValueError`` naming what keeps ``config`` from being plain BERT."""
     if not config.placement.exports_to_bert:
-        raise ValueError(
-            f"norm_placement={config.norm_placement!r} does not export to plain BERT: only post, deepnorm and admin "
-            "(their residual scale folds into the output projections) do"
-        )
-    if config.norm_placement == "admin" and config.admin_learnable_omega:
-        raise ValueError("admin_learnable_omega=true does not export: a vector omega does not fold into BERT")
+        exporting = ", ".join(name for name, p in PLACEMENTS.items() if p.exports_to_bert)
+        raise ValueError(f"norm_placement={config.norm_placement!r} does not export to plain BERT: only {exporting} "
+                         "(their residual scale folds into the output projections) do")  # fmt: skip
+    if config.layer_parts(0).learned_skip_scales != (None, None):
+        raise ValueError(f"norm_placement={config.norm_placement!r} with learned skip scales (admin_learnable_omega="
+                         "true) does not export: a vector omega does not fold into BERT")  # fmt: skip
     for key, plain in (("norm_type", "layernorm"), ("qk_norm", False), ("embedding_layer_norm", True)):
         if getattr(config, key) != plain:
             raise ValueError(f"{key}={getattr(config, key)!r} does not export to plain BERT, which has {key}={plain!r}")
@@ -66,7 +67,7 @@ def export_to_bert(model: LNBertForPreTraining) -> BertForPreTraining:
 
     config = model.config
     check_exportable(config)
-    scale = config.residual_scale
+    scale = config.layer_parts(0).skip_scale
     state = {k: v.detach().clone() for k, v in model.state_dict().items()}
     for i in range(config.num_hidden_layers):
         for dense in (f"bert.encoder.layer.{i}.attention.output.dense", f"bert.encoder.layer.{i}.output.dense"):
@@ -95,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
         for item in source.iterdir():  # the snapshot's tokenizer files travel with it
             if item.name.startswith(("tokenizer", "vocab", "special_tokens")):
                 (shutil.copytree if item.is_dir() else shutil.copy2)(item, tmp / item.name)
-    print(f"exported {model.config.norm_placement} (residual scale {model.config.residual_scale:.4g}) to {out}")
+    print(f"exported {model.config.norm_placement} (residual scale {model.config.layer_parts(0).skip_scale:.4g}) to {out}")
     return 0
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from transformers import PretrainedConfig
 
+from pretrain.residual_schemes import SCHEMES
+
 
 def flops_per_token(config: PretrainedConfig, seq_len: int, *, mlm_head_share: float = 1.0) -> float:
     """Training FLOPs (forward + backward) per token of a BERT ``config`` (``LNBertConfig`` or Hugging Face's
@@ -31,29 +33,7 @@ def flops_per_token(config: PretrainedConfig, seq_len: int, *, mlm_head_share: f
 
 
 def residual_scheme_flops(config: PretrainedConfig) -> float:
-    """Forward FLOPs per token of a residual scheme's own work (``pretrain/residual_streams.py``) over the 2·L
-    sub-layers, d = H, n = ``hc_streams``; 0 for the standard residual sum (and Hugging Face's ``BertConfig``).
-    2 FLOPs per multiply-add; norms, exp, sigmoid and tanh left out:
-
-    - HC and mHC, per sub-layer: the input and H_res x, (n+1) x n times n x d, 2·(n+1)·n·d; the output into n
-      streams, 2·n·d; dynamic HC's weights add 2·n·d·(n+1) + 2·n·d;
-    - mHC's mappings from the flattened streams add 2·n·d·(2n + n²), Sinkhorn-Knopp 4·n² per iteration;
-    - AttnRes, per sub-layer reading K sources (and once more for the output): K logits of d and their weighted
-      sum, 4·K·d; K counts the embedding output, then every earlier output (Full) or the completed blocks and the
-      current block's partial sum (Block).
-    """
-    scheme = getattr(config, "residual_scheme", "standard")
-    sublayers, d = 2 * config.num_hidden_layers, config.hidden_size
-    if scheme in ("hc", "mhc"):
-        n = config.hc_streams
-        per_sublayer = 2 * (n + 1) * n * d + 2 * n * d
-        if scheme == "hc" and config.hc_dynamic:
-            per_sublayer += 2 * n * d * (n + 1) + 2 * n * d
-        if scheme == "mhc":
-            per_sublayer += 2 * n * d * (2 * n + n * n) + 4 * n * n * config.mhc_sinkhorn_iters
-        return float(sublayers * per_sublayer)
-    if scheme == "attn_res":
-        block = config.attn_res_block_size or 1  # Full AttnRes: every output its own source
-        # Sub-layer k (or the output, k = 2L) attends over b_0, k // block completed blocks and a begun partial sum.
-        return float(sum(4 * (1 + k // block + (k % block != 0)) * d for k in range(sublayers + 1)))
-    return 0.0
+    """Forward FLOPs per token of a residual scheme's own work over the 2·L sub-layers, by its entry
+    (``pretrain/residual_schemes.py``: each entry's ``flops`` says what it counts); 0 for the standard residual sum
+    (and Hugging Face's ``BertConfig``)."""
+    return SCHEMES[getattr(config, "residual_scheme", "standard")].flops(config)

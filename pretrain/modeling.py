@@ -21,9 +21,9 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
@@ -73,76 +73,35 @@ from pretrain.ngpt import (
     on_sphere,
 )
 from pretrain.norms import NORM_MODULES, DyT, Scale, make_norm
-from pretrain.placements import (
-    BLOCKS,
-    PLACEMENTS,
-    Block,
-    Placement,
-    Stream,
-    admin_omega_default,
-    canonical_placement,
-    mix_ln_post_layers_default,
-)
-from pretrain.residual_streams import RESIDUAL_MODULES, AttentionResidual, collapse, residual_module, start_state
+from pretrain.placements import BLOCKS, PLACEMENTS, LayerParts, Placement, canonical_placement
+from pretrain.residual_schemes import SCHEMES, Scheme
+from pretrain.residual_streams import RESIDUAL_MODULES, collapse
 from pretrain.variants import (
-    DEFAULTS,
+    COMPUTATION_OPTIONS,
     INIT_SCHEMES,
     NORM_PLACEMENTS,
     NORM_TYPES,
-    InitScheme,
-    MhcBiasInit,
-    NormPlacement,
-    NormType,
-    ResidualScheme,
+    LNBertOptions,
     check_options,
 )
 
+if TYPE_CHECKING:
+    from pretrain.placements import Stream
+
 logger = logging.get_logger(__name__)
 
-# Config fields that change what given weights compute (DeepNorm's alpha follows from the placement and depth);
-# fused_qkv, the attention kernel and init-only settings (dyt_alpha_init, b2t_rescale_init, mhc_bias_init) do not.
-_COMPUTATION_FIELDS = (
-    "norm_placement", "norm_type", "qk_norm", "embedding_layer_norm", "num_hidden_layers", "hidden_act",
-    "layer_norm_eps", "mix_ln_post_layers", "admin_omega", "admin_learnable_omega", "hybrid_first_pre_norm",
-    "normformer_head_scale", "normformer_attn_norm", "normformer_ffn_norm", "normformer_resid_scale",
-    "residual_scheme", "hc_streams", "hc_dynamic", "mhc_sinkhorn_iters", "attn_res_block_size",
-)  # fmt: skip
+# What from_pretrained compares with the trained config: the options that change what given weights compute
+# (pretrain/variants.py), and BERT's own fields that do (the shapes are checked by the weights themselves).
+_COMPUTATION_FIELDS = (*COMPUTATION_OPTIONS, "num_hidden_layers", "hidden_act", "layer_norm_eps")
 
 
 @strict
-class LNBertConfig(BertConfig):
-    """BERT configuration plus the choices the paper leaves open, each explicit and with the same default for
-    every placement. Each option, its default and its meaning: docs/model.md (and the placements' constants,
-    docs/placements.md); the command line's ``model`` section has the same fields (``python pretrain/run.py --help``).
-    """
+class LNBertConfig(BertConfig, LNBertOptions):
+    """BERT configuration plus the choices the paper leaves open (``LNBertOptions``, pretrain/variants.py: each
+    option's type, default and meaning, read by the command line's ``model`` section too; the placements'
+    constants: docs/placements.md)."""
 
     model_type = "lnbert"
-
-    # The defaults are declared in pretrain/variants.py (read by the command line without torch).
-    norm_placement: NormPlacement = DEFAULTS.norm_placement
-    norm_type: NormType = DEFAULTS.norm_type
-    qk_norm: bool = DEFAULTS.qk_norm
-    dyt_alpha_init: float = DEFAULTS.dyt_alpha_init
-    mix_ln_post_layers: int | None = DEFAULTS.mix_ln_post_layers
-    admin_omega: float | None = DEFAULTS.admin_omega
-    admin_learnable_omega: bool = DEFAULTS.admin_learnable_omega
-    b2t_rescale_init: bool = DEFAULTS.b2t_rescale_init
-    hybrid_first_pre_norm: bool = DEFAULTS.hybrid_first_pre_norm
-    normformer_head_scale: bool = DEFAULTS.normformer_head_scale
-    normformer_attn_norm: bool = DEFAULTS.normformer_attn_norm
-    normformer_ffn_norm: bool = DEFAULTS.normformer_ffn_norm
-    normformer_resid_scale: bool = DEFAULTS.normformer_resid_scale
-    embedding_layer_norm: bool = DEFAULTS.embedding_layer_norm
-    init_scheme: InitScheme = DEFAULTS.init_scheme
-    sparse_mlm_head: bool = DEFAULTS.sparse_mlm_head
-    tie_word_embeddings: bool = DEFAULTS.tie_word_embeddings
-    fused_qkv: bool = DEFAULTS.fused_qkv
-    residual_scheme: ResidualScheme = DEFAULTS.residual_scheme
-    hc_streams: int = DEFAULTS.hc_streams
-    hc_dynamic: bool = DEFAULTS.hc_dynamic
-    mhc_sinkhorn_iters: int = DEFAULTS.mhc_sinkhorn_iters
-    mhc_bias_init: MhcBiasInit = DEFAULTS.mhc_bias_init
-    attn_res_block_size: int | None = DEFAULTS.attn_res_block_size
 
     def __post_init__(self, **kwargs: Any) -> None:
         check_options(self)
@@ -152,41 +111,15 @@ class LNBertConfig(BertConfig):
     def placement(self) -> Placement:
         return PLACEMENTS[self.norm_placement]
 
-    def block_of_layer(self, index: int) -> str:
-        """The block (``placements.BLOCKS``) of layer ``index`` (0-based)."""
-        if self.residual_scheme != "standard":
-            return "residual_scheme"
-        if self.norm_placement == "mix_ln":
-            return "post" if index < self.mix_ln_post_layer_count else "pre"
-        if self.norm_placement == "hybrid" and self.hybrid_first_pre_norm and index == 0:
-            return "pre"
-        return self.placement.block
-
     @property
-    def mix_ln_post_layer_count(self) -> int:
-        k = self.mix_ln_post_layers
-        return mix_ln_post_layers_default(self.num_hidden_layers) if k is None else k
+    def scheme(self) -> Scheme:
+        return SCHEMES[self.residual_scheme]
 
-    @property
-    def admin_omega_value(self) -> float:
-        return admin_omega_default(self.num_hidden_layers) if self.admin_omega is None else self.admin_omega
-
-    @property
-    def residual_scale(self) -> float:
-        """The fixed scalar on every skip connection: Admin's fixed omega, DeepNorm's alpha; 1 otherwise."""
-        if self.norm_placement == "admin" and not self.admin_learnable_omega:
-            return self.admin_omega_value
-        return self.deepnorm_alpha
-
-    @property
-    def deepnorm_alpha(self) -> float:
-        """Residual scale of DeepNorm for an N-layer encoder: (2N)^(1/4); 1 for other placements."""
-        return (2 * self.num_hidden_layers) ** 0.25 if self.norm_placement == "deepnorm" else 1.0
-
-    @property
-    def deepnorm_beta(self) -> float:
-        """Init gain of DeepNorm's value, attention-output and FFN projections: (8N)^(-1/4)."""
-        return (8 * self.num_hidden_layers) ** -0.25
+    def layer_parts(self, index: int) -> LayerParts | None:
+        """The parts of layer ``index`` (0-based) by its placement's entry; under a residual scheme its block is
+        ``residual_scheme``. None: nGPT's layers."""
+        parts = self.placement.layer_parts(self, index)
+        return replace(parts, block="residual_scheme") if parts and self.scheme.module else parts
 
     def make_norm(self, size: int | None = None) -> nn.Module:
         """A norm of this config's type over ``size`` (default: the hidden size)."""
@@ -197,13 +130,17 @@ def _norm_or_identity(config: LNBertConfig, wanted: bool, size: int | None = Non
     return config.make_norm(size) if wanted else nn.Identity()
 
 
+def _scale_or_identity(size: int, init: float | None) -> nn.Module:
+    return nn.Identity() if init is None else Scale(size, init)
+
+
 class LNBertEmbeddings(nn.Module):
     """Word + position + token-type embeddings, then (optionally) the embedding norm and dropout. nGPT's: Norm(sum),
     each table's rows on the sphere, no dropout, no ``padding_idx`` (BERT zeroes the [PAD] row; Norm(0) is NaN)."""
 
     def __init__(self, config: LNBertConfig) -> None:
         super().__init__()
-        ngpt = config.norm_placement == "ngpt"
+        ngpt = config.placement.sphere
         d, padding_idx = config.hidden_size, None if ngpt else config.pad_token_id
         self.word_embeddings = nn.Embedding(config.vocab_size, d, padding_idx=padding_idx)
         self.position_embeddings = nn.Embedding(config.max_position_embeddings, d)
@@ -237,7 +174,7 @@ class LNBertSelfAttention(nn.Module):
     """Q, K, V projections and scaled dot-product attention, with norms over each head's Q and K (``qk_norm``;
     HybridNorm also V), shared by the heads. NormFormer's head scale is in ``LNBertSelfOutput``, as fairseq's."""
 
-    def __init__(self, config: LNBertConfig) -> None:
+    def __init__(self, config: LNBertConfig, parts: LayerParts) -> None:
         super().__init__()
         self.config = config
         self.head_size = config.hidden_size // config.num_attention_heads
@@ -245,10 +182,10 @@ class LNBertSelfAttention(nn.Module):
         self.query = nn.Linear(config.hidden_size, config.hidden_size)
         self.key = nn.Linear(config.hidden_size, config.hidden_size)
         self.value = nn.Linear(config.hidden_size, config.hidden_size)
-        hybrid = config.norm_placement == "hybrid"
-        self.query_norm = _norm_or_identity(config, config.qk_norm or hybrid, self.head_size)
-        self.key_norm = _norm_or_identity(config, config.qk_norm or hybrid, self.head_size)
-        self.value_norm = _norm_or_identity(config, hybrid, self.head_size)
+        qk_norm, v_norm = config.qk_norm or parts.qkv_norms[0], parts.qkv_norms[1]
+        self.query_norm = _norm_or_identity(config, qk_norm, self.head_size)
+        self.key_norm = _norm_or_identity(config, qk_norm, self.head_size)
+        self.value_norm = _norm_or_identity(config, v_norm, self.head_size)
         self.dropout = nn.Dropout(config.attention_probs_dropout_prob)
         self.is_causal = False  # read by transformers' SDPA / flash attention interfaces
 
@@ -263,15 +200,6 @@ class LNBertSelfAttention(nn.Module):
         return out.flatten(2), probs
 
 
-def _learned_residual_scale(config: LNBertConfig, ffn: bool) -> nn.Module:
-    """Admin's learnable omega on both skips, NormFormer's residual scale on the FFN skip; else the identity."""
-    if config.norm_placement == "admin" and config.admin_learnable_omega:
-        return Scale(config.hidden_size, config.admin_omega_value)
-    if ffn and config.norm_placement == "normformer" and config.normformer_resid_scale:
-        return Scale(config.hidden_size, 1.0)
-    return nn.Identity()
-
-
 class LNBertSelfOutput(nn.Module):
     """Attention output projection, the branch norm ``B_a`` (sandwich / Peri-LN, NormFormer), dropout; plus the
     sub-layer's norm ``LayerNorm`` (N_a) and skip scale ``residual_scale``, which the layer's block applies.
@@ -281,17 +209,15 @@ class LNBertSelfOutput(nn.Module):
     ``B(dropout(F))`` (CogView's ``third_layernorm``), NormFormer's before, ``dropout(B(F))`` (fairseq's ``attn_ln``).
     """
 
-    def __init__(self, config: LNBertConfig, block: Block) -> None:
+    def __init__(self, config: LNBertConfig, parts: LayerParts) -> None:
         super().__init__()
         self.dense = nn.Linear(config.hidden_size, config.hidden_size)
-        self.LayerNorm = _norm_or_identity(config, block.attention_norm)
-        normformer = config.norm_placement == "normformer"
-        self.branch_norm = _norm_or_identity(config, block.branch_norms or (normformer and config.normformer_attn_norm))
-        heads = normformer and config.normformer_head_scale
-        self.head_scale = Scale(config.num_attention_heads, 1.0) if heads else None
-        self.residual_scale = _learned_residual_scale(config, ffn=False)
+        self.LayerNorm = _norm_or_identity(config, BLOCKS[parts.block].attention_norm)
+        self.branch_norm = _norm_or_identity(config, parts.branch_norms[0])
+        self.head_scale = Scale(config.num_attention_heads, 1.0) if parts.head_scale else None
+        self.residual_scale = _scale_or_identity(config.hidden_size, parts.learned_skip_scales[0])
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
-        self.norm_after_dropout = block.branch_norms  # sandwich / Peri-LN; NormFormer's norm acts before dropout
+        self.norm_after_dropout = parts.branch_norm_after_dropout
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         out = self.dense(hidden_states)
@@ -304,21 +230,20 @@ class LNBertSelfOutput(nn.Module):
 
 
 class LNBertAttention(nn.Module):
-    def __init__(self, config: LNBertConfig, block: Block) -> None:
+    def __init__(self, config: LNBertConfig, parts: LayerParts) -> None:
         super().__init__()
-        self.self = LNBertSelfAttention(config)
-        self.output = LNBertSelfOutput(config, block)
+        self.self = LNBertSelfAttention(config, parts)
+        self.output = LNBertSelfOutput(config, parts)
 
 
 class LNBertIntermediate(nn.Module):
     """FFN input projection and activation; NormFormer adds a norm over the inner width after the activation."""
 
-    def __init__(self, config: LNBertConfig) -> None:
+    def __init__(self, config: LNBertConfig, parts: LayerParts) -> None:
         super().__init__()
         self.dense = nn.Linear(config.hidden_size, config.intermediate_size)
         self.intermediate_act_fn = ACT2FN[config.hidden_act]
-        normformer = config.norm_placement == "normformer" and config.normformer_ffn_norm
-        self.ffn_norm = _norm_or_identity(config, normformer, config.intermediate_size)
+        self.ffn_norm = _norm_or_identity(config, parts.ffn_inner_norm, config.intermediate_size)
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         return self.ffn_norm(self.intermediate_act_fn(self.dense(hidden_states)))
@@ -328,12 +253,12 @@ class LNBertOutput(nn.Module):
     """FFN output projection, dropout, the branch norm ``B_f`` (after dropout, as CogView's ``fourth_layernorm``);
     plus the sub-layer's norm ``LayerNorm`` (N_f) and skip scale ``residual_scale``, which the block applies."""
 
-    def __init__(self, config: LNBertConfig, block: Block) -> None:
+    def __init__(self, config: LNBertConfig, parts: LayerParts) -> None:
         super().__init__()
         self.dense = nn.Linear(config.intermediate_size, config.hidden_size)
-        self.LayerNorm = _norm_or_identity(config, block.ffn_norm)
-        self.branch_norm = _norm_or_identity(config, block.branch_norms)
-        self.residual_scale = _learned_residual_scale(config, ffn=True)
+        self.LayerNorm = _norm_or_identity(config, BLOCKS[parts.block].ffn_norm)
+        self.branch_norm = _norm_or_identity(config, parts.branch_norms[1])
+        self.residual_scale = _scale_or_identity(config.hidden_size, parts.learned_skip_scales[1])
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
@@ -348,30 +273,20 @@ class LNBertLayer(GradientCheckpointingLayer):
 
     def __init__(self, config: LNBertConfig, index: int = 0) -> None:
         super().__init__()
-        self.block = BLOCKS[config.block_of_layer(index)]
-        self.residual_scale = config.residual_scale
-        # LayerNorm Scaling: the norm outputs times 1/sqrt(l), l = index + 1 (the official 1 / sqrt(layer_index + 1)).
-        self.norm_scale = (index + 1) ** -0.5 if config.norm_placement == "lns" else 1.0
-        self.attention = LNBertAttention(config, self.block)
-        self.intermediate = LNBertIntermediate(config)
-        self.output = LNBertOutput(config, self.block)
-        if config.norm_placement == "rezero":
+        parts = config.layer_parts(index)
+        self.block = BLOCKS[parts.block]
+        self.residual_scale, self.norm_scale = parts.skip_scale, parts.norm_scale
+        self.attention = LNBertAttention(config, parts)
+        self.intermediate = LNBertIntermediate(config, parts)
+        self.output = LNBertOutput(config, parts)
+        if parts.gate:
             self.rezero_gate = Scale(1, 0.0)
-        if config.residual_scheme != "standard":
+        if config.scheme.module:
             # Sub-layer k counts attention and FFN: 2 * index and 2 * index + 1 (HC's one-hot A_m init reads it).
-            self.attention_residual = residual_module(config, 2 * index)
-            self.ffn_residual = residual_module(config, 2 * index + 1)
-        # Init gains read by _init_weights (sources cited there): DeepNorm's beta, B2T's L^(-1/2) on every matrix.
-        if config.norm_placement == "deepnorm":
-            for linear in self.deepnorm_scaled_linears():
-                linear.init_gain = config.deepnorm_beta
-        if config.norm_placement == "b2t" and config.b2t_rescale_init:
-            for linear in (m for m in self.modules() if isinstance(m, nn.Linear)):
-                linear.init_gain = config.num_hidden_layers**-0.5
-
-    def deepnorm_scaled_linears(self) -> tuple[nn.Linear, ...]:
-        """The projections DeepNorm down-scales at init: value, attention output, FFN in and out."""
-        return (self.attention.self.value, self.attention.output.dense, self.intermediate.dense, self.output.dense)
+            self.attention_residual = config.scheme.module(config, 2 * index)
+            self.ffn_residual = config.scheme.module(config, 2 * index + 1)
+        for name, gain in parts.init_gains.items():  # read by _init_weights
+            self.get_submodule(name).init_gain = gain
 
     # What the blocks read.
     @property
@@ -415,37 +330,35 @@ class LNBertEncoder(nn.Module):
     def __init__(self, config: LNBertConfig) -> None:
         super().__init__()
         self.config = config
-        ngpt = config.norm_placement == "ngpt"
-        layers = [NgptLayer(config) if ngpt else LNBertLayer(config, i) for i in range(config.num_hidden_layers)]
+        layers = [NgptLayer(config) if config.placement.sphere else LNBertLayer(config, i)
+                  for i in range(config.num_hidden_layers)]  # fmt: skip
         self.layer = nn.ModuleList(layers)
         # Pre-LN's residual stream grows with depth (paper, Lemma 2): normalised once here for every consumer.
         self.final_layer_norm = _norm_or_identity(config, config.placement.final_norm)
-        self.two_streams = config.placement.two_streams
-        self.residual_scheme = config.residual_scheme
-        if self.residual_scheme == "attn_res":
-            # AttnRes's output layer aggregates the sources with a query of its own, then the final norm.
-            self.output_residual = AttentionResidual(config.hidden_size)
+        self.two_streams, self.scheme = config.placement.two_streams, config.scheme
+        if self.scheme.output:  # AttnRes's output layer: the sources with a query of its own, then the final norm
+            self.output_residual = self.scheme.output(config)
         # What passes between layers is one tensor, except ResiDual's pair (a, d) and AttnRes's ``DepthSources``.
-        self.stream_is_tensor = not self.two_streams and self.residual_scheme != "attn_res"
+        self.stream_is_tensor = not self.two_streams and self.scheme.stream_is_tensor
 
     def start(self, x: torch.Tensor) -> Stream:
         """What the first layer reads: the embedding output; ResiDual's a_0 = d_0 = it; a residual scheme's state."""
-        if self.residual_scheme != "standard":
-            return start_state(self.config, x)
+        if self.scheme.start:
+            return self.scheme.start(self.config, x)
         return (x, x) if self.two_streams else x
 
     def reported(self, stream: Stream) -> torch.Tensor:
         """A layer's entry of ``hidden_states``: the stream; ResiDual's Post-LN stream ``a``; a residual scheme's
         collapsed state (HC, mHC: the sum of the streams; AttnRes: the plain sum of its sources)."""
-        if self.residual_scheme != "standard":
+        if self.scheme.module:
             return collapse(stream)
         return stream[0] if self.two_streams else stream
 
     def end(self, stream: Stream) -> torch.Tensor:
         """The encoder's output, through the final norm where the placement has one."""
-        if self.residual_scheme == "attn_res":
+        if self.scheme.output:
             return self.final_layer_norm(self.output_residual.read(stream)[0])
-        if self.residual_scheme != "standard":  # HC's Algorithm 1: sum the streams, then the final norm
+        if self.scheme.module:  # HC's Algorithm 1: sum the streams, then the final norm
             return self.final_layer_norm(collapse(stream))
         if self.two_streams:  # ResiDual: the Post-LN stream plus the normalised sum of every sub-layer's output
             return stream[0] + self.final_layer_norm(stream[1])
@@ -477,7 +390,7 @@ def head_input_scale(config: LNBertConfig) -> float:
     """What BERT's heads over hidden states (the pooler, the token classifier, question answering) multiply them by:
     nGPT's have norm 1 (entries about 1/sqrt(d)), times sqrt(d) they reach BERT's scale, so the heads stay BERT's,
     with its init; 1 for every other placement."""
-    return math.sqrt(config.hidden_size) if config.norm_placement == "ngpt" else 1.0
+    return math.sqrt(config.hidden_size) if config.placement.sphere else 1.0
 
 
 class LNBertPooler(nn.Module):
@@ -521,7 +434,7 @@ class LNBertLMPredictionHead(nn.Module):
 
 
 def _mlm_head(config: LNBertConfig) -> LNBertLMPredictionHead | NgptLMPredictionHead:
-    return NgptLMPredictionHead(config) if config.norm_placement == "ngpt" else LNBertLMPredictionHead(config)
+    return NgptLMPredictionHead(config) if config.placement.sphere else LNBertLMPredictionHead(config)
 
 
 class LNBertOnlyMLMHead(nn.Module):
@@ -578,7 +491,7 @@ class LNBertPreTrainedModel(PreTrainedModel):
         """What every training loop calls after each optimizer step, on the unwrapped model
         (``accelerator.unwrap_model(model).after_optimizer_step()``): nGPT re-normalises its matrices
         (``pretrain.ngpt.normalize_matrices``); a no-op for every other placement."""
-        if self.config.norm_placement == "ngpt":
+        if self.config.placement.sphere:
             normalize_matrices(self)
 
     def activation_checkpointing_enable(
@@ -612,7 +525,7 @@ class LNBertPreTrainedModel(PreTrainedModel):
     @property
     def weight_decay_exempt(self) -> bool:
         """No parameter gets weight decay (``pretrain.optim``) under nGPT, trained with weight decay 0 as its paper."""
-        return self.config.norm_placement == "ngpt"
+        return self.config.placement.sphere
 
     @torch.no_grad()
     def _init_weights(self, module: nn.Module) -> None:
@@ -772,7 +685,7 @@ class LNBertForPreTrainingOutput(BertForPreTrainingOutput):
 def _tied_mlm_keys(config: LNBertConfig) -> dict[str, str]:
     """The decoder's tied parameters (target: source), when ``tie_word_embeddings``; nGPT's decoder has no bias."""
     keys = {"cls.predictions.decoder.weight": "bert.embeddings.word_embeddings.weight"}
-    if config.norm_placement != "ngpt":
+    if not config.placement.sphere:
         keys["cls.predictions.decoder.bias"] = "cls.predictions.bias"
     return keys
 

@@ -13,6 +13,8 @@ Weight decay never applies to these modules' parameters, nor to ``Scale``'s (``N
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import nn
 
@@ -72,17 +74,20 @@ class Scale(nn.Module):
         return f"{self.weight.shape[0]}, init={self.init}"
 
 
+# Each norm type's module over the last dimension of width ``size``, at its initial values: (size, eps, dyt_alpha_init).
+NORMS: dict[str, Callable[[int, float, float], nn.Module]] = {
+    "layernorm": lambda size, eps, alpha: nn.LayerNorm(size, eps=eps),
+    "rmsnorm": lambda size, eps, alpha: RMSNorm(size, eps),
+    "dyt": lambda size, eps, alpha: DyT(size, alpha),
+}
+assert tuple(NORMS) == NORM_TYPES, "a norm type is named in pretrain/variants.py (read before torch) and built here"
+
+
 def make_norm(norm_type: NormType, size: int, eps: float, dyt_alpha_init: float = 0.5) -> nn.Module:
     """The norm of ``norm_type`` over the last dimension, of width ``size``, at its initial values."""
-    if norm_type == "layernorm":
-        return nn.LayerNorm(size, eps=eps)
-    if norm_type == "rmsnorm":
-        return RMSNorm(size, eps)
-    if norm_type == "dyt":
-        return DyT(size, dyt_alpha_init)
-    raise ValueError(f"norm_type={norm_type!r} is not a valid choice; valid choices: {', '.join(NORM_TYPES)}")
+    return NORMS[norm_type](size, eps, dyt_alpha_init)
 
 
-NORM_MODULES: tuple[type[nn.Module], ...] = (nn.LayerNorm, RMSNorm, DyT)
+NORM_MODULES: tuple[type[nn.Module], ...] = tuple(type(build(1, 1e-5, 0.5)) for build in NORMS.values())
 # Weight decay skips every parameter of these (pretrain.optim); torch's own norms for models from elsewhere.
 NO_DECAY_MODULES: tuple[type[nn.Module], ...] = (*NORM_MODULES, Scale, nn.GroupNorm, nn.BatchNorm1d, nn.RMSNorm)

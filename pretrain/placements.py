@@ -1,53 +1,38 @@
-"""Where the norms go: every placement as a named block, chosen from one table.
+"""Where the norms go: every placement as one entry of one table, ``PLACEMENTS``, without torch (the command line
+reads its names before torch loads).
 
 ``x`` is the residual stream entering a layer; ``Attn`` and ``FFN`` are the two sub-layers, each including its
 output projection and dropout; ``N_a`` and ``N_f`` are the sub-layer norms Hugging Face calls
 ``attention.output.LayerNorm`` and ``output.LayerNorm`` (whatever their ``norm_type``), ``B_a`` and ``B_f`` the
 branch norms ``attention.output.branch_norm`` and ``output.branch_norm``; ``L`` layers, ``N = 2L`` sub-layers,
-``l = 1..L`` a layer's index. A block function reads the layer's modules and returns the new stream; the layer
-builds exactly the modules its block reads (the others are ``nn.Identity``, without parameters).
+``l = 1..L`` a layer's index.
 
-    name        per layer                                              final norm   source
-    post        x = N_a(x + Attn(x)); x = N_f(x + FFN(x))              no           BERT; Hugging Face BertModel
-    pre         x = x + Attn(N_a(x)); x = x + FFN(N_f(x))              yes          Xiong et al. 2020
-    sandwich    x = x + B_a(Attn(N_a(x))); x = x + B_f(FFN(N_f(x)))    yes          Ding et al. 2021; Peri-LN
-    peri        another name of sandwich                               yes          Kim et al. 2025, 2502.02732
-    deepnorm    x = N_a(alpha x + Attn(x)); likewise FFN               no           Wang et al. 2022, 2203.00555
-    admin       x = N_a(omega x + Attn(x)); likewise FFN               no           Liu et al. 2020, 2004.08249
-    rezero      x = x + g_l Attn(x); x = x + g_l FFN(x); g_l = 0       no           Bachlechner et al. 2020
-    b2t         y = N_a(x + Attn(x)); x = N_f(y + FFN(y) + x)          no           Takase et al. 2023, 2206.00330
-    resi_dual   f = F(a); d = d + f; a = N(a + f); out a_L + N_F(d_L)  yes (on d)   Xie et al. 2023, 2304.14802
-    mix_ln      layers 1..k post, k+1..L pre                           yes          Li et al. 2025, 2412.13795
-    lns         pre with N(x) / sqrt(l)                                yes          Sun et al. 2025, 2502.05795
-    hybrid      x = N_f(x + Attn_qkv-norm(x)); x = x + FFN(x)          yes          Zhuo et al. 2025, 2503.04598
-    normformer  pre + head scales, B_a, a norm inside the FFN          yes          Shleifer et al. 2021, 2110.09456
-    output_ln   x = x + N_a(Attn(x)); x = x + N_f(FFN(x))              yes          OLMo 2, 2501.00656
-    parallel    h = N_a(x); x = x + Attn(h) + FFN(h)                   yes          GPT-J; PaLM; ModernBERT
-    ngpt        h = Norm(h + |a_A| (Norm(Attn(h)) - h)); likewise FFN  no           Loshchilov et al. 2025, 2410.01131
-
-Each block's docstring draws its data flow; docs/placements.md gives the equations, constants, parameter counts
-and the papers' claims. ``ngpt`` is a family rather than a place for norms (``pretrain/ngpt.py``, ``ngpt_block``).
-A residual scheme (HC, mHC, AttnRes: ``pretrain/residual_streams.py``) replaces Pre-LN's residual sum and keeps its
-sub-layers (``residual_scheme_block``).
+An entry (``Placement``) says everything a placement is: the parts of each layer (``LayerParts``: its block, the
+norms, gates and scales it adds, the init gains; every part off unless the entry turns it on, and the layer builds
+``nn.Identity`` for a part that is off), the final norm, and what the rest of the code must know (ResiDual's two
+streams, the export to plain BERT, nGPT's unit sphere, DeepSpeed, what the training loop logs, the options a
+placement refuses). A block function reads the layer's modules and returns the new stream; each draws its data
+flow. ``pretrain/modeling.py`` builds from the entry and never asks for a placement's name. docs/placements.md gives
+the equations, constants, parameter counts and the papers' claims; a residual scheme on Pre-LN (HC, mHC, AttnRes) is
+an entry of ``pretrain/residual_schemes.py`` and runs in ``residual_scheme_block``.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Protocol
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
 
-import torch
-from torch import nn
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
 
-from pretrain.ngpt import ngpt_block
-from pretrain.residual_streams import DepthSources, ResidualModule
-from pretrain.variants import NORM_PLACEMENTS, NormPlacement
+    from pretrain.residual_streams import DepthSources, ResidualModule
 
-# What a block passes on: the stream, ResiDual's (a, d), or a residual scheme's (n streams, AttnRes's sources).
-Stream = torch.Tensor | tuple[torch.Tensor, torch.Tensor] | DepthSources
-Probs = torch.Tensor | None
+    # What a block passes on: the stream, ResiDual's (a, d), or a residual scheme's (n streams, AttnRes's sources).
+    Stream = torch.Tensor | tuple[torch.Tensor, torch.Tensor] | DepthSources
+    Probs = torch.Tensor | None
 
 
 class LNBertLayer(Protocol):
@@ -64,9 +49,6 @@ class LNBertLayer(Protocol):
     def skip_a(self, x: torch.Tensor) -> torch.Tensor: ...
     def skip_f(self, x: torch.Tensor) -> torch.Tensor: ...
     def scaled(self, x: torch.Tensor) -> torch.Tensor: ...
-
-
-BlockForward = Callable[[LNBertLayer, Stream, torch.Tensor | None], tuple[Stream, Probs]]
 
 
 def post_block(layer: LNBertLayer, x: torch.Tensor, mask: torch.Tensor | None) -> tuple[torch.Tensor, Probs]:
@@ -222,67 +204,68 @@ def residual_scheme_block(layer: LNBertLayer, state: Stream, mask: torch.Tensor 
 
 @dataclass(frozen=True)
 class Block:
-    """One layer's wiring: its forward and the norms it reads (the layer builds these and no others)."""
+    """One layer's wiring: its forward and the sub-layer norms it reads (the layer builds these and no others)."""
 
-    forward: BlockForward
+    forward: Callable[..., tuple[Any, Any]]
     attention_norm: bool = True  # N_a, attention.output.LayerNorm
     ffn_norm: bool = True  # N_f, output.LayerNorm
-    branch_norms: bool = False  # B_a and B_f
     ends_in_norm: bool = False  # the layer's output is N_f(...): what init-scale reads is that norm's input
 
 
 BLOCKS: dict[str, Block] = {
     "post": Block(post_block, ends_in_norm=True),
     "pre": Block(pre_block),
-    "sandwich": Block(pre_block, branch_norms=True),
     "rezero": Block(rezero_block, attention_norm=False, ffn_norm=False),
     "b2t": Block(b2t_block, ends_in_norm=True),
     "resi_dual": Block(resi_dual_block),
     "hybrid": Block(hybrid_block, attention_norm=False),
     "output_ln": Block(output_ln_block),
     "parallel": Block(parallel_block, ffn_norm=False),
-    "residual_scheme": Block(residual_scheme_block),  # pre with LNBertConfig.residual_scheme != "standard"
-    "ngpt": Block(ngpt_block, attention_norm=False, ffn_norm=False),  # pretrain/ngpt.py's layers, no norm module
+    "residual_scheme": Block(residual_scheme_block),  # pre under a residual scheme (pretrain/residual_schemes.py)
 }
+
+# The layer's projections by their Hugging Face names; DeepNorm scales the last four at init.
+DEEPNORM_SCALED = ("attention.self.value", "attention.output.dense", "intermediate.dense", "output.dense")
+LAYER_LINEARS = ("attention.self.query", "attention.self.key", *DEEPNORM_SCALED)
 
 
 @dataclass(frozen=True)
-class Placement:
-    """A placement: the block of each layer, and what the encoder adds around the stack."""
+class LayerParts:
+    """What one layer is built with: its block and the parts its placement adds, each off by default."""
 
-    block: str  # the block of every layer, unless the placement mixes two (mix_ln, hybrid with its first layer)
-    final_norm: bool
-    two_streams: bool = False  # ResiDual
-    # Scalar residual scales fold into the output projections (export_to_bert), so the model is plain BERT.
-    exports_to_bert: bool = False
-
-
-PLACEMENTS: dict[str, Placement] = {
-    "post": Placement("post", final_norm=False, exports_to_bert=True),
-    "pre": Placement("pre", final_norm=True),
-    "sandwich": Placement("sandwich", final_norm=True),
-    "deepnorm": Placement("post", final_norm=False, exports_to_bert=True),
-    "admin": Placement("post", final_norm=False, exports_to_bert=True),
-    "rezero": Placement("rezero", final_norm=False),
-    "b2t": Placement("b2t", final_norm=False),
-    "resi_dual": Placement("resi_dual", final_norm=True, two_streams=True),
-    "mix_ln": Placement("pre", final_norm=True),
-    "lns": Placement("pre", final_norm=True),
-    "hybrid": Placement("hybrid", final_norm=True),
-    "normformer": Placement("pre", final_norm=True),
-    "output_ln": Placement("output_ln", final_norm=True),
-    "parallel": Placement("parallel", final_norm=True),
-    "ngpt": Placement("ngpt", final_norm=False),
-}
-# Other names of a placement: Peri-LN's block is the Sandwich block.
-ALIASES: dict[str, str] = {"peri": "sandwich"}
-PLACEMENTS.update({alias: PLACEMENTS[name] for alias, name in ALIASES.items()})
-assert set(PLACEMENTS) == set(NORM_PLACEMENTS), "every placement needs a row in the table"
+    block: str
+    """The layer's block (``BLOCKS``)."""
+    skip_scale: float = 1.0
+    """A fixed scalar on both skips (DeepNorm's alpha, Admin's omega); it folds into BERT's output projections."""
+    learned_skip_scales: tuple[float | None, float | None] = (None, None)
+    """Init of a learned per-channel scale on the attention and FFN skip (``attention.output.residual_scale``,
+    ``output.residual_scale``); None: no such scale."""
+    norm_scale: float = 1.0
+    """A scalar on the sub-layer norms' outputs (LNS's 1/sqrt(l))."""
+    gate: bool = False
+    """ReZero's gate ``rezero_gate``, one scalar shared by both branches, 0 at init."""
+    qkv_norms: tuple[bool, bool] = (False, False)
+    """Norms over each head's (queries and keys, values), shared by the heads (``qk_norm`` adds the first)."""
+    branch_norms: tuple[bool, bool] = (False, False)
+    """The branch norms (B_a, B_f)."""
+    branch_norm_after_dropout: bool = False
+    """B_a acts on the dropped-out output, ``B(dropout(F))`` (CogView), else ``dropout(B(F))`` (fairseq)."""
+    head_scale: bool = False
+    """A learned scale per head on the attention output projection's output (NormFormer)."""
+    ffn_inner_norm: bool = False
+    """A norm over the FFN's inner width after the activation (NormFormer)."""
+    init_gains: Mapping[str, float] = field(default_factory=dict)
+    """Init gains of the layer's projections by name (``LAYER_LINEARS``), read by the model's ``_init_weights``."""
 
 
-def canonical_placement(name: str) -> str:
-    """The placement's own name (``peri`` is ``sandwich``); distinct placements stay distinct, even with one block."""
-    return ALIASES.get(name, name)
+def deepnorm_layer(config: Any, index: int) -> LayerParts:
+    """DeepNorm: ``x = N_a(alpha x + Attn(x))``, likewise FFN; alpha = (2L)^(1/4) on the skips, and V, the attention
+    output and both FFN projections initialised with gain beta = (8L)^(-1/4) (Wang et al. 2022, 2203.00555: Xavier
+    with gain beta; torchscale's bert_init: normal(0, 0.02) divided by (8L)^(1/4), i.e. times beta)."""
+    layers = config.num_hidden_layers
+    return LayerParts(
+        "post", skip_scale=(2 * layers) ** 0.25, init_gains=dict.fromkeys(DEEPNORM_SCALED, (8 * layers) ** -0.25)
+    )
 
 
 def admin_omega_default(num_layers: int) -> float:
@@ -291,12 +274,129 @@ def admin_omega_default(num_layers: int) -> float:
     return math.sqrt((n + 1) / math.log(n + 1) - 1)
 
 
+def admin_layer(config: Any, index: int) -> LayerParts:
+    """Admin: ``x = N_a(omega x + Attn(x))``, likewise FFN (Liu et al. 2020, 2004.08249); omega ``admin_omega`` or
+    ``admin_omega_default``, a fixed scalar, or with ``admin_learnable_omega`` a learned vector per sub-layer."""
+    omega = admin_omega_default(config.num_hidden_layers) if config.admin_omega is None else config.admin_omega
+    if config.admin_learnable_omega:
+        return LayerParts("post", learned_skip_scales=(omega, omega))
+    return LayerParts("post", skip_scale=omega)
+
+
+def b2t_layer(config: Any, index: int) -> LayerParts:
+    """B2T (Takase et al. 2023, 2206.00330): Post-LN plus the layer's input in its last residual sum; with
+    ``b2t_rescale_init`` every weight matrix of the layer times L^(-1/2) at init (the official ``rescaling_init``)."""
+    gain = config.num_hidden_layers**-0.5
+    return LayerParts("b2t", init_gains=dict.fromkeys(LAYER_LINEARS, gain) if config.b2t_rescale_init else {})
+
+
 def mix_ln_post_layers_default(num_layers: int) -> int:
     """Mix-LN's Post-LN layer count, round(L/4) (the authors' scripts: 3 of 12, 6 of 24)."""
     return round(num_layers / 4)
 
 
-__all__ = [
-    "ALIASES", "BLOCKS", "NORM_PLACEMENTS", "PLACEMENTS", "Block", "NormPlacement", "Placement", "admin_omega_default",
-    "canonical_placement", "mix_ln_post_layers_default",
-]  # fmt: skip
+def mix_ln_layer(config: Any, index: int) -> LayerParts:
+    """Mix-LN (Li et al. 2025, 2412.13795): layers 1..k Post-LN, k+1..L Pre-LN; k ``mix_ln_post_layers`` (null:
+    ``mix_ln_post_layers_default``)."""
+    k = config.mix_ln_post_layers
+    return LayerParts("post" if index < (mix_ln_post_layers_default(config.num_hidden_layers) if k is None else k)
+                      else "pre")  # fmt: skip
+
+
+def lns_layer(config: Any, index: int) -> LayerParts:
+    """LayerNorm Scaling (Sun et al. 2025, 2502.05795): Pre-LN with the norm outputs times 1/sqrt(l), l = index + 1
+    (the official ``1 / sqrt(layer_index + 1)``)."""
+    return LayerParts("pre", norm_scale=(index + 1) ** -0.5)
+
+
+def hybrid_layer(config: Any, index: int) -> LayerParts:
+    """HybridNorm (Zhuo et al. 2025, 2503.04598): ``x = N_f(x + Attn_qkv-norm(x)); x = x + FFN(x)``, norms on each
+    head's Q, K and V; ``hybrid_first_pre_norm`` (HybridNorm*) makes the first layer Pre-LN, keeping its QKV norms."""
+    first_pre = config.hybrid_first_pre_norm and index == 0
+    return LayerParts("pre" if first_pre else "hybrid", qkv_norms=(True, True))
+
+
+def normformer_layer(config: Any, index: int) -> LayerParts:
+    """NormFormer (Shleifer et al. 2021, 2110.09456): Pre-LN plus head scales, ``B_a`` and a norm inside the FFN
+    (each switched by its ``normformer_*`` option), and optionally a learned scale on the FFN skip."""
+    return LayerParts("pre", branch_norms=(config.normformer_attn_norm, False), head_scale=config.normformer_head_scale,
+                      ffn_inner_norm=config.normformer_ffn_norm,
+                      learned_skip_scales=(None, 1.0 if config.normformer_resid_scale else None))  # fmt: skip
+
+
+def ngpt_step_stats(model: nn.Module) -> dict[str, float]:
+    """nGPT's invariants and learned scalers after an optimizer step, before it re-normalises (``ngpt/...``)."""
+    from pretrain.ngpt import ngpt_stats
+
+    return {f"ngpt/{key}": value for key, value in ngpt_stats(model).scalars().items()}
+
+
+@dataclass(frozen=True)
+class Placement:
+    """A placement: the parts of each layer, and what the encoder and the rest of the code add around the stack."""
+
+    layers: LayerParts | Callable[[Any, int], LayerParts] | None
+    """Every layer's parts, or a function of (config, layer index); None: nGPT's layers (``pretrain/ngpt.py``)."""
+    final_norm: bool
+    """A norm on the encoder's output (``encoder.final_layer_norm``)."""
+    two_streams: bool = False
+    """ResiDual's pair of streams (a, d); the output is ``a_L + N_final(d_L)``."""
+    exports_to_bert: bool = False
+    """Its fixed skip scale folds into the output projections, so the model is plain BERT (``pretrain/export.py``)."""
+    residual_schemes: bool = False
+    """A residual scheme (HC, mHC, AttnRes) may replace its residual sum: the papers define them on Pre-LN only."""
+    sphere: bool = False
+    """nGPT: hidden states and weight vectors on the unit sphere (its embeddings, layers and MLM head), the token
+    heads' inputs times sqrt(d), the matrices re-normalised after each optimizer step, no weight decay."""
+    fixed_options: Mapping[str, str] = field(default_factory=dict)
+    """Options it does not read, with why: refused unless at their defaults (they would change only the label)."""
+    deepspeed: str = ""
+    """Why it cannot run under DeepSpeed ("": it can)."""
+    step_stats: Callable[[nn.Module], dict[str, float]] | None = None
+    """What the training loop logs after a logged optimizer step, before ``after_optimizer_step``."""
+
+    def layer_parts(self, config: Any, index: int) -> LayerParts | None:
+        return self.layers(config, index) if callable(self.layers) else self.layers
+
+
+NGPT_FIXED = {
+    "norm_type": "nGPT has no LayerNorm, RMSNorm or DyT",
+    "qk_norm": "nGPT normalises each head's queries and keys itself, then scales them by s_qk",
+    "embedding_layer_norm": "nGPT's embedding output is Norm(E_tok + E_type + E_pos)",
+}
+NGPT_DEEPSPEED = ("its optimizer keeps its own copies of the weights, which nGPT's re-normalisation after each step "
+                  "cannot reach")  # fmt: skip
+
+# Ding et al. 2021 (CogView); Peri-LN, Kim et al. 2025 (2502.02732): x = x + B_a(Attn(N_a(x))); likewise FFN.
+SANDWICH = Placement(LayerParts("pre", branch_norms=(True, True), branch_norm_after_dropout=True), final_norm=True)
+PLACEMENTS: dict[str, Placement] = {
+    "post": Placement(LayerParts("post"), final_norm=False, exports_to_bert=True),  # BERT; Hugging Face BertModel
+    "pre": Placement(LayerParts("pre"), final_norm=True, residual_schemes=True),  # Xiong et al. 2020
+    "sandwich": SANDWICH,
+    "peri": SANDWICH,  # another name of sandwich (ALIASES)
+    "deepnorm": Placement(deepnorm_layer, final_norm=False, exports_to_bert=True),
+    "admin": Placement(admin_layer, final_norm=False, exports_to_bert=True),
+    "rezero": Placement(LayerParts("rezero", gate=True), final_norm=False),  # Bachlechner et al. 2020
+    "b2t": Placement(b2t_layer, final_norm=False),
+    "resi_dual": Placement(LayerParts("resi_dual"), final_norm=True, two_streams=True),  # Xie et al. 2023, 2304.14802
+    "mix_ln": Placement(mix_ln_layer, final_norm=True),
+    "lns": Placement(lns_layer, final_norm=True),
+    "hybrid": Placement(hybrid_layer, final_norm=True),
+    "normformer": Placement(normformer_layer, final_norm=True),
+    "output_ln": Placement(LayerParts("output_ln"), final_norm=True),  # OLMo 2, 2501.00656
+    "parallel": Placement(LayerParts("parallel"), final_norm=True),  # GPT-J; PaLM; ModernBERT
+    # nGPT (Loshchilov et al. 2025, 2410.01131): h = Norm(h + |a_A| (Norm(Attn(h)) - h)), likewise FFN; no norm module.
+    "ngpt": Placement(
+        None, final_norm=False, sphere=True, fixed_options=NGPT_FIXED, deepspeed=NGPT_DEEPSPEED,
+        step_stats=ngpt_step_stats,
+    ),
+}  # fmt: skip
+# Other names of a placement (peri is sandwich): each later name of an entry, with its first name.
+_FIRST_NAMES = {id(entry): name for name, entry in reversed(PLACEMENTS.items())}
+ALIASES: dict[str, str] = {name: _FIRST_NAMES[id(entry)] for name, entry in PLACEMENTS.items()
+                           if _FIRST_NAMES[id(entry)] != name}  # fmt: skip
+
+
+def canonical_placement(name: str) -> str:
+    """The placement's own name (``peri`` is ``sandwich``); distinct placements stay distinct, even with one block."""
+    return ALIASES.get(name, name)

@@ -1,14 +1,15 @@
 """Residual schemes on Pre-LN (docs/placements.md, "Residual schemes"): Hyper-Connections (HC, static and dynamic),
 manifold-constrained Hyper-Connections (mHC) and Attention Residuals (AttnRes, Full and Block).
 
-``LNBertConfig.residual_scheme`` picks one on ``norm_placement="pre"``; the sub-layers stay Pre-LN's, with their
+``LNBertConfig.residual_scheme`` picks one on ``norm_placement="pre"`` (its entry: ``pretrain/residual_schemes.py``,
+which builds these modules and starts the state); the sub-layers stay Pre-LN's, with their
 names and pre-norms ``N``. Layer ``i`` holds ``attention_residual`` (sub-layer ``k = 2i``) and ``ffn_residual``
 (``k = 2i + 1``); its block (``placements.residual_scheme_block``) runs, per sub-layer F:
 
     h, pending = residual.read(state)                   # the sub-layer's input, from the residual state
     state = residual.write(state, pending, F(N(h)))     # its output, into the state
 
-The residual state per token, and how the encoder ends (``start_state``, ``collapse``):
+The residual state per token, and how the encoder ends (``collapse``):
 
     hc, mhc    n streams of width d, (B, T, n, d): n copies of the embedding output at the start, summed at the
                end before ``encoder.final_layer_norm`` (HC's Algorithm 1; mHC states no collapse)
@@ -36,11 +37,7 @@ from typing import Any
 
 import torch
 from torch import nn
-from transformers import BertConfig
 from transformers import initialization as init
-
-# The ``config`` arguments below are the model's LNBertConfig (pretrain/modeling.py), typed as its Hugging Face base
-# class: this module sits below the model file, which imports it.
 
 HC_DYNAMIC_SCALE_INIT = 0.01  # DHC's s_alpha and s_beta at init (HC paper, Algorithm 2)
 MHC_GATE_INIT = 0.01  # mHC's alpha_pre, alpha_post, alpha_res at init (mHC paper, Table 5)
@@ -327,25 +324,6 @@ class AttentionResidual(nn.Module):
 ResidualModule = HyperConnection | ManifoldHyperConnection | AttentionResidual
 RESIDUAL_MODULES: tuple[type[nn.Module], ...] = (HyperConnection, ManifoldHyperConnection, AttentionResidual)
 ResidualState = torch.Tensor | DepthSources
-
-
-def residual_module(config: BertConfig, sublayer: int) -> ResidualModule:
-    """The residual module of sub-layer ``sublayer`` (layer i's attention: 2i, its FFN: 2i + 1) under the config's
-    residual scheme (``hc``, ``mhc`` or ``attn_res``)."""
-    if config.residual_scheme == "attn_res":
-        return AttentionResidual(config.hidden_size)
-    if config.residual_scheme == "mhc":
-        iters, bias_init = config.mhc_sinkhorn_iters, config.mhc_bias_init
-        return ManifoldHyperConnection(config.hidden_size, config.hc_streams, iters, bias_init)
-    norm = config.make_norm() if config.hc_dynamic else None
-    return HyperConnection(config.hidden_size, config.hc_streams, sublayer, norm)
-
-
-def start_state(config: BertConfig, embeddings: torch.Tensor) -> ResidualState:
-    """The state the first layer reads: n copies of the embedding output (HC, mHC), or AttnRes's sources of it."""
-    if config.residual_scheme == "attn_res":
-        return DepthSources.start(embeddings, config.attn_res_block_size or 1, config.layer_norm_eps)
-    return embeddings.unsqueeze(-2).expand(*embeddings.shape[:-1], config.hc_streams, embeddings.shape[-1])
 
 
 def collapse(state: ResidualState) -> torch.Tensor:

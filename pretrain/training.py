@@ -45,8 +45,8 @@ from pretrain.data.pipeline import build_pretraining_data
 from pretrain.data.vocabulary import check_one_vocabulary, data_fingerprint, with_trained_vocabulary
 from pretrain.flops import flops_per_token
 from pretrain.modeling import LNBertForPreTraining
-from pretrain.ngpt import ngpt_stats
 from pretrain.optim import build_adamw, resolve_adamw_implementation
+from pretrain.placements import PLACEMENTS
 from pretrain.prepare import data_report, prepare_command
 from pretrain.residual_streams import ResidualRecorder, ResidualStats, recording, residual_stats
 from pretrain.run_folder import layout
@@ -115,10 +115,9 @@ def check_environment(cfg: PretrainConfig) -> None:
     deepspeed = env_flag("ACCELERATE_USE_DEEPSPEED")
     if cfg.train.compile and deepspeed:
         raise ConfigError("train.compile=true does not work with DeepSpeed; set --train.compile=false")
-    if cfg.model.norm_placement == "ngpt" and deepspeed:
-        raise ConfigError("model.norm_placement=ngpt does not work with DeepSpeed (its optimizer keeps its own copies "
-                          "of the weights, which nGPT's re-normalisation after each step cannot reach); launch without "
-                          "DeepSpeed (DDP)")
+    if (why := PLACEMENTS[cfg.model.norm_placement].deepspeed) and deepspeed:
+        raise ConfigError(f"model.norm_placement={cfg.model.norm_placement} does not work with DeepSpeed ({why}); "
+                          "launch without DeepSpeed (DDP)")
 
 
 def build_accelerator(cfg: PretrainConfig) -> Accelerator:
@@ -212,7 +211,7 @@ class StepStats:
     grad_norm: float
     layer_grad_norms: dict[str, float]
     residual: ResidualStats | None = None  # what the residual scheme did, at log steps (None for the standard one)
-    ngpt: dict[str, float] = field(default_factory=dict)  # nGPT's invariants and scalers, at log steps
+    placement: dict[str, float] = field(default_factory=dict)  # the placement's step_stats (nGPT's), at log steps
 
 
 def batch_iterator(setup: TrainingSetup, state: TrainState) -> Iterator[dict[str, torch.Tensor]]:
@@ -246,7 +245,7 @@ def train_step(
     nGPT's invariants."""
     accelerator, model = setup.accelerator, setup.model
     sums = torch.zeros(6, device=accelerator.device)  # loss, mlm, nsp, tokens, micro-batches, slots
-    residual, ngpt = None, {}
+    residual, step_stats = None, {}
     for batch in batches:
         with accelerator.accumulate(model):
             measure = log_step and residual is None  # the step's first micro-batch, at a log step
@@ -277,15 +276,15 @@ def train_step(
                 if finite or overflow:
                     setup.optimizer.step()  # on an overflow the scaler skips the update and lowers its scale
                     setup.scheduler.step()  # the learning rate stays a function of the step number
-                    if log_step and unwrapped.config.norm_placement == "ngpt":
-                        ngpt = ngpt_stats(unwrapped).scalars()  # before re-normalising: how far the step moved
+                    if log_step and (measure_step := unwrapped.config.placement.step_stats):
+                        step_stats = measure_step(unwrapped)  # before nGPT re-normalises: how far the step moved
                     unwrapped.after_optimizer_step()  # nGPT: its matrices back onto the sphere
             setup.optimizer.zero_grad(set_to_none=True)
             loss, mlm_loss, nsp_loss, tokens, micro, slots, stops = totals.tolist()
             return StepStats(
                 loss=loss / micro, mlm_loss=mlm_loss / micro, nsp_loss=nsp_loss / micro, tokens=int(tokens),
                 slots=int(slots), finite=finite, overflow=overflow, stop=stops > 0, grad_norm=grad_norm,
-                layer_grad_norms=layer_norms, residual=residual, ngpt=ngpt,
+                layer_grad_norms=layer_norms, residual=residual, placement=step_stats,
             )
     raise RuntimeError("the training data ran out")  # batch_iterator loops over epochs forever
 
@@ -295,14 +294,14 @@ def residual_recording(
 ) -> AbstractContextManager[ResidualRecorder | None]:
     """Records the residual scheme's measurements during the training forward itself (no second forward). None where
     nothing is recorded: the standard scheme, and a compiled model (traced again with the recorder)."""
-    if setup.cfg.model.residual_scheme == "standard" or is_compiled_module(setup.model):
+    if not setup.unwrapped.config.scheme.module or is_compiled_module(setup.model):
         return nullcontext()
     return recording(setup.unwrapped, batch["attention_mask"])
 
 
 def residual_measurement(setup: TrainingSetup, batch: dict[str, torch.Tensor]) -> ResidualStats | None:
     """The residual measurements by an extra forward without gradients (a compiled model); None for the standard one."""
-    if setup.cfg.model.residual_scheme == "standard":
+    if not setup.unwrapped.config.scheme.module:
         return None
     with setup.accelerator.autocast():
         return residual_stats(setup.unwrapped, batch["input_ids"], batch["attention_mask"], batch.get("token_type_ids"))
@@ -474,7 +473,7 @@ def step_metrics(setup: TrainingSetup, state: TrainState, stats: StepStats, toke
     metrics.update(stats.layer_grad_norms)
     if stats.residual is not None:
         metrics.update(residual_scalars(stats.residual))
-    metrics.update({f"ngpt/{key}": value for key, value in stats.ngpt.items()})
+    metrics.update(stats.placement)
     return metrics
 
 

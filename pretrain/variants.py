@@ -1,70 +1,126 @@
-"""What a model variant is made of, as names and defaults, without torch (standard library only).
+"""The options of a model variant, declared once, without torch (standard library only).
 
-Every command checks its options before it imports torch and transformers (about 9 s of CPU), so that a typo
-answers at once, against what lives here: the names of the placements, norm types, init schemes and residual
-schemes, the defaults of ``LNBertConfig``'s own options (each documented in docs/model.md), and ``check_options``,
-the one check of a model's options.
+``LNBertOptions`` declares each option ``LNBertConfig`` adds to ``BertConfig``: its type, default, what it changes
+(``effect``) and its doc. ``LNBertConfig`` (pretrain/modeling.py) and the command line's ``model`` section
+(``pretrain.config.ModelConfig``) both inherit these fields; what ``from_pretrained`` compares with the trained
+config derives from ``effect``. Every command checks its options before it imports torch and transformers (about 9 s
+of CPU), so a typo answers at once, against what lives here and in the design tables it reads (the placements,
+``pretrain/placements.py``; the residual schemes, ``pretrain/residual_schemes.py``): the names, and
+``check_options``, the one check of a model's options.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
+import functools
 import math
-from dataclasses import dataclass
+import typing
+from dataclasses import dataclass, fields
+from types import MappingProxyType, SimpleNamespace
 from typing import Any, Literal, get_args
 
-NormPlacement = Literal[
-    "post", "pre", "sandwich", "peri", "deepnorm", "admin", "rezero", "b2t", "resi_dual",
-    "mix_ln", "lns", "hybrid", "normformer", "output_ln", "parallel", "ngpt",
-]  # fmt: skip
+from pretrain.common.roles import role
+from pretrain.placements import PLACEMENTS
+from pretrain.residual_schemes import SCHEMES
+
+NormPlacement = Literal[tuple(PLACEMENTS)]  # type: ignore[valid-type]
 NORM_PLACEMENTS: tuple[str, ...] = get_args(NormPlacement)
-
-NormType = Literal["layernorm", "rmsnorm", "dyt"]
+NormType = Literal["layernorm", "rmsnorm", "dyt"]  # each built by pretrain/norms.py's NORMS
 NORM_TYPES: tuple[str, ...] = get_args(NormType)
-
 InitScheme = Literal["bert", "xavier"]
 INIT_SCHEMES: tuple[str, ...] = get_args(InitScheme)
-
-# On top of Pre-LN (docs/placements.md): the plain residual sum, Hyper-Connections, mHC, Attention Residuals.
-ResidualScheme = Literal["standard", "hc", "mhc", "attn_res"]
+ResidualScheme = Literal[tuple(SCHEMES)]  # type: ignore[valid-type]
 RESIDUAL_SCHEMES: tuple[str, ...] = get_args(ResidualScheme)
-
 # mHC's static biases at init (not in its paper): zero (H_res uniform 1/n) or b_res diagonal (H_res near I).
 MhcBiasInit = Literal["zero", "identity"]
 MHC_BIAS_INITS: tuple[str, ...] = get_args(MhcBiasInit)
 
+Effect = Literal["computation", "init", "kernel"]
 
-@dataclass(frozen=True)
+
+def option(default: Any, effect: Effect = "computation") -> Any:
+    """A model option (a ``recipe`` field, pretrain/common/roles.py) and what it changes: ``computation``, what given
+    weights compute (``from_pretrained`` refuses another value than the trained one); ``init``, only the initial
+    weights; ``kernel``, how the same numbers are computed."""
+    f = role("recipe", default=default)
+    f.metadata = MappingProxyType({**f.metadata, "effect": effect})
+    return f
+
+
+@dataclass(kw_only=True)
 class LNBertOptions:
-    """The options ``LNBertConfig`` adds to ``BertConfig``, with their defaults (the same for every placement)."""
+    """The options ``LNBertConfig`` adds to ``BertConfig``, each with the same default for every placement."""
 
-    norm_placement: NormPlacement = "post"
-    norm_type: NormType = "layernorm"
-    qk_norm: bool = False
-    dyt_alpha_init: float = 0.5
-    mix_ln_post_layers: int | None = None
-    admin_omega: float | None = None
-    admin_learnable_omega: bool = False
-    b2t_rescale_init: bool = True
-    hybrid_first_pre_norm: bool = False
-    normformer_head_scale: bool = True
-    normformer_attn_norm: bool = True
-    normformer_ffn_norm: bool = True
-    normformer_resid_scale: bool = False
-    embedding_layer_norm: bool = True
-    init_scheme: InitScheme = "bert"
-    sparse_mlm_head: bool = True
-    tie_word_embeddings: bool = True
-    fused_qkv: bool = False
-    residual_scheme: ResidualScheme = "standard"
-    hc_streams: int = 4
-    hc_dynamic: bool = True
-    mhc_sinkhorn_iters: int = 20
-    mhc_bias_init: MhcBiasInit = "zero"
-    attn_res_block_size: int | None = None
+    norm_placement: NormPlacement = option("post")
+    """Where the norms go: post is original BERT, pre Xiong et al. 2020's, sandwich = peri (docs/placements.md)."""
+    norm_type: NormType = option("layernorm")
+    """The norm used everywhere (embeddings, layers, final norm, MLM head): layernorm, rmsnorm or dyt."""
+    qk_norm: bool = option(False)
+    """A norm of norm_type on each head's queries and keys before the dot product (QK-norm)."""
+    dyt_alpha_init: float = option(0.5, "init")
+    """DyT's alpha at initialisation (norm_type=dyt)."""
+    mix_ln_post_layers: int | None = option(None)
+    """mix_ln: how many of the lowest layers are Post-LN; null: round(L/4) (3 of 12, 6 of 24)."""
+    admin_omega: float | None = option(None)
+    """admin: the residual weight omega; null: admin-torch's O(log N) rule sqrt((N+1)/ln(N+1) - 1), N = 2L."""
+    admin_learnable_omega: bool = option(False)
+    """admin: omega as a learnable vector per sub-layer (initialised to admin_omega) instead of a fixed scalar."""
+    b2t_rescale_init: bool = option(True, "init")
+    """b2t: scale every weight matrix of the layers by L^(-1/2) at init, as B2T's official code does."""
+    hybrid_first_pre_norm: bool = option(False)
+    """hybrid: HybridNorm*, the first layer Pre-Norm in attention and FFN."""
+    normformer_head_scale: bool = option(True)
+    """normformer: a learned scale per attention head."""
+    normformer_attn_norm: bool = option(True)
+    """normformer: a norm on the attention output before the residual add."""
+    normformer_ffn_norm: bool = option(True)
+    """normformer: a norm over the FFN's inner width after the activation."""
+    normformer_resid_scale: bool = option(False)
+    """normformer: a learned scale on the FFN skip connection (the paper's option for small models)."""
+    init_scheme: InitScheme = option("bert", "init")
+    """Weight init: bert = normal(0, 0.02); xavier = Xavier-normal (the paper's analysis setting)."""
+    embedding_layer_norm: bool = option(True)
+    """Keep BERT's LayerNorm on the summed embeddings (same for every placement)."""
+    sparse_mlm_head: bool = option(True, "kernel")
+    """Run the MLM head only at masked positions (same loss and gradients, less compute)."""
+    fused_qkv: bool = option(False, "kernel")
+    """Q, K, V from one GEMM (same parameters; a few % faster under bf16); off: Post-LN is op-for-op HF BERT."""
+    residual_scheme: ResidualScheme = option("standard")
+    """How sub-layer outputs reach later ones (norm_placement=pre only): hc, mhc, attn_res (docs/placements.md)."""
+    hc_streams: int = option(4)
+    """hc, mhc: the number of residual streams n (the papers' 4)."""
+    hc_dynamic: bool = option(True)
+    """hc: dynamic HC (per-token weights, the paper's default); false: static HC."""
+    mhc_sinkhorn_iters: int = option(20)
+    """mhc: Sinkhorn-Knopp iterations of H_res (the paper's 20)."""
+    mhc_bias_init: MhcBiasInit = option("zero", "init")
+    """mhc: the static biases at init: zero (H_res uniform 1/n: the Pre-LN model) or identity (H_res near I)."""
+    attn_res_block_size: int | None = option(None)
+    """attn_res: Block AttnRes's block size in sub-layers (attention and FFN count one each); null: Full AttnRes."""
 
 
 DEFAULTS = LNBertOptions()
+COMPUTATION_OPTIONS: tuple[str, ...] = tuple(
+    f.name for f in fields(LNBertOptions) if f.metadata["effect"] == "computation"
+)
+"""The options that change what given weights compute."""
+# The options a residual scheme's label names, in the order the entries name them (RESIDUAL_SCHEME_FIELDS).
+RESIDUAL_SCHEME_FIELDS: tuple[str, ...] = (
+    "residual_scheme",
+    *dict.fromkeys(o for s in SCHEMES.values() for o in s.options),
+)
+VARIANT_FIELDS: tuple[str, ...] = ("norm_placement", "norm_type", "qk_norm", *RESIDUAL_SCHEME_FIELDS)
+"""The options a variant's label names (``variant_name``)."""
+
+
+@functools.cache
+def option_choices() -> dict[str, tuple[Any, ...]]:
+    """The values of each option typed by a ``Literal``, by name."""
+    hints = typing.get_type_hints(LNBertOptions)
+    return {
+        f.name: get_args(hints[f.name]) for f in fields(LNBertOptions) if typing.get_origin(hints[f.name]) is Literal
+    }
 
 
 def check_choice(key: str, value: str, choices: tuple[str, ...]) -> None:
@@ -78,7 +134,7 @@ def check_choice(key: str, value: str, choices: tuple[str, ...]) -> None:
 def check_options(config: Any, prefix: str = "") -> None:
     """Refuse options no model builds, naming the field (``prefix`` + its name) and the fix: ``config`` is an
     ``LNBertConfig``, or the command line's ``model`` section (``prefix`` "model."), checked before torch loads."""
-    for key, choices in (("norm_placement", NORM_PLACEMENTS), ("norm_type", NORM_TYPES), ("init_scheme", INIT_SCHEMES)):
+    for key, choices in option_choices().items():
         check_choice(f"{prefix}{key}", getattr(config, key), choices)
     width, heads = f"{prefix}hidden_size={config.hidden_size}", f"{prefix}num_attention_heads"
     if config.hidden_size % config.num_attention_heads != 0:
@@ -91,78 +147,67 @@ def check_options(config: Any, prefix: str = "") -> None:
         raise ValueError(f"{prefix}admin_omega={config.admin_omega} must be positive (or null for the O(log N) rule)")
     if not (math.isfinite(config.dyt_alpha_init) and config.dyt_alpha_init > 0):
         raise ValueError(f"{prefix}dyt_alpha_init={config.dyt_alpha_init} must be > 0 (DyT's default: 0.5)")
-    check_residual_scheme(config.norm_placement, config.residual_scheme, config.hc_streams, config.mhc_sinkhorn_iters,
-                          config.mhc_bias_init, config.attn_res_block_size, prefix)  # fmt: skip
-    check_ngpt(config.norm_placement, config.norm_type, config.qk_norm, config.embedding_layer_norm, prefix)
-
-
-def check_residual_scheme(norm_placement: str, residual_scheme: str, hc_streams: int, mhc_sinkhorn_iters: int,
-                          mhc_bias_init: str, attn_res_block_size: int | None, prefix: str = "") -> None:  # fmt: skip
-    """Refuse a residual scheme the model cannot build, naming the field (``prefix`` + its name) and the fix.
-
-    An odd ``attn_res_block_size`` is allowed: Block AttnRes is defined for any block size in sub-layers (1 is Full
-    AttnRes); an odd size only closes some blocks inside a layer, where the paper's close after whole layers.
-    """
-    check_choice(f"{prefix}residual_scheme", residual_scheme, RESIDUAL_SCHEMES)
-    if residual_scheme != "standard" and norm_placement != "pre":
-        raise ValueError(f"{prefix}residual_scheme={residual_scheme!r} needs {prefix}norm_placement='pre' (got "
-                         f"{norm_placement!r}): HC, mHC and AttnRes are defined on a Pre-LN block only; set "
-                         f"{prefix}norm_placement=pre or {prefix}residual_scheme=standard")  # fmt: skip
-    for key, value, default in (("hc_streams", hc_streams, 4), ("mhc_sinkhorn_iters", mhc_sinkhorn_iters, 20)):
-        if not (isinstance(value, int) and value >= 1):
+    for key, default in (("hc_streams", 4), ("mhc_sinkhorn_iters", 20)):
+        if not (isinstance(value := getattr(config, key), int) and value >= 1):
             raise ValueError(f"{prefix}{key}={value!r} must be an integer >= 1 (the papers' default: {default})")
-    check_choice(f"{prefix}mhc_bias_init", mhc_bias_init, MHC_BIAS_INITS)
-    size = attn_res_block_size
-    if size is not None and not (isinstance(size, int) and size >= 1):
+    # An odd size is allowed: Block AttnRes is defined for any block size in sub-layers (1 is Full AttnRes); an odd
+    # size only closes some blocks inside a layer, where the paper's close after whole layers.
+    if (size := config.attn_res_block_size) is not None and not (isinstance(size, int) and size >= 1):
         raise ValueError(
             f"{prefix}attn_res_block_size={size!r} must be an integer >= 1 (sub-layers per block; 1 or null: Full "
             "AttnRes; even values close blocks between layers)"
         )
+    check_design(config, prefix)
 
 
-def check_ngpt(
-    norm_placement: str, norm_type: str, qk_norm: bool, embedding_layer_norm: bool, prefix: str = ""
-) -> None:
-    """Refuse, under ``norm_placement="ngpt"``, the options that choose a norm module: nGPT has none (its hidden
-    states and weight vectors are normalised to unit length, x / ||x||), so each would change nothing but the
-    variant's label. ``residual_scheme`` is refused by ``check_residual_scheme`` (Pre-LN only)."""
-    if norm_placement != "ngpt":
-        return
-    given = {
-        "norm_type": (norm_type, "nGPT has no LayerNorm, RMSNorm or DyT"),
-        "qk_norm": (qk_norm, "nGPT normalises each head's queries and keys itself, then scales them by s_qk"),
-        "embedding_layer_norm": (embedding_layer_norm, "nGPT's embedding output is Norm(E_tok + E_type + E_pos)"),
-    }
-    for key, (value, why) in given.items():
-        if value != getattr(DEFAULTS, key):
+def check_design(options: Any, prefix: str = "") -> None:
+    """Refuse what the placement's entry rules out: a residual scheme on a placement that takes none (the three
+    papers define theirs on a Pre-LN block only), an option the placement does not read (``fixed_options``)."""
+    placement, scheme = options.norm_placement, options.residual_scheme
+    entry = PLACEMENTS[placement]
+    if scheme != DEFAULTS.residual_scheme and not entry.residual_schemes:
+        takers = [name for name, p in PLACEMENTS.items() if p.residual_schemes]
+        raise ValueError(f"{prefix}residual_scheme={scheme!r} needs {prefix}norm_placement="
+                         f"{' or '.join(map(repr, takers))} (got {placement!r}): HC, mHC and AttnRes are defined on a "
+                         f"Pre-LN block only; set {prefix}norm_placement={takers[0]} or "
+                         f"{prefix}residual_scheme={DEFAULTS.residual_scheme}")  # fmt: skip
+    for key, why in entry.fixed_options.items():
+        if (value := getattr(options, key)) != (default := getattr(DEFAULTS, key)):
             raise ValueError(
-                f"{prefix}{key}={value!r} does not apply to {prefix}norm_placement='ngpt': {why}; leave "
-                f"{prefix}{key} at its default ({getattr(DEFAULTS, key)!r}, which ngpt does not read)"
+                f"{prefix}{key}={value!r} does not apply to {prefix}norm_placement={placement!r}: {why}; leave "
+                f"{prefix}{key} at its default ({default!r}, which {placement} does not read)"
             )
 
 
-def residual_scheme_label(residual_scheme: str = DEFAULTS.residual_scheme, hc_streams: int = DEFAULTS.hc_streams,
-                          hc_dynamic: bool = DEFAULTS.hc_dynamic, mhc_bias_init: str = DEFAULTS.mhc_bias_init,
-                          attn_res_block_size: int | None = DEFAULTS.attn_res_block_size) -> str:  # fmt: skip
-    """The residual scheme's part of a variant's label, empty for ``standard``: ``hc4`` (dynamic HC, 4 streams),
-    ``shc4`` (static HC), ``mhc4`` (``mhc4-idres`` with the identity bias init), ``attnres`` (Full AttnRes),
-    ``attnres-b4`` (Block AttnRes, blocks of 4 sub-layers; ``attnres-b1`` computes what ``attnres`` does)."""
-    if residual_scheme == "hc":
-        return f"{'hc' if hc_dynamic else 'shc'}{hc_streams}"
-    if residual_scheme == "mhc":
-        return f"mhc{hc_streams}" + ("-idres" if mhc_bias_init == "identity" else "")
-    if residual_scheme == "attn_res":
-        return "attnres" if attn_res_block_size is None else f"attnres-b{attn_res_block_size}"
+def design_problem(placement: str, norm_type: str, scheme_fields: dict[str, Any]) -> str:
+    """Why a model of ``placement``, ``norm_type`` and a residual scheme's fields cannot be built ("" when it can)."""
+    try:
+        check_design(dataclasses.replace(DEFAULTS, norm_placement=placement, norm_type=norm_type, **scheme_fields))
+    except ValueError as err:
+        return str(err)
     return ""
 
 
-def variant_name(norm_placement: str, norm_type: str = DEFAULTS.norm_type, qk_norm: bool = DEFAULTS.qk_norm, *,
-                 residual_scheme: str = DEFAULTS.residual_scheme, hc_streams: int = DEFAULTS.hc_streams,
-                 hc_dynamic: bool = DEFAULTS.hc_dynamic, mhc_bias_init: str = DEFAULTS.mhc_bias_init,
-                 attn_res_block_size: int | None = DEFAULTS.attn_res_block_size) -> str:  # fmt: skip
+def residual_scheme_label(**options: Any) -> str:
+    """The residual scheme's part of a variant's label (``RESIDUAL_SCHEME_FIELDS``, the others at their defaults),
+    empty for ``standard``: ``hc4`` (dynamic HC, 4 streams), ``shc4`` (static HC), ``mhc4`` (``mhc4-idres`` with the
+    identity bias init), ``attnres`` (Full AttnRes), ``attnres-b4`` (Block AttnRes, blocks of 4 sub-layers;
+    ``attnres-b1`` computes what ``attnres`` does)."""
+    given = SimpleNamespace(**{key: options.get(key, getattr(DEFAULTS, key)) for key in RESIDUAL_SCHEME_FIELDS})
+    return SCHEMES[given.residual_scheme].label(given)
+
+
+def variant_name(norm_placement: str, norm_type: str = DEFAULTS.norm_type, qk_norm: bool = DEFAULTS.qk_norm,
+                 **scheme_options: Any) -> str:  # fmt: skip
     """The label of a model variant in run names, W&B groups and tags, and reports: the placement, its residual
-    scheme (``residual_scheme_label``), then the norm type and QK-norm when they are not the defaults (``pre``,
-    ``pre-rmsnorm``, ``post-dyt-qknorm``, ``pre-hc4``, ``pre-attnres-b4-rmsnorm``)."""
-    scheme = residual_scheme_label(residual_scheme, hc_streams, hc_dynamic, mhc_bias_init, attn_res_block_size)
+    scheme (``residual_scheme_label`` of the ``RESIDUAL_SCHEME_FIELDS`` given), then the norm type and QK-norm when
+    they are not the defaults (``pre``, ``pre-rmsnorm``, ``post-dyt-qknorm``, ``pre-hc4``, ``pre-attnres-b4-rmsnorm``)."""
+    scheme = residual_scheme_label(**scheme_options)
     parts = [norm_placement] + ([scheme] if scheme else []) + ([norm_type] if norm_type != "layernorm" else [])
     return "-".join(parts + (["qknorm"] if qk_norm else []))
+
+
+def variant_of(options: Any) -> str:
+    """``variant_name`` of an object or mapping with the ``VARIANT_FIELDS`` (a config, a config.json's dict)."""
+    get = options.get if isinstance(options, dict) else lambda key, default: getattr(options, key, default)
+    return variant_name(**{key: get(key, getattr(DEFAULTS, key)) for key in VARIANT_FIELDS})

@@ -294,24 +294,6 @@ def test_branch_norm_and_dropout_order_in_train_mode(tiny_kwargs, placement, whe
     assert bool((joins_residual == 0).any()) is not dropout_first
 
 
-def test_deepnorm_bert_init_is_torchscales_bert_init():
-    """torchscale with bert_init and deepnorm: every projection normal(0, 0.02), then V, attention output and both
-    FFN weights divided by (8N)^(1/4), i.e. normal(0, 0.02 beta); Q and K keep normal(0, 0.02)."""
-    n_layers = 4
-    config = LNBertConfig(
-        vocab_size=1000, hidden_size=96, num_hidden_layers=n_layers, num_attention_heads=4, intermediate_size=192,
-        max_position_embeddings=64, norm_placement="deepnorm", init_scheme="bert",
-    )  # fmt: skip
-    torch.manual_seed(0)
-    model = LNBertForPreTraining(config)
-    beta = (8 * n_layers) ** -0.25
-    for layer in model.bert.encoder.layer:
-        for linear in layer.deepnorm_scaled_linears():
-            assert linear.weight.std().item() == pytest.approx(0.02 * beta, rel=0.05)
-        for linear in (layer.attention.self.query, layer.attention.self.key):
-            assert linear.weight.std().item() == pytest.approx(0.02, rel=0.05)
-
-
 # --------------------------------------------------------------------------------------------------
 # Sparse MLM head
 # --------------------------------------------------------------------------------------------------

@@ -116,12 +116,13 @@ def test_save_and_reload_through_auto_classes(tiny_kwargs, placement, tmp_path):
 @pytest.mark.parametrize("num_layers", [1, 6])
 def test_deepnorm_alpha_and_beta(tiny_kwargs, num_layers):
     config = make_config(tiny_kwargs, "deepnorm", num_hidden_layers=num_layers)
-    assert config.deepnorm_alpha == pytest.approx((2 * num_layers) ** 0.25)
-    assert config.deepnorm_beta == pytest.approx((8 * num_layers) ** -0.25)
+    parts = config.layer_parts(0)
+    assert parts.skip_scale == pytest.approx((2 * num_layers) ** 0.25)
+    assert list(parts.init_gains.values()) == pytest.approx([(8 * num_layers) ** -0.25] * 4)
     model = LNBertForPreTraining(config)
     scales = [layer.residual_scale for layer in model.bert.encoder.layer]
     assert scales == pytest.approx([(2 * num_layers) ** 0.25] * num_layers)
-    assert make_config(tiny_kwargs, "post", num_hidden_layers=num_layers).deepnorm_alpha == 1.0
+    assert make_config(tiny_kwargs, "post", num_hidden_layers=num_layers).layer_parts(0).skip_scale == 1.0
 
 
 @pytest.mark.parametrize("init_scheme", ["bert", "xavier"])
@@ -144,10 +145,8 @@ def test_deepnorm_init_gain_on_value_output_and_ffn_only(init_scheme):
         return xavier_std(linear) if init_scheme == "xavier" else config.initializer_range
 
     for layer in model.bert.encoder.layer:
-        scaled = layer.deepnorm_scaled_linears()
-        assert scaled == (layer.attention.self.value, layer.attention.output.dense, layer.intermediate.dense,
-                          layer.output.dense)  # fmt: skip
-        for linear in scaled:
+        for linear in (layer.attention.self.value, layer.attention.output.dense, layer.intermediate.dense,
+                       layer.output.dense):  # fmt: skip
             # Xavier: the paper's Xavier-normal with gain beta; bert: torchscale's bert_init, N(0, 0.02 beta).
             scaled_std = xavier_std(linear, beta) if init_scheme == "xavier" else config.initializer_range * beta
             assert linear.weight.std().item() == pytest.approx(scaled_std, rel=0.05)
@@ -345,8 +344,11 @@ def test_parameter_counts_match_docs_placements_md():
 
 
 def test_every_placement_has_a_row_and_every_row_a_block():
-    assert set(PLACEMENTS) == set(NORM_PLACEMENTS)
-    assert all(row.block in BLOCKS for row in PLACEMENTS.values())
+    assert tuple(PLACEMENTS) == NORM_PLACEMENTS
+    config = LNBertConfig()
+    for row in PLACEMENTS.values():
+        parts = row.layer_parts(config, 0)
+        assert parts is None or parts.block in BLOCKS
     with pytest.raises(ValueError, match=r"norm_placement='preln' is not a valid choice \(did you mean 'pre'\?\)"):
         LNBertConfig(norm_placement="preln")
     with pytest.raises(ValueError, match=r"norm_type='layer_norm'.*valid choices: layernorm, rmsnorm, dyt"):
@@ -399,8 +401,8 @@ def test_mix_ln_with_no_post_layers_is_pre_ln_and_with_all_is_post_ln_plus_a_fin
 @pytest.mark.parametrize(("layers", "expected"), [(2, 0), (12, 3), (24, 6)])
 def test_mix_ln_default_post_layers(tiny_kwargs, layers, expected):
     config = make_config(tiny_kwargs, "mix_ln", num_hidden_layers=layers)
-    assert config.mix_ln_post_layer_count == expected
-    assert [config.block_of_layer(i) for i in range(layers)] == ["post"] * expected + ["pre"] * (layers - expected)
+    blocks = [config.layer_parts(i).block for i in range(layers)]
+    assert blocks == ["post"] * expected + ["pre"] * (layers - expected)
 
 
 def test_lns_scales_each_layer_by_one_over_sqrt_of_its_index(tiny_kwargs):
@@ -412,8 +414,8 @@ def test_lns_scales_each_layer_by_one_over_sqrt_of_its_index(tiny_kwargs):
 @pytest.mark.parametrize(("layers", "omega"), [(2, 1.451), (12, 2.601), (24, 3.404), (48, 4.495)])
 def test_admin_omega_follows_admin_torch_default_rule(tiny_kwargs, layers, omega):
     config = make_config(tiny_kwargs, "admin", num_hidden_layers=layers)
-    assert config.residual_scale == pytest.approx(omega, abs=1e-3)
-    assert make_config(tiny_kwargs, "admin", admin_omega=2.0).residual_scale == 2.0
+    assert config.layer_parts(0).skip_scale == pytest.approx(omega, abs=1e-3)
+    assert make_config(tiny_kwargs, "admin", admin_omega=2.0).layer_parts(0).skip_scale == 2.0
 
 
 def test_admin_learnable_omega_is_a_vector_per_sub_layer(tiny_kwargs):

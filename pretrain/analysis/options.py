@@ -16,13 +16,11 @@ from pretrain.analysis import outcomes
 from pretrain.common.cli import ConfigError, field_type, from_dict, require
 from pretrain.config import STANDARD_LABEL, PretrainConfig, residual_scheme_fields
 from pretrain.variants import (
-    DEFAULTS,
     NORM_PLACEMENTS,
     InitScheme,
     NormPlacement,
     NormType,
-    check_ngpt,
-    check_residual_scheme,
+    design_problem,
     variant_name,
 )
 
@@ -66,14 +64,7 @@ class Model:
 def model_problem(placement: str, norm_type: str, scheme: str) -> str:
     """Why the model of ``placement``, ``norm_type`` and residual scheme label ``scheme`` cannot be built ("" when it
     can), as the model's own checks say."""
-    fields = residual_scheme_fields(scheme)
-    try:
-        check_residual_scheme(placement, fields["residual_scheme"], fields["hc_streams"], DEFAULTS.mhc_sinkhorn_iters,
-                              fields["mhc_bias_init"], fields["attn_res_block_size"])  # fmt: skip
-        check_ngpt(placement, norm_type, DEFAULTS.qk_norm, DEFAULTS.embedding_layer_norm)
-    except ValueError as err:
-        return str(err)
-    return ""
+    return design_problem(placement, norm_type, residual_scheme_fields(scheme))
 
 
 def models(placements: list[str], norm_types: list[str], residual_schemes: list[str]) -> list[Model]:

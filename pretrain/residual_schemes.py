@@ -1,0 +1,125 @@
+"""What replaces Pre-LN's residual sum: every residual scheme as one entry of one table, ``SCHEMES``, without torch
+(the command line reads names and labels before torch loads; an entry's builders import its module when a model is
+built). The modules of HC, mHC and AttnRes are ``pretrain/residual_streams.py``'s; the layer's block is
+``placements.residual_scheme_block``; docs/placements.md gives the equations.
+
+A scheme gives each sub-layer k (layer i's attention: k = 2i, its FFN: 2i + 1) a residual module R that reads the
+sub-layer's input from the residual state and writes its output back; the encoder starts the state from the
+embedding output, reports and ends it as one stream (``residual_streams.collapse``), or through an output module of
+its own (AttnRes's ``encoder.output_residual``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+
+def _hc_label(o: Any) -> str:
+    return f"{'hc' if o.hc_dynamic else 'shc'}{o.hc_streams}"
+
+
+def _mhc_label(o: Any) -> str:
+    return f"mhc{o.hc_streams}" + ("-idres" if o.mhc_bias_init == "identity" else "")
+
+
+def _attn_res_label(o: Any) -> str:
+    return "attnres" if o.attn_res_block_size is None else f"attnres-b{o.attn_res_block_size}"
+
+
+def _hc_module(config: Any, sublayer: int) -> nn.Module:
+    from pretrain.residual_streams import HyperConnection
+
+    norm = config.make_norm() if config.hc_dynamic else None
+    return HyperConnection(config.hidden_size, config.hc_streams, sublayer, norm)
+
+
+def _mhc_module(config: Any, sublayer: int) -> nn.Module:
+    from pretrain.residual_streams import ManifoldHyperConnection
+
+    return ManifoldHyperConnection(config.hidden_size, config.hc_streams, config.mhc_sinkhorn_iters,
+                                   config.mhc_bias_init)  # fmt: skip
+
+
+def _attn_res_module(config: Any, sublayer: int | None = None) -> nn.Module:
+    from pretrain.residual_streams import AttentionResidual
+
+    return AttentionResidual(config.hidden_size)
+
+
+def _stream_copies(config: Any, embeddings: torch.Tensor) -> torch.Tensor:
+    """n copies of the embedding output, (B, T, n, d) (HC's Algorithm 1)."""
+    return embeddings.unsqueeze(-2).expand(*embeddings.shape[:-1], config.hc_streams, embeddings.shape[-1])
+
+
+def _depth_sources(config: Any, embeddings: torch.Tensor) -> Any:
+    """AttnRes's sources of the embedding output (``DepthSources``); ``attn_res_block_size`` null: Full AttnRes."""
+    from pretrain.residual_streams import DepthSources
+
+    return DepthSources.start(embeddings, config.attn_res_block_size or 1, config.layer_norm_eps)
+
+
+def _streams_flops(config: Any, extra: int) -> float:
+    """HC and mHC, per sub-layer: the input and H_res x, (n+1) x n times n x d, 2·(n+1)·n·d; the output into n
+    streams, 2·n·d; plus ``extra``, the scheme's own mappings."""
+    n, d = config.hc_streams, config.hidden_size
+    return float(2 * config.num_hidden_layers * (2 * (n + 1) * n * d + 2 * n * d + extra))
+
+
+def _hc_flops(config: Any) -> float:
+    """Dynamic HC's weights add 2·n·d·(n+1) + 2·n·d per sub-layer."""
+    n, d = config.hc_streams, config.hidden_size
+    return _streams_flops(config, 2 * n * d * (n + 1) + 2 * n * d if config.hc_dynamic else 0)
+
+
+def _mhc_flops(config: Any) -> float:
+    """mHC's mappings from the flattened streams add 2·n·d·(2n + n²), Sinkhorn-Knopp 4·n² per iteration."""
+    n, d = config.hc_streams, config.hidden_size
+    return _streams_flops(config, 2 * n * d * (2 * n + n * n) + 4 * n * n * config.mhc_sinkhorn_iters)
+
+
+def _attn_res_flops(config: Any) -> float:
+    """AttnRes, per sub-layer reading K sources (and once more for the output): K logits of d and their weighted
+    sum, 4·K·d; K counts the embedding output, then every earlier output (Full) or the completed blocks and the
+    current block's partial sum (Block)."""
+    block, d = config.attn_res_block_size or 1, config.hidden_size  # Full AttnRes: every output its own source
+    # Sub-layer k (or the output, k = 2L) attends over b_0, k // block completed blocks and a begun partial sum.
+    return float(sum(4 * (1 + k // block + (k % block != 0)) * d for k in range(2 * config.num_hidden_layers + 1)))
+
+
+@dataclass(frozen=True)
+class Scheme:
+    """A residual scheme: its label, and how a model builds, starts and ends its residual state."""
+
+    label: Callable[[Any], str]
+    """Its part of a variant's label, from the model's options ("" for the plain sum)."""
+    options: tuple[str, ...] = ()
+    """The model options its label names (read back by ``pretrain.config.residual_scheme_fields``)."""
+    module: Callable[[Any, int], nn.Module] | None = None
+    """The residual module of sub-layer k under a config; None: the plain residual sum (no module)."""
+    start: Callable[[Any, torch.Tensor], Any] | None = None
+    """The state the first layer reads, from the embedding output."""
+    output: Callable[[Any], nn.Module] | None = None
+    """A module that reads the encoder's output from the state (``encoder.output_residual``); None: the collapse."""
+    stream_is_tensor: bool = True
+    """What passes between layers is one tensor (AttnRes passes its sources: no reentrant checkpointing)."""
+    flops: Callable[[Any], float] = lambda config: 0.0
+    """Forward FLOPs per token of its own work over the 2L sub-layers (``pretrain.flops``), 2 per multiply-add;
+    norms, exp, sigmoid and tanh left out."""
+
+
+SCHEMES: dict[str, Scheme] = {
+    "standard": Scheme(lambda o: ""),
+    # Hyper-Connections (Zhu et al., ICLR 2025, 2409.19606): dynamic (hc4) or static (shc4), n streams.
+    "hc": Scheme(_hc_label, ("hc_streams", "hc_dynamic"), _hc_module, _stream_copies, flops=_hc_flops),
+    # mHC (Xie et al., DeepSeek-AI, 2512.24880): H_res doubly stochastic by Sinkhorn-Knopp.
+    "mhc": Scheme(_mhc_label, ("hc_streams", "mhc_bias_init"), _mhc_module, _stream_copies, flops=_mhc_flops),
+    # Attention Residuals (Kimi Team, 2603.15031): a softmax over depth, Full or Block.
+    "attn_res": Scheme(_attn_res_label, ("attn_res_block_size",), _attn_res_module, _depth_sources,
+                       output=_attn_res_module, stream_is_tensor=False, flops=_attn_res_flops),
+}  # fmt: skip
