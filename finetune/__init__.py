@@ -9,5 +9,6 @@ pretraining run, and the Figure 5 report.
     finetune/run.py       one model x one task x (lr, seed) grid: ``python -m finetune.run``
     finetune/schedule.py  every COMPLETE snapshot -> jobs -> manifests; resubmits what ended without a result
     finetune/backends.py  where a manifest's tasks run: in-process, local worker processes, a SLURM job array
-    finetune/report.py    Figure 5 panels, steps-to-loss table, summary.md, W&B
+    finetune/report.py    the Figure 5 report: ``python -m finetune.report``; its numbers (report_numbers.py), its
+                          pictures (report_figures.py), its summary.md (report_summary.py)
 """

@@ -152,7 +152,7 @@ class Runtime:
     recipe: dict[str, Any]
     """The recipe's runtime fields (FinetuneConfig.runtime()): evaluation batch, threads, device, progress bar."""
     wandb: dict[str, Any] | None
-    """The W&B settings of the job runs (finetune.tracking.WandbSettings), or None: not tracked."""
+    """The W&B settings of the job runs (pretrain.tracking.wandb_logging.WandbSettings), or None: not tracked."""
 
 
 @dataclass(frozen=True)

@@ -29,10 +29,10 @@ from finetune.config import GridOptions, check_tasks
 from finetune.glue import load_task
 from finetune.manifest import ResultsBusy, ResultsFolder, Runtime
 from finetune.schedule import NoProgress, collect, job_lines, lifted, retried, runnable, submit, wandb_settings
-from finetune.tracking import check_wandb
 from finetune.worker import check_snapshot, describe_model, job_specs
 from pretrain.common.cli import ConfigError, parse, require, run_cli
 from pretrain.run_folder.layout import SNAPSHOTS, TRAIN_STATE_FILE, list_snapshots, run_folder_of
+from pretrain.tracking.wandb_logging import check_wandb
 
 
 @dataclass(kw_only=True)

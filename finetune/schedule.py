@@ -52,11 +52,11 @@ from finetune.manifest import (
     Runtime,
     recipe_hash,
 )
-from finetune.tracking import WandbSettings, check_wandb
 from finetune.worker import describe_model, files_stamp, job_specs
 from pretrain.common.cli import ConfigError, parse_command, require, run_cli
 from pretrain.run_folder.identity import read_run_id
 from pretrain.run_folder.layout import DEAD_AFTER_S, TERMINAL_STATUSES, is_dead, list_snapshots, read_status
+from pretrain.tracking.wandb_logging import WandbSettings, check_wandb
 
 BackendName = Literal["local", "slurm"]
 Mode = Literal["once", "follow"]
@@ -386,7 +386,7 @@ def runtime_settings(config: ScheduleConfig) -> Runtime:
 
 
 def wandb_settings(config: GridOptions) -> WandbSettings | None:
-    """One W&B run per job when --wandb (finetune/tracking.py); offline runs go beside the results folder."""
+    """One W&B run per job when --wandb (pretrain/tracking/wandb_logging.py); offline runs beside the results folder."""
     directory = str(Path(config.results_dir).resolve().parent)
     return WandbSettings(project=config.wandb_project, dir=directory) if config.wandb else None
 

@@ -22,7 +22,6 @@ from typing import TYPE_CHECKING, Any
 
 from finetune.config import FinetuneConfig
 from finetune.manifest import JobSpec, JobState, Manifest, ManifestJob, Model, ResultsFolder, load_manifest
-from finetune.tracking import WandbSettings, job_run
 from pretrain.common.formats import RUN_FORMAT, FormatVersionError, check_format
 from pretrain.run_folder.identity import read_run_id
 from pretrain.run_folder.layout import (
@@ -35,6 +34,7 @@ from pretrain.run_folder.layout import (
     run_folder_of,
 )
 from pretrain.run_folder.manifest import SNAPSHOT_FIX, ManifestError, sha256_file, verify_manifest
+from pretrain.tracking.wandb_logging import WandbSettings, job_run
 
 if TYPE_CHECKING:
     from finetune.train import DataCache
@@ -54,8 +54,9 @@ def _placement(info: dict[str, Any], config: dict[str, Any]) -> str:
 
 
 class SnapshotRefused(ValueError):
-    """A model folder refused as it is (gone, incomplete, damaged, of another format version, or weights of another
-    placement than its config): no retry changes that while its files stay as they are, its jobs fail for good."""
+    """A model folder refused as it is (gone, incomplete, damaged, of another format version): no retry changes that
+    while its files stay as they are, its jobs fail for good (so do those of a folder whose weights are not of its
+    config.json, which the model's own ``from_pretrained`` refuses: ``CheckpointMismatch``)."""
 
 
 def files_stamp(path: Path) -> str | None:
@@ -79,10 +80,9 @@ _verified: dict[Path, str | None] = {}  # snapshot folder -> its files_stamp whe
 
 def check_snapshot(path: Path) -> None:
     """A pretraining snapshot (a folder with snapshot.json) is used only when complete (COMPLETE marker) and when
-    its files match its manifest; any model folder only when its weights are of its config's placement. Checked on
-    finetune.run's --model and by every job before it loads the weights. Raises SnapshotRefused."""
+    its files match its manifest. Checked on finetune.run's --model and by every job before it loads the weights;
+    loading then checks the weights against the config (``from_pretrained``). Raises SnapshotRefused."""
     if not (path / SNAPSHOT_INFO).is_file():
-        check_placement(path)
         return
     if not (path / SNAPSHOT_MARKER).is_file():
         raise SnapshotRefused(
@@ -102,20 +102,7 @@ def check_snapshot(path: Path) -> None:
         ) from None
     except FormatVersionError as err:  # its message says what to do
         raise SnapshotRefused(str(err)) from None
-    check_placement(path)
     _verified[path.resolve()] = stamp
-
-
-def check_placement(path: Path) -> None:
-    """An lnbert model folder whose weights are of another placement than its config.json says is refused, in
-    fine-tuning's terms (the model's own check speaks to Python callers of from_pretrained)."""
-    from pretrain.run_folder.checkpointing import placement_mismatch  # imports accelerate: only where it is used
-
-    if problem := placement_mismatch(path):
-        raise SnapshotRefused(
-            f"--model {str(path)!r} cannot be fine-tuned: {problem}. Its files do not belong together (one was "
-            "replaced or copied from another run): restore the folder from a copy, or pass another --model."
-        )
 
 
 def check_not_a_run_folder(path: Path) -> None:
@@ -203,6 +190,7 @@ def run_job(job: ManifestJob, manifest: Manifest, folder: ResultsFolder, cache: 
     """Run one job and write its result file (or its failure file); returns how it ended (done or failed), or
     None when another copy of it finished first (this result is dropped)."""
     from finetune.train import finetune  # torch and transformers: the scheduler, importing this module, never needs
+    from pretrain.modeling import CheckpointMismatch
 
     spec, runtime, submission = job.spec, manifest.runtime, manifest.submission
     try:
@@ -221,7 +209,7 @@ def run_job(job: ManifestJob, manifest: Manifest, folder: ResultsFolder, cache: 
                 tracked.finish(results)
     except Exception as err:  # recorded for the scheduler, which retries it; go on with the next job
         # A refused snapshot fails for good: no retry changes it while the snapshot's files stay as they are.
-        permanent, error = isinstance(err, SnapshotRefused), f"{type(err).__name__}: {err}"
+        permanent, error = isinstance(err, SnapshotRefused | CheckpointMismatch), f"{type(err).__name__}: {err}"
         stamp = files_stamp(Path(spec.model_path))
         folder.write_failed(job, submission, error, permanent=permanent, snapshot_stamp=stamp)
         return JobState(spec, "failed", job.attempt, submission, error, permanent=permanent, snapshot_stamp=stamp)

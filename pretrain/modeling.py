@@ -568,12 +568,13 @@ class LNBertPreTrainedModel(PreTrainedModel):
         kinds = ("missing_keys", "unexpected_keys")
         missing, unexpected = (sorted(k for k in loading_info.get(kind, ()) if k.startswith(body)) for kind in kinds)
         if missing or unexpected:
-            raise ValueError(
+            raise CheckpointMismatch(
                 f"Checkpoint does not match norm_placement={self.config.norm_placement!r}, "
                 f"norm_type={self.config.norm_type!r}, residual_scheme={self.config.residual_scheme!r}: missing "
                 f"encoder weights {missing[:6]}, unexpected encoder weights {unexpected[:6]}. Load it with the "
                 "norm_placement, norm_type and residual_scheme it was trained with (leave them out of "
-                "from_pretrained to use the checkpoint's own config)."
+                "from_pretrained to use the checkpoint's own config); where that is the folder's own config.json, "
+                "its files do not belong together (one replaced or copied from another run): restore it from a copy."
             )
 
     @classmethod
@@ -605,6 +606,11 @@ class LNBertPreTrainedModel(PreTrainedModel):
         return cls.config_class.from_pretrained(config or path, return_unused_kwargs=True, **others)[0]
 
 
+class CheckpointMismatch(ValueError):
+    """Weights, or the settings they were trained with, that do not match the model they are loaded into: no retry
+    changes that while the files and the settings stay as they are."""
+
+
 def _check_same_computation(saved: dict[str, Any], config: PretrainedConfig) -> None:
     """Weights trained under one placement must not be run under another: Post-LN and DeepNorm have the same
     parameter names but compute different functions. Compares the saved config with the one in use."""
@@ -617,7 +623,7 @@ def _check_same_computation(saved: dict[str, Any], config: PretrainedConfig) -> 
         if trained != used:
             differ.append(f"{key}={used!r} (trained with {trained!r})")
     if differ:
-        raise ValueError(
+        raise CheckpointMismatch(
             f"Checkpoint does not match {', '.join(differ)}. These settings change what "
             "the weights compute; leave them out of from_pretrained to use the checkpoint's own config."
         )

@@ -76,12 +76,11 @@ from pretrain.tracking.metrics import (
     init_trackers,
     layer_grad_norms,
     log_metrics,
-    log_snapshot,
-    record_outcome,
     residual_matrices,
     residual_scalars,
     rewind_metrics,
 )
+from pretrain.tracking.wandb_logging import log_snapshot, record_outcome
 
 
 class TrainingFailed(RuntimeError):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
+import shutil
 import sys
 from pathlib import Path
 from typing import Any
@@ -235,6 +236,20 @@ def quick_run(snapshot: Path, task: str, folder: Path, seeds: list[int] | None =
     """finetune.run's config for ``snapshot`` on the fixture GLUE at lr 1e-3 with the QUICK recipe."""
     return RunConfig(model=str(snapshot), task=task, data_dir=str(FIXTURE_GLUE), lrs=[1e-3], seeds=seeds or [0],
                      results_dir=str(folder), recipe=FinetuneConfig(**QUICK, **recipe))  # fmt: skip
+
+
+def test_a_model_folder_whose_weights_are_not_of_its_config_fails_its_jobs_for_good(tmp_path: Path) -> None:
+    """A plain model folder (no manifest) whose config.json was replaced by another placement's: loading refuses it
+    (``from_pretrained`` checks the weights against the config), once, for good, naming the fix."""
+    snapshot = make_run(tmp_path, "pre_ln", "pre", steps=(10,)) / "snapshots" / "step_00000010"
+    folder = tmp_path / "copied"
+    shutil.copytree(snapshot, folder, ignore=shutil.ignore_patterns("snapshot.json", "manifest.json", "COMPLETE"))
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "norm_placement": "rezero"}))
+    (row,) = run(quick_run(folder, "mrpc", tmp_path / "results.d"))
+    assert (row["status"], row["attempts"], row["permanent"]) == ("failed", 1, True)
+    assert row["error"].startswith("CheckpointMismatch: Checkpoint does not match norm_placement='rezero'")
+    assert "restore it from a copy" in row["error"]
 
 
 def test_finetune_writes_rows_then_skips_them(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

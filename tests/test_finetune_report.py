@@ -10,19 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from finetune import report as report_module
 from finetune.manifest import JobSpec, Manifest, ManifestJob, ResultsFolder, Runtime
-from finetune.report import (
-    MIN_LOSS_SPAN,
-    ReportConfig,
-    clipped_interval,
-    confidence_interval,
-    crossing,
-    loss_limits,
-    prior_loss,
-    report,
-)
+from finetune.report import ReportConfig, report
 from finetune.report import main as report_main
+from finetune.report_figures import MIN_LOSS_SPAN, loss_limits
+from finetune.report_numbers import clipped_interval, confidence_interval, crossing, prior_loss, run_infos
 from pretrain.common.atomic import write_json
 from pretrain.common.cli import run_cli, to_dict
 from pretrain.common.formats import RUN_FORMAT, stamped
@@ -268,7 +260,7 @@ def test_report_flags_points_that_predict_one_class(tmp_path: Path) -> None:
 
 
 def test_a_task_where_no_point_beats_the_majority_class_says_so() -> None:
-    from finetune.report import warnings_for
+    from finetune.report_summary import warnings_for
 
     point = {"task": "rte", "accuracy": 0.515, "one_class": False}
     baselines = {"rte": {"majority_accuracy": 0.54, "majority_f1": None, "chance": 0.5}}
@@ -453,7 +445,7 @@ def test_panel_d_has_seed_intervals_a_label_prior_and_no_autoscaled_noise(
 def test_run_labels_name_the_whole_variant(tmp_path: Path) -> None:
     run = write_run(tmp_path, "lnbert-lns-rmsnorm", "lns", POST, "--model.norm_type=rmsnorm")
     qk = write_run(tmp_path, "post-qk", "post", PRE, "--model.qk_norm=true")
-    labels = [info.label for info in report_module.run_infos([str(run), str(qk)])]
+    labels = [info.label for info in run_infos([str(run), str(qk)])]
     assert labels == ["lnbert-lns-rmsnorm (lns-rmsnorm)", "post-qk (post-qknorm)"]
 
 

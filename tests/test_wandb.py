@@ -19,7 +19,6 @@ import finetune.train as finetune_train
 from finetune.config import FinetuneConfig
 from finetune.run import RunConfig, run
 from finetune.schedule import ScheduleConfig, wandb_settings
-from finetune.tracking import WandbSettings, job_run, job_run_id, model_variant
 from finetune.worker import describe_model, job_specs
 from pretrain.common.atomic import write_json
 from pretrain.common.cli import to_dict
@@ -30,6 +29,10 @@ from pretrain.run import main as pretrain_main
 from pretrain.run_folder.layout import RUN_CONFIG_FILE, WANDB_RUN_FILE
 from pretrain.tracking.wandb_logging import (
     WandbCredentialsError,
+    WandbSettings,
+    job_run,
+    job_run_id,
+    model_variant,
     pretrain_group,
     recipe,
     short_hash,

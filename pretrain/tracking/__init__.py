@@ -1,5 +1,5 @@
 """What a run reports while it runs, and where.
 
-    metrics.py        Accelerate trackers (W&B, TensorBoard), RUN/metrics.jsonl, gradient norms, throughput, MFU
-    wandb_logging.py  the W&B conventions of every run type: identity, groups, config, outcome summary, artifacts
+    metrics.py        Accelerate's trackers, RUN/metrics.jsonl, gradient norms, throughput, MFU
+    wandb_logging.py  every W&B run (pretraining, a fine-tuning job, the report) and their conventions
 """

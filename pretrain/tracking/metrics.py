@@ -1,5 +1,5 @@
-"""What a run logs: Accelerate trackers (W&B, TensorBoard), RUN/metrics.jsonl, gradient norms, a residual scheme's
-measurements, throughput, MFU."""
+"""What a run logs: Accelerate trackers (TensorBoard; W&B's run: wandb_logging.py), RUN/metrics.jsonl, gradient
+norms, a residual scheme's measurements, throughput, MFU."""
 
 from __future__ import annotations
 
@@ -12,21 +12,11 @@ from accelerate import Accelerator
 from torch import nn
 
 from pretrain.common.atomic import write_text
-from pretrain.common.cli import flatten, to_dict
+from pretrain.common.cli import flatten
 from pretrain.config import PretrainConfig
 from pretrain.residual_streams import RESIDUAL_MODULES, ResidualStats
 from pretrain.run_folder.layout import METRICS_FILE, read_metrics
-from pretrain.tracking.wandb_logging import (
-    SUMMARY_LINES,
-    pretrain_group,
-    read_run_file,
-    recipe,
-    run_identity,
-    short_hash,
-    snapshot_alias,
-    snapshot_artifact,
-    wandb_mode,
-)
+from pretrain.tracking.wandb_logging import start_pretraining_run
 
 
 def derived_config(cfg: PretrainConfig, model: nn.Module, num_processes: int) -> dict[str, Any]:
@@ -44,63 +34,17 @@ def derived_config(cfg: PretrainConfig, model: nn.Module, num_processes: int) ->
 
 def init_trackers(accelerator: Accelerator, cfg: PretrainConfig, resolved: dict[str, Any], model: nn.Module,
                   resume_from: Path | None = None) -> None:  # fmt: skip
-    """Start the configured tracker (no-op for backend none). W&B gets the resolved config plus the placement, the
-    comparison and the derived values at the top level, a group that pools only seeds, and the run id kept in RUN/
-    (pretrain/tracking/wandb_logging.py); TensorBoard's hparams get lists as JSON strings."""
-    tracking = cfg.tracking
-    if tracking.backend == "none":
+    """Start the configured tracker (no-op for backend none): W&B's run (``wandb_logging.start_pretraining_run``), or
+    TensorBoard, whose hparams get lists as JSON strings."""
+    if cfg.tracking.backend == "none":
         return
-    name = tracking.run_name or cfg.train.run_name
     derived = derived_config(cfg, accelerator.unwrap_model(model, keep_torch_compile=False), accelerator.num_processes)
-    if tracking.backend == "tensorboard":
-        flat = flatten({**resolved, **derived})
-        config = {k: v if isinstance(v, (int, float, str, bool)) else json.dumps(v) for k, v in flat.items()}
-        accelerator.init_trackers(name, config)
+    if cfg.tracking.backend == "wandb":
+        start_pretraining_run(accelerator, cfg, resolved, derived, resume_from)
         return
-    recipe_hash = short_hash(recipe(resolved, derived["global_batch_size"]))
-    group = pretrain_group(to_dict(tracking), cfg.model.variant, recipe_hash)
-    identity = {}
-    if accelerator.is_main_process:  # Accelerate starts W&B on the main process only
-        identity = run_identity(Path(cfg.train.output_dir), resume_from, group, tracking.project)
-    config = {**resolved, **derived, "norm_placement": cfg.model.norm_placement, "norm_type": cfg.model.norm_type,
-              "variant": cfg.model.variant, "comparison": tracking.comparison, "recipe_hash": recipe_hash}
-    if identity.get("continued_from"):
-        config["continued_from"] = identity["continued_from"]  # the run folder whose checkpoint this run continued
-    wandb_kwargs: dict[str, Any] = {
-        "name": name, "id": identity.get("id"), "resume": "allow", "group": identity.get("group", group),
-        "job_type": "pretrain", "mode": wandb_mode(tracking.wandb_mode),
-        "tags": sorted({cfg.model.norm_placement, cfg.model.variant, *tracking.tags} | ({tracking.comparison} - {""})),
-        "dir": str(Path(cfg.train.output_dir)),  # offline runs land in RUN/wandb/ for `wandb sync`
-        "settings": {"max_end_of_run_summary_metrics": SUMMARY_LINES},
-    }
-    accelerator.init_trackers(tracking.project, config, {"wandb": wandb_kwargs})
-    run = wandb_run(accelerator)
-    if run is not None:  # the runs table shows the best and the last validation loss
-        run.define_metric("val/mlm_loss", summary="min,last")
-        run.define_metric("val/mlm_accuracy", summary="max,last")
-
-
-def wandb_run(accelerator: Accelerator) -> Any:
-    """The W&B run Accelerate started on this process, or None (another tracker, or not the main process)."""
-    if not accelerator.is_main_process:
-        return None
-    return next((tracker.tracker for tracker in accelerator.trackers if tracker.name == "wandb"), None)
-
-
-def record_outcome(accelerator: Accelerator, status: str, step: int, diverged_at: int | None = None) -> None:
-    """Put the run's status.json outcome into the W&B summary (the runs table's outcome columns)."""
-    run = wandb_run(accelerator)
-    if run is not None:
-        run.summary.update({"status": status, "step": step, "diverged_at_step": diverged_at})
-
-
-def log_snapshot(accelerator: Accelerator, run_dir: Path, snapshot_dir: Path | None, step: int) -> None:
-    """Log a written snapshot as a version of the run's model artifact (by reference), aliased step-N."""
-    run = wandb_run(accelerator)
-    if run is None or snapshot_dir is None:
-        return
-    identity = read_run_file(run_dir)
-    run.log_artifact(snapshot_artifact(snapshot_dir, identity["id"]), aliases=[snapshot_alias(step)])
+    flat = flatten({**resolved, **derived})
+    config = {k: v if isinstance(v, (int, float, str, bool)) else json.dumps(v) for k, v in flat.items()}
+    accelerator.init_trackers(cfg.tracking.run_name or cfg.train.run_name, config)
 
 
 def log_metrics(accelerator: Accelerator, run_dir: Path, metrics: dict[str, Any], step: int,

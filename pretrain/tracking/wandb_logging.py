@@ -1,9 +1,11 @@
-"""W&B conventions shared by pretraining, fine-tuning and the Figure 5 report.
+"""Every W&B run the project starts, and their conventions: pretraining's (through Accelerate's tracker), one per
+fine-tuning job, and the Figure 5 report's. What each run carries: docs/tracking.md.
 
 - **Groups pool, tags and config compare.** W&B draws a group as one mean line, so a group holds only runs that may
   be averaged: one recipe and placement, different seeds. The comparison (``tracking.comparison``) is a tag and a
   config key; the placement is the config key ``norm_placement`` in every run type (pretrain, finetune, report).
-- **One W&B run per pretraining run,** however often it is preempted: its id is kept in ``RUN/wandb_run.json``.
+- **One W&B run per pretraining run,** however often it is preempted: its id is kept in ``RUN/wandb_run.json``; a
+  job's and the report's ids are derived from what they hold, so a retry or a re-run continues its run.
 - **Outcomes in the summary:** ``status``, ``diverged_at_step``, the best and last ``val/mlm_loss``; one name per
   metric (W&B's end-of-run printout leaves out those two, a dict; the run's own last lines give the loss).
 - **Lineage:** snapshots are model artifacts by reference (``file://``, nothing uploaded), aliased ``step-N``.
@@ -13,23 +15,35 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import secrets
+from collections import defaultdict
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pretrain.common.atomic import write_json
 from pretrain.common.roles import by_section, keys_where
 from pretrain.config import PretrainConfig
-from pretrain.run_folder.layout import SNAPSHOT_INFO, WANDB_DIR, WANDB_RUN_FILE, run_folder_of
+from pretrain.run_folder.layout import SNAPSHOT_INFO, WANDB_DIR, WANDB_RUN_FILE, read_run_config, run_folder_of
+from pretrain.variants import variant_of
+
+if TYPE_CHECKING:
+    from accelerate import Accelerator
+
+    from finetune.manifest import JobSpec, Results
 
 SUMMARY_LINES = 40
 """Summary values W&B prints when a run ends: its default (10, in key order) hides val/* behind the train/* keys."""
 # Fields that do not change what a run learns (pretrain/common/roles.py: seed, paths, cadence, how the batch is split
 # over devices, ...), by section; everything else in the resolved config is the recipe.
 _NOT_RECIPE = by_section(keys_where(PretrainConfig, lambda rules: not rules.recipe))
+RUN_CONFIG_FIX = "fine-tune and report it with the checkout that wrote the run"
+"""What a reader of another format version's RUN/run_config.json can do (pretrain/common/formats.py)."""
 
 
 class WandbCredentialsError(ValueError):
@@ -62,6 +76,9 @@ def check_credentials(mode: str, run_dir: str | Path = "RUN", fix: str | None = 
 def short_hash(payload: Any, length: int = 8) -> str:
     """A stable short hash of a JSON-able value (dict keys sorted)."""
     return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:length]
+
+
+# Pretraining: one run per run folder, started by Accelerate's tracker
 
 
 def recipe(resolved: dict[str, Any], global_batch_size: int) -> dict[str, Any]:
@@ -102,9 +119,54 @@ def run_identity(run_dir: Path, resume_from: Path | None, group: str, project: s
     return identity
 
 
+def start_pretraining_run(accelerator: Accelerator, cfg: PretrainConfig, resolved: dict[str, Any],
+                          derived: dict[str, Any], resume_from: Path | None) -> None:  # fmt: skip
+    """Accelerate's W&B tracker with the resolved config plus the placement, the comparison and the derived values
+    at the top level, a group that pools only seeds, and the run id kept in RUN/."""
+    tracking = cfg.tracking
+    recipe_hash = short_hash(recipe(resolved, derived["global_batch_size"]))
+    group = pretrain_group({"group": tracking.group, "comparison": tracking.comparison}, cfg.model.variant,
+                           recipe_hash)  # fmt: skip
+    identity = {}
+    if accelerator.is_main_process:  # Accelerate starts W&B on the main process only
+        identity = run_identity(Path(cfg.train.output_dir), resume_from, group, tracking.project)
+    config = {**resolved, **derived, "norm_placement": cfg.model.norm_placement, "norm_type": cfg.model.norm_type,
+              "variant": cfg.model.variant, "comparison": tracking.comparison, "recipe_hash": recipe_hash}
+    if identity.get("continued_from"):
+        config["continued_from"] = identity["continued_from"]  # the run folder whose checkpoint this run continued
+    wandb_kwargs: dict[str, Any] = {
+        "name": tracking.run_name or cfg.train.run_name, "id": identity.get("id"), "resume": "allow",
+        "group": identity.get("group", group), "job_type": "pretrain", "mode": wandb_mode(tracking.wandb_mode),
+        "tags": sorted({cfg.model.norm_placement, cfg.model.variant, *tracking.tags} | ({tracking.comparison} - {""})),
+        "dir": str(Path(cfg.train.output_dir)),  # offline runs land in RUN/wandb/ for `wandb sync`
+        "settings": {"max_end_of_run_summary_metrics": SUMMARY_LINES},
+    }  # fmt: skip
+    accelerator.init_trackers(tracking.project, config, {"wandb": wandb_kwargs})
+    if (run := wandb_run(accelerator)) is not None:  # the runs table shows the best and the last validation loss
+        run.define_metric("val/mlm_loss", summary="min,last")
+        run.define_metric("val/mlm_accuracy", summary="max,last")
+
+
+def wandb_run(accelerator: Accelerator) -> Any:
+    """The W&B run Accelerate started on this process, or None (another tracker, or not the main process)."""
+    if not accelerator.is_main_process:
+        return None
+    return next((tracker.tracker for tracker in accelerator.trackers if tracker.name == "wandb"), None)
+
+
+def record_outcome(accelerator: Accelerator, status: str, step: int, diverged_at: int | None = None) -> None:
+    """Put the run's status.json outcome into the W&B summary (the runs table's outcome columns)."""
+    if (run := wandb_run(accelerator)) is not None:
+        run.summary.update({"status": status, "step": step, "diverged_at_step": diverged_at})
+
+
 def snapshot_artifact_name(wandb_run_id: str) -> str:
     """One artifact per pretraining run; each snapshot is a version, aliased step-N."""
     return f"snapshot-{wandb_run_id}"
+
+
+def snapshot_alias(step: int) -> str:
+    return f"step-{step}"
 
 
 def snapshot_artifact(snapshot_dir: str | Path, wandb_run_id: str) -> Any:
@@ -123,5 +185,194 @@ def snapshot_artifact(snapshot_dir: str | Path, wandb_run_id: str) -> Any:
     return artifact
 
 
-def snapshot_alias(step: int) -> str:
-    return f"step-{step}"
+def log_snapshot(accelerator: Accelerator, run_dir: Path, snapshot_dir: Path | None, step: int) -> None:
+    """Log a written snapshot as a version of the run's model artifact (by reference), aliased step-N."""
+    run = wandb_run(accelerator)
+    if run is not None and snapshot_dir is not None:
+        run.log_artifact(snapshot_artifact(snapshot_dir, read_run_file(run_dir)["id"]), aliases=[snapshot_alias(step)])
+
+
+# Fine-tuning: one run per job (snapshot x task x lr x seed), grouped so that W&B's mean line is a mean over seeds
+
+
+@dataclass(frozen=True, kw_only=True)
+class WandbSettings:
+    """Where a worker's job runs go (passed to workers with their settings)."""
+
+    project: str | None = None
+    """W&B project; None: the pretraining run's tracking.project (else lnbert)."""
+    dir: str = "outputs/finetune"
+    """Folder under which W&B writes its run folders (wandb/offline-run-* when offline)."""
+
+
+def check_wandb(settings: WandbSettings | None) -> None:
+    """Before any job: W&B must have credentials unless WANDB_MODE=offline (exit 2 with the fix otherwise)."""
+    if settings is not None:
+        check_credentials(wandb_mode(), Path(settings.dir))
+
+
+def pretraining_run(run_dir: str) -> dict[str, Any]:
+    """W&B id, group, project and comparison of the pretraining run a job's snapshot comes from ({} for a Hub
+    model or a run that never logged to W&B)."""
+    path = Path(run_dir)
+    identity = read_run_file(path) if path.is_dir() else {}
+    tracking = read_run_config(path, RUN_CONFIG_FIX).get("tracking", {})
+    project = identity.get("project") or tracking.get("project")
+    return {"id": identity.get("id"), "group": identity.get("group"), "project": project,
+            "comparison": tracking.get("comparison") or ""}  # fmt: skip
+
+
+def job_run_id(spec: JobSpec) -> str:
+    """Deterministic: the same job (its key: run id, snapshot content, task, lr, seed, recipe) always logs to the
+    same run; two runs of one name with equal weights do not share one."""
+    return f"ft-{short_hash(spec.key, 16)}"
+
+
+def model_variant(model_path: str) -> str:
+    """The model variant (``pretrain.variants.variant_name``: ``pre``, ``pre-hc4``, ...) of a model folder's
+    config.json; Hugging Face BERT, and a Hub id, is ``post``. For the dashboard's groups only, not in the job key."""
+    config_path = Path(model_path) / "config.json"
+    config = json.loads(config_path.read_text()) if config_path.is_file() else {}
+    return variant_of(config) if config.get("model_type") == "lnbert" else "post"
+
+
+JOB_CONFIG_FIELDS = ("pretrain_step", "tokens_seen", "task", "lr", "seed", "recipe_hash", "recipe", "snapshot_hash",
+                     "model_path")  # fmt: skip
+"""The job's fields that its W&B run's config holds under their own names."""
+
+
+def job_config(spec: JobSpec, pretraining: dict[str, Any]) -> dict[str, Any]:
+    config = {"norm_placement": spec.placement, "variant": model_variant(spec.model_path),
+              "comparison": pretraining["comparison"], "pretrain_run_id": pretraining["id"],
+              "pretrain_run": spec.run_name, **{name: getattr(spec, name) for name in JOB_CONFIG_FIELDS}}  # fmt: skip
+    if pretraining["id"] and spec.pretrain_step >= 0:
+        # The snapshot's model artifact (logged by the pretraining run): which checkpoint gave this number.
+        artifact = snapshot_artifact_name(pretraining["id"])
+        config["snapshot_artifact"] = f"{artifact}:{snapshot_alias(spec.pretrain_step)}"
+    return config
+
+
+class JobRun:
+    """The W&B run of one job: the training-loss curve while it trains, the dev metrics when it ends."""
+
+    def __init__(self, run: Any, task: str) -> None:
+        self.run, self.task = run, task
+        run.define_metric("train_step")
+        run.define_metric("train/*", step_metric="train_step")
+
+    def log_step(self, step: int, loss: float, lr: float) -> None:
+        self.run.log({"train_step": step, "train/loss": loss, "train/lr": lr})
+
+    def finish(self, results: Results) -> None:
+        metrics = {"accuracy": results.accuracy, "f1": results.f1, "dev_loss": results.dev_loss}
+        self.run.summary.update({**metrics, **{f"{self.task}/{k}": v for k, v in metrics.items()},
+                                 "train_loss": results.train_loss, "train_steps": results.train_steps,
+                                 "wall_time_s": results.wall_time_s, "status": "done"})  # fmt: skip
+
+
+@contextlib.contextmanager
+def job_run(spec: JobSpec, settings: WandbSettings | None) -> Iterator[JobRun | None]:
+    """A W&B run around one job (None when tracking is off); a job that raises ends its run as failed."""
+    if settings is None:
+        yield None
+        return
+    import wandb
+
+    pretraining = pretraining_run(spec.run_dir)
+    mode = wandb_mode()
+    Path(settings.dir).mkdir(parents=True, exist_ok=True)
+    comparison = [pretraining["comparison"]] if pretraining["comparison"] else []
+    # The jobs that differ only in seed share a group: W&B draws a group as one mean line.
+    base = pretraining["group"] or spec.run_name.replace("/", "-")
+    group = f"{base}-{spec.task}-step{spec.pretrain_step}-lr{spec.lr:g}-{spec.recipe_hash[:8]}"
+    run = wandb.init(
+        project=settings.project or pretraining["project"] or "lnbert", id=job_run_id(spec), resume="allow",
+        name=f"{spec.run_name}-{spec.task}-step{spec.pretrain_step}-lr{spec.lr:g}-seed{spec.seed}",
+        group=group, job_type="finetune", config=job_config(spec, pretraining),
+        tags=sorted({spec.placement, spec.task, *comparison}), dir=settings.dir, mode=mode, reinit="finish_previous",
+    )
+    if pretraining["id"] and spec.pretrain_step >= 0 and mode == "online":
+        # Lineage: the same files give the same digest, so W&B links the version the pretraining run logged.
+        # (W&B cannot use artifacts offline; the config key snapshot_artifact names it there.)
+        run.use_artifact(snapshot_artifact(spec.model_path, pretraining["id"]))
+    try:
+        yield JobRun(run, spec.task)
+    except BaseException:
+        run.summary["status"] = "failed"
+        run.finish(exit_code=1)
+        raise
+    run.finish()
+
+
+# The Figure 5 report (finetune/report.py --wandb): one run that re-running updates
+
+POINT_COLUMNS = ["task", "run", "norm_placement", "variant", "step", "lr", "seeds", "planned_seeds", "incomplete",
+                 "accuracy", "accuracy_ci", "accuracy_low", "accuracy_high", "f1", "f1_ci", "dev_loss", "dev_loss_ci",
+                 "one_class_seeds", "one_class"]  # fmt: skip
+
+
+def log_report(runs: Sequence[Any], config: Any, figure5: dict[str, Any], seed_columns: list[str]) -> str:
+    """One W&B run (job_type report) with a deterministic id, so re-running the report updates it: the Figure 5
+    series against ``pretrain_step`` (one log call per step), the steps-to-loss table, the best-lr points, the raw
+    per-seed rows (``seed_columns`` of them, a wandb.Table) and the figures. ``runs`` are the report's ``RunInfo``s,
+    ``config`` its ``ReportConfig``, ``figure5`` what ``finetune.report.report`` returns. Returns the run's local
+    folder."""
+    import wandb
+
+    wb = _start_report_run(runs, config, figure5["rows"])
+    wb.define_metric("pretrain_step")
+    wb.define_metric("figure5/*", step_metric="pretrain_step")
+    by_step: dict[int, dict[str, float]] = defaultdict(dict)
+    for run in runs:
+        for step, loss in figure5["curves"][run.label]:
+            by_step[step][f"figure5/val_mlm_loss/{run.label}"] = loss
+    for p in figure5["points"]:
+        for panel, key in (("accuracy", "accuracy"), ("best_lr", "lr"), ("dev_loss", "dev_loss")):
+            by_step[p["step"]][f"figure5/{p['task']}_{panel}/{p['run']}"] = p[key]
+    for step in sorted(by_step):
+        wb.log({"pretrain_step": step, **by_step[step]})
+    model = {run.label: {"norm_placement": run.placement, "variant": run.variant} for run in runs}
+    steps_columns = ["run", "norm_placement", "variant", "steps", "ratio", "approximate"]
+    wb.log({
+        "tables/steps_to_loss": _table([{**row, **model[row["run"]]} for row in figure5["steps"]], steps_columns),
+        "tables/best_lr_points": _table([{**p, **model[p["run"]]} for p in figure5["points"]], POINT_COLUMNS),
+        "tables/seed_rows": _table(figure5["rows"], seed_columns),  # the report's runs, tasks and recipe only
+        **{f"figures/{image.stem}": wandb.Image(str(image)) for image in figure5["images"]},
+    })  # fmt: skip
+    wb.summary.update(
+        {"target_loss": config.target_loss, "warnings": " ".join(figure5["warnings"])}
+        | {f"steps_to_loss/{row['run']}": row["steps"] for row in figure5["steps"]}
+        | {f"baseline/{task}/{k}": value for task, base in figure5["baselines"].items() for k, value in base.items()}
+    )
+    directory = wb.dir
+    wb.finish()
+    return directory
+
+
+def _start_report_run(runs: Sequence[Any], config: Any, rows: list[dict[str, Any]]) -> Any:
+    import wandb
+
+    pretraining = [pretraining_run(str(run.path)) for run in runs]
+    comparison = next((p["comparison"] for p in pretraining if p["comparison"]), "")
+    project = config.wandb_project or next((p["project"] for p in pretraining if p["project"]), None) or "lnbert"
+    recipes = sorted({r["recipe_hash"] for r in rows})
+    recipe_hash = config.recipe_hash or (recipes[0] if len(recipes) == 1 else None)
+    placements, variants = [run.placement for run in runs], [run.variant for run in runs]
+    run_config = {"norm_placement": placements, "variant": variants, "comparison": comparison,
+                  "runs": [run.name for run in runs], "pretrain_run_ids": [p["id"] for p in pretraining],
+                  "tasks": list(config.tasks), "target_loss": config.target_loss, "recipe_hash": recipe_hash}  # fmt: skip
+    # Deterministic: the same runs, recipe and tasks always update the same W&B report run.
+    identity = [p["id"] or run.run_id for p, run in zip(pretraining, runs, strict=True)]
+    run_id = short_hash({"runs": identity, "recipe": recipe_hash, "tasks": sorted(config.tasks)}, 16)
+    return wandb.init(
+        project=project, id=f"report-{run_id}", resume="allow",
+        name=f"figure5-{comparison or 'report'}", group=f"{comparison or 'figure5'}-report", job_type="report",
+        tags=sorted({*placements, *variants, *([comparison] if comparison else [])}), config=run_config,
+        dir=config.out, mode=wandb_mode(), reinit="finish_previous",
+    )
+
+
+def _table(rows: list[dict[str, Any]], columns: list[str]) -> Any:
+    import wandb
+
+    return wandb.Table(columns=columns, data=[[row.get(c) for c in columns] for row in rows])
