@@ -763,9 +763,11 @@ class LNBertTaskModel(LNBertPreTrainedModel):
     """The encoder under one small head: what Hugging Face's ``BertFor...`` task models share. ``encode`` runs the
     encoder and gives what the head reads, with the encoder's outputs: the pooled [CLS] output (``pooled``, with the
     pooler), or every token's hidden state times ``head_input_scale`` (without the pooler, as BERT's token-level
-    models). A subclass adds its head under BERT's names, then calls ``post_init``."""
+    models). A subclass adds its head under BERT's names, then calls ``post_init``; one that takes ``labels`` gives
+    ``head`` (what the encoder gave, the labels -> logits, loss) and its ``output_class``, and shares ``forward``."""
 
     pooled = True
+    output_class: type = SequenceClassifierOutput
 
     def __init__(self, config: LNBertConfig) -> None:
         super().__init__(config)
@@ -780,6 +782,19 @@ class LNBertTaskModel(LNBertPreTrainedModel):
         hidden = out.last_hidden_state
         return (hidden if self.token_scale == 1.0 else hidden * self.token_scale), out
 
+    def head(self, encoded: torch.Tensor, labels: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        raise NotImplementedError
+
+    @can_return_tuple
+    def forward(
+        self, input_ids: torch.Tensor | None = None, attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None, position_ids: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None, labels: torch.Tensor | None = None, **kwargs: Any,
+    ) -> SequenceClassifierOutput | TokenClassifierOutput | NextSentencePredictorOutput:  # fmt: skip
+        encoded, out = self.encode(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, **kwargs)
+        logits, loss = self.head(encoded, labels)
+        return self.output_class(loss=loss, logits=logits, hidden_states=out.hidden_states, attentions=out.attentions)
+
 
 class LNBertForSequenceClassification(LNBertTaskModel):
     """Pooled output + dropout + linear classifier, as Hugging Face ``BertForSequenceClassification``: the loss by
@@ -792,17 +807,9 @@ class LNBertForSequenceClassification(LNBertTaskModel):
         self.classifier = nn.Linear(config.hidden_size, config.num_labels)
         self.post_init()
 
-    @can_return_tuple
-    def forward(
-        self, input_ids: torch.Tensor | None = None, attention_mask: torch.Tensor | None = None,
-        token_type_ids: torch.Tensor | None = None, position_ids: torch.Tensor | None = None,
-        inputs_embeds: torch.Tensor | None = None, labels: torch.Tensor | None = None, **kwargs: Any,
-    ) -> SequenceClassifierOutput:  # fmt: skip
-        pooled, out = self.encode(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, **kwargs)
+    def head(self, pooled: torch.Tensor, labels: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
         logits = self.classifier(self.dropout(pooled))
-        loss = ForSequenceClassificationLoss(labels, logits.float(), self.config) if labels is not None else None
-        return SequenceClassifierOutput(loss=loss, logits=logits, hidden_states=out.hidden_states,
-                                        attentions=out.attentions)  # fmt: skip
+        return logits, ForSequenceClassificationLoss(labels, logits.float(), self.config) if labels is not None else None
 
 
 class LNBertForMultipleChoice(LNBertTaskModel):
@@ -834,7 +841,7 @@ class LNBertForTokenClassification(LNBertTaskModel):
     """Every token's hidden state + dropout + linear classifier, as Hugging Face ``BertForTokenClassification``
     (labels -100 where there is none to predict)."""
 
-    pooled = False
+    pooled, output_class = False, TokenClassifierOutput
 
     def __init__(self, config: LNBertConfig) -> None:
         super().__init__(config)
@@ -842,16 +849,9 @@ class LNBertForTokenClassification(LNBertTaskModel):
         self.classifier = nn.Linear(config.hidden_size, config.num_labels)
         self.post_init()
 
-    @can_return_tuple
-    def forward(
-        self, input_ids: torch.Tensor | None = None, attention_mask: torch.Tensor | None = None,
-        token_type_ids: torch.Tensor | None = None, position_ids: torch.Tensor | None = None,
-        inputs_embeds: torch.Tensor | None = None, labels: torch.Tensor | None = None, **kwargs: Any,
-    ) -> TokenClassifierOutput:  # fmt: skip
-        hidden, out = self.encode(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, **kwargs)
+    def head(self, hidden: torch.Tensor, labels: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
         logits = self.classifier(self.dropout(hidden))  # (B, T, num_labels)
-        return TokenClassifierOutput(loss=cross_entropy(logits, labels), logits=logits, hidden_states=out.hidden_states,
-                                     attentions=out.attentions)  # fmt: skip
+        return logits, cross_entropy(logits, labels)
 
 
 class LNBertForQuestionAnswering(LNBertTaskModel):
@@ -892,21 +892,16 @@ class LNBertForNextSentencePrediction(LNBertTaskModel):
     """Pooled output + BERT's NSP classifier (``cls.seq_relationship``), as Hugging Face
     ``BertForNextSentencePrediction``; ``labels`` 0 if segment B follows A, 1 if random."""
 
+    output_class = NextSentencePredictorOutput
+
     def __init__(self, config: LNBertConfig) -> None:
         super().__init__(config)
         self.cls = LNBertOnlyNSPHead(config)
         self.post_init()
 
-    @can_return_tuple
-    def forward(
-        self, input_ids: torch.Tensor | None = None, attention_mask: torch.Tensor | None = None,
-        token_type_ids: torch.Tensor | None = None, position_ids: torch.Tensor | None = None,
-        inputs_embeds: torch.Tensor | None = None, labels: torch.Tensor | None = None, **kwargs: Any,
-    ) -> NextSentencePredictorOutput:  # fmt: skip
-        pooled, out = self.encode(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, **kwargs)
+    def head(self, pooled: torch.Tensor, labels: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
         logits = self.cls.seq_relationship(pooled)
-        return NextSentencePredictorOutput(loss=cross_entropy(logits, labels), logits=logits,
-                                           hidden_states=out.hidden_states, attentions=out.attentions)  # fmt: skip
+        return logits, cross_entropy(logits, labels)
 
 
 def count_layer_norms(model: nn.Module) -> int:

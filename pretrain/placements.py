@@ -348,6 +348,8 @@ class Placement:
     sphere: bool = False
     """nGPT: hidden states and weight vectors on the unit sphere (its embeddings, layers and MLM head), the token
     heads' inputs times sqrt(d), the matrices re-normalised after each optimizer step, no weight decay."""
+    options: tuple[str, ...] = ()
+    """Its own options (declared in ``LNBertOptions``): refused, away from their defaults, under another placement."""
     fixed_options: Mapping[str, str] = field(default_factory=dict)
     """Options it does not read, with why: refused unless at their defaults (they would change only the label)."""
     deepspeed: str = ""
@@ -359,6 +361,7 @@ class Placement:
         return self.layers(config, index) if callable(self.layers) else self.layers
 
 
+NORMFORMER_OPTIONS = ("normformer_head_scale", "normformer_attn_norm", "normformer_ffn_norm", "normformer_resid_scale")
 NGPT_FIXED = {
     "norm_type": "nGPT has no LayerNorm, RMSNorm or DyT",
     "qk_norm": "nGPT normalises each head's queries and keys itself, then scales them by s_qk",
@@ -375,14 +378,15 @@ PLACEMENTS: dict[str, Placement] = {
     "sandwich": SANDWICH,
     "peri": SANDWICH,  # another name of sandwich (ALIASES)
     "deepnorm": Placement(deepnorm_layer, final_norm=False, exports_to_bert=True),
-    "admin": Placement(admin_layer, final_norm=False, exports_to_bert=True),
+    "admin": Placement(admin_layer, final_norm=False, exports_to_bert=True,
+                       options=("admin_omega", "admin_learnable_omega")),
     "rezero": Placement(LayerParts("rezero", gate=True), final_norm=False),  # Bachlechner et al. 2020
-    "b2t": Placement(b2t_layer, final_norm=False),
+    "b2t": Placement(b2t_layer, final_norm=False, options=("b2t_rescale_init",)),
     "resi_dual": Placement(LayerParts("resi_dual"), final_norm=True, two_streams=True),  # Xie et al. 2023, 2304.14802
-    "mix_ln": Placement(mix_ln_layer, final_norm=True),
+    "mix_ln": Placement(mix_ln_layer, final_norm=True, options=("mix_ln_post_layers",)),
     "lns": Placement(lns_layer, final_norm=True),
-    "hybrid": Placement(hybrid_layer, final_norm=True),
-    "normformer": Placement(normformer_layer, final_norm=True),
+    "hybrid": Placement(hybrid_layer, final_norm=True, options=("hybrid_first_pre_norm",)),
+    "normformer": Placement(normformer_layer, final_norm=True, options=NORMFORMER_OPTIONS),
     "output_ln": Placement(LayerParts("output_ln"), final_norm=True),  # OLMo 2, 2501.00656
     "parallel": Placement(LayerParts("parallel"), final_norm=True),  # GPT-J; PaLM; ModernBERT
     # nGPT (Loshchilov et al. 2025, 2410.01131): h = Norm(h + |a_A| (Norm(Attn(h)) - h)), likewise FFN; no norm module.

@@ -162,7 +162,8 @@ def check_options(config: Any, prefix: str = "") -> None:
 
 def check_design(options: Any, prefix: str = "") -> None:
     """Refuse what the placement's entry rules out: a residual scheme on a placement that takes none (the three
-    papers define theirs on a Pre-LN block only), an option the placement does not read (``fixed_options``)."""
+    papers define theirs on a Pre-LN block only), another placement's option (``options``), an option the placement
+    does not read (``fixed_options``)."""
     placement, scheme = options.norm_placement, options.residual_scheme
     entry = PLACEMENTS[placement]
     if scheme != DEFAULTS.residual_scheme and not entry.residual_schemes:
@@ -171,6 +172,12 @@ def check_design(options: Any, prefix: str = "") -> None:
                          f"{' or '.join(map(repr, takers))} (got {placement!r}): HC, mHC and AttnRes are defined on a "
                          f"Pre-LN block only; set {prefix}norm_placement={takers[0]} or "
                          f"{prefix}residual_scheme={DEFAULTS.residual_scheme}")  # fmt: skip
+    for key in (key for other in PLACEMENTS.values() for key in other.options if key not in entry.options):
+        if (value := getattr(options, key)) != (default := getattr(DEFAULTS, key)):
+            owners = " or ".join(name for name, other in PLACEMENTS.items() if key in other.options)
+            raise ValueError(f"{prefix}{key}={value!r} is an option of {prefix}norm_placement={owners}, not of "
+                             f"{placement!r}: set {prefix}norm_placement={owners}, or leave {prefix}{key} at its default "
+                             f"({default!r})")  # fmt: skip
     for key, why in entry.fixed_options.items():
         if (value := getattr(options, key)) != (default := getattr(DEFAULTS, key)):
             raise ValueError(

@@ -355,6 +355,18 @@ def test_every_placement_has_a_row_and_every_row_a_block():
         LNBertConfig(norm_type="layer_norm")
 
 
+@pytest.mark.parametrize(
+    ("overrides", "owner"),
+    [(dict(norm_placement="pre", admin_omega=2.0), "admin"), (dict(norm_placement="peri", normformer_ffn_norm=False),
+     "normformer"), (dict(norm_placement="post", b2t_rescale_init=False), "b2t")],
+)  # fmt: skip
+def test_another_placements_option_is_refused_naming_the_placement_that_takes_it(overrides, owner):
+    key = next(k for k in overrides if k != "norm_placement")
+    with pytest.raises(ValueError, match=rf"{key}=.* is an option of norm_placement={owner}, not of "):
+        LNBertConfig(**overrides)
+    LNBertConfig(**{**overrides, "norm_placement": owner})  # its own placement takes it
+
+
 # --------------------------------------------------------------------------------------------------
 # Each placement's defining property
 # --------------------------------------------------------------------------------------------------
