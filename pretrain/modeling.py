@@ -2,13 +2,13 @@
 the Transformer Architecture", and the placements proposed since).
 
 One model file, read top to bottom: config, embeddings, attention, the layer, encoder, heads, pretrained-model base,
-the task models (pretraining, MLM, and Hugging Face BERT's fine-tuning heads over ``LNBertTaskModel``). Where the
-norms go is decided by the layer's *block* (``pretrain/placements.py``, each drawing its data flow), the norm type by
-``pretrain/norms.py``. nGPT's layers and MLM head are ``pretrain/ngpt.py``'s,
-at the same Hugging Face names. With ``norm_placement="post"`` and ``norm_type="layernorm"`` every parameter name and
-output equals Hugging Face ``BertModel`` / ``BertForPreTraining`` (``tests/test_modeling.py``), so a Hugging Face
-BERT state dict loads with ``strict=True``; ``pre`` equals Hugging Face's ``RobertaPreLayerNorm``. On ``pre``,
-``residual_scheme`` replaces the residual sum (``pretrain/residual_streams.py``), keeping Pre-LN's sub-layer names.
+the task models (pretraining, MLM, and Hugging Face BERT's fine-tuning heads over ``LNBertTaskModel``). What a
+placement builds is its entry's (``pretrain/placements.py``: each layer's block and parts), what a residual scheme
+builds its entry's (``pretrain/residual_schemes.py``), the norm type ``pretrain/norms.py``'s; nothing here asks for
+a name. nGPT's layers and MLM head are ``pretrain/ngpt.py``'s, at the same Hugging Face names. With
+``norm_placement="post"`` and ``norm_type="layernorm"`` every parameter name and output equals Hugging Face
+``BertModel`` / ``BertForPreTraining`` (``tests/test_modeling.py``), so a Hugging Face BERT state dict loads with
+``strict=True``; ``pre`` equals Hugging Face's ``RobertaPreLayerNorm``. A residual scheme keeps Pre-LN's names.
 
 Each sub-layer owns the norm Hugging Face calls ``attention.output.LayerNorm`` / ``output.LayerNorm`` (whatever its
 type); the block only decides where it is applied. Extra norms and scales (``branch_norm``, ``query_norm``,

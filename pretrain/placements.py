@@ -1,20 +1,13 @@
-"""Where the norms go: every placement as one entry of one table, ``PLACEMENTS``, without torch (the command line
-reads its names before torch loads).
+"""Where the norms go: every placement as one entry of ``PLACEMENTS``, without torch (the command line reads the names
+before torch loads); docs/model.md says what an entry holds, docs/placements.md the equations, constants and claims.
 
 ``x`` is the residual stream entering a layer; ``Attn`` and ``FFN`` are the two sub-layers, each including its
 output projection and dropout; ``N_a`` and ``N_f`` are the sub-layer norms Hugging Face calls
 ``attention.output.LayerNorm`` and ``output.LayerNorm`` (whatever their ``norm_type``), ``B_a`` and ``B_f`` the
 branch norms ``attention.output.branch_norm`` and ``output.branch_norm``; ``L`` layers, ``N = 2L`` sub-layers,
-``l = 1..L`` a layer's index.
-
-An entry (``Placement``) says everything a placement is: the parts of each layer (``LayerParts``: its block, the
-norms, gates and scales it adds, the init gains; every part off unless the entry turns it on, and the layer builds
-``nn.Identity`` for a part that is off), the final norm, and what the rest of the code must know (ResiDual's two
-streams, the export to plain BERT, nGPT's unit sphere, DeepSpeed, what the training loop logs, the options a
-placement refuses). A block function reads the layer's modules and returns the new stream; each draws its data
-flow. ``pretrain/modeling.py`` builds from the entry and never asks for a placement's name. docs/placements.md gives
-the equations, constants, parameter counts and the papers' claims; a residual scheme on Pre-LN (HC, mHC, AttnRes) is
-an entry of ``pretrain/residual_schemes.py`` and runs in ``residual_scheme_block``.
+``l = 1..L`` a layer's index. A block function reads the layer's modules and returns the new stream; each draws its
+data flow. An entry gives each layer's parts (``LayerParts``: every part off, ``nn.Identity``, unless it turns it on)
+and what the rest of the code must know; ``pretrain/modeling.py`` builds from it and never asks for a name.
 """
 
 from __future__ import annotations
