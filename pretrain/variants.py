@@ -105,11 +105,11 @@ COMPUTATION_OPTIONS: tuple[str, ...] = tuple(
     f.name for f in fields(LNBertOptions) if f.metadata["effect"] == "computation"
 )
 """The options that change what given weights compute."""
-# The options a residual scheme's label names, in the order the entries name them (RESIDUAL_SCHEME_FIELDS).
 RESIDUAL_SCHEME_FIELDS: tuple[str, ...] = (
     "residual_scheme",
     *dict.fromkeys(o for s in SCHEMES.values() for o in s.options),
 )
+"""The options a residual scheme's label names (``residual_scheme_label``), in the order the entries name them."""
 VARIANT_FIELDS: tuple[str, ...] = ("norm_placement", "norm_type", "qk_norm", *RESIDUAL_SCHEME_FIELDS)
 """The options a variant's label names (``variant_name``)."""
 
