@@ -224,31 +224,21 @@ LAYER_LINEARS = ("attention.self.query", "attention.self.key", *DEEPNORM_SCALED)
 
 @dataclass(frozen=True)
 class LayerParts:
-    """What one layer is built with: its block and the parts its placement adds, each off by default."""
+    """What one layer is built with: its block (``BLOCKS``) and the parts its placement adds, each off by default."""
 
     block: str
-    """The layer's block (``BLOCKS``)."""
-    skip_scale: float = 1.0
-    """A fixed scalar on both skips (DeepNorm's alpha, Admin's omega); it folds into BERT's output projections."""
+    skip_scale: float = 1.0  # a fixed scalar on both skips (DeepNorm's alpha, Admin's omega): export folds it in
+    # The init of a learned per-channel scale on the attention and the FFN skip (attention.output.residual_scale,
+    # output.residual_scale); None: no such scale.
     learned_skip_scales: tuple[float | None, float | None] = (None, None)
-    """Init of a learned per-channel scale on the attention and FFN skip (``attention.output.residual_scale``,
-    ``output.residual_scale``); None: no such scale."""
-    norm_scale: float = 1.0
-    """A scalar on the sub-layer norms' outputs (LNS's 1/sqrt(l))."""
-    gate: bool = False
-    """ReZero's gate ``rezero_gate``, one scalar shared by both branches, 0 at init."""
-    qkv_norms: tuple[bool, bool] = (False, False)
-    """Norms over each head's (queries and keys, values), shared by the heads (``qk_norm`` adds the first)."""
-    branch_norms: tuple[bool, bool] = (False, False)
-    """The branch norms (B_a, B_f)."""
-    branch_norm_after_dropout: bool = False
-    """B_a acts on the dropped-out output, ``B(dropout(F))`` (CogView), else ``dropout(B(F))`` (fairseq)."""
-    head_scale: bool = False
-    """A learned scale per head on the attention output projection's output (NormFormer)."""
-    ffn_inner_norm: bool = False
-    """A norm over the FFN's inner width after the activation (NormFormer)."""
-    init_gains: Mapping[str, float] = field(default_factory=dict)
-    """Init gains of the layer's projections by name (``LAYER_LINEARS``), read by the model's ``_init_weights``."""
+    norm_scale: float = 1.0  # a scalar on the sub-layer norms' outputs (LNS's 1/sqrt(l))
+    gate: bool = False  # ReZero's gate rezero_gate, one scalar shared by both branches, 0 at init
+    qkv_norms: tuple[bool, bool] = (False, False)  # norms over each head's (Q and K, V), shared by the heads
+    branch_norms: tuple[bool, bool] = (False, False)  # B_a, B_f
+    branch_norm_after_dropout: bool = False  # B_a(dropout(F)) as CogView, else dropout(B_a(F)) as fairseq
+    head_scale: bool = False  # a learned scale per head on the attention output projection's output (NormFormer)
+    ffn_inner_norm: bool = False  # a norm over the FFN's inner width after the activation (NormFormer)
+    init_gains: Mapping[str, float] = field(default_factory=dict)  # by projection (LAYER_LINEARS), for _init_weights
 
 
 def deepnorm_layer(config: Any, index: int) -> LayerParts:
@@ -328,27 +318,19 @@ def ngpt_step_stats(model: nn.Module) -> dict[str, float]:
 class Placement:
     """A placement: the parts of each layer, and what the encoder and the rest of the code add around the stack."""
 
-    layers: LayerParts | Callable[[Any, int], LayerParts] | None
-    """Every layer's parts, or a function of (config, layer index); None: nGPT's layers (``pretrain/ngpt.py``)."""
-    final_norm: bool
-    """A norm on the encoder's output (``encoder.final_layer_norm``)."""
-    two_streams: bool = False
-    """ResiDual's pair of streams (a, d); the output is ``a_L + N_final(d_L)``."""
-    exports_to_bert: bool = False
-    """Its fixed skip scale folds into the output projections, so the model is plain BERT (``pretrain/export.py``)."""
-    residual_schemes: bool = False
-    """A residual scheme (HC, mHC, AttnRes) may replace its residual sum: the papers define them on Pre-LN only."""
+    layers: LayerParts | Callable[[Any, int], LayerParts] | None  # or of (config, index); None: nGPT's own layers
+    final_norm: bool  # encoder.final_layer_norm
+    two_streams: bool = False  # ResiDual's (a, d); the output is a_L + N_final(d_L)
+    exports_to_bert: bool = False  # its fixed skip scale folds into the output projections (pretrain/export.py)
+    residual_schemes: bool = False  # HC, mHC, AttnRes may replace its residual sum (defined on Pre-LN only)
+    # nGPT: hidden states and weight vectors on the unit sphere (its embeddings, layers and MLM head), the token
+    # heads' inputs times sqrt(d), the matrices re-normalised after each optimizer step, no weight decay.
     sphere: bool = False
-    """nGPT: hidden states and weight vectors on the unit sphere (its embeddings, layers and MLM head), the token
-    heads' inputs times sqrt(d), the matrices re-normalised after each optimizer step, no weight decay."""
-    options: tuple[str, ...] = ()
-    """Its own options (declared in ``LNBertOptions``): refused, away from their defaults, under another placement."""
-    fixed_options: Mapping[str, str] = field(default_factory=dict)
-    """Options it does not read, with why: refused unless at their defaults (they would change only the label)."""
-    deepspeed: str = ""
-    """Why it cannot run under DeepSpeed ("": it can)."""
+    options: tuple[str, ...] = ()  # its own options (LNBertOptions): refused under another placement
+    fixed_options: Mapping[str, str] = field(default_factory=dict)  # options it does not read, with why: refused
+    deepspeed: str = ""  # why it cannot run under DeepSpeed ("": it can)
+    # What the training loop logs after a logged optimizer step, before after_optimizer_step (nGPT's invariants).
     step_stats: Callable[[nn.Module], dict[str, float]] | None = None
-    """What the training loop logs after a logged optimizer step, before ``after_optimizer_step``."""
 
     def layer_parts(self, config: Any, index: int) -> LayerParts | None:
         return self.layers(config, index) if callable(self.layers) else self.layers

@@ -20,36 +20,11 @@ if TYPE_CHECKING:
     from torch import nn
 
 
-def _hc_label(o: Any) -> str:
-    return f"{'hc' if o.hc_dynamic else 'shc'}{o.hc_streams}"
+def _streams() -> Any:
+    """``pretrain.residual_streams``, the modules of HC, mHC and AttnRes: imported once a model is built."""
+    from pretrain import residual_streams
 
-
-def _mhc_label(o: Any) -> str:
-    return f"mhc{o.hc_streams}" + ("-idres" if o.mhc_bias_init == "identity" else "")
-
-
-def _attn_res_label(o: Any) -> str:
-    return "attnres" if o.attn_res_block_size is None else f"attnres-b{o.attn_res_block_size}"
-
-
-def _hc_module(config: Any, sublayer: int) -> nn.Module:
-    from pretrain.residual_streams import HyperConnection
-
-    norm = config.make_norm() if config.hc_dynamic else None
-    return HyperConnection(config.hidden_size, config.hc_streams, sublayer, norm)
-
-
-def _mhc_module(config: Any, sublayer: int) -> nn.Module:
-    from pretrain.residual_streams import ManifoldHyperConnection
-
-    return ManifoldHyperConnection(config.hidden_size, config.hc_streams, config.mhc_sinkhorn_iters,
-                                   config.mhc_bias_init)  # fmt: skip
-
-
-def _attn_res_module(config: Any, sublayer: int | None = None) -> nn.Module:
-    from pretrain.residual_streams import AttentionResidual
-
-    return AttentionResidual(config.hidden_size)
+    return residual_streams
 
 
 def _stream_copies(config: Any, embeddings: torch.Tensor) -> torch.Tensor:
@@ -59,9 +34,7 @@ def _stream_copies(config: Any, embeddings: torch.Tensor) -> torch.Tensor:
 
 def _depth_sources(config: Any, embeddings: torch.Tensor) -> Any:
     """AttnRes's sources of the embedding output (``DepthSources``); ``attn_res_block_size`` null: Full AttnRes."""
-    from pretrain.residual_streams import DepthSources
-
-    return DepthSources.start(embeddings, config.attn_res_block_size or 1, config.layer_norm_eps)
+    return _streams().DepthSources.start(embeddings, config.attn_res_block_size or 1, config.layer_norm_eps)
 
 
 def _streams_flops(config: Any, extra: int) -> float:
@@ -116,10 +89,25 @@ class Scheme:
 SCHEMES: dict[str, Scheme] = {
     "standard": Scheme(lambda o: ""),
     # Hyper-Connections (Zhu et al., ICLR 2025, 2409.19606): dynamic (hc4) or static (shc4), n streams.
-    "hc": Scheme(_hc_label, ("hc_streams", "hc_dynamic"), _hc_module, _stream_copies, flops=_hc_flops),
+    "hc": Scheme(
+        label=lambda o: f"{'hc' if o.hc_dynamic else 'shc'}{o.hc_streams}", options=("hc_streams", "hc_dynamic"),
+        module=lambda c, k: _streams().HyperConnection(c.hidden_size, c.hc_streams, k,
+                                                       c.make_norm() if c.hc_dynamic else None),
+        start=_stream_copies, flops=_hc_flops,
+    ),
     # mHC (Xie et al., DeepSeek-AI, 2512.24880): H_res doubly stochastic by Sinkhorn-Knopp.
-    "mhc": Scheme(_mhc_label, ("hc_streams", "mhc_bias_init"), _mhc_module, _stream_copies, flops=_mhc_flops),
+    "mhc": Scheme(
+        label=lambda o: f"mhc{o.hc_streams}" + ("-idres" if o.mhc_bias_init == "identity" else ""),
+        options=("hc_streams", "mhc_bias_init"),
+        module=lambda c, k: _streams().ManifoldHyperConnection(c.hidden_size, c.hc_streams, c.mhc_sinkhorn_iters,
+                                                               c.mhc_bias_init),
+        start=_stream_copies, flops=_mhc_flops,
+    ),
     # Attention Residuals (Kimi Team, 2603.15031): a softmax over depth, Full or Block.
-    "attn_res": Scheme(_attn_res_label, ("attn_res_block_size",), _attn_res_module, _depth_sources,
-                       output=_attn_res_module, stream_is_tensor=False, flops=_attn_res_flops),
+    "attn_res": Scheme(
+        label=lambda o: "attnres" if o.attn_res_block_size is None else f"attnres-b{o.attn_res_block_size}",
+        options=("attn_res_block_size",), module=lambda c, k: _streams().AttentionResidual(c.hidden_size),
+        start=_depth_sources, output=lambda c: _streams().AttentionResidual(c.hidden_size), stream_is_tensor=False,
+        flops=_attn_res_flops,
+    ),
 }  # fmt: skip
