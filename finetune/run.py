@@ -65,6 +65,29 @@ def check_not_a_checkpoint(model: Path) -> None:
                       f"fine-tune a snapshot of the run, RUN/{SNAPSHOTS}/step_N: {found}")
 
 
+def check_loads(model: str) -> None:
+    """A model folder whose weights are not of its config.json (a file replaced, or copied from another run) fails
+    every job alike: refused here, before any job, by the model's own check (``from_pretrained``)."""
+    from transformers import AutoModelForSequenceClassification
+    from transformers.utils import logging as hf_logging
+
+    from pretrain.modeling import CheckpointMismatch
+
+    if not Path(model).is_dir():  # a Hub model: its jobs download it
+        return
+    verbosity, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
+    hf_logging.set_verbosity_error()  # a check, quiet: the jobs print the load report (the heads that are new)
+    hf_logging.disable_progress_bar()
+    try:
+        AutoModelForSequenceClassification.from_pretrained(model, num_labels=2)
+    except CheckpointMismatch as err:
+        raise ConfigError(f"--model {model!r} cannot be fine-tuned: {err} Or pass another --model.") from None
+    finally:
+        hf_logging.set_verbosity(verbosity)
+        if bars:
+            hf_logging.enable_progress_bar()
+
+
 def run(config: RunConfig) -> list[dict[str, Any]]:
     """Run what is not done of the grid for one model and task in this process, the scheduler's way (a manifest,
     result files, this process holding the lock); returns the grid's rows."""
@@ -85,6 +108,7 @@ def run(config: RunConfig) -> list[dict[str, Any]]:
     runtime = Runtime(data_dir, config.recipe.runtime(), dataclasses.asdict(tracking) if tracking else None)
     specs = job_specs(describe_model(config.model), config.task, config.lrs, config.seeds, config.recipe)
     check_max_length(AutoConfig.from_pretrained(config.model), config.recipe.max_length, config.model)
+    check_loads(config.model)
     with folder.lock():
         backend = InProcess()
         collect(folder, backend)  # the jobs of an earlier run that was killed in them are queued again

@@ -238,9 +238,13 @@ def quick_run(snapshot: Path, task: str, folder: Path, seeds: list[int] | None =
                      results_dir=str(folder), recipe=FinetuneConfig(**QUICK, **recipe))  # fmt: skip
 
 
-def test_a_model_folder_whose_weights_are_not_of_its_config_fails_its_jobs_for_good(tmp_path: Path) -> None:
-    """A plain model folder (no manifest) whose config.json was replaced by another placement's: loading refuses it
+def test_a_model_folder_whose_weights_are_not_of_its_config_fails_its_jobs_for_good(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A plain model folder (no manifest) whose config.json was replaced by another placement's after the command
+    checked it (finetune.run refuses it up front: tests/test_crash_safety.py): loading refuses it in the job
     (``from_pretrained`` checks the weights against the config), once, for good, naming the fix."""
+    monkeypatch.setattr("finetune.run.check_loads", lambda model: None)
     snapshot = make_run(tmp_path, "pre_ln", "pre", steps=(10,)) / "snapshots" / "step_00000010"
     folder = tmp_path / "copied"
     shutil.copytree(snapshot, folder, ignore=shutil.ignore_patterns("snapshot.json", "manifest.json", "COMPLETE"))
