@@ -37,6 +37,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 from transformers import initialization as init
 
 HC_DYNAMIC_SCALE_INIT = 0.01  # DHC's s_alpha and s_beta at init (HC paper, Algorithm 2)
@@ -64,11 +65,75 @@ def _dot(x: torch.Tensor, vector: torch.Tensor) -> torch.Tensor:
     return (x * vector).sum(-1)
 
 
-def _mix_streams(weights: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
-    """``weights`` (..., m, n) times the n streams of ``state`` (B, T, n, d): (B, T, m, d), batched over the streams:
-    one einsum, static or per-token weights alike (on CPU a broadcast product and a sum over n is no faster at
-    d 128 and 8.7x slower at d 768, forward and backward)."""
-    return torch.einsum("...kj,...jd->...kd", weights, state)
+# The stream operations. On the n x d state of every token they are memory-bound (a few FLOPs per number read), so
+# their cost is the passes over the state: each is one matmul (static weights: one GEMM over all tokens; per-token
+# weights: one batched GEMM) and one fused multiply-add, with a backward written out so that no (n x d) product is
+# materialised to be reduced, and nothing of the state saved but the state itself (which every design must keep).
+
+
+def _apply(weights: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """``weights`` (m, n), or per token (B, T, m, n), times the rows of ``x`` (B, T, n, d): (B, T, m, d). Static
+    weights go through one GEMM over the tokens in the streams' memory order, (m, n) @ (n, B T d), so a state that
+    one wrote is read without a copy and the result is written in that order (a view of shape (B, T, m, d))."""
+    if weights.dim() == 2:
+        rows = x.movedim(-2, 0)
+        return (weights @ rows.reshape(rows.shape[0], -1)).view(weights.shape[0], *rows.shape[1:]).movedim(0, -2)
+    return torch.matmul(weights, _strided(x))
+
+
+def _outer(g: torch.Tensor, x: torch.Tensor, static: bool) -> torch.Tensor:
+    """The gradient of the weights of ``_apply(weights, x)`` given the output's gradient ``g`` (B, T, m, d): (m, n)
+    summed over the tokens (``static``), else per token (B, T, m, n)."""
+    if static:
+        return g.movedim(-2, 0).flatten(1) @ x.movedim(-2, 0).flatten(1).T
+    return torch.matmul(_strided(g), _strided(x).transpose(-1, -2))
+
+
+def _strided(x: torch.Tensor) -> torch.Tensor:
+    """``x`` without broadcast dimensions (the first state, n copies of one stream; the gradient of the streams'
+    sum): a batched matmul on CPU falls back to a loop over the tokens for a matrix with a zero stride."""
+    return x.contiguous() if 0 in x.stride() else x
+
+
+class _ReadStreams(torch.autograd.Function):
+    """(H_pre x, H_res x) of the n streams x (B, T, n, d), from ``weights`` [H_pre; H_res] (n + 1, n) or per token
+    (B, T, n + 1, n): one matmul; the backward saves x and the weights only."""
+
+    @staticmethod
+    def forward(ctx: Any, weights: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        ctx.save_for_backward(weights, x)
+        mixed = _apply(weights, x)
+        # The input is copied out: the sub-layer's norm saves it, which would keep all of ``mixed`` alive.
+        return mixed[..., 0, :].clone(memory_format=torch.contiguous_format), mixed[..., 1:, :]
+
+    @staticmethod
+    def backward(ctx: Any, g_input: torch.Tensor, g_rest: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor]:
+        weights, x = ctx.saved_tensors
+        static = weights.dim() == 2
+        g_weights = None
+        if ctx.needs_input_grad[0]:
+            g_weights = torch.cat([_outer(g_input.unsqueeze(-2), x, static), _outer(g_rest, x, static)], dim=-2)
+        g_x = _apply(weights[..., 1:, :].transpose(-1, -2), g_rest)
+        g_x.addcmul_(weights[..., 0, :].unsqueeze(-1), g_input.unsqueeze(-2))
+        return g_weights, g_x
+
+
+class _WriteStreams(torch.autograd.Function):
+    """The new streams ``rest + H_post^T out``: ``rest`` (B, T, n, d) = H_res x, ``h_post`` (n) or per token (B, T, n),
+    ``out`` (B, T, d) the sub-layer's output in its own dtype (promoted in the sum, saved as it is)."""
+
+    @staticmethod
+    def forward(ctx: Any, rest: torch.Tensor, h_post: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(h_post, out)
+        return torch.addcmul(rest, h_post.unsqueeze(-1), out.unsqueeze(-2))
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        h_post, out = ctx.saved_tensors
+        static = h_post.dim() == 1
+        g_out = _apply(h_post.unsqueeze(-2), g).squeeze(-2)  # sum_k H_post[k] g_k
+        g_post = _outer(g, out.to(g.dtype).unsqueeze(-2), static).squeeze(-1)  # g_k . out
+        return g, g_post, g_out.to(out.dtype)
 
 
 class StreamMixer(nn.Module):
@@ -87,16 +152,16 @@ class StreamMixer(nn.Module):
             self.recorder.mixing(h_pre, h_post, h_res)
         with _autocast_off(state):
             weights = torch.cat([h_pre.unsqueeze(-2), h_res], dim=-2).to(state.dtype)  # (..., n + 1, n)
-            mixed = _mix_streams(weights, state)  # (B, T, n + 1, d)
-        return mixed[..., 0, :], (mixed[..., 1:, :], h_post)
+            h, rest = _ReadStreams.apply(weights, state)
+        return h, (rest, h_post)
 
     def write(self, state: torch.Tensor, pending: tuple[torch.Tensor, torch.Tensor], out: torch.Tensor) -> torch.Tensor:
         """The new streams H_res x + H_post^T out, ``out`` (B, T, d) the sub-layer's output."""
         if self.recorder is not None:
             self.recorder.output(out)
-        mixed, h_post = pending
-        with _autocast_off(mixed):
-            return mixed + h_post.unsqueeze(-1).to(mixed.dtype) * out.unsqueeze(-2).to(mixed.dtype)
+        rest, h_post = pending
+        with _autocast_off(rest):
+            return _WriteStreams.apply(rest, h_post.to(rest.dtype), out)
 
 
 class HyperConnection(StreamMixer):
@@ -149,11 +214,20 @@ class HyperConnection(StreamMixer):
         alpha, beta = self.static_alpha, self.static_beta  # (n, n + 1), (n,)
         if self.dynamic:
             with _autocast_off(state):
-                normed = self.norm(state).to(state.dtype)  # (B, T, n, d)
-                alpha = alpha + self.dynamic_alpha_scale * torch.tanh(normed @ self.dynamic_alpha_fn)  # (B, T, n, n+1)
-                beta = beta + self.dynamic_beta_scale * torch.tanh(_dot(normed, self.dynamic_beta_fn))  # (B, T, n)
+                # Recomputed in the backward: norm(H), which the projection would keep, is as large as the state.
+                dynamic_alpha, dynamic_beta = checkpoint(self.dynamic_terms, state, use_reentrant=False,
+                                                         preserve_rng_state=False)  # fmt: skip
+            alpha, beta = alpha + dynamic_alpha, beta + dynamic_beta  # (B, T, n, n + 1), (B, T, n)
         # h = A_m^T H: H_pre[j] = A_m[j]; (A_r^T H)_k = sum_j A_r[j, k] H_j: H_res = A_r^T.
         return alpha[..., 0], beta, alpha[..., 1:].transpose(-1, -2)
+
+    def dynamic_terms(self, state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """DHC's s_alpha tanh(norm(H) W_alpha) (B, T, n, n + 1) and s_beta tanh(norm(H) W_beta) (B, T, n): one
+        projection of the normalised streams onto [W_alpha | W_beta]."""
+        # In nn.Linear's layout, (n + 2, d): on CPU its GEMMs are 2.5-3x faster than (d, n + 2)'s, backward included.
+        projection = torch.cat([self.dynamic_alpha_fn.T, self.dynamic_beta_fn.unsqueeze(0)]).to(state.dtype)
+        dynamic = torch.tanh(nn.functional.linear(self.norm(state).to(state.dtype), projection))
+        return self.dynamic_alpha_scale * dynamic[..., :-1], self.dynamic_beta_scale * dynamic[..., -1]
 
     def extra_repr(self) -> str:
         return f"streams={self.streams}, sublayer={self.sublayer}, dynamic={self.dynamic}"
@@ -165,10 +239,40 @@ def sinkhorn(logits: torch.Tensor, iters: int) -> torch.Tensor:
     each matrix's largest logit changes nothing and keeps exp finite; the floor exp(-60) keeps every sum positive
     (no 0 / 0) and changes only entries 26 orders of magnitude below the largest."""
     m = torch.exp((logits - logits.detach().amax(dim=(-2, -1), keepdim=True)).clamp(min=SINKHORN_LOGIT_FLOOR))
+    return _SinkhornRounds.apply(m, iters)
+
+
+def _normalisations(m: torch.Tensor, iters: int) -> Iterator[tuple[torch.Tensor, torch.Tensor, int]]:
+    """Sinkhorn-Knopp's steps on positive matrices ``m`` stored (n, n, ...): (the matrix after, the sums divided
+    by, their dimension) for the columns' and then the rows' normalisation of each round."""
     for _ in range(iters):
-        m = m / m.sum(dim=-2, keepdim=True)  # columns
-        m = m / m.sum(dim=-1, keepdim=True)  # rows, last (Eq. 9)
-    return m
+        for dim in (0, 1):  # columns (sums over i of M[i, j]), then rows
+            sums = m.sum(dim, keepdim=True)
+            m = m / sums
+            yield m, sums, dim
+
+
+class _SinkhornRounds(torch.autograd.Function):
+    """The rounds of ``sinkhorn`` on positive matrices (..., n, n). They run in the memory order (n, n, ...), where
+    every row and column sum is over the tokens' contiguous memory (about 5x faster than over the last dimensions);
+    the backward recomputes the rounds from their input, as the mHC paper's kernels do, instead of autograd keeping
+    2 ``iters`` matrices per token."""
+
+    @staticmethod
+    def forward(ctx: Any, m: torch.Tensor, iters: int) -> torch.Tensor:
+        m = m.movedim((-2, -1), (0, 1)).contiguous()
+        ctx.iters = iters
+        ctx.save_for_backward(m)
+        *_, (normalised, _, _) = _normalisations(m, iters)
+        return normalised.movedim((0, 1), (-2, -1))
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor, None]:
+        (m,) = ctx.saved_tensors
+        g = g.movedim((-2, -1), (0, 1)).contiguous()
+        for normalised, sums, dim in reversed(list(_normalisations(m, ctx.iters))):
+            g = (g - (g * normalised).sum(dim, keepdim=True)) / sums  # through y = m / sum(m)
+        return g.movedim((0, 1), (-2, -1)), None
 
 
 class ManifoldHyperConnection(StreamMixer):
@@ -224,9 +328,13 @@ class ManifoldHyperConnection(StreamMixer):
     def mappings(self, state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         n = self.streams
         with _autocast_off(state):
-            x = rms_normalize(state.flatten(-2), MHC_NORM_EPS)  # (B, T, n d)
-            phi = torch.cat([self.phi_pre, self.phi_post, self.phi_res], dim=1).to(x.dtype)  # (n d, 2n + n^2)
-            pre, post, res = (x @ phi).split([n, n, n * n], dim=-1)
+            x = state.flatten(-2)  # (B, T, n d)
+            x = x.to(torch.promote_types(x.dtype, torch.float32))
+            # [phi_pre | phi_post | phi_res]^T, (2n + n^2, n d): nn.Linear's layout, whose GEMMs are faster on CPU
+            phi = torch.cat([self.phi_pre.T, self.phi_post.T, self.phi_res.T]).to(x.dtype)
+            # x' phi = (x phi) / rms(x), as the paper's kernels compute it: x' would be saved, as large as the state
+            projected = nn.functional.linear(x, phi) * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + MHC_NORM_EPS)
+            pre, post, res = projected.split([n, n, n * n], dim=-1)
             h_pre = torch.sigmoid(self.alpha_pre * pre + self.b_pre)
             h_post = 2 * torch.sigmoid(self.alpha_post * post + self.b_post)
             h_res = sinkhorn(self.alpha_res * res.unflatten(-1, (n, n)) + self.b_res, self.sinkhorn_iters)
