@@ -20,13 +20,16 @@ descheduled): with ``--threads=1`` read the steady CPU-time columns ("x baseline
 Variants are ``MODEL[+MOD...]``: MODEL is ``hf`` or a norm placement (``pretrain.variants.NORM_PLACEMENTS``:
 ``post``, ``pre``, ``sandwich``, ``deepnorm``, ``normformer``, ...); MODs: ``dense`` (ours: MLM head on every position,
 as Hugging Face), ``eager`` (eager attention instead of SDPA), ``compile`` (``torch.compile`` the model; compile
-time reported as the first step), an optimizer (``fused``, ``foreach``, ``loop``: overrides ``--optimizer``), ours'
-fast-path switches from ``FAST_PATH_MODS``, and a residual scheme by its label in run names (``pre+hc4``: dynamic
+time reported as the first step), ``compile-layers`` (``torch.compile`` each encoder layer, regional compilation as
+torchtitan's per block), an optimizer (``fused``, ``foreach``, ``loop``: overrides ``--optimizer``), ours' fast-path
+switches from ``FAST_PATH_MODS``, and a residual scheme by its label in run names (``pre+hc4``: dynamic
 Hyper-Connections with 4 streams; ``pre+shc4`` static, ``pre+mhc4``, ``pre+mhc4-idres``, ``pre+attnres`` Full
-AttnRes, ``pre+attnres-b2`` Block AttnRes with blocks of 2 sub-layers; ``pretrain.config.residual_scheme_fields``):
+AttnRes, ``pre+attnres-b2`` Block AttnRes with blocks of 2 sub-layers; ``pretrain.config.residual_scheme_fields``).
+With ``pre+compile-layers`` among them, the residual schemes are measured against the faster Pre-LN (the
+``extra time, peak`` column; BENCHMARKS.md section 10):
 
-    python -m benchmarks.train_step --variants='[pre, pre+shc4, pre+hc4, pre+mhc4, pre+attnres, pre+attnres-b2]' \
-        --baseline=pre --shapes='[small]' --precisions='[fp32, bf16]' --profile=pre+hc4
+    python -m benchmarks.train_step --variants='[pre, pre+compile-layers, pre+shc4, pre+hc4, pre+mhc4, pre+attnres,
+        pre+attnres-b2]' --baseline=pre --shapes='[small]' --precisions='[fp32, bf16]' --profile=pre+hc4
 
 FLOPs per token = 6N + 12·L·H·T (``pretrain.flops.flops_per_token``, as the logged ``train/mfu``; N: matmul weights
 a token passes through, 6 per weight forward+backward; 12·L·H·T: attention scores and weighted sum). The MLM head
@@ -87,8 +90,9 @@ assert set(get_args(Optimizer)) == set(OPTIMIZERS)
 FAST_PATH_MODS: dict[str, dict[str, Any]] = {"dense": {"sparse_mlm_head": False}, "qkv": {"fused_qkv": True}}
 # The other MODs: name -> fields of the Variant they set.
 VARIANT_MODS: dict[str, dict[str, Any]] = {
-    "eager": {"attn_implementation": "eager"}, "compile": {"compile": True}, **{o: {"optimizer": o} for o in OPTIMIZERS}
-}
+    "eager": {"attn_implementation": "eager"}, "compile": {"compile": True}, "compile-layers": {"compile_layers": True},
+    **{o: {"optimizer": o} for o in OPTIMIZERS},
+}  # fmt: skip
 MLM_FRACTION = 0.15
 MASK_TOKEN_ID = 103  # [MASK] in the bert-base-uncased vocabulary; any id works for timing
 PADDED_POSITIONS = 1  # padding at the end of the last row of every batch: one SDPA kernel for all (random_batch)
@@ -113,7 +117,8 @@ class Variant:
     model: str
     config_overrides: dict[str, Any] = field(default_factory=dict)
     attn_implementation: str = "sdpa"
-    compile: bool = False
+    compile: bool = False  # torch.compile the model
+    compile_layers: bool = False  # torch.compile each encoder layer
     optimizer: str | None = None  # None: --optimizer
 
     @property
@@ -234,6 +239,11 @@ def make_runner(variant: Variant, shape: dict[str, int], precision: str, optimiz
     model = build_model(variant, shape, seed).to(device).train()
     opt = build_adamw(model, **ADAMW, implementation=OPTIMIZERS[variant.optimizer or optimizer])
     forward = torch.compile(model) if variant.compile else model
+    if variant.compile_layers:  # regional compilation, as torchtitan compiles each transformer block
+        for layer in model.bert.encoder.layer:
+            layer.compile()
+        # One graph serves every layer, except under AttnRes, whose layers each read another number of sources.
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, shape["layers"] + 1)
 
     def step(batch: dict[str, torch.Tensor]) -> torch.Tensor:
         opt.zero_grad(set_to_none=True)
@@ -266,7 +276,7 @@ def measure_group(variants: list[Variant], shape: dict[str, int], precision: str
             runner.timed_step(batches[rep % len(batches)], device)
     target = next((r for r in runners if r.variant.spec == args.profile), None)
     top_ops = profile_step(target, batches[0], device, args.profile_rows) if target else None
-    result = summarise(runners, shape, precision, args.baseline)
+    result = summarise(runners, shape, precision, args.baseline, device)
     result.update(profile=top_ops, device=device.type, profile_variant=args.profile)
     del runners, target
     gc.collect()
@@ -318,14 +328,25 @@ def profile_step(runner: Runner, batch: dict[str, torch.Tensor], device: torch.d
     return prof.key_averages().table(sort_by=sort_by, row_limit=rows, max_name_column_width=60)
 
 
-def summarise(runners: list[Runner], shape: dict[str, int], precision: str, baseline_spec: str) -> dict[str, Any]:
+def fastest_baseline(runners: list[Runner], spec: str, device: torch.device) -> Runner | None:
+    """The runner of ``spec`` or, where the variants hold it compiled too (``+compile``, ``+compile-layers``), the
+    fastest of these: the median step's CPU time on a CPU (the steady measure with ``--threads=1``), else its wall
+    clock. A design compiled against an eager baseline that compiling slows down (or the reverse) would flatter it."""
+    compiled = {f"{spec}+compile", f"{spec}+compile-layers"}
+    candidates = [r for r in runners if r.variant.spec == spec or r.variant.spec in compiled]
+    clock = "cpu_times" if device.type == "cpu" else "times"
+    return min(candidates, key=lambda r: statistics.median(getattr(r, clock)), default=None)
+
+
+def summarise(runners: list[Runner], shape: dict[str, int], precision: str, baseline_spec: str,
+              device: torch.device) -> dict[str, Any]:  # fmt: skip
     tokens = shape["batch"] * shape["seq"]
     masked = max(1, round(MLM_FRACTION * shape["seq"])) / shape["seq"]
     # The plain BERT count: the dense-count columns, one yardstick for every variant (a scale of tok/s).
     config = BertConfig(**hf_config_kwargs(shape))
     dense_fpt = flops_per_token(config, shape["seq"])
     sparse_fpt = flops_per_token(config, shape["seq"], mlm_head_share=masked)
-    baseline = next((r for r in runners if r.variant.spec == baseline_spec), None)
+    baseline = fastest_baseline(runners, baseline_spec, device)
     rows = []
     for runner in runners:
         variant, t, cpu_t = runner.variant, runner.times, runner.cpu_times
@@ -342,6 +363,10 @@ def summarise(runners: list[Runner], shape: dict[str, int], precision: str, base
         if baseline is not None:
             row["speedup_vs_baseline"] = common.paired_speedup(t, baseline.times)
             row["cpu_time_speedup_vs_baseline"] = common.paired_speedup(cpu_t, baseline.cpu_times)
+            # The extra time (CPU time on a CPU, as the baseline's choice) and peak memory over the baseline's.
+            paired = row["cpu_time_speedup_vs_baseline" if device.type == "cpu" else "speedup_vs_baseline"]
+            row["extra_vs_baseline"] = {"time": 1 / paired["median"] - 1, "time_iqr": paired["iqr_rel"],
+                                        "peak": runner.peak_bytes / baseline.peak_bytes - 1}  # fmt: skip
         rows.append(row)
     return {"shape": shape, "precision": precision, "tokens_per_step": tokens, "masked_fraction": masked,
             "flops_per_token": {"dense_head": dense_fpt, "sparse_head": sparse_fpt},
@@ -366,7 +391,7 @@ def print_group(group: dict[str, Any], shape_name: str) -> None:
           f"{fpt['dense_head'] / 1e6:.1f} M, sparse-head {fpt['sparse_head'] / 1e6:.1f} M")  # fmt: skip
     headers = ["variant", "step s (median)", "noise IQR", "tok/s", f"x {base} (wall, min-max)", f"x {base} (CPU time)",
                "CPU s/step", "tok/CPU-s", "exec TFLOP/s", "MFU exec", "MFU dense-count", "MFU exec (CPU time)",
-               "peak MiB", "1st step s", "attention kernel"]  # fmt: skip
+               "peak MiB", f"extra time (IQR), peak vs {base}", "1st step s", "attention kernel"]  # fmt: skip
     rows = []
     for r in group["rows"]:
         speed, cpu_speed = r.get("speedup_vs_baseline"), r.get("cpu_time_speedup_vs_baseline")
@@ -379,12 +404,17 @@ def print_group(group: dict[str, Any], shape_name: str) -> None:
             f"{r['step_cpu_s']['median']:.3f}", f"{r['tokens_per_cpu_s']:.0f}", f"{r['exec_tflops']:.3f}",
             f"{100 * r['mfu_exec']:.1f}%", f"{100 * r['mfu_dense_count']:.1f}%",
             f"{100 * mfu_cpu:.1f}%" if mfu_cpu is not None else "-", f"{r['peak_mib']:.0f}",
+            _extra(r.get("extra_vs_baseline")),
             f"{r['first_step_s']:.2f}", r.get("attention_kernel", "-"),
         ])  # fmt: skip
     print(format_table(headers, rows, style="markdown"))
     if group.get("profile"):
         print(f"\nprofile of one step of {group['profile_variant']} (top ops by self time):")
         print(group["profile"])
+
+
+def _extra(extra: dict[str, float] | None) -> str:
+    return f"{extra['time']:+.0%} ({extra['time_iqr']:.0%}), {extra['peak']:+.0%}" if extra else "-"
 
 
 @dataclass(kw_only=True)
@@ -398,7 +428,7 @@ class TrainStepConfig:
     variants: list[str] = field(default_factory=lambda: ["hf", "post", "pre"])
     """Variants MODEL[+MOD...] (see above), e.g. '[hf, post, post+qkv]'."""
     baseline: str = "hf"
-    """Variant the speed-ups are relative to."""
+    """Variant the speed-ups are relative to (or, where the variants hold it compiled too, the fastest of these)."""
     optimizer: Optimizer = "fused"
     """AdamW implementation for every variant (fused is Hugging Face Trainer's default)."""
     batch: int | None = None

@@ -53,16 +53,10 @@ def _autocast_off(x: torch.Tensor) -> AbstractContextManager[Any]:
     return torch.autocast(x.device.type, enabled=False)
 
 
-def rms_normalize(x: torch.Tensor, eps: float) -> torch.Tensor:
-    """x / sqrt(mean(x^2) + eps) over the last dimension, in at least float32, without a gain."""
+def inverse_rms(x: torch.Tensor, eps: float) -> torch.Tensor:
+    """1 / sqrt(mean(x^2) + eps) over the last dimension, in at least float32: RMSNorm(x) without a gain is x times it."""
     x = x.to(torch.promote_types(x.dtype, torch.float32))
-    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
-
-
-def _dot(x: torch.Tensor, vector: torch.Tensor) -> torch.Tensor:
-    """x @ vector over the last dimension, as a product and a sum: a matrix-vector product's result on CPU depends
-    on the vector's memory alignment (a reloaded model's is another), this one does not."""
-    return (x * vector).sum(-1)
+    return torch.rsqrt(x.pow(2).mean(-1) + eps)
 
 
 # The stream operations. On the n x d state of every token they are memory-bound (a few FLOPs per number read), so
@@ -346,30 +340,31 @@ class ManifoldHyperConnection(StreamMixer):
 
 @dataclass(frozen=True)
 class DepthSources:
-    """AttnRes's residual state: what a sub-layer's input is made of, oldest first, and each one's key.
+    """AttnRes's residual state: what a sub-layer's input is made of, oldest first, and each one's key scale.
 
     Block AttnRes (Eqs. 5-6), blocks of ``block_size`` sub-layers: ``values`` holds b_0 (the embedding output) and
     the sum b_n of each completed block, ``partial`` the current block's sum so far (None at its first sub-layer); a
     sub-layer attends over both. Full AttnRes (Eqs. 1-4) is ``block_size`` 1. Values are kept in the embedding
-    output's dtype (float32 under autocast); each key, RMSNorm(value) without a gain, is computed once.
+    output's dtype (float32 under autocast). A key, RMSNorm(value) without a gain, is its value times a scale per
+    token, computed once; the keys themselves are never formed (``_AttendOverDepth``).
     """
 
     block_size: int
     eps: float  # the keys' RMSNorm eps (the model's layer_norm_eps)
     values: tuple[torch.Tensor, ...]  # each (B, T, d)
-    keys: tuple[torch.Tensor, ...]
+    scales: tuple[torch.Tensor, ...]  # each (B, T): inverse_rms(value)
     partial: torch.Tensor | None = None
     filled: int = 0  # sub-layers in the current block so far
 
     @classmethod
     def start(cls, embeddings: torch.Tensor, block_size: int, eps: float) -> DepthSources:
-        return cls(block_size, eps, (embeddings,), (rms_normalize(embeddings, eps),))
+        return cls(block_size, eps, (embeddings,), (inverse_rms(embeddings, eps),))
 
     def sources(self) -> tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]]:
-        """The values a sub-layer attends over and their keys."""
+        """The values a sub-layer attends over and their key scales."""
         if self.partial is None:
-            return self.values, self.keys
-        return (*self.values, self.partial), (*self.keys, rms_normalize(self.partial, self.eps))
+            return self.values, self.scales
+        return (*self.values, self.partial), (*self.scales, inverse_rms(self.partial, self.eps))
 
     def add(self, out: torch.Tensor) -> DepthSources:
         """The state after a sub-layer with output ``out``: added to its block, which closes after ``block_size``."""
@@ -377,14 +372,51 @@ class DepthSources:
         partial = out if self.partial is None else self.partial + out
         if self.filled + 1 < self.block_size:
             return replace(self, partial=partial, filled=self.filled + 1)
-        key = rms_normalize(partial, self.eps)
-        return replace(self, values=(*self.values, partial), keys=(*self.keys, key), partial=None, filled=0)
+        scale = inverse_rms(partial, self.eps)
+        return replace(self, values=(*self.values, partial), scales=(*self.scales, scale), partial=None, filled=0)
 
     def total(self) -> torch.Tensor:
         """The plain sum of the embedding output and every sub-layer's output so far: Pre-LN's stream with these
         outputs (what ``hidden_states`` reports for AttnRes)."""
         later = self.values[1:] if self.partial is None else (*self.values[1:], self.partial)
         return sum(later, self.values[0])
+
+
+class _AttendOverDepth(torch.autograd.Function):
+    """AttnRes's aggregation h = sum_i alpha_i v_i, alpha = softmax_i((v_i . w) s_i), of K sources v_i (B, T, d) with
+    key scales s_i (B, T) and the query w (d): per source one pass forward for its logit and one for its share of h,
+    and a backward written out, two passes and one gradient (B, T, d) per source; nothing saved but the sources
+    (which the state keeps anyway), the weights and the logits' dot products (K per token). Returns h and alpha
+    (K, B, T), the latter without a gradient (for the recorder)."""
+
+    @staticmethod
+    def forward(ctx: Any, query: torch.Tensor, *sources: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        values, scales = sources[: len(sources) // 2], sources[len(sources) // 2 :]
+        # A copy of the parameter: a matrix-vector product's rounding on CPU depends on the vector's alignment, and
+        # a reloaded model's parameters sit elsewhere; a new tensor is always aligned alike.
+        query = query.to(values[0].dtype, copy=True)
+        dots = torch.stack([value @ query for value in values])  # (K, B, T)
+        weights = (dots * torch.stack(scales)).softmax(dim=0)
+        h = values[0] * weights[0].unsqueeze(-1)
+        for weight, value in zip(weights[1:], values[1:], strict=True):
+            h.addcmul_(weight.unsqueeze(-1), value)
+        ctx.save_for_backward(query, weights, dots, *sources)
+        ctx.mark_non_differentiable(weights)
+        return h, weights
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor, _: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        query, weights, dots, *sources = ctx.saved_tensors
+        values, scales = sources[: len(sources) // 2], torch.stack(sources[len(sources) // 2 :])
+        g_weights = torch.stack([torch.linalg.vecdot(g, value) for value in values])  # (K, B, T)
+        g_logits = weights * (g_weights - (g_weights * weights).sum(0))  # through the softmax
+        g_dots = g_logits * scales
+        g_query = sum(g_dot.flatten() @ value.flatten(0, -2) for g_dot, value in zip(g_dots, values, strict=True))
+        g_values = []
+        for weight, g_dot in zip(weights, g_dots, strict=True):  # alpha_i g + (g_logit_i s_i) w
+            g_value = g * weight.unsqueeze(-1)
+            g_values.append(g_value.view(-1, g.shape[-1]).addr_(g_dot.flatten(), query).view_as(g))
+        return g_query, *g_values, *(g_logits * dots).unbind()
 
 
 class AttentionResidual(nn.Module):
@@ -412,13 +444,9 @@ class AttentionResidual(nn.Module):
 
     def read(self, state: DepthSources) -> tuple[torch.Tensor, None]:
         """The input h (B, T, d): the sources weighted by their softmax over depth."""
-        values, keys = state.sources()
+        values, scales = state.sources()
         with _autocast_off(values[0]):
-            logits = torch.stack([_dot(key, self.pseudo_query.to(key.dtype)) for key in keys])  # (K, B, T)
-            weights = logits.softmax(dim=0)
-            h = weights[0].unsqueeze(-1) * values[0]
-            for weight, value in zip(weights[1:], values[1:], strict=True):
-                h = h + weight.unsqueeze(-1) * value
+            h, weights = _AttendOverDepth.apply(self.pseudo_query, *values, *scales)
         if self.recorder is not None:
             self.recorder.depth_weights(weights)
         return h, None

@@ -307,11 +307,32 @@ def test_train_step_benchmark_runs_end_to_end_on_cpu(tmp_path) -> None:
             assert row["step_s"]["n"] == 2 and row["tokens_per_s"] > 0 and row["loss"] > 0
             assert row["speedup_vs_baseline"]["median"] > 0
             assert row["peak_mib"] > 0
+            extra = row["extra_vs_baseline"]
+            assert extra["peak"] == pytest.approx(row["peak_mib"] / group["rows"][0]["peak_mib"] - 1)
+            assert extra["time"] == pytest.approx(1 / row["cpu_time_speedup_vs_baseline"]["median"] - 1)
         hf, dense, mhc = group["rows"]
         assert hf["exec_flops_per_token"] == dense["exec_flops_per_token"]  # the same count, dense heads both
         assert mhc["exec_flops_per_token"] > group["flops_per_token"]["sparse_head"]  # and the mixing's on top
         assert "aten::" in group["profile"]
     assert payload["peaks"]["measured_tflops"]["bf16"] > 0
+
+
+def test_the_baseline_is_the_faster_of_its_eager_and_compiled_runs() -> None:
+    from types import SimpleNamespace
+
+    def runner(spec: str, wall: float, cpu: float) -> SimpleNamespace:
+        return SimpleNamespace(variant=SimpleNamespace(spec=spec), times=[wall, 9.0, wall], cpu_times=[cpu, 9.0, cpu])
+
+    runners = [
+        runner("pre", 1.0, 2.0),
+        runner("pre+compile-layers", 1.2, 1.5),
+        runner("pre+hc4+compile-layers", 0.5, 0.5),
+    ]
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert train_step.fastest_baseline(runners, "pre", cpu).variant.spec == "pre+compile-layers"  # by CPU time
+    assert train_step.fastest_baseline(runners, "pre", cuda).variant.spec == "pre"  # by the wall clock
+    assert train_step.fastest_baseline(runners[:1], "pre", cpu).variant.spec == "pre"
+    assert train_step.fastest_baseline(runners, "post", cpu) is None
 
 
 def test_a_steps_peak_memory_is_the_highest_running_sum_of_its_operators() -> None:

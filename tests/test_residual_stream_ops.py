@@ -139,14 +139,12 @@ def outputs_and_gradients(model: LNBertModel, plain: bool, autocast: bool = Fals
     return [h.detach() for h in hidden], grads
 
 
-def assert_same(model: LNBertModel, autocast: bool, **tol) -> None:
-    want_hidden, want_grads = outputs_and_gradients(model, plain=True, autocast=autocast)
-    got_hidden, got_grads = outputs_and_gradients(model, plain=False, autocast=autocast)
-    assert len(got_hidden) == len(want_hidden) and got_grads.keys() == want_grads.keys()
-    for j, (got, want) in enumerate(zip(got_hidden, want_hidden, strict=True)):
-        torch.testing.assert_close(got, want, **tol, msg=lambda m, j=j: f"hidden_states[{j}]: {m}")
-    for key, want in want_grads.items():
-        torch.testing.assert_close(got_grads[key], want, **tol, msg=lambda m, key=key: f"{key}.grad: {m}")
+def compare(model: LNBertModel, autocast: bool):
+    """(the model's, the plain form's) hidden states and gradients."""
+    want = outputs_and_gradients(model, plain=True, autocast=autocast)
+    got = outputs_and_gradients(model, plain=False, autocast=autocast)
+    assert len(got[0]) == len(want[0]) and got[1].keys() == want[1].keys()
+    return got, want
 
 
 # Every scheme kind, its corner cases (one stream; Block AttnRes with an odd block size, and one whose last block is
@@ -160,12 +158,24 @@ def test_float64_outputs_and_gradients_are_the_plain_forms(name, norm_type):
     torch.manual_seed(0)
     model = LNBertModel(scheme_config(name, norm_type)).double().train()  # dropout 0: train mode, deterministic
     perturb(model, seed=5)
-    assert_same(model, autocast=False, rtol=1e-12, atol=1e-12)
+    (got_hidden, got_grads), (want_hidden, want_grads) = compare(model, autocast=False)
+    for j, (got, want) in enumerate(zip(got_hidden, want_hidden, strict=True)):
+        torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12, msg=lambda m, j=j: f"hidden_states[{j}]: {m}")
+    for key, want in want_grads.items():
+        torch.testing.assert_close(got_grads[key], want, rtol=1e-12, atol=1e-12, msg=lambda m, key=key: f"{key}: {m}")
 
 
 @pytest.mark.parametrize("name", ["shc4", "hc4", "mhc4", "attnres", "attnres-b2"])
 def test_bf16_autocast_outputs_and_gradients_are_the_plain_forms(name):
+    """To bf16's precision: the sub-layers round to bf16, so a float32 difference of the order of its rounding in
+    the state can round a sub-layer's input the other way; the gradient, through the bf16 sub-layers, to 1% of its
+    norm, in every parameter (some gradients, such as the attention's key bias, are 0 but for that rounding)."""
     torch.manual_seed(0)
     model = LNBertModel(scheme_config(name)).train()
     perturb(model, seed=5)
-    assert_same(model, autocast=True, rtol=2e-2, atol=2e-2)
+    (got_hidden, got_grads), (want_hidden, want_grads) = compare(model, autocast=True)
+    for j, (got, want) in enumerate(zip(got_hidden, want_hidden, strict=True)):
+        torch.testing.assert_close(got, want, rtol=1e-2, atol=1e-2, msg=lambda m, j=j: f"hidden_states[{j}]: {m}")
+    norm = torch.cat([g.flatten() for g in want_grads.values()]).norm()
+    errors = {key: float((got_grads[key] - want).norm() / norm) for key, want in want_grads.items()}
+    assert max(errors.values()) < 1e-2, sorted(errors.items(), key=lambda kv: -kv[1])[:3]
