@@ -9,7 +9,7 @@ repetition, so a slow spell on the shared machine hits all of them, and the rati
     python -m benchmarks.train_step                                   # BERT-base + small, fp32 + bf16
     python -m benchmarks.train_step --shapes='[small]' --reps=5       # a quick look (~1 minute on 2 cores)
     python -m benchmarks.train_step --variants='[hf, post, post+dense, post+compile]' --shapes='[small]'
-    python -m benchmarks.train_step --profile=post --shapes='[base]' --precisions='[bf16]' --reps=3
+    python -m benchmarks.train_step --profile='[post]' --shapes='[base]' --precisions='[bf16]' --reps=3
     python -m benchmarks.train_step --threads=1 ...     # on a shared, busy CPU: read the CPU-time columns
     python -m benchmarks.train_step --help              # every option (lists are YAML lists)
 
@@ -29,7 +29,10 @@ With ``pre+compile-layers`` among them, the residual schemes are measured agains
 ``extra time, peak`` column; BENCHMARKS.md section 10):
 
     python -m benchmarks.train_step --variants='[pre, pre+compile-layers, pre+shc4, pre+hc4, pre+mhc4, pre+attnres,
-        pre+attnres-b2]' --baseline=pre --shapes='[small]' --precisions='[fp32, bf16]' --profile=pre+hc4
+        pre+attnres-b2]' --baseline=pre --shapes='[small]' --precisions='[fp32, bf16]' --profile='[pre+hc4]'
+
+A profiled variant other than the baseline gets a second table, where its extra time goes: per operator and input
+shapes, its self time minus the baseline's (medians of ``PROFILE_STEPS`` profiled steps of each, interleaved).
 
 FLOPs per token = 6N + 12·L·H·T (``pretrain.flops.flops_per_token``, as the logged ``train/mfu``; N: matmul weights
 a token passes through, 6 per weight forward+backward; 12·L·H·T: attention scores and weighted sum). The MLM head
@@ -47,6 +50,7 @@ from __future__ import annotations
 
 import gc
 import statistics
+from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal, get_args
@@ -94,6 +98,7 @@ VARIANT_MODS: dict[str, dict[str, Any]] = {
     **{o: {"optimizer": o} for o in OPTIMIZERS},
 }  # fmt: skip
 MLM_FRACTION = 0.15
+PROFILE_STEPS = 5  # profiled steps of a variant and of the baseline, for the difference of their operators
 MASK_TOKEN_ID = 103  # [MASK] in the bert-base-uncased vocabulary; any id works for timing
 PADDED_POSITIONS = 1  # padding at the end of the last row of every batch: one SDPA kernel for all (random_batch)
 # The aten operators behind F.scaled_dot_product_attention, by the kernel each runs (forward; the backward ops
@@ -274,11 +279,14 @@ def measure_group(variants: list[Variant], shape: dict[str, int], precision: str
         shift = rep % len(runners)
         for runner in runners[shift:] + runners[:shift]:  # rotate who goes first
             runner.timed_step(batches[rep % len(batches)], device)
-    target = next((r for r in runners if r.variant.spec == args.profile), None)
-    top_ops = profile_step(target, batches[0], device, args.profile_rows) if target else None
-    result = summarise(runners, shape, precision, args.baseline, device)
-    result.update(profile=top_ops, device=device.type, profile_variant=args.profile)
-    del runners, target
+    baseline = fastest_baseline(runners, args.baseline, device)
+    profiled = [r for r in runners if r.variant.spec in args.profile]
+    top_ops = {r.variant.spec: profile_step(r, batches[0], device, args.profile_rows) for r in profiled}
+    extra_ops = {r.variant.spec: profile_difference(r, baseline, batches[0], device, args.profile_rows)
+                 for r in profiled if baseline is not None and r is not baseline}  # fmt: skip
+    result = summarise(runners, shape, precision, baseline, device)
+    result.update(profile=top_ops, profile_difference=extra_ops, device=device.type)
+    del runners, baseline, profiled
     gc.collect()
     if device.type == "cuda":
         torch.cuda.empty_cache()
@@ -328,6 +336,36 @@ def profile_step(runner: Runner, batch: dict[str, torch.Tensor], device: torch.d
     return prof.key_averages().table(sort_by=sort_by, row_limit=rows, max_name_column_width=60)
 
 
+def profile_difference(target: Runner, baseline: Runner, batch: dict[str, torch.Tensor], device: torch.device,
+                       rows: int) -> str:  # fmt: skip
+    """Where ``target``'s extra time goes: per operator and input shapes, the median over ``PROFILE_STEPS``
+    profiled steps of its self time (device time on CUDA) minus the baseline's, the steps interleaved so that a
+    busy spell hits both; the largest differences first, and their calls."""
+    attribute = "self_device_time_total" if device.type == "cuda" else "self_cpu_time_total"
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    samples: dict[tuple[str, str, str], list[float]] = defaultdict(list)  # (variant, op, shapes) -> ms per step
+    calls: dict[tuple[str, str, str], int] = {}
+    for _ in range(PROFILE_STEPS):
+        for runner in (baseline, target):
+            with profile(activities=activities, record_shapes=True) as prof:
+                runner.step(batch)
+                common.synchronize(device)
+            for event in prof.key_averages(group_by_input_shape=True):
+                key = (runner.variant.spec, event.key, str(event.input_shapes))
+                samples[key].append(getattr(event, attribute) / 1e3)
+                calls[key] = event.count
+
+    def median(key: tuple[str, str, str]) -> float:
+        return statistics.median(samples[key] + [0.0] * (PROFILE_STEPS - len(samples[key])))  # absent: 0 ms
+
+    new, old = target.variant.spec, baseline.variant.spec
+    extra = {op: median((new, *op)) - median((old, *op)) for op in {key[1:] for key in samples}}
+    table = [[name, shapes[:70], f"{ms:+.2f}", f"{calls.get((new, name, shapes), 0) - calls.get((old, name, shapes), 0):+d}"]
+             for (name, shapes), ms in sorted(extra.items(), key=lambda item: -abs(item[1]))[:rows]]  # fmt: skip
+    total = f"{sum(extra.values()):+.1f} ms per step in all ({PROFILE_STEPS} profiled steps each, medians)"
+    return f"{total}\n" + format_table(["operator", "input shapes", "ms per step", "calls"], table, style="markdown")
+
+
 def fastest_baseline(runners: list[Runner], spec: str, device: torch.device) -> Runner | None:
     """The runner of ``spec`` or, where the variants hold it compiled too (``+compile``, ``+compile-layers``), the
     fastest of these: the median step's CPU time on a CPU (the steady measure with ``--threads=1``), else its wall
@@ -338,7 +376,7 @@ def fastest_baseline(runners: list[Runner], spec: str, device: torch.device) -> 
     return min(candidates, key=lambda r: statistics.median(getattr(r, clock)), default=None)
 
 
-def summarise(runners: list[Runner], shape: dict[str, int], precision: str, baseline_spec: str,
+def summarise(runners: list[Runner], shape: dict[str, int], precision: str, baseline: Runner | None,
               device: torch.device) -> dict[str, Any]:  # fmt: skip
     tokens = shape["batch"] * shape["seq"]
     masked = max(1, round(MLM_FRACTION * shape["seq"])) / shape["seq"]
@@ -346,7 +384,6 @@ def summarise(runners: list[Runner], shape: dict[str, int], precision: str, base
     config = BertConfig(**hf_config_kwargs(shape))
     dense_fpt = flops_per_token(config, shape["seq"])
     sparse_fpt = flops_per_token(config, shape["seq"], mlm_head_share=masked)
-    baseline = fastest_baseline(runners, baseline_spec, device)
     rows = []
     for runner in runners:
         variant, t, cpu_t = runner.variant, runner.times, runner.cpu_times
@@ -408,9 +445,10 @@ def print_group(group: dict[str, Any], shape_name: str) -> None:
             f"{r['first_step_s']:.2f}", r.get("attention_kernel", "-"),
         ])  # fmt: skip
     print(format_table(headers, rows, style="markdown"))
-    if group.get("profile"):
-        print(f"\nprofile of one step of {group['profile_variant']} (top ops by self time):")
-        print(group["profile"])
+    for spec, table in (group.get("profile") or {}).items():
+        print(f"\nprofile of one step of {spec} (top ops by self time):\n{table}")
+    for spec, table in (group.get("profile_difference") or {}).items():
+        print(f"\nwhere {spec}'s extra time goes, against {base}:\n{table}")
 
 
 def _extra(extra: dict[str, float] | None) -> str:
@@ -445,8 +483,8 @@ class TrainStepConfig:
     """torch.set_num_threads (CPU); null: torch's choice."""
     gemm_size: int | None = None
     """Square matmul size for the peak; null: 2048 on CPU, 8192 on GPU."""
-    profile: str | None = None
-    """Variant to profile for one step per group (top ops by self time)."""
+    profile: list[str] = field(default_factory=list)
+    """Variants to profile per group: one step's top ops by self time, and the difference from the baseline's."""
     profile_rows: int = 25
     """Rows of the profile table."""
     seed: int = 0
@@ -466,7 +504,8 @@ class TrainStepConfig:
         specs = [v.spec for v in self.variant_list]
         require(bool(specs), "variants", "must name at least one variant")
         require(len(set(specs)) == len(specs), "variants", "names a variant twice")
-        require(self.profile is None or self.profile in specs, "profile", f"{self.profile!r} is not among {specs}")
+        unknown = [spec for spec in self.profile if spec not in specs]
+        require(not unknown, "profile", f"{unknown} not among the variants {specs}")
         require(bool(self.shapes) and bool(self.precisions), "shapes/precisions", "must not be empty")
         require(self.reps >= 1 and self.warmup >= 1, "reps/warmup", "must be >= 1")
         for key in ("batch", "seq", "threads", "gemm_size"):
@@ -509,7 +548,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
           f"TFLOP/s measured; reference {peaks['reference']})")  # fmt: skip
     for group in groups:
         add_mfu(group, peaks)
-        print_group({**group, "profile": None}, group["shape_name"])
+        print_group({**group, "profile": None, "profile_difference": None}, group["shape_name"])
     options = {k: v for k, v in vars(args).items() if k != "variant_list"}
     payload = {"benchmark": "train_step", "machine": info, "peaks": peaks, "args": options, "groups": groups}
     print(f"\nwrote {common.write_results('train_step', payload, args.out)}")

@@ -284,7 +284,7 @@ def test_benchmark_batches_give_every_variant_the_same_sdpa_mask(monkeypatch: py
 def test_each_benchmark_row_says_which_attention_kernel_it_ran() -> None:
     from argparse import Namespace
 
-    args = Namespace(seed=0, optimizer="fused", warmup=1, reps=1, profile=None, profile_rows=0, baseline="hf")
+    args = Namespace(seed=0, optimizer="fused", warmup=1, reps=1, profile=[], profile_rows=0, baseline="hf")
     variants = [train_step.parse_variant(s) for s in ("hf", "post", "post+eager")]
     group = train_step.measure_group(variants, dict(train_step.SHAPES["tiny"]), "fp32", args, torch.device("cpu"))
     kernels = {row["variant"]: row["attention_kernel"] for row in group["rows"]}
@@ -296,7 +296,7 @@ def test_train_step_benchmark_runs_end_to_end_on_cpu(tmp_path) -> None:
     out = tmp_path / "r.json"
     payload = train_step.main([
         "--shapes=[tiny]", "--precisions=[fp32, bf16]", "--variants=[hf, pre+dense+qkv+foreach, pre+mhc2]", "--reps", "2",
-        "--warmup", "1", "--device", "cpu", "--gemm_size", "64", "--profile", "hf", "--profile_rows", "5",
+        "--warmup", "1", "--device", "cpu", "--gemm_size", "64", "--profile", "[hf, pre+mhc2]", "--profile_rows", "5",
         "--out", str(out),
     ])  # fmt: skip
     saved = json.loads(out.read_text())
@@ -313,7 +313,9 @@ def test_train_step_benchmark_runs_end_to_end_on_cpu(tmp_path) -> None:
         hf, dense, mhc = group["rows"]
         assert hf["exec_flops_per_token"] == dense["exec_flops_per_token"]  # the same count, dense heads both
         assert mhc["exec_flops_per_token"] > group["flops_per_token"]["sparse_head"]  # and the mixing's on top
-        assert "aten::" in group["profile"]
+        assert "aten::" in group["profile"]["hf"] and "aten::" in group["profile"]["pre+mhc2"]
+        assert list(group["profile_difference"]) == ["pre+mhc2"]  # against the baseline, hf
+        assert "ms per step in all" in group["profile_difference"]["pre+mhc2"]
     assert payload["peaks"]["measured_tflops"]["bf16"] > 0
 
 
@@ -351,7 +353,7 @@ def test_peak_memory_counts_a_schemes_wider_state() -> None:
     """Four streams hold four copies of the state: a larger peak than Pre-LN's at the same shape."""
     from argparse import Namespace
 
-    args = Namespace(seed=0, optimizer="fused", warmup=1, reps=1, profile=None, profile_rows=0, baseline="pre")
+    args = Namespace(seed=0, optimizer="fused", warmup=1, reps=1, profile=[], profile_rows=0, baseline="pre")
     shape = dict(train_step.SHAPES["tiny"], batch=8, seq=64, hidden=64)
     variants = [train_step.parse_variant(s) for s in ("pre", "pre+shc8")]
     group = train_step.measure_group(variants, shape, "fp32", args, torch.device("cpu"))
