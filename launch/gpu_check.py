@@ -174,6 +174,37 @@ def mrpc_accuracy(log: str) -> float | None:
     return None
 
 
+# The residual schemes against Pre-LN (BENCHMARKS.md section 10): each eager and compiled per layer, against the
+# faster Pre-LN; the dry run leaves out the compiled ones (minutes of compiling each on a CPU).
+SCHEME_VARIANTS = ("pre", "pre+shc4", "pre+hc4", "pre+mhc4", "pre+attnres", "pre+attnres-b2")
+
+
+def residual_schemes_command(out: Path, dry_run: bool) -> list[str]:
+    """benchmarks.train_step's rows of BENCHMARKS.md section 10, at small and base with a GPU's batch."""
+    sizes = DRY_RUN.benchmark if dry_run else ("--shapes=[small, base]", "--batch=64", "--reps=10")
+    variants = SCHEME_VARIANTS if dry_run else [v for s in SCHEME_VARIANTS for v in (s, f"{s}+compile-layers")]
+    return [sys.executable, "-m", "benchmarks.train_step", *sizes, "--precisions=[fp32, bf16]",
+            f"--variants=[{', '.join(variants)}]", "--baseline=pre", f"--out={out / 'residual_schemes.json'}"]  # fmt: skip
+
+
+def residual_scheme_rows(path: Path) -> list[dict[str, Any]]:
+    """Per shape, precision and variant: the extra time and peak memory over the faster Pre-LN."""
+    groups = json.loads(path.read_text())["groups"] if path.is_file() else []
+    return [{"shape": group["shape_name"], "precision": group["precision"], "variant": row["variant"],
+             "baseline": group["baseline"], **row["extra_vs_baseline"], "peak_mib": row["peak_mib"]}
+            for group in groups for row in group["rows"]]  # fmt: skip
+
+
+def residual_scheme_summary(rows: list[dict[str, Any]]) -> list[str]:
+    if not rows:
+        return []
+    lines = ["", "## Residual schemes against Pre-LN (benchmarks.train_step; BENCHMARKS.md section 10)", "",
+             "| shape | precision | variant | against | extra time (IQR) | peak MiB | extra peak |",
+             "|---|---|---|---|---|---|---|"]  # fmt: skip
+    return lines + [f"| {r['shape']} | {r['precision']} | {r['variant']} | {r['baseline']} | {r['time']:+.0%} "
+                    f"({r['time_iqr']:.0%}) | {r['peak_mib']:.0f} | {r['peak']:+.0%} |" for r in rows]  # fmt: skip
+
+
 def steps(corpus: Path, glue: Path, out: Path, dry_run: bool) -> Iterator[tuple[str, list[str] | str]]:
     """(name, command) in order, or (name, why it is skipped). Lazily: a fine-tune's snapshot exists only once
     its smoke run has ended."""
@@ -183,6 +214,7 @@ def steps(corpus: Path, glue: Path, out: Path, dry_run: bool) -> Iterator[tuple[
                          f"--junitxml={out / 'logs' / 'cuda_tests.xml'}"]  # fmt: skip
     yield "throughput", [sys.executable, "-m", "benchmarks.train_step", *sizes.benchmark, "--precisions=[fp32, bf16]",
                          "--variants=[hf, post, post+dense]", f"--out={out / 'train_step.json'}"]  # fmt: skip
+    yield "residual_schemes", residual_schemes_command(out, dry_run)
     for recipe in sizes.recipes:
         yield f"pretrain_{recipe.name}", pretrain_command(recipe, corpus, out, sizes)
         snapshots = list_snapshots(out / "runs" / recipe.name)
@@ -293,6 +325,7 @@ def publish(results: dict[str, Any], out: Path) -> None:
     results["environment"] = environment(logs / "environment.log")
     results["cuda_tests"] = junit_counts(logs / "cuda_tests.xml")
     results["throughput"] = benchmark_rows(out / "train_step.json")
+    results["residual_schemes"] = residual_scheme_rows(out / "residual_schemes.json")
     results["smoke_runs"] = {name: smoke_run(out / "runs" / name, logs / f"mrpc_{name}.log") for name in run_about()}
     atomic.write_json(out / "results.json", results)
     atomic.write_text(out / "summary.md", summary(results))
@@ -371,7 +404,7 @@ def summary(results: dict[str, Any]) -> str:
     steps_ = results["steps"]
     passed = sum(s["status"] == "passed" for s in steps_)
     sizes = DRY_RUN if results["dry_run"] else GPU
-    planned = 3 + 2 * len(sizes.recipes) + len(sizes.two_process)  # 3 steps, 2 per recipe, the two-process runs
+    planned = 4 + 2 * len(sizes.recipes) + len(sizes.two_process)  # 4 steps, 2 per recipe, the two-process runs
     not_run = f", {planned - len(steps_)} not run" if len(steps_) < planned else ""
     lines = [f"# GPU check{' (dry run: CPU, tiny shapes; its figures mean nothing)' if results['dry_run'] else ''}",
              "", f"{results['started']}, commit {results['commit']}, host {results['host']}: {passed} of "
@@ -400,6 +433,7 @@ def summary(results: dict[str, Any]) -> str:
                   f"{fmt(r['mfu'], '.1%')} | {fmt(r['attention_kernel'])} |" for r in rows]  # fmt: skip
         lines += ["", "`post`: ours with the sparse MLM head (the default); `post+dense`: the dense head Hugging Face "
                   "runs, so its `x hf` compares the implementations at the same FLOPs. fp32 is TF32 on CUDA."]  # fmt: skip
+    lines += residual_scheme_summary(results["residual_schemes"])
     runs = {name: run for name, run in results["smoke_runs"].items() if run}
     if runs:
         lines += ["", "## Smoke runs (accelerate launch pretrain/run.py, then finetune.run on MRPC)", "",

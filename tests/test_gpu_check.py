@@ -63,6 +63,7 @@ def test_the_dry_run_runs_every_step_and_summarises_them(tmp_path: Path) -> None
         "environment",
         "cuda_tests",
         "throughput",
+        "residual_schemes",
         *[f"{kind}_{r}" for r in recipes for kind in ("pretrain", "mrpc")],
         "pretrain_post_ln_ddp2",
     ]
@@ -75,6 +76,11 @@ def test_the_dry_run_runs_every_step_and_summarises_them(tmp_path: Path) -> None
     rows = {(r["precision"], r["variant"]): r for r in results["throughput"]}
     assert set(rows) == {(p, v) for p in ("fp32", "bf16") for v in ("hf", "post", "post+dense")}
     assert all(r["tokens_per_s"] > 0 and r["vs_hf"] > 0 for r in rows.values())
+    schemes = {(r["precision"], r["variant"]): r for r in results["residual_schemes"]}
+    eager = ("pre", "pre+shc4", "pre+hc4", "pre+mhc4", "pre+attnres", "pre+attnres-b2")  # the dry run compiles none
+    assert set(schemes) == {(p, v) for p in ("fp32", "bf16") for v in eager}
+    assert all(r["baseline"] == "pre" and r["peak_mib"] > 0 for r in schemes.values())
+    assert schemes["bf16", "pre"]["time"] == schemes["bf16", "pre"]["peak"] == 0
     for name in recipes:
         run = results["smoke_runs"][name]
         assert run["status"] == "finished" and run["step"] == 4 and run["batch"] == 8, (name, run)
@@ -84,8 +90,9 @@ def test_the_dry_run_runs_every_step_and_summarises_them(tmp_path: Path) -> None
     assert ddp["status"] == "finished" and ddp["step"] == 4, ddp
     assert (out / "runs" / "post_ln_ddp2" / "checkpoints" / "step_00000004" / "random_states_1.pkl").is_file()
     summary = (out / "summary.md").read_text()
-    for part in ("6 of 6 steps passed", "## CUDA tests", "| bf16 | post+dense |", "not a reproduction", "| post_ln |",
-                 "| post_ln_ddp2 |"):  # fmt: skip
+    parts = ("7 of 7 steps passed", "## CUDA tests", "| bf16 | post+dense |", "| tiny | bf16 | pre+mhc4 | pre |",
+             "not a reproduction", "| post_ln |", "| post_ln_ddp2 |")  # fmt: skip
+    for part in parts:
         assert part in summary, part
 
 
@@ -114,7 +121,7 @@ def test_a_failed_step_is_recorded_and_the_next_one_runs(tmp_path: Path, monkeyp
     assert "the cause of it" in results["steps"][1]["note"]
     assert json.loads((tmp_path / "results.json").read_text())["steps"] == results["steps"]
     summary = (tmp_path / "summary.md").read_text()
-    assert "2 of 6 steps passed, 2 not run" in summary and "## broken failed (exit code 3)" in summary
+    assert "2 of 7 steps passed, 3 not run" in summary and "## broken failed (exit code 3)" in summary
     assert "the cause of it" in summary and "## waiting skipped: its input is missing" in summary
     # A failed environment (e.g. no CUDA) stops the check: the rest would take hours on a CPU.
     plan = [("environment", broken), ("later", PYTHON_PASS)]
