@@ -54,9 +54,10 @@ def _autocast_off(x: torch.Tensor) -> AbstractContextManager[Any]:
 
 
 def inverse_rms(x: torch.Tensor, eps: float) -> torch.Tensor:
-    """1 / sqrt(mean(x^2) + eps) over the last dimension, in at least float32: RMSNorm(x) without a gain is x times it."""
+    """1 / sqrt(mean(x^2) + eps) over the last dimension, in at least float32: RMSNorm(x) without a gain is x times it.
+    The sum of squares as a norm, one reduction: x^2 would be a tensor as large as x (a new one costs page faults)."""
     x = x.to(torch.promote_types(x.dtype, torch.float32))
-    return torch.rsqrt(x.pow(2).mean(-1) + eps)
+    return torch.rsqrt(torch.linalg.vector_norm(x, dim=-1).square() / x.shape[-1] + eps)
 
 
 # The stream operations. On the n x d state of every token they are memory-bound (a few FLOPs per number read), so
@@ -327,7 +328,7 @@ class ManifoldHyperConnection(StreamMixer):
             # [phi_pre | phi_post | phi_res]^T, (2n + n^2, n d): nn.Linear's layout, whose GEMMs are faster on CPU
             phi = torch.cat([self.phi_pre.T, self.phi_post.T, self.phi_res.T]).to(x.dtype)
             # x' phi = (x phi) / rms(x), as the paper's kernels compute it: x' would be saved, as large as the state
-            projected = nn.functional.linear(x, phi) * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + MHC_NORM_EPS)
+            projected = nn.functional.linear(x, phi) * inverse_rms(x, MHC_NORM_EPS).unsqueeze(-1)
             pre, post, res = projected.split([n, n, n * n], dim=-1)
             h_pre = torch.sigmoid(self.alpha_pre * pre + self.b_pre)
             h_post = 2 * torch.sigmoid(self.alpha_post * post + self.b_post)
@@ -368,8 +369,7 @@ class DepthSources:
 
     def add(self, out: torch.Tensor) -> DepthSources:
         """The state after a sub-layer with output ``out``: added to its block, which closes after ``block_size``."""
-        out = out.to(self.values[0].dtype)
-        partial = out if self.partial is None else self.partial + out
+        partial = out.to(self.values[0].dtype) if self.partial is None else self.partial + out  # promoted, as Pre-LN's
         if self.filled + 1 < self.block_size:
             return replace(self, partial=partial, filled=self.filled + 1)
         scale = inverse_rms(partial, self.eps)
@@ -408,7 +408,8 @@ class _AttendOverDepth(torch.autograd.Function):
     def backward(ctx: Any, g: torch.Tensor, _: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         query, weights, dots, *sources = ctx.saved_tensors
         values, scales = sources[: len(sources) // 2], torch.stack(sources[len(sources) // 2 :])
-        g_weights = torch.stack([torch.linalg.vecdot(g, value) for value in values])  # (K, B, T)
+        products = torch.empty_like(g)  # one buffer for the K products (a new tensor each would cost page faults)
+        g_weights = torch.stack([torch.mul(g, value, out=products).sum(-1) for value in values])  # (K, B, T)
         g_logits = weights * (g_weights - (g_weights * weights).sum(0))  # through the softmax
         g_dots = g_logits * scales
         g_query = sum(g_dot.flatten() @ value.flatten(0, -2) for g_dot, value in zip(g_dots, values, strict=True))
