@@ -54,10 +54,24 @@ def _autocast_off(x: torch.Tensor) -> AbstractContextManager[Any]:
 
 
 def inverse_rms(x: torch.Tensor, eps: float) -> torch.Tensor:
-    """1 / sqrt(mean(x^2) + eps) over the last dimension, in at least float32: RMSNorm(x) without a gain is x times it.
-    The sum of squares as a norm, one reduction: x^2 would be a tensor as large as x (a new one costs page faults)."""
-    x = x.to(torch.promote_types(x.dtype, torch.float32))
-    return torch.rsqrt(torch.linalg.vector_norm(x, dim=-1).square() / x.shape[-1] + eps)
+    """1 / sqrt(mean(x^2) + eps) over the last dimension, in at least float32: RMSNorm(x) without a gain is x times it."""
+    return _InverseRms.apply(x.to(torch.promote_types(x.dtype, torch.float32)), eps)
+
+
+class _InverseRms(torch.autograd.Function):
+    """``inverse_rms`` with one pass over x each way: the sum of squares as a norm (x^2 would be a tensor as large as
+    x), and a backward of one product, -x s^3 / d (autograd's would form two or three tensors of x's size)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, eps: float) -> torch.Tensor:
+        scale = torch.rsqrt(torch.linalg.vector_norm(x, dim=-1).square() / x.shape[-1] + eps)
+        ctx.save_for_backward(x, scale)
+        return scale
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor, None]:
+        x, scale = ctx.saved_tensors
+        return x * (g * scale.pow(3) / -x.shape[-1]).unsqueeze(-1), None
 
 
 # The stream operations. On the n x d state of every token they are memory-bound (a few FLOPs per number read), so
