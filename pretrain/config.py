@@ -1,11 +1,10 @@
 """The pretraining configuration: typed dataclasses, one source of truth.
 
 A YAML preset (``--config FILE``) and dotted overrides (``--train.max_steps=100``) become a :class:`PretrainConfig`
-through the project's one loader (pretrain/common/cli.py), which also generates ``--help`` from the docstring under
-every field. Every check lives in a ``__post_init__`` and names the key to change.
+through jsonargparse (pretrain/common/cli.py), which also makes ``--help`` from the docstring under every field. Every
+check lives in a ``__post_init__`` and names the key to change. No ``from __future__ import annotations`` here:
+jsonargparse would then resolve the annotations and run the imports of this module's ``TYPE_CHECKING`` block (torch).
 """
-
-from __future__ import annotations
 
 import difflib
 import functools
@@ -17,8 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from pretrain.common.cli import ConfigError, field_docs, flatten, from_dict, parse, to_dict
-from pretrain.common.cli import help_text as _help_text
+from pretrain.common.cli import ConfigError, parse, to_dict
 from pretrain.common.cli import require as _require
 from pretrain.common.roles import keys_where, resolved_keys, role
 from pretrain.data.config import DataConfig
@@ -80,7 +78,7 @@ class ModelConfig(LNBertOptions):
         """The model's label in run names, W&B groups and reports (``pre``, ``pre-rmsnorm``, ``pre-hc4``, ...)."""
         return variant_of(self)
 
-    def to_lnbert(self, vocab_size: int) -> LNBertConfig:
+    def to_lnbert(self, vocab_size: int) -> "LNBertConfig":
         """The model config; ``vocab_size`` is the resolved one (``self.vocab_size`` or the tokenizer's)."""
         from pretrain.modeling import LNBertConfig  # torch and transformers: imported once the options are read
 
@@ -337,29 +335,10 @@ def resolved_config(cfg: PretrainConfig, decided: dict[str, Any]) -> dict[str, A
     return out
 
 
-# Command line (the loader is pretrain/common/cli.py, shared by every command)
-
-PROG = "python pretrain/run.py"
-USAGE = f"""usage: {PROG} [--config PRESET.yaml ...] [--section.key=VALUE ...]
-       accelerate launch [accelerate options] pretrain/run.py [same arguments]
-
-Examples: --train.max_steps=100  --optim.betas='[0.9, 0.98]'
-          --data.sources='[{{kind: json, path: data/corpus/wiki.jsonl}}]'
-Defaults below are the built-in default run's."""
+# Command line (every command's: pretrain/common/cli.py)
 
 
-def parse_args(argv: list[str]) -> PretrainConfig:
-    """``[--config FILE ...] [--section.key=value | --section.key value ...]`` -> a validated PretrainConfig."""
-    return parse(PretrainConfig, argv, prog=PROG, usage=USAGE)
-
-
-def help_text() -> str:
-    """The --help text of pretrain/run.py, generated from the dataclasses."""
-    return _help_text(PretrainConfig, prog=PROG, usage=USAGE, defaults=PretrainConfig())
-
-
-__all__ = [
-    "RESOLVED_AT_START", "RESUMABLE_CHANGES", "ConfigError", "DataConfig", "ModelConfig", "OptimConfig",
-    "PretrainConfig", "TrackingConfig", "TrainConfig", "field_docs", "flatten", "from_dict", "help_text", "parse_args",
-    "resolved_config", "to_dict",
-]
+def parse_args(argv: list[str], *, prog: str = "python pretrain/run.py", description: str = "") -> PretrainConfig:
+    """``[--config FILE ...] [--section.key=value | --section.key value ...]`` -> a validated PretrainConfig; ``--help``
+    prints ``description`` and every key with its type, default (the built-in default run's) and doc, and exits 0."""
+    return parse(PretrainConfig, argv, prog=prog, description=description)

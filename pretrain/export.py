@@ -9,8 +9,6 @@ omega compute the function of a Post-LN BERT whose sub-layer output projections 
 any): a DeepNorm- or Admin-trained model then runs anywhere with no code of this project.
 """
 
-from __future__ import annotations
-
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,7 +20,8 @@ from pretrain.placements import PLACEMENTS
 from pretrain.run_folder.layout import MANIFEST_FILE
 from pretrain.run_folder.manifest import verify_manifest
 
-# torch, transformers and the model are imported inside the functions: the options are read and checked first.
+# torch, transformers and the model are imported inside the functions: the options are read and checked first. No
+# `from __future__ import annotations`: jsonargparse would run the TYPE_CHECKING imports to resolve ExportConfig's.
 if TYPE_CHECKING:
     from transformers import BertConfig, BertForPreTraining
 
@@ -39,7 +38,7 @@ class ExportConfig:
     """The folder to write the Hugging Face BERT checkpoint to (must not exist yet)."""
 
 
-def check_exportable(config: LNBertConfig) -> None:
+def check_exportable(config: "LNBertConfig") -> None:
     """Raise ``ValueError`` naming what keeps ``config`` from being plain BERT."""
     if not config.placement.exports_to_bert:
         exporting = ", ".join(name for name, p in PLACEMENTS.items() if p.exports_to_bert)
@@ -53,7 +52,7 @@ def check_exportable(config: LNBertConfig) -> None:
             raise ValueError(f"{key}={getattr(config, key)!r} does not export to plain BERT, which has {key}={plain!r}")
 
 
-def bert_config(config: LNBertConfig) -> BertConfig:
+def bert_config(config: "LNBertConfig") -> "BertConfig":
     """The Hugging Face BERT config with the same shapes and settings (BERT's own fields only)."""
     from transformers import BertConfig
 
@@ -61,7 +60,7 @@ def bert_config(config: LNBertConfig) -> BertConfig:
     return BertConfig(**{k: v for k, v in config.to_dict().items() if k in bert_keys})
 
 
-def export_to_bert(model: LNBertForPreTraining) -> BertForPreTraining:
+def export_to_bert(model: "LNBertForPreTraining") -> "BertForPreTraining":
     """The ``BertForPreTraining`` that computes what ``model`` computes (up to LayerNorm's eps)."""
     from transformers import BertForPreTraining
 

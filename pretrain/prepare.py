@@ -25,7 +25,7 @@ from typing import Any
 
 from pretrain.common.cli import run_cli
 from pretrain.common.reporting import format_table
-from pretrain.config import PretrainConfig, help_text, parse_args
+from pretrain.config import PretrainConfig, parse_args
 from pretrain.data.config import DataConfig
 
 # The data pipeline (seconds of import) is imported by the functions that use it: the options are checked first.
@@ -187,12 +187,7 @@ def prepare(cfg: PretrainConfig, *, progress: bool = True) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    if "-h" in argv or "--help" in argv:
-        print(__doc__)
-        print(help_text().replace("python pretrain/run.py", PROG))
-        return 0
-    cfg = parse_args(argv)
+    cfg = parse_args(sys.argv[1:] if argv is None else argv, prog=PROG, description=__doc__ or "")
     for line in cfg.data.check_local_files():  # a missing or empty corpus answers now, before the heavy imports
         print(line, flush=True)
     prepare(cfg)

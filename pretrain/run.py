@@ -25,7 +25,7 @@ from pathlib import Path
 
 from pretrain.common.cli import ConfigError, run_cli, to_dict
 from pretrain.common.device import FP16_NEEDS_A_GPU, surely_no_cuda
-from pretrain.config import help_text, parse_args
+from pretrain.config import parse_args
 from pretrain.run_folder.same_run import check_settings
 from pretrain.run_folder.status import StopRequest
 from pretrain.tracking.wandb_logging import check_credentials, wandb_mode
@@ -41,10 +41,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def parse_and_run(argv: list[str] | None, stop: StopRequest) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if "-h" in argv or "--help" in argv:
-        print(help_text())
-        return 0
-    cfg = parse_args(argv)
+    cfg = parse_args(argv, description=__doc__ or "")
     # Answered now, before torch's seconds of import: the corpus files (their first lines), the settings of a run
     # already in the folder, the precision and W&B's credentials.
     for line in cfg.data.check_local_files():

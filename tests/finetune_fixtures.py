@@ -16,11 +16,11 @@ from typing import Any
 import torch
 from transformers import PreTrainedTokenizerFast
 
+from finetune.config import FinetuneConfig
 from finetune.glue import TASKS, read_tsv
 from finetune.manifest import JobSpec, Results
 from finetune.schedule import ScheduleConfig
 from pretrain.common.atomic import write_json
-from pretrain.common.cli import from_dict
 from pretrain.data.tokenizer import train_wordpiece_tokenizer
 from pretrain.modeling import LNBertConfig, LNBertForPreTraining
 from pretrain.run_folder.identity import ensure_run_id
@@ -135,7 +135,7 @@ def config_for(tmp_path: Path, runs: list[Path], **overrides: Any) -> ScheduleCo
         recipe=dict(QUICK),
     )
     values.update(overrides)
-    return from_dict(ScheduleConfig, values)
+    return ScheduleConfig(**values | {"recipe": FinetuneConfig(**values["recipe"])})
 
 
 def job_spec(**overrides: Any) -> JobSpec:

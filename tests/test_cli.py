@@ -1,5 +1,5 @@
-"""The one command-line loader (pretrain/common/cli.py) as every command uses it: overrides change only the key they
-name, floats must be finite, bad YAML names its file and line, and --help shows exactly what is accepted."""
+"""The command line (jsonargparse and pretrain/common/cli.py) as every command uses it: overrides change only the key
+they name, floats must be finite, bad YAML names its file and line, and --help shows exactly what is accepted."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ from finetune.report import ReportConfig
 from finetune.run import RunConfig
 from finetune.schedule import IngestConfig, ScheduleConfig, StatusConfig
 from pretrain.analysis.options import GridConfig, InitGradsConfig, InitScaleConfig, LnJacobianConfig
-from pretrain.common.cli import ConfigError, _convert, field_type, flatten, parse, read_yaml, run_cli, to_dict
+from pretrain.common.cli import ConfigError, field_type, flatten, parse, parser, run_cli, to_dict
 from pretrain.config import PretrainConfig
 from pretrain.variants import variant_name
 
@@ -80,6 +80,9 @@ def _leaf_keys(cls: type, prefix: str = "") -> list[str]:
 
 
 def _yaml(value: Any) -> str:
+    """``value`` as typed on the command line: a text as it is, anything else as YAML."""
+    if isinstance(value, str):
+        return value
     return yaml.safe_dump(value, default_flow_style=True, width=10_000).strip().removesuffix("...").strip()
 
 
@@ -147,12 +150,15 @@ def _float_keys(cls: type) -> dict[str, int]:
 @pytest.mark.parametrize(
     ("cls", "base_argv"), [c for c in CASES if "--config" not in c[1]], ids=lambda v: getattr(v, "__name__", "")
 )
-@pytest.mark.parametrize("bad", [".nan", "nan", ".inf", "-.inf", "inf", "1e999"])
+@pytest.mark.parametrize("bad", [".nan", ".inf", "-.inf", "1e999", "nan", "inf"])
 def test_floats_must_be_finite_everywhere(cls: type, base_argv: list[str], bad: str) -> None:
+    # YAML's NaN and infinities (.nan, .inf; 1e999 overflows) are numbers the checks refuse; nan and inf are text.
+    refusal = "must be a finite number" if bad.startswith((".", "-.", "1")) else "expects"
     for key, n in _float_keys(cls).items():
         origin = typing.get_origin(field_type(cls, key))
         value = f"[{', '.join([bad] * n)}]" if origin in (list, tuple) else bad
-        with pytest.raises(ConfigError, match=rf"^{re.escape(key)}(\[0\])? must be a finite number"):
+        refused = refusal if origin is not tuple or refusal != "expects" else "expects tuple"
+        with pytest.raises(ConfigError, match=rf"^{re.escape(key)}(\[0\])? {refused}"):
             parse(cls, [*base_argv, f"--{key}={value}"], prog="test")
 
 
@@ -257,9 +263,10 @@ def _help(cls: type, capsys: pytest.CaptureFixture) -> str:
 def test_help_shows_exactly_what_the_parser_accepts(cls: type, capsys: pytest.CaptureFixture) -> None:
     text = _help(cls, capsys)
     for key in _leaf_keys(cls):
-        assert f"--{key}  (" in text, key
-    for spelled in set(re.findall(SPELLED, text)) - {"config", "help", "key", "section.key", "flag"}:
-        field_type(cls, spelled)  # raises for a spelling the parser does not accept
+        assert re.search(rf"^  --{re.escape(key)}[ \n]", text, re.M), key
+    syntax = {"config", "help", "print_config", "key", "section.key", "flag", "SECTION.help", "LIST.help"}
+    for spelled in set(re.findall(SPELLED, text)) - syntax:
+        field_type(cls, spelled.removesuffix(".help"))  # raises for a spelling the parser does not accept
 
 
 def test_module_docstrings_show_accepted_spellings() -> None:
@@ -296,9 +303,12 @@ def test_bare_flags_lists_and_order() -> None:
 # YAML 1.1 words (no, off, on, yes, null) in string-valued fields
 # --------------------------------------------------------------------------------------------------
 
-SCHEMAS = sorted({cls for cls, _ in CASES} | {IngestConfig, DataPrepConfig}, key=lambda cls: cls.__name__)
-# Words YAML 1.1 reads as booleans, null or a number when they are typed without quotes.
+# The schemas with the arguments they need (their required keys).
+SCHEMAS = {cls: argv for cls, argv in CASES if "--config" not in argv} | {DataPrepConfig: ["--corpus=c"], IngestConfig: []}
+# Words YAML 1.1 reads as booleans, null or a number when they are typed without quotes; the command line reads YAML
+# 1.2 (the first six are text) and gives a text field the text typed.
 YAML_WORDS = ("no", "off", "on", "yes", "n", "y", "true", "False", "null", "~", "1", "1e3")
+YAML_11_WORDS = YAML_WORDS[:6]
 
 
 def _string_fields(cls: type, prefix: str = "") -> list[tuple[str, Any]]:
@@ -337,22 +347,31 @@ def test_the_schemas_have_string_fields_of_every_kind() -> None:
     assert {str, typing.Literal, list} <= kinds and len(STRING_FIELDS) > 40
 
 
+def _read(cls: type, key: str, raw: str) -> Any:
+    """The value the command line reads for ``--key=raw`` (``a[0].b``: an item's key), before the schema's checks."""
+    items, _, item_key = key.partition("[0].")
+    arg = f"--{items}=[{{{item_key}: {raw}}}]" if item_key else f"--{key}={raw}"
+    namespace = parser(cls, prog="test").parse_args([*SCHEMAS[cls], arg])
+    return namespace[items][0][item_key] if item_key else namespace[key]
+
+
 @pytest.mark.parametrize(("cls", "key", "tp"), STRING_FIELDS, ids=[f"{c.__name__}-{k}" for c, k, _ in STRING_FIELDS])
 def test_string_fields_take_yaml_words_as_typed(cls: type, key: str, tp: Any) -> None:
     optional = type(None) in typing.get_args(tp)
-    is_list = typing.get_origin(_without_none(tp)) is list
-    item = _without_none(typing.get_args(_without_none(tp))[0] if is_list else tp)
+    in_a_list = typing.get_origin(_without_none(tp)) is list or "[0]." in key
+    item = _without_none(typing.get_args(_without_none(tp))[0] if typing.get_origin(_without_none(tp)) is list else tp)
     choices = list(typing.get_args(item)) if typing.get_origin(item) is typing.Literal else []
-    for word in YAML_WORDS:
-        raw = f"[{word}]" if is_list else word
-        expected: Any = [word] if is_list else word
-        if optional and not is_list and word in ("null", "~"):
+    # A value in a list is YAML: there, true, null and numbers are what YAML says (quote them to make text).
+    for word in YAML_11_WORDS if in_a_list else YAML_WORDS:
+        raw = f"[{word}]" if typing.get_origin(_without_none(tp)) is list else word
+        expected: Any = [word] if raw != word else word
+        if optional and not in_a_list and word in ("null", "~"):
             expected = None  # null clears an optional value
         if choices and word not in choices and expected is not None:
             with pytest.raises(ConfigError, match=re.escape(f"got {word!r}")):  # the word, not False or None
-                _convert(read_yaml(raw), tp, key)
+                parse(cls, [*SCHEMAS[cls], f"--{key}={raw}"], prog="test")
             continue
-        assert _convert(read_yaml(raw), tp, key) == expected, (key, word)
+        assert _read(cls, key, raw) == expected, (key, word)
 
 
 def _without_none(tp: Any) -> Any:
@@ -428,9 +447,9 @@ def test_help_of_a_command_with_subcommands_shows_the_default_ones_options(capsy
     with pytest.raises(SystemExit):
         schedule_main(["--help"])
     text = capsys.readouterr().out
-    assert "subcommands:" in text and "  --runs  (list[str], default: required)" in text
-    # Plain keys come before the sections: --wandb is no longer listed under "slurm:".
-    assert text.index("  --wandb  (bool") < text.index("\nrecipe:") < text.index("\nslurm:")
+    assert "python -m finetune.schedule status" in text and re.search(r"--runs .*\n\s+Pretraining run folders", text)
+    # Plain keys come before the sections: --wandb is not listed under the slurm section.
+    assert text.index("  --wandb ") < text.index("\nThe fine-tuning recipe of every job:") < text.index("\nSettings of")
 
 
 def test_report_usage_keeps_its_options_apart(capsys: pytest.CaptureFixture) -> None:

@@ -27,7 +27,7 @@ from finetune.schedule import main as schedule_main
 from finetune.train import make_optimizer, make_scheduler
 from finetune.worker import describe_model, job_specs, snapshot_hash
 from pretrain.common.atomic import write_json
-from pretrain.common.cli import ConfigError, from_dict, load_yaml, parse
+from pretrain.common.cli import ConfigError, parse
 from pretrain.common.formats import FormatVersionError
 from pretrain.run_folder.layout import SNAPSHOT_INFO
 from tests.finetune_fixtures import (
@@ -414,7 +414,7 @@ def test_baseline_metrics_of_a_model_that_answers_one_class() -> None:
 
 @pytest.mark.parametrize("preset", sorted((ROOT / "configs" / "finetune").glob("*.yaml")), ids=lambda p: p.name)
 def test_presets_parse(preset: Path) -> None:
-    config = from_dict(RunConfig, {**load_yaml(preset), "model": "m"})
+    config = parse(RunConfig, ["--model=m", "--config", str(preset)], prog="test")
     assert config.recipe.batch_size >= 1 and config.lrs and config.seeds
 
 
@@ -457,7 +457,7 @@ def test_cli_overrides_and_errors(capsys: pytest.CaptureFixture[str]) -> None:
     assert parse_run("--model", "m", "--recipe.random_init").recipe.random_init is True  # a bare flag: true
     assert parse_run("--model", "m", "--recipe.random_init", "--task=rte").recipe.random_init is True
     for argv, message in [
-        (["--lrs", "1e-5", "2e-5"], r"unexpected argument '2e-5'.*lists are YAML"),  # space-separated: not a list
+        (["--lrs", "1e-5", "2e-5"], r"lrs expects list\[float\], got '1e-5'; lists are YAML"),  # space-separated
         (["--lrs=1e-5,2e-5"], r"lrs expects list\[float\], got '1e-5,2e-5'; lists are YAML"),
         (["--recipe.epochs", "0"], r"recipe\.epochs must be at least 1; got 0"),
         (["--recipe.warmup_ratio", "lots"], r"recipe\.warmup_ratio expects float, got 'lots'"),

@@ -14,14 +14,9 @@ import pytest
 import pretrain.data.instance_cache as instance_cache
 import pretrain.data.tokenizer as tokenizer
 from pretrain.common import roles
+from pretrain.common.cli import to_dict
 from pretrain.common.formats import RUN_FORMAT, stamped
-from pretrain.config import (
-    RESOLVED_AT_START,
-    RESUMABLE_CHANGES,
-    PretrainConfig,
-    resolved_config,
-    to_dict,
-)
+from pretrain.config import RESOLVED_AT_START, RESUMABLE_CHANGES, PretrainConfig, resolved_config
 from pretrain.data.config import DataConfig, SourceConfig
 from pretrain.data.vocabulary import data_fingerprint
 from pretrain.run_folder.layout import RUN_CONFIG_FILE

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from pretrain.analysis import outcomes
-from pretrain.common.cli import ConfigError, field_type, from_dict, require
+from pretrain.common.cli import ConfigError, field_type, require
 from pretrain.config import STANDARD_LABEL, PretrainConfig, residual_scheme_fields
 from pretrain.variants import (
     NORM_PLACEMENTS,
@@ -515,5 +515,5 @@ def followed(path: str, top: int) -> tuple[list[StudyModel], str]:
         raise ConfigError(f"follow={path!r} is not a study's results.json ({err}): name the file compare wrote") from None
     require(len(ranked) >= top, "top", f"is {top}, but {path} ranks {len(ranked)} models")
     keys = ("placement", "norm_type", "residual_scheme", "warmup", "lr")
-    models = [from_dict(StudyModel, {k: m[k] for k in keys}, prefix="follow") for m in ranked[:top]]
+    models = [StudyModel(**{k: m[k] for k in keys}) for m in ranked[:top]]
     return models, models[0].name

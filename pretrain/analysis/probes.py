@@ -66,7 +66,6 @@ def relative_output_change(before: torch.Tensor, after: torch.Tensor, mask: torc
 
 def _run_data(run_dir: Path, batch_size: int) -> tuple[dict[str, float], dict[str, torch.Tensor]]:
     """(unigram references, fixed validation batch) of a run's data, rebuilt from RUN/run_config.json (a cache hit)."""
-    from pretrain.common.cli import from_dict
     from pretrain.data.collator import MaskingCollator
     from pretrain.data.config import DataConfig
     from pretrain.data.pipeline import build_pretraining_data  # slow imports: only here
@@ -76,7 +75,7 @@ def _run_data(run_dir: Path, batch_size: int) -> tuple[dict[str, float], dict[st
     key = json.dumps([resolved["data"], seed, batch_size], sort_keys=True)
     with _data_lock:
         if key not in _data_cache:
-            data = build_pretraining_data(from_dict(DataConfig, resolved["data"]), seed=seed)
+            data = build_pretraining_data(DataConfig(**resolved["data"]), seed=seed)
             tokenizer = data.tokenizer
             reference = unigram_reference(data.train["input_ids"], data.validation["input_ids"],
                                           tokenizer.all_special_ids, len(tokenizer))  # fmt: skip
