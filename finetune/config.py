@@ -1,5 +1,6 @@
-"""The fine-tuning recipe and the options the commands share: typed dataclasses, read by pretrain/common/cli.py
-(a ``--config`` preset and ``--key=value`` overrides), whose ``__post_init__`` rejects bad values naming the key.
+"""The fine-tuning recipe and the options the commands share: typed dataclasses, read by the command line
+(pretrain/common/cli.py: ``--config`` presets and ``--key=value`` overrides), whose ``__post_init__`` rejects bad
+values naming the key.
 
 Each recipe field declares its role once (pretrain/common/roles.py): ``recipe`` fields change the numbers a job
 produces and are part of its key (``FinetuneConfig.result_key``); ``mechanics`` fields say how a worker runs and
@@ -10,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Literal
 
 from finetune.glue import get_task
@@ -110,17 +110,6 @@ class ResultsOption:
     results_dir: str = RESULTS_DIR
     """The results folder: manifests, and one result file per finished job (docs/finetune_files.md); the only
     record of the jobs. On a cluster, on the shared file system: the tasks write into it."""
-    store: str | None = None
-    """Gone (the SQLite results store): the results folder is the only record. Pass --results_dir instead."""
-
-    def __post_init__(self) -> None:
-        if self.store is not None:
-            raise ConfigError(
-                f"store: the results store is gone: the results folder is the only record of the jobs now. Pass "
-                f"--results_dir=FOLDER instead (default {RESULTS_DIR}). The results folder of --store={self.store} "
-                f"({Path(self.store).with_suffix('.d')}) is of an earlier format, which this version refuses: finish "
-                "its jobs with the checkout that wrote it, or start a new folder"
-            )
 
 
 @dataclass(kw_only=True)
@@ -143,7 +132,6 @@ class GridOptions(ResultsOption):
     """W&B project of the job runs; unset: the pretraining run's tracking.project (else lnbert)."""
 
     def __post_init__(self) -> None:
-        super().__post_init__()
         ok = bool(self.lrs) and all(lr > 0 for lr in self.lrs)
         require(ok, "lrs", f"must be a non-empty list of positive learning rates; got {self.lrs}")
         ok = bool(self.seeds) and all(s >= 0 for s in self.seeds) and len(set(self.seeds)) == len(self.seeds)

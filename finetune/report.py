@@ -80,7 +80,6 @@ class ReportConfig(ResultsOption):
     flagged when all its seeds do (its accuracy is then the label balance of the dev set, not what was learned)."""
 
     def __post_init__(self) -> None:
-        super().__post_init__()
         require(bool(self.runs), "runs", "is empty; pass the pretraining run folders with --runs='[RUN1, RUN2]'")
         check_tasks("tasks", self.tasks)
         require(self.target_loss is None or self.target_loss > 0, "target_loss", f"must be > 0; got {self.target_loss}")

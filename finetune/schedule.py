@@ -53,7 +53,7 @@ from finetune.manifest import (
     recipe_hash,
 )
 from finetune.worker import describe_model, files_stamp, job_specs
-from pretrain.common.cli import ConfigError, parse_command, require, run_cli
+from pretrain.common.cli import parse_command, require, run_cli
 from pretrain.run_folder.identity import read_run_id
 from pretrain.run_folder.layout import DEAD_AFTER_S, TERMINAL_STATUSES, is_dead, list_snapshots, read_status
 from pretrain.tracking.wandb_logging import WandbSettings, check_wandb
@@ -120,13 +120,7 @@ class StatusConfig(ResultsOption):
     """Tries per job, as given to the scheduler (tells failed jobs from those still to be retried)."""
 
     def __post_init__(self) -> None:
-        super().__post_init__()
         require(self.max_attempts >= 1, "max_attempts", f"must be >= 1; got {self.max_attempts}")
-
-
-@dataclass(kw_only=True)
-class IngestConfig(StatusConfig):
-    """Gone: there is no store to rebuild; ``status`` reads the results folder as it is."""
 
 
 def parse_until(value: str, now: float | None = None) -> float:
@@ -570,14 +564,9 @@ def _schedule(config: ScheduleConfig, folder: ResultsFolder) -> list[JobState]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    commands = {"run": ScheduleConfig, "status": StatusConfig, "ingest": IngestConfig}
+    commands = {"run": ScheduleConfig, "status": StatusConfig}
     prog = "python -m finetune.schedule"
     command, config = parse_command(commands, argv, prog=prog, description=__doc__, default="run")
-    if command == "ingest":
-        raise ConfigError(
-            "ingest is gone: there is no results store to rebuild, the results folder is the only record. "
-            f"python -m finetune.schedule status --results_dir={config.results_dir} lists its jobs as they are"
-        )
     if command == "status":
         folder = ResultsFolder(config.results_dir)
         if not folder.root.is_dir():

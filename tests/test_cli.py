@@ -24,7 +24,7 @@ from benchmarks.train_step import TrainStepConfig
 from finetune.dashboard import DashboardConfig
 from finetune.report import ReportConfig
 from finetune.run import RunConfig
-from finetune.schedule import IngestConfig, ScheduleConfig, StatusConfig
+from finetune.schedule import ScheduleConfig, StatusConfig
 from pretrain.analysis.options import GridConfig, InitGradsConfig, InitScaleConfig, LnJacobianConfig
 from pretrain.common.cli import ConfigError, field_type, flatten, parse, parser, run_cli, to_dict
 from pretrain.config import PretrainConfig
@@ -222,7 +222,7 @@ def test_malformed_yaml_names_the_file_and_line(
     import finetune.run
 
     bad = tmp_path / "bad.yaml"
-    bad.write_text("store: x.sqlite\nrecipe:\n  epochs: 2\n  batch_size: [1, 2\n")
+    bad.write_text("results_dir: x.d\nrecipe:\n  epochs: 2\n  batch_size: [1, 2\n")
     with pytest.raises(ConfigError, match=r"bad\.yaml, line \d+, column \d+: not valid YAML"):
         parse(RunConfig, ["--model=m", "--config", str(bad)], prog="test")
     err = _cli_exit(finetune.run, ["--model=m", f"--config={bad}"], monkeypatch, capsys)
@@ -304,7 +304,7 @@ def test_bare_flags_lists_and_order() -> None:
 # --------------------------------------------------------------------------------------------------
 
 # The schemas with the arguments they need (their required keys).
-SCHEMAS = {cls: argv for cls, argv in CASES if "--config" not in argv} | {DataPrepConfig: ["--corpus=c"], IngestConfig: []}
+SCHEMAS = {cls: argv for cls, argv in CASES if "--config" not in argv} | {DataPrepConfig: ["--corpus=c"]}
 # Words YAML 1.1 reads as booleans, null or a number when they are typed without quotes; the command line reads YAML
 # 1.2 (the first six are text) and gives a text field the text typed.
 YAML_WORDS = ("no", "off", "on", "yes", "n", "y", "true", "False", "null", "~", "1", "1e3")
@@ -450,6 +450,15 @@ def test_help_of_a_command_with_subcommands_shows_the_default_ones_options(capsy
     assert "python -m finetune.schedule status" in text and re.search(r"--runs .*\n\s+Pretraining run folders", text)
     # Plain keys come before the sections: --wandb is not listed under the slurm section.
     assert text.index("  --wandb ") < text.index("\nThe fine-tuning recipe of every job:") < text.index("\nSettings of")
+
+
+def test_a_mistyped_subcommand_is_named_also_where_a_default_one_exists() -> None:
+    from finetune.schedule import main as schedule_main
+
+    with pytest.raises(ConfigError, match=r"unknown subcommand 'statsu'; did you mean 'status'\? \(subcommands: run"):
+        schedule_main(["statsu", "--max_attempts=2"])
+    with pytest.raises(ConfigError, match=r"unknown subcommand 'ingest' \(subcommands: run, status\)"):
+        schedule_main(["ingest"])
 
 
 def test_report_usage_keeps_its_options_apart(capsys: pytest.CaptureFixture) -> None:

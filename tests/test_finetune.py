@@ -18,11 +18,10 @@ from torch import nn
 from finetune.config import FinetuneConfig
 from finetune.glue import TASKS, baseline_metrics, batches, encode, get_task, load_task, read_tsv
 from finetune.manifest import INTERRUPTED, Manifest, ManifestJob, ResultsFolder, Runtime
-from finetune.report import ReportConfig
 from finetune.run import RunConfig, run
 from finetune.run import cli as run_cli
 from finetune.run import main as run_main
-from finetune.schedule import ScheduleConfig, StatusConfig, discover, retried, runnable
+from finetune.schedule import ScheduleConfig, discover, retried, runnable
 from finetune.schedule import main as schedule_main
 from finetune.train import make_optimizer, make_scheduler
 from finetune.worker import describe_model, job_specs, snapshot_hash
@@ -421,22 +420,6 @@ def test_presets_parse(preset: Path) -> None:
 def test_mixed_precision_choices_are_checked() -> None:
     with pytest.raises(ConfigError, match=r"recipe\.mixed_precision must be one of no, bf16; got 'fp16'"):
         parse(RunConfig, ["--model=m", "--recipe.mixed_precision=fp16"], prog="test")
-
-
-@pytest.mark.parametrize("cls", [RunConfig, ScheduleConfig, StatusConfig, ReportConfig], ids=lambda c: c.__name__)
-def test_the_store_option_names_the_results_folder(cls: type) -> None:
-    required = {RunConfig: ["--model=m"], ScheduleConfig: ["--runs=[r]"], ReportConfig: ["--runs=[r]"]}
-    message = (
-        r"store: the results store is gone.*--results_dir=FOLDER instead \(default outputs/finetune/results"
-        r"\.d\)\. The results folder of --store=x/s\.sqlite \(x/s\.d\) is of an earlier format"
-    )
-    with pytest.raises(ConfigError, match=message):
-        parse(cls, [*required.get(cls, []), "--store=x/s.sqlite"], prog="test")
-
-
-def test_ingest_names_what_replaces_it() -> None:
-    with pytest.raises(ConfigError, match=r"ingest is gone.*finetune\.schedule status --results_dir=outputs/finetune"):
-        schedule_main(["ingest", "--max_attempts=2"])
 
 
 def test_cli_overrides_and_errors(capsys: pytest.CaptureFixture[str]) -> None:

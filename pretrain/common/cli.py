@@ -306,7 +306,7 @@ def parse_command(commands: dict[str, type], argv: list[str] | None = None, *, p
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] in commands:
         command = argv.pop(0)
-    elif default:
+    elif default and not (argv and not argv[0].startswith("-")):
         command = default
     elif argv and argv[0] in ("-h", "--help"):
         print(f"usage: {prog} SUBCOMMAND [--config PRESET.yaml ...] [--key=VALUE ...]\n\n{description.strip()}\n")
