@@ -12,8 +12,7 @@ from typing import NamedTuple
 import datasets
 from transformers import PreTrainedTokenizerFast
 
-from pretrain.data.collator import MaskingCollator
-from pretrain.data.config import DataConfig, SourceConfig
+from pretrain.data.config import DataConfig
 from pretrain.data.corpus import corpus_bytes, document_texts, split_corpus
 from pretrain.data.instance_cache import SUMMARY_FILE, cached_instances, prepared_dir
 from pretrain.data.instances import make_instances, stream_instances
@@ -126,6 +125,3 @@ def build_pretraining_data(
             train, validation = cached_instances(documents, tokenizer, cfg, seed=seed, progress=progress, folder=folder)
     return PretrainingData(train=train, validation=validation, tokenizer=tokenizer)
 
-
-__all__ = ["DataConfig", "MaskingCollator", "PreparationRequired", "PretrainingData", "SourceConfig",
-           "build_pretraining_data", "is_prepared"]  # fmt: skip
