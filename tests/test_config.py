@@ -245,6 +245,14 @@ def test_help_lists_every_field_with_type_default_and_doc(capsys: pytest.Capture
     assert "--data.sources.help" in text  # the keys of a source: --data.sources.help SourceConfig
 
 
+def test_help_of_the_items_of_a_list(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        parse_args(["--config", str(PRETRAIN_PRESETS[0]), "--data.sources.help", "SourceConfig"])
+    assert exit_info.value.code == 0
+    text = capsys.readouterr().out
+    assert "--data.sources.kind" in text and "Column holding the document text" in text
+
+
 def test_run_and_prepare_help_exit_zero(capsys: pytest.CaptureFixture[str]) -> None:
     from pretrain.prepare import main as prepare_main
     from pretrain.run import main

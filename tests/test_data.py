@@ -177,7 +177,7 @@ def test_config_validation_names_key_and_choices() -> None:
         DataConfig(max_documents=1)
     with pytest.raises(ValueError, match=r"data\.sources must list"):
         DataConfig(sources=[])
-    cfg = DataConfig(sources=[{"kind": "json", "path": "a.jsonl", "weight": 2}])  # as parsed from YAML
+    cfg = DataConfig(sources=[{"kind": "json", "path": "a.jsonl", "weight": 2}])  # as run_config.json holds them
     assert cfg.sources == [SourceConfig(kind="json", path="a.jsonl", weight=2)]
 
 

@@ -231,13 +231,15 @@ def _arrange(cls: type, argv: list[str]) -> list[str]:
     while i < len(argv):
         arg, i = argv[i], i + 1
         if arg.startswith("--") and "=" not in arg:
-            if i < len(argv) and not argv[i].startswith("--"):
-                arg, i = f"{arg}={argv[i]}", i + 1
-            else:
-                with contextlib.suppress(ConfigError):  # an unknown key is jsonargparse's to find, and ours to name
-                    arg += "=true" if field_type(cls, arg[2:]) in (bool, bool | None) else ""
+            with contextlib.suppress(ConfigError):  # not a key (--help, an unknown one): jsonargparse's to read
+                tp = str if arg == "--config" else field_type(cls, arg[2:])
+                if i < len(argv) and not argv[i].startswith("--"):
+                    arg, i = f"{arg}={argv[i]}", i + 1
+                elif tp in (bool, bool | None):
+                    arg += "=true"
         name, _, value = arg.partition("=")
         if name == "--config":
+            require(bool(value), "--config", "needs a value (--config=PRESET.yaml)")
             _read_preset(cls, value)
             presets.append(arg)
         else:
@@ -264,7 +266,7 @@ def parser(cls: type, *, prog: str, description: str = "", usage: str = "") -> A
                             epilog=SYNTAX, formatter_class=_Formatter, exit_on_error=False,
                             allow_abbrev=False)  # fmt: skip
     parser.add_argument("--config", action=ActionConfigFile, help="A YAML preset (repeatable; merged in order).")
-    parser.add_class_arguments(cls)
+    parser.add_class_arguments(cls, as_group=False)
     return parser
 
 

@@ -147,7 +147,7 @@ class DataConfig:
     train.collective_timeout_s (1800 s by default)."""
 
     def __post_init__(self) -> None:
-        # Configs parsed from YAML arrive as dicts.
+        # A saved run_config.json's sources arrive as dicts (DataConfig(**saved["data"]): analysis/probes.py).
         self.sources = [SourceConfig(**s) if isinstance(s, dict) else s for s in self.sources]
         if not self.sources:
             raise ValueError("data.sources must list at least one source (e.g. [{kind: python_docs}])")
