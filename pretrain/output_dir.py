@@ -14,7 +14,8 @@ from pretrain.config import parse_args
 
 
 def main(argv: list[str] | None = None) -> int:
-    print(parse_args(sys.argv[1:] if argv is None else argv).train.output_dir)
+    argv = sys.argv[1:] if argv is None else argv
+    print(parse_args(argv, prog="python -m pretrain.output_dir", description=__doc__ or "").train.output_dir)
     return 0
 
 
