@@ -9,7 +9,8 @@ of CPU), so a typo answers at once, against what lives here and in the design ta
 ``check_options``, the one check of a model's options.
 """
 
-from __future__ import annotations
+# No `from __future__ import annotations`: pretrain.config.ModelConfig inherits these fields, and jsonargparse resolves
+# postponed annotations by running the TYPE_CHECKING imports of config.py (torch) before the options are read.
 
 import dataclasses
 import difflib
