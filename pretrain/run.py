@@ -1,4 +1,4 @@
-"""Pretrain BERT (MLM + NSP) with a chosen LayerNorm placement, under Accelerate.
+r"""Pretrain BERT (MLM + NSP) with a chosen LayerNorm placement, under Accelerate.
 
     accelerate launch --quiet pretrain/run.py                # built-in tiny default, offline, on CPU or one GPU
     python pretrain/run.py                                   # the same in this process
