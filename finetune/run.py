@@ -29,7 +29,7 @@ from finetune.config import GridOptions, check_tasks
 from finetune.glue import load_task
 from finetune.manifest import ResultsBusy, ResultsFolder, Runtime
 from finetune.schedule import NoProgress, collect, job_lines, lifted, retried, runnable, submit, wandb_settings
-from finetune.worker import check_snapshot, describe_model, job_specs
+from finetune.worker import check_model_name, check_snapshot, describe_model, job_specs
 from pretrain.common.cli import ConfigError, parse, require, run_cli
 from pretrain.run_folder.layout import SNAPSHOTS, TRAIN_STATE_FILE, list_snapshots, run_folder_of
 from pretrain.tracking.wandb_logging import check_wandb
@@ -50,6 +50,7 @@ class RunConfig(GridOptions):
         super().__post_init__()
         check_tasks("task", [self.task])
         require(self.max_attempts >= 1, "max_attempts", f"must be >= 1; got {self.max_attempts}")
+        check_model_name(self.model)
         check_not_a_checkpoint(Path(self.model))
 
 

@@ -137,14 +137,19 @@ def snapshot_hash(model_dir: Path) -> str:
     return hashlib.sha256(json.dumps(files, sort_keys=True).encode()).hexdigest()[:16]
 
 
+def check_model_name(name: str) -> None:
+    """A model that is no folder is a Hub name (NAME or ORG/NAME): a path to nothing is named, before torch."""
+    if not Path(name).is_dir() and (Path(name).exists() or name.startswith((".", "/", "~")) or name.count("/") > 1):
+        raise FileNotFoundError(f"--model {name!r}: no such model folder (a Hub name is NAME or ORG/NAME)")
+
+
 def hub_model(name: str) -> Model:
     """A model on the Hugging Face Hub: step -1, hashed by name."""
+    check_model_name(name)
     from transformers import AutoConfig
 
     import pretrain.modeling  # noqa: F401  (a Hub model can be an lnbert one)
 
-    if Path(name).exists() or name.startswith((".", "/", "~")) or name.count("/") > 1:
-        raise FileNotFoundError(f"--model {name!r}: no such model folder (a Hub name is NAME or ORG/NAME)")
     try:
         config = AutoConfig.from_pretrained(name).to_dict()
     except (OSError, ValueError) as err:  # offline, unknown name, or a name the Hub rejects

@@ -386,10 +386,13 @@ def _finetune(tmp_path: Path, model: str, capsys: pytest.CaptureFixture) -> tupl
     from pretrain.common.cli import run_cli
     from tests.finetune_fixtures import FIXTURE_GLUE
 
-    config = RunConfig(model=model, task="mrpc", data_dir=str(FIXTURE_GLUE), lrs=[1e-3], seeds=[0],
-                       results_dir=str(tmp_path / "results.d"), recipe=FinetuneConfig(max_train_examples=8))  # fmt: skip
+    def main() -> int:  # the config too: a model that is no folder and no Hub name is refused as it is read
+        config = RunConfig(model=model, task="mrpc", data_dir=str(FIXTURE_GLUE), lrs=[1e-3], seeds=[0],
+                           results_dir=str(tmp_path / "results.d"), recipe=FinetuneConfig(max_train_examples=8))  # fmt: skip
+        return bool(run(config)) and 0
+
     capsys.readouterr()
-    code = run_cli(lambda: bool(run(config)) and 0)
+    code = run_cli(main)
     return code, capsys.readouterr().err
 
 

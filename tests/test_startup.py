@@ -107,6 +107,7 @@ def test_bad_input_that_needs_no_torch_is_refused_before_it(tmp_path: Path) -> N
         f"is a training checkpoint (for resuming the run), not a model folder; fine-tune a snapshot of the run, "
         f"RUN/snapshots/step_N: {run / 'snapshots'} holds no complete snapshot yet": [
             "-m", "finetune.run", f"--model={run / 'checkpoints' / 'step_00000010'}", "--task=mrpc"],
+        f"--model '{tmp_path / 'nowhere'}': no such model folder": ["-m", "finetune.run", f"--model={tmp_path / 'nowhere'}"],
     }  # fmt: skip
     for message, args in cases.items():
         result = run_python(*args)
