@@ -291,6 +291,17 @@ def test_module_docstrings_show_accepted_spellings() -> None:
             field_type(cls, spelled)
 
 
+def test_a_section_file_is_read_and_its_keys_checked(tmp_path: Path) -> None:
+    section = tmp_path / "model.yaml"
+    section.write_text("norm_placement: pre\n")
+    assert parse(PretrainConfig, [f"--model={section}"], prog="test").model.norm_placement == "pre"
+    section.write_text("norm_placment: pre\n")
+    with pytest.raises(ConfigError, match=r"unknown key 'model\.norm_placment'; did you mean 'model\.norm_placement'\?"):
+        parse(PretrainConfig, [f"--model={section}"], prog="test")
+    with pytest.raises(ConfigError, match=r"^--model=\S*nothere\.yaml: not a YAML file of model's keys; fix the path"):
+        parse(PretrainConfig, [f"--model={tmp_path / 'nothere.yaml'}"], prog="test")
+
+
 def test_bare_flags_lists_and_order() -> None:
     cfg = parse(ReportConfig, ["--runs", "[a, b]", "--wandb", "--target_loss", "2"], prog="test")
     assert (cfg.runs, cfg.wandb, cfg.target_loss) == (["a", "b"], True, 2.0)

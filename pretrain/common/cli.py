@@ -187,8 +187,12 @@ def _explain(cls: type, err: ArgumentError, argv: list[str]) -> str:
         return f"{found[1]} needs a value ({found[1]}=VALUE)"
     if found := re.search(r"the following arguments are required: ([^,\s]+)", message):
         return f"{found[1]} is required: pass --{found[1]}=VALUE"
+    if found := re.search(r"Group '([\w.]+)' does not accept option '(\w+)'", message):  # from --SECTION=FILE.yaml
+        field_type(cls, f"{found[1]}.{found[2]}")
     if found := re.match(r'Parser key "([^"]+)":\s*(.*)', message, re.S):
         key, detail = found[1], found[2]
+        if file := re.search(r"Unable to load config '([^']+)'", detail):
+            return f"--{key}={file[1]}: not a YAML file of {key}'s keys; fix the path or the file"
         if option := re.search(r"Option '(\w+)' is not accepted", detail):
             field_type(cls, f"{key}.{option[1]}")
         typed = [arg.partition("=")[2] for arg in argv if arg.startswith(f"--{key}=")]
