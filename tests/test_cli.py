@@ -472,17 +472,6 @@ def test_a_mistyped_subcommand_is_named_also_where_a_default_one_exists() -> Non
         schedule_main(["ingest"])
 
 
-def test_report_usage_keeps_its_options_apart(capsys: pytest.CaptureFixture) -> None:
-    with pytest.raises(SystemExit):
-        parse(
-            ReportConfig,
-            ["--help"],
-            prog="python -m finetune.report",
-            description=sys.modules[ReportConfig.__module__].__doc__ or "",
-        )
-    assert re.search(r"sqlite {2,}--out", capsys.readouterr().out) is None
-
-
 def test_run_cli_takes_ctrl_c_even_when_started_with_sigint_ignored() -> None:
     """A script's `command &` starts with SIGINT ignored (bash): inside run_cli Ctrl-C raises KeyboardInterrupt,
     and the handler the process had is back afterwards."""
