@@ -20,6 +20,7 @@ from pretrain.common.cli import ConfigError, parse, to_dict
 from pretrain.common.cli import require as _require
 from pretrain.common.roles import keys_where, resolved_keys, role
 from pretrain.data.config import DataConfig
+from pretrain.residual_schemes import SCHEMES
 from pretrain.variants import (
     DEFAULTS,
     RESIDUAL_SCHEME_FIELDS,
@@ -94,31 +95,34 @@ class ModelConfig(LNBertOptions):
 STANDARD_LABEL = "standard"
 """The label of the plain residual sum, which run names leave out (``residual_scheme_label`` gives "")."""
 LABEL_SIZES = range(1, 65)
-"""The stream counts and block sizes a label is read for (``residual_scheme_fields``)."""
+"""The stream counts, block sizes, fractions, dilations and periods a label is read for (``residual_scheme_fields``)."""
 
 
 @functools.cache
 def _scheme_labels() -> dict[str, dict[str, Any]]:
-    """Every label ``residual_scheme_label`` gives for up to 64 streams or sub-layers per block, with the fields
-    that give it. Each field's values (by its type: a choice, a flag, a size or null) are tried default first, so a
+    """Every label ``residual_scheme_label`` gives for sizes up to 64 (``LABEL_SIZES``), with the fields that give
+    it. Each field's values (by its type: a choice, a flag, a size or null) are tried default first, so a
     field the label does not depend on keeps its default: reading a label back is a lookup in what the one function
     that writes labels wrote."""
     types = typing.get_type_hints(LNBertOptions)
     choices = {**option_choices(), **{key: (True, False) for key in RESIDUAL_SCHEME_FIELDS if types[key] is bool}}
     values = {key: choices.get(key, (None, *LABEL_SIZES) if types[key] == int | None else LABEL_SIZES)
               for key in RESIDUAL_SCHEME_FIELDS}  # fmt: skip
-    ordered = [sorted(values[k], key=lambda v, k=k: v != getattr(DEFAULTS, k)) for k in RESIDUAL_SCHEME_FIELDS]
+    defaults = {key: getattr(DEFAULTS, key) for key in RESIDUAL_SCHEME_FIELDS}
     labels: dict[str, dict[str, Any]] = {}
-    for combination in itertools.product(*ordered):
-        fields = dict(zip(RESIDUAL_SCHEME_FIELDS, combination, strict=True))
-        labels.setdefault(residual_scheme_label(**fields) or STANDARD_LABEL, fields)
+    for scheme, entry in SCHEMES.items():  # each over the options its label names, the others at their defaults
+        ordered = [sorted(values[k], key=lambda v, k=k: v != defaults[k]) for k in entry.options]
+        for combination in itertools.product(*ordered):
+            fields = {**defaults, "residual_scheme": scheme, **dict(zip(entry.options, combination, strict=True))}
+            labels.setdefault(residual_scheme_label(**fields) or STANDARD_LABEL, fields)
     return labels
 
 
 def residual_scheme_fields(label: str) -> dict[str, Any]:
     """The model fields (``RESIDUAL_SCHEME_FIELDS``) of the residual scheme a variant's label names, the others at their
     defaults: ``standard``, ``hc4`` (dynamic HC, 4 streams), ``shc4`` (static), ``mhc4``, ``mhc4-idres`` (identity bias
-    init), ``attnres``, ``attnres-b4`` (blocks of 4 sub-layers); up to 64. A ValueError names the closest label."""
+    init), ``attnres``, ``attnres-b4`` (blocks of 4 sub-layers), ``mhclite4``, ``frac4``, ``sfrac4``, ``denseformer``,
+    ``denseformer-2x1`` (dilation 2, period 1); up to 64. A ValueError names the closest label."""
     labels = _scheme_labels()
     if label not in labels:
         # A scheme's own name means its label with the default options (hc: hc4), not the closest string (hc9).
@@ -127,7 +131,8 @@ def residual_scheme_fields(label: str) -> dict[str, Any]:
         hint = f"; did you mean {close[0]!r}?" if close else ""
         raise ValueError(
             f"{label!r} is not a residual scheme's label{hint} (labels as in run names: standard, hc4, shc4, mhc4, "
-            "mhc4-idres, attnres, attnres-b4; any stream count or block size up to 64)"
+            "mhc4-idres, attnres, attnres-b4, mhclite4, frac4, sfrac4, denseformer, denseformer-2x1; any stream "
+            "count, block size, fraction count, dilation or period up to 64)"
         )
     return dict(labels[label])
 

@@ -75,7 +75,6 @@ from pretrain.ngpt import (
 from pretrain.norms import NORM_MODULES, DyT, Scale, make_norm
 from pretrain.placements import BLOCKS, PLACEMENTS, LayerParts, Placement, canonical_placement
 from pretrain.residual_schemes import SCHEMES, Scheme
-from pretrain.residual_streams import RESIDUAL_MODULES, collapse
 from pretrain.variants import (
     COMPUTATION_OPTIONS,
     INIT_SCHEMES,
@@ -349,9 +348,9 @@ class LNBertEncoder(nn.Module):
 
     def reported(self, stream: Stream) -> torch.Tensor:
         """A layer's entry of ``hidden_states``: the stream; ResiDual's Post-LN stream ``a``; a residual scheme's
-        collapsed state (HC, mHC: the sum of the streams; AttnRes: the plain sum of its sources)."""
+        collapsed state (its entry's ``collapse``: HC's sum of the streams, DenseFormer's averaged stream, ...)."""
         if self.scheme.module:
-            return collapse(stream)
+            return self.scheme.collapse(stream)
         return stream[0] if self.two_streams else stream
 
     def end(self, stream: Stream) -> torch.Tensor:
@@ -359,7 +358,7 @@ class LNBertEncoder(nn.Module):
         if self.scheme.output:
             return self.final_layer_norm(self.output_residual.read(stream)[0])
         if self.scheme.module:  # HC's Algorithm 1: sum the streams, then the final norm
-            return self.final_layer_norm(collapse(stream))
+            return self.final_layer_norm(self.scheme.collapse(stream))
         if self.two_streams:  # ResiDual: the Post-LN stream plus the normalised sum of every sub-layer's output
             return stream[0] + self.final_layer_norm(stream[1])
         return self.final_layer_norm(stream)
@@ -551,7 +550,7 @@ class LNBertPreTrainedModel(PreTrainedModel):
                 init.constant_(module.alpha, module.alpha_init)
         elif isinstance(module, Scale):
             init.constant_(module.weight, module.init)
-        elif isinstance(module, RESIDUAL_MODULES):  # their own inits (pretrain/residual_streams.py)
+        elif hasattr(module, "recorder"):  # a residual scheme's module (each has a recorder): its own init
             module.init_parameters(config.initializer_range)
         elif isinstance(module, LNBertEmbeddings):
             init.copy_(module.position_ids, torch.arange(module.position_ids.shape[-1])[None])

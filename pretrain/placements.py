@@ -21,10 +21,12 @@ if TYPE_CHECKING:
     import torch
     from torch import nn
 
+    from pretrain.denseformer import DepthWeightedAverage, LayerOutputs
     from pretrain.residual_streams import DepthSources, ResidualModule
 
-    # What a block passes on: the stream, ResiDual's (a, d), or a residual scheme's (n streams, AttnRes's sources).
-    Stream = torch.Tensor | tuple[torch.Tensor, torch.Tensor] | DepthSources
+    # What a block passes on: the stream, ResiDual's (a, d), or a residual scheme's (n streams, AttnRes's sources,
+    # DenseFormer's stream and layer outputs).
+    Stream = torch.Tensor | tuple[torch.Tensor, torch.Tensor] | DepthSources | LayerOutputs
     Probs = torch.Tensor | None
 
 
@@ -34,8 +36,8 @@ class LNBertLayer(Protocol):
     norm_a: nn.Module  # attention.output.LayerNorm (nn.Identity where the block has none)
     norm_f: nn.Module  # output.LayerNorm
     rezero_gate: nn.Module
-    attention_residual: ResidualModule  # residual schemes only
-    ffn_residual: ResidualModule
+    attention_residual: ResidualModule | DepthWeightedAverage  # residual schemes only
+    ffn_residual: ResidualModule | DepthWeightedAverage
 
     def attend(self, x: torch.Tensor, mask: torch.Tensor | None) -> tuple[torch.Tensor, Probs]: ...
     def feed_forward(self, x: torch.Tensor) -> torch.Tensor: ...
@@ -183,7 +185,7 @@ def parallel_block(layer: LNBertLayer, x: torch.Tensor, mask: torch.Tensor | Non
 
 def residual_scheme_block(layer: LNBertLayer, state: Stream, mask: torch.Tensor | None) -> tuple[Stream, Probs]:
     """Pre-LN's two sub-layers under a residual scheme: each reads its input from the residual state and writes its
-    output back through its residual module R (``attention_residual``, ``ffn_residual``; HC, mHC or AttnRes).
+    output back through its residual module R (``attention_residual``, ``ffn_residual``; ``residual_schemes.SCHEMES``).
 
         state ──R.read── h ── N_a ── Attn ──R.write──> state
         state ──R.read── h ── N_f ── FFN ───R.write──> state
@@ -322,7 +324,7 @@ class Placement:
     final_norm: bool  # encoder.final_layer_norm
     two_streams: bool = False  # ResiDual's (a, d); the output is a_L + N_final(d_L)
     exports_to_bert: bool = False  # its fixed skip scale folds into the output projections (pretrain/export.py)
-    residual_schemes: bool = False  # HC, mHC, AttnRes may replace its residual sum (defined on Pre-LN only)
+    residual_schemes: bool = False  # a residual scheme may replace its residual sum (each built on Pre-LN only)
     # nGPT: hidden states and weight vectors on the unit sphere (its embeddings, layers and MLM head), the token
     # heads' inputs times sqrt(d), the matrices re-normalised after each optimizer step, no weight decay.
     sphere: bool = False

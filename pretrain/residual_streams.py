@@ -343,11 +343,16 @@ class ManifoldHyperConnection(StreamMixer):
             phi = torch.cat([self.phi_pre.T, self.phi_post.T, self.phi_res.T]).to(x.dtype)
             # x' phi = (x phi) / rms(x), as the paper's kernels compute it: x' would be saved, as large as the state
             projected = nn.functional.linear(x, phi) * inverse_rms(x, MHC_NORM_EPS).unsqueeze(-1)
-            pre, post, res = projected.split([n, n, n * n], dim=-1)
+            pre, post, res = projected.split([n, n, self.phi_res.shape[1]], dim=-1)
             h_pre = torch.sigmoid(self.alpha_pre * pre + self.b_pre)
             h_post = 2 * torch.sigmoid(self.alpha_post * post + self.b_post)
-            h_res = sinkhorn(self.alpha_res * res.unflatten(-1, (n, n)) + self.b_res, self.sinkhorn_iters)
+            h_res = self.residual_mixing(res)
         return h_pre, h_post, h_res
+
+    def residual_mixing(self, res: torch.Tensor) -> torch.Tensor:
+        """H_res (..., n, n) from x' phi_res (..., n^2), autocast off: Sinkhorn-Knopp (mHC-lite replaces this step)."""
+        n = self.streams
+        return sinkhorn(self.alpha_res * res.unflatten(-1, (n, n)) + self.b_res, self.sinkhorn_iters)
 
     def extra_repr(self) -> str:
         return f"streams={self.streams}, sinkhorn_iters={self.sinkhorn_iters}, bias_init={self.bias_init!r}"
@@ -473,7 +478,6 @@ class AttentionResidual(nn.Module):
 
 
 ResidualModule = HyperConnection | ManifoldHyperConnection | AttentionResidual
-RESIDUAL_MODULES: tuple[type[nn.Module], ...] = (HyperConnection, ManifoldHyperConnection, AttentionResidual)
 ResidualState = torch.Tensor | DepthSources
 
 
@@ -554,7 +558,7 @@ def recording(model: nn.Module, token_mask: torch.Tensor | None = None) -> Itera
     """Record one forward pass of ``model``'s residual scheme: ``with recording(model, batch["attention_mask"]) as
     rec: model(**batch)``, then ``rec.stats()``; a few small reductions per sub-layer. ``token_mask`` (B, T) keeps
     padding out of the means and maxima."""
-    modules = [m for m in model.modules() if isinstance(m, RESIDUAL_MODULES)]
+    modules = [m for m in model.modules() if hasattr(m, "recorder")]  # every residual scheme's modules have one
     if not modules:
         raise ValueError("the model has no residual scheme to record (residual_scheme='standard')")
     recorder = ResidualRecorder(token_mask)

@@ -88,17 +88,25 @@ class LNBertOptions:
     fused_qkv: bool = option(False, "kernel")
     """Q, K, V from one GEMM (same parameters; a few % faster under bf16); off: Post-LN is op-for-op HF BERT."""
     residual_scheme: ResidualScheme = option("standard")
-    """How sub-layer outputs reach later ones (norm_placement=pre only): hc, mhc, attn_res (docs/placements.md)."""
+    """How sub-layer outputs reach later ones (norm_placement=pre only): hc, mhc, attn_res, mhc_lite, frac,
+    denseformer (docs/placements.md)."""
     hc_streams: int = option(4)
-    """hc, mhc: the number of residual streams n (the papers' 4)."""
+    """hc, mhc, mhc_lite: the number of residual streams n (the papers' 4)."""
     hc_dynamic: bool = option(True)
-    """hc: dynamic HC (per-token weights, the paper's default); false: static HC."""
+    """hc, frac: dynamic HC or FC (per-token weights, the papers' default); false: static HC or FC."""
     mhc_sinkhorn_iters: int = option(20)
     """mhc: Sinkhorn-Knopp iterations of H_res (the paper's 20)."""
     mhc_bias_init: MhcBiasInit = option("zero", "init")
-    """mhc: the static biases at init: zero (H_res uniform 1/n: the Pre-LN model) or identity (H_res near I)."""
+    """mhc, mhc_lite: the static biases at init: zero (H_res uniform 1/n: the Pre-LN model) or identity (H_res near
+    I)."""
     attn_res_block_size: int | None = option(None)
     """attn_res: Block AttnRes's block size in sub-layers (attention and FFN count one each); null: Full AttnRes."""
+    frac_parts: int = option(4)
+    """frac: the fractions m the hidden state is split into, each d/m wide (the paper's DFC x4: 4)."""
+    dwa_dilation: int = option(1)
+    """denseformer: the dilation k: the average after layer i reads the outputs j = i + 1 mod k (the paper's 1)."""
+    dwa_period: int = option(1)
+    """denseformer: the period p: an average after every p-th layer only (the paper's 1)."""
 
 
 DEFAULTS = LNBertOptions()
@@ -148,7 +156,8 @@ def check_options(config: Any, prefix: str = "") -> None:
         raise ValueError(f"{prefix}admin_omega={config.admin_omega} must be positive (or null for the O(log N) rule)")
     if not (math.isfinite(config.dyt_alpha_init) and config.dyt_alpha_init > 0):
         raise ValueError(f"{prefix}dyt_alpha_init={config.dyt_alpha_init} must be > 0 (DyT's default: 0.5)")
-    for key, default in (("hc_streams", 4), ("mhc_sinkhorn_iters", 20)):
+    for key, default in (("hc_streams", 4), ("mhc_sinkhorn_iters", 20), ("frac_parts", 4), ("dwa_dilation", 1),
+                         ("dwa_period", 1)):
         if not (isinstance(value := getattr(config, key), int) and value >= 1):
             raise ValueError(f"{prefix}{key}={value!r} must be an integer >= 1 (the papers' default: {default})")
     # An odd size is allowed: Block AttnRes is defined for any block size in sub-layers (1 is Full AttnRes); an odd
@@ -158,19 +167,21 @@ def check_options(config: Any, prefix: str = "") -> None:
             f"{prefix}attn_res_block_size={size!r} must be an integer >= 1 (sub-layers per block; 1 or null: Full "
             "AttnRes; even values close blocks between layers)"
         )
+    if problem := SCHEMES[config.residual_scheme].problem(config, prefix):
+        raise ValueError(problem)
     check_design(config, prefix)
 
 
 def check_design(options: Any, prefix: str = "") -> None:
-    """Refuse what the placement's entry rules out: a residual scheme on a placement that takes none (the three
-    papers define theirs on a Pre-LN block only), another placement's option (``options``), an option the placement
+    """Refuse what the placement's entry rules out: a residual scheme on a placement that takes none (their papers
+    define them on a Pre-LN block), another placement's option (``options``), an option the placement
     does not read (``fixed_options``)."""
     placement, scheme = options.norm_placement, options.residual_scheme
     entry = PLACEMENTS[placement]
     if scheme != DEFAULTS.residual_scheme and not entry.residual_schemes:
         takers = [name for name, p in PLACEMENTS.items() if p.residual_schemes]
         raise ValueError(f"{prefix}residual_scheme={scheme!r} needs {prefix}norm_placement="
-                         f"{' or '.join(map(repr, takers))} (got {placement!r}): HC, mHC and AttnRes are defined on a "
+                         f"{' or '.join(map(repr, takers))} (got {placement!r}): the residual schemes are built on a "
                          f"Pre-LN block only; set {prefix}norm_placement={takers[0]} or "
                          f"{prefix}residual_scheme={DEFAULTS.residual_scheme}")  # fmt: skip
     for key in (key for other in PLACEMENTS.values() for key in other.options if key not in entry.options):
@@ -200,7 +211,8 @@ def residual_scheme_label(**options: Any) -> str:
     """The residual scheme's part of a variant's label (``RESIDUAL_SCHEME_FIELDS``, the others at their defaults),
     empty for ``standard``: ``hc4`` (dynamic HC, 4 streams), ``shc4`` (static HC), ``mhc4`` (``mhc4-idres`` with the
     identity bias init), ``attnres`` (Full AttnRes), ``attnres-b4`` (Block AttnRes, blocks of 4 sub-layers;
-    ``attnres-b1`` computes what ``attnres`` does)."""
+    ``attnres-b1`` computes what ``attnres`` does), ``mhclite4``, ``frac4`` (dynamic FC, 4 fractions), ``sfrac4``
+    (static FC), ``denseformer`` (1x1), ``denseformer-2x3`` (dilation 2, period 3)."""
     given = SimpleNamespace(**{key: options.get(key, getattr(DEFAULTS, key)) for key in RESIDUAL_SCHEME_FIELDS})
     return SCHEMES[given.residual_scheme].label(given)
 

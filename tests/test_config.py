@@ -355,7 +355,7 @@ def test_a_scheme_label_reads_back_into_the_fields_that_name_it(label: str, fiel
 @pytest.mark.parametrize(
     ("label", "message"),
     [("hc", r"'hc' is not a residual scheme's label; did you mean 'hc4'\?"),
-     ("attn_res", r"did you mean 'attnres'\?"), ("hc65", r"any stream count or block size up to 64")],
+     ("attn_res", r"did you mean 'attnres'\?"), ("hc65", r"any stream count, block size, fraction count, dilation or period up to 64")],
 )  # fmt: skip
 def test_a_bad_scheme_label_names_the_label_meant(label: str, message: str) -> None:
     from pretrain.config import residual_scheme_fields

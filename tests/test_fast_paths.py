@@ -170,6 +170,15 @@ SCHEME_FLOPS = {
     "attnres": ({"residual_scheme": "attn_res"}, 4 * 32 * (1 + 2 + 3 + 4 + 5)),
     # Block of 3: b0 | b0, partial | b0, partial | b0, b1 | the output: b0, b1, partial
     "attnres-b3": ({"residual_scheme": "attn_res", "attn_res_block_size": 3}, 4 * 32 * (1 + 2 + 2 + 2 + 3)),
+    # mHC's mixing, phi (n d) x (2n + n!), H_res from the n! = 2 permutations: 2 n! n^2
+    "mhclite": ({"residual_scheme": "mhc_lite", "hc_streams": 2},
+                4 * (2 * 3 * 2 * 32 + 2 * 2 * 32 + 2 * 64 * (4 + 2) + 2 * 2 * 4)),
+    # [Gamma; A] (2m x m) times m fractions of d/m, the write 2d; DFC's weights 2 m (d/m) 2m + 2 m (d/m)
+    "sfrac": ({"residual_scheme": "frac", "frac_parts": 2, "hc_dynamic": False}, 4 * (2 * 4 * 2 * 16 + 2 * 32)),
+    "dfrac": ({"residual_scheme": "frac", "frac_parts": 4}, 4 * (2 * 8 * 4 * 8 + 2 * 32 + 2 * 4 * 8 * 8 + 2 * 32)),
+    # after layer 0 an average of X_0, X_1, after layer 1 of X_0, X_1, X_2 (2x1: of X_1, then of X_0, X_2)
+    "denseformer": ({"residual_scheme": "denseformer"}, 2 * 32 * (2 + 3)),
+    "denseformer-2x1": ({"residual_scheme": "denseformer", "dwa_dilation": 2}, 2 * 32 * (1 + 2)),
 }  # fmt: skip
 
 
@@ -199,9 +208,17 @@ def test_parse_variant_reads_model_and_modifiers() -> None:
 def test_parse_variant_reads_a_residual_scheme_by_its_label() -> None:
     v = train_step.parse_variant("pre+shc2+qkv")
     assert v.config_overrides == {"residual_scheme": "hc", "hc_streams": 2, "hc_dynamic": False, "mhc_bias_init": "zero",
-                                  "attn_res_block_size": None, "fused_qkv": True}  # fmt: skip
+                                  "attn_res_block_size": None, "frac_parts": 4, "dwa_dilation": 1, "dwa_period": 1,
+                                  "fused_qkv": True}  # fmt: skip
     assert train_step.parse_variant("pre+attnres-b2").config_overrides["attn_res_block_size"] == 2
     assert train_step.parse_variant("pre+mhc4-idres").config_overrides["mhc_bias_init"] == "identity"
+    overrides = {label: train_step.parse_variant(f"pre+{label}").config_overrides
+                 for label in ("mhclite4", "sfrac2", "denseformer-2x3")}  # fmt: skip
+    assert (overrides["mhclite4"]["residual_scheme"], overrides["mhclite4"]["hc_streams"]) == ("mhc_lite", 4)
+    assert {k: overrides["sfrac2"][k] for k in ("residual_scheme", "frac_parts", "hc_dynamic")} == {
+        "residual_scheme": "frac", "frac_parts": 2, "hc_dynamic": False}  # fmt: skip
+    assert {k: overrides["denseformer-2x3"][k] for k in ("residual_scheme", "dwa_dilation", "dwa_period")} == {
+        "residual_scheme": "denseformer", "dwa_dilation": 2, "dwa_period": 3}  # fmt: skip
     model = train_step.build_model(train_step.parse_variant("pre+hc4"), dict(train_step.SHAPES["tiny"]), seed=0)
     assert (model.config.residual_scheme, model.config.hc_streams, model.config.hc_dynamic) == ("hc", 4, True)
 

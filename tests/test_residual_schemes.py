@@ -1,6 +1,7 @@
-"""Residual schemes on Pre-LN (HC, mHC, AttnRes): equivalences with Pre-LN, references written from the papers'
-equations over the parameter names of docs/placements.md, mHC's Sinkhorn, bf16 training steps, save/reload, the
-refusals, weight decay and the measurements.
+"""Residual schemes on Pre-LN (HC, mHC, AttnRes, mHC-lite, Frac-Connections, DenseFormer): equivalences with Pre-LN,
+references written from the papers' equations (and official code) over the parameter names of docs/placements.md,
+mHC's Sinkhorn, mHC-lite's exact doubly stochastic H_res, bf16 training steps, save/reload, the refusals, weight
+decay and the measurements.
 
 The references reuse tests/test_placement_reference.py's sub-layers (attention and FFN from the state dict, float64)
 and write the schemes themselves with a loop over streams and sources, where the model batches them.
@@ -8,6 +9,7 @@ and write the schemes themselves with a loop over streams and sources, where the
 
 from __future__ import annotations
 
+import itertools
 import math
 import re
 
@@ -18,7 +20,7 @@ from transformers import AutoModelForMaskedLM, AutoModelForPreTraining
 from pretrain.modeling import LNBertConfig, LNBertForMaskedLM, LNBertForPreTraining, LNBertModel
 from pretrain.optim import build_adamw, weight_decay_groups
 from pretrain.residual_streams import recording, residual_stats, sinkhorn
-from pretrain.variants import variant_name
+from pretrain.variants import RESIDUAL_SCHEME_FIELDS, variant_name
 from tests.conftest import TINY
 from tests.test_placement_reference import (
     HIDDEN,
@@ -47,9 +49,20 @@ SCHEMES = {
     "attnres-b2": dict(residual_scheme="attn_res", attn_res_block_size=2),
     "attnres-b3": dict(residual_scheme="attn_res", attn_res_block_size=3),  # odd: a block closes mid-layer
     "attnres-b4": dict(residual_scheme="attn_res", attn_res_block_size=4),  # 6 sub-layers: the last block partial
+    "mhclite1": dict(residual_scheme="mhc_lite", hc_streams=1),
+    "mhclite4": dict(residual_scheme="mhc_lite", hc_streams=4),
+    "mhclite3-idres": dict(residual_scheme="mhc_lite", hc_streams=3, mhc_bias_init="identity"),
+    "frac1": dict(residual_scheme="frac", frac_parts=1),
+    "frac4": dict(residual_scheme="frac", frac_parts=4),
+    "sfrac4": dict(residual_scheme="frac", frac_parts=4, hc_dynamic=False),
+    "denseformer": dict(residual_scheme="denseformer"),
+    "denseformer-2x1": dict(residual_scheme="denseformer", dwa_dilation=2),  # averages over every other output
+    "denseformer-1x2": dict(residual_scheme="denseformer", dwa_period=2),  # an average after layer 2 only
 }
 # One of each kind for the slower tests.
-MAIN = ["shc4", "hc4", "mhc4", "attnres", "attnres-b2"]
+MAIN = ["shc4", "hc4", "mhc4", "attnres", "attnres-b2", "mhclite4", "frac4", "denseformer"]
+# The schemes that start as the Pre-LN model bit for bit: nothing duplicated or averaged (1 x + 0 y is x).
+BIT_EXACT = ["frac1", "frac4", "sfrac4", "denseformer", "denseformer-2x1", "denseformer-1x2"]
 # The equivalences' tolerance in float64: exact but for rounding and eps (1e-12); with rmsnorm, which computes in
 # float32 by design, the reference tests' 2e-5.
 EXACT = dict(rtol=1e-10, atol=1e-10)
@@ -109,9 +122,35 @@ def test_scheme_at_its_equivalent_init_is_the_pre_ln_model(name, norm_type):
     tol = EXACT if norm_type == "layernorm" else tolerances(config)
     torch.testing.assert_close(got.prediction_logits, want.prediction_logits, **tol)
     torch.testing.assert_close(got.seq_relationship_logits, want.seq_relationship_logits, **tol)
-    copies = config.hc_streams if config.residual_scheme in ("hc", "mhc") else 1
+    copies = config.hc_streams if config.residual_scheme in ("hc", "mhc", "mhc_lite") else 1
     for j in range(1, LAYERS):
         torch.testing.assert_close(got.hidden_states[j], copies * want.hidden_states[j], **tol)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("name", BIT_EXACT)
+def test_frac_and_denseformer_start_as_the_pre_ln_model_bit_for_bit(name, dtype):
+    """Frac-Connections at Gamma = A = I, beta = 1, W = 0 (SFC and DFC, m = 1 and 4) and DenseFormer at dwa_weight =
+    (0, .., 0, 1) (1x1, 2x1, 1x2) compute Pre-LN's sums exactly: the same logits and hidden states, bit for bit."""
+    pre, scheme = copied_from_pre_ln(scheme_config(name), LNBertForPreTraining)
+    inputs = make_inputs()
+    want, got = forward(pre.to(dtype), inputs), forward(scheme.to(dtype), inputs)
+    assert torch.equal(got.prediction_logits, want.prediction_logits)
+    assert torch.equal(got.seq_relationship_logits, want.seq_relationship_logits)
+    assert all(torch.equal(a, b) for a, b in zip(got.hidden_states, want.hidden_states, strict=True))
+
+
+@pytest.mark.parametrize("dynamic", [True, False])
+def test_frac_with_one_fraction_is_hc_with_one_stream(dynamic):
+    """The paper's Fig. 1: at n = m = 1 Frac- and Hyper-Connections are the same; HC's parameters load unchanged."""
+    hc = LNBertModel(scheme_config("hc1", hc_dynamic=dynamic)).double().eval()
+    perturb(hc, seed=3)
+    frac = LNBertModel(scheme_config("frac1", hc_dynamic=dynamic)).double().eval()
+    frac.load_state_dict(hc.state_dict())
+    inputs = make_inputs()
+    a, b = forward(hc, inputs), forward(frac, inputs)
+    for want, got in zip(a.hidden_states, b.hidden_states, strict=True):
+        torch.testing.assert_close(got, want, **EXACT)
 
 
 def test_hc_init_is_eq_14_counted_over_sub_layers():
@@ -264,7 +303,84 @@ def block_attn_res_reference(model, cfg, inputs):
     return states, norm(P, "encoder.final_layer_norm", out, cfg)
 
 
-REFERENCES = {"hc": hc_reference, "mhc": mhc_reference, "attn_res": block_attn_res_reference}
+def mhc_lite_reference(model, cfg, inputs):
+    """mHC-lite as its official code (FFTYYY/mhc-lite, hyper_conn/mhc_lite.py): mHC's H_pre and H_post (without the
+    code's RMSNorm gain, which the port folds into phi); c = softmax(alpha_res (x' phi_res) + b_res) over the n!
+    permutation matrices eye[perm] in itertools' order, A = sum_r c_r P_r, applied as the code's einsum does: new
+    stream t = sum_s A[s, t] x_s."""
+    ids, mask, tt = inputs
+    P = Params(model)
+    n = cfg.hc_streams
+    perms = torch.eye(n, dtype=torch.float64)[torch.tensor(list(itertools.permutations(range(n))))]
+    x = embeddings(P, cfg, ids, tt)
+    H = [x] * n
+    states = []
+    for k, (pre, F) in enumerate(sublayers(P, cfg, mask.bool())):
+        v = torch.cat(H, dim=-1)
+        v = v / torch.sqrt(v.pow(2).mean(-1, keepdim=True) + 1e-20)
+        h_pre = torch.sigmoid(P.get(pre + "alpha_pre") * (v @ P.get(pre + "phi_pre")) + P.get(pre + "b_pre"))
+        h_post = 2 * torch.sigmoid(P.get(pre + "alpha_post") * (v @ P.get(pre + "phi_post")) + P.get(pre + "b_post"))
+        c = torch.softmax(P.get(pre + "alpha_res") * (v @ P.get(pre + "phi_res")) + P.get(pre + "b_res"), dim=-1)
+        A = torch.einsum("...r,rij->...ij", c, perms)
+        out = F(sum(h_pre[..., j, None] * H[j] for j in range(n)))
+        H = [sum(A[..., s, t, None] * H[s] for s in range(n)) + h_post[..., t, None] * out for t in range(n)]
+        if k % 2 == 1:
+            states.append(sum(H))
+    return states, norm(P, "encoder.final_layer_norm", sum(H), cfg)
+
+
+def frac_reference(model, cfg, inputs):
+    """Frac-Connections (arXiv 2503.14125, as docs/placements.md reads it): the stream split into m fractions H_j of
+    d/m, fraction j owning row j of [Gamma | A] and beta_j, DFC adding s tanh(norm(H_j) W); the input's fraction i
+    is sum_j Gamma[j, i] H_j, the new fraction c is beta_c F(h)_c + sum_j A[j, c] H_j."""
+    ids, mask, tt = inputs
+    P = Params(model)
+    m, w = cfg.frac_parts, cfg.hidden_size // cfg.frac_parts
+    x = embeddings(P, cfg, ids, tt)
+    states = []
+    for k, (pre, F) in enumerate(sublayers(P, cfg, mask.bool())):
+        H = [x[..., j * w : (j + 1) * w] for j in range(m)]
+        rows, beta = [], []
+        for j in range(m):
+            row, b = P.get(pre + "static_alpha")[j], P.get(pre + "static_beta")[j]
+            if cfg.hc_dynamic:
+                normed = norm(P, pre + "norm", H[j], cfg)
+                row = row + P.get(pre + "dynamic_alpha_scale") * torch.tanh(normed @ P.get(pre + "dynamic_alpha_fn"))
+                b = b + P.get(pre + "dynamic_beta_scale") * torch.tanh(normed @ P.get(pre + "dynamic_beta_fn"))
+            rows.append(row)
+            beta.append(b)
+        out = F(torch.cat([sum(rows[j][..., i, None] * H[j] for j in range(m)) for i in range(m)], dim=-1))
+        x = torch.cat([beta[c][..., None] * out[..., c * w : (c + 1) * w]
+                       + sum(rows[j][..., m + c, None] * H[j] for j in range(m)) for c in range(m)], dim=-1)  # fmt: skip
+        if k % 2 == 1:
+            states.append(x)
+    return states, norm(P, "encoder.final_layer_norm", x, cfg)
+
+
+def denseformer_reference(model, cfg, inputs):
+    """DenseFormer as its official package (epfml/DenseFormer, denseformer/denseformer.py, ``DWAModules``): k
+    accumulators, the embedding output first in accumulator 0; block i's output joins accumulator (i + 1) % k, and
+    where (i + 1) % p == 0 the stream becomes ``tensordot(alphas[i].weight, accumulator)`` over what it holds."""
+    ids, mask, tt = inputs
+    P = Params(model)
+    k, p = cfg.dwa_dilation, cfg.dwa_period
+    x = embeddings(P, cfg, ids, tt)
+    accumulators = [[x]] + [[] for _ in range(k - 1)]
+    layers = list(sublayers(P, cfg, mask.bool()))
+    states = []
+    for i in range(cfg.num_hidden_layers):
+        (_, attn), (pre, ffn_) = layers[2 * i], layers[2 * i + 1]
+        x = x + attn(x)
+        x = x + ffn_(x)
+        accumulators[(i + 1) % k].append(x)
+        if (i + 1) % p == 0:
+            x = torch.tensordot(P.get(pre + "dwa_weight"), torch.stack(accumulators[(i + 1) % k]), dims=1)
+        states.append(x)
+    return states, norm(P, "encoder.final_layer_norm", x, cfg)
+
+
+REFERENCES = {"hc": hc_reference, "mhc": mhc_reference, "attn_res": block_attn_res_reference,
+              "mhc_lite": mhc_lite_reference, "frac": frac_reference, "denseformer": denseformer_reference}  # fmt: skip
 
 
 @pytest.mark.parametrize("norm_type", ["layernorm", "rmsnorm", "dyt"])
@@ -333,6 +449,52 @@ def test_mhc_h_res_is_doubly_stochastic_in_float32_under_bf16_autocast():
     torch.testing.assert_close(h_res.sum(-1), torch.ones(3, 5, 4), rtol=0, atol=1e-6)
     torch.testing.assert_close(h_res.sum(-2), torch.ones(3, 5, 4), rtol=0, atol=1e-3)
     assert h_res.std() > 0.01  # not the uniform matrix
+
+
+@pytest.mark.parametrize("autocast", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_mhc_lite_h_res_is_doubly_stochastic_to_rounding(dtype, autocast):
+    """Every parameter perturbed, and then the logits spread over hundreds (gate 30: c near one-hot): each H_res is
+    non-negative and its rows and columns sum to 1 to the dtype's rounding (a few eps), in at least float32 under
+    bf16 autocast. A convex combination of permutations needs no iteration, where mHC's 20 Sinkhorn rounds leave the
+    columns within 1e-2 (``test_sinkhorn_is_doubly_stochastic_for_random_logits``)."""
+    model = LNBertModel(scheme_config("mhclite4")).to(dtype)
+    perturb(model, seed=2)
+    modules = [m for layer in model.encoder.layer for m in (layer.attention_residual, layer.ffn_residual)]
+    state = torch.randn(3, 5, 4, HIDDEN, generator=torch.Generator().manual_seed(0), dtype=torch.float64).to(dtype)
+    ones, tol = torch.ones(3, 5, 4, dtype=dtype), dict(rtol=0, atol=8 * torch.finfo(dtype).eps)
+    for gate in (None, 30.0):
+        for module in modules:
+            with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+                if gate is not None:
+                    module.alpha_res.fill_(gate)
+                _, _, h_res = module.mappings(state)
+            assert h_res.dtype == dtype and (h_res >= 0).all()
+            torch.testing.assert_close(h_res.sum(-1), ones, **tol)
+            torch.testing.assert_close(h_res.sum(-2), ones, **tol)
+            assert h_res.std() > 0.01  # not the uniform matrix
+    assert h_res.amax(dim=(-2, -1)).median() > 0.9  # gate 30: most tokens near a permutation
+
+
+@pytest.mark.parametrize("n", [1, 4])
+def test_mhc_lite_bias_inits(n):
+    """zero: c uniform, H_res = J/n, H_pre = 1/2, H_post = 1 for any input (phi starts at 0, as the official code);
+    identity: the official b_res (0 at the identity, -8 elsewhere), at n = 4 H_res's diagonal 1/(1 + 23 e^-8) + 5
+    e^-8/(1 + 23 e^-8) = 0.994008, off it 0.001997; n = 1: H_res = 1."""
+    state = torch.randn(2, 3, n, HIDDEN, dtype=torch.float64)
+    zero = LNBertModel(scheme_config("mhclite4", hc_streams=n)).double().encoder.layer[0].attention_residual
+    h_pre, h_post, h_res = zero.mappings(state)
+    assert torch.equal(h_pre, torch.full_like(h_pre, 0.5)) and torch.equal(h_post, torch.ones_like(h_post))
+    torch.testing.assert_close(h_res, torch.full_like(h_res, 1 / n), rtol=0, atol=1e-15)
+    identity = LNBertModel(scheme_config("mhclite4", hc_streams=n, mhc_bias_init="identity")).double()
+    _, _, h_res = identity.encoder.layer[0].attention_residual.mappings(state)
+    if n == 1:
+        assert torch.equal(h_res, torch.ones_like(h_res))
+        return
+    other = math.exp(-8) / (1 + 23 * math.exp(-8))
+    want = torch.full((4, 4), 6 * other, dtype=torch.float64).fill_diagonal_(1 / (1 + 23 * math.exp(-8)) + 5 * other)
+    torch.testing.assert_close(h_res, want.expand_as(h_res), rtol=0, atol=1e-15)
+    assert round(want[0, 0].item(), 6) == 0.994008 and round(want[0, 1].item(), 6) == 0.001997
 
 
 # --------------------------------------------------------------------------------------------------
@@ -408,6 +570,10 @@ def test_save_and_reload_through_the_auto_classes_is_bit_identical(name, tmp_pat
             {"residual_scheme": "standard"},
             "residual_scheme='standard' (trained with 'attn_res')",
         ),
+        (SCHEMES["mhclite4"], {"residual_scheme": "mhc"}, "residual_scheme='mhc' (trained with 'mhc_lite')"),
+        (SCHEMES["frac4"], {"frac_parts": 2}, "frac_parts=2 (trained with 4)"),
+        (SCHEMES["denseformer"], {"dwa_period": 2}, "dwa_period=2 (trained with 1)"),
+        (SCHEMES["denseformer"], {"dwa_dilation": 2}, "dwa_dilation=2 (trained with 1)"),
     ],
 )
 def test_loading_into_another_scheme_is_refused(tmp_path, saved, loaded, message):
@@ -455,6 +621,15 @@ def test_standard_is_todays_pre_ln():
         ({"residual_scheme": "mhc", "mhc_sinkhorn_iters": 0}, "mhc_sinkhorn_iters=0 must be an integer >= 1"),
         ({"residual_scheme": "mhc", "mhc_bias_init": "eye"}, "mhc_bias_init='eye' is not a valid choice"),
         ({"residual_scheme": "attn_res", "attn_res_block_size": 0}, "attn_res_block_size=0 must be an integer >= 1"),
+        (
+            {"residual_scheme": "denseformer", "norm_placement": "post"},
+            "residual_scheme='denseformer' needs norm_placement='pre' (got 'post')",
+        ),
+        ({"residual_scheme": "frac", "frac_parts": 0}, "frac_parts=0 must be an integer >= 1"),
+        ({"residual_scheme": "frac", "frac_parts": 5}, "frac_parts=5 must divide hidden_size=32"),
+        ({"residual_scheme": "mhc_lite", "hc_streams": 6}, "hc_streams=6 is too many for residual_scheme=mhc_lite"),
+        ({"residual_scheme": "denseformer", "dwa_dilation": 0}, "dwa_dilation=0 must be an integer >= 1"),
+        ({"residual_scheme": "denseformer", "dwa_period": -1}, "dwa_period=-1 must be an integer >= 1"),
     ],
 )
 def test_bad_scheme_settings_are_refused(settings, message):
@@ -465,6 +640,8 @@ def test_bad_scheme_settings_are_refused(settings, message):
 def test_odd_block_sizes_and_any_norm_type_are_allowed():
     LNBertConfig(**TINY, norm_placement="pre", residual_scheme="attn_res", attn_res_block_size=3)
     LNBertConfig(**TINY, norm_placement="pre", residual_scheme="hc", norm_type="dyt")
+    # A scheme's own checks apply to it only: 5 fractions or 6 streams are fine under another scheme.
+    LNBertConfig(**TINY, norm_placement="pre", residual_scheme="mhc", frac_parts=5, hc_streams=6)
 
 
 @pytest.mark.parametrize(
@@ -476,13 +653,19 @@ def test_odd_block_sizes_and_any_norm_type_are_allowed():
         ("mhc4", "pre-mhc4"),
         ("attnres", "pre-attnres"),
         ("attnres-b4", "pre-attnres-b4"),
+        ("mhclite4", "pre-mhclite4"),
+        ("mhclite3-idres", "pre-mhclite3-idres"),
+        ("frac4", "pre-frac4"),
+        ("sfrac4", "pre-sfrac4"),
+        ("denseformer", "pre-denseformer"),
+        ("denseformer-2x1", "pre-denseformer-2x1"),
     ],
 )
 def test_variant_labels_name_the_scheme(name, label):
     config = LNBertConfig(**TINY, norm_placement="pre", **SCHEMES[name])
-    keys = ("residual_scheme", "hc_streams", "hc_dynamic", "mhc_bias_init", "attn_res_block_size")
-    assert variant_name("pre", **{k: getattr(config, k) for k in keys}) == label
-    assert variant_name("pre", "rmsnorm", True, **{k: getattr(config, k) for k in keys}) == f"{label}-rmsnorm-qknorm"
+    fields = {k: getattr(config, k) for k in RESIDUAL_SCHEME_FIELDS}
+    assert variant_name("pre", **fields) == label
+    assert variant_name("pre", "rmsnorm", True, **fields) == f"{label}-rmsnorm-qknorm"
 
 
 def test_todays_variant_labels_are_unchanged():
@@ -508,6 +691,11 @@ def test_todays_variant_labels_are_unchanged():
         ("mhc4", {"phi_pre", "phi_post", "phi_res"},
          {"b_pre", "b_post", "b_res", "alpha_pre", "alpha_post", "alpha_res"}),
         ("attnres", set(), {"pseudo_query"}),
+        ("mhclite4", {"phi_pre", "phi_post", "phi_res"},
+         {"b_pre", "b_post", "b_res", "alpha_pre", "alpha_post", "alpha_res"}),
+        ("frac4", {"dynamic_alpha_fn", "dynamic_beta_fn"},
+         {"static_alpha", "static_beta", "dynamic_alpha_scale", "dynamic_beta_scale", "norm.weight", "norm.bias"}),
+        ("denseformer", {"dwa_weight"}, set()),  # as the official code, which decays every nn.Linear weight
     ],
 )  # fmt: skip
 def test_weight_decay_follows_the_papers(name, decayed, exempt):
@@ -561,6 +749,52 @@ def test_mhc_composite_gain_stays_near_one():
     assert stats.res.shape == (6, 4, 4) and stats.pre.shape == stats.post.shape == (6, 4)
     torch.testing.assert_close(stats.composite_gain[:, 0], torch.ones(6), rtol=0, atol=1e-5)  # rows: exact
     torch.testing.assert_close(stats.composite_gain[:, 1], torch.ones(6), rtol=0, atol=1e-2)
+
+
+def test_mhc_lite_composite_gain_is_one_to_rounding():
+    """mHC-lite's claim: H_res exactly doubly stochastic at every sub-layer, so the product over depth keeps row and
+    column sums 1 (what mHC reaches only as far as Sinkhorn converged), to the recorder's float32 rounding."""
+    model = LNBertModel(scheme_config("mhclite4")).double()
+    perturb(model, seed=6)
+    stats = residual_stats(model, *make_inputs())
+    assert stats.res.shape == (6, 4, 4) and stats.pre.shape == stats.post.shape == (6, 4)
+    torch.testing.assert_close(stats.composite_gain, torch.ones(6, 2), rtol=0, atol=1e-5)
+    torch.testing.assert_close(stats.res.sum(-2), torch.ones(6, 4), rtol=0, atol=1e-5)  # columns of the token mean
+
+
+def test_stats_of_static_frac_are_its_matrices():
+    """HC's measurements for Frac-Connections: H_pre = Gamma^T (m x m, row-major), H_post = beta, H_res = A^T."""
+    model = LNBertModel(scheme_config("sfrac4")).double()
+    perturb(model, seed=5)
+    stats = residual_stats(model, *make_inputs())
+    modules = [m for layer in model.encoder.layer for m in (layer.attention_residual, layer.ffn_residual)]
+    assert stats.pre.shape == (6, 16) and stats.post.shape == (6, 4) and stats.res.shape == (6, 4, 4)
+    for k, module in enumerate(modules):
+        alpha = module.static_alpha.detach()
+        torch.testing.assert_close(stats.pre[k], alpha[:, :4].T.flatten().float())
+        torch.testing.assert_close(stats.post[k], module.static_beta.detach().float())
+        torch.testing.assert_close(stats.res[k], alpha[:, 4:].T.float())
+
+
+@pytest.mark.parametrize("name", ["denseformer", "denseformer-2x1", "denseformer-1x2"])
+def test_denseformer_logs_its_depth_weights(name):
+    """DenseFormer's claim is about its learned DWA weights: ``depth_weights`` holds one row per average, its weight
+    on each output X_0 .. X_(i+1) (0 off the dilation's outputs and past the row's own), as wide as the last row."""
+    config = scheme_config(name)
+    model = LNBertModel(config).double()
+    perturb(model, seed=8)
+    stats = residual_stats(model, *make_inputs())
+    k, layers = config.dwa_dilation, config.num_hidden_layers
+    rows, width = [], 0
+    for i, layer in enumerate(model.encoder.layer):
+        if hasattr(layer.ffn_residual, "dwa_weight"):
+            row = torch.zeros(layers + 1)
+            row[(i + 1) % k : i + 2 : k] = layer.ffn_residual.dwa_weight.detach().float()
+            rows.append(row)
+            width = i + 2  # X_0 .. X_(i+1)
+    torch.testing.assert_close(stats.depth_weights, torch.stack(rows)[:, :width])
+    assert len(rows) == layers // config.dwa_period and stats.output_norm.shape == (6,)
+    assert stats.composite_gain is None and set(stats.scalars()) == {f"output_norm/{j:02d}" for j in range(6)}
 
 
 def test_stats_output_norms_and_attn_res_depth_weights():
@@ -625,6 +859,12 @@ def bert_base_count(**settings) -> int:
         (dict(residual_scheme="mhc"), 1_770_120),  # 24 x (nC (2n + n^2) + 2n + n^2 + 3)
         (dict(residual_scheme="attn_res"), 19_200),  # 25 pseudo-queries
         (dict(residual_scheme="attn_res", attn_res_block_size=4), 19_200),
+        (dict(residual_scheme="mhc_lite"), 2_360_136),  # 24 x (nC (2n + n!) + 2n + n! + 3)
+        (dict(residual_scheme="frac", hc_dynamic=False), 864),  # 24 x (2m^2 + m)
+        (dict(residual_scheme="frac"), 51_600),  # + LayerNorm (2 d/m) + (d/m)(2m + 1) + 2 per module
+        (dict(residual_scheme="frac", norm_type="rmsnorm"), 46_992),
+        (dict(residual_scheme="denseformer"), 90),  # sum over layers i of i + 2: L(L + 3) / 2
+        (dict(residual_scheme="denseformer", dwa_dilation=2, dwa_period=3), 18),  # layers 3, 6, 9, 12: 2 + 4 + 5 + 7
     ],
 )
 def test_parameter_counts_at_bert_base(settings, added):

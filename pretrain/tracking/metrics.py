@@ -14,7 +14,7 @@ from torch import nn
 from pretrain.common.atomic import write_text
 from pretrain.common.cli import flatten
 from pretrain.config import PretrainConfig
-from pretrain.residual_streams import RESIDUAL_MODULES, ResidualStats
+from pretrain.residual_streams import ResidualStats
 from pretrain.run_folder.layout import METRICS_FILE, read_metrics
 from pretrain.tracking.wandb_logging import start_pretraining_run
 
@@ -91,7 +91,7 @@ def layer_grad_norms(model: nn.Module, clip_factor: float = 1.0) -> dict[str, fl
 
 def _residual_parameters(module: nn.Module) -> list[nn.Parameter]:
     """The parameters of ``module``'s children that are a residual scheme's modules (none for the standard one)."""
-    return [p for child in module.children() if isinstance(child, RESIDUAL_MODULES) for p in child.parameters()]
+    return [p for child in module.children() if hasattr(child, "recorder") for p in child.parameters()]
 
 
 def clip_coefficient(total_norm: float, max_norm: float) -> float:
