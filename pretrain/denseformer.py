@@ -88,8 +88,9 @@ class DepthWeightedAverage(nn.Module):
         for weight, source in zip(weights[1:], sources[1:], strict=True):
             y = y + weight * source
         if self.recorder is not None:  # the weights over X_0 .. X_(i+1), 0 off the dilation's outputs
-            self.recorder.depth_weights(weights.new_zeros(len(outputs)).index_copy(
-                0, torch.arange(first, len(outputs), self.dilation, device=weights.device), weights))  # fmt: skip
+            row = self.dwa_weight.detach().new_zeros(len(outputs))
+            row[first :: self.dilation] = self.dwa_weight.detach()
+            self.recorder.depth_weights(row)
         return y
 
     def extra_repr(self) -> str:

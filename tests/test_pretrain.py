@@ -94,6 +94,9 @@ SCHEME_RUNS = {
     "pre-mhc4": ["--model.residual_scheme=mhc", "--model.mhc_sinkhorn_iters=5"],
     "pre-attnres": ["--model.residual_scheme=attn_res"],
     "pre-attnres-b3": ["--model.residual_scheme=attn_res", "--model.attn_res_block_size=3"],
+    "pre-mhclite4": ["--model.residual_scheme=mhc_lite"],
+    "pre-frac4": ["--model.residual_scheme=frac"],
+    "pre-denseformer": ["--model.residual_scheme=denseformer"],
 }
 
 
@@ -121,20 +124,28 @@ def test_a_residual_scheme_run_logs_its_measurements_and_saves_a_snapshot_of_its
     assert all(math.isfinite(v) and v > 0 for v in norms), norms
     assert last["grad_norm/layer_00/residual"] > 0 and last["grad_norm/layer_01/residual"] > 0
     assert last["grad_norm/layer_01/ffn"] > 0  # the sub-layers' groups as before
-    if "hc" in variant:
+    if "hc" in variant or "frac" in variant:
         n = 2 if variant == "pre-shc2" else 4
         h_res = torch.tensor(last["residual/h_res"])
         assert h_res.shape == (sublayers, n, n)
-        assert torch.tensor(last["residual/h_pre"]).shape == torch.tensor(last["residual/h_post"]).shape == (sublayers, n)
+        pre_width = n * n if "frac" in variant else n  # Frac-Connections' H_pre is Gamma^T, m x m
+        assert torch.tensor(last["residual/h_pre"]).shape == (sublayers, pre_width)
+        assert torch.tensor(last["residual/h_post"]).shape == (sublayers, n)
         gain = last["residual/composite_gain/per_sublayer"]
         assert len(gain) == sublayers and gain[-1] == pytest.approx(
             [last["residual/composite_gain/row"], last["residual/composite_gain/col"]], rel=1e-3
         )
-        if variant == "pre-mhc4":  # Sinkhorn-Knopp: doubly stochastic, so the composite gain stays 1
+        if "mhc" in variant:  # doubly stochastic, so the composite gain stays 1
             assert torch.allclose(h_res.sum(-1), torch.ones(sublayers, n), atol=1e-3)
             assert last["residual/composite_gain/row"] == pytest.approx(1.0, abs=1e-2)
+        if variant == "pre-mhclite4":  # exactly: to float32 rounding, row and column sums alike
+            assert last["residual/composite_gain/row"] == pytest.approx(1.0, abs=1e-5)
+            assert last["residual/composite_gain/col"] == pytest.approx(1.0, abs=1e-5)
         if variant == "pre-shc2":  # two small steps from A_r = I
             assert torch.allclose(h_res, torch.eye(n).expand(sublayers, n, n), atol=0.05)
+    elif variant == "pre-denseformer":  # one row per layer: its weights over X_0 .. X_(i+1), a few steps from e_last
+        weights = torch.tensor(last["residual/depth_weights"])
+        assert torch.allclose(weights, torch.tensor([[0.0, 1.0, 0.0], [0.0, 0.0, 1.0]]), atol=0.05)
     else:
         weights = torch.tensor(last["residual/depth_weights"])  # (sub-layers + the output) x sources
         assert weights.shape == ((sublayers + 1, sublayers + 1) if variant == "pre-attnres" else (sublayers + 1, 3))
@@ -212,6 +223,22 @@ def test_resume_reproduces_the_uninterrupted_run_exactly(tmp_path: Path, data_ca
     assert epochs[-1] >= 1, "the test should cross an epoch boundary"
     assert train_losses(straight) == train_losses(split)
     assert val_losses(straight)[-1] == val_losses(split)[-1]
+    a = load_file(latest_checkpoint(straight) / "model.safetensors")
+    b = load_file(latest_checkpoint(split) / "model.safetensors")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.parametrize("variant", ["pre-mhclite4", "pre-frac4", "pre-denseformer"])
+def test_a_residual_scheme_resumes_exactly(tmp_path: Path, data_cache: Path, variant: str) -> None:
+    """A residual scheme's run stopped at a checkpoint and resumed: the same per-step losses and bit-identical
+    weights as straight through (the scheme's parameters, their optimizer state and its measurements' steps)."""
+    common = ["--model.norm_placement=pre", *SCHEME_RUNS[variant], "--train.max_steps=4", "--train.eval_every=0",
+              "--train.checkpoint_every=2", "--train.log_every=2"]  # fmt: skip
+    straight, split = tmp_path / "straight", tmp_path / "split"
+    assert main(tiny_args(straight, data_cache, *common)) == 0
+    assert main(tiny_args(split, data_cache, *common, "--train.stop_at_step=2")) == 0
+    assert main(tiny_args(split, data_cache, *common, "--train.resume=auto")) == 0
+    assert train_losses(straight) == train_losses(split)
     a = load_file(latest_checkpoint(straight) / "model.safetensors")
     b = load_file(latest_checkpoint(split) / "model.safetensors")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)

@@ -49,12 +49,12 @@ from tests.test_residual_schemes import SCHEMES
 # Every placement, every kind of residual scheme (a Block AttnRes whose blocks close mid-layer), two other norm types.
 VARIANTS = {
     **{placement: dict(norm_placement=placement) for placement in NORM_PLACEMENTS},
-    **{f"pre-{name}": dict(norm_placement="pre", **SCHEMES[name]) for name in ("shc4", "hc4", "mhc4", "attnres", "attnres-b3")},
+    **{f"pre-{name}": dict(norm_placement="pre", **SCHEMES[name]) for name in ("shc4", "hc4", "mhc4", "attnres", "attnres-b3", "mhclite4", "frac4", "denseformer")},
     "pre-rmsnorm": dict(norm_placement="pre", norm_type="rmsnorm"),
     "post-dyt": dict(norm_placement="post", norm_type="dyt"),
 }  # fmt: skip
-# What passes between their layers is not one tensor (ResiDual's pair, AttnRes's sources).
-NOT_ONE_TENSOR = {"resi_dual", "pre-attnres", "pre-attnres-b3"}
+# What passes between their layers is not one tensor (ResiDual's pair, AttnRes's sources, DenseFormer's outputs).
+NOT_ONE_TENSOR = {"resi_dual", "pre-attnres", "pre-attnres-b3", "pre-denseformer"}
 NO_DROPOUT = dict(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
 # BERT's task heads: ours, Hugging Face's, the Auto class that opens a snapshot with it, and its labels' keywords.
 HEADS = {
@@ -218,7 +218,7 @@ def test_checkpointing_with_dropout_is_bit_identical(name):
     assert_equal(pretraining_gradients(model, seed=3), expected)
 
 
-@pytest.mark.parametrize("name", ["pre-hc4", "pre-mhc4", "pre-attnres-b3"])
+@pytest.mark.parametrize("name", ["pre-hc4", "pre-mhc4", "pre-attnres-b3", "pre-frac4", "pre-denseformer"])
 def test_residual_recording_under_checkpointing(name):
     """The training loop records the residual scheme during its forward; the recomputation in backward, outside
     the recording, adds nothing to it."""
