@@ -24,7 +24,9 @@ time reported as the first step), ``compile-layers`` (``torch.compile`` each enc
 torchtitan's per block), an optimizer (``fused``, ``foreach``, ``loop``: overrides ``--optimizer``), ours' fast-path
 switches from ``FAST_PATH_MODS``, and a residual scheme by its label in run names (``pre+hc4``: dynamic
 Hyper-Connections with 4 streams; ``pre+shc4`` static, ``pre+mhc4``, ``pre+mhc4-idres``, ``pre+attnres`` Full
-AttnRes, ``pre+attnres-b2`` Block AttnRes with blocks of 2 sub-layers; ``pretrain.config.residual_scheme_fields``).
+AttnRes, ``pre+attnres-b2`` Block AttnRes with blocks of 2 sub-layers, ``pre+mhclite4`` mHC-lite, ``pre+frac4``
+dynamic Frac-Connections with 4 fractions (``pre+sfrac4`` static), ``pre+denseformer`` (``pre+denseformer-2x3``:
+dilation 2, period 3); ``pretrain.config.residual_scheme_fields``).
 With ``pre+compile-layers`` among them, the residual schemes are measured against the faster Pre-LN (the
 ``extra time, peak`` column; BENCHMARKS.md section 10):
 

@@ -106,8 +106,9 @@ def forward(model, inputs, **kwargs):
 @pytest.mark.parametrize("name", list(SCHEMES))
 def test_scheme_at_its_equivalent_init_is_the_pre_ln_model(name, norm_type):
     """HC at Eq. 14's init (SHC, DHC: tanh(0) = 0), mHC with its gates at 0 and b = 0, AttnRes with zero
-    pseudo-queries: the Pre-LN model with the same weights, through the final norm. HC's and mHC's n streams stay
-    Pre-LN's stream (their sum, ``hidden_states``, n times it); AttnRes's sources sum to it."""
+    pseudo-queries, mHC-lite, Frac-Connections and DenseFormer at their inits: the Pre-LN model with the same weights,
+    through the final norm. The n streams of HC, mHC and mHC-lite stay Pre-LN's stream (their sum, ``hidden_states``,
+    n times it; a doubly stochastic H_res keeps identical streams identical); AttnRes's sources sum to it."""
     # BERT's eps: the norms remove the streams' factor n (AttnRes's 1/K) up to eps, which the reference tests'
     # eps of 1e-3 would show.
     config = scheme_config(name, norm_type, layer_norm_eps=1e-12)

@@ -107,14 +107,16 @@ SIGNIFICANT_DIGITS = 4  # of the matrices' entries in metrics.jsonl: a fifth dig
 
 def residual_scalars(stats: ResidualStats) -> dict[str, float]:
     """The measurements a tracker draws, as scalars: ``residual/output_norm/KK`` (each sub-layer's output norm) and,
-    for HC and mHC, ``residual/composite_gain/row`` and ``.../col`` (of the product of H_res over the whole depth)."""
+    for the HC family (HC, mHC, mHC-lite, Frac-Connections), ``residual/composite_gain/row`` and ``.../col`` (of the
+    product of H_res over the whole depth: 1 where H_res is doubly stochastic)."""
     return {RESIDUAL_PREFIX + key: value for key, value in stats.scalars().items()}
 
 
 def residual_matrices(stats: ResidualStats) -> dict[str, list]:
     """The small matrices as nested lists for RUN/metrics.jsonl only (as charts they would be hundreds), rounded to
-    ``SIGNIFICANT_DIGITS``: for HC and mHC ``residual/h_pre``, ``.../h_post`` (N x n), ``.../h_res`` (N x n x n) and
-    ``.../composite_gain/per_sublayer`` (N x 2); for AttnRes ``residual/depth_weights`` ((N + 1) x K)."""
+    ``SIGNIFICANT_DIGITS``: for the HC family ``residual/h_pre``, ``.../h_post`` (N x n), ``.../h_res`` (N x n x n)
+    and ``.../composite_gain/per_sublayer`` (N x 2); for AttnRes ``residual/depth_weights`` ((N + 1) x K), for
+    DenseFormer its DWA weights (a row per average)."""
     found = {"h_pre": stats.pre, "h_post": stats.post, "h_res": stats.res,
              "composite_gain/per_sublayer": stats.composite_gain, "depth_weights": stats.depth_weights}
     return {RESIDUAL_PREFIX + name: _rounded(value.tolist()) for name, value in found.items() if value is not None}
