@@ -47,7 +47,9 @@ def check_exportable(config: "LNBertConfig") -> None:
     if config.layer_parts(0).learned_skip_scales != (None, None):
         raise ValueError(f"norm_placement={config.norm_placement!r} with learned skip scales (admin_learnable_omega="
                          "true) does not export: a vector omega does not fold into BERT")  # fmt: skip
-    for key, plain in (("norm_type", "layernorm"), ("qk_norm", False), ("embedding_layer_norm", True)):
+    plain_bert = (("norm_type", "layernorm"), ("qk_norm", False), ("embedding_layer_norm", True), ("gpas", False),
+                  ("attention_gate", "none"), ("value_residual", "none"))  # fmt: skip
+    for key, plain in plain_bert:
         if getattr(config, key) != plain:
             raise ValueError(f"{key}={getattr(config, key)!r} does not export to plain BERT, which has {key}={plain!r}")
 

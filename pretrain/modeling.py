@@ -72,7 +72,7 @@ from pretrain.ngpt import (
     normalize_matrices,
     on_sphere,
 )
-from pretrain.norms import NORM_MODULES, DyT, Scale, make_norm
+from pretrain.norms import GPAS, NORM_MODULES, Scale, make_norm
 from pretrain.placements import BLOCKS, PLACEMENTS, LayerParts, Placement, canonical_placement
 from pretrain.residual_schemes import SCHEMES, Scheme
 from pretrain.variants import (
@@ -122,7 +122,7 @@ class LNBertConfig(BertConfig, LNBertOptions):
 
     def make_norm(self, size: int | None = None) -> nn.Module:
         """A norm of this config's type over ``size`` (default: the hidden size)."""
-        return make_norm(self.norm_type, size or self.hidden_size, self.layer_norm_eps, self.dyt_alpha_init)
+        return make_norm(self, size or self.hidden_size)
 
 
 def _norm_or_identity(config: LNBertConfig, wanted: bool, size: int | None = None) -> nn.Module:
@@ -171,9 +171,13 @@ class LNBertEmbeddings(nn.Module):
 
 class LNBertSelfAttention(nn.Module):
     """Q, K, V projections and scaled dot-product attention, with norms over each head's Q and K (``qk_norm``;
-    HybridNorm also V), shared by the heads. NormFormer's head scale is in ``LNBertSelfOutput``, as fairseq's."""
+    HybridNorm also V), shared by the heads. NormFormer's head scale is in ``LNBertSelfOutput``, as fairseq's.
+    Gated attention (``attention_gate``): ``gate``, a projection of the attention's input whose sigmoid multiplies
+    each head's output (Qiu et al. 2025, G1). Value residual (``value_residual``, ResFormer): the first layer's values
+    V_1 mixed into every later layer's before attention, lambda_1 V_1 + lambda_2 V_n (``value_lambda``, learned, or
+    0.5 and 0.5)."""
 
-    def __init__(self, config: LNBertConfig, parts: LayerParts) -> None:
+    def __init__(self, config: LNBertConfig, parts: LayerParts, index: int) -> None:
         super().__init__()
         self.config = config
         self.head_size = config.hidden_size // config.num_attention_heads
@@ -187,15 +191,31 @@ class LNBertSelfAttention(nn.Module):
         self.value_norm = _norm_or_identity(config, v_norm, self.head_size)
         self.dropout = nn.Dropout(config.attention_probs_dropout_prob)
         self.is_causal = False  # read by transformers' SDPA / flash attention interfaces
+        gates = {"none": 0, "elementwise": config.hidden_size, "headwise": config.num_attention_heads}
+        width = gates[config.attention_gate]
+        self.gate = nn.Linear(config.hidden_size, width) if width else None
+        self.first = index == 0
+        learned = config.value_residual == "learnable" and not self.first
+        self.value_lambda = Scale(2, 0.5) if learned else None  # (lambda_1, lambda_2)
 
     def forward(
-        self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None,
+        values: list[torch.Tensor] | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:  # fmt: skip
+        """``values``: value residual's list of the first layer's values (None without it), which the first layer
+        fills and the others read (a recomputation under checkpointing finds it filled)."""
         q, k, v = project_qkv(hidden_states, (self.query, self.key, self.value), self.head_size, self.config.fused_qkv)
         q, k, v = self.query_norm(q), self.key_norm(k), self.value_norm(v)  # (B, nh, T, hs)
+        if values is not None and self.first and not values:
+            values.append(v)
+        elif values is not None and not self.first:
+            mix = self.value_lambda.weight if self.value_lambda is not None else (0.5, 0.5)
+            v = (mix[0] * values[0] + mix[1] * v).to(v.dtype)
         out, probs = attention_function(self.config)(
             self, q, k, v, attention_mask, dropout=self.dropout.p if self.training else 0.0, scaling=self.scaling
         )  # out: (B, T, nh, hs)
+        if self.gate is not None:
+            out = out * torch.sigmoid(self.gate(hidden_states)).unflatten(-1, (out.shape[2], -1))
         return out.flatten(2), probs
 
 
@@ -229,9 +249,9 @@ class LNBertSelfOutput(nn.Module):
 
 
 class LNBertAttention(nn.Module):
-    def __init__(self, config: LNBertConfig, parts: LayerParts) -> None:
+    def __init__(self, config: LNBertConfig, parts: LayerParts, index: int) -> None:
         super().__init__()
-        self.self = LNBertSelfAttention(config, parts)
+        self.self = LNBertSelfAttention(config, parts, index)
         self.output = LNBertSelfOutput(config, parts)
 
 
@@ -275,11 +295,13 @@ class LNBertLayer(GradientCheckpointingLayer):
         parts = config.layer_parts(index)
         self.block = BLOCKS[parts.block]
         self.residual_scale, self.norm_scale = parts.skip_scale, parts.norm_scale
-        self.attention = LNBertAttention(config, parts)
+        self.attention = LNBertAttention(config, parts, index)
         self.intermediate = LNBertIntermediate(config, parts)
         self.output = LNBertOutput(config, parts)
         if parts.gate:
             self.rezero_gate = Scale(1, 0.0)
+        self.gpas = GPAS() if config.gpas else nn.Identity()
+        self.values: list[torch.Tensor] | None = None  # value residual's, during the layer's forward (attend)
         if config.scheme.module:
             # Sub-layer k counts attention and FFN: 2 * index and 2 * index + 1 (HC's one-hot A_m init reads it).
             self.attention_residual = config.scheme.module(config, 2 * index)
@@ -298,7 +320,7 @@ class LNBertLayer(GradientCheckpointingLayer):
 
     def attend(self, x: torch.Tensor, attention_mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The attention sub-layer: self-attention, output projection, branch norm (where there is one), dropout."""
-        out, probs = self.attention.self(x, attention_mask)
+        out, probs = self.attention.self(x, attention_mask, self.values)
         return self.attention.output(out), probs
 
     def feed_forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -318,8 +340,14 @@ class LNBertLayer(GradientCheckpointingLayer):
     def scaled(self, x: torch.Tensor) -> torch.Tensor:
         return x if self.norm_scale == 1.0 else x * self.norm_scale
 
-    def forward(self, x: Stream, attention_mask: torch.Tensor | None) -> tuple[Stream, torch.Tensor | None]:
-        return self.block.forward(self, x, attention_mask)
+    def forward(self, x: Stream, attention_mask: torch.Tensor | None,
+                values: list[torch.Tensor] | None = None) -> tuple[Stream, torch.Tensor | None]:  # fmt: skip
+        """``values``: value residual's first-layer values (``LNBertSelfAttention``), None without it."""
+        self.values = values  # the blocks call attend(x, mask): the layer hands its attention the values
+        try:
+            return self.block.forward(self, x, attention_mask)
+        finally:
+            self.values = None
 
 
 class LNBertEncoder(nn.Module):
@@ -337,8 +365,10 @@ class LNBertEncoder(nn.Module):
         self.two_streams, self.scheme = config.placement.two_streams, config.scheme
         if self.scheme.output:  # AttnRes's output layer: the sources with a query of its own, then the final norm
             self.output_residual = self.scheme.output(config)
-        # What passes between layers is one tensor, except ResiDual's pair (a, d) and AttnRes's ``DepthSources``.
-        self.stream_is_tensor = not self.two_streams and self.scheme.stream_is_tensor
+        self.value_residual = config.value_residual != "none"
+        # What passes between layers is one tensor, except ResiDual's pair (a, d), AttnRes's ``DepthSources`` and value
+        # residual's first-layer values.
+        self.stream_is_tensor = not self.two_streams and self.scheme.stream_is_tensor and not self.value_residual
 
     def start(self, x: torch.Tensor) -> Stream:
         """What the first layer reads: the embedding output; ResiDual's a_0 = d_0 = it; a residual scheme's state."""
@@ -369,8 +399,9 @@ class LNBertEncoder(nn.Module):
     ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...] | None, tuple[torch.Tensor, ...] | None]:  # fmt: skip
         hidden_states, attentions = [x], []
         stream = self.start(x)
+        values = ([],) if self.value_residual else ()  # the first layer's values, for the later ones (ResFormer)
         for layer in self.layer:
-            stream, probs = layer(stream, attention_mask)  # positional, as GradientCheckpointingLayer wants
+            stream, probs = layer(stream, attention_mask, *values)  # positional, as GradientCheckpointingLayer wants
             if output_hidden_states:
                 hidden_states.append(self.reported(stream))
             if output_attentions and probs is not None:  # sdpa computes no probabilities: () as in Hugging Face
@@ -508,8 +539,8 @@ class LNBertPreTrainedModel(PreTrainedModel):
             raise ValueError(
                 f"reentrant activation checkpointing (activation_checkpointing_kwargs={given}) would drop the "
                 f"gradients of what passes between the layers of norm_placement={config.norm_placement!r}, "
-                f"residual_scheme={config.residual_scheme!r} (not one tensor); pass use_reentrant=False (the "
-                "default without kwargs)"
+                f"residual_scheme={config.residual_scheme!r}, value_residual={config.value_residual!r} (not one "
+                "tensor); pass use_reentrant=False (the default without kwargs)"
             )
         super().activation_checkpointing_enable(activation_checkpointing_kwargs, **kwargs)
 
@@ -546,8 +577,6 @@ class LNBertPreTrainedModel(PreTrainedModel):
                 init.zeros_(module.weight[padding_idx])
         elif isinstance(module, NORM_MODULES):
             init.ones_(module.weight)
-            if isinstance(module, DyT):
-                init.constant_(module.alpha, module.alpha_init)
         elif isinstance(module, Scale):
             init.constant_(module.weight, module.init)
         elif hasattr(module, "recorder"):  # a residual scheme's module (each has a recorder): its own init
@@ -558,6 +587,8 @@ class LNBertPreTrainedModel(PreTrainedModel):
             module.init_parameters()
         if isinstance(getattr(module, "bias", None), torch.Tensor):  # every bias (the MLM head's too) starts at zero
             init.zeros_(module.bias)
+        for name, value in getattr(module, "inits", {}).items():  # DyT's, Derf's and SeeDNorm's scalars, GPAS's gate
+            init.constant_(getattr(module, name), value)
 
     def _check_loaded_keys(self, loading_info: dict[str, Any]) -> None:
         """A snapshot of another placement must not load with silently missing or unused encoder weights (head

@@ -36,6 +36,7 @@ class LNBertLayer(Protocol):
     norm_a: nn.Module  # attention.output.LayerNorm (nn.Identity where the block has none)
     norm_f: nn.Module  # output.LayerNorm
     rezero_gate: nn.Module
+    gpas: nn.Module  # GPAS's scale (nn.Identity without gpas)
     attention_residual: ResidualModule | DepthWeightedAverage  # residual schemes only
     ffn_residual: ResidualModule | DepthWeightedAverage
 
@@ -47,44 +48,48 @@ class LNBertLayer(Protocol):
 
 
 def post_block(layer: LNBertLayer, x: torch.Tensor, mask: torch.Tensor | None) -> tuple[torch.Tensor, Probs]:
-    """Post-LN, and the placements that only scale its residual (DeepNorm's alpha, Admin's omega: ``r``).
+    """Post-LN, and the placements that only scale its residual (DeepNorm's alpha, Admin's omega: ``r``); with
+    ``gpas`` (DeepNorm, Mix-LN's Post-LN layers) GPAS scales the skip, as its official ``deeppost_gpas``.
 
         x ──┬──────────┐
-            Attn       │ * r
+            Attn       │ G, * r
             └──(+)─────┘
                 N_a
         x ──┬──────────┐
-            FFN        │ * r
+            FFN        │ G, * r
             └──(+)─────┘
                 N_f
 
     The Hugging Face trap: BERT's post-LN is ``N(x + F(x))``, not ``x + N(F(x))`` (that is ``output_ln``).
     """
     branch, probs = layer.attend(x, mask)
-    x = layer.norm_a(branch + layer.skip_a(x))
-    x = layer.norm_f(layer.feed_forward(x) + layer.skip_f(x))
+    x = layer.norm_a(branch + layer.skip_a(layer.gpas(x)))
+    x = layer.norm_f(layer.feed_forward(x) + layer.skip_f(layer.gpas(x)))
     return x, probs
 
 
 def pre_block(layer: LNBertLayer, x: torch.Tensor, mask: torch.Tensor | None) -> tuple[torch.Tensor, Probs]:
     """Pre-LN, and what grows on it: sandwich / Peri-LN (branch norms ``B``), LNS (``s = 1/sqrt(l)``),
-    NormFormer (head scales, ``B_a``, a norm inside the FFN, a scaled FFN skip). The sub-layers apply their
-    branch norms, head scales and inner norm themselves; absent ones are the identity.
+    NormFormer (head scales, ``B_a``, a norm inside the FFN, a scaled FFN skip); with ``gpas``, GPAS ``G`` after
+    each residual sum, as its official ``pre_gpas``. The sub-layers apply their branch norms, head scales and inner
+    norm themselves; absent ones are the identity.
 
         x ──┬──────────────┐
             N_a * s        │
             Attn           │
             B_a            │
             └──(+)─────────┘
+                G
         x ──┬──────────────┐
             N_f * s        │
             FFN            │ (* w, NormFormer's residual scale)
             B_f            │
             └──(+)─────────┘
+                G
     """
     branch, probs = layer.attend(layer.scaled(layer.norm_a(x)), mask)  # B_a is part of the sub-layer
-    x = layer.skip_a(x) + branch
-    x = layer.skip_f(x) + layer.feed_forward(layer.scaled(layer.norm_f(x)))
+    x = layer.gpas(layer.skip_a(x) + branch)
+    x = layer.gpas(layer.skip_f(x) + layer.feed_forward(layer.scaled(layer.norm_f(x))))
     return x, probs
 
 
@@ -343,25 +348,31 @@ NGPT_FIXED = {
     "norm_type": "nGPT has no LayerNorm, RMSNorm or DyT",
     "qk_norm": "nGPT normalises each head's queries and keys itself, then scales them by s_qk",
     "embedding_layer_norm": "nGPT's embedding output is Norm(E_tok + E_type + E_pos)",
+    "attention_gate": "nGPT's attention is its own, and no source defines a gate on the sphere",
+    "value_residual": "nGPT's attention is its own, and no source defines value residuals on the sphere",
 }
+# GPAS (Chen et al. 2025, 2506.22049; dandingsky/GPAS NORM_TYPE pre_gpas, sandwich_gpas, deeppost_gpas,
+# post_pre_gpas, lns_gpas): defined on these placements only.
+GPAS_OPTION = ("gpas",)
 NGPT_DEEPSPEED = ("its optimizer keeps its own copies of the weights, which nGPT's re-normalisation after each step "
                   "cannot reach")  # fmt: skip
 
 # Ding et al. 2021 (CogView); Peri-LN, Kim et al. 2025 (2502.02732): x = x + B_a(Attn(N_a(x))); likewise FFN.
-SANDWICH = Placement(LayerParts("pre", branch_norms=(True, True), branch_norm_after_dropout=True), final_norm=True)
+SANDWICH = Placement(LayerParts("pre", branch_norms=(True, True), branch_norm_after_dropout=True), final_norm=True,
+                     options=GPAS_OPTION)
 PLACEMENTS: dict[str, Placement] = {
     "post": Placement(LayerParts("post"), final_norm=False, exports_to_bert=True),  # BERT; Hugging Face BertModel
-    "pre": Placement(LayerParts("pre"), final_norm=True, residual_schemes=True),  # Xiong et al. 2020
+    "pre": Placement(LayerParts("pre"), final_norm=True, residual_schemes=True, options=GPAS_OPTION),  # Xiong et al. 2020
     "sandwich": SANDWICH,
     "peri": SANDWICH,  # another name of sandwich (ALIASES)
-    "deepnorm": Placement(deepnorm_layer, final_norm=False, exports_to_bert=True),
+    "deepnorm": Placement(deepnorm_layer, final_norm=False, exports_to_bert=True, options=GPAS_OPTION),
     "admin": Placement(admin_layer, final_norm=False, exports_to_bert=True,
                        options=("admin_omega", "admin_learnable_omega")),
     "rezero": Placement(LayerParts("rezero", gate=True), final_norm=False),  # Bachlechner et al. 2020
     "b2t": Placement(b2t_layer, final_norm=False, options=("b2t_rescale_init",)),
     "resi_dual": Placement(LayerParts("resi_dual"), final_norm=True, two_streams=True),  # Xie et al. 2023, 2304.14802
-    "mix_ln": Placement(mix_ln_layer, final_norm=True, options=("mix_ln_post_layers",)),
-    "lns": Placement(lns_layer, final_norm=True),
+    "mix_ln": Placement(mix_ln_layer, final_norm=True, options=("mix_ln_post_layers", *GPAS_OPTION)),
+    "lns": Placement(lns_layer, final_norm=True, options=GPAS_OPTION),
     "hybrid": Placement(hybrid_layer, final_norm=True, options=("hybrid_first_pre_norm",)),
     "normformer": Placement(normformer_layer, final_norm=True, options=NORMFORMER_OPTIONS),
     "output_ln": Placement(LayerParts("output_ln"), final_norm=True),  # OLMo 2, 2501.00656

@@ -27,7 +27,7 @@ from pretrain.residual_schemes import SCHEMES
 
 NormPlacement = Literal[tuple(PLACEMENTS)]  # type: ignore[valid-type]
 NORM_PLACEMENTS: tuple[str, ...] = get_args(NormPlacement)
-NormType = Literal["layernorm", "rmsnorm", "dyt"]  # each built by pretrain/norms.py's NORMS
+NormType = Literal["layernorm", "rmsnorm", "dyt", "derf", "seednorm"]  # each built by pretrain/norms.py's NORMS
 NORM_TYPES: tuple[str, ...] = get_args(NormType)
 InitScheme = Literal["bert", "xavier"]
 INIT_SCHEMES: tuple[str, ...] = get_args(InitScheme)
@@ -36,6 +36,8 @@ RESIDUAL_SCHEMES: tuple[str, ...] = get_args(ResidualScheme)
 # mHC's static biases at init (not in its paper): zero (H_res uniform 1/n) or b_res diagonal (H_res near I).
 MhcBiasInit = Literal["zero", "identity"]
 MHC_BIAS_INITS: tuple[str, ...] = get_args(MhcBiasInit)
+AttentionGate = Literal["none", "elementwise", "headwise"]
+ValueResidual = Literal["none", "identity", "learnable"]
 
 Effect = Literal["computation", "init", "kernel"]
 
@@ -56,7 +58,7 @@ class LNBertOptions:
     norm_placement: NormPlacement = option("post")
     """Where the norms go: post is original BERT, pre Xiong et al. 2020's, sandwich = peri (docs/placements.md)."""
     norm_type: NormType = option("layernorm")
-    """The norm used everywhere (embeddings, layers, final norm, MLM head): layernorm, rmsnorm or dyt."""
+    """The norm used everywhere (embeddings, layers, final norm, MLM head): layernorm, rmsnorm, dyt, derf or seednorm."""
     qk_norm: bool = option(False)
     """A norm of norm_type on each head's queries and keys before the dot product (QK-norm)."""
     dyt_alpha_init: float = option(0.5, "init")
@@ -107,6 +109,17 @@ class LNBertOptions:
     """denseformer: the dilation k: the average after layer i reads the outputs j = i + 1 mod k (the paper's 1)."""
     dwa_period: int = option(1)
     """denseformer: the period p: an average after every p-th layer only (the paper's 1)."""
+    # The 2025-26 designs inside the layer (docs/placements.md): Derf's init, GPAS, gated attention, value residual.
+    derf_alpha_init: float = option(0.5, "init")
+    """Derf's alpha at initialisation (norm_type=derf; its official code's 0.5)."""
+    gpas: bool = option(False)
+    """GPAS: each layer's stream scaled by 1 - SiLU(g) in the forward pass, its gradient unscaled (on the placements
+    whose entries name it: those its official code defines it on)."""
+    attention_gate: AttentionGate = option("none")
+    """Gated attention: sigmoid(x W + b) times each head's output before the output projection; elementwise or
+    headwise (one gate per head)."""
+    value_residual: ValueResidual = option("none")
+    """ResFormer: every later layer's values mixed with the first layer's, 0.5/0.5 (identity) or learned (learnable)."""
 
 
 DEFAULTS = LNBertOptions()
@@ -119,7 +132,12 @@ RESIDUAL_SCHEME_FIELDS: tuple[str, ...] = (
     *dict.fromkeys(o for s in SCHEMES.values() for o in s.options),
 )
 """The options a residual scheme's label names (``residual_scheme_label``), in the order the entries name them."""
-VARIANT_FIELDS: tuple[str, ...] = ("norm_placement", "norm_type", "qk_norm", *RESIDUAL_SCHEME_FIELDS)
+DESIGN_LABELS: dict[str, dict[Any, str]] = {
+    "gpas": {True: "gpas"}, "attention_gate": {"elementwise": "gated", "headwise": "gated-head"},
+    "value_residual": {"identity": "vres", "learnable": "vres-learn"},
+}  # fmt: skip
+"""The options inside the layer that a variant's label names, and the label part of each value but the default."""
+VARIANT_FIELDS: tuple[str, ...] = ("norm_placement", "norm_type", "qk_norm", *RESIDUAL_SCHEME_FIELDS, *DESIGN_LABELS)
 """The options a variant's label names (``variant_name``)."""
 
 
@@ -154,8 +172,9 @@ def check_options(config: Any, prefix: str = "") -> None:
                          f"{config.num_hidden_layers} (or null for round(L/4))")  # fmt: skip
     if config.admin_omega is not None and not (math.isfinite(config.admin_omega) and config.admin_omega > 0):
         raise ValueError(f"{prefix}admin_omega={config.admin_omega} must be positive (or null for the O(log N) rule)")
-    if not (math.isfinite(config.dyt_alpha_init) and config.dyt_alpha_init > 0):
-        raise ValueError(f"{prefix}dyt_alpha_init={config.dyt_alpha_init} must be > 0 (DyT's default: 0.5)")
+    for key in ("dyt_alpha_init", "derf_alpha_init"):
+        if not (math.isfinite(value := getattr(config, key)) and value > 0):
+            raise ValueError(f"{prefix}{key}={value} must be > 0 (the default, its official code's: 0.5)")
     for key, default in (("hc_streams", 4), ("mhc_sinkhorn_iters", 20), ("frac_parts", 4), ("dwa_dilation", 1),
                          ("dwa_period", 1)):
         if not (isinstance(value := getattr(config, key), int) and value >= 1):
@@ -184,12 +203,16 @@ def check_design(options: Any, prefix: str = "") -> None:
                          f"{' or '.join(map(repr, takers))} (got {placement!r}): the residual schemes are built on a "
                          f"Pre-LN block only; set {prefix}norm_placement={takers[0]} or "
                          f"{prefix}residual_scheme={DEFAULTS.residual_scheme}")  # fmt: skip
+    if scheme != DEFAULTS.residual_scheme and options.gpas:
+        raise ValueError(f"{prefix}gpas=True with {prefix}residual_scheme={scheme!r}: GPAS scales Pre-LN's one residual "
+                         f"stream, which a residual scheme rebuilds; set {prefix}gpas=false or {prefix}residual_scheme="
+                         f"{DEFAULTS.residual_scheme}")  # fmt: skip
     for key in (key for other in PLACEMENTS.values() for key in other.options if key not in entry.options):
         if (value := getattr(options, key)) != (default := getattr(DEFAULTS, key)):
             owners = " or ".join(name for name, other in PLACEMENTS.items() if key in other.options)
             raise ValueError(f"{prefix}{key}={value!r} is an option of {prefix}norm_placement={owners}, not of "
-                             f"{placement!r}: set {prefix}norm_placement={owners}, or leave {prefix}{key} at its default "
-                             f"({default!r})")  # fmt: skip
+                             f"{placement!r} (its paper and code define it on those only): set {prefix}norm_placement="
+                             f"{owners}, or leave {prefix}{key} at its default ({default!r})")  # fmt: skip
     for key, why in entry.fixed_options.items():
         if (value := getattr(options, key)) != (default := getattr(DEFAULTS, key)):
             raise ValueError(
@@ -198,10 +221,12 @@ def check_design(options: Any, prefix: str = "") -> None:
             )
 
 
-def design_problem(placement: str, norm_type: str, scheme_fields: dict[str, Any]) -> str:
-    """Why a model of ``placement``, ``norm_type`` and a residual scheme's fields cannot be built ("" when it can)."""
+def design_problem(placement: str, norm_type: str, scheme_fields: dict[str, Any], **options: Any) -> str:
+    """Why a model of ``placement``, ``norm_type``, a residual scheme's fields and other ``options`` cannot be built
+    ("" when it can)."""
     try:
-        check_design(dataclasses.replace(DEFAULTS, norm_placement=placement, norm_type=norm_type, **scheme_fields))
+        check_design(dataclasses.replace(DEFAULTS, norm_placement=placement, norm_type=norm_type, **scheme_fields,
+                                         **options))  # fmt: skip
     except ValueError as err:
         return str(err)
     return ""
@@ -218,12 +243,14 @@ def residual_scheme_label(**options: Any) -> str:
 
 
 def variant_name(norm_placement: str, norm_type: str = DEFAULTS.norm_type, qk_norm: bool = DEFAULTS.qk_norm,
-                 **scheme_options: Any) -> str:  # fmt: skip
+                 **options: Any) -> str:  # fmt: skip
     """The label of a model variant in run names, W&B groups and tags, and reports: the placement, its residual
-    scheme (``residual_scheme_label`` of the ``RESIDUAL_SCHEME_FIELDS`` given), then the norm type and QK-norm when
-    they are not the defaults (``pre``, ``pre-rmsnorm``, ``post-dyt-qknorm``, ``pre-hc4``, ``pre-attnres-b4-rmsnorm``)."""
-    scheme = residual_scheme_label(**scheme_options)
-    parts = [norm_placement] + ([scheme] if scheme else []) + ([norm_type] if norm_type != "layernorm" else [])
+    scheme (``residual_scheme_label`` of the ``RESIDUAL_SCHEME_FIELDS`` given), the ``DESIGN_LABELS`` of the options
+    given, then the norm type and QK-norm when they are not the defaults (``pre``, ``pre-rmsnorm``,
+    ``post-dyt-qknorm``, ``pre-hc4``, ``pre-attnres-b4-rmsnorm``, ``pre-gpas``, ``pre-gated-vres-derf``)."""
+    scheme = residual_scheme_label(**{k: v for k, v in options.items() if k in RESIDUAL_SCHEME_FIELDS})
+    designs = [labels[value] for key, labels in DESIGN_LABELS.items() if (value := options.get(key)) in labels]
+    parts = [norm_placement] + ([scheme] if scheme else []) + designs + ([norm_type] if norm_type != "layernorm" else [])
     return "-".join(parts + (["qknorm"] if qk_norm else []))
 
 

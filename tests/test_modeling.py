@@ -368,7 +368,8 @@ for name in sys.argv[3:]:
     outputs[name] = {"mlm": out.prediction_logits, "nsp": out.seq_relationship_logits, "cls": type(model).__name__}
 torch.save(outputs, f"{root}/outputs.pt")
 """
-_FRESH_VARIANTS = [(placement, "layernorm") for placement in NORM_PLACEMENTS] + [("pre", "rmsnorm"), ("post", "dyt")]
+_FRESH_VARIANTS = [(placement, "layernorm") for placement in NORM_PLACEMENTS] + [("pre", "rmsnorm"), ("post", "dyt"),
+                                                                                  ("pre", "derf"), ("post", "seednorm")]  # fmt: skip
 
 
 @pytest.fixture(scope="module")

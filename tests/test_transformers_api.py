@@ -52,9 +52,16 @@ VARIANTS = {
     **{f"pre-{name}": dict(norm_placement="pre", **SCHEMES[name]) for name in ("shc4", "hc4", "mhc4", "attnres", "attnres-b3", "mhclite4", "frac4", "denseformer")},
     "pre-rmsnorm": dict(norm_placement="pre", norm_type="rmsnorm"),
     "post-dyt": dict(norm_placement="post", norm_type="dyt"),
+    # The designs inside the layer, each in one of two models.
+    "pre-gpas-gated-vres-learn-derf": dict(norm_placement="pre", gpas=True, attention_gate="elementwise",
+                                           value_residual="learnable", norm_type="derf"),
+    "deepnorm-gpas-gated-head-vres-seednorm": dict(norm_placement="deepnorm", gpas=True, attention_gate="headwise",
+                                                   value_residual="identity", norm_type="seednorm"),
 }  # fmt: skip
-# What passes between their layers is not one tensor (ResiDual's pair, AttnRes's sources, DenseFormer's outputs).
-NOT_ONE_TENSOR = {"resi_dual", "pre-attnres", "pre-attnres-b3", "pre-denseformer"}
+# What passes between their layers is not one tensor (ResiDual's pair, AttnRes's sources, DenseFormer's outputs, the
+# first layer's values).
+NOT_ONE_TENSOR = {"resi_dual", "pre-attnres", "pre-attnres-b3", "pre-denseformer", "pre-gpas-gated-vres-learn-derf",
+                  "deepnorm-gpas-gated-head-vres-seednorm"}  # fmt: skip
 NO_DROPOUT = dict(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
 # BERT's task heads: ours, Hugging Face's, the Auto class that opens a snapshot with it, and its labels' keywords.
 HEADS = {
