@@ -71,6 +71,7 @@ from pretrain.run_folder.checkpointing import (
 from pretrain.run_folder.identity import ensure_run_id
 from pretrain.run_folder.same_run import check_same_run
 from pretrain.run_folder.status import Heartbeat, StopRequest, write_status
+from pretrain.tracking.design_stats import DesignProbe, design_stats, probing
 from pretrain.tracking.metrics import (
     clip_coefficient,
     init_trackers,
@@ -210,7 +211,8 @@ class StepStats:
     grad_norm: float
     layer_grad_norms: dict[str, float]
     residual: ResidualStats | None = None  # what the residual scheme did, at log steps (None for the standard one)
-    placement: dict[str, float] = field(default_factory=dict)  # the placement's step_stats (nGPT's), at log steps
+    # At log steps: what the layers showed (pretrain/tracking/design_stats.py) and the placement's step_stats (nGPT's).
+    design: dict[str, float] = field(default_factory=dict)
 
 
 def batch_iterator(setup: TrainingSetup, state: TrainState) -> Iterator[dict[str, torch.Tensor]]:
@@ -244,14 +246,16 @@ def train_step(
     nGPT's invariants."""
     accelerator, model = setup.accelerator, setup.model
     sums = torch.zeros(6, device=accelerator.device)  # loss, mlm, nsp, tokens, micro-batches, slots
-    residual, step_stats = None, {}
+    residual, design, step_stats = None, None, {}
     for batch in batches:
         with accelerator.accumulate(model):
-            measure = log_step and residual is None  # the step's first micro-batch, at a log step
-            with residual_recording(setup, batch) if measure else nullcontext() as recorder:
+            measure = log_step and design is None  # the step's first micro-batch, at a log step
+            with (residual_recording(setup, batch) if measure else nullcontext() as recorder,
+                  design_recording(setup, batch) if measure else nullcontext() as probe):  # fmt: skip
                 out = model(**batch)
             if measure:
                 residual = recorder.stats() if recorder is not None else residual_measurement(setup, batch)
+                design = probe.stats() if probe is not None else design_measurement(setup, batch)
             accelerator.backward(out.loss)
             nsp = out.nsp_loss if out.nsp_loss is not None else 0.0
             parts = (out.loss, out.mlm_loss, nsp, batch["attention_mask"].sum(), 1.0, float(batch["input_ids"].numel()))
@@ -283,7 +287,7 @@ def train_step(
             return StepStats(
                 loss=loss / micro, mlm_loss=mlm_loss / micro, nsp_loss=nsp_loss / micro, tokens=int(tokens),
                 slots=int(slots), finite=finite, overflow=overflow, stop=stops > 0, grad_norm=grad_norm,
-                layer_grad_norms=layer_norms, residual=residual, placement=step_stats,
+                layer_grad_norms=layer_norms, residual=residual, design={**(design or {}), **step_stats},
             )
     raise RuntimeError("the training data ran out")  # batch_iterator loops over epochs forever
 
@@ -304,6 +308,18 @@ def residual_measurement(setup: TrainingSetup, batch: dict[str, torch.Tensor]) -
         return None
     with setup.accelerator.autocast():
         return residual_stats(setup.unwrapped, batch["input_ids"], batch["attention_mask"], batch.get("token_type_ids"))
+
+
+def design_recording(setup: TrainingSetup, batch: dict[str, torch.Tensor]) -> AbstractContextManager[DesignProbe | None]:
+    """Records what the layers show during the training forward itself; None for a compiled model (traced again
+    with the hooks in it), measured then by ``design_measurement``."""
+    return nullcontext() if is_compiled_module(setup.model) else probing(setup.unwrapped, batch["attention_mask"])
+
+
+def design_measurement(setup: TrainingSetup, batch: dict[str, torch.Tensor]) -> dict[str, float]:
+    """What the layers show, by an extra forward without gradients (a compiled model)."""
+    with setup.accelerator.autocast():
+        return design_stats(setup.unwrapped, batch["input_ids"], batch["attention_mask"], batch.get("token_type_ids"))
 
 
 @torch.no_grad()
@@ -472,7 +488,7 @@ def step_metrics(setup: TrainingSetup, state: TrainState, stats: StepStats, toke
     metrics.update(stats.layer_grad_norms)
     if stats.residual is not None:
         metrics.update(residual_scalars(stats.residual))
-    metrics.update(stats.placement)
+    metrics.update(stats.design)
     return metrics
 
 

@@ -244,6 +244,48 @@ def test_a_residual_scheme_resumes_exactly(tmp_path: Path, data_cache: Path, var
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
+# The designs inside the layer (tests/test_layer_designs.py), two runs covering each: its options and its run name.
+DESIGN_RUNS = {
+    "pre-gpas-gated-vres-learn-derf": ["--model.norm_placement=pre", "--model.gpas=true", "--model.norm_type=derf",
+                                       "--model.attention_gate=elementwise", "--model.value_residual=learnable"],
+    "deepnorm-gpas-gated-head-vres-seednorm": ["--model.norm_placement=deepnorm", "--model.gpas=true",
+                                               "--model.norm_type=seednorm", "--model.attention_gate=headwise",
+                                               "--model.value_residual=identity"],
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("variant", list(DESIGN_RUNS))
+def test_a_design_run_logs_its_claims_saves_reloads_and_resumes_exactly(tmp_path: Path, data_cache: Path,
+                                                                       variant: str) -> None:  # fmt: skip
+    """Through run.py: the claims of docs/placements.md logged at log steps, a snapshot the Auto classes open to the
+    same outputs, and 4 steps straight == 2 steps, stop, resume, 2 steps, bit for bit."""
+    from transformers import AutoModelForPreTraining
+
+    common = [*DESIGN_RUNS[variant], "--train.max_steps=4", "--train.log_every=2", "--train.eval_every=0",
+              "--train.checkpoint_every=2", "--train.snapshot_at_start=false"]  # fmt: skip
+    straight, split = tmp_path / "straight", tmp_path / "split"
+    assert main(tiny_args(straight, data_cache, *common)) == 0
+    assert main(tiny_args(split, data_cache, *common, "--train.stop_at_step=2")) == 0
+    assert main(tiny_args(split, data_cache, *common, "--train.resume=auto")) == 0
+    assert train_losses(straight) == train_losses(split) and len(train_losses(straight)) == 4
+    a = load_file(latest_checkpoint(straight) / "model.safetensors")
+    b = load_file(latest_checkpoint(split) / "model.safetensors")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    last = [row for row in read_metrics(straight) if "train/loss" in row][-1]
+    claims = ["hidden/variance/01", "attention/first_token/01", "attention/gate/01", "gpas/scale/01",
+              "preact/absmax/03", "preact/saturated/03"]  # fmt: skip
+    assert all(math.isfinite(last[key]) for key in claims), {key: last.get(key) for key in claims}
+    assert ("value_residual/lambda1/01" in last) == variant.startswith("pre-")
+    snapshot = list_snapshots(straight)[-1]
+    assert snapshot.info["run_name"] == f"lnbert-{variant}"
+    model = AutoModelForPreTraining.from_pretrained(snapshot.path).eval()
+    model.save_pretrained(tmp_path / "again")
+    again = AutoModelForPreTraining.from_pretrained(tmp_path / "again").eval()
+    ids = torch.randint(5, model.config.vocab_size, (2, 9))
+    with torch.no_grad():
+        torch.testing.assert_close(again(ids).prediction_logits, model(ids).prediction_logits, rtol=0, atol=0)
+
+
 def test_nan_loss_stops_as_diverged_without_checkpoint(tmp_path: Path, data_cache: Path) -> None:
     run = tmp_path / "nan"
     argv = tiny_args(run, data_cache, "--optim.lr=1e30", "--train.checkpoint_every=1", "--train.snapshot_every=1",

@@ -1,0 +1,124 @@
+"""What a logged training step measures inside the layers, for the claims of docs/placements.md: forward hooks on one
+forward pass (the step's own; for a compiled model one of their own, without gradients), reduced over the batch's
+real tokens, and the designs' learned scalars. Names, LL a layer, KK a sub-layer (2 LL its attention, 2 LL + 1 its FFN):
+
+    hidden/variance/LL        variance over the width of the stream layer LL outputs, mean over tokens (GPAS: Pre-LN's
+                              grows with depth)
+    attention/first_token/LL  attention probability on position 0 ([CLS]), mean over heads and real queries, over the
+                              real keys (gated attention: the sink it removes)
+    attention/gate/LL         gated attention's mean gate sigmoid(x W + b) (its sparsity)
+    preact/absmax/KK          the largest |z| of sub-layer KK's norm's pre-activation z (DyT, Derf: per element alpha x
+                              (+ shift); SeeDNorm: per token <x, beta>)
+    preact/saturated/KK       the fraction of those with |z| > 2 (tanh 0.964, erf 0.995: flat)
+    gpas/scale/LL             GPAS's forward scale 1 - SiLU(g)
+    value_residual/lambda1/LL, .../lambda2/LL   learned value residual's mixing weights
+
+nGPT's layers are left out (their invariants are its placement's ``step_stats``); so is a stream that is not one
+(B, T, d) tensor (ResiDual's pair, a residual scheme's state).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.hooks import RemovableHandle
+
+from pretrain.attention import project_qkv
+from pretrain.modeling import LNBertLayer
+from pretrain.norms import GPAS
+
+SATURATED = 2.0  # |z| past which tanh and erf are flat
+
+
+@dataclass
+class DesignProbe:
+    """The measurements of one forward pass, as 0-d tensors until ``stats`` reads them all at once."""
+
+    token_mask: torch.Tensor  # (B, T), True at real tokens
+    found: dict[str, torch.Tensor] = field(default_factory=dict)
+
+    def stats(self) -> dict[str, float]:
+        values = torch.stack([v.float().reshape(()) for v in self.found.values()]).tolist() if self.found else []
+        return dict(zip(self.found, values, strict=True))
+
+    def watch(self, module: nn.Module, measure: Callable[..., dict[str, torch.Tensor]]) -> RemovableHandle:
+        """Record ``measure(module, inputs, output)`` at each forward of ``module``, without gradients or autocast."""
+
+        def hook(module: nn.Module, inputs: tuple, output: object) -> None:
+            with torch.no_grad(), torch.autocast(self.token_mask.device.type, enabled=False):
+                self.found.update(measure(module, inputs, output))
+
+        return module.register_forward_hook(hook)
+
+    def stream_variance(self, index: int, output: tuple) -> dict[str, torch.Tensor]:
+        stream = output[0]
+        if not (isinstance(stream, torch.Tensor) and stream.dim() == 3):
+            return {}
+        return {f"hidden/variance/{index:02d}": stream.float().var(-1, unbiased=False)[self.token_mask].mean()}
+
+    def first_token_mass(self, index: int, attention: nn.Module, h: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The softmax weight on key 0 from the attention's own Q and K (any attention kernel: SDPA returns none)."""
+        h = h.to(attention.query.weight.dtype)
+        q, k = project_qkv(h, (attention.query, attention.key), attention.head_size, fused=False)
+        q, k = attention.query_norm(q), attention.key_norm(k)  # (B, nh, T, hs)
+        scores = (q @ k.transpose(-1, -2)) * attention.scaling
+        scores = scores.masked_fill(~self.token_mask[:, None, None, :], float("-inf"))
+        mass = scores.softmax(-1)[..., 0].mean(1)  # (B, T), mean over heads
+        return {f"attention/first_token/{index:02d}": mass[self.token_mask].mean()}
+
+    def preactivation(self, k: int, norm: nn.Module, x: torch.Tensor) -> dict[str, torch.Tensor]:
+        z = norm.preactivation(x).float()[self.token_mask].abs()
+        return {f"preact/absmax/{k:02d}": z.amax(), f"preact/saturated/{k:02d}": (z > SATURATED).float().mean()}
+
+    def parameters(self, index: int, layer: LNBertLayer) -> None:
+        if isinstance(layer.gpas, GPAS):
+            self.found[f"gpas/scale/{index:02d}"] = 1 - F.silu(layer.gpas.gate.detach())
+        if (mix := layer.attention.self.value_lambda) is not None:
+            for j, value in enumerate(mix.weight.detach()):
+                self.found[f"value_residual/lambda{j + 1}/{index:02d}"] = value
+
+
+@contextmanager
+def probing(model: nn.Module, token_mask: torch.Tensor) -> Iterator[DesignProbe]:
+    """Measure one forward pass of ``model`` (``with probing(model, batch["attention_mask"]) as probe: model(**batch)``,
+    then ``probe.stats()``); ``token_mask`` (B, T) keeps padding out of every mean and maximum."""
+    probe = DesignProbe(token_mask.bool())
+    handles = []
+    for i, layer in enumerate(model.base_model.encoder.layer):
+        if not isinstance(layer, LNBertLayer):
+            continue
+        probe.parameters(i, layer)
+        attention = layer.attention.self
+        handles.append(probe.watch(layer, lambda m, args, out, i=i: probe.stream_variance(i, out)))
+        handles.append(probe.watch(attention, lambda m, args, out, i=i: probe.first_token_mass(i, m, args[0])))
+        if attention.gate is not None:
+            handles.append(probe.watch(attention.gate, lambda m, args, out, i=i: {
+                f"attention/gate/{i:02d}": torch.sigmoid(out.float())[probe.token_mask].mean()}))  # fmt: skip
+        for k, norm in ((2 * i, layer.norm_a), (2 * i + 1, layer.norm_f)):
+            if hasattr(norm, "preactivation"):
+                handles.append(probe.watch(norm, lambda m, args, out, k=k: probe.preactivation(k, m, args[0])))
+    try:
+        yield probe
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+@torch.no_grad()
+def design_stats(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                 token_type_ids: torch.Tensor | None = None) -> dict[str, float]:  # fmt: skip
+    """``probing``'s measurements of one forward pass of ``model``'s encoder in eval mode without gradients (for a
+    compiled model, whose own forward is not hooked); the caller's autocast applies, the model's mode is restored."""
+    was_training = model.training
+    model.eval()
+    try:
+        with probing(model, attention_mask) as probe:
+            model.base_model(input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids, pool=False)
+    finally:
+        model.train(was_training)
+    return probe.stats()
