@@ -22,16 +22,20 @@ Variants are ``MODEL[+MOD...]``: MODEL is ``hf`` or a norm placement (``pretrain
 as Hugging Face), ``eager`` (eager attention instead of SDPA), ``compile`` (``torch.compile`` the model; compile
 time reported as the first step), ``compile-layers`` (``torch.compile`` each encoder layer, regional compilation as
 torchtitan's per block), an optimizer (``fused``, ``foreach``, ``loop``: overrides ``--optimizer``), ours' fast-path
-switches from ``FAST_PATH_MODS``, and a residual scheme by its label in run names (``pre+hc4``: dynamic
+switches from ``FAST_PATH_MODS``, a residual scheme by its label in run names (``pre+hc4``: dynamic
 Hyper-Connections with 4 streams; ``pre+shc4`` static, ``pre+mhc4``, ``pre+mhc4-idres``, ``pre+attnres`` Full
 AttnRes, ``pre+attnres-b2`` Block AttnRes with blocks of 2 sub-layers, ``pre+mhclite4`` mHC-lite, ``pre+frac4``
 dynamic Frac-Connections with 4 fractions (``pre+sfrac4`` static), ``pre+denseformer`` (``pre+denseformer-2x3``:
-dilation 2, period 3); ``pretrain.config.residual_scheme_fields``).
+dilation 2, period 3); ``pretrain.config.residual_scheme_fields``), and any model option as ``KEY=VALUE``
+(``pre+norm_type=derf``, ``pre+gpas=true``, ``pre+attention_gate=elementwise``, ``pre+value_residual=identity``;
+``pretrain.variants.LNBertOptions``).
 With ``pre+compile-layers`` among them, the residual schemes are measured against the faster Pre-LN (the
 ``extra time, peak`` column; BENCHMARKS.md section 10):
 
     python -m benchmarks.train_step --variants='[pre, pre+compile-layers, pre+shc4, pre+hc4, pre+mhc4, pre+attnres,
         pre+attnres-b2]' --baseline=pre --shapes='[small]' --precisions='[fp32, bf16]' --profile='[pre+hc4]'
+    python -m benchmarks.train_step --variants='[pre, pre+norm_type=derf, pre+norm_type=seednorm, pre+gpas=true,
+        pre+attention_gate=elementwise, pre+value_residual=identity]' --baseline=pre --precisions='[fp32]'
 
 A profiled variant other than the baseline gets a second table, where its extra time goes: per operator and input
 shapes, its self time minus the baseline's (medians of ``PROFILE_STEPS`` profiled steps of each, interleaved).
@@ -50,6 +54,7 @@ freed yet (torch.profiler's memory records, operator by operator: a transient in
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import statistics
 from collections import defaultdict
@@ -58,19 +63,19 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Literal, get_args
 
 import torch
+import yaml
 from torch import nn
 from torch.profiler import ProfilerActivity, profile
 from transformers import BertConfig, BertForPreTraining
 
 from benchmarks import common
-from pretrain.analysis.options import model_problem
 from pretrain.common.cli import ConfigError, parse, require
 from pretrain.common.reporting import format_table
 from pretrain.config import residual_scheme_fields
 from pretrain.flops import flops_per_token
 from pretrain.modeling import LNBertConfig, LNBertForPreTraining
 from pretrain.optim import build_adamw
-from pretrain.variants import DEFAULTS, NORM_PLACEMENTS
+from pretrain.variants import DEFAULTS, NORM_PLACEMENTS, LNBertOptions, check_choice, design_problem, option_choices
 
 # Named shapes: (layers, hidden, heads, seq, vocab, batch). The small one is the CPU pretraining size.
 SHAPES: dict[str, dict[str, int]] = {
@@ -149,6 +154,8 @@ def parse_variant(spec: str) -> Variant:
             variant.config_overrides.update(FAST_PATH_MODS[mod])
         elif mod in VARIANT_MODS:
             variant = replace(variant, **VARIANT_MODS[mod])
+        elif "=" in mod:
+            variant.config_overrides.update([model_option(spec, mod, variant)])
         else:
             try:
                 fields = residual_scheme_fields(mod)
@@ -159,10 +166,26 @@ def parse_variant(spec: str) -> Variant:
                 ) from None
             if variant.is_hf or "residual_scheme" in variant.config_overrides:
                 raise ValueError(f"variant {spec!r}: {mod!r} is a residual scheme; give one, to one of our models")
-            if problem := model_problem(variant.model, DEFAULTS.norm_type, mod):
-                raise ValueError(f"variant {spec!r}: {problem}")
             variant.config_overrides.update(fields)
+    options = dict(variant.config_overrides)
+    if not variant.is_hf and (problem := design_problem(variant.model, options.pop("norm_type", DEFAULTS.norm_type),
+                                                         {}, **options)):  # fmt: skip
+        raise ValueError(f"variant {spec!r}: {problem}")
     return variant
+
+
+def model_option(spec: str, mod: str, variant: Variant) -> tuple[str, Any]:
+    """A ``KEY=VALUE`` modifier: one of our model's options (``LNBertOptions``), its value read as YAML."""
+    key, _, text = mod.partition("=")
+    names = [f.name for f in dataclasses.fields(LNBertOptions)]
+    if variant.is_hf:
+        raise ValueError(f"variant {spec!r}: {mod!r} sets an option of our model; Hugging Face BERT has none")
+    if key not in names:
+        raise ValueError(f"variant {spec!r}: {key!r} is not an option of our model (one of {', '.join(names)})")
+    value = yaml.safe_load(text)
+    if key in option_choices():
+        check_choice(f"variant {spec!r}: {key}", value, option_choices()[key])
+    return key, value
 
 
 def hf_config_kwargs(shape: dict[str, int]) -> dict[str, Any]:

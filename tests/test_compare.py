@@ -233,10 +233,22 @@ def test_study_options_are_checked_before_any_run():
         (["--models=[{placement: pre}]", "--baseline=post"], r"baseline names 'post', not a model of the study \(one of pre\)"),
         (["--models=[{placement: pre}, {placement: pre}]"], "models must not repeat a model"),
         (["--models=[{placement: post, residual_scheme: mhc4}]"], r"models item 'post-mhc4' cannot be built"),
+        (["--models=[{placement: post, gpas: true}]"], r"models item 'post-gpas' cannot be built: gpas=True is an option"),
         (["--models=[{placement: pre, warmup: 600}]"], "warm-ups must be <= max_steps=500"),
     ]:  # fmt: skip
         with pytest.raises(ConfigError, match=message):
             cli.parse_args([*base, *extra])
+
+
+def test_a_study_model_names_the_designs_inside_its_layers_and_its_cells_run_them():
+    from pretrain.analysis import grid
+
+    models = "--models=[{placement: pre}, {placement: deepnorm, gpas: true, attention_gate: headwise, norm_type: derf}]"
+    _, args = cli.parse_args(["compare", "--data=c", "--tokenizer=t", models, "--lrs=[1e-3]"])
+    assert [m.name for m in args.models] == ["pre", "deepnorm-gpas-gated-head-derf"]
+    cell = compare.study_cell(args, args.models[1], 1e-3, 0)
+    assert {"--model.norm_placement=deepnorm", "--model.norm_type=derf", "--model.gpas=true",
+            "--model.attention_gate=headwise"} <= set(grid.cell_overrides(args, cell, Path("cell")))  # fmt: skip
 
 
 def test_the_headline_configs_parse_to_their_models_and_contrasts(tmp_path):

@@ -223,6 +223,18 @@ def test_parse_variant_reads_a_residual_scheme_by_its_label() -> None:
     assert (model.config.residual_scheme, model.config.hc_streams, model.config.hc_dynamic) == ("hc", 4, True)
 
 
+def test_parse_variant_reads_any_model_option_as_key_equals_value() -> None:
+    v = train_step.parse_variant("pre+norm_type=derf+gpas=true+attention_gate=headwise+value_residual=learnable")
+    assert v.config_overrides == {"norm_type": "derf", "gpas": True, "attention_gate": "headwise",
+                                  "value_residual": "learnable"}  # fmt: skip
+    for spec, match in [("post+gpas=true", r"variant 'post\+gpas=true': gpas=True is an option of norm_placement=pre"),
+                        ("pre+gate=elementwise", r"'gate' is not an option of our model"),
+                        ("pre+attention_gate=half", r"attention_gate='half' is not a valid choice"),
+                        ("hf+norm_type=derf", r"Hugging Face BERT has none")]:  # fmt: skip
+        with pytest.raises(ValueError, match=match):
+            train_step.parse_variant(spec)
+
+
 @pytest.mark.parametrize(
     ("spec", "match"),
     [

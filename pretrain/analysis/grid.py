@@ -80,12 +80,11 @@ def cell_overrides(args: Cells, cell: Cell, run_dir: Path) -> list[str]:
 
 
 def scheme_overrides(model: Model) -> list[str]:
-    """Every residual-scheme field the model's label names (so that a preset cannot change what the label says);
-    none for the standard scheme, whose cells run as before schemes existed."""
-    if model.scheme == STANDARD_LABEL:
-        return []
+    """Every residual-scheme field and option inside the layer the model's label names (so that a preset cannot
+    change what the label says); none for the standard scheme without them, whose cells run as before."""
+    fields = {} if model.scheme == STANDARD_LABEL else residual_scheme_fields(model.scheme)
     return [f"--model.{key}={'null' if v is None else str(v).lower() if isinstance(v, bool) else v}"
-            for key, v in residual_scheme_fields(model.scheme).items()]  # fmt: skip
+            for key, v in (*fields.items(), *model.options)]  # fmt: skip
 
 
 def read_cell(run_dir: Path) -> dict[str, Any]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import itertools
 import json
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal
 
@@ -16,10 +16,14 @@ from pretrain.analysis import outcomes
 from pretrain.common.cli import ConfigError, field_type, require
 from pretrain.config import STANDARD_LABEL, PretrainConfig, residual_scheme_fields
 from pretrain.variants import (
+    DEFAULTS,
+    DESIGN_LABELS,
     NORM_PLACEMENTS,
+    AttentionGate,
     InitScheme,
     NormPlacement,
     NormType,
+    ValueResidual,
     design_problem,
     variant_name,
 )
@@ -59,12 +63,14 @@ class Model:
     """Its norm type."""
     scheme: str = STANDARD_LABEL
     """Its residual scheme, by the label run names give it (``pretrain.config.residual_scheme_fields``)."""
+    options: tuple[tuple[str, Any], ...] = ()
+    """Its options inside the layer (``pretrain.variants.DESIGN_LABELS``) that are not at their defaults, (key, value)."""
 
 
-def model_problem(placement: str, norm_type: str, scheme: str) -> str:
-    """Why the model of ``placement``, ``norm_type`` and residual scheme label ``scheme`` cannot be built ("" when it
-    can), as the model's own checks say."""
-    return design_problem(placement, norm_type, residual_scheme_fields(scheme))
+def model_problem(placement: str, norm_type: str, scheme: str, **options: Any) -> str:
+    """Why the model of ``placement``, ``norm_type``, residual scheme label ``scheme`` and ``options`` cannot be built
+    ("" when it can), as the model's own checks say."""
+    return design_problem(placement, norm_type, residual_scheme_fields(scheme), **options)
 
 
 def models(placements: list[str], norm_types: list[str], residual_schemes: list[str]) -> list[Model]:
@@ -385,6 +391,12 @@ class StudyModel:
     """Its norm type."""
     residual_scheme: str = STANDARD_LABEL
     """Its residual scheme, by its label in run names (hc4, attnres-b4, ...; ModelAxes.residual_schemes)."""
+    gpas: bool = False
+    """GPAS (the model option of the same name, ``pretrain.variants.LNBertOptions``; so are the next two)."""
+    attention_gate: AttentionGate = "none"
+    """Gated attention."""
+    value_residual: ValueResidual = "none"
+    """Value residual (ResFormer)."""
     warmup: int = 0
     """Its linear warm-up steps (Post-LN's paper recipe has one, Pre-LN's none)."""
     lr: float | None = None
@@ -395,16 +407,17 @@ class StudyModel:
             residual_scheme_fields(self.residual_scheme)
         except ValueError as err:
             require(False, "residual_scheme", str(err))
-        problem = model_problem(self.placement, self.norm_type, self.residual_scheme)
+        problem = model_problem(self.placement, self.norm_type, self.residual_scheme, **dict(self.model.options))
         require(not problem, "models", f"item {self.name!r} cannot be built: {problem}")
         require(self.warmup >= 0, "warmup", f"must be >= 0; got {self.warmup}")
         require(self.lr is None or self.lr > 0, "lr", f"must be > 0 or null; got {self.lr}")
 
     @property
     def model(self) -> Model:
-        fields = residual_scheme_fields(self.residual_scheme)
-        return Model(variant_name(self.placement, self.norm_type, **fields), self.placement, self.norm_type,
-                     self.residual_scheme)  # fmt: skip
+        scheme = residual_scheme_fields(self.residual_scheme)
+        options = {k: getattr(self, k) for k in DESIGN_LABELS if getattr(self, k) != getattr(DEFAULTS, k)}
+        return Model(variant_name(self.placement, self.norm_type, **scheme, **options), self.placement, self.norm_type,
+                     self.residual_scheme, tuple(options.items()))  # fmt: skip
 
     @property
     def name(self) -> str:
@@ -514,6 +527,8 @@ def followed(path: str, top: int) -> tuple[list[StudyModel], str]:
     except (OSError, ValueError, KeyError) as err:
         raise ConfigError(f"follow={path!r} is not a study's results.json ({err}): name the file compare wrote") from None
     require(len(ranked) >= top, "top", f"is {top}, but {path} ranks {len(ranked)} models")
-    keys = ("placement", "norm_type", "residual_scheme", "warmup", "lr")
-    models = [StudyModel(**{k: m[k] for k in keys}) for m in ranked[:top]]
+    # A study's results.json names each model's fields (compare writes them all); one written before a design's
+    # option existed leaves it out, and its models ran with it at its default, which StudyModel gives it.
+    keys = [f.name for f in fields(StudyModel)]
+    models = [StudyModel(**{k: m[k] for k in keys if k in m}) for m in ranked[:top]]
     return models, models[0].name
