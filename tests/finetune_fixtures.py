@@ -44,21 +44,23 @@ def tiny_tokenizer() -> PreTrainedTokenizerFast:
     return train_wordpiece_tokenizer(texts, vocab_size=200)
 
 
-def tiny_config(placement: str, vocab_size: int) -> LNBertConfig:
+def tiny_config(placement: str, vocab_size: int, **options: Any) -> LNBertConfig:
     """The tests' tiny model (tests/conftest.py TINY) with the fixture tokenizer's vocabulary. 128 positions, not
     the preset's 64: fine-tuning truncates to recipe.max_length, 128 by default (finetune/train.py refuses fewer)."""
     return LNBertConfig(
-        **{**TINY, "vocab_size": vocab_size, "max_position_embeddings": 128}, norm_placement=placement, pad_token_id=0
+        **{**TINY, "vocab_size": vocab_size, "max_position_embeddings": 128, **options}, norm_placement=placement,
+        pad_token_id=0,
     )
 
 
 def write_snapshot(
-    run_dir: Path, run_name: str, placement: str, step: int, complete: bool = True, seed: int | None = None
+    run_dir: Path, run_name: str, placement: str, step: int, complete: bool = True, seed: int | None = None,
+    **options: Any,
 ) -> Path:
     tokenizer = tiny_tokenizer()
     path = run_dir / "snapshots" / step_dirname(step)
     torch.manual_seed(step if seed is None else seed)
-    LNBertForPreTraining(tiny_config(placement, len(tokenizer))).save_pretrained(path)
+    LNBertForPreTraining(tiny_config(placement, len(tokenizer), **options)).save_pretrained(path)
     tokenizer.save_pretrained(path)
     info = {
         "step": step,

@@ -255,6 +255,20 @@ def test_a_model_folder_whose_weights_are_not_of_its_config_fails_its_jobs_for_g
     assert "restore it from a copy" in row["error"]
 
 
+@pytest.mark.parametrize(
+    ("placement", "options"),
+    [("pre", dict(norm_type="derf", gpas=True, attention_gate="elementwise", value_residual="learnable")),
+     ("deepnorm", dict(norm_type="seednorm", gpas=True, attention_gate="headwise", value_residual="identity"))],
+)  # fmt: skip
+def test_the_designs_inside_the_layer_fine_tune(tmp_path: Path, placement: str, options: dict[str, Any]) -> None:
+    """Derf, SeeDNorm, GPAS, gated attention and value residual (docs/placements.md) through finetune.run."""
+    run_dir = make_run(tmp_path, "design", placement, steps=(10,))
+    snapshot = write_snapshot(run_dir, "design", placement, 10, **options)  # over the plain one
+    assert json.loads((snapshot / "config.json").read_text()).items() >= options.items()
+    (row,) = run(quick_run(snapshot, "mrpc", tmp_path / "results.d"))
+    assert row["status"] == "done" and 0.0 <= row["accuracy"] <= 1.0 and row["dev_loss"] > 0
+
+
 def test_finetune_writes_rows_then_skips_them(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     run_dir = make_run(tmp_path, "pre_ln", "pre", steps=(10,))
     snapshot = run_dir / "snapshots" / "step_00000010"
