@@ -7,6 +7,7 @@ import json
 import math
 import re
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -14,8 +15,10 @@ from scipy import stats
 
 from pretrain.analysis import cli, compare, provenance
 from pretrain.analysis.grid import Cell
+from pretrain.analysis.options import StudyModel
 from pretrain.common.atomic import write_json
-from pretrain.common.cli import ConfigError
+from pretrain.common.cli import ConfigError, to_dict
+from pretrain.common.formats import STUDY_FORMAT, stamped
 
 HOME = {"commit": "a" * 40, "code": "1234abcd5678", "machine": {"cpu": "AMD EPYC 9B14", "threads": 1, "gpu": None},
         "torch": "2.13.0", "transformers": "5.25.0", "python": "3.11.9"}  # fmt: skip
@@ -193,6 +196,8 @@ def test_the_report_picks_each_lr_and_marks_other_machines_and_unfinished_models
     assert found["chosen"] == {"pre": 1e-3, "pre-hc4": 1e-3, "post+w50": 3e-3}
     assert found["stage1"]["pre-hc4"]["0.003"]["mean_gap"] is None  # its diverged seed rules the lr out
     assert [m["name"] for m in found["models"]] == ["pre-hc4", "post+w50", "pre"]
+    _, follow = cli.parse_args(["compare", "--data=c", "--tokenizer=t", f"--follow={tmp_path / 'results.json'}"])
+    assert [(m.name, m.lr) for m in follow.models] == [("pre-hc4", 1e-3), ("post+w50", 3e-3)]
     post = found["models"][1]
     assert (post["seeds"], post["planned"], post["marked"]) == ([0, 1, 2, 3], 6, [3])
     contrasts = {(c["a"], c["b"]): c for c in found["contrasts"]}
@@ -210,13 +215,16 @@ def test_the_report_picks_each_lr_and_marks_other_machines_and_unfinished_models
         cli.main(_study(tmp_path, "--mixed_provenance=true"))
 
 
+def _followed_study(path: Path, *ranked: tuple[dict[str, Any], float | None]) -> None:
+    """A study's results.json as compare writes it, reduced to what --follow reads: each model's fields, its mean gap."""
+    models = [{**to_dict(StudyModel(**model)), "mean_gap": mean_gap} for model, mean_gap in ranked]
+    write_json(path, stamped({"models": models}, STUDY_FORMAT))
+
+
 def test_a_follow_up_takes_the_best_models_at_their_lrs(tmp_path):
     results = tmp_path / "results.json"
-    ranked = [{"placement": "pre", "norm_type": "layernorm", "residual_scheme": "hc4", "warmup": 0, "lr": 1e-3,
-               "mean_gap": -0.25}, {"placement": "rezero", "norm_type": "layernorm", "residual_scheme": "standard",
-               "warmup": 0, "lr": 3e-3, "mean_gap": -0.24}, {"placement": "post", "norm_type": "layernorm",
-               "residual_scheme": "standard", "warmup": 50, "lr": None, "mean_gap": None}]  # fmt: skip
-    results.write_text(json.dumps({"models": ranked}))
+    _followed_study(results, (dict(placement="pre", residual_scheme="hc4", lr=1e-3), -0.25),
+                    (dict(placement="rezero", lr=3e-3), -0.24), (dict(placement="post", warmup=50), None))  # fmt: skip
     _, args = cli.parse_args(["compare", "--data=c", "--tokenizer=t", f"--follow={results}", "--seeds=[0, 1]"])
     assert [(m.name, m.lr) for m in args.models] == [("pre-hc4", 1e-3), ("rezero", 3e-3)] and args.baseline == "pre-hc4"
     assert compare.stage1_cells(args) == [] and compare.choose_lrs(args, {})[0] == {"pre-hc4": 1e-3, "rezero": 3e-3}
@@ -224,6 +232,19 @@ def test_a_follow_up_takes_the_best_models_at_their_lrs(tmp_path):
         cli.parse_args(["compare", "--data=c", "--tokenizer=t", f"--follow={results}", "--top=3"])
     with pytest.raises(ConfigError, match="follow takes models and baseline"):
         cli.parse_args(["compare", "--data=c", "--tokenizer=t", f"--follow={results}", "--baseline=pre"])
+
+
+def test_a_study_results_file_of_another_format_is_refused_with_what_to_do(tmp_path):
+    """One written before its models named gpas, attention_gate and value_residual (no format_version) is not read
+    with those at their defaults: the study is reported again by this code."""
+    old = tmp_path / "results.json"
+    old.write_text(json.dumps({"models": [{"placement": "pre", "norm_type": "layernorm", "residual_scheme": "standard",
+                                          "warmup": 0, "lr": 1e-3, "mean_gap": -0.2}]}))  # fmt: skip
+    with pytest.raises(ConfigError, match=r"has no format_version .* reads format_version 1: .*--report_only"):
+        cli.parse_args(["compare", "--data=c", "--tokenizer=t", f"--follow={old}", "--top=1"])
+    write_json(old, stamped(json.loads(old.read_text()), STUDY_FORMAT))  # a model without a field: not compare's
+    with pytest.raises(ConfigError, match=r"is not a study's results.json \('gpas'\)"):
+        cli.parse_args(["compare", "--data=c", "--tokenizer=t", f"--follow={old}", "--top=1"])
 
 
 def test_study_options_are_checked_before_any_run():
@@ -259,10 +280,8 @@ def test_the_headline_configs_parse_to_their_models_and_contrasts(tmp_path):
                                             ("pre-attnres-b4", "pre"), ("rezero", "pre"), ("pre-hc4", "pre-hc1")]  # fmt: skip
     assert len(compare.stage1_cells(args)) == 36 and (args.depth, args.width, args.max_steps) == (12, 128, 500)
     assert provenance.tokenizer_hash(root / args.tokenizer)  # the committed vocabulary loads
-    (tmp_path / "headline.json").write_text(json.dumps({"models": [
-        {"placement": "pre", "norm_type": "layernorm", "residual_scheme": "hc4", "warmup": 0, "lr": 1e-3, "mean_gap": -0.3},
-        {"placement": "post", "norm_type": "layernorm", "residual_scheme": "standard", "warmup": 50, "lr": 3e-4,
-         "mean_gap": -0.2}]}))  # fmt: skip
+    _followed_study(tmp_path / "headline.json", (dict(placement="pre", residual_scheme="hc4", lr=1e-3), -0.3),
+                    (dict(placement="post", warmup=50, lr=3e-4), -0.2))  # fmt: skip
     _, longer = cli.parse_args(["compare", "--config", str(root / "configs/analysis/headline.yaml"), "--config",
                                 str(root / "configs/analysis/headline_2000.yaml"), "--data=c",
                                 f"--follow={tmp_path / 'headline.json'}"])  # fmt: skip

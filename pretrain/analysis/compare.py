@@ -20,6 +20,7 @@ from pretrain.analysis.common import model_color, titled_table, write_outputs
 from pretrain.analysis.grid import Cell, Stopper, say
 from pretrain.analysis.options import CompareConfig, StudyModel
 from pretrain.common.cli import parse, to_dict
+from pretrain.common.formats import STUDY_FORMAT, stamped
 from pretrain.common.reporting import pyplot, save_figure
 from pretrain.run_folder.layout import read_metrics, read_status
 
@@ -354,7 +355,7 @@ def report(args: CompareConfig, results: dict[Cell, dict], chosen: dict[str, flo
               contrasts_text(args, found), diagnostics_text(args, ranked, diagnosed), provenance_text(home, marks)]
     environments = {environment_key(s): s for r in results.values() for s in r["provenance"]["sittings"]}
     keys = list(environments)
-    write_outputs(Path(args.out), "\n\n".join(t for t in tables if t), {
+    write_outputs(Path(args.out), "\n\n".join(t for t in tables if t), stamped({
         "args": to_dict(args), "gap": GAP, "protocol": CompareConfig.__doc__,
         "provenance": {
             "home": home, "inputs": next(iter(results.values()))["provenance"]["inputs"] if results else {},
@@ -368,7 +369,7 @@ def report(args: CompareConfig, results: dict[Cell, dict], chosen: dict[str, flo
                            "wall_seconds": r.get("wall_seconds")} for c, r in sorted(results.items(), key=str)},
         "stage1": stage1, "chosen": chosen, "waiting": waiting, "models": ranked, "contrasts": found,
         "diagnostics": diagnosed,
-    })  # fmt: skip
+    }, STUDY_FORMAT))  # fmt: skip
     plot_compare(args, ranked, found, stage1, chosen, Path(args.out) / "compare.png")
 
 

@@ -14,6 +14,7 @@ from typing import Any, Literal
 
 from pretrain.analysis import outcomes
 from pretrain.common.cli import ConfigError, field_type, require
+from pretrain.common.formats import STUDY_FORMAT, FormatVersionError, check_format
 from pretrain.config import STANDARD_LABEL, PretrainConfig, residual_scheme_fields
 from pretrain.variants import (
     DEFAULTS,
@@ -523,12 +524,16 @@ class CompareConfig(CellRecipe):
 def followed(path: str, top: int) -> tuple[list[StudyModel], str]:
     """The ``top`` models of a study's results.json, best first, each at the lr it was compared at, and the first's name."""
     try:
-        ranked = [m for m in json.loads(Path(path).read_text())["models"] if m["mean_gap"] is not None]
+        study = json.loads(Path(path).read_text())
+        check_format(study, path, STUDY_FORMAT, "write it again with this code: the study's compare command with "
+                     "--report_only (it reads the study's cells; nothing is trained)")  # fmt: skip
+        ranked = [m for m in study["models"] if m["mean_gap"] is not None]
+        keys = [f.name for f in fields(StudyModel)]
+        found = [{k: m[k] for k in keys} for m in ranked[:top]]
+    except FormatVersionError as err:
+        raise ConfigError(f"follow={err}") from None
     except (OSError, ValueError, KeyError) as err:
         raise ConfigError(f"follow={path!r} is not a study's results.json ({err}): name the file compare wrote") from None
     require(len(ranked) >= top, "top", f"is {top}, but {path} ranks {len(ranked)} models")
-    # A study's results.json names each model's fields (compare writes them all); one written before a design's
-    # option existed leaves it out, and its models ran with it at its default, which StudyModel gives it.
-    keys = [f.name for f in fields(StudyModel)]
-    models = [StudyModel(**{k: m[k] for k in keys if k in m}) for m in ranked[:top]]
+    models = [StudyModel(**m) for m in found]
     return models, models[0].name

@@ -5,6 +5,7 @@ message that says what to do, instead of guessing at fields that moved. A change
 
     RUN_FORMAT       a pretraining run folder: run_config.json, checkpoints' and snapshots' manifest.json
     RESULTS_FORMAT   a fine-tuning results folder: manifests and the started, done and failed files
+    STUDY_FORMAT     a comparison study's results.json (``pretrain.analysis compare``), which ``--follow`` reads
 
 Standard library only: the commands read these files before they import torch.
 """
@@ -18,6 +19,7 @@ FORMAT_KEY = "format_version"
 RUN_FORMAT = 3  # 2: run_config.json gained the residual-scheme fields; 3: checkpoints hold the model's own parameter
 # names (no "module."/"_orig_mod."), train_state.json the data position in sequences, the global batch, the processes
 RESULTS_FORMAT = 2
+STUDY_FORMAT = 1  # 1: each model names gpas, attention_gate and value_residual
 
 
 class FormatVersionError(ValueError):
