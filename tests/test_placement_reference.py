@@ -3,8 +3,8 @@
 Every forward here is written from the papers' / the spec's equations with ``torch`` tensor ops only, over the
 Hugging Face parameter names of the spec, reading the tensors from ``model.state_dict()``. No sub-module of the
 model is ever called (only the full ``model(...)`` under test). Weights are perturbed away from their init (norm
-gains and biases, gates, scales, DyT's alpha) so that a norm or gate applied in the wrong place cannot hide behind
-an identity init. Everything runs in float64 in eval mode with dropout 0.
+gains and biases, gates, scales, DyT's and Derf's scalars, SeeDNorm's alpha and beta) so that a norm or gate applied
+in the wrong place cannot hide behind an identity init. Everything runs in float64 in eval mode with dropout 0.
 
 Two switches choose between readings the spec leaves open (docs/placements.md says which one the model follows):
   REF_HYBRID_FFN_FORM=paper (default): HybridNorm FFN  h = N_f(y); x' = h + F_ffn(h)   (ffn_residual_after_norm)
@@ -45,7 +45,7 @@ PLACEMENTS = (
     "output_ln",
     "parallel",
 )
-NORM_TYPES = ("layernorm", "rmsnorm", "dyt")
+NORM_TYPES = ("layernorm", "rmsnorm", "dyt", "derf", "seednorm")
 # Placements whose encoder ends with encoder.final_layer_norm (resi_dual applies it to its Pre-LN stream d).
 FINAL_NORM = {"pre", "sandwich", "peri", "resi_dual", "mix_ln", "lns", "hybrid", "normformer", "output_ln", "parallel"}
 
@@ -181,6 +181,16 @@ def norm(P: Params, name: str, x: torch.Tensor, cfg: LNBertConfig) -> torch.Tens
         alpha = P.get(f"{name}.alpha")
         assert alpha.numel() == 1, (name, tuple(alpha.shape))
         return w * torch.tanh(alpha.reshape(()) * x) + P.get(f"{name}.bias")
+    if cfg.norm_type == "derf":  # Derf (arXiv 2512.10938): weight * erf(alpha x + shift) + bias, scalar alpha, shift
+        alpha, shift = P.get(f"{name}.alpha"), P.get(f"{name}.shift")
+        assert alpha.numel() == 1 and shift.numel() == 1, (name, tuple(alpha.shape), tuple(shift.shape))
+        return w * torch.erf(alpha.reshape(()) * x + shift.reshape(())) + P.get(f"{name}.bias")
+    if cfg.norm_type == "seednorm":  # SeeDNorm (arXiv 2510.22777): (weight + tanh(x . beta) alpha) * x / RMS(x)
+        assert not P.has(f"{name}.bias"), f"SeeDNorm {name} must have no bias"
+        alpha, beta = P.get(f"{name}.alpha"), P.get(f"{name}.beta")
+        assert alpha.shape == beta.shape == w.shape, (name, tuple(alpha.shape), tuple(beta.shape))
+        rms = torch.sqrt(x.pow(2).mean(-1, keepdim=True) + cfg.layer_norm_eps)
+        return (w + torch.tanh((x * beta).sum(-1, keepdim=True)) * alpha) * x / rms
     raise AssertionError(cfg.norm_type)
 
 
@@ -521,9 +531,8 @@ def _layer_keys(sd, i):
 def _norm_keys(local: str, norm_type: str) -> set[str]:
     return {
         f"{local}.{s}"
-        for s in {"layernorm": ("weight", "bias"), "rmsnorm": ("weight",), "dyt": ("weight", "bias", "alpha")}[
-            norm_type
-        ]
+        for s in {"layernorm": ("weight", "bias"), "rmsnorm": ("weight",), "dyt": ("weight", "bias", "alpha"),
+                  "derf": ("weight", "bias", "alpha", "shift"), "seednorm": ("weight", "alpha", "beta")}[norm_type]
     }
 
 
@@ -619,8 +628,11 @@ def test_init_values(placement, norm_type, qk_norm, extra):
             assert torch.all(p == 1), name
         elif is_norm and leaf == "bias":
             assert torch.all(p == 0), name
-        elif leaf == "alpha":
-            torch.testing.assert_close(p.reshape(()), torch.tensor(cfg.dyt_alpha_init, dtype=p.dtype), msg=name)
+        elif leaf == "alpha":  # DyT's and Derf's scalar at their configured init; SeeDNorm's vector at 1
+            want = {"dyt": cfg.dyt_alpha_init, "derf": cfg.derf_alpha_init, "seednorm": 1.0}[norm_type]
+            torch.testing.assert_close(p, torch.full_like(p, want), msg=name)
+        elif leaf in ("shift", "beta"):  # Derf's shift, SeeDNorm's beta: 0
+            assert torch.all(p == 0), name
         elif "rezero_gate" in name:
             assert p.shape == (1,) and torch.all(p == 0), (name, p)
         elif "head_scale" in name:
