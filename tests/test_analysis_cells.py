@@ -242,13 +242,14 @@ def test_the_gpu_grid_preset_parses_to_every_placement_and_norm_type():
 
     from pretrain.analysis.grid import grid_cells
     from pretrain.placements import ALIASES, PLACEMENTS
+    from pretrain.variants import NORM_TYPES
 
     preset = Path(__file__).resolve().parents[1] / "configs" / "analysis" / "grid_gpu.yaml"
     command, args = cli.parse_args(["grid", "--config", str(preset)])
     assert command == "grid"
     assert {m.placement for m in args.models.values()} == set(PLACEMENTS) - set(ALIASES) - {"ngpt"}  # peri is sandwich
-    assert {m.norm_type for m in args.models.values()} == {"layernorm", "rmsnorm", "dyt"}
-    assert len(grid_cells(args, args.seeds)) == 14 * 3 * 2 * 2 * 2
+    assert {m.norm_type for m in args.models.values()} == set(NORM_TYPES)
+    assert len(grid_cells(args, args.seeds)) == 14 * 5 * 2 * 2 * 2
 
 
 # --------------------------------------------------------------------------------------------------
