@@ -27,7 +27,6 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
-from huggingface_hub.dataclasses import strict
 from torch import nn
 from transformers import (
     AutoConfig,
@@ -94,7 +93,8 @@ logger = logging.get_logger(__name__)
 _COMPUTATION_FIELDS = (*COMPUTATION_OPTIONS, "num_hidden_layers", "hidden_act", "layer_norm_eps")
 
 
-@strict
+# Not @strict as BertConfig: huggingface_hub would check each Literal option as it is set, before check_options names
+# the nearest valid value; BertConfig's own fields keep its checks.
 class LNBertConfig(BertConfig, LNBertOptions):
     """BERT configuration plus the choices the paper leaves open (``LNBertOptions``, pretrain/variants.py: each
     option's type, default and meaning, read by the command line's ``model`` section too; the placements'
