@@ -17,13 +17,13 @@ cd "$(dirname "$0")/.."
 SCALE=${1:?usage: launch/compare_placements.sh quick|small|base [--key=value ...]}
 shift
 # Each scale's presets, and the seconds a step of them took where measured (the cost printed before the runs start;
-# evaluations and saves included). quick and small (one model and batch): 2026-12-06, 2 cores of an AMD EPYC (bf16)
-# at a load of about 4 from other jobs, the Pre-LN run of the quick comparison, 300 steps in 236 s from its
-# run_config.json to its status.json (its Post-LN run, at a load of 5-8: 545 s).
+# evaluations and saves included). quick and small (one model and batch): 2026-12-06, 2 idle cores of an AMD EPYC
+# (Zen 4, bf16), each run of the quick comparison 300 steps in 135-136 s from its run_config.json to its status.json
+# (at a load of 4-8 from other jobs: 236-545 s).
 case "$SCALE" in
   quick) POST="configs/pretrain/small_post_ln.yaml configs/pretrain/quick.yaml"
-         PRE="configs/pretrain/small_pre_ln.yaml configs/pretrain/quick.yaml"; STEP_S=0.8 ;;
-  small) POST=configs/pretrain/small_post_ln.yaml; PRE=configs/pretrain/small_pre_ln.yaml; STEP_S=0.8 ;;
+         PRE="configs/pretrain/small_pre_ln.yaml configs/pretrain/quick.yaml"; STEP_S=0.45 ;;
+  small) POST=configs/pretrain/small_post_ln.yaml; PRE=configs/pretrain/small_pre_ln.yaml; STEP_S=0.45 ;;
   base)  POST=configs/pretrain/bert_base_post_ln.yaml; PRE=configs/pretrain/bert_base_pre_ln.yaml; STEP_S= ;;
   *) echo "unknown scale '$SCALE'; use quick, small or base" >&2; exit 2 ;;
 esac
