@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from transformers import PreTrainedTokenizerFast
 
+from finetune.backends import SlurmConfig
 from finetune.config import FinetuneConfig
 from finetune.glue import TASKS, read_tsv
 from finetune.manifest import JobSpec, Results
@@ -137,7 +138,10 @@ def config_for(tmp_path: Path, runs: list[Path], **overrides: Any) -> ScheduleCo
         recipe=dict(QUICK),
     )
     values.update(overrides)
-    return ScheduleConfig(**values | {"recipe": FinetuneConfig(**values["recipe"])})
+    nested = {"recipe": FinetuneConfig(**values["recipe"])}
+    if "slurm" in values:
+        nested["slurm"] = SlurmConfig(**values["slurm"])
+    return ScheduleConfig(**values | nested)
 
 
 def job_spec(**overrides: Any) -> JobSpec:
