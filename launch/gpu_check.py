@@ -31,7 +31,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-import psutil  # accelerate's dependency: a launcher's workers may sit in sessions of their own
+import psutil  # accelerate's dependency: a launcher's workers may run in process groups of their own (setsid)
 
 from pretrain.common import atomic
 from pretrain.run_folder.layout import STOP_FILE, list_snapshots, read_metrics, read_status
