@@ -684,6 +684,7 @@ def pretrain(cfg: PretrainConfig, argv: list[str] | None = None, stop: StopReque
     except BaseException as err:
         full = as_disk_full(err, run_dir) if isinstance(err, Exception) else None
         if full is None and setup is None:  # bad input found while preparing: nothing started, no status
+            accelerator.end_training()  # a process exiting with its gloo group alive aborts, losing exit code 2
             raise
         message = str(full) if full is not None else failure_message(err, accelerator, cfg)
         record_stop(accelerator, cfg, "failed" if full is None else "preempted", state.step, message)
