@@ -23,7 +23,8 @@ HC and mHC in mHC's common form (its Eq. 3), ``x`` the n streams (n x d): ``x <-
     mHC   from RMSNorm(vec x): sigmoid, 2 sigmoid, Sinkhorn-Knopp (doubly stochastic)       mHC paper, Eqs. 7-9
 
 The state and its mixing run with autocast off in the state's dtype (float32 under bf16 autocast, as Pre-LN's sum),
-mHC's mappings in at least float32. ``recording`` and ``residual_stats`` measure what the papers' claims are about.
+mHC's mappings in at least float32. ``recording`` measures what the papers' claims are about
+(``pretrain.tracking.design_stats.measuring``: at a training run's log steps).
 """
 
 from __future__ import annotations
@@ -569,19 +570,3 @@ def recording(model: nn.Module, token_mask: torch.Tensor | None = None) -> Itera
     finally:
         for module in modules:
             module.recorder = None
-
-
-@torch.no_grad()
-def residual_stats(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
-                   token_type_ids: torch.Tensor | None = None) -> ResidualStats:  # fmt: skip
-    """``ResidualStats`` of one forward pass of ``model``'s encoder on a batch, in eval mode (no dropout) and
-    without gradients, for a training loop's log steps (about a third of a training step). The caller's autocast
-    applies; the model's mode is restored."""
-    was_training = model.training
-    model.eval()
-    try:
-        with recording(model, attention_mask) as recorder:
-            model.base_model(input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids, pool=False)
-    finally:
-        model.train(was_training)
-    return recorder.stats()

@@ -15,7 +15,7 @@ import os
 import sys
 import time
 from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, nullcontext
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
@@ -48,7 +48,7 @@ from pretrain.modeling import LNBertForPreTraining
 from pretrain.optim import build_adamw, resolve_adamw_implementation
 from pretrain.placements import PLACEMENTS
 from pretrain.prepare import data_report, prepare_command
-from pretrain.residual_streams import ResidualRecorder, ResidualStats, recording, residual_stats
+from pretrain.residual_streams import ResidualStats
 from pretrain.run_folder import layout
 from pretrain.run_folder.checkpointing import (
     TOKENIZER_ROOM,
@@ -71,7 +71,7 @@ from pretrain.run_folder.checkpointing import (
 from pretrain.run_folder.identity import ensure_run_id
 from pretrain.run_folder.same_run import check_same_run
 from pretrain.run_folder.status import Heartbeat, StopRequest, write_status
-from pretrain.tracking.design_stats import DesignProbe, design_stats, probing
+from pretrain.tracking.design_stats import LayerMeasurement, measure, measuring
 from pretrain.tracking.metrics import (
     clip_coefficient,
     init_trackers,
@@ -250,12 +250,13 @@ def train_step(
     for batch in batches:
         with accelerator.accumulate(model):
             measure = log_step and design is None  # the step's first micro-batch, at a log step
-            with (residual_recording(setup, batch) if measure else nullcontext() as recorder,
-                  design_recording(setup, batch) if measure else nullcontext() as probe):  # fmt: skip
+            # The step's own forward is measured, except a compiled model's (traced again with the hooks in it).
+            hooked = measure and not is_compiled_module(model)
+            with measuring(setup.unwrapped, batch["attention_mask"]) if hooked else nullcontext() as measured:
                 out = model(**batch)
             if measure:
-                residual = recorder.stats() if recorder is not None else residual_measurement(setup, batch)
-                design = probe.stats() if probe is not None else design_measurement(setup, batch)
+                found = measured() if hooked else measured_forward(setup, batch)
+                residual, design = found.residual, found.design
             accelerator.backward(out.loss)
             nsp = out.nsp_loss if out.nsp_loss is not None else 0.0
             parts = (out.loss, out.mlm_loss, nsp, batch["attention_mask"].sum(), 1.0, float(batch["input_ids"].numel()))
@@ -292,34 +293,10 @@ def train_step(
     raise RuntimeError("the training data ran out")  # batch_iterator loops over epochs forever
 
 
-def residual_recording(
-    setup: TrainingSetup, batch: dict[str, torch.Tensor]
-) -> AbstractContextManager[ResidualRecorder | None]:
-    """Records the residual scheme's measurements during the training forward itself (no second forward). None where
-    nothing is recorded: the standard scheme, and a compiled model (traced again with the recorder)."""
-    if not setup.unwrapped.config.scheme.module or is_compiled_module(setup.model):
-        return nullcontext()
-    return recording(setup.unwrapped, batch["attention_mask"])
-
-
-def residual_measurement(setup: TrainingSetup, batch: dict[str, torch.Tensor]) -> ResidualStats | None:
-    """The residual measurements by an extra forward without gradients (a compiled model); None for the standard one."""
-    if not setup.unwrapped.config.scheme.module:
-        return None
+def measured_forward(setup: TrainingSetup, batch: dict[str, torch.Tensor]) -> LayerMeasurement:
+    """What the layers show, by one extra forward without gradients (a compiled model's log step)."""
     with setup.accelerator.autocast():
-        return residual_stats(setup.unwrapped, batch["input_ids"], batch["attention_mask"], batch.get("token_type_ids"))
-
-
-def design_recording(setup: TrainingSetup, batch: dict[str, torch.Tensor]) -> AbstractContextManager[DesignProbe | None]:
-    """Records what the layers show during the training forward itself; None for a compiled model (traced again
-    with the hooks in it), measured then by ``design_measurement``."""
-    return nullcontext() if is_compiled_module(setup.model) else probing(setup.unwrapped, batch["attention_mask"])
-
-
-def design_measurement(setup: TrainingSetup, batch: dict[str, torch.Tensor]) -> dict[str, float]:
-    """What the layers show, by an extra forward without gradients (a compiled model)."""
-    with setup.accelerator.autocast():
-        return design_stats(setup.unwrapped, batch["input_ids"], batch["attention_mask"], batch.get("token_type_ids"))
+        return measure(setup.unwrapped, batch["input_ids"], batch["attention_mask"], batch.get("token_type_ids"))
 
 
 @torch.no_grad()

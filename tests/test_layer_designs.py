@@ -14,7 +14,7 @@ from pretrain import export
 from pretrain.modeling import LNBertConfig, LNBertForPreTraining, LNBertModel
 from pretrain.norms import GPAS, Derf, SeeDNorm
 from pretrain.optim import weight_decay_groups
-from pretrain.tracking.design_stats import design_stats
+from pretrain.tracking.design_stats import measure
 from tests.conftest import TINY
 
 GPAS_PLACEMENTS = ("pre", "sandwich", "deepnorm", "mix_ln", "lns")
@@ -318,7 +318,7 @@ def test_a_logged_step_measures_each_designs_claim():
     probabilities give it, whatever the kernel."""
     options = dict(norm_type="derf", gpas=True, attention_gate="elementwise", value_residual="learnable")
     model = build("pre", **options).float()
-    stats = design_stats(model, **batch())
+    stats = measure(model, **batch()).design
     layers = range(TINY["num_hidden_layers"])
     expected = {f"{kind}/{i:02d}" for i in layers for kind in ("hidden/variance", "attention/first_token",
                                                                "attention/gate", "gpas/scale")}  # fmt: skip

@@ -24,6 +24,7 @@ from pretrain.modeling import LNBertForPreTraining
 from pretrain.run import main
 from pretrain.run_folder.checkpointing import latest_checkpoint, list_checkpoints
 from pretrain.run_folder.layout import list_snapshots, read_metrics, read_status
+from pretrain.tracking.design_stats import measure
 from pretrain.training import final_validation, progress_postfix
 from tests import pretrain_helpers
 from tests.pretrain_helpers import ROOT, RUN_PY, accelerate_launch, tiny_args
@@ -165,12 +166,16 @@ def test_a_compiled_model_measures_its_scheme_in_a_forward_of_its_own(
     tmp_path: Path, data_cache: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Under torch.compile the training forward records nothing (its graph would be traced again with the
-    recorder in it): one eval forward without gradients measures the same things."""
+    recorder and the hooks in it): one eval forward without gradients a log step measures the same things, the
+    scheme's and the layers' alike."""
     from pretrain import training
 
     monkeypatch.setattr(training, "is_compiled_module", lambda model: True)  # compiling itself takes minutes
-    monkeypatch.setattr(training, "recording", None)  # never reached
+    monkeypatch.setattr(training, "measuring", None)  # never reached
+    forwards = []
+    monkeypatch.setattr(training, "measure", lambda *args: forwards.append(1) or measure(*args))
     last = scheme_run(tmp_path / "run", data_cache, "pre-mhc4")[-1]
+    assert len(forwards) == 2 and math.isfinite(last["attention/first_token/01"])  # log steps 2 and 3
     h_res = torch.tensor(last["residual/h_res"])
     assert torch.allclose(h_res.sum(-1), torch.ones(4, 4), atol=1e-3)
     assert all(last[f"residual/output_norm/{k:02d}"] > 0 for k in range(4))

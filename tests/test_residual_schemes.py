@@ -19,7 +19,8 @@ from transformers import AutoModelForMaskedLM, AutoModelForPreTraining
 
 from pretrain.modeling import LNBertConfig, LNBertForMaskedLM, LNBertForPreTraining, LNBertModel
 from pretrain.optim import build_adamw, weight_decay_groups
-from pretrain.residual_streams import recording, residual_stats, sinkhorn
+from pretrain.residual_streams import recording, sinkhorn
+from pretrain.tracking.design_stats import measure
 from pretrain.variants import RESIDUAL_SCHEME_FIELDS, variant_name
 from tests.conftest import TINY
 from tests.test_placement_reference import (
@@ -724,7 +725,7 @@ def test_stats_of_static_hc_are_its_matrices_and_their_composite_gain():
     perturb(model, seed=5)
     ids, mask, tt = make_inputs()
     model.train()
-    stats = residual_stats(model, ids, mask, tt)
+    stats = measure(model, ids, mask, tt).residual
     assert model.training  # restored
     modules = [m for layer in model.encoder.layer for m in (layer.attention_residual, layer.ffn_residual)]
     product = torch.eye(4, dtype=torch.float64)
@@ -746,7 +747,7 @@ def test_stats_of_static_hc_are_its_matrices_and_their_composite_gain():
 def test_mhc_composite_gain_stays_near_one():
     model = LNBertModel(scheme_config("mhc4")).double()
     perturb(model, seed=6)
-    stats = residual_stats(model, *make_inputs())
+    stats = measure(model, *make_inputs()).residual
     assert stats.res.shape == (6, 4, 4) and stats.pre.shape == stats.post.shape == (6, 4)
     torch.testing.assert_close(stats.composite_gain[:, 0], torch.ones(6), rtol=0, atol=1e-5)  # rows: exact
     torch.testing.assert_close(stats.composite_gain[:, 1], torch.ones(6), rtol=0, atol=1e-2)
@@ -757,7 +758,7 @@ def test_mhc_lite_composite_gain_is_one_to_rounding():
     column sums 1 (what mHC reaches only as far as Sinkhorn converged), to the recorder's float32 rounding."""
     model = LNBertModel(scheme_config("mhclite4")).double()
     perturb(model, seed=6)
-    stats = residual_stats(model, *make_inputs())
+    stats = measure(model, *make_inputs()).residual
     assert stats.res.shape == (6, 4, 4) and stats.pre.shape == stats.post.shape == (6, 4)
     torch.testing.assert_close(stats.composite_gain, torch.ones(6, 2), rtol=0, atol=1e-5)
     torch.testing.assert_close(stats.res.sum(-2), torch.ones(6, 4), rtol=0, atol=1e-5)  # columns of the token mean
@@ -767,7 +768,7 @@ def test_stats_of_static_frac_are_its_matrices():
     """HC's measurements for Frac-Connections: H_pre = Gamma^T (m x m, row-major), H_post = beta, H_res = A^T."""
     model = LNBertModel(scheme_config("sfrac4")).double()
     perturb(model, seed=5)
-    stats = residual_stats(model, *make_inputs())
+    stats = measure(model, *make_inputs()).residual
     modules = [m for layer in model.encoder.layer for m in (layer.attention_residual, layer.ffn_residual)]
     assert stats.pre.shape == (6, 16) and stats.post.shape == (6, 4) and stats.res.shape == (6, 4, 4)
     for k, module in enumerate(modules):
@@ -784,7 +785,7 @@ def test_denseformer_logs_its_depth_weights(name):
     config = scheme_config(name)
     model = LNBertModel(config).double()
     perturb(model, seed=8)
-    stats = residual_stats(model, *make_inputs())
+    stats = measure(model, *make_inputs()).residual
     k, layers = config.dwa_dilation, config.num_hidden_layers
     rows, width = [], 0
     for i, layer in enumerate(model.encoder.layer):
@@ -825,16 +826,19 @@ def test_stats_output_norms_and_attn_res_depth_weights():
 
 def test_block_attn_res_depth_weights_are_over_blocks():
     model = LNBertModel(scheme_config("attnres-b4")).double()
-    stats = residual_stats(model, *make_inputs())
+    stats = measure(model, *make_inputs()).residual
     # blocks of 4 over 6 sub-layers: sources b_0 (+ partial) for k = 0..3, then b_0, b_1 (+ partial); the output
     # reads b_0, b_1 and the last, partial block
     counts = [1, 2, 2, 2, 2, 3, 3]
     assert [int((row > 0).sum()) for row in stats.depth_weights] == counts
 
 
-def test_recording_needs_a_scheme():
-    with pytest.raises(ValueError, match="no residual scheme to record"):
-        residual_stats(LNBertModel(make_config("pre")), *make_inputs()[:2])
+def test_recording_needs_a_scheme_and_a_log_step_records_none_without_one():
+    model = LNBertModel(make_config("pre"))
+    with pytest.raises(ValueError, match="no residual scheme to record"), recording(model):
+        pass
+    found = measure(model, *make_inputs())
+    assert found.residual is None and "hidden/variance/00" in found.design
 
 
 # --------------------------------------------------------------------------------------------------

@@ -1,5 +1,6 @@
 """What a logged training step measures inside the layers, for the claims of docs/placements.md: forward hooks on one
-forward pass (the step's own; for a compiled model one of their own, without gradients), reduced over the batch's
+forward pass (the step's own; for a compiled model one of their own, without gradients), with the residual scheme's
+recorder on the same pass (``measuring``), reduced over the batch's
 real tokens, and the designs' learned scalars. Names, LL a layer, KK a sub-layer (2 LL its attention, 2 LL + 1 its FFN):
 
     hidden/variance/LL        variance over the width of the stream layer LL outputs, mean over tokens (GPAS: Pre-LN's
@@ -20,7 +21,7 @@ nGPT's layers are left out (their invariants are its placement's ``step_stats``)
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 
 import torch
@@ -31,6 +32,7 @@ from torch.utils.hooks import RemovableHandle
 from pretrain.attention import project_qkv
 from pretrain.modeling import LNBertLayer
 from pretrain.norms import GPAS
+from pretrain.residual_streams import ResidualStats, recording
 
 SATURATED = 2.0  # |z| past which tanh and erf are flat
 
@@ -109,16 +111,33 @@ def probing(model: nn.Module, token_mask: torch.Tensor) -> Iterator[DesignProbe]
             handle.remove()
 
 
+@dataclass(frozen=True)
+class LayerMeasurement:
+    """What one forward pass showed: the residual scheme's recorder (None for the standard scheme) and the probes."""
+
+    residual: ResidualStats | None
+    design: dict[str, float]
+
+
+@contextmanager
+def measuring(model: nn.Module, token_mask: torch.Tensor) -> Iterator[Callable[[], LayerMeasurement]]:
+    """The residual scheme's ``recording`` (where the model has one) and ``probing`` on one forward pass:
+    ``with measuring(model, batch["attention_mask"]) as measured: model(**batch)``, then ``measured()``."""
+    scheme = model.config.scheme.module
+    with recording(model, token_mask) if scheme else nullcontext() as recorder, probing(model, token_mask) as probe:
+        yield lambda: LayerMeasurement(recorder.stats() if recorder is not None else None, probe.stats())
+
+
 @torch.no_grad()
-def design_stats(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                 token_type_ids: torch.Tensor | None = None) -> dict[str, float]:  # fmt: skip
-    """``probing``'s measurements of one forward pass of ``model``'s encoder in eval mode without gradients (for a
-    compiled model, whose own forward is not hooked); the caller's autocast applies, the model's mode is restored."""
+def measure(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+            token_type_ids: torch.Tensor | None = None) -> LayerMeasurement:  # fmt: skip
+    """``measuring`` one forward pass of ``model``'s encoder in eval mode (no dropout), without gradients: a compiled
+    model's log step, whose own forward is not hooked. The caller's autocast applies; the model's mode is restored."""
     was_training = model.training
     model.eval()
     try:
-        with probing(model, attention_mask) as probe:
+        with measuring(model, attention_mask) as measured:
             model.base_model(input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids, pool=False)
     finally:
         model.train(was_training)
-    return probe.stats()
+    return measured()
