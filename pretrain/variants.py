@@ -150,6 +150,34 @@ def option_choices() -> dict[str, tuple[Any, ...]]:
     }
 
 
+@dataclass(frozen=True)
+class OptionKind:
+    """The values an option not typed by a ``Literal`` takes."""
+
+    types: tuple[type, ...]  # bool is apart: True is no integer here, and 1 no boolean
+    nullable: bool
+    what: str
+
+    def takes(self, value: Any) -> bool:
+        if value is None or isinstance(value, bool):
+            return self.nullable if value is None else self.types == (bool,)
+        return self.types != (bool,) and isinstance(value, self.types)
+
+
+@functools.cache
+def option_kinds() -> dict[str, OptionKind]:
+    """Each option not typed by a ``Literal`` (``option_choices``), by name: a config built in Python or read from a
+    config.json is checked as the command line's parser checks its own (a float option takes an integer too)."""
+    kinds = {bool: ((bool,), "true or false"), int: ((int,), "an integer"), float: ((int, float), "a number")}
+    found = {}
+    for name, hint in typing.get_type_hints(LNBertOptions).items():
+        if typing.get_origin(hint) is not Literal:
+            nullable = type(None) in get_args(hint)
+            types, what = kinds[next(t for t in get_args(hint) or (hint,) if t is not type(None))]
+            found[name] = OptionKind(types, nullable, what + " or null" * nullable)
+    return found
+
+
 def check_choice(key: str, value: str, choices: tuple[str, ...]) -> None:
     """Refuse ``value`` unless it is one of ``choices``, naming the key, the closest choice and all of them."""
     if value not in choices:
@@ -163,6 +191,9 @@ def check_options(config: Any, prefix: str = "") -> None:
     ``LNBertConfig``, or the command line's ``model`` section (``prefix`` "model."), checked before torch loads."""
     for key, choices in option_choices().items():
         check_choice(f"{prefix}{key}", getattr(config, key), choices)
+    for key, kind in option_kinds().items():
+        if not kind.takes(value := getattr(config, key)):
+            raise ValueError(f"{prefix}{key}={value!r} must be {kind.what}")
     width, heads = f"{prefix}hidden_size={config.hidden_size}", f"{prefix}num_attention_heads"
     if config.hidden_size % config.num_attention_heads != 0:
         raise ValueError(f"{width} is not divisible by {heads}={config.num_attention_heads}: {heads} must divide "
@@ -177,11 +208,11 @@ def check_options(config: Any, prefix: str = "") -> None:
             raise ValueError(f"{prefix}{key}={value} must be > 0 (the default, its official code's: 0.5)")
     for key, default in (("hc_streams", 4), ("mhc_sinkhorn_iters", 20), ("frac_parts", 4), ("dwa_dilation", 1),
                          ("dwa_period", 1)):
-        if not (isinstance(value := getattr(config, key), int) and value >= 1):
+        if (value := getattr(config, key)) < 1:
             raise ValueError(f"{prefix}{key}={value!r} must be an integer >= 1 (the papers' default: {default})")
     # An odd size is allowed: Block AttnRes is defined for any block size in sub-layers (1 is Full AttnRes); an odd
     # size only closes some blocks inside a layer, where the paper's close after whole layers.
-    if (size := config.attn_res_block_size) is not None and not (isinstance(size, int) and size >= 1):
+    if (size := config.attn_res_block_size) is not None and size < 1:
         raise ValueError(
             f"{prefix}attn_res_block_size={size!r} must be an integer >= 1 (sub-layers per block; 1 or null: Full "
             "AttnRes; even values close blocks between layers)"

@@ -6,6 +6,7 @@ against implementations written from the papers' equations."""
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 import torch
@@ -355,6 +356,22 @@ def test_every_placement_has_a_row_and_every_row_a_block():
         LNBertConfig(norm_placement="preln")
     with pytest.raises(ValueError, match=r"norm_type='layer_norm'.*valid choices: layernorm, rmsnorm, dyt"):
         LNBertConfig(norm_type="layer_norm")
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [(dict(qk_norm="false"), "qk_norm='false' must be true or false"), (dict(gpas=1), "gpas=1 must be true or false"),
+     (dict(hc_streams=True), "hc_streams=True must be an integer"),
+     (dict(frac_parts=4.0), "frac_parts=4.0 must be an integer"),
+     (dict(mix_ln_post_layers="3"), "mix_ln_post_layers='3' must be an integer or null"),
+     (dict(dyt_alpha_init="0.5"), "dyt_alpha_init='0.5' must be a number")],
+)  # fmt: skip
+def test_an_option_of_the_wrong_type_is_refused_naming_its_type(overrides, message):
+    """A config built in Python or read from a config.json meets the types the command line's parser checks: the
+    string "false" is no False (it is truthy), 4.0 streams no count."""
+    with pytest.raises(ValueError, match=re.escape(message)):
+        LNBertConfig(**overrides)
+    assert LNBertConfig(dyt_alpha_init=1, admin_omega=None).dyt_alpha_init == 1  # an integer is a number
 
 
 @pytest.mark.parametrize(
