@@ -9,6 +9,7 @@ import json
 import math
 import statistics
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -237,23 +238,43 @@ def smoothed_curve(curve: list[list[float]], window: int) -> list[tuple[int, flo
     return [(int(step), statistics.fmean(losses[max(0, i + 1 - window) : i + 1])) for i, (step, _) in enumerate(curve)]
 
 
-def grad_spread(rows: list[dict[str, Any]]) -> float | None:
-    """The coefficient of variation (std / mean) of the per-layer FFN gradient norms in a run's metrics ``rows``,
-    median over the last tenth of the logged steps: 0 when every layer gets the same gradient; None without rows."""
-    rows = [r for r in rows if any(k.startswith("grad_norm/layer_") for k in r)]
-    spreads = []
-    for row in rows[len(rows) - max(1, len(rows) // 10) :]:
-        norms = [v for k, v in row.items() if k.startswith("grad_norm/layer_") and k.endswith("/ffn")]
-        if len(norms) > 1 and statistics.fmean(norms) > 0:
-            spreads.append(statistics.pstdev(norms) / statistics.fmean(norms))
-    return statistics.median(spreads) if spreads else None
+def late(rows: list[dict[str, Any]], value: Callable[[dict[str, Any]], float | None]) -> float | None:
+    """The median of ``value(row)`` over the last tenth of a run's metrics ``rows`` that have it (a logged step
+    measures one micro-batch: the median of many steps, not the last one's draw); None where none has it."""
+    found = [v for row in rows if (v := value(row)) is not None]
+    return statistics.median(found[len(found) - max(1, len(found) // 10) :]) if found else None
+
+
+def series(row: dict[str, Any], prefix: str) -> list[float]:
+    """A row's per-layer (or per-sub-layer) values of ``prefix``LL, in layer order."""
+    return [row[k] for k in sorted(k for k in row if k.startswith(prefix))]
+
+
+def ffn_spread(row: dict[str, Any]) -> float | None:
+    """The coefficient of variation (std / mean) of the per-layer FFN gradient norms: 0 when every layer gets the
+    same gradient."""
+    norms = [v for k, v in row.items() if k.startswith("grad_norm/layer_") and k.endswith("/ffn")]
+    return statistics.pstdev(norms) / statistics.fmean(norms) if len(norms) > 1 and statistics.fmean(norms) > 0 else None
+
+
+def variance_growth(row: dict[str, Any]) -> float | None:
+    """The stream's variance after the last layer over that after the first (Pre-LN's grows with depth)."""
+    variances = series(row, "hidden/variance/")
+    return variances[-1] / variances[0] if len(variances) > 1 and variances[0] > 0 else None
+
+
+def mean_of(values: list[float]) -> float | None:
+    return statistics.fmean(values) if values else None
 
 
 def diagnostics(result: dict[str, Any], run_dir: Path, target: float | None, window: int) -> dict[str, float | None]:
-    """One run's numbers for the residual designs' claims: the similarity of consecutive sub-layers' inputs and the
-    last over the first sub-layers' output norm (probes.sublayer_io, last snapshot), the FFN gradients' spread over
-    layers, HC's and mHC's composite gain at the end, and the first step whose smoothed training loss reaches
-    ``target`` (the baseline's final one at the same seed)."""
+    """One run's numbers for the designs' claims (docs/placements.md): the similarity of consecutive sub-layers'
+    inputs and the last over the first sub-layers' output norm (probes.sublayer_io, last snapshot); from the logged
+    steps (``late``) the FFN gradients' spread over layers, the stream's variance after the last layer over the first
+    (GPAS), the attention mass on [CLS] (gated attention, value residuals: the sink), the fraction of the norms'
+    pre-activations past the flat part (Derf, SeeDNorm, DyT) and the weight the residual designs' averages put on the
+    embeddings (DenseFormer, AttnRes); HC's and mHC's composite gain at the end, and the first step whose smoothed
+    training loss reaches ``target`` (the baseline's final one at the same seed)."""
     sublayers = (result.get("probe") or {}).get("sublayers") or {}
     similarity, norms = sublayers.get("input_similarity"), sublayers.get("output_norm")
     rows = read_metrics(run_dir)
@@ -263,7 +284,11 @@ def diagnostics(result: dict[str, Any], run_dir: Path, target: float | None, win
         "input_similarity": statistics.fmean(similarity) if similarity else None,
         "output_norm_last_over_first": (norms[-2] + norms[-1]) / (norms[0] + norms[1])
         if norms and norms[0] + norms[1] > 0 else None,
-        "grad_spread": grad_spread(rows),
+        "grad_spread": late(rows, ffn_spread),
+        "variance_last_over_first": late(rows, variance_growth),
+        "first_token_mass": late(rows, lambda r: mean_of(series(r, "attention/first_token/"))),
+        "preact_saturated": late(rows, lambda r: mean_of(series(r, "preact/saturated/"))),
+        "weight_on_embeddings": late(rows, lambda r: mean_of([w[0] for w in r.get("residual/depth_weights") or []])),
         "composite_gain": gains[-1] if gains else None,
         "steps_to_target": next((s for s, loss in curve if loss <= target), None) if target is not None else None,
     }
@@ -433,16 +458,22 @@ def contrasts_text(args: CompareConfig, found: list[dict[str, Any]]) -> str:
 
 
 def diagnostics_text(args: CompareConfig, ranked: list[dict[str, Any]], diagnosed: dict[str, dict]) -> str:
-    forms = {"input_similarity": ".3f", "output_norm_last_over_first": ".2f", "grad_spread": ".3f",
-             "composite_gain": ".3g", "steps_to_target": ".0f"}  # fmt: skip
-    rows = [[s["name"], *(_number(diagnosed[s["name"]].get(k), f) for k, f in forms.items())]
+    columns = {"input_similarity": ("input similarity", ".3f"), "output_norm_last_over_first": ("out norm L/1", ".2f"),
+               "grad_spread": ("grad spread", ".3f"), "variance_last_over_first": ("variance L/1", ".2f"),
+               "first_token_mass": ("[CLS] mass", ".3f"), "preact_saturated": ("saturated", ".3f"),
+               "weight_on_embeddings": ("weight on X_0", ".3f"), "composite_gain": ("composite gain", ".3g"),
+               "steps_to_target": ("steps to baseline", ".0f")}  # fmt: skip
+    # A column no model has is left out (a study without the designs it measures).
+    shown = {k: c for k, c in columns.items() if any(d.get(k) is not None for d in diagnosed.values())}
+    rows = [[s["name"], *(_number(diagnosed[s["name"]].get(k), f) for k, (_, f) in shown.items())]
             for s in ranked if diagnosed.get(s["name"])]  # fmt: skip
     head = (f"per model, mean over its seeds: input similarity of consecutive sub-layers and output norm of the last "
-            f"sub-layers over the first (last snapshot), FFN gradient spread over layers (CV, last tenth), HC/mHC "
-            f"composite gain at the end, steps to {args.baseline or 'a baseline'}'s final training loss (trailing "
-            f"mean of {args.smoothing}); '-': not measured, or some seed never got there")  # fmt: skip
-    headers = ["model", "input similarity", "out norm L/1", "grad spread", "composite gain", "steps to baseline"]
-    return titled_table(head, headers, rows) if rows else ""
+            f"sub-layers over the first (last snapshot); median over the last tenth of the logged steps: FFN gradient "
+            f"spread over layers (CV), the stream's variance after the last layer over the first, attention mass on "
+            f"[CLS], the norms' pre-activations with |z| > 2, the averages' weight on the embeddings; HC/mHC composite "
+            f"gain at the end; steps to {args.baseline or 'a baseline'}'s final training loss (trailing mean of "
+            f"{args.smoothing}); '-': not measured, or some seed never got there")  # fmt: skip
+    return titled_table(head, ["model", *(name for name, _ in shown.values())], rows) if rows else ""
 
 
 def provenance_text(home: dict[str, Any], marks: dict[str, list[str]]) -> str:
