@@ -7,6 +7,7 @@ described in docs/run_layout.md; the exit codes are in pretrain/run.py.
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import datetime
 import logging
@@ -144,6 +145,10 @@ def build_accelerator(cfg: PretrainConfig) -> Accelerator:
         # prepare() compiles last, after the DDP wrap; None keeps an `accelerate config` dynamo choice.
         dynamo_backend="inductor" if cfg.train.compile else None,
     )
+    if torch.distributed.is_initialized() and torch.distributed.get_backend() == "gloo":
+        # A process that exits with its gloo group alive can abort in the group's destructor (SIGABRT: the exit code
+        # a job script reads is lost; pytorch/pytorch#179291): every way out ends the group first.
+        atexit.register(accelerator.state.destroy_process_group)
     use_tf32_for_fp32(accelerator.device, cfg.train.mixed_precision)
     plugin = accelerator.state.deepspeed_plugin
     if plugin is not None and plugin.deepspeed_config.get("gradient_clipping") == "auto":
@@ -661,7 +666,6 @@ def pretrain(cfg: PretrainConfig, argv: list[str] | None = None, stop: StopReque
     except BaseException as err:
         full = as_disk_full(err, run_dir) if isinstance(err, Exception) else None
         if full is None and setup is None:  # bad input found while preparing: nothing started, no status
-            accelerator.end_training()  # a process exiting with its gloo group alive aborts, losing exit code 2
             raise
         message = str(full) if full is not None else failure_message(err, accelerator, cfg)
         record_stop(accelerator, cfg, "failed" if full is None else "preempted", state.step, message)
