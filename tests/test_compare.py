@@ -361,3 +361,7 @@ def test_the_diagnostics_read_each_designs_claim_from_the_late_logged_steps(tmp_
     # A run that logged none of them (Post-LN with LayerNorm: no pre-activation, no averages) has them as None.
     (tmp_path / layout.METRICS_FILE).write_text(json.dumps({"step": 1, "train/loss": 7.0}) + "\n")
     assert compare.diagnostics({}, tmp_path, None, 100)["preact_saturated"] is None
+    # Past 99 layers the names' order is not the layers': layer 100's variance is the last.
+    deep = {"step": 1, **{f"hidden/variance/{i:02d}": 1.0 + i for i in range(101)}}
+    (tmp_path / layout.METRICS_FILE).write_text(json.dumps(deep) + "\n")
+    assert compare.diagnostics({}, tmp_path, None, 100)["variance_last_over_first"] == pytest.approx(101.0)

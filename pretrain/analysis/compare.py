@@ -246,8 +246,8 @@ def late(rows: list[dict[str, Any]], value: Callable[[dict[str, Any]], float | N
 
 
 def series(row: dict[str, Any], prefix: str) -> list[float]:
-    """A row's per-layer (or per-sub-layer) values of ``prefix``LL, in layer order."""
-    return [row[k] for k in sorted(k for k in row if k.startswith(prefix))]
+    """A row's per-layer (or per-sub-layer) values of ``prefix``LL, in layer order (by number: layer 100 after 99)."""
+    return [row[k] for k in sorted((k for k in row if k.startswith(prefix)), key=lambda k: int(k[len(prefix) :]))]
 
 
 def ffn_spread(row: dict[str, Any]) -> float | None:
