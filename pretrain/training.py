@@ -254,12 +254,12 @@ def train_step(
     residual, design, step_stats = None, None, {}
     for batch in batches:
         with accelerator.accumulate(model):
-            measure = log_step and design is None  # the step's first micro-batch, at a log step
+            measure_now = log_step and design is None  # the step's first micro-batch, at a log step
             # The step's own forward is measured, except a compiled model's (traced again with the hooks in it).
-            hooked = measure and not is_compiled_module(model)
+            hooked = measure_now and not is_compiled_module(model)
             with measuring(setup.unwrapped, batch["attention_mask"]) if hooked else nullcontext() as measured:
                 out = model(**batch)
-            if measure:
+            if measure_now:
                 found = measured() if hooked else measured_forward(setup, batch)
                 residual, design = found.residual, found.design
             accelerator.backward(out.loss)

@@ -70,9 +70,9 @@ def _ddp_worker(rank: int, port: int, out: Path) -> None:
         return model
 
     torch.compile = record_compile
-    cfg = parse_args([*TINY_MODEL_ARGS, "--data.objective=mlm", "--train.compile=true", f"--train.output_dir={out}"])
-    accelerator = build_accelerator(cfg)
     try:
+        cfg = parse_args([*TINY_MODEL_ARGS, "--data.objective=mlm", "--train.compile=true", f"--train.output_dir={out}"])
+        accelerator = build_accelerator(cfg)
         torch.manual_seed(0)
         model = build_model(cfg, TINY["vocab_size"])
         optimizer = build_adamw(model, lr=1e-3, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.01)
