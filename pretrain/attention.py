@@ -1,16 +1,14 @@
 """What ``pretrain.modeling.LNBertSelfAttention`` and ``pretrain.ngpt.NgptSelfAttention`` share: the Q, K, V
-projections, separate or fused, and the attention kernel from transformers' table (``attention_function``)."""
+projections, separate or fused, and the eager attention kernel (the fallback of transformers' table,
+``ALL_ATTENTION_FUNCTIONS``, which each attention module reads at every call)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
-from transformers import PretrainedConfig
-from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 
 def eager_attention_forward(
@@ -24,11 +22,6 @@ def eager_attention_forward(
     probs = F.dropout(scores.softmax(dim=-1), p=dropout, training=module.training)
     out = torch.matmul(probs, value).transpose(1, 2).contiguous()  # (B, T, nh, hs)
     return out, probs
-
-
-def attention_function(config: PretrainedConfig) -> Callable[..., tuple[torch.Tensor, torch.Tensor | None]]:
-    """The attention implementation transformers' table gives for the config ("sdpa" by default, "eager", ...)."""
-    return ALL_ATTENTION_FUNCTIONS.get_interface(config._attn_implementation, eager_attention_forward)
 
 
 def project_qkv(hidden_states: torch.Tensor, projections: tuple[nn.Linear, ...], head_size: int,

@@ -56,11 +56,12 @@ from transformers.modeling_outputs import (
     SequenceClassifierOutput,
     TokenClassifierOutput,
 )
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.models.bert.modeling_bert import BertForPreTrainingOutput
 from transformers.utils import logging
 from transformers.utils.generic import can_return_tuple
 
-from pretrain.attention import attention_function, project_qkv
+from pretrain.attention import eager_attention_forward, project_qkv
 from pretrain.ngpt import (
     NGPT_MODULES,
     NgptLayer,
@@ -211,9 +212,11 @@ class LNBertSelfAttention(nn.Module):
         elif values is not None and not self.first:
             mix = self.value_lambda.weight if self.value_lambda is not None else (0.5, 0.5)
             v = (mix[0] * values[0] + mix[1] * v).to(v.dtype)
-        out, probs = attention_function(self.config)(
-            self, q, k, v, attention_mask, dropout=self.dropout.p if self.training else 0.0, scaling=self.scaling
-        )  # out: (B, T, nh, hs)
+        # Read from transformers' table at each call, as BERT: set_attn_implementation() switches it (transformers
+        # looks for this call in the model's source before it allows the switch).
+        attend = ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation, eager_attention_forward)
+        dropout = self.dropout.p if self.training else 0.0
+        out, probs = attend(self, q, k, v, attention_mask, dropout=dropout, scaling=self.scaling)  # out: (B, T, nh, hs)
         if self.gate is not None:
             out = out * torch.sigmoid(self.gate(hidden_states)).unflatten(-1, (out.shape[2], -1))
         return out.flatten(2), probs
@@ -408,8 +411,8 @@ class LNBertEncoder(nn.Module):
                 attentions.append(probs)
         if output_attentions and not attentions:
             logger.warning_once(f"{self.config._attn_implementation} attention returns no attention probabilities "
-                                "(output_attentions gives an empty tuple); load the model with "
-                                "attn_implementation='eager' to get them")  # fmt: skip
+                                "(output_attentions gives an empty tuple); load the model with attn_implementation="
+                                "'eager', or call its set_attn_implementation('eager'), to get them")  # fmt: skip
         x = self.end(stream)
         hidden_states[-1] = x  # as in Hugging Face, hidden_states[-1] is last_hidden_state (after the final norm)
         hidden = tuple(hidden_states) if output_hidden_states else None

@@ -33,8 +33,9 @@ from transformers import BertConfig
 from transformers import initialization as init
 from transformers.activations import ACT2FN
 from transformers.modeling_layers import GradientCheckpointingLayer
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-from pretrain.attention import attention_function, project_qkv
+from pretrain.attention import eager_attention_forward, project_qkv
 
 # The ``config`` arguments below are the model's LNBertConfig (pretrain/modeling.py), typed as its Hugging Face base
 # class: this module sits below the model file, which imports it.
@@ -161,7 +162,8 @@ class NgptSelfAttention(nn.Module):
         s_qk = self.sqk_scaler.effective(self.sqk).view(-1, 1, self.head_size)  # (nh, 1, hs) against (B, nh, T, hs)
         q, k = ((unit(x) * s_qk).to(v.dtype) for x in (q, k))
         scaling = self.head_size**0.5
-        out, probs = attention_function(self.config)(self, q, k, v, attention_mask, dropout=0.0, scaling=scaling)
+        attend = ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation, eager_attention_forward)
+        out, probs = attend(self, q, k, v, attention_mask, dropout=0.0, scaling=scaling)
         return out.flatten(2), probs  # out: (B, T, nh, hs)
 
 

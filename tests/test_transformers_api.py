@@ -326,7 +326,8 @@ def test_padded_input_without_attention_mask_warns(monkeypatch):
 @pytest.mark.parametrize("name", ["post", "pre", "resi_dual", "ngpt", "pre-hc4", "pre-attnres"])
 def test_output_attentions_as_bert(name, monkeypatch):
     """sdpa computes no attention probabilities: an empty tuple, as ``BertModel`` 5.x returns, with a warning that
-    names the fix; eager gives each layer's (B, heads, T, T)."""
+    names the fix; eager (at load, or switched to with ``set_attn_implementation`` as in BERT) gives each layer's
+    (B, heads, T, T)."""
     said: list[str] = []
     monkeypatch.setattr(pretrain.modeling.logger, "warning_once", said.append)
     batch = inputs()
@@ -340,6 +341,9 @@ def test_output_attentions_as_bert(name, monkeypatch):
         assert len(said) == 1 and "attn_implementation='eager'" in said[0]
         probs = eager(**batch, output_attentions=True).attentions
         assert sdpa(**batch).attentions is None
+        sdpa.set_attn_implementation("eager")
+        switched = sdpa(**batch, output_attentions=True).attentions
+    torch.testing.assert_close(switched, probs, rtol=0, atol=0)
     assert len(probs) == TINY["num_hidden_layers"]
     assert all(p.shape == (3, TINY["num_attention_heads"], 9, 9) for p in probs)
     torch.testing.assert_close(probs[0].sum(-1), torch.ones(3, TINY["num_attention_heads"], 9))
@@ -365,23 +369,27 @@ def test_the_decoder_inputs_are_refused():
 @pytest.mark.parametrize("head", HEADS)
 def test_head_loads_a_bert_checkpoint_strictly(head, tmp_path):
     """A Hugging Face ``BertFor...`` saved with save_pretrained opens as our Post-LN head with no missing or
-    unexpected weight, and gives BERT's logits and loss, as BERT's tuple with ``return_dict=False``."""
+    unexpected weight, and gives BERT's logits and loss to the bit (BERT opened from the same folder, sdpa and
+    eager), as BERT's tuple with ``return_dict=False``."""
     ours_cls, bert_cls, _ = HEADS[head]
     torch.manual_seed(0)
-    bert = bert_cls(BertConfig(**TINY)).eval()
-    bert.save_pretrained(tmp_path)
+    bert_cls(BertConfig(**TINY)).save_pretrained(tmp_path)
+    bert = bert_cls.from_pretrained(tmp_path).eval()
     ours, info = ours_cls.from_pretrained(tmp_path, output_loading_info=True)
     assert isinstance(ours, ours_cls) and ours.config.norm_placement == "post"
     assert not any(info.values()), info
-    assert ours.state_dict().keys() == bert.state_dict().keys()  # what load_state_dict(strict=True) checks
+    ours.eval().load_state_dict(bert.state_dict(), strict=True)
     batch, target = batch_for(head), labels(head)
-    with torch.no_grad():
-        expected, got = bert(**batch, **target), ours.eval()(**batch, **target)
-        as_tuple = ours(**batch, **target, return_dict=False)
-    assert expected.keys() == got.keys()
-    for key, value in expected.items():
-        torch.testing.assert_close(got[key], value, msg=key)
-    torch.testing.assert_close(as_tuple, expected.to_tuple())
+    for attention in ("sdpa", "eager"):
+        bert.set_attn_implementation(attention)
+        ours.set_attn_implementation(attention)
+        with torch.no_grad():
+            expected, got = bert(**batch, **target), ours(**batch, **target)
+            as_tuple = ours(**batch, **target, return_dict=False)
+        assert expected.keys() == got.keys() and ours.config._attn_implementation == attention
+        for key, value in expected.items():
+            torch.testing.assert_close(got[key], value, rtol=0, atol=0, msg=f"{attention} {key}")
+        torch.testing.assert_close(as_tuple, expected.to_tuple(), rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("name", VARIANTS)
