@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import transformers.modeling_utils
 from safetensors.torch import load_file
 from transformers import AutoTokenizer
 
@@ -27,6 +28,7 @@ from pretrain.run_folder.layout import list_snapshots, read_metrics, read_status
 from pretrain.tracking.design_stats import measure
 from pretrain.training import final_validation, progress_postfix
 from tests import pretrain_helpers
+from tests.conftest import TINY
 from tests.pretrain_helpers import ROOT, RUN_PY, accelerate_launch, tiny_args
 
 # The shared fixtures (tests/pretrain_helpers.py): one data cache per module, a clean Accelerate state per test,
@@ -212,18 +214,32 @@ def test_both_placements_learn(tmp_path: Path, data_cache: Path, placement: str)
     assert losses[20] < losses[4]
 
 
-def test_resume_reproduces_the_uninterrupted_run_exactly(tmp_path: Path, data_cache: Path) -> None:
+def test_resume_reproduces_the_uninterrupted_run_exactly(
+    tmp_path: Path, data_cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """N steps straight == k steps, stop, resume, N-k steps: same per-step losses and bit-identical weights.
     Dropout on, gradient accumulation 2, and enough steps to cross an epoch boundary. The resumed part recomputes
     its activations (train.gradient_checkpointing, which a continued run may change): the same bits."""
+    checkpointed: list[int] = []  # one entry per layer forward run under transformers' activation checkpointing
+
+    def counting_checkpoint(*args: object, **kwargs: object) -> object:
+        checkpointed.append(1)
+        return torch.utils.checkpoint.checkpoint(*args, **kwargs)
+
+    monkeypatch.setattr(transformers.modeling_utils, "checkpoint", counting_checkpoint)
     common = ["--train.gradient_accumulation_steps=2", "--data.max_documents=6", "--train.max_steps=10",
               "--train.eval_every=4", "--train.checkpoint_every=4"]  # fmt: skip
     straight, split = tmp_path / "straight", tmp_path / "split"
     assert main(tiny_args(straight, data_cache, *common)) == 0
     assert main(tiny_args(split, data_cache, *common, "--train.stop_at_step=5")) == 0
     assert read_status(split)["status"] == "preempted" and latest_checkpoint(split).name == "step_00000005"
+    assert not checkpointed
     assert main(tiny_args(split, data_cache, *common, "--train.resume=auto", "--train.gradient_checkpointing=true")) == 0
     assert read_status(split)["status"] == "finished"
+    # Every layer of each micro-batch of steps 6-10 (2 a step, 1 where the epoch ends mid-step); evaluation
+    # (no_grad) runs as is.
+    layers = TINY["num_hidden_layers"]
+    assert 5 * layers <= len(checkpointed) <= 5 * 2 * layers and len(checkpointed) % layers == 0
     epochs = [r["train/epoch"] for r in read_metrics(straight) if "train/epoch" in r]
     assert epochs[-1] >= 1, "the test should cross an epoch boundary"
     assert train_losses(straight) == train_losses(split)
