@@ -18,24 +18,33 @@ train.output_dir, or reports it finished.
 
 from __future__ import annotations
 
-import os
 import signal
 import sys
+
+from pretrain.run_folder.status import StopRequest  # the standard library only: imported and installed first
+
+if __name__ == "__main__":
+    # From the process's first line, SIGTERM or Ctrl-C is a stop request, never a death by the signal (which a job
+    # script would not requeue): the imports below take a second, several under load, and start-up answers the
+    # request at its next stage.
+    FIRST_LINE_STOP = StopRequest()
+    FIRST_LINE_STOP.catch()
+
+import os
 from pathlib import Path
 
 from pretrain.common.cli import ConfigError, run_cli, to_dict
 from pretrain.common.device import FP16_NEEDS_A_GPU, surely_no_cuda
 from pretrain.config import parse_args
 from pretrain.run_folder.same_run import check_settings
-from pretrain.run_folder.status import StopRequest
 from pretrain.tracking.wandb_logging import check_credentials, wandb_mode
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Parse the arguments and run; bad configuration raises ConfigError/ValueError/FileNotFoundError. From its first
-    line on, SIGTERM or Ctrl-C is a request to stop, answered at the next safe point (a stage of start-up or a step
-    boundary) as preempted, exit code 0: never a death by the signal, which a job script would not requeue."""
-    with StopRequest().installed() as stop:
+def main(argv: list[str] | None = None, stop: StopRequest | None = None) -> int:
+    """Parse the arguments and run; bad configuration raises ConfigError/ValueError/FileNotFoundError. SIGTERM or
+    Ctrl-C (``stop``: the one the process caught from its first line) is a request to stop, answered at the next safe
+    point (a stage of start-up or a step boundary) as preempted, exit code 0."""
+    with (stop or StopRequest()).installed() as stop:
         return parse_and_run(argv, stop)
 
 
@@ -59,7 +68,10 @@ def parse_and_run(argv: list[str] | None, stop: StopRequest) -> int:
 
 
 if __name__ == "__main__":
-    # Outside main, SIGTERM is ignored: main takes it as a stop request from its first line, and after main the run
-    # has ended and written its status, while the process may take seconds to exit (torch's teardown).
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    sys.exit(run_cli(main))  # bad input: the message on stderr and exit code 2
+    try:
+        code = run_cli(lambda: main(stop=FIRST_LINE_STOP))  # bad input: the message on stderr and exit code 2
+    finally:
+        # The run has ended and written its status, while the process may take seconds to exit (torch's teardown),
+        # where a Python handler no longer runs: SIGTERM is ignored from here.
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    sys.exit(code)

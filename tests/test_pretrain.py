@@ -29,6 +29,7 @@ from pretrain.tracking.design_stats import measure
 from pretrain.training import final_validation, progress_postfix
 from tests import pretrain_helpers
 from tests.conftest import TINY
+from tests.faults.kill_trials import sigterm_while_importing
 from tests.pretrain_helpers import ROOT, RUN_PY, accelerate_launch, tiny_args
 
 # The shared fixtures (tests/pretrain_helpers.py): one data cache per module, a clean Accelerate state per test,
@@ -385,6 +386,19 @@ def test_sigterm_saves_a_checkpoint_and_marks_preempted(tmp_path: Path, data_cac
         checkpoint is not None and json.loads((checkpoint / "train_state.json").read_text())["step"] == status["step"]
     )
     assert "stop requested (SIGTERM)" in output
+
+
+def test_sigterm_while_the_command_imports_ends_preempted(tmp_path: Path, data_cache: Path) -> None:
+    """SIGTERM while pretrain/run.py still imports its modules (a second, several under load: a job preempted as it
+    starts) is a stop request: status preempted and exit code 0, what the SLURM script requeues on, not a death by
+    the signal (exit 143, no status)."""
+    run = tmp_path / "early"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    code, output = sigterm_while_importing([sys.executable, str(RUN_PY), *tiny_args(run, data_cache)], env)
+    assert code == 0, output[-3000:]
+    status = read_status(run)
+    assert (status["status"], status["step"]) == ("preempted", 0), (status, output[-3000:])
+    assert "stop requested (SIGTERM) before training" in status["message"]
 
 
 # --------------------------------------------------------------------------------------------------

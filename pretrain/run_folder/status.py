@@ -11,11 +11,13 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pretrain.common.atomic import write_json
-from pretrain.config import PretrainConfig
 from pretrain.run_folder.layout import HEARTBEAT_EVERY_S, STATUS_FILE
+
+if TYPE_CHECKING:  # the standard library only at run time: pretrain/run.py imports this module first
+    from pretrain.config import PretrainConfig
 
 
 def write_status(
@@ -42,12 +44,17 @@ class StopRequest:
     file: Path | None = None
     """RUN/STOP, set once the run folder is known; the main process looks for it."""
 
-    @contextlib.contextmanager
-    def installed(self) -> Iterator[StopRequest]:
+    def catch(self) -> dict[int, Any]:
+        """Take SIGTERM and SIGINT as this request from now on; returns the handlers they had."""
         previous = {}
         with contextlib.suppress(ValueError):  # not in the main thread (e.g. a worker thread): no handlers
             for sig in STOP_SIGNALS:
                 previous[sig] = signal.signal(sig, self._handle)
+        return previous
+
+    @contextlib.contextmanager
+    def installed(self) -> Iterator[StopRequest]:
+        previous = self.catch()
         try:
             yield self
         finally:

@@ -21,17 +21,19 @@ Corruption trials (``--corrupt N``): the run stops at step 8 (``train.stop_at_st
 checkpoint is deleted, cut to half its size or has bytes overwritten (cycling through ``CORRUPTIONS``), and the
 same checks follow ``--train.resume=auto``: the damaged checkpoint must be skipped for the one before it.
 
-SIGTERM trials (``--sigterm N``), cycling through three moments: the first line the run prints (torch imported, the
+SIGTERM trials (``--sigterm N``), cycling through four moments: the first line the run prints (torch imported, the
 data not yet prepared); the appearance of run_config.json (the end of start-up); a random moment of start-up and
-training, counted from the command's first line (when the process catches SIGTERM, read from /proc: Linux). The run must exit 0
-with status preempted (or finished): what launch/slurm_pretrain.sbatch requeues on, never a death by the signal;
-then the same checks follow the same command.
+training, counted from the command's first line (when the process catches SIGTERM, read from /proc: Linux); and
+while pretrain/run.py still imports its own modules (``sigterm_while_importing``). The run must exit 0 with status
+preempted (or finished): what launch/slurm_pretrain.sbatch requeues on, never a death by the signal; then the same
+checks follow the same command.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import fcntl
 import json
 import os
 import random
@@ -40,6 +42,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -106,6 +109,36 @@ def environment(kill_at: str = "") -> dict[str, str]:
 def start(args: list[str], kill_at: str = "") -> subprocess.Popen:
     command = [sys.executable, str(ROOT / "pretrain" / "run.py"), *args]
     return subprocess.Popen(command, env=environment(kill_at), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+# The first module pretrain/run.py imports after its stop handler (jsonargparse and the configs follow: a second of
+# imports, several under load).
+IMPORT_MARK = "pretrain/common/cli.py"
+
+
+def sigterm_while_importing(command: list[str], env: dict[str, str], limit_s: float = 600) -> tuple[int, str]:
+    """Run ``command`` (a pretrain/run.py) and send it SIGTERM while it imports its modules, a moment found without
+    timing: Python's verbose import log (PYTHONVERBOSE) goes through a pipe of one page, so the process is at most a
+    page of log past the line that names IMPORT_MARK when it is signalled. Returns the exit code and the output
+    without the log; a hang guard kills the process after ``limit_s``."""
+    read_end, write_end = os.pipe()
+    fcntl.fcntl(write_end, fcntl.F_SETPIPE_SZ, 4096)
+    process = subprocess.Popen(command, env={**env, "PYTHONVERBOSE": "1"}, stdout=write_end, stderr=write_end)
+    os.close(write_end)
+    guard = threading.Timer(limit_s, process.kill)
+    guard.start()
+    lines, signalled = [], False
+    with os.fdopen(read_end, errors="replace") as log:
+        for line in log:
+            if IMPORT_MARK in line and not signalled and process.poll() is None:
+                process.send_signal(signal.SIGTERM)
+                signalled = True
+            elif not line.startswith(("# ", "import '")):
+                lines.append(line)
+    guard.cancel()
+    if not signalled:
+        lines.append(f"[never signalled: {IMPORT_MARK} was not imported]\n")
+    return process.wait(), "".join(lines)
 
 
 def weights(path: Path) -> dict:
@@ -229,28 +262,34 @@ def sigterm_trial(index: int, workdir: Path, cache: Path, reference: Reference, 
     trial = Trial(index)
     run_dir = workdir / f"sigterm_{index:03d}"
     args = run_args(run_dir, cache)
-    process = start(args)
-    output = ""
-    if index % 3 == 0:
-        output = process.stdout.readline()
-        moment = "at the first output"
-    elif index % 3 == 1:
-        while not (run_dir / "run_config.json").exists() and process.poll() is None:
-            time.sleep(0.01)
-        moment = "at run_config.json"
+    if index % 4 == 3:
+        command = [sys.executable, str(ROOT / "pretrain" / "run.py"), *args]
+        returncode, output = sigterm_while_importing(command, environment())
+        moment = "while importing"
     else:
-        while not catches_sigterm(process.pid) and process.poll() is None:
-            time.sleep(0.005)
-        delay = rng.uniform(0, reference.startup_s + reference.training_window_s)
-        time.sleep(delay)
-        moment = f"{delay:.1f} s after the first line"
-    if process.poll() is None:
-        process.send_signal(signal.SIGTERM)
-    output += process.communicate()[0]
+        process = start(args)
+        output = ""
+        if index % 4 == 0:
+            output = process.stdout.readline()
+            moment = "at the first output"
+        elif index % 4 == 1:
+            while not (run_dir / "run_config.json").exists() and process.poll() is None:
+                time.sleep(0.01)
+            moment = "at run_config.json"
+        else:
+            while not catches_sigterm(process.pid) and process.poll() is None:
+                time.sleep(0.005)
+            delay = rng.uniform(0, reference.startup_s + reference.training_window_s)
+            time.sleep(delay)
+            moment = f"{delay:.1f} s after the first line"
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+        output += process.communicate()[0]
+        returncode = process.returncode
     status = read_status(run_dir)
     trial.kills.append(f"sigterm {moment}: {status.get('status')} at step {status.get('step')}")
-    if process.returncode != 0 or status.get("status") not in ("preempted", "finished"):
-        trial.problems.append(f"exit {process.returncode}, status {status.get('status')}: {output[-500:]!r}")
+    if returncode != 0 or status.get("status") not in ("preempted", "finished"):
+        trial.problems.append(f"exit {returncode}, status {status.get('status')}: {output[-500:]!r}")
     resume_to_the_end(args, trial)
     check(run_dir, reference, trial)
     return trial
