@@ -15,6 +15,7 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 import torch
 import transformers.modeling_utils
@@ -595,12 +596,16 @@ def _stopped_once(run: Path, output: str) -> None:
     assert not (run / "STOP").exists()
 
 
-def _signal_once_training(proc: subprocess.Popen, run: Path, target: int, signum: int) -> None:
+def _signal_once_training(proc: subprocess.Popen, run: Path, signum: int, tree: bool = False) -> None:
+    """Signal ``proc`` (and with ``tree`` every process under it) once the run has trained a few steps."""
     deadline = time.time() + 300
     while time.time() < deadline and not any(r.get("step", 0) >= 3 for r in read_metrics(run)):
         assert proc.poll() is None, "the run ended before it was signalled"
         time.sleep(0.5)
-    os.kill(target, signum)
+    top = psutil.Process(proc.pid)
+    for process in [top, *top.children(recursive=True)] if tree else [top]:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            process.send_signal(signum)
 
 
 # Long enough to be signalled while training; a DataLoader worker per process, which the signals reach too.
@@ -609,9 +614,12 @@ SIGNALLED_RUN = ("--train.max_steps=100000", "--train.checkpoint_every=0", "--tr
 
 
 @pytest.mark.slow
-def test_sigterm_to_the_launcher_preempts_every_process(tmp_path: Path, data_cache: Path) -> None:
+@pytest.mark.parametrize("whom", ["launcher", "every process"])
+def test_sigterm_to_the_launcher_preempts_every_process(tmp_path: Path, data_cache: Path, whom: str) -> None:
     """SIGTERM to `accelerate launch --multi_gpu` (torchrun): it sends SIGTERM to each worker's process group, the
-    DataLoader workers included, and the workers agree on the step to stop at."""
+    DataLoader workers included, and the workers agree on the step to stop at. The same when SIGTERM reaches every
+    process of the launch at once, the launcher, the trainers and their loader workers: SLURM's preemption signals
+    the tasks of a job step that way."""
     run = tmp_path / "ddp-sigterm"
     cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
            "--main_process_port", "29521", str(RUN_PY), *tiny_args(run, data_cache, *SIGNALLED_RUN)]  # fmt: skip
@@ -620,7 +628,7 @@ def test_sigterm_to_the_launcher_preempts_every_process(tmp_path: Path, data_cac
     with log.open("w") as out:
         proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=out, stderr=subprocess.STDOUT)
     try:
-        _signal_once_training(proc, run, proc.pid, signal.SIGTERM)
+        _signal_once_training(proc, run, signal.SIGTERM, tree=whom == "every process")
         # The launcher exits 128 + 15 (torchrun's way) once its workers have; status.json tells. A hang guard: the
         # launcher kills its workers 30 s after the signal in any case. The output goes to a file, not a pipe, which
         # a stray grandchild could hold open after the launcher exits.
@@ -656,7 +664,7 @@ def test_the_slurm_warning_stops_every_process_at_one_step_and_requeues(tmp_path
     proc = subprocess.Popen(["bash", *script], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, start_new_session=True)  # fmt: skip
     try:
-        _signal_once_training(proc, run, proc.pid, signal.SIGUSR1)
+        _signal_once_training(proc, run, signal.SIGUSR1)
         output, _ = proc.communicate(timeout=180)
     finally:
         with contextlib.suppress(ProcessLookupError):
