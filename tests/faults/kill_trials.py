@@ -126,6 +126,7 @@ def sigterm_while_importing(command: list[str], env: dict[str, str], limit_s: fl
     process = subprocess.Popen(command, env={**env, "PYTHONVERBOSE": "1"}, stdout=write_end, stderr=write_end)
     os.close(write_end)
     guard = threading.Timer(limit_s, process.kill)
+    guard.daemon = True
     guard.start()
     lines, signalled = [], False
     with os.fdopen(read_end, errors="replace") as log:
