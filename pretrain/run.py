@@ -25,7 +25,7 @@ from pretrain.run_folder.status import StopRequest  # the standard library only:
 
 if __name__ == "__main__":
     # From the process's first line, SIGTERM or Ctrl-C is a stop request, never a death by the signal (which a job
-    # script would not requeue): the imports below take a second, several under load, and start-up answers the
+    # script would not requeue): the imports below take a while, longer on a loaded machine, and start-up answers the
     # request at its next stage.
     FIRST_LINE_STOP = StopRequest()
     FIRST_LINE_STOP.catch()

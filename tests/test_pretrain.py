@@ -390,9 +390,9 @@ def test_sigterm_saves_a_checkpoint_and_marks_preempted(tmp_path: Path, data_cac
 
 
 def test_sigterm_while_the_command_imports_ends_preempted(tmp_path: Path, data_cache: Path) -> None:
-    """SIGTERM while pretrain/run.py still imports its modules (a second, several under load: a job preempted as it
-    starts) is a stop request: status preempted and exit code 0, what the SLURM script requeues on, not a death by
-    the signal (exit 143, no status)."""
+    """SIGTERM while pretrain/run.py still imports its modules (a job preempted as it starts) is a stop request:
+    status preempted and exit code 0, what the SLURM script requeues on, not a death by the signal (exit 143, no
+    status)."""
     run = tmp_path / "early"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
     code, output = sigterm_while_importing([sys.executable, str(RUN_PY), *tiny_args(run, data_cache)], env)

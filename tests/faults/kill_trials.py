@@ -111,8 +111,7 @@ def start(args: list[str], kill_at: str = "") -> subprocess.Popen:
     return subprocess.Popen(command, env=environment(kill_at), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
-# The first module pretrain/run.py imports after its stop handler (jsonargparse and the configs follow: a second of
-# imports, several under load).
+# The first module pretrain/run.py imports after its stop handler (jsonargparse and the configs follow).
 IMPORT_MARK = "pretrain/common/cli.py"
 
 
