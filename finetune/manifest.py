@@ -346,7 +346,9 @@ class ResultsFolder:
 
     def check_lock(self) -> None:
         """Raise ResultsBusy if the lock file this object holds was deleted or replaced: another scheduler may then
-        hold the new one, and two would submit the same jobs."""
+        hold the new one, and two would run the same jobs. Nothing to check while this object holds no lock."""
+        if self._held is None:
+            return
         path = self.root / LOCK
         try:
             stat = os.stat(path)
@@ -355,16 +357,15 @@ class ResultsFolder:
         if stat is None or (stat.st_dev, stat.st_ino) != self._held:
             raise ResultsBusy(
                 f"the lock file {path} was deleted or replaced while this scheduler held it: another scheduler may "
-                "now run on this folder, so this one stops before submitting more (the results written stay). Leave "
-                f"that file in place ({LOCK_NOTE}). Run the same command again once no other scheduler runs on this "
-                "folder."
+                "now run on this folder, so this one stops before its next job or submission (the results written "
+                f"stay). Leave that file in place ({LOCK_NOTE}). Run the same command again once no other scheduler "
+                "runs on this folder."
             )
 
     def write_manifest(self, manifest: Manifest) -> Path:
         """Write (or rewrite, with its handle and ended tasks) a submission's manifest; its jobs never change.
         Under the lock, only while the lock file is still the one held."""
-        if self._held is not None:
-            self.check_lock()
+        self.check_lock()
         path = self.manifest_path(manifest.submission)
         payload = asdict(manifest)
         payload["jobs"] = [{"key": job.spec.key, **asdict(job)} for job in manifest.jobs]

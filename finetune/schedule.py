@@ -321,9 +321,10 @@ def cost_line(config: ScheduleConfig, jobs: dict[str, JobState], specs: list[Job
 
 
 def print_failures(failures: list[JobState]) -> None:
-    """The jobs that failed for good, with their errors: those out of attempts, then those of a refused snapshot."""
-    refused = ("failed for good: their snapshot was refused (not tried again until its files change, e.g. restored "
-               "from a copy)")  # fmt: skip
+    """The jobs that failed for good, with their errors: those out of attempts, then those of a snapshot refused or
+    gone."""
+    refused = ("failed for good: their snapshot was refused or is gone (not tried again until its files change, e.g. "
+               "restored from a copy)")  # fmt: skip
     for permanent, title in ((False, "failed every attempt"), (True, refused)):
         states = [s for s in failures if s.permanent == permanent]
         if states:
@@ -344,7 +345,9 @@ def outcome(state: JobState, max_attempts: int) -> str:
 
 def job_lines(folder: ResultsFolder, max_attempts: int) -> Callable[[], dict[str, JobState]]:
     """A function returning the jobs as the folder says now, after a line for each job that ended since its last
-    call (done, or failed with what happens next), whatever the backend."""
+    call (done, or failed with what happens next), whatever the backend. Called after each job run in this process,
+    it raises ResultsBusy there once the lock file held was deleted or replaced: a second scheduler may have come
+    in and be running the same jobs, so this one stops before its next job."""
 
     def end(state: JobState) -> tuple[str, int] | None:  # an attempt of a later submission ends again
         return (state.status, state.submission) if state.status in ("done", "failed") else None
@@ -352,6 +355,7 @@ def job_lines(folder: ResultsFolder, max_attempts: int) -> Callable[[], dict[str
     seen = {key: end(state) for key, state in folder.jobs().items()}
 
     def lines() -> dict[str, JobState]:
+        folder.check_lock()
         jobs = folder.jobs()
         for key, state in jobs.items():
             if end(state) is not None and seen.get(key) != end(state):
@@ -571,7 +575,10 @@ def main(argv: list[str] | None = None) -> int:
         folder = ResultsFolder(config.results_dir)
         if not folder.root.is_dir():
             raise FileNotFoundError(f"results folder {folder.root} does not exist; pass --results_dir=FOLDER")
-        print("\n".join(status_lines(folder.jobs(), config.max_attempts)))
+        jobs = folder.jobs()
+        print("\n".join(status_lines(jobs, config.max_attempts)))
+        if failures := [state for state in jobs.values() if column(state, config.max_attempts) == "failed"]:
+            print_failures(sorted(failures, key=lambda s: (s.spec.run_name, s.spec.pretrain_step, s.spec.label)))
         return 0
     try:
         failures = schedule(config)

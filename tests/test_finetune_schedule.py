@@ -650,7 +650,9 @@ def test_a_snapshot_deleted_after_its_jobs_were_planned_fails_them_for_good_unti
     assert "2 job(s) failed for good: their snapshot was refused" in capsys.readouterr().err
     assert submitted(config) == before
     assert main(["status", f"--results_dir={config.results_dir}"]) == 0
-    assert capsys.readouterr().out.splitlines()[-1].split()[1:] == ["0", "0", "2", "2", "0"]
+    out, err = capsys.readouterr()
+    assert out.splitlines()[-1].split()[1:] == ["0", "0", "2", "2", "0"]
+    assert err.count("step 20 mrpc lr=0.001 seed=") == 2 and err.count(f"snapshot {snapshot} no longer exists") == 2
     # The report names the points that lack them, and why.
     result = report(ReportConfig(runs=[str(run_dir)], results_dir=config.results_dir, tasks=["mrpc"],
                                  out=str(tmp_path / "fig")))  # fmt: skip
@@ -684,6 +686,30 @@ def test_a_scheduler_whose_lock_file_was_replaced_stops_before_its_next_submissi
     with pytest.raises(ResultsBusy, match=r"lock file .*lock was deleted or replaced while this scheduler held it"):
         schedule(config)
     assert len(manifests(config)) == 1  # the failed jobs were not submitted again
+
+
+def test_a_scheduler_running_its_jobs_itself_stops_before_its_next_job_once_its_lock_file_is_replaced(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With one worker, every job is in the scheduler's one submission: were the lock checked at submissions only,
+    it would run them all beside the second scheduler that the new lock file let in."""
+    from finetune import train
+
+    run_dir = make_run(tmp_path, "post_ln", "post", steps=(10,))
+    config = config_for(tmp_path, [run_dir], seeds=[0, 1, 2])
+    ran = []
+
+    def finetune(*args: Any, **kwargs: Any) -> Any:
+        ran.append(args[4])  # the seed
+        lock = Path(config.results_dir) / LOCK
+        lock.unlink()
+        lock.write_text("")  # a second scheduler's, beside the one held
+        return results()
+
+    monkeypatch.setattr(train, "finetune", finetune)
+    with pytest.raises(ResultsBusy, match=r"lock file .*lock was deleted or replaced"):
+        schedule(config)
+    assert ran == [0] and len(done_rows(config)) == 1
 
 
 def test_the_lock_file_says_it_is_safe_to_leave(tmp_path: Path) -> None:
