@@ -4,6 +4,7 @@ random moments, then the same command is run once more and must finish every job
     python tests/faults/scheduler_kills.py --trials 3 --kills 4        # about a minute per trial on 2 busy cores
     python tests/faults/scheduler_kills.py --root /path/to/other/checkout   # the scheduler of another checkout
     python tests/faults/scheduler_kills.py --done_faults               # result files a task never writes, instead
+    python tests/faults/scheduler_kills.py --lock_faults --trials 3    # the lock file deleted under a live one
 
 Each trial makes a tiny pretraining run (tests/finetune_fixtures.py: two snapshots) with ``--jobs`` fine-tuning
 jobs, starts the scheduler, and kills it ``--kills`` times, each a random 0.5-4 s after the kill's scheduler
@@ -17,6 +18,10 @@ under this job's name, a list, no results, an accuracy of 2.0, cut short, empty)
 of the folder and runs the same command, which must stop within ``--limit_s`` (another job's result made it submit
 the job for ever) with exit code 2, naming the file and submitting nothing; with the file moved aside, the same
 command must exit 0 with every job done once.
+
+``--lock_faults`` deletes ``RESULTS/lock`` under a live scheduler once its first result is written, and starts the
+same command beside it: the first must stop with exit code 2 before its next job (at most the result under way
+follows), the second must exit 0 with every job done once; the jobs both started are counted.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parents[2]
@@ -48,6 +54,12 @@ def command(run_dir: Path, results: Path, jobs: int) -> list[str]:
     return [sys.executable, "-m", "finetune.schedule", *args]
 
 
+def environment(root: Path) -> dict[str, str]:
+    """The scheduler's environment: the checkout ``root``'s code, offline, one thread."""
+    return {**os.environ, "PYTHONPATH": str(root), "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
+            "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "WANDB_MODE": "offline"}  # fmt: skip
+
+
 def submissions(results: Path) -> int:
     folder = results / "manifests"
     return len(list(folder.glob("*.json"))) if folder.is_dir() else 0
@@ -56,10 +68,8 @@ def submissions(results: Path) -> int:
 def kill_once(cmd: list[str], root: Path, results: Path, rng: random.Random) -> str:
     """Start the scheduler, wait for its submission, kill it a random moment later; what happened."""
     before = submissions(results)
-    env = {**os.environ, "PYTHONPATH": str(root), "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
-           "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "WANDB_MODE": "offline"}  # fmt: skip
-    process = subprocess.Popen(cmd, cwd=root, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                               start_new_session=True)  # fmt: skip
+    process = subprocess.Popen(cmd, cwd=root, env=environment(root), stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
     deadline = time.time() + 180
     while submissions(results) <= before:
         if process.poll() is not None:
@@ -98,9 +108,7 @@ def run_trial(index: int, workdir: Path, root: Path, jobs: int, kills: int, rng:
     results = trial / "results.d"
     cmd = command(run_dir, results, jobs)
     events = [kill_once(cmd, root, results, rng) for _ in range(kills)]
-    env = {**os.environ, "PYTHONPATH": str(root), "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
-           "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "WANDB_MODE": "offline"}  # fmt: skip
-    final = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True)
+    final = subprocess.run(cmd, cwd=root, env=environment(root), capture_output=True, text=True)
     problems = [] if final.returncode == 0 else [f"the same command again exited {final.returncode}: "
                                                  f"{final.stderr.strip().splitlines()[:2]}"]  # fmt: skip
     return events, problems + check(results, jobs)
@@ -121,10 +129,8 @@ DONE_FAULTS = ("another job's", "a list", "no results", "accuracy 2.0", "cut sho
 
 def run_bounded(cmd: list[str], root: Path, limit_s: float) -> tuple[int | None, str]:
     """Run ``cmd`` for at most ``limit_s``; its exit code (None: it was still running) and its error output."""
-    env = {**os.environ, "PYTHONPATH": str(root), "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
-           "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "WANDB_MODE": "offline"}  # fmt: skip
     with tempfile.TemporaryFile("w+") as err:  # not a pipe: a looping command could fill it and block
-        process = subprocess.Popen(cmd, cwd=root, env=env, stdout=subprocess.DEVNULL, stderr=err,
+        process = subprocess.Popen(cmd, cwd=root, env=environment(root), stdout=subprocess.DEVNULL, stderr=err,
                                    start_new_session=True)  # fmt: skip
         try:
             code = process.wait(timeout=limit_s)
@@ -174,6 +180,44 @@ def done_fault_trials(workdir: Path, root: Path, jobs: int, limit_s: float) -> i
     return failed
 
 
+def lock_fault_trial(index: int, workdir: Path, root: Path, jobs: int, limit_s: float) -> tuple[str, list[str]]:
+    """``RESULTS/lock`` deleted under a scheduler running its jobs in its own process once its first result is
+    written, then the same command started beside it. The first must stop (exit 2, naming the lock file) before its
+    next job, the second finish the folder with every job done once; how many jobs both started is counted (each a
+    job computed twice). What happened, and what went wrong."""
+    trial = workdir / f"lock_{index:03d}"
+    results = trial / "results.d"
+    cmd = command(make_run(trial, "post_ln", "post", steps=(10, 20)), results, jobs)
+    with tempfile.TemporaryFile("w+") as err:
+        first = subprocess.Popen(cmd, cwd=root, env=environment(root), stdout=subprocess.DEVNULL, stderr=err,
+                                 start_new_session=True)  # fmt: skip
+        deadline = time.time() + limit_s
+        while not list(results.glob("done/*.json")) and first.poll() is None and time.time() < deadline:
+            time.sleep(0.05)
+        before = len(list(results.glob("done/*.json")))
+        (results / "lock").unlink(missing_ok=True)
+        code, second = run_bounded(cmd, root, limit_s)
+        try:
+            first.wait(timeout=limit_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(first.pid, signal.SIGKILL)
+            first.wait()
+        err.seek(0)
+        first_err = err.read()
+    by_first = sum(json.loads(p.read_text())["worker"]["pid"] == first.pid for p in results.glob("done/*.json"))
+    twice = sum(n > 1 for n in Counter(p.name.split(".")[0] for p in results.glob("started/*.json")).values())
+    event = (f"lock deleted after {before} result(s); the first scheduler exit {first.returncode}, {by_first - before} "
+             f"result(s) after; the second exit {code}; {twice} job(s) started by both")  # fmt: skip
+    problems = []
+    if first.returncode != 2 or "deleted or replaced" not in first_err:
+        problems.append(f"the first exited {first.returncode}: {first_err.strip().splitlines()[-1:]}")
+    if by_first - before > 1:
+        problems.append(f"the first wrote {by_first - before} results after its lock file was deleted (1 at most)")
+    if code != 0:
+        problems.append(f"the second exited {code}: {second.strip().splitlines()[-1:]}")
+    return event, problems + check(results, jobs)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--trials", type=int, default=3)
@@ -183,7 +227,8 @@ def main() -> int:
     parser.add_argument("--root", type=Path, default=HERE, help="checkout whose scheduler runs (default: this one)")
     parser.add_argument("--workdir", type=Path, default=None)
     parser.add_argument("--done_faults", action="store_true", help="spoiled result files instead of kills")
-    parser.add_argument("--limit_s", type=float, default=300, help="--done_faults: seconds a command may take")
+    parser.add_argument("--lock_faults", action="store_true", help="the lock file deleted under a live scheduler")
+    parser.add_argument("--limit_s", type=float, default=300, help="--*_faults: seconds a command may take")
     args = parser.parse_args()
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="scheduler-kills-"))
     rng = random.Random(args.seed)
@@ -196,14 +241,19 @@ def main() -> int:
             shutil.rmtree(workdir / "done_faults", ignore_errors=True)
         return 1 if failed else 0
     for index in range(args.trials):
-        events, problems = run_trial(index, workdir, args.root.resolve(), args.jobs, args.kills, rng)
+        if args.lock_faults:
+            event, problems = lock_fault_trial(index, workdir, args.root.resolve(), args.jobs, args.limit_s)
+            events = [event]
+        else:
+            events, problems = run_trial(index, workdir, args.root.resolve(), args.jobs, args.kills, rng)
         failed += bool(problems)
         verdict = "ok" if not problems else "FAILED: " + "; ".join(problems)
         print(f"trial {index}: {'; '.join(events)} -> {verdict}", flush=True)
         if not problems:
-            shutil.rmtree(workdir / f"trial_{index:03d}", ignore_errors=True)
-    summary = {"trials": args.trials, "kills_per_trial": args.kills, "jobs": args.jobs, "passed": args.trials - failed,
-               "failed": failed, "seconds": round(time.monotonic() - began)}  # fmt: skip
+            shutil.rmtree(workdir / f"{'lock' if args.lock_faults else 'trial'}_{index:03d}", ignore_errors=True)
+    summary = {"trials": args.trials, "kills_per_trial": 0 if args.lock_faults else args.kills, "jobs": args.jobs,
+               "passed": args.trials - failed, "failed": failed,
+               "seconds": round(time.monotonic() - began)}  # fmt: skip
     print(json.dumps(summary))
     return 1 if failed else 0
 
