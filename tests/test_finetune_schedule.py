@@ -692,7 +692,8 @@ def test_a_scheduler_running_its_jobs_itself_stops_before_its_next_job_once_its_
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """With one worker, every job is in the scheduler's one submission: were the lock checked at submissions only,
-    it would run them all beside the second scheduler that the new lock file let in."""
+    it would run them all beside the second scheduler that the new lock file let in. The same command continues,
+    charging no attempt."""
     from finetune import train
 
     run_dir = make_run(tmp_path, "post_ln", "post", steps=(10,))
@@ -701,15 +702,18 @@ def test_a_scheduler_running_its_jobs_itself_stops_before_its_next_job_once_its_
 
     def finetune(*args: Any, **kwargs: Any) -> Any:
         ran.append(args[4])  # the seed
-        lock = Path(config.results_dir) / LOCK
-        lock.unlink()
-        lock.write_text("")  # a second scheduler's, beside the one held
+        if len(ran) == 1:
+            lock = Path(config.results_dir) / LOCK
+            lock.unlink()
+            lock.write_text("")  # a second scheduler's, beside the one held
         return results()
 
     monkeypatch.setattr(train, "finetune", finetune)
     with pytest.raises(ResultsBusy, match=r"lock file .*lock was deleted or replaced"):
         schedule(config)
     assert ran == [0] and len(done_rows(config)) == 1
+    assert schedule(config) == [] and ran == [0, 1, 2]
+    assert submitted(config) == [(0, 1), (1, 1), (2, 1), (1, 1), (2, 1)]
 
 
 def test_the_lock_file_says_it_is_safe_to_leave(tmp_path: Path) -> None:
