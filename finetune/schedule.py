@@ -114,7 +114,8 @@ class ScheduleConfig(GridOptions):
 
 @dataclass(kw_only=True)
 class StatusConfig(ResultsOption):
-    """The jobs of a results folder, as its files say: counts per run and task (queued, submitted, done, failed)."""
+    """The jobs of a results folder, as its files say: counts per run and task (queued, submitted, done, failed), then
+    the failed jobs with their errors."""
 
     max_attempts: int = 3
     """Tries per job, as given to the scheduler (tells failed jobs from those still to be retried)."""
