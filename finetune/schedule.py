@@ -93,7 +93,8 @@ class ScheduleConfig(GridOptions):
     """Attempts per job before it stays failed (what is charged: docs/finetune_files.md); a job whose snapshot is
     refused fails for good at its first attempt, until the snapshot's files change."""
     step_time_s: float | None = None
-    """Seconds per fine-tuning step for the cost estimate; unset: measured on the finished jobs of the recipe."""
+    """Seconds per fine-tuning step for the cost printed before the jobs start, an estimate used until a finished
+    job of the recipe measures it; unset: the time follows once the first job finishes."""
     slurm: SlurmConfig = field(default_factory=SlurmConfig)
     """Settings of the slurm backend."""
 
@@ -250,16 +251,17 @@ def status_lines(jobs: dict[str, JobState], max_attempts: int) -> list[str]:
     return [f"{name:<24} {run_id:<26} {task:<6}" + "".join(f" {n:>9}" for n in c) for name, run_id, task, *c in rows]
 
 
-def step_time(config: ScheduleConfig, jobs: dict[str, JobState]) -> tuple[float | None, str]:
-    """Seconds per optimizer step, configured or measured on the finished jobs of this recipe (else None), and
-    where that figure comes from."""
-    if config.step_time_s is not None:
-        return config.step_time_s, "configured step_time_s"
+def step_time(config: ScheduleConfig, jobs: dict[str, JobState], estimate: bool = True) -> tuple[float | None, str]:
+    """Seconds per optimizer step, measured on the finished jobs of this recipe, else (``estimate``) step_time_s as a
+    stated estimate, else None; and where that figure comes from (``pretrain.analysis compare``'s rule)."""
     recipe = recipe_hash(config.recipe.result_key())
     done = [s.results for s in jobs.values() if s.results is not None and s.spec.recipe_hash == recipe]
-    steps = sum(r.train_steps for r in done)
-    source = "measured on the first finished job" if len(done) == 1 else f"measured on {len(done)} finished jobs"
-    return (sum(r.wall_time_s for r in done) / steps if steps else None), source
+    if steps := sum(r.train_steps for r in done):
+        source = "measured on the first finished job" if len(done) == 1 else f"measured on {len(done)} finished jobs"
+        return sum(r.wall_time_s for r in done) / steps, source
+    if not estimate or config.step_time_s is None:
+        return None, ""
+    return config.step_time_s, f"an estimate, --step_time_s: no job of this recipe in {config.results_dir} has ended"
 
 
 def train_steps(config: ScheduleConfig, specs: list[JobSpec]) -> int:
@@ -495,13 +497,13 @@ def schedule(config: ScheduleConfig) -> list[JobState]:
 def _schedule(config: ScheduleConfig, folder: ResultsFolder) -> list[JobState]:
     lines = job_lines(folder, config.max_attempts)
     wanted: list[JobSpec] = []
-    unmeasured = False  # a cost line went out without a time per step: the first finished job gives it
+    unmeasured = False  # a cost line went out without a measured time per step: the first finished job gives it
 
     def follow() -> dict[str, JobState]:
         """The jobs now, after their lines and, once a step time is measured, the estimate the cost line lacked."""
         nonlocal unmeasured
         jobs = lines()
-        if unmeasured and step_time(config, jobs)[0] is not None:
+        if unmeasured and step_time(config, jobs, estimate=False)[0] is not None:
             unmeasured = False
             if left := unfinished(jobs, wanted, config.max_attempts):
                 print(cost_line(config, jobs, left, "left"), flush=True)
@@ -535,7 +537,7 @@ def _schedule(config: ScheduleConfig, folder: ResultsFolder) -> list[JobState]:
             todo = runnable(jobs, wanted, config.max_attempts)
             if todo and {spec.key for spec in wanted} - found:  # the first pass, or new snapshots
                 print(cost_line(config, jobs, [spec for spec, _ in todo]), flush=True)
-                unmeasured = step_time(config, jobs)[0] is None
+                unmeasured = step_time(config, jobs, estimate=False)[0] is None
             line = progress_line(config, jobs, wanted)
             if todo or line != printed:
                 print(f"[{time.strftime('%H:%M:%S')}] {line}", flush=True)

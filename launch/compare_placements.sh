@@ -16,15 +16,18 @@ cd "$(dirname "$0")/.."
 
 SCALE=${1:?usage: launch/compare_placements.sh quick|small|base [--key=value ...]}
 shift
-# Each scale's presets, and the seconds a step of them took where measured (the cost printed before the runs start;
-# evaluations and saves included). quick and small (one model and batch): 2026-12-06, 2 idle cores of an AMD EPYC
-# (Zen 4, bf16), each run of the quick comparison 300 steps in 135-136 s from its run_config.json to its status.json
-# (at a load of 4-8 from other jobs: 236-545 s).
+# Each scale's presets, and the seconds a step of them took where measured: STEP_S pretraining (the cost printed
+# before the runs start; evaluations and saves included), FT_STEP_S fine-tuning (finetune.schedule's --step_time_s in
+# the next commands: its estimate until a job of its own has ended). quick and small (one model and batch):
+# 2026-12-06, 2 idle cores of an AMD EPYC (Zen 4, bf16), each run of the quick comparison 300 steps in 135-136 s from
+# its run_config.json to its status.json (at a load of 4-8 from other jobs: 236-545 s); its 24 fine-tuning jobs of 32
+# steps in 4 min on 2 workers (0.6 s a step, loading and scoring included); a bert_glue.yaml MRPC job of the small
+# model 345 steps in 138 s, fp32 on one thread (BENCHMARKS.md section 5: 0.4 s a step).
 case "$SCALE" in
   quick) POST="configs/pretrain/small_post_ln.yaml configs/pretrain/quick.yaml"
-         PRE="configs/pretrain/small_pre_ln.yaml configs/pretrain/quick.yaml"; STEP_S=0.45 ;;
-  small) POST=configs/pretrain/small_post_ln.yaml; PRE=configs/pretrain/small_pre_ln.yaml; STEP_S=0.45 ;;
-  base)  POST=configs/pretrain/bert_base_post_ln.yaml; PRE=configs/pretrain/bert_base_pre_ln.yaml; STEP_S= ;;
+         PRE="configs/pretrain/small_pre_ln.yaml configs/pretrain/quick.yaml"; STEP_S=0.45 FT_STEP_S=0.6 ;;
+  small) POST=configs/pretrain/small_post_ln.yaml; PRE=configs/pretrain/small_pre_ln.yaml; STEP_S=0.45 FT_STEP_S=0.4 ;;
+  base)  POST=configs/pretrain/bert_base_post_ln.yaml; PRE=configs/pretrain/bert_base_pre_ln.yaml; STEP_S= FT_STEP_S= ;;
   *) echo "unknown scale '$SCALE'; use quick, small or base" >&2; exit 2 ;;
 esac
 LAUNCH=${LAUNCH:-python}
@@ -121,6 +124,7 @@ runs="[$OUT/post, $OUT/pre]"
 grid=configs/finetune/bert_glue.yaml what="3 lrs x 6 seeds, the paper's"
 [[ $SCALE == quick ]] && grid=configs/finetune/quick.yaml what="1 lr x 2 seeds, 1,000 examples, 1 epoch"
 results=$(sed -n 's/^results_dir: *//p' "$grid")
+estimate=${FT_STEP_S:+ --step_time_s=$FT_STEP_S}
 from=""
 [[ ${OLDPWD:-$PWD} == "$PWD" ]] || from=" (from $PWD)"
 cat <<NEXT
@@ -128,6 +132,6 @@ cat <<NEXT
 next$from: fine-tune every snapshot of both runs on MRPC and RTE ($what;
 GLUE in the original TSV layout, or without --data_dir nyu-mll/glue from the Hub), then draw Figure 5 (PNGs and
 summary.md):
-  python -m finetune.schedule --config=$grid --runs='$runs' --data_dir=path/to/glue --mode=follow --workers=2
+  python -m finetune.schedule --config=$grid --runs='$runs' --data_dir=path/to/glue --mode=follow --workers=2$estimate
   python -m finetune.report --runs='$runs' --results_dir=$results --out=outputs/figure5
 NEXT

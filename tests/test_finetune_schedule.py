@@ -136,10 +136,17 @@ def test_once_runs_complete_snapshots_and_skips_done_work(tmp_path: Path, capsys
     assert re.search(
         r"4 jobs to run: 8 fine-tuning steps x [\d.e-]+ s/step \(measured on 4 finished jobs\)", capsys.readouterr().out
     )
+    # A given step time is an estimate, until a finished job of the recipe measures it (compare's rule).
     schedule(config_for(tmp_path, [run_dir], seeds=[2], step_time_s=900.0))
+    assert re.search(r"2 jobs to run: 4 fine-tuning steps x [\d.e-]+ s/step \(measured on 8 finished jobs\)",
+                     capsys.readouterr().out)  # fmt: skip
+    fresh = config_for(tmp_path, [run_dir], seeds=[2], step_time_s=900.0, results_dir=str(tmp_path / "fresh.d"))
+    schedule(fresh)
     out = capsys.readouterr().out
-    assert "2 jobs to run: 4 fine-tuning steps x 900 s/step (configured step_time_s) = 1.00 worker-hours" in out
+    assert (f"2 jobs to run: 4 fine-tuning steps x 900 s/step (an estimate, --step_time_s: no job of this recipe in "
+            f"{fresh.results_dir} has ended) = 1.00 worker-hours") in out  # fmt: skip
     assert "] jobs: 0/2 done, 0 running, 2 queued, 0 failed; ETA about 60 min" in out
+    assert re.search(r"\n1 jobs left: 2 fine-tuning steps x [\d.e-]+ s/step \(measured on the first finished job\)", out)
 
 
 @pytest.mark.slow  # a scheduler subprocess imports torch and transformers: ~15 s on 2 busy cores

@@ -306,6 +306,8 @@ def test_a_changed_option_after_a_first_attempt_names_the_scripts_fix_and_only_t
     assert first.returncode == 0, first.stdout + first.stderr
     # The cost, before the first run: both runs' steps at the scale's measured time a step.
     assert "cost: 2,000 + 2,000 steps to train (Post-LN, Pre-LN), about " in first.stderr
+    # The next command carries the scale's measured fine-tuning step time: the scheduler's cost before its first job.
+    assert "--mode=follow --workers=2 --step_time_s=0.4\n" in first.stdout
     assert calls.read_text().split() == [str(out / "post"), str(out / "pre")]
     again = compare()
     assert again.returncode == 0 and "cost: 0 + 0 steps to train" in again.stderr  # the same command: finished
