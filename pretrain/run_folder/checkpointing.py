@@ -24,6 +24,7 @@ import torch
 from accelerate import Accelerator
 from accelerate.utils import MODEL_NAME, gather_object
 from transformers import PreTrainedTokenizerBase
+from transformers.utils import logging as hf_logging
 
 from pretrain.common.atomic import follow_umask, publish_dir, write_json
 from pretrain.run_folder.layout import (
@@ -374,7 +375,15 @@ def save_snapshot(accelerator: Accelerator, model: torch.nn.Module, tokenizer: P
             return
         shutil.rmtree(path, ignore_errors=True)  # an incomplete (or superseded) folder of the same step
         unwrapped = accelerator.unwrap_model(model, keep_torch_compile=False)
-        unwrapped.save_pretrained(path, state_dict=state_dict)
+        # transformers' "Writing model shards" bar, twice on the first screen of a short run: the run's own bar says
+        # where it is (transformers' documented switch, restored after).
+        bars = hf_logging.is_progress_bar_enabled()
+        hf_logging.disable_progress_bar()
+        try:
+            unwrapped.save_pretrained(path, state_dict=state_dict)
+        finally:
+            if bars:
+                hf_logging.enable_progress_bar()
         if masters:  # config.json takes the (16-bit) module's dtype, and from_pretrained would load in it
             unwrapped.config.dtype = torch.float32
             unwrapped.config.save_pretrained(path)
