@@ -539,18 +539,24 @@ def test_two_grids_on_one_out_run_a_shared_cell_once(tmp_path, fake_runs, monkey
 
 
 def test_the_grid_says_what_it_will_cost_before_it_starts(tmp_path):
-    """Its cells to run and their steps; the time a cell takes once cells of --out have ended (measured on them)."""
-    _, args = cli.parse_args(["grid", "--out", str(tmp_path), "--jobs=2", "--placements=[post, pre]", "--depths=[2]",
-                              "--hidden_sizes=[64]", "--warmup_steps=[0]", "--lrs=[1e-3]", "--seeds=[0, 1]",
-                              "--max_steps=150"])  # fmt: skip
+    """Its cells to run and their steps, times the time a cell takes: measured on the cells of --out that ended, else
+    --seconds_per_cell as a stated estimate (compare's rule and wording)."""
+    grid_args = ["grid", "--out", str(tmp_path), "--jobs=2", "--placements=[post, pre]", "--depths=[2]",
+                 "--hidden_sizes=[64]", "--warmup_steps=[0]", "--lrs=[1e-3]", "--seeds=[0, 1]", "--max_steps=150"]
+    _, args = cli.parse_args(grid_args)
     cells = grid.grid_cells(args, args.seeds)
     assert grid.cost_line(args, cells) == ("grid: 4 of 4 cells to run (600 steps); the time a cell takes follows as "
-                                           "cells end (none of --out has)")  # fmt: skip
+                                           "cells end (none of --out has; --seconds_per_cell=S gives an estimate now)")
+    _, estimated = cli.parse_args([*grid_args, "--seconds_per_cell=120"])
+    assert grid.cost_line(estimated, cells) == (f"grid: 4 of 4 cells to run (600 steps) x 120 s (an estimate, "
+                                                f"--seconds_per_cell: no cell under {tmp_path} has ended) = about 4 min "
+                                                "with 2 job(s)")  # fmt: skip
     for cell, seconds in zip(cells[:2], (60, 100), strict=False):  # two ended: 60 s and 100 s from start to end
         run = tmp_path / "runs" / cell.name
         write_json(run / "run_config.json", {})
         write_json(run / "status.json", {"status": "finished", "step": 150})
         os.utime(run / "run_config.json", (1000, 1000))
         os.utime(run / "status.json", (1000 + seconds, 1000 + seconds))
-    assert grid.cost_line(args, cells) == ("grid: 2 of 4 cells to run (300 steps); 80 s a cell (measured on the 2 "
-                                           "that ended, their start aside) = about 1 min with 2 job(s)")  # fmt: skip
+    measured = (f"grid: 2 of 4 cells to run (300 steps) x 80 s (the mean run time of the 2 ended cells under "
+                f"{tmp_path}) = about 1 min with 2 job(s)")  # fmt: skip
+    assert grid.cost_line(args, cells) == grid.cost_line(estimated, cells) == measured

@@ -330,10 +330,9 @@ def cost_text(args: CompareConfig, results: dict[Cell, dict], chosen: dict[str, 
     if not args.lr_only:  # a model without its lr yet: its seeds outside lr_seeds, once stage 1 has picked it
         unpicked = sum(m.name not in chosen for m in args.models) * len(set(args.seeds) - set(args.lr_seeds))
         stage2 = sum(c not in results for c in stage2_cells(args, chosen)) + unpicked
-    measured = [r["wall_seconds"] for r in results.values() if r.get("wall_seconds")]
-    seconds = statistics.fmean(measured) if measured else args.seconds_per_cell
-    source = (f"the mean run time of the {len(measured)} ended cells under {args.out}" if measured else
-              f"an estimate, --seconds_per_cell: no cell under {args.out} has ended")  # fmt: skip
+    seconds, source = grid.cell_time(args, [r["wall_seconds"] for r in results.values() if r.get("wall_seconds")])
+    if seconds is None:
+        return f"cost: {stage1 + stage2} cells to run ({stage1} in stage 1, {stage2} in stage 2)"
     hours = (stage1 + stage2) * seconds / 3600
     return (f"cost: {stage1 + stage2} cells to run ({stage1} in stage 1, {stage2} in stage 2) x {seconds:.0f} s "
             f"({source}) = {hours:.1f} h of one process, {hours / args.jobs:.1f} h at --jobs={args.jobs}")

@@ -284,20 +284,29 @@ def extra_seeds(args: GridConfig) -> list[int]:
     return [max(args.seeds) + k for k in range(1, args.boundary_seeds - len(args.seeds) + 1)]
 
 
+def cell_time(args: GridConfig | CompareConfig, measured: list[float]) -> tuple[float | None, str]:
+    """The seconds a cell takes, for the cost printed before cells start: the mean run time of the cells of --out that
+    ended (``measured``), else --seconds_per_cell, a stated estimate (else None); and where that figure comes from."""
+    if measured:
+        return sum(measured) / len(measured), f"the mean run time of the {len(measured)} ended cells under {args.out}"
+    if args.seconds_per_cell is None:
+        return None, ""
+    return args.seconds_per_cell, f"an estimate, --seconds_per_cell: no cell under {args.out} has ended"
+
+
 def cost_line(args: GridConfig, cells: list[Cell]) -> str:
-    """What the grid is about to cost: the cells to run and their steps, and the time a cell took, measured on the
-    cells of --out that ended (the first to end give it when none has)."""
+    """What the grid is about to cost: the cells to run and their steps, times the seconds a cell takes (cell_time)."""
     runs = Path(args.out) / "runs"
     ended = [cell for cell in cells if read_status(runs / cell.name).get("status") in ENDED]
     todo = len(cells) - len(ended)
     more = f", and up to {len(extra_seeds(args))} more seeds of each setting on the boundary" if extra_seeds(args) else ""
     line = f"grid: {todo} of {len(cells)} cells to run ({todo * args.max_steps:,} steps{more})"
-    seconds = [s for cell in ended if (s := read_cell(runs / cell.name)["wall_seconds"])]
-    if not todo or not seconds:
-        return line + ("" if not todo else "; the time a cell takes follows as cells end (none of --out has)")
-    per_cell = sum(seconds) / len(seconds)
-    return (f"{line}; {per_cell:.0f} s a cell (measured on the {len(seconds)} that ended, their start aside) = about "
-            f"{todo * per_cell / min(args.jobs, todo) / 60:.0f} min with {args.jobs} job(s)")
+    seconds, source = cell_time(args, [s for cell in ended if (s := read_cell(runs / cell.name)["wall_seconds"])])
+    if not todo or seconds is None:
+        return line + ("" if not todo else "; the time a cell takes follows as cells end (none of --out has; "
+                       "--seconds_per_cell=S gives an estimate now)")  # fmt: skip
+    return (f"{line} x {seconds:.0f} s ({source}) = about {todo * seconds / min(args.jobs, todo) / 60:.0f} min with "
+            f"{args.jobs} job(s)")
 
 
 def run(args: GridConfig) -> int:

@@ -298,9 +298,14 @@ class CellRecipe:
     """Run nothing: report the cells under --out that have a run folder, the rest as not run."""
     jobs: int = 1
     """Cells run at once, each its own process; on a CPU, set OMP_NUM_THREADS to cores / jobs."""
+    seconds_per_cell: float | None = None
+    """The cost estimate per cell while none has ended under out (then: the mean of those that have); null: the
+    time follows as cells end."""
 
     def __post_init__(self) -> None:
         _positive(self, "max_steps", "num_heads", "jobs", "probe_batch_size")
+        ok = self.seconds_per_cell is None or self.seconds_per_cell > 0
+        require(ok, "seconds_per_cell", f"must be > 0, or null; got {self.seconds_per_cell}")
         require(self.probe_steps >= 0, "probe_steps", f"must be >= 0; got {self.probe_steps}")
         require(self.intermediate_size is None or self.intermediate_size > 0, "intermediate_size",
                 "must be > 0 or null")  # fmt: skip
@@ -482,8 +487,7 @@ class CompareConfig(CellRecipe):
     mixed_provenance: bool = False
     """Compare cells from another machine, other code or other library versions than most of the study's (marked in
     every table and the figure); without it they are refused. Another tokenizer or data is refused always."""
-    seconds_per_cell: float = 300.0
-    """The cost estimate per cell while none has ended under out (then: the mean of those that have)."""
+    seconds_per_cell: float | None = 300.0
     max_steps: int = 500
     probe_steps: int = 0
     out: str = str(DEFAULT_OUT / "compare")
@@ -502,7 +506,6 @@ class CompareConfig(CellRecipe):
         _distinct(self, "lrs", "lr_seeds", "seeds")
         _each(self, "lrs", lambda lr: lr > 0, "> 0")
         require(0 < self.alpha < 1 and 0 < self.power < 1, "alpha", "and power must be in (0, 1)")
-        require(self.seconds_per_cell > 0, "seconds_per_cell", f"must be > 0; got {self.seconds_per_cell}")
         names = [m.name for m in self.models]
         require(len(set(names)) == len(names), "models", f"must not repeat a model; got {names}")
         require(all(m.warmup <= self.max_steps for m in self.models), "models",
