@@ -597,6 +597,13 @@ def test_unreachable_hub_dataset_names_source(tmp_path: Path) -> None:
 # ---------------------------------------------------------------------------------------------------------------------
 
 
+def test_training_the_tokenizer_prints_nothing(capfd: pytest.CaptureFixture[str]) -> None:
+    """The Rust trainer's progress bars (blank lines where the output is not a terminal) stay off the run's first
+    screen: the instances' bar says how the preparation goes."""
+    train_wordpiece_tokenizer(make_documents(50), vocab_size=120)
+    assert capfd.readouterr() == ("", "")
+
+
 @pytest.fixture(scope="module")
 def mask_tokenizer(tmp_path_factory) -> PreTrainedTokenizerFast:
     return train_wordpiece_tokenizer(make_documents(200), vocab_size=300)
