@@ -13,11 +13,15 @@ from pathlib import Path
 from typing import Any
 
 from finetune.config import DEFAULT_LRS, DEFAULT_SEEDS, FinetuneConfig
+from finetune.manifest import recipe_hash
 from finetune.report_numbers import WIDE_GAP_SHARE, RunInfo, recipe_differences, unconfigured
+from pretrain.common.cli import read_yaml
 from pretrain.run_folder.layout import RUN_CONFIG_FILE
 
 NOT_DONE = ("queued", "submitted", "failed")
 """The statuses of a job without a result (finetune.manifest.Status), in the order the report counts them."""
+PRESETS = Path(__file__).resolve().parents[1] / "configs" / "finetune"
+"""The fine-tuning presets (bert_glue.yaml: the paper's recipe; quick.yaml: the quick comparison's)."""
 
 
 def differences_text(runs: Sequence[RunInfo], differences: list[tuple[str, list[Any]]]) -> str:
@@ -92,6 +96,16 @@ def no_results_warning(jobs: list[dict[str, Any]], runs: Sequence[RunInfo], root
             "that holds them.")
 
 
+def preset_of(jobs: list[dict[str, Any]]) -> str:
+    """The --config that gives more runs results beside ``jobs``': the preset with their recipe (a report reads one
+    recipe), named relative to the checkout; a placeholder that says so where no preset has it."""
+    done = {job["recipe_hash"] for job in jobs if job["status"] == "done"}
+    for path in sorted(PRESETS.glob("*.yaml")):
+        if recipe_hash(FinetuneConfig(**read_yaml(path.read_text()).get("recipe", {})).result_key()) in done:
+            return str(path.relative_to(PRESETS.parents[1]))
+    return f"CONFIG (the config of recipe {', '.join(sorted(done))}, which fine-tuned the others)"
+
+
 def runs_without_results_warning(jobs: list[dict[str, Any]], runs: Sequence[RunInfo], root: Path) -> str | None:
     """The runs with no done job when another run has one: named, not silently absent from panels (b)-(d) and the
     dev results (no_results_warning speaks when no run has one)."""
@@ -104,8 +118,8 @@ def runs_without_results_warning(jobs: list[dict[str, Any]], runs: Sequence[RunI
                       f"{run.label}: no job" for run in missing)  # fmt: skip
     paths = ", ".join(str(run.path) for run in missing)
     return (f"**No fine-tuning results for {len(missing)} of the {len(runs)} runs** in {root} ({which}): they are "
-            "absent from panels (b)-(d) and the dev results, and no accuracy of theirs is compared. Fine-tune them: "
-            f"`python -m finetune.schedule --config=configs/finetune/bert_glue.yaml --runs='[{paths}]' "
+            "absent from panels (b)-(d) and the dev results, and no accuracy of theirs is compared. Fine-tune them "
+            f"with the others' recipe: `python -m finetune.schedule --config={preset_of(jobs)} --runs='[{paths}]' "
             f"--results_dir={root} --data_dir=GLUE`, or pass the --results_dir that holds their results.")
 
 

@@ -10,13 +10,14 @@ from pathlib import Path
 
 import pytest
 
+from finetune.config import FinetuneConfig
 from finetune.manifest import JobSpec, Manifest, ManifestJob, ResultsFolder, Runtime
 from finetune.report import ReportConfig, report
 from finetune.report import main as report_main
 from finetune.report_figures import MIN_LOSS_SPAN, loss_limits
 from finetune.report_numbers import clipped_interval, confidence_interval, crossing, prior_loss, run_infos
 from pretrain.common.atomic import write_json
-from pretrain.common.cli import run_cli, to_dict
+from pretrain.common.cli import read_yaml, run_cli, to_dict
 from pretrain.common.formats import RUN_FORMAT, stamped
 from pretrain.config import parse_args
 from pretrain.run_folder.identity import ensure_run_id, read_run_id
@@ -472,6 +473,19 @@ def test_a_run_without_results_is_named_not_left_out(tmp_path: Path, capsys: pyt
     assert f"| pre_ln (pre) | `{runs['pre_ln'].resolve()}` | none | none |" in summary
     assert f"| post_ln (post) | `{runs['post_ln'].resolve()}` | 9 of 9 | 9 of 9 |" in summary
     assert "optim.lr 0.0001 vs 0.0003" in summary  # the recipe difference, as before
+
+
+def test_a_run_without_results_is_told_the_recipe_of_the_others(tmp_path: Path) -> None:
+    """Run A fine-tuned with quick.yaml, run B not: B's command is quick.yaml's (another recipe in the same folder
+    would make the report refuse it), not the paper's bert_glue.yaml."""
+    preset = Path(__file__).resolve().parents[1] / "configs" / "finetune" / "quick.yaml"
+    quick = FinetuneConfig(**read_yaml(preset.read_text())["recipe"]).result_key()
+    runs = {"post_ln": write_run(tmp_path, "post_ln", "post", POST), "pre_ln": write_run(tmp_path, "pre_ln", "pre", PRE)}
+    write_results(tmp_path / "quick.d", runs, {("post_ln", 100, 5e-5): [0.7, 0.72]}, recipe=quick)
+    config = ReportConfig(runs=[str(runs["post_ln"]), str(runs["pre_ln"])], results_dir=str(tmp_path / "quick.d"),
+                          out=str(tmp_path / "fig"))  # fmt: skip
+    warning = next(w for w in report(config)["warnings"] if "No fine-tuning results for 1 of the 2 runs" in w)
+    assert f"--config=configs/finetune/quick.yaml --runs='[{runs['pre_ln'].resolve()}]'" in warning
 
 
 def test_the_report_names_the_results_folder_it_read(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
