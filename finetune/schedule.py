@@ -285,7 +285,8 @@ def progress_line(config: ScheduleConfig, jobs: dict[str, JobState], wanted: lis
     seconds, _ = step_time(config, jobs)
     if seconds is None or not left:
         return line
-    return line + f"; ETA about {train_steps(config, left) * seconds / min(config.workers, len(left)) / 60:.0f} min"
+    minutes = train_steps(config, left) * seconds / min(config.workers, len(left)) / 60
+    return line + f"; ETA about {max(1, round(minutes))} min"  # not "0 min" while jobs are left
 
 
 def results_lines(jobs: dict[str, JobState]) -> list[str]:

@@ -147,6 +147,8 @@ def test_once_runs_complete_snapshots_and_skips_done_work(tmp_path: Path, capsys
             f"{fresh.results_dir} has ended) = 1.00 worker-hours") in out  # fmt: skip
     assert "] jobs: 0/2 done, 0 running, 2 queued, 0 failed; ETA about 60 min" in out
     assert re.search(r"\n1 jobs left: 2 fine-tuning steps x [\d.e-]+ s/step \(measured on the first finished job\)", out)
+    schedule(config_for(tmp_path, [run_dir], seeds=[2], step_time_s=1.0, results_dir=str(tmp_path / "short.d")))
+    assert "] jobs: 0/2 done, 0 running, 2 queued, 0 failed; ETA about 1 min" in capsys.readouterr().out  # not 0 min
 
 
 @pytest.mark.slow  # a scheduler subprocess imports torch and transformers: ~15 s on 2 busy cores
