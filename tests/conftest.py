@@ -47,8 +47,11 @@ def shared_data() -> Path:
 
 
 # A test that fails must not leave what it started running (a command past its timeout, a process still waiting for
-# a signal that never came): its descendants started during the test are killed when it fails.
+# a signal that never came): the processes it started are killed when it fails. Its descendants, and the processes
+# that carry its mark in their environment (inherited): a step whose command was killed (as subprocess.run's timeout
+# kills it) is orphaned, no longer a descendant, and sleeps on.
 _FAILED = pytest.StashKey[bool]()
+_MARK = "LNBERT_TEST_MARK"
 
 
 @pytest.hookimpl(wrapper=True)
@@ -60,14 +63,19 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Itera
 
 
 @pytest.fixture(autouse=True)
-def no_processes_left_by_a_failed_test(request: pytest.FixtureRequest) -> Iterator[None]:
+def no_processes_left_by_a_failed_test(request: pytest.FixtureRequest,
+                                       monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:  # fmt: skip
     me = psutil.Process()
     before = {child.pid for child in me.children(recursive=True)}
+    mark = f"{me.pid}:{request.node.nodeid}"
+    monkeypatch.setenv(_MARK, mark)
     yield
     if not request.node.stash.get(_FAILED, False):
         return
-    for child in me.children(recursive=True):
+    started = {child.pid for child in me.children(recursive=True)} - before
+    for proc in psutil.process_iter():
         # W&B's service processes serve this process for its whole life, later tests included.
         with contextlib.suppress(psutil.Error):
-            if child.pid not in before and not child.name().startswith("wandb-"):
-                child.kill()
+            ours = proc.pid in started or (proc.pid != me.pid and proc.environ().get(_MARK) == mark)
+            if ours and not proc.name().startswith("wandb-"):
+                proc.kill()

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import psutil
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -30,6 +31,20 @@ def test_that_fails_while_its_command_still_runs():
 """
 
 
+# The same command killed by the test (as subprocess.run's timeout kills it) before it fails: its step lives on,
+# orphaned, no longer a descendant of the test's process.
+FAILING_TEST_ORPHAN = FAILING_TEST.split("def test_")[0] + """
+def test_that_fails_after_killing_its_command():
+    command = subprocess.Popen([sys.executable, "-c", COMMAND])
+    while not open("pids", "a+").tell():
+        pass
+    command.kill()
+    command.wait()
+    open("pids", "a").write(str(command.pid))
+    assert False
+"""
+
+
 def alive(pid: int) -> bool:
     try:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
@@ -37,11 +52,12 @@ def alive(pid: int) -> bool:
         return False
 
 
-def test_a_failed_test_leaves_no_process_behind(tmp_path: Path) -> None:
+@pytest.mark.parametrize("inner", [FAILING_TEST, FAILING_TEST_ORPHAN], ids=["running", "orphaned"])
+def test_a_failed_test_leaves_no_process_behind(tmp_path: Path, inner: str) -> None:
     (tmp_path / "conftest.py").write_text(
         "from tests.conftest import no_processes_left_by_a_failed_test, pytest_runtest_makereport  # noqa: F401\n"
     )
-    (tmp_path / "test_inner.py").write_text(FAILING_TEST)
+    (tmp_path / "test_inner.py").write_text(inner)
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_inner.py"],
                             cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)  # fmt: skip
