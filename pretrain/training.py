@@ -576,7 +576,7 @@ def prepare_training(cfg: PretrainConfig, accelerator: Accelerator, resume_from:
             save_tokenizer_to=tokenizer_dir if is_main and not same_run else None,
             main_process_first=accelerator.main_process_first,
             # Several processes: a large corpus must have been prepared by pretrain/prepare.py (not under a barrier).
-            num_processes=accelerator.num_processes,
+            num_processes=accelerator.num_processes, barrier_timeout_s=cfg.train.collective_timeout_s,
             prepare_command=prepare_command(None if argv is None else [*argv, *overrides]),
             # After main_process_first the main process's tokenizer is in the run folder, which every node sees.
             trained_tokenizer=None if is_main else tokenizer_dir,

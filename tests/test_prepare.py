@@ -240,10 +240,11 @@ def test_prepared_instances_do_not_depend_on_processes_or_shards(tmp_path: Path,
 def test_several_processes_refuse_to_prepare_a_large_corpus(tmp_path: Path) -> None:
     corpus = write_jsonl(tmp_path / "corpus.jsonl", make_documents(120))
     large = tiny_config(tmp_path, [SourceConfig(kind="json", path=str(corpus))], max_inline_preparation_mb=0)
-    with pytest.raises(
-        PreparationRequired, match=r"(?s)too large to prepare while 1 other.*\n    python -m pretrain\.prepare --X"
-    ):
-        build_pretraining_data(large, seed=0, num_processes=2, prepare_command="python -m pretrain.prepare --X")
+    # The message gives the run's own barrier timeout, not a default.
+    with pytest.raises(PreparationRequired, match=r"(?s)too large to prepare while 1 other.*gives up after "
+                       r"train\.collective_timeout_s=600 s\).*\n    python -m pretrain\.prepare --X"):  # fmt: skip
+        build_pretraining_data(large, seed=0, num_processes=2, prepare_command="python -m pretrain.prepare --X",
+                               barrier_timeout_s=600)  # fmt: skip
     assert not Path(large.cache_dir).exists()  # nothing was read or written
     hub = tiny_config(tmp_path, [SourceConfig(kind="hub", path="org/some-corpus")])
     with pytest.raises(PreparationRequired, match="a Hugging Face Hub dataset"):

@@ -144,7 +144,7 @@ class DataConfig:
     max_inline_preparation_mb: float = role("limit", keyed_in=(), default=64.0)
     """Largest corpus (MiB of local files) a run of several processes prepares itself behind a barrier; a larger one
     needs ``python -m pretrain.prepare`` first. 64 MiB: under two minutes (BENCHMARKS.md); the others wait at most
-    train.collective_timeout_s (1800 s by default)."""
+    train.collective_timeout_s."""
 
     def __post_init__(self) -> None:
         # A saved run_config.json's sources arrive as dicts (DataConfig(**saved["data"]): analysis/probes.py).

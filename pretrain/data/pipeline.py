@@ -58,9 +58,10 @@ def is_prepared(cfg: DataConfig, *, seed: int) -> bool:
     return prepared(cfg, seed=seed).ready
 
 
-def check_prepared_for_distributed(cfg: DataConfig, *, ready: bool, num_processes: int, prepare_command: str) -> None:
+def check_prepared_for_distributed(cfg: DataConfig, *, ready: bool, num_processes: int, prepare_command: str,
+                                   barrier_timeout_s: float | None) -> None:  # fmt: skip
     """Raise PreparationRequired when ``num_processes`` > 1 and a corpus too large to prepare under a barrier is
-    not prepared yet (``ready``)."""
+    not prepared yet (``ready``); ``barrier_timeout_s``: how long the others would wait (train.collective_timeout_s)."""
     if num_processes <= 1 or ready:
         return
     size = corpus_bytes(cfg)
@@ -71,8 +72,9 @@ def check_prepared_for_distributed(cfg: DataConfig, *, ready: bool, num_processe
         f"the data is not prepared: data.cache_dir={cfg.cache_dir} holds no prepared instances for this config, and "
         f"the corpus ({what}) is too large to prepare while {num_processes - 1} other process(es) wait at a barrier "
         f"(data.max_inline_preparation_mb={cfg.max_inline_preparation_mb:g}; the barrier gives up after "
-        f"train.collective_timeout_s, 1800 s by default). Prepare it once, on any machine that sees data.cache_dir (a CPU node will do), with the same "
-        f"arguments:\n    {prepare_command}\nthen start the training again"
+        f"train.collective_timeout_s{'' if barrier_timeout_s is None else f'={barrier_timeout_s:g} s'}). Prepare it "
+        f"once, on any machine that sees data.cache_dir (a CPU node will do), with the same arguments:\n"
+        f"    {prepare_command}\nthen start the training again"
     )
 
 
@@ -93,18 +95,20 @@ def build_pretraining_data(
     cfg: DataConfig, *, seed: int, save_tokenizer_to: Path | None = None, model_vocab_size: int | None = None,
     main_process_first: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
     num_processes: int = 1, prepare_command: str = "python -m pretrain.prepare [the same arguments]",
-    progress: bool = False, trained_tokenizer: Path | None = None,
+    progress: bool = False, trained_tokenizer: Path | None = None, barrier_timeout_s: float | None = None,
 ) -> PretrainingData:
     """Tokenizer, training and validation instances; built once (inside ``main_process_first()``), then reused
     from ``cfg.cache_dir`` by every later call with the same inputs (streaming: only the validation instances are
     materialised). The corpus is read only when something is not cached, and then once.
 
     With several processes (``num_processes``) a large corpus must have been prepared by ``pretrain/prepare.py``
-    (``prepare_command``): otherwise PreparationRequired is raised before any process waits at a barrier.
+    (``prepare_command``): otherwise PreparationRequired is raised before any process waits at a barrier (which gives
+    up after ``barrier_timeout_s``, named in the message).
     ``trained_tokenizer``: where the main process saved the tokenizer it trained (another node's cache lacks it)."""
     # Loaded and keyed once, before any process waits at the barrier: the readiness check and the preparation need both.
     found = prepared(cfg, seed=seed)
-    check_prepared_for_distributed(cfg, ready=found.ready, num_processes=num_processes, prepare_command=prepare_command)
+    check_prepared_for_distributed(cfg, ready=found.ready, num_processes=num_processes, prepare_command=prepare_command,
+                                   barrier_timeout_s=barrier_timeout_s)  # fmt: skip
 
     @functools.cache
     def documents() -> tuple[datasets.Dataset | datasets.IterableDataset, datasets.Dataset]:
