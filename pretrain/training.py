@@ -609,15 +609,22 @@ def prepare_training(cfg: PretrainConfig, accelerator: Accelerator, resume_from:
 
 
 def start_state(cfg: PretrainConfig, accelerator: Accelerator, resume_from: Path | None, fingerprint: str) -> TrainState:
-    """Step 0's state, or the checkpoint's (loaded) with this launch's batch split; the data position starts over
-    where the data differs, or (a new run from another's checkpoint) the batch does not divide it."""
+    """Step 0's state, or the checkpoint's (loaded) with this launch's batch split. The data position starts over
+    where the data differs. Where this launch's micro-batches (per device x processes) cannot start at it (another
+    split after a step that spanned an epoch's end), it goes back to their last start in the epoch: fewer than one
+    micro-batch of sequences trained again, in place of the whole epoch."""
     state = TrainState(data_fingerprint=fingerprint)
     if resume_from is not None:
         state = load_checkpoint(accelerator, resume_from)
         per_micro_step = cfg.train.per_device_batch_size * accelerator.num_processes
-        if state.data_fingerprint != fingerprint or state.samples_in_epoch % per_micro_step:
-            accelerator.print(f"resuming {resume_from} with different data or batch settings: the data starts over")
+        if state.data_fingerprint != fingerprint:
+            accelerator.print(f"resuming {resume_from} with different data settings: the data starts over")
             state = dataclasses.replace(state, epoch=0, samples_in_epoch=0, data_fingerprint=fingerprint)
+        elif extra := state.samples_in_epoch % per_micro_step:
+            accelerator.print(f"resuming {resume_from} at sequence {state.samples_in_epoch} of epoch {state.epoch}, "
+                              f"where micro-batches of {per_micro_step} sequences cannot start: {extra} sequences "
+                              "trained again")  # fmt: skip
+            state = dataclasses.replace(state, samples_in_epoch=state.samples_in_epoch - extra)
     return dataclasses.replace(state, global_batch_size=cfg.train.global_batch_size(accelerator.num_processes),
                                num_processes=accelerator.num_processes)  # fmt: skip
 

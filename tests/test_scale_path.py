@@ -9,6 +9,7 @@ import json
 import os
 import socket
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -32,7 +33,7 @@ from pretrain.config import TrainConfig, parse_args
 from pretrain.modeling import LNBertConfig, LNBertForPreTraining
 from pretrain.optim import build_adamw, resolve_adamw_implementation
 from pretrain.run import main as pretrain_main
-from pretrain.run_folder.checkpointing import latest_checkpoint, save_snapshot
+from pretrain.run_folder.checkpointing import TrainState, latest_checkpoint, save_snapshot
 from pretrain.run_folder.layout import read_metrics, read_status
 from pretrain.training import build_accelerator, build_model
 from tests import pretrain_helpers
@@ -406,24 +407,47 @@ def _train_losses(run: Path) -> dict[int, float]:
 def test_a_run_continues_on_another_number_of_processes_bit_exactly(
     tmp_path: Path, data_cache: Path, fresh_accelerate_state: None
 ) -> None:
-    """Two processes of 8 sequences (DDP, gloo) stop at step 3; one process continues with two micro-batches of 8,
-    the same global batch: each step sees the same sequences and averages the same gradients, so the weights and
-    losses equal a one-process run's from the start, bit for bit. Dropout off: each process draws its own masks,
-    which no other split reproduces. The checkpoint holds the model's own names (no DDP "module."), and a launch
-    that would change the global batch is refused before training."""
-    common = (*NO_DROPOUT, "--train.max_steps=6", "--train.checkpoint_every=3")
+    """Two processes of 8 sequences (DDP, gloo) stop at step 2; one process continues with two micro-batches of 8,
+    the same global batch, to step 4, and two processes again to the end: each step sees the same sequences and
+    averages the same gradients, so the weights and losses equal a one-process run's from the start, bit for bit.
+    Dropout off: each process draws its own masks, which no other split reproduces. The checkpoints hold the model's
+    own names (no DDP "module."), and a launch that would change the global batch is refused before training."""
+    common = (*NO_DROPOUT, "--train.max_steps=6", "--train.checkpoint_every=2")
     split, straight = tmp_path / "split", tmp_path / "straight"
-    two = accelerate_launch(["--multi_gpu", "--num_processes", "2", "--main_process_port", "29525"],
-                            tiny_args(split, data_cache, *common, "--train.stop_at_step=3"), tmp_path)  # fmt: skip
-    assert two.returncode == 0, (two.stdout + two.stderr)[-3000:]
-    assert not [k for k in load_file(latest_checkpoint(split) / "model.safetensors") if k.startswith("module.")]
+
+    def two_processes(port: int, *args: str) -> None:
+        launched = accelerate_launch(["--multi_gpu", "--num_processes", "2", "--main_process_port", str(port)],
+                                     tiny_args(split, data_cache, *common, *args), tmp_path)  # fmt: skip
+        assert launched.returncode == 0, (launched.stdout + launched.stderr)[-3000:]
+        assert not [k for k in load_file(latest_checkpoint(split) / "model.safetensors") if k.startswith("module.")]
+
+    two_processes(29525, "--train.stop_at_step=2")
     with pytest.raises(ValueError, match=r"global batch of 16 sequences per step; this launch gives 8 "):
         pretrain_main(tiny_args(split, data_cache, *common, "--train.resume=auto"))
     one = ("--train.gradient_accumulation_steps=2",)
-    assert pretrain_main(tiny_args(split, data_cache, *common, *one, "--train.resume=auto")) == 0
+    assert pretrain_main(tiny_args(split, data_cache, *common, *one, "--train.resume=auto", "--train.stop_at_step=4")) == 0
+    two_processes(29526, "--train.resume=auto")
     assert pretrain_main(tiny_args(straight, data_cache, *common, *one)) == 0
     assert read_status(split)["status"] == "finished" and _same_weights(split, straight)
     assert _train_losses(split) == _train_losses(straight)
+
+
+def test_a_position_another_split_cannot_start_at_goes_back_less_than_a_micro_batch(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    """One process of 2 micro-batches of 8 a step, over an epoch of an odd number of micro-batches: a step ends 8
+    sequences into the next epoch (24 after two more steps). Two processes of 8 (micro-batches of 16) cannot start
+    there: they continue at 16 of the same epoch, not at the start of epoch 0. Other data starts over."""
+    saved = TrainState(step=7, epoch=1, samples_in_epoch=24, data_fingerprint="data", global_batch_size=16)
+    monkeypatch.setattr(training, "load_checkpoint", lambda accelerator, path: dataclasses.replace(saved))
+    cfg = parse_args([*TINY_MODEL_ARGS, "--train.per_device_batch_size=8"])
+    two = SimpleNamespace(num_processes=2, print=print)
+    state = training.start_state(cfg, two, Path("step_00000007"), "data")
+    assert (state.step, state.epoch, state.samples_in_epoch, state.num_processes) == (7, 1, 16, 2)
+    assert "at sequence 24 of epoch 1, where micro-batches of 16 sequences cannot start: 8 " in capsys.readouterr().out
+    one = SimpleNamespace(num_processes=1, print=print)
+    assert dataclasses.astuple(training.start_state(cfg, one, Path("step_00000007"), "data"))[:3] == (7, 1, 24)
+    assert dataclasses.astuple(training.start_state(cfg, two, Path("step_00000007"), "other"))[:3] == (7, 0, 0)
 
 
 def test_a_run_continues_with_train_compile_changed_bit_exactly(
