@@ -16,7 +16,7 @@ import os
 import sys
 import time
 from collections.abc import Callable, Iterator
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
@@ -52,6 +52,7 @@ from pretrain.prepare import data_report, prepare_command
 from pretrain.residual_streams import ResidualStats
 from pretrain.run_folder import layout
 from pretrain.run_folder.checkpointing import (
+    DISK_FULL_HINT,
     TOKENIZER_ROOM,
     DiskFull,
     TrainState,
@@ -213,6 +214,7 @@ class StepStats:
     finite: bool  # the loss and the gradient norm
     overflow: bool  # a finite loss whose loss-scaled (fp16) gradients overflowed: the scaler skipped the step
     stop: bool
+    disk_full: bool  # a process met a full disk in a write of its own (a metrics line, the heartbeat) before the step
     grad_norm: float
     layer_grad_norms: dict[str, float]
     residual: ResidualStats | None = None  # what the residual scheme did, at log steps (None for the standard one)
@@ -242,13 +244,14 @@ def batch_iterator(setup: TrainingSetup, state: TrainState) -> Iterator[dict[str
 
 
 def train_step(
-    setup: TrainingSetup, batches: Iterator[dict[str, torch.Tensor]], stop: StopRequest, log_step: bool
+    setup: TrainingSetup, batches: Iterator[dict[str, torch.Tensor]], stop: StopRequest, log_step: bool,
+    disk_full: bool = False,
 ) -> StepStats:
     """Accumulate gradients over micro-batches until Accelerate syncs, check the loss, then step. A loss not finite on
     any process takes no step (DeepSpeed's engine stepped in ``backward``; no checkpoint is written from that state);
     with fp16 gradients that overflowed, ``optimizer.step`` lets the scaler skip the update and lower its scale;
     ``step_outcome`` judges the run. A ``log_step`` also measures the layers' gradient norms, the residual scheme and
-    nGPT's invariants."""
+    nGPT's invariants. ``disk_full``: this process met a full disk since the last step (``StepStats.disk_full``)."""
     accelerator, model = setup.accelerator, setup.model
     sums = torch.zeros(6, device=accelerator.device)  # loss, mlm, nsp, tokens, micro-batches, slots
     residual, design, step_stats = None, None, {}
@@ -268,8 +271,9 @@ def train_step(
             sums += torch.stack([torch.as_tensor(x, device=sums.device).detach().float() for x in parts])
             if not accelerator.sync_gradients:
                 continue
-            # One all-reduce per step: the losses for logging, the finite check and the stop request.
-            flags = torch.tensor([float(bool(stop.reason(accelerator.is_main_process)))], device=sums.device)
+            # One all-reduce per step: the losses for logging, the finite check, the stop request and a full disk.
+            asked = bool(stop.reason(accelerator.is_main_process))
+            flags = torch.tensor([float(asked), float(disk_full)], device=sums.device)
             totals = accelerator.reduce(torch.cat([sums, flags]), reduction="sum")
             finite = bool(torch.isfinite(totals[:3]).all())
             grad_norm, layer_norms, overflow = float("nan"), {}, False
@@ -289,10 +293,10 @@ def train_step(
                         step_stats = measure_step(unwrapped)  # before nGPT re-normalises: how far the step moved
                     unwrapped.after_optimizer_step()  # nGPT: its matrices back onto the sphere
             setup.optimizer.zero_grad(set_to_none=True)
-            loss, mlm_loss, nsp_loss, tokens, micro, slots, stops = totals.tolist()
+            loss, mlm_loss, nsp_loss, tokens, micro, slots, stops, full = totals.tolist()
             return StepStats(
                 loss=loss / micro, mlm_loss=mlm_loss / micro, nsp_loss=nsp_loss / micro, tokens=int(tokens),
-                slots=int(slots), finite=finite, overflow=overflow, stop=stops > 0, grad_norm=grad_norm,
+                slots=int(slots), finite=finite, overflow=overflow, stop=stops > 0, disk_full=full > 0, grad_norm=grad_norm,
                 layer_grad_norms=layer_norms, residual=residual, design={**(design or {}), **step_stats},
             )
     raise RuntimeError("the training data ran out")  # batch_iterator loops over epochs forever
@@ -476,9 +480,13 @@ def step_metrics(setup: TrainingSetup, state: TrainState, stats: StepStats, toke
 
 def train(setup: TrainingSetup, state: TrainState, stop: StopRequest) -> str:
     """The run from its current step: the step-0 evaluation and the start snapshot, then steps until the last step, a
-    divergence or a stop request. Returns finished, diverged or preempted (a full disk raises DiskFull)."""
+    divergence or a stop request. Returns finished, diverged or preempted (a full disk raises DiskFull). A full disk
+    in a write of the main process alone is told to every process by the next step's all-reduce, so that all stop
+    there: raised at once, it would leave the others at their next collective for train.collective_timeout_s."""
+    full: list[DiskFull] = []  # what this process's own writes met (held)
     if state.step == 0:
-        run_evaluation(setup, state)
+        with held(full, setup.run_dir):
+            run_evaluation(setup, state)
     save(setup, state, snapshot=start_snapshot_due(setup, state), checkpoint=False)
     cfg, accelerator = setup.cfg, setup.accelerator
     progress = tqdm(total=cfg.train.max_steps, initial=state.step, disable=not accelerator.is_local_main_process,
@@ -496,7 +504,9 @@ def train(setup: TrainingSetup, state: TrainState, stop: StopRequest) -> str:
             next_step = state.step + 1
             log_now = next_step % train_cfg.log_every == 0 or next_step == last_step
             started = time.perf_counter()
-            stats = train_step(setup, batches, stop, log_step=log_now)
+            stats = train_step(setup, batches, stop, log_step=log_now, disk_full=bool(full))
+            if stats.disk_full:
+                raise full[0] if full else DiskFull(f"disk full on another process. {DISK_FULL_HINT}")
             window_time += time.perf_counter() - started
             outcome = step_outcome(stats, skipped_in_a_row, train_cfg.max_skipped_steps)
             if outcome == "diverged":
@@ -516,14 +526,16 @@ def train(setup: TrainingSetup, state: TrainState, stop: StopRequest) -> str:
             if log_now:
                 metrics = step_metrics(setup, state, stats, window_tokens, window_slots, window_time, window_skipped)
                 matrices = residual_matrices(stats.residual) if stats.residual is not None else {}
-                log_metrics(accelerator, setup.run_dir, metrics, state.step, file_only=matrices)
+                with held(full, setup.run_dir):
+                    log_metrics(accelerator, setup.run_dir, metrics, state.step, file_only=matrices)
                 postfix.update(progress_postfix(stats.loss, metrics["train/lr"], setup.last_eval))
                 progress.set_postfix(postfix)
                 window_tokens, window_slots, window_time, window_skipped = 0, 0, 0.0, 0
             done = state.step == last_step
             preempted = stats.stop and not done
             if (train_cfg.eval_every and state.step % train_cfg.eval_every == 0) or done:
-                run_evaluation(setup, state)
+                with held(full, setup.run_dir):
+                    run_evaluation(setup, state)
                 postfix.update(progress_postfix(None, None, setup.last_eval))
                 progress.set_postfix(postfix)
             on_interval = bool(train_cfg.checkpoint_every) and state.step % train_cfg.checkpoint_every == 0
@@ -531,12 +543,27 @@ def train(setup: TrainingSetup, state: TrainState, stop: StopRequest) -> str:
                  checkpoint=on_interval or done or preempted)  # fmt: skip
             fault_point("step", state.step)
             if heartbeat.due():
-                set_status(accelerator, cfg, "running", state.step)
+                with held(full, setup.run_dir):
+                    set_status(accelerator, cfg, "running", state.step)
             if preempted:
                 why = stop.reason(accelerator.is_main_process) or "by another process"
                 accelerator.print(f"\nstop requested ({why}) at step {state.step}; checkpoint saved")
-                return "preempted"
+                break
+        if full:  # met at the last step: the others have no collective left to wait at
+            raise full[0]
         return "finished" if state.step >= train_cfg.max_steps else "preempted"
+
+
+@contextmanager
+def held(full: list[DiskFull], where: Path) -> Iterator[None]:
+    """A write of this process alone: a full disk in it is kept in ``full`` (for the next step's all-reduce) instead
+    of raised; any other error is raised."""
+    try:
+        yield
+    except Exception as err:
+        if (found := as_disk_full(err, where)) is None:
+            raise
+        full.append(found)
 
 
 # Entry point

@@ -569,27 +569,37 @@ def test_a_full_disk_inside_a_save_ends_preempted_naming_the_path(
     assert status["step"] == (0 if writer == "save_pretrained" else 3)
 
 
-def _full_on_rank_1(rank: int, port: int, argv: list[str], out: Path) -> None:
-    """One of two gloo processes of a tiny run; on process 1 the disk is full for its own file of the checkpoint (its
-    RNG state, which every process writes), as when it alone met ENOSPC."""
+def _full_on_one_process(rank: int, port: int, argv: list[str], out: Path, full: str) -> None:
+    """One of two gloo processes of a tiny run, where one process alone meets ENOSPC: process 1 for its own file of
+    the checkpoint (its RNG state, which every process writes), or process 0 for its metrics lines from step 2 on."""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
                       WORLD_SIZE="2", LOCAL_WORLD_SIZE="2", ACCELERATE_USE_CPU="1", OMP_NUM_THREADS="1")  # fmt: skip
     torch.set_num_threads(1)
-    real = torch.save
+    real_save, real_log = torch.save, run_module.log_metrics
 
     def save(obj: object, f: object, *args: object, **kwargs: object) -> None:
-        if rank == 1 and "random_states_1" in str(f):
+        if full == "checkpoint" and rank == 1 and "random_states_1" in str(f):
             raise OSError(errno.ENOSPC, "No space left on device", str(f))
-        real(obj, f, *args, **kwargs)
+        real_save(obj, f, *args, **kwargs)
 
-    torch.save = save
+    def log_metrics(accelerator: object, run_dir: Path, metrics: dict, step: int, **kwargs: object) -> None:
+        if full == "metrics" and rank == 0 and step >= 2:
+            raise OSError(errno.ENOSPC, "No space left on device", str(Path(run_dir) / "metrics.jsonl"))
+        real_log(accelerator, run_dir, metrics, step, **kwargs)
+
+    torch.save, run_module.log_metrics = save, log_metrics
     (out / f"rank{rank}").write_text(str(main(argv)))
 
 
 @pytest.mark.slow  # two processes that import the project
-def test_a_full_disk_on_one_process_stops_every_process(tmp_path: Path, data_cache: Path) -> None:
-    """The processes agree on how a save went (one collective): both stop at once, preempted, the status naming the
-    file of the process that met the full disk, instead of the others waiting train.collective_timeout_s for it."""
+@pytest.mark.parametrize(("full", "step", "named"), [("checkpoint", 3, "random_states_1.pkl"),
+                                                      ("metrics", 2, "metrics.jsonl")])  # fmt: skip
+def test_a_full_disk_on_one_process_stops_every_process(
+    tmp_path: Path, data_cache: Path, full: str, step: int, named: str
+) -> None:
+    """The processes agree on how a save went (one collective), and a full disk in a write of the main process alone
+    (a metrics line) is told to all by the next step's all-reduce: both stop, preempted, the status naming the file
+    of the process that met the full disk, instead of the others waiting train.collective_timeout_s for it."""
     import socket
 
     import torch.multiprocessing as mp
@@ -599,14 +609,14 @@ def test_a_full_disk_on_one_process_stops_every_process(tmp_path: Path, data_cac
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     argv = tiny_args(run, data_cache, "--train.collective_timeout_s=120", "--train.snapshot_at_start=false")
-    context = mp.start_processes(_full_on_rank_1, args=(port, argv, tmp_path), nprocs=2, join=False,
+    context = mp.start_processes(_full_on_one_process, args=(port, argv, tmp_path, full), nprocs=2, join=False,
                                  start_method="spawn")  # fmt: skip
     while not context.join(timeout=600):
         pass
     assert [(tmp_path / f"rank{rank}").read_text() for rank in (0, 1)] == ["0", "0"]
     status = read_status(run)
-    assert (status["status"], status["step"]) == ("preempted", 3), status
-    assert "disk full" in status["message"] and "random_states_1.pkl" in status["message"], status
+    assert (status["status"], status["step"]) == ("preempted", step), status
+    assert "disk full" in status["message"] and named in status["message"], status
     assert not list_checkpoints(run)
 
 

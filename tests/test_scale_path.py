@@ -195,7 +195,7 @@ def test_auto_adamw_is_fused_on_cuda() -> None:
 
 def _stats(finite: bool, overflow: bool) -> training.StepStats:
     return training.StepStats(
-        loss=1.0, mlm_loss=1.0, nsp_loss=0.0, tokens=1, slots=1, finite=finite, overflow=overflow, stop=False,
+        loss=1.0, mlm_loss=1.0, nsp_loss=0.0, tokens=1, slots=1, finite=finite, overflow=overflow, stop=False, disk_full=False,
         grad_norm=1.0 if finite else float("inf"), layer_grad_norms={},
     )  # fmt: skip
 
