@@ -253,9 +253,13 @@ class TrainConfig:
         _require(peak is None or peak >= 0, "train.peak_flops_per_device",
                  "must be >= 0 (0 disables MFU) or null (look the device up)")
 
+    def micro_batch_size(self, num_processes: int) -> int:
+        """Sequences per micro-batch, over all processes: the step a data position moves by."""
+        return self.per_device_batch_size * num_processes
+
     def global_batch_size(self, num_processes: int) -> int:
         """Sequences per optimizer step, over all processes."""
-        return self.per_device_batch_size * num_processes * self.gradient_accumulation_steps
+        return self.micro_batch_size(num_processes) * self.gradient_accumulation_steps
 
 
 @dataclass(kw_only=True)

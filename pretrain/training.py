@@ -226,7 +226,7 @@ def batch_iterator(setup: TrainingSetup, state: TrainState) -> Iterator[dict[str
     """Micro-batches from the current position on, epoch after epoch, keeping state.epoch/samples_in_epoch. The
     processes' micro-batches of one step are consecutive in the epoch's order (Accelerate's sharding), so a position
     in sequences holds for any number of processes."""
-    per_micro_step = setup.cfg.train.per_device_batch_size * setup.accelerator.num_processes
+    per_micro_step = setup.cfg.train.micro_batch_size(setup.accelerator.num_processes)
     while True:
         setup.loaders.train_collator.set_epoch(state.epoch)  # masks are a function of (seed, epoch, instance)
         if setup.loaders.sampler is not None:
@@ -643,7 +643,7 @@ def start_state(cfg: PretrainConfig, accelerator: Accelerator, resume_from: Path
     state = TrainState(data_fingerprint=fingerprint)
     if resume_from is not None:
         state = load_checkpoint(accelerator, resume_from)
-        per_micro_step = cfg.train.per_device_batch_size * accelerator.num_processes
+        per_micro_step = cfg.train.micro_batch_size(accelerator.num_processes)
         if state.data_fingerprint != fingerprint:
             accelerator.print(f"resuming {resume_from} with different data settings: the data starts over")
             state = dataclasses.replace(state, epoch=0, samples_in_epoch=0, data_fingerprint=fingerprint)
