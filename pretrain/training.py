@@ -443,6 +443,15 @@ def divergence_message(stats: StepStats, step: int, skipped_in_a_row: int) -> st
     return f"{what} (loss {stats.loss}); the run diverged. No checkpoint or snapshot was written from this state."
 
 
+def record_divergence(setup: TrainingSetup, state: TrainState, stats: StepStats, skipped_in_a_row: int) -> str:
+    """The status and a metrics line of a run that diverged in the step after ``state.step``; returns "diverged"."""
+    message = divergence_message(stats, state.step + 1, skipped_in_a_row)
+    set_status(setup.accelerator, setup.cfg, "diverged", state.step, message, diverged_at=state.step + 1)
+    log_metrics(setup.accelerator, setup.run_dir, {"tokens_seen": state.tokens_seen, "diverged": 1}, state.step + 1)
+    setup.accelerator.print(f"\n{message}")
+    return "diverged"
+
+
 def run_evaluation(setup: TrainingSetup, state: TrainState) -> None:
     setup.last_eval = evaluate(setup)
     log_metrics(setup.accelerator, setup.run_dir, {"tokens_seen": state.tokens_seen, **setup.last_eval}, state.step)
@@ -510,12 +519,7 @@ def train(setup: TrainingSetup, state: TrainState, stop: StopRequest) -> str:
             window_time += time.perf_counter() - started
             outcome = step_outcome(stats, skipped_in_a_row, train_cfg.max_skipped_steps)
             if outcome == "diverged":
-                message = divergence_message(stats, state.step + 1, skipped_in_a_row)
-                set_status(accelerator, cfg, "diverged", state.step, message, diverged_at=state.step + 1)
-                line = {"tokens_seen": state.tokens_seen, "diverged": 1}
-                log_metrics(accelerator, setup.run_dir, line, state.step + 1)
-                accelerator.print(f"\n{message}")
-                return "diverged"
+                return record_divergence(setup, state, stats, skipped_in_a_row)
             skipped_in_a_row = skipped_in_a_row + 1 if outcome == "skipped" else 0
             window_skipped += outcome == "skipped"
             state.step += 1
