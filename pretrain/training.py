@@ -63,6 +63,7 @@ from pretrain.run_folder.checkpointing import (
     free_space_problem,
     keep_model_names,
     load_checkpoint,
+    main_process_first,
     resolve_resume,
     room_problem,
     save_checkpoint,
@@ -605,7 +606,7 @@ def prepare_training(cfg: PretrainConfig, accelerator: Accelerator, resume_from:
             data_cfg, seed=cfg.train.seed, model_vocab_size=cfg.model.vocab_size, progress=is_main,
             # A resumed run keeps the tokenizer it saved (never overwritten by a re-trained one).
             save_tokenizer_to=tokenizer_dir if is_main and not same_run else None,
-            main_process_first=accelerator.main_process_first,
+            main_process_first=lambda: main_process_first(accelerator, Path(cfg.data.cache_dir)),
             # Several processes: a large corpus must have been prepared by pretrain/prepare.py (not under a barrier).
             num_processes=accelerator.num_processes, barrier_timeout_s=cfg.train.collective_timeout_s,
             prepare_command=prepare_command(None if argv is None else [*argv, *overrides]),

@@ -571,11 +571,14 @@ def test_a_full_disk_inside_a_save_ends_preempted_naming_the_path(
 
 def _full_on_one_process(rank: int, port: int, argv: list[str], out: Path, full: str) -> None:
     """One of two gloo processes of a tiny run, where one process alone meets ENOSPC: process 1 for its own file of
-    the checkpoint (its RNG state, which every process writes), or process 0 for its metrics lines from step 2 on."""
+    the checkpoint (its RNG state, which every process writes), or process 0 for its metrics lines from step 2 on, or
+    for the run's tokenizer, which it saves while the other waits for the data to be prepared."""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
                       WORLD_SIZE="2", LOCAL_WORLD_SIZE="2", ACCELERATE_USE_CPU="1", OMP_NUM_THREADS="1")  # fmt: skip
     torch.set_num_threads(1)
-    real_save, real_log = torch.save, run_module.log_metrics
+    from transformers import PreTrainedTokenizerBase
+
+    real_save, real_log, real_tokenizer_save = torch.save, run_module.log_metrics, PreTrainedTokenizerBase.save_pretrained
 
     def save(obj: object, f: object, *args: object, **kwargs: object) -> None:
         if full == "checkpoint" and rank == 1 and "random_states_1" in str(f):
@@ -587,19 +590,27 @@ def _full_on_one_process(rank: int, port: int, argv: list[str], out: Path, full:
             raise OSError(errno.ENOSPC, "No space left on device", str(Path(run_dir) / "metrics.jsonl"))
         real_log(accelerator, run_dir, metrics, step, **kwargs)
 
-    torch.save, run_module.log_metrics = save, log_metrics
+    def save_tokenizer(self: PreTrainedTokenizerBase, folder: str | Path, *args: object, **kwargs: object) -> object:
+        if full == "tokenizer" and rank == 0 and Path(folder).name == "tokenizer":
+            raise OSError(errno.ENOSPC, "No space left on device", str(folder))
+        return real_tokenizer_save(self, folder, *args, **kwargs)
+
+    torch.save, run_module.log_metrics, PreTrainedTokenizerBase.save_pretrained = save, log_metrics, save_tokenizer
     (out / f"rank{rank}").write_text(str(main(argv)))
 
 
 @pytest.mark.slow  # two processes that import the project
-@pytest.mark.parametrize(("full", "step", "named"), [("checkpoint", 3, "random_states_1.pkl"),
-                                                      ("metrics", 2, "metrics.jsonl")])  # fmt: skip
+@pytest.mark.parametrize(("full", "step", "named"), [
+    ("checkpoint", 3, "random_states_1.pkl"), ("metrics", 2, "metrics.jsonl"), ("tokenizer", 0, "run/tokenizer"),
+])  # fmt: skip
 def test_a_full_disk_on_one_process_stops_every_process(
     tmp_path: Path, data_cache: Path, full: str, step: int, named: str
 ) -> None:
-    """The processes agree on how a save went (one collective), and a full disk in a write of the main process alone
-    (a metrics line) is told to all by the next step's all-reduce: both stop, preempted, the status naming the file
-    of the process that met the full disk, instead of the others waiting train.collective_timeout_s for it."""
+    """The processes agree on how a save went (one collective), a full disk in a write of the main process alone
+    (a metrics line) is told to all by the next step's all-reduce, and the main process's data preparation (its
+    tokenizer saved in the run folder) ends with one collective on how it went: both stop, preempted, the status
+    naming the file of the process that met the full disk, instead of the other waiting train.collective_timeout_s
+    for it (at a barrier, or at its next collective)."""
     import socket
 
     import torch.multiprocessing as mp

@@ -276,6 +276,30 @@ def agreed(accelerator: Accelerator, where: Path, write: Callable[[], None]) -> 
         raise RuntimeError(f"another process failed while saving {where}: {failures[0][1]}")
 
 
+@contextlib.contextmanager
+def main_process_first(accelerator: Accelerator, where: Path) -> Iterator[None]:
+    """Accelerate's ``main_process_first`` (the main process's part, e.g. preparing the data into ``where``, then the
+    others'), its barrier replaced by ``agreed``: how the main process's part went reaches the others before theirs
+    (an error or a full disk there stops them at once, instead of at the barrier for train.collective_timeout_s),
+    and how theirs went reaches every process."""
+    main = accelerator.is_main_process
+    if not main:
+        agreed(accelerator, where, lambda: None)  # answered once the main process's part is done
+    error: Exception | None = None
+    try:
+        yield
+    except Exception as err:  # shared by agreed, then raised
+        error = err
+
+    def outcome() -> None:
+        if error is not None:
+            raise error
+
+    agreed(accelerator, where, outcome)
+    if main:
+        agreed(accelerator, where, lambda: None)  # the others' parts
+
+
 # Which run lives in the output directory
 
 
