@@ -10,6 +10,7 @@ from __future__ import annotations
 import atexit
 import dataclasses
 import datetime
+import gc
 import logging
 import math
 import os
@@ -24,11 +25,13 @@ from typing import Any, TextIO
 import torch
 import torch.nn.functional as F
 from accelerate import Accelerator
+from accelerate.state import AcceleratorState
 from accelerate.utils import (
     DataLoaderConfiguration,
     InitProcessGroupKwargs,
     ProjectConfiguration,
     is_compiled_module,
+    is_deepspeed_available,
     set_seed,
 )
 from torch import nn
@@ -127,8 +130,12 @@ def build_accelerator(cfg: PretrainConfig) -> Accelerator:
     # Accelerate notes at every checkpoint that it left out the tied MLM decoder weight; loading ties it again.
     note = "Removed shared tensor"
     logging.getLogger("accelerate.utils.other").addFilter(lambda record: note not in record.getMessage())
-    kwargs_handlers = []
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1 or env_flag("ACCELERATE_USE_DEEPSPEED"):
+    kwargs_handlers, several = [], int(os.environ.get("WORLD_SIZE", "1")) > 1
+    if several and is_deepspeed_available():
+        # Imported before the group exists: DeepSpeed's barrier functions take the world group as a default argument,
+        # which, bound after init_process_group (Accelerate imports DeepSpeed in unwrap_model), holds the group for good.
+        import deepspeed  # noqa: F401
+    if several or env_flag("ACCELERATE_USE_DEEPSPEED"):
         # DeepSpeed on CPU needs gloo (it would pick an accelerator backend); a single process needs none.
         # The timeout turns a frozen process into an error on the others instead of an endless wait.
         backend, timeout = "gloo" if accelerate_uses_cpu() else "nccl", cfg.train.collective_timeout_s
@@ -148,15 +155,26 @@ def build_accelerator(cfg: PretrainConfig) -> Accelerator:
         dynamo_backend="inductor" if cfg.train.compile else None,
     )
     if torch.distributed.is_initialized() and torch.distributed.get_backend() == "gloo":
-        # A process that exits with its gloo group alive can abort in the group's destructor (SIGABRT: the exit code
-        # a job script reads is lost; pytorch/pytorch#179291): every way out ends the group first.
-        atexit.register(accelerator.state.destroy_process_group)
+        atexit.register(end_gloo_group, accelerator.state, [torch.distributed.group.WORLD])
     use_tf32_for_fp32(accelerator.device, cfg.train.mixed_precision)
     plugin = accelerator.state.deepspeed_plugin
     if plugin is not None and plugin.deepspeed_config.get("gradient_clipping") == "auto":
         # Accelerate would fill "auto" with 1.0; the value lives in the project config.
         plugin.deepspeed_config["gradient_clipping"] = cfg.optim.max_grad_norm
     return accelerator
+
+
+def end_gloo_group(state: AcceleratorState, group: list[torch.distributed.ProcessGroup]) -> None:
+    """At exit, before the interpreter finalizes: end the gloo group and join its worker threads. A worker frees the
+    tensors of its last collective under the GIL, and a thread that asks for the GIL once finalization has begun
+    aborts the process ("terminate called without an active exception", SIGABRT, the exit code lost;
+    pytorch/pytorch#190489). destroy_process_group joins the workers only when it drops the group's last reference.
+    A DDP model in a reference cycle not yet collected holds one: gc frees it first, else its reducer would drop the
+    last reference at teardown, with the GIL held while joining. ``group``'s reference is the last:
+    Python drops it with the GIL released, so a worker waiting for the GIL finishes and is joined."""
+    gc.collect()
+    state.destroy_process_group()
+    group.clear()
 
 
 def use_tf32_for_fp32(device: torch.device, mixed_precision: str) -> None:

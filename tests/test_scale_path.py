@@ -3,6 +3,7 @@ device peak-FLOP/s table, compile after DDP, asynchronous copies, slot tokens/s,
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import dataclasses
 import json
@@ -56,6 +57,10 @@ def _tiny_batch(seed: int) -> dict[str, torch.Tensor]:
     return {"input_ids": input_ids, "attention_mask": torch.ones_like(input_ids), "labels": labels}
 
 
+def _thread_names() -> list[str]:
+    return [(task / "comm").read_text().strip() for task in Path("/proc/self/task").iterdir()]
+
+
 def _ddp_worker(rank: int, port: int, out: Path) -> None:
     """One of two gloo processes: training.py's accelerator and model, the MLM-only objective, train.compile=true
     (torch.compile recorded, not run: what matters is what it is given)."""
@@ -82,7 +87,11 @@ def _ddp_worker(rank: int, port: int, out: Path) -> None:
             accelerator.backward(model(**_tiny_batch(seed=10 * step + rank)).loss)
             optimizer.step()
             optimizer.zero_grad()
-        (out / f"rank{rank}.json").write_text(json.dumps({"compiled": compiled}))
+        accelerator.unwrap_model(model)  # as a run does (Accelerate imports DeepSpeed here, the group alive)
+        del model, optimizer, accelerator
+        atexit._run_exitfuncs()
+        gloo = sorted(name for name in _thread_names() if "gloo" in name)
+        (out / f"rank{rank}.json").write_text(json.dumps({"compiled": compiled, "gloo threads at exit": gloo}))
     except Exception as err:
         (out / f"rank{rank}.json").write_text(json.dumps({"error": f"{type(err).__name__}: {err}"}))
         raise
@@ -91,13 +100,14 @@ def _ddp_worker(rank: int, port: int, out: Path) -> None:
 @pytest.mark.slow  # two processes that import the project: ~25 s on a busy 2-core machine
 def test_ddp_trains_the_mlm_only_objective_and_compiles_after_the_wrap(tmp_path: Path) -> None:
     """Point 1: without NSP labels the pooler and the NSP head get no gradient, and DDP's default
-    find_unused_parameters=False fails the second step. Point 5: torch.compile is given the DDP-wrapped model."""
+    find_unused_parameters=False fails the second step. Point 5: torch.compile is given the DDP-wrapped model. At exit,
+    the handler build_accelerator registers joins gloo's threads (one left to interpreter teardown can abort it)."""
     context = mp.start_processes(_ddp_worker, args=(_free_port(), tmp_path), nprocs=2, join=False, start_method="spawn")
     with contextlib.suppress(mp.ProcessRaisedException):
         while not context.join(timeout=180):
             pass
     results = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in (0, 1)]
-    assert results == [{"compiled": ["DistributedDataParallel"]}] * 2, results
+    assert results == [{"compiled": ["DistributedDataParallel"], "gloo threads at exit": []}] * 2, results
 
 
 def test_the_mlm_only_loss_reaches_every_trainable_parameter() -> None:
