@@ -16,6 +16,7 @@ import math
 import os
 import sys
 import time
+import traceback
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
@@ -172,6 +173,8 @@ def end_gloo_group(state: AcceleratorState, group: list[torch.distributed.Proces
     A DDP model in a reference cycle not yet collected holds one: gc frees it first, else its reducer would drop the
     last reference at teardown, with the GIL held while joining. ``group``'s reference is the last:
     Python drops it with the GIL released, so a worker waiting for the GIL finishes and is joined."""
+    if (uncaught := getattr(sys, "last_traceback", None)) is not None:
+        traceback.clear_frames(uncaught)  # an uncaught error's frames, already printed, would keep the model alive
     gc.collect()
     state.destroy_process_group()
     group.clear()

@@ -9,8 +9,9 @@ import dataclasses
 import json
 import os
 import socket
+import sys
 from pathlib import Path
-from types import SimpleNamespace
+from types import SimpleNamespace, TracebackType
 
 import pytest
 import torch
@@ -61,6 +62,13 @@ def _thread_names() -> list[str]:
     return [(task / "comm").read_text().strip() for task in Path("/proc/self/task").iterdir()]
 
 
+def _uncaught_error_holding(model: torch.nn.Module) -> TracebackType | None:
+    try:
+        raise RuntimeError(f"an error in a frame that holds {type(model).__name__}")
+    except RuntimeError as err:
+        return err.__traceback__
+
+
 def _ddp_worker(rank: int, port: int, out: Path) -> None:
     """One of two gloo processes: training.py's accelerator and model, the MLM-only objective, train.compile=true
     (torch.compile recorded, not run: what matters is what it is given)."""
@@ -88,6 +96,7 @@ def _ddp_worker(rank: int, port: int, out: Path) -> None:
             optimizer.step()
             optimizer.zero_grad()
         accelerator.unwrap_model(model)  # as a run does (Accelerate imports DeepSpeed here, the group alive)
+        sys.last_traceback = _uncaught_error_holding(model)  # as Python keeps an uncaught error's traceback for exit
         del model, optimizer, accelerator
         atexit._run_exitfuncs()
         gloo = sorted(name for name in _thread_names() if "gloo" in name)
@@ -101,7 +110,8 @@ def _ddp_worker(rank: int, port: int, out: Path) -> None:
 def test_ddp_trains_the_mlm_only_objective_and_compiles_after_the_wrap(tmp_path: Path) -> None:
     """Point 1: without NSP labels the pooler and the NSP head get no gradient, and DDP's default
     find_unused_parameters=False fails the second step. Point 5: torch.compile is given the DDP-wrapped model. At exit,
-    the handler build_accelerator registers joins gloo's threads (one left to interpreter teardown can abort it)."""
+    an uncaught error's traceback holding the model, the handler build_accelerator registers joins gloo's threads (one
+    left to interpreter teardown can abort the process)."""
     context = mp.start_processes(_ddp_worker, args=(_free_port(), tmp_path), nprocs=2, join=False, start_method="spawn")
     with contextlib.suppress(mp.ProcessRaisedException):
         while not context.join(timeout=180):
