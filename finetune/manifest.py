@@ -258,6 +258,8 @@ def read_json(path: Path) -> dict[str, Any]:
         payload = json.loads(path.read_text())
     except ValueError as err:  # cut short (a full disk): not used silently
         raise ValueError(f"{path} is not readable JSON ({err}): {MOVE_ASIDE}") from None
+    except (PermissionError, IsADirectoryError) as err:  # a colleague's file without read permission, a folder
+        raise ValueError(f"{path} cannot be read ({err.strerror}): give it read permission or {MOVE_ASIDE}") from None
     if not isinstance(payload, dict):
         raise ValueError(f"{path} holds a JSON {type(payload).__name__}, not an object: {MOVE_ASIDE}")
     check_format(payload, path, RESULTS_FORMAT, RESULTS_FIX)
@@ -269,11 +271,15 @@ def load_manifest(path: str | Path) -> Manifest:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"manifest {path} is missing; the scheduler writes it before submitting its tasks")
-    payload = read_json(path)
-    jobs = [ManifestJob(JobSpec(**j["spec"]), j["attempt"]) for j in payload["jobs"]]
-    ended = {int(task): reason for task, reason in payload["ended"].items()}
-    return Manifest(submission=payload["submission"], backend=payload["backend"], tasks=payload["tasks"],
-                    runtime=Runtime(**payload["runtime"]), jobs=jobs, handle=payload["handle"], ended=ended)  # fmt: skip
+    p = read_json(path)
+    try:
+        jobs = [ManifestJob(JobSpec(**j["spec"]), j["attempt"]) for j in p["jobs"]]
+        ended = {int(task): reason for task, reason in p["ended"].items()}
+        return Manifest(submission=p["submission"], backend=p["backend"], tasks=p["tasks"],
+                        runtime=Runtime(**p["runtime"]), jobs=jobs, handle=p["handle"], ended=ended)  # fmt: skip
+    except (KeyError, TypeError, ValueError, AttributeError) as err:  # an edited or damaged manifest: named, not a traceback
+        problem = f"no field {err}" if isinstance(err, KeyError) else str(err)
+        raise ValueError(f"{path} is not a manifest the scheduler writes ({problem}): {MOVE_ASIDE}") from None
 
 
 class ResultsBusy(RuntimeError):

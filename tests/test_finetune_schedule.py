@@ -566,10 +566,14 @@ def spoil(path: Path, kind: str, other: Path) -> None:
         del payload["results"]
     elif kind == "accuracy 2.0":
         payload["results"]["accuracy"] = 2.0
+    elif kind == "a folder":  # what cannot be read at all (as a file without read permission, for a non-root user)
+        path.unlink()
+        path.mkdir()
+        return
     path.write_text(json.dumps(payload))
 
 
-@pytest.mark.parametrize("kind", ["another job's", "a list", "no results", "accuracy 2.0"])
+@pytest.mark.parametrize("kind", ["another job's", "a list", "no results", "accuracy 2.0", "a folder"])
 def test_a_result_file_a_task_never_writes_is_named_by_status_report_and_scheduler(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], kind: str
 ) -> None:
@@ -601,6 +605,25 @@ def test_a_result_file_a_task_never_writes_is_named_by_status_report_and_schedul
     spoiled.rename(tmp_path / "aside.json")
     assert schedule(config) == []
     assert len(done_rows(config)) == 2 and starts == [1]  # the job of the file moved aside, run once
+
+
+def test_a_damaged_manifest_is_named_by_status_and_scheduler(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A manifest edited by hand or cut to another shape (a field missing) is named with what to do and exit code 2,
+    not a traceback."""
+    run_dir = make_run(tmp_path, "post_ln", "post", steps=(10,))
+    config = config_for(tmp_path, [run_dir], seeds=[0])
+    assert schedule(config) == []
+    manifest = next((Path(config.results_dir) / "manifests").glob("*.json"))
+    payload = json.loads(manifest.read_text())
+    del payload["jobs"]
+    manifest.write_text(json.dumps(payload))
+    for argv in ([*cli_args(config), "--mode=once"], ["status", f"--results_dir={config.results_dir}"]):
+        monkeypatch.setattr(sys, "argv", ["prog", *argv])
+        assert schedule_cli() == 2, argv
+        err = capsys.readouterr().err
+        assert f"error: {manifest} is not a manifest the scheduler writes (no field 'jobs')" in err, err
 
 
 def test_a_scheduler_whose_submissions_make_no_progress_stops_instead_of_submitting_them_for_ever(
