@@ -277,7 +277,7 @@ def load_manifest(path: str | Path) -> Manifest:
         ended = {int(task): reason for task, reason in p["ended"].items()}
         return Manifest(submission=p["submission"], backend=p["backend"], tasks=p["tasks"],
                         runtime=Runtime(**p["runtime"]), jobs=jobs, handle=p["handle"], ended=ended)  # fmt: skip
-    except (KeyError, TypeError, ValueError, AttributeError) as err:  # an edited or damaged manifest: named, not a traceback
+    except (KeyError, TypeError, ValueError, AttributeError) as err:  # edited or damaged: named, not a traceback
         problem = f"no field {err}" if isinstance(err, KeyError) else str(err)
         raise ValueError(f"{path} is not a manifest the scheduler writes ({problem}): {MOVE_ASIDE}") from None
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 import signal
 import sys
 
-from pretrain.run_folder.status import StopRequest  # the standard library only: imported and installed first
+from pretrain.run_folder.status import StopRequest  # light (no torch, no config): imported and installed first
 
 if __name__ == "__main__":
     # From the process's first line, SIGTERM or Ctrl-C is a stop request, never a death by the signal (which a job

@@ -318,8 +318,9 @@ def train_step(
             loss, mlm_loss, nsp_loss, tokens, micro, slots, stops, full = totals.tolist()
             return StepStats(
                 loss=loss / micro, mlm_loss=mlm_loss / micro, nsp_loss=nsp_loss / micro, tokens=int(tokens),
-                slots=int(slots), finite=finite, overflow=overflow, stop=stops > 0, disk_full=full > 0, grad_norm=grad_norm,
-                layer_grad_norms=layer_norms, residual=residual, design={**(design or {}), **step_stats},
+                slots=int(slots), finite=finite, overflow=overflow, stop=stops > 0, disk_full=full > 0,
+                grad_norm=grad_norm, layer_grad_norms=layer_norms, residual=residual,
+                design={**(design or {}), **step_stats},
             )
     raise RuntimeError("the training data ran out")  # batch_iterator loops over epochs forever
 

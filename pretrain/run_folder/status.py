@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from pretrain.common.atomic import write_json
 from pretrain.run_folder.layout import HEARTBEAT_EVERY_S, STATUS_FILE
 
-if TYPE_CHECKING:  # the standard library only at run time: pretrain/run.py imports this module first
+if TYPE_CHECKING:  # no torch or config at run time: pretrain/run.py imports this module before anything heavy
     from pretrain.config import PretrainConfig
 
 
