@@ -11,7 +11,8 @@ of the LayerNorm it replaces.
     seednorm   (weight + tanh(<x, beta>) alpha) * rmsnorm(x)      Cai et al. 2025, arXiv 2510.22777
 
 DyT, Derf and SeeDNorm have a ``preactivation``: what their saturating function reads (logged in training). Weight
-decay never applies to these modules' parameters, nor to ``Scale``'s or ``GPAS``'s (``NO_DECAY_MODULES``, by type).
+decay never applies to these modules' parameters, nor to ``Scale``'s or ``GPAS``'s (``NO_DECAY_MODULES``, by type),
+but for those a module names ``decayed`` (SeeDNorm's alpha and beta, as its paper).
 """
 
 from __future__ import annotations
@@ -87,8 +88,11 @@ class Derf(DyT):
 
 class SeeDNorm(RMSNorm):
     """Self-rescaled dynamic norm: ``(weight + tanh(<x, beta>) alpha) * x / rms(x)``, one dot product per token of
-    the un-normalised input with ``beta``, in float32 as ``RMSNorm``. No official code; beta 0 and alpha 1 at init
-    (a port decision, docs/placements.md): RMSNorm exactly; beta's gradient is not zero (alpha's is until beta moves)."""
+    the un-normalised input with ``beta`` (the paper's single-head form, its language models'), in float32 as
+    ``RMSNorm``. The paper's init, weight 1, alpha 1, beta 0, is RMSNorm exactly; beta's gradient is not zero
+    (alpha's is until beta moves). alpha and beta are decayed, the gain ``weight`` is not (docs/placements.md)."""
+
+    decayed = frozenset({"alpha", "beta"})  # the paper decays both, for numerical stability; the gain as RMSNorm's
 
     def __init__(self, size: int, eps: float) -> None:
         super().__init__(size, eps)
@@ -154,5 +158,6 @@ def make_norm(options: Any, size: int) -> nn.Module:
 
 _PROBE = SimpleNamespace(**vars(DEFAULTS), layer_norm_eps=1e-5)  # enough to build each norm type once
 NORM_MODULES: tuple[type[nn.Module], ...] = tuple(type(build(1, _PROBE)) for build in NORMS.values())
-# Weight decay skips every parameter of these (pretrain.optim); torch's own norms for models from elsewhere.
+# Weight decay skips every parameter of these but a module's ``decayed`` (pretrain.optim); torch's own norms for models
+# from elsewhere.
 NO_DECAY_MODULES: tuple[type[nn.Module], ...] = (*NORM_MODULES, Scale, GPAS, nn.GroupNorm, nn.BatchNorm1d, nn.RMSNorm)

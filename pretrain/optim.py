@@ -14,20 +14,23 @@ ADAMW_IMPLEMENTATIONS: tuple[str, ...] = get_args(AdamWImplementation)
 
 # Norms and learned scales are exempt by module type (pretrain.norms.NO_DECAY_MODULES): a name-substring rule
 # ("LayerNorm.weight") silently misses norms named otherwise (final_layer_norm, ...). nGPT's ``weight_decay_exempt``
-# follows its paper (weight decay 0), whatever the recipe's value.
+# follows its paper (weight decay 0), whatever the recipe's value. A module's ``decayed`` names the parameters its
+# paper decays though its type is exempt (SeeDNorm's alpha and beta).
 
 
 def weight_decay_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
     """Two AdamW groups: decay on weight matrices and embeddings; none on biases, norms, learned scales, the
-    parameters a module marks ``no_weight_decay`` and everything under a module marked ``weight_decay_exempt``.
-    Trainable parameters only, each once (tied weights such as BERT's decoder/embedding appear once)."""
+    parameters a module marks ``no_weight_decay`` and everything under a module marked ``weight_decay_exempt``; decay
+    on the parameters a module marks ``decayed``, whatever its type. Trainable parameters only, each once (tied weights
+    such as BERT's decoder/embedding appear once)."""
     no_decay: set[int] = set()
     for module in model.modules():
         if getattr(module, "weight_decay_exempt", False):
             no_decay.update(id(p) for p in module.parameters())
         exempt = getattr(type(module), "no_weight_decay", frozenset())
+        decayed = getattr(type(module), "decayed", frozenset())
         for name, param in module.named_parameters(recurse=False):
-            if isinstance(module, NO_DECAY_MODULES) or name == "bias" or name in exempt:
+            if name not in decayed and (isinstance(module, NO_DECAY_MODULES) or name == "bias" or name in exempt):
                 no_decay.add(id(param))
     params = [p for p in model.parameters() if p.requires_grad]  # de-duplicated by nn.Module
     return [

@@ -87,7 +87,8 @@ def test_derf_is_weight_erf_alpha_x_plus_shift_plus_bias_from_alpha_one_half():
 
 
 def seednorm_by_hand(x: torch.Tensor, norm: SeeDNorm) -> torch.Tensor:
-    """Cai et al. 2025: [tanh(x . beta^T) alpha + gamma] * x / RMS(x), RMS(x) = sqrt(mean(x^2) + eps)."""
+    """Cai et al. 2025: [tanh(x . beta^T) alpha + gamma] * x / RMS(x), RMS(x) = sqrt(mean(x^2) + eps); x . beta^T
+    one scalar per token (the single-head form, the paper's language models')."""
     scale = torch.tanh(x @ norm.beta)[..., None] * norm.alpha + norm.weight
     return scale * x / torch.sqrt((x * x).mean(-1, keepdim=True) + norm.eps)
 
@@ -97,6 +98,13 @@ def test_seednorm_is_its_formula():
         if isinstance(norm, SeeDNorm):  # every role: embeddings, sub-layers, per-head Q and K, the MLM transform
             x = 3 * torch.randn(4, 5, norm.weight.shape[0], dtype=torch.float64)
             torch.testing.assert_close(norm(x), seednorm_by_hand(x, norm), rtol=1e-12, atol=1e-12, msg=name)
+
+
+def test_seednorm_starts_at_the_papers_init():
+    """gamma (``weight``) 1, alpha 1, beta 0 in every role: the paper's language-model init."""
+    norms = [m for m in LNBertForPreTraining(LNBertConfig(**{**TINY, "norm_type": "seednorm", "qk_norm": True})).modules()
+             if isinstance(m, SeeDNorm)]  # fmt: skip
+    assert norms and all(m.weight.eq(1).all() and m.alpha.eq(1).all() and m.beta.eq(0).all() for m in norms)
 
 
 def test_seednorm_at_init_is_the_rmsnorm_model():
@@ -303,13 +311,18 @@ def test_learnable_value_residual_with_lambdas_zero_and_one_is_the_base_model():
 # --------------------------------------------------------------------------------------------------
 
 
-def test_weight_decay_skips_the_designs_scalars_and_decays_the_gate_projection():
+def test_weight_decay_on_seednorms_alpha_and_beta_and_the_gate_projection_not_the_other_scalars():
+    """SeeDNorm's paper decays alpha and beta; its gain ``weight`` stays undecayed as every norm's gain."""
     model = LNBertForPreTraining(LNBertConfig(**{**TINY, "norm_placement": "pre", "norm_type": "seednorm", "gpas": True,
                                                  "attention_gate": "headwise", "value_residual": "learnable"}))  # fmt: skip
     decayed, _ = weight_decay_groups(model, 0.01)
     decayed_names = {n for n, p in model.named_parameters() if any(p is q for q in decayed["params"])}
     assert "bert.encoder.layer.0.attention.self.gate.weight" in decayed_names
-    assert not {n for n in decayed_names if n.endswith((".alpha", ".beta", ".gpas.gate", "value_lambda.weight"))}
+    seednorms = [n for n, m in model.named_modules() if isinstance(m, SeeDNorm)]
+    assert {n for n in decayed_names if n.endswith((".alpha", ".beta"))} == {f"{n}.{p}" for n in seednorms
+                                                                             for p in ("alpha", "beta")}  # fmt: skip
+    assert not {f"{n}.weight" for n in seednorms} & decayed_names
+    assert not {n for n in decayed_names if n.endswith((".gpas.gate", "value_lambda.weight"))}
 
 
 def test_a_logged_step_measures_each_designs_claim():
