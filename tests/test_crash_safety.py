@@ -151,6 +151,27 @@ def test_no_checkpoint_that_verifies_is_an_error_not_a_fresh_start(tmp_path: Pat
         main(tiny_args(run, data_cache, "--train.resume=auto"))
 
 
+
+def test_a_checkpoint_whose_optimizer_groups_another_code_made_is_refused(
+    tmp_path: Path, data_cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run saved before the weight-decay groups changed (a parameter moved between them) is named, not torch's
+    size mismatch."""
+    import pretrain.optim as optim_module
+
+    run = tmp_path / "run"
+    argv = tiny_args(run, data_cache, "--train.stop_at_step=3")
+    assert main(argv) == 0
+    grouped = optim_module.weight_decay_groups
+
+    def one_moved(model: torch.nn.Module, weight_decay: float) -> list[dict[str, object]]:
+        decay, no_decay = grouped(model, weight_decay)
+        return [{**decay, "params": decay["params"][1:]}, {**no_decay, "params": [decay["params"][0], *no_decay["params"]]}]
+
+    monkeypatch.setattr(optim_module, "weight_decay_groups", one_moved)
+    with pytest.raises(ValueError, match=r"step_00000003: its optimizer state groups the parameters otherwise"):
+        main([*argv, "--train.resume=auto"])
+
 # --------------------------------------------------------------------------------------------------
 # 6. A run folder never gets stuck; the same command twice works
 # --------------------------------------------------------------------------------------------------

@@ -143,7 +143,16 @@ def keep_model_names(accelerator: Accelerator) -> None:
 
 def load_checkpoint(accelerator: Accelerator, checkpoint: Path) -> TrainState:
     """Restore model, optimizer, scheduler, scaler and RNG from ``checkpoint``; return its train state."""
-    accelerator.load_state(str(checkpoint))
+    try:
+        accelerator.load_state(str(checkpoint))
+    except ValueError as err:  # torch.optim: "... a parameter group that doesn't match the size of optimizer's group"
+        if "parameter group" not in str(err):
+            raise
+        raise ValueError(
+            f"{checkpoint}: its optimizer state groups the parameters otherwise than this code does (which of them "
+            "take weight decay changed since it was saved): finish the run with the checkout that started it, or "
+            "start a new run in another --train.output_dir"
+        ) from None
     # Accelerate restores its micro-batch counter (when to sync) as the checkpoint's launch counted it; a checkpoint is
     # at a step boundary, where the next micro-batch starts a step whatever the accumulation: a count of 0.
     accelerator.step = 0
