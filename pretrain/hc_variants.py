@@ -74,8 +74,8 @@ class MhcLite(ManifoldHyperConnection):
 
 
 class FracConnection(HyperConnection):
-    """Frac-Connections for one sub-layer (Zhu, Huang et al., ByteDance Seed, arXiv 2503.14125; no official code:
-    the equations as docs/placements.md reads them). The stream h (d) is split into m fractions H (m x d/m):
+    """Frac-Connections for one sub-layer (Zhu, Huang et al., ByteDance Seed, arXiv 2503.14125: its Eqs. 6-15 and
+    Algorithm 2, whose names are kept; no code was released). The stream h (d) is split into m fractions H (m x d/m):
 
         h  = flatten(Gamma^T H)                               the sub-layer's input
         H <- diag(beta) unflatten(F(N(h))) + A^T H            fraction k of the output scaled by beta_k
@@ -83,8 +83,8 @@ class FracConnection(HyperConnection):
     ``static_alpha`` is [Gamma | A] (m x 2m), ``static_beta`` beta (m): HC's names, whose [A_m | A_r] has A_m as
     one column where Gamma has m. Dynamic FC adds HC's per-token terms, from a norm over each fraction's d/m:
     ``dynamic_alpha_scale * tanh(norm(H) @ dynamic_alpha_fn)`` (d/m x 2m) and ``dynamic_beta_scale * tanh(norm(H)
-    @ dynamic_beta_fn)``. Init: Gamma = A = I, beta = 1, W = 0, s 0.01: the Pre-LN model, bit for bit (HC's Eq. 14
-    analogue). With m = 1 it is HC with one stream (the paper's Fig. 1).
+    @ dynamic_beta_fn)``. Init (Eq. 15): Gamma = A = I, beta = 1, W = 0, s 0.01: the Pre-LN model, bit for bit. With
+    m = 1 it is HC with one stream (the paper's Fig. 1).
     """
 
     def __init__(self, hidden_size: int, fractions: int, norm: nn.Module | None) -> None:

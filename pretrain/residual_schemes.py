@@ -180,7 +180,7 @@ SCHEMES: dict[str, Scheme] = {
         module=lambda c, k: _hc_variants().MhcLite(c.hidden_size, c.hc_streams, c.mhc_bias_init),
         start=_stream_copies, flops=_mhc_lite_flops, problem=_mhc_lite_problem,
     ),
-    # Frac-Connections (Zhu, Huang et al., 2503.14125; no official code): HC over m fractions of the hidden state.
+    # Frac-Connections (Zhu, Huang et al., 2503.14125; its Algorithm 2): HC over m fractions of the hidden state.
     "frac": Scheme(
         label=lambda o: f"{'frac' if o.hc_dynamic else 'sfrac'}{o.frac_parts}", options=("frac_parts", "hc_dynamic"),
         module=lambda c, k: _hc_variants().FracConnection(

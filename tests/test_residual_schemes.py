@@ -332,7 +332,7 @@ def mhc_lite_reference(model, cfg, inputs):
 
 
 def frac_reference(model, cfg, inputs):
-    """Frac-Connections (arXiv 2503.14125, as docs/placements.md reads it): the stream split into m fractions H_j of
+    """Frac-Connections (arXiv 2503.14125, Eqs. 6-14): the stream split into m contiguous fractions H_j of
     d/m, fraction j owning row j of [Gamma | A] and beta_j, DFC adding s tanh(norm(H_j) W); the input's fraction i
     is sum_j Gamma[j, i] H_j, the new fraction c is beta_c F(h)_c + sum_j A[j, c] H_j."""
     ids, mask, tt = inputs
@@ -867,7 +867,7 @@ def bert_base_count(**settings) -> int:
         (dict(residual_scheme="mhc_lite"), 2_360_136),  # 24 x (nC (2n + n!) + 2n + n! + 3)
         (dict(residual_scheme="frac", hc_dynamic=False), 864),  # 24 x (2m^2 + m)
         (dict(residual_scheme="frac"), 51_600),  # + LayerNorm (2 d/m) + (d/m)(2m + 1) + 2 per module
-        (dict(residual_scheme="frac", norm_type="rmsnorm"), 46_992),
+        (dict(residual_scheme="frac", norm_type="rmsnorm"), 46_992),  # the paper's Eq. 19 (its norm an RMSNorm)
         (dict(residual_scheme="denseformer"), 90),  # sum over layers i of i + 2: L(L + 3) / 2
         (dict(residual_scheme="denseformer", dwa_dilation=2, dwa_period=3), 18),  # layers 3, 6, 9, 12: 2 + 4 + 5 + 7
     ],
