@@ -288,6 +288,10 @@ def test_the_headline_configs_parse_to_their_models_and_contrasts(tmp_path):
     assert [(m.name, m.lr) for m in longer.models] == [("pre-hc4", 1e-3), ("post+w50", 3e-4)]
     assert (longer.max_steps, longer.seeds, longer.overrides) == (2000, [0, 1], args.overrides)
     assert compare.contrast_names(longer) == [("post+w50", "pre-hc4")] and compare.stage1_cells(longer) == []
+    _, frontier = cli.parse_args(["compare", "--config", str(root / "configs/analysis/headline.yaml"), "--config",
+                                  str(root / "configs/analysis/headline_frontier.yaml"), "--data=c"])  # fmt: skip
+    assert [m.name for m in frontier.models] == ["pre", "pre-seednorm", "pre-denseformer", "pre-gated"]
+    assert len(set(compare.study_colors(frontier.models).values())) == 4  # each its own colour in the figure
 
 
 # --------------------------------------------------------------------------------------------------
