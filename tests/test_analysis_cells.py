@@ -271,9 +271,10 @@ def test_a_scheme_adds_a_model_on_each_placement_that_takes_it():
     # The combinations the model refuses are left out: a scheme on Post-LN, a norm type for nGPT.
     assert [m.label for m in models(["post", "ngpt"], ["layernorm", "rmsnorm"], ["standard", "hc4"])] == [
         "post", "ngpt", "post-rmsnorm"]  # fmt: skip
-    # Every scheme model's colour is its own, the standard ones keep their placement's.
-    assert common.model_color(found[1]) == common.placement_color("pre")
-    assert common.model_color(shc) != common.placement_color("pre")
+    # A placement's own model keeps its placement's colour; every other model has one of its own in the figure.
+    colors = common.model_colors((m.label, m.placement) for m in found)
+    assert colors["pre"] == common.placement_color("pre") and colors["post"] == common.placement_color("post")
+    assert len(set(colors.values())) == len(found)
 
 
 def test_init_scale_over_scheme_models_reads_their_streams(tmp_path):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 from collections.abc import Callable, Iterable, Sequence
@@ -11,7 +10,7 @@ from typing import Any
 
 import torch
 
-from pretrain.analysis.options import Model, ModelSize
+from pretrain.analysis.options import ModelSize
 from pretrain.common.atomic import write_json, write_text
 from pretrain.common.cli import to_dict
 from pretrain.common.reporting import format_table
@@ -100,14 +99,20 @@ def placement_color(placement: str) -> Any:
     return colormaps["tab20"](NORM_PLACEMENTS.index(placement) % 20)
 
 
-def model_color(model: Model) -> Any:
-    """A model's colour, the same in every figure: its placement's (``placement_color``), or with a residual scheme
-    one of Dark2's eight, by its label (a hash, not Python's, which changes with every process)."""
-    if model.scheme == STANDARD_LABEL:
-        return placement_color(model.placement)
+def model_colors(models: Iterable[tuple[str, str]]) -> dict[str, Any]:
+    """Colours for one figure, by model name, from (name, placement) pairs: a placement's own model (its name is the
+    placement's) keeps its placement's colour (``placement_color``, the same in every figure); every other model (a
+    norm type, a residual scheme, an option) takes the next of Dark2's eight in the order given, so that no two share
+    one within the figure (a placement's colour would make them look alike)."""
     from matplotlib import colormaps
 
-    return colormaps["Dark2"](int(hashlib.sha256(model.label.encode()).hexdigest(), 16) % 8)
+    colors, others = {}, 0
+    for name, placement in models:
+        if name == placement:
+            colors[name] = placement_color(placement)
+        else:
+            colors[name], others = colormaps["Dark2"](others % 8), others + 1
+    return colors
 
 
 def model_config(size: ModelSize, placement: str, init_scheme: str, num_layers: int, vocab_size: int,

@@ -17,7 +17,7 @@ import numpy as np
 from scipy import optimize, stats
 
 from pretrain.analysis import grid, provenance
-from pretrain.analysis.common import titled_table, write_outputs
+from pretrain.analysis.common import model_colors, titled_table, write_outputs
 from pretrain.analysis.grid import Cell, Stopper, say
 from pretrain.analysis.options import CompareConfig, StudyModel
 from pretrain.common.cli import parse, to_dict
@@ -486,14 +486,6 @@ def provenance_text(home: dict[str, Any], marks: dict[str, list[str]]) -> str:
     return "\n".join(lines)
 
 
-def study_colors(models: list[StudyModel]) -> dict[str, Any]:
-    """One colour per model, distinct within the study's figure: tab10 in the config's order (the figures that compare
-    placements colour a model by its placement, which a norm type's or an attention option's model shares)."""
-    from matplotlib import colormaps
-
-    return {m.name: colormaps["tab10"](i % 10) for i, m in enumerate(models)}
-
-
 def plot_compare(args: CompareConfig, ranked: list[dict[str, Any]], found: list[dict[str, Any]], stage1: dict,
                  chosen: dict[str, float], path: Path) -> None:  # fmt: skip
     """Left: each model's seeds (hollow: a cell from elsewhere) and mean with its interval, best first, places in
@@ -503,7 +495,7 @@ def plot_compare(args: CompareConfig, ranked: list[dict[str, Any]], found: list[
     rows = max(len(ranked), len(found), 1)
     fig, axes = pyplot().subplots(1, panels, figsize=(5.5 * panels, 0.42 * rows + 2.0), squeeze=False)
     ax, cx = axes[0][0], axes[0][1]
-    colors = study_colors(args.models)
+    colors = model_colors((m.name, m.model.placement) for m in args.models)
     labels = []
     for y, s in enumerate(ranked):
         place = f"{y + 1}." if s["mean_gap"] is not None else "-"

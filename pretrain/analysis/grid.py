@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from pretrain.analysis import outcomes, probes, provenance
-from pretrain.analysis.common import model_color, titled_table, write_outputs
+from pretrain.analysis.common import model_colors, titled_table, write_outputs
 from pretrain.analysis.options import CompareConfig, GridConfig, Model
 from pretrain.common.cli import parse, to_dict
 from pretrain.common.reporting import pyplot, save_figure
@@ -542,11 +542,12 @@ def plot_probes(args: GridConfig, results: dict[Cell, dict[str, Any]], shown: li
         return
     fig, axes = pyplot().subplots(4, len(shown), figsize=(3.0 * len(shown), 10.4), squeeze=False)
     window = max(1, args.max_steps // 25)  # a loss per step of a small batch is too noisy to compare curves by
+    colors = model_colors((name, args.models[name].placement) for name in args.variants)
     for col, corner in enumerate(shown):
         loss_ax, low_ax, grad_ax, change_ax = axes[:, col]
         width, depth, warmup, lr = corner
         for placement in args.variants:
-            color = model_color(args.models[placement])
+            color = colors[placement]
             for k, r in enumerate(_seed_results(results, (placement, *corner))):
                 label = f"{placement} {_one(r)}"
                 style = ["-", "--", ":", "-."][k % 4]

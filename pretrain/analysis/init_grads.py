@@ -143,9 +143,10 @@ def plot_init_grads(args: InitGradsConfig, raw: dict[str, Any], path: Path) -> N
     n_rows = len(args.init_schemes)
     fig, axes = pyplot().subplots(n_rows, 3, figsize=(15, 4.2 * n_rows), squeeze=False)
     layers = list(range(1, args.num_layers + 1))
+    colors = common.model_colors((label, model.placement) for label, model in args.models.items())
     for (ax_w1, ax_w2, ax_depth), init_scheme in zip(axes, args.init_schemes, strict=True):
-        for label, model in args.models.items():
-            style = {"fmt": "o-", "color": common.model_color(model), "label": label, "capsize": 2}
+        for label in args.models:
+            style = {"fmt": "o-", "color": colors[label], "label": label, "capsize": 2}
             for ax, key in ((ax_w1, "w1"), (ax_w2, "w2")):
                 mean, sem = common.mean_and_sem(torch.tensor(raw[f"{init_scheme}/{label}/{args.num_layers}"][key]))
                 ax.errorbar(layers, mean, yerr=sem, **style)

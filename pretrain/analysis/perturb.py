@@ -76,10 +76,11 @@ def plot_init_perturb(args: InitPerturbConfig, raw: dict[str, list[float]], path
     n = len(args.init_schemes)
     fig, axes = pyplot().subplots(1, n, figsize=(5.5 * n, 4.2), squeeze=False)
     depths = sorted(args.depths)
+    colors = common.model_colors((label, model.placement) for label, model in args.models.items())
     for ax, init_scheme in zip(axes[0], args.init_schemes, strict=True):
-        for label, model in args.models.items():
+        for label in args.models:
             mean, sem = zip(*(common.mean_sem(raw[f"{init_scheme}/{label}/{d}"]) for d in depths), strict=True)
-            ax.errorbar(depths, mean, yerr=sem, fmt="o-", color=common.model_color(model), label=label, capsize=2)
+            ax.errorbar(depths, mean, yerr=sem, fmt="o-", color=colors[label], label=label, capsize=2)
         ax.set(xscale="log", yscale="log", xlabel="number of layers L", ylabel="||f(W) - f(W + delta)||^2 / ||f(W)||^2",
                title=f"{init_scheme} init: output change, delta = {args.epsilon:g} rms(W)")
         ax.set_xticks(depths, [str(d) for d in depths])
