@@ -41,6 +41,8 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 from transformers import initialization as init
 
+from pretrain.norms import RMSNorm
+
 HC_DYNAMIC_SCALE_INIT = 0.01  # DHC's s_alpha and s_beta at init (HC paper, Algorithm 2)
 MHC_GATE_INIT = 0.01  # mHC's alpha_pre, alpha_post, alpha_res at init (mHC paper, Table 5)
 MHC_NORM_EPS = 1e-20  # mHC's RMSNorm over the flattened streams (mHC paper, Table 5)
@@ -73,6 +75,59 @@ class _InverseRms(torch.autograd.Function):
     def backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor, None]:
         x, scale = ctx.saved_tensors
         return x * (g * scale.pow(3) / -x.shape[-1]).unsqueeze(-1), None
+
+
+# The norms whose projection ``normalized_projection`` takes without forming the normalised rows: centred or not.
+_FOLDED_NORMS: dict[type[nn.Module], bool] = {nn.LayerNorm: True, RMSNorm: False}
+
+
+def normalized_projection(norm: nn.Module, x: torch.Tensor, projection: torch.Tensor) -> torch.Tensor | None:
+    """``norm(x) @ projection^T`` (x (..., d), projection (m, d)) for a LayerNorm or RMSNorm ``norm``, in x's dtype
+    (at least float32), without forming norm(x), which would be as large as x: the gain folds into the projection,
+    the bias into a constant, and the statistics divide after the matmul, as mHC's kernels do. None for another norm.
+    """
+    centred = _FOLDED_NORMS.get(type(norm))
+    if centred is None:
+        return None
+    x = x.to(torch.promote_types(x.dtype, torch.float32))
+    projection = projection.to(x.dtype)
+    projected = _NormalizedProjection.apply(x, projection * norm.weight.to(x.dtype), centred, norm.eps)
+    bias = getattr(norm, "bias", None)
+    return projected if bias is None else projected + projection @ bias.to(x.dtype)
+
+
+class _NormalizedProjection(torch.autograd.Function):
+    """``(x - mean) / sqrt(var + eps) @ weight^T`` (``centred``: LayerNorm's statistics, over the last dimension), or
+    ``x / sqrt(mean(x^2) + eps) @ weight^T``: forward one pass for the statistics and one GEMM; backward one GEMM and
+    one multiply-add for x's gradient, one GEMM for the weight's; nothing saved of x's size but x."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, centred: bool, eps: float) -> torch.Tensor:
+        projected = nn.functional.linear(x, weight)
+        if centred:  # LayerNorm's own statistics (torch.var is 7x slower on CPU); its normalised rows are dropped
+            _, mean, scale = (t.squeeze(-1) for t in torch.native_layer_norm(x, x.shape[-1:], None, None, eps))
+            projected = projected - mean.unsqueeze(-1) * weight.sum(-1)  # (x - mean) W^T = x W^T - mean (W 1)
+        else:
+            mean, scale = None, torch.rsqrt(torch.linalg.vector_norm(x, dim=-1).square() / x.shape[-1] + eps)
+        ctx.save_for_backward(x, weight, scale, projected, mean)
+        return projected * scale.unsqueeze(-1)
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, None, None]:
+        x, weight, scale, projected, mean = ctx.saved_tensors
+        d = x.shape[-1]
+        g_projected = g * scale.unsqueeze(-1)
+        # Through scale = (var + eps)^(-1/2): -scale^3 (x - mean) / d per row, times g . projected.
+        coef = (g * projected).sum(-1) * scale.pow(3) / -d
+        rows, flat_x = g_projected.reshape(-1, g.shape[-1]), x.reshape(-1, d)
+        if mean is None:
+            g_x = (rows @ weight).view_as(x)
+            g_weight = rows.T @ flat_x
+        else:  # and through the centring: a constant per row (minus the mean over d of g_projected W), in the GEMM
+            shift = -(g_projected @ weight.sum(-1)) / d - coef * mean
+            g_x = torch.addmm(shift.reshape(-1, 1), rows, weight).view_as(x)
+            g_weight = rows.T @ flat_x - (rows * mean.reshape(-1, 1)).sum(0).unsqueeze(-1)
+        return g_x.addcmul_(x, coef.unsqueeze(-1)), g_weight, None, None
 
 
 # The stream operations. On the n x d state of every token they are memory-bound (a few FLOPs per number read), so
@@ -224,9 +279,7 @@ class HyperConnection(StreamMixer):
         alpha, beta = self.static_alpha, self.static_beta  # (n, n + 1), (n,)
         if self.dynamic:
             with _autocast_off(state):
-                # Recomputed in the backward: norm(H), which the projection would keep, is as large as the state.
-                dynamic_alpha, dynamic_beta = checkpoint(self.dynamic_terms, state, use_reentrant=False,
-                                                         preserve_rng_state=False)  # fmt: skip
+                dynamic_alpha, dynamic_beta = self.dynamic_terms(state)
             alpha, beta = alpha + dynamic_alpha, beta + dynamic_beta  # (B, T, n, n + 1), (B, T, n)
         # h = A_m^T H: H_pre[j] = A_m[j]; (A_r^T H)_k = sum_j A_r[j, k] H_j: H_res = A_r^T.
         return alpha[..., 0], beta, alpha[..., 1:].transpose(-1, -2)
@@ -236,8 +289,14 @@ class HyperConnection(StreamMixer):
         projection of the normalised streams onto [W_alpha | W_beta]."""
         # In nn.Linear's layout, (n + 2, d): on CPU its GEMMs are 2.5-3x faster than (d, n + 2)'s, backward included.
         projection = torch.cat([self.dynamic_alpha_fn.T, self.dynamic_beta_fn.unsqueeze(0)]).to(state.dtype)
-        dynamic = torch.tanh(nn.functional.linear(self.norm(state).to(state.dtype), projection))
+        projected = normalized_projection(self.norm, state, projection)
+        if projected is None:  # another norm type: norm(H), which the projection would keep, recomputed in backward
+            projected = checkpoint(self.project, state, projection, use_reentrant=False, preserve_rng_state=False)
+        dynamic = torch.tanh(projected.to(state.dtype))
         return self.dynamic_alpha_scale * dynamic[..., :-1], self.dynamic_beta_scale * dynamic[..., -1]
+
+    def project(self, state: torch.Tensor, projection: torch.Tensor) -> torch.Tensor:
+        return nn.functional.linear(self.norm(state).to(state.dtype), projection)
 
     def extra_repr(self) -> str:
         return f"streams={self.streams}, sublayer={self.sublayer}, dynamic={self.dynamic}"
@@ -343,7 +402,7 @@ class ManifoldHyperConnection(StreamMixer):
             # [phi_pre | phi_post | phi_res]^T, (2n + n^2, n d): nn.Linear's layout, whose GEMMs are faster on CPU
             phi = torch.cat([self.phi_pre.T, self.phi_post.T, self.phi_res.T]).to(x.dtype)
             # x' phi = (x phi) / rms(x), as the paper's kernels compute it: x' would be saved, as large as the state
-            projected = nn.functional.linear(x, phi) * inverse_rms(x, MHC_NORM_EPS).unsqueeze(-1)
+            projected = _NormalizedProjection.apply(x, phi, False, MHC_NORM_EPS)
             pre, post, res = projected.split([n, n, self.phi_res.shape[1]], dim=-1)
             h_pre = torch.sigmoid(self.alpha_pre * pre + self.b_pre)
             h_post = 2 * torch.sigmoid(self.alpha_post * post + self.b_post)

@@ -10,11 +10,15 @@ tests/test_residual_schemes.py.
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 from transformers.masking_utils import create_bidirectional_mask
 
 from pretrain.modeling import LNBertModel
+from pretrain.norms import RMSNorm
+from pretrain.residual_streams import normalized_projection
 from tests.test_placement_reference import make_inputs, perturb
 from tests.test_residual_schemes import scheme_config
 
@@ -179,3 +183,33 @@ def test_bf16_autocast_outputs_and_gradients_are_the_plain_forms(name):
     norm = torch.cat([g.flatten() for g in want_grads.values()]).norm()
     errors = {key: float((got_grads[key] - want).norm() / norm) for key, want in want_grads.items()}
     assert max(errors.values()) < 1e-2, sorted(errors.items(), key=lambda kv: -kv[1])[:3]
+
+
+@pytest.mark.parametrize("norm", [torch.nn.LayerNorm(48), RMSNorm(48, eps=1e-6)], ids=["layernorm", "rmsnorm"])
+def test_normalized_projection_is_the_norms_output_projected(norm):
+    """DHC's dynamic weights project norm(H) without forming it (the statistics divide after the matmul): the value
+    and the gradients of x, the projection and the norm's parameters equal autograd's through ``norm`` itself, to
+    round-off in float64; in float32, with rows whose mean is 30 times their spread (the centring after the matmul
+    loses digits to cancellation there), within 1e-5 of each result's largest entry (plain float32: 3e-6)."""
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in norm.parameters():
+            p.add_(0.1 * torch.randn(p.shape, generator=gen))
+    x = torch.randn(3, 5, 4, 48, generator=gen, dtype=torch.float64)
+    x = x + 30 * torch.randn(3, 5, 4, 1, generator=gen, dtype=torch.float64)
+    projection = torch.randn(6, 48, generator=gen, dtype=torch.float64) / 7
+    g = torch.randn(3, 5, 4, 6, generator=gen, dtype=torch.float64)
+
+    def value_and_grads(dtype, project):
+        module = copy.deepcopy(norm).to(dtype)
+        leaves = [x.to(dtype).requires_grad_(), projection.to(dtype).requires_grad_()]
+        out = project(module, *leaves)
+        grads = torch.autograd.grad(out, [*leaves, *module.parameters()], g.to(dtype))
+        return [t.double() for t in (out, *grads)]
+
+    want = value_and_grads(torch.float64, lambda module, x, w: torch.nn.functional.linear(module(x), w))
+    names = ["value", "x", "projection", "weight", "bias"][: len(want)]  # RMSNorm has no bias
+    for dtype, tol in ((torch.float64, 1e-12), (torch.float32, 1e-5)):
+        got = value_and_grads(dtype, normalized_projection)
+        for name, a, b in zip(names, got, want, strict=True):
+            torch.testing.assert_close(a, b, rtol=0, atol=tol * float(b.abs().max()), msg=lambda m, n=name: f"{n}: {m}")
