@@ -376,7 +376,7 @@ class LNBertEncoder(nn.Module):
     def start(self, x: torch.Tensor) -> Stream:
         """What the first layer reads: the embedding output; ResiDual's a_0 = d_0 = it; a residual scheme's state."""
         if self.scheme.start:
-            return self.scheme.start(self.config, x)
+            return self.scheme.start(self, x)
         return (x, x) if self.two_streams else x
 
     def reported(self, stream: Stream) -> torch.Tensor:

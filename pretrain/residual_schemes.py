@@ -45,14 +45,18 @@ def _denseformer() -> Any:
     return denseformer
 
 
-def _stream_copies(config: Any, embeddings: torch.Tensor) -> torch.Tensor:
+def _stream_copies(encoder: nn.Module, embeddings: torch.Tensor) -> torch.Tensor:
     """n copies of the embedding output, (B, T, n, d) (HC's Algorithm 1)."""
-    return embeddings.unsqueeze(-2).expand(*embeddings.shape[:-1], config.hc_streams, embeddings.shape[-1])
+    return embeddings.unsqueeze(-2).expand(*embeddings.shape[:-1], encoder.config.hc_streams, embeddings.shape[-1])
 
 
-def _depth_sources(config: Any, embeddings: torch.Tensor) -> Any:
-    """AttnRes's sources of the embedding output (``DepthSources``); ``attn_res_block_size`` null: Full AttnRes."""
-    return _streams().DepthSources.start(embeddings, config.attn_res_block_size or 1, config.layer_norm_eps)
+def _depth_sources(encoder: nn.Module, embeddings: torch.Tensor) -> Any:
+    """AttnRes's sources of the embedding output (``DepthSources``), with every reader's pseudo-query in reading
+    order: each layer's attention and FFN, then the output; ``attn_res_block_size`` null: Full AttnRes."""
+    readers = [r for layer in encoder.layer for r in (layer.attention_residual, layer.ffn_residual)]
+    queries = [r.pseudo_query for r in (*readers, encoder.output_residual)]
+    config = encoder.config
+    return _streams().DepthSources.start(embeddings, config.attn_res_block_size or 1, config.layer_norm_eps, queries)
 
 
 def _streams_flops(config: Any, extra: int) -> float:
@@ -132,8 +136,8 @@ class Scheme:
     """The model options its label names (read back by ``pretrain.config.residual_scheme_fields``)."""
     module: Callable[[Any, int], nn.Module] | None = None
     """The residual module of sub-layer k under a config; None: the plain residual sum (no module)."""
-    start: Callable[[Any, torch.Tensor], Any] | None = None
-    """The state the first layer reads, from the embedding output."""
+    start: Callable[[nn.Module, torch.Tensor], Any] | None = None
+    """The state the first layer reads, from the encoder (its config and modules) and the embedding output."""
     output: Callable[[Any], nn.Module] | None = None
     """A module that reads the encoder's output from the state (``encoder.output_residual``); None: the collapse."""
     collapse: Callable[[Any], torch.Tensor] = lambda state: _streams().collapse(state)
@@ -193,7 +197,7 @@ SCHEMES: dict[str, Scheme] = {
                                          f"-{o.dwa_dilation}x{o.dwa_period}"),
         options=("dwa_dilation", "dwa_period"),
         module=lambda c, k: _denseformer().DepthWeightedAverage(k, c.dwa_dilation, c.dwa_period),
-        start=lambda c, x: _denseformer().LayerOutputs.start(x), collapse=lambda state: state.current,
+        start=lambda encoder, x: _denseformer().LayerOutputs.start(x), collapse=lambda state: state.current,
         stream_is_tensor=False, flops=_denseformer_flops,
     ),
 }  # fmt: skip

@@ -92,8 +92,9 @@ def normalized_projection(norm: nn.Module, x: torch.Tensor, projection: torch.Te
     x = x.to(torch.promote_types(x.dtype, torch.float32))
     projection = projection.to(x.dtype)
     projected = _NormalizedProjection.apply(x, projection * norm.weight.to(x.dtype), centred, norm.eps)
-    bias = getattr(norm, "bias", None)
-    return projected if bias is None else projected + projection @ bias.to(x.dtype)
+    bias = getattr(norm, "bias", None)  # copied: a matrix-vector product's rounding on CPU depends on the vector's
+    # alignment, and a reloaded model's parameters sit elsewhere; a new tensor is always aligned alike
+    return projected if bias is None else projected + projection @ bias.to(x.dtype, copy=True)
 
 
 class _NormalizedProjection(torch.autograd.Function):
@@ -420,39 +421,61 @@ class ManifoldHyperConnection(StreamMixer):
 
 @dataclass(frozen=True)
 class DepthSources:
-    """AttnRes's residual state: what a sub-layer's input is made of, oldest first, and each one's key scale.
+    """AttnRes's residual state: what a sub-layer's input is made of, oldest first, each one's key scale, and its
+    keys' dot products with the pseudo-queries of the sub-layers that will read it.
 
     Block AttnRes (Eqs. 5-6), blocks of ``block_size`` sub-layers: ``values`` holds b_0 (the embedding output) and
     the sum b_n of each completed block, ``partial`` the current block's sum so far (None at its first sub-layer); a
     sub-layer attends over both. Full AttnRes (Eqs. 1-4) is ``block_size`` 1. Values are kept in the embedding
     output's dtype (float32 under autocast). A key, RMSNorm(value) without a gain, is its value times a scale per
-    token, computed once; the keys themselves are never formed (``_AttendOverDepth``).
+    token, computed once; the keys themselves are never formed. Its logit for reader k, w_k^T key, is the dot
+    v . w_k times that scale, and a value's dots with every later reader's w are one matmul when it joins: each
+    source is read once for its logits, not once per reader (and once in the backward for their gradients).
     """
 
     block_size: int
     eps: float  # the keys' RMSNorm eps (the model's layer_norm_eps)
+    queries: torch.Tensor  # (R, d): the readers' pseudo-queries, sub-layer k's row k, the encoder output's last
     values: tuple[torch.Tensor, ...]  # each (B, T, d)
     scales: tuple[torch.Tensor, ...]  # each (B, T): inverse_rms(value)
+    dots: tuple[torch.Tensor, ...]  # each (B, T, R - j): value . w_k for the readers k >= j that follow it
     partial: torch.Tensor | None = None
     filled: int = 0  # sub-layers in the current block so far
 
     @classmethod
-    def start(cls, embeddings: torch.Tensor, block_size: int, eps: float) -> DepthSources:
-        return cls(block_size, eps, (embeddings,), (inverse_rms(embeddings, eps),))
+    def start(cls, embeddings: torch.Tensor, block_size: int, eps: float, queries: list[torch.Tensor]) -> DepthSources:
+        """The state the first sub-layer reads; ``queries``: every reader's pseudo-query (d), in reading order."""
+        with _autocast_off(embeddings):
+            queries = torch.stack(queries).to(embeddings.dtype)
+            dots = embeddings @ queries.T
+        return cls(block_size, eps, queries, (embeddings,), (inverse_rms(embeddings, eps),), (dots,))
 
-    def sources(self) -> tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]]:
-        """The values a sub-layer attends over and their key scales."""
+    @property
+    def reader(self) -> int:
+        """Which reads next: sub-layer k, or the encoder's output (R - 1)."""
+        return (len(self.values) - 1) * self.block_size + self.filled
+
+    def sources(self) -> tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]]:
+        """The values the next reader attends over, their key scales, and their dots with its pseudo-query."""
+        k, readers = self.reader, self.queries.shape[0]
+        dots = tuple(dot[..., k - readers + dot.shape[-1]] for dot in self.dots)
         if self.partial is None:
-            return self.values, self.scales
-        return (*self.values, self.partial), (*self.scales, inverse_rms(self.partial, self.eps))
+            return self.values, self.scales, dots
+        with _autocast_off(self.partial):
+            partial_dot = self.partial @ self.queries[k]
+        return (
+            (*self.values, self.partial), (*self.scales, inverse_rms(self.partial, self.eps)), (*dots, partial_dot)
+        )
 
     def add(self, out: torch.Tensor) -> DepthSources:
         """The state after a sub-layer with output ``out``: added to its block, which closes after ``block_size``."""
         partial = out.to(self.values[0].dtype) if self.partial is None else self.partial + out  # promoted, as Pre-LN's
         if self.filled + 1 < self.block_size:
             return replace(self, partial=partial, filled=self.filled + 1)
-        scale = inverse_rms(partial, self.eps)
-        return replace(self, values=(*self.values, partial), scales=(*self.scales, scale), partial=None, filled=0)
+        with _autocast_off(partial):
+            dots = partial @ self.queries[self.reader + 1 :].T
+        return replace(self, values=(*self.values, partial), scales=(*self.scales, inverse_rms(partial, self.eps)),
+                       dots=(*self.dots, dots), partial=None, filled=0)  # fmt: skip
 
     def total(self) -> torch.Tensor:
         """The plain sum of the embedding output and every sub-layer's output so far: Pre-LN's stream with these
@@ -462,41 +485,32 @@ class DepthSources:
 
 
 class _AttendOverDepth(torch.autograd.Function):
-    """AttnRes's aggregation h = sum_i alpha_i v_i, alpha = softmax_i((v_i . w) s_i), of K sources v_i (B, T, d) with
-    key scales s_i (B, T) and the query w (d): per source one pass forward for its logit and one for its share of h,
-    and a backward written out, two passes and one gradient (B, T, d) per source; nothing saved but the sources
-    (which the state keeps anyway), the weights and the logits' dot products (K per token). Returns h and alpha
-    (K, B, T), the latter without a gradient (for the recorder)."""
+    """AttnRes's aggregation h = sum_i alpha_i v_i, alpha = softmax_i(dot_i s_i), of K sources v_i (B, T, d), given
+    their dots with the reader's query, dot_i = v_i . w, and key scales s_i (both (B, T)): one pass per source
+    forward, and a backward written out, one pass and one gradient (B, T, d) per source; nothing saved but the
+    sources (which the state keeps anyway), the weights, the dots and the scales. Arguments: the K dots, the K
+    values, the K scales. Returns h and alpha (K, B, T), the latter without a gradient (for the recorder)."""
 
     @staticmethod
-    def forward(ctx: Any, query: torch.Tensor, *sources: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        values, scales = sources[: len(sources) // 2], sources[len(sources) // 2 :]
-        # A copy of the parameter: a matrix-vector product's rounding on CPU depends on the vector's alignment, and
-        # a reloaded model's parameters sit elsewhere; a new tensor is always aligned alike.
-        query = query.to(values[0].dtype, copy=True)
-        dots = torch.stack([value @ query for value in values])  # (K, B, T)
-        weights = (dots * torch.stack(scales)).softmax(dim=0)
+    def forward(ctx: Any, *sources: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        count = len(sources) // 3
+        dots, scales, values = torch.stack(sources[:count]), torch.stack(sources[2 * count :]), sources[count:-count]
+        weights = (dots * scales).softmax(dim=0)
         h = values[0] * weights[0].unsqueeze(-1)
         for weight, value in zip(weights[1:], values[1:], strict=True):
             h.addcmul_(weight.unsqueeze(-1), value)
-        ctx.save_for_backward(query, weights, dots, *sources)
+        ctx.save_for_backward(weights, dots, scales, *values)
         ctx.mark_non_differentiable(weights)
         return h, weights
 
     @staticmethod
-    def backward(ctx: Any, g: torch.Tensor, _: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        query, weights, dots, *sources = ctx.saved_tensors
-        values, scales = sources[: len(sources) // 2], torch.stack(sources[len(sources) // 2 :])
+    def backward(ctx: Any, g: torch.Tensor, _: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        weights, dots, scales, *values = ctx.saved_tensors
         products = torch.empty_like(g)  # one buffer for the K products (a new tensor each would cost page faults)
         g_weights = torch.stack([torch.mul(g, value, out=products).sum(-1) for value in values])  # (K, B, T)
         g_logits = weights * (g_weights - (g_weights * weights).sum(0))  # through the softmax
-        g_dots = g_logits * scales
-        g_query = sum(g_dot.flatten() @ value.flatten(0, -2) for g_dot, value in zip(g_dots, values, strict=True))
-        g_values = []
-        for weight, g_dot in zip(weights, g_dots, strict=True):  # alpha_i g + (g_logit_i s_i) w
-            g_value = g * weight.unsqueeze(-1)
-            g_values.append(g_value.view(-1, g.shape[-1]).addr_(g_dot.flatten(), query).view_as(g))
-        return g_query, *g_values, *(g_logits * dots).unbind()
+        g_values = [g * weight.unsqueeze(-1) for weight in weights]
+        return *(g_logits * scales).unbind(), *g_values, *(g_logits * dots).unbind()
 
 
 class AttentionResidual(nn.Module):
@@ -524,9 +538,9 @@ class AttentionResidual(nn.Module):
 
     def read(self, state: DepthSources) -> tuple[torch.Tensor, None]:
         """The input h (B, T, d): the sources weighted by their softmax over depth."""
-        values, scales = state.sources()
+        values, scales, dots = state.sources()
         with _autocast_off(values[0]):
-            h, weights = _AttendOverDepth.apply(self.pseudo_query, *values, *scales)
+            h, weights = _AttendOverDepth.apply(*dots, *values, *scales)
         if self.recorder is not None:
             self.recorder.depth_weights(weights)
         return h, None
