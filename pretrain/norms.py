@@ -32,6 +32,10 @@ class RMSNorm(nn.Module):
     """Root-mean-square norm in float32 whatever the input dtype, as Hugging Face's ``LlamaRMSNorm`` (in bf16 the
     mean of squares would lose most of its digits; float64 stays float64); ``torch.nn.RMSNorm(size, eps)`` in float32."""
 
+    # Whether the norm is a statistic of x times a gain (plus a bias), ``(x - mean) / std`` (True, as nn.LayerNorm)
+    # or ``x / rms(x)`` (False), which ``residual_streams.normalized_projection`` folds into a projection; None: not.
+    centred: bool | None = False
+
     def __init__(self, size: int, eps: float) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.ones(size))
@@ -93,6 +97,7 @@ class SeeDNorm(RMSNorm):
     (alpha's is until beta moves). alpha and beta are decayed, the gain ``weight`` is not (docs/placements.md)."""
 
     decayed = frozenset({"alpha", "beta"})  # the paper decays both, for numerical stability; the gain as RMSNorm's
+    centred = None  # its gain depends on x: not a statistic times a gain
 
     def __init__(self, size: int, eps: float) -> None:
         super().__init__(size, eps)

@@ -41,8 +41,6 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 from transformers import initialization as init
 
-from pretrain.norms import RMSNorm
-
 HC_DYNAMIC_SCALE_INIT = 0.01  # DHC's s_alpha and s_beta at init (HC paper, Algorithm 2)
 MHC_GATE_INIT = 0.01  # mHC's alpha_pre, alpha_post, alpha_res at init (mHC paper, Table 5)
 MHC_NORM_EPS = 1e-20  # mHC's RMSNorm over the flattened streams (mHC paper, Table 5)
@@ -77,16 +75,12 @@ class _InverseRms(torch.autograd.Function):
         return x * (g * scale.pow(3) / -x.shape[-1]).unsqueeze(-1), None
 
 
-# The norms whose projection ``normalized_projection`` takes without forming the normalised rows: centred or not.
-_FOLDED_NORMS: dict[type[nn.Module], bool] = {nn.LayerNorm: True, RMSNorm: False}
-
-
 def normalized_projection(norm: nn.Module, x: torch.Tensor, projection: torch.Tensor) -> torch.Tensor | None:
     """``norm(x) @ projection^T`` (x (..., d), projection (m, d)) for a LayerNorm or RMSNorm ``norm``, in x's dtype
     (at least float32), without forming norm(x), which would be as large as x: the gain folds into the projection,
     the bias into a constant, and the statistics divide after the matmul, as mHC's kernels do. None for another norm.
     """
-    centred = _FOLDED_NORMS.get(type(norm))
+    centred = True if isinstance(norm, nn.LayerNorm) else getattr(norm, "centred", None)  # pretrain.norms.RMSNorm's
     if centred is None:
         return None
     x = x.to(torch.promote_types(x.dtype, torch.float32))

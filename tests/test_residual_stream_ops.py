@@ -17,7 +17,7 @@ import torch
 from transformers.masking_utils import create_bidirectional_mask
 
 from pretrain.modeling import LNBertModel
-from pretrain.norms import RMSNorm
+from pretrain.norms import DyT, RMSNorm, SeeDNorm
 from pretrain.residual_streams import normalized_projection
 from tests.test_placement_reference import make_inputs, perturb
 from tests.test_residual_schemes import scheme_config
@@ -213,3 +213,10 @@ def test_normalized_projection_is_the_norms_output_projected(norm):
         got = value_and_grads(dtype, normalized_projection)
         for name, a, b in zip(names, got, want, strict=True):
             torch.testing.assert_close(a, b, rtol=0, atol=tol * float(b.abs().max()), msg=lambda m, n=name: f"{n}: {m}")
+
+
+def test_a_norm_that_is_not_a_statistic_times_a_gain_is_not_folded():
+    """SeeDNorm's gain depends on x and DyT has no statistic: DHC projects their output, recomputed in backward."""
+    x, projection = torch.randn(2, 4, 48), torch.randn(6, 48)
+    assert normalized_projection(SeeDNorm(48, eps=1e-6), x, projection) is None
+    assert normalized_projection(DyT(48, alpha_init=0.5), x, projection) is None
