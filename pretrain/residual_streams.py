@@ -54,18 +54,23 @@ def _autocast_off(x: torch.Tensor) -> AbstractContextManager[Any]:
     return torch.autocast(x.device.type, enabled=False)
 
 
+def _rms_scale(x: torch.Tensor, eps: float) -> torch.Tensor:
+    """1 / sqrt(mean(x^2) + eps) over the last dimension, the sum of squares as a norm (x^2 would be as large as x)."""
+    return torch.rsqrt(torch.linalg.vector_norm(x, dim=-1).square() / x.shape[-1] + eps)
+
+
 def inverse_rms(x: torch.Tensor, eps: float) -> torch.Tensor:
     """1 / sqrt(mean(x^2) + eps) over the last dimension, in at least float32: RMSNorm(x) without a gain is x times it."""
     return _InverseRms.apply(x.to(torch.promote_types(x.dtype, torch.float32)), eps)
 
 
 class _InverseRms(torch.autograd.Function):
-    """``inverse_rms`` with one pass over x each way: the sum of squares as a norm (x^2 would be a tensor as large as
-    x), and a backward of one product, -x s^3 / d (autograd's would form two or three tensors of x's size)."""
+    """``inverse_rms`` with one pass over x each way (``_rms_scale``), and a backward of one product, -x s^3 / d
+    (autograd's would form two or three tensors of x's size)."""
 
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, eps: float) -> torch.Tensor:
-        scale = torch.rsqrt(torch.linalg.vector_norm(x, dim=-1).square() / x.shape[-1] + eps)
+        scale = _rms_scale(x, eps)
         ctx.save_for_backward(x, scale)
         return scale
 
@@ -80,12 +85,14 @@ def normalized_projection(norm: nn.Module, x: torch.Tensor, projection: torch.Te
     (at least float32), without forming norm(x), which would be as large as x: the gain folds into the projection,
     the bias into a constant, and the statistics divide after the matmul, as mHC's kernels do. None for another norm.
     """
-    centred = True if isinstance(norm, nn.LayerNorm) else getattr(norm, "centred", None)  # pretrain.norms.RMSNorm's
+    # torch's LayerNorm is centred; the project's norms declare it (``pretrain.norms.RMSNorm.centred``)
+    centred = True if isinstance(norm, nn.LayerNorm) else getattr(norm, "centred", None)
     if centred is None:
         return None
     x = x.to(torch.promote_types(x.dtype, torch.float32))
     projection = projection.to(x.dtype)
-    projected = _NormalizedProjection.apply(x, projection * norm.weight.to(x.dtype), centred, norm.eps)
+    gain = projection if norm.weight is None else projection * norm.weight.to(x.dtype)  # a LayerNorm may have none
+    projected = _NormalizedProjection.apply(x, gain, centred, norm.eps)
     bias = getattr(norm, "bias", None)  # copied: a matrix-vector product's rounding on CPU depends on the vector's
     # alignment, and a reloaded model's parameters sit elsewhere; a new tensor is always aligned alike
     return projected if bias is None else projected + projection @ bias.to(x.dtype, copy=True)
@@ -103,7 +110,7 @@ class _NormalizedProjection(torch.autograd.Function):
             _, mean, scale = (t.squeeze(-1) for t in torch.native_layer_norm(x, x.shape[-1:], None, None, eps))
             projected = projected - mean.unsqueeze(-1) * weight.sum(-1)  # (x - mean) W^T = x W^T - mean (W 1)
         else:
-            mean, scale = None, torch.rsqrt(torch.linalg.vector_norm(x, dim=-1).square() / x.shape[-1] + eps)
+            mean, scale = None, _rms_scale(x, eps)
         ctx.save_for_backward(x, weight, scale, projected, mean)
         return projected * scale.unsqueeze(-1)
 

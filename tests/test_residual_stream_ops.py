@@ -220,3 +220,10 @@ def test_a_norm_that_is_not_a_statistic_times_a_gain_is_not_folded():
     x, projection = torch.randn(2, 4, 48), torch.randn(6, 48)
     assert normalized_projection(SeeDNorm(48, eps=1e-6), x, projection) is None
     assert normalized_projection(DyT(48, alpha_init=0.5), x, projection) is None
+
+
+def test_a_layernorm_without_gain_or_bias_is_folded_as_itself():
+    x, projection = torch.randn(2, 3, 4, 16, dtype=torch.float64), torch.randn(6, 16, dtype=torch.float64)
+    norm = torch.nn.LayerNorm(16, elementwise_affine=False).double()
+    want = torch.nn.functional.linear(norm(x), projection)
+    torch.testing.assert_close(normalized_projection(norm, x, projection), want, rtol=1e-12, atol=1e-12)
