@@ -235,15 +235,18 @@ def test_reproduce_script_stops_at_a_failed_pretraining_run(tmp_path: Path) -> N
 
 @pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
 @pytest.mark.parametrize(
-    ("signalled", "run_status", "restarts", "requeued"),
+    ("signal", "run_status", "restarts", "requeued"),
     [
-        (True, "preempted", "0", True),  # the time limit's warning signal: continue in a new allocation
-        (True, "preempted", "50", False),  # the cap (MAX_REQUEUES, default 50) is reached
-        (False, "preempted", "0", False),  # train.stop_at_step: the run asked to stop
+        ("midway", "preempted", "0", True),  # the time limit's warning signal: continue in a new allocation
+        ("midway", "preempted", "50", False),  # the cap (MAX_REQUEUES, default 50) is reached
+        ("none", "preempted", "0", False),  # train.stop_at_step: the run asked to stop
+        # The signal as the run ends: the shell reaps the run before its trap returns, and the run's own status
+        # (not wait's 138 for the trap) is the job's.
+        ("at_exit", "preempted", "0", True),
     ],
 )
 def test_slurm_script_requeues_a_preempted_run_until_it_ends(
-    tmp_path: Path, signalled: bool, run_status: str, restarts: str, requeued: bool
+    tmp_path: Path, signal: str, run_status: str, restarts: str, requeued: bool
 ) -> None:
     """A stand-in accelerate plays the run: it signals the batch shell (USR1, as SLURM's --signal=B:USR1 does before
     the time limit) when asked, stops once RUN/STOP appears, and ends with the given status.json; a stand-in scontrol
@@ -253,11 +256,15 @@ def test_slurm_script_requeues_a_preempted_run_until_it_ends(
     log = tmp_path / "calls.log"
     run_dir = tmp_path / "out"
     _fake(bin_dir, "scontrol", f'echo "scontrol $*" >> {log}\n[[ $1 == show ]] && echo node-1\ntrue\n')
-    # One node; exec keeps the pid the batch shell waits on, so the batch shell is the run's parent.
+    # One node; srun runs the launcher in its place (exec), in the subshell that reports srun's status to the batch
+    # shell: the batch shell is the run's grandparent.
     _fake(bin_dir, "srun", 'while [[ $1 == -* ]]; do shift; done\nSLURM_NODEID=0 exec "$@"\n')
     body = f'echo \'{{"status": "{run_status}"}}\' > {run_dir}/status.json\n'
-    if signalled:  # SLURM's USR1 reaches the batch shell, which asks the run to stop through RUN/STOP (within 60 s)
-        body = f"kill -USR1 $PPID\nfor _ in $(seq 600); do [[ -e {run_dir}/STOP ]] && break; sleep 0.1; done\n" + body
+    signal_batch_shell = 'read -r -a parent < "/proc/$PPID/stat"\nkill -USR1 "${parent[3]}"\n'
+    if signal == "midway":  # SLURM's USR1 reaches the batch shell, which asks the run to stop through RUN/STOP
+        body = signal_batch_shell + f"for _ in $(seq 600); do [[ -e {run_dir}/STOP ]] && break; sleep 0.1; done\n" + body
+    elif signal == "at_exit":
+        body += signal_batch_shell
     _fake(bin_dir, "accelerate", body)
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_JOB_NODELIST": "node-1", "SLURM_NNODES": "1",
            "SLURM_JOB_ID": "4242", "SLURM_RESTART_COUNT": restarts, "PRESET": "configs/pretrain/small_pre_ln.yaml"}  # fmt: skip
