@@ -30,7 +30,7 @@ from finetune.glue import load_task
 from finetune.manifest import ResultsBusy, ResultsFolder, Runtime
 from finetune.schedule import NoProgress, collect, job_lines, lifted, retried, runnable, submit, wandb_settings
 from finetune.worker import check_model_name, check_snapshot, describe_model, job_specs
-from pretrain.common.cli import ConfigError, parse, require, run_cli
+from pretrain.common.cli import ConfigError, parse, require, run_cli, writable_folder
 from pretrain.run_folder.layout import SNAPSHOTS, TRAIN_STATE_FILE, list_snapshots, run_folder_of
 from pretrain.tracking.wandb_logging import check_wandb
 
@@ -92,6 +92,7 @@ def check_loads(model: str) -> None:
 def run(config: RunConfig) -> list[dict[str, Any]]:
     """Run what is not done of the grid for one model and task in this process, the scheduler's way (a manifest,
     result files, this process holding the lock); returns the grid's rows."""
+    writable_folder(config.results_dir, "results_dir")
     # torch and transformers once the options are read (a typo answers before their seconds of import)
     from transformers import AutoConfig
 

@@ -33,7 +33,7 @@ if __name__ == "__main__":
 import os
 from pathlib import Path
 
-from pretrain.common.cli import ConfigError, run_cli, to_dict
+from pretrain.common.cli import ConfigError, run_cli, to_dict, writable_folder
 from pretrain.common.device import FP16_NEEDS_A_GPU, surely_no_cuda
 from pretrain.config import parse_args
 from pretrain.run_folder.same_run import check_settings
@@ -52,11 +52,12 @@ def parse_and_run(argv: list[str] | None, stop: StopRequest) -> int:
     argv = sys.argv[1:] if argv is None else argv
     cfg = parse_args(argv, description=__doc__ or "")
     # Answered now, before torch's seconds of import: the corpus files (their first lines), the settings of a run
-    # already in the folder, the precision and W&B's credentials.
+    # already in the folder, that the folder can be written, the precision and W&B's credentials.
     for line in cfg.data.check_local_files():
         if os.environ.get("RANK", "0") == "0":  # once, not once per process
             print(line, flush=True)
     check_settings(Path(cfg.train.output_dir), to_dict(cfg), cfg.train.resume)
+    writable_folder(cfg.train.output_dir, "train.output_dir")
     if cfg.train.mixed_precision == "fp16" and surely_no_cuda():
         raise ConfigError(FP16_NEEDS_A_GPU)
     if cfg.tracking.backend == "wandb":

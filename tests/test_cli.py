@@ -216,6 +216,47 @@ def test_every_command_exits_2_on_nan(monkeypatch: pytest.MonkeyPatch, capsys: p
         assert "nan" in err or "inf" in err, err
 
 
+def test_an_output_folder_that_cannot_be_written_is_refused_before_any_work(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    """A folder under a file (as a typo'd or read-only path would be): exit 2 naming the option, before torch is
+    imported; pretrain/run.py took it for a full disk at its first save and exited 0."""
+    import finetune.run
+    import finetune.schedule
+
+    under_a_file = tmp_path / "file" / "out"
+    (tmp_path / "file").write_text("")
+    err = _cli_exit(finetune.run, ["--model=m", f"--results_dir={under_a_file}"], monkeypatch, capsys)
+    assert f"results_dir={under_a_file}: cannot write there (Not a directory)" in err
+    err = _cli_exit(finetune.schedule, [f"--runs=[{tmp_path}]", f"--results_dir={under_a_file}"], monkeypatch, capsys)
+    assert f"results_dir={under_a_file}: cannot write there" in err
+    result = subprocess.run(
+        [sys.executable, "-X", "importtime", str(ROOT / "pretrain" / "run.py"), f"--train.output_dir={under_a_file}"],
+        capture_output=True, text=True, timeout=60, cwd=tmp_path,
+    )  # fmt: skip
+    assert result.returncode == 2
+    assert f"error: train.output_dir={under_a_file}: cannot write there" in result.stderr
+    assert "| torch" not in result.stderr
+
+
+def test_a_writable_folder_is_made_and_a_full_disk_is_left_to_the_command(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import errno
+    import tempfile
+
+    from pretrain.common.cli import writable_folder
+
+    writable_folder(tmp_path / "new" / "run", "train.output_dir")
+    assert (tmp_path / "new" / "run").is_dir() and not list((tmp_path / "new" / "run").iterdir())
+
+    def full(**_: Any) -> Any:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(tempfile, "TemporaryFile", full)
+    writable_folder(tmp_path / "new" / "run", "train.output_dir")  # the run's own handling stops and resumes
+
+
 def test_malformed_yaml_names_the_file_and_line(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
 ) -> None:

@@ -14,6 +14,7 @@ import argparse
 import contextlib
 import dataclasses
 import difflib
+import errno
 import functools
 import inspect
 import math
@@ -21,6 +22,7 @@ import os
 import re
 import signal
 import sys
+import tempfile
 import threading
 import types
 import typing
@@ -52,6 +54,20 @@ def require(ok: bool, key: str, message: str) -> None:
     """Raise ``ConfigError("<key> <message>")`` unless ``ok`` (for ``__post_init__`` checks)."""
     if not ok:
         raise ConfigError(f"{key} {message}")
+
+
+def writable_folder(path: str | Path, key: str) -> None:
+    """Make the folder ``path`` (the option ``key``) if needed and create a file in it, or raise ConfigError naming the
+    option: a folder under a file, a read-only mount or a colleague's folder answers before any work. A full disk is
+    left to the command, whose own handling stops and resumes (it may still have room for what it must write)."""
+    try:
+        Path(path).mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=path):
+            pass
+    except OSError as err:
+        if err.errno in (errno.ENOSPC, errno.EDQUOT):
+            return
+        raise ConfigError(f"{key}={path}: cannot write there ({err.strerror}); pass a folder you can write") from None
 
 
 # YAML with YAML 1.2's booleans and floats: PyYAML's YAML 1.1 reads `mixed_precision: no` as False and `lr: 1e-4` as
