@@ -67,8 +67,9 @@ def check_not_a_checkpoint(model: Path) -> None:
 
 
 def check_loads(model: str) -> None:
-    """A model folder whose weights are not of its config.json (a file replaced, or copied from another run) fails
-    every job alike: refused here, before any job, by the model's own check (``from_pretrained``)."""
+    """A model folder whose weights are not of its config.json (a file replaced, or copied from another run), or cannot
+    be read (cut short by a copy), fails every job alike: refused here, before any job, by loading it as they do."""
+    from safetensors import SafetensorError
     from transformers import AutoModelForSequenceClassification
     from transformers.utils import logging as hf_logging
 
@@ -83,6 +84,9 @@ def check_loads(model: str) -> None:
         AutoModelForSequenceClassification.from_pretrained(model, num_labels=2)
     except CheckpointMismatch as err:
         raise ConfigError(f"--model {model!r} cannot be fine-tuned: {err} Or pass another --model.") from None
+    except (SafetensorError, OSError) as err:
+        raise ConfigError(f"--model {model!r}: its weights cannot be read ({err}): the files are damaged or incomplete; "
+                          "copy them again, or pass another --model") from None  # fmt: skip
     finally:
         hf_logging.set_verbosity(verbosity)
         if bars:

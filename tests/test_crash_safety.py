@@ -451,6 +451,22 @@ def test_finetune_refuses_a_snapshot_whose_weights_do_not_match_its_config(
     assert "Traceback" not in err and not (tmp_path / "results.d" / "jobs").exists()
 
 
+def test_finetune_refuses_a_plain_model_folder_whose_weights_were_cut_short(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """No manifest to check it against (a folder save_pretrained wrote, copied by hand): loading it is the check, and
+    names the folder and the fix instead of a safetensors traceback."""
+    from tests.finetune_fixtures import write_snapshot
+
+    folder = write_snapshot(tmp_path / "run", "pre_ln", "pre", 10)
+    (folder / "snapshot.json").unlink()
+    _damage(folder / "model.safetensors", "truncated")
+    code, err = _finetune(tmp_path, str(folder), capsys)
+    assert code == 2, err
+    assert f"--model {str(folder)!r}: its weights cannot be read" in err and "copy them again" in err
+    assert "Traceback" not in err and not (tmp_path / "results.d" / "jobs").exists()
+
+
 @pytest.mark.parametrize("model", ["runs/pre_ln/snapshots/step_00000010", "/nowhere/snapshot", "no-such-model-xyz"])
 def test_finetune_names_a_model_that_does_not_exist(tmp_path: Path, model: str, capsys: pytest.CaptureFixture) -> None:
     code, err = _finetune(tmp_path, model, capsys)
