@@ -11,6 +11,7 @@ Standard library only.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import shutil
@@ -19,6 +20,9 @@ import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
+
+NO_ROOM_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
+"""The errors of a write that found no room: a full disk or a spent quota."""
 
 
 def current_umask() -> int:

@@ -14,7 +14,6 @@ import argparse
 import contextlib
 import dataclasses
 import difflib
-import errno
 import functools
 import inspect
 import math
@@ -41,6 +40,7 @@ from jsonargparse import (
     set_parsing_settings,
 )
 
+from pretrain.common.atomic import NO_ROOM_ERRNOS
 from pretrain.common.device import passive_cpu_threads
 
 T = TypeVar("T")
@@ -65,7 +65,7 @@ def writable_folder(path: str | Path, key: str) -> None:
         with tempfile.TemporaryFile(dir=path):
             pass
     except OSError as err:
-        if err.errno in (errno.ENOSPC, errno.EDQUOT):
+        if err.errno in NO_ROOM_ERRNOS:
             return
         raise ConfigError(f"{key}={path}: cannot write there ({err.strerror}); pass a folder you can write") from None
 
