@@ -237,6 +237,11 @@ def test_an_output_folder_that_cannot_be_written_is_refused_before_any_work(
     assert result.returncode == 2
     assert f"error: train.output_dir={under_a_file}: cannot write there" in result.stderr
     assert "| torch" not in result.stderr
+    # The data cache is written only when something is missing there (a prepared one may be read-only).
+    from pretrain.prepare import main as prepare
+
+    with pytest.raises(ConfigError, match=f"data.cache_dir={under_a_file}: cannot write there"):
+        prepare([f"--data.cache_dir={under_a_file}"])
 
 
 def test_a_writable_folder_is_made_and_a_full_disk_is_left_to_the_command(

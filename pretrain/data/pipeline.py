@@ -12,6 +12,7 @@ from typing import NamedTuple
 import datasets
 from transformers import PreTrainedTokenizerFast
 
+from pretrain.common.cli import writable_folder
 from pretrain.data.config import DataConfig
 from pretrain.data.corpus import corpus_bytes, document_texts, split_corpus
 from pretrain.data.instance_cache import SUMMARY_FILE, cached_instances, prepared_dir
@@ -109,6 +110,8 @@ def build_pretraining_data(
     found = prepared(cfg, seed=seed)
     check_prepared_for_distributed(cfg, ready=found.ready, num_processes=num_processes, prepare_command=prepare_command,
                                    barrier_timeout_s=barrier_timeout_s)  # fmt: skip
+    if not found.ready:  # what is missing is made under cache_dir: a folder that cannot be written answers now
+        writable_folder(cfg.cache_dir, "data.cache_dir")
 
     @functools.cache
     def documents() -> tuple[datasets.Dataset | datasets.IterableDataset, datasets.Dataset]:
