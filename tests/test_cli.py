@@ -223,6 +223,7 @@ def test_an_output_folder_that_cannot_be_written_is_refused_before_any_work(
     imported; pretrain/run.py took it for a full disk at its first save and exited 0."""
     import finetune.run
     import finetune.schedule
+    import pretrain.analysis.cli
 
     under_a_file = tmp_path / "file" / "out"
     (tmp_path / "file").write_text("")
@@ -230,6 +231,8 @@ def test_an_output_folder_that_cannot_be_written_is_refused_before_any_work(
     assert f"results_dir={under_a_file}: cannot write there (Not a directory)" in err
     err = _cli_exit(finetune.schedule, [f"--runs=[{tmp_path}]", f"--results_dir={under_a_file}"], monkeypatch, capsys)
     assert f"results_dir={under_a_file}: cannot write there" in err
+    err = _cli_exit(pretrain.analysis.cli, ["ln-jacobian", f"--out={under_a_file}"], monkeypatch, capsys)
+    assert f"out={under_a_file}: cannot write there" in err
     result = subprocess.run(
         [sys.executable, "-X", "importtime", str(ROOT / "pretrain" / "run.py"), f"--train.output_dir={under_a_file}"],
         capture_output=True, text=True, timeout=60, cwd=tmp_path,

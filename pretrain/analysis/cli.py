@@ -11,7 +11,7 @@ import sys
 from typing import Any
 
 from pretrain.analysis import options
-from pretrain.common.cli import parse_command, run_cli
+from pretrain.common.cli import parse_command, run_cli, writable_folder
 
 # subcommand -> (config dataclass, the module whose ``run`` measures it)
 COMMANDS: dict[str, tuple[type, str]] = {
@@ -33,6 +33,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     command, config = parse_args(argv)
+    writable_folder(config.out, "out")  # before minutes of measurement, not when its figures are written
     return importlib.import_module(COMMANDS[command][1]).run(config)
 
 
