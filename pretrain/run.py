@@ -52,16 +52,16 @@ def parse_and_run(argv: list[str] | None, stop: StopRequest) -> int:
     argv = sys.argv[1:] if argv is None else argv
     cfg = parse_args(argv, description=__doc__ or "")
     # Answered now, before torch's seconds of import: the corpus files (their first lines), the settings of a run
-    # already in the folder, that the folder can be written, the precision and W&B's credentials.
+    # already in the folder, the precision, W&B's credentials and that the folder can be written.
     for line in cfg.data.check_local_files():
         if os.environ.get("RANK", "0") == "0":  # once, not once per process
             print(line, flush=True)
     check_settings(Path(cfg.train.output_dir), to_dict(cfg), cfg.train.resume)
-    writable_folder(cfg.train.output_dir, "train.output_dir")
     if cfg.train.mixed_precision == "fp16" and surely_no_cuda():
         raise ConfigError(FP16_NEEDS_A_GPU)
     if cfg.tracking.backend == "wandb":
         check_credentials(wandb_mode(cfg.tracking.wandb_mode), cfg.train.output_dir)
+    writable_folder(cfg.train.output_dir, "train.output_dir")  # last: a refused command leaves no folder
     from pretrain.training import run
 
     run(cfg, argv, stop)
