@@ -96,7 +96,6 @@ def check_loads(model: str) -> None:
 def run(config: RunConfig) -> list[dict[str, Any]]:
     """Run what is not done of the grid for one model and task in this process, the scheduler's way (a manifest,
     result files, this process holding the lock); returns the grid's rows."""
-    writable_folder(config.results_dir, "results_dir")
     # torch and transformers once the options are read (a typo answers before their seconds of import)
     from transformers import AutoConfig
 
@@ -115,6 +114,7 @@ def run(config: RunConfig) -> list[dict[str, Any]]:
     specs = job_specs(describe_model(config.model), config.task, config.lrs, config.seeds, config.recipe)
     check_max_length(AutoConfig.from_pretrained(config.model), config.recipe.max_length, config.model)
     check_loads(config.model)
+    writable_folder(config.results_dir, "results_dir")  # last: a refused command leaves no folder
     with folder.lock():
         backend = InProcess()
         collect(folder, backend)  # the jobs of an earlier run that was killed in them are queued again

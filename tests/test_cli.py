@@ -224,10 +224,13 @@ def test_an_output_folder_that_cannot_be_written_is_refused_before_any_work(
     import finetune.run
     import finetune.schedule
     import pretrain.analysis.cli
+    from tests.finetune_fixtures import write_snapshot
 
     under_a_file = tmp_path / "file" / "out"
     (tmp_path / "file").write_text("")
-    err = _cli_exit(finetune.run, ["--model=m", f"--results_dir={under_a_file}"], monkeypatch, capsys)
+    snapshot = write_snapshot(tmp_path / "run", "pre_ln", "pre", 10)
+    capsys.readouterr()  # what saving it printed
+    err = _cli_exit(finetune.run, [f"--model={snapshot}", f"--results_dir={under_a_file}"], monkeypatch, capsys)
     assert f"results_dir={under_a_file}: cannot write there (Not a directory)" in err
     err = _cli_exit(finetune.schedule, [f"--runs=[{tmp_path}]", f"--results_dir={under_a_file}"], monkeypatch, capsys)
     assert f"results_dir={under_a_file}: cannot write there" in err
