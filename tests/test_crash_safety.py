@@ -256,6 +256,20 @@ def test_a_stale_running_status_reads_as_dead() -> None:
     assert not is_dead({**stale, "status": "finished"})
 
 
+def test_damaged_run_files_are_named_not_read_as_json_errors(tmp_path: Path) -> None:
+    """status.json damaged from outside (its writes are atomic) reads as unknown with the reason, so a scheduler that
+    waits for the run is not stopped (the run rewrites it); a damaged run_config.json is refused, naming the file,
+    by the command that would continue the run (exit 2), since the run's settings are then unknown."""
+    (tmp_path / "status.json").write_text('{"status": "runn')
+    status = read_status(tmp_path)
+    assert status["status"] == "unknown" and f"{tmp_path / 'status.json'} is damaged" in status["message"]
+    (tmp_path / "status.json").write_text("[1, 2]")
+    assert read_status(tmp_path)["status"] == "unknown"
+    (tmp_path / "run_config.json").write_bytes(b"\xff\xfe{")
+    with pytest.raises(ValueError, match=r"run_config\.json is damaged .*restore it from a copy"):
+        main(["--train.max_steps=2", f"--train.output_dir={tmp_path}"])
+
+
 def test_a_tracker_that_fails_to_start_leaves_status_failed(tmp_path: Path, data_cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     def broken(*args: object) -> None:
         raise RuntimeError("wandb: network unreachable")

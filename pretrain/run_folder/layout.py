@@ -74,14 +74,26 @@ def read_run_config(run_dir: str | Path, fix: str) -> dict[str, Any]:
     path = Path(run_dir) / RUN_CONFIG_FILE
     if not path.is_file():
         return {}
-    payload = json.loads(path.read_text())
+    try:
+        payload = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:  # its writes are atomic: damaged from outside
+        raise ValueError(f"{path} is damaged ({err}): the run's settings are unknown; restore it from a copy, or "
+                         f"start a new run in another --train.output_dir") from None  # fmt: skip
     check_format(payload, path, RUN_FORMAT, fix)
     return {k: v for k, v in payload.items() if k != FORMAT_KEY}
 
 
 def read_status(run_dir: str | Path) -> dict[str, Any]:
+    """RUN/status.json; status "unknown" when absent, or damaged (its message says so): the run rewrites it whenever it
+    runs, so a reader that waits for the run is not stopped by it."""
     path = Path(run_dir) / STATUS_FILE
-    return json.loads(path.read_text()) if path.is_file() else {"status": "unknown"}
+    if not path.is_file():
+        return {"status": "unknown"}
+    try:
+        status = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        return {"status": "unknown", "message": f"{path} is damaged ({err})"}
+    return status if isinstance(status, dict) else {"status": "unknown", "message": f"{path} is not a JSON object"}
 
 
 def is_dead(status: dict[str, Any], now: float | None = None, after_s: float = DEAD_AFTER_S) -> bool:
