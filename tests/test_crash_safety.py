@@ -24,6 +24,7 @@ from safetensors.torch import load_file
 import pretrain.run_folder.status as status_module
 import pretrain.training as run_module
 from pretrain.common.atomic import write_json
+from pretrain.common.cli import ConfigError
 from pretrain.common.formats import RUN_FORMAT, FormatVersionError, stamped
 from pretrain.run import main
 from pretrain.run_folder.checkpointing import latest_checkpoint, list_checkpoints
@@ -268,6 +269,57 @@ def test_damaged_run_files_are_named_not_read_as_json_errors(tmp_path: Path) -> 
     (tmp_path / "run_config.json").write_bytes(b"\xff\xfe{")
     with pytest.raises(ValueError, match=r"run_config\.json is damaged .*restore it from a copy"):
         main(["--train.max_steps=2", f"--train.output_dir={tmp_path}"])
+
+
+HOLD_THE_LOCK = """
+import sys, time
+from pretrain.run_folder.lock import run_folder_lock
+with run_folder_lock(sys.argv[1]):
+    print("held", flush=True)
+    time.sleep(600)
+"""
+
+
+def test_a_second_command_in_a_busy_run_folder_is_refused_naming_the_holder(
+    tmp_path: Path, data_cache: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    """A job submitted twice: the second resumed from the first one's checkpoints while it wrote more, and its
+    clean-up removed the first one's save in progress (which failed). Now it waits WAIT_S, then exits 2 naming the
+    holder; once the holder is gone (killed: the lock goes with its process) the folder is free at once."""
+    import pretrain.run_folder.lock as lock
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    holder = subprocess.Popen([sys.executable, "-c", HOLD_THE_LOCK, str(run_dir)], stdout=subprocess.PIPE, text=True,
+                              env={**os.environ, "PYTHONPATH": str(ROOT)})  # fmt: skip
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+        monkeypatch.setattr(lock, "WAIT_S", 1.0)
+        with pytest.raises(ConfigError, match=rf"is in use by another command \(pid {holder.pid} on .*touch .*STOP"):
+            main(tiny_args(run_dir, data_cache))
+        assert f"{run_dir} is in use (pid {holder.pid}" in capsys.readouterr().err
+        assert not (run_dir / "status.json").exists()  # nothing of the holder's run was touched
+    finally:
+        holder.kill()
+        holder.wait()
+    with lock.run_folder_lock(run_dir):
+        assert json.loads((run_dir / "lock").read_text())["pid"] == os.getpid()
+    assert (run_dir / "lock").read_text() == ""  # a released lock names nobody
+
+
+def test_a_file_system_without_flock_warns_and_trains(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                      capsys: pytest.CaptureFixture) -> None:  # fmt: skip
+    import fcntl
+
+    import pretrain.run_folder.lock as lock
+
+    def no_flock(*_: object) -> None:
+        raise OSError(errno.ENOLCK, os.strerror(errno.ENOLCK))
+
+    monkeypatch.setattr(fcntl, "flock", no_flock)
+    with lock.run_folder_lock(tmp_path):
+        pass
+    assert f"warning: cannot lock {tmp_path / 'lock'} (No locks available)" in capsys.readouterr().err
 
 
 def test_a_tracker_that_fails_to_start_leaves_status_failed(tmp_path: Path, data_cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -31,6 +31,8 @@ MANIFEST_FILE = "manifest.json"
 """In each checkpoint and snapshot: its files with sizes and checksums (pretrain/run_folder/manifest.py)."""
 SNAPSHOT_MARKER = "COMPLETE"
 """Written last into a snapshot: a reader ignores a folder without it."""
+LOCK_FILE = "lock"
+"""Held (flock) by the main process of the command training in the folder, and naming it (run_folder/lock.py)."""
 STOP_FILE = "STOP"
 """Present: the run stops at its next step boundary with a checkpoint (launch/slurm_pretrain.sbatch writes it on
 SLURM's warning signal; anyone may); the run removes it when it stops."""
