@@ -30,14 +30,14 @@ if __name__ == "__main__":
     FIRST_LINE_STOP = StopRequest()
     FIRST_LINE_STOP.catch()
 
-import contextlib
 import os
+from contextlib import nullcontext
 from pathlib import Path
 
 from pretrain.common.cli import ConfigError, run_cli, to_dict, writable_folder
 from pretrain.common.device import FP16_NEEDS_A_GPU, surely_no_cuda
 from pretrain.config import parse_args
-from pretrain.run_folder.lock import run_folder_lock
+from pretrain.run_folder.lock import StoppedWaiting, run_folder_lock
 from pretrain.run_folder.same_run import check_settings
 from pretrain.tracking.wandb_logging import check_credentials, wandb_mode
 
@@ -65,10 +65,13 @@ def parse_and_run(argv: list[str] | None, stop: StopRequest) -> int:
         check_credentials(wandb_mode(cfg.tracking.wandb_mode), cfg.train.output_dir)
     writable_folder(cfg.train.output_dir, "train.output_dir")  # last: a refused command leaves no folder
     main_process = os.environ.get("RANK", "0") == "0"  # one holder per command: its main process
-    with run_folder_lock(cfg.train.output_dir) if main_process else contextlib.nullcontext():
-        from pretrain.training import run
+    try:
+        with run_folder_lock(cfg.train.output_dir, lambda: stop.reason(False)) if main_process else nullcontext():
+            from pretrain.training import run
 
-        run(cfg, argv, stop)
+            run(cfg, argv, stop)
+    except StoppedWaiting as stopped:  # a stop request, not an error: exit 0, and the other command's folder untouched
+        print(stopped, file=sys.stderr)
     return 0
 
 

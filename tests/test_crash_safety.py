@@ -36,6 +36,7 @@ from pretrain.run_folder.layout import (
     read_metrics,
     read_status,
 )
+from pretrain.run_folder.status import StopRequest
 from pretrain.training import TrainingFailed
 from tests import pretrain_helpers
 from tests.pretrain_helpers import RUN_PY, tiny_args
@@ -299,6 +300,13 @@ def test_a_second_command_in_a_busy_run_folder_is_refused_naming_the_holder(
             main(tiny_args(run_dir, data_cache))
         assert f"{run_dir} is in use (pid {holder.pid}" in capsys.readouterr().err
         assert not (run_dir / "status.json").exists()  # nothing of the holder's run was touched
+        # SIGTERM while waiting (a job cancelled): a stop request, answered at once with exit 0, nothing done
+        monkeypatch.setattr(lock, "WAIT_S", 600.0)
+        stop = StopRequest()
+        stop.signal_name = "SIGTERM"
+        assert main(tiny_args(run_dir, data_cache), stop=stop) == 0
+        assert f"stopped (SIGTERM) while waiting for {run_dir / 'lock'}: nothing was done" in capsys.readouterr().err
+        assert not (run_dir / "status.json").exists()
     finally:
         holder.kill()
         holder.wait()

@@ -17,7 +17,7 @@ import os
 import socket
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO
 
@@ -28,13 +28,17 @@ WAIT_S = 180.0
 """How long a command waits for a busy run folder before it is refused (longer than an NFS lease)."""
 
 
+class StoppedWaiting(Exception):
+    """A stop request (SIGTERM, Ctrl-C) came while the command waited for a busy folder: it did nothing."""
+
+
 @contextlib.contextmanager
-def run_folder_lock(run_dir: str | Path) -> Iterator[None]:
+def run_folder_lock(run_dir: str | Path, stopped: Callable[[], str] = lambda: "") -> Iterator[None]:
     """Hold RUN/lock for the block, naming this process in it; a busy folder raises ConfigError naming the holder
-    after WAIT_S."""
+    after WAIT_S, or StoppedWaiting as soon as ``stopped`` names a stop request."""
     path = Path(run_dir) / LOCK_FILE
     with open(path, "a+") as f:
-        if not _lock(f, path):
+        if not _lock(f, path, stopped):
             yield
             return
         try:
@@ -48,7 +52,7 @@ def run_folder_lock(run_dir: str | Path) -> Iterator[None]:
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
-def _lock(f: IO[str], path: Path) -> bool:
+def _lock(f: IO[str], path: Path, stopped: Callable[[], str]) -> bool:
     """Take the lock (True), waiting up to WAIT_S for a holder; False where the file system has no flock."""
     deadline, told = time.monotonic() + WAIT_S, False
     while True:
@@ -61,6 +65,8 @@ def _lock(f: IO[str], path: Path) -> bool:
             print(f"warning: cannot lock {path} ({err.strerror}): this file system has no flock (Lustre: mount it with "
                   "-o flock), so a second command on this run folder would not be refused", file=sys.stderr)  # fmt: skip
             return False
+        if reason := stopped():
+            raise StoppedWaiting(f"stopped ({reason}) while waiting for {path}: nothing was done")
         if time.monotonic() > deadline:
             raise ConfigError(_busy_message(path, _holder(f)))
         if not told:
