@@ -1,7 +1,7 @@
 """One command at a time in a run folder: the main process holds an exclusive flock on RUN/lock while it trains, so a
 second command on the same folder (a job submitted twice, a requeued job whose first copy still runs) is refused
-with the holder's name instead of resuming from the first one's checkpoints while it writes more. Standard library
-only: pretrain/run.py takes it before it imports torch.
+with the holder's name instead of resuming from the first one's checkpoints while it writes more. Without torch:
+pretrain/run.py takes it before it imports the training.
 
 The lock goes with its process: a killed run blocks nobody for long. On NFS a crashed node's lock lasts until its
 lease ends (about 90 s), so a busy lock is waited for WAIT_S before the command is refused. A file system without
