@@ -260,13 +260,19 @@ def test_a_stale_running_status_reads_as_dead() -> None:
 
 def test_damaged_run_files_are_named_not_read_as_json_errors(tmp_path: Path) -> None:
     """status.json damaged from outside (its writes are atomic) reads as unknown with the reason, so a scheduler that
-    waits for the run is not stopped (the run rewrites it); a damaged run_config.json is refused, naming the file,
-    by the command that would continue the run (exit 2), since the run's settings are then unknown."""
+    waits for the run is not stopped (the run rewrites it); a damaged snapshot.json, and a damaged run_config.json
+    (the command that would continue the run: exit 2), are refused naming the file."""
     (tmp_path / "status.json").write_text('{"status": "runn')
     status = read_status(tmp_path)
     assert status["status"] == "unknown" and f"{tmp_path / 'status.json'} is damaged" in status["message"]
     (tmp_path / "status.json").write_text("[1, 2]")
     assert read_status(tmp_path)["status"] == "unknown"
+    snapshot = tmp_path / "snapshots" / "step_00000005"  # complete, its snapshot.json damaged since
+    snapshot.mkdir(parents=True)
+    (snapshot / "COMPLETE").touch()
+    (snapshot / "snapshot.json").write_text('{"step": 5, "run')
+    with pytest.raises(ValueError, match=r"step_00000005/snapshot\.json is damaged .*restore the snapshot"):
+        list_snapshots(tmp_path)
     (tmp_path / "run_config.json").write_bytes(b"\xff\xfe{")
     with pytest.raises(ValueError, match=r"run_config\.json is damaged .*restore it from a copy"):
         main(["--train.max_steps=2", f"--train.output_dir={tmp_path}"])

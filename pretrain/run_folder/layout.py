@@ -52,6 +52,15 @@ def run_folder_of(step_dir: str | Path) -> Path:
     return Path(step_dir).resolve().parent.parent
 
 
+def _snapshot_info(snapshot: Path) -> dict[str, Any]:
+    path = snapshot / SNAPSHOT_INFO
+    try:
+        return json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:  # written before COMPLETE, atomically: damaged since
+        raise ValueError(f"{path} is damaged ({err}): restore the snapshot from a copy, or move it out of "
+                         f"{snapshot.parent}") from None  # fmt: skip
+
+
 @dataclass(frozen=True)
 class Snapshot:
     """A complete weights-only snapshot of a pretraining run."""
@@ -66,7 +75,7 @@ def list_snapshots(run_dir: str | Path) -> list[Snapshot]:
     """Complete snapshots of a run, by step. Folders without the marker (still being written) are skipped."""
     root = Path(run_dir) / SNAPSHOTS
     complete = [path for path in root.glob("step_*") if (path / SNAPSHOT_MARKER).is_file()]
-    infos = [(path, json.loads((path / SNAPSHOT_INFO).read_text())) for path in complete]
+    infos = [(path, _snapshot_info(path)) for path in complete]
     found = [Snapshot(path=path, step=int(info["step"]), info=info) for path, info in infos]
     return sorted(found, key=lambda s: s.step)
 
