@@ -11,23 +11,23 @@ atomically (pretrain/common/atomic.py); of a job that ran twice (same key), the 
 from __future__ import annotations
 
 import dataclasses
-import datetime
 import fcntl
 import hashlib
 import json
 import os
 import socket
-import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
-from typing import IO, Any, Literal
+from typing import Any, Literal
 
 from pretrain.common import atomic
+from pretrain.common.cli import writable_folder
 from pretrain.common.formats import RESULTS_FORMAT, check_format, stamped
+from pretrain.run_folder.lock import holder, holder_text, name_holder
 
 MANIFESTS, STARTED, DONE, FAILED, LOCK = "manifests", "started", "done", "failed", "lock"
 MOVE_ASIDE = "move it aside and run the command again"
@@ -317,23 +317,19 @@ class ResultsFolder:
         place, as a rename would put a new file beside the locked one. Only the holder writes manifests, so the
         temporary files of a killed holder's writes there go. NFS and Lustre: docs/finetune_files.md."""
         path = self.root / LOCK
-        self.root.mkdir(parents=True, exist_ok=True)
+        writable_folder(self.root, "results_dir")  # made now; one that cannot be written is named, not a traceback
         with open(path, "a+") as f:
             try:
                 fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
-                raise ResultsBusy(_busy_message(self.root, _holder(f))) from None
+                raise ResultsBusy(_busy_message(self.root, holder(f))) from None
             except OSError as err:
                 raise ResultsBusy(
                     f"cannot lock {path} ({err.strerror}): this file system does not support flock (Lustre: mount "
                     "it with -o flock); keep the results folder on one that does"
                 ) from None
             try:
-                f.truncate(0)  # "a+": the write goes to the (new) end
-                since = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
-                f.write(json.dumps({"host": socket.gethostname(), "pid": os.getpid(), "since": since,
-                                    "command": sys.argv, "note": LOCK_NOTE}))  # fmt: skip
-                f.flush()
+                name_holder(f, note=LOCK_NOTE)
                 stat = os.fstat(f.fileno())
                 self._held = (stat.st_dev, stat.st_ino)
                 for tmp in (self.root / MANIFESTS).glob(".*.tmp"):
@@ -472,25 +468,10 @@ def _listed(manifest: Manifest, task: int, job: ManifestJob, started: set[str]) 
     return replace(state, status="queued", attempts=job.attempt - 1)
 
 
-def _holder(f: IO[str], wait_s: float = 2.0) -> str:
-    """The lock file's content; a holder that took the lock this instant writes its name right after, so a file
-    that names nobody yet is read again for up to ``wait_s``."""
-    deadline = time.monotonic() + wait_s
-    while True:
-        f.seek(0)
-        recorded = f.read()
-        if recorded.endswith("}") or time.monotonic() > deadline:
-            return recorded
-        time.sleep(0.05)
-
-
-def _busy_message(root: Path, recorded: str) -> str:
-    try:
-        holder = json.loads(recorded)
-        who = f"pid {holder['pid']} on {holder['host']}, running since {holder['since']}"
-        stop = f"stop it (kill {holder['pid']} on {holder['host']})"
-    except (ValueError, KeyError, TypeError):  # it took the lock this instant and has not written its name yet
-        who, stop = "a process that has just started", "stop it"
+def _busy_message(root: Path, named: dict[str, Any] | None) -> str:
+    who = holder_text(named)
+    known = named is not None and {"pid", "host"} <= named.keys()
+    stop = f"stop it (kill {named['pid']} on {named['host']})" if known else "stop it"
     return (
         f"results folder {root} is in use by another scheduler ({who}; lock file {root / LOCK}). Two schedulers on "
         f"one folder would run its jobs twice. Let that one finish, or {stop} and run this command again (it "

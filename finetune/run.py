@@ -30,7 +30,7 @@ from finetune.glue import load_task
 from finetune.manifest import ResultsBusy, ResultsFolder, Runtime
 from finetune.schedule import NoProgress, collect, job_lines, lifted, retried, runnable, submit, wandb_settings
 from finetune.worker import check_model_name, check_snapshot, describe_model, job_specs
-from pretrain.common.cli import ConfigError, parse, require, run_cli, writable_folder
+from pretrain.common.cli import ConfigError, parse, require, run_cli
 from pretrain.run_folder.layout import SNAPSHOTS, TRAIN_STATE_FILE, list_snapshots, run_folder_of
 from pretrain.tracking.wandb_logging import check_wandb
 
@@ -114,7 +114,6 @@ def run(config: RunConfig) -> list[dict[str, Any]]:
     specs = job_specs(describe_model(config.model), config.task, config.lrs, config.seeds, config.recipe)
     check_max_length(AutoConfig.from_pretrained(config.model), config.recipe.max_length, config.model)
     check_loads(config.model)
-    writable_folder(config.results_dir, "results_dir")  # last: a refused command leaves no folder
     with folder.lock():
         backend = InProcess()
         collect(folder, backend)  # the jobs of an earlier run that was killed in them are queued again

@@ -53,7 +53,7 @@ from finetune.manifest import (
     recipe_hash,
 )
 from finetune.worker import describe_model, files_stamp, job_specs
-from pretrain.common.cli import parse_command, require, run_cli, writable_folder
+from pretrain.common.cli import parse_command, require, run_cli
 from pretrain.run_folder.identity import read_run_id
 from pretrain.run_folder.layout import DEAD_AFTER_S, TERMINAL_STATUSES, is_dead, list_snapshots, read_status
 from pretrain.tracking.wandb_logging import WandbSettings, check_wandb
@@ -490,7 +490,6 @@ def schedule(config: ScheduleConfig) -> list[JobState]:
         for task in config.tasks:
             load_task(task, config.data_dir)
     check_wandb(wandb_settings(config))
-    writable_folder(config.results_dir, "results_dir")
     folder = ResultsFolder(config.results_dir)
     with folder.lock():
         return _schedule(config, folder)

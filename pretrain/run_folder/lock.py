@@ -19,7 +19,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 from pretrain.common.cli import ConfigError
 from pretrain.run_folder.layout import LOCK_FILE, STOP_FILE
@@ -42,14 +42,41 @@ def run_folder_lock(run_dir: str | Path, stopped: Callable[[], str] = lambda: ""
             yield
             return
         try:
-            f.truncate(0)  # "a+": the write goes to the (new) end
-            since = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
-            f.write(json.dumps({"host": socket.gethostname(), "pid": os.getpid(), "since": since, "command": sys.argv}))
-            f.flush()
+            name_holder(f)
             yield
         finally:
             f.truncate(0)  # a released lock names nobody
             fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def name_holder(f: IO[str], **extra: Any) -> None:
+    """Write into the lock file ``f`` (open "a+", locked) who holds it: host, pid, start, command, and ``extra``. In
+    place: a rename would put a new file beside the locked one."""
+    f.truncate(0)  # "a+": the write goes to the (new) end
+    since = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
+    f.write(json.dumps({"host": socket.gethostname(), "pid": os.getpid(), "since": since, "command": sys.argv,
+                        **extra}))  # fmt: skip
+    f.flush()
+
+
+def holder(f: IO[str], wait_s: float = 2.0) -> dict[str, Any] | None:
+    """Who holds the lock, as its file ``f`` names them; a holder that took it this instant writes its name right
+    after, so a file that names nobody is read again for up to ``wait_s`` (then None)."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        f.seek(0)
+        with contextlib.suppress(ValueError):
+            named = json.loads(f.read())
+            return named if isinstance(named, dict) else None
+        if time.monotonic() > deadline:
+            return None
+        time.sleep(0.05)
+
+
+def holder_text(named: dict[str, Any] | None) -> str:
+    if named is None or not {"pid", "host", "since"} <= named.keys():
+        return "a process that has just started"
+    return f"pid {named['pid']} on {named['host']}, running since {named['since']}"
 
 
 def _lock(f: IO[str], path: Path, stopped: Callable[[], str]) -> bool:
@@ -68,26 +95,15 @@ def _lock(f: IO[str], path: Path, stopped: Callable[[], str]) -> bool:
         if reason := stopped():
             raise StoppedWaiting(f"stopped ({reason}) while waiting for {path}: nothing was done")
         if time.monotonic() > deadline:
-            raise ConfigError(_busy_message(path, _holder(f)))
+            raise ConfigError(_busy_message(path, holder_text(holder(f))))
         if not told:
-            print(f"{path.parent} is in use ({_holder(f) or 'a process that has just started'}); waiting up to "
-                  f"{WAIT_S:.0f} s for it", file=sys.stderr, flush=True)  # fmt: skip
+            print(f"{path.parent} is in use ({holder_text(holder(f))}); waiting up to {WAIT_S:.0f} s for it",
+                  file=sys.stderr, flush=True)  # fmt: skip
             told = True
         time.sleep(1.0)
 
 
-def _holder(f: IO[str]) -> str:
-    """Who holds the lock, as its file says ("" while a holder that took it this instant has not written it)."""
-    f.seek(0)
-    try:
-        holder = json.loads(f.read())
-        return f"pid {holder['pid']} on {holder['host']}, running since {holder['since']}"
-    except (ValueError, KeyError, TypeError):
-        return ""
-
-
-def _busy_message(path: Path, holder: str) -> str:
-    who = holder or "a process that has just started"
+def _busy_message(path: Path, who: str) -> str:
     return (
         f"train.output_dir={str(path.parent)!r} is in use by another command ({who}; lock file {path}). Two commands "
         f"in one run folder would write the same checkpoints. Let that one finish, or stop it (touch "
