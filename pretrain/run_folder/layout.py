@@ -88,8 +88,7 @@ def read_run_config(run_dir: str | Path, fix: str) -> dict[str, Any]:
     try:
         payload = json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as err:  # its writes are atomic: damaged from outside
-        raise ValueError(f"{path} is damaged ({err}): the run's settings are unknown; restore it from a copy, or "
-                         f"start a new run in another --train.output_dir") from None  # fmt: skip
+        raise ValueError(f"{path} is damaged ({err}): the run's settings are unknown; restore it from a copy") from None
     check_format(payload, path, RUN_FORMAT, fix)
     return {k: v for k, v in payload.items() if k != FORMAT_KEY}
 
