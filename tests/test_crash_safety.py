@@ -336,6 +336,19 @@ def test_a_file_system_without_flock_warns_and_trains(tmp_path: Path, monkeypatc
     assert f"warning: cannot lock {tmp_path / 'lock'} (No locks available)" in capsys.readouterr().err
 
 
+def test_a_full_disk_leaves_the_lock_held_naming_nobody(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The holder's name is for the next command's message: a full disk there must not stop the run before its own
+    handling of a full disk (a clean stop, exit 0) can answer."""
+    import pretrain.run_folder.lock as lock
+
+    def full(*_: object) -> int:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(lock.os, "write", full)
+    with lock.run_folder_lock(tmp_path), open(tmp_path / "lock") as f:
+        assert f.read() == "" and lock.holder(f, wait_s=0) is None
+
+
 def test_a_tracker_that_fails_to_start_leaves_status_failed(tmp_path: Path, data_cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     def broken(*args: object) -> None:
         raise RuntimeError("wandb: network unreachable")

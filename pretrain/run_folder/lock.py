@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
+from pretrain.common.atomic import NO_ROOM_ERRNOS
 from pretrain.common.cli import ConfigError
 from pretrain.run_folder.layout import LOCK_FILE, STOP_FILE
 
@@ -51,12 +52,17 @@ def run_folder_lock(run_dir: str | Path, stopped: Callable[[], str] = lambda: ""
 
 def name_holder(f: IO[str], **extra: Any) -> None:
     """Write into the lock file ``f`` (open "a+", locked) who holds it: host, pid, start, command, and ``extra``. In
-    place: a rename would put a new file beside the locked one."""
+    place: a rename would put a new file beside the locked one. Unbuffered, and a full disk leaves it naming nobody:
+    the lock is held all the same, and the command's own handling of a full disk follows."""
     f.truncate(0)  # "a+": the write goes to the (new) end
     since = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
-    f.write(json.dumps({"host": socket.gethostname(), "pid": os.getpid(), "since": since, "command": sys.argv,
-                        **extra}))  # fmt: skip
-    f.flush()
+    named = json.dumps({"host": socket.gethostname(), "pid": os.getpid(), "since": since, "command": sys.argv, **extra})
+    try:
+        os.write(f.fileno(), named.encode())
+    except OSError as err:
+        if err.errno not in NO_ROOM_ERRNOS:
+            raise
+        f.truncate(0)
 
 
 def holder(f: IO[str], wait_s: float = 2.0) -> dict[str, Any] | None:
