@@ -15,7 +15,8 @@ runs them in this process) or ``slurm`` (one ``sbatch`` job array per manifest).
 ``--mode=once`` runs the jobs of the snapshots that exist until each is done or failed ``max_attempts`` times;
 ``--mode=follow`` also picks up new snapshots until every run is finished, diverged, failed or dead (its heartbeat
 older than ``dead_after_min``), or until ``--until``. The exit code is 1 when jobs failed every attempt, or for good
-on a refused or deleted snapshot (listed with their errors); ``--retry_failed=true`` queues them again. It is 2, with
+on a refused or deleted snapshot, or when a snapshot's snapshot.json or manifest is damaged (its jobs wait until it
+is restored; the others run): all listed with their errors; ``--retry_failed=true`` queues failed jobs again. It is 2, with
 what to do, on bad input, a folder another scheduler holds, a file of it that a task never writes, or jobs submitted
 MAX_REPEATS times without running. It prints one line per job as it ends, and the cost of the jobs before starting
 them (docs/finetuning.md).
@@ -52,7 +53,7 @@ from finetune.manifest import (
     Runtime,
     recipe_hash,
 )
-from finetune.worker import describe_model, files_stamp, job_specs
+from finetune.worker import SnapshotRefused, describe_model, files_stamp, job_specs
 from pretrain.common.cli import parse_command, require, run_cli
 from pretrain.run_folder.identity import read_run_id
 from pretrain.run_folder.layout import DEAD_AFTER_S, TERMINAL_STATUSES, is_dead, list_snapshots, read_status
@@ -141,19 +142,33 @@ def parse_until(value: str, now: float | None = None) -> float:
 # --- Discovering jobs, and the state of the pretraining runs ---------------------------------------
 
 
-def discover(config: ScheduleConfig) -> list[JobSpec]:
+@dataclass(frozen=True)
+class Discovered:
+    """What ``discover`` finds: the jobs of every complete snapshot, and the snapshots refused as they are ({folder:
+    why}: a file their jobs are keyed by damaged since, or another format version), whose jobs wait until they are
+    restored while the others run."""
+
+    specs: list[JobSpec]
+    refused: dict[str, str]
+
+
+def discover(config: ScheduleConfig) -> Discovered:
     """The jobs of every complete snapshot of every run (snapshots without the COMPLETE marker are skipped)."""
-    specs = []
+    specs, refused = [], {}
     for run in config.runs:
         run_dir = Path(run).resolve()
         if not run_dir.is_dir():
             continue  # follow mode: the run has not started yet
         read_run_id(run_dir)  # a folder without an identity is refused here, with the reason
         for snapshot in list_snapshots(run_dir):
-            model = describe_model(snapshot.path)
+            try:
+                model = describe_model(snapshot.path)
+            except SnapshotRefused as err:
+                refused[str(snapshot.path)] = str(err)
+                continue
             for task in config.tasks:
                 specs += job_specs(model, task, config.lrs, config.seeds, config.recipe)
-    return list({spec.key: spec for spec in specs}.values())  # a run given twice is one run
+    return Discovered(list({spec.key: spec for spec in specs}.values()), refused)  # a run given twice is one run
 
 
 def vanished(config: ScheduleConfig, jobs: dict[str, JobState], found: list[JobSpec]) -> list[JobSpec]:
@@ -324,9 +339,9 @@ def cost_line(config: ScheduleConfig, jobs: dict[str, JobState], specs: list[Job
     return line + f"about {max(1, round(wall / 60))} min with {workers}"
 
 
-def print_failures(failures: list[JobState]) -> None:
+def print_failures(failures: list[JobState], snapshots: dict[str, str] | None = None) -> None:
     """The jobs that failed for good, with their errors: those out of attempts, then those of a snapshot refused or
-    gone."""
+    gone; then the ``snapshots`` refused before their jobs were planned ({folder: why})."""
     refused = ("failed for good: their snapshot was refused or is gone (not tried again until its files change, e.g. "
                "restored from a copy)")  # fmt: skip
     for permanent, title in ((False, "failed every attempt"), (True, refused)):
@@ -337,6 +352,10 @@ def print_failures(failures: list[JobState]) -> None:
             spec, tries = state.spec, f"{state.attempts} attempt{'s' * (state.attempts != 1)}"
             print(f"  {spec.run_name} [{spec.run_id}] step {spec.pretrain_step} {spec.task} lr={spec.lr:g} "
                   f"seed={spec.seed} ({tries}): {state.error}", file=sys.stderr)  # fmt: skip
+    if snapshots:
+        print(f"{len(snapshots)} snapshot(s) refused, their jobs not planned (until restored):", file=sys.stderr)
+    for path, why in sorted((snapshots or {}).items()):
+        print(f"  {path}: {why}", file=sys.stderr)
     print("fix the cause and queue them again with --retry_failed=true", file=sys.stderr)
 
 
@@ -479,8 +498,18 @@ def requeue_after_interrupt(folder: ResultsFolder) -> int:
     return sum(s.status == "queued" and s.submission in stopped for s in folder.jobs().values())
 
 
-def schedule(config: ScheduleConfig) -> list[JobState]:
-    """Run the jobs of complete snapshots, once or until the runs end; returns the jobs that failed for good.
+@dataclass(frozen=True)
+class Left:
+    """What a scheduler leaves undone when it stops."""
+
+    failures: list[JobState]
+    """The wanted jobs that failed for good or every attempt."""
+    refused: dict[str, str]
+    """The snapshots refused at its last pass ({folder: why}), whose jobs it did not plan."""
+
+
+def schedule(config: ScheduleConfig) -> Left:
+    """Run the jobs of complete snapshots, once or until the runs end; returns what it leaves undone.
     One scheduler per results folder: a second one stops with ResultsBusy, naming the first."""
     # The user's input fails here rather than in every job: run folders and (local) GLUE files must exist.
     missing = [r for r in config.runs if not Path(r).is_dir()]
@@ -495,7 +524,7 @@ def schedule(config: ScheduleConfig) -> list[JobState]:
         return _schedule(config, folder)
 
 
-def _schedule(config: ScheduleConfig, folder: ResultsFolder) -> list[JobState]:
+def _schedule(config: ScheduleConfig, folder: ResultsFolder) -> Left:
     lines = job_lines(folder, config.max_attempts)
     wanted: list[JobSpec] = []
     unmeasured = False  # a cost line went out without a measured time per step: the first finished job gives it
@@ -517,13 +546,17 @@ def _schedule(config: ScheduleConfig, folder: ResultsFolder) -> list[JobState]:
     runtime = runtime_settings(config)
     deadline = parse_until(config.until) if config.until else None
     resets: dict[str, JobState] = {}
+    refused: dict[str, str] = {}
     found, printed, first, rerun, history = set(), "", True, set(), Counter()
     try:
         while True:
             # Whether the runs ended is read before looking for snapshots, so none written before the end is missed.
             ended = runs_ended(config) if config.mode == "follow" else {}
             live = collect(folder, backend, config.slurm)
-            wanted = discover(config)
+            discovered = discover(config)
+            for path, why in discovered.refused.items() - refused.items():
+                print(f"snapshot {path} is refused, its jobs wait until it is restored: {why}", file=sys.stderr)
+            wanted, refused = discovered.specs, discovered.refused
             jobs = follow()
             wanted += vanished(config, jobs, wanted)
             if config.retry_failed and first:
@@ -565,7 +598,7 @@ def _schedule(config: ScheduleConfig, folder: ResultsFolder) -> list[JobState]:
         print("\nresults (finished jobs; python -m finetune.report draws Figure 5 from them):", flush=True)
         print("\n".join(results), flush=True)
     failed = [jobs.get(spec.key) for spec in wanted]
-    return [s for s in failed if s is not None and column(s, config.max_attempts) == "failed"]
+    return Left([s for s in failed if s is not None and column(s, config.max_attempts) == "failed"], refused)
 
 
 # --- Command line ---------------------------------------------------------------------------------
@@ -585,7 +618,7 @@ def main(argv: list[str] | None = None) -> int:
             print_failures(sorted(failures, key=lambda s: (s.spec.run_name, s.spec.pretrain_step, s.spec.label)))
         return 0
     try:
-        failures = schedule(config)
+        left = schedule(config)
     except SlurmError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
@@ -594,8 +627,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\ninterrupted: {stopped.args[0]} unfinished job(s) queued again (not counted as failed attempts)"
               f"{kept}. Run the same command to continue.", file=sys.stderr)  # fmt: skip
         return 130
-    if failures:
-        print_failures(failures)
+    if left.failures or left.refused:
+        print_failures(left.failures, left.refused)
         return 1
     return 0
 

@@ -31,6 +31,7 @@ from pretrain.run_folder.layout import (
     SNAPSHOT_MARKER,
     SNAPSHOTS,
     list_snapshots,
+    read_snapshot_info,
     run_folder_of,
 )
 from pretrain.run_folder.manifest import SNAPSHOT_FIX, ManifestError, sha256_file, verify_manifest
@@ -124,7 +125,10 @@ def snapshot_hash(model_dir: Path) -> str:
     (sizes and checksums written by pretraining); of a plain save_pretrained folder, of its config and weights."""
     manifest = model_dir / MANIFEST_FILE
     if manifest.is_file():
-        payload = json.loads(manifest.read_text())
+        try:
+            payload = json.loads(manifest.read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError) as err:  # written atomically: damaged since
+            raise ValueError(f"{manifest} is damaged ({err}): restore the snapshot from a copy") from None
         check_format(payload, manifest, RUN_FORMAT, SNAPSHOT_FIX)
         files = payload["files"]
     else:
@@ -163,20 +167,25 @@ def hub_model(name: str) -> Model:
 
 def describe_model(model: str | Path) -> Model:
     """The model of a job: a snapshot (with snapshot.json) belongs to its run; any other folder (or a snapshot copied
-    out of its run) is a run of its own, named by its content; a name that is not a folder is a Hub model."""
+    out of its run) is a run of its own, named by its content; a name that is not a folder is a Hub model. A snapshot
+    whose snapshot.json or manifest was damaged since it was written, or of another format version: SnapshotRefused."""
     path = Path(model)
     if not path.is_dir():
         return hub_model(str(model))
     check_not_a_run_folder(path)
-    info = _read_json(path / SNAPSHOT_INFO)
-    run_dir = run_folder_of(path) if info else path.resolve()
-    content = snapshot_hash(path)
+    try:
+        info, config, content = read_snapshot_info(path), _read_json(path / "config.json"), snapshot_hash(path)
+    except FormatVersionError as err:  # its message says what to do
+        raise SnapshotRefused(str(err)) from None
+    except (ValueError, KeyError, TypeError) as err:
+        raise SnapshotRefused(f"{str(path)!r} cannot be fine-tuned: {err}") from None
+    snapshot = (path / SNAPSHOT_INFO).is_file()
+    run_dir = run_folder_of(path) if snapshot else path.resolve()
     run_id = f"model-{content}"
-    if info and (run_dir / RUN_ID_FILE).is_file():  # else a snapshot copied out of its run folder
+    if snapshot and (run_dir / RUN_ID_FILE).is_file():  # else a snapshot copied out of its run folder
         run_id = read_run_id(run_dir)
-    placement = _placement(info, _read_json(path / "config.json"))
     return Model(run_id=run_id, run_name=str(info.get("run_name", run_dir.name)), run_dir=str(run_dir),
-                 placement=placement, pretrain_step=int(info.get("step", -1)), tokens_seen=info.get("tokens_seen"),
+                 placement=_placement(info, config), pretrain_step=int(info.get("step", -1)), tokens_seen=info.get("tokens_seen"),
                  model_path=str(path.resolve()), snapshot_hash=content)  # fmt: skip
 
 

@@ -62,7 +62,6 @@ from pretrain.run_folder.checkpointing import (
     TrainState,
     as_disk_full,
     check_continuable,
-    checkpoint_step,
     fault_point,
     free_space_problem,
     keep_model_names,
@@ -714,7 +713,7 @@ def pretrain(cfg: PretrainConfig, argv: list[str] | None = None, stop: StopReque
     if resume_from is not None:
         check_continuable(resume_from, same_run, cfg.train.global_batch_size(accelerator.num_processes),
                           accelerator.num_processes, deepspeed=env_flag("ACCELERATE_USE_DEEPSPEED"))  # fmt: skip
-    state = TrainState(step=checkpoint_step(resume_from) if resume_from else 0)  # until the checkpoint is loaded
+    state = TrainState(step=layout.folder_step(resume_from) if resume_from else 0)  # until the checkpoint is loaded
     # A collective: every process has checked the directory before the main one writes.
     if reason := stop_reason(accelerator, stop):
         return stopped_before_training(accelerator, cfg, state.step, reason, stop)

@@ -271,8 +271,10 @@ def test_damaged_run_files_are_named_not_read_as_json_errors(tmp_path: Path) -> 
     snapshot.mkdir(parents=True)
     (snapshot / "COMPLETE").touch()
     (snapshot / "snapshot.json").write_text('{"step": 5, "run')
+    (listed,) = list_snapshots(tmp_path)  # by the folder's name: a damaged file is named where it is read
+    assert listed.step == 5
     with pytest.raises(ValueError, match=r"step_00000005/snapshot\.json is damaged .*restore the snapshot"):
-        list_snapshots(tmp_path)
+        listed.info  # noqa: B018
     (tmp_path / "run_config.json").write_bytes(b"\xff\xfe{")
     with pytest.raises(ValueError, match=r"run_config\.json is damaged .*restore it from a copy"):
         main(["--train.max_steps=2", f"--train.output_dir={tmp_path}"])

@@ -208,7 +208,7 @@ def test_one_job_key_for_a_snapshot_however_it_is_found(tmp_path: Path) -> None:
     assert described.run_name == "post_ln" and described.placement == "post"  # run folder; config.json
     assert described.run_dir == str(run_dir.resolve()) and described.pretrain_step == 10
     (spec,) = job_specs(described, "mrpc", [1e-3], [0], FinetuneConfig())
-    assert discovered == [spec]
+    assert discovered.specs == [spec] and not discovered.refused
 
 
 def test_a_snapshots_hash_is_read_from_its_manifest(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -22,7 +22,7 @@ import pytest
 
 from finetune.manifest import ManifestJob, ResultsFolder
 from finetune.report import ReportConfig, report
-from finetune.schedule import ScheduleConfig, main, parse_until, run_state, schedule, status_lines
+from finetune.schedule import Left, ScheduleConfig, main, parse_until, run_state, schedule, status_lines
 from pretrain.run_folder.manifest import write_manifest
 from tests.fake_slurm import FakeSlurm
 from tests.finetune_fixtures import FIXTURE_GLUE, QUICK, config_for, job_spec, make_run, results
@@ -97,7 +97,7 @@ def test_preempted_task_is_requeued_by_slurm_and_every_job_is_done_once(tmp_path
     slurm.wait_until(lambda: any(f["worker"].get("slurm_array_task_id") == "0" for f in done_files(config).values()))
     slurm.preempt("1000_0")
     thread.join(timeout=300)
-    assert out == [[]]  # no job failed for good
+    assert out == [Left([], {})]  # no job failed for good
     assert slurm.tasks()["1000_0"]["runs"] == 2 and slurm.tasks()["1000_0"]["state"] == "COMPLETED"
     assert len(slurm.calls()) == 1  # SLURM requeued the task: the scheduler submitted nothing again
     done = rows(config, "done")
@@ -119,7 +119,7 @@ def test_task_preempted_without_requeue_is_found_and_resubmitted(tmp_path: Path,
     slurm.wait_until(lambda: slurm.tasks().get("1000_0", {}).get("state") == "RUNNING")
     slurm.preempt("1000_0")  # before the task wrote any result
     thread.join(timeout=300)
-    assert out == [[]]
+    assert out == [Left([], {})]
     assert [c["job"] for c in slurm.calls()] == [1000, 1001]  # the missing results were submitted again
     done = rows(config, "done")
     # Only a job the preempted task had started is charged the attempt; one it never reached is not.
@@ -138,7 +138,7 @@ def test_duplicate_copies_and_a_task_run_twice_record_each_job_once(
     run_dir = make_run(tmp_path, "pre_ln", "pre", steps=(10,))
     config = slurm_config(tmp_path, [run_dir], seeds=[0, 1])
     monkeypatch.setenv("FAKE_SLURM_COPIES", "2")  # the task runs twice at once, on "two nodes"
-    assert schedule(config) == []
+    assert schedule(config) == Left([], {})
     # The scheduler prints each job's line once, as it reads its result file; the task's log has them too.
     lines = re.findall(r"^done mrpc lr=0\.001 seed=(\d) step=10 \(pre_ln\) acc [\d.]+ in \d+ s$", capsys.readouterr().out,
                        re.M)  # fmt: skip
@@ -172,12 +172,12 @@ def test_a_scheduler_started_again_has_nothing_to_redo(tmp_path: Path) -> None:
     (bad / "snapshots" / "step_00000010" / "model.safetensors").write_bytes(b"not a safetensors file")
     write_manifest(bad / "snapshots" / "step_00000010")  # as its run wrote it: retried, not refused for good
     config = config_for(tmp_path, [good, bad], seeds=[0, 1], max_attempts=2)
-    failures = schedule(config)
+    failures = schedule(config).failures
     assert len(failures) == 2 and all(f.attempts == 2 and "Error" in f.error for f in failures)
     before = rows(config)
     assert sorted(r["status"] for r in before) == ["done"] * 4 + ["failed"] * 2
     submissions = len(folder(config).manifests())
-    assert len(schedule(config)) == 2  # the same command again: the files say what is done and what failed
+    assert len(schedule(config).failures) == 2  # the same command again: the files say what is done and what failed
     assert len(folder(config).manifests()) == submissions and rows(config) == before
 
 
@@ -187,7 +187,7 @@ def test_two_runs_of_one_name_stay_apart_and_a_moved_run_keeps_its_results(tmp_p
     b = make_run(tmp_path / "b", "post_ln", "post", steps=(10,))
     c = make_run(tmp_path / "c", "post_ln", "post", steps=(10,))  # never fine-tuned
     config = config_for(tmp_path, [a, b], seeds=[0, 1])
-    assert schedule(config) == []
+    assert schedule(config) == Left([], {})
     done = rows(config, "done")
     assert len(done) == 4 and len({r["run_id"] for r in done}) == 2
     assert len(status_lines(folder(config).jobs(), 3)) == 4  # two lines in the status table, not one
@@ -199,7 +199,7 @@ def test_two_runs_of_one_name_stay_apart_and_a_moved_run_keeps_its_results(tmp_p
     assert all(p["seeds"] == 2 for p in points.values())
     # A run folder moved elsewhere is the same run: no new jobs, and the report still finds its results.
     moved = shutil.move(str(a), str(tmp_path / "elsewhere"))
-    assert schedule(config_for(tmp_path, [Path(moved)], seeds=[0, 1])) == []
+    assert schedule(config_for(tmp_path, [Path(moved)], seeds=[0, 1])) == Left([], {})
     assert len(rows(config)) == 4
     result = report(ReportConfig(runs=[moved], results_dir=config.results_dir, out=str(tmp_path / "fig2")))
     assert [p["seeds"] for p in result["points"]] == [2]
@@ -261,14 +261,14 @@ def test_follow_ends_on_a_dead_run_and_at_until(tmp_path: Path, capsys: pytest.C
     run_dir = make_run(tmp_path, "pre_ln", "pre", steps=(10,), status="running")
     config = config_for(tmp_path, [run_dir], mode="follow", dead_after_min=1)
     assert run_state(run_dir, 1) == "running"
-    assert schedule(config_for(tmp_path, [run_dir], mode="follow", until="1s")) == []  # alive: --until ends it
+    assert schedule(config_for(tmp_path, [run_dir], mode="follow", until="1s")) == Left([], {})  # alive: --until ends it
     assert "stopping at --until" in capsys.readouterr().out
     # It crashed without saying so: status.json still says running, but its heartbeat is 2 minutes old.
     status = json.loads((run_dir / "status.json").read_text())
     stale = datetime.datetime.fromtimestamp(time.time() - 120, datetime.timezone.utc).isoformat()
     (run_dir / "status.json").write_text(json.dumps({**status, "updated": stale}))
     assert run_state(run_dir, 1) == "dead" and run_state(run_dir, 3) == "running"
-    assert schedule(config) == []
+    assert schedule(config) == Left([], {})
     assert f"every run ended: {run_dir} dead" in capsys.readouterr().out
     assert len(rows(config, "done")) == 1
 
@@ -315,7 +315,7 @@ def test_killed_scheduler_stops_its_workers_and_a_restart_records_each_job_once(
     # The worker processes (not the scheduler) wrote them: the local "array" runs the same task code as SLURM.
     # (A worker still importing torch when the scheduler died runs no job at all.)
     assert {f["worker"]["pid"] for f in done_files(config).values()} <= set(workers) and len(workers) == 2
-    assert schedule(config) == []  # the restart, with two local workers again, finishes the rest
+    assert schedule(config) == Left([], {})  # the restart, with two local workers again, finishes the rest
     assert len(done_files(config)) == 6 and len(rows(config, "done")) == 6
 
 

@@ -36,6 +36,7 @@ from finetune.manifest import (
     load_manifest,
 )
 from finetune.schedule import (
+    Left,
     ScheduleConfig,
     collect,
     discover,
@@ -97,7 +98,7 @@ def done_rows(config: ScheduleConfig) -> list[dict[str, Any]]:
 def pass_with(config: ScheduleConfig, backend: Any) -> int:
     """One pass of a scheduler on ``backend``: ended tasks recorded, then the runnable jobs submitted."""
     collect(folder(config), InProcess())
-    todo = runnable(folder(config).jobs(), discover(config), config.max_attempts)
+    todo = runnable(folder(config).jobs(), discover(config).specs, config.max_attempts)
     return submit(folder(config), backend, runtime_settings(config), todo)
 
 
@@ -125,7 +126,7 @@ def test_once_runs_complete_snapshots_and_skips_done_work(tmp_path: Path, capsys
     assert re.search(r"\] jobs: 0/4 done, 0 running, 4 queued, 0 failed\n", out)
     assert re.search(r"\] jobs: 4/4 done, 0 running, 0 queued, 0 failed", out)
     assert re.search(r"results \(finished jobs.*\n.*accuracy +majority +dev loss\n(post_ln +10 mrpc .*%.*\n)", out)
-    assert schedule(config) == []  # a second pass finds everything done
+    assert schedule(config) == Left([], {})  # a second pass finds everything done
     assert "jobs to run" not in capsys.readouterr().out
     assert len(submitted(config)) == 4
     assert main(["status", "--results_dir", config.results_dir]) == 0
@@ -166,7 +167,7 @@ def test_killed_scheduler_loses_no_job_and_repeats_none(tmp_path: Path) -> None:
     process.wait()
     (state,) = folder(config).jobs().values()
     assert (state.status, state.attempts) == ("submitted", 1)
-    assert schedule(config) == []  # the restart finds the dead scheduler's job without a result and runs it
+    assert schedule(config) == Left([], {})  # the restart finds the dead scheduler's job without a result and runs it
     (row,) = done_rows(config)
     assert row["attempts"] == 1  # in-process, the job died with its scheduler: that attempt is not counted
     assert submitted(config) == [(0, 1), (0, 1)]
@@ -241,7 +242,7 @@ def test_scheduler_kills_charge_no_attempt_to_queued_jobs_or_the_job_in_hand(tmp
         assert pass_with(config, NeverRuns()) == 3
         manifest = manifests(config)[-1]
         folder(config).write_started(manifest.jobs[0], manifest.submission)  # each killed inside its first job
-    assert schedule(config) == []  # the same command again finishes every job
+    assert schedule(config) == Left([], {})  # the same command again finishes every job
     rows = sorted(done_rows(config), key=lambda r: r["seed"])
     assert [(r["seed"], r["attempts"]) for r in rows] == [(0, 1), (1, 1), (2, 1)]
     assert submitted(config) == [(0, 1), (1, 1), (2, 1)] * 6  # every submission was the first attempt
@@ -278,11 +279,11 @@ def test_failing_job_is_recorded_and_retried_up_to_max_attempts(tmp_path: Path) 
     (snapshot / "model.safetensors").write_bytes(b"not a safetensors file")
     write_manifest(snapshot)  # written so by its run: the snapshot is not refused, its weights fail to load
     config = config_for(tmp_path, [run_dir], max_attempts=2)
-    (failure,) = schedule(config)
+    (failure,) = schedule(config).failures
     (state,) = folder(config).jobs().values()
     assert state == failure and (state.status, state.attempts, state.permanent) == ("failed", 2, False)
     assert "Error" in state.error and len(state.error) > 10
-    assert len(schedule(config)) == 1  # attempts used up: not tried again
+    assert len(schedule(config).failures) == 1  # attempts used up: not tried again
     assert submitted(config) == [(0, 1), (0, 2)]
     assert len(os.listdir(Path(config.results_dir) / "failed")) == 2  # one failure file per attempt
 
@@ -307,7 +308,7 @@ def test_a_damaged_snapshot_fails_its_jobs_once_for_good_until_it_is_restored(
     run_dir = make_run(tmp_path, "post_ln", "post", steps=(10,))
     original = damage(run_dir / "snapshots" / "step_00000010" / "model.safetensors")
     config = config_for(tmp_path, [run_dir], seeds=[0, 1], max_attempts=3)
-    failures = schedule(config)
+    failures = schedule(config).failures
     assert [(f.status, f.attempts, f.permanent) for f in failures] == [("failed", 1, True)] * 2
     assert "damaged snapshot" in failures[0].error and "model.safetensors does not match its checksum" in failures[0].error
     assert submitted(config) == [(0, 1), (1, 1)]
@@ -320,14 +321,37 @@ def test_a_damaged_snapshot_fails_its_jobs_once_for_good_until_it_is_restored(
     assert main(["status", f"--results_dir={config.results_dir}", "--max_attempts=5"]) == 0
     assert capsys.readouterr().out.splitlines()[-1].split()[1:] == ["0", "0", "0", "2", "0"]
     # --retry_failed still tries them (the user says the cause is fixed): once each, for good again.
-    assert len(schedule(config_for(tmp_path, [run_dir], seeds=[0, 1], retry_failed=True))) == 2
+    assert len(schedule(config_for(tmp_path, [run_dir], seeds=[0, 1], retry_failed=True)).failures) == 2
     assert submitted(config) == [(0, 1), (1, 1)] * 2
     # Restored from a copy: its files changed, so the same command runs its jobs, from a fresh count.
     (run_dir / "snapshots" / "step_00000010" / "model.safetensors").write_bytes(original)
-    assert schedule(config) == []
+    assert schedule(config) == Left([], {})
     assert sorted((r["seed"], r["attempts"]) for r in done_rows(config)) == [(0, 1), (1, 1)]
     assert submitted(config) == [(0, 1), (1, 1)] * 3
     assert "2 job(s) that failed for good run again: their snapshot's files changed" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("name", ["snapshot.json", "manifest.json"])
+def test_a_snapshot_whose_key_files_were_damaged_waits_and_the_others_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], name: str
+) -> None:
+    """snapshot.json and manifest.json give a snapshot's jobs their keys: damaged since the snapshot was complete, its
+    jobs cannot be planned. That snapshot is named, the other's jobs run and the exit code is 1; restored from a copy,
+    the same command runs its jobs."""
+    run_dir = make_run(tmp_path, "post_ln", "post", steps=(10, 30))
+    damaged = run_dir / "snapshots" / "step_00000030" / name
+    original = damaged.read_bytes()
+    damaged.write_bytes(original[: len(original) // 2])
+    config = config_for(tmp_path, [run_dir])
+    assert main([*cli_args(config), "--mode=once"]) == 1
+    err = capsys.readouterr().err
+    assert f"snapshot {damaged.parent} is refused, its jobs wait until it is restored: " in err
+    assert f"1 snapshot(s) refused, their jobs not planned (until restored):\n  {damaged.parent}: " in err
+    assert f"{damaged} is damaged (" in err and "restore the snapshot from a copy" in err
+    assert [(r["pretrain_step"], r["status"]) for r in done_rows(config)] == [(10, "done")]
+    damaged.write_bytes(original)
+    assert schedule(config) == Left([], {})
+    assert sorted(r["pretrain_step"] for r in done_rows(config)) == [10, 30]
 
 
 def test_each_job_has_its_line_as_it_ends_beside_the_progress_bar(
@@ -350,7 +374,7 @@ def test_each_job_has_its_line_as_it_ends_beside_the_progress_bar(
         return real(*args, **kwargs)
 
     monkeypatch.setattr(train, "finetune", finetune)
-    assert schedule(config) == []
+    assert schedule(config) == Left([], {})
     monkeypatch.undo()
     pieces = re.split(r"[\r\n]", terminal.getvalue())
     assert any(p.startswith("mrpc lr=0.001 seed=1:") and "|" in p for p in pieces)  # the bar was drawn
@@ -406,7 +430,7 @@ def test_jobs_found_while_local_workers_run_wait_for_a_free_worker(tmp_path: Pat
     backend, runtime = StartsNothing(2), runtime_settings(config)
 
     def todo() -> list[tuple[Any, int]]:
-        return runnable(folder(config).jobs(), discover(config), 3)
+        return runnable(folder(config).jobs(), discover(config).specs, 3)
 
     assert submit(folder(config), backend, runtime, todo(), slots=free_slots(backend, live=0)) == 3
     snapshot = run_dir / "snapshots" / "step_00000020"
@@ -585,7 +609,7 @@ def test_a_result_file_a_task_never_writes_is_named_by_status_report_and_schedul
 
     run_dir = make_run(tmp_path, "post_ln", "post", steps=(10,))
     config = config_for(tmp_path, [run_dir], seeds=[0, 1])
-    for spec in discover(config):
+    for spec in discover(config).specs:
         folder(config).write_done(ManifestJob(spec, 1), 1, results())
     other, spoiled = sorted((Path(config.results_dir) / "done").glob("*.json"))
     spoil(spoiled, kind, other)
@@ -603,7 +627,7 @@ def test_a_result_file_a_task_never_writes_is_named_by_status_report_and_schedul
         assert f"error: {spoiled} " in err and "move it aside and run the command again" in err, (name, err)
     assert starts == []  # nothing submitted
     spoiled.rename(tmp_path / "aside.json")
-    assert schedule(config) == []
+    assert schedule(config) == Left([], {})
     assert len(done_rows(config)) == 2 and starts == [1]  # the job of the file moved aside, run once
 
 
@@ -614,7 +638,7 @@ def test_a_damaged_manifest_is_named_by_status_and_scheduler(
     not a traceback."""
     run_dir = make_run(tmp_path, "post_ln", "post", steps=(10,))
     config = config_for(tmp_path, [run_dir], seeds=[0])
-    assert schedule(config) == []
+    assert schedule(config) == Left([], {})
     manifest = next((Path(config.results_dir) / "manifests").glob("*.json"))
     payload = json.loads(manifest.read_text())
     del payload["jobs"]
@@ -672,7 +696,7 @@ def test_a_snapshot_deleted_after_its_jobs_were_planned_fails_them_for_good_unti
     assert pass_with(config, NeverRuns()) == 4  # planned and submitted; its scheduler killed before they ran
     snapshot, aside = run_dir / "snapshots" / "step_00000020", tmp_path / "aside"
     snapshot.rename(aside)
-    failures = schedule(config)
+    failures = schedule(config).failures
     assert [(f.spec.pretrain_step, f.status, f.permanent) for f in failures] == [(20, "failed", True)] * 2
     assert f"snapshot {snapshot} no longer exists" in failures[0].error
     assert len(done_rows(config)) == 2
@@ -692,7 +716,7 @@ def test_a_snapshot_deleted_after_its_jobs_were_planned_fails_them_for_good_unti
     assert "post_ln (post) step 20 (MRPC: 2 jobs)" in missing and f"snapshot {snapshot} no longer exists" in missing
     # Back where it was: its jobs run.
     aside.rename(snapshot)
-    assert schedule(config) == []
+    assert schedule(config) == Left([], {})
     assert len(done_rows(config)) == 4
 
 
@@ -744,7 +768,7 @@ def test_a_scheduler_running_its_jobs_itself_stops_before_its_next_job_once_its_
     with pytest.raises(ResultsBusy, match=r"lock file .*lock was deleted or replaced"):
         schedule(config)
     assert ran == [0] and len(done_rows(config)) == 1
-    assert schedule(config) == [] and ran == [0, 1, 2]
+    assert schedule(config) == Left([], {}) and ran == [0, 1, 2]
     assert submitted(config) == [(0, 1), (1, 1), (2, 1), (1, 1), (2, 1)]
 
 

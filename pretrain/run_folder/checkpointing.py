@@ -33,6 +33,7 @@ from pretrain.run_folder.layout import (
     SNAPSHOT_MARKER,
     SNAPSHOTS,
     TRAIN_STATE_FILE,
+    folder_step,
     step_dirname,
 )
 from pretrain.run_folder.manifest import ManifestError, folder_size, verify_manifest, write_manifest
@@ -68,13 +69,7 @@ def list_checkpoints(run_dir: Path) -> list[tuple[int, Path]]:
     root = Path(run_dir) / CHECKPOINTS
     paths = root.iterdir() if root.is_dir() else []
     return sorted((step, path) for path in paths
-                  if (step := checkpoint_step(path)) is not None and (path / TRAIN_STATE_FILE).is_file())
-
-
-def checkpoint_step(path: Path) -> int | None:
-    """The step of a checkpoint folder named step_XXXXXXXX (step_dirname), else None."""
-    digits = Path(path).name.removeprefix("step_")
-    return int(digits) if Path(path).name.startswith("step_") and digits.isdigit() else None
+                  if (step := folder_step(path)) is not None and (path / TRAIN_STATE_FILE).is_file())
 
 
 def latest_checkpoint(run_dir: Path) -> Path | None:

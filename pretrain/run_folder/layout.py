@@ -47,18 +47,27 @@ def step_dirname(step: int) -> str:
     return f"step_{step:08d}"
 
 
+def folder_step(path: str | Path) -> int | None:
+    """The step of a checkpoint or snapshot folder named by ``step_dirname``, else None: no file of it is read."""
+    digits = Path(path).name.removeprefix("step_")
+    return int(digits) if Path(path).name.startswith("step_") and digits.isdigit() else None
+
+
 def run_folder_of(step_dir: str | Path) -> Path:
     """The run folder a checkpoint or snapshot belongs to (RUN/checkpoints/step_X, RUN/snapshots/step_X), resolved."""
     return Path(step_dir).resolve().parent.parent
 
 
-def _snapshot_info(snapshot: Path) -> dict[str, Any]:
-    path = snapshot / SNAPSHOT_INFO
+def read_snapshot_info(snapshot: str | Path) -> dict[str, Any]:
+    """A snapshot's snapshot.json ({} when it has none: a plain model folder); damaged: ValueError naming it."""
+    path = Path(snapshot) / SNAPSHOT_INFO
+    if not path.is_file():
+        return {}
     try:
         return json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as err:  # written before COMPLETE, atomically: damaged since
         raise ValueError(f"{path} is damaged ({err}): restore the snapshot from a copy, or move it out of "
-                         f"{snapshot.parent}") from None  # fmt: skip
+                         f"{path.parent.parent}") from None  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -67,16 +76,19 @@ class Snapshot:
 
     path: Path
     step: int
-    info: dict[str, Any]
-    """The snapshot's snapshot.json (run name, norm placement, tokens seen, metrics, ...)."""
+    """From the folder's name: listing snapshots reads none of their files."""
+
+    @property
+    def info(self) -> dict[str, Any]:
+        """The snapshot's snapshot.json (run name, norm placement, tokens seen, metrics, ...)."""
+        return read_snapshot_info(self.path)
 
 
 def list_snapshots(run_dir: str | Path) -> list[Snapshot]:
     """Complete snapshots of a run, by step. Folders without the marker (still being written) are skipped."""
     root = Path(run_dir) / SNAPSHOTS
-    complete = [path for path in root.glob("step_*") if (path / SNAPSHOT_MARKER).is_file()]
-    infos = [(path, _snapshot_info(path)) for path in complete]
-    found = [Snapshot(path=path, step=int(info["step"]), info=info) for path, info in infos]
+    found = [Snapshot(path, step) for path in root.glob("step_*")
+             if (step := folder_step(path)) is not None and (path / SNAPSHOT_MARKER).is_file()]  # fmt: skip
     return sorted(found, key=lambda s: s.step)
 
 
