@@ -28,7 +28,7 @@ from finetune.report import ReportConfig, report
 from finetune.schedule import status_lines
 from pretrain.common.atomic import write_json
 from pretrain.common.cli import parse, require, run_cli
-from pretrain.run_folder.identity import ensure_run_id
+from pretrain.run_folder.identity import ensure_run_id, read_run_id
 
 TASKS, LRS, SEEDS = ("mrpc", "rte"), (1e-5, 2e-5, 3e-5, 5e-5), range(25)
 
@@ -66,7 +66,7 @@ def write_results(folder: ResultsFolder, runs: list[Path], steps: list[int]) -> 
     """One result file per (run, step, task, lr, seed), as a task writes it."""
     written = 0
     for run_dir, step, task, lr, seed in itertools.product(runs, steps, TASKS, LRS, SEEDS):
-        run_id = (run_dir / "run_id").read_text().strip()
+        run_id = read_run_id(run_dir)
         spec = JobSpec(run_id=run_id, run_name=run_dir.name, run_dir=str(run_dir), placement=run_dir.name[:-3],
                        pretrain_step=step, tokens_seen=None, model_path=f"{run_dir}/s{step}",
                        snapshot_hash=f"{run_id}-{step}", task=task, lr=lr, seed=seed, recipe={"epochs": 3})  # fmt: skip

@@ -28,6 +28,7 @@ from pretrain.common.cli import ConfigError
 from pretrain.common.formats import RUN_FORMAT, FormatVersionError, stamped
 from pretrain.run import main
 from pretrain.run_folder.checkpointing import latest_checkpoint, list_checkpoints
+from pretrain.run_folder.identity import read_run_id
 from pretrain.run_folder.layout import (
     DEAD_AFTER_S,
     MANIFEST_FILE,
@@ -275,6 +276,11 @@ def test_damaged_run_files_are_named_not_read_as_json_errors(tmp_path: Path) -> 
     assert listed.step == 5
     with pytest.raises(ValueError, match=r"step_00000005/snapshot\.json is damaged .*restore the snapshot"):
         listed.info  # noqa: B018
+    (tmp_path / "run_id").write_text("\n")  # written once, atomically: emptied since
+    with pytest.raises(ValueError, match=r"run_id is damaged \(it holds '', not a run id .*restore it from a copy"):
+        read_run_id(tmp_path)
+    (tmp_path / "metrics.jsonl").write_bytes(b'{"step": 1}\n\xff\xfe garbage\n5\n{"step": 2, "val/mlm_loss": 3.0}\n{"st')
+    assert read_metrics(tmp_path) == [{"step": 1}, {"step": 2, "val/mlm_loss": 3.0}]
     (tmp_path / "run_config.json").write_bytes(b"\xff\xfe{")
     with pytest.raises(ValueError, match=r"run_config\.json is damaged .*restore it from a copy"):
         main(["--train.max_steps=2", f"--train.output_dir={tmp_path}"])

@@ -501,6 +501,31 @@ def test_cache_hit_and_miss(tmp_path: Path, json_config: DataConfig, corpus: Pat
     assert calls == {"tokenize": 8, "train_tokenizer": 3}
 
 
+def test_a_damaged_cache_entry_or_tokenizer_folder_is_named_with_the_fix(tmp_path: Path, json_config: DataConfig) -> None:
+    """Cache entries and tokenizer folders are written whole (atomically): one that cannot be read was damaged since,
+    and is named with what to do, not read as a bare JSON or Arrow error."""
+    build_pretraining_data(json_config, seed=0, save_tokenizer_to=tmp_path / "run" / "tokenizer")
+    (entry,) = (p for p in (tmp_path / "cache").glob("instances-*") if p.suffix != ".lock")
+    shard = entry / "validation" / "shard-00000.arrow"
+    original = shard.read_bytes()
+    shard.write_bytes(original[: len(original) // 2])
+    with pytest.raises(ValueError, match=rf"instances in {entry} cannot be read \(OSError: .*remove that folder"):
+        build_pretraining_data(json_config, seed=0)
+    shard.write_bytes(original)
+    (entry / "summary.json").write_bytes(b"\xff{")
+    with pytest.raises(ValueError, match=rf"instances in {entry} cannot be read \(UnicodeDecodeError"):
+        build_pretraining_data(json_config, seed=0)
+    folder = tmp_path / "run" / "tokenizer"
+    (folder / "tokenizer.json").write_text('{"version": "1.0", "trunc')
+    named = tiny_config(tmp_path, json_config.sources, tokenizer=str(folder))
+    with pytest.raises(ValueError, match=rf"the tokenizer in {folder} cannot be read .*each of its snapshots holds one"):
+        load_or_train_tokenizer(named)
+    (cached,) = (tmp_path / "cache").glob("tokenizer-*")
+    (cached / "tokenizer.json").write_text("[]")
+    with pytest.raises(ValueError, match=rf"the tokenizer in {cached} cannot be read .*remove that folder to train it"):
+        load_or_train_tokenizer(json_config)
+
+
 def test_streaming_yields_instances(tmp_path: Path, corpus: Path) -> None:
     cfg = tiny_config(
         tmp_path,

@@ -80,14 +80,26 @@ def cached_instances(documents: Callable[[], tuple[datasets.Dataset, datasets.Da
                 prepare_instances(documents, tokenizer, cfg, seed=seed, folder=folder, progress=progress)
     summary = read_summary(folder)
     loaded = []
-    for name in PARTS:  # the shard files, memory-mapped, in order
-        shards = [datasets.Dataset.from_file(str(folder / name / f)) for f in summary[name]["shards"]]
-        loaded.append(shards[0] if len(shards) == 1 else datasets.concatenate_datasets(shards))
+    try:
+        for name in PARTS:  # the shard files, memory-mapped, in order
+            shards = [datasets.Dataset.from_file(str(folder / name / f)) for f in summary[name]["shards"]]
+            loaded.append(shards[0] if len(shards) == 1 else datasets.concatenate_datasets(shards))
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise _damaged(folder, err) from None
     return loaded[0], loaded[1]
 
 
 def read_summary(folder: Path) -> dict[str, Any]:
-    return json.loads((folder / SUMMARY_FILE).read_text())
+    try:
+        return json.loads((folder / SUMMARY_FILE).read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise _damaged(folder, err) from None
+
+
+def _damaged(folder: Path, err: Exception) -> ValueError:
+    """The error for a cache entry that cannot be read: it was published whole, atomically, so damaged since."""
+    return ValueError(f"the prepared instances in {folder} cannot be read ({type(err).__name__}: {err}): remove that "
+                      "folder; the next run makes them again from the corpus")  # fmt: skip
 
 
 def _write_shard(docs: datasets.Dataset, path: Path, *, first_chunk: int, tokenizer_json: str, cfg: DataConfig,

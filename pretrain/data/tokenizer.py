@@ -74,13 +74,25 @@ def check_tokenizer(tokenizer: PreTrainedTokenizerBase, *, name: str, model_voca
         )
 
 
+def _load_folder(path: Path, what: str, fix: str) -> PreTrainedTokenizerFast:
+    """The tokenizer ``save_pretrained`` wrote into ``path``; one that cannot be read: ValueError naming it and ``fix``."""
+    try:
+        return AutoTokenizer.from_pretrained(str(path))
+    except Exception as err:  # a damaged tokenizer.json: a JSON error, or the tokenizers library's bare Exception
+        raise ValueError(f"{what}: the tokenizer in {path} cannot be read ({err}): its files are damaged or not a "
+                         f"tokenizer's; {fix}") from None  # fmt: skip
+
+
 def _load_named_tokenizer(name: str) -> PreTrainedTokenizerFast:
     path = Path(name).expanduser()
     looks_local = path.is_absolute() or name.startswith((".", "~")) or path.exists()
     if looks_local and not path.is_dir():
         raise FileNotFoundError(f"data.tokenizer={name!r}: no such tokenizer folder ({path.resolve()})")
+    if looks_local:
+        fix = "restore it from a copy (a run's RUN/tokenizer: each of its snapshots holds one), or name another folder"
+        return _load_folder(path, f"data.tokenizer={name!r}", fix)
     try:
-        return AutoTokenizer.from_pretrained(str(path) if looks_local else name)
+        return AutoTokenizer.from_pretrained(name)
     except (OSError, ValueError) as e:  # not on the Hub, offline, or no tokenizer files in the repo
         raise ValueError(
             f"data.tokenizer={name!r}: tokenizer not found (neither a local folder nor loadable from the Hugging Face "
@@ -119,7 +131,8 @@ def cached_tokenizer(
             return None
         with atomic_dir(cached) as tmp:
             AutoTokenizer.from_pretrained(str(trained_elsewhere)).save_pretrained(tmp)
-    return AutoTokenizer.from_pretrained(str(cached))
+    fix = "remove that folder to train it again (a new vocabulary: the instances are made again for it)"
+    return _load_folder(cached, f"data.cache_dir={cfg.cache_dir!r}", fix)
 
 
 def load_or_train_tokenizer(

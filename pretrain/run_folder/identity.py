@@ -6,12 +6,16 @@ runs, and a run folder moved to another path (or mounted elsewhere on a cluster)
 
 from __future__ import annotations
 
+import re
 import time
 import uuid
 from pathlib import Path
 
 from pretrain.common.atomic import write_once
 from pretrain.run_folder.layout import RUN_ID_FILE
+
+RUN_ID = re.compile(r"\d{8}-\d{6}-[0-9a-f]{8}")
+"""What ensure_run_id writes: the UTC start time and 8 random hex digits."""
 
 
 def ensure_run_id(run_dir: str | Path) -> str:
@@ -29,4 +33,8 @@ def read_run_id(run_dir: str | Path) -> str:
             f"{run_dir} has no {RUN_ID_FILE}: it is not a pretraining run folder of this version (RUN/ of "
             "docs/run_layout.md); pass the folder pretrain/run.py wrote, the one that holds snapshots/ and status.json"
         )
-    return path.read_text().strip()
+    run_id = path.read_text(errors="replace").strip()
+    if not RUN_ID.fullmatch(run_id):  # written once, atomically: damaged since
+        raise ValueError(f"{path} is damaged (it holds {run_id[:40]!r}, not a run id such as 20261201-000137-3f9a1c2e): "
+                         "restore it from a copy; fine-tuning results are keyed by it")  # fmt: skip
+    return run_id

@@ -128,10 +128,11 @@ def is_dead(status: dict[str, Any], now: float | None = None, after_s: float = D
 
 
 def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
-    """All lines of metrics.jsonl (a torn last line from a killed run is ignored)."""
+    """All lines of metrics.jsonl; a line that is no JSON object (the torn last line of a killed run, bytes damaged
+    since) is left out."""
     path = Path(run_dir) / METRICS_FILE
     rows = []
-    for line in path.read_text().splitlines() if path.is_file() else []:
+    for line in path.read_text(errors="replace").splitlines() if path.is_file() else []:
         with contextlib.suppress(json.JSONDecodeError):
             rows.append(json.loads(line))
-    return rows
+    return [row for row in rows if isinstance(row, dict)]
