@@ -77,6 +77,16 @@ class FinetuneConfig:
             check(getattr(self, name) is None or getattr(self, name) >= 1, name, "must be at least 1, or null for all")
         check(self.torch_threads >= 0, "torch_threads", "must be >= 0 (0: torch's default)")
 
+    def check_fits(self, positions: int | None, model: str) -> None:
+        """Refuse a max_length beyond the model's ``positions`` (max_position_embeddings; None: unknown), where the
+        forward pass of only the jobs with pairs that long would fail; not capped, which would not be the recipe the
+        results are filed under."""
+        if positions is not None and self.max_length > positions:
+            raise ConfigError(
+                f"recipe.max_length={self.max_length} exceeds the max_position_embeddings={positions} of {model}: "
+                f"longer inputs do not fit its position embeddings; set --recipe.max_length={positions} (or lower)"
+            )
+
     def result_key(self) -> dict[str, Any]:
         """The fields that change the numbers a job produces (role ``recipe``): part of every job's key."""
         return {k: v for k, v in dataclasses.asdict(self).items() if k in RECIPE_FIELDS}

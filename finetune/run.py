@@ -99,7 +99,7 @@ def run(config: RunConfig) -> list[dict[str, Any]]:
     # torch and transformers once the options are read (a typo answers before their seconds of import)
     from transformers import AutoConfig
 
-    from finetune.train import check_max_length, warn_emulated_bf16
+    from finetune.train import warn_emulated_bf16
     from pretrain.common.device import pick_device
 
     check_snapshot(Path(config.model))
@@ -112,7 +112,8 @@ def run(config: RunConfig) -> list[dict[str, Any]]:
     check_wandb(tracking)
     runtime = Runtime(data_dir, config.recipe.runtime(), dataclasses.asdict(tracking) if tracking else None)
     specs = job_specs(describe_model(config.model), config.task, config.lrs, config.seeds, config.recipe)
-    check_max_length(AutoConfig.from_pretrained(config.model), config.recipe.max_length, config.model)
+    positions = getattr(AutoConfig.from_pretrained(config.model), "max_position_embeddings", None)
+    config.recipe.check_fits(positions, config.model)
     check_loads(config.model)
     with folder.lock():
         backend = InProcess()

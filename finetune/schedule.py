@@ -53,7 +53,7 @@ from finetune.manifest import (
     Runtime,
     recipe_hash,
 )
-from finetune.worker import SnapshotRefused, describe_model, files_stamp, job_specs
+from finetune.worker import SnapshotRefused, describe_model, files_stamp, job_specs, max_positions
 from pretrain.common.cli import parse_command, require, run_cli
 from pretrain.run_folder.identity import read_run_id
 from pretrain.run_folder.layout import DEAD_AFTER_S, TERMINAL_STATUSES, is_dead, list_snapshots, read_status
@@ -166,6 +166,7 @@ def discover(config: ScheduleConfig) -> Discovered:
             except SnapshotRefused as err:
                 refused[str(snapshot.path)] = str(err)
                 continue
+            config.recipe.check_fits(max_positions(snapshot.path), str(snapshot.path))  # else every job fails alike
             for task in config.tasks:
                 specs += job_specs(model, task, config.lrs, config.seeds, config.recipe)
     return Discovered(list({spec.key: spec for spec in specs}.values()), refused)  # a run given twice is one run

@@ -33,17 +33,6 @@ from pretrain.modeling import LNBertPreTrainedModel  # and registers "lnbert" wi
 from pretrain.optim import build_adamw
 
 
-def check_max_length(config: Any, max_length: int, model: str) -> None:
-    """Refuse a recipe.max_length beyond the model's position embeddings, where the forward pass of only the jobs
-    with pairs that long would fail; not capped, which would not be the recipe the results are filed under."""
-    positions = getattr(config, "max_position_embeddings", None)
-    if positions is not None and max_length > positions:
-        raise ValueError(
-            f"recipe.max_length={max_length} exceeds the max_position_embeddings={positions} of {model}: longer "
-            f"inputs do not fit its position embeddings; set --recipe.max_length={positions} (or lower)"
-        )
-
-
 @functools.cache  # once per process: a worker runs many jobs
 def warn_emulated_bf16(device: torch.device, mixed_precision: str) -> None:
     """Say, before the first job's work, that bf16 autocast on this CPU is emulated (several times slower)."""
@@ -168,7 +157,7 @@ def finetune(model_path: str, task: str, data: TaskData, lr: float, seed: int, r
         hf_logging.set_verbosity(verbosity)
         if bars:
             hf_logging.enable_progress_bar()
-    check_max_length(model.config, recipe.max_length, model_path)
+    recipe.check_fits(getattr(model.config, "max_position_embeddings", None), model_path)
     optimizer = make_optimizer(model, recipe, lr)
     steps_per_epoch = math.ceil(len(data.train) / recipe.batch_size)
     total_steps = steps_per_epoch * recipe.epochs

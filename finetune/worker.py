@@ -189,6 +189,11 @@ def describe_model(model: str | Path) -> Model:
                  model_path=str(path.resolve()), snapshot_hash=content)  # fmt: skip
 
 
+def max_positions(model_dir: str | Path) -> int | None:
+    """The position embeddings of a model folder's config.json (None: it names none)."""
+    return _read_json(Path(model_dir) / "config.json").get("max_position_embeddings")
+
+
 def job_specs(
     model: Model, task: str, lrs: Sequence[float], seeds: Sequence[int], recipe: FinetuneConfig
 ) -> list[JobSpec]:

@@ -25,8 +25,10 @@ from benchmarks import common, train_step
 from benchmarks.common import table_peak_tflops
 from finetune import train as finetune_train
 from finetune.config import FinetuneConfig
+from finetune.manifest import ResultsFolder
 from finetune.run import RunConfig
 from finetune.run import run as finetune_run
+from finetune.schedule import schedule
 from finetune.train import DataCache, finetune
 from pretrain import training
 from pretrain.common import hardware
@@ -40,7 +42,7 @@ from pretrain.run_folder.layout import read_metrics, read_status
 from pretrain.training import build_accelerator, build_model
 from tests import pretrain_helpers
 from tests.conftest import ROOT, TINY, TINY_MODEL_ARGS
-from tests.finetune_fixtures import FIXTURE_GLUE, QUICK, tiny_config, tiny_tokenizer
+from tests.finetune_fixtures import FIXTURE_GLUE, QUICK, config_for, make_run, tiny_config, tiny_tokenizer
 from tests.pretrain_helpers import accelerate_launch, tiny_args
 
 
@@ -298,6 +300,13 @@ def test_a_max_length_beyond_the_models_positions_is_refused_before_any_job(tmp_
     data = DataCache().get(str(model), "mrpc", str(FIXTURE_GLUE), config.recipe)
     with pytest.raises(ValueError, match=r"recipe\.max_length=128 exceeds"):
         finetune(str(model), "mrpc", data, 1e-3, 0, config.recipe)
+    # The scheduler refuses it as it finds the snapshot, before planning a job: each would fail alike.
+    run_dir = make_run(tmp_path, "r", steps=(10,))
+    positions = json.loads((run_dir / "snapshots" / "step_00000010" / "config.json").read_text())["max_position_embeddings"]
+    scheduled = config_for(tmp_path, [run_dir], recipe={**QUICK, "max_length": positions + 1})
+    with pytest.raises(ValueError, match=rf"recipe\.max_length={positions + 1} exceeds .*step_00000010"):
+        schedule(scheduled)
+    assert not ResultsFolder(scheduled.results_dir).jobs()
     (row,) = finetune_run(_quick(model, tmp_path / "ok.d", max_length=16))
     assert row["status"] == "done"
 
