@@ -31,7 +31,7 @@ from pretrain.run_folder.layout import (
     SNAPSHOT_MARKER,
     SNAPSHOTS,
     list_snapshots,
-    read_snapshot_info,
+    read_json_file,
     run_folder_of,
 )
 from pretrain.run_folder.manifest import SNAPSHOT_FIX, ManifestError, sha256_file, verify_manifest
@@ -42,10 +42,6 @@ if TYPE_CHECKING:
 
 
 # --- Jobs: what a model's jobs are, and their key -------------------------------------------------
-
-
-def _read_json(path: Path) -> dict[str, Any]:
-    return json.loads(path.read_text()) if path.is_file() else {}
 
 
 def _placement(info: dict[str, Any], config: dict[str, Any]) -> str:
@@ -125,10 +121,7 @@ def snapshot_hash(model_dir: Path) -> str:
     (sizes and checksums written by pretraining); of a plain save_pretrained folder, of its config and weights."""
     manifest = model_dir / MANIFEST_FILE
     if manifest.is_file():
-        try:
-            payload = json.loads(manifest.read_text())
-        except (json.JSONDecodeError, UnicodeDecodeError) as err:  # written atomically: damaged since
-            raise ValueError(f"{manifest} is damaged ({err}): restore the snapshot from a copy") from None
+        payload = read_json_file(manifest)
         check_format(payload, manifest, RUN_FORMAT, SNAPSHOT_FIX)
         files = payload["files"]
     else:
@@ -174,11 +167,12 @@ def describe_model(model: str | Path) -> Model:
         return hub_model(str(model))
     check_not_a_run_folder(path)
     try:
-        info, config, content = read_snapshot_info(path), _read_json(path / "config.json"), snapshot_hash(path)
+        info, config = read_json_file(path / SNAPSHOT_INFO), read_json_file(path / "config.json")
+        content = snapshot_hash(path)
     except FormatVersionError as err:  # its message says what to do
         raise SnapshotRefused(str(err)) from None
-    except (ValueError, KeyError, TypeError) as err:
-        raise SnapshotRefused(f"{str(path)!r} cannot be fine-tuned: {err}") from None
+    except (ValueError, KeyError, TypeError) as err:  # its files are written whole: damaged since
+        raise SnapshotRefused(f"{str(path)!r} cannot be fine-tuned: {err}; restore it from a copy") from None
     snapshot = (path / SNAPSHOT_INFO).is_file()
     run_dir = run_folder_of(path) if snapshot else path.resolve()
     run_id = f"model-{content}"
@@ -191,7 +185,7 @@ def describe_model(model: str | Path) -> Model:
 
 def max_positions(model_dir: str | Path) -> int | None:
     """The position embeddings of a model folder's config.json (None: it names none)."""
-    return _read_json(Path(model_dir) / "config.json").get("max_position_embeddings")
+    return read_json_file(Path(model_dir) / "config.json").get("max_position_embeddings")
 
 
 def job_specs(

@@ -58,16 +58,17 @@ def run_folder_of(step_dir: str | Path) -> Path:
     return Path(step_dir).resolve().parent.parent
 
 
-def read_snapshot_info(snapshot: str | Path) -> dict[str, Any]:
-    """A snapshot's snapshot.json ({} when it has none: a plain model folder); damaged: ValueError naming it."""
-    path = Path(snapshot) / SNAPSHOT_INFO
-    if not path.is_file():
-        return {}
+def read_json_file(path: str | Path) -> dict[str, Any]:
+    """A JSON file written whole, atomically ({} when absent); one that cannot be read was damaged since: ValueError
+    naming it (the caller says what to do)."""
+    path = Path(path)
     try:
-        return json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:  # written before COMPLETE, atomically: damaged since
-        raise ValueError(f"{path} is damaged ({err}): restore the snapshot from a copy, or move it out of "
-                         f"{path.parent.parent}") from None  # fmt: skip
+        payload = json.loads(path.read_text()) if path.is_file() else {}
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ValueError(f"{path} is damaged ({err})") from None
+    if not isinstance(payload, dict):
+        raise ValueError(f"{path} is damaged (not a JSON object)")
+    return payload
 
 
 @dataclass(frozen=True)
@@ -81,7 +82,7 @@ class Snapshot:
     @property
     def info(self) -> dict[str, Any]:
         """The snapshot's snapshot.json (run name, norm placement, tokens seen, metrics, ...)."""
-        return read_snapshot_info(self.path)
+        return read_json_file(self.path / SNAPSHOT_INFO)
 
 
 def list_snapshots(run_dir: str | Path) -> list[Snapshot]:
@@ -98,9 +99,9 @@ def read_run_config(run_dir: str | Path, fix: str) -> dict[str, Any]:
     if not path.is_file():
         return {}
     try:
-        payload = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:  # its writes are atomic: damaged from outside
-        raise ValueError(f"{path} is damaged ({err}): the run's settings are unknown; restore it from a copy") from None
+        payload = read_json_file(path)
+    except ValueError as err:
+        raise ValueError(f"{err}: the run's settings are unknown; restore it from a copy") from None
     check_format(payload, path, RUN_FORMAT, fix)
     return {k: v for k, v in payload.items() if k != FORMAT_KEY}
 
@@ -108,14 +109,10 @@ def read_run_config(run_dir: str | Path, fix: str) -> dict[str, Any]:
 def read_status(run_dir: str | Path) -> dict[str, Any]:
     """RUN/status.json; status "unknown" when absent, or damaged (its message says so): the run rewrites it whenever it
     runs, so a reader that waits for the run is not stopped by it."""
-    path = Path(run_dir) / STATUS_FILE
-    if not path.is_file():
-        return {"status": "unknown"}
     try:
-        status = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        return {"status": "unknown", "message": f"{path} is damaged ({err})"}
-    return status if isinstance(status, dict) else {"status": "unknown", "message": f"{path} is not a JSON object"}
+        return read_json_file(Path(run_dir) / STATUS_FILE) or {"status": "unknown"}
+    except ValueError as err:
+        return {"status": "unknown", "message": str(err)}
 
 
 def is_dead(status: dict[str, Any], now: float | None = None, after_s: float = DEAD_AFTER_S) -> bool:

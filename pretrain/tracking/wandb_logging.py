@@ -29,7 +29,14 @@ from typing import TYPE_CHECKING, Any
 from pretrain.common.atomic import write_json
 from pretrain.common.roles import by_section, keys_where
 from pretrain.config import PretrainConfig
-from pretrain.run_folder.layout import WANDB_DIR, WANDB_RUN_FILE, read_run_config, read_snapshot_info, run_folder_of
+from pretrain.run_folder.layout import (
+    SNAPSHOT_INFO,
+    WANDB_DIR,
+    WANDB_RUN_FILE,
+    read_json_file,
+    read_run_config,
+    run_folder_of,
+)
 from pretrain.variants import variant_of
 
 if TYPE_CHECKING:
@@ -174,7 +181,7 @@ def snapshot_artifact(snapshot_dir: str | Path, wandb_run_id: str) -> Any:
     import wandb
 
     path = Path(snapshot_dir).resolve()
-    info = read_snapshot_info(path)
+    info = read_json_file(path / SNAPSHOT_INFO)
     artifact = wandb.Artifact(
         snapshot_artifact_name(wandb_run_id),
         type="model",
