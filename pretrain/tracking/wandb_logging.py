@@ -106,8 +106,10 @@ def pretrain_group(tracking: dict[str, Any], placement: str, recipe_hash: str) -
 
 def read_run_file(run_dir: str | Path) -> dict[str, Any]:
     """RUN/wandb_run.json ({} when the run never logged to W&B)."""
-    path = Path(run_dir) / WANDB_RUN_FILE
-    return json.loads(path.read_text()) if path.is_file() else {}
+    try:
+        return read_json_file(Path(run_dir) / WANDB_RUN_FILE)
+    except ValueError as err:
+        raise ValueError(f"{err}: restore it from a copy, or remove it to log the run to a new W&B run") from None
 
 
 def run_identity(run_dir: Path, resume_from: Path | None, group: str, project: str) -> dict[str, Any]:
@@ -238,8 +240,7 @@ def job_run_id(spec: JobSpec) -> str:
 def model_variant(model_path: str) -> str:
     """The model variant (``pretrain.variants.variant_name``: ``pre``, ``pre-hc4``, ...) of a model folder's
     config.json; Hugging Face BERT, and a Hub id, is ``post``. For the dashboard's groups only, not in the job key."""
-    config_path = Path(model_path) / "config.json"
-    config = json.loads(config_path.read_text()) if config_path.is_file() else {}
+    config = read_json_file(Path(model_path) / "config.json")
     return variant_of(config) if config.get("model_type") == "lnbert" else "post"
 
 
