@@ -15,13 +15,13 @@ import dataclasses
 import hashlib
 import json
 import os
-import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from finetune.config import FinetuneConfig
 from finetune.manifest import JobSpec, JobState, Manifest, ManifestJob, Model, ResultsFolder, load_manifest
+from pretrain.common.cli import run_cli
 from pretrain.common.formats import RUN_FORMAT, FormatVersionError, check_format
 from pretrain.run_folder.identity import read_run_id
 from pretrain.run_folder.layout import (
@@ -272,11 +272,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.index is None and "SLURM_ARRAY_TASK_ID" not in os.environ:
         parser.error("no --index and no SLURM_ARRAY_TASK_ID: pass --index=N outside a SLURM array")
     index = int(os.environ["SLURM_ARRAY_TASK_ID"]) if args.index is None else args.index
-    try:
-        counts = run_task(args.manifest, index, args.parent_pid, on_job=(lambda _: None) if args.quiet else print_line)
-    except (FileNotFoundError, ValueError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+    counts = run_task(args.manifest, index, args.parent_pid, on_job=(lambda _: None) if args.quiet else print_line)
     if not args.quiet:
         print(f"task {index} of {args.manifest}: " + ", ".join(f"{k} {v}" for k, v in counts.items()), flush=True)
     # A failed job is the scheduler's to retry (it reads the failure file); the task itself did its work.
@@ -284,4 +280,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(run_cli(main))  # a bad manifest or a full disk: its message and exit code 2

@@ -268,6 +268,31 @@ def test_a_writable_folder_is_made_and_a_full_disk_is_left_to_the_command(
     writable_folder(tmp_path / "new" / "run", "train.output_dir")  # the run's own handling stops and resumes
 
 
+def test_a_full_disk_ends_a_command_with_the_file_it_was_writing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    """Every file is written whole, so a command that meets a full disk or a spent quota says where, and that the same
+    command goes on once there is room (exit 2); any other error of the system keeps its traceback."""
+    import errno
+
+    from pretrain.common import atomic
+    from pretrain.common.cli import run_cli
+
+    def full(*_: Any, **__: Any) -> None:
+        raise OSError(errno.EDQUOT, os.strerror(errno.EDQUOT))  # what write() raises: no file named
+
+    monkeypatch.setattr(atomic.json, "dump", full)
+    assert run_cli(lambda: atomic.write_json(tmp_path / "results.json", {}) or 0) == 2
+    assert f"writing {tmp_path / 'results.json'}: make room there and run the same command" in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())  # no temporary file left
+
+    def denied() -> int:
+        raise PermissionError(errno.EACCES, "Permission denied")
+
+    with pytest.raises(PermissionError):
+        run_cli(denied)
+
+
 def test_malformed_yaml_names_the_file_and_line(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
 ) -> None:

@@ -67,8 +67,13 @@ def writing(path: str | Path) -> Iterator[Path]:
     fsync'ed, given the umask's mode and renamed to ``path``, else removed."""
     path = Path(path)
     with _temporary(path) as tmp:
-        yield tmp
-        _seal(tmp)
+        try:
+            yield tmp
+            _seal(tmp)
+        except OSError as err:
+            if err.errno in NO_ROOM_ERRNOS and err.filename is None:  # a write() names no file: name what it was for
+                err.filename = str(path)
+            raise
         os.replace(tmp, path)
 
 

@@ -385,14 +385,26 @@ def interruptible() -> Iterator[None]:
 
 
 def run_cli(main: Callable[[], int], errors: tuple[type[BaseException], ...] = ()) -> int:
-    """Run a command-line ``main``: bad input (ValueError, FileNotFoundError, ``errors``) ends with its message on
-    stderr and exit code 2 (LNBERT_TRACEBACK=1: the traceback); Ctrl-C always reaches it; idle threads sleep."""
+    """Run a command-line ``main``: bad input (ValueError, FileNotFoundError, ``errors``) and a full disk end with
+    their message on stderr and exit code 2 (LNBERT_TRACEBACK=1: the traceback); Ctrl-C always reaches it; idle
+    threads sleep."""
     passive_cpu_threads()
     try:
         with interruptible():
             return main()
-    except (ValueError, FileNotFoundError, *errors) as err:  # ConfigError is a ValueError
-        if os.environ.get("LNBERT_TRACEBACK"):
+    except (ValueError, OSError, *errors) as err:  # ConfigError is a ValueError
+        message = _message(err)
+        if message is None or os.environ.get("LNBERT_TRACEBACK"):
             raise
-        print(f"error: {err}\n(set LNBERT_TRACEBACK=1 to see the traceback)", file=sys.stderr)
+        print(f"error: {message}\n(set LNBERT_TRACEBACK=1 to see the traceback)", file=sys.stderr)
         return 2
+
+
+def _message(err: BaseException) -> str | None:
+    """The line a command ends with for ``err`` (run_cli); None for an error of the system, which keeps its traceback,
+    but a full disk: every file is written whole (pretrain/common/atomic.py), so what was written is intact."""
+    if not isinstance(err, OSError) or isinstance(err, FileNotFoundError):
+        return str(err)
+    if err.errno in NO_ROOM_ERRNOS:
+        return f"{err.strerror} writing {err.filename or 'a file'}: make room there and run the same command to go on"
+    return None
