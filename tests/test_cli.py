@@ -283,7 +283,7 @@ def test_a_full_disk_ends_a_command_with_the_file_it_was_writing(
 
     monkeypatch.setattr(atomic.json, "dump", full)
     assert run_cli(lambda: atomic.write_json(tmp_path / "results.json", {}) or 0) == 2
-    assert f"writing {tmp_path / 'results.json'}: make room there and run the same command" in capsys.readouterr().err
+    assert f"writing {tmp_path / 'results.json'}: make room on that disk and run the same command" in capsys.readouterr().err
     assert not list(tmp_path.iterdir())  # no temporary file left
 
     def denied() -> int:

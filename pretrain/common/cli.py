@@ -406,5 +406,6 @@ def _message(err: BaseException) -> str | None:
     if not isinstance(err, OSError) or isinstance(err, FileNotFoundError):
         return str(err)
     if err.errno in NO_ROOM_ERRNOS:
-        return f"{err.strerror} writing {err.filename or 'a file'}: make room there and run the same command to go on"
+        where = f" writing {err.filename}" if err.filename else ""  # a library's write() may name no file
+        return f"{err.strerror}{where}: make room on that disk and run the same command to go on"
     return None
