@@ -172,6 +172,13 @@ def discover(config: ScheduleConfig) -> Discovered:
     return Discovered(list({spec.key: spec for spec in specs}.values()), refused)  # a run given twice is one run
 
 
+def told(refused: dict[str, str], before: dict[str, str]) -> dict[str, str]:
+    """The snapshots ``refused`` ({folder: why}, Discovered.refused), after a line for each not so in ``before``."""
+    for path, why in refused.items() - before.items():
+        print(f"snapshot {path} is refused, its jobs wait until it is restored: {why}", file=sys.stderr)
+    return refused
+
+
 def vanished(config: ScheduleConfig, jobs: dict[str, JobState], found: list[JobSpec]) -> list[JobSpec]:
     """The unfinished jobs of the runs and grid of ``config`` that the folder names but ``found`` (discover) lacks,
     as their model folder no longer exists: a snapshot deleted or moved after its jobs were planned. They stay
@@ -547,17 +554,14 @@ def _schedule(config: ScheduleConfig, folder: ResultsFolder) -> Left:
     runtime = runtime_settings(config)
     deadline = parse_until(config.until) if config.until else None
     resets: dict[str, JobState] = {}
-    refused: dict[str, str] = {}
-    found, printed, first, rerun, history = set(), "", True, set(), Counter()
+    found, printed, first, rerun, history, refused = set(), "", True, set(), Counter(), {}
     try:
         while True:
             # Whether the runs ended is read before looking for snapshots, so none written before the end is missed.
             ended = runs_ended(config) if config.mode == "follow" else {}
             live = collect(folder, backend, config.slurm)
             discovered = discover(config)
-            for path, why in discovered.refused.items() - refused.items():
-                print(f"snapshot {path} is refused, its jobs wait until it is restored: {why}", file=sys.stderr)
-            wanted, refused = discovered.specs, discovered.refused
+            wanted, refused = discovered.specs, told(discovered.refused, refused)
             jobs = follow()
             wanted += vanished(config, jobs, wanted)
             if config.retry_failed and first:
