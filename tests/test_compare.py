@@ -141,6 +141,12 @@ def test_a_machine_records_its_environment_and_a_run_its_inputs_by_content(tmp_p
     provenance.record_sitting(tmp_path)
     provenance.record_sitting(tmp_path)  # resumed here: one sitting
     assert provenance.read(tmp_path)["sittings"] == [env]
+    record = (tmp_path / provenance.PROVENANCE_FILE).read_bytes()
+    (tmp_path / provenance.PROVENANCE_FILE).write_bytes(record[:-9])  # damaged since: where the cell ran is unknown
+    with pytest.raises(ValueError, match=r"provenance\.json is damaged .*restore it from a copy, or remove it .*"
+                                         r"--mixed_provenance=true"):  # fmt: skip
+        provenance.record_sitting(tmp_path)
+    (tmp_path / provenance.PROVENANCE_FILE).write_bytes(record)
     corpus = tmp_path / "a.jsonl"
     corpus.write_text('{"text": "one"}\n')
     data = {"sources": [{"kind": "json", "path": str(corpus), "name": None, "split": "train", "text_column": "text",

@@ -457,10 +457,12 @@ def test_grid_runs_its_cells_and_continues_after_a_stop(tmp_path):
     table = (out / "table.txt").read_text()
     assert "depth 2, warm-up 0" in table and "div@" in table and "boundary (" in table
     assert (out / "grid.png").stat().st_size > 1000 and (out / "boundary.png").stat().st_size > 1000
-    # A third sitting trains nothing: every cell is read.
+    # A third sitting trains nothing: every cell is read; a damaged stored probe is measured again, to the same.
+    (out / "runs" / "pre-d2-h16-w0-lr0.001-s0" / "grid_probe.json").write_text('{"train_unigram')
     logs = {p: p.stat().st_mtime_ns for p in (out / "logs").iterdir()}
     assert cli.main(argv) == 0
     assert {p: p.stat().st_mtime_ns for p in (out / "logs").iterdir()} == logs
+    assert json.loads((out / "results.json").read_text())["cells"]["pre-d2-h16-w0-lr0.001-s0"]["probe"] == probe
 
 
 def test_loss_curves_are_drawn_as_running_means():

@@ -22,8 +22,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from pretrain.analysis.provenance import CELL_FIX
 from pretrain.common.atomic import write_json
-from pretrain.run_folder.layout import RUN_CONFIG_FILE, list_snapshots, read_metrics
+from pretrain.run_folder.layout import list_snapshots, read_json_file, read_metrics, read_run_config
 
 PROBE_FILE = "grid_probe.json"
 """Written into a finished or diverged run's folder by the grid, so a later pass reads it instead of measuring."""
@@ -70,7 +71,7 @@ def _run_data(run_dir: Path, batch_size: int) -> tuple[dict[str, float], dict[st
     from pretrain.data.config import DataConfig
     from pretrain.data.pipeline import build_pretraining_data  # slow imports: only here
 
-    resolved = json.loads((run_dir / RUN_CONFIG_FILE).read_text())
+    resolved = read_run_config(run_dir, CELL_FIX)
     seed = int(resolved["train"]["seed"])
     key = json.dumps([resolved["data"], seed, batch_size], sort_keys=True)
     with _data_lock:
@@ -192,8 +193,11 @@ def probe_cell(run_dir: Path, *, max_step: int, batch_size: int = 16) -> dict[st
     """Unigram references, early gradient norms and output changes, learned scalars and ``sublayer_io`` of one ended
     run; stored in RUN/grid_probe.json and read from there next time (the run's files no longer change)."""
     path = run_dir / PROBE_FILE
-    if path.is_file():
-        return json.loads(path.read_text())
+    try:
+        if stored := read_json_file(path):
+            return stored
+    except ValueError as err:  # a record of measurements: measured again
+        print(f"{err}: measuring the cell's probe again", flush=True)
     reference, batch = _run_data(run_dir, batch_size)
     probe = {
         **reference,

@@ -19,9 +19,11 @@ from pathlib import Path
 from typing import Any
 
 from pretrain.common.atomic import write_json
-from pretrain.run_folder.layout import RUN_CONFIG_FILE, TOKENIZER_DIR
+from pretrain.run_folder.layout import TOKENIZER_DIR, read_json_file, read_run_config
 
 PROVENANCE_FILE = "provenance.json"
+CELL_FIX = "remove the cell's folder under OUT/runs to run it again with this checkout"
+"""What to do with a cell whose files cannot be used."""
 """Written into a cell's run folder by the grid's cell runner (``grid.run_cell``)."""
 REPOSITORY = Path(__file__).resolve().parents[2]
 CODE_DIR = "pretrain"
@@ -90,8 +92,11 @@ def environment() -> dict[str, Any]:
 def read(run_dir: Path) -> dict[str, Any]:
     """RUN/provenance.json: ``sittings`` (the environment of each sitting that ran the cell) and, once the run ended
     and was read, ``inputs``; empty for a cell run before provenance was recorded."""
-    path = Path(run_dir) / PROVENANCE_FILE
-    return json.loads(path.read_text()) if path.is_file() else {"sittings": []}
+    try:
+        return read_json_file(Path(run_dir) / PROVENANCE_FILE) or {"sittings": []}
+    except ValueError as err:  # a record of where the cell ran: not to be guessed
+        raise ValueError(f"{err}: restore it from a copy, or remove it (the cell then has no provenance recorded and "
+                         f"is compared only with --mixed_provenance=true), or {CELL_FIX}") from None
 
 
 def record_sitting(run_dir: Path) -> None:
@@ -105,7 +110,7 @@ def with_inputs(run_dir: Path) -> dict[str, Any]:
     """The cell's provenance with its inputs, which are measured once and stored (the ended run no longer changes)."""
     found = read(run_dir)
     if "inputs" not in found:
-        resolved = json.loads((Path(run_dir) / RUN_CONFIG_FILE).read_text())
+        resolved = read_run_config(run_dir, CELL_FIX)
         found["inputs"] = {"tokenizer": tokenizer_hash(Path(run_dir) / TOKENIZER_DIR), "data": data_hash(resolved["data"])}
         write_json(Path(run_dir) / PROVENANCE_FILE, found)
     return found
