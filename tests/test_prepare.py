@@ -200,8 +200,15 @@ def test_preparation_resumes_from_its_finished_shards(tmp_path: Path, monkeypatc
                                                                                       "shard-00000.json"]  # fmt: skip
     (partial[0] / "train" / ".shard-00001.arrow.0badf00d.tmp").write_bytes(b"half a shard")  # as after kill -9
     written.clear()
+    (partial[0] / "train" / "shard-00000.json").write_text('{"0": {"docu')  # a finished shard's marker, damaged since
+
+    def records(docs, path, **kwargs):
+        written.append(path.name)
+        return write_shard(docs, path, **kwargs)
+
+    monkeypatch.setattr(pretrain.data.instance_cache, "_write_shard", records)
     data = build_pretraining_data(cfg, seed=0)
-    assert written == ["shard-00001.arrow", "shard-00002.arrow", "shard-00000.arrow"]  # the rest, then validation
+    assert written == ["shard-00000.arrow", "shard-00001.arrow", "shard-00002.arrow", "shard-00000.arrow"]  # then val
     assert is_prepared(cfg, seed=0) and not list(Path(cfg.cache_dir).glob("instances-*.partial-*"))
     assert not list(Path(cfg.cache_dir).glob("instances-*/*/.*.tmp"))
 

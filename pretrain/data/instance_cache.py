@@ -189,9 +189,12 @@ def _make_shards(
     todo = []
     for job in jobs:
         marker = job.path.with_suffix(".json")
-        if marker.is_file():
+        try:
             collect(job, {int(k): SourceStats(**v) for k, v in json.loads(marker.read_text()).items()})
-        else:
+        except FileNotFoundError:
+            todo.append(job)
+        except (ValueError, TypeError, AttributeError) as err:  # written whole after its shard: damaged since
+            print(f"{marker} is damaged ({err}): its shard is made again", flush=True)
             todo.append(job)
     total = sum(len(job.docs) for job in jobs)
     initial = total - sum(len(job.docs) for job in todo)
