@@ -106,6 +106,12 @@ class LocalArray(Backend):
     def __init__(self, size: int) -> None:
         self.size = size
         self.processes: dict[tuple[int, int], subprocess.Popen] = {}
+        self.killed: dict[tuple[int, int], str] = {}  # (submission, task) -> why this scheduler killed its worker
+
+    def kill(self, task: tuple[int, int], why: str) -> None:
+        """Kill the worker of ``task`` (submission, index), a stopped one too; ``why`` becomes its task's end."""
+        self.killed[task] = why
+        self.processes[task].kill()
 
     def start(self, manifest: Path, tasks: int, submission: int) -> str:
         # --quiet: the scheduler prints each job's line as it reads the result; the workers share its terminal.
@@ -124,6 +130,8 @@ class LocalArray(Backend):
                 code = process.poll()
                 if code is None:
                     live.add(index)
+                elif (manifest.submission, index) in self.killed:
+                    reasons[index] = self.killed[(manifest.submission, index)]
                 else:
                     reasons[index] = f"exit code {code}" if code >= 0 else f"killed by {signal.Signals(-code).name}"
             elif host == socket.gethostname() and _pid_alive(pid):  # a worker of an earlier scheduler, finishing

@@ -29,6 +29,7 @@ import functools
 import math
 import os
 import re
+import socket
 import sys
 import time
 from collections import Counter
@@ -51,6 +52,7 @@ from finetune.manifest import (
     ResultsBusy,
     ResultsFolder,
     Runtime,
+    read_json,
     recipe_hash,
 )
 from finetune.worker import SnapshotRefused, describe_model, files_stamp, job_specs, max_positions
@@ -96,6 +98,10 @@ class ScheduleConfig(GridOptions):
     step_time_s: float | None = None
     """Seconds per fine-tuning step for the cost printed before the jobs start, an estimate used until a finished
     job of the recipe measures it; unset: the time follows once the first job finishes."""
+    hung_after: float = 10.0
+    """A local worker's job still running after this many times its expected time (its steps at the measured time
+    per step; at least HUNG_FLOOR_S) is taken for hung: the worker is killed, which charges that attempt. 0: never.
+    A SLURM task ends at its array's time limit (slurm.time); with workers 1 the jobs run in this process."""
     slurm: SlurmConfig = field(default_factory=SlurmConfig)
     """Settings of the slurm backend."""
 
@@ -108,6 +114,7 @@ class ScheduleConfig(GridOptions):
         for key in ("poll_interval_s", "dead_after_min"):
             require(getattr(self, key) > 0, key, f"must be > 0; got {getattr(self, key)}")
         require(self.total_threads >= 0, "total_threads", f"must be >= 0 (0: all cores); got {self.total_threads}")
+        require(self.hung_after >= 0, "hung_after", f"must be >= 0 (0: never); got {self.hung_after}")
         ok = self.step_time_s is None or self.step_time_s > 0
         require(ok, "step_time_s", f"must be > 0, or null to measure it; got {self.step_time_s}")
         if self.until is not None:
@@ -484,6 +491,30 @@ def collect(folder: ResultsFolder, backend: Backend, slurm: SlurmConfig | None =
     return live
 
 
+HUNG_FLOOR_S = 600.0
+"""No job is taken for hung before it has run this long (a first load from a slow disk, a busy machine)."""
+
+
+def kill_hung(folder: ResultsFolder, backend: Backend, config: ScheduleConfig, jobs: dict[str, JobState]) -> None:
+    """Kill the local workers of ``backend`` (this scheduler's own processes: no other pid is ever signalled) whose
+    job has run longer than ``hung_after`` times its expected time; their task then ends, charging that attempt."""
+    seconds, _ = step_time(config, jobs, estimate=False)
+    if not isinstance(backend, LocalArray) or not config.hung_after or seconds is None:
+        return
+    workers = {process.pid: key for key, process in backend.processes.items() if process.poll() is None}
+    for state in jobs.values():
+        path = folder.started_path(state.spec.key, state.submission)
+        if state.status != "submitted" or not path.is_file():
+            continue
+        started = read_json(path)
+        pid, expected = started["worker"]["pid"], train_steps(config, [state.spec]) * seconds
+        ran, limit = time.time() - started["started"], max(HUNG_FLOOR_S, config.hung_after * expected)
+        if started["worker"]["host"] == socket.gethostname() and pid in workers and ran > limit:
+            why = f"taken for hung after {ran / 60:.1f} min, {config.hung_after:g} x its expected {expected / 60:.1f} min"
+            print(f"job {state.spec.label}: {why}; its worker (pid {pid}) is killed", file=sys.stderr, flush=True)
+            backend.kill(workers[pid], f"its worker was {why}")
+
+
 def free_slots(backend: Backend, live: int) -> int:
     """Tasks the next submission may start. Local workers share this machine's cores with the ``live`` tasks of
     earlier submissions, so no more than --workers run at once; SLURM queues each array itself."""
@@ -581,6 +612,7 @@ def _schedule(config: ScheduleConfig, folder: ResultsFolder) -> Left:
             if todo or line != printed:
                 print(f"[{time.strftime('%H:%M:%S')}] {line}", flush=True)
             found, printed, first = found | {spec.key for spec in wanted}, line, False
+            kill_hung(folder, backend, config, jobs)
             submitted = submit(folder, backend, runtime, todo, slots=free_slots(backend, live), history=history)
             if isinstance(backend, InProcess) and submitted:
                 continue  # the jobs ran in this pass: look at their results at once

@@ -334,3 +334,42 @@ def test_a_refused_sbatch_is_an_error_and_a_failed_attempt(
     assert "invalid partition specified: gpu" in capsys.readouterr().err
     (row,) = rows(config)
     assert (row["status"], row["attempts"]) == ("failed", 1) and "not started: sbatch" in row["error"]
+
+
+def _stop_a_worker_inside_a_job(config: ScheduleConfig, deadline: float) -> tuple[str, int]:
+    """SIGSTOP a local worker while it runs a job, once a job has finished (a step time is measured): (key, pid)."""
+    started = Path(config.results_dir) / "started"
+    while time.time() < deadline:
+        done = done_files(config)
+        for path in started.glob("*.json") if done else []:
+            key, pid = path.name.split(".")[0], json.loads(path.read_text())["worker"]["pid"]
+            if key in done or not _alive(pid):
+                continue
+            os.kill(pid, signal.SIGSTOP)
+            if key not in done_files(config):  # stopped inside the job, not just after it
+                return key, pid
+            os.kill(pid, signal.SIGCONT)
+        time.sleep(0.02)
+    raise AssertionError("no job was caught running")
+
+
+@pytest.mark.slow  # two worker processes import torch
+def test_a_hung_local_worker_is_killed_and_its_job_charged_and_run_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A worker stopped inside a job (SIGSTOP: as hung as a process gets) is killed once the job has run hung_after
+    times its expected time, the attempt is charged with the reason, and the job runs again: the scheduler ends."""
+    import finetune.schedule as schedule_module
+
+    monkeypatch.setattr(schedule_module, "HUNG_FLOOR_S", 1.0)
+    run_dir = make_run(tmp_path, "post_ln", "post", steps=(10,))
+    config = config_for(tmp_path, [run_dir], seeds=[0, 1, 2, 3], workers=2, poll_interval_s=0.2, hung_after=3.0)
+    thread, out = in_thread(config)
+    key, pid = _stop_a_worker_inside_a_job(config, time.time() + 240)
+    thread.join(timeout=240)
+    assert not thread.is_alive() and out == [Left([], {})]
+    assert not _alive(pid) and len(done_files(config)) == 4
+    assert done_files(config)[key]["attempt"] == 2
+    err = capsys.readouterr().err
+    assert re.search(r"job mrpc lr=\S+ seed=\d step=10 \(post_ln\): taken for hung after [\d.]+ min, 3 x its expected "
+                     rf"[\d.]+ min; its worker \(pid {pid}\) is killed", err)  # fmt: skip
