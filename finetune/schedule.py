@@ -100,7 +100,7 @@ class ScheduleConfig(GridOptions):
     job of the recipe measures it; unset: the time follows once the first job finishes."""
     hung_after: float = 10.0
     """A local worker's job still running after this many times its expected time (its steps at the measured time
-    per step; at least HUNG_FLOOR_S) is taken for hung: the worker is killed, which charges that attempt. 0: never.
+    per step; at least 10 minutes, HUNG_FLOOR_S) is taken for hung: its worker is killed, charging that attempt. 0: never.
     A SLURM task ends at its array's time limit (slurm.time); with workers 1 the jobs run in this process."""
     slurm: SlurmConfig = field(default_factory=SlurmConfig)
     """Settings of the slurm backend."""
