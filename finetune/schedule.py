@@ -16,8 +16,8 @@ runs them in this process) or ``slurm`` (one ``sbatch`` job array per manifest).
 ``--mode=follow`` also picks up new snapshots until every run is finished, diverged, failed or dead (its heartbeat
 older than ``dead_after_min``), or until ``--until``. The exit code is 1 when jobs failed every attempt, or for good
 on a refused or deleted snapshot, or when a snapshot's snapshot.json or manifest is damaged (its jobs wait until it
-is restored; the others run): all listed with their errors; ``--retry_failed=true`` queues failed jobs again. It is 2, with
-what to do, on bad input, a folder another scheduler holds, a file of it that a task never writes, or jobs submitted
+is restored; the others run): all listed with their errors; ``--retry_failed=true`` queues failed jobs again. It is
+2, with what to do, on bad input, a folder another scheduler holds, a file of it that a task never writes, or jobs submitted
 MAX_REPEATS times without running. It prints one line per job as it ends, and the cost of the jobs before starting
 them (docs/finetuning.md).
 """
@@ -100,8 +100,8 @@ class ScheduleConfig(GridOptions):
     job of the recipe measures it; unset: the time follows once the first job finishes."""
     hung_after: float = 10.0
     """A local worker's job still running after this many times its expected time (its steps at the measured time
-    per step; at least 10 minutes, HUNG_FLOOR_S) is taken for hung: its worker is killed, charging that attempt. 0: never.
-    A SLURM task ends at its array's time limit (slurm.time); with workers 1 the jobs run in this process."""
+    per step; at least 10 minutes, HUNG_FLOOR_S) is taken for hung: its worker is killed, charging that attempt.
+    0: never. A SLURM task ends at its array's time limit (slurm.time); with workers 1 the jobs run in this process."""
     slurm: SlurmConfig = field(default_factory=SlurmConfig)
     """Settings of the slurm backend."""
 
@@ -510,7 +510,8 @@ def kill_hung(folder: ResultsFolder, backend: Backend, config: ScheduleConfig, j
         pid, expected = started["worker"]["pid"], train_steps(config, [state.spec]) * seconds
         ran, limit = time.time() - started["started"], max(HUNG_FLOOR_S, config.hung_after * expected)
         if started["worker"]["host"] == socket.gethostname() and pid in workers and ran > limit:
-            why = f"taken for hung after {ran / 60:.1f} min, {config.hung_after:g} x its expected {expected / 60:.1f} min"
+            why = (f"taken for hung after {ran / 60:.1f} min, {config.hung_after:g} x its expected "
+                   f"{expected / 60:.1f} min")  # fmt: skip
             print(f"job {state.spec.label}: {why}; its worker (pid {pid}) is killed", file=sys.stderr, flush=True)
             backend.kill(workers[pid], f"its worker was {why}")
 

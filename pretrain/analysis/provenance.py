@@ -22,9 +22,9 @@ from pretrain.common.atomic import write_json
 from pretrain.run_folder.layout import TOKENIZER_DIR, read_json_file, read_run_config
 
 PROVENANCE_FILE = "provenance.json"
+"""Written into a cell's run folder by the grid's cell runner (``grid.run_cell``)."""
 CELL_FIX = "remove the cell's folder under OUT/runs to run it again with this checkout"
 """What to do with a cell whose files cannot be used."""
-"""Written into a cell's run folder by the grid's cell runner (``grid.run_cell``)."""
 REPOSITORY = Path(__file__).resolve().parents[2]
 CODE_DIR = "pretrain"
 """The code a cell runs: pretrain/run.py and everything it imports live here."""

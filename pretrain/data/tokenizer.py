@@ -75,7 +75,7 @@ def check_tokenizer(tokenizer: PreTrainedTokenizerBase, *, name: str, model_voca
 
 
 def _load_folder(path: Path, what: str, fix: str) -> PreTrainedTokenizerFast:
-    """The tokenizer ``save_pretrained`` wrote into ``path``; one that cannot be read: ValueError naming it and ``fix``."""
+    """The tokenizer ``save_pretrained`` wrote into ``path``; unreadable: ValueError naming it and ``fix``."""
     try:
         return AutoTokenizer.from_pretrained(str(path))
     except Exception as err:  # a damaged tokenizer.json: a JSON error, or the tokenizers library's bare Exception

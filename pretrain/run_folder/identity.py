@@ -35,6 +35,6 @@ def read_run_id(run_dir: str | Path) -> str:
         )
     run_id = path.read_text(errors="replace").strip()
     if not RUN_ID.fullmatch(run_id):  # written once, atomically: damaged since
-        raise ValueError(f"{path} is damaged (it holds {run_id[:40]!r}, not a run id such as 20261201-000137-3f9a1c2e): "
-                         "restore it from a copy; fine-tuning results are keyed by it")  # fmt: skip
+        raise ValueError(f"{path} is damaged (it holds {run_id[:40]!r}, not a run id such as "
+                         "20261201-000137-3f9a1c2e): restore it from a copy; fine-tuning results are keyed by it")  # fmt: skip
     return run_id
