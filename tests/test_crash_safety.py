@@ -259,7 +259,7 @@ def test_a_stale_running_status_reads_as_dead() -> None:
     assert not is_dead({**stale, "status": "finished"})
 
 
-def test_damaged_run_files_are_named_not_read_as_json_errors(tmp_path: Path) -> None:
+def test_damaged_run_files_are_named_not_read_as_json_errors(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """status.json damaged from outside (its writes are atomic) reads as unknown with the reason, so a scheduler that
     waits for the run is not stopped (the run rewrites it); a damaged snapshot.json, and a damaged run_config.json
     (the command that would continue the run: exit 2), are refused naming the file."""
@@ -276,6 +276,13 @@ def test_damaged_run_files_are_named_not_read_as_json_errors(tmp_path: Path) -> 
     assert listed.step == 5
     with pytest.raises(ValueError, match=r"step_00000005/snapshot\.json is damaged \(Unterminated string"):
         listed.info  # noqa: B018
+    def denied(*_: object, **__: object) -> str:
+        raise PermissionError(errno.EACCES, "Permission denied")
+
+    with monkeypatch.context() as patch:  # a colleague's file without read permission (chmod does not stop root)
+        patch.setattr(Path, "read_text", denied)
+        with pytest.raises(ValueError, match=r"snapshot\.json cannot be read \(Permission denied\): its owner"):
+            listed.info  # noqa: B018
     (tmp_path / "run_id").write_text("\n")  # written once, atomically: emptied since
     with pytest.raises(ValueError, match=r"run_id is damaged \(it holds '', not a run id .*restore it from a copy"):
         read_run_id(tmp_path)

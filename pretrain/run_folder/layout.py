@@ -66,6 +66,8 @@ def read_json_file(path: str | Path) -> dict[str, Any]:
         payload = json.loads(path.read_text()) if path.is_file() else {}
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise ValueError(f"{path} is damaged ({err})") from None
+    except PermissionError as err:  # a colleague's file: written with their umask
+        raise ValueError(f"{path} cannot be read ({err.strerror}): its owner can give read permission") from None
     if not isinstance(payload, dict):
         raise ValueError(f"{path} is damaged (not a JSON object)")
     return payload
