@@ -5,7 +5,9 @@ its formula written out here, in float64 with every parameter perturbed, and eac
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
+import scipy.stats
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -334,7 +336,7 @@ def test_a_logged_step_measures_each_designs_claim():
     stats = measure(model, **batch()).design
     layers = range(TINY["num_hidden_layers"])
     expected = {f"{kind}/{i:02d}" for i in layers for kind in ("hidden/variance", "attention/first_token",
-                                                               "attention/gate", "gpas/scale")}  # fmt: skip
+                                                               "attention/entropy", "attention/gate", "gpas/scale")}  # fmt: skip
     expected |= {f"preact/{kind}/{k:02d}" for k in range(2 * len(layers)) for kind in ("absmax", "saturated")}
     expected |= {f"value_residual/lambda{j}/01" for j in (1, 2)}
     assert set(stats) == expected
@@ -345,4 +347,9 @@ def test_a_logged_step_measures_each_designs_claim():
     for i in layers:
         mass = probs[i][..., 0].mean(1)[real].mean().item()
         assert stats[f"attention/first_token/{i:02d}"] == pytest.approx(mass, rel=1e-5)
+        # ResFormer's analyze/get_entropy.py, one sequence at a time on its real tokens: heads averaged, each key's
+        # attention summed over the queries, normalised, scipy's entropy; then the mean over sequences
+        official = [scipy.stats.entropy((a := probs[i][b][:, real[b]][:, :, real[b]].mean(0).sum(0)) / a.sum())
+                    for b in range(len(real))]  # fmt: skip
+        assert stats[f"attention/entropy/{i:02d}"] == pytest.approx(float(np.mean(official)), rel=1e-5)
     assert stats["gpas/scale/00"] == pytest.approx(1 - F.silu(model.bert.encoder.layer[0].gpas.gate).item())

@@ -271,8 +271,8 @@ def diagnostics(result: dict[str, Any], run_dir: Path, target: float | None, win
     """One run's numbers for the designs' claims (docs/placements.md): the similarity of consecutive sub-layers'
     inputs and the last over the first sub-layers' output norm (probes.sublayer_io, last snapshot); from the logged
     steps (``late``) the FFN gradients' spread over layers, the stream's variance after the last layer over the first
-    (GPAS), the attention mass on [CLS] (gated attention, value residuals: the sink), the fraction of the norms'
-    pre-activations past the flat part (Derf, SeeDNorm, DyT) and the weight the residual designs' averages put on the
+    (GPAS), the attention mass on [CLS] (gated attention, value residuals: the sink) and the entropy of the attention
+    keys receive (value residuals: its concentration), the fraction of the norms' pre-activations past the flat part (Derf, SeeDNorm, DyT) and the weight the residual designs' averages put on the
     embeddings (DenseFormer, AttnRes); HC's and mHC's composite gain at the end, and the first step whose smoothed
     training loss reaches ``target`` (the baseline's final one at the same seed)."""
     sublayers = (result.get("probe") or {}).get("sublayers") or {}
@@ -287,6 +287,7 @@ def diagnostics(result: dict[str, Any], run_dir: Path, target: float | None, win
         "grad_spread": late(rows, ffn_spread),
         "variance_last_over_first": late(rows, variance_growth),
         "first_token_mass": late(rows, lambda r: mean_of(series(r, "attention/first_token/"))),
+        "attention_entropy": late(rows, lambda r: mean_of(series(r, "attention/entropy/"))),
         "preact_saturated": late(rows, lambda r: mean_of(series(r, "preact/saturated/"))),
         "weight_on_embeddings": late(rows, lambda r: mean_of([w[0] for w in r.get("residual/depth_weights") or []])),
         "composite_gain": gains[-1] if gains else None,
@@ -459,7 +460,8 @@ def contrasts_text(args: CompareConfig, found: list[dict[str, Any]]) -> str:
 def diagnostics_text(args: CompareConfig, ranked: list[dict[str, Any]], diagnosed: dict[str, dict]) -> str:
     columns = {"input_similarity": ("input similarity", ".3f"), "output_norm_last_over_first": ("out norm L/1", ".2f"),
                "grad_spread": ("grad spread", ".3f"), "variance_last_over_first": ("variance L/1", ".2f"),
-               "first_token_mass": ("[CLS] mass", ".3f"), "preact_saturated": ("saturated", ".3f"),
+               "first_token_mass": ("[CLS] mass", ".3f"), "attention_entropy": ("attn entropy", ".2f"),
+               "preact_saturated": ("saturated", ".3f"),
                "weight_on_embeddings": ("weight on X_0", ".3f"), "composite_gain": ("composite gain", ".3g"),
                "steps_to_target": ("steps to baseline", ".0f")}  # fmt: skip
     # A column no model has is left out (a study without the designs it measures).
@@ -469,8 +471,8 @@ def diagnostics_text(args: CompareConfig, ranked: list[dict[str, Any]], diagnose
     head = (f"per model, mean over its seeds: input similarity of consecutive sub-layers and output norm of the last "
             f"sub-layers over the first (last snapshot); median over the last tenth of the logged steps: FFN gradient "
             f"spread over layers (CV), the stream's variance after the last layer over the first, attention mass on "
-            f"[CLS], the norms' pre-activations with |z| > 2, the averages' weight on the embeddings; HC/mHC composite "
-            f"gain at the end; steps to {args.baseline or 'a baseline'}'s final training loss (trailing mean of "
+            f"[CLS], the entropy (nats) of the attention keys receive (layers' mean), the norms' pre-activations with "
+            f"|z| > 2, the averages' weight on the embeddings; HC/mHC composite gain at the end; steps to {args.baseline or 'a baseline'}'s final training loss (trailing mean of "
             f"{args.smoothing}); '-': not measured, or some seed never got there")  # fmt: skip
     return titled_table(head, ["model", *(name for name, _ in shown.values())], rows) if rows else ""
 

@@ -7,6 +7,8 @@ real tokens, and the designs' learned scalars. Names, LL a layer, KK a sub-layer
                               grows with depth)
     attention/first_token/LL  attention probability on position 0 ([CLS]), mean over heads and real queries, over the
                               real keys (gated attention: the sink it removes)
+    attention/entropy/LL      entropy (nats) of each key's attention summed over the real queries, heads averaged,
+                              mean over sequences (ResFormer's concentration metric, its analyze/get_entropy.py)
     attention/gate/LL         gated attention's mean gate sigmoid(x W + b) (its sparsity)
     preact/absmax/KK          the largest |z| of sub-layer KK's norm's pre-activation z (DyT, Derf: per element alpha x
                               (+ shift); SeeDNorm: per token <x, beta>)
@@ -63,15 +65,19 @@ class DesignProbe:
             return {}
         return {f"hidden/variance/{index:02d}": stream.float().var(-1, unbiased=False)[self.token_mask].mean()}
 
-    def first_token_mass(self, index: int, attention: nn.Module, h: torch.Tensor) -> dict[str, torch.Tensor]:
-        """The softmax weight on key 0 from the attention's own Q and K (any attention kernel: SDPA returns none)."""
+    def attention_mass(self, index: int, attention: nn.Module, h: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The softmax weight on key 0 and the entropy of the weight each key receives, from the attention's own Q and
+        K (any attention kernel: SDPA returns no probabilities)."""
         h = h.to(attention.query.weight.dtype)
         q, k = project_qkv(h, (attention.query, attention.key), attention.head_size, fused=False)
         q, k = attention.query_norm(q), attention.key_norm(k)  # (B, nh, T, hs)
         scores = (q @ k.transpose(-1, -2)) * attention.scaling
         scores = scores.masked_fill(~self.token_mask[:, None, None, :], float("-inf"))
-        mass = scores.softmax(-1)[..., 0].mean(1)  # (B, T), mean over heads
-        return {f"attention/first_token/{index:02d}": mass[self.token_mask].mean()}
+        probs = scores.softmax(-1).mean(1)  # (B, T queries, T keys), mean over heads
+        received = (probs * self.token_mask[:, :, None]).sum(1)  # (B, T keys): summed over the real queries
+        shares = received / received.sum(-1, keepdim=True)
+        return {f"attention/first_token/{index:02d}": probs[..., 0][self.token_mask].mean(),
+                f"attention/entropy/{index:02d}": torch.special.entr(shares).sum(-1).mean()}  # fmt: skip
 
     def preactivation(self, k: int, norm: nn.Module, x: torch.Tensor) -> dict[str, torch.Tensor]:
         z = norm.preactivation(x).float()[self.token_mask].abs()
@@ -97,7 +103,7 @@ def probing(model: nn.Module, token_mask: torch.Tensor) -> Iterator[DesignProbe]
         probe.parameters(i, layer)
         attention = layer.attention.self
         handles.append(probe.watch(layer, lambda m, args, out, i=i: probe.stream_variance(i, out)))
-        handles.append(probe.watch(attention, lambda m, args, out, i=i: probe.first_token_mass(i, m, args[0])))
+        handles.append(probe.watch(attention, lambda m, args, out, i=i: probe.attention_mass(i, m, args[0])))
         if attention.gate is not None:
             handles.append(probe.watch(attention.gate, lambda m, args, out, i=i: {
                 f"attention/gate/{i:02d}": torch.sigmoid(out.float())[probe.token_mask].mean()}))  # fmt: skip
