@@ -336,7 +336,8 @@ def test_a_logged_step_measures_each_designs_claim():
     stats = measure(model, **batch()).design
     layers = range(TINY["num_hidden_layers"])
     expected = {f"{kind}/{i:02d}" for i in layers for kind in ("hidden/variance", "attention/first_token",
-                                                               "attention/entropy", "attention/gate", "gpas/scale")}  # fmt: skip
+                                                               "attention/entropy", "attention/top_key", "attention/gate",
+                                                               "gpas/scale")}  # fmt: skip
     expected |= {f"preact/{kind}/{k:02d}" for k in range(2 * len(layers)) for kind in ("absmax", "saturated")}
     expected |= {f"value_residual/lambda{j}/01" for j in (1, 2)}
     assert set(stats) == expected
@@ -349,7 +350,9 @@ def test_a_logged_step_measures_each_designs_claim():
         assert stats[f"attention/first_token/{i:02d}"] == pytest.approx(mass, rel=1e-5)
         # ResFormer's analyze/get_entropy.py, one sequence at a time on its real tokens: heads averaged, each key's
         # attention summed over the queries, normalised, scipy's entropy; then the mean over sequences
-        official = [scipy.stats.entropy((a := probs[i][b][:, real[b]][:, :, real[b]].mean(0).sum(0)) / a.sum())
-                    for b in range(len(real))]  # fmt: skip
+        shares = [(a := probs[i][b][:, real[b]][:, :, real[b]].mean(0).sum(0)) / a.sum() for b in range(len(real))]
+        official = [scipy.stats.entropy(share) for share in shares]
         assert stats[f"attention/entropy/{i:02d}"] == pytest.approx(float(np.mean(official)), rel=1e-5)
+        top = [share.max().item() for share in shares]
+        assert stats[f"attention/top_key/{i:02d}"] == pytest.approx(float(np.mean(top)), rel=1e-5)
     assert stats["gpas/scale/00"] == pytest.approx(1 - F.silu(model.bert.encoder.layer[0].gpas.gate).item())

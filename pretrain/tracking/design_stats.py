@@ -9,6 +9,7 @@ real tokens, and the designs' learned scalars. Names, LL a layer, KK a sub-layer
                               real keys (gated attention: the sink it removes)
     attention/entropy/LL      entropy (nats) of each key's attention summed over the real queries, heads averaged,
                               mean over sequences (ResFormer's concentration metric, its analyze/get_entropy.py)
+    attention/top_key/LL      the largest of those shares, mean over sequences: a sink wherever it is ([SEP] too)
     attention/gate/LL         gated attention's mean gate sigmoid(x W + b) (its sparsity)
     preact/absmax/KK          the largest |z| of sub-layer KK's norm's pre-activation z (DyT, Derf: per element alpha x
                               (+ shift); SeeDNorm: per token <x, beta>)
@@ -66,8 +67,8 @@ class DesignProbe:
         return {f"hidden/variance/{index:02d}": stream.float().var(-1, unbiased=False)[self.token_mask].mean()}
 
     def attention_mass(self, index: int, attention: nn.Module, h: torch.Tensor) -> dict[str, torch.Tensor]:
-        """The softmax weight on key 0 and the entropy of the weight each key receives, from the attention's own Q and
-        K (any attention kernel: SDPA returns no probabilities)."""
+        """The softmax weight on key 0, and the entropy and largest of the shares the keys receive, from the
+        attention's own Q and K (any attention kernel: SDPA returns no probabilities)."""
         h = h.to(attention.query.weight.dtype)
         q, k = project_qkv(h, (attention.query, attention.key), attention.head_size, fused=False)
         q, k = attention.query_norm(q), attention.key_norm(k)  # (B, nh, T, hs)
@@ -77,7 +78,8 @@ class DesignProbe:
         received = (probs * self.token_mask[:, :, None]).sum(1)  # (B, T keys): summed over the real queries
         shares = received / received.sum(-1, keepdim=True)
         return {f"attention/first_token/{index:02d}": probs[..., 0][self.token_mask].mean(),
-                f"attention/entropy/{index:02d}": torch.special.entr(shares).sum(-1).mean()}  # fmt: skip
+                f"attention/entropy/{index:02d}": torch.special.entr(shares).sum(-1).mean(),
+                f"attention/top_key/{index:02d}": shares.amax(-1).mean()}  # fmt: skip
 
     def preactivation(self, k: int, norm: nn.Module, x: torch.Tensor) -> dict[str, torch.Tensor]:
         z = norm.preactivation(x).float()[self.token_mask].abs()
