@@ -630,7 +630,12 @@ def _schedule(config: ScheduleConfig, folder: ResultsFolder) -> Left:
         raise Interrupted(0 if isinstance(backend, SlurmArray) else requeue_after_interrupt(folder)) from None
     finally:
         backend.close()
-    jobs = lines()  # the last lines: local workers' and SLURM tasks' results since the last pass
+    # The last lines: local workers' and SLURM tasks' results since the last pass.
+    return closing(config, lines(), wanted, refused)
+
+
+def closing(config: ScheduleConfig, jobs: dict[str, JobState], wanted: list[JobSpec], refused: dict[str, str]) -> Left:
+    """What a stopping scheduler leaves undone, after the status table and the finished jobs' results."""
     print("\n".join(status_lines(jobs, config.max_attempts)), flush=True)
     if results := results_lines(jobs):
         print("\nresults (finished jobs; python -m finetune.report draws Figure 5 from them):", flush=True)
