@@ -286,6 +286,12 @@ def test_a_full_disk_ends_a_command_with_the_file_it_was_writing(
     assert f"writing {tmp_path / 'results.json'}: make room on that disk and run the same command" in capsys.readouterr().err
     assert not list(tmp_path.iterdir())  # no temporary file left
 
+    def wrapped() -> int:  # a Rust library's error (safetensors, tokenizers): its words, no errno
+        raise RuntimeError("I/O error: No space left on device (os error 28)")
+
+    assert run_cli(wrapped) == 2
+    assert "(os error 28): make room on that disk" in capsys.readouterr().err
+
     def denied() -> int:
         raise PermissionError(errno.EACCES, "Permission denied")
 

@@ -21,8 +21,21 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-NO_ROOM_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
-"""The errors of a write that found no room: a full disk or a spent quota."""
+_NO_ROOM_ERRNOS = (errno.ENOSPC, errno.EDQUOT)  # a full disk, a spent quota
+# How a library that wraps the OSError (safetensors, Rust's std::io) words it.
+_NO_ROOM_WORDS = ("No space left on device", "Disk quota exceeded", "os error 28", "os error 122")
+
+
+def no_room(err: BaseException) -> BaseException | None:
+    """The error of ``err``'s chain (itself, then what caused it) that says a write found no room: an OSError with
+    ENOSPC or EDQUOT, or a library's error that wraps one in its words; None when none does."""
+    seen: BaseException | None = err
+    while seen is not None:
+        said = any(word in str(seen) for word in _NO_ROOM_WORDS)
+        if said or (isinstance(seen, OSError) and seen.errno in _NO_ROOM_ERRNOS):
+            return seen
+        seen = seen.__cause__ or seen.__context__
+    return None
 
 
 def current_umask() -> int:
@@ -71,7 +84,7 @@ def writing(path: str | Path) -> Iterator[Path]:
             yield tmp
             _seal(tmp)
         except OSError as err:
-            if err.errno in NO_ROOM_ERRNOS and err.filename is None:  # a write() names no file: name what it was for
+            if err.filename is None and no_room(err):  # a write() names no file: name what it was for
                 err.filename = str(path)
             raise
         os.replace(tmp, path)

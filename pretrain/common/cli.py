@@ -40,7 +40,7 @@ from jsonargparse import (
     set_parsing_settings,
 )
 
-from pretrain.common.atomic import NO_ROOM_ERRNOS
+from pretrain.common.atomic import no_room
 from pretrain.common.device import passive_cpu_threads
 
 T = TypeVar("T")
@@ -65,7 +65,7 @@ def writable_folder(path: str | Path, key: str) -> None:
         with tempfile.TemporaryFile(dir=path):
             pass
     except OSError as err:
-        if err.errno in NO_ROOM_ERRNOS:
+        if no_room(err):
             return
         raise ConfigError(f"{key}={path}: cannot write there ({err.strerror}); pass a folder you can write") from None
 
@@ -392,20 +392,21 @@ def run_cli(main: Callable[[], int], errors: tuple[type[BaseException], ...] = (
     try:
         with interruptible():
             return main()
-    except (ValueError, OSError, *errors) as err:  # ConfigError is a ValueError
-        message = _message(err)
+    except Exception as err:
+        message = _message(err, (ValueError, FileNotFoundError, *errors))  # ConfigError is a ValueError
         if message is None or os.environ.get("LNBERT_TRACEBACK"):
             raise
         print(f"error: {message}\n(set LNBERT_TRACEBACK=1 to see the traceback)", file=sys.stderr)
         return 2
 
 
-def _message(err: BaseException) -> str | None:
-    """The line a command ends with for ``err`` (run_cli); None for an error of the system, which keeps its traceback,
-    but a full disk: every file is written whole (pretrain/common/atomic.py), so what was written is intact."""
-    if not isinstance(err, OSError) or isinstance(err, FileNotFoundError):
+def _message(err: Exception, said: tuple[type[BaseException], ...]) -> str | None:
+    """The line a command ends with for ``err`` (run_cli): its message for the errors it ``said``, and for a full disk
+    where it was writing (every file is written whole: pretrain/common/atomic.py, so what was written is intact);
+    None for any other error, which keeps its traceback."""
+    if isinstance(err, said):
         return str(err)
-    if err.errno in NO_ROOM_ERRNOS:
-        where = f" writing {err.filename}" if err.filename else ""  # a library's write() may name no file
-        return f"{err.strerror}{where}: make room on that disk and run the same command to go on"
-    return None
+    if (seen := no_room(err)) is None:
+        return None
+    where = f" writing {seen.filename}" if getattr(seen, "filename", None) else ""  # a library may name no file
+    return f"{getattr(seen, 'strerror', None) or seen}{where}: make room on that disk and run the same command to go on"

@@ -25,7 +25,7 @@ from accelerate.utils import MODEL_NAME, gather_object
 from transformers import PreTrainedTokenizerBase
 from transformers.utils import logging as hf_logging
 
-from pretrain.common.atomic import NO_ROOM_ERRNOS, follow_umask, publish_dir, write_json
+from pretrain.common.atomic import follow_umask, no_room, publish_dir, write_json
 from pretrain.run_folder.layout import (
     CHECKPOINTS,
     RUN_CONFIG_FILE,
@@ -191,8 +191,6 @@ def check_continuable(checkpoint: Path, same_run: bool, global_batch_size: int, 
 DISK_FULL_HINT = "Free space there, then continue with --train.resume=auto (from the latest checkpoint)"
 TOKENIZER_ROOM = 16 << 20
 """Bytes a run's tokenizer folder may take (bert-base-uncased's are about 1 MB), checked before data preparation."""
-# How a library that wraps the OSError (safetensors, Rust's std::io) words it.
-_NO_ROOM_WORDS = ("No space left on device", "Disk quota exceeded", "os error 28", "os error 122")
 
 
 class DiskFull(Exception):
@@ -231,14 +229,10 @@ def as_disk_full(err: BaseException, where: Path) -> DiskFull | None:
     OSError with ENOSPC/EDQUOT or a library's error that wraps one; None for any other error."""
     if isinstance(err, DiskFull):
         return err
-    seen: BaseException | None = err
-    while seen is not None:
-        no_room = isinstance(seen, OSError) and seen.errno in NO_ROOM_ERRNOS
-        if no_room or any(word in str(seen) for word in _NO_ROOM_WORDS):
-            path = getattr(seen, "filename", None) or where
-            return DiskFull(f"disk full: no space left while writing {path} ({type(seen).__name__}). {DISK_FULL_HINT}")
-        seen = seen.__cause__ or seen.__context__
-    return None
+    if (seen := no_room(err)) is None:
+        return None
+    path = getattr(seen, "filename", None) or where
+    return DiskFull(f"disk full: no space left while writing {path} ({type(seen).__name__}). {DISK_FULL_HINT}")
 
 
 @contextlib.contextmanager

@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
-from pretrain.common.atomic import NO_ROOM_ERRNOS
+from pretrain.common.atomic import no_room
 from pretrain.common.cli import ConfigError
 from pretrain.run_folder.layout import LOCK_FILE, STOP_FILE
 
@@ -60,7 +60,7 @@ def name_holder(f: IO[str], **extra: Any) -> None:
     try:
         os.write(f.fileno(), named.encode())
     except OSError as err:
-        if err.errno not in NO_ROOM_ERRNOS:
+        if not no_room(err):
             raise
         f.truncate(0)
 
