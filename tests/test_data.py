@@ -501,7 +501,9 @@ def test_cache_hit_and_miss(tmp_path: Path, json_config: DataConfig, corpus: Pat
     assert calls == {"tokenize": 8, "train_tokenizer": 3}
 
 
-def test_a_damaged_cache_entry_or_tokenizer_folder_is_named_with_the_fix(tmp_path: Path, json_config: DataConfig) -> None:
+def test_a_damaged_cache_entry_or_tokenizer_folder_is_named_with_the_fix(
+    tmp_path: Path, json_config: DataConfig, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Cache entries and tokenizer folders are written whole (atomically): one that cannot be read was damaged since,
     and is named with what to do, not read as a bare JSON or Arrow error."""
     build_pretraining_data(json_config, seed=0, save_tokenizer_to=tmp_path / "run" / "tokenizer")
@@ -512,6 +514,13 @@ def test_a_damaged_cache_entry_or_tokenizer_folder_is_named_with_the_fix(tmp_pat
     with pytest.raises(ValueError, match=rf"instances in {entry} cannot be read \(OSError: .*remove that folder"):
         build_pretraining_data(json_config, seed=0)
     shard.write_bytes(original)
+    def refused(*_: object, **__: object) -> None:
+        raise OSError(5, "I/O error")
+
+    with monkeypatch.context() as patch:  # the file system refusing a read (NFS): its error, not "remove the folder"
+        patch.setattr(datasets.Dataset, "from_file", refused)
+        with pytest.raises(OSError, match="I/O error"):
+            build_pretraining_data(json_config, seed=0)
     (entry / "summary.json").write_bytes(b"\xff{")
     with pytest.raises(ValueError, match=rf"instances in {entry} cannot be read \(UnicodeDecodeError"):
         build_pretraining_data(json_config, seed=0)

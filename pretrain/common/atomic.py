@@ -38,6 +38,12 @@ def no_room(err: BaseException) -> BaseException | None:
     return None
 
 
+def is_damage(err: BaseException) -> bool:
+    """Whether a failed read of files written whole (by this module) says they were damaged or removed since, not
+    that the system refused the read (EIO, ESTALE, EACCES: nothing to remove or make again)."""
+    return not isinstance(err, OSError) or err.errno in (None, errno.ENOENT)
+
+
 def current_umask() -> int:
     mask = os.umask(0o022)  # the only way to read it is to set it; put it back at once
     os.umask(mask)

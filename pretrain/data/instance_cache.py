@@ -25,7 +25,7 @@ from tokenizers import Tokenizer
 from tqdm.auto import tqdm
 from transformers import PreTrainedTokenizerFast
 
-from pretrain.common.atomic import publish_dir, write_json, writing
+from pretrain.common.atomic import is_damage, publish_dir, write_json, writing
 from pretrain.common.roles import not_keyed_in
 from pretrain.data.cache import CACHE_FORMAT_VERSION, content_hash, exclusive_lock
 from pretrain.data.config import DataConfig
@@ -85,6 +85,8 @@ def cached_instances(documents: Callable[[], tuple[datasets.Dataset, datasets.Da
             shards = [datasets.Dataset.from_file(str(folder / name / f)) for f in summary[name]["shards"]]
             loaded.append(shards[0] if len(shards) == 1 else datasets.concatenate_datasets(shards))
     except (OSError, ValueError, KeyError, TypeError) as err:
+        if not is_damage(err):
+            raise
         raise _damaged(folder, err) from None
     return loaded[0], loaded[1]
 

@@ -12,7 +12,7 @@ from pathlib import Path
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 from transformers import AutoTokenizer, BertTokenizerFast, PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
-from pretrain.common.atomic import atomic_dir
+from pretrain.common.atomic import atomic_dir, is_damage
 from pretrain.common.roles import keyed_in
 from pretrain.data.cache import CACHE_FORMAT_VERSION, content_hash
 from pretrain.data.config import MIN_PLAUSIBLE_VOCAB, DataConfig
@@ -79,6 +79,8 @@ def _load_folder(path: Path, what: str, fix: str) -> PreTrainedTokenizerFast:
     try:
         return AutoTokenizer.from_pretrained(str(path))
     except Exception as err:  # a damaged tokenizer.json: a JSON error, or the tokenizers library's bare Exception
+        if not is_damage(err):
+            raise
         raise ValueError(f"{what}: the tokenizer in {path} cannot be read ({err}): its files are damaged or not a "
                          f"tokenizer's; {fix}") from None  # fmt: skip
 
