@@ -294,11 +294,16 @@ def step_time(config: ScheduleConfig, jobs: dict[str, JobState], estimate: bool 
     return config.step_time_s, f"an estimate, --step_time_s: no job of this recipe in {config.results_dir} has ended"
 
 
+@functools.cache  # asked on every pass (the ETA, hung jobs); GLUE's files do not change under a scheduler
+def train_examples(task: str, data_dir: str | None) -> int:
+    return len(load_task(task, data_dir)["train"]) if data_dir else GLUE_TRAIN_SIZES[task]
+
+
 def train_steps(config: ScheduleConfig, specs: list[JobSpec]) -> int:
-    """Optimizer steps of the jobs ``specs`` under the recipe (each task's training set is read once)."""
+    """Optimizer steps of the jobs ``specs`` under the recipe."""
     recipe, per_job = config.recipe, {}
     for task in {spec.task for spec in specs}:
-        examples = len(load_task(task, config.data_dir)["train"]) if config.data_dir else GLUE_TRAIN_SIZES[task]
+        examples = train_examples(task, config.data_dir)
         examples = min(examples, recipe.max_train_examples or examples)
         per_job[task] = math.ceil(examples / recipe.batch_size) * recipe.epochs
     return sum(per_job[spec.task] for spec in specs)

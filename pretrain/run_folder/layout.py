@@ -63,7 +63,9 @@ def read_json_file(path: str | Path) -> dict[str, Any]:
     naming it (the caller says what to do)."""
     path = Path(path)
     try:
-        payload = json.loads(path.read_text()) if path.is_file() else {}
+        payload = json.loads(path.read_text())
+    except FileNotFoundError:  # also when removed between a look and the read
+        return {}
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise ValueError(f"{path} is damaged ({err})") from None
     except PermissionError as err:  # a colleague's file: written with their umask
