@@ -30,6 +30,7 @@ from finetune.glue import load_task
 from finetune.manifest import ResultsBusy, ResultsFolder, Runtime
 from finetune.schedule import NoProgress, collect, job_lines, lifted, retried, runnable, submit, wandb_settings
 from finetune.worker import check_model_name, check_snapshot, describe_model, job_specs
+from pretrain.common.atomic import is_damage
 from pretrain.common.cli import ConfigError, parse, require, run_cli
 from pretrain.run_folder.layout import SNAPSHOTS, TRAIN_STATE_FILE, list_snapshots, run_folder_of
 from pretrain.tracking.wandb_logging import check_wandb
@@ -85,6 +86,8 @@ def check_loads(model: str) -> None:
     except CheckpointMismatch as err:
         raise ConfigError(f"--model {model!r} cannot be fine-tuned: {err} Or pass another --model.") from None
     except (SafetensorError, OSError) as err:
+        if not is_damage(err):  # the file system refused the read: its own error
+            raise
         raise ConfigError(f"--model {model!r}: its weights cannot be read ({err}): the files are damaged or incomplete; "
                           "copy them again, or pass another --model") from None  # fmt: skip
     finally:

@@ -15,8 +15,8 @@ runs them in this process) or ``slurm`` (one ``sbatch`` job array per manifest).
 ``--mode=once`` runs the jobs of the snapshots that exist until each is done or failed ``max_attempts`` times;
 ``--mode=follow`` also picks up new snapshots until every run is finished, diverged, failed or dead (its heartbeat
 older than ``dead_after_min``), or until ``--until``. The exit code is 1 when jobs failed every attempt, or for good
-on a refused or deleted snapshot, or when a snapshot's snapshot.json or manifest is damaged (its jobs wait until it
-is restored; the others run): all listed with their errors; ``--retry_failed=true`` queues failed jobs again. It is
+on a refused or deleted snapshot, or when a snapshot's jobs cannot be planned (its snapshot.json or manifest damaged,
+a recipe.max_length beyond its position embeddings; the others run): all listed with their errors; ``--retry_failed=true`` queues failed jobs again. It is
 2, with what to do, on bad input, a folder another scheduler holds, a file of it that a task never writes, or jobs submitted
 MAX_REPEATS times without running. It prints one line per job as it ends, and the cost of the jobs before starting
 them (docs/finetuning.md).
@@ -56,7 +56,7 @@ from finetune.manifest import (
     recipe_hash,
 )
 from finetune.worker import SnapshotRefused, describe_model, files_stamp, job_specs, max_positions
-from pretrain.common.cli import parse_command, require, run_cli
+from pretrain.common.cli import ConfigError, parse_command, require, run_cli
 from pretrain.run_folder.identity import read_run_id
 from pretrain.run_folder.layout import DEAD_AFTER_S, TERMINAL_STATUSES, is_dead, list_snapshots, read_status
 from pretrain.tracking.wandb_logging import WandbSettings, check_wandb
@@ -151,9 +151,9 @@ def parse_until(value: str, now: float | None = None) -> float:
 
 @dataclass(frozen=True)
 class Discovered:
-    """What ``discover`` finds: the jobs of every complete snapshot, and the snapshots refused as they are ({folder:
-    why}: a file their jobs are keyed by damaged since, or another format version), whose jobs wait until they are
-    restored while the others run."""
+    """What ``discover`` finds: the jobs of every complete snapshot, and the snapshots whose jobs cannot be planned
+    ({folder: why}: a file their jobs are keyed by damaged since, another format version, a recipe that does not fit
+    the model), while the others run."""
 
     specs: list[JobSpec]
     refused: dict[str, str]
@@ -170,10 +170,10 @@ def discover(config: ScheduleConfig) -> Discovered:
         for snapshot in list_snapshots(run_dir):
             try:
                 model = describe_model(snapshot.path)
-            except SnapshotRefused as err:
+                config.recipe.check_fits(max_positions(snapshot.path), str(snapshot.path))  # else every job fails alike
+            except (SnapshotRefused, ConfigError) as err:
                 refused[str(snapshot.path)] = str(err)
                 continue
-            config.recipe.check_fits(max_positions(snapshot.path), str(snapshot.path))  # else every job fails alike
             for task in config.tasks:
                 specs += job_specs(model, task, config.lrs, config.seeds, config.recipe)
     return Discovered(list({spec.key: spec for spec in specs}.values()), refused)  # a run given twice is one run
@@ -182,7 +182,7 @@ def discover(config: ScheduleConfig) -> Discovered:
 def told(refused: dict[str, str], before: dict[str, str]) -> dict[str, str]:
     """The snapshots ``refused`` ({folder: why}, Discovered.refused), after a line for each not so in ``before``."""
     for path, why in refused.items() - before.items():
-        print(f"snapshot {path} is refused, its jobs wait until it is restored: {why}", file=sys.stderr)
+        print(f"snapshot {path} is refused, its jobs are not planned: {why}", file=sys.stderr)
     return refused
 
 
@@ -373,7 +373,7 @@ def print_failures(failures: list[JobState], snapshots: dict[str, str] | None = 
             print(f"  {spec.run_name} [{spec.run_id}] step {spec.pretrain_step} {spec.task} lr={spec.lr:g} "
                   f"seed={spec.seed} ({tries}): {state.error}", file=sys.stderr)  # fmt: skip
     if snapshots:
-        print(f"{len(snapshots)} snapshot(s) refused, their jobs not planned (until restored):", file=sys.stderr)
+        print(f"{len(snapshots)} snapshot(s) refused, their jobs not planned:", file=sys.stderr)
     for path, why in sorted((snapshots or {}).items()):
         print(f"  {path}: {why}", file=sys.stderr)
     print("fix the cause and queue them again with --retry_failed=true", file=sys.stderr)

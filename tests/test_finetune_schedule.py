@@ -345,8 +345,8 @@ def test_a_snapshot_whose_key_files_were_damaged_waits_and_the_others_run(
     config = config_for(tmp_path, [run_dir])
     assert main([*cli_args(config), "--mode=once"]) == 1
     err = capsys.readouterr().err
-    assert f"snapshot {damaged.parent} is refused, its jobs wait until it is restored: " in err
-    assert f"1 snapshot(s) refused, their jobs not planned (until restored):\n  {damaged.parent}: " in err
+    assert f"snapshot {damaged.parent} is refused, its jobs are not planned: " in err
+    assert f"1 snapshot(s) refused, their jobs not planned:\n  {damaged.parent}: " in err
     assert f"{damaged} is damaged (" in err and "; restore it from a copy" in err
     assert [(r["pretrain_step"], r["status"]) for r in done_rows(config)] == [(10, "done")]
     damaged.write_bytes(original)
