@@ -24,6 +24,7 @@ them (docs/finetuning.md).
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import functools
 import math
@@ -151,9 +152,9 @@ def parse_until(value: str, now: float | None = None) -> float:
 
 @dataclass(frozen=True)
 class Discovered:
-    """What ``discover`` finds: the jobs of every complete snapshot, and the snapshots whose jobs cannot be planned
-    ({folder: why}: a file their jobs are keyed by damaged since, another format version, a recipe that does not fit
-    the model), while the others run."""
+    """What ``discover`` finds: the jobs of every complete snapshot, and the snapshots (or whole runs) whose jobs
+    cannot be planned ({folder: why}: a file their jobs are keyed by damaged since, another format version, a recipe
+    that does not fit the model), while the others run."""
 
     specs: list[JobSpec]
     refused: dict[str, str]
@@ -166,7 +167,11 @@ def discover(config: ScheduleConfig) -> Discovered:
         run_dir = Path(run).resolve()
         if not run_dir.is_dir():
             continue  # follow mode: the run has not started yet
-        read_run_id(run_dir)  # a folder without an identity is refused here, with the reason
+        try:
+            read_run_id(run_dir)  # a folder without one is not a run folder: FileNotFoundError, the user's input
+        except ValueError as err:  # damaged since: this run's jobs wait, the other runs' go on
+            refused[str(run_dir)] = str(err)
+            continue
         for snapshot in list_snapshots(run_dir):
             try:
                 model = describe_model(snapshot.path)
@@ -182,7 +187,7 @@ def discover(config: ScheduleConfig) -> Discovered:
 def told(refused: dict[str, str], before: dict[str, str]) -> dict[str, str]:
     """The snapshots ``refused`` ({folder: why}, Discovered.refused), after a line for each not so in ``before``."""
     for path, why in refused.items() - before.items():
-        print(f"snapshot {path} is refused, its jobs are not planned: {why}", file=sys.stderr)
+        print(f"{path} is refused, its jobs are not planned: {why}", file=sys.stderr)
     return refused
 
 
@@ -190,7 +195,10 @@ def vanished(config: ScheduleConfig, jobs: dict[str, JobState], found: list[JobS
     """The unfinished jobs of the runs and grid of ``config`` that the folder names but ``found`` (discover) lacks,
     as their model folder no longer exists: a snapshot deleted or moved after its jobs were planned. They stay
     wanted, so that their task fails them for good, saying so, and they run once it is back."""
-    ids = {read_run_id(Path(run).resolve()) for run in config.runs if Path(run).is_dir()}
+    ids = set()
+    for run in config.runs:
+        with contextlib.suppress(FileNotFoundError, ValueError):  # not started yet; refused by discover
+            ids.add(read_run_id(Path(run).resolve()))
     grid = {(task, float(lr), int(seed)) for task in config.tasks for lr in config.lrs for seed in config.seeds}
     recipe, keys, gone = config.recipe.result_key(), {spec.key for spec in found}, []
     for key, state in jobs.items():
@@ -373,7 +381,7 @@ def print_failures(failures: list[JobState], snapshots: dict[str, str] | None = 
             print(f"  {spec.run_name} [{spec.run_id}] step {spec.pretrain_step} {spec.task} lr={spec.lr:g} "
                   f"seed={spec.seed} ({tries}): {state.error}", file=sys.stderr)  # fmt: skip
     if snapshots:
-        print(f"{len(snapshots)} snapshot(s) refused, their jobs not planned:", file=sys.stderr)
+        print(f"{len(snapshots)} snapshot or run folder(s) refused, their jobs not planned:", file=sys.stderr)
     for path, why in sorted((snapshots or {}).items()):
         print(f"  {path}: {why}", file=sys.stderr)
     print("fix the cause and queue them again with --retry_failed=true", file=sys.stderr)

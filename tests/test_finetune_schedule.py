@@ -345,13 +345,29 @@ def test_a_snapshot_whose_key_files_were_damaged_waits_and_the_others_run(
     config = config_for(tmp_path, [run_dir])
     assert main([*cli_args(config), "--mode=once"]) == 1
     err = capsys.readouterr().err
-    assert f"snapshot {damaged.parent} is refused, its jobs are not planned: " in err
-    assert f"1 snapshot(s) refused, their jobs not planned:\n  {damaged.parent}: " in err
+    assert f"{damaged.parent} is refused, its jobs are not planned: " in err
+    assert f"1 snapshot or run folder(s) refused, their jobs not planned:\n  {damaged.parent}: " in err
     assert f"{damaged} is damaged (" in err and "; restore it from a copy" in err
     assert [(r["pretrain_step"], r["status"]) for r in done_rows(config)] == [(10, "done")]
     damaged.write_bytes(original)
     assert schedule(config) == Left([], {})
     assert sorted(r["pretrain_step"] for r in done_rows(config)) == [10, 30]
+
+
+def test_a_run_whose_id_was_damaged_waits_and_the_other_runs_are_fine_tuned(tmp_path: Path) -> None:
+    """RUN/run_id keys every job of its run: damaged since, that run is named and planned no job; the other run's
+    jobs run. Restored, the same command fine-tunes it."""
+    post, pre = make_run(tmp_path, "post_ln", "post", steps=(10,)), make_run(tmp_path, "pre_ln", "pre", steps=(10,))
+    run_id = (pre / "run_id").read_text()
+    (pre / "run_id").write_text("")
+    config = config_for(tmp_path, [post, pre])
+    left = schedule(config)
+    assert left.failures == [] and list(left.refused) == [str(pre.resolve())]
+    assert "run_id is damaged" in left.refused[str(pre.resolve())]
+    assert {r["run_name"] for r in done_rows(config)} == {"post_ln"}
+    (pre / "run_id").write_text(run_id)
+    assert schedule(config) == Left([], {})
+    assert sorted(r["run_name"] for r in done_rows(config)) == ["post_ln", "pre_ln"]
 
 
 def test_each_job_has_its_line_as_it_ends_beside_the_progress_bar(
