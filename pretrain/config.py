@@ -235,6 +235,10 @@ class TrainConfig:
     checkpoint in output_dir; or a path to a checkpoint folder (e.g. of a shorter-sequence phase)."""
     collective_timeout_s: int = role("limit", default=1800)
     """Seconds a process waits at a collective before the run fails naming this key; covers data prep and saves."""
+    hang_timeout_s: int = role("mechanics", default=1200)
+    """Seconds without a finished step (its evaluation and saves included) after which a process is stopped as hung:
+    it prints every thread's stack, status.json says hung, exit code 3, and the same command continues from the last
+    checkpoint; 0: never. Below collective_timeout_s, so that a multi-process run is stopped as hung, not failed."""
     peak_flops_per_device: float | None = role("mechanics", resolved=True, default=None)
     """Peak FLOP/s of a device for train/mfu; 0 disables MFU; null: the GPU's data-sheet figure (common/hardware.py)."""
 
@@ -246,7 +250,7 @@ class TrainConfig:
                     "collective_timeout_s"):
             _require(getattr(self, key) > 0, f"train.{key}", "must be a positive integer")
         for key in ("eval_every", "eval_batches", "checkpoint_every", "snapshot_every", "num_workers",
-                    "max_skipped_steps"):
+                    "max_skipped_steps", "hang_timeout_s"):
             _require(getattr(self, key) >= 0, f"train.{key}", "must be >= 0")
         _require(all(s >= 0 for s in self.snapshot_steps), "train.snapshot_steps", "steps must be >= 0")
         peak = self.peak_flops_per_device

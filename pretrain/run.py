@@ -12,7 +12,8 @@ Accelerate, about 9 s of CPU) is imported after them, so that a typo answers at 
 docs/run_layout.md. Exit codes: 0 finished, diverged (an experimental outcome, in status.json) or preempted
 (SIGTERM/SIGINT/RUN/STOP at any stage, train.stop_at_step: checkpoint saved; a full disk, before a save or by a write;
 continue with --train.resume=auto; docs/faults.md says why 0); 2 bad configuration or input (message on stderr,
-nothing trained); 1 an unexpected error (status failed). The same command run again continues the run in
+nothing trained); 1 an unexpected error (status failed); 3 hung, stopped by its watchdog (no step for
+train.hang_timeout_s; status hung, every thread's stack on stderr). The same command run again continues the run in
 train.output_dir, or reports it finished.
 """
 

@@ -17,7 +17,7 @@ import os
 import sys
 import time
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -76,8 +76,8 @@ from pretrain.run_folder.checkpointing import (
 )
 from pretrain.run_folder.identity import ensure_run_id
 from pretrain.run_folder.same_run import check_same_run
-from pretrain.run_folder.status import Heartbeat, StopRequest, write_status
-from pretrain.tracking.design_stats import LayerMeasurement, measure, measuring
+from pretrain.run_folder.status import Heartbeat, StopRequest, watchdog, write_status
+from pretrain.tracking.design_stats import LayerMeasurement, measure, measuring, where_token
 from pretrain.tracking.metrics import (
     clip_coefficient,
     init_trackers,
@@ -281,7 +281,8 @@ def train_step(
             measure_now = log_step and design is None  # the step's first micro-batch, at a log step
             # The step's own forward is measured, except a compiled model's (traced again with the hooks in it).
             hooked = measure_now and not is_compiled_module(model)
-            with measuring(setup.unwrapped, batch["attention_mask"]) if hooked else nullcontext() as measured:
+            sep = where_token(batch["input_ids"], setup.tokenizer.sep_token_id)
+            with measuring(setup.unwrapped, batch["attention_mask"], sep) if hooked else nullcontext() as measured:
                 out = model(**batch)
             if measure_now:
                 found = measured() if hooked else measured_forward(setup, batch)
@@ -327,16 +328,34 @@ def train_step(
 def measured_forward(setup: TrainingSetup, batch: dict[str, torch.Tensor]) -> LayerMeasurement:
     """What the layers show, by one extra forward without gradients (a compiled model's log step)."""
     with setup.accelerator.autocast():
-        return measure(setup.unwrapped, batch["input_ids"], batch["attention_mask"], batch.get("token_type_ids"))
+        return measure(setup.unwrapped, batch["input_ids"], batch["attention_mask"], batch.get("token_type_ids"),
+                       setup.tokenizer.sep_token_id)  # fmt: skip
 
 
 @torch.no_grad()
 def evaluate(setup: TrainingSetup) -> dict[str, float]:
-    """Validation MLM loss and accuracy (over masked tokens) and NSP accuracy, over all processes."""
+    """Validation MLM loss and accuracy (over masked tokens) and NSP accuracy, over all processes; the MLM loss of as
+    many training instances, evaluated alike, and the gap between the two (Derf's claim: a lower validation loss from
+    better generalization, not a better fit)."""
+    setup.model.eval()
+    loss_sum, correct, masked, nsp_correct, examples = evaluation_totals(setup, setup.loaders.validation)
+    metrics = {VAL_MLM_LOSS: loss_sum / max(masked, 1), "val/mlm_accuracy": correct / max(masked, 1)}
+    if setup.cfg.data.objective == "mlm_nsp":
+        metrics["val/nsp_accuracy"] = nsp_correct / max(examples, 1)
+    if setup.loaders.train_sample is not None:
+        fit_sum, _, fit_masked, _, _ = evaluation_totals(setup, setup.loaders.train_sample)
+        metrics["val/train_split_mlm_loss"] = fit_sum / max(fit_masked, 1)
+        metrics["val/generalization_gap"] = metrics[VAL_MLM_LOSS] - metrics["val/train_split_mlm_loss"]
+    setup.model.train()
+    return metrics
+
+
+def evaluation_totals(setup: TrainingSetup, loader: Iterable[dict[str, torch.Tensor]]) -> list[float]:
+    """Over ``loader`` and all processes: the masked tokens' summed loss, how many were right, how many there were,
+    right NSP answers, examples."""
     accelerator, model = setup.accelerator, setup.model
-    model.eval()
     totals = torch.zeros(5, dtype=torch.float64, device=accelerator.device)
-    for batch in setup.loaders.validation:
+    for batch in loader:
         out = model(**batch)
         labels = batch["labels"]
         selected = labels != -100  # (B, T)
@@ -356,12 +375,7 @@ def evaluate(setup: TrainingSetup) -> dict[str, float]:
         # gather_for_metrics drops the samples Accelerate duplicated to even out the last batch.
         gathered = accelerator.gather_for_metrics(per_example)
         totals += torch.cat([gathered.sum(0).double(), torch.tensor([len(gathered)], device=totals.device)])
-    model.train()
-    loss_sum, correct, masked, nsp_correct, examples = totals.tolist()
-    metrics = {"val/mlm_loss": loss_sum / max(masked, 1), "val/mlm_accuracy": correct / max(masked, 1)}
-    if setup.cfg.data.objective == "mlm_nsp":
-        metrics["val/nsp_accuracy"] = nsp_correct / max(examples, 1)
-    return metrics
+    return totals.tolist()
 
 
 def save(setup: TrainingSetup, state: TrainState, *, snapshot: bool, checkpoint: bool) -> None:
@@ -509,9 +523,10 @@ def step_metrics(setup: TrainingSetup, state: TrainState, stats: StepStats, toke
     return metrics
 
 
-def train(setup: TrainingSetup, state: TrainState, stop: StopRequest) -> str:
+def train(setup: TrainingSetup, state: TrainState, stop: StopRequest, heartbeat: Heartbeat) -> str:
     """The run from its current step: the step-0 evaluation and the start snapshot, then steps until the last step, a
-    divergence or a stop request. Returns finished, diverged or preempted (a full disk raises DiskFull). A full disk
+    divergence or a stop request, ``heartbeat`` beating once a step. Returns finished, diverged or preempted (a full
+    disk raises DiskFull). A full disk
     in a write of the main process alone is told to every process by the next step's all-reduce, so that all stop
     there: raised at once, it would leave the others at their next collective for train.collective_timeout_s."""
     full: list[DiskFull] = []  # what this process's own writes met (held)
@@ -530,7 +545,6 @@ def train(setup: TrainingSetup, state: TrainState, stop: StopRequest) -> str:
         # Throughput counts the time spent in training steps only (not evaluation or saving).
         window_tokens, window_slots, window_time = 0, 0, 0.0
         skipped_in_a_row, window_skipped = 0, 0
-        heartbeat = Heartbeat()
         while state.step < last_step:
             next_step = state.step + 1
             log_now = next_step % train_cfg.log_every == 0 or next_step == last_step
@@ -568,7 +582,7 @@ def train(setup: TrainingSetup, state: TrainState, stop: StopRequest) -> str:
             save(setup, state, snapshot=snapshot_due(train_cfg, state.step, last_step),
                  checkpoint=on_interval or done or preempted)  # fmt: skip
             fault_point("step", state.step)
-            if heartbeat.due():
+            if heartbeat.beat(state.step):
                 with held(full, setup.run_dir):
                     set_status(accelerator, cfg, "running", state.step)
             if preempted:
@@ -646,6 +660,8 @@ def prepare_training(cfg: PretrainConfig, accelerator: Accelerator, resume_from:
     loaders = build_dataloaders(cfg, data, accelerator.num_processes)
     prepared = accelerator.prepare(model, optimizer, loaders.train, loaders.validation, scheduler)
     model, optimizer, loaders.train, loaders.validation, scheduler = prepared
+    if loaders.train_sample is not None:
+        loaders.train_sample = accelerator.prepare(loaders.train_sample)
     keep_model_names(accelerator)
     unwrapped = accelerator.unwrap_model(model, keep_torch_compile=False)
     mlm_head_share = cfg.data.mlm_probability if unwrapped.config.sparse_mlm_head else 1.0
@@ -780,7 +796,9 @@ def run_training(setup: TrainingSetup, state: TrainState, resume_from: Path | No
         accelerator.print(f"run {cfg.train.run_name} has already finished (step {state.step}); nothing to train")
     init_trackers(accelerator, cfg, setup.resolved, setup.model, resume_from)
     set_status(accelerator, cfg, "running", state.step)
-    outcome = train(setup, state, stop)
+    heartbeat = Heartbeat(step=state.step)
+    with watchdog(heartbeat, cfg.train.hang_timeout_s, lambda message: record_hang(setup, heartbeat.step, message)):
+        outcome = train(setup, state, stop, heartbeat)
     final = {"finished": "training finished",
              "preempted": "stopped with a checkpoint; continue with --train.resume=auto"}
     if outcome in final:  # a diverged run has recorded its status
@@ -788,6 +806,16 @@ def run_training(setup: TrainingSetup, state: TrainState, resume_from: Path | No
     if accelerator.is_main_process:
         stop.served()
     return outcome
+
+
+def record_hang(setup: TrainingSetup, step: int, message: str) -> None:
+    """The status of a run whose process the watchdog stopped (pretrain/run_folder/status.py): hung, at ``step``, the
+    last it finished; not an end, since the same command continues from the last checkpoint."""
+    if setup.accelerator.is_main_process:
+        try:
+            write_status(setup.cfg, "hung", step, message)
+        except OSError as err:
+            print(f"error: could not record status hung in {setup.run_dir / layout.STATUS_FILE}: {err}", file=sys.stderr)
 
 
 def failure_message(err: BaseException, accelerator: Accelerator, cfg: PretrainConfig) -> str:

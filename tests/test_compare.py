@@ -352,20 +352,24 @@ def test_the_protocol_runs_from_nothing_and_a_stopped_study_continues_without_re
 
 def test_the_diagnostics_read_each_designs_claim_from_the_late_logged_steps(tmp_path):
     """The median over the last tenth of the logged steps (here steps 19 and 20 of 20): the variance after the last
-    layer over the first, the mean [CLS] mass, attention entropy and saturated fraction over layers, the averages' weight
-    on X_0."""
+    layer over the first, the mean [CLS] and [SEP] masses, attention entropy and saturated fraction over layers, the
+    averages' weight on X_0; the last evaluation's generalization gap."""
     from pretrain.run_folder import layout
 
     rows = [{"step": s, "hidden/variance/00": 2.0, "hidden/variance/01": 2.0 * s, "attention/first_token/00": 0.1 * s,
              "attention/first_token/01": 0.3 * s, "attention/entropy/00": 1.0, "attention/entropy/01": 0.1 * s,
+             "attention/sep/00": 0.5, "attention/sep/01": 0.1 * s,
              "preact/saturated/00": 0.0, "preact/saturated/01": 0.01 * s,
              "residual/depth_weights": [[0.1 * s, 0.9], [0.3 * s, 0.7]], "grad_norm/layer_00/ffn": 1.0,
              "grad_norm/layer_01/ffn": 3.0} for s in range(1, 21)]  # fmt: skip
+    rows += [{"step": s, "val/mlm_loss": 6.0, "val/generalization_gap": 0.01 * s} for s in (10, 20)]  # evaluations
     (tmp_path / layout.METRICS_FILE).write_text("".join(json.dumps(r) + "\n" for r in rows))
     found = compare.diagnostics({}, tmp_path, None, 100)
     assert found["variance_last_over_first"] == pytest.approx(19.5)
     assert found["first_token_mass"] == pytest.approx(0.2 * 19.5)
     assert found["attention_entropy"] == pytest.approx((1.0 + 0.1 * 19.5) / 2)
+    assert found["sep_mass"] == pytest.approx((0.5 + 0.1 * 19.5) / 2)
+    assert found["generalization_gap"] == pytest.approx(0.2)  # the last evaluation's
     assert found["preact_saturated"] == pytest.approx(0.005 * 19.5)
     assert found["weight_on_embeddings"] == pytest.approx(0.2 * 19.5)
     assert found["grad_spread"] == pytest.approx(0.5)  # std 1 over mean 2

@@ -15,6 +15,7 @@ import re
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -817,12 +818,14 @@ def _worker_of_rank(launcher: int, rank: int) -> int | None:
 
 
 @pytest.mark.slow
-def test_a_frozen_process_fails_the_run_with_a_message_naming_the_timeout(tmp_path: Path, data_cache: Path) -> None:
-    import time
-
+@pytest.mark.parametrize(("limit", "ended"), [("collective_timeout_s=20", "failed"), ("hang_timeout_s=10", "hung")])
+def test_a_frozen_process_stops_the_run_with_a_message_naming_the_timeout(tmp_path: Path, data_cache: Path,
+                                                                           limit: str, ended: str) -> None:  # fmt: skip
+    """Rank 1 is frozen (SIGSTOP) mid-run: rank 0 fails at its collective's timeout, or, with the watchdog's timeout
+    the shorter (as by default), is stopped as hung; either way status.json names the key."""
     run = tmp_path / "frozen"
     argv = tiny_args(run, data_cache, "--train.max_steps=100000", "--train.checkpoint_every=0", "--train.eval_every=0",
-                     "--train.collective_timeout_s=20")  # fmt: skip
+                     "--train.collective_timeout_s=60", f"--train.{limit}")  # fmt: skip
     cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
            "--main_process_port", "29531", str(RUN_PY), *argv]  # fmt: skip
     env = {**os.environ, "ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
@@ -845,23 +848,84 @@ def test_a_frozen_process_fails_the_run_with_a_message_naming_the_timeout(tmp_pa
             with contextlib.suppress(ProcessLookupError):
                 os.kill(frozen, signal.SIGKILL)
     status = read_status(run)
-    assert status["status"] == "failed", (status, output[-3000:])
-    assert "train.collective_timeout_s=20" in status["message"], (status, output[-3000:])
+    assert status["status"] == ended, (status, output[-3000:])
+    assert f"train.{limit.split('=')[0]}" in status["message"], (status, output[-3000:])
     assert waited < 200
+
+
+# --------------------------------------------------------------------------------------------------
+# 10. A hung process is stopped by its watchdog (status hung, exit 3); the same command continues
+# --------------------------------------------------------------------------------------------------
+
+
+def test_a_hung_run_is_stopped_by_its_watchdog_and_the_same_command_continues(tmp_path: Path, data_cache: Path) -> None:
+    """The run hangs after step 4 (``LNBERT_HANG_AT``: a sleep that never ends, as a stuck read would): its watchdog
+    prints every thread's stack, status.json says hung at the last step it finished, exit 3; the same command then
+    finishes the run from the step-3 checkpoint, each step logged once."""
+    run = tmp_path / "run"
+    argv = tiny_args(run, data_cache)
+    env = {**os.environ, "LNBERT_HANG_AT": "step:4", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    hung = subprocess.run([sys.executable, str(RUN_PY), *argv, "--train.hang_timeout_s=8"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert hung.returncode == status_module.EXIT_HUNG, hung.stderr[-3000:]
+    assert "no step finished for 8 s after step 3 (train.hang_timeout_s): stopped as hung" in hung.stderr
+    assert "in fault_point" in hung.stderr  # the stuck thread's stack
+    status = read_status(run)
+    assert (status["status"], status["step"]) == ("hung", 3)
+    assert main(argv) == 0
+    assert read_status(run)["status"] == "finished"
+    assert [row["step"] for row in read_metrics(run) if "train/loss" in row] == [1, 2, 3, 4, 5, 6]
+
+
+WATCHED = """
+import os, sys, time
+from pretrain.run_folder.status import Heartbeat, watchdog
+heartbeat = Heartbeat()
+with watchdog(heartbeat, float(sys.argv[1]), lambda message: print("recorded:", message, flush=True)):
+    print("ready", flush=True)
+    end = time.monotonic() + float(sys.argv[2])
+    while time.monotonic() < end:
+        heartbeat.beat(1)
+        time.sleep(0.05)
+    time.sleep(float(sys.argv[3]))  # no more beats
+print("done", flush=True)
+"""
+
+
+def _watched(*args: float) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", WATCHED, *map(str, args)], env={**os.environ, "PYTHONPATH": str(ROOT)},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+
+
+def test_the_watchdog_stops_a_process_whose_heartbeat_stopped_and_not_one_that_was_suspended() -> None:
+    """No beat for the timeout: the stacks, ``on_hang``'s record and exit 3. A process suspended (SIGSTOP, as SLURM's
+    suspend does) for longer than the timeout while it beats goes on: suspended time is not a hang."""
+    quiet = _watched(2, 0.5, 600)
+    out, err = quiet.communicate(timeout=300)
+    assert quiet.returncode == status_module.EXIT_HUNG, err
+    assert "recorded: no step finished for 2 s after step 1" in out and "Thread" in err
+    suspended = _watched(3, 12, 0)
+    assert suspended.stdout.readline() == "ready\n"
+    suspended.send_signal(signal.SIGSTOP)
+    time.sleep(5)
+    suspended.send_signal(signal.SIGCONT)
+    out, err = suspended.communicate(timeout=300)
+    assert (suspended.returncode, out) == (0, "done\n"), err
 
 
 @pytest.mark.slow
 def test_kill_trials_script(tmp_path: Path) -> None:
     """Two kill trials of tests/faults/kill_trials.py (a random kill killed again while resuming, and a kill while
-    the step-0 snapshot is written) and a SIGTERM trial (during start-up, before the data is prepared); the script
-    runs any number of trials."""
+    the step-0 snapshot is written), a SIGTERM trial (during start-up, before the data is prepared) and a hang trial
+    (while the step-0 snapshot is written); the script runs any number of trials."""
     script = ROOT / "tests" / "faults" / "kill_trials.py"
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    args = ["--trials", "2", "--sigterm", "1", "--workdir", str(tmp_path)]
+    args = ["--trials", "2", "--sigterm", "1", "--hang", "1", "--workdir", str(tmp_path)]
     result = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, env=env, timeout=900)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     summary = json.loads(next(line for line in reversed(result.stdout.splitlines()) if line.startswith("{")))
-    assert summary["passed"] == 3 and summary["kills"] == 4 and summary["by_kind"]["sigterm"] == 1
+    assert summary["passed"] == 4 and summary["kills"] == 5 and summary["by_kind"]["sigterm"] == 1
+    assert summary["by_kind"]["hang"] == 1
 
 
 def test_a_failed_json_write_leaves_no_temp_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

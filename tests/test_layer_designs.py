@@ -328,14 +328,17 @@ def test_weight_decay_on_seednorms_alpha_and_beta_and_the_gate_projection_not_th
 
 
 def test_a_logged_step_measures_each_designs_claim():
-    """The stream's variance after each layer (GPAS), the attention mass on [CLS] (gated attention: the sink), the
-    norms' pre-activation range (Derf, SeeDNorm), the gates and lambdas; the mass on [CLS] as eager attention's
-    probabilities give it, whatever the kernel."""
+    """The stream's variance and largest |value| after each layer (GPAS; gated attention: massive activations), the
+    attention mass on [CLS] and on [SEP] (gated attention: the sinks), the norms' pre-activation range (Derf,
+    SeeDNorm), the gates and lambdas; the masses as eager attention's probabilities give them, whatever the kernel."""
     options = dict(norm_type="derf", gpas=True, attention_gate="elementwise", value_residual="learnable")
     model = build("pre", **options).float()
-    stats = measure(model, **batch()).design
+    inputs = batch()
+    sep = inputs["input_ids"][0, 3].item()  # a token of every real part of sequence 0, and maybe elsewhere
+    stats = measure(model, **inputs, sep_token_id=sep).design
     layers = range(TINY["num_hidden_layers"])
-    expected = {f"{kind}/{i:02d}" for i in layers for kind in ("hidden/variance", "attention/first_token",
+    expected = {f"{kind}/{i:02d}" for i in layers for kind in ("hidden/variance", "hidden/absmax",
+                                                               "attention/first_token", "attention/sep",
                                                                "attention/entropy", "attention/top_key", "attention/gate",
                                                                "gpas/scale")}  # fmt: skip
     expected |= {f"preact/{kind}/{k:02d}" for k in range(2 * len(layers)) for kind in ("absmax", "saturated")}
@@ -345,9 +348,19 @@ def test_a_logged_step_measures_each_designs_claim():
     with torch.no_grad():
         probs = eager(**batch(), output_attentions=True).attentions
     real = batch()["attention_mask"].bool()
+    is_sep = inputs["input_ids"] == sep
+    streams = []  # each layer's output (hidden_states' last is after Pre-LN's final norm)
+    hooks = [layer.register_forward_hook(lambda m, args, out: streams.append(out[0])) for layer in model.bert.encoder.layer]
+    with torch.no_grad():
+        model(**inputs)
+    for hook in hooks:
+        hook.remove()
     for i in layers:
         mass = probs[i][..., 0].mean(1)[real].mean().item()
         assert stats[f"attention/first_token/{i:02d}"] == pytest.approx(mass, rel=1e-5)
+        on_sep = (probs[i] * is_sep[:, None, None, :]).sum(-1).mean(1)[real].mean().item()
+        assert stats[f"attention/sep/{i:02d}"] == pytest.approx(on_sep, rel=1e-5)
+        assert stats[f"hidden/absmax/{i:02d}"] == pytest.approx(streams[i][real].abs().max().item(), rel=1e-6)
         # ResFormer's analyze/get_entropy.py, one sequence at a time on its real tokens: heads averaged, each key's
         # attention summed over the queries, normalised, scipy's entropy; then the mean over sequences
         shares = [(a := probs[i][b][:, real[b]][:, :, real[b]].mean(0).sum(0)) / a.sum() for b in range(len(real))]

@@ -295,9 +295,13 @@ def test_a_design_run_logs_its_claims_saves_reloads_and_resumes_exactly(tmp_path
     b = load_file(latest_checkpoint(split) / "model.safetensors")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     last = [row for row in read_metrics(straight) if "train/loss" in row][-1]
-    claims = ["hidden/variance/01", "attention/first_token/01", "attention/gate/01", "gpas/scale/01",
-              "preact/absmax/03", "preact/saturated/03"]  # fmt: skip
+    claims = ["hidden/variance/01", "hidden/absmax/01", "attention/first_token/01", "attention/sep/01",
+              "attention/gate/01", "gpas/scale/01", "preact/absmax/03", "preact/saturated/03"]  # fmt: skip
     assert all(math.isfinite(last[key]) for key in claims), {key: last.get(key) for key in claims}
+    evaluations = [row for row in read_metrics(straight) if "val/mlm_loss" in row]
+    assert [row["step"] for row in evaluations] == [0, 4]
+    for row in evaluations:  # Derf's claim: the validation loss against the fit, measured alike
+        assert row["val/generalization_gap"] == row["val/mlm_loss"] - row["val/train_split_mlm_loss"]
     assert ("value_residual/lambda1/01" in last) == variant.startswith("pre-")
     snapshot = list_snapshots(straight)[-1]
     assert snapshot.info["run_name"] == f"lnbert-{variant}"

@@ -243,14 +243,17 @@ def test_reproduce_script_stops_at_a_failed_pretraining_run(tmp_path: Path) -> N
         # The signal as the run ends: the shell reaps the run before its trap returns, and the run's own status
         # (not wait's 138 for the trap) is the job's.
         ("at_exit", "preempted", "0", True),
+        # Stopped by its watchdog (exit 3) after a checkpoint of this job's, or before any (it would hang again).
+        ("none", "hung", "0", True),
+        ("none", "hung", "0", False),
     ],
 )
 def test_slurm_script_requeues_a_preempted_run_until_it_ends(
     tmp_path: Path, signal: str, run_status: str, restarts: str, requeued: bool
 ) -> None:
     """A stand-in accelerate plays the run: it signals the batch shell (USR1, as SLURM's --signal=B:USR1 does before
-    the time limit) when asked, stops once RUN/STOP appears, and ends with the given status.json; a stand-in scontrol
-    records whether the job requeued."""
+    the time limit) when asked, stops once RUN/STOP appears, and ends with the given status.json (a hung one exits 3,
+    having saved a checkpoint where it requeues); a stand-in scontrol records whether the job requeued."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     log = tmp_path / "calls.log"
@@ -260,6 +263,10 @@ def test_slurm_script_requeues_a_preempted_run_until_it_ends(
     # shell: the batch shell is the run's grandparent.
     _fake(bin_dir, "srun", 'while [[ $1 == -* ]]; do shift; done\nSLURM_NODEID=0 exec "$@"\n')
     body = f'echo \'{{"status": "{run_status}"}}\' > {run_dir}/status.json\n'
+    checkpoint = run_dir / "checkpoints" / "step_00000004"
+    if run_status == "hung":
+        body += f"mkdir -p {checkpoint}\ntouch {checkpoint}/train_state.json\n" if requeued else ""
+        body += "exit 3\n"
     signal_batch_shell = 'read -r -a parent < "/proc/$PPID/stat"\nkill -USR1 "${parent[3]}"\n'
     if signal == "midway":  # SLURM's USR1 reaches the batch shell, which asks the run to stop through RUN/STOP
         body = signal_batch_shell + f"for _ in $(seq 600); do [[ -e {run_dir}/STOP ]] && break; sleep 0.1; done\n" + body
@@ -272,7 +279,7 @@ def test_slurm_script_requeues_a_preempted_run_until_it_ends(
         ["bash", str(ROOT / "launch" / "slurm_pretrain.sbatch"), f"--train.output_dir={run_dir}"],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
-    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.returncode == (3 if run_status == "hung" else 0), result.stdout + result.stderr
     assert ("scontrol requeue 4242" in log.read_text()) == requeued, result.stdout + result.stderr
 
 

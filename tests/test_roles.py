@@ -35,10 +35,11 @@ RESUMABLE_CHANGES_BEFORE = {
     "data.num_proc", "data.cache_dir", "data.max_inline_preparation_mb", "train.gradient_checkpointing",
     # The batch split and kernels (role "split"): a run continues on another number of processes at its global batch.
     "train.per_device_batch_size", "train.gradient_accumulation_steps", "train.compile", "optim.implementation",
+    "train.hang_timeout_s",  # added since, role "mechanics"
 }  # fmt: skip
 IDENTICAL_RUN_IGNORES_BEFORE = {
     "train.output_dir", "train.resume", "train.num_workers", "data.num_proc", "data.cache_dir",
-    "train.peak_flops_per_device", "train.gradient_checkpointing",
+    "train.peak_flops_per_device", "train.gradient_checkpointing", "train.hang_timeout_s",
 }  # fmt: skip
 FIELDS_NOT_IN_INSTANCE_KEY_BEFORE = {
     "mlm_probability", "cache_dir", "num_proc", "streaming", "shuffle_buffer_size", "tokenizer",
@@ -54,7 +55,7 @@ NOT_RECIPE_BEFORE = {
     "train": {"output_dir", "run_name", "seed", "resume", "stop_at_step", "num_workers", "eval_every", "eval_batches",
               "log_every", "checkpoint_every", "keep_last_checkpoints", "snapshot_every", "snapshot_steps",
               "snapshot_at_start", "snapshot_at_end", "compile", "peak_flops_per_device",
-              "per_device_batch_size", "gradient_accumulation_steps", "gradient_checkpointing"},
+              "per_device_batch_size", "gradient_accumulation_steps", "gradient_checkpointing", "hang_timeout_s"},
     "data": {"cache_dir", "num_proc"},
     "optim": {"implementation"},
 }  # fmt: skip

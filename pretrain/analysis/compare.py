@@ -271,14 +271,16 @@ def diagnostics(result: dict[str, Any], run_dir: Path, target: float | None, win
     """One run's numbers for the designs' claims (docs/placements.md): the similarity of consecutive sub-layers'
     inputs and the last over the first sub-layers' output norm (probes.sublayer_io, last snapshot); from the logged
     steps (``late``) the FFN gradients' spread over layers, the stream's variance after the last layer over the first
-    (GPAS), the attention mass on [CLS] (gated attention, value residuals: the sink) and the entropy of the attention
-    keys receive (value residuals: its concentration), the fraction of the norms' pre-activations past the flat part (Derf, SeeDNorm, DyT) and the weight the residual designs' averages put on the
-    embeddings (DenseFormer, AttnRes); HC's and mHC's composite gain at the end, and the first step whose smoothed
-    training loss reaches ``target`` (the baseline's final one at the same seed)."""
+    (GPAS), the attention mass on [CLS] and on [SEP] (gated attention, value residuals: the sinks) and the entropy of
+    the attention keys receive (value residuals: its concentration), the fraction of the norms' pre-activations past the flat part (Derf, SeeDNorm, DyT) and the weight the residual designs' averages put on the
+    embeddings (DenseFormer, AttnRes); HC's and mHC's composite gain at the end, the last evaluation's validation loss
+    minus its training-split loss (Derf: generalization), and the first step whose smoothed training loss reaches
+    ``target`` (the baseline's final one at the same seed)."""
     sublayers = (result.get("probe") or {}).get("sublayers") or {}
     similarity, norms = sublayers.get("input_similarity"), sublayers.get("output_norm")
     rows = read_metrics(run_dir)
     gains = [r["residual/composite_gain/row"] for r in rows if "residual/composite_gain/row" in r]
+    gaps = [r["val/generalization_gap"] for r in rows if "val/generalization_gap" in r]
     curve = smoothed_curve(result.get("train_curve") or [], window)
     return {
         "input_similarity": statistics.fmean(similarity) if similarity else None,
@@ -287,10 +289,12 @@ def diagnostics(result: dict[str, Any], run_dir: Path, target: float | None, win
         "grad_spread": late(rows, ffn_spread),
         "variance_last_over_first": late(rows, variance_growth),
         "first_token_mass": late(rows, lambda r: mean_of(series(r, "attention/first_token/"))),
+        "sep_mass": late(rows, lambda r: mean_of(series(r, "attention/sep/"))),
         "attention_entropy": late(rows, lambda r: mean_of(series(r, "attention/entropy/"))),
         "preact_saturated": late(rows, lambda r: mean_of(series(r, "preact/saturated/"))),
         "weight_on_embeddings": late(rows, lambda r: mean_of([w[0] for w in r.get("residual/depth_weights") or []])),
         "composite_gain": gains[-1] if gains else None,
+        "generalization_gap": gaps[-1] if gaps else None,
         "steps_to_target": next((s for s, loss in curve if loss <= target), None) if target is not None else None,
     }
 
@@ -460,9 +464,11 @@ def contrasts_text(args: CompareConfig, found: list[dict[str, Any]]) -> str:
 def diagnostics_text(args: CompareConfig, ranked: list[dict[str, Any]], diagnosed: dict[str, dict]) -> str:
     columns = {"input_similarity": ("input similarity", ".3f"), "output_norm_last_over_first": ("out norm L/1", ".2f"),
                "grad_spread": ("grad spread", ".3f"), "variance_last_over_first": ("variance L/1", ".2f"),
-               "first_token_mass": ("[CLS] mass", ".3f"), "attention_entropy": ("attn entropy", ".2f"),
+               "first_token_mass": ("[CLS] mass", ".3f"), "sep_mass": ("[SEP] mass", ".3f"),
+               "attention_entropy": ("attn entropy", ".2f"),
                "preact_saturated": ("saturated", ".3f"),
                "weight_on_embeddings": ("weight on X_0", ".3f"), "composite_gain": ("composite gain", ".3g"),
+               "generalization_gap": ("val - train", ".3f"),
                "steps_to_target": ("steps to baseline", ".0f")}  # fmt: skip
     # A column no model has is left out (a study without the designs it measures).
     shown = {k: c for k, c in columns.items() if any(d.get(k) is not None for d in diagnosed.values())}
@@ -471,8 +477,9 @@ def diagnostics_text(args: CompareConfig, ranked: list[dict[str, Any]], diagnose
     head = (f"per model, mean over its seeds: input similarity of consecutive sub-layers and output norm of the last "
             f"sub-layers over the first (last snapshot); median over the last tenth of the logged steps: FFN gradient "
             f"spread over layers (CV), the stream's variance after the last layer over the first, attention mass on "
-            f"[CLS], the entropy (nats) of the attention keys receive (layers' mean), the norms' pre-activations with "
-            f"|z| > 2, the averages' weight on the embeddings; HC/mHC composite gain at the end; steps to {args.baseline or 'a baseline'}'s final training loss (trailing mean of "
+            f"[CLS] and on [SEP], the entropy (nats) of the attention keys receive (layers' mean), the norms' pre-activations with "
+            f"|z| > 2, the averages' weight on the embeddings; HC/mHC composite gain at the end; the last evaluation's MLM "
+            f"loss on validation minus on as many training instances; steps to {args.baseline or 'a baseline'}'s final training loss (trailing mean of "
             f"{args.smoothing}); '-': not measured, or some seed never got there")  # fmt: skip
     return titled_table(head, ["model", *(name for name, _ in shown.values())], rows) if rows else ""
 

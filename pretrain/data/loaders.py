@@ -47,6 +47,9 @@ class Loaders:
     validation: DataLoader
     train_collator: MaskingCollator
     sampler: EpochSampler | None
+    train_sample: DataLoader | None = None
+    """As many training instances as an evaluation's validation ones, the first of the split, masked as validation
+    is: the fit a validation loss is compared with. None for a streamed training split."""
 
 
 def build_dataloaders(cfg: PretrainConfig, data: PretrainingData, num_processes: int) -> Loaders:
@@ -73,4 +76,8 @@ def build_dataloaders(cfg: PretrainConfig, data: PretrainingData, num_processes:
         # A fixed subset iterated to the end (breaking out of a prepared loader confuses Accelerate's state).
         validation = validation.select(range(min(len(validation), train_cfg.eval_batches * batch * num_processes)))
     val_loader = DataLoader(validation, batch_size=batch, collate_fn=val_collator, **common)
-    return Loaders(train=train, validation=val_loader, train_collator=collator, sampler=sampler)
+    sample = None
+    if sampler is not None and hasattr(validation, "__len__"):
+        fit = data.train.select(range(min(len(validation), len(data.train))))
+        sample = DataLoader(fit, batch_size=batch, collate_fn=val_collator, **common)
+    return Loaders(train=train, validation=val_loader, train_collator=collator, sampler=sampler, train_sample=sample)

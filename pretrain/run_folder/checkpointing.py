@@ -14,6 +14,7 @@ import os
 import shutil
 import signal
 import sys
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -78,9 +79,12 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
 
 
 def fault_point(name: str, step: int) -> None:
-    """Fault injection for tests/faults/kill_trials.py: ``LNBERT_KILL_AT=name:step`` SIGKILLs this process there."""
+    """Fault injection for tests/faults/kill_trials.py: ``LNBERT_KILL_AT=name:step`` SIGKILLs this process there,
+    ``LNBERT_HANG_AT=name:step`` makes it hang there (a sleep that never ends)."""
     if os.environ.get("LNBERT_KILL_AT") == f"{name}:{step}":
         os.kill(os.getpid(), signal.SIGKILL)
+    while os.environ.get("LNBERT_HANG_AT") == f"{name}:{step}":
+        time.sleep(60)
 
 
 def save_checkpoint(accelerator: Accelerator, run_dir: Path, state: TrainState, keep_last: int) -> Path:

@@ -1,14 +1,18 @@
 """A live run's status.json as the main process writes it (its readers: pretrain/run_folder/layout.py), the heartbeat
-that tells a live run from a dead one, and the stop requests (SIGTERM, SIGINT, RUN/STOP) the loop answers with a
-checkpoint (docs/cluster.md, "Preemption")."""
+that tells a live run from a dead one, the watchdog that stops a process whose heartbeat stopped, and the stop requests
+(SIGTERM, SIGINT, RUN/STOP) the loop answers with a checkpoint (docs/cluster.md, "Preemption")."""
 
 from __future__ import annotations
 
 import contextlib
 import datetime
+import faulthandler
+import os
 import signal
+import sys
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -90,13 +94,67 @@ def ignore_stop_signals(worker_id: int) -> None:
 
 @dataclass
 class Heartbeat:
-    """Says when status.json is due again: every HEARTBEAT_EVERY_S, so readers tell a live run from a dead one."""
+    """The loop's pulse, one ``beat`` a step: says when status.json is due again (every HEARTBEAT_EVERY_S, so readers
+    tell a live run from a dead one), and is what ``watchdog`` watches."""
 
     last: float = field(default_factory=time.monotonic)
-    """When it was last due (time.monotonic)."""
+    """When status.json was last due (time.monotonic)."""
+    step: int = 0
+    """The step of the last beat."""
+    beats: int = 0
 
-    def due(self) -> bool:
+    def beat(self, step: int) -> bool:
+        """Step ``step`` is done, its evaluation and saves included; True when status.json is due."""
+        self.step, self.beats = step, self.beats + 1
         if time.monotonic() - self.last < HEARTBEAT_EVERY_S:
             return False
         self.last = time.monotonic()
         return True
+
+
+EXIT_HUNG = 3
+"""pretrain/run.py's exit code when its watchdog stopped a process whose steps stopped (status hung)."""
+HUNG_WRITE_WAIT_S = 60.0
+"""How long a hung process waits for its status write before it exits all the same (the file system may be what hung)."""
+
+
+@contextlib.contextmanager
+def watchdog(heartbeat: Heartbeat, timeout_s: float, on_hang: Callable[[str], None]) -> Iterator[None]:
+    """Stop this process when ``heartbeat`` has not beaten for ``timeout_s`` (0: never) during the block: a data read,
+    file system or collective that hangs would otherwise hold the job, and its GPUs, until the time limit, and end it
+    with nothing to requeue. It prints every thread's stack, calls ``on_hang(message)`` (the main process writes status
+    hung), and exits with EXIT_HUNG; the run's last checkpoint is intact, and the same command continues from it."""
+    if timeout_s <= 0:
+        yield
+        return
+    done = threading.Event()
+    threading.Thread(target=_watch, args=(heartbeat, timeout_s, on_hang, done), name="hang watchdog", daemon=True).start()
+    try:
+        yield
+    finally:
+        done.set()
+
+
+def _watch(heartbeat: Heartbeat, timeout_s: float, on_hang: Callable[[str], None], done: threading.Event) -> None:
+    look = min(10.0, timeout_s / 10)
+    seen, quiet, last = heartbeat.beats, 0.0, time.monotonic()
+    while not done.wait(look):
+        now = time.monotonic()
+        # A look that comes late counts as two: time the process spent suspended (SIGSTOP, SLURM's suspend) is no hang.
+        quiet = 0.0 if heartbeat.beats != seen else quiet + min(now - last, 2 * look)
+        seen, last = heartbeat.beats, now
+        if quiet >= timeout_s:
+            stop_hung(f"no step finished for {timeout_s:g} s after step {heartbeat.step} (train.hang_timeout_s): "
+                      "stopped as hung; the same command continues from the last checkpoint", on_hang)  # fmt: skip
+
+
+def stop_hung(message: str, on_hang: Callable[[str], None]) -> None:
+    """Say why with every thread's stack, record it (``on_hang``, waited for HUNG_WRITE_WAIT_S at most), exit."""
+    with contextlib.suppress(Exception):
+        sys.stdout.flush()
+        print(f"\n{message}. The stack of every thread:", file=sys.stderr, flush=True)
+        faulthandler.dump_traceback(all_threads=True)
+    writer = threading.Thread(target=on_hang, args=(message,), name="hung status", daemon=True)
+    writer.start()
+    writer.join(HUNG_WRITE_WAIT_S)
+    os._exit(EXIT_HUNG)  # the main thread is stuck: no exception reaches it

@@ -5,8 +5,11 @@ real tokens, and the designs' learned scalars. Names, LL a layer, KK a sub-layer
 
     hidden/variance/LL        variance over the width of the stream layer LL outputs, mean over tokens (GPAS: Pre-LN's
                               grows with depth)
+    hidden/absmax/LL          the largest |value| in that stream over the real tokens (gated attention: the massive
+                              activations it removes)
     attention/first_token/LL  attention probability on position 0 ([CLS]), mean over heads and real queries, over the
                               real keys (gated attention: the sink it removes)
+    attention/sep/LL          the same on the [SEP] tokens together (BERT's other sink), where the caller names them
     attention/entropy/LL      entropy (nats) of each key's attention summed over the real queries, heads averaged,
                               mean over sequences (ResFormer's concentration metric, its analyze/get_entropy.py)
     attention/top_key/LL      the largest of those shares, mean over sequences: a sink wherever it is ([SEP] too)
@@ -45,6 +48,7 @@ class DesignProbe:
     """The measurements of one forward pass, as 0-d tensors until ``stats`` reads them all at once."""
 
     token_mask: torch.Tensor  # (B, T), True at real tokens
+    sep_mask: torch.Tensor | None = None  # (B, T), True at [SEP]; None: not measured
     found: dict[str, torch.Tensor] = field(default_factory=dict)
 
     def stats(self) -> dict[str, float]:
@@ -60,11 +64,13 @@ class DesignProbe:
 
         return module.register_forward_hook(hook)
 
-    def stream_variance(self, index: int, output: tuple) -> dict[str, torch.Tensor]:
+    def stream(self, index: int, output: tuple) -> dict[str, torch.Tensor]:
         stream = output[0]
         if not (isinstance(stream, torch.Tensor) and stream.dim() == 3):
             return {}
-        return {f"hidden/variance/{index:02d}": stream.float().var(-1, unbiased=False)[self.token_mask].mean()}
+        real = stream.float()[self.token_mask]  # (M, d)
+        return {f"hidden/variance/{index:02d}": real.var(-1, unbiased=False).mean(),
+                f"hidden/absmax/{index:02d}": real.abs().amax()}  # fmt: skip
 
     def attention_mass(self, index: int, attention: nn.Module, h: torch.Tensor) -> dict[str, torch.Tensor]:
         """The softmax weight on key 0, and the entropy and largest of the shares the keys receive, from the
@@ -77,9 +83,12 @@ class DesignProbe:
         probs = scores.softmax(-1).mean(1)  # (B, T queries, T keys), mean over heads
         received = (probs * self.token_mask[:, :, None]).sum(1)  # (B, T keys): summed over the real queries
         shares = received / received.sum(-1, keepdim=True)
-        return {f"attention/first_token/{index:02d}": probs[..., 0][self.token_mask].mean(),
-                f"attention/entropy/{index:02d}": torch.special.entr(shares).sum(-1).mean(),
-                f"attention/top_key/{index:02d}": shares.amax(-1).mean()}  # fmt: skip
+        found = {f"attention/first_token/{index:02d}": probs[..., 0][self.token_mask].mean(),
+                 f"attention/entropy/{index:02d}": torch.special.entr(shares).sum(-1).mean(),
+                 f"attention/top_key/{index:02d}": shares.amax(-1).mean()}  # fmt: skip
+        if self.sep_mask is not None:
+            found[f"attention/sep/{index:02d}"] = (probs * self.sep_mask[:, None, :]).sum(-1)[self.token_mask].mean()
+        return found
 
     def preactivation(self, k: int, norm: nn.Module, x: torch.Tensor) -> dict[str, torch.Tensor]:
         z = norm.preactivation(x).float()[self.token_mask].abs()
@@ -93,18 +102,24 @@ class DesignProbe:
                 self.found[f"value_residual/lambda{j + 1}/{index:02d}"] = value
 
 
+def where_token(input_ids: torch.Tensor, token_id: int | None) -> torch.Tensor | None:
+    """(B, T) True where ``input_ids`` is ``token_id``; None for a tokenizer without that token."""
+    return None if token_id is None else input_ids == token_id
+
+
 @contextmanager
-def probing(model: nn.Module, token_mask: torch.Tensor) -> Iterator[DesignProbe]:
+def probing(model: nn.Module, token_mask: torch.Tensor, sep_mask: torch.Tensor | None = None) -> Iterator[DesignProbe]:
     """Measure one forward pass of ``model`` (``with probing(model, batch["attention_mask"]) as probe: model(**batch)``,
-    then ``probe.stats()``); ``token_mask`` (B, T) keeps padding out of every mean and maximum."""
-    probe = DesignProbe(token_mask.bool())
+    then ``probe.stats()``); ``token_mask`` (B, T) keeps padding out of every mean and maximum; ``sep_mask`` (B, T)
+    names the [SEP] tokens."""
+    probe = DesignProbe(token_mask.bool(), None if sep_mask is None else sep_mask.bool())
     handles = []
     for i, layer in enumerate(model.base_model.encoder.layer):
         if not isinstance(layer, LNBertLayer):
             continue
         probe.parameters(i, layer)
         attention = layer.attention.self
-        handles.append(probe.watch(layer, lambda m, args, out, i=i: probe.stream_variance(i, out)))
+        handles.append(probe.watch(layer, lambda m, args, out, i=i: probe.stream(i, out)))
         handles.append(probe.watch(attention, lambda m, args, out, i=i: probe.attention_mass(i, m, args[0])))
         if attention.gate is not None:
             handles.append(probe.watch(attention.gate, lambda m, args, out, i=i: {
@@ -128,23 +143,26 @@ class LayerMeasurement:
 
 
 @contextmanager
-def measuring(model: nn.Module, token_mask: torch.Tensor) -> Iterator[Callable[[], LayerMeasurement]]:
+def measuring(model: nn.Module, token_mask: torch.Tensor,
+              sep_mask: torch.Tensor | None = None) -> Iterator[Callable[[], LayerMeasurement]]:  # fmt: skip
     """The residual scheme's ``recording`` (where the model has one) and ``probing`` on one forward pass:
     ``with measuring(model, batch["attention_mask"]) as measured: model(**batch)``, then ``measured()``."""
     scheme = model.config.scheme.module
-    with recording(model, token_mask) if scheme else nullcontext() as recorder, probing(model, token_mask) as probe:
+    with (recording(model, token_mask) if scheme else nullcontext() as recorder,
+          probing(model, token_mask, sep_mask) as probe):  # fmt: skip
         yield lambda: LayerMeasurement(recorder.stats() if recorder is not None else None, probe.stats())
 
 
 @torch.no_grad()
 def measure(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-            token_type_ids: torch.Tensor | None = None) -> LayerMeasurement:  # fmt: skip
+            token_type_ids: torch.Tensor | None = None, sep_token_id: int | None = None) -> LayerMeasurement:  # fmt: skip
     """``measuring`` one forward pass of ``model``'s encoder in eval mode (no dropout), without gradients: a compiled
     model's log step, whose own forward is not hooked. The caller's autocast applies; the model's mode is restored."""
+    sep_mask = where_token(input_ids, sep_token_id)
     was_training = model.training
     model.eval()
     try:
-        with measuring(model, attention_mask) as measured:
+        with measuring(model, attention_mask, sep_mask) as measured:
             model.base_model(input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids, pool=False)
     finally:
         model.train(was_training)

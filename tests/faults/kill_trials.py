@@ -5,6 +5,7 @@ resumed with --train.resume=auto until it finishes, and compared with an uninter
     python tests/faults/kill_trials.py --trials 200 --seed 7 --workdir /tmp/kills --keep
     python tests/faults/kill_trials.py --trials 0 --corrupt 18   # damaged latest checkpoints only
     python tests/faults/kill_trials.py --trials 0 --sigterm 15   # SIGTERM at any stage, start-up included
+    python tests/faults/kill_trials.py --trials 0 --hang 5       # a process that hangs, stopped by its watchdog
 
 Each trial starts the run, kills it (SIGKILL) once or twice, then runs the same command with
 --train.resume=auto until it exits 0. It passes when the final weights are bit-identical to the
@@ -27,6 +28,10 @@ training, counted from the command's first line (when the process catches SIGTER
 while pretrain/run.py still imports its own modules (``sigterm_while_importing``). The run must exit 0 with status
 preempted (or finished): what launch/slurm_pretrain.sbatch requeues on, never a death by the signal; then the same
 checks follow the same command.
+
+Hang trials (``--hang N``), at the hook points in a stride through them: the run hangs there (``LNBERT_HANG_AT=point:step``, a
+sleep that never ends). Its watchdog must stop it within ``train.hang_timeout_s`` (HANG_TIMEOUT_S) with exit code 3
+and status hung; then the same checks follow the same command (with the default timeout).
 """
 
 from __future__ import annotations
@@ -96,19 +101,17 @@ def run_args(run_dir: Path, cache: Path) -> list[str]:
     ]  # fmt: skip
 
 
-def environment(kill_at: str = "") -> dict[str, str]:
+def environment(kill_at: str = "", hang_at: str = "") -> dict[str, str]:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
            "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "WANDB_MODE": "offline",
-           "TOKENIZERS_PARALLELISM": "false"}  # fmt: skip
-    env.pop("LNBERT_KILL_AT", None)
-    if kill_at:
-        env["LNBERT_KILL_AT"] = kill_at
-    return env
+           "TOKENIZERS_PARALLELISM": "false", "LNBERT_KILL_AT": kill_at, "LNBERT_HANG_AT": hang_at}  # fmt: skip
+    return {key: value for key, value in env.items() if value}
 
 
-def start(args: list[str], kill_at: str = "") -> subprocess.Popen:
+def start(args: list[str], kill_at: str = "", hang_at: str = "") -> subprocess.Popen:
     command = [sys.executable, str(ROOT / "pretrain" / "run.py"), *args]
-    return subprocess.Popen(command, env=environment(kill_at), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return subprocess.Popen(command, env=environment(kill_at, hang_at), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)  # fmt: skip
 
 
 # The first module pretrain/run.py imports after its stop handler (jsonargparse and the configs follow).
@@ -330,11 +333,30 @@ def corruption_trial(index: int, workdir: Path, cache: Path, reference: Referenc
     return trial
 
 
+HANG_TIMEOUT_S = 5  # a tiny step takes milliseconds; start-up, the first evaluation and saves well under this
+
+
+def hang_trial(index: int, workdir: Path, cache: Path, reference: Reference) -> Trial:
+    hook = HOOKS[7 * index % len(HOOKS)]  # a snapshot's files, a checkpoint's, a step boundary, ...
+    trial = Trial(index, kills=[f"hang:{hook}"])
+    run_dir = workdir / f"hang_{index:03d}"
+    args = run_args(run_dir, cache)
+    process = start([*args, f"--train.hang_timeout_s={HANG_TIMEOUT_S}"], hang_at=hook)
+    output, _ = process.communicate(timeout=600)
+    status = read_status(run_dir)
+    if process.returncode != 3 or status.get("status") != "hung" or "Thread" not in output:
+        trial.problems.append(f"exit {process.returncode}, status {status.get('status')}: {output[-500:]!r}")
+    resume_to_the_end(args, trial)
+    check(run_dir, reference, trial)
+    return trial
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--trials", type=int, default=30, help="number of trials (default 30)")
     parser.add_argument("--corrupt", type=int, default=0, help="damaged-checkpoint trials after them (default 0)")
     parser.add_argument("--sigterm", type=int, default=0, help="SIGTERM trials after those (default 0)")
+    parser.add_argument("--hang", type=int, default=0, help="hang trials after those (default 0)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random kill moments")
     parser.add_argument("--workdir", type=Path, default=None, help="where runs are written (default: a temp folder)")
     parser.add_argument("--keep", action="store_true", help="keep the trial folders")
@@ -348,15 +370,17 @@ def main() -> int:
     print(f"uninterrupted run: training window {reference.training_window_s:.1f} s; snapshots {sorted(reference.snapshots)}")
     failed, kills, by_kind = 0, 0, {}
     trials = [("kill", i) for i in range(args.trials)] + [("corrupt", i) for i in range(args.corrupt)]
-    trials += [("sigterm", i) for i in range(args.sigterm)]
-    folders = {"kill": "trial", "corrupt": "corrupt", "sigterm": "sigterm"}
+    trials += [("sigterm", i) for i in range(args.sigterm)] + [("hang", i) for i in range(args.hang)]
+    folders = {"kill": "trial", "corrupt": "corrupt", "sigterm": "sigterm", "hang": "hang"}
     for kind, index in trials:
         if kind == "kill":
             trial = run_trial(index, workdir, cache, reference, rng)
         elif kind == "corrupt":
             trial = corruption_trial(index, workdir, cache, reference)
-        else:
+        elif kind == "sigterm":
             trial = sigterm_trial(index, workdir, cache, reference, rng)
+        else:
+            trial = hang_trial(index, workdir, cache, reference)
         failed += bool(trial.problems)
         kills += len(trial.kills)
         for kill in trial.kills:
