@@ -658,10 +658,9 @@ def prepare_training(cfg: PretrainConfig, accelerator: Accelerator, resume_from:
     scheduler = get_scheduler(optim.scheduler, optimizer, num_warmup_steps=optim.resolved_warmup_steps(max_steps),
                               num_training_steps=max_steps)
     loaders = build_dataloaders(cfg, data, accelerator.num_processes)
-    prepared = accelerator.prepare(model, optimizer, loaders.train, loaders.validation, scheduler)
-    model, optimizer, loaders.train, loaders.validation, scheduler = prepared
-    if loaders.train_sample is not None:
-        loaders.train_sample = accelerator.prepare(loaders.train_sample)
+    # One call, as DeepSpeed's engine sizes its batch from the loaders (a None loader comes back as it went).
+    prepared = accelerator.prepare(model, optimizer, loaders.train, loaders.validation, loaders.train_sample, scheduler)
+    model, optimizer, loaders.train, loaders.validation, loaders.train_sample, scheduler = prepared
     keep_model_names(accelerator)
     unwrapped = accelerator.unwrap_model(model, keep_torch_compile=False)
     mlm_head_share = cfg.data.mlm_probability if unwrapped.config.sparse_mlm_head else 1.0
