@@ -28,6 +28,7 @@ from pretrain.common import atomic
 from pretrain.common.cli import writable_folder
 from pretrain.common.formats import RESULTS_FORMAT, check_format, stamped
 from pretrain.run_folder.lock import holder, holder_text, name_holder
+from pretrain.run_folder.status import EXIT_HUNG
 
 MANIFESTS, STARTED, DONE, FAILED, LOCK = "manifests", "started", "done", "failed", "lock"
 MOVE_ASIDE = "move it aside and run the command again"
@@ -228,10 +229,12 @@ class JobState:
 def charged(reason: str, started: bool) -> bool:
     """Whether a job its task left without a result is charged that attempt, given why the task ended: every job of
     a task that failed by itself or was cancelled; the job it had started when stopped from outside (killed,
-    preempted); none after an interrupt or with its scheduler's process (docs/finetune_files.md)."""
+    preempted) or by its own watchdog (exit code EXIT_HUNG); none after an interrupt or with its scheduler's process
+    (docs/finetune_files.md)."""
     code = reason.removeprefix("exit code ")
     state = reason.removeprefix("sacct: ").split(" ")[0]
-    failed_itself = (code != reason and code.strip() != "0") or (state != reason and state in ("FAILED", "CANCELLED"))
+    stopped = code.strip() in ("0", str(EXIT_HUNG))
+    failed_itself = (code != reason and not stopped) or (state != reason and state in ("FAILED", "CANCELLED"))
     if failed_itself or reason.startswith(NOT_STARTED):
         return True
     return started and reason not in (SCHEDULER_STOPPED, INTERRUPTED)

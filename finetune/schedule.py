@@ -18,7 +18,8 @@ older than ``dead_after_min``), or until ``--until``. The exit code is 1 when jo
 on a refused or deleted snapshot, or when a snapshot's jobs cannot be planned (its snapshot.json or manifest damaged,
 a recipe.max_length beyond its position embeddings; the others run): all listed with their errors; ``--retry_failed=true`` queues failed jobs again. It is
 2, with what to do, on bad input, a folder another scheduler holds, a file of it that a task never writes, or jobs submitted
-MAX_REPEATS times without running. It prints one line per job as it ends, and the cost of the jobs before starting
+MAX_REPEATS times without running; 3 when a job run in this process (``--workers=1``) hung (no step for
+HUNG_FLOOR_S: its attempt is charged, and the same command goes on). It prints one line per job as it ends, and the cost of the jobs before starting
 them (docs/finetuning.md).
 """
 
@@ -56,7 +57,7 @@ from finetune.manifest import (
     read_json,
     recipe_hash,
 )
-from finetune.worker import SnapshotRefused, describe_model, files_stamp, job_specs, max_positions
+from finetune.worker import HUNG_FLOOR_S, SnapshotRefused, describe_model, files_stamp, job_specs, max_positions
 from pretrain.common.cli import ConfigError, parse_command, require, run_cli
 from pretrain.run_folder.identity import read_run_id
 from pretrain.run_folder.layout import DEAD_AFTER_S, TERMINAL_STATUSES, is_dead, list_snapshots, read_status
@@ -502,10 +503,6 @@ def collect(folder: ResultsFolder, backend: Backend, slurm: SlurmConfig | None =
             folder.write_manifest(replace(manifest, ended={**manifest.ended, **ended}))
         live += len(alive)
     return live
-
-
-HUNG_FLOOR_S = 600.0
-"""No job is taken for hung before it has run this long (a first load from a slow disk, a busy machine)."""
 
 
 def kill_hung(folder: ResultsFolder, backend: Backend, config: ScheduleConfig, jobs: dict[str, JobState]) -> None:

@@ -31,6 +31,7 @@ from pretrain.common.device import pick_device
 from pretrain.common.hardware import cpu_bf16_warning
 from pretrain.modeling import LNBertPreTrainedModel  # and registers "lnbert" with the Auto classes
 from pretrain.optim import build_adamw
+from pretrain.run_folder.status import fault_point
 
 
 @functools.cache  # once per process: a worker runs many jobs
@@ -174,6 +175,7 @@ def finetune(model_path: str, task: str, data: TaskData, lr: float, seed: int, r
             scheduler.step()
             epoch_loss += loss
             step += 1
+            fault_point("finetune_step", step)
             if on_step is not None:
                 on_step(step, loss, lr_used)
             bar.update()

@@ -35,6 +35,7 @@ from pretrain.run_folder.layout import (
     run_folder_of,
 )
 from pretrain.run_folder.manifest import SNAPSHOT_FIX, ManifestError, sha256_file, verify_manifest
+from pretrain.run_folder.status import Heartbeat, watchdog
 from pretrain.tracking.wandb_logging import WandbSettings, job_run
 
 if TYPE_CHECKING:
@@ -199,6 +200,16 @@ def job_specs(
 # --- One task of a manifest: run its jobs, one result file each -----------------------------------
 
 
+HUNG_FLOOR_S = 600.0
+"""No job is taken for hung before this long: the scheduler's limit on a local worker's job is at least this, and a
+job whose steps stopped for this long stops its own process (exit code 3), its attempt charged."""
+
+
+def hung_message(step: int) -> str:
+    return (f"Hung: no step finished for {HUNG_FLOOR_S:g} s after step {step}; its process was stopped (exit code 3), "
+            "this attempt charged")  # fmt: skip
+
+
 def run_job(job: ManifestJob, manifest: Manifest, folder: ResultsFolder, cache: DataCache) -> JobState | None:
     """Run one job and write its result file (or its failure file); returns how it ended (done or failed), or
     None when another copy of it finished first (this result is dropped)."""
@@ -215,8 +226,15 @@ def run_job(job: ManifestJob, manifest: Manifest, folder: ResultsFolder, cache: 
         check_snapshot(model)
         recipe = FinetuneConfig(**spec.recipe, **runtime.recipe)
         data = cache.get(spec.model_path, spec.task, runtime.data_dir, recipe)
-        with job_run(spec, WandbSettings(**runtime.wandb) if runtime.wandb else None) as tracked:
-            on_step = tracked.log_step if tracked else None
+        heartbeat = Heartbeat()
+        with (job_run(spec, WandbSettings(**runtime.wandb) if runtime.wandb else None) as tracked,
+              watchdog(heartbeat, HUNG_FLOOR_S, hung_message, lambda error: folder.write_failed(job, submission, error))):
+
+            def on_step(step: int, loss: float, lr: float) -> None:
+                heartbeat.beat(step)
+                if tracked:
+                    tracked.log_step(step, loss, lr)
+
             results = finetune(spec.model_path, spec.task, data, spec.lr, spec.seed, recipe, on_step)
             if tracked:
                 tracked.finish(results)

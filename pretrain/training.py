@@ -62,7 +62,6 @@ from pretrain.run_folder.checkpointing import (
     TrainState,
     as_disk_full,
     check_continuable,
-    fault_point,
     free_space_problem,
     keep_model_names,
     load_checkpoint,
@@ -76,7 +75,7 @@ from pretrain.run_folder.checkpointing import (
 )
 from pretrain.run_folder.identity import ensure_run_id
 from pretrain.run_folder.same_run import check_same_run
-from pretrain.run_folder.status import Heartbeat, StopRequest, watchdog, write_status
+from pretrain.run_folder.status import Heartbeat, StopRequest, fault_point, watchdog, write_status
 from pretrain.tracking.design_stats import LayerMeasurement, measure, measuring, where_token
 from pretrain.tracking.metrics import (
     clip_coefficient,
@@ -795,8 +794,9 @@ def run_training(setup: TrainingSetup, state: TrainState, resume_from: Path | No
         accelerator.print(f"run {cfg.train.run_name} has already finished (step {state.step}); nothing to train")
     init_trackers(accelerator, cfg, setup.resolved, setup.model, resume_from)
     set_status(accelerator, cfg, "running", state.step)
-    heartbeat = Heartbeat(step=state.step)
-    with watchdog(heartbeat, cfg.train.hang_timeout_s, lambda message: record_hang(setup, heartbeat.step, message)):
+    heartbeat, timeout_s = Heartbeat(step=state.step), cfg.train.hang_timeout_s
+    with watchdog(heartbeat, timeout_s, lambda step: hang_message(timeout_s, step),
+                  lambda message: record_hang(setup, heartbeat.step, message)):  # fmt: skip
         outcome = train(setup, state, stop, heartbeat)
     final = {"finished": "training finished",
              "preempted": "stopped with a checkpoint; continue with --train.resume=auto"}
@@ -805,6 +805,11 @@ def run_training(setup: TrainingSetup, state: TrainState, resume_from: Path | No
     if accelerator.is_main_process:
         stop.served()
     return outcome
+
+
+def hang_message(timeout_s: float, step: int) -> str:
+    return (f"no step finished for {timeout_s:g} s after step {step} (train.hang_timeout_s): stopped as hung; the "
+            "same command continues from the last checkpoint")  # fmt: skip
 
 
 def record_hang(setup: TrainingSetup, step: int, message: str) -> None:

@@ -881,7 +881,8 @@ WATCHED = """
 import os, sys, time
 from pretrain.run_folder.status import Heartbeat, watchdog
 heartbeat = Heartbeat()
-with watchdog(heartbeat, float(sys.argv[1]), lambda message: print("recorded:", message, flush=True)):
+with watchdog(heartbeat, float(sys.argv[1]), lambda step: f"no beat after step {step}",
+              lambda message: print("recorded:", message, flush=True)):
     print("ready", flush=True)
     end = time.monotonic() + float(sys.argv[2])
     while time.monotonic() < end:
@@ -903,7 +904,7 @@ def test_the_watchdog_stops_a_process_whose_heartbeat_stopped_and_not_one_that_w
     quiet = _watched(2, 0.5, 600)
     out, err = quiet.communicate(timeout=300)
     assert quiet.returncode == status_module.EXIT_HUNG, err
-    assert "recorded: no step finished for 2 s after step 1" in out and "Thread" in err
+    assert "recorded: no beat after step 1" in out and "no beat after step 1" in err and "Thread" in err
     suspended = _watched(3, 12, 0)
     assert suspended.stdout.readline() == "ready\n"
     suspended.send_signal(signal.SIGSTOP)

@@ -20,10 +20,12 @@ from typing import Any
 
 import pytest
 
-from finetune.manifest import ManifestJob, ResultsFolder
+from finetune.manifest import ManifestJob, ResultsFolder, charged
 from finetune.report import ReportConfig, report
 from finetune.schedule import Left, ScheduleConfig, main, parse_until, run_state, schedule, status_lines
+from finetune.worker import hung_message
 from pretrain.run_folder.manifest import write_manifest
+from pretrain.run_folder.status import EXIT_HUNG
 from tests.fake_slurm import FakeSlurm
 from tests.finetune_fixtures import FIXTURE_GLUE, QUICK, config_for, job_spec, make_run, results
 
@@ -351,6 +353,44 @@ def _stop_a_worker_inside_a_job(config: ScheduleConfig, deadline: float) -> tupl
             os.kill(pid, signal.SIGCONT)
         time.sleep(0.02)
     raise AssertionError("no job was caught running")
+
+
+HUNG_SCHEDULER = """
+import sys
+from pathlib import Path
+import finetune.worker as worker
+from finetune.schedule import schedule
+from tests.finetune_fixtures import config_for
+worker.HUNG_FLOOR_S = 5.0
+schedule(config_for(Path(sys.argv[1]), [Path(sys.argv[2])], seeds=[0, 1]))
+"""
+
+
+def test_a_job_whose_steps_stop_stops_its_process_is_charged_and_runs_again(tmp_path: Path) -> None:
+    """In the scheduler's own process (workers 1, where nothing outside could kill it): the first job hangs after its
+    first step (``LNBERT_HANG_AT``, a sleep that never ends); its watchdog stops the process after HUNG_FLOOR_S (5 s
+    here) with exit code 3 and every thread's stack, the attempt recorded as failed with the reason. The same
+    command then runs it again (attempt 2) and the other job, and ends."""
+    run_dir = make_run(tmp_path, "post_ln", "post", steps=(10,))
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "LNBERT_HANG_AT": "finetune_step:2", "OMP_NUM_THREADS": "1"}
+    hung = subprocess.run([sys.executable, "-c", HUNG_SCHEDULER, str(tmp_path), str(run_dir)], env=env,
+                          capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert hung.returncode == EXIT_HUNG, hung.stderr[-3000:]
+    assert "Hung: no step finished for 5 s after step 1" in hung.stderr and "in fault_point" in hung.stderr
+    config = config_for(tmp_path, [run_dir], seeds=[0, 1])
+    failed = {path.name.split(".")[0]: json.loads(path.read_text())  # KEY.SUBMISSION.WORKER.json
+              for path in (Path(config.results_dir) / "failed").glob("*.json")}  # fmt: skip
+    assert [(f["attempt"], f["error"]) for f in failed.values()] == [(1, hung_message(1).replace("600", "5"))]
+    assert schedule(config) == Left([], {})
+    done = done_files(config)
+    assert len(done) == 2 and [done[key]["attempt"] for key in failed] == [2]
+
+
+def test_a_task_stopped_by_its_watchdog_charges_only_the_job_it_ran() -> None:
+    """Exit code 3 (EXIT_HUNG): the hung job recorded its own failure; the task's jobs not started go again free."""
+    assert not charged(f"exit code {EXIT_HUNG}", started=False)
+    assert charged(f"exit code {EXIT_HUNG}", started=True)  # where its record could not be written
+    assert charged("exit code 1", started=False)  # a task that failed by itself: every job
 
 
 @pytest.mark.slow  # two worker processes import torch

@@ -10,11 +10,8 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
-import os
 import shutil
-import signal
 import sys
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,6 +36,7 @@ from pretrain.run_folder.layout import (
 )
 from pretrain.run_folder.manifest import ManifestError, folder_size, verify_manifest, write_manifest
 from pretrain.run_folder.same_run import RESUME_FIX, check_same_run, check_settings
+from pretrain.run_folder.status import fault_point
 
 
 @dataclass(kw_only=True)
@@ -76,15 +74,6 @@ def list_checkpoints(run_dir: Path) -> list[tuple[int, Path]]:
 def latest_checkpoint(run_dir: Path) -> Path | None:
     checkpoints = list_checkpoints(run_dir)
     return checkpoints[-1][1] if checkpoints else None
-
-
-def fault_point(name: str, step: int) -> None:
-    """Fault injection for tests/faults/kill_trials.py: ``LNBERT_KILL_AT=name:step`` SIGKILLs this process there,
-    ``LNBERT_HANG_AT=name:step`` makes it hang there (a sleep that never ends)."""
-    if os.environ.get("LNBERT_KILL_AT") == f"{name}:{step}":
-        os.kill(os.getpid(), signal.SIGKILL)
-    while os.environ.get("LNBERT_HANG_AT") == f"{name}:{step}":
-        time.sleep(60)
 
 
 def save_checkpoint(accelerator: Accelerator, run_dir: Path, state: TrainState, keep_last: int) -> Path:

@@ -112,6 +112,15 @@ class Heartbeat:
         return True
 
 
+def fault_point(name: str, step: int) -> None:
+    """Fault injection for the tests and tests/faults/kill_trials.py: ``LNBERT_KILL_AT=name:step`` SIGKILLs this
+    process there, ``LNBERT_HANG_AT=name:step`` makes it hang there (a sleep that never ends)."""
+    if os.environ.get("LNBERT_KILL_AT") == f"{name}:{step}":
+        os.kill(os.getpid(), signal.SIGKILL)
+    while os.environ.get("LNBERT_HANG_AT") == f"{name}:{step}":
+        time.sleep(60)
+
+
 EXIT_HUNG = 3
 """pretrain/run.py's exit code when its watchdog stopped a process whose steps stopped (status hung)."""
 HUNG_WRITE_WAIT_S = 60.0
@@ -119,23 +128,26 @@ HUNG_WRITE_WAIT_S = 60.0
 
 
 @contextlib.contextmanager
-def watchdog(heartbeat: Heartbeat, timeout_s: float, on_hang: Callable[[str], None]) -> Iterator[None]:
+def watchdog(heartbeat: Heartbeat, timeout_s: float, message: Callable[[int], str],
+             on_hang: Callable[[str], None]) -> Iterator[None]:  # fmt: skip
     """Stop this process when ``heartbeat`` has not beaten for ``timeout_s`` (0: never) during the block: a data read,
     file system or collective that hangs would otherwise hold the job, and its GPUs, until the time limit, and end it
-    with nothing to requeue. It prints every thread's stack, calls ``on_hang(message)`` (the main process writes status
-    hung), and exits with EXIT_HUNG; the run's last checkpoint is intact, and the same command continues from it."""
+    with nothing to requeue. It prints ``message(last step)`` and every thread's stack, calls ``on_hang(message)``
+    (pretraining: status hung; fine-tuning: the job's failed attempt), and exits with EXIT_HUNG."""
     if timeout_s <= 0:
         yield
         return
     done = threading.Event()
-    threading.Thread(target=_watch, args=(heartbeat, timeout_s, on_hang, done), name="hang watchdog", daemon=True).start()
+    watching = (heartbeat, timeout_s, message, on_hang, done)
+    threading.Thread(target=_watch, args=watching, name="hang watchdog", daemon=True).start()
     try:
         yield
     finally:
         done.set()
 
 
-def _watch(heartbeat: Heartbeat, timeout_s: float, on_hang: Callable[[str], None], done: threading.Event) -> None:
+def _watch(heartbeat: Heartbeat, timeout_s: float, message: Callable[[int], str], on_hang: Callable[[str], None],
+           done: threading.Event) -> None:  # fmt: skip
     look = min(10.0, timeout_s / 10)
     seen, quiet, last = heartbeat.beats, 0.0, time.monotonic()
     while not done.wait(look):
@@ -144,8 +156,7 @@ def _watch(heartbeat: Heartbeat, timeout_s: float, on_hang: Callable[[str], None
         quiet = 0.0 if heartbeat.beats != seen else quiet + min(now - last, 2 * look)
         seen, last = heartbeat.beats, now
         if quiet >= timeout_s:
-            stop_hung(f"no step finished for {timeout_s:g} s after step {heartbeat.step} (train.hang_timeout_s): "
-                      "stopped as hung; the same command continues from the last checkpoint", on_hang)  # fmt: skip
+            stop_hung(message(heartbeat.step), on_hang)
 
 
 def stop_hung(message: str, on_hang: Callable[[str], None]) -> None:
