@@ -20,6 +20,7 @@ from typing import Protocol
 
 from finetune.manifest import SCHEDULER_STOPPED, Manifest
 from pretrain.common.cli import require
+from pretrain.run_folder.status import EXIT_HUNG
 
 
 @dataclass(kw_only=True)
@@ -199,17 +200,21 @@ class SlurmArray(Backend):
         return live, self.states(job_id) if len(live) < manifest.tasks else {}
 
     def states(self, job_id: str) -> dict[int, str]:
-        """The final state of each ended task from sacct (PREEMPTED, TIMEOUT, ...); empty if sacct fails."""
-        command = ["sacct", "--noheader", "--parsable2", "--allocations", f"--jobs={job_id}", "--format=JobID,State"]
+        """The final state of each ended task from sacct (PREEMPTED, TIMEOUT, ...), or a task's exit code where its
+        watchdog stopped it (EXIT_HUNG, as a local worker's); empty if sacct fails."""
+        command = ["sacct", "--noheader", "--parsable2", "--allocations", f"--jobs={job_id}",
+                   "--format=JobID,State,ExitCode"]  # fmt: skip
         try:
             output = _slurm(command)
         except (SlurmError, FileNotFoundError):
             return {}
         states = {}
         for line in output.splitlines():
-            job, _, state = line.partition("|")
+            job, state, exit_code = [*line.split("|"), "", ""][:3]
+            code = exit_code.partition(":")[0]  # CODE:SIGNAL
             if (task := job.rpartition("_")[2]) != job and task.isdigit():
-                states[int(task)] = f"sacct: {state}"
+                hung = state == "FAILED" and code == str(EXIT_HUNG)
+                states[int(task)] = f"exit code {code}" if hung else f"sacct: {state}"
         return states
 
 

@@ -184,7 +184,8 @@ def squeue(args: list[str]) -> int:
 def sacct(args: list[str]) -> int:
     job = next(a.split("=", 1)[1] for a in args if a.startswith("--jobs="))
     for path in sorted((state_dir() / "tasks").glob(f"{job}_*.json")):
-        print(f"{path.stem}|{read(path)['state']}")
+        task = read(path)
+        print(f"{path.stem}|{task['state']}|{task.get('exit', 0)}:0")  # --format=JobID,State,ExitCode
     return 0
 
 

@@ -20,6 +20,8 @@ from typing import Any
 
 import pytest
 
+import finetune.backends as backends
+from finetune.backends import SlurmArray, SlurmConfig
 from finetune.manifest import ManifestJob, ResultsFolder, charged
 from finetune.report import ReportConfig, report
 from finetune.schedule import Left, ScheduleConfig, main, parse_until, run_state, schedule, status_lines
@@ -386,11 +388,17 @@ def test_a_job_whose_steps_stop_stops_its_process_is_charged_and_runs_again(tmp_
     assert len(done) == 2 and [done[key]["attempt"] for key in failed] == [2]
 
 
-def test_a_task_stopped_by_its_watchdog_charges_only_the_job_it_ran() -> None:
-    """Exit code 3 (EXIT_HUNG): the hung job recorded its own failure; the task's jobs not started go again free."""
+def test_a_task_stopped_by_its_watchdog_charges_only_the_job_it_ran(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Exit code 3 (EXIT_HUNG): the hung job recorded its own failure; the task's jobs not started go again free. A
+    SLURM task's exit code comes from sacct's ExitCode (CODE:SIGNAL), read as a local worker's."""
     assert not charged(f"exit code {EXIT_HUNG}", started=False)
     assert charged(f"exit code {EXIT_HUNG}", started=True)  # where its record could not be written
     assert charged("exit code 1", started=False)  # a task that failed by itself: every job
+    sacct = "7_0|FAILED|3:0\n7_1|FAILED|1:0\n7_2|TIMEOUT|0:15\n7_3|COMPLETED|0:0\n7.batch|FAILED|3:0\n"
+    monkeypatch.setattr(backends, "_slurm", lambda command: sacct)
+    states = SlurmArray(4, SlurmConfig()).states("7")
+    assert states == {0: "exit code 3", 1: "sacct: FAILED", 2: "sacct: TIMEOUT", 3: "sacct: COMPLETED"}
+    assert [charged(states[t], started=False) for t in range(4)] == [False, True, False, False]
 
 
 @pytest.mark.slow  # two worker processes import torch
