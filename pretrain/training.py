@@ -525,9 +525,8 @@ def step_metrics(setup: TrainingSetup, state: TrainState, stats: StepStats, toke
 def train(setup: TrainingSetup, state: TrainState, stop: StopRequest, heartbeat: Heartbeat) -> str:
     """The run from its current step: the step-0 evaluation and the start snapshot, then steps until the last step, a
     divergence or a stop request, ``heartbeat`` beating once a step. Returns finished, diverged or preempted (a full
-    disk raises DiskFull). A full disk
-    in a write of the main process alone is told to every process by the next step's all-reduce, so that all stop
-    there: raised at once, it would leave the others at their next collective for train.collective_timeout_s."""
+    disk raises DiskFull). A full disk in a write of the main process alone is told to every process by the next
+    step's all-reduce, so that all stop there: raised at once, it would leave the others at their next collective."""
     full: list[DiskFull] = []  # what this process's own writes met (held)
     if state.step == 0:
         with held(full, setup.run_dir):
