@@ -359,6 +359,7 @@ def test_the_diagnostics_read_each_designs_claim_from_the_late_logged_steps(tmp_
     rows = [{"step": s, "hidden/variance/00": 2.0, "hidden/variance/01": 2.0 * s, "attention/first_token/00": 0.1 * s,
              "attention/first_token/01": 0.3 * s, "attention/entropy/00": 1.0, "attention/entropy/01": 0.1 * s,
              "attention/sep/00": 0.5, "attention/sep/01": 0.1 * s,
+             "hidden/token_similarity/00": 0.9, "hidden/token_similarity/01": 0.01 * s,
              "preact/saturated/00": 0.0, "preact/saturated/01": 0.01 * s,
              "residual/depth_weights": [[0.1 * s, 0.9], [0.3 * s, 0.7]], "grad_norm/layer_00/ffn": 1.0,
              "grad_norm/layer_01/ffn": 3.0} for s in range(1, 21)]  # fmt: skip
@@ -369,6 +370,7 @@ def test_the_diagnostics_read_each_designs_claim_from_the_late_logged_steps(tmp_
     assert found["first_token_mass"] == pytest.approx(0.2 * 19.5)
     assert found["attention_entropy"] == pytest.approx((1.0 + 0.1 * 19.5) / 2)
     assert found["sep_mass"] == pytest.approx((0.5 + 0.1 * 19.5) / 2)
+    assert found["token_similarity"] == pytest.approx(0.01 * 19.5)  # the last layer's
     assert found["generalization_gap"] == pytest.approx(0.2)  # the last evaluation's
     assert found["preact_saturated"] == pytest.approx(0.005 * 19.5)
     assert found["weight_on_embeddings"] == pytest.approx(0.2 * 19.5)

@@ -338,9 +338,9 @@ def test_a_logged_step_measures_each_designs_claim():
     stats = measure(model, **inputs, sep_token_id=sep).design
     layers = range(TINY["num_hidden_layers"])
     expected = {f"{kind}/{i:02d}" for i in layers for kind in ("hidden/variance", "hidden/absmax",
-                                                               "attention/first_token", "attention/sep",
-                                                               "attention/entropy", "attention/top_key", "attention/gate",
-                                                               "gpas/scale")}  # fmt: skip
+                                                               "hidden/token_similarity", "attention/first_token",
+                                                               "attention/sep", "attention/entropy", "attention/top_key",
+                                                               "attention/value_norm", "attention/gate", "gpas/scale")}  # fmt: skip
     expected |= {f"preact/{kind}/{k:02d}" for k in range(2 * len(layers)) for kind in ("absmax", "saturated")}
     expected |= {f"value_residual/lambda{j}/01" for j in (1, 2)}
     assert set(stats) == expected
@@ -349,8 +349,10 @@ def test_a_logged_step_measures_each_designs_claim():
         probs = eager(**batch(), output_attentions=True).attentions
     real = batch()["attention_mask"].bool()
     is_sep = inputs["input_ids"] == sep
-    streams = []  # each layer's output (hidden_states' last is after Pre-LN's final norm)
+    streams, attention_inputs = [], []  # each layer's output (hidden_states' last is after Pre-LN's final norm)
     hooks = [layer.register_forward_hook(lambda m, args, out: streams.append(out[0])) for layer in model.bert.encoder.layer]
+    hooks += [layer.attention.self.register_forward_hook(lambda m, args, out: attention_inputs.append(args[0]))
+              for layer in model.bert.encoder.layer]  # fmt: skip
     with torch.no_grad():
         model(**inputs)
     for hook in hooks:
@@ -361,6 +363,12 @@ def test_a_logged_step_measures_each_designs_claim():
         on_sep = (probs[i] * is_sep[:, None, None, :]).sum(-1).mean(1)[real].mean().item()
         assert stats[f"attention/sep/{i:02d}"] == pytest.approx(on_sep, rel=1e-5)
         assert stats[f"hidden/absmax/{i:02d}"] == pytest.approx(streams[i][real].abs().max().item(), rel=1e-6)
+        # Over-smoothing, pair by pair: the mean cosine of distinct real tokens of a sequence, mean over sequences
+        cosines = [F.cosine_similarity(x[:, None], x[None], dim=-1) for x in (streams[i][b][real[b]] for b in range(3))]
+        off_diagonal = [c[~torch.eye(len(c), dtype=torch.bool)].mean().item() for c in cosines]
+        assert stats[f"hidden/token_similarity/{i:02d}"] == pytest.approx(float(np.mean(off_diagonal)), rel=1e-5)
+        values = model.bert.encoder.layer[i].attention.self.value(attention_inputs[i])
+        assert stats[f"attention/value_norm/{i:02d}"] == pytest.approx(values.norm(dim=-1)[real].mean().item(), rel=1e-6)
         # ResFormer's analyze/get_entropy.py, one sequence at a time on its real tokens: heads averaged, each key's
         # attention summed over the queries, normalised, scipy's entropy; then the mean over sequences
         shares = [(a := probs[i][b][:, real[b]][:, :, real[b]].mean(0).sum(0)) / a.sum() for b in range(len(real))]

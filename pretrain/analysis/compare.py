@@ -272,7 +272,8 @@ def diagnostics(result: dict[str, Any], run_dir: Path, target: float | None, win
     inputs and the last over the first sub-layers' output norm (probes.sublayer_io, last snapshot); from the logged
     steps (``late``) the FFN gradients' spread over layers, the stream's variance after the last layer over the first
     (GPAS), the attention mass on [CLS] and on [SEP] (gated attention, value residuals: the sinks) and the entropy of
-    the attention keys receive (value residuals: its concentration), the fraction of the norms' pre-activations past the flat part (Derf, SeeDNorm, DyT) and the weight the residual designs' averages put on the
+    the attention keys receive (value residuals: its concentration), the last layer's token similarity (value residuals:
+    over-smoothing), the fraction of the norms' pre-activations past the flat part (Derf, SeeDNorm, DyT) and the weight the residual designs' averages put on the
     embeddings (DenseFormer, AttnRes); HC's and mHC's composite gain at the end, the last evaluation's validation loss
     minus its training-split loss (Derf: generalization), and the first step whose smoothed training loss reaches
     ``target`` (the baseline's final one at the same seed)."""
@@ -290,6 +291,7 @@ def diagnostics(result: dict[str, Any], run_dir: Path, target: float | None, win
         "variance_last_over_first": late(rows, variance_growth),
         "first_token_mass": late(rows, lambda r: mean_of(series(r, "attention/first_token/"))),
         "sep_mass": late(rows, lambda r: mean_of(series(r, "attention/sep/"))),
+        "token_similarity": late(rows, lambda r: (series(r, "hidden/token_similarity/") or [None])[-1]),
         "attention_entropy": late(rows, lambda r: mean_of(series(r, "attention/entropy/"))),
         "preact_saturated": late(rows, lambda r: mean_of(series(r, "preact/saturated/"))),
         "weight_on_embeddings": late(rows, lambda r: mean_of([w[0] for w in r.get("residual/depth_weights") or []])),
@@ -465,7 +467,7 @@ def diagnostics_text(args: CompareConfig, ranked: list[dict[str, Any]], diagnose
     columns = {"input_similarity": ("input similarity", ".3f"), "output_norm_last_over_first": ("out norm L/1", ".2f"),
                "grad_spread": ("grad spread", ".3f"), "variance_last_over_first": ("variance L/1", ".2f"),
                "first_token_mass": ("[CLS] mass", ".3f"), "sep_mass": ("[SEP] mass", ".3f"),
-               "attention_entropy": ("attn entropy", ".2f"),
+               "attention_entropy": ("attn entropy", ".2f"), "token_similarity": ("token sim. L", ".3f"),
                "preact_saturated": ("saturated", ".3f"),
                "weight_on_embeddings": ("weight on X_0", ".3f"), "composite_gain": ("composite gain", ".3g"),
                "generalization_gap": ("val - train", ".3f"),
@@ -477,7 +479,8 @@ def diagnostics_text(args: CompareConfig, ranked: list[dict[str, Any]], diagnose
     head = (f"per model, mean over its seeds: input similarity of consecutive sub-layers and output norm of the last "
             f"sub-layers over the first (last snapshot); median over the last tenth of the logged steps: FFN gradient "
             f"spread over layers (CV), the stream's variance after the last layer over the first, attention mass on "
-            f"[CLS] and on [SEP], the entropy (nats) of the attention keys receive (layers' mean), the norms' pre-activations with "
+            f"[CLS] and on [SEP], the entropy (nats) of the attention keys receive (layers' mean), the mean cosine of two tokens after "
+            f"the last layer, the norms' pre-activations with "
             f"|z| > 2, the averages' weight on the embeddings; HC/mHC composite gain at the end; the last evaluation's MLM "
             f"loss on validation minus on as many training instances; steps to {args.baseline or 'a baseline'}'s final training loss (trailing mean of "
             f"{args.smoothing}); '-': not measured, or some seed never got there")  # fmt: skip

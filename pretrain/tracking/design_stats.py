@@ -7,9 +7,12 @@ real tokens, and the designs' learned scalars. Names, LL a layer, KK a sub-layer
                               grows with depth)
     hidden/absmax/LL          the largest |value| in that stream over the real tokens (gated attention: the massive
                               activations it removes)
+    hidden/token_similarity/LL  the mean cosine similarity of two distinct real tokens of a sequence in that stream,
+                              mean over sequences (value residuals: over-smoothing)
     attention/first_token/LL  attention probability on position 0 ([CLS]), mean over heads and real queries, over the
                               real keys (gated attention: the sink it removes)
     attention/sep/LL          the same on the [SEP] tokens together (BERT's other sink), where the caller names them
+    attention/value_norm/LL   the mean over real tokens of ||x W_V + b_V||, the layer's own values (value residuals)
     attention/entropy/LL      entropy (nats) of each key's attention summed over the real queries, heads averaged,
                               mean over sequences (ResFormer's concentration metric, its analyze/get_entropy.py)
     attention/top_key/LL      the largest of those shares, mean over sequences: a sink wherever it is ([SEP] too)
@@ -69,8 +72,13 @@ class DesignProbe:
         if not (isinstance(stream, torch.Tensor) and stream.dim() == 3):
             return {}
         real = stream.float()[self.token_mask]  # (M, d)
+        # Over the pairs i != j of a sequence's n real tokens: (||sum_i u_i||^2 - n) / (n (n - 1)), u_i unit vectors.
+        units = F.normalize(stream.float(), dim=-1) * self.token_mask[..., None]
+        n = self.token_mask.sum(-1).float()
+        pairs = ((units.sum(1) ** 2).sum(-1) - n) / (n * (n - 1)).clamp_min(1)
         return {f"hidden/variance/{index:02d}": real.var(-1, unbiased=False).mean(),
-                f"hidden/absmax/{index:02d}": real.abs().amax()}  # fmt: skip
+                f"hidden/absmax/{index:02d}": real.abs().amax(),
+                f"hidden/token_similarity/{index:02d}": pairs.mean()}  # fmt: skip
 
     def attention_mass(self, index: int, attention: nn.Module, h: torch.Tensor) -> dict[str, torch.Tensor]:
         """The softmax weight on key 0, and the entropy and largest of the shares the keys receive, from the
@@ -85,7 +93,8 @@ class DesignProbe:
         shares = received / received.sum(-1, keepdim=True)
         found = {f"attention/first_token/{index:02d}": probs[..., 0][self.token_mask].mean(),
                  f"attention/entropy/{index:02d}": torch.special.entr(shares).sum(-1).mean(),
-                 f"attention/top_key/{index:02d}": shares.amax(-1).mean()}  # fmt: skip
+                 f"attention/top_key/{index:02d}": shares.amax(-1).mean(),
+                 f"attention/value_norm/{index:02d}": attention.value(h).float().norm(dim=-1)[self.token_mask].mean()}  # fmt: skip
         if self.sep_mask is not None:
             found[f"attention/sep/{index:02d}"] = (probs * self.sep_mask[:, None, :]).sum(-1)[self.token_mask].mean()
         return found
