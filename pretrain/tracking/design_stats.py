@@ -78,7 +78,7 @@ class DesignProbe:
         pairs = ((units.sum(1) ** 2).sum(-1) - n) / (n * (n - 1)).clamp_min(1)
         return {f"hidden/variance/{index:02d}": real.var(-1, unbiased=False).mean(),
                 f"hidden/absmax/{index:02d}": real.abs().amax(),
-                f"hidden/token_similarity/{index:02d}": pairs.mean()}  # fmt: skip
+                f"hidden/token_similarity/{index:02d}": pairs[n > 1].mean()}  # fmt: skip
 
     def attention_mass(self, index: int, attention: nn.Module, h: torch.Tensor) -> dict[str, torch.Tensor]:
         """The softmax weight on key 0, and the entropy and largest of the shares the keys receive, from the
