@@ -327,6 +327,31 @@ def test_weight_decay_on_seednorms_alpha_and_beta_and_the_gate_projection_not_th
     assert not {n for n in decayed_names if n.endswith((".gpas.gate", "value_lambda.weight"))}
 
 
+def test_a_logged_step_gives_seednorms_alpha_and_headwise_gates():
+    """SeeDNorm's ||alpha|| per sub-layer's norm, and a headwise gate's mean per head (one gate a head)."""
+    model = build("pre", norm_type="seednorm", attention_gate="headwise").float()
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for norm in (m for m in model.modules() if isinstance(m, SeeDNorm)):
+            norm.alpha.uniform_(0.5, 1.5)
+    inputs, attention_inputs = batch(), []
+    stats = measure(model, **inputs).design
+    hooks = [layer.attention.self.register_forward_hook(lambda m, args, out: attention_inputs.append(args[0]))
+             for layer in model.bert.encoder.layer]  # fmt: skip
+    with torch.no_grad():
+        model(**inputs)
+    for hook in hooks:
+        hook.remove()
+    real = inputs["attention_mask"].bool()
+    for i, layer in enumerate(model.bert.encoder.layer):
+        for k, norm in ((2 * i, layer.norm_a), (2 * i + 1, layer.norm_f)):
+            assert stats[f"seednorm/alpha_norm/{k:02d}"] == pytest.approx(norm.alpha.norm().item(), rel=1e-6)
+        with torch.no_grad():
+            gates = torch.sigmoid(layer.attention.self.gate(attention_inputs[i]))[real]  # (M, heads)
+        for h in range(TINY["num_attention_heads"]):
+            assert stats[f"attention/gate_head/{i:02d}/{h:02d}"] == pytest.approx(gates[:, h].mean().item(), rel=1e-5)
+
+
 def test_a_logged_step_measures_each_designs_claim():
     """The stream's variance and largest |value| after each layer (GPAS; gated attention: massive activations), the
     attention mass on [CLS] and on [SEP] (gated attention: the sinks), the norms' pre-activation range (Derf,
@@ -342,6 +367,8 @@ def test_a_logged_step_measures_each_designs_claim():
                                                                "attention/sep", "attention/entropy", "attention/top_key",
                                                                "attention/value_norm", "attention/gate", "gpas/scale")}  # fmt: skip
     expected |= {f"preact/{kind}/{k:02d}" for k in range(2 * len(layers)) for kind in ("absmax", "saturated")}
+    heads = range(TINY["num_attention_heads"])
+    expected |= {f"attention/gate_head/{i:02d}/{h:02d}" for i in layers for h in heads}
     expected |= {f"value_residual/lambda{j}/01" for j in (1, 2)}
     assert set(stats) == expected
     eager = build("pre", attn="eager", **options).float()
@@ -367,6 +394,11 @@ def test_a_logged_step_measures_each_designs_claim():
         cosines = [F.cosine_similarity(x[:, None], x[None], dim=-1) for x in (streams[i][b][real[b]] for b in range(3))]
         off_diagonal = [c[~torch.eye(len(c), dtype=torch.bool)].mean().item() for c in cosines]
         assert stats[f"hidden/token_similarity/{i:02d}"] == pytest.approx(float(np.mean(off_diagonal)), rel=1e-5)
+        gates = torch.sigmoid(model.bert.encoder.layer[i].attention.self.gate(attention_inputs[i]))[real]
+        head_size = gates.shape[-1] // len(heads)
+        for h in heads:  # elementwise: each head's d_h gates
+            by_head = gates[:, h * head_size : (h + 1) * head_size].mean().item()
+            assert stats[f"attention/gate_head/{i:02d}/{h:02d}"] == pytest.approx(by_head, rel=1e-5)
         values = model.bert.encoder.layer[i].attention.self.value(attention_inputs[i])
         assert stats[f"attention/value_norm/{i:02d}"] == pytest.approx(values.norm(dim=-1)[real].mean().item(), rel=1e-6)
         # ResFormer's analyze/get_entropy.py, one sequence at a time on its real tokens: heads averaged, each key's

@@ -17,10 +17,12 @@ real tokens, and the designs' learned scalars. Names, LL a layer, KK a sub-layer
                               mean over sequences (ResFormer's concentration metric, its analyze/get_entropy.py)
     attention/top_key/LL      the largest of those shares, mean over sequences: a sink wherever it is ([SEP] too)
     attention/gate/LL         gated attention's mean gate sigmoid(x W + b) (its sparsity)
+    attention/gate_head/LL/HH the same per head HH
     preact/absmax/KK          the largest |z| of sub-layer KK's norm's pre-activation z (DyT, Derf: per element alpha x
                               (+ shift); SeeDNorm: per token <x, beta>)
     preact/saturated/KK       the fraction of those with |z| > 2 (tanh 0.964, erf 0.995: flat)
     gpas/scale/LL             GPAS's forward scale 1 - SiLU(g)
+    seednorm/alpha_norm/KK    the norm ||alpha|| of sub-layer KK's SeeDNorm (0 would leave RMSNorm)
     value_residual/lambda1/LL, .../lambda2/LL   learned value residual's mixing weights
 
 nGPT's layers are left out (their invariants are its placement's ``step_stats``); so is a stream that is not one
@@ -40,7 +42,7 @@ from torch.utils.hooks import RemovableHandle
 
 from pretrain.attention import project_qkv
 from pretrain.modeling import LNBertLayer
-from pretrain.norms import GPAS
+from pretrain.norms import GPAS, SeeDNorm
 from pretrain.residual_streams import ResidualStats, recording
 
 SATURATED = 2.0  # |z| past which tanh and erf are flat
@@ -103,7 +105,17 @@ class DesignProbe:
         z = norm.preactivation(x).float()[self.token_mask].abs()
         return {f"preact/absmax/{k:02d}": z.amax(), f"preact/saturated/{k:02d}": (z > SATURATED).float().mean()}
 
+    def gate(self, index: int, out: torch.Tensor, heads: int) -> dict[str, torch.Tensor]:
+        """Gated attention's gates over the real tokens (M, width): their mean, and per head (elementwise: d_h each)."""
+        gates = torch.sigmoid(out.float())[self.token_mask]
+        by_head = gates.reshape(len(gates), heads, -1).mean((0, 2))
+        return {f"attention/gate/{index:02d}": gates.mean(),
+                **{f"attention/gate_head/{index:02d}/{h:02d}": value for h, value in enumerate(by_head)}}
+
     def parameters(self, index: int, layer: LNBertLayer) -> None:
+        for k, norm in ((2 * index, layer.norm_a), (2 * index + 1, layer.norm_f)):
+            if isinstance(norm, SeeDNorm):
+                self.found[f"seednorm/alpha_norm/{k:02d}"] = norm.alpha.detach().norm()
         if isinstance(layer.gpas, GPAS):
             self.found[f"gpas/scale/{index:02d}"] = 1 - F.silu(layer.gpas.gate.detach())
         if (mix := layer.attention.self.value_lambda) is not None:
@@ -131,8 +143,8 @@ def probing(model: nn.Module, token_mask: torch.Tensor, sep_mask: torch.Tensor |
         handles.append(probe.watch(layer, lambda m, args, out, i=i: probe.stream(i, out)))
         handles.append(probe.watch(attention, lambda m, args, out, i=i: probe.attention_mass(i, m, args[0])))
         if attention.gate is not None:
-            handles.append(probe.watch(attention.gate, lambda m, args, out, i=i: {
-                f"attention/gate/{i:02d}": torch.sigmoid(out.float())[probe.token_mask].mean()}))  # fmt: skip
+            heads = model.config.num_attention_heads
+            handles.append(probe.watch(attention.gate, lambda m, args, out, i=i, h=heads: probe.gate(i, out, h)))
         for k, norm in ((2 * i, layer.norm_a), (2 * i + 1, layer.norm_f)):
             if hasattr(norm, "preactivation"):
                 handles.append(probe.watch(norm, lambda m, args, out, k=k: probe.preactivation(k, m, args[0])))
