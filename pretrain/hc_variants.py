@@ -67,6 +67,8 @@ class MhcLite(ManifoldHyperConnection):
     def residual_mixing(self, res: torch.Tensor) -> torch.Tensor:
         """H_res = sum_r c_r P_r^T (..., n, n), c = softmax(alpha_res res + b_res) over the n! permutations."""
         c = torch.softmax(self.alpha_res * res + self.b_res, dim=-1)  # (..., n!)
+        if self.recorder is not None:
+            self.recorder.permutation_weights(c)
         return torch.einsum("...r,rji->...ij", c, self.permutations.to(c.dtype))
 
     def extra_repr(self) -> str:

@@ -577,16 +577,26 @@ class ResidualStats:
     composite_gain: torch.Tensor | None = None
     """(N, 2): per k, the largest over real tokens of the max absolute row ([:, 0]) and column ([:, 1]) sum of
     P_k = H_res^k ... H_res^0; the last row is mHC's "Amax gain magnitude" (1 when doubly stochastic)."""
+    stochastic_error: torch.Tensor | None = None
+    """(N,): per k, the largest over real tokens of |a row or column sum of H_res^k - 1|: 0 to rounding for mHC-lite,
+    what Sinkhorn's finite iterations leave for mHC, unconstrained for HC (HC, mHC)."""
+    permutation_entropy: torch.Tensor | None = None
+    """(N,): mHC-lite's entropy (nats) of its weights over the n! permutations, the mean over real tokens (0: one
+    permutation, ln n!: all alike)."""
     depth_weights: torch.Tensor | None = None
     """(N + 1, K): AttnRes's mean weights over depth, row k for sub-layer k's input, the last for the output; column
     j is source j in ``DepthSources`` order (the embedding output first, a partial sum last), 0 past a row's own."""
 
     def scalars(self) -> dict[str, float]:
-        """The headline numbers as flat names for a logger: ``output_norm/k`` (k two digits), and for HC and mHC
-        ``composite_gain/row`` and ``composite_gain/col`` over the whole depth."""
+        """The headline numbers as flat names for a logger: ``output_norm/k`` (k two digits), for HC and mHC
+        ``composite_gain/row`` and ``composite_gain/col`` over the whole depth and ``stochastic_error/k``, and for
+        mHC-lite ``permutation_entropy/k``."""
         out = {f"output_norm/{k:02d}": float(v) for k, v in enumerate(self.output_norm)}
         if self.composite_gain is not None:
             out["composite_gain/row"], out["composite_gain/col"] = (float(v) for v in self.composite_gain[-1])
+        for name in ("stochastic_error", "permutation_entropy"):
+            if (values := getattr(self, name)) is not None:
+                out.update({f"{name}/{k:02d}": float(v) for k, v in enumerate(values)})
         return out
 
 
@@ -613,6 +623,10 @@ class ResidualRecorder:
         self._product = res if self._product is None else res @ self._product
         magnitude = self._product.abs()
         self._rows["composite_gain"].append(torch.stack([magnitude.sum(-1).amax(), magnitude.sum(-2).amax()]))
+        self._rows["stochastic_error"].append((torch.cat([res.sum(-1), res.sum(-2)], -1) - 1).abs().amax())
+
+    def permutation_weights(self, c: torch.Tensor) -> None:
+        self._rows["permutation_entropy"].append(torch.special.entr(self._tokens(c, 1)).sum(-1).mean())
 
     def output(self, out: torch.Tensor) -> None:
         self._rows["output_norm"].append(self._tokens(out.detach().float().norm(dim=-1), 0).mean())

@@ -737,8 +737,11 @@ def test_stats_of_static_hc_are_its_matrices_and_their_composite_gain():
         product = alpha[:, 1:].T @ product  # x_(k+1) = A_r^T x_k + ...
         gains = torch.stack([product.abs().sum(1).max(), product.abs().sum(0).max()]).float()
         torch.testing.assert_close(stats.composite_gain[k], gains)
+        sums = torch.cat([alpha[:, 1:].sum(0), alpha[:, 1:].sum(1)])  # H_res = A_r^T: its rows, then its columns
+        torch.testing.assert_close(stats.stochastic_error[k], (sums - 1).abs().max().float())
     assert set(stats.scalars()) == {
         *(f"output_norm/{k:02d}" for k in range(6)),
+        *(f"stochastic_error/{k:02d}" for k in range(6)),
         "composite_gain/row",
         "composite_gain/col",
     }
@@ -762,6 +765,25 @@ def test_mhc_lite_composite_gain_is_one_to_rounding():
     assert stats.res.shape == (6, 4, 4) and stats.pre.shape == stats.post.shape == (6, 4)
     torch.testing.assert_close(stats.composite_gain, torch.ones(6, 2), rtol=0, atol=1e-5)
     torch.testing.assert_close(stats.res.sum(-2), torch.ones(6, 4), rtol=0, atol=1e-5)  # columns of the token mean
+    assert float(stats.stochastic_error.max()) < 1e-5 and stats.permutation_entropy.shape == (6,)
+
+
+def test_mhc_lite_logs_the_entropy_of_its_permutation_weights():
+    """With phi_res 0 the weights over the 24 permutations are softmax(b_res) at every token: their entropy, per
+    sub-layer, from a perturbed b_res; ln 24 where b_res is uniform."""
+    model = LNBertModel(scheme_config("mhclite4")).double()
+    modules = [m for layer in model.encoder.layer for m in (layer.attention_residual, layer.ffn_residual)]
+    torch.manual_seed(3)
+    with torch.no_grad():
+        for module in modules:
+            module.phi_res.zero_()
+            module.b_res.normal_()
+        modules[0].b_res.zero_()
+    stats = measure(model, *make_inputs()).residual
+    expected = [torch.special.entr(torch.softmax(m.b_res.detach(), -1)).sum().item() for m in modules]
+    torch.testing.assert_close(stats.permutation_entropy, torch.tensor(expected, dtype=torch.float32))
+    assert stats.permutation_entropy[0].item() == pytest.approx(math.log(24), rel=1e-6)
+    assert {f"permutation_entropy/{k:02d}" for k in range(6)} <= set(stats.scalars())
 
 
 def test_stats_of_static_frac_are_its_matrices():
