@@ -337,6 +337,54 @@ def test_a_second_command_in_a_busy_run_folder_is_refused_naming_the_holder(
     assert (run_dir / "lock").read_text() == ""  # a released lock names nobody
 
 
+HOLD_ON_ANOTHER_NODE = """
+import datetime, json, sys, time
+from pretrain.common.atomic import write_json
+from pretrain.run_folder.lock import run_folder_lock
+with run_folder_lock(sys.argv[1]):
+    with open(sys.argv[1] + "/lock", "r+") as f:  # as a process of another node names itself
+        f.truncate(0)
+        f.write(json.dumps({"host": "node-7", "pid": 4242, "since": "2026-12-07T00:00:00+00:00"}))
+    print("held", flush=True)
+    end = time.monotonic() + float(sys.argv[2])  # lost: until the NFS server ends its lease
+    while time.monotonic() < end:
+        if sys.argv[3] == "alive":  # a run that trains: its heartbeat
+            now = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+            write_json(sys.argv[1] + "/status.json", {"status": "running", "step": 3, "updated": now})
+        time.sleep(0.2)
+"""
+
+
+@pytest.mark.parametrize("alive", [False, True])
+def test_a_lock_held_from_a_host_without_sign_of_life_is_waited_for_longer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture, alive: bool
+) -> None:
+    """A lock another host holds while its run shows no sign of life (a node lost, its NFS lease not yet ended) is
+    waited for up to LEASE_WAIT_S, and taken once the lease ends; one whose run is running with a fresh heartbeat is
+    refused after WAIT_S, as before."""
+    import pretrain.run_folder.lock as lock
+
+    args = [str(tmp_path), "30" if alive else "4", "alive" if alive else "lost"]
+    holder = subprocess.Popen([sys.executable, "-c", HOLD_ON_ANOTHER_NODE, *args], stdout=subprocess.PIPE, text=True,
+                              env={**os.environ, "PYTHONPATH": str(ROOT)})  # fmt: skip
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+        monkeypatch.setattr(lock, "WAIT_S", 3.0)  # longer than the heartbeat's age (whole seconds, every 0.2 s)
+        monkeypatch.setattr(lock, "LEASE_WAIT_S", 120.0)
+        if alive:
+            with pytest.raises(ConfigError, match=r"in use by another command \(pid 4242 on node-7"):  # noqa: SIM117
+                with lock.run_folder_lock(tmp_path):
+                    pass
+        else:
+            with lock.run_folder_lock(tmp_path):
+                assert json.loads((tmp_path / "lock").read_text())["pid"] == os.getpid()
+            assert "its holder (pid 4242 on node-7, running since" in (err := capsys.readouterr().err)
+            assert "shows no sign of life; waiting up to 120 s in all" in err
+    finally:
+        holder.kill()
+        holder.wait()
+
+
 def test_a_file_system_without_flock_warns_and_trains(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                       capsys: pytest.CaptureFixture) -> None:  # fmt: skip
     import fcntl

@@ -4,7 +4,8 @@ with the holder's name instead of resuming from the first one's checkpoints whil
 pretrain/run.py takes it before it imports the training.
 
 The lock goes with its process: a killed run blocks nobody for long. On NFS a crashed node's lock lasts until its
-lease ends (about 90 s), so a busy lock is waited for WAIT_S before the command is refused. A file system without
+lease ends (about 90 s), so a busy lock is waited for WAIT_S before the command is refused, and up to LEASE_WAIT_S
+where the holder is on another host and its run shows no sign of life (a server that keeps leases longer). A file system without
 flock (Lustre mounted without ``-o flock``) gets a warning, and the run goes on unguarded."""
 
 from __future__ import annotations
@@ -23,10 +24,13 @@ from typing import IO, Any
 
 from pretrain.common.atomic import no_room
 from pretrain.common.cli import ConfigError
-from pretrain.run_folder.layout import LOCK_FILE, STOP_FILE
+from pretrain.run_folder.layout import LOCK_FILE, STOP_FILE, is_dead, read_status
 
 WAIT_S = 180.0
 """How long a command waits for a busy run folder before it is refused (longer than an NFS lease)."""
+LEASE_WAIT_S = 900.0
+"""How long in all it waits where the holder is on another host and its run shows no sign of life since WAIT_S: no
+status "running" with a heartbeat that recent (``gone_elsewhere``). A live holder starting up is refused that late."""
 
 
 class StoppedWaiting(Exception):
@@ -87,7 +91,7 @@ def holder_text(named: dict[str, Any] | None) -> str:
 
 def _lock(f: IO[str], path: Path, stopped: Callable[[], str]) -> bool:
     """Take the lock (True), waiting up to WAIT_S for a holder; False where the file system has no flock."""
-    deadline, told = time.monotonic() + WAIT_S, False
+    deadline, told, extended = time.monotonic() + WAIT_S, False, False
     while True:
         try:
             fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -101,12 +105,26 @@ def _lock(f: IO[str], path: Path, stopped: Callable[[], str]) -> bool:
         if reason := stopped():
             raise StoppedWaiting(f"stopped ({reason}) while waiting for {path}: nothing was done")
         if time.monotonic() > deadline:
-            raise ConfigError(_busy_message(path, holder_text(holder(f))))
+            named = holder(f)
+            if extended or not gone_elsewhere(named, path.parent):
+                raise ConfigError(_busy_message(path, holder_text(named)))
+            deadline, extended = deadline + LEASE_WAIT_S - WAIT_S, True
+            print(f"{path.parent}: its holder ({holder_text(named)}) shows no sign of life; waiting up to "
+                  f"{LEASE_WAIT_S:.0f} s in all for its lock's lease to end", file=sys.stderr, flush=True)  # fmt: skip
         if not told:
             print(f"{path.parent} is in use ({holder_text(holder(f))}); waiting up to {WAIT_S:.0f} s for it",
                   file=sys.stderr, flush=True)  # fmt: skip
             told = True
         time.sleep(1.0)
+
+
+def gone_elsewhere(named: dict[str, Any] | None, run_dir: Path) -> bool:
+    """The lock's holder is on another host, and the run shows no sign of life: no status "running" with a heartbeat
+    younger than WAIT_S. A node that died holds its NFS lock until the server ends its lease."""
+    if named is None or named.get("host") in (None, socket.gethostname()):
+        return False
+    status = read_status(run_dir)
+    return status.get("status") != "running" or is_dead(status, after_s=WAIT_S)
 
 
 def _busy_message(path: Path, who: str) -> str:
