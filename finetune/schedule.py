@@ -19,8 +19,8 @@ on a refused or deleted snapshot, or when a snapshot's jobs cannot be planned (i
 a recipe.max_length beyond its position embeddings; the others run): all listed with their errors; ``--retry_failed=true`` queues failed jobs again. It is
 2, with what to do, on bad input, a folder another scheduler holds, a file of it that a task never writes, or jobs submitted
 MAX_REPEATS times without running; 3 when a job run in this process (``--workers=1``) hung (no step for
-HUNG_FLOOR_S: its attempt is charged, and the same command goes on). It prints one line per job as it ends, and the cost of the jobs before starting
-them (docs/finetuning.md).
+HUNG_FLOOR_S: its attempt is charged, and the same command goes on). It prints one line per job as it ends, and the
+cost of the jobs before starting them (docs/finetuning.md).
 """
 
 from __future__ import annotations

@@ -226,9 +226,9 @@ def run_job(job: ManifestJob, manifest: Manifest, folder: ResultsFolder, cache: 
         check_snapshot(model)
         recipe = FinetuneConfig(**spec.recipe, **runtime.recipe)
         data = cache.get(spec.model_path, spec.task, runtime.data_dir, recipe)
-        heartbeat = Heartbeat()
+        heartbeat, hung = Heartbeat(), lambda error: folder.write_failed(job, submission, error)
         with (job_run(spec, WandbSettings(**runtime.wandb) if runtime.wandb else None) as tracked,
-              watchdog(heartbeat, HUNG_FLOOR_S, hung_message, lambda error: folder.write_failed(job, submission, error))):
+              watchdog(heartbeat, HUNG_FLOOR_S, hung_message, hung)):
 
             def on_step(step: int, loss: float, lr: float) -> None:
                 heartbeat.beat(step)

@@ -479,11 +479,11 @@ def diagnostics_text(args: CompareConfig, ranked: list[dict[str, Any]], diagnose
     head = (f"per model, mean over its seeds: input similarity of consecutive sub-layers and output norm of the last "
             f"sub-layers over the first (last snapshot); median over the last tenth of the logged steps: FFN gradient "
             f"spread over layers (CV), the stream's variance after the last layer over the first, attention mass on "
-            f"[CLS] and on [SEP], the entropy (nats) of the attention keys receive (layers' mean), the mean cosine of two tokens after "
-            f"the last layer, the norms' pre-activations with "
-            f"|z| > 2, the averages' weight on the embeddings; HC/mHC composite gain at the end; the last evaluation's MLM "
-            f"loss on validation minus on as many training instances; steps to {args.baseline or 'a baseline'}'s final training loss (trailing mean of "
-            f"{args.smoothing}); '-': not measured, or some seed never got there")  # fmt: skip
+            f"[CLS] and on [SEP], the entropy (nats) of the attention keys receive (layers' mean), the mean cosine of "
+            f"two tokens after the last layer, the norms' pre-activations with |z| > 2, the averages' weight on the "
+            f"embeddings; HC/mHC composite gain at the end; the last evaluation's MLM loss on validation minus on as "
+            f"many training instances; steps to {args.baseline or 'a baseline'}'s final training loss (trailing mean "
+            f"of {args.smoothing}); '-': not measured, or some seed never got there")  # fmt: skip
     return titled_table(head, ["model", *(name for name, _ in shown.values())], rows) if rows else ""
 
 

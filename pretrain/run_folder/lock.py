@@ -5,8 +5,8 @@ pretrain/run.py takes it before it imports the training.
 
 The lock goes with its process: a killed run blocks nobody for long. On NFS a crashed node's lock lasts until its
 lease ends (about 90 s), so a busy lock is waited for WAIT_S before the command is refused, and up to LEASE_WAIT_S
-where the holder is on another host and its run shows no sign of life (a server that keeps leases longer). A file system without
-flock (Lustre mounted without ``-o flock``) gets a warning, and the run goes on unguarded."""
+where the holder is on another host and its run shows no sign of life (a server that keeps leases longer). A file
+system without flock (Lustre mounted without ``-o flock``) gets a warning, and the run goes on unguarded."""
 
 from __future__ import annotations
 

@@ -124,7 +124,7 @@ def fault_point(name: str, step: int) -> None:
 EXIT_HUNG = 3
 """The exit code of a process its watchdog stopped: pretrain/run.py (status hung), a fine-tuning worker or scheduler."""
 HUNG_WRITE_WAIT_S = 60.0
-"""How long a hung process waits for its status write before it exits all the same (the file system may be what hung)."""
+"""How long a hung process waits for its status write before it exits all the same (the file system may have hung)."""
 
 
 @contextlib.contextmanager

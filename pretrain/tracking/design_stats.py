@@ -93,10 +93,11 @@ class DesignProbe:
         probs = scores.softmax(-1).mean(1)  # (B, T queries, T keys), mean over heads
         received = (probs * self.token_mask[:, :, None]).sum(1)  # (B, T keys): summed over the real queries
         shares = received / received.sum(-1, keepdim=True)
+        values = attention.value(h).float().norm(dim=-1)  # (B, T): the layer's own values, before any mixing
         found = {f"attention/first_token/{index:02d}": probs[..., 0][self.token_mask].mean(),
                  f"attention/entropy/{index:02d}": torch.special.entr(shares).sum(-1).mean(),
                  f"attention/top_key/{index:02d}": shares.amax(-1).mean(),
-                 f"attention/value_norm/{index:02d}": attention.value(h).float().norm(dim=-1)[self.token_mask].mean()}  # fmt: skip
+                 f"attention/value_norm/{index:02d}": values[self.token_mask].mean()}  # fmt: skip
         if self.sep_mask is not None:
             found[f"attention/sep/{index:02d}"] = (probs * self.sep_mask[:, None, :]).sum(-1)[self.token_mask].mean()
         return found
