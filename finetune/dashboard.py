@@ -5,8 +5,9 @@
 
 The view (wandb-workspaces, the W&B team's library for saved views: ``pip install -e ".[dashboard]"``) shows the
 runs of the given ``comparison`` grouped by ``variant`` (``pre``, ``pre-hc4``, ``post-rmsnorm``), one line per
-variant (the mean over seeds, with its min-max band): Figure 5, per-layer gradient norms, throughput and MFU,
-fine-tuning loss and a runs table with the outcome columns (docs/tracking.md). Its name is derived from the
+variant (the mean over seeds, with its min-max band): Figure 5, per-layer gradient norms, throughput and MFU, the
+designs' claims (generalization gap, sinks, massive activations, over-smoothing, HC's composite gain), fine-tuning loss
+and a runs table with the outcome columns (docs/tracking.md). Its name is derived from the
 comparison: running the command again updates it instead of adding one.
 """
 from __future__ import annotations
@@ -84,6 +85,13 @@ def build_workspace(config: DashboardConfig, entity: str) -> Any:
         wr.LinePlot(title="tokens seen", y=["tokens_seen"], **mean_band),
         wr.LinePlot(title="learning rate", y=["train/lr"]),
     ]
+    per_layer = {"attention mass on [CLS]": "attention/first_token", "attention mass on [SEP]": "attention/sep",
+                 "largest |activation|": "hidden/absmax", "token similarity (over-smoothing)": "hidden/token_similarity",
+                 "stream variance": "hidden/variance"}  # fmt: skip
+    claims = [wr.LinePlot(title="validation minus training-split MLM loss", y=["val/generalization_gap"], **mean_band),
+              *(wr.LinePlot(title=f"{title} per layer", metric_regex=rf"{name}/\d+") for title, name in per_layer.items()),
+              wr.LinePlot(title="composite H_res gain (HC family)",
+                          y=["residual/composite_gain/row", "residual/composite_gain/col"])]  # fmt: skip
     finetuning = [wr.LinePlot(title="fine-tuning training loss", x="train_step", y=["train/loss"], **mean_band)]
     return ws.Workspace(
         entity=entity, project=config.project, name=config.name or f"LayerNorm placements: {config.comparison}",
@@ -91,6 +99,7 @@ def build_workspace(config: DashboardConfig, entity: str) -> Any:
             ws.Section(name="Figure 5", panels=figure5, is_open=True),
             ws.Section(name="Gradient norms per layer", panels=gradients, is_open=True),
             ws.Section(name="Throughput and MFU", panels=throughput, is_open=True),
+            ws.Section(name="The designs' claims (docs/placements.md)", panels=claims),
             ws.Section(name="Fine-tuning", panels=finetuning),
         ],
         runset_settings=ws.RunsetSettings(filters=[ws.Config("comparison") == config.comparison],

@@ -409,6 +409,9 @@ def test_dashboard_view_has_figure5_gradients_throughput_and_outcomes() -> None:
     regexes = {p.metric_regex for p in panels["Gradient norms per layer"]}
     assert {r"grad_norm/layer_\d+/attn", r"grad_norm/layer_\d+/ffn"} <= regexes
     assert {y for p in panels["Throughput and MFU"] for y in p.y} >= {"train/tokens_per_s", "train/mfu"}
+    claims = panels["The designs' claims (docs/placements.md)"]
+    assert claims[0].y == ["val/generalization_gap"]
+    assert {r"attention/sep/\d+", r"hidden/absmax/\d+", r"hidden/token_similarity/\d+"} <= {p.metric_regex for p in claims}
     runset = workspace.runset_settings
     assert "comparison" in str(runset.filters) and "bert-base-placements" in str(runset.filters)
     assert [g.name for g in runset.groupby] == ["variant"]
