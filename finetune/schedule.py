@@ -16,11 +16,11 @@ runs them in this process) or ``slurm`` (one ``sbatch`` job array per manifest).
 ``--mode=follow`` also picks up new snapshots until every run is finished, diverged, failed or dead (its heartbeat
 older than ``dead_after_min``), or until ``--until``. The exit code is 1 when jobs failed every attempt, or for good
 on a refused or deleted snapshot, or when a snapshot's jobs cannot be planned (its snapshot.json or manifest damaged,
-a recipe.max_length beyond its position embeddings; the others run): all listed with their errors; ``--retry_failed=true`` queues failed jobs again. It is
-2, with what to do, on bad input, a folder another scheduler holds, a file of it that a task never writes, or jobs submitted
-MAX_REPEATS times without running; 3 when a job run in this process (``--workers=1``) hung (no step for
-HUNG_FLOOR_S: its attempt is charged, and the same command goes on). It prints one line per job as it ends, and the
-cost of the jobs before starting them (docs/finetuning.md).
+a recipe.max_length beyond its position embeddings; the others run): all listed with their errors;
+``--retry_failed=true`` queues failed jobs again. It is 2, with what to do, on bad input, a folder another scheduler
+holds, a file of it that a task never writes, or jobs submitted MAX_REPEATS times without running; 3 when a job run
+in this process (``--workers=1``) hung (no step for HUNG_FLOOR_S: its attempt is charged, and the same command goes
+on). It prints one line per job as it ends, and the cost of the jobs before starting them (docs/finetuning.md).
 """
 
 from __future__ import annotations

@@ -280,7 +280,7 @@ def train_step(
             measure_now = log_step and design is None  # the step's first micro-batch, at a log step
             # The step's own forward is measured, except a compiled model's (traced again with the hooks in it).
             hooked = measure_now and not is_compiled_module(model)
-            sep = where_token(batch["input_ids"], setup.tokenizer.sep_token_id)
+            sep = where_token(batch["input_ids"], setup.tokenizer.sep_token_id) if hooked else None
             with measuring(setup.unwrapped, batch["attention_mask"], sep) if hooked else nullcontext() as measured:
                 out = model(**batch)
             if measure_now:
@@ -412,7 +412,8 @@ def set_status(accelerator: Accelerator, cfg: PretrainConfig, status: str, step:
 
 
 def record_stop(accelerator: Accelerator, cfg: PretrainConfig, status: str, step: int, message: str) -> None:
-    """``set_status`` for a run stopping on a full disk or an error; a status file that does not fit is reported."""
+    """``set_status`` for a run stopping on a full disk, an error or a hang (its watchdog's thread: status hung at the
+    last step finished, not an end); a status file that does not fit is reported."""
     try:
         set_status(accelerator, cfg, status, step, message)
     except OSError as err:
@@ -795,7 +796,7 @@ def run_training(setup: TrainingSetup, state: TrainState, resume_from: Path | No
     set_status(accelerator, cfg, "running", state.step)
     heartbeat, timeout_s = Heartbeat(step=state.step), cfg.train.hang_timeout_s
     with watchdog(heartbeat, timeout_s, lambda step: hang_message(timeout_s, step),
-                  lambda message: record_hang(setup, heartbeat.step, message)):  # fmt: skip
+                  lambda message: record_stop(accelerator, cfg, "hung", heartbeat.step, message)):  # fmt: skip
         outcome = train(setup, state, stop, heartbeat)
     final = {"finished": "training finished",
              "preempted": "stopped with a checkpoint; continue with --train.resume=auto"}
@@ -809,16 +810,6 @@ def run_training(setup: TrainingSetup, state: TrainState, resume_from: Path | No
 def hang_message(timeout_s: float, step: int) -> str:
     return (f"no step finished for {timeout_s:g} s after step {step} (train.hang_timeout_s): stopped as hung; the "
             "same command continues from the last checkpoint")  # fmt: skip
-
-
-def record_hang(setup: TrainingSetup, step: int, message: str) -> None:
-    """The status of a run whose process the watchdog stopped (pretrain/run_folder/status.py): hung, at ``step``, the
-    last it finished; not an end, since the same command continues from the last checkpoint."""
-    if setup.accelerator.is_main_process:
-        try:
-            write_status(setup.cfg, "hung", step, message)
-        except OSError as err:
-            print(f"error: could not record status hung in {setup.run_dir / layout.STATUS_FILE}: {err}", file=sys.stderr)
 
 
 def failure_message(err: BaseException, accelerator: Accelerator, cfg: PretrainConfig) -> str:

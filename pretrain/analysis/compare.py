@@ -273,8 +273,8 @@ def diagnostics(result: dict[str, Any], run_dir: Path, target: float | None, win
     steps (``late``) the FFN gradients' spread over layers, the stream's variance after the last layer over the first
     (GPAS), the attention mass on [CLS] and on [SEP] (gated attention, value residuals: the sinks) and the entropy of
     the attention keys receive (value residuals: its concentration), the last layer's token similarity (value residuals:
-    over-smoothing), the fraction of the norms' pre-activations past the flat part (Derf, SeeDNorm, DyT) and the weight the residual designs' averages put on the
-    embeddings (DenseFormer, AttnRes); HC's and mHC's composite gain at the end, the last evaluation's validation loss
+    over-smoothing), the fraction of the norms' pre-activations past the flat part (Derf, SeeDNorm, DyT) and the
+    weight the residual designs' averages put on the embeddings (DenseFormer, AttnRes); HC's and mHC's composite gain at the end, the last evaluation's validation loss
     minus its training-split loss (Derf: generalization), and the first step whose smoothed training loss reaches
     ``target`` (the baseline's final one at the same seed)."""
     sublayers = (result.get("probe") or {}).get("sublayers") or {}

@@ -100,12 +100,11 @@ class Heartbeat:
     last: float = field(default_factory=time.monotonic)
     """When status.json was last due (time.monotonic)."""
     step: int = 0
-    """The step of the last beat."""
-    beats: int = 0
+    """The step of the last beat: each beat's is higher (``watchdog`` looks for a change)."""
 
     def beat(self, step: int) -> bool:
         """Step ``step`` is done, its evaluation and saves included; True when status.json is due."""
-        self.step, self.beats = step, self.beats + 1
+        self.step = step
         if time.monotonic() - self.last < HEARTBEAT_EVERY_S:
             return False
         self.last = time.monotonic()
@@ -149,12 +148,12 @@ def watchdog(heartbeat: Heartbeat, timeout_s: float, message: Callable[[int], st
 def _watch(heartbeat: Heartbeat, timeout_s: float, message: Callable[[int], str], on_hang: Callable[[str], None],
            done: threading.Event) -> None:  # fmt: skip
     look = min(10.0, timeout_s / 10)
-    seen, quiet, last = heartbeat.beats, 0.0, time.monotonic()
+    seen, quiet, last = heartbeat.step, 0.0, time.monotonic()
     while not done.wait(look):
         now = time.monotonic()
         # A look that comes late counts as two: time the process spent suspended (SIGSTOP, SLURM's suspend) is no hang.
-        quiet = 0.0 if heartbeat.beats != seen else quiet + min(now - last, 2 * look)
-        seen, last = heartbeat.beats, now
+        quiet = 0.0 if heartbeat.step != seen else quiet + min(now - last, 2 * look)
+        seen, last = heartbeat.step, now
         if quiet >= timeout_s:
             stop_hung(message(heartbeat.step), on_hang)
 

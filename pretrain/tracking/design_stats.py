@@ -73,9 +73,10 @@ class DesignProbe:
         stream = output[0]
         if not (isinstance(stream, torch.Tensor) and stream.dim() == 3):
             return {}
-        real = stream.float()[self.token_mask]  # (M, d)
+        stream = stream.float()
+        real = stream[self.token_mask]  # (M, d)
         # Over the pairs i != j of a sequence's n real tokens: (||sum_i u_i||^2 - n) / (n (n - 1)), u_i unit vectors.
-        units = F.normalize(stream.float(), dim=-1) * self.token_mask[..., None]
+        units = F.normalize(stream, dim=-1) * self.token_mask[..., None]
         n = self.token_mask.sum(-1).float()
         pairs = ((units.sum(1) ** 2).sum(-1) - n) / (n * (n - 1)).clamp_min(1)
         return {f"hidden/variance/{index:02d}": real.var(-1, unbiased=False).mean(),

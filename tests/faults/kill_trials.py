@@ -104,8 +104,12 @@ def run_args(run_dir: Path, cache: Path) -> list[str]:
 def environment(kill_at: str = "", hang_at: str = "") -> dict[str, str]:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
            "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "WANDB_MODE": "offline",
-           "TOKENIZERS_PARALLELISM": "false", "LNBERT_KILL_AT": kill_at, "LNBERT_HANG_AT": hang_at}  # fmt: skip
-    return {key: value for key, value in env.items() if value}
+           "TOKENIZERS_PARALLELISM": "false"}  # fmt: skip
+    for key, value in (("LNBERT_KILL_AT", kill_at), ("LNBERT_HANG_AT", hang_at)):  # an inherited hook is not wanted
+        env.pop(key, None)
+        if value:
+            env[key] = value
+    return env
 
 
 def start(args: list[str], kill_at: str = "", hang_at: str = "") -> subprocess.Popen:
