@@ -85,11 +85,18 @@ def build_workspace(config: DashboardConfig, entity: str) -> Any:
         wr.LinePlot(title="tokens seen", y=["tokens_seen"], **mean_band),
         wr.LinePlot(title="learning rate", y=["train/lr"]),
     ]
-    per_layer = {"attention mass on [CLS]": "attention/first_token", "attention mass on [SEP]": "attention/sep",
-                 "largest |activation|": "hidden/absmax", "token similarity (over-smoothing)": "hidden/token_similarity",
-                 "stream variance": "hidden/variance"}  # fmt: skip
+    per_layer = {"attention mass on [CLS] per layer": "attention/first_token",
+                 "attention mass on [SEP] per layer": "attention/sep",
+                 "largest |activation| per layer": "hidden/absmax",
+                 "token similarity (over-smoothing) per layer": "hidden/token_similarity",
+                 "stream variance per layer": "hidden/variance",
+                 "largest attention logit per layer (QK-norm)": "attention/max_logit",
+                 "||F|| / ||skip|| per sub-layer (GPAS)": "branch/ratio",
+                 "GPAS scale 1 - SiLU(g) per layer": "gpas/scale", "ReZero gate per layer": "rezero/gate",
+                 "DyT and Derf alpha per sub-layer": "norm/alpha",
+                 "SeeDNorm beta gradient norm per sub-layer": "grad_norm/seednorm_beta"}  # fmt: skip
     claims = [wr.LinePlot(title="validation minus training-split MLM loss", y=["val/generalization_gap"], **mean_band),
-              *(wr.LinePlot(title=f"{title} per layer", metric_regex=rf"{name}/\d+") for title, name in per_layer.items()),
+              *(wr.LinePlot(title=title, metric_regex=rf"{name}/\d+") for title, name in per_layer.items()),
               wr.LinePlot(title="composite H_res gain (HC family)",
                           y=["residual/composite_gain/row", "residual/composite_gain/col"])]  # fmt: skip
     finetuning = [wr.LinePlot(title="fine-tuning training loss", x="train_step", y=["train/loss"], **mean_band)]

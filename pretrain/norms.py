@@ -10,7 +10,8 @@ of the LayerNorm it replaces.
     derf       weight * erf(alpha * x + shift) + bias, scalars    Chen et al. 2025, arXiv 2512.10938
     seednorm   (weight + tanh(<x, beta>) alpha) * rmsnorm(x)      Cai et al. 2025, arXiv 2510.22777
 
-DyT, Derf and SeeDNorm have a ``preactivation``: what their saturating function reads (logged in training). Weight
+DyT, Derf and SeeDNorm have a ``preactivation``, what their saturating function ``squash`` reads (both logged in
+training). Weight
 decay never applies to these modules' parameters, nor to ``Scale``'s or ``GPAS``'s (``NO_DECAY_MODULES``, by type),
 but for those a module names ``decayed`` (SeeDNorm's alpha and beta, as its paper).
 """
@@ -57,6 +58,8 @@ class DyT(nn.Module):
     """Dynamic Tanh: ``weight * tanh(alpha * x) + bias`` with one learnable scalar ``alpha`` (official code:
     ``jiachenzhu/DyT`` ``dynamic_tanh.py``, which swaps every LayerNorm for it; alpha 0.5 at init there)."""
 
+    squash = staticmethod(torch.tanh)
+
     def __init__(self, size: int, alpha_init: float) -> None:
         super().__init__()
         self.alpha = nn.Parameter(torch.full((1,), float(alpha_init)))
@@ -68,7 +71,7 @@ class DyT(nn.Module):
         return self.alpha * x
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.weight * torch.tanh(self.preactivation(x)) + self.bias
+        return self.weight * self.squash(self.preactivation(x)) + self.bias
 
     def extra_repr(self) -> str:
         return f"{self.weight.shape[0]}, inits={self.inits}"
@@ -78,6 +81,8 @@ class Derf(DyT):
     """Dynamic erf: ``weight * erf(alpha * x + shift) + bias``, learnable scalars ``alpha`` and ``shift`` (official
     code: ``zlab-princeton/Derf`` ``dynamic_erf.py``: alpha 0.5 and shift 0 at init, in the input's dtype)."""
 
+    squash = staticmethod(torch.special.erf)
+
     def __init__(self, size: int, alpha_init: float) -> None:
         super().__init__(size, alpha_init)
         self.shift = nn.Parameter(torch.zeros(1))
@@ -85,9 +90,6 @@ class Derf(DyT):
 
     def preactivation(self, x: torch.Tensor) -> torch.Tensor:
         return self.alpha * x + self.shift
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.weight * torch.special.erf(self.preactivation(x)) + self.bias
 
 
 class SeeDNorm(RMSNorm):
@@ -98,6 +100,7 @@ class SeeDNorm(RMSNorm):
 
     decayed = frozenset({"alpha", "beta"})  # the paper decays both, for numerical stability; the gain as RMSNorm's
     centred = None  # its gain depends on x: not a statistic times a gain
+    squash = staticmethod(torch.tanh)
 
     def __init__(self, size: int, eps: float) -> None:
         super().__init__(size, eps)
@@ -110,7 +113,7 @@ class SeeDNorm(RMSNorm):
         return (x.to(wide) * self.beta.to(wide)).sum(-1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        scale = self.weight + torch.tanh(self.preactivation(x))[..., None] * self.alpha  # (..., size)
+        scale = self.weight + self.squash(self.preactivation(x))[..., None] * self.alpha  # (..., size)
         return scale * self.normalized(x)
 
 

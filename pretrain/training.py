@@ -76,7 +76,7 @@ from pretrain.run_folder.checkpointing import (
 from pretrain.run_folder.identity import ensure_run_id
 from pretrain.run_folder.same_run import check_same_run
 from pretrain.run_folder.status import Heartbeat, StopRequest, fault_point, watchdog, write_status
-from pretrain.tracking.design_stats import LayerMeasurement, measure, measuring, where_token
+from pretrain.tracking.design_stats import LayerMeasurement, gpas_alarms, measure, measuring, where_token
 from pretrain.tracking.metrics import (
     clip_coefficient,
     init_trackers,
@@ -220,6 +220,7 @@ class TrainingSetup:
     flops_per_token: float
     peak_flops_per_device: float  # what train/mfu is measured against (hardware.mfu_peak)
     last_eval: dict[str, float] = field(default_factory=dict)
+    alarmed: set[str] = field(default_factory=set)  # the metrics an alarm was printed for (once each)
 
 
 @dataclass
@@ -240,6 +241,7 @@ class StepStats:
     residual: ResidualStats | None = None  # what the residual scheme did, at log steps (None for the standard one)
     # At log steps: what the layers showed (pretrain/tracking/design_stats.py) and the placement's step_stats (nGPT's).
     design: dict[str, float] = field(default_factory=dict)
+    histograms: dict[str, list[float]] = field(default_factory=dict)  # the layers' histograms, metrics.jsonl only
 
 
 def batch_iterator(setup: TrainingSetup, state: TrainState) -> Iterator[dict[str, torch.Tensor]]:
@@ -274,7 +276,7 @@ def train_step(
     nGPT's invariants. ``disk_full``: this process met a full disk since the last step (``StepStats.disk_full``)."""
     accelerator, model = setup.accelerator, setup.model
     sums = torch.zeros(6, device=accelerator.device)  # loss, mlm, nsp, tokens, micro-batches, slots
-    residual, design, step_stats = None, None, {}
+    residual, design, histograms, step_stats = None, None, {}, {}
     for batch in batches:
         with accelerator.accumulate(model):
             measure_now = log_step and design is None  # the step's first micro-batch, at a log step
@@ -285,7 +287,7 @@ def train_step(
                 out = model(**batch)
             if measure_now:
                 found = measured() if hooked else measured_forward(setup, batch)
-                residual, design = found.residual, found.design
+                residual, design, histograms = found.residual, found.design, found.histograms
             accelerator.backward(out.loss)
             nsp = out.nsp_loss if out.nsp_loss is not None else 0.0
             parts = (out.loss, out.mlm_loss, nsp, batch["attention_mask"].sum(), 1.0, float(batch["input_ids"].numel()))
@@ -319,7 +321,7 @@ def train_step(
                 loss=loss / micro, mlm_loss=mlm_loss / micro, nsp_loss=nsp_loss / micro, tokens=int(tokens),
                 slots=int(slots), finite=finite, overflow=overflow, stop=stops > 0, disk_full=full > 0,
                 grad_norm=grad_norm, layer_grad_norms=layer_norms, residual=residual,
-                design={**(design or {}), **step_stats},
+                design={**(design or {}), **step_stats}, histograms=histograms,
             )
     raise RuntimeError("the training data ran out")  # batch_iterator loops over epochs forever
 
@@ -495,7 +497,8 @@ def run_evaluation(setup: TrainingSetup, state: TrainState) -> None:
 
 def step_metrics(setup: TrainingSetup, state: TrainState, stats: StepStats, tokens: int, slots: int, seconds: float,
                  skipped: int) -> dict[str, float]:  # fmt: skip
-    """One metrics line: the last step's losses and gradient norms, the window's throughput and fp16's skipped steps."""
+    """One metrics line: the last step's losses and gradient norms, the window's throughput and fp16's skipped steps.
+    Prints an alarm the first time a logged value calls for one (a GPAS gate past 1.2)."""
     accelerator = setup.accelerator
     tokens_per_s = tokens / max(seconds, 1e-9)
     peak = setup.peak_flops_per_device * accelerator.num_processes  # 0: MFU not measured
@@ -520,6 +523,10 @@ def step_metrics(setup: TrainingSetup, state: TrainState, stats: StepStats, toke
     if stats.residual is not None:
         metrics.update(residual_scalars(stats.residual))
     metrics.update(stats.design)
+    alarms = gpas_alarms(stats.design)
+    for key in sorted(alarms.keys() - setup.alarmed):
+        accelerator.print(f"\nalarm at step {state.step}: {alarms[key]}")
+    setup.alarmed.update(alarms)
     return metrics
 
 
@@ -564,9 +571,9 @@ def train(setup: TrainingSetup, state: TrainState, stop: StopRequest, heartbeat:
             progress.update(1)
             if log_now:
                 metrics = step_metrics(setup, state, stats, window_tokens, window_slots, window_time, window_skipped)
-                matrices = residual_matrices(stats.residual) if stats.residual is not None else {}
+                file_only = residual_matrices(stats.residual) | stats.histograms
                 with held(full, setup.run_dir):
-                    log_metrics(accelerator, setup.run_dir, metrics, state.step, file_only=matrices)
+                    log_metrics(accelerator, setup.run_dir, metrics, state.step, file_only=file_only)
                 postfix.update(progress_postfix(stats.loss, metrics["train/lr"], setup.last_eval))
                 progress.set_postfix(postfix)
                 window_tokens, window_slots, window_time, window_skipped = 0, 0, 0.0, 0

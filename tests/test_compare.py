@@ -361,6 +361,7 @@ def test_the_diagnostics_read_each_designs_claim_from_the_late_logged_steps(tmp_
              "attention/sep/00": 0.5, "attention/sep/01": 0.1 * s,
              "hidden/token_similarity/00": 0.9, "hidden/token_similarity/01": 0.01 * s,
              "preact/saturated/00": 0.0, "preact/saturated/01": 0.01 * s,
+             "attention/max_logit/00": 2.0, "attention/max_logit/01": 0.5 * s,
              "residual/depth_weights": [[0.1 * s, 0.9], [0.3 * s, 0.7]], "grad_norm/layer_00/ffn": 1.0,
              "grad_norm/layer_01/ffn": 3.0} for s in range(1, 21)]  # fmt: skip
     rows += [{"step": s, "val/mlm_loss": 6.0, "val/generalization_gap": 0.01 * s} for s in (10, 20)]  # evaluations
@@ -375,7 +376,9 @@ def test_the_diagnostics_read_each_designs_claim_from_the_late_logged_steps(tmp_
     assert found["preact_saturated"] == pytest.approx(0.005 * 19.5)
     assert found["weight_on_embeddings"] == pytest.approx(0.2 * 19.5)
     assert found["grad_spread"] == pytest.approx(0.5)  # std 1 over mean 2
+    assert found["max_logit"] == pytest.approx(0.5 * 19.5)  # the largest over layers
     assert found["composite_gain"] is None and found["input_similarity"] is None
+    assert found["loss_spikes"] is None  # no training loss logged
     # A run that logged none of them (Post-LN with LayerNorm: no pre-activation, no averages) has them as None.
     (tmp_path / layout.METRICS_FILE).write_text(json.dumps({"step": 1, "train/loss": 7.0}) + "\n")
     assert compare.diagnostics({}, tmp_path, None, 100)["preact_saturated"] is None
@@ -383,3 +386,24 @@ def test_the_diagnostics_read_each_designs_claim_from_the_late_logged_steps(tmp_
     deep = {"step": 1, **{f"hidden/variance/{i:02d}": 1.0 + i for i in range(101)}}
     (tmp_path / layout.METRICS_FILE).write_text(json.dumps(deep) + "\n")
     assert compare.diagnostics({}, tmp_path, None, 100)["variance_last_over_first"] == pytest.approx(101.0)
+
+
+def test_a_spike_is_a_logged_value_six_median_absolute_deviations_above_the_twenty_before_it(tmp_path):
+    """mHC's and gated attention's stability claims, counted from RUN/metrics.jsonl: noise, a slow drift and a
+    non-finite value are not spikes; a jump is one, and so is a second that comes after enough calm."""
+    from pretrain.run_folder import layout
+
+    rng = np.random.default_rng(0)
+    losses = list(7.0 - 0.001 * np.arange(200) + rng.normal(0, 0.05, 200))
+    assert compare.spikes(losses) == 0
+    losses[100], losses[150], losses[160] = 9.0, 8.0, float("nan")
+    assert compare.spikes(losses) == 2
+    assert compare.spikes(losses[:20]) is None  # nothing to judge the values against
+    assert compare.spikes([1.0] * 30 + [1.001]) == 1  # a flat window: any real rise
+    norms = [1.0 + 0.01 * (s % 3) for s in range(40)]
+    norms[30] = 5.0
+    rows = [{"step": s, "train/loss": loss, "train/grad_norm": norm}
+            for s, (loss, norm) in enumerate(zip(losses[:40], norms, strict=True))]
+    (tmp_path / layout.METRICS_FILE).write_text("".join(json.dumps(r) + "\n" for r in rows))
+    found = compare.diagnostics({}, tmp_path, None, 100)
+    assert (found["loss_spikes"], found["grad_spikes"]) == (0, 1)

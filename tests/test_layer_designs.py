@@ -16,7 +16,9 @@ from pretrain import export
 from pretrain.modeling import LNBertConfig, LNBertForPreTraining, LNBertModel
 from pretrain.norms import GPAS, Derf, SeeDNorm
 from pretrain.optim import weight_decay_groups
-from pretrain.tracking.design_stats import measure
+from pretrain.tracking.design_stats import gpas_alarms, measure
+from pretrain.tracking.metrics import layer_grad_norms
+from pretrain.tracking.wandb_logging import CURVES_ONLY
 from tests.conftest import TINY
 
 GPAS_PLACEMENTS = ("pre", "sandwich", "deepnorm", "mix_ln", "lns")
@@ -360,26 +362,38 @@ def test_a_logged_step_measures_each_designs_claim():
     model = build("pre", **options).float()
     inputs = batch()
     sep = inputs["input_ids"][0, 3].item()  # a token of every real part of sequence 0, and maybe elsewhere
-    stats = measure(model, **inputs, sep_token_id=sep).design
+    measured = measure(model, **inputs, sep_token_id=sep)
+    stats = measured.design
     layers = range(TINY["num_hidden_layers"])
     expected = {f"{kind}/{i:02d}" for i in layers for kind in ("hidden/variance", "hidden/absmax",
                                                                "hidden/token_similarity", "attention/first_token",
                                                                "attention/sep", "attention/entropy", "attention/top_key",
-                                                               "attention/value_norm", "attention/gate", "gpas/scale")}  # fmt: skip
-    expected |= {f"preact/{kind}/{k:02d}" for k in range(2 * len(layers)) for kind in ("absmax", "saturated")}
+                                                               "attention/value_norm", "attention/gate", "gpas/scale",
+                                                               "attention/max_logit")}  # fmt: skip
+    expected |= {f"{kind}/{k:02d}" for k in range(2 * len(layers))
+                 for kind in ("preact/absmax", "preact/saturated", "norm/alpha", "norm/shift", "branch/ratio")}  # fmt: skip
     heads = range(TINY["num_attention_heads"])
     expected |= {f"attention/gate_head/{i:02d}/{h:02d}" for i in layers for h in heads}
     expected |= {f"value_residual/lambda{j}/01" for j in (1, 2)}
     assert set(stats) == expected
+    assert all(key.startswith(CURVES_ONLY) for key in stats)  # W&B keeps them out of the run's summary
     eager = build("pre", attn="eager", **options).float()
     with torch.no_grad():
         probs = eager(**batch(), output_attentions=True).attentions
     real = batch()["attention_mask"].bool()
     is_sep = inputs["input_ids"] == sep
     streams, attention_inputs = [], []  # each layer's output (hidden_states' last is after Pre-LN's final norm)
-    hooks = [layer.register_forward_hook(lambda m, args, out: streams.append(out[0])) for layer in model.bert.encoder.layer]
+    layer_inputs, branches = [], []  # each layer's input stream; each sub-layer's output, attention's then FFN's
+    norm_inputs = []  # each sub-layer norm's input, attention's then FFN's
+    encoder = model.bert.encoder.layer
+    hooks = [layer.register_forward_hook(lambda m, args, out: streams.append(out[0])) for layer in encoder]
     hooks += [layer.attention.self.register_forward_hook(lambda m, args, out: attention_inputs.append(args[0]))
-              for layer in model.bert.encoder.layer]  # fmt: skip
+              for layer in encoder]  # fmt: skip
+    hooks += [layer.register_forward_pre_hook(lambda m, args: layer_inputs.append(args[0])) for layer in encoder]
+    hooks += [sub.register_forward_hook(lambda m, args, out: branches.append(out))
+              for layer in encoder for sub in (layer.attention.output, layer.output)]  # fmt: skip
+    hooks += [norm.register_forward_hook(lambda m, args, out: norm_inputs.append(args[0]))
+              for layer in encoder for norm in (layer.norm_a, layer.norm_f)]  # fmt: skip
     with torch.no_grad():
         model(**inputs)
     for hook in hooks:
@@ -409,3 +423,57 @@ def test_a_logged_step_measures_each_designs_claim():
         top = [share.max().item() for share in shares]
         assert stats[f"attention/top_key/{i:02d}"] == pytest.approx(float(np.mean(top)), rel=1e-5)
     assert stats["gpas/scale/00"] == pytest.approx(1 - F.silu(model.bert.encoder.layer[0].gpas.gate).item())
+    for i, layer in enumerate(encoder):
+        # QK-norm's claim: the largest logit q.k / sqrt(d_h) over the real query-key pairs, from the projections
+        heads, size = TINY["num_attention_heads"], TINY["hidden_size"] // TINY["num_attention_heads"]
+        q, k = (p(attention_inputs[i]).unflatten(-1, (heads, size)) for p in (layer.attention.self.query,
+                                                                                  layer.attention.self.key))  # fmt: skip
+        logits = torch.einsum("bqhd,bkhd->bhqk", q, k) / size**0.5
+        pairs = real[:, None, :, None] & real[:, None, None, :]
+        assert stats[f"attention/max_logit/{i:02d}"] == pytest.approx(logits[pairs.expand_as(logits)].max().item(),
+                                                                      rel=1e-5)  # fmt: skip
+        # GPAS's ||F(LN(x))|| / ||x|| with x the stream each sub-layer reads: the layer's input, then G(x + Attn)
+        skips = (layer_inputs[i], layer.gpas(layer_inputs[i] + branches[2 * i]))
+        for k, skip in zip((2 * i, 2 * i + 1), skips, strict=True):
+            ratio = (branches[k].norm(dim=-1) / skip.norm(dim=-1))[real].mean().item()
+            assert stats[f"branch/ratio/{k:02d}"] == pytest.approx(ratio, rel=1e-5)
+            norm = (layer.norm_a, layer.norm_f)[k % 2]
+            assert (stats[f"norm/alpha/{k:02d}"], stats[f"norm/shift/{k:02d}"]) == (norm.alpha.item(), norm.shift.item())
+            # The histogram of erf(alpha x + shift) over [-1, 1], per element of the real tokens
+            squashed = torch.special.erf(norm.alpha * norm_inputs[k] + norm.shift)[real].flatten().detach()
+            counts, _ = np.histogram(squashed.numpy(), bins=10, range=(-1, 1))
+            np.testing.assert_allclose(measured.histograms[f"preact/histogram/{k:02d}"], counts / squashed.numel(),
+                                       atol=1e-4)  # fmt: skip
+        gates = torch.sigmoid(layer.attention.self.gate(attention_inputs[i]))[real].flatten().detach()
+        counts, _ = np.histogram(gates.numpy(), bins=10, range=(0, 1))
+        np.testing.assert_allclose(measured.histograms[f"attention/gate_histogram/{i:02d}"], counts / gates.numel(),
+                                   atol=1e-4)  # fmt: skip
+    assert set(measured.histograms) == {f"preact/histogram/{k:02d}" for k in range(2 * len(layers))} | {
+        f"attention/gate_histogram/{i:02d}" for i in layers}
+
+
+def test_a_logged_step_gives_rezeros_gates_seednorms_beta_gradients_and_alarms_on_a_gpas_gate_past_1_2():
+    layers = range(TINY["num_hidden_layers"])
+    rezero = build("rezero")
+    with torch.no_grad():
+        for i, layer in enumerate(rezero.bert.encoder.layer):
+            layer.rezero_gate.weight.fill_(0.1 * (i + 1))
+    stats = measure(rezero, **batch()).design
+    assert [stats[f"rezero/gate/{i:02d}"] for i in layers] == pytest.approx([0.1, 0.2])
+    assert not [k for k in stats if k.startswith("branch/ratio/")]  # ReZero's block adds no skip module's output
+
+    seednorm = build("pre", norm_type="seednorm")
+    logits_and_grads(seednorm)
+    norms = layer_grad_norms(seednorm)
+    for i, layer in enumerate(seednorm.bert.encoder.layer):
+        for k, norm in ((2 * i, layer.norm_a), (2 * i + 1, layer.norm_f)):
+            assert norms[f"grad_norm/seednorm_beta/{k:02d}"] == pytest.approx(norm.beta.grad.norm().item(), rel=1e-6)
+            assert norm.beta.grad.norm() > 0  # beta's gradient is not zero at init (alpha's is)
+
+    gpas = build("pre", gpas=True)
+    with torch.no_grad():
+        for layer, gate in zip(gpas.bert.encoder.layer, (1.3, 1.1), strict=True):
+            layer.gpas.gate.fill_(gate)
+    assert all(key.startswith(CURVES_ONLY) for key in [*stats, *norms])
+    alarms = gpas_alarms(measure(gpas, **batch()).design)
+    assert list(alarms) == ["gpas/scale/00"] and "past 1.2" in alarms["gpas/scale/00"]

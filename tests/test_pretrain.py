@@ -278,16 +278,24 @@ DESIGN_RUNS = {
 
 
 @pytest.mark.parametrize("variant", list(DESIGN_RUNS))
-def test_a_design_run_logs_its_claims_saves_reloads_and_resumes_exactly(tmp_path: Path, data_cache: Path,
-                                                                       variant: str) -> None:  # fmt: skip
-    """Through run.py: the claims of docs/placements.md logged at log steps, a snapshot the Auto classes open to the
-    same outputs, and 4 steps straight == 2 steps, stop, resume, 2 steps, bit for bit."""
+def test_a_design_run_logs_its_claims_saves_reloads_and_resumes_exactly(
+    tmp_path: Path, data_cache: Path, variant: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    """Through run.py: the claims of docs/placements.md logged at log steps, histograms in metrics.jsonl alone, an
+    alarm printed once, a snapshot the Auto classes open to the same outputs, and 4 steps straight == 2 steps, stop,
+    resume, 2 steps, bit for bit."""
     from transformers import AutoModelForPreTraining
+
+    from pretrain import training
+
+    alarm = {"gpas/scale/00": "gpas/scale/00 = 0.0500: its gate is past 1.2"}  # at every log step
+    monkeypatch.setattr(training, "gpas_alarms", lambda design: alarm if "gpas/scale/00" in design else {})
 
     common = [*DESIGN_RUNS[variant], "--train.max_steps=4", "--train.log_every=2", "--train.eval_every=0",
               "--train.checkpoint_every=2", "--train.snapshot_at_start=false"]  # fmt: skip
     straight, split = tmp_path / "straight", tmp_path / "split"
     assert main(tiny_args(straight, data_cache, *common)) == 0
+    assert capsys.readouterr().out.count("alarm at step 2: gpas/scale/00 = 0.0500") == 1  # not again at step 4
     assert main(tiny_args(split, data_cache, *common, "--train.stop_at_step=2")) == 0
     assert main(tiny_args(split, data_cache, *common, "--train.resume=auto")) == 0
     assert train_losses(straight) == train_losses(split) and list(train_losses(straight)) == [2, 4]
@@ -296,8 +304,11 @@ def test_a_design_run_logs_its_claims_saves_reloads_and_resumes_exactly(tmp_path
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     last = [row for row in read_metrics(straight) if "train/loss" in row][-1]
     claims = ["hidden/variance/01", "hidden/absmax/01", "attention/first_token/01", "attention/sep/01",
-              "attention/gate/01", "gpas/scale/01", "preact/absmax/03", "preact/saturated/03"]  # fmt: skip
+              "attention/gate/01", "gpas/scale/01", "preact/absmax/03", "preact/saturated/03", "attention/max_logit/01",
+              "branch/ratio/03", "norm/alpha/03" if "derf" in variant else "grad_norm/seednorm_beta/03"]  # fmt: skip
     assert all(math.isfinite(last[key]) for key in claims), {key: last.get(key) for key in claims}
+    for key in ("preact/histogram/03", "attention/gate_histogram/01"):  # fractions of the values per bin
+        assert len(last[key]) == 10 and sum(last[key]) == pytest.approx(1, abs=1e-3), last.get(key)
     evaluations = [row for row in read_metrics(straight) if "val/mlm_loss" in row]
     assert [row["step"] for row in evaluations] == [0, 4]
     for row in evaluations:  # Derf's claim: the validation loss against the fit, measured alike

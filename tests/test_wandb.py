@@ -28,6 +28,7 @@ from pretrain.modeling import LNBertForPreTraining
 from pretrain.run import main as pretrain_main
 from pretrain.run_folder.layout import RUN_CONFIG_FILE, WANDB_RUN_FILE
 from pretrain.tracking.wandb_logging import (
+    CURVES_ONLY,
     WandbCredentialsError,
     WandbSettings,
     job_run,
@@ -141,6 +142,7 @@ def test_the_end_of_run_summary_shows_the_validation_metrics_once(
     summary = (printed.out + printed.err).split("Run summary:")[-1]
     assert "val/nsp_accuracy" in summary and "train/loss" in summary and "..." not in summary
     assert "val_" not in summary
+    assert not [family for family in CURVES_ONLY if family in summary]  # charts, not summary values
 
 
 def test_snapshots_are_model_artifacts_by_reference(pretrained: Path, pretrain_runs: list[LoggedRun]) -> None:

@@ -267,19 +267,42 @@ def mean_of(values: list[float]) -> float | None:
     return statistics.fmean(values) if values else None
 
 
+SPIKE_WINDOW = 20  # the logged values before one that it is judged against
+SPIKE_MADS = 6.0  # how many median absolute deviations above their median make a spike
+
+
+def spikes(values: list[float]) -> int | None:
+    """How many of ``values`` (a run's logged training losses or gradient norms, in step order; non-finite ones left
+    out) lie more than ``SPIKE_MADS`` median absolute deviations above the median of the ``SPIKE_WINDOW`` before them
+    (mHC's and gated attention's stability claims); None for a run too short to judge."""
+    values = [v for v in values if math.isfinite(v)]
+    if len(values) <= SPIKE_WINDOW:
+        return None
+    count = 0
+    for i in range(SPIKE_WINDOW, len(values)):
+        window = values[i - SPIKE_WINDOW : i]
+        centre = statistics.median(window)
+        spread = statistics.median(abs(v - centre) for v in window)
+        count += values[i] - centre > SPIKE_MADS * max(spread, 1e-6 * abs(centre))  # a flat window: any real rise
+    return count
+
+
 def diagnostics(result: dict[str, Any], run_dir: Path, target: float | None, window: int) -> dict[str, float | None]:
     """One run's numbers for the designs' claims (docs/placements.md): the similarity of consecutive sub-layers'
     inputs and the last over the first sub-layers' output norm (probes.sublayer_io, last snapshot); from the logged
     steps (``late``) the FFN gradients' spread over layers, the stream's variance after the last layer over the first
-    (GPAS), the attention mass on [CLS] and on [SEP] (gated attention, value residuals: the sinks) and the entropy of
+    (GPAS), the attention mass on [CLS] and on [SEP] (gated attention, value residuals: the sinks), the largest
+    attention logit over the layers (QK-norm: the logit growth) and the entropy of
     the attention keys receive (value residuals: its concentration), the last layer's token similarity (value residuals:
     over-smoothing), the fraction of the norms' pre-activations past the flat part (Derf, SeeDNorm, DyT) and the
     weight the residual designs' averages put on the embeddings (DenseFormer, AttnRes); HC's and mHC's composite gain at the end, the last evaluation's validation loss
-    minus its training-split loss (Derf: generalization), and the first step whose smoothed training loss reaches
+    minus its training-split loss (Derf: generalization), the loss and gradient-norm ``spikes`` (mHC, gated
+    attention: stability), and the first step whose smoothed training loss reaches
     ``target`` (the baseline's final one at the same seed)."""
     sublayers = (result.get("probe") or {}).get("sublayers") or {}
     similarity, norms = sublayers.get("input_similarity"), sublayers.get("output_norm")
     rows = read_metrics(run_dir)
+    logged = {key: [r[key] for r in rows if key in r] for key in ("train/loss", "train/grad_norm")}
     gains = [r["residual/composite_gain/row"] for r in rows if "residual/composite_gain/row" in r]
     gaps = [r["val/generalization_gap"] for r in rows if "val/generalization_gap" in r]
     curve = smoothed_curve(result.get("train_curve") or [], window)
@@ -291,12 +314,15 @@ def diagnostics(result: dict[str, Any], run_dir: Path, target: float | None, win
         "variance_last_over_first": late(rows, variance_growth),
         "first_token_mass": late(rows, lambda r: mean_of(series(r, "attention/first_token/"))),
         "sep_mass": late(rows, lambda r: mean_of(series(r, "attention/sep/"))),
+        "max_logit": late(rows, lambda r: max(series(r, "attention/max_logit/"), default=None)),
         "token_similarity": late(rows, lambda r: (series(r, "hidden/token_similarity/") or [None])[-1]),
         "attention_entropy": late(rows, lambda r: mean_of(series(r, "attention/entropy/"))),
         "preact_saturated": late(rows, lambda r: mean_of(series(r, "preact/saturated/"))),
         "weight_on_embeddings": late(rows, lambda r: mean_of([w[0] for w in r.get("residual/depth_weights") or []])),
         "composite_gain": gains[-1] if gains else None,
         "generalization_gap": gaps[-1] if gaps else None,
+        "loss_spikes": spikes(logged["train/loss"]),
+        "grad_spikes": spikes(logged["train/grad_norm"]),
         "steps_to_target": next((s for s, loss in curve if loss <= target), None) if target is not None else None,
     }
 
@@ -467,10 +493,12 @@ def diagnostics_text(args: CompareConfig, ranked: list[dict[str, Any]], diagnose
     columns = {"input_similarity": ("input similarity", ".3f"), "output_norm_last_over_first": ("out norm L/1", ".2f"),
                "grad_spread": ("grad spread", ".3f"), "variance_last_over_first": ("variance L/1", ".2f"),
                "first_token_mass": ("[CLS] mass", ".3f"), "sep_mass": ("[SEP] mass", ".3f"),
+               "max_logit": ("max logit", ".1f"),
                "attention_entropy": ("attn entropy", ".2f"), "token_similarity": ("token sim. L", ".3f"),
                "preact_saturated": ("saturated", ".3f"),
                "weight_on_embeddings": ("weight on X_0", ".3f"), "composite_gain": ("composite gain", ".3g"),
-               "generalization_gap": ("val - train", ".3f"),
+               "generalization_gap": ("val - train", ".3f"), "loss_spikes": ("loss spikes", ".1f"),
+               "grad_spikes": ("grad spikes", ".1f"),
                "steps_to_target": ("steps to baseline", ".0f")}  # fmt: skip
     # A column no model has is left out (a study without the designs it measures).
     shown = {k: c for k, c in columns.items() if any(d.get(k) is not None for d in diagnosed.values())}
@@ -479,10 +507,11 @@ def diagnostics_text(args: CompareConfig, ranked: list[dict[str, Any]], diagnose
     head = (f"per model, mean over its seeds: input similarity of consecutive sub-layers and output norm of the last "
             f"sub-layers over the first (last snapshot); median over the last tenth of the logged steps: FFN gradient "
             f"spread over layers (CV), the stream's variance after the last layer over the first, attention mass on "
-            f"[CLS] and on [SEP], the entropy (nats) of the attention keys receive (layers' mean), the mean cosine of "
+            f"[CLS] and on [SEP], the largest attention logit (over layers), the entropy (nats) of the attention keys receive (layers' mean), the mean cosine of "
             f"two tokens after the last layer, the norms' pre-activations with |z| > 2, the averages' weight on the "
             f"embeddings; HC/mHC composite gain at the end; the last evaluation's MLM loss on validation minus on as "
-            f"many training instances; steps to {args.baseline or 'a baseline'}'s final training loss (trailing mean "
+            f"many training instances; loss and gradient-norm spikes (a logged value more than {SPIKE_MADS:g} median "
+            f"absolute deviations above the median of the {SPIKE_WINDOW} before it); steps to {args.baseline or 'a baseline'}'s final training loss (trailing mean "
             f"of {args.smoothing}); '-': not measured, or some seed never got there")  # fmt: skip
     return titled_table(head, ["model", *(name for name, _ in shown.values())], rows) if rows else ""
 

@@ -14,6 +14,7 @@ from torch import nn
 from pretrain.common.atomic import write_text
 from pretrain.common.cli import flatten
 from pretrain.config import PretrainConfig
+from pretrain.norms import SeeDNorm
 from pretrain.residual_streams import ResidualStats
 from pretrain.run_folder.layout import METRICS_FILE, read_metrics
 from pretrain.tracking.wandb_logging import start_pretraining_run
@@ -69,8 +70,9 @@ def rewind_metrics(run_dir: Path, step: int) -> dict[str, float]:
 
 def layer_grad_norms(model: nn.Module, clip_factor: float = 1.0) -> dict[str, float]:
     """L2 norm of the gradient of each layer's attention weights (Q, K, V, output), FFN weights
-    (``grad_norm/layer_NN/attn``, ``.../ffn``) and residual scheme's modules (``.../residual``), and of AttnRes's output
-    aggregation (``grad_norm/output_residual``); ``clip_factor`` undoes the clipping applied before they are read."""
+    (``grad_norm/layer_NN/attn``, ``.../ffn``) and residual scheme's modules (``.../residual``), of SeeDNorm's beta per
+    sub-layer (``grad_norm/seednorm_beta/KK``: its paper flags it as unstable) and of AttnRes's output aggregation
+    (``grad_norm/output_residual``); ``clip_factor`` undoes the clipping applied before they are read."""
     groups: dict[str, list[nn.Parameter]] = {}
     encoder = model.bert.encoder
     for index, layer in enumerate(encoder.layer):
@@ -79,6 +81,9 @@ def layer_grad_norms(model: nn.Module, clip_factor: float = 1.0) -> dict[str, fl
         groups[f"grad_norm/layer_{index:02d}/attn"] = [linear.weight for linear in attention]
         groups[f"grad_norm/layer_{index:02d}/ffn"] = [layer.intermediate.dense.weight, layer.output.dense.weight]
         groups[f"grad_norm/layer_{index:02d}/residual"] = _residual_parameters(layer)
+        for k, norm in ((2 * index, getattr(layer, "norm_a", None)), (2 * index + 1, getattr(layer, "norm_f", None))):
+            if isinstance(norm, SeeDNorm):  # nGPT's layers have no norm_a
+                groups[f"grad_norm/seednorm_beta/{k:02d}"] = [norm.beta]
     groups["grad_norm/output_residual"] = _residual_parameters(encoder)
     norms = {}
     for key, parameters in groups.items():
@@ -112,11 +117,13 @@ def residual_scalars(stats: ResidualStats) -> dict[str, float]:
     return {RESIDUAL_PREFIX + key: value for key, value in stats.scalars().items()}
 
 
-def residual_matrices(stats: ResidualStats) -> dict[str, list]:
+def residual_matrices(stats: ResidualStats | None) -> dict[str, list]:
     """The small matrices as nested lists for RUN/metrics.jsonl only (as charts they would be hundreds), rounded to
     ``SIGNIFICANT_DIGITS``: for the HC family ``residual/h_pre``, ``.../h_post`` (N x n), ``.../h_res`` (N x n x n)
     and ``.../composite_gain/per_sublayer`` (N x 2); for AttnRes ``residual/depth_weights`` ((N + 1) x K), for
-    DenseFormer its DWA weights (a row per average)."""
+    DenseFormer its DWA weights (a row per average); none for the standard scheme (``stats`` None)."""
+    if stats is None:
+        return {}
     found = {"h_pre": stats.pre, "h_post": stats.post, "h_res": stats.res,
              "composite_gain/per_sublayer": stats.composite_gain, "depth_weights": stats.depth_weights}
     return {RESIDUAL_PREFIX + name: _rounded(value.tolist()) for name, value in found.items() if value is not None}

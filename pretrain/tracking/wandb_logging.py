@@ -46,6 +46,10 @@ if TYPE_CHECKING:
 
 SUMMARY_LINES = 40
 """Summary values W&B prints when a run ends: its default (10, in key order) hides val/* behind the train/* keys."""
+CURVES_ONLY = ("attention/", "branch/", "gpas/", "grad_norm/", "hidden/", "ngpt/", "norm/", "preact/", "residual/",
+               "rezero/", "seednorm/", "value_residual/")  # fmt: skip
+"""The families of per-layer metrics (tracking/design_stats.py, tracking/metrics.py, nGPT's): charts, kept out of a
+run's summary, where a deep model's hundreds of last values would push the losses out of what W&B prints."""
 # Fields that do not change what a run learns (pretrain/common/roles.py: seed, paths, cadence, how the batch is split
 # over devices, ...), by section; everything else in the resolved config is the recipe.
 _NOT_RECIPE = by_section(keys_where(PretrainConfig, lambda rules: not rules.recipe))
@@ -154,6 +158,8 @@ def start_pretraining_run(accelerator: Accelerator, cfg: PretrainConfig, resolve
     if (run := wandb_run(accelerator)) is not None:  # the runs table shows the best and the last validation loss
         run.define_metric("val/mlm_loss", summary="min,last")
         run.define_metric("val/mlm_accuracy", summary="max,last")
+        for family in CURVES_ONLY:
+            run.define_metric(f"{family}*", summary="none")
 
 
 def wandb_run(accelerator: Accelerator) -> Any:
