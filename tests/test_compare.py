@@ -246,7 +246,7 @@ def test_a_study_results_file_of_another_format_is_refused_with_what_to_do(tmp_p
     old = tmp_path / "results.json"
     old.write_text(json.dumps({"models": [{"placement": "pre", "norm_type": "layernorm", "residual_scheme": "standard",
                                           "warmup": 0, "lr": 1e-3, "mean_gap": -0.2}]}))  # fmt: skip
-    with pytest.raises(ConfigError, match=r"has no format_version .* reads format_version 1: .*--report_only"):
+    with pytest.raises(ConfigError, match=rf"has no format_version .* reads format_version {STUDY_FORMAT}: .*--report_only"):
         cli.parse_args(["compare", "--data=c", "--tokenizer=t", f"--follow={old}", "--top=1"])
     write_json(old, stamped(json.loads(old.read_text()), STUDY_FORMAT))  # a model without a field: not compare's
     with pytest.raises(ConfigError, match=r"is not a study's results.json \('gpas'\)"):
@@ -270,12 +270,16 @@ def test_study_options_are_checked_before_any_run():
 def test_a_study_model_names_the_designs_inside_its_layers_and_its_cells_run_them():
     from pretrain.analysis import grid
 
-    models = "--models=[{placement: pre}, {placement: deepnorm, gpas: true, attention_gate: headwise, norm_type: derf}]"
+    models = ("--models=[{placement: pre}, {placement: deepnorm, gpas: true, attention_gate: headwise, norm_type: derf},"
+              " {placement: output_ln, qk_norm: true}]")  # fmt: skip
     _, args = cli.parse_args(["compare", "--data=c", "--tokenizer=t", models, "--lrs=[1e-3]"])
-    assert [m.name for m in args.models] == ["pre", "deepnorm-gpas-gated-head-derf"]
+    assert [m.name for m in args.models] == ["pre", "deepnorm-gpas-gated-head-derf", "output_ln-qknorm"]
     cell = compare.study_cell(args, args.models[1], 1e-3, 0)
     assert {"--model.norm_placement=deepnorm", "--model.norm_type=derf", "--model.gpas=true",
             "--model.attention_gate=headwise"} <= set(grid.cell_overrides(args, cell, Path("cell")))  # fmt: skip
+    qk = grid.cell_overrides(args, compare.study_cell(args, args.models[2], 1e-3, 0), Path("cell"))
+    assert "--model.qk_norm=true" in qk and "--model.qk_norm=true" not in grid.cell_overrides(
+        args, compare.study_cell(args, args.models[0], 1e-3, 0), Path("cell"))
 
 
 def test_the_headline_configs_parse_to_their_models_and_contrasts(tmp_path):
@@ -297,6 +301,11 @@ def test_the_headline_configs_parse_to_their_models_and_contrasts(tmp_path):
     _, frontier = cli.parse_args(["compare", "--config", str(root / "configs/analysis/headline.yaml"), "--config",
                                   str(root / "configs/analysis/headline_frontier.yaml"), "--data=c"])  # fmt: skip
     assert [m.name for m in frontier.models] == ["pre", "pre-seednorm", "pre-denseformer", "pre-gated"]
+    _, qk = cli.parse_args(["compare", "--config", str(root / "configs/analysis/headline.yaml"), "--config",
+                            str(root / "configs/analysis/qk_norm.yaml"), "--data=c"])  # fmt: skip
+    assert compare.contrast_names(qk) == [("pre-qknorm", "pre"), ("output_ln", "pre"), ("output_ln-qknorm", "pre"),
+                                          ("output_ln-qknorm", "output_ln")]  # fmt: skip
+    assert compare.stage1_cells(qk) == [] and len(compare.stage2_cells(qk, compare.choose_lrs(qk, {})[0])) == 16
 
 
 # --------------------------------------------------------------------------------------------------

@@ -65,7 +65,8 @@ class Model:
     scheme: str = STANDARD_LABEL
     """Its residual scheme, by the label run names give it (``pretrain.config.residual_scheme_fields``)."""
     options: tuple[tuple[str, Any], ...] = ()
-    """Its options inside the layer (``pretrain.variants.DESIGN_LABELS``) that are not at their defaults, (key, value)."""
+    """Its options inside the layer (``pretrain.variants.DESIGN_LABELS``, and qk_norm) that are not at their defaults,
+    (key, value)."""
 
 
 def model_problem(placement: str, norm_type: str, scheme: str, **options: Any) -> str:
@@ -403,6 +404,8 @@ class StudyModel:
     """Gated attention."""
     value_residual: ValueResidual = "none"
     """Value residual (ResFormer)."""
+    qk_norm: bool = False
+    """QK-norm: a norm on each head's queries and keys."""
     warmup: int = 0
     """Its linear warm-up steps (Post-LN's paper recipe has one, Pre-LN's none)."""
     lr: float | None = None
@@ -421,7 +424,7 @@ class StudyModel:
     @property
     def model(self) -> Model:
         scheme = residual_scheme_fields(self.residual_scheme)
-        options = {k: getattr(self, k) for k in DESIGN_LABELS if getattr(self, k) != getattr(DEFAULTS, k)}
+        options = {k: getattr(self, k) for k in (*DESIGN_LABELS, "qk_norm") if getattr(self, k) != getattr(DEFAULTS, k)}
         return Model(variant_name(self.placement, self.norm_type, **scheme, **options), self.placement, self.norm_type,
                      self.residual_scheme, tuple(options.items()))  # fmt: skip
 
