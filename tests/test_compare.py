@@ -397,22 +397,24 @@ def test_the_diagnostics_read_each_designs_claim_from_the_late_logged_steps(tmp_
     assert compare.diagnostics({}, tmp_path, None, 100)["variance_last_over_first"] == pytest.approx(101.0)
 
 
-def test_a_spike_is_a_logged_value_six_median_absolute_deviations_above_the_twenty_before_it(tmp_path):
-    """mHC's and gated attention's stability claims, counted from RUN/metrics.jsonl: noise, a slow drift and a
-    non-finite value are not spikes; a jump is one, and so is a second that comes after enough calm."""
+def test_a_spike_is_a_logged_value_seven_standard_deviations_above_the_hundred_before_it(tmp_path):
+    """mHC's and gated attention's stability claims, counted from RUN/metrics.jsonl: noise, a slow drift, a drop and
+    a non-finite value are not spikes; a jump is one; a second jump within the window of the first is judged against
+    the spread the first added."""
     from pretrain.run_folder import layout
 
     rng = np.random.default_rng(0)
-    losses = list(7.0 - 0.001 * np.arange(200) + rng.normal(0, 0.05, 200))
+    losses = list(7.0 - 0.001 * np.arange(300) + rng.normal(0, 0.05, 300))
     assert compare.spikes(losses) == 0
-    losses[100], losses[150], losses[160] = 9.0, 8.0, float("nan")
-    assert compare.spikes(losses) == 2
-    assert compare.spikes(losses[:20]) is None  # nothing to judge the values against
-    assert compare.spikes([1.0] * 30 + [1.001]) == 1  # a flat window: any real rise
-    norms = [1.0 + 0.01 * (s % 3) for s in range(40)]
-    norms[30] = 5.0
+    losses[120], losses[170], losses[200], losses[260] = 9.0, 8.0, float("nan"), 8.0
+    losses[280] = 1.0  # a drop
+    assert compare.spikes(losses) == 2  # 120 and 260; 170 is within 2.1 sd of a window that holds 120
+    assert compare.spikes(losses[:100]) is None  # nothing to judge the values against
+    assert compare.spikes([1.0] * 100 + [1.001]) == 1  # a flat window: any rise
+    norms = [1.0 + 0.01 * (s % 3) for s in range(150)]
+    norms[130] = 5.0
     rows = [{"step": s, "train/loss": loss, "train/grad_norm": norm}
-            for s, (loss, norm) in enumerate(zip(losses[:40], norms, strict=True))]
+            for s, (loss, norm) in enumerate(zip(losses[:150], norms, strict=True))]
     (tmp_path / layout.METRICS_FILE).write_text("".join(json.dumps(r) + "\n" for r in rows))
     found = compare.diagnostics({}, tmp_path, None, 100)
-    assert (found["loss_spikes"], found["grad_spikes"]) == (0, 1)
+    assert (found["loss_spikes"], found["grad_spikes"]) == (1, 1)
