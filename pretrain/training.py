@@ -85,6 +85,7 @@ from pretrain.tracking.metrics import (
     residual_matrices,
     residual_scalars,
     rewind_metrics,
+    rounded,
 )
 from pretrain.tracking.wandb_logging import log_snapshot, record_outcome
 
@@ -498,7 +499,7 @@ def run_evaluation(setup: TrainingSetup, state: TrainState) -> None:
 def step_metrics(setup: TrainingSetup, state: TrainState, stats: StepStats, tokens: int, slots: int, seconds: float,
                  skipped: int) -> dict[str, float]:  # fmt: skip
     """One metrics line: the last step's losses and gradient norms, the window's throughput and fp16's skipped steps.
-    Prints an alarm the first time a logged value calls for one (a GPAS gate past 1.2)."""
+    Prints an alarm the first time in this process a logged value calls for one (a GPAS gate past 1.2)."""
     accelerator = setup.accelerator
     tokens_per_s = tokens / max(seconds, 1e-9)
     peak = setup.peak_flops_per_device * accelerator.num_processes  # 0: MFU not measured
@@ -571,7 +572,7 @@ def train(setup: TrainingSetup, state: TrainState, stop: StopRequest, heartbeat:
             progress.update(1)
             if log_now:
                 metrics = step_metrics(setup, state, stats, window_tokens, window_slots, window_time, window_skipped)
-                file_only = residual_matrices(stats.residual) | stats.histograms
+                file_only = residual_matrices(stats.residual) | rounded(stats.histograms)
                 with held(full, setup.run_dir):
                     log_metrics(accelerator, setup.run_dir, metrics, state.step, file_only=file_only)
                 postfix.update(progress_postfix(stats.loss, metrics["train/lr"], setup.last_eval))

@@ -277,14 +277,12 @@ def spikes(values: list[float]) -> int | None:
     and gated attention's stability claims); None for a run too short to judge. A spike in the window widens it, so
     a burst counts less than its values; small-batch gradient norms are heavy-tailed, so a tighter rule (6 median
     absolute deviations) counted ordinary 1.5x excursions by the dozen."""
-    values = [float(v) for v in values if math.isfinite(v)]
-    if len(values) <= SPIKE_WINDOW:
+    found = np.asarray(values, dtype=float)
+    found = found[np.isfinite(found)]
+    if len(found) <= SPIKE_WINDOW:
         return None
-    count = 0
-    for i in range(SPIKE_WINDOW, len(values)):
-        window = values[i - SPIKE_WINDOW : i]
-        count += values[i] - statistics.fmean(window) > SPIKE_STDS * statistics.pstdev(window)
-    return count
+    windows = np.lib.stride_tricks.sliding_window_view(found[:-1], SPIKE_WINDOW)  # row i: the values before i + W
+    return int((found[SPIKE_WINDOW:] - windows.mean(1) > SPIKE_STDS * windows.std(1)).sum())
 
 
 def diagnostics(result: dict[str, Any], run_dir: Path, target: float | None, window: int) -> dict[str, float | None]:
@@ -292,13 +290,13 @@ def diagnostics(result: dict[str, Any], run_dir: Path, target: float | None, win
     inputs and the last over the first sub-layers' output norm (probes.sublayer_io, last snapshot); from the logged
     steps (``late``) the FFN gradients' spread over layers, the stream's variance after the last layer over the first
     (GPAS), the attention mass on [CLS] and on [SEP] (gated attention, value residuals: the sinks), the largest
-    attention logit over the layers (QK-norm: the logit growth) and the entropy of
-    the attention keys receive (value residuals: its concentration), the last layer's token similarity (value residuals:
-    over-smoothing), the fraction of the norms' pre-activations past the flat part (Derf, SeeDNorm, DyT) and the
-    weight the residual designs' averages put on the embeddings (DenseFormer, AttnRes); HC's and mHC's composite gain at the end, the last evaluation's validation loss
-    minus its training-split loss (Derf: generalization), the loss and gradient-norm ``spikes`` (mHC, gated
-    attention: stability), and the first step whose smoothed training loss reaches
-    ``target`` (the baseline's final one at the same seed)."""
+    attention logit over the layers (QK-norm: the logit growth) and the entropy of the attention keys receive (value
+    residuals: its concentration), the last layer's token similarity (value residuals: over-smoothing), the fraction
+    of the norms' pre-activations past the flat part (Derf, SeeDNorm, DyT) and the weight the residual designs'
+    averages put on the embeddings (DenseFormer, AttnRes); HC's and mHC's composite gain at the end, the last
+    evaluation's validation loss minus its training-split loss (Derf: generalization), the loss and gradient-norm
+    ``spikes`` (mHC, gated attention: stability), and the first step whose smoothed training loss reaches ``target``
+    (the baseline's final one at the same seed)."""
     sublayers = (result.get("probe") or {}).get("sublayers") or {}
     similarity, norms = sublayers.get("input_similarity"), sublayers.get("output_norm")
     rows = read_metrics(run_dir)
@@ -507,12 +505,13 @@ def diagnostics_text(args: CompareConfig, ranked: list[dict[str, Any]], diagnose
     head = (f"per model, mean over its seeds: input similarity of consecutive sub-layers and output norm of the last "
             f"sub-layers over the first (last snapshot); median over the last tenth of the logged steps: FFN gradient "
             f"spread over layers (CV), the stream's variance after the last layer over the first, attention mass on "
-            f"[CLS] and on [SEP], the largest attention logit (over layers), the entropy (nats) of the attention keys receive (layers' mean), the mean cosine of "
-            f"two tokens after the last layer, the norms' pre-activations with |z| > 2, the averages' weight on the "
-            f"embeddings; HC/mHC composite gain at the end; the last evaluation's MLM loss on validation minus on as "
-            f"many training instances; loss and gradient-norm spikes (a logged value more than {SPIKE_STDS:g} standard "
-            f"deviations above the mean of the {SPIKE_WINDOW} before it); steps to {args.baseline or 'a baseline'}'s final training loss (trailing mean "
-            f"of {args.smoothing}); '-': not measured, or some seed never got there")  # fmt: skip
+            f"[CLS] and on [SEP], the largest attention logit (over layers), the entropy (nats) of the attention keys "
+            f"receive (layers' mean), the mean cosine of two tokens after the last layer, the norms' pre-activations "
+            f"with |z| > 2, the averages' weight on the embeddings; HC/mHC composite gain at the end; the last "
+            f"evaluation's MLM loss on validation minus on as many training instances; loss and gradient-norm spikes "
+            f"(a logged value more than {SPIKE_STDS:g} standard deviations above the mean of the {SPIKE_WINDOW} before "
+            f"it); steps to {args.baseline or 'a baseline'}'s final training loss (trailing mean of {args.smoothing}); "
+            f"'-': not measured, or some seed never got there")  # fmt: skip
     return titled_table(head, ["model", *(name for name, _ in shown.values())], rows) if rows else ""
 
 

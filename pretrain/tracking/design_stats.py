@@ -75,7 +75,7 @@ class DesignProbe:
         return dict(zip(self.found, values, strict=True))
 
     def histogram_lists(self) -> dict[str, list[float]]:
-        return {key: [round(v, 4) for v in value.tolist()] for key, value in self.histograms.items()}
+        return {key: value.tolist() for key, value in self.histograms.items()}
 
     def histogram(self, key: str, values: torch.Tensor, low: float, high: float) -> None:
         self.histograms[key] = torch.histc(values.float(), HISTOGRAM_BINS, low, high) / max(values.numel(), 1)
@@ -152,10 +152,9 @@ class DesignProbe:
         for k, norm in ((2 * index, layer.norm_a), (2 * index + 1, layer.norm_f)):
             if isinstance(norm, SeeDNorm):
                 self.found[f"seednorm/alpha_norm/{k:02d}"] = norm.alpha.detach().norm()
-            if isinstance(norm, DyT):  # Derf too
-                for name in ("alpha", "shift"):
-                    if hasattr(norm, name):
-                        self.found[f"norm/{name}/{k:02d}"] = getattr(norm, name).detach()
+            if isinstance(norm, DyT):  # and Derf: their learned scalars, alpha (and shift)
+                for name in norm.inits:
+                    self.found[f"norm/{name}/{k:02d}"] = getattr(norm, name).detach()
         if isinstance(layer.gpas, GPAS):
             self.found[f"gpas/scale/{index:02d}"] = 1 - F.silu(layer.gpas.gate.detach())
         if hasattr(layer, "rezero_gate"):

@@ -107,7 +107,7 @@ def clip_coefficient(total_norm: float, max_norm: float) -> float:
 
 
 RESIDUAL_PREFIX = "residual/"
-SIGNIFICANT_DIGITS = 4  # of the matrices' entries in metrics.jsonl: a fifth digit is below a step's noise
+SIGNIFICANT_DIGITS = 4  # of the lists' entries in metrics.jsonl: a fifth digit is below a step's noise
 
 
 def residual_scalars(stats: ResidualStats) -> dict[str, float]:
@@ -126,10 +126,13 @@ def residual_matrices(stats: ResidualStats | None) -> dict[str, list]:
         return {}
     found = {"h_pre": stats.pre, "h_post": stats.post, "h_res": stats.res,
              "composite_gain/per_sublayer": stats.composite_gain, "depth_weights": stats.depth_weights}
-    return {RESIDUAL_PREFIX + name: _rounded(value.tolist()) for name, value in found.items() if value is not None}
+    return rounded({RESIDUAL_PREFIX + name: value.tolist() for name, value in found.items() if value is not None})
 
 
-def _rounded(values: Any) -> Any:
+def rounded(values: Any) -> Any:
+    """Numbers, nested in lists and dicts, to ``SIGNIFICANT_DIGITS``: what metrics.jsonl keeps of a list."""
+    if isinstance(values, dict):
+        return {key: rounded(v) for key, v in values.items()}
     if isinstance(values, list):
-        return [_rounded(v) for v in values]
+        return [rounded(v) for v in values]
     return float(f"{values:.{SIGNIFICANT_DIGITS}g}")
