@@ -108,6 +108,9 @@ def test_an_override_changes_only_the_key_it_names(cls: type, base_argv: list[st
     base = _resolve(cls, base_argv)
     flat_keys = _leaf_keys(cls)
     assert set(flat_keys) <= set(base)
+    if "--config" in base_argv:  # every key is tried on the schema's defaults; on a preset, one key per section
+        changeable = [key for key in flat_keys if _changed(base[key]) is not None]
+        flat_keys = list({key.rpartition(".")[0]: key for key in reversed(changeable)}.values())
     changed_some = 0
     for key in flat_keys:
         # The key's own current value: nothing may change.
