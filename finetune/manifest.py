@@ -16,6 +16,7 @@ import hashlib
 import json
 import os
 import socket
+import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -30,9 +31,9 @@ from pretrain.common.formats import RESULTS_FORMAT, check_format, stamped
 from pretrain.run_folder.lock import holder, holder_text, name_holder
 from pretrain.run_folder.status import EXIT_HUNG
 
-MANIFESTS, STARTED, DONE, FAILED, LOCK = "manifests", "started", "done", "failed", "lock"
+MANIFESTS, STARTED, DONE, FAILED, DAMAGED, LOCK = "manifests", "started", "done", "failed", "damaged", "lock"
 MOVE_ASIDE = "move it aside and run the command again"
-"""What to do with a file of the results folder that this code cannot use as it is."""
+"""What to do with a file of the results folder that this code cannot use as it is, nor move aside itself."""
 RESULTS_FIX = (
     "finish that results folder with the checkout that wrote it, or point --results_dir at a new folder (its jobs "
     "then run again)"
@@ -259,12 +260,12 @@ def read_json(path: Path) -> dict[str, Any]:
     """A file of the results folder, refused when it is unreadable or of another format version."""
     try:
         payload = json.loads(path.read_text())
-    except ValueError as err:  # cut short (a full disk): not used silently
-        raise ValueError(f"{path} is not readable JSON ({err}): {MOVE_ASIDE}") from None
+    except ValueError as err:  # cut short or overwritten since: not used silently
+        raise DamagedFile(f"{path} is not readable JSON ({err})") from None
     except (PermissionError, IsADirectoryError) as err:  # a colleague's file without read permission, a folder
         raise ValueError(f"{path} cannot be read ({err.strerror}): give it read permission or {MOVE_ASIDE}") from None
     if not isinstance(payload, dict):
-        raise ValueError(f"{path} holds a JSON {type(payload).__name__}, not an object: {MOVE_ASIDE}")
+        raise DamagedFile(f"{path} holds a JSON {type(payload).__name__}, not an object")
     check_format(payload, path, RESULTS_FORMAT, RESULTS_FIX)
     return payload
 
@@ -274,7 +275,10 @@ def load_manifest(path: str | Path) -> Manifest:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"manifest {path} is missing; the scheduler writes it before submitting its tasks")
-    p = read_json(path)
+    try:
+        p = read_json(path)
+    except DamagedFile as err:  # only the scheduler writes manifests: one damaged since is for a person to look at
+        raise ValueError(f"{err}: {MOVE_ASIDE}") from None
     try:
         jobs = [ManifestJob(JobSpec(**j["spec"]), j["attempt"]) for j in p["jobs"]]
         ended = {int(task): reason for task, reason in p["ended"].items()}
@@ -283,6 +287,11 @@ def load_manifest(path: str | Path) -> Manifest:
     except (KeyError, TypeError, ValueError, AttributeError) as err:  # edited or damaged: named, not a traceback
         problem = f"no field {err}" if isinstance(err, KeyError) else str(err)
         raise ValueError(f"{path} is not a manifest the scheduler writes ({problem}): {MOVE_ASIDE}") from None
+
+
+class DamagedFile(ValueError):
+    """A file of the results folder that is not what this code writes there: its writes are atomic, so it was
+    damaged, edited or copied since."""
 
 
 class ResultsBusy(RuntimeError):
@@ -302,14 +311,32 @@ class ResultsFolder:
         paths = self._files(sub)
         for path in paths:
             if path not in self._states:
-                self._states[path] = _file_state(path, read_json(path))
-        return [self._states[path] for path in paths]
+                try:
+                    self._states[path] = _file_state(path, read_json(path))
+                except DamagedFile as err:
+                    self._set_aside(path, str(err))
+                except FileNotFoundError:  # set aside by another reader since it was listed
+                    continue
+        return [self._states[path] for path in paths if path in self._states]
+
+    def _set_aside(self, path: Path, problem: str) -> None:
+        """Move a damaged file of done/ or failed/ into damaged/, where it is kept and never read, and say so: its
+        job then counts as not done, and the scheduler runs it again without a person (``jobs``). The name ends
+        with the latest submission so far and the time: ``damaged/done.KEY.json.SUBMISSION.NS``."""
+        aside = self.root / DAMAGED / f"{path.parent.name}.{path.name}.{self.next_submission() - 1}.{time.time_ns()}"
+        try:
+            aside.parent.mkdir(exist_ok=True)
+            os.rename(path, aside)
+        except FileNotFoundError:  # another reader moved it first
+            return
+        except OSError as err:  # a colleague's folder this user cannot write
+            raise ValueError(f"{problem}; cannot move it to {aside.parent} ({err.strerror}): {MOVE_ASIDE}") from None
+        print(f"warning: {problem}: moved to {aside}; its job runs again", file=sys.stderr, flush=True)
 
     def _files(self, sub: str) -> list[Path]:
         """The files of a subfolder, without the temporary files of writes in progress (``.NAME.XXXX.tmp``)."""
         folder = self.root / sub
-        names = sorted(os.listdir(folder)) if folder.is_dir() else []
-        return [folder / name for name in names if name.endswith(".json") and not name.startswith(".")]
+        return [folder / name for name in _names(folder) if name.endswith(".json") and not name.startswith(".")]
 
     # --- The scheduler's files ---
 
@@ -420,7 +447,9 @@ class ResultsFolder:
         decides: failed there (a failure file), under way, or its task ended without its result: a failed attempt
         if the task is ``charged`` for it, else queued again with the attempts it had."""
         states: dict[str, JobState] = {}
-        started = {p.name for p in self._files(STARTED)}
+        done = self.done()  # first: damaged result files are set aside before the submissions are read
+        lost = _results_lost(_names(self.root / DAMAGED))
+        started = {name for name in _names(self.root / STARTED) if _charged_attempt(name, lost)}
         for manifest in self.manifests():
             for position, job in enumerate(manifest.jobs):
                 states[job.spec.key] = _listed(manifest, position % manifest.tasks, job, started)
@@ -428,7 +457,7 @@ class ResultsFolder:
             latest = states.get(failed.spec.key)
             if latest is None or failed.submission >= latest.submission:
                 states[failed.spec.key] = failed
-        return states | self.done()
+        return states | done
 
 
 def _attempt(job: ManifestJob, submission: int, worker: dict[str, Any], **fields: Any) -> dict[str, Any]:
@@ -450,12 +479,34 @@ def _file_state(path: Path, payload: dict[str, Any]) -> JobState:
                              snapshot_stamp=p["snapshot_stamp"])  # fmt: skip
     except (KeyError, TypeError, ValueError) as err:
         problem = f"no field {err}" if isinstance(err, KeyError) else str(err)
-        raise ValueError(f"{path} is not a file a task writes ({problem}): {MOVE_ASIDE}") from None
+        raise DamagedFile(f"{path} is not a file a task writes ({problem})") from None
     named = path.name.split(".")[0]
     if {named, p.get("key")} != {spec.key}:
-        raise ValueError(f"{path} is the file of job {spec.key} ({spec.label}), not of job {named} as its name says "
-                         f"(a copied, renamed or edited file): {MOVE_ASIDE}")  # fmt: skip
+        raise DamagedFile(f"{path} is the file of job {spec.key} ({spec.label}), not of job {named} as its name "
+                          "says (a copied, renamed or edited file)")  # fmt: skip
     return state
+
+
+def _names(folder: Path) -> list[str]:
+    """The sorted names in ``folder``; none when it does not exist."""
+    return sorted(os.listdir(folder)) if folder.is_dir() else []
+
+
+def _results_lost(aside: list[str]) -> dict[str, int]:
+    """Of each job whose result file was set aside (``done.KEY.json.SUBMISSION.NS`` in damaged/), the latest
+    submission then."""
+    lost: dict[str, int] = {}
+    for parts in (name.split(".") for name in aside):
+        if len(parts) == 5 and parts[0] == DONE:
+            lost[parts[1]] = max(lost.get(parts[1], 0), int(parts[3]))
+    return lost
+
+
+def _charged_attempt(started: str, lost: dict[str, int]) -> bool:
+    """Whether a started file (``KEY.SUBMISSION.json``) counts: not when its job's result was set aside later (the
+    job ran, its result was lost). Set-aside files come only from damage from outside, so no job loops this way."""
+    parts = started.split(".")
+    return len(parts) == 3 and parts[2] == "json" and int(parts[1]) > lost.get(parts[0], 0)
 
 
 def _listed(manifest: Manifest, task: int, job: ManifestJob, started: set[str]) -> JobState:

@@ -381,6 +381,29 @@ def test_the_folder_says_what_each_job_is(tmp_path: Path) -> None:
     assert (folder.jobs()[b.key].status, folder.jobs()[b.key].attempts) == ("submitted", 1)
 
 
+def test_a_result_set_aside_does_not_charge_the_attempt_that_wrote_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A job's task ended by itself (exit code 0) after its result was written; that file, damaged since, is set
+    aside: the job is queued again with the attempts it had before, and a later attempt is charged as any."""
+    folder = ResultsFolder(tmp_path / "results")
+    job, runtime = ManifestJob(job_spec(), 1), Runtime(None, {}, None)
+    folder.write_manifest(Manifest(1, "local", 1, runtime, [job], ended={0: "exit code 0"}))
+    folder.write_started(job, 1)
+    folder.write_done(job, 1, results())
+    done = folder.done_path(job.spec.key)
+    done.write_text(done.read_text()[:-9])  # cut short since
+    (state,) = ResultsFolder(folder.root).jobs().values()
+    assert (state.status, state.attempts) == ("queued", 0) and not done.exists()
+    assert f"warning: {done} is not readable JSON" in capsys.readouterr().err
+    (aside,) = (folder.root / "damaged").iterdir()
+    assert aside.name.startswith(f"done.{job.spec.key}.json.1.") and aside.stat().st_size > 0  # kept
+    folder.write_manifest(Manifest(2, "local", 1, runtime, [job], ended={0: "killed by SIGKILL"}))
+    folder.write_started(job, 2)
+    (state,) = folder.jobs().values()
+    assert (state.status, state.attempts) == ("failed", 1)
+
+
 def test_status_never_lags_the_folder(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """A result file a task writes is in the next status listing, with nothing in between."""
     folder = ResultsFolder(tmp_path / "results")

@@ -606,45 +606,63 @@ def spoil(path: Path, kind: str, other: Path) -> None:
         del payload["results"]
     elif kind == "accuracy 2.0":
         payload["results"]["accuracy"] = 2.0
-    elif kind == "a folder":  # what cannot be read at all (as a file without read permission, for a non-root user)
-        path.unlink()
-        path.mkdir()
-        return
     path.write_text(json.dumps(payload))
 
 
-@pytest.mark.parametrize("kind", ["another job's", "a list", "no results", "accuracy 2.0", "a folder"])
-def test_a_result_file_a_task_never_writes_is_named_by_status_report_and_scheduler(
+@pytest.mark.parametrize("kind", ["another job's", "a list", "no results", "accuracy 2.0"])
+def test_a_damaged_result_file_is_set_aside_and_its_job_runs_again_uncharged(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], kind: str
 ) -> None:
-    """Another job's result under this job's name makes every task skip the job (its file exists) while the folder
-    counts the other one: the scheduler would submit it for ever. A list, a result without its results, an
-    accuracy outside [0, 1] would be a traceback or counted without comment. Each is named, with what to do and
-    exit code 2, before anything is submitted; moved aside, its job runs again."""
+    """Result files are written atomically, so one a task never writes was damaged since: another job's result
+    under this job's name (every task would skip the job while the folder counts the other), a list, a result
+    without its results, an accuracy outside [0, 1]. Status, the report and the scheduler each move it to damaged/
+    (kept, never read again) and say so; its job counts as not done, and the same scheduler command runs it again,
+    that attempt not charged (one attempt allowed here), then runs nothing."""
     from finetune.report import cli as report_cli
 
     run_dir = make_run(tmp_path, "post_ln", "post", steps=(10,))
-    config = config_for(tmp_path, [run_dir], seeds=[0, 1])
-    for spec in discover(config).specs:
-        folder(config).write_done(ManifestJob(spec, 1), 1, results())
-    other, spoiled = sorted((Path(config.results_dir) / "done").glob("*.json"))
-    spoil(spoiled, kind, other)
+    config = config_for(tmp_path, [run_dir], seeds=[0, 1], max_attempts=1)
     starts = bounded_starts(monkeypatch)
+    assert schedule(config) == Left([], {}) and starts == [1]
+    other, spoiled = sorted((Path(config.results_dir) / "done").glob("*.json"))
+    good = spoiled.read_text()
     report_args = [f"--runs=[{run_dir}]", f"--results_dir={config.results_dir}", "--tasks=[mrpc]", f"--out={tmp_path}"]
     commands = {
-        "scheduler": (schedule_cli, [*cli_args(config), "--mode=once"]),
         "status": (schedule_cli, ["status", f"--results_dir={config.results_dir}"]),
         "report": (report_cli, report_args),
+        "scheduler": (schedule_cli, [*cli_args(config), "--mode=once"]),
     }
-    for name, (cli, argv) in commands.items():
+    for count, (name, (cli, argv)) in enumerate(commands.items(), start=1):
+        spoiled.write_text(good)
+        spoil(spoiled, kind, other)
         monkeypatch.setattr(sys, "argv", ["prog", *argv])
-        assert cli() == 2, name
+        assert cli() == 0, name
         err = capsys.readouterr().err
-        assert f"error: {spoiled} " in err and "move it aside and run the command again" in err, (name, err)
-    assert starts == []  # nothing submitted
-    spoiled.rename(tmp_path / "aside.json")
-    assert schedule(config) == Left([], {})
-    assert len(done_rows(config)) == 2 and starts == [1]  # the job of the file moved aside, run once
+        assert f"warning: {spoiled} " in err and "moved to" in err and "its job runs again" in err, (name, err)
+        assert len(list((Path(config.results_dir) / "damaged").iterdir())) == count, name
+    rerun, before = (json.loads(text)["results"] for text in (spoiled.read_text(), good))
+    assert starts == [1, 2] and rerun | {"wall_time_s": 0} == before | {"wall_time_s": 0}  # the same numbers
+    assert {state.status for state in folder(config).jobs().values()} == {"done"}
+    assert schedule(config) == Left([], {}) and starts == [1, 2]
+
+
+def test_a_result_file_that_cannot_be_read_is_named_with_the_fix(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A result file that cannot be read at all (a folder here; for a non-root user, one without read permission)
+    is not damage this code can set aside: status and the scheduler name it with the fix and exit code 2."""
+    run_dir = make_run(tmp_path, "post_ln", "post", steps=(10,))
+    config = config_for(tmp_path, [run_dir], seeds=[0])
+    (spec,) = discover(config).specs
+    folder(config).write_done(ManifestJob(spec, 1), 1, results())
+    (spoiled,) = (Path(config.results_dir) / "done").glob("*.json")
+    spoiled.unlink()
+    spoiled.mkdir()
+    for argv in (["status", f"--results_dir={config.results_dir}"], [*cli_args(config), "--mode=once"]):
+        monkeypatch.setattr(sys, "argv", ["prog", *argv])
+        assert schedule_cli() == 2, argv
+        err = capsys.readouterr().err
+        assert f"error: {spoiled} cannot be read" in err and "move it aside and run the command again" in err, err
 
 
 def test_a_damaged_manifest_is_named_by_status_and_scheduler(
