@@ -326,7 +326,7 @@ class ResultsFolder:
         aside = self.root / DAMAGED / f"{path.parent.name}.{path.name}.{self.next_submission() - 1}.{time.time_ns()}"
         try:
             aside.parent.mkdir(exist_ok=True)
-            os.rename(path, aside)
+            path.rename(aside)
         except FileNotFoundError:  # another reader moved it first
             return
         except OSError as err:  # a colleague's folder this user cannot write
