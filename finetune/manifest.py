@@ -331,7 +331,8 @@ class ResultsFolder:
             return
         except OSError as err:  # a colleague's folder this user cannot write
             raise ValueError(f"{problem}; cannot move it to {aside.parent} ({err.strerror}): {MOVE_ASIDE}") from None
-        print(f"warning: {problem}: moved to {aside}; its job runs again", file=sys.stderr, flush=True)
+        then = "its job runs again" if path.parent.name == DONE else "that attempt counts as ended without its result"
+        print(f"warning: {problem}: moved to {aside}; {then}", file=sys.stderr, flush=True)
 
     def _files(self, sub: str) -> list[Path]:
         """The files of a subfolder, without the temporary files of writes in progress (``.NAME.XXXX.tmp``)."""
