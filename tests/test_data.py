@@ -29,7 +29,7 @@ from pretrain.data.instances import (
     plain_backend,
     tokenize_documents,
 )
-from pretrain.data.pipeline import build_pretraining_data
+from pretrain.data.pipeline import build_pretraining_data, is_prepared
 from pretrain.data.tokenizer import SPECIAL_TOKENS, load_or_train_tokenizer, train_wordpiece_tokenizer
 
 datasets.disable_progress_bars()
@@ -501,19 +501,33 @@ def test_cache_hit_and_miss(tmp_path: Path, json_config: DataConfig, corpus: Pat
     assert calls == {"tokenize": 8, "train_tokenizer": 3}
 
 
-def test_a_damaged_cache_entry_or_tokenizer_folder_is_named_with_the_fix(
-    tmp_path: Path, json_config: DataConfig, monkeypatch: pytest.MonkeyPatch
+def test_damaged_prepared_instances_are_set_aside_and_made_again(
+    tmp_path: Path, json_config: DataConfig, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """Cache entries and tokenizer folders are written whole (atomically): one that cannot be read was damaged since,
-    and is named with what to do, not read as a bare JSON or Arrow error."""
-    build_pretraining_data(json_config, seed=0, save_tokenizer_to=tmp_path / "run" / "tokenizer")
+    """Cache entries are written whole (atomically): prepared instances that cannot be read were damaged since. They
+    are derived data: moved aside (kept) with a warning naming them, and made again, the same instances as before."""
+    first = build_pretraining_data(json_config, seed=0)
+    ids = [part.to_dict()["input_ids"] for part in (first.train, first.validation)]  # read now: they are mapped
     (entry,) = (p for p in (tmp_path / "cache").glob("instances-*") if p.suffix != ".lock")
     shard = entry / "validation" / "shard-00000.arrow"
-    original = shard.read_bytes()
-    shard.write_bytes(original[: len(original) // 2])
-    with pytest.raises(ValueError, match=rf"instances in {entry} cannot be read \(OSError: .*remove that folder"):
-        build_pretraining_data(json_config, seed=0)
-    shard.write_bytes(original)
+    shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])
+    for damage in ("OSError", "UnicodeDecodeError"):
+        assert not is_prepared(json_config, seed=0)  # several processes would be asked to prepare it first
+        again = build_pretraining_data(json_config, seed=0)
+        out = capsys.readouterr().out
+        assert f"warning: the prepared instances in {entry} cannot be read ({damage}" in out, out
+        assert "moved to" in out and "made again from the corpus" in out
+        assert [part.to_dict()["input_ids"] for part in (again.train, again.validation)] == ids
+        (entry / "summary.json").write_bytes(b"\xff{")
+    assert len(list((tmp_path / "cache").glob("instances-*.damaged-*"))) == 2
+
+
+def test_a_damaged_tokenizer_folder_or_unreadable_cache_is_named_with_the_fix(
+    tmp_path: Path, json_config: DataConfig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Tokenizer folders are written whole (atomically): one that cannot be read was damaged since, and is named
+    with what to do, not read as a bare JSON error. A file system refusing a read is its own error."""
+    build_pretraining_data(json_config, seed=0, save_tokenizer_to=tmp_path / "run" / "tokenizer")
     def refused(*_: object, **__: object) -> None:
         raise OSError(5, "I/O error")
 
@@ -521,9 +535,6 @@ def test_a_damaged_cache_entry_or_tokenizer_folder_is_named_with_the_fix(
         patch.setattr(datasets.Dataset, "from_file", refused)
         with pytest.raises(OSError, match="I/O error"):
             build_pretraining_data(json_config, seed=0)
-    (entry / "summary.json").write_bytes(b"\xff{")
-    with pytest.raises(ValueError, match=rf"instances in {entry} cannot be read \(UnicodeDecodeError"):
-        build_pretraining_data(json_config, seed=0)
     folder = tmp_path / "run" / "tokenizer"
     (folder / "tokenizer.json").write_text('{"version": "1.0", "trunc')
     named = tiny_config(tmp_path, json_config.sources, tokenizer=str(folder))

@@ -11,6 +11,7 @@ import dataclasses
 import json
 import multiprocessing
 import shutil
+import time
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
@@ -72,22 +73,55 @@ def cached_instances(documents: Callable[[], tuple[datasets.Dataset, datasets.Da
     (the training and validation documents, read only then), shard by shard, for every later call. ``folder``:
     ``prepared_dir`` of these arguments, when the caller computed it already."""
     folder = folder if folder is not None else prepared_dir(cfg, tokenizer, seed=seed)
+    prepare = partial(prepare_instances, documents, tokenizer, cfg, seed=seed, folder=folder, progress=progress)
     if not (folder / SUMMARY_FILE).is_file():
         # One preparation at a time per cache key: runs started side by side (the analysis grid) wait for the
         # first and reuse its result. The lock goes with its process, so a killed preparation blocks nobody.
-        with exclusive_lock(folder.with_name(f"{folder.name}.lock")):
+        with exclusive_lock(_lock_path(folder)):
             if not (folder / SUMMARY_FILE).is_file():
-                prepare_instances(documents, tokenizer, cfg, seed=seed, folder=folder, progress=progress)
+                prepare()
+    try:
+        return _load(folder)
+    except DamagedEntry:
+        # Derived data, made again as it was made (the instances do not depend on processes or shards); the
+        # damaged folder is kept beside it. Under the lock, so that one process does it and the others reuse it.
+        with exclusive_lock(_lock_path(folder)):
+            try:
+                return _load(folder)
+            except DamagedEntry as err:
+                aside = folder.with_name(f"{folder.name}.damaged-{time.time_ns()}")
+                folder.rename(aside)
+                print(f"warning: {err}: moved to {aside}; the instances are made again from the corpus", flush=True)
+                prepare()
+        return _load(folder)
+
+
+def is_finished(folder: Path) -> bool:
+    """Whether ``folder`` holds a finished entry whose files can be read (a damaged one is made again)."""
+    try:
+        _load(folder)
+    except (DamagedEntry, FileNotFoundError):
+        return False
+    return True
+
+
+def _lock_path(folder: Path) -> Path:
+    return folder.with_name(f"{folder.name}.lock")
+
+
+def _load(folder: Path) -> tuple[datasets.Dataset, datasets.Dataset]:
+    """The (train, validation) shard files of a finished entry, memory-mapped, in order; DamagedEntry if they
+    cannot be read."""
     summary = read_summary(folder)
     loaded = []
     try:
-        for name in PARTS:  # the shard files, memory-mapped, in order
+        for name in PARTS:
             shards = [datasets.Dataset.from_file(str(folder / name / f)) for f in summary[name]["shards"]]
             loaded.append(shards[0] if len(shards) == 1 else datasets.concatenate_datasets(shards))
     except (OSError, ValueError, KeyError, TypeError) as err:
         if not is_damage(err):
             raise
-        raise _damaged(folder, err) from None
+        raise DamagedEntry(folder, err) from None
     return loaded[0], loaded[1]
 
 
@@ -95,13 +129,14 @@ def read_summary(folder: Path) -> dict[str, Any]:
     try:
         return json.loads((folder / SUMMARY_FILE).read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise _damaged(folder, err) from None
+        raise DamagedEntry(folder, err) from None
 
 
-def _damaged(folder: Path, err: Exception) -> ValueError:
-    """The error for a cache entry that cannot be read: it was published whole, atomically, so damaged since."""
-    return ValueError(f"the prepared instances in {folder} cannot be read ({type(err).__name__}: {err}): remove that "
-                      "folder; the next run makes them again from the corpus")  # fmt: skip
+class DamagedEntry(ValueError):
+    """A cache entry that cannot be read: it was published whole, atomically, so it was damaged since."""
+
+    def __init__(self, folder: Path, err: Exception) -> None:
+        super().__init__(f"the prepared instances in {folder} cannot be read ({type(err).__name__}: {err})")
 
 
 def _write_shard(docs: datasets.Dataset, path: Path, *, first_chunk: int, tokenizer_json: str, cfg: DataConfig,

@@ -15,7 +15,7 @@ from transformers import PreTrainedTokenizerFast
 from pretrain.common.cli import writable_folder
 from pretrain.data.config import DataConfig
 from pretrain.data.corpus import corpus_bytes, document_texts, split_corpus
-from pretrain.data.instance_cache import SUMMARY_FILE, cached_instances, prepared_dir
+from pretrain.data.instance_cache import cached_instances, is_finished, prepared_dir
 from pretrain.data.instances import make_instances, stream_instances
 from pretrain.data.tokenizer import cached_tokenizer, load_or_train_tokenizer
 
@@ -43,8 +43,8 @@ class Prepared(NamedTuple):
 
     @property
     def ready(self) -> bool:
-        """Nothing is left to train or prepare (streaming: the tokenizer is there)."""
-        return self.tokenizer is not None and (self.instances is None or (self.instances / SUMMARY_FILE).is_file())
+        """Nothing is left to train or prepare (streaming: the tokenizer is there); damaged instances are not ready."""
+        return self.tokenizer is not None and (self.instances is None or is_finished(self.instances))
 
 
 def prepared(cfg: DataConfig, *, seed: int) -> Prepared:
@@ -70,7 +70,7 @@ def check_prepared_for_distributed(cfg: DataConfig, *, ready: bool, num_processe
         return
     what = "a Hugging Face Hub dataset" if size is None else f"{size / 2**20:,.0f} MiB of files"
     raise PreparationRequired(
-        f"the data is not prepared: data.cache_dir={cfg.cache_dir} holds no prepared instances for this config, and "
+        f"the data is not prepared: data.cache_dir={cfg.cache_dir} holds no prepared instances for this config (or damaged ones), and "
         f"the corpus ({what}) is too large to prepare while {num_processes - 1} other process(es) wait at a barrier "
         f"(data.max_inline_preparation_mb={cfg.max_inline_preparation_mb:g}; the barrier gives up after "
         f"train.collective_timeout_s{'' if barrier_timeout_s is None else f'={barrier_timeout_s:g} s'}). Prepare it "
