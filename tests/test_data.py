@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 from collections import Counter
@@ -29,7 +30,7 @@ from pretrain.data.instances import (
     plain_backend,
     tokenize_documents,
 )
-from pretrain.data.pipeline import build_pretraining_data, is_prepared
+from pretrain.data.pipeline import PreparationRequired, build_pretraining_data, is_prepared
 from pretrain.data.tokenizer import SPECIAL_TOKENS, load_or_train_tokenizer, train_wordpiece_tokenizer
 
 datasets.disable_progress_bars()
@@ -511,8 +512,11 @@ def test_damaged_prepared_instances_are_set_aside_and_made_again(
     (entry,) = (p for p in (tmp_path / "cache").glob("instances-*") if p.suffix != ".lock")
     shard = entry / "validation" / "shard-00000.arrow"
     shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])
+    large = dataclasses.replace(json_config, max_inline_preparation_mb=0)  # the same entry, too large to make inline
     for damage in ("OSError", "UnicodeDecodeError"):
-        assert not is_prepared(json_config, seed=0)  # several processes would be asked to prepare it first
+        assert not is_prepared(json_config, seed=0)
+        with pytest.raises(PreparationRequired, match=r"holds no prepared instances for this config \(or damaged"):
+            build_pretraining_data(large, seed=0, num_processes=2)  # not made again while the others wait
         again = build_pretraining_data(json_config, seed=0)
         out = capsys.readouterr().out
         assert f"warning: the prepared instances in {entry} cannot be read ({damage}" in out, out

@@ -74,7 +74,7 @@ def writable_folder(path: str | Path, key: str) -> None:
 # text. No dates either: `--until=2026-12-01T06:00` stays the text typed.
 
 
-class _Loader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # libyaml when PyYAML has it: 10x faster
+class _Loader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # libyaml where PyYAML has it (the resolvers stay)
     pass
 
 

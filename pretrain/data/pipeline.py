@@ -40,18 +40,16 @@ class Prepared(NamedTuple):
     """The named tokenizer, or the trained one from the cache; None: it is still to be trained."""
     instances: Path | None
     """The prepared instances' folder (``prepared_dir``); None when streaming or while the tokenizer is untrained."""
-
-    @property
-    def ready(self) -> bool:
-        """Nothing is left to train or prepare (streaming: the tokenizer is there); damaged instances are not ready."""
-        return self.tokenizer is not None and (self.instances is None or is_finished(self.instances))
+    ready: bool
+    """Nothing is left to train or prepare (streaming: the tokenizer is there); damaged instances are not ready."""
 
 
 def prepared(cfg: DataConfig, *, seed: int) -> Prepared:
-    """What the cache holds for ``cfg``: the tokenizer loaded (when nothing is to be trained), the instances' folder."""
+    """What the cache holds for ``cfg``: the tokenizer loaded (when nothing is to be trained), the instances' folder,
+    and whether they are ready (their files read once, here)."""
     tokenizer = cached_tokenizer(cfg, seed=seed)
     instances = None if tokenizer is None or cfg.streaming else prepared_dir(cfg, tokenizer, seed=seed)
-    return Prepared(tokenizer, instances)
+    return Prepared(tokenizer, instances, tokenizer is not None and (instances is None or is_finished(instances)))
 
 
 def is_prepared(cfg: DataConfig, *, seed: int) -> bool:
@@ -70,11 +68,11 @@ def check_prepared_for_distributed(cfg: DataConfig, *, ready: bool, num_processe
         return
     what = "a Hugging Face Hub dataset" if size is None else f"{size / 2**20:,.0f} MiB of files"
     raise PreparationRequired(
-        f"the data is not prepared: data.cache_dir={cfg.cache_dir} holds no prepared instances for this config (or damaged ones), and "
-        f"the corpus ({what}) is too large to prepare while {num_processes - 1} other process(es) wait at a barrier "
-        f"(data.max_inline_preparation_mb={cfg.max_inline_preparation_mb:g}; the barrier gives up after "
-        f"train.collective_timeout_s{'' if barrier_timeout_s is None else f'={barrier_timeout_s:g} s'}). Prepare it "
-        f"once, on any machine that sees data.cache_dir (a CPU node will do), with the same arguments:\n"
+        f"the data is not prepared: data.cache_dir={cfg.cache_dir} holds no prepared instances for this config (or "
+        f"damaged ones), and the corpus ({what}) is too large to prepare while {num_processes - 1} other process(es) "
+        f"wait at a barrier (data.max_inline_preparation_mb={cfg.max_inline_preparation_mb:g}; the barrier gives up "
+        f"after train.collective_timeout_s{'' if barrier_timeout_s is None else f'={barrier_timeout_s:g} s'}). "
+        f"Prepare it once, on any machine that sees data.cache_dir (a CPU node will do), with the same arguments:\n"
         f"    {prepare_command}\nthen start the training again"
     )
 
