@@ -256,6 +256,11 @@ def write_json(path: Path, payload: dict[str, Any]) -> None:
     atomic.write_json(path, stamped(payload, RESULTS_FORMAT), indent=1, default=None)
 
 
+class DamagedFile(ValueError):
+    """A file of the results folder that is not what this code writes there: its writes are atomic, so it was
+    damaged, edited or copied since."""
+
+
 def read_json(path: Path) -> dict[str, Any]:
     """A file of the results folder, refused when it is unreadable or of another format version."""
     try:
@@ -289,11 +294,6 @@ def load_manifest(path: str | Path) -> Manifest:
         raise ValueError(f"{path} is not a manifest the scheduler writes ({problem}): {MOVE_ASIDE}") from None
 
 
-class DamagedFile(ValueError):
-    """A file of the results folder that is not what this code writes there: its writes are atomic, so it was
-    damaged, edited or copied since."""
-
-
 class ResultsBusy(RuntimeError):
     """Another scheduler holds the results folder (the message names it and what to do)."""
 
@@ -320,16 +320,17 @@ class ResultsFolder:
         return [self._states[path] for path in paths if path in self._states]
 
     def _set_aside(self, path: Path, problem: str) -> None:
-        """Move a damaged file of done/ or failed/ into damaged/, where it is kept and never read, and say so: its
-        job then counts as not done, and the scheduler runs it again without a person (``jobs``). The name ends
-        with the latest submission so far and the time: ``damaged/done.KEY.json.SUBMISSION.NS``."""
-        aside = self.root / DAMAGED / f"{path.parent.name}.{path.name}.{self.next_submission() - 1}.{time.time_ns()}"
+        """Move a damaged file of done/ or failed/ into damaged/ (``_aside_name``), where it is kept and never read,
+        and say so: its job then counts as not done, and the scheduler runs it again without a person (``jobs``)."""
+        aside = self.root / DAMAGED / _aside_name(path, self.next_submission() - 1)
         try:
             aside.parent.mkdir(exist_ok=True)
             path.rename(aside)
         except FileNotFoundError:  # another reader moved it first
             return
-        except OSError as err:  # a colleague's folder this user cannot write
+        except OSError as err:  # a colleague's folder this user cannot write; a full disk is run_cli's to say
+            if atomic.no_room(err):
+                raise
             raise ValueError(f"{problem}; cannot move it to {aside.parent} ({err.strerror}): {MOVE_ASIDE}") from None
         then = "its job runs again" if path.parent.name == DONE else "that attempt counts as ended without its result"
         print(f"warning: {problem}: moved to {aside}; {then}", file=sys.stderr, flush=True)
@@ -493,13 +494,19 @@ def _names(folder: Path) -> list[str]:
     return sorted(os.listdir(folder)) if folder.is_dir() else []
 
 
+def _aside_name(path: Path, submission: int) -> str:
+    """The name in damaged/ of a file of done/ or failed/ set aside when ``submission`` was the latest:
+    ``SUBFOLDER.NAME.SUBMISSION.NS`` (a result file: ``done.KEY.json.7.NS``)."""
+    return f"{path.parent.name}.{path.name}.{submission}.{time.time_ns()}"
+
+
 def _results_lost(aside: list[str]) -> dict[str, int]:
-    """Of each job whose result file was set aside (``done.KEY.json.SUBMISSION.NS`` in damaged/), the latest
+    """Of each job whose result file was set aside (``_aside_name``: ``done.KEY.json.SUBMISSION.NS``), the latest
     submission then."""
     lost: dict[str, int] = {}
-    for parts in (name.split(".") for name in aside):
-        if len(parts) == 5 and parts[0] == DONE:
-            lost[parts[1]] = max(lost.get(parts[1], 0), int(parts[3]))
+    for sub, key, *_, submission, _ in (name.split(".") for name in aside if name.count(".") == 4):
+        if sub == DONE:
+            lost[key] = max(lost.get(key, 0), int(submission))
     return lost
 
 

@@ -4,6 +4,7 @@ fine-tuning CLI."""
 from __future__ import annotations
 
 import dataclasses
+import errno
 import json
 import re
 import shutil
@@ -402,6 +403,26 @@ def test_a_result_set_aside_does_not_charge_the_attempt_that_wrote_it(
     folder.write_started(job, 2)
     (state,) = folder.jobs().values()
     assert (state.status, state.attempts) == ("failed", 1)
+
+
+def test_a_full_disk_while_setting_a_file_aside_is_said_as_one_and_leaves_it_in_place(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No room to make damaged/: the full disk itself is raised (run_cli says "make room ... run the same command"),
+    not "cannot move it", and the damaged file stays where it was, to be set aside on the next read."""
+    folder = ResultsFolder(tmp_path / "results")
+    job = ManifestJob(job_spec(), 1)
+    folder.write_done(job, 1, results())
+    done = folder.done_path(job.spec.key)
+    done.write_text("[]")
+
+    def no_room(*_: object, **__: object) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(Path, "mkdir", no_room)
+    with pytest.raises(OSError, match="No space left"):  # run_cli's full-disk message, not "cannot be moved"
+        folder.jobs()
+    assert done.read_text() == "[]"
 
 
 def test_status_never_lags_the_folder(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
