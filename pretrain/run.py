@@ -39,6 +39,7 @@ from pretrain.common.cli import ConfigError, run_cli, to_dict, writable_folder
 from pretrain.common.device import FP16_NEEDS_A_GPU, surely_no_cuda
 from pretrain.config import parse_args
 from pretrain.run_folder.lock import StoppedWaiting, run_folder_lock
+from pretrain.run_folder.repair import restore_from_snapshots
 from pretrain.run_folder.same_run import check_settings
 from pretrain.tracking.wandb_logging import check_credentials, wandb_mode
 
@@ -59,6 +60,7 @@ def parse_and_run(argv: list[str] | None, stop: StopRequest) -> int:
     for line in cfg.data.check_local_files():
         if os.environ.get("RANK", "0") == "0":  # once, not once per process
             print(line, flush=True)
+    restore_from_snapshots(cfg.train.output_dir)  # a damaged run_config.json, run_id or tokenizer, from a snapshot
     check_settings(Path(cfg.train.output_dir), to_dict(cfg), cfg.train.resume)
     if cfg.train.mixed_precision == "fp16" and surely_no_cuda():
         raise ConfigError(FP16_NEEDS_A_GPU)

@@ -221,6 +221,7 @@ class TrainingSetup:
     flops_per_token: float
     peak_flops_per_device: float  # what train/mfu is measured against (hardware.mfu_peak)
     last_eval: dict[str, float] = field(default_factory=dict)
+    run_id: str = ""  # the main process's (start_run_folder): what its snapshots record
     alarmed: set[str] = field(default_factory=set)  # the metrics an alarm was printed for (once each)
 
 
@@ -389,9 +390,10 @@ def save(setup: TrainingSetup, state: TrainState, *, snapshot: bool, checkpoint:
     ensure_room(setup.accelerator,
                 lambda: free_space_problem(setup.run_dir, setup.model, checkpoint, snapshot, deepspeed))  # fmt: skip
     if snapshot:
+        # The run's id and config as well: what pretrain/run_folder/repair.py restores a damaged RUN/ file from.
         info = {"step": state.step, "tokens_seen": state.tokens_seen, "run_name": setup.cfg.train.run_name,
                 "norm_placement": setup.cfg.model.norm_placement, "metrics": dict(setup.last_eval),
-                "pretrain_config": setup.resolved}
+                "pretrain_config": setup.resolved, "run_id": setup.run_id}
         path = save_snapshot(setup.accelerator, setup.model, setup.tokenizer, setup.run_dir, info)
         log_snapshot(setup.accelerator, setup.run_dir, path, state.step)
     if checkpoint:
@@ -713,7 +715,7 @@ def start_run_folder(setup: TrainingSetup, resumed_at: int) -> None:
     if report is not None:
         print(report, flush=True)
     write_json(setup.run_dir / layout.RUN_CONFIG_FILE, stamped(setup.resolved, RUN_FORMAT))
-    ensure_run_id(setup.run_dir)  # once per run: fine-tuning results are keyed by it (pretrain/run_folder/identity.py)
+    setup.run_id = ensure_run_id(setup.run_dir)  # once per run: fine-tuning results are keyed by it (run_folder/identity.py)
     setup.last_eval = rewind_metrics(setup.run_dir, resumed_at)
     if (setup.run_dir / layout.TOKENIZER_DIR).is_dir():
         follow_umask(setup.run_dir / layout.TOKENIZER_DIR)

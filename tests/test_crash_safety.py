@@ -294,6 +294,47 @@ def test_damaged_run_files_are_named_not_read_as_json_errors(tmp_path: Path, mon
         main(["--train.max_steps=2", f"--train.output_dir={tmp_path}"])
 
 
+def test_damaged_start_up_files_are_restored_from_the_latest_intact_snapshot(
+    tmp_path: Path, data_cache: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """run_config.json, run_id and the run's tokenizer, missing or damaged since, are restored from the newest snapshot
+    that matches its manifest (here step 0's: step 3's is damaged too), the damaged files kept under RUN/damaged/, and
+    the same command continues the run; damaged lines of metrics.jsonl are left out with a warning, the file kept."""
+    run = tmp_path / "run"
+    argv = tiny_args(run, data_cache, "--train.snapshot_steps=[3]")
+    assert main([*argv, "--train.stop_at_step=3"]) == 0
+    names = ("run_id", "tokenizer/tokenizer.json", "tokenizer/tokenizer_config.json")
+    originals = {name: (run / name).read_bytes() for name in names}
+    model_config = json.loads((run / "run_config.json").read_text())["model"]
+    _damage(run / "run_config.json", "overwritten")
+    (run / "run_id").unlink()
+    _damage(run / "tokenizer" / "tokenizer.json", "truncated")
+    _damage(run / "tokenizer" / "tokenizer_config.json", "overwritten")
+    _damage(run / "snapshots" / "step_00000003" / "model.safetensors", "overwritten")
+    lines = (run / "metrics.jsonl").read_bytes().splitlines(keepends=True)
+    damaged_metrics = b"".join([*lines[:2], b"\xff garbage\n", *lines[3:]])
+    (run / "metrics.jsonl").write_bytes(damaged_metrics)
+    capsys.readouterr()
+    assert main([*argv, "--train.resume=auto"]) == 0
+    err = capsys.readouterr().err
+    source = run / "snapshots" / "step_00000000"
+    for name, problem in [("run_config.json", "damaged"), ("run_id", "missing"), ("tokenizer/tokenizer.json", "damaged"),
+                          ("tokenizer/tokenizer_config.json", "damaged")]:  # fmt: skip
+        assert f"{run / name} is {problem}: restored from the snapshot {source}" in err, err
+    assert all((run / name).read_bytes() == data for name, data in originals.items())
+    assert json.loads((run / "run_config.json").read_text())["model"] == model_config
+    kept = {p.relative_to(run / "damaged").parts[1:] for p in (run / "damaged").rglob("*") if p.is_file()}
+    assert kept == {("run_config.json",), ("tokenizer", "tokenizer.json"), ("tokenizer", "tokenizer_config.json"),
+                    ("metrics.jsonl",)}  # fmt: skip
+    assert f"1 line(s) of {run / 'metrics.jsonl'} cannot be read (damaged since): left out" in err
+    assert next((run / "damaged").rglob("metrics.jsonl")).read_bytes() == damaged_metrics
+    assert [r["step"] for r in read_metrics(run) if "train/loss" in r][-3:] == [4, 5, 6]
+    assert read_status(run)["status"] == "finished"
+    capsys.readouterr()
+    assert main([*argv, "--train.resume=auto"]) == 0  # nothing left to restore
+    assert "restored" not in capsys.readouterr().err
+
+
 HOLD_THE_LOCK = """
 import sys, time
 from pretrain.run_folder.lock import run_folder_lock

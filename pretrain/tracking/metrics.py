@@ -4,6 +4,7 @@ norms, a residual scheme's measurements, throughput, MFU."""
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,7 @@ from pretrain.config import PretrainConfig
 from pretrain.norms import SeeDNorm
 from pretrain.residual_streams import ResidualStats
 from pretrain.run_folder.layout import METRICS_FILE, read_metrics
+from pretrain.run_folder.repair import keep_damaged
 from pretrain.tracking.wandb_logging import start_pretraining_run
 
 
@@ -59,9 +61,17 @@ def log_metrics(accelerator: Accelerator, run_dir: Path, metrics: dict[str, Any]
 
 
 def rewind_metrics(run_dir: Path, step: int) -> dict[str, float]:
-    """On resume from ``step``: drop the lines logged after it (logged again); return the latest validation metrics."""
+    """On resume from ``step``: drop the lines logged after it (logged again); return the latest validation metrics.
+    Lines that are no JSON object were damaged since (but a last one a kill cut short): they are left out with a
+    warning, and the file as it was is kept under RUN/damaged/."""
     path = Path(run_dir) / METRICS_FILE
-    rows = [row for row in read_metrics(run_dir) if row.get("step", 0) <= step]
+    text = path.read_text(errors="replace") if path.is_file() else ""
+    readable = read_metrics(run_dir)
+    if damaged := len(text.splitlines()) - len(readable) - (not text.endswith("\n")) * bool(text):
+        kept = keep_damaged(Path(run_dir), path)
+        print(f"warning: {damaged} line(s) of {path} cannot be read (damaged since): left out; the file as it was is "
+              f"kept as {kept}", file=sys.stderr, flush=True)  # fmt: skip
+    rows = [row for row in readable if row.get("step", 0) <= step]
     if path.is_file():
         write_text(path, "".join(json.dumps(row, sort_keys=True) + "\n" for row in rows))
     evaluations = [row for row in rows if any(k.startswith("val/") for k in row)]

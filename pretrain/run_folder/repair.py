@@ -1,0 +1,190 @@
+"""The files a run writes when it starts and reads back whenever it starts again (run_config.json, run_id and the
+tokenizer in RUN/tokenizer) have copies in each of its snapshots, whose files are checksummed (their manifest). One
+that is missing or damaged since (each is written whole, atomically) is restored from the latest snapshot that matches
+its manifest, before anything reads it: the damaged one is kept under RUN/damaged/, and a warning names both. Without
+such a snapshot it stays as it is, and its reader's error names the fix.
+
+Every process of a command calls ``restore_from_snapshots`` before it reads the folder: each finds the same snapshot
+and writes the same bytes, atomically, so the processes need not wait for one another. Standard library and the
+tokenizers library only: pretrain/run.py calls it before it imports torch."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+from tokenizers import Tokenizer
+
+from pretrain.common.atomic import write_bytes
+from pretrain.common.formats import RUN_FORMAT, stamped
+from pretrain.run_folder.identity import RUN_ID
+from pretrain.run_folder.layout import (
+    CHECKPOINTS,
+    DAMAGED_DIR,
+    MANIFEST_FILE,
+    RUN_CONFIG_FILE,
+    RUN_ID_FILE,
+    TOKENIZER_DIR,
+    TOKENIZER_FILES,
+    Snapshot,
+    folder_step,
+    list_snapshots,
+    read_json_file,
+)
+from pretrain.run_folder.manifest import ManifestError, sha256_file, verify_manifest
+from pretrain.run_folder.same_run import RESUME_FIX
+
+Say = Callable[[str], None]
+
+
+def restore_from_snapshots(run_dir: str | Path, warn: Say | None = None) -> None:
+    """Restore each of the run's start-up files that is missing or damaged from the latest snapshot that matches its
+    manifest; ``warn`` says what was restored (on stderr by default). The tokenizer only from a snapshot no later than
+    the newest checkpoint: a later one may be of an attempt that started again from step 0 and trained another."""
+    run_dir = Path(run_dir)
+    snapshots = list_snapshots(run_dir)
+    if not snapshots:
+        return
+    say = warn or (lambda message: print(f"warning: {message}", file=sys.stderr, flush=True))
+    verified: dict[Path, bool] = {}
+
+    def intact(before: int | None = None) -> Iterator[Snapshot]:
+        """The snapshots (up to step ``before``) that match their manifests, newest first, each verified once."""
+        for snapshot in reversed(snapshots):
+            if before is not None and snapshot.step > before:
+                continue
+            if snapshot.path not in verified:
+                verified[snapshot.path] = _matches_manifest(snapshot)
+            if verified[snapshot.path]:
+                yield snapshot
+
+    _restore(run_dir, RUN_CONFIG_FILE, _json_problem(run_dir / RUN_CONFIG_FILE), intact(), _run_config_copy, say)
+    _restore(run_dir, RUN_ID_FILE, _run_id_problem(run_dir / RUN_ID_FILE), intact(), _run_id_copy, say)
+    newest_checkpoint = max((s for p in (run_dir / CHECKPOINTS).glob("step_*") if (s := folder_step(p)) is not None),
+                            default=-1)  # fmt: skip
+    newest = next((s for s in reversed(snapshots) if s.step <= newest_checkpoint), None)
+    for name in TOKENIZER_FILES:
+        problem = _tokenizer_problem(run_dir / TOKENIZER_DIR / name, newest, lambda: next(intact(newest_checkpoint), None))
+        _restore(run_dir, f"{TOKENIZER_DIR}/{name}", problem, intact(newest_checkpoint),
+                 lambda s, name=name: _file_copy(s, name), say)  # fmt: skip
+
+
+def _restore(run_dir: Path, name: str, problem: str | None, snapshots: Iterator[Snapshot],
+             copy_of: Callable[[Snapshot], bytes | None], say: Say) -> None:  # fmt: skip
+    """Where RUN/``name`` has a ``problem``, its copy in the first of ``snapshots`` that holds one written in its place,
+    the damaged file kept."""
+    if problem is None:
+        return
+    path = run_dir / name
+    for snapshot in snapshots:
+        if (copy := copy_of(snapshot)) is not None:
+            kept = keep_damaged(run_dir, path)
+            write_bytes(path, copy)
+            say(f"{path} {problem}: restored from the snapshot {snapshot.path}"
+                + (f"; the damaged file is kept as {kept}" if kept else ""))  # fmt: skip
+            return
+
+
+def _matches_manifest(snapshot: Snapshot) -> bool:
+    try:
+        verify_manifest(snapshot.path, RESUME_FIX)  # one of another format version: refused, as the run's checkpoints
+    except ManifestError:
+        return False
+    return True
+
+
+def keep_damaged(run_dir: Path, path: Path) -> Path | None:
+    """A copy of the damaged ``path`` (RUN/NAME) as RUN/damaged/NS/NAME; None where there is none to keep."""
+    if not path.is_file():
+        return None
+    kept = run_dir / DAMAGED_DIR / str(time.time_ns()) / path.relative_to(run_dir)
+    kept.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(path, kept)
+    return kept
+
+
+# What is wrong with the run's copy of a file (None: nothing, or nothing this module can tell), and the snapshot's copy
+# of it (None: the snapshot holds none). A file the user may not read is not damaged: its reader says so.
+
+
+def _json_problem(path: Path) -> str | None:
+    if not path.exists():
+        return "is missing"
+    if not os.access(path, os.R_OK):
+        return None
+    try:
+        read_json_file(path)
+    except ValueError:
+        return "is damaged"
+    return None
+
+
+def _run_config_copy(snapshot: Snapshot) -> bytes | None:
+    config = _snapshot_info(snapshot).get("pretrain_config")
+    if not isinstance(config, dict):
+        return None
+    return json.dumps(stamped(config, RUN_FORMAT), indent=2, sort_keys=True).encode()
+
+
+def _run_id_problem(path: Path) -> str | None:
+    if not path.exists():
+        return "is missing"
+    if not os.access(path, os.R_OK) or RUN_ID.fullmatch(path.read_text(errors="replace").strip()):
+        return None
+    return "is damaged"
+
+
+def _run_id_copy(snapshot: Snapshot) -> bytes | None:
+    run_id = _snapshot_info(snapshot).get("run_id")
+    return f"{run_id}\n".encode() if isinstance(run_id, str) and RUN_ID.fullmatch(run_id) else None
+
+
+def _tokenizer_problem(path: Path, newest: Snapshot | None, reference: Callable[[], Snapshot | None]) -> str | None:
+    """A tokenizer file of the run: missing, or neither the bytes its snapshots hold nor the same content (another
+    version of the libraries may have written the snapshot's copy). ``newest``: the newest snapshot, whose manifest's
+    checksum clears the file in the usual case; ``reference``: the snapshot to compare with otherwise (its files
+    verified, which reads them all)."""
+    expected = _listed(newest).get(path.name) if newest is not None else None
+    if expected is None or (path.is_file() and not os.access(path, os.R_OK)):
+        return None  # no tokenizer file of that name, or nothing this module can tell
+    if path.is_file() and sha256_file(path) == expected.get("sha256"):
+        return None
+    snapshot = reference()
+    if snapshot is None or path.name not in _listed(snapshot):
+        return None
+    if not path.is_file():
+        return "is missing"
+    try:
+        if path.name == "tokenizer.json":
+            same = Tokenizer.from_file(str(path)).to_str() == Tokenizer.from_file(str(snapshot.path / path.name)).to_str()
+            return None if same else "holds another tokenizer than the run's snapshots"
+        if path.suffix == ".json":
+            json.loads(path.read_text())
+        return None
+    except Exception:  # json's ValueError, or the tokenizers library's bare Exception for a file it cannot parse
+        return "is damaged"
+
+
+def _listed(snapshot: Snapshot) -> dict[str, dict]:
+    """The files of ``snapshot``'s manifest ({} where it cannot be read)."""
+    try:
+        return dict(json.loads((snapshot.path / MANIFEST_FILE).read_text())["files"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return {}
+
+
+def _file_copy(snapshot: Snapshot, name: str) -> bytes | None:
+    path = snapshot.path / name
+    return path.read_bytes() if name in _listed(snapshot) else None
+
+
+def _snapshot_info(snapshot: Snapshot) -> dict:
+    try:
+        return snapshot.info
+    except ValueError:
+        return {}
