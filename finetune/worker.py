@@ -178,7 +178,7 @@ def describe_model(model: str | Path) -> Model:
     run_dir = run_folder_of(path) if snapshot else path.resolve()
     run_id = f"model-{content}"
     if snapshot and (run_dir / RUN_ID_FILE).is_file():  # else a snapshot copied out of its run folder
-        run_id = read_run_id(run_dir)
+        run_id = read_run_id(run_dir, recorded=info.get("run_id"))
     return Model(run_id=run_id, run_name=str(info.get("run_name", run_dir.name)), run_dir=str(run_dir),
                  placement=_placement(info, config), pretrain_step=int(info.get("step", -1)),
                  tokens_seen=info.get("tokens_seen"), model_path=str(path.resolve()), snapshot_hash=content)  # fmt: skip

@@ -24,8 +24,8 @@ from finetune.schedule import ScheduleConfig
 from pretrain.common.atomic import write_json
 from pretrain.data.tokenizer import train_wordpiece_tokenizer
 from pretrain.modeling import LNBertConfig, LNBertForPreTraining
-from pretrain.run_folder.identity import ensure_run_id
-from pretrain.run_folder.layout import SNAPSHOT_INFO, SNAPSHOT_MARKER, step_dirname
+from pretrain.run_folder.identity import ensure_run_id, read_run_id
+from pretrain.run_folder.layout import RUN_ID_FILE, SNAPSHOT_INFO, SNAPSHOT_MARKER, step_dirname
 from pretrain.run_folder.manifest import write_manifest
 from tests.conftest import TINY
 
@@ -70,6 +70,7 @@ def write_snapshot(
         "norm_placement": placement,
         "metrics": {"val/mlm_loss": 5.0},
         "pretrain_config": {},
+        "run_id": read_run_id(run_dir) if (run_dir / RUN_ID_FILE).is_file() else None,
     }
     write_json(path / SNAPSHOT_INFO, info)
     if complete:

@@ -212,6 +212,20 @@ def test_one_job_key_for_a_snapshot_however_it_is_found(tmp_path: Path) -> None:
     assert discovered.specs == [spec] and not discovered.refused
 
 
+def test_a_damaged_run_id_is_read_from_the_snapshot_that_records_it(tmp_path: Path) -> None:
+    """RUN/run_id damaged since: a snapshot's jobs keep their run's id, the copy its snapshot.json records; a snapshot
+    that records none is refused naming the file (pretraining restores it at its next start)."""
+    run_dir = make_run(tmp_path, "post_ln", "post", steps=(10,))
+    snapshot = run_dir / "snapshots" / "step_00000010"
+    run_id = describe_model(str(snapshot)).run_id
+    (run_dir / "run_id").write_bytes(b"\xff\xfe")
+    assert describe_model(str(snapshot)).run_id == run_id
+    info = json.loads((snapshot / SNAPSHOT_INFO).read_text())
+    (snapshot / SNAPSHOT_INFO).write_text(json.dumps({**info, "run_id": None}))
+    with pytest.raises(ValueError, match=r"run_id is damaged"):
+        describe_model(str(snapshot))
+
+
 def test_a_snapshots_hash_is_read_from_its_manifest(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Describing a snapshot reads no weights: its manifest lists every file's checksum. The task checks the files
     against it before their weights are used (test_finetune_schedule.py)."""

@@ -25,8 +25,10 @@ def ensure_run_id(run_dir: str | Path) -> str:
     return read_run_id(run_dir)
 
 
-def read_run_id(run_dir: str | Path) -> str:
-    """The id in RUN/run_id; FileNotFoundError that says what to pass when the folder has none."""
+def read_run_id(run_dir: str | Path, recorded: object = None) -> str:
+    """The id in RUN/run_id; FileNotFoundError that says what to pass when the folder has none. ``recorded``: the copy
+    a snapshot's snapshot.json holds, taken where RUN/run_id was damaged since (the run restores it when it next
+    starts, pretrain/run_folder/repair.py)."""
     path = Path(run_dir) / RUN_ID_FILE
     if not path.is_file():
         raise FileNotFoundError(
@@ -34,6 +36,8 @@ def read_run_id(run_dir: str | Path) -> str:
             "docs/run_layout.md); pass the folder pretrain/run.py wrote, the one that holds snapshots/ and status.json"
         )
     run_id = path.read_text(errors="replace").strip()
+    if not RUN_ID.fullmatch(run_id) and isinstance(recorded, str) and RUN_ID.fullmatch(recorded):
+        return recorded
     if not RUN_ID.fullmatch(run_id):  # written once, atomically: damaged since
         raise ValueError(f"{path} is damaged (it holds {run_id[:40]!r}, not a run id such as "
                          "20261201-000137-3f9a1c2e): restore it from a copy; fine-tuning results are keyed by it")  # fmt: skip

@@ -5,8 +5,8 @@ its manifest, before anything reads it: the damaged one is kept under RUN/damage
 such a snapshot it stays as it is, and its reader's error names the fix.
 
 Every process of a command calls ``restore_from_snapshots`` before it reads the folder: each finds the same snapshot
-and writes the same bytes, atomically, so the processes need not wait for one another. Standard library and the
-tokenizers library only: pretrain/run.py calls it before it imports torch."""
+and writes the same bytes, atomically, so the processes need not wait for one another. Standard library only (the
+tokenizers library where a tokenizer file must be read): pretrain/run.py calls it before it imports torch."""
 
 from __future__ import annotations
 
@@ -17,8 +17,6 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-
-from tokenizers import Tokenizer
 
 from pretrain.common.atomic import write_bytes
 from pretrain.common.formats import RUN_FORMAT, stamped
@@ -159,6 +157,8 @@ def _tokenizer_problem(path: Path, newest: Snapshot | None, reference: Callable[
         return None
     if not path.is_file():
         return "is missing"
+    from tokenizers import Tokenizer  # here: a start that finds the files as its snapshots hold them imports nothing
+
     try:
         if path.name == "tokenizer.json":
             same = Tokenizer.from_file(str(path)).to_str() == Tokenizer.from_file(str(snapshot.path / path.name)).to_str()
@@ -171,10 +171,11 @@ def _tokenizer_problem(path: Path, newest: Snapshot | None, reference: Callable[
 
 
 def _listed(snapshot: Snapshot) -> dict[str, dict]:
-    """The files of ``snapshot``'s manifest ({} where it cannot be read)."""
+    """The files of ``snapshot``'s manifest, each with its size and checksum ({} where it cannot be read)."""
     try:
-        return dict(json.loads((snapshot.path / MANIFEST_FILE).read_text())["files"])
-    except (OSError, ValueError, KeyError, TypeError):
+        files = json.loads((snapshot.path / MANIFEST_FILE).read_text())["files"]
+        return {name: entry for name, entry in files.items() if isinstance(entry, dict)}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return {}
 
 

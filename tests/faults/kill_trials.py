@@ -3,7 +3,7 @@ resumed with --train.resume=auto until it finishes, and compared with an uninter
 
     python tests/faults/kill_trials.py --trials 30            # about 15 s per trial on one CPU thread
     python tests/faults/kill_trials.py --trials 200 --seed 7 --workdir /tmp/kills --keep
-    python tests/faults/kill_trials.py --trials 0 --corrupt 18   # damaged latest checkpoints only
+    python tests/faults/kill_trials.py --trials 0 --corrupt 24   # damaged latest checkpoints and start-up files
     python tests/faults/kill_trials.py --trials 0 --sigterm 15   # SIGTERM at any stage, start-up included
     python tests/faults/kill_trials.py --trials 0 --hang 5       # a process that hangs, stopped by its watchdog
 
@@ -19,8 +19,9 @@ rename and the rotation of old ones (``checkpoint_renamed``), and after a step b
 (``step``). Exit status 0 when every trial passes.
 
 Corruption trials (``--corrupt N``): the run stops at step 8 (``train.stop_at_step``), one file of its latest
-checkpoint is deleted, cut to half its size or has bytes overwritten (cycling through ``CORRUPTIONS``), and the
-same checks follow ``--train.resume=auto``: the damaged checkpoint must be skipped for the one before it.
+checkpoint, or of the run folder's start-up files (``RUN_FILES``), is deleted, cut to half its size or has bytes
+overwritten (cycling through ``CORRUPTIONS``), and the same checks follow ``--train.resume=auto``: the damaged
+checkpoint must be skipped for the one before it, a damaged start-up file restored from a snapshot.
 
 SIGTERM trials (``--sigterm N``), cycling through four moments: the first line the run prints (torch imported, the
 data not yet prepared); the appearance of run_config.json (the end of start-up); a random moment of start-up and
@@ -71,9 +72,12 @@ HOOKS = (
 )
 
 
+# Damaged in the run folder itself, not in its latest checkpoint: restored from a snapshot (pretrain/run_folder/repair.py).
+RUN_FILES = ("run_config.json", "run_id", "tokenizer/tokenizer.json")
 CORRUPTIONS = [
     (file, how)
-    for file in ("train_state.json", "model.safetensors", "optimizer.bin", "random_states_0.pkl", "manifest.json")
+    for file in ("train_state.json", "model.safetensors", "optimizer.bin", "random_states_0.pkl", "manifest.json",
+                 *RUN_FILES)
     for how in ("missing", "truncated", "overwritten")
 ]
 
@@ -330,7 +334,7 @@ def corruption_trial(index: int, workdir: Path, cache: Path, reference: Referenc
     if first.returncode != 0:
         trial.problems.append(f"the run to step 8 exited {first.returncode}: {output.strip().splitlines()[-1:]}")
         return trial
-    damage(latest_checkpoint(run_dir) / file, how)
+    damage((run_dir if file in RUN_FILES else latest_checkpoint(run_dir)) / file, how)
     resume_to_the_end(args, trial)
     if not trial.problems:
         check(run_dir, reference, trial)
