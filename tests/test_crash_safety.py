@@ -335,6 +335,41 @@ def test_damaged_start_up_files_are_restored_from_the_latest_intact_snapshot(
     assert "restored" not in capsys.readouterr().err
 
 
+def test_the_run_tokenizer_is_compared_with_the_snapshots_up_to_the_newest_checkpoint(tmp_path: Path) -> None:
+    """RUN/tokenizer is compared with the newest snapshot no later than the newest checkpoint: step 20's, after it, is of
+    an attempt that started again with another tokenizer. Other bytes for the same tokenizer (another library version)
+    are left as they are; another tokenizer is restored from that snapshot. Without a checkpoint nothing is compared:
+    the run starts from step 0 and saves its tokenizer again."""
+    from pretrain.run_folder.manifest import write_manifest
+    from pretrain.run_folder.repair import restore_from_snapshots
+    from tests.finetune_fixtures import make_run
+
+    run = make_run(tmp_path, "r", steps=(10, 20))
+    write_json(run / "run_config.json", stamped({}, RUN_FORMAT))  # as the snapshots' (pretrain/run.py writes one)
+    own = run / "tokenizer" / "tokenizer.json"
+    original = own.read_bytes()
+    other = json.loads(original)
+    other["model"]["vocab"]["zzzz"] = len(other["model"]["vocab"])
+    (run / "snapshots" / "step_00000020" / "tokenizer.json").write_text(json.dumps(other))
+    write_manifest(run / "snapshots" / "step_00000020")
+    warnings: list[str] = []
+    own.write_text(json.dumps(other))
+    restore_from_snapshots(run, warnings.append)
+    assert warnings == [] and own.read_text() == json.dumps(other)  # no checkpoint yet
+    (run / "checkpoints" / "step_00000010").mkdir(parents=True)
+    own.write_text(json.dumps(json.loads(original), indent=4))
+    restore_from_snapshots(run, warnings.append)
+    assert warnings == []  # the same tokenizer
+    own.write_text(json.dumps(other))
+    restore_from_snapshots(run, warnings.append)
+    (warning,) = warnings
+    source = run / "snapshots" / "step_00000010"  # not step 20's, after the newest checkpoint
+    assert warning.startswith(f"{own} holds another tokenizer than the run's snapshots: restored from the snapshot "
+                              f"{source}; the damaged file is kept as {run / 'damaged'}")  # fmt: skip
+    assert own.read_bytes() == original
+    assert next((run / "damaged").rglob("tokenizer.json")).read_text() == json.dumps(other)
+
+
 HOLD_THE_LOCK = """
 import sys, time
 from pretrain.run_folder.lock import run_folder_lock

@@ -135,9 +135,19 @@ def is_dead(status: dict[str, Any], now: float | None = None, after_s: float = D
 def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
     """All lines of metrics.jsonl; a line that is no JSON object (the torn last line of a killed run, bytes damaged
     since) is left out."""
+    return metrics_and_damage(run_dir)[0]
+
+
+def metrics_and_damage(run_dir: str | Path) -> tuple[list[dict[str, Any]], int]:
+    """The lines of metrics.jsonl that are JSON objects, and how many others there are but a last line cut short (a
+    kill or a full disk in the middle of an append): lines damaged since."""
     path = Path(run_dir) / METRICS_FILE
+    text = path.read_text(errors="replace") if path.is_file() else ""
+    lines = text.splitlines()
     rows = []
-    for line in path.read_text(errors="replace").splitlines() if path.is_file() else []:
+    for line in lines:
         with contextlib.suppress(json.JSONDecodeError):
             rows.append(json.loads(line))
-    return [row for row in rows if isinstance(row, dict)]
+    rows = [row for row in rows if isinstance(row, dict)]
+    torn = bool(text) and not text.endswith("\n")
+    return rows, len(lines) - len(rows) - torn

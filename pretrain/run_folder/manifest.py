@@ -74,10 +74,16 @@ def verify_manifest(folder: Path, fix: str = SNAPSHOT_FIX) -> None:
             raise ManifestError(f"{folder}: file {name} does not match its checksum (its bytes were changed)")
 
 
-def folder_size(folder: Path) -> int:
-    """Bytes of the files listed in ``folder``'s manifest (0 when it has none): the expected size of the next one."""
+def listed_files(folder: Path) -> dict[str, dict]:
+    """The files ``folder``'s manifest lists, each with its "size" and "sha256", as the manifest says (not verified;
+    {} where there is none or it cannot be read)."""
     try:
         files = json.loads((Path(folder) / MANIFEST_FILE).read_text())["files"]
-    except (OSError, ValueError, KeyError):
-        return 0
-    return sum(int(entry["size"]) for entry in files.values())
+        return {name: entry for name, entry in files.items() if isinstance(entry, dict)}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return {}
+
+
+def folder_size(folder: Path) -> int:
+    """Bytes of the files listed in ``folder``'s manifest (0 when it has none): the expected size of the next one."""
+    return sum(int(entry.get("size", 0)) for entry in listed_files(folder).values())

@@ -18,13 +18,12 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from pretrain.common.atomic import write_bytes
+from pretrain.common.atomic import write_bytes, writing
 from pretrain.common.formats import RUN_FORMAT, stamped
-from pretrain.run_folder.identity import RUN_ID
+from pretrain.run_folder.identity import RUN_ID, read_run_id
 from pretrain.run_folder.layout import (
     CHECKPOINTS,
     DAMAGED_DIR,
-    MANIFEST_FILE,
     RUN_CONFIG_FILE,
     RUN_ID_FILE,
     TOKENIZER_DIR,
@@ -34,7 +33,7 @@ from pretrain.run_folder.layout import (
     list_snapshots,
     read_json_file,
 )
-from pretrain.run_folder.manifest import ManifestError, sha256_file, verify_manifest
+from pretrain.run_folder.manifest import ManifestError, listed_files, sha256_file, verify_manifest
 from pretrain.run_folder.same_run import RESUME_FIX
 
 Say = Callable[[str], None]
@@ -62,12 +61,14 @@ def restore_from_snapshots(run_dir: str | Path, warn: Say | None = None) -> None
                 yield snapshot
 
     _restore(run_dir, RUN_CONFIG_FILE, _json_problem(run_dir / RUN_CONFIG_FILE), intact(), _run_config_copy, say)
-    _restore(run_dir, RUN_ID_FILE, _run_id_problem(run_dir / RUN_ID_FILE), intact(), _run_id_copy, say)
+    _restore(run_dir, RUN_ID_FILE, _run_id_problem(run_dir), intact(), _run_id_copy, say)
     newest_checkpoint = max((s for p in (run_dir / CHECKPOINTS).glob("step_*") if (s := folder_step(p)) is not None),
                             default=-1)  # fmt: skip
     newest = next((s for s in reversed(snapshots) if s.step <= newest_checkpoint), None)
+    listed = listed_files(newest.path) if newest is not None else {}  # its manifest, read once for every file
     for name in TOKENIZER_FILES:
-        problem = _tokenizer_problem(run_dir / TOKENIZER_DIR / name, newest, lambda: next(intact(newest_checkpoint), None))
+        problem = _tokenizer_problem(run_dir / TOKENIZER_DIR / name, listed.get(name),
+                                     lambda: next(intact(newest_checkpoint), None))  # fmt: skip
         _restore(run_dir, f"{TOKENIZER_DIR}/{name}", problem, intact(newest_checkpoint),
                  lambda s, name=name: _file_copy(s, name), say)  # fmt: skip
 
@@ -75,14 +76,17 @@ def restore_from_snapshots(run_dir: str | Path, warn: Say | None = None) -> None
 def _restore(run_dir: Path, name: str, problem: str | None, snapshots: Iterator[Snapshot],
              copy_of: Callable[[Snapshot], bytes | None], say: Say) -> None:  # fmt: skip
     """Where RUN/``name`` has a ``problem``, its copy in the first of ``snapshots`` that holds one written in its place,
-    the damaged file kept."""
+    the damaged file kept. A folder this user may not write is left as it is: its reader's error names the file."""
     if problem is None:
         return
     path = run_dir / name
     for snapshot in snapshots:
         if (copy := copy_of(snapshot)) is not None:
-            kept = keep_damaged(run_dir, path)
-            write_bytes(path, copy)
+            try:
+                kept = keep_damaged(run_dir, path)
+                write_bytes(path, copy)
+            except PermissionError:
+                return
             say(f"{path} {problem}: restored from the snapshot {snapshot.path}"
                 + (f"; the damaged file is kept as {kept}" if kept else ""))  # fmt: skip
             return
@@ -101,8 +105,8 @@ def keep_damaged(run_dir: Path, path: Path) -> Path | None:
     if not path.is_file():
         return None
     kept = run_dir / DAMAGED_DIR / str(time.time_ns()) / path.relative_to(run_dir)
-    kept.parent.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(path, kept)
+    with writing(kept) as tmp:  # whole or not at all, as every file the run writes
+        shutil.copyfile(path, tmp)
     return kept
 
 
@@ -129,12 +133,16 @@ def _run_config_copy(snapshot: Snapshot) -> bytes | None:
     return json.dumps(stamped(config, RUN_FORMAT), indent=2, sort_keys=True).encode()
 
 
-def _run_id_problem(path: Path) -> str | None:
-    if not path.exists():
-        return "is missing"
-    if not os.access(path, os.R_OK) or RUN_ID.fullmatch(path.read_text(errors="replace").strip()):
+def _run_id_problem(run_dir: Path) -> str | None:
+    if not os.access(run_dir / RUN_ID_FILE, os.R_OK) and (run_dir / RUN_ID_FILE).exists():
         return None
-    return "is damaged"
+    try:
+        read_run_id(run_dir)
+    except FileNotFoundError:
+        return "is missing"
+    except ValueError:
+        return "is damaged"
+    return None
 
 
 def _run_id_copy(snapshot: Snapshot) -> bytes | None:
@@ -142,18 +150,17 @@ def _run_id_copy(snapshot: Snapshot) -> bytes | None:
     return f"{run_id}\n".encode() if isinstance(run_id, str) and RUN_ID.fullmatch(run_id) else None
 
 
-def _tokenizer_problem(path: Path, newest: Snapshot | None, reference: Callable[[], Snapshot | None]) -> str | None:
+def _tokenizer_problem(path: Path, expected: dict | None, reference: Callable[[], Snapshot | None]) -> str | None:
     """A tokenizer file of the run: missing, or neither the bytes its snapshots hold nor the same content (another
-    version of the libraries may have written the snapshot's copy). ``newest``: the newest snapshot, whose manifest's
-    checksum clears the file in the usual case; ``reference``: the snapshot to compare with otherwise (its files
-    verified, which reads them all)."""
-    expected = _listed(newest).get(path.name) if newest is not None else None
+    version of the libraries may have written the snapshot's copy). ``expected``: the file's entry in the newest
+    snapshot's manifest, whose checksum clears it in the usual case; ``reference``: the snapshot to compare with
+    otherwise (its files verified, which reads them all)."""
     if expected is None or (path.is_file() and not os.access(path, os.R_OK)):
         return None  # no tokenizer file of that name, or nothing this module can tell
     if path.is_file() and sha256_file(path) == expected.get("sha256"):
         return None
     snapshot = reference()
-    if snapshot is None or path.name not in _listed(snapshot):
+    if snapshot is None or path.name not in listed_files(snapshot.path):
         return None
     if not path.is_file():
         return "is missing"
@@ -170,18 +177,8 @@ def _tokenizer_problem(path: Path, newest: Snapshot | None, reference: Callable[
         return "is damaged"
 
 
-def _listed(snapshot: Snapshot) -> dict[str, dict]:
-    """The files of ``snapshot``'s manifest, each with its size and checksum ({} where it cannot be read)."""
-    try:
-        files = json.loads((snapshot.path / MANIFEST_FILE).read_text())["files"]
-        return {name: entry for name, entry in files.items() if isinstance(entry, dict)}
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        return {}
-
-
 def _file_copy(snapshot: Snapshot, name: str) -> bytes | None:
-    path = snapshot.path / name
-    return path.read_bytes() if name in _listed(snapshot) else None
+    return (snapshot.path / name).read_bytes() if name in listed_files(snapshot.path) else None
 
 
 def _snapshot_info(snapshot: Snapshot) -> dict:

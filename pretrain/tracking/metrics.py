@@ -17,7 +17,7 @@ from pretrain.common.cli import flatten
 from pretrain.config import PretrainConfig
 from pretrain.norms import SeeDNorm
 from pretrain.residual_streams import ResidualStats
-from pretrain.run_folder.layout import METRICS_FILE, read_metrics
+from pretrain.run_folder.layout import METRICS_FILE, metrics_and_damage
 from pretrain.run_folder.repair import keep_damaged
 from pretrain.tracking.wandb_logging import start_pretraining_run
 
@@ -65,9 +65,8 @@ def rewind_metrics(run_dir: Path, step: int) -> dict[str, float]:
     Lines that are no JSON object were damaged since (but a last one a kill cut short): they are left out with a
     warning, and the file as it was is kept under RUN/damaged/."""
     path = Path(run_dir) / METRICS_FILE
-    text = path.read_text(errors="replace") if path.is_file() else ""
-    readable = read_metrics(run_dir)
-    if damaged := len(text.splitlines()) - len(readable) - (not text.endswith("\n")) * bool(text):
+    readable, damaged = metrics_and_damage(run_dir)
+    if damaged:
         kept = keep_damaged(Path(run_dir), path)
         print(f"warning: {damaged} line(s) of {path} cannot be read (damaged since): left out; the file as it was is "
               f"kept as {kept}", file=sys.stderr, flush=True)  # fmt: skip

@@ -76,9 +76,9 @@ HOOKS = (
 RUN_FILES = ("run_config.json", "run_id", "tokenizer/tokenizer.json")
 CORRUPTIONS = [
     (file, how)
+    for how in ("missing", "truncated", "overwritten")  # the files first: --corrupt 8 damages each one
     for file in ("train_state.json", "model.safetensors", "optimizer.bin", "random_states_0.pkl", "manifest.json",
                  *RUN_FILES)
-    for how in ("missing", "truncated", "overwritten")
 ]
 
 
