@@ -87,7 +87,7 @@ from pretrain.tracking.metrics import (
     rewind_metrics,
     rounded,
 )
-from pretrain.tracking.wandb_logging import log_snapshot, record_outcome
+from pretrain.tracking.wandb_logging import log_snapshot, read_run_file, record_outcome
 
 
 class TrainingFailed(RuntimeError):
@@ -390,10 +390,10 @@ def save(setup: TrainingSetup, state: TrainState, *, snapshot: bool, checkpoint:
     ensure_room(setup.accelerator,
                 lambda: free_space_problem(setup.run_dir, setup.model, checkpoint, snapshot, deepspeed))  # fmt: skip
     if snapshot:
-        # The run's id and config as well: what pretrain/run_folder/repair.py restores a damaged RUN/ file from.
+        # The run's id, config and W&B run as well: what pretrain/run_folder/repair.py restores a damaged RUN/ file from.
         info = {"step": state.step, "tokens_seen": state.tokens_seen, "run_name": setup.cfg.train.run_name,
                 "norm_placement": setup.cfg.model.norm_placement, "metrics": dict(setup.last_eval),
-                "pretrain_config": setup.resolved, "run_id": setup.run_id}
+                "pretrain_config": setup.resolved, "run_id": setup.run_id, "wandb_run": read_run_file(setup.run_dir)}
         path = save_snapshot(setup.accelerator, setup.model, setup.tokenizer, setup.run_dir, info)
         log_snapshot(setup.accelerator, setup.run_dir, path, state.step)
     if checkpoint:

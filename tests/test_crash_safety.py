@@ -370,6 +370,36 @@ def test_the_run_tokenizer_is_compared_with_the_snapshots_up_to_the_newest_check
     assert next((run / "damaged").rglob("tokenizer.json")).read_text() == json.dumps(other)
 
 
+def test_a_damaged_wandb_run_file_is_restored_from_the_snapshots_a_missing_one_is_not(tmp_path: Path) -> None:
+    """RUN/wandb_run.json damaged: restored from the newest snapshot no later than the newest checkpoint (step 20's,
+    after it, is of an attempt that started again and logged to a new W&B run), so the resumed run continues its W&B
+    run. Removed: left so, as its error message offers (the run logs to a new W&B run)."""
+    from pretrain.run_folder.manifest import write_manifest
+    from pretrain.run_folder.repair import restore_from_snapshots
+    from tests.finetune_fixtures import make_run
+
+    run = make_run(tmp_path, "r", steps=(10, 20))
+    write_json(run / "run_config.json", stamped({}, RUN_FORMAT))
+    (run / "checkpoints" / "step_00000010").mkdir(parents=True)
+    identities = {10: {"id": "0123456789ab", "group": "g", "project": "p"}, 20: {"id": "ba9876543210"}}
+    for step, identity in identities.items():
+        snapshot = run / "snapshots" / f"step_{step:08d}"
+        write_json(snapshot / "snapshot.json", {**json.loads((snapshot / "snapshot.json").read_text()),
+                                                "wandb_run": identity})  # fmt: skip
+        write_manifest(snapshot)
+    own = run / "wandb_run.json"
+    own.write_text('{"id": "0123')
+    warnings: list[str] = []
+    restore_from_snapshots(run, warnings.append)
+    (warning,) = warnings
+    assert warning.startswith(f"{own} is damaged: restored from the snapshot {run / 'snapshots' / 'step_00000010'}")
+    assert json.loads(own.read_text()) == identities[10]
+    assert next((run / "damaged").rglob("wandb_run.json")).read_text() == '{"id": "0123'
+    own.unlink()
+    restore_from_snapshots(run, warnings.append)
+    assert not own.exists() and len(warnings) == 1
+
+
 HOLD_THE_LOCK = """
 import sys, time
 from pretrain.run_folder.lock import run_folder_lock

@@ -87,6 +87,8 @@ def test_a_preempted_and_resumed_run_is_one_wandb_run(pretrained: Path, pretrain
     identity = json.loads((pretrained / WANDB_RUN_FILE).read_text())
     assert len(pretrain_runs) == 2  # two processes (preempted, resumed) ...
     assert {r.id for r in pretrain_runs} == {identity["id"]}  # ... one W&B run
+    for info in (pretrained / "snapshots").glob("*/snapshot.json"):  # what a damaged RUN/wandb_run.json is restored from
+        assert json.loads(info.read_text())["wandb_run"] == identity
     assert all(r.resumed for r in pretrain_runs)  # resume="allow": the second start continues the first
     first, resumed = pretrain_runs
     assert [s for s, _ in first.logged("train/loss")] == [1, 2, 3]

@@ -1,8 +1,9 @@
-"""The files a run writes when it starts and reads back whenever it starts again (run_config.json, run_id and the
-tokenizer in RUN/tokenizer) have copies in each of its snapshots, whose files are checksummed (their manifest). One
-that is missing or damaged since (each is written whole, atomically) is restored from the latest snapshot that matches
-its manifest, before anything reads it: the damaged one is kept under RUN/damaged/, and a warning names both. Without
-such a snapshot it stays as it is, and its reader's error names the fix.
+"""The files a run writes when it starts and reads back whenever it starts again (run_config.json, run_id, the
+tokenizer in RUN/tokenizer and wandb_run.json) have copies in each of its snapshots, whose files are checksummed (their
+manifest). One that is missing or damaged since (each is written whole, atomically) is restored from the latest
+snapshot that matches its manifest, before anything reads it: the damaged one is kept under RUN/damaged/, and a warning
+names both. Without such a snapshot it stays as it is, and its reader's error names the fix. A missing wandb_run.json
+is not restored: removing it is how a user logs the run to a new W&B run.
 
 Every process of a command calls ``restore_from_snapshots`` before it reads the folder: each finds the same snapshot
 and writes the same bytes, atomically, so the processes need not wait for one another. Standard library only (the
@@ -28,6 +29,7 @@ from pretrain.run_folder.layout import (
     RUN_ID_FILE,
     TOKENIZER_DIR,
     TOKENIZER_FILES,
+    WANDB_RUN_FILE,
     Snapshot,
     folder_step,
     list_snapshots,
@@ -41,8 +43,9 @@ Say = Callable[[str], None]
 
 def restore_from_snapshots(run_dir: str | Path, warn: Say | None = None) -> None:
     """Restore each of the run's start-up files that is missing or damaged from the latest snapshot that matches its
-    manifest; ``warn`` says what was restored (on stderr by default). The tokenizer only from a snapshot no later than
-    the newest checkpoint: a later one may be of an attempt that started again from step 0 and trained another."""
+    manifest; ``warn`` says what was restored (on stderr by default). The tokenizer and the W&B run only from a snapshot
+    no later than the newest checkpoint: a later one may be of an attempt that started again from step 0, which trained
+    another tokenizer and logged to a new W&B run."""
     run_dir = Path(run_dir)
     snapshots = list_snapshots(run_dir)
     if not snapshots:
@@ -64,6 +67,8 @@ def restore_from_snapshots(run_dir: str | Path, warn: Say | None = None) -> None
     _restore(run_dir, RUN_ID_FILE, _run_id_problem(run_dir), intact(), _run_id_copy, say)
     newest_checkpoint = max((s for p in (run_dir / CHECKPOINTS).glob("step_*") if (s := folder_step(p)) is not None),
                             default=-1)  # fmt: skip
+    wandb_problem = _json_problem(run_dir / WANDB_RUN_FILE, missing=None)
+    _restore(run_dir, WANDB_RUN_FILE, wandb_problem, intact(newest_checkpoint), _wandb_run_copy, say)
     newest = next((s for s in reversed(snapshots) if s.step <= newest_checkpoint), None)
     listed = listed_files(newest.path) if newest is not None else {}  # its manifest, read once for every file
     for name in TOKENIZER_FILES:
@@ -114,9 +119,9 @@ def keep_damaged(run_dir: Path, path: Path) -> Path | None:
 # of it (None: the snapshot holds none). A file the user may not read is not damaged: its reader says so.
 
 
-def _json_problem(path: Path) -> str | None:
+def _json_problem(path: Path, missing: str | None = "is missing") -> str | None:
     if not path.exists():
-        return "is missing"
+        return missing
     if not os.access(path, os.R_OK):
         return None
     try:
@@ -130,7 +135,12 @@ def _run_config_copy(snapshot: Snapshot) -> bytes | None:
     config = _snapshot_info(snapshot).get("pretrain_config")
     if not isinstance(config, dict):
         return None
-    return json.dumps(stamped(config, RUN_FORMAT), indent=2, sort_keys=True).encode()
+    return _json_bytes(stamped(config, RUN_FORMAT))
+
+
+def _wandb_run_copy(snapshot: Snapshot) -> bytes | None:
+    identity = _snapshot_info(snapshot).get("wandb_run")
+    return _json_bytes(identity) if isinstance(identity, dict) and identity else None
 
 
 def _run_id_problem(run_dir: Path) -> str | None:
@@ -179,6 +189,10 @@ def _tokenizer_problem(path: Path, expected: dict | None, reference: Callable[[]
 
 def _file_copy(snapshot: Snapshot, name: str) -> bytes | None:
     return (snapshot.path / name).read_bytes() if name in listed_files(snapshot.path) else None
+
+
+def _json_bytes(payload: dict) -> bytes:
+    return json.dumps(payload, indent=2, sort_keys=True).encode()  # as common.atomic.write_json writes it
 
 
 def _snapshot_info(snapshot: Snapshot) -> dict:
