@@ -315,8 +315,9 @@ def test_the_headline_configs_parse_to_their_models_and_contrasts(tmp_path):
 
 @pytest.mark.slow
 def test_the_protocol_runs_from_nothing_and_a_stopped_study_continues_without_rerunning(tmp_path, capsys):
-    """Stage 1 (two lrs, one diverging), stopped at step 3 of every cell; the same command continues it, picks the
-    lrs, runs stage 2 and reports; a third sitting runs nothing."""
+    """Stage 1, stopped at step 3 of every cell; the same command continues it, picks the lrs, runs stage 2 and
+    reports; a third sitting runs nothing. (A cell that diverges through pretrain/run.py: test_grid.py; an lr that a
+    diverged seed rules out: the report test above.)"""
     from pretrain.analysis.grid import read_cell
     from pretrain.data.corpus import iter_python_docs
     from pretrain.data.tokenizer import train_wordpiece_tokenizer
@@ -331,18 +332,16 @@ def test_the_protocol_runs_from_nothing_and_a_stopped_study_continues_without_re
                  f"data.cache_dir={tmp_path / 'cache'}"]  # fmt: skip
     argv = ["compare", f"--data={corpus}", f"--tokenizer={tokenizer}", f"--out={out}", "--models=[{placement: pre},"
             " {placement: post, warmup: 2}]", "--baseline=pre", "--depth=2", "--width=16", "--max_steps=6",
-            "--lrs=[1e-3, 1e6]", "--lr_seeds=[0]", "--seeds=[0, 1]", "--jobs=2"]  # fmt: skip
+            "--lrs=[1e-3]", "--lr_seeds=[0]", "--seeds=[0, 1]", "--jobs=2"]  # fmt: skip
     assert cli.main([*argv, "--lr_only", f"--overrides={json.dumps([*overrides, 'train.stop_at_step=3'])}"]) == 1
     assert "x 300 s (an estimate, --seconds_per_cell" in capsys.readouterr().out
     first = json.loads((out / "results.json").read_text())
-    assert first["chosen"] == {} and set(first["waiting"]) == {"pre", "post+w2"}  # lr 1e-3 stopped at step 3
-    assert first["cells"][Cell("pre", 16, 2, 0, 1e6, 0).name]["outcome"] == "diverged"
+    assert first["chosen"] == {} and set(first["waiting"]) == {"pre", "post+w2"}  # stopped at step 3
 
     argv.append(f"--overrides={json.dumps(overrides)}")
     assert cli.main(argv) == 0
-    assert re.search(r"\(the mean run time of the [12] ended cells", capsys.readouterr().out)
     found = json.loads((out / "results.json").read_text())
-    assert found["chosen"] == {"pre": 1e-3, "post+w2": 1e-3}  # the diverged lr is ruled out
+    assert found["chosen"] == {"pre": 1e-3, "post+w2": 1e-3}
     assert [read_cell(out / "runs" / c)["train_curve"][i][0] for c in found["cells"] if "lr0.001-s0" in c
             for i in range(6)] == [1, 2, 3, 4, 5, 6] * 2  # resumed at step 3, not restarted  # fmt: skip
     assert not list((out / "runs").glob("*.stopped-*"))
@@ -354,7 +353,9 @@ def test_the_protocol_runs_from_nothing_and_a_stopped_study_continues_without_re
     assert (out / "compare.png").stat().st_size > 10_000
 
     logs = {p: p.stat().st_mtime_ns for p in (out / "logs").iterdir()}
-    assert len(logs) == 6 and cli.main(argv) == 0  # every cell ended: read, none run again
+    capsys.readouterr()
+    assert len(logs) == 4 and cli.main(argv) == 0  # every cell ended: read, none run again
+    assert re.search(r"cost: 0 cells to run .* \(the mean run time of the 4 ended cells under", capsys.readouterr().out)
     assert {p: p.stat().st_mtime_ns for p in (out / "logs").iterdir()} == logs
     assert json.loads((out / "results.json").read_text())["contrasts"] == found["contrasts"]
 
