@@ -71,18 +71,14 @@ def check_loads(model: str) -> None:
     """A model folder whose weights are not of its config.json (a file replaced, or copied from another run), or cannot
     be read (cut short by a copy), fails every job alike: refused here, before any job, by loading it as they do."""
     from safetensors import SafetensorError
-    from transformers import AutoModelForSequenceClassification
-    from transformers.utils import logging as hf_logging
 
+    from finetune.train import load_classifier
     from pretrain.modeling import CheckpointMismatch
 
     if not Path(model).is_dir():  # a Hub model: its jobs download it
         return
-    verbosity, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
-    hf_logging.set_verbosity_error()  # a check, quiet: the jobs print the load report (the heads that are new)
-    hf_logging.disable_progress_bar()
     try:
-        AutoModelForSequenceClassification.from_pretrained(model, num_labels=2)
+        load_classifier(model)
     except CheckpointMismatch as err:
         raise ConfigError(f"--model {model!r} cannot be fine-tuned: {err} Or pass another --model.") from None
     except (SafetensorError, OSError) as err:
@@ -90,10 +86,6 @@ def check_loads(model: str) -> None:
             raise
         raise ConfigError(f"--model {model!r}: its weights cannot be read ({err}): the files are damaged or incomplete; "
                           "copy them again, or pass another --model") from None  # fmt: skip
-    finally:
-        hf_logging.set_verbosity(verbosity)
-        if bars:
-            hf_logging.enable_progress_bar()
 
 
 def run(config: RunConfig) -> list[dict[str, Any]]:

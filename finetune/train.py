@@ -29,7 +29,7 @@ from finetune.glue import baseline_metrics, batches, compute_metrics, encode, ge
 from finetune.manifest import Results
 from pretrain.common.device import pick_device
 from pretrain.common.hardware import cpu_bf16_warning
-from pretrain.modeling import LNBertPreTrainedModel  # and registers "lnbert" with the Auto classes
+from pretrain.modeling import CheckpointMismatch, LNBertPreTrainedModel  # and registers "lnbert" with the Auto classes
 from pretrain.optim import build_adamw
 from pretrain.run_folder.status import fault_point
 
@@ -127,12 +127,44 @@ class DataCache:
         return self.data
 
 
+def load_classifier(model_path: str, random_init: bool = False) -> nn.Module:
+    """The model of a job as a two-class ``AutoModelForSequenceClassification``, in float32 whatever the checkpoint
+    stores (transformers 5 loads the saved dtype: in bf16 most updates at lr 3e-5 round away; the recipe's autocast
+    decides the compute dtype). Weights that leave part of the encoder as initialized (a folder of another
+    architecture, or with its names changed) are refused, CheckpointMismatch: Hugging Face models load them with a
+    warning, and the jobs would fine-tune a random encoder. The pooler and the heads may be new."""
+    from transformers import AutoConfig, AutoModelForSequenceClassification
+    from transformers.utils import logging as hf_logging
+
+    # The load report (pretraining heads unused, the classifier new) is expected here, and the "Loading weights"
+    # bar of every job would interleave with the scheduler's lines.
+    verbosity, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    try:
+        if random_init:
+            config = AutoConfig.from_pretrained(model_path, num_labels=2)
+            return AutoModelForSequenceClassification.from_config(config, dtype=torch.float32)
+        model, info = AutoModelForSequenceClassification.from_pretrained(model_path, num_labels=2, dtype=torch.float32,
+                                                                        output_loading_info=True)  # fmt: skip
+    finally:
+        hf_logging.set_verbosity(verbosity)
+        if bars:
+            hf_logging.enable_progress_bar()
+    base = f"{model.base_model_prefix}."
+    new = sorted(k for k in info["missing_keys"] if k.startswith(base) and not k.startswith(f"{base}pooler."))
+    if new:
+        raise CheckpointMismatch(f"{len(new)} encoder weights of {model_path} are not in its checkpoint ({new[:4]}, "
+                                 "...): its weights are of another architecture, or their names were changed; restore "
+                                 "it from a copy.")  # fmt: skip
+    return model
+
+
 def finetune(model_path: str, task: str, data: TaskData, lr: float, seed: int, recipe: FinetuneConfig,
              on_step: Callable[[int, float, float], None] | None = None) -> Results:  # fmt: skip
     """Train a classifier from ``model_path`` on ``data.train`` and score it on ``data.dev``; ``on_step(step,
     loss, lr)`` is called after every optimizer step (the W&B job run's training curve)."""
-    from transformers import AutoConfig, AutoModelForSequenceClassification, set_seed
-    from transformers.utils import logging as hf_logging
+    from transformers import set_seed
 
     start = time.perf_counter()
     if recipe.torch_threads:
@@ -140,24 +172,7 @@ def finetune(model_path: str, task: str, data: TaskData, lr: float, seed: int, r
     device = pick_device(recipe.device, flag="recipe.device")
     warn_emulated_bf16(device, recipe.mixed_precision)
     set_seed(seed)  # python, numpy, torch: the classifier's init and dropout
-    # The load report (pretraining heads unused, the classifier new) is expected here, and the "Loading weights"
-    # bar of every job would interleave with the scheduler's lines; a snapshot of another placement still fails.
-    verbosity, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
-    hf_logging.set_verbosity_error()
-    hf_logging.disable_progress_bar()
-    try:
-        # float32 weights whatever the checkpoint stores (transformers 5 loads the saved dtype: in bf16 most
-        # updates at lr 3e-5 round away); the recipe's autocast decides the compute dtype.
-        if recipe.random_init:
-            config = AutoConfig.from_pretrained(model_path, num_labels=2)
-            model = AutoModelForSequenceClassification.from_config(config, dtype=torch.float32)
-        else:
-            model = AutoModelForSequenceClassification.from_pretrained(model_path, num_labels=2, dtype=torch.float32)
-        model = model.to(device)
-    finally:
-        hf_logging.set_verbosity(verbosity)
-        if bars:
-            hf_logging.enable_progress_bar()
+    model = load_classifier(model_path, recipe.random_init).to(device)
     recipe.check_fits(getattr(model.config, "max_position_embeddings", None), model_path)
     optimizer = make_optimizer(model, recipe, lr)
     steps_per_epoch = math.ceil(len(data.train) / recipe.batch_size)

@@ -30,6 +30,7 @@ from pretrain.common.atomic import write_json
 from pretrain.common.cli import ConfigError, parse
 from pretrain.common.formats import FormatVersionError
 from pretrain.run_folder.layout import SNAPSHOT_INFO
+from tests.conftest import TINY
 from tests.finetune_fixtures import (
     FIXTURE_GLUE,
     QUICK,
@@ -268,6 +269,57 @@ def test_a_model_folder_whose_weights_are_not_of_its_config_fails_its_jobs_for_g
     assert (row["status"], row["attempts"], row["permanent"]) == ("failed", 1, True)
     assert row["error"].startswith("CheckpointMismatch: Checkpoint does not match norm_placement='rezero'")
     assert "restore it from a copy" in row["error"]
+
+
+def _hub_bert_folder(path: Path, prefix: str = "") -> dict[str, torch.Tensor]:
+    """A Hugging Face BERT folder as bert-base-uncased is on the Hub: BertForPreTraining's weights with the LayerNorms'
+    old names (gamma, beta), each name after ``prefix``; returns the weights by their names in a model."""
+    from safetensors.torch import load_file, save_file
+    from transformers import BertConfig, BertForPreTraining
+
+    tokenizer = tiny_tokenizer()
+    config = BertConfig(**{k: TINY[k] for k in ("hidden_size", "num_hidden_layers", "num_attention_heads",
+                                                "intermediate_size")}, vocab_size=len(tokenizer),
+                        max_position_embeddings=128, pad_token_id=0)  # fmt: skip
+    torch.manual_seed(0)
+    model = BertForPreTraining(config)
+    with torch.no_grad():
+        model.bert.embeddings.LayerNorm.weight.uniform_(0.5, 1.5)  # unlike a new LayerNorm's
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    weights = load_file(path / "model.safetensors")
+    old_names = {k.replace("LayerNorm.weight", "LayerNorm.gamma").replace("LayerNorm.bias", "LayerNorm.beta"): v
+                 for k, v in weights.items()}  # fmt: skip
+    save_file({prefix + k: v for k, v in old_names.items()}, path / "model.safetensors", metadata={"format": "pt"})
+    return weights
+
+
+def test_a_hugging_face_bert_folder_fine_tunes_with_its_weights_and_one_of_other_names_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A Hub BERT folder (old LayerNorm names) is fine-tuned from its own weights; a folder whose weights load none of
+    the encoder (names of another model) is refused before any job, and in a job for good: a random encoder is never
+    fine-tuned in its place (Hugging Face models only warn)."""
+    from finetune.train import load_classifier
+
+    folder = tmp_path / "bert-base"
+    weights = _hub_bert_folder(folder)
+    model = load_classifier(str(folder))
+    for name, value in model.bert.state_dict().items():
+        assert torch.equal(value, weights[f"bert.{name}"]), name
+    (row,) = run(quick_run(folder, "mrpc", tmp_path / "results.d"))
+    assert row["status"] == "done"
+    renamed = tmp_path / "renamed"
+    _hub_bert_folder(renamed, prefix="model.")
+    monkeypatch.setattr(sys, "argv", ["finetune.run", f"--model={renamed}", "--task=mrpc", f"--data_dir={FIXTURE_GLUE}",
+                                      f"--results_dir={tmp_path / 'other.d'}"])  # fmt: skip
+    assert run_cli() == 2
+    assert re.search(r"cannot be fine-tuned: \d+ encoder weights of .*renamed are not in its checkpoint",
+                     capsys.readouterr().err)  # fmt: skip
+    monkeypatch.setattr("finetune.run.check_loads", lambda model: None)
+    (row,) = run(quick_run(renamed, "mrpc", tmp_path / "other.d"))
+    assert (row["status"], row["attempts"], row["permanent"]) == ("failed", 1, True)
+    assert row["error"].startswith("CheckpointMismatch: ") and "restore it from a copy" in row["error"]
 
 
 @pytest.mark.parametrize(
