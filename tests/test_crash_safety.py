@@ -400,6 +400,32 @@ def test_a_damaged_wandb_run_file_is_restored_from_the_snapshots_a_missing_one_i
     assert not own.exists() and len(warnings) == 1
 
 
+def test_a_prepared_instance_damaged_since_is_named_not_fed_to_the_model(tmp_path: Path) -> None:
+    """Bytes of a prepared instance overwritten since it was made (here the tokens of the validation split's first
+    instance, to id -1): the run stops at the first batch that holds it, its status naming the instance, the cache
+    folder and the fix, where the model would have failed indexing its embeddings (on a GPU: a device-side assert
+    that names nothing)."""
+    import datasets
+    import numpy as np
+
+    cache = tmp_path / "cache"
+    argv = tiny_args(tmp_path / "run", cache)
+    assert main([*argv, "--train.stop_at_step=3"]) == 0
+    (folder,) = cache.glob("instances-*/")
+    shard = next((folder / "validation").glob("*.arrow"))
+    tokens = np.asarray(datasets.Dataset.from_file(str(shard))[0]["input_ids"], dtype="<i4").tobytes()
+    data = shard.read_bytes()
+    at = data.index(tokens)
+    shard.write_bytes(data[:at] + b"\xff" * len(tokens) + data[at + len(tokens):])
+    with pytest.raises(TrainingFailed):
+        main([*argv, "--train.resume=auto"])
+    status = read_status(tmp_path / "run")
+    assert status["status"] == "failed", status
+    assert re.search(rf"instance \d+ holds token ids outside the tokenizer's vocabulary \(0-\d+\): \[-1, -1, -1, -1\]: "
+                     rf"the prepared instances in {re.escape(str(folder))} were damaged since they were made. Remove "
+                     "that folder", status["message"]), status  # fmt: skip
+
+
 HOLD_THE_LOCK = """
 import sys, time
 from pretrain.run_folder.lock import run_folder_lock

@@ -7,6 +7,10 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 
+class DamagedInstance(ValueError):
+    """An instance whose token ids its tokenizer cannot have written."""
+
+
 class MaskingCollator:
     """Pads a list of instances to the batch's longest (rounded up to a multiple of pad_to_multiple_of) and
     applies BERT's dynamic masking: mlm_probability of the non-special, non-padding tokens (rounded, at least
@@ -15,7 +19,7 @@ class MaskingCollator:
     number of DataLoader workers) reproduces exactly the same masks; set_epoch gives each epoch new ones."""
 
     def __init__(self, tokenizer: PreTrainedTokenizerBase, *, mlm_probability: float = 0.15, seed: int = 0,
-                 pad_to_multiple_of: int | None = 8) -> None:  # fmt: skip
+                 pad_to_multiple_of: int | None = 8, source: str = "the instances") -> None:  # fmt: skip
         if not 0.0 < mlm_probability < 1.0:
             raise ValueError(f"mlm_probability={mlm_probability} must be in (0, 1) (BERT: 0.15)")
         if tokenizer.mask_token_id is None or tokenizer.pad_token_id is None:
@@ -24,9 +28,21 @@ class MaskingCollator:
         self.epoch, self.mask_id, self.pad_id = 0, tokenizer.mask_token_id, tokenizer.pad_token_id
         self.special_ids = np.array(sorted(set(tokenizer.all_special_ids)), dtype=np.int64)
         self.random_ids = np.setdiff1d(np.arange(len(tokenizer), dtype=np.int64), self.special_ids)
+        self.vocab_size, self.source = len(tokenizer), source  # source: what the instances are read from, for errors
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
+
+    def check_ids(self, input_ids: np.ndarray, instance_id: int) -> None:
+        """Token ids outside the vocabulary were not written by the tokenizer: bytes of a prepared instance damaged
+        since (the model would fail indexing its embeddings, on a GPU with a device-side assert that names nothing)."""
+        if len(input_ids) and (input_ids.min() < 0 or input_ids.max() >= self.vocab_size):
+            bad = input_ids[(input_ids < 0) | (input_ids >= self.vocab_size)]
+            raise DamagedInstance(
+                f"instance {int(instance_id)} holds token ids outside the tokenizer's vocabulary (0-{self.vocab_size - 1}"
+                f"): {bad[:4].tolist()}: {self.source} were damaged since they were made. Remove that folder and start "
+                "again: the instances are made again from the corpus (or the run says how to prepare them)"
+            )
 
     def mask(self, input_ids: np.ndarray, instance_id: int) -> tuple[np.ndarray, np.ndarray]:
         """(masked input_ids, labels) for one unpadded instance."""
@@ -58,6 +74,7 @@ class MaskingCollator:
         }
         for row, example in enumerate(examples):
             ids = np.asarray(example["input_ids"], dtype=np.int64)
+            self.check_ids(ids, example["instance_id"])
             n = len(ids)
             batch["input_ids"][row, :n], batch["labels"][row, :n] = self.mask(ids, int(example["instance_id"]))
             batch["token_type_ids"][row, :n] = example["token_type_ids"]

@@ -26,6 +26,8 @@ class PretrainingData(NamedTuple):
     validation: datasets.Dataset
     """Same columns, from held-out documents; always materialised."""
     tokenizer: PreTrainedTokenizerFast
+    instances: Path | None
+    """The prepared instances' folder under data.cache_dir (``prepared_dir``); None when streaming."""
 
 
 class PreparationRequired(ValueError):
@@ -121,12 +123,13 @@ def build_pretraining_data(
             cfg, save_dir=save_tokenizer_to, model_vocab_size=model_vocab_size, seed=seed, trained_elsewhere=elsewhere,
             training_texts=lambda: document_texts(documents()[0]), loaded=found.tokenizer,
         )  # fmt: skip
+        folder = None
         if cfg.streaming:
             train_docs, val_docs = documents()
             validation = make_instances(val_docs, tokenizer, cfg, seed=seed, validation=True)
             train = stream_instances(train_docs, tokenizer, cfg, seed=seed)
         else:
-            folder = found.instances
+            folder = found.instances or prepared_dir(cfg, tokenizer, seed=seed)  # None there: the tokenizer was new
             train, validation = cached_instances(documents, tokenizer, cfg, seed=seed, progress=progress, folder=folder)
-    return PretrainingData(train=train, validation=validation, tokenizer=tokenizer)
+    return PretrainingData(train=train, validation=validation, tokenizer=tokenizer, instances=folder)
 
