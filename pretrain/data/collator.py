@@ -33,15 +33,24 @@ class MaskingCollator:
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
 
-    def check_ids(self, input_ids: np.ndarray, instance_id: int) -> None:
-        """Token ids outside the vocabulary were not written by the tokenizer: bytes of a prepared instance damaged
-        since (the model would fail indexing its embeddings, on a GPU with a device-side assert that names nothing)."""
+    def check(self, example: dict, input_ids: np.ndarray) -> None:
+        """An instance its tokenizer cannot have written (token ids outside the vocabulary, segment ids other than 0
+        and 1, or of another length; an NSP label other than 0 and 1) has bytes damaged since it was prepared: the
+        model would fail indexing its embeddings, on a GPU with a device-side assert that names nothing."""
+        segments = np.asarray(example["token_type_ids"])
+        problem = ""
         if len(input_ids) and (input_ids.min() < 0 or input_ids.max() >= self.vocab_size):
             bad = input_ids[(input_ids < 0) | (input_ids >= self.vocab_size)]
+            problem = f"token ids outside the tokenizer's vocabulary (0-{self.vocab_size - 1}): {bad[:4].tolist()}"
+        elif len(segments) != len(input_ids) or not np.isin(segments, (0, 1)).all():
+            problem = f"segment ids other than 0 and 1 or not one per token: {segments[:8].tolist()}"
+        elif example.get("next_sentence_label", 0) not in (0, 1):
+            problem = f"the next-sentence label {example['next_sentence_label']}"
+        if problem:
             raise DamagedInstance(
-                f"instance {int(instance_id)} holds token ids outside the tokenizer's vocabulary (0-{self.vocab_size - 1}"
-                f"): {bad[:4].tolist()}: {self.source} were damaged since they were made. Remove that folder and start "
-                "again: the instances are made again from the corpus (or the run says how to prepare them)"
+                f"instance {int(example['instance_id'])} holds {problem}: {self.source} were damaged since they were "
+                "made. Remove that folder and start again: the instances are made again from the corpus (or the run "
+                "says how to prepare them)"
             )
 
     def mask(self, input_ids: np.ndarray, instance_id: int) -> tuple[np.ndarray, np.ndarray]:
@@ -74,7 +83,7 @@ class MaskingCollator:
         }
         for row, example in enumerate(examples):
             ids = np.asarray(example["input_ids"], dtype=np.int64)
-            self.check_ids(ids, example["instance_id"])
+            self.check(example, ids)
             n = len(ids)
             batch["input_ids"][row, :n], batch["labels"][row, :n] = self.mask(ids, int(example["instance_id"]))
             batch["token_type_ids"][row, :n] = example["token_type_ids"]
