@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import random
-import re
 from collections import Counter
 from pathlib import Path
 
@@ -680,22 +679,25 @@ def _random_examples(n: int, vocab: int, seed: int = 0) -> list[dict]:
 
 @pytest.mark.parametrize(
     ("column", "damage", "said"),
-    [("input_ids", lambda v, vocab: [*v[:-1], vocab], "token ids outside the tokenizer's vocabulary"),
-     ("input_ids", lambda v, vocab: [-1, *v[1:]], "token ids outside the tokenizer's vocabulary"),
-     ("token_type_ids", lambda v, vocab: [*v[:-1], 7], "segment ids other than 0 and 1 or not one per token"),
-     ("token_type_ids", lambda v, vocab: v[:-1], "segment ids other than 0 and 1 or not one per token"),
-     ("next_sentence_label", lambda v, vocab: -3, "the next-sentence label -3")],
+    [("input_ids", lambda v, vocab: [*v[:-1], vocab], r"token ids outside the tokenizer's vocabulary \(0-{top}\): \[{vocab}\]"),
+     ("input_ids", lambda v, vocab: [-1, *v[1:]], r"token ids outside the tokenizer's vocabulary \(0-{top}\): \[-1\]"),
+     ("token_type_ids", lambda v, vocab: [*v[:-1], 7], "segment ids other than 0 and 1"),
+     ("token_type_ids", lambda v, vocab: v[:-1], r"{short} segment ids for {long} tokens"),
+     ("next_sentence_label", lambda v, vocab: -3, "next-sentence labels other than 0 and 1")],
 )  # fmt: skip
 def test_an_instance_its_tokenizer_cannot_have_written_is_named(mask_tokenizer, column, damage, said) -> None:
     """Damaged bytes of a prepared instance: named with the instance and where it was read from, before the model
     fails indexing an embedding (tests/test_crash_safety.py: through a run)."""
-    examples = _random_examples(4, len(mask_tokenizer))
-    examples[2][column] = damage(examples[2][column], len(mask_tokenizer))
+    vocab = len(mask_tokenizer)
+    examples = _random_examples(4, vocab)
+    long = len(examples[2]["input_ids"])
+    said = said.format(top=vocab - 1, vocab=vocab, short=long - 1, long=long)
+    examples[2][column] = damage(examples[2][column], vocab)
     collator = MaskingCollator(mask_tokenizer, source="the prepared instances in CACHE/instances-KEY")
-    with pytest.raises(DamagedInstance, match=rf"^instance {examples[2]['instance_id']} holds {re.escape(said)}.*: the "
-                                              "prepared instances in CACHE/instances-KEY were damaged since"):  # fmt: skip
+    with pytest.raises(DamagedInstance, match=rf"^instance {examples[2]['instance_id']} holds {said}: the prepared "
+                                              "instances in CACHE/instances-KEY were damaged since"):  # fmt: skip
         collator(examples)
-    assert collator(_random_examples(4, len(mask_tokenizer)))["input_ids"].shape[0] == 4  # intact ones pass
+    assert collator(_random_examples(4, vocab))["input_ids"].shape[0] == 4  # intact ones pass
 
 
 def test_masking_statistics_and_specials(mask_tokenizer: PreTrainedTokenizerFast) -> None:
