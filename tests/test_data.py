@@ -693,7 +693,7 @@ def test_an_instance_its_tokenizer_cannot_have_written_is_named(mask_tokenizer, 
     long = len(examples[2]["input_ids"])
     said = said.format(top=vocab - 1, vocab=vocab, short=long - 1, long=long)
     examples[2][column] = damage(examples[2][column], vocab)
-    collator = MaskingCollator(mask_tokenizer, source="the prepared instances in CACHE/instances-KEY")
+    collator = MaskingCollator(mask_tokenizer, prepared=Path("CACHE/instances-KEY"))
     with pytest.raises(DamagedInstance, match=rf"^instance {examples[2]['instance_id']} holds {said}: the prepared "
                                               "instances in CACHE/instances-KEY were damaged since"):  # fmt: skip
         collator(examples)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import torch
 from transformers import PreTrainedTokenizerBase
@@ -19,7 +21,7 @@ class MaskingCollator:
     number of DataLoader workers) reproduces exactly the same masks; set_epoch gives each epoch new ones."""
 
     def __init__(self, tokenizer: PreTrainedTokenizerBase, *, mlm_probability: float = 0.15, seed: int = 0,
-                 pad_to_multiple_of: int | None = 8, source: str = "the instances") -> None:  # fmt: skip
+                 pad_to_multiple_of: int | None = 8, prepared: Path | None = None) -> None:  # fmt: skip
         if not 0.0 < mlm_probability < 1.0:
             raise ValueError(f"mlm_probability={mlm_probability} must be in (0, 1) (BERT: 0.15)")
         if tokenizer.mask_token_id is None or tokenizer.pad_token_id is None:
@@ -28,7 +30,7 @@ class MaskingCollator:
         self.epoch, self.mask_id, self.pad_id = 0, tokenizer.mask_token_id, tokenizer.pad_token_id
         self.special_ids = np.array(sorted(set(tokenizer.all_special_ids)), dtype=np.int64)
         self.random_ids = np.setdiff1d(np.arange(len(tokenizer), dtype=np.int64), self.special_ids)
-        self.vocab_size, self.source = len(tokenizer), source  # source: what the instances are read from, for errors
+        self.vocab_size, self.prepared = len(tokenizer), prepared  # prepared: the instances' folder, for errors
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
@@ -54,11 +56,12 @@ class MaskingCollator:
                 self._refuse(examples[row], f"{what} other than 0 and 1")
 
     def _refuse(self, example: dict, problem: str) -> None:
-        raise DamagedInstance(
-            f"instance {int(example['instance_id'])} holds {problem}: {self.source} were damaged since they were made. "
-            "Remove that folder and start again: the instances are made again from the corpus (or the run says how "
-            "to prepare them)"
-        )
+        said = f"instance {int(example['instance_id'])} holds {problem}"
+        if self.prepared is None:  # made here from the corpus by the tokenizer: no file to blame
+            raise DamagedInstance(f"{said}, which its tokenizer cannot have made")
+        raise DamagedInstance(f"{said}: the prepared instances in {self.prepared} were damaged since they were made. "
+                              "Remove that folder and start again: the instances are made again from the corpus (or "
+                              "the run says how to prepare them)")  # fmt: skip
 
     def mask(self, input_ids: np.ndarray, instance_id: int) -> tuple[np.ndarray, np.ndarray]:
         """(masked input_ids, labels) for one unpadded instance."""

@@ -55,12 +55,11 @@ class Loaders:
 def build_dataloaders(cfg: PretrainConfig, data: PretrainingData, num_processes: int) -> Loaders:
     train_cfg = cfg.train
     batch = train_cfg.per_device_batch_size
-    source = "the instances" if data.instances is None else f"the prepared instances in {data.instances}"
     collator = MaskingCollator(data.tokenizer, mlm_probability=cfg.data.mlm_probability, seed=train_cfg.seed,
-                               source=source)  # fmt: skip
+                               prepared=data.instances)  # fmt: skip
     # Validation masks are fixed (epoch 0 of their own collator), so every evaluation sees the same task.
     val_collator = MaskingCollator(data.tokenizer, mlm_probability=cfg.data.mlm_probability, seed=train_cfg.seed,
-                                   source=source)  # fmt: skip
+                                   prepared=data.instances)  # fmt: skip
     # Own generators: creating a loader iterator then draws no number from the global RNG, which dropout uses.
     generator = torch.Generator().manual_seed(train_cfg.seed)
     common = dict(num_workers=train_cfg.num_workers, generator=generator, pin_memory=copies_asynchronously(),
