@@ -130,9 +130,10 @@ class DataCache:
 def load_classifier(model_path: str, random_init: bool = False) -> nn.Module:
     """The model of a job as a two-class ``AutoModelForSequenceClassification``, in float32 whatever the checkpoint
     stores (transformers 5 loads the saved dtype: in bf16 most updates at lr 3e-5 round away; the recipe's autocast
-    decides the compute dtype). Weights that leave part of the encoder as initialized (a folder of another
-    architecture, or with its names changed) are refused, CheckpointMismatch: Hugging Face models load them with a
-    warning, and the jobs would fine-tune a random encoder. The pooler and the heads may be new."""
+    decides the compute dtype). A checkpoint that leaves part of the encoder as initialized, or holds encoder weights
+    the model does not use (another architecture or depth, weight names changed), is refused, CheckpointMismatch:
+    Hugging Face models load it with a warning, and the jobs would fine-tune a random or truncated encoder. The pooler
+    and the heads may be new."""
     from transformers import AutoConfig, AutoModelForSequenceClassification
     from transformers.utils import logging as hf_logging
 
@@ -152,11 +153,13 @@ def load_classifier(model_path: str, random_init: bool = False) -> nn.Module:
         if bars:
             hf_logging.enable_progress_bar()
     base = f"{model.base_model_prefix}."
-    new = sorted(k for k in info["missing_keys"] if k.startswith(base) and not k.startswith(f"{base}pooler."))
-    if new:
-        raise CheckpointMismatch(f"{len(new)} encoder weights of {model_path} are not in its checkpoint ({new[:4]}, "
-                                 "...): its weights are of another architecture, or their names were changed; restore "
-                                 "it from a copy.")  # fmt: skip
+    missing, unused = (sorted(k for k in info[kind] if k.startswith(base) and not k.startswith(f"{base}pooler."))
+                       for kind in ("missing_keys", "unexpected_keys"))  # fmt: skip
+    if missing or unused:
+        raise CheckpointMismatch(f"the checkpoint of {model_path} does not fit the encoder of its config.json: "
+                                 f"{len(missing)} weights missing {missing[:3]}, {len(unused)} unused {unused[:3]}: its "
+                                 "weights are of another architecture or size, or their names were changed; restore it "
+                                 "from a copy.")  # fmt: skip
     return model
 
 

@@ -298,9 +298,11 @@ def test_a_hugging_face_bert_folder_fine_tunes_with_its_weights_and_one_of_other
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """A Hub BERT folder (old LayerNorm names) is fine-tuned from its own weights; a folder whose weights load none of
-    the encoder (names of another model) is refused before any job, and in a job for good: a random encoder is never
-    fine-tuned in its place (Hugging Face models only warn)."""
+    the encoder (names of another model) is refused before any job, and in a job for good, as is one whose config.json
+    leaves layers of its weights unused: a random or truncated encoder is never fine-tuned in its place (Hugging Face
+    models only warn)."""
     from finetune.train import load_classifier
+    from pretrain.modeling import CheckpointMismatch
 
     folder = tmp_path / "bert-base"
     weights = _hub_bert_folder(folder)
@@ -314,8 +316,14 @@ def test_a_hugging_face_bert_folder_fine_tunes_with_its_weights_and_one_of_other
     monkeypatch.setattr(sys, "argv", ["finetune.run", f"--model={renamed}", "--task=mrpc", f"--data_dir={FIXTURE_GLUE}",
                                       f"--results_dir={tmp_path / 'other.d'}"])  # fmt: skip
     assert run_cli() == 2
-    assert re.search(r"cannot be fine-tuned: \d+ encoder weights of .*renamed are not in its checkpoint",
-                     capsys.readouterr().err)  # fmt: skip
+    assert re.search(r"cannot be fine-tuned: the checkpoint of .*renamed does not fit the encoder of its config.json: "
+                     r"\d+ weights missing \['bert\.", capsys.readouterr().err)  # fmt: skip
+    shallower = tmp_path / "shallower"  # a config.json of fewer layers than its weights: the rest would go unused
+    shutil.copytree(folder, shallower)
+    config = json.loads((shallower / "config.json").read_text())
+    (shallower / "config.json").write_text(json.dumps({**config, "num_hidden_layers": config["num_hidden_layers"] - 1}))
+    with pytest.raises(CheckpointMismatch, match=r"0 weights missing \[\], \d+ unused \['bert\.encoder\.layer\.1\."):
+        load_classifier(str(shallower))
     monkeypatch.setattr("finetune.run.check_loads", lambda model: None)
     (row,) = run(quick_run(renamed, "mrpc", tmp_path / "other.d"))
     assert (row["status"], row["attempts"], row["permanent"]) == ("failed", 1, True)
