@@ -87,7 +87,7 @@ from pretrain.tracking.metrics import (
     rewind_metrics,
     rounded,
 )
-from pretrain.tracking.wandb_logging import log_snapshot, read_run_file, record_outcome
+from pretrain.tracking.wandb_logging import log_snapshot, record_outcome
 
 
 class TrainingFailed(RuntimeError):
@@ -222,6 +222,7 @@ class TrainingSetup:
     peak_flops_per_device: float  # what train/mfu is measured against (hardware.mfu_peak)
     last_eval: dict[str, float] = field(default_factory=dict)
     run_id: str = ""  # the main process's (start_run_folder): what its snapshots record
+    wandb_run: dict[str, Any] = field(default_factory=dict)  # the main process's W&B identity (RUN/wandb_run.json), idem
     alarmed: set[str] = field(default_factory=set)  # the metrics an alarm was printed for (once each)
 
 
@@ -393,9 +394,9 @@ def save(setup: TrainingSetup, state: TrainState, *, snapshot: bool, checkpoint:
         # The run's id, config and W&B run as well: what pretrain/run_folder/repair.py restores a damaged RUN/ file from.
         info = {"step": state.step, "tokens_seen": state.tokens_seen, "run_name": setup.cfg.train.run_name,
                 "norm_placement": setup.cfg.model.norm_placement, "metrics": dict(setup.last_eval),
-                "pretrain_config": setup.resolved, "run_id": setup.run_id, "wandb_run": read_run_file(setup.run_dir)}
+                "pretrain_config": setup.resolved, "run_id": setup.run_id, "wandb_run": setup.wandb_run}
         path = save_snapshot(setup.accelerator, setup.model, setup.tokenizer, setup.run_dir, info)
-        log_snapshot(setup.accelerator, setup.run_dir, path, state.step)
+        log_snapshot(setup.accelerator, path, state.step)
     if checkpoint:
         save_checkpoint(setup.accelerator, setup.run_dir, state, setup.cfg.train.keep_last_checkpoints)
 
@@ -802,7 +803,7 @@ def run_training(setup: TrainingSetup, state: TrainState, resume_from: Path | No
     )
     if state.step >= cfg.train.max_steps:
         accelerator.print(f"run {cfg.train.run_name} has already finished (step {state.step}); nothing to train")
-    init_trackers(accelerator, cfg, setup.resolved, setup.model, resume_from)
+    setup.wandb_run = init_trackers(accelerator, cfg, setup.resolved, setup.model, resume_from)
     set_status(accelerator, cfg, "running", state.step)
     heartbeat, timeout_s = Heartbeat(step=state.step), cfg.train.hang_timeout_s
     with watchdog(heartbeat, timeout_s, lambda step: hang_message(timeout_s, step),

@@ -36,18 +36,18 @@ def derived_config(cfg: PretrainConfig, model: nn.Module, num_processes: int) ->
 
 
 def init_trackers(accelerator: Accelerator, cfg: PretrainConfig, resolved: dict[str, Any], model: nn.Module,
-                  resume_from: Path | None = None) -> None:  # fmt: skip
+                  resume_from: Path | None = None) -> dict[str, Any]:  # fmt: skip
     """Start the configured tracker (no-op for backend none): W&B's run (``wandb_logging.start_pretraining_run``), or
-    TensorBoard, whose hparams get lists as JSON strings."""
+    TensorBoard, whose hparams get lists as JSON strings. Returns the W&B run's identity ({} without one)."""
     if cfg.tracking.backend == "none":
-        return
+        return {}
     derived = derived_config(cfg, accelerator.unwrap_model(model, keep_torch_compile=False), accelerator.num_processes)
     if cfg.tracking.backend == "wandb":
-        start_pretraining_run(accelerator, cfg, resolved, derived, resume_from)
-        return
+        return start_pretraining_run(accelerator, cfg, resolved, derived, resume_from)
     flat = flatten({**resolved, **derived})
     config = {k: v if isinstance(v, (int, float, str, bool)) else json.dumps(v) for k, v in flat.items()}
     accelerator.init_trackers(cfg.tracking.run_name or cfg.train.run_name, config)
+    return {}
 
 
 def log_metrics(accelerator: Accelerator, run_dir: Path, metrics: dict[str, Any], step: int,

@@ -133,9 +133,10 @@ def run_identity(run_dir: Path, resume_from: Path | None, group: str, project: s
 
 
 def start_pretraining_run(accelerator: Accelerator, cfg: PretrainConfig, resolved: dict[str, Any],
-                          derived: dict[str, Any], resume_from: Path | None) -> None:  # fmt: skip
+                          derived: dict[str, Any], resume_from: Path | None) -> dict[str, Any]:  # fmt: skip
     """Accelerate's W&B tracker with the resolved config plus the placement, the comparison and the derived values
-    at the top level, a group that pools only seeds, and the run id kept in RUN/."""
+    at the top level, a group that pools only seeds, and the run id kept in RUN/. Returns that identity (what
+    RUN/wandb_run.json holds; {} on the other processes)."""
     tracking = cfg.tracking
     recipe_hash = short_hash(recipe(resolved, derived["global_batch_size"]))
     group = pretrain_group({"group": tracking.group, "comparison": tracking.comparison}, cfg.model.variant,
@@ -160,6 +161,7 @@ def start_pretraining_run(accelerator: Accelerator, cfg: PretrainConfig, resolve
         run.define_metric("val/mlm_accuracy", summary="max,last")
         for family in CURVES_ONLY:
             run.define_metric(f"{family}*", summary="none")
+    return identity
 
 
 def wandb_run(accelerator: Accelerator) -> Any:
@@ -200,11 +202,11 @@ def snapshot_artifact(snapshot_dir: str | Path, wandb_run_id: str) -> Any:
     return artifact
 
 
-def log_snapshot(accelerator: Accelerator, run_dir: Path, snapshot_dir: Path | None, step: int) -> None:
+def log_snapshot(accelerator: Accelerator, snapshot_dir: Path | None, step: int) -> None:
     """Log a written snapshot as a version of the run's model artifact (by reference), aliased step-N."""
     run = wandb_run(accelerator)
     if run is not None and snapshot_dir is not None:
-        run.log_artifact(snapshot_artifact(snapshot_dir, read_run_file(run_dir)["id"]), aliases=[snapshot_alias(step)])
+        run.log_artifact(snapshot_artifact(snapshot_dir, run.id), aliases=[snapshot_alias(step)])
 
 
 # Fine-tuning: one run per job (snapshot x task x lr x seed), grouped so that W&B's mean line is a mean over seeds
