@@ -1113,10 +1113,14 @@ def test_kill_trials_script(tmp_path: Path) -> None:
 
 
 def test_a_failed_json_write_leaves_no_temp_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    def disk_full(*args: object, **kwargs: object) -> None:
+    """The disk fills half-way through the temporary file: it is removed, and the error names the target."""
+    write = Path.write_bytes
+
+    def disk_full(self: Path, data: bytes) -> int:
+        write(self, data[: len(data) // 2])
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(json, "dump", disk_full)
-    with pytest.raises(OSError, match="No space left"):
+    monkeypatch.setattr(Path, "write_bytes", disk_full)
+    with pytest.raises(OSError, match=r"No space left on device: '.*status\.json'"):
         write_json(tmp_path / "status.json", {"status": "failed"})
     assert list(tmp_path.iterdir()) == []

@@ -107,11 +107,15 @@ def write_text(path: str | Path, text: str) -> None:
     write_bytes(path, text.encode("utf-8"))
 
 
+def json_bytes(payload: Any, *, indent: int = 2, sort_keys: bool = True, default: Callable | None = str) -> bytes:
+    """``payload`` as the JSON files of the project hold it (``json.dumps``' ``indent``, ``sort_keys``, ``default``)."""
+    return json.dumps(payload, indent=indent, sort_keys=sort_keys, default=default).encode("utf-8")
+
+
 def write_json(path: str | Path, payload: Any, *, indent: int = 2, sort_keys: bool = True,
                default: Callable | None = str) -> None:  # fmt: skip
-    """Replace ``path`` atomically with ``payload`` as JSON (``json.dump``'s ``indent``, ``sort_keys``, ``default``)."""
-    with writing(path) as tmp, tmp.open("w", encoding="utf-8") as f:
-        json.dump(payload, f, indent=indent, sort_keys=sort_keys, default=default)
+    """Replace ``path`` atomically with ``payload`` as JSON (``json_bytes``)."""
+    write_bytes(path, json_bytes(payload, indent=indent, sort_keys=sort_keys, default=default))
 
 
 def write_once(path: str | Path, data: str | bytes) -> bool:

@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from pretrain.common.atomic import write_bytes, writing
+from pretrain.common.atomic import json_bytes, write_bytes, writing
 from pretrain.common.formats import RUN_FORMAT, stamped
 from pretrain.run_folder.identity import RUN_ID, read_run_id
 from pretrain.run_folder.layout import (
@@ -135,12 +135,12 @@ def _run_config_copy(snapshot: Snapshot) -> bytes | None:
     config = _snapshot_info(snapshot).get("pretrain_config")
     if not isinstance(config, dict):
         return None
-    return _json_bytes(stamped(config, RUN_FORMAT))
+    return json_bytes(stamped(config, RUN_FORMAT))
 
 
 def _wandb_run_copy(snapshot: Snapshot) -> bytes | None:
     identity = _snapshot_info(snapshot).get("wandb_run")
-    return _json_bytes(identity) if isinstance(identity, dict) and identity else None
+    return json_bytes(identity) if isinstance(identity, dict) and identity else None
 
 
 def _run_id_problem(run_dir: Path) -> str | None:
@@ -189,10 +189,6 @@ def _tokenizer_problem(path: Path, expected: dict | None, reference: Callable[[]
 
 def _file_copy(snapshot: Snapshot, name: str) -> bytes | None:
     return (snapshot.path / name).read_bytes() if name in listed_files(snapshot.path) else None
-
-
-def _json_bytes(payload: dict) -> bytes:
-    return json.dumps(payload, indent=2, sort_keys=True).encode()  # as common.atomic.write_json writes it
 
 
 def _snapshot_info(snapshot: Snapshot) -> dict:
