@@ -67,12 +67,11 @@ def prepared_dir(cfg: DataConfig, tokenizer: PreTrainedTokenizerFast, *, seed: i
 
 
 def cached_instances(documents: Callable[[], tuple[datasets.Dataset, datasets.Dataset]],
-                     tokenizer: PreTrainedTokenizerFast, cfg: DataConfig, *, seed: int, progress: bool = False,
-                     folder: Path | None = None) -> tuple[datasets.Dataset, datasets.Dataset]:  # fmt: skip
-    """(train, validation) instances from ``cfg.cache_dir``; on a miss they are made first from ``documents()``
-    (the training and validation documents, read only then), shard by shard, for every later call. ``folder``:
-    ``prepared_dir`` of these arguments, when the caller computed it already."""
-    folder = folder if folder is not None else prepared_dir(cfg, tokenizer, seed=seed)
+                     tokenizer: PreTrainedTokenizerFast, cfg: DataConfig, *, seed: int, folder: Path,
+                     progress: bool = False) -> tuple[datasets.Dataset, datasets.Dataset]:  # fmt: skip
+    """(train, validation) instances from ``folder`` (``prepared_dir`` of these arguments); on a miss they are made
+    first from ``documents()`` (the training and validation documents, read only then), shard by shard, for every
+    later call."""
     prepare = partial(prepare_instances, documents, tokenizer, cfg, seed=seed, folder=folder, progress=progress)
     if not (folder / SUMMARY_FILE).is_file():
         # One preparation at a time per cache key: runs started side by side (the analysis grid) wait for the
