@@ -281,11 +281,14 @@ def test_a_full_disk_ends_a_command_with_the_file_it_was_writing(
     from pretrain.common import atomic
     from pretrain.common.cli import run_cli
 
-    def full(*_: Any, **__: Any) -> None:
+    write = Path.write_bytes
+
+    def full(self: Path, data: bytes) -> None:  # the quota is spent half-way through the temporary file
+        write(self, data[: len(data) // 2])
         raise OSError(errno.EDQUOT, os.strerror(errno.EDQUOT))  # what write() raises: no file named
 
-    monkeypatch.setattr(atomic.json, "dump", full)
-    assert run_cli(lambda: atomic.write_json(tmp_path / "results.json", {}) or 0) == 2
+    monkeypatch.setattr(Path, "write_bytes", full)
+    assert run_cli(lambda: atomic.write_json(tmp_path / "results.json", {"a": 1}) or 0) == 2
     assert f"writing {tmp_path / 'results.json'}: make room on that disk and run the same command" in capsys.readouterr().err
     assert not list(tmp_path.iterdir())  # no temporary file left
 
