@@ -18,6 +18,7 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -986,8 +987,6 @@ def test_the_free_space_check_counts_what_a_save_takes(tmp_path: Path, monkeypat
 
 
 def _worker_of_rank(launcher: int, rank: int) -> int | None:
-    import psutil
-
     for child in psutil.Process(launcher).children(recursive=True):
         try:
             if "run.py" in " ".join(child.cmdline()) and child.environ().get("RANK") == str(rank):
@@ -1016,17 +1015,20 @@ def test_a_frozen_process_stops_the_run_with_a_message_naming_the_timeout(tmp_pa
         while time.time() < deadline and not any(r.get("step", 0) >= 2 for r in read_metrics(run)):
             assert proc.poll() is None, proc.stdout.read()[-3000:]
             time.sleep(0.5)
-        frozen = _worker_of_rank(proc.pid, 1)
-        assert frozen is not None
+        frozen, main = _worker_of_rank(proc.pid, 1), _worker_of_rank(proc.pid, 0)
+        assert frozen is not None and main is not None
         os.kill(frozen, signal.SIGSTOP)
         started = time.time()
-        output, _ = proc.communicate(timeout=240)
+        # Rank 0 ends by itself; the launcher then waits 30 s for the frozen rank to answer its SIGTERM (torchrun's
+        # own teardown, not ours to test) before it kills it: the test kills it at once instead.
+        psutil.Process(main).wait(timeout=200)  # not its exit code: rank 0 is not this process's child
         waited = time.time() - started
     finally:
-        proc.kill()
         if frozen is not None:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(frozen, signal.SIGKILL)
+        proc.kill()
+        output, _ = proc.communicate()
     status = read_status(run)
     assert status["status"] == ended, (status, output[-3000:])
     assert f"train.{limit.split('=')[0]}" in status["message"], (status, output[-3000:])
@@ -1099,17 +1101,16 @@ def test_the_watchdog_stops_a_process_whose_heartbeat_stopped_and_not_one_that_w
 
 @pytest.mark.slow
 def test_kill_trials_script(tmp_path: Path) -> None:
-    """One trial of each kind of tests/faults/kill_trials.py: a random kill killed again while resuming, a SIGTERM
-    (during start-up, before the data is prepared) and a hang (while the step-0 snapshot is written). The kills at a
-    save's dangerous moments have their own tests above; the script runs any number of trials."""
+    """One trial of tests/faults/kill_trials.py: a kill at a random moment, killed again while resuming, then
+    compared with an uninterrupted run. Its other kinds each have their own test here: the kills at a save's
+    dangerous moments, a damaged checkpoint or start-up file, SIGTERM during start-up, a hang."""
     script = ROOT / "tests" / "faults" / "kill_trials.py"
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    args = ["--trials", "1", "--sigterm", "1", "--hang", "1", "--workdir", str(tmp_path)]
+    args = ["--trials", "1", "--workdir", str(tmp_path)]
     result = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, env=env, timeout=900)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     summary = json.loads(next(line for line in reversed(result.stdout.splitlines()) if line.startswith("{")))
-    assert summary["passed"] == 3 and summary["kills"] == 4 and summary["by_kind"]["sigterm"] == 1
-    assert summary["by_kind"]["hang"] == 1
+    assert summary["passed"] == 1 and summary["kills"] == 2, summary
 
 
 def test_a_failed_json_write_leaves_no_temp_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
