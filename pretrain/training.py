@@ -36,6 +36,7 @@ from accelerate.utils import (
     set_seed,
 )
 from torch import nn
+from torch.distributed.elastic.multiprocessing.errors import record
 from tqdm.auto import tqdm
 from transformers import get_scheduler
 
@@ -823,13 +824,23 @@ def hang_message(timeout_s: float, step: int) -> str:
             "same command continues from the last checkpoint")  # fmt: skip
 
 
+LOST_PEER = ("connection closed by peer", "connection reset by peer", "remote process exited")
+"""How gloo and NCCL say that another process of the run has gone (lower case)."""
+
+
 def failure_message(err: BaseException, accelerator: Accelerator, cfg: PretrainConfig) -> str:
-    """What status.json says of an unexpected error; a timeout with several processes names the key."""
+    """What status.json says of an unexpected error; with several processes, a timeout names the key, and another
+    process's end says where that process's own error is."""
     message = f"{type(err).__name__}: {err}"
-    if accelerator.num_processes > 1 and any(word in str(err).lower() for word in ("timed out", "timeout")):
+    if accelerator.num_processes == 1:
+        return message
+    if any(word in str(err).lower() for word in ("timed out", "timeout")):
         timeout = cfg.train.collective_timeout_s
         message += (f" (no answer from another process within train.collective_timeout_s={timeout} s: a process "
                     "froze or died, or its file system hung)")
+    elif any(words in str(err).lower() for words in LOST_PEER):
+        message += (" (another process of the run ended first: the launcher's summary at the end of its node's job "
+                    "log names it, its exit code and its error)")
     return message
 
 
@@ -839,4 +850,7 @@ def run(cfg: PretrainConfig, argv: list[str], stop: StopRequest) -> None:
         say(choose_cpu_threads())
         # Accelerate imports DeepSpeed wherever it is installed, which then warns that it found no GPU: say it is none.
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
-    pretrain(cfg, argv, stop)
+    # Under torchrun (accelerate launch with several processes), an error is also written where the launcher reads it:
+    # its summary at the end of the job's log then names the process that failed first, with its traceback (only the
+    # main process writes status.json, where another process's error shows as the main one's lost connection).
+    record(pretrain)(cfg, argv, stop)

@@ -401,7 +401,9 @@ def test_a_damaged_wandb_run_file_is_restored_from_the_snapshots_a_missing_one_i
     assert not own.exists() and len(warnings) == 1
 
 
-def test_a_prepared_instance_damaged_since_is_named_not_fed_to_the_model(tmp_path: Path) -> None:
+def test_a_prepared_instance_damaged_since_is_named_not_fed_to_the_model(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Bytes of a prepared instance overwritten since it was made (here the tokens of the validation split's first
     instance, to id -1): the run stops at the first batch that holds it, its status naming the instance, the cache
     folder and the fix, where the model would have failed indexing its embeddings (on a GPU: a device-side assert
@@ -418,10 +420,14 @@ def test_a_prepared_instance_damaged_since_is_named_not_fed_to_the_model(tmp_pat
     data = shard.read_bytes()
     at = data.index(tokens)
     shard.write_bytes(data[:at] + b"\xff" * len(tokens) + data[at + len(tokens):])
+    # Under torchrun, the error is also written where the launcher reads it (its summary names the failed process).
+    monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(tmp_path / "error.json"))
     with pytest.raises(TrainingFailed):
         main([*argv, "--train.resume=auto"])
     status = read_status(tmp_path / "run")
     assert status["status"] == "failed", status
+    error = json.loads((tmp_path / "error.json").read_text())["message"]
+    assert "DamagedInstance" in error["message"] and "Traceback" in error["extraInfo"]["py_callstack"], error
     assert re.search(rf"instance \d+ holds token ids outside the tokenizer's vocabulary \(0-\d+\): \[-1, -1, -1, -1\]: "
                      rf"the prepared instances in {re.escape(str(folder))} were damaged since they were made. Remove "
                      "that folder", status["message"]), status  # fmt: skip

@@ -63,6 +63,7 @@ def test_two_nodes_with_their_own_caches_train_one_run_and_resume_after_a_kill(t
     # next collective, and the same two commands with --train.resume=auto continue from step 2.
     killed = launch_two_nodes(tmp_path, run_dir, node1_env={"LNBERT_KILL_AT": "step:3"})
     assert killed[1].returncode != 0 and read_status(run_dir)["status"] == "failed", killed[0].stdout[-3000:]
+    assert "another process of the run ended first" in read_status(run_dir)["message"], read_status(run_dir)
     before = {r["step"]: r["train/loss"] for r in read_metrics(run_dir) if "train/loss" in r}
     assert sorted(before) == [1, 2, 3]
     results = launch_two_nodes(tmp_path, run_dir, "--train.resume=auto")
