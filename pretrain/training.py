@@ -490,14 +490,21 @@ def record_divergence(setup: TrainingSetup, state: TrainState, stats: StepStats,
     """The status and a metrics line of a run that diverged in the step after ``state.step``; returns "diverged"."""
     message = divergence_message(stats, state.step + 1, skipped_in_a_row)
     set_status(setup.accelerator, setup.cfg, "diverged", state.step, message, diverged_at=state.step + 1)
-    log_metrics(setup.accelerator, setup.run_dir, {"tokens_seen": state.tokens_seen, "diverged": 1}, state.step + 1)
+    log_line(setup, state, {"tokens_seen": state.tokens_seen, "diverged": 1}, state.step + 1)
     setup.accelerator.print(f"\n{message}")
     return "diverged"
 
 
 def run_evaluation(setup: TrainingSetup, state: TrainState) -> None:
     setup.last_eval = evaluate(setup)
-    log_metrics(setup.accelerator, setup.run_dir, {"tokens_seen": state.tokens_seen, **setup.last_eval}, state.step)
+    log_line(setup, state, {"tokens_seen": state.tokens_seen, **setup.last_eval}, state.step)
+
+
+def log_line(setup: TrainingSetup, state: TrainState, metrics: dict[str, Any], step: int,
+             file_only: dict[str, Any] | None = None) -> None:  # fmt: skip
+    """``metrics`` to the trackers and one line of RUN/metrics.jsonl, counted in the state a checkpoint saves."""
+    log_metrics(setup.accelerator, setup.run_dir, metrics, step, file_only)
+    state.metrics_lines += 1
 
 
 def step_metrics(setup: TrainingSetup, state: TrainState, stats: StepStats, tokens: int, slots: int, seconds: float,
@@ -578,7 +585,7 @@ def train(setup: TrainingSetup, state: TrainState, stop: StopRequest, heartbeat:
                 metrics = step_metrics(setup, state, stats, window_tokens, window_slots, window_time, window_skipped)
                 file_only = residual_matrices(stats.residual) | rounded(stats.histograms)
                 with held(full, setup.run_dir):
-                    log_metrics(accelerator, setup.run_dir, metrics, state.step, file_only=file_only)
+                    log_line(setup, state, metrics, state.step, file_only=file_only)
                 postfix.update(progress_postfix(stats.loss, metrics["train/lr"], setup.last_eval))
                 progress.set_postfix(postfix)
                 window_tokens, window_slots, window_time, window_skipped = 0, 0, 0.0, 0
@@ -683,7 +690,7 @@ def prepare_training(cfg: PretrainConfig, accelerator: Accelerator, resume_from:
     )
     state = start_state(cfg, accelerator, resume_from, data_fingerprint(cfg, data.tokenizer))
     if accelerator.is_main_process:
-        start_run_folder(setup, state.step if same_run else -1)
+        start_run_folder(setup, state, same_run)
     return setup, state
 
 
@@ -708,9 +715,10 @@ def start_state(cfg: PretrainConfig, accelerator: Accelerator, resume_from: Path
                                num_processes=accelerator.num_processes)  # fmt: skip
 
 
-def start_run_folder(setup: TrainingSetup, resumed_at: int) -> None:
+def start_run_folder(setup: TrainingSetup, state: TrainState, same_run: bool) -> None:
     """The main process's files of a starting run: the data report, run_config.json, the run id, metrics.jsonl cut back
-    to ``resumed_at`` (-1: a run from step 0 keeps no line of an earlier try)."""
+    to the step it resumes at (a run from step 0, or from another run's checkpoint, keeps no line of an earlier try)
+    and its lines counted in ``state``."""
     # What the run trains on, before it starts: a mixture that is not what the weights ask for, or a tiny
     # validation split, is seen now rather than after the run (the same report as pretrain.prepare's).
     report = data_report(setup.cfg, setup.tokenizer)
@@ -718,7 +726,8 @@ def start_run_folder(setup: TrainingSetup, resumed_at: int) -> None:
         print(report, flush=True)
     write_json(setup.run_dir / layout.RUN_CONFIG_FILE, stamped(setup.resolved, RUN_FORMAT))
     setup.run_id = ensure_run_id(setup.run_dir)  # once per run: fine-tuning results are keyed by it (run_folder/identity.py)
-    setup.last_eval = rewind_metrics(setup.run_dir, resumed_at)
+    resumed_at, logged = (state.step, state.metrics_lines) if same_run else (-1, 0)
+    setup.last_eval, state.metrics_lines = rewind_metrics(setup.run_dir, resumed_at, logged)
     if (setup.run_dir / layout.TOKENIZER_DIR).is_dir():
         follow_umask(setup.run_dir / layout.TOKENIZER_DIR)
 
@@ -850,7 +859,8 @@ def run(cfg: PretrainConfig, argv: list[str], stop: StopRequest) -> None:
         say(choose_cpu_threads())
         # Accelerate imports DeepSpeed wherever it is installed, which then warns that it found no GPU: say it is none.
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
-    # Under torchrun (accelerate launch with several processes), an error is also written where the launcher reads it:
-    # its summary at the end of the job's log then names the process that failed first, with its traceback (only the
-    # main process writes status.json, where another process's error shows as the main one's lost connection).
-    record(pretrain)(cfg, argv, stop)
+    # Under torchrun (accelerate launch with several processes), an error is also written to the file the launcher
+    # reads: its summary at the end of the job's log then names the process that failed first, with its traceback
+    # (only the main process writes status.json, where another process's error shows as a lost connection).
+    under_torchrun = bool(os.environ.get("TORCHELASTIC_ERROR_FILE"))
+    (record(pretrain) if under_torchrun else pretrain)(cfg, argv, stop)

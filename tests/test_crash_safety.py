@@ -328,12 +328,37 @@ def test_damaged_start_up_files_are_restored_from_the_latest_intact_snapshot(
     assert kept == {("run_config.json",), ("tokenizer", "tokenizer.json"), ("tokenizer", "tokenizer_config.json"),
                     ("metrics.jsonl",)}  # fmt: skip
     assert f"1 line(s) of {run / 'metrics.jsonl'} cannot be read (damaged since): left out" in err
+    logged = f"holds {len(lines) - 1} of the {len(lines)} lines the run logged up to step 3 (cut short, damaged or"
+    assert f"{run / 'metrics.jsonl'} {logged}" in err, err
     assert next((run / "damaged").rglob("metrics.jsonl")).read_bytes() == damaged_metrics
     assert [r["step"] for r in read_metrics(run) if "train/loss" in r][-3:] == [4, 5, 6]
     assert read_status(run)["status"] == "finished"
     capsys.readouterr()
     assert main([*argv, "--train.resume=auto"]) == 0  # nothing left to restore
     assert "restored" not in capsys.readouterr().err
+
+
+def test_metrics_lines_lost_since_the_checkpoint_are_counted_on_resume(
+    tmp_path: Path, data_cache: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """metrics.jsonl cut short at a line's end (no damaged line to see): the resume counts the lines against the
+    checkpoint's count and says how many are missing; the next resume, from a checkpoint that counted what was kept,
+    says nothing. A run resumed intact says nothing either."""
+    run = tmp_path / "run"
+    argv = tiny_args(run, data_cache, "--train.max_steps=9")
+    assert main([*argv, "--train.stop_at_step=3"]) == 0
+    assert main([*argv, "--train.stop_at_step=6", "--train.resume=auto"]) == 0
+    assert "lines the run logged" not in capsys.readouterr().err
+    lines = (run / "metrics.jsonl").read_bytes().splitlines(keepends=True)
+    (run / "metrics.jsonl").write_bytes(b"".join(lines[:3]))  # cut after step 2's line: those of steps 3 to 6 gone
+    assert main([*argv, "--train.stop_at_step=7", "--train.resume=auto"]) == 0
+    err = capsys.readouterr().err
+    assert (f"{run / 'metrics.jsonl'} holds 3 of the {len(lines)} lines the run logged up to step 6 (cut short, "
+            "damaged or removed since): its curves have a gap there") in err, err  # fmt: skip
+    assert [r["step"] for r in read_metrics(run) if "train/loss" in r] == [1, 2, 7]
+    assert main([*argv, "--train.resume=auto"]) == 0
+    assert "lines the run logged" not in capsys.readouterr().err
+    assert [r["step"] for r in read_metrics(run) if "train/loss" in r] == [1, 2, 7, 8, 9]
 
 
 def test_the_run_tokenizer_is_compared_with_the_snapshots_up_to_the_newest_checkpoint(tmp_path: Path) -> None:

@@ -57,6 +57,8 @@ class TrainState:
     """Sequences per optimizer step (per device x processes x accumulation); the same run keeps it on resume."""
     num_processes: int = 1
     """Processes that trained it: DeepSpeed ZeRO partitions its optimizer state one way per process."""
+    metrics_lines: int = 0
+    """Lines of RUN/metrics.jsonl up to this step: a resume that reads fewer says how many were lost since."""
 
 
 # Checkpoints

@@ -60,10 +60,11 @@ def log_metrics(accelerator: Accelerator, run_dir: Path, metrics: dict[str, Any]
             f.write(json.dumps({**metrics, **(file_only or {})}, sort_keys=True) + "\n")
 
 
-def rewind_metrics(run_dir: Path, step: int) -> dict[str, float]:
-    """On resume from ``step``: drop the lines logged after it (logged again); return the latest validation metrics.
-    Lines that are no JSON object were damaged since (but a last one a kill cut short): they are left out with a
-    warning, and the file as it was is kept under RUN/damaged/."""
+def rewind_metrics(run_dir: Path, step: int, logged: int) -> tuple[dict[str, float], int]:
+    """On resume from ``step``: drop the lines logged after it (logged again); return the latest validation metrics
+    and how many lines are kept. ``logged``: how many lines the checkpoint counted up to ``step``; fewer kept (the
+    file cut short or removed since) is said in a warning. Lines that are no JSON object were damaged since (but a
+    last one a kill cut short): they are left out with a warning, and the file as it was is kept under RUN/damaged/."""
     path = Path(run_dir) / METRICS_FILE
     readable, damaged = metrics_and_damage(run_dir)
     if damaged:
@@ -71,10 +72,13 @@ def rewind_metrics(run_dir: Path, step: int) -> dict[str, float]:
         print(f"warning: {damaged} line(s) of {path} cannot be read (damaged since): left out; the file as it was is "
               f"kept as {kept}", file=sys.stderr, flush=True)  # fmt: skip
     rows = [row for row in readable if row.get("step", 0) <= step]
+    if len(rows) < logged:
+        print(f"warning: {path} holds {len(rows)} of the {logged} lines the run logged up to step {step} (cut short, "
+              "damaged or removed since): its curves have a gap there", file=sys.stderr, flush=True)  # fmt: skip
     if path.is_file():
         write_text(path, "".join(json.dumps(row, sort_keys=True) + "\n" for row in rows))
     evaluations = [row for row in rows if any(k.startswith("val/") for k in row)]
-    return {k: v for k, v in evaluations[-1].items() if k.startswith("val/")} if evaluations else {}
+    return ({k: v for k, v in evaluations[-1].items() if k.startswith("val/")} if evaluations else {}), len(rows)
 
 
 def layer_grad_norms(model: nn.Module, clip_factor: float = 1.0) -> dict[str, float]:
