@@ -503,7 +503,7 @@ def run_evaluation(setup: TrainingSetup, state: TrainState) -> None:
 def log_line(setup: TrainingSetup, state: TrainState, metrics: dict[str, Any], step: int,
              file_only: dict[str, Any] | None = None) -> None:  # fmt: skip
     """``metrics`` to the trackers and one line of RUN/metrics.jsonl, counted in the state a checkpoint saves."""
-    log_metrics(setup.accelerator, setup.run_dir, metrics, step, file_only)
+    log_metrics(setup.accelerator, setup.run_dir, metrics, step, file_only=file_only)
     state.metrics_lines += 1
 
 
