@@ -226,8 +226,8 @@ def test_a_model_whose_stage_1_cells_have_not_ended_waits_for_them(tmp_path):
     the study says what it waits for."""
     for lr in (1e-3, 3e-3):
         for seed in (0, 1):
-            _cell(tmp_path, "pre", lr, seed, -0.1)
-            _cell(tmp_path, "pre-hc4", lr, seed, -0.2)
+            _cell(tmp_path, "pre", lr, seed, -0.1 - 0.01 * seed)
+            _cell(tmp_path, "pre-hc4", lr, seed, -0.2 + 0.003 * seed)
     write_json(tmp_path / "runs" / Cell("pre-hc4", 128, 12, 0, 3e-3, 1).name / "status.json",
                {"status": "preempted", "step": 3})  # fmt: skip
     study = [a for a in _study(tmp_path) if not a.startswith("--models")]
