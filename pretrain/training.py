@@ -838,10 +838,10 @@ LOST_PEER = ("connection closed by peer", "connection reset by peer", "remote pr
 
 
 def failure_message(err: BaseException, accelerator: Accelerator, cfg: PretrainConfig) -> str:
-    """What status.json says of an unexpected error; with several processes, a timeout names the key, and another
-    process's end says where that process's own error is."""
+    """What status.json says of an unexpected error. An error of a collective, with several processes: a timeout
+    names the key, and another process's end says where that process's own error is."""
     message = f"{type(err).__name__}: {err}"
-    if accelerator.num_processes == 1:
+    if accelerator.num_processes == 1 or not collective_error(err):  # not, e.g., a tracker's lost HTTP connection
         return message
     if any(word in str(err).lower() for word in ("timed out", "timeout")):
         timeout = cfg.train.collective_timeout_s
@@ -851,6 +851,12 @@ def failure_message(err: BaseException, accelerator: Accelerator, cfg: PretrainC
         message += (" (another process of the run ended first: the launcher's summary at the end of its node's job "
                     "log names it, its exit code and its error)")
     return message
+
+
+def collective_error(err: BaseException) -> bool:
+    """Raised by torch.distributed: its own errors (NCCL's, the store's), or gloo's, RuntimeErrors that name its
+    source file."""
+    return isinstance(err, getattr(torch.distributed, "DistError", ())) or "/gloo/" in str(err)
 
 
 def run(cfg: PretrainConfig, argv: list[str], stop: StopRequest) -> None:

@@ -1027,6 +1027,25 @@ def _worker_of_rank(launcher: int, rank: int) -> int | None:
     return None
 
 
+def test_only_an_error_of_a_collective_is_read_as_another_process_gone_or_frozen() -> None:
+    """The remarks of a failed status: for gloo's and NCCL's errors with several processes, not for a tracker's lost
+    connection or timeout, nor with one process."""
+    from types import SimpleNamespace
+
+    from pretrain.config import PretrainConfig
+    from pretrain.training import failure_message
+
+    cfg, two, one = PretrainConfig(), SimpleNamespace(num_processes=2), SimpleNamespace(num_processes=1)
+    gloo = "[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer [::1]:1"
+    gone = "another process of the run ended first"
+    assert gone in failure_message(RuntimeError(gloo), two, cfg)
+    assert gone in failure_message(torch.distributed.DistBackendError("NCCL: remote process exited"), two, cfg)
+    assert "train.collective_timeout_s" in failure_message(torch.distributed.DistStoreError("timed out"), two, cfg)
+    for err, accelerator in ((RuntimeError(gloo), one), (ConnectionResetError("Connection reset by peer"), two),
+                             (TimeoutError("read timed out"), two)):  # fmt: skip
+        assert failure_message(err, accelerator, cfg) == f"{type(err).__name__}: {err}"
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(("limit", "ended"), [("collective_timeout_s=20", "failed"), ("hang_timeout_s=10", "hung")])
 def test_a_frozen_process_stops_the_run_with_a_message_naming_the_timeout(tmp_path: Path, data_cache: Path,
