@@ -429,10 +429,10 @@ def test_a_damaged_wandb_run_file_is_restored_from_the_snapshots_a_missing_one_i
 def test_a_prepared_instance_damaged_since_is_named_not_fed_to_the_model(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Bytes of a prepared instance overwritten since it was made (here the tokens of the validation split's first
-    instance, to id -1): the run stops at the first batch that holds it, its status naming the instance, the cache
-    folder and the fix, where the model would have failed indexing its embeddings (on a GPU: a device-side assert
-    that names nothing)."""
+    """Bytes of a prepared instance changed since it was made, unseen by the load's check (the shard's time kept, as
+    a flipped bit on disk keeps it; here the tokens of the validation split's first instance, to id -1): the run
+    stops at the first batch that holds it, its status naming the instance, the cache folder and the fix, where the
+    model would have failed indexing its embeddings (on a GPU: a device-side assert that names nothing)."""
     import datasets
     import numpy as np
 
@@ -444,7 +444,9 @@ def test_a_prepared_instance_damaged_since_is_named_not_fed_to_the_model(
     tokens = np.asarray(datasets.Dataset.from_file(str(shard))[0]["input_ids"], dtype="<i4").tobytes()
     data = shard.read_bytes()
     at = data.index(tokens)
+    made = shard.stat()
     shard.write_bytes(data[:at] + b"\xff" * len(tokens) + data[at + len(tokens):])
+    os.utime(shard, ns=(made.st_atime_ns, made.st_mtime_ns))
     # Under torchrun, the error is also written where the launcher reads it (its summary names the failed process).
     monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(tmp_path / "error.json"))
     with pytest.raises(TrainingFailed):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import random
 from collections import Counter
 from pathlib import Path
@@ -505,25 +506,51 @@ def test_cache_hit_and_miss(tmp_path: Path, json_config: DataConfig, corpus: Pat
 def test_damaged_prepared_instances_are_set_aside_and_made_again(
     tmp_path: Path, json_config: DataConfig, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """Cache entries are written whole (atomically): prepared instances that cannot be read were damaged since. They
-    are derived data: moved aside (kept) with a warning naming them, and made again, the same instances as before."""
+    """Cache entries are written whole (atomically): prepared instances that cannot be read, or whose bytes differ
+    from the checksums their summary recorded, were damaged since. They are derived data: moved aside (kept) with a
+    warning naming them, and made again, the same instances as before."""
     first = build_pretraining_data(json_config, seed=0)
     ids = [part.to_dict()["input_ids"] for part in (first.train, first.validation)]  # read now: they are mapped
     (entry,) = (p for p in (tmp_path / "cache").glob("instances-*") if p.suffix != ".lock")
     shard = entry / "validation" / "shard-00000.arrow"
-    shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])
+
+    def overwrite(path: Path) -> None:  # the same size, bytes of the last instance's data changed in place
+        data = bytearray(path.read_bytes())
+        data[-200] ^= 0x01
+        path.write_bytes(data)
+
+    damages = {
+        "ValueError: shard validation/shard-00000.arrow does not match its checksum": lambda: overwrite(shard),
+        "ValueError: shard validation/shard-00000.arrow has": lambda: shard.write_bytes(shard.read_bytes()[:-8]),
+        "UnicodeDecodeError": lambda: (entry / "summary.json").write_bytes(b"\xff{"),
+    }
     large = dataclasses.replace(json_config, max_inline_preparation_mb=0)  # the same entry, too large to make inline
-    for damage in ("OSError", "UnicodeDecodeError"):
+    for message, damage in damages.items():
+        damage()
         assert not is_prepared(json_config, seed=0)
         with pytest.raises(PreparationRequired, match=r"holds no prepared instances for this config \(or damaged"):
             build_pretraining_data(large, seed=0, num_processes=2)  # not made again while the others wait
         again = build_pretraining_data(json_config, seed=0)
         out = capsys.readouterr().out
-        assert f"warning: the prepared instances in {entry} cannot be read ({damage}" in out, out
+        assert f"warning: the prepared instances in {entry} cannot be read ({message}" in out, out
         assert "moved to" in out and "made again from the corpus" in out
         assert [part.to_dict()["input_ids"] for part in (again.train, again.validation)] == ids
-        (entry / "summary.json").write_bytes(b"\xff{")
-    assert len(list((tmp_path / "cache").glob("instances-*.damaged-*"))) == 2
+    assert len(list((tmp_path / "cache").glob("instances-*.damaged-*"))) == len(damages)
+
+
+def test_a_prepared_shard_copied_without_its_times_is_checked_and_used(
+    tmp_path: Path, json_config: DataConfig, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A cache copied without its files' times (cp -r): every shard is checked against its checksum, said once per
+    part, and used as it is, nothing made again."""
+    build_pretraining_data(json_config, seed=0)
+    (entry,) = (p for p in (tmp_path / "cache").glob("instances-*") if p.suffix != ".lock")
+    capsys.readouterr()
+    for shard in entry.rglob("*.arrow"):
+        os.utime(shard, ns=(shard.stat().st_atime_ns, shard.stat().st_mtime_ns + 1))
+    build_pretraining_data(json_config, seed=0)
+    out = capsys.readouterr().out
+    assert out.count("against their checksums") == 2 and "made again" not in out, out
 
 
 def test_a_damaged_tokenizer_folder_or_unreadable_cache_is_named_with_the_fix(

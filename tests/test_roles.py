@@ -100,16 +100,17 @@ _OTHER_DATA = DataConfig(
     validation_documents=7, max_documents=900, tokenizer_train_documents=500, cache_dir="/c", streaming=False,
     shuffle_buffer_size=77, num_proc=3, max_inline_preparation_mb=8.0,
 )  # fmt: skip
-# CACHE_FORMAT_VERSION enters both cache keys: a deliberate bump changes them, and these values with it. The data
+# CACHE_FORMAT_VERSION enters both cache keys: a deliberate bump changes them, and these values with it (the last,
+# to 5: summary.json records each shard's checksum). The data
 # fingerprints changed (from b109991157ec0d1f and 78bb2ffc61ea9b2d) when the batch split left them: a data position
 # counts sequences, which holds for any number of processes. The recipe
 # hashes changed (from f573bf8a and 3c59ba3d) when the residual scheme's six fields joined the model section, and
 # (from 0b07e65c and 8be0b38e) when the 2025-26 designs' fields did: the recipe holds every model field, so every
 # run's W&B group did too.
 KEYS_BEFORE = {
-    "default": {"tokenizer_key": "78575715f887ac51efcf", "instances_key": "e3daeec7f225c60a4f83",
+    "default": {"tokenizer_key": "2f4aeeac7ec6d81fbc3f", "instances_key": "90427cd2fcffaac61856",
                 "data_fingerprint": "2b762b27d94286bf", "recipe_hash": "03640549"},
-    "other": {"tokenizer_key": "8dd6fcfbcc9f4580bfe8", "instances_key": "dc1a68e7375fc1f1159c",
+    "other": {"tokenizer_key": "a0bbd139bf17331a8fad", "instances_key": "aaf5079dd77798978b7a",
               "data_fingerprint": "cc2f9c3b175b44e2", "recipe_hash": "c0d5c68f"},
 }  # fmt: skip
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 # Bump when the instance format or algorithm changes, so stale caches are never reused.
-CACHE_FORMAT_VERSION = 4
+CACHE_FORMAT_VERSION = 5
 
 
 def content_hash(obj: Any) -> str:

@@ -3,6 +3,10 @@ instances depend on), made shard by shard by several processes, resumable after 
 per key (a lock), published atomically. The instances themselves are made by pretrain/data/instances.py.
 
     cached_instances -> prepared_dir (data_cache_key) -> prepare_instances -> shards -> summary.json -> shards loaded
+
+Arrow files carry no checksum, so summary.json records each shard's size, modification time and SHA-256: a shard
+whose size or time changed since is checked against its checksum before it is used (a copy that kept no times is
+checked at each start; one whose bytes changed is damaged, and made again).
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ from pretrain.data.instances import (
     plain_backend,
 )
 from pretrain.data.tokenizer import pipeline_hash
+from pretrain.run_folder.manifest import sha256_file
 
 # DataConfig fields that do not change the instances (not keyed_in "instances"): those acting on batches, the
 # mechanics, ``streaming`` (never cached) and the tokenizer's name (it enters the key by content, pipeline_hash).
@@ -115,13 +120,45 @@ def _load(folder: Path) -> tuple[datasets.Dataset, datasets.Dataset]:
     loaded = []
     try:
         for name in PARTS:
+            _check_shards(folder / name, summary[name]["shards"])
             shards = [datasets.Dataset.from_file(str(folder / name / f)) for f in summary[name]["shards"]]
             loaded.append(shards[0] if len(shards) == 1 else datasets.concatenate_datasets(shards))
-    except (OSError, ValueError, KeyError, TypeError) as err:
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
         if not is_damage(err):
             raise
         raise DamagedEntry(folder, err) from None
     return loaded[0], loaded[1]
+
+
+def _shard_record(path: Path) -> dict[str, Any]:
+    stat = path.stat()
+    return {"bytes": stat.st_size, "mtime_ns": stat.st_mtime_ns, "sha256": sha256_file(path)}
+
+
+def _check_shards(part_dir: Path, records: dict[str, dict[str, Any]]) -> None:
+    """ValueError naming the first shard of ``part_dir`` whose bytes are not those ``records`` (the summary's) holds.
+    A shard with the size and modification time it was made with is not read: hashing a large cache at every start
+    of every process would cost minutes; one overwritten in place has a new time."""
+    changed = {}
+    for name, record in records.items():
+        stat = (part_dir / name).stat()
+        if stat.st_size != record["bytes"]:
+            raise ValueError(f"shard {part_dir.name}/{name} has {stat.st_size} bytes, it was made with {record['bytes']}")
+        if stat.st_mtime_ns != record["mtime_ns"]:
+            changed[name] = (str(part_dir / name), stat.st_size, stat.st_mtime_ns)
+    if new := [name for name, key in changed.items() if key not in _digests]:
+        print(f"checking {len(new)} shard(s) of {part_dir} against their checksums: modified since they were made "
+              "(or copied without their times: cp -p, rsync -t keep them)", flush=True)  # fmt: skip
+    for name, key in changed.items():
+        if key not in _digests:
+            _digests[key] = sha256_file(part_dir / name)
+        if _digests[key] != records[name]["sha256"]:
+            raise ValueError(f"shard {part_dir.name}/{name} does not match its checksum (its bytes were changed)")
+
+
+# The checksums this process computed, by (path, size, modification time): a shard is read once however often its
+# entry is loaded (the readiness check, then the load).
+_digests: dict[tuple[str, int, int], str] = {}
 
 
 def read_summary(folder: Path) -> dict[str, Any]:
@@ -259,8 +296,9 @@ def _make_shards(
 
 
 def _part_summary(part_dir: Path, stats: dict[int, SourceStats], max_seq_length: int) -> dict[str, Any]:
-    """Shards, instances, real tokens and padding (against max_seq_length-token rows) of one part, counted from its
-    files (the offsets of the input_ids column only, not the tokens), and the per-source counts."""
+    """Shards (each with its size, time and checksum), instances, real tokens and padding (against
+    max_seq_length-token rows) of one part, counted from its files (the offsets of the input_ids column only, not the
+    tokens), and the per-source counts."""
     files = sorted(p.name for p in part_dir.glob("shard-*.arrow"))
     instances = real_tokens = 0
     for f in files:
@@ -268,7 +306,7 @@ def _part_summary(part_dir: Path, stats: dict[int, SourceStats], max_seq_length:
         instances += len(column)
         real_tokens += sum(int(pc.sum(pc.list_value_length(c)).as_py() or 0) for c in column.chunks)
     return {
-        "shards": files,
+        "shards": {f: _shard_record(part_dir / f) for f in files},
         "instances": instances,
         "real_tokens": real_tokens,
         "padding_fraction": 1 - real_tokens / (instances * max_seq_length) if instances else 0.0,

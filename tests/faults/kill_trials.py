@@ -3,7 +3,7 @@ resumed with --train.resume=auto until it finishes, and compared with an uninter
 
     python tests/faults/kill_trials.py --trials 30            # about 15 s per trial on one CPU thread
     python tests/faults/kill_trials.py --trials 200 --seed 7 --workdir /tmp/kills --keep
-    python tests/faults/kill_trials.py --trials 0 --corrupt 24   # damaged latest checkpoints and start-up files
+    python tests/faults/kill_trials.py --trials 0 --corrupt 27   # damaged checkpoints, start-up files, data
     python tests/faults/kill_trials.py --trials 0 --sigterm 15   # SIGTERM at any stage, start-up included
     python tests/faults/kill_trials.py --trials 0 --hang 5       # a process that hangs, stopped by its watchdog
 
@@ -19,9 +19,10 @@ rename and the rotation of old ones (``checkpoint_renamed``), and after a step b
 (``step``). Exit status 0 when every trial passes.
 
 Corruption trials (``--corrupt N``): the run stops at step 8 (``train.stop_at_step``), one file of its latest
-checkpoint, or of the run folder's start-up files (``RUN_FILES``), is deleted, cut to half its size or has bytes
-overwritten (cycling through ``CORRUPTIONS``), and the same checks follow ``--train.resume=auto``: the damaged
-checkpoint must be skipped for the one before it, a damaged start-up file restored from a snapshot.
+checkpoint, of the run folder's start-up files (``RUN_FILES``) or a shard of its prepared instances
+(``PREPARED_SHARD``) is deleted, cut to half its size or has bytes overwritten (cycling through ``CORRUPTIONS``), and
+the same checks follow ``--train.resume=auto``: the damaged checkpoint must be skipped for the one before it, a
+damaged start-up file restored from a snapshot, damaged instances made again.
 
 SIGTERM trials (``--sigterm N``), cycling through four moments: the first line the run prints (torch imported, the
 data not yet prepared); the appearance of run_config.json (the end of start-up); a random moment of start-up and
@@ -74,11 +75,13 @@ HOOKS = (
 
 # Damaged in the run folder itself, not in its latest checkpoint: restored from a snapshot (pretrain/run_folder/repair.py).
 RUN_FILES = ("run_config.json", "run_id", "tokenizer/tokenizer.json")
+# In the data cache's prepared instances (shared by the trials): set aside and made again, the same instances.
+PREPARED_SHARD = "train/shard-00000.arrow"
 CORRUPTIONS = [
     (file, how)
-    for how in ("missing", "truncated", "overwritten")  # the files first: --corrupt 8 damages each one
+    for how in ("missing", "truncated", "overwritten")  # the files first: --corrupt 9 damages each one
     for file in ("train_state.json", "model.safetensors", "optimizer.bin", "random_states_0.pkl", "manifest.json",
-                 *RUN_FILES)
+                 *RUN_FILES, PREPARED_SHARD)
 ]
 
 
@@ -92,6 +95,20 @@ def damage(path: Path, how: str) -> None:
     else:  # the same size, 16 bytes in the middle flipped
         middle = len(data) // 2
         path.write_bytes(data[:middle] + bytes(b ^ 0xFF for b in data[middle : middle + 16]) + data[middle + 16 :])
+
+
+def overwrite_tokens(shard: Path) -> None:
+    """Every token id of a prepared shard changed to its neighbour (id ^ 1), in place: still in the vocabulary, so
+    that only the shard's checksum tells (every later batch would hold other tokens, the losses other values)."""
+    import datasets
+    import numpy as np
+
+    data = bytearray(shard.read_bytes())
+    for chunk in datasets.Dataset.from_file(str(shard)).data.column("input_ids").chunks:
+        values = np.asarray(chunk.values, dtype="<i4")
+        at = data.find(values.tobytes())
+        data[at : at + 4 * len(values)] = (values ^ 1).tobytes()
+    shard.write_bytes(bytes(data))
 
 
 def run_args(run_dir: Path, cache: Path) -> list[str]:
@@ -334,11 +351,19 @@ def corruption_trial(index: int, workdir: Path, cache: Path, reference: Referenc
     if first.returncode != 0:
         trial.problems.append(f"the run to step 8 exited {first.returncode}: {output.strip().splitlines()[-1:]}")
         return trial
-    damage((run_dir if file in RUN_FILES else latest_checkpoint(run_dir)) / file, how)
+    path = damaged_folder(file, run_dir, cache) / file
+    overwrite_tokens(path) if (file, how) == (PREPARED_SHARD, "overwritten") else damage(path, how)
     resume_to_the_end(args, trial)
     if not trial.problems:
         check(run_dir, reference, trial)
     return trial
+
+
+def damaged_folder(file: str, run_dir: Path, cache: Path) -> Path:
+    if file == PREPARED_SHARD:  # the folder in use: not one set aside (instances-KEY.damaged-NS)
+        (folder,) = (p for p in cache.glob("instances-*") if p.is_dir() and "." not in p.name)
+        return folder
+    return run_dir if file in RUN_FILES else latest_checkpoint(run_dir)
 
 
 HANG_TIMEOUT_S = 5  # a tiny step takes milliseconds; start-up, the first evaluation and saves well under this
