@@ -12,6 +12,7 @@ import torch
 
 from pretrain.analysis import cli, common, init_grads, init_scale, ln_jacobian, options
 from pretrain.modeling import LNBertConfig, LNBertModel
+from pretrain.variants import NORM_PLACEMENTS
 
 # --------------------------------------------------------------------------------------------------
 # ln-jacobian
@@ -123,16 +124,18 @@ def test_init_scale_panel_tells_norm_types_and_inits_apart():
 
 
 def test_init_scale_command_writes_table_and_png(tmp_path, tiny_kwargs):
+    """Every placement, as the command's default (docs/results.md section 2) measures them."""
     out = tmp_path / "scale"
     argv = [
         "init-scale", "--num_layers=2", "--paper_hidden_size=16", "--seeds=8", "--model_seeds=1",
         "--hidden_size=32", "--num_heads=2", "--vocab_size=99", "--seq_len=9", "--batch_size=2",
-        "--placements=[post, deepnorm]", "--init_schemes=[xavier]", "--out", str(out),
+        "--init_schemes=[xavier]", "--out", str(out),
     ]  # fmt: skip
     assert cli.main(argv) == 0
     assert (out / "init_scale.png").stat().st_size > 1000
     results = json.loads((out / "results.json").read_text())
-    assert sorted(results["model"]) == ["deepnorm/xavier", "post/xavier"]
+    assert sorted(results["model"]) == sorted(f"{p}/xavier" for p in NORM_PLACEMENTS)
+    assert results["model"]["ngpt/xavier"]["mean"] == pytest.approx([1 / 32] * 2)  # unit vectors: 1/d
     assert len(results["simplified"]["pre"]["mean"]) == 2
     assert "bound lo" in (out / "table.txt").read_text()
 

@@ -71,7 +71,8 @@ def model_stream_scale(config: LNBertConfig, batch_size: int, seq_len: int, seed
     block ends in a norm (post, deepnorm, admin, b2t, mix_ln's Post-LN layers): that norm's un-normalised input
     (x_post5, scaled by alpha for DeepNorm). ResiDual: its un-normalised stream d. The others: the residual stream
     after each layer (``hidden_states[-1]`` is after the final norm); for HC and mHC the mean over their n streams,
-    for AttnRes the plain sum of its sources (the Pre-LN stream its sub-layers' outputs add up to)."""
+    for AttnRes the plain sum of its sources (the Pre-LN stream its sub-layers' outputs add up to); for nGPT the unit
+    vectors h (1/d by construction)."""
     torch.manual_seed(seed)
     model = LNBertModel(config, add_pooling_layer=False).eval()
     d = config.hidden_size
@@ -82,7 +83,7 @@ def model_stream_scale(config: LNBertConfig, batch_size: int, seq_len: int, seed
         captured.append((v.double().pow(2).sum(-1) / d).mean().item())
 
     for layer in model.encoder.layer:  # the model is this function's own: its hooks go with it
-        if layer.block.ends_in_norm:
+        if not config.placement.sphere and layer.block.ends_in_norm:
             layer.output.LayerNorm.register_forward_pre_hook(lambda _m, inputs: record(inputs[0]))
         elif config.placement.two_streams:
             layer.register_forward_hook(lambda _m, _inputs, output: record(output[0][1]))
