@@ -514,7 +514,7 @@ def test_damaged_prepared_instances_are_set_aside_and_made_again(
     (entry,) = (p for p in (tmp_path / "cache").glob("instances-*") if p.suffix != ".lock")
     shard = entry / "validation" / "shard-00000.arrow"
 
-    def overwrite(path: Path) -> None:  # the same size, bytes of the last instance's data changed in place
+    def overwrite(path: Path) -> None:  # one byte near the end changed in place, the size kept
         data = bytearray(path.read_bytes())
         data[-200] ^= 0x01
         path.write_bytes(data)
