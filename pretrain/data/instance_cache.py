@@ -131,8 +131,9 @@ def _load(folder: Path) -> tuple[datasets.Dataset, datasets.Dataset]:
 
 
 def _shard_record(path: Path) -> dict[str, Any]:
+    """A shard's "size" and "sha256", as a manifest lists a file (pretrain/run_folder/manifest.py), and its time."""
     stat = path.stat()
-    return {"bytes": stat.st_size, "mtime_ns": stat.st_mtime_ns, "sha256": sha256_file(path)}
+    return {"size": stat.st_size, "mtime_ns": stat.st_mtime_ns, "sha256": sha256_file(path)}
 
 
 def _check_shards(part_dir: Path, records: dict[str, dict[str, Any]]) -> None:
@@ -142,8 +143,8 @@ def _check_shards(part_dir: Path, records: dict[str, dict[str, Any]]) -> None:
     changed = {}
     for name, record in records.items():
         stat = (part_dir / name).stat()
-        if stat.st_size != record["bytes"]:
-            raise ValueError(f"shard {part_dir.name}/{name} has {stat.st_size} bytes, it was made with {record['bytes']}")
+        if stat.st_size != record["size"]:
+            raise ValueError(f"shard {part_dir.name}/{name} has {stat.st_size} bytes, it was made with {record['size']}")
         if stat.st_mtime_ns != record["mtime_ns"]:
             changed[name] = (str(part_dir / name), stat.st_size, stat.st_mtime_ns)
     if new := [name for name, key in changed.items() if key not in _digests]:

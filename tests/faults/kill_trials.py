@@ -107,6 +107,7 @@ def overwrite_tokens(shard: Path) -> None:
     for chunk in datasets.Dataset.from_file(str(shard)).data.column("input_ids").chunks:
         values = np.asarray(chunk.values, dtype="<i4")
         at = data.find(values.tobytes())
+        assert at >= 0, f"{shard}: the token ids were not found as one run of bytes"
         data[at : at + 4 * len(values)] = (values ^ 1).tobytes()
     shard.write_bytes(bytes(data))
 
