@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -20,7 +18,7 @@ import torch
 
 from pretrain.common.cli import run_cli
 from pretrain.common.device import pick_device
-from pretrain.common.hardware import cpu_bf16_warning, gpu_peak
+from pretrain.common.hardware import cpu_bf16_warning, cpu_model, gpu_peak
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 
@@ -77,15 +75,6 @@ def spread(values: list[float]) -> dict[str, float]:
 def paired_speedup(times: list[float], reference: list[float]) -> dict[str, float]:
     """``spread`` of reference / time per repetition: both timed in the same one, so shared-machine drift cancels."""
     return spread([r / t for t, r in zip(times, reference, strict=True)])
-
-
-def cpu_model() -> str:
-    with contextlib.suppress(FileNotFoundError):
-        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=False).stdout
-        for line in out.splitlines():
-            if line.startswith("Model name:"):
-                return line.split(":", 1)[1].strip()
-    return platform.processor() or "unknown"
 
 
 def machine_info(device: torch.device) -> dict[str, Any]:

@@ -377,6 +377,17 @@ def test_the_cpu_presets_choose_the_precision_for_the_machine(
     assert cfg.train.mixed_precision == "bf16"
 
 
+def test_a_cpu_is_named_with_its_generation(tmp_path: Path) -> None:
+    """A virtual machine names Zen 3 and Zen 4 alike ("AMD EPYC"): the family and model numbers tell them apart."""
+    cpuinfo = tmp_path / "cpuinfo"
+    first = "processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 25\nmodel\t\t: 17\nmodel name\t: AMD EPYC\n"
+    cpuinfo.write_text(first + "\n" + first.replace("processor\t: 0", "processor\t: 1"))
+    assert hardware.cpu_model(cpuinfo) == "AMD EPYC (family 25, model 17)"
+    cpuinfo.write_text("processor\t: 0\nmodel name\t: Neoverse-V2\n")  # no family: the name alone
+    assert hardware.cpu_model(cpuinfo) == "Neoverse-V2"
+    assert hardware.cpu_model(tmp_path / "absent")  # not Linux: platform's word
+
+
 def test_the_benchmark_measures_only_the_precisions_asked_for(monkeypatch: pytest.MonkeyPatch) -> None:
     measured: list[torch.dtype] = []
 

@@ -2,8 +2,8 @@
 
 Every sitting that runs or resumes a cell records its environment in RUN/provenance.json first: the commit, the
 code it ran (the git tree of ``pretrain/``, which committing results or docs leaves unchanged, with a hash of any
-uncommitted change), the machine (CPU model, the threads a cell computes with, the GPU) and the torch, transformers
-and Python versions. Once the run has ended, the same file gets its inputs by content: the tokenizer (the hash the
+uncommitted change), the machine (the CPU's model and generation, the vector instructions torch's kernels use, the
+threads a cell computes with, the GPU) and the torch, transformers and Python versions. Once the run has ended, the same file gets its inputs by content: the tokenizer (the hash the
 data cache keys on, of the run's saved RUN/tokenizer) and the data (the sha256 of every corpus file and the data
 settings that shape instances and batches; the seed apart, since each seed draws its own split).
 """
@@ -60,14 +60,6 @@ def code_identity() -> str:
     return f"{tree[:12]}+uncommitted-{digest.hexdigest()[:8]}"
 
 
-def cpu_model() -> str:
-    """The CPU's model name (/proc/cpuinfo on Linux; platform's word elsewhere)."""
-    cpuinfo = Path("/proc/cpuinfo")
-    lines = cpuinfo.read_text().splitlines() if cpuinfo.is_file() else []
-    names = [line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")]
-    return names[0] if names else platform.processor() or platform.machine()
-
-
 @functools.cache
 def environment() -> dict[str, Any]:
     """This process's environment, as a cell it starts runs in (the same interpreter, PYTHONPATH and variables)."""
@@ -75,6 +67,7 @@ def environment() -> dict[str, Any]:
     import transformers
 
     from pretrain.common.device import choose_cpu_threads
+    from pretrain.common.hardware import cpu_model
 
     # pretrain/run.py's own rule sizes torch's thread pool here as in the cell (the probes then use the same).
     choose_cpu_threads()
@@ -82,7 +75,10 @@ def environment() -> dict[str, Any]:
     return {
         "commit": _git("rev-parse", "HEAD") or "unknown",
         "code": code_identity(),
-        "machine": {"cpu": cpu_model(), "threads": torch.get_num_threads(), "gpu": gpu},
+        # The kernels torch dispatches to (AVX2, AVX512, ...): the same code and seed on another level trains to
+        # other digits (docs/results.md, the headline study's rerun).
+        "machine": {"cpu": cpu_model(), "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+                    "threads": torch.get_num_threads(), "gpu": gpu},
         "torch": torch.__version__,
         "transformers": transformers.__version__,
         "python": platform.python_version(),

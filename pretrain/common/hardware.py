@@ -1,10 +1,12 @@
-"""What the hardware offers: a GPU's data-sheet peak FLOP/s (for ``train/mfu``), and whether a CPU computes bf16
-natively (without it, bf16 autocast is emulated and several times slower than fp32)."""
+"""What the hardware offers: a GPU's data-sheet peak FLOP/s (for ``train/mfu``), whether a CPU computes bf16
+natively (without it, bf16 autocast is emulated and several times slower than fp32), and which CPU this is."""
 
 from __future__ import annotations
 
+import platform
 import re
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -73,6 +75,20 @@ def mfu_peak(configured: float | None, device: torch.device, mixed_precision: st
     if tflops is None:
         return 0.0, f"train/mfu is 0: no {kind} figure for {entry.label}; set train.peak_flops_per_device"
     return tflops * 1e12, f"train/mfu against {tflops:g} TFLOP/s per device ({name!r} matched {entry.label}, {kind})"
+
+
+def cpu_model(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
+    """The CPU's model name with its family and model numbers where ``cpuinfo`` gives them: a virtual machine may name
+    every generation alike ("AMD EPYC" for Zen 3 and Zen 4), and generations run other kernels (AVX2 or AVX-512),
+    which move the last bits of every result. Elsewhere, platform's word for the processor."""
+    lines = cpuinfo.read_text().splitlines() if cpuinfo.is_file() else []
+    fields: dict[str, str] = {}
+    for key, _, value in (line.partition(":") for line in lines):
+        fields.setdefault(key.strip(), value.strip())  # the first processor's
+    name = fields.get("model name") or platform.processor() or platform.machine()
+    if "cpu family" in fields and "model" in fields:
+        return f"{name} (family {fields['cpu family']}, model {fields['model']})"
+    return name
 
 
 def cpu_has_native_bf16() -> bool | None:
