@@ -72,8 +72,8 @@ def write_results(folder: ResultsFolder, runs: list[Path], steps: list[int]) -> 
                        snapshot_hash=f"{run_id}-{step}", task=task, lr=lr, seed=seed, recipe={"epochs": 3})  # fmt: skip
         accuracy = 0.6 + 0.1 * math.sin(step + seed) ** 2
         results = Results(accuracy=accuracy, f1=accuracy - 0.1 if task == "mrpc" else None, dev_loss=0.6,
-                          train_loss=0.5, epochs=3, train_steps=345, wall_time_s=100.0, majority_accuracy=0.68,
-                          top_class_share=0.7)  # fmt: skip
+                          train_loss=0.5, epochs=3, train_steps=345, wall_time_s=100.0, device="synthetic",
+                          majority_accuracy=0.68, top_class_share=0.7)  # fmt: skip
         written += folder.write_done(ManifestJob(spec, 1), 1, results)
     return written
 

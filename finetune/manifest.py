@@ -131,6 +131,9 @@ class Results:
     """Optimizer steps in all."""
     wall_time_s: float
     """Seconds of the whole job: loading, training and evaluating."""
+    device: str
+    """What it computed on (``pretrain.common.hardware.device_name``): the same job on another GPU or CPU generation
+    differs in its last digits."""
     majority_accuracy: float
     """Accuracy of answering the dev set's most common label for every example (finetune.glue.baseline_metrics)."""
     majority_f1: float | None = None

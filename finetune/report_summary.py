@@ -168,6 +168,20 @@ def inputs_section(runs: Sequence[RunInfo], jobs: list[dict[str, Any]], tasks: l
     for run in runs:
         cells = [f"{done[run.run_id, t]} of {found[run.run_id, t]}" if found[run.run_id, t] else "none" for t in tasks]
         lines.append(f"| {run.label} | `{run.path}` | {' | '.join(cells)} |")
+    return [*lines, "", *devices_lines(jobs)]
+
+
+def devices_lines(jobs: list[dict[str, Any]]) -> list[str]:
+    """What the finished jobs computed on, with a caveat where they differ: the same job on another device differs
+    in its last digits, so seeds compared across devices differ by that as well as by chance."""
+    devices = Counter(job["device"] for job in jobs if job["status"] == "done")
+    if not devices:
+        return []
+    total = sum(devices.values())
+    lines = ["Computed on: " + "; ".join(f"{name} ({n} of {total} jobs)" for name, n in devices.most_common()) + "."]
+    if len(devices) > 1:
+        lines.append("These are several devices: a job's numbers differ in their last digits from one to another, so "
+                     "the points and their intervals mix that with the seeds' own spread.")
     return [*lines, ""]
 
 

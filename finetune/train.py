@@ -28,7 +28,7 @@ from finetune.config import FinetuneConfig
 from finetune.glue import baseline_metrics, batches, compute_metrics, encode, get_task, load_task
 from finetune.manifest import Results
 from pretrain.common.device import pick_device
-from pretrain.common.hardware import cpu_bf16_warning
+from pretrain.common.hardware import cpu_bf16_warning, device_name
 from pretrain.modeling import CheckpointMismatch, LNBertPreTrainedModel  # and registers "lnbert" with the Auto classes
 from pretrain.optim import build_adamw
 from pretrain.run_folder.status import fault_point
@@ -203,4 +203,4 @@ def finetune(model_path: str, task: str, data: TaskData, lr: float, seed: int, r
     scored = get_task(task), result["labels"], result["predictions"]
     return Results(**compute_metrics(*scored), **baseline_metrics(*scored), dev_loss=result["dev_loss"],
                    train_loss=epoch_loss / steps_per_epoch, epochs=recipe.epochs, train_steps=total_steps,
-                   wall_time_s=time.perf_counter() - start)  # fmt: skip
+                   wall_time_s=time.perf_counter() - start, device=device_name(device))  # fmt: skip

@@ -156,5 +156,6 @@ def job_spec(**overrides: Any) -> JobSpec:
 def results(**overrides: Any) -> Results:
     """A finished job's measurements with placeholder values; ``overrides`` win."""
     values: dict[str, Any] = dict(accuracy=0.5, dev_loss=0.7, train_loss=0.7, epochs=1, train_steps=2, wall_time_s=1.0,
-                                  majority_accuracy=0.5, top_class_share=0.6)  # fmt: skip
+                                  device="AMD EPYC (family 25, model 1), AVX2", majority_accuracy=0.5,
+                                  top_class_share=0.6)  # fmt: skip
     return Results(**{**values, **overrides})

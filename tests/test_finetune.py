@@ -26,6 +26,7 @@ from finetune.schedule import ScheduleConfig, discover, retried, runnable
 from finetune.schedule import main as schedule_main
 from finetune.train import make_optimizer, make_scheduler
 from finetune.worker import describe_model, job_specs, snapshot_hash
+from pretrain.common import hardware
 from pretrain.common.atomic import write_json
 from pretrain.common.cli import ConfigError, parse
 from pretrain.common.formats import FormatVersionError
@@ -366,6 +367,8 @@ def test_finetune_writes_rows_then_skips_them(tmp_path: Path, capsys: pytest.Cap
     # The fixture's MRPC dev set is 4 paraphrases in 8: the report's majority baseline comes with every row.
     assert row["majority_accuracy"] == 0.5 and 0.5 <= row["top_class_share"] <= 1.0
     assert (row["epochs"], row["train_steps"]) == (1, 2)
+    assert row["device"] == hardware.device_name(torch.device("cpu"))  # the CPU's model and torch's kernel level
+    assert row["device"].endswith(f", {torch.backends.cpu.get_cpu_capability()}")
     assert row["run_id"] == (run_dir / "run_id").read_text().strip()
     folder = ResultsFolder(config.results_dir)
     (manifest,) = folder.manifests()  # one submission of both jobs

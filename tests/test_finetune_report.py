@@ -509,6 +509,24 @@ def test_the_report_names_the_results_folder_it_read(tmp_path: Path, capsys: pyt
     assert f"| pre_ln (pre) | `{runs['pre_ln'].resolve()}` | 0 of 3 | 0 of 3 |" in summary
 
 
+def test_the_summary_names_the_devices_the_jobs_computed_on(runs: dict[str, Path], tmp_path: Path) -> None:
+    """One device: named. Two: each with its count, and the caveat (another device moves a job's last digits)."""
+    write_results(tmp_path / "r.d", runs)
+    config = ReportConfig(runs=[str(runs["post_ln"]), str(runs["pre_ln"])], results_dir=str(tmp_path / "r.d"),
+                          out=str(tmp_path / "fig"))  # fmt: skip
+    report(config)
+    summary, n = (tmp_path / "fig" / "summary.md").read_text(), len(ResultsFolder(tmp_path / "r.d").done())
+    assert f"Computed on: AMD EPYC (family 25, model 1), AVX2 ({n} of {n} jobs)." in summary
+    assert "several devices" not in summary
+    spec = spec_of(runs["post_ln"], 100, "mrpc", 2e-5, 9)
+    assert ResultsFolder(tmp_path / "r.d").write_done(ManifestJob(spec, 1), 1, results(device="NVIDIA H100 80GB HBM3"))
+    report(config)
+    summary = (tmp_path / "fig" / "summary.md").read_text()
+    assert (f"Computed on: AMD EPYC (family 25, model 1), AVX2 ({n} of {n + 1} jobs); NVIDIA H100 80GB HBM3 (1 of "
+            f"{n + 1} jobs).") in summary
+    assert "These are several devices: a job's numbers differ in their last digits" in summary
+
+
 def test_the_summary_states_the_finetuning_recipe_beside_the_papers(runs: dict[str, Path], tmp_path: Path) -> None:
     recipe = {"epochs": 1, "batch_size": 32, "max_train_examples": 1000, "max_eval_examples": None}
     write_results(tmp_path / "quick.d", runs, {("post_ln", 100, 5e-5): [0.7, 0.72], ("pre_ln", 100, 5e-5): [0.7, 0.7]},

@@ -311,6 +311,7 @@ def test_one_wandb_run_per_finetuning_job(finetuned: tuple[Path, list[dict], lis
         assert job.summary["f1"] == pytest.approx(row["f1"]) and job.summary["dev_loss"] == pytest.approx(
             row["dev_loss"]
         )
+        assert job.summary["device"] == row["device"]  # the dashboard can group jobs by what they computed on
         assert job.metrics["train/*"]["step_metric"] == "train_step"
         assert [row["train_step"] for row in job.history] == [1, 2]  # the training-loss curve, per step
         assert all("train/loss" in row for row in job.history)

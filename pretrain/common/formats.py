@@ -19,7 +19,7 @@ FORMAT_KEY = "format_version"
 RUN_FORMAT = 4  # 2: run_config.json gained the residual-scheme fields; 3: checkpoints hold the model's own parameter
 # names (no "module."/"_orig_mod."), train_state.json the data position in sequences, the global batch, the processes;
 # 4: train_state.json counts the lines of metrics.jsonl
-RESULTS_FORMAT = 2
+RESULTS_FORMAT = 3  # 3: a result names the device it computed on
 STUDY_FORMAT = 2  # 1: each model names gpas, attention_gate and value_residual; 2: and qk_norm
 
 

@@ -91,6 +91,16 @@ def cpu_model(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
     return name
 
 
+def device_name(device: torch.device) -> str:
+    """What a job computes on, as its results record it: a GPU's name, or the CPU's model with the vector
+    instructions torch's kernels use there (AVX2, AVX512, ...)."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    if device.type == "cpu":
+        return f"{cpu_model()}, {torch.backends.cpu.get_cpu_capability()}"
+    return device.type
+
+
 def cpu_has_native_bf16() -> bool | None:
     """Whether this x86 CPU has AVX512-BF16 or AMX-BF16 (native bf16 in oneDNN); None when torch cannot tell."""
     try:

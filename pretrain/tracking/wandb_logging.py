@@ -283,7 +283,8 @@ class JobRun:
         metrics = {"accuracy": results.accuracy, "f1": results.f1, "dev_loss": results.dev_loss}
         self.run.summary.update({**metrics, **{f"{self.task}/{k}": v for k, v in metrics.items()},
                                  "train_loss": results.train_loss, "train_steps": results.train_steps,
-                                 "wall_time_s": results.wall_time_s, "status": "done"})  # fmt: skip
+                                 "wall_time_s": results.wall_time_s, "device": results.device,
+                                 "status": "done"})  # fmt: skip
 
 
 @contextlib.contextmanager
