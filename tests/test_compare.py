@@ -22,7 +22,7 @@ from pretrain.common.cli import ConfigError, to_dict
 from pretrain.common.formats import STUDY_FORMAT, stamped
 
 HOME = {"commit": "a" * 40, "code": "1234abcd5678", "torch": "2.13.0", "transformers": "5.25.0", "python": "3.11.9",
-        "machine": {"cpu": "AMD EPYC (family 25, model 17)", "cpu_capability": "AVX512", "threads": 1, "gpu": None}}
+        "machine": {"cpu": "AMD EPYC (family 25, model 17), AVX512", "threads": 1, "gpu": None}}
 INPUTS = {"tokenizer": "307c602bce1fb1a1", "data": "0123456789abcdef"}
 
 
@@ -122,18 +122,18 @@ def test_cells_of_another_tokenizer_or_data_are_refused_whatever_the_option():
 def test_cells_from_another_machine_or_code_are_refused_or_marked():
     """A machine that names its CPU alike but runs other kernels is another machine: AVX2 against AVX-512 moved
     the headline study's Pre-LN cell by 0.0014 nats at one code and seed (docs/results.md)."""
-    zen3 = {**HOME, "machine": {**HOME["machine"], "cpu": "AMD EPYC (family 25, model 1)", "cpu_capability": "AVX2"}}
+    zen3 = {**HOME, "machine": {**HOME["machine"], "cpu": "AMD EPYC (family 25, model 1), AVX2"}}
     older = {**HOME, "code": "99990000aaaa", "commit": "b" * 40}
     found = _found(5, **{"pre-s3": {"sittings": [zen3]}, "pre-s4": {"sittings": [HOME, older]},
                          "pre-s2": {"sittings": []}})  # fmt: skip
-    with pytest.raises(ValueError, match=r"3 cells ran elsewhere.*machine\.cpu: AMD EPYC \(family 25, model 17\) vs "
-                                         r"AMD EPYC \(family 25, model 1\).*--mixed_provenance=true"):  # fmt: skip
+    with pytest.raises(ValueError, match=r"3 cells ran elsewhere.*machine\.cpu: AMD EPYC \(family 25, model 17\), "
+                                         r"AVX512 vs AMD EPYC \(family 25, model 1\), AVX2.*--mixed_provenance=true"):  # fmt: skip
         compare.check_provenance(found, mixed=False)
     home, marks = compare.check_provenance(found, mixed=True)
     assert home == HOME
     assert marks == {"pre-s2": ["no provenance recorded (run before it was)"],
-                     "pre-s3": ["machine.cpu: AMD EPYC (family 25, model 17) vs AMD EPYC (family 25, model 1)",
-                                "machine.cpu_capability: AVX512 vs AVX2"],
+                     "pre-s3": ["machine.cpu: AMD EPYC (family 25, model 17), AVX512 vs AMD EPYC (family 25, "
+                                "model 1), AVX2"],
                      "pre-s4": ["code: 1234abcd5678 vs 99990000aaaa"]}  # fmt: skip
     # a later commit that changes nothing the cells run is the same code
     assert compare.check_provenance(_found(2, **{"pre-s1": {"sittings": [{**HOME, "commit": "c" * 40}]}}), False)[1] == {}
@@ -142,7 +142,7 @@ def test_cells_from_another_machine_or_code_are_refused_or_marked():
 def test_a_machine_records_its_environment_and_a_run_its_inputs_by_content(tmp_path):
     env = provenance.environment()
     assert env["machine"]["threads"] >= 1 and env["torch"] and env["code"] != ""
-    assert env["machine"]["cpu_capability"] == torch.backends.cpu.get_cpu_capability()
+    assert env["machine"]["cpu"].endswith(f", {torch.backends.cpu.get_cpu_capability()}")  # the kernels torch runs
     provenance.record_sitting(tmp_path)
     provenance.record_sitting(tmp_path)  # resumed here: one sitting
     assert provenance.read(tmp_path)["sittings"] == [env]
@@ -213,7 +213,7 @@ def test_the_report_picks_each_lr_and_marks_other_machines_and_unfinished_models
     assert (post["seeds"], post["planned"], post["marked"]) == ([0, 1, 2, 3], 6, [3])
     contrasts = {(c["a"], c["b"]): c for c in found["contrasts"]}
     assert contrasts["pre-hc4", "pre"]["verdict"] == "ahead" and contrasts["post+w50", "pre"]["n"] == 4
-    marked = ["machine.cpu: AMD EPYC (family 25, model 17) vs Intel Xeon 8480"]
+    marked = ["machine.cpu: AMD EPYC (family 25, model 17), AVX512 vs Intel Xeon 8480"]
     assert found["provenance"]["marked"] == {Cell("post", 128, 12, 50, 3e-3, 3).name: marked}
     assert found["provenance"]["inputs"] == INPUTS and len(found["provenance"]["environments"]) == 2
     table = (tmp_path / "table.txt").read_text()

@@ -519,8 +519,7 @@ def provenance_text(home: dict[str, Any], marks: dict[str, list[str]]) -> str:
     if not home:
         return "provenance: no cell has ended"
     machine = home["machine"]
-    capability = f" ({machine['cpu_capability']})" if machine.get("cpu_capability") else ""
-    lines = [f"provenance: commit {home['commit'][:12]} (code {home['code']}), {machine['cpu']}{capability}, "
+    lines = [f"provenance: commit {home['commit'][:12]} (code {home['code']}), {machine['cpu']}, "
              f"{machine['threads']} thread(s){', ' + machine['gpu'] if machine['gpu'] else ''}, torch {home['torch']}, "
              f"transformers {home['transformers']}, Python {home['python']}"]  # fmt: skip
     lines += [f"  {MARK} {name}: {', '.join(why)}" for name, why in marks.items()]

@@ -1,11 +1,12 @@
 """Where a grid or study cell comes from, so that cells which cannot be compared are never compared silently.
 
-Every sitting that runs or resumes a cell records its environment in RUN/provenance.json first: the commit, the
-code it ran (the git tree of ``pretrain/``, which committing results or docs leaves unchanged, with a hash of any
-uncommitted change), the machine (the CPU's model and generation, the vector instructions torch's kernels use, the
-threads a cell computes with, the GPU) and the torch, transformers and Python versions. Once the run has ended, the same file gets its inputs by content: the tokenizer (the hash the
-data cache keys on, of the run's saved RUN/tokenizer) and the data (the sha256 of every corpus file and the data
-settings that shape instances and batches; the seed apart, since each seed draws its own split).
+Every sitting that runs or resumes a cell records its environment in RUN/provenance.json first: the commit, the code
+it ran (the git tree of ``pretrain/``, which committing results or docs leaves unchanged, with a hash of any
+uncommitted change), the machine (the CPU's model and generation with the vector instructions torch's kernels use, the
+threads a cell computes with, the GPU) and the torch, transformers and Python versions. Once the run has ended, the
+same file gets its inputs by content: the tokenizer (the hash the data cache keys on, of the run's saved
+RUN/tokenizer) and the data (the sha256 of every corpus file and the data settings that shape instances and batches;
+the seed apart, since each seed draws its own split).
 """
 
 from __future__ import annotations
@@ -67,7 +68,7 @@ def environment() -> dict[str, Any]:
     import transformers
 
     from pretrain.common.device import choose_cpu_threads
-    from pretrain.common.hardware import cpu_model
+    from pretrain.common.hardware import device_name
 
     # pretrain/run.py's own rule sizes torch's thread pool here as in the cell (the probes then use the same).
     choose_cpu_threads()
@@ -75,10 +76,9 @@ def environment() -> dict[str, Any]:
     return {
         "commit": _git("rev-parse", "HEAD") or "unknown",
         "code": code_identity(),
-        # The kernels torch dispatches to (AVX2, AVX512, ...): the same code and seed on another level trains to
-        # other digits (docs/results.md, the headline study's rerun).
-        "machine": {"cpu": cpu_model(), "cpu_capability": torch.backends.cpu.get_cpu_capability(),
-                    "threads": torch.get_num_threads(), "gpu": gpu},
+        # The CPU with the kernels torch dispatches to there (AVX2, AVX512, ...): the same code and seed on another
+        # CPU generation trains to other digits (docs/results.md, the headline study's rerun).
+        "machine": {"cpu": device_name(torch.device("cpu")), "threads": torch.get_num_threads(), "gpu": gpu},
         "torch": torch.__version__,
         "transformers": transformers.__version__,
         "python": platform.python_version(),

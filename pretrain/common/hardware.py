@@ -92,8 +92,8 @@ def cpu_model(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
 
 
 def device_name(device: torch.device) -> str:
-    """What a job computes on, as its results record it: a GPU's name, or the CPU's model with the vector
-    instructions torch's kernels use there (AVX2, AVX512, ...)."""
+    """What computes, as a fine-tuning result and a study cell's provenance record it: a GPU's name, or the CPU's
+    model with the vector instructions torch's kernels use there (AVX2, AVX512, ...)."""
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
     if device.type == "cpu":
