@@ -418,11 +418,17 @@ def set_status(accelerator: Accelerator, cfg: PretrainConfig, status: str, step:
         record_outcome(accelerator, status, step, diverged_at)
 
 
-def record_stop(accelerator: Accelerator, cfg: PretrainConfig, status: str, step: int, message: str) -> None:
+def record_stop(accelerator: Accelerator, cfg: PretrainConfig, status: str, step: int, message: str,
+                every_process: bool = False) -> None:  # fmt: skip
     """``set_status`` for a run stopping on a full disk, an error or a hang (its watchdog's thread: status hung at the
-    last step finished, not an end); a status file that does not fit is reported."""
+    last step finished, not an end); a status file that does not fit is reported. ``every_process``: a stop that
+    the main process may be unable to record, being the process that froze (a hang, a collective's timeout), is
+    written by every process that meets it (the same status, whichever write comes last)."""
     try:
-        set_status(accelerator, cfg, status, step, message)
+        if every_process and not accelerator.is_main_process:
+            write_status(cfg, status, step, message)
+        else:
+            set_status(accelerator, cfg, status, step, message)
     except OSError as err:
         print(f"error: could not record status {status} in {Path(cfg.train.output_dir) / layout.STATUS_FILE}: {err}",
               file=sys.stderr)  # fmt: skip
@@ -763,7 +769,8 @@ def pretrain(cfg: PretrainConfig, argv: list[str] | None = None, stop: StopReque
         if full is None and setup is None:  # bad input found while preparing: nothing started, no status
             raise
         message = str(full) if full is not None else failure_message(err, accelerator, cfg)
-        record_stop(accelerator, cfg, "failed" if full is None else "preempted", state.step, message)
+        frozen_peer = full is None and collective_timeout(err, accelerator)
+        record_stop(accelerator, cfg, "failed" if full is None else "preempted", state.step, message, frozen_peer)
         accelerator.end_training()
         if full is not None:
             accelerator.print(f"\nstopped at step {state.step}: {full}")
@@ -817,7 +824,7 @@ def run_training(setup: TrainingSetup, state: TrainState, resume_from: Path | No
     set_status(accelerator, cfg, "running", state.step)
     heartbeat, timeout_s = Heartbeat(step=state.step), cfg.train.hang_timeout_s
     with watchdog(heartbeat, timeout_s, lambda step: hang_message(timeout_s, step),
-                  lambda message: record_stop(accelerator, cfg, "hung", heartbeat.step, message)):  # fmt: skip
+                  lambda message: record_stop(accelerator, cfg, "hung", heartbeat.step, message, True)):  # fmt: skip
         outcome = train(setup, state, stop, heartbeat)
     final = {"finished": "training finished",
              "preempted": "stopped with a checkpoint; continue with --train.resume=auto"}
@@ -843,7 +850,7 @@ def failure_message(err: BaseException, accelerator: Accelerator, cfg: PretrainC
     message = f"{type(err).__name__}: {err}"
     if accelerator.num_processes == 1 or not collective_error(err):  # not, e.g., a tracker's lost HTTP connection
         return message
-    if any(word in str(err).lower() for word in ("timed out", "timeout")):
+    if collective_timeout(err, accelerator):
         timeout = cfg.train.collective_timeout_s
         message += (f" (no answer from another process within train.collective_timeout_s={timeout} s: a process "
                     "froze or died, or its file system hung)")
@@ -851,6 +858,12 @@ def failure_message(err: BaseException, accelerator: Accelerator, cfg: PretrainC
         message += (" (another process of the run ended first: the launcher's summary at the end of its node's job "
                     "log names it, its exit code and its error)")
     return message
+
+
+def collective_timeout(err: BaseException, accelerator: Accelerator) -> bool:
+    """No answer from another process at a collective, with several processes."""
+    timed_out = any(word in str(err).lower() for word in ("timed out", "timeout"))
+    return accelerator.num_processes > 1 and collective_error(err) and timed_out
 
 
 def collective_error(err: BaseException) -> bool:

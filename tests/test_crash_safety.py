@@ -40,7 +40,7 @@ from pretrain.run_folder.layout import (
     read_status,
 )
 from pretrain.run_folder.status import StopRequest
-from pretrain.training import TrainingFailed
+from pretrain.training import TrainingFailed, collective_timeout, record_stop
 from tests import pretrain_helpers
 from tests.pretrain_helpers import RUN_PY, tiny_args
 
@@ -1046,14 +1046,34 @@ def test_only_an_error_of_a_collective_is_read_as_another_process_gone_or_frozen
     for err, accelerator in ((RuntimeError(gloo), one), (ConnectionResetError("Connection reset by peer"), two),
                              (TimeoutError("read timed out"), two)):  # fmt: skip
         assert failure_message(err, accelerator, cfg) == f"{type(err).__name__}: {err}"
+    # Only a collective's timeout may be the main process's own freeze: every process records it.
+    timed_out = torch.distributed.DistStoreError("timed out")
+    assert collective_timeout(timed_out, two) and not collective_timeout(timed_out, one)
+    assert not collective_timeout(RuntimeError(gloo), two) and not collective_timeout(TimeoutError("timed out"), two)
+
+
+@pytest.mark.parametrize("every_process", [True, False])
+def test_a_stop_the_main_process_may_not_record_is_written_by_every_process(tmp_path: Path, every_process: bool) -> None:
+    from types import SimpleNamespace
+
+    from pretrain.config import PretrainConfig
+
+    cfg = PretrainConfig()
+    cfg.train.output_dir = str(tmp_path)
+    other = SimpleNamespace(is_main_process=False, num_processes=2)
+    record_stop(other, cfg, "hung", 7, "no step finished", every_process)
+    status = read_status(tmp_path)
+    assert (status["status"], status.get("step")) == (("hung", 7) if every_process else ("unknown", None))
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("limit", "ended"), [("collective_timeout_s=20", "failed"), ("hang_timeout_s=10", "hung")])
+@pytest.mark.parametrize(("limit", "ended", "rank"), [("collective_timeout_s=20", "failed", 1),
+                                                      ("hang_timeout_s=10", "hung", 0)])  # fmt: skip
 def test_a_frozen_process_stops_the_run_with_a_message_naming_the_timeout(tmp_path: Path, data_cache: Path,
-                                                                           limit: str, ended: str) -> None:  # fmt: skip
-    """Rank 1 is frozen (SIGSTOP) mid-run: rank 0 fails at its collective's timeout, or, with the watchdog's timeout
-    the shorter (as by default), is stopped as hung; either way status.json names the key."""
+                                                                           limit: str, ended: str, rank: int) -> None:  # fmt: skip
+    """One process is frozen (SIGSTOP) mid-run: the other fails at its collective's timeout, or, with the watchdog's
+    timeout the shorter (as by default), is stopped as hung; either way status.json names the key. When the frozen
+    process is the main one (rank 0), which writes status.json, the other process writes it."""
     run = tmp_path / "frozen"
     argv = tiny_args(run, data_cache, "--train.max_steps=100000", "--train.checkpoint_every=0", "--train.eval_every=0",
                      "--train.collective_timeout_s=60", f"--train.{limit}")  # fmt: skip
@@ -1067,13 +1087,13 @@ def test_a_frozen_process_stops_the_run_with_a_message_naming_the_timeout(tmp_pa
         while time.time() < deadline and not any(r.get("step", 0) >= 2 for r in read_metrics(run)):
             assert proc.poll() is None, proc.stdout.read()[-3000:]
             time.sleep(0.5)
-        frozen, main = _worker_of_rank(proc.pid, 1), _worker_of_rank(proc.pid, 0)
-        assert frozen is not None and main is not None
+        frozen, live = _worker_of_rank(proc.pid, rank), _worker_of_rank(proc.pid, 1 - rank)
+        assert frozen is not None and live is not None
         os.kill(frozen, signal.SIGSTOP)
         started = time.time()
-        # Rank 0 ends by itself; the launcher then waits 30 s for the frozen rank to answer its SIGTERM (torchrun's
-        # own teardown, not ours to test) before it kills it: the test kills it at once instead.
-        psutil.Process(main).wait(timeout=200)  # not its exit code: rank 0 is not this process's child
+        # The live process ends by itself; the launcher then waits 30 s for the frozen one to answer its SIGTERM
+        # (torchrun's own teardown, not ours to test) before it kills it: the test kills it at once instead.
+        psutil.Process(live).wait(timeout=200)  # not its exit code: it is not this process's child
         waited = time.time() - started
     finally:
         if frozen is not None:

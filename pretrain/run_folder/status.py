@@ -27,7 +27,8 @@ if TYPE_CHECKING:  # no torch or config at run time: pretrain/run.py imports thi
 def write_status(
     cfg: PretrainConfig, status: str, step: int, message: str = "", diverged_at: int | None = None
 ) -> None:
-    """RUN/status.json (docs/run_layout.md); the main process calls it."""
+    """RUN/status.json (docs/run_layout.md); the main process calls it, every process for a stop the main process
+    may be unable to record (``training.record_stop``)."""
     updated = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     write_json(Path(cfg.train.output_dir) / STATUS_FILE, {
         "status": status, "step": step, "run_name": cfg.train.run_name, "norm_placement": cfg.model.norm_placement,
