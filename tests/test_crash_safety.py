@@ -34,6 +34,7 @@ from pretrain.run_folder.identity import read_run_id
 from pretrain.run_folder.layout import (
     DEAD_AFTER_S,
     MANIFEST_FILE,
+    STATUS_FILE,
     is_dead,
     list_snapshots,
     read_metrics,
@@ -1064,6 +1065,9 @@ def test_a_stop_the_main_process_may_not_record_is_written_by_every_process(tmp_
     record_stop(other, cfg, "hung", 7, "no step finished", every_process)
     status = read_status(tmp_path)
     assert (status["status"], status.get("step")) == (("hung", 7) if every_process else ("unknown", None))
+    write_json(tmp_path / STATUS_FILE, {"status": "preempted", "step": 6})  # an end the main process recorded
+    record_stop(other, cfg, "hung", 7, "no step finished", every_process)
+    assert read_status(tmp_path)["status"] == "preempted"
 
 
 @pytest.mark.slow
