@@ -35,7 +35,6 @@ ResidualScheme = Literal[tuple(SCHEMES)]  # type: ignore[valid-type]
 RESIDUAL_SCHEMES: tuple[str, ...] = get_args(ResidualScheme)
 # mHC's static biases at init (not in its paper): zero (H_res uniform 1/n) or b_res diagonal (H_res near I).
 MhcBiasInit = Literal["zero", "identity"]
-MHC_BIAS_INITS: tuple[str, ...] = get_args(MhcBiasInit)
 AttentionGate = Literal["none", "elementwise", "headwise"]
 ValueResidual = Literal["none", "identity", "learnable"]
 
