@@ -423,7 +423,8 @@ def record_stop(accelerator: Accelerator, cfg: PretrainConfig, status: str, step
     """``set_status`` for a run stopping on a full disk, an error or a hang (its watchdog's thread: status hung at the
     last step finished, not an end); a status file that does not fit is reported. ``every_process``: a stop that
     the main process may be unable to record, being the process that froze (a hang, a collective's timeout), is
-    written by every process that meets it, over a status of running (an end the main process recorded stands)."""
+    written by every process that meets it, over a status of running: an end the main process recorded stands (one
+    it writes in the instant between this read and this write is replaced, by a status as true of the run)."""
     try:
         if every_process and not accelerator.is_main_process:
             if layout.read_status(cfg.train.output_dir)["status"] in ("running", "unknown"):

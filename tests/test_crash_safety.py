@@ -1053,8 +1053,9 @@ def test_only_an_error_of_a_collective_is_read_as_another_process_gone_or_frozen
     assert not collective_timeout(RuntimeError(gloo), two) and not collective_timeout(TimeoutError("timed out"), two)
 
 
-@pytest.mark.parametrize("every_process", [True, False])
-def test_a_stop_the_main_process_may_not_record_is_written_by_every_process(tmp_path: Path, every_process: bool) -> None:
+def test_a_stop_the_main_process_may_not_record_is_written_by_every_process(tmp_path: Path) -> None:
+    """A process other than the main one writes status.json only for such a stop (a hang, a collective's timeout),
+    over a status of running, never over an end the main process recorded."""
     from types import SimpleNamespace
 
     from pretrain.config import PretrainConfig
@@ -1062,11 +1063,13 @@ def test_a_stop_the_main_process_may_not_record_is_written_by_every_process(tmp_
     cfg = PretrainConfig()
     cfg.train.output_dir = str(tmp_path)
     other = SimpleNamespace(is_main_process=False, num_processes=2)
-    record_stop(other, cfg, "hung", 7, "no step finished", every_process)
-    status = read_status(tmp_path)
-    assert (status["status"], status.get("step")) == (("hung", 7) if every_process else ("unknown", None))
-    write_json(tmp_path / STATUS_FILE, {"status": "preempted", "step": 6})  # an end the main process recorded
-    record_stop(other, cfg, "hung", 7, "no step finished", every_process)
+    write_json(tmp_path / STATUS_FILE, {"status": "running", "step": 7})
+    record_stop(other, cfg, "failed", 7, "ValueError: its own error")  # the main process's to record
+    assert read_status(tmp_path)["status"] == "running"
+    record_stop(other, cfg, "hung", 7, "no step finished", every_process=True)
+    assert (read_status(tmp_path)["status"], read_status(tmp_path)["message"]) == ("hung", "no step finished")
+    write_json(tmp_path / STATUS_FILE, {"status": "preempted", "step": 7})  # an end the main process recorded
+    record_stop(other, cfg, "hung", 7, "no step finished", every_process=True)
     assert read_status(tmp_path)["status"] == "preempted"
 
 
