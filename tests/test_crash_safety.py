@@ -581,13 +581,17 @@ def test_a_full_disk_leaves_the_lock_held_naming_nobody(tmp_path: Path, monkeypa
 
 
 def test_a_tracker_that_fails_to_start_leaves_status_failed(tmp_path: Path, data_cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    def broken(*args: object) -> None:
+    """Accelerate's own W&B tracker, whose wandb.init fails: the run ends failed with that error, not with one the
+    failure's handling meets on the tracker left without a run."""
+    import wandb
+
+    def broken(*args: object, **kwargs: object) -> None:
         raise RuntimeError("wandb: network unreachable")
 
-    monkeypatch.setattr(run_module, "init_trackers", broken)
+    monkeypatch.setattr(wandb, "init", broken)
     run = tmp_path / "run"
-    with pytest.raises(TrainingFailed, match="network unreachable"):
-        main(tiny_args(run, data_cache))
+    with pytest.raises(TrainingFailed, match="training failed at step 0: RuntimeError: wandb: network unreachable"):
+        main(tiny_args(run, data_cache, "--tracking.backend=wandb"))
     assert read_status(run)["status"] == "failed"
 
 

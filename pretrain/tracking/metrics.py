@@ -42,12 +42,18 @@ def init_trackers(accelerator: Accelerator, cfg: PretrainConfig, resolved: dict[
     if cfg.tracking.backend == "none":
         return {}
     derived = derived_config(cfg, accelerator.unwrap_model(model, keep_torch_compile=False), accelerator.num_processes)
-    if cfg.tracking.backend == "wandb":
-        return start_pretraining_run(accelerator, cfg, resolved, derived, resume_from)
-    flat = flatten({**resolved, **derived})
-    config = {k: v if isinstance(v, (int, float, str, bool)) else json.dumps(v) for k, v in flat.items()}
-    accelerator.init_trackers(cfg.tracking.run_name or cfg.train.run_name, config)
-    return {}
+    try:
+        if cfg.tracking.backend == "wandb":
+            return start_pretraining_run(accelerator, cfg, resolved, derived, resume_from)
+        flat = flatten({**resolved, **derived})
+        config = {k: v if isinstance(v, (int, float, str, bool)) else json.dumps(v) for k, v in flat.items()}
+        accelerator.init_trackers(cfg.tracking.run_name or cfg.train.run_name, config)
+        return {}
+    except BaseException:
+        # Accelerate keeps a tracker whose start failed, with no run behind it: the failure's own handling (the
+        # outcome in the W&B summary, end_training) would fail on it in turn and hide this error.
+        accelerator.trackers.clear()
+        raise
 
 
 def log_metrics(accelerator: Accelerator, run_dir: Path, metrics: dict[str, Any], step: int,
