@@ -189,10 +189,14 @@ def test_report_cli_with_target_loss_and_wandb_offline(
     ]
     assert report_main([*args, "--target_loss=5.5", "--wandb"]) == 0
     assert "| post_ln (post) | ~250 | 1.000 | 1.00x |" in capsys.readouterr().out
-    assert report_main([*args, "--target_loss=5.5", "--wandb"]) == 0  # re-run: updates the same W&B run
+    # Re-run, the runs in the other order, with the target the report chooses: the same W&B run, updated.
+    swapped = [f"--runs=[{runs['pre_ln']}, {runs['post_ln']}]", *args[1:]]
+    assert report_main([*swapped, "--wandb"]) == 0
     first, second = read_runs(out / "wandb")
     assert first.id == second.id and first.id.startswith("report-") and second.resumed
-    assert (second.job_type, second.config["norm_placement"]) == ("report", ["post", "pre"])
+    assert (second.job_type, second.config["norm_placement"]) == ("report", ["pre", "post"])
+    assert first.summary["target_loss"] == first.config["target_loss"] == 5.5
+    assert second.summary["target_loss"] == second.config["target_loss"] == pytest.approx(3.0)  # not null
     assert second.metrics["figure5/*"]["step_metric"] == "pretrain_step"
     curve = [(row["pretrain_step"], row["figure5/val_mlm_loss/pre_ln (pre)"]) for row in second.history
              if "figure5/val_mlm_loss/pre_ln (pre)" in row]  # fmt: skip

@@ -336,7 +336,7 @@ def log_report(runs: Sequence[Any], config: Any, figure5: dict[str, Any], seed_c
     folder."""
     import wandb
 
-    wb = _start_report_run(runs, config, figure5["rows"])
+    wb = _start_report_run(runs, config, figure5)
     wb.define_metric("pretrain_step")
     wb.define_metric("figure5/*", step_metric="pretrain_step")
     by_step: dict[int, dict[str, float]] = defaultdict(dict)
@@ -357,7 +357,7 @@ def log_report(runs: Sequence[Any], config: Any, figure5: dict[str, Any], seed_c
         **{f"figures/{image.stem}": wandb.Image(str(image)) for image in figure5["images"]},
     })  # fmt: skip
     wb.summary.update(
-        {"target_loss": config.target_loss, "warnings": " ".join(figure5["warnings"])}
+        {"target_loss": figure5["target_loss"], "warnings": " ".join(figure5["warnings"])}
         | {f"steps_to_loss/{row['run']}": row["steps"] for row in figure5["steps"]}
         | {f"baseline/{task}/{k}": value for task, base in figure5["baselines"].items() for k, value in base.items()}
     )
@@ -366,20 +366,20 @@ def log_report(runs: Sequence[Any], config: Any, figure5: dict[str, Any], seed_c
     return directory
 
 
-def _start_report_run(runs: Sequence[Any], config: Any, rows: list[dict[str, Any]]) -> Any:
+def _start_report_run(runs: Sequence[Any], config: Any, figure5: dict[str, Any]) -> Any:
     import wandb
 
     pretraining = [pretraining_run(str(run.path)) for run in runs]
     comparison = next((p["comparison"] for p in pretraining if p["comparison"]), "")
     project = config.wandb_project or next((p["project"] for p in pretraining if p["project"]), None) or "lnbert"
-    recipes = sorted({r["recipe_hash"] for r in rows})
+    recipes = sorted({r["recipe_hash"] for r in figure5["rows"]})
     recipe_hash = config.recipe_hash or (recipes[0] if len(recipes) == 1 else None)
     placements, variants = [run.placement for run in runs], [run.variant for run in runs]
     run_config = {"norm_placement": placements, "variant": variants, "comparison": comparison,
                   "runs": [run.name for run in runs], "pretrain_run_ids": [p["id"] for p in pretraining],
-                  "tasks": list(config.tasks), "target_loss": config.target_loss, "recipe_hash": recipe_hash}  # fmt: skip
-    # Deterministic: the same runs, recipe and tasks always update the same W&B report run.
-    identity = [p["id"] or run.run_id for p, run in zip(pretraining, runs, strict=True)]
+                  "tasks": list(config.tasks), "target_loss": figure5["target_loss"], "recipe_hash": recipe_hash}  # fmt: skip
+    # Deterministic: the same runs (in any order), recipe and tasks always update the same W&B report run.
+    identity = sorted(p["id"] or run.run_id for p, run in zip(pretraining, runs, strict=True))
     run_id = short_hash({"runs": identity, "recipe": recipe_hash, "tasks": sorted(config.tasks)}, 16)
     return wandb.init(
         project=project, id=f"report-{run_id}", resume="allow",
