@@ -26,7 +26,7 @@ from pretrain.common.formats import RUN_FORMAT, stamped
 from pretrain.config import parse_args
 from pretrain.modeling import LNBertForPreTraining
 from pretrain.run import main as pretrain_main
-from pretrain.run_folder.layout import RUN_CONFIG_FILE, WANDB_RUN_FILE
+from pretrain.run_folder.layout import RUN_CONFIG_FILE, WANDB_RUN_FILE, read_status
 from pretrain.tracking.wandb_logging import (
     CURVES_ONLY,
     WandbCredentialsError,
@@ -200,7 +200,10 @@ def test_a_diverged_run_says_so_in_its_summary(
     finally:
         _reset_accelerate()
     (logged,) = read_runs(run_dir / "wandb")
-    assert (logged.summary["status"], logged.summary["diverged_at_step"]) == ("diverged", 1)
+    status = read_status(run_dir)
+    assert (status["status"], status["step"], status["diverged_at_step"]) == ("diverged", 0, 1)
+    outcome = ("status", "step", "diverged_at_step")
+    assert [logged.summary[key] for key in outcome] == ["diverged", 0, 1]  # status.json's, not the metrics line's
     assert logged.group.startswith("lnbert-post-")  # no comparison set: the default prefix
 
 

@@ -161,6 +161,9 @@ def start_pretraining_run(accelerator: Accelerator, cfg: PretrainConfig, resolve
         run.define_metric("val/mlm_accuracy", summary="max,last")
         for family in CURVES_ONLY:
             run.define_metric(f"{family}*", summary="none")
+        # The summary's step is the outcome's (record_outcome), not the last metrics line's: a diverged run logs a
+        # line at the step that diverged, after status.json recorded the last good one. Live progress is `_step`.
+        run.define_metric("step", summary="none")
     return identity
 
 
