@@ -415,13 +415,16 @@ def test_a_damaged_wandb_run_file_is_restored_from_the_snapshots_a_missing_one_i
                                                 "wandb_run": identity})  # fmt: skip
         write_manifest(snapshot)
     own = run / "wandb_run.json"
-    own.write_text('{"id": "0123')
-    warnings: list[str] = []
-    restore_from_snapshots(run, warnings.append)
-    (warning,) = warnings
-    assert warning.startswith(f"{own} is damaged: restored from the snapshot {run / 'snapshots' / 'step_00000010'}")
-    assert json.loads(own.read_text()) == identities[10]
-    assert next((run / "damaged").rglob("wandb_run.json")).read_text() == '{"id": "0123'
+    # Cut short; an object with no id (which would have logged the run to a new W&B run); an id W&B refuses.
+    for damaged in ('{"id": "0123', "{}", '{"id": "01/23", "group": "g"}'):
+        own.write_text(damaged)
+        warnings: list[str] = []
+        restore_from_snapshots(run, warnings.append)
+        (warning,) = warnings
+        assert warning.startswith(f"{own} is damaged: restored from the snapshot {run / 'snapshots' / 'step_00000010'}")
+        assert json.loads(own.read_text()) == identities[10]
+        kept = max((run / "damaged").rglob("wandb_run.json"), key=lambda path: int(path.parent.name))  # RUN/damaged/NS
+        assert kept.read_text() == damaged
     own.unlink()
     restore_from_snapshots(run, warnings.append)
     assert not own.exists() and len(warnings) == 1

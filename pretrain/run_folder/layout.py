@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import json
+import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -77,6 +78,25 @@ def read_json_file(path: str | Path) -> dict[str, Any]:
     if not isinstance(payload, dict):
         raise ValueError(f"{path} is damaged (not a JSON object)")
     return payload
+
+
+WANDB_RUN_ID = re.compile(r"[A-Za-z0-9_-]{1,128}")
+"""A run id W&B accepts (this project writes 12 hex digits: pretrain/tracking/wandb_logging.py)."""
+
+
+def is_wandb_identity(identity: Any) -> bool:
+    """What RUN/wandb_run.json must hold: an object with a W&B run ``id``."""
+    run_id = identity.get("id") if isinstance(identity, dict) else None
+    return isinstance(run_id, str) and WANDB_RUN_ID.fullmatch(run_id) is not None
+
+
+def read_wandb_identity(path: str | Path) -> dict[str, Any]:
+    """RUN/wandb_run.json at ``path`` ({} when absent: the run never logged to W&B); ValueError when it cannot be read
+    or names no W&B run (``{}`` written by hand, a cut id), which would otherwise log the run to a new W&B run."""
+    identity = read_json_file(path)
+    if (identity or Path(path).exists()) and not is_wandb_identity(identity):
+        raise ValueError(f"{path} is damaged (no W&B run id)")
+    return identity
 
 
 @dataclass(frozen=True)

@@ -32,8 +32,10 @@ from pretrain.run_folder.layout import (
     WANDB_RUN_FILE,
     Snapshot,
     folder_step,
+    is_wandb_identity,
     list_snapshots,
     read_json_file,
+    read_wandb_identity,
 )
 from pretrain.run_folder.manifest import ManifestError, listed_files, sha256_file, verify_manifest
 from pretrain.run_folder.same_run import RESUME_FIX
@@ -67,7 +69,7 @@ def restore_from_snapshots(run_dir: str | Path, warn: Say | None = None) -> None
     _restore(run_dir, RUN_ID_FILE, _run_id_problem(run_dir), intact(), _run_id_copy, say)
     newest_checkpoint = max((s for p in (run_dir / CHECKPOINTS).glob("step_*") if (s := folder_step(p)) is not None),
                             default=-1)  # fmt: skip
-    wandb_problem = _json_problem(run_dir / WANDB_RUN_FILE, missing=None)
+    wandb_problem = _json_problem(run_dir / WANDB_RUN_FILE, missing=None, read=read_wandb_identity)
     _restore(run_dir, WANDB_RUN_FILE, wandb_problem, intact(newest_checkpoint), _wandb_run_copy, say)
     newest = next((s for s in reversed(snapshots) if s.step <= newest_checkpoint), None)
     listed = listed_files(newest.path) if newest is not None else {}  # its manifest, read once for every file
@@ -119,13 +121,14 @@ def keep_damaged(run_dir: Path, path: Path) -> Path | None:
 # of it (None: the snapshot holds none). A file the user may not read is not damaged: its reader says so.
 
 
-def _json_problem(path: Path, missing: str | None = "is missing") -> str | None:
+def _json_problem(path: Path, missing: str | None = "is missing",
+                  read: Callable[[Path], object] = read_json_file) -> str | None:  # fmt: skip
     if not path.exists():
         return missing
     if not os.access(path, os.R_OK):
         return None
     try:
-        read_json_file(path)
+        read(path)
     except ValueError:
         return "is damaged"
     return None
@@ -140,7 +143,7 @@ def _run_config_copy(snapshot: Snapshot) -> bytes | None:
 
 def _wandb_run_copy(snapshot: Snapshot) -> bytes | None:
     identity = _snapshot_info(snapshot).get("wandb_run")
-    return json_bytes(identity) if isinstance(identity, dict) and identity else None
+    return json_bytes(identity) if is_wandb_identity(identity) else None
 
 
 def _run_id_problem(run_dir: Path) -> str | None:

@@ -35,6 +35,7 @@ from pretrain.run_folder.layout import (
     WANDB_RUN_FILE,
     read_json_file,
     read_run_config,
+    read_wandb_identity,
     run_folder_of,
 )
 from pretrain.variants import variant_of
@@ -111,7 +112,7 @@ def pretrain_group(tracking: dict[str, Any], placement: str, recipe_hash: str) -
 def read_run_file(run_dir: str | Path) -> dict[str, Any]:
     """RUN/wandb_run.json ({} when the run never logged to W&B)."""
     try:
-        return read_json_file(Path(run_dir) / WANDB_RUN_FILE)
+        return read_wandb_identity(Path(run_dir) / WANDB_RUN_FILE)
     except ValueError as err:
         raise ValueError(f"{err}: restore it from a copy, or remove it to log the run to a new W&B run") from None
 
