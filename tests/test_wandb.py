@@ -180,6 +180,48 @@ def test_the_512_token_phase_continues_the_same_wandb_run(pretrained: Path, tmp_
     assert json.loads((cont / WANDB_RUN_FILE).read_text())["continued_from"] == str(pretrained.resolve())
 
 
+def test_a_phase_from_a_checkpoint_its_source_logged_past_is_a_new_wandb_run(
+    pretrained: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The source logged steps 4-6 after the checkpoint of step 3: W&B keeps a step's first value, so the phase's
+    steps 4-6 would be dropped from its curve. The phase logs to a new W&B run, in its own group, and says why."""
+    cont = tmp_path / "seq48"
+    args = tiny_args(cont, pretrained.parent / "cache", "--tracking.backend=wandb", "--tracking.comparison=unit")
+    args += ["--data.max_seq_length=48", "--train.max_steps=4", "--train.snapshot_at_end=false",
+             f"--train.resume={pretrained / 'checkpoints' / 'step_00000003'}"]  # fmt: skip
+    torch.set_num_threads(1)
+    try:
+        assert pretrain_main(args) == 0
+    finally:
+        _reset_accelerate()
+    (logged,) = read_runs(cont / "wandb")
+    source = json.loads((pretrained / WANDB_RUN_FILE).read_text())
+    assert logged.id != source["id"] and logged.group != source["group"]  # its recipe (48 tokens) is its own
+    assert [s for s, _ in logged.logged("train/loss")] == [4]
+    assert logged.config["continued_from"] == str(pretrained.resolve())
+    err = capsys.readouterr().err
+    assert f"logged steps up to 6 to W&B run {source['id']}, after the checkpoint's step 3" in err
+
+
+def test_a_run_started_again_before_its_first_checkpoint_names_its_earlier_wandb_run(
+    pretrained: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Stopped before its first checkpoint, a run starts again from step 0: W&B would drop steps it already holds,
+    so the new attempt is a new W&B run, and the warning names the earlier one, whose steps are logged again."""
+    run = tmp_path / "again"
+    run.mkdir()
+    write_json(run / WANDB_RUN_FILE, {"id": "0123456789ab", "group": "g", "project": "lnbert"})  # the first attempt's
+    torch.set_num_threads(1)
+    try:
+        assert pretrain_main(tiny_args(run, pretrained.parent / "cache", "--tracking.backend=wandb",
+                                       "--train.max_steps=1")) == 0  # fmt: skip
+    finally:
+        _reset_accelerate()
+    (logged,) = read_runs(run / "wandb")
+    assert logged.id != "0123456789ab"
+    assert "warning: W&B run 0123456789ab holds the steps this run logged before it stopped" in capsys.readouterr().err
+
+
 def test_a_diverged_run_says_so_in_its_summary(
     pretrained: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

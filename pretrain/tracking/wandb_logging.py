@@ -20,6 +20,7 @@ import hashlib
 import json
 import os
 import secrets
+import sys
 from collections import defaultdict
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -33,7 +34,9 @@ from pretrain.run_folder.layout import (
     SNAPSHOT_INFO,
     WANDB_DIR,
     WANDB_RUN_FILE,
+    folder_step,
     read_json_file,
+    read_metrics,
     read_run_config,
     read_wandb_identity,
     run_folder_of,
@@ -120,17 +123,44 @@ def read_run_file(run_dir: str | Path) -> dict[str, Any]:
 def run_identity(run_dir: Path, resume_from: Path | None, group: str, project: str) -> dict[str, Any]:
     """The W&B run this pretraining run logs to, written to RUN/wandb_run.json before the run starts: a new id for a
     new run; resumed from its own checkpoint, the id in RUN/wandb_run.json (one W&B run, one curve); continued from
-    another run's checkpoint (the 512-token phase), that run's id and group, so the phase extends its curve."""
-    identity = {}
+    another run's checkpoint (the 512-token phase), that run's id and group, so the phase extends its curve, unless
+    that run logged steps after the checkpoint (W&B keeps the first value of a step: the phase's would be dropped)."""
+    identity, fresh = {}, {"group": group, "project": project}
     if resume_from is not None:
         source = run_folder_of(resume_from)
-        own = source == Path(run_dir).resolve()
-        identity = read_run_file(run_dir) if own else {**read_run_file(source), "continued_from": str(source)}
+        if source == Path(run_dir).resolve():
+            identity = read_run_file(run_dir)
+        else:
+            identity = {**continued_identity(source, folder_step(resume_from)), "continued_from": str(source)}
+            fresh["continued_from"] = str(source)
+    elif earlier := _readable_run_file(run_dir).get("id"):
+        print(f"warning: W&B run {earlier} holds the steps this run logged before it stopped, before its first "
+              f"checkpoint; it starts again from step 0 as a new W&B run (delete {earlier} in W&B: its steps are "
+              "logged again)", file=sys.stderr, flush=True)  # fmt: skip
     if not identity.get("id"):
         # W&B run ids are [a-z0-9]; 12 random hex digits never collide within a project in practice.
-        identity = {"id": secrets.token_hex(6), "group": group, "project": project}
+        identity = {"id": secrets.token_hex(6), **fresh}
     write_json(Path(run_dir) / WANDB_RUN_FILE, identity)
     return identity
+
+
+def continued_identity(source: Path, step: int) -> dict[str, Any]:
+    """The W&B run of ``source`` that a run continued from its checkpoint at ``step`` extends; {} (a new W&B run)
+    when ``source`` never logged to W&B or logged steps after ``step``."""
+    identity = read_run_file(source)
+    logged = max((row.get("step", -1) for row in read_metrics(source)), default=-1)
+    if identity.get("id") and logged > step:
+        print(f"warning: {source} logged steps up to {logged} to W&B run {identity['id']}, after the checkpoint's "
+              f"step {step}; W&B keeps one value per step, so this run logs to a new W&B run (its config's "
+              "continued_from names the source)", file=sys.stderr, flush=True)  # fmt: skip
+        return {}
+    return identity
+
+
+def _readable_run_file(run_dir: Path) -> dict[str, Any]:
+    with contextlib.suppress(ValueError):  # damaged: a new run replaces it whatever it held
+        return read_run_file(run_dir)
+    return {}
 
 
 def start_pretraining_run(accelerator: Accelerator, cfg: PretrainConfig, resolved: dict[str, Any],
