@@ -15,7 +15,9 @@ already done is skipped, so the command can be re-run after an interruption. The
 from __future__ import annotations
 
 import dataclasses
+import errno
 import functools
+import pickle
 import sys
 from collections import Counter
 from dataclasses import dataclass
@@ -26,7 +28,7 @@ import numpy as np
 
 from finetune.backends import InProcess
 from finetune.config import GridOptions, check_tasks
-from finetune.glue import load_task
+from finetune.glue import Example, load_task
 from finetune.manifest import ResultsBusy, ResultsFolder, Runtime
 from finetune.schedule import NoProgress, collect, job_lines, lifted, retried, runnable, submit, wandb_settings
 from finetune.worker import check_model_name, check_snapshot, describe_model, job_specs
@@ -67,25 +69,41 @@ def check_not_a_checkpoint(model: Path) -> None:
                       f"fine-tune a snapshot of the run, RUN/{SNAPSHOTS}/step_N: {found}")
 
 
-def check_loads(model: str) -> None:
-    """A model folder whose weights are not of its config.json (a file replaced, or copied from another run), or cannot
-    be read (cut short by a copy), fails every job alike: refused here, before any job, by loading it as they do."""
+def check_loads(model: str, dev: list[Example] | None) -> None:
+    """A model folder whose weights are not of its config.json (a file replaced, or copied from another run), cannot
+    be read (cut short by a copy), or whose tokenizer is not the model's (on the task's ``dev`` examples, when read
+    already) fails every job alike: refused here, before any job, by loading it as they do."""
     from safetensors import SafetensorError
 
-    from finetune.train import load_classifier
+    from finetune.train import load_classifier, load_tokenizer
     from pretrain.modeling import CheckpointMismatch
 
     if not Path(model).is_dir():  # a Hub model: its jobs download it
         return
+    if dev is not None:
+        try:
+            load_tokenizer(model, dev)
+        except ValueError as err:
+            raise ConfigError(f"--model {model!r}: {err}") from None
     try:
         load_classifier(model)
     except CheckpointMismatch as err:
         raise ConfigError(f"--model {model!r} cannot be fine-tuned: {err} Or pass another --model.") from None
-    except (SafetensorError, OSError) as err:
-        if not is_damage(err):  # the file system refused the read: its own error
+    except (SafetensorError, OSError, pickle.UnpicklingError, RuntimeError) as err:
+        if not unreadable_weights(err):
             raise
         raise ConfigError(f"--model {model!r}: its weights cannot be read ({err}): the files are damaged or incomplete; "
                           "copy them again, or pass another --model") from None  # fmt: skip
+
+
+def unreadable_weights(err: BaseException) -> bool:
+    """How safetensors and torch.load say that a weights file was cut short or overwritten; not a file system that
+    refused the read (EIO, ESTALE, EACCES: its own error), nor another RuntimeError."""
+    if isinstance(err, RuntimeError):
+        return "PytorchStreamReader" in str(err)  # pytorch_model.bin: torch's zip reader found no archive
+    if isinstance(err, OSError):
+        return is_damage(err) or err.errno == errno.EINVAL  # EINVAL: that reader seeking past a cut file's end
+    return True
 
 
 def run(config: RunConfig) -> list[dict[str, Any]]:
@@ -100,8 +118,8 @@ def run(config: RunConfig) -> list[dict[str, Any]]:
     check_snapshot(Path(config.model))
     warn_emulated_bf16(pick_device(config.recipe.device, flag="recipe.device"), config.recipe.mixed_precision)
     data_dir = str(Path(config.data_dir).resolve()) if config.data_dir else None
-    if data_dir is not None:
-        load_task(config.task, data_dir)  # fail now, on the user's input, rather than inside every job
+    # fail now, on the user's input, rather than inside every job
+    dev = load_task(config.task, data_dir)["dev"] if data_dir is not None else None
     folder = ResultsFolder(config.results_dir)
     tracking = wandb_settings(config)
     check_wandb(tracking)
@@ -109,7 +127,7 @@ def run(config: RunConfig) -> list[dict[str, Any]]:
     specs = job_specs(describe_model(config.model), config.task, config.lrs, config.seeds, config.recipe)
     positions = getattr(AutoConfig.from_pretrained(config.model), "max_position_embeddings", None)
     config.recipe.check_fits(positions, config.model)
-    check_loads(config.model)
+    check_loads(config.model, dev)
     with folder.lock():
         backend = InProcess()
         collect(folder, backend)  # the jobs of an earlier run that was killed in them are queued again

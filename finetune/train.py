@@ -25,7 +25,7 @@ from tqdm.auto import tqdm
 from transformers import get_scheduler
 
 from finetune.config import FinetuneConfig
-from finetune.glue import baseline_metrics, batches, compute_metrics, encode, get_task, load_task
+from finetune.glue import Example, baseline_metrics, batches, compute_metrics, encode, get_task, load_task
 from finetune.manifest import Results
 from pretrain.common.device import pick_device
 from pretrain.common.hardware import cpu_bf16_warning, device_name
@@ -111,14 +111,10 @@ class DataCache:
         self.data: TaskData | None = None
 
     def get(self, model_path: str, task: str, data_dir: str | None, recipe: FinetuneConfig) -> TaskData:
-        from transformers import AutoTokenizer
-
         key = (model_path, task, data_dir, recipe.max_length, recipe.max_train_examples, recipe.max_eval_examples)
         if self.data is None or key != self.key:  # one snapshot at a time: tokenized features are cheap to rebuild
             splits = self.load_task(task, data_dir)
-            tokenizer = AutoTokenizer.from_pretrained(model_path)
-            if tokenizer.pad_token_id is None:
-                raise ValueError(f"the tokenizer of {model_path} has no padding token; save one with the model")
+            tokenizer = load_tokenizer(model_path, splits["dev"])
             self.key, self.data = key, TaskData(
                 train=encode(tokenizer, splits["train"][: recipe.max_train_examples], recipe.max_length),
                 dev=encode(tokenizer, splits["dev"][: recipe.max_eval_examples], recipe.max_length),
@@ -127,13 +123,40 @@ class DataCache:
         return self.data
 
 
+UNKNOWN_SHARE = 0.5
+"""More of a task's words read as the unknown token than this: the tokenizer is not the model's."""
+
+
+def load_tokenizer(model_path: str, examples: list[Example]) -> Any:
+    """The model folder's tokenizer, refused (ValueError naming the fix) where it cannot serve the model on
+    ``examples``: no padding token, more tokens than the model has embeddings, or most of the text read as unknown (a
+    folder without tokenizer files, where transformers builds a tokenizer of the special tokens alone)."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    fix = "save the tokenizer the model was trained with beside it (save_pretrained)"
+    if tokenizer.pad_token_id is None:
+        raise ValueError(f"the tokenizer of {model_path} has no padding token: {fix}")
+    if len(tokenizer) > (embeddings := AutoConfig.from_pretrained(model_path).vocab_size):
+        raise ValueError(f"the tokenizer of {model_path} has {len(tokenizer)} tokens, more than the model's "
+                         f"{embeddings} embeddings (config.json vocab_size): {fix}")  # fmt: skip
+    texts = [text for e in examples[:200] for text in (e.text_a, e.text_b) if text]
+    ids = [i for row in tokenizer(texts, add_special_tokens=False)["input_ids"] for i in row]
+    unknown = sum(i == tokenizer.unk_token_id for i in ids) / max(len(ids), 1)
+    if unknown > UNKNOWN_SHARE:
+        raise ValueError(f"the tokenizer of {model_path} ({len(tokenizer)} tokens) reads {unknown:.0%} of the task's "
+                         f"text as {tokenizer.unk_token}: the folder lacks the model's tokenizer files "
+                         f"(tokenizer.json or vocab.txt); {fix}")  # fmt: skip
+    return tokenizer
+
+
 def load_classifier(model_path: str, random_init: bool = False) -> nn.Module:
     """The model of a job as a two-class ``AutoModelForSequenceClassification``, in float32 whatever the checkpoint
     stores (transformers 5 loads the saved dtype: in bf16 most updates at lr 3e-5 round away; the recipe's autocast
     decides the compute dtype). A checkpoint that leaves part of the encoder as initialized, or holds encoder weights
     the model does not use (another architecture or depth, weight names changed), is refused, CheckpointMismatch:
     Hugging Face models load it with a warning, and the jobs would fine-tune a random or truncated encoder. The pooler
-    and the heads may be new."""
+    and the heads may be new, or of another shape (a classifier of another task: a new one replaces it)."""
     from transformers import AutoConfig, AutoModelForSequenceClassification
     from transformers.utils import logging as hf_logging
 
@@ -146,20 +169,25 @@ def load_classifier(model_path: str, random_init: bool = False) -> nn.Module:
         if random_init:
             config = AutoConfig.from_pretrained(model_path, num_labels=2)
             return AutoModelForSequenceClassification.from_config(config, dtype=torch.float32)
-        model, info = AutoModelForSequenceClassification.from_pretrained(model_path, num_labels=2, dtype=torch.float32,
-                                                                        output_loading_info=True)  # fmt: skip
+        # A classifier of another task (3 labels, MNLI's) is replaced by a new one; other mismatches are refused below.
+        model, info = AutoModelForSequenceClassification.from_pretrained(
+            model_path, num_labels=2, dtype=torch.float32, output_loading_info=True, ignore_mismatched_sizes=True
+        )
     finally:
         hf_logging.set_verbosity(verbosity)
         if bars:
             hf_logging.enable_progress_bar()
     base = f"{model.base_model_prefix}."
-    missing, unused = (sorted(k for k in info[kind] if k.startswith(base) and not k.startswith(f"{base}pooler."))
-                       for kind in ("missing_keys", "unexpected_keys"))  # fmt: skip
-    if missing or unused:
+    missing, unused, mismatched = (
+        sorted(name for k in info[kind] if (name := k[0] if isinstance(k, tuple) else k).startswith(base)
+               and not name.startswith(f"{base}pooler."))  # mismatched keys are (name, shapes)
+        for kind in ("missing_keys", "unexpected_keys", "mismatched_keys")
+    )  # fmt: skip
+    if missing or unused or mismatched:
         raise CheckpointMismatch(f"the checkpoint of {model_path} does not fit the encoder of its config.json: "
-                                 f"{len(missing)} weights missing {missing[:3]}, {len(unused)} unused {unused[:3]}: its "
-                                 "weights are of another architecture or size, or their names were changed; restore it "
-                                 "from a copy.")  # fmt: skip
+                                 f"{len(missing)} weights missing {missing[:3]}, {len(unused)} unused {unused[:3]}, "
+                                 f"{len(mismatched)} of another shape {mismatched[:3]}: its weights are of another "
+                                 "architecture or size, or their names were changed; restore it from a copy.")  # fmt: skip
     return model
 
 

@@ -30,6 +30,7 @@ from pretrain.run_folder.layout import (
     SNAPSHOT_INFO,
     SNAPSHOT_MARKER,
     SNAPSHOTS,
+    TOKENIZER_FILES,
     list_snapshots,
     read_json_file,
     run_folder_of,
@@ -119,7 +120,8 @@ def check_not_a_run_folder(path: Path) -> None:
 
 def snapshot_hash(model_dir: Path) -> str:
     """The content hash of a model folder, for its jobs' key: of a snapshot, the hash of its manifest's file listing
-    (sizes and checksums written by pretraining); of a plain save_pretrained folder, of its config and weights."""
+    (sizes and checksums written by pretraining); of a plain save_pretrained folder, of its config, weights and
+    tokenizer files (another tokenizer reads the task into other ids: other numbers)."""
     manifest = model_dir / MANIFEST_FILE
     if manifest.is_file():
         payload = read_json_file(manifest)
@@ -131,7 +133,8 @@ def snapshot_hash(model_dir: Path) -> str:
             raise FileNotFoundError(
                 f"{model_dir} is not a model folder: expected config.json and model.safetensors (save_pretrained)"
             )
-        files = {p.name: sha256_file(p) for p in (model_dir / "config.json", *weights)}
+        tokenizer = [path for name in TOKENIZER_FILES if (path := model_dir / name).is_file()]
+        files = {p.name: sha256_file(p) for p in (model_dir / "config.json", *weights, *tokenizer)}
     return hashlib.sha256(json.dumps(files, sort_keys=True).encode()).hexdigest()[:16]
 
 

@@ -260,7 +260,7 @@ def test_a_model_folder_whose_weights_are_not_of_its_config_fails_its_jobs_for_g
     """A plain model folder (no manifest) whose config.json was replaced by another placement's after the command
     checked it (finetune.run refuses it up front: tests/test_crash_safety.py): loading refuses it in the job
     (``from_pretrained`` checks the weights against the config), once, for good, naming the fix."""
-    monkeypatch.setattr("finetune.run.check_loads", lambda model: None)
+    monkeypatch.setattr("finetune.run.check_loads", lambda model, dev: None)
     snapshot = make_run(tmp_path, "pre_ln", "pre", steps=(10,)) / "snapshots" / "step_00000010"
     folder = tmp_path / "copied"
     shutil.copytree(snapshot, folder, ignore=shutil.ignore_patterns("snapshot.json", "manifest.json", "COMPLETE"))
@@ -325,10 +325,59 @@ def test_a_hugging_face_bert_folder_fine_tunes_with_its_weights_and_one_of_other
     (shallower / "config.json").write_text(json.dumps({**config, "num_hidden_layers": config["num_hidden_layers"] - 1}))
     with pytest.raises(CheckpointMismatch, match=r"0 weights missing \[\], \d+ unused \['bert\.encoder\.layer\.1\."):
         load_classifier(str(shallower))
-    monkeypatch.setattr("finetune.run.check_loads", lambda model: None)
+    monkeypatch.setattr("finetune.run.check_loads", lambda model, dev: None)
     (row,) = run(quick_run(renamed, "mrpc", tmp_path / "other.d"))
     assert (row["status"], row["attempts"], row["permanent"]) == ("failed", 1, True)
     assert row["error"].startswith("CheckpointMismatch: ") and "restore it from a copy" in row["error"]
+
+
+def _refused(argv: list[str], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> str:
+    monkeypatch.setattr(sys, "argv", ["finetune.run", *argv])
+    assert run_cli() == 2
+    return capsys.readouterr().err
+
+
+def test_a_hub_folder_is_fine_tuned_only_with_its_own_tokenizer_and_readable_weights(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Refused before any job, each naming the fix: a folder without tokenizer files (transformers builds a tokenizer
+    of the special tokens alone, and the jobs would learn from [UNK]s), a tokenizer larger than the model's vocabulary,
+    a pytorch_model.bin cut short. A classifier of another task's labels is replaced by a new one. The job key of a
+    plain folder covers its tokenizer: another tokenizer gives other numbers."""
+    from transformers import BertConfig, BertForSequenceClassification
+
+    from finetune.train import load_classifier
+
+    folder = tmp_path / "bert"
+    _hub_bert_folder(folder)
+    args = ["--task=mrpc", f"--data_dir={FIXTURE_GLUE}", f"--results_dir={tmp_path / 'results.d'}"]
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    for name in ("config.json", "model.safetensors"):
+        shutil.copy(folder / name, bare / name)
+    assert "reads 100% of the task's text as [UNK]: the folder lacks the model's tokenizer files" in _refused(
+        [f"--model={bare}", *args], monkeypatch, capsys)  # fmt: skip
+    assert snapshot_hash(bare) != snapshot_hash(folder)
+    small = tmp_path / "small"
+    shutil.copytree(folder, small)
+    config = json.loads((small / "config.json").read_text())
+    (small / "config.json").write_text(json.dumps({**config, "vocab_size": 20}))
+    err = _refused([f"--model={small}", *args], monkeypatch, capsys)
+    assert re.search(r"has \d+ tokens, more than the model's 20 embeddings \(config.json vocab_size\)", err), err
+    three = tmp_path / "mnli"
+    config = BertConfig.from_pretrained(folder, num_labels=3)
+    BertForSequenceClassification.from_pretrained(folder, config=config).save_pretrained(three)
+    model = load_classifier(str(three))
+    assert model.classifier.out_features == 2
+    # As older Hub repositories hold it (transformers 5 saves safetensors only), then cut short by a copy.
+    bin_file = three / "pytorch_model.bin"
+    torch.save(model.state_dict(), bin_file)
+    (three / "model.safetensors").unlink()
+    bin_file.write_bytes(bin_file.read_bytes()[: bin_file.stat().st_size // 2])
+    shutil.copy(folder / "tokenizer.json", three)
+    err = _refused([f"--model={three}", *args], monkeypatch, capsys)
+    assert f"--model {str(three)!r}: its weights cannot be read (" in err and "copy them again" in err
+    assert not (tmp_path / "results.d" / "jobs").exists()
 
 
 @pytest.mark.parametrize(
