@@ -128,25 +128,26 @@ UNKNOWN_SHARE = 0.5
 
 
 def load_tokenizer(model_path: str, examples: list[Example]) -> Any:
-    """The model folder's tokenizer, refused (ValueError naming the fix) where it cannot serve the model on
-    ``examples``: no padding token, more tokens than the model has embeddings, or most of the text read as unknown (a
-    folder without tokenizer files, where transformers builds a tokenizer of the special tokens alone)."""
+    """The model folder's tokenizer, refused where it cannot serve the model on ``examples`` (CheckpointMismatch,
+    naming the fix: no retry changes it while the files stay as they are): no padding token, more tokens than the
+    model has embeddings, or most of the text read as unknown (a folder without tokenizer files, where transformers
+    builds a tokenizer of the special tokens alone)."""
     from transformers import AutoConfig, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(model_path)
-    fix = "save the tokenizer the model was trained with beside it (save_pretrained)"
+    name, fix = f"the tokenizer of {model_path}", "save the tokenizer the model was trained with beside it"
     if tokenizer.pad_token_id is None:
-        raise ValueError(f"the tokenizer of {model_path} has no padding token: {fix}")
+        raise CheckpointMismatch(f"{name} has no padding token: {fix}")
     if len(tokenizer) > (embeddings := AutoConfig.from_pretrained(model_path).vocab_size):
-        raise ValueError(f"the tokenizer of {model_path} has {len(tokenizer)} tokens, more than the model's "
-                         f"{embeddings} embeddings (config.json vocab_size): {fix}")  # fmt: skip
+        raise CheckpointMismatch(f"{name} has {len(tokenizer)} tokens, more than the model's {embeddings} embeddings "
+                                 f"(config.json vocab_size): {fix}")  # fmt: skip
     texts = [text for e in examples[:200] for text in (e.text_a, e.text_b) if text]
     ids = [i for row in tokenizer(texts, add_special_tokens=False)["input_ids"] for i in row]
     unknown = sum(i == tokenizer.unk_token_id for i in ids) / max(len(ids), 1)
     if unknown > UNKNOWN_SHARE:
-        raise ValueError(f"the tokenizer of {model_path} ({len(tokenizer)} tokens) reads {unknown:.0%} of the task's "
-                         f"text as {tokenizer.unk_token}: the folder lacks the model's tokenizer files "
-                         f"(tokenizer.json or vocab.txt); {fix}")  # fmt: skip
+        raise CheckpointMismatch(f"{name} ({len(tokenizer)} tokens) reads {unknown:.0%} of the task's text as "
+                                 f"{tokenizer.unk_token}: the folder lacks the model's tokenizer files (tokenizer.json "
+                                 f"or vocab.txt); {fix}")  # fmt: skip
     return tokenizer
 
 

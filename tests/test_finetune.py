@@ -378,6 +378,9 @@ def test_a_hub_folder_is_fine_tuned_only_with_its_own_tokenizer_and_readable_wei
     err = _refused([f"--model={three}", *args], monkeypatch, capsys)
     assert f"--model {str(three)!r}: its weights cannot be read (" in err and "copy them again" in err
     assert not (tmp_path / "results.d" / "jobs").exists()
+    monkeypatch.setattr("finetune.run.check_loads", lambda model, dev: None)  # a job finds it: failed for good
+    (row,) = run(quick_run(bare, "mrpc", tmp_path / "jobs.d"))
+    assert (row["status"], row["attempts"], row["permanent"]) == ("failed", 1, True) and "[UNK]" in row["error"]
 
 
 @pytest.mark.parametrize(
