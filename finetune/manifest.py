@@ -14,6 +14,7 @@ import dataclasses
 import fcntl
 import hashlib
 import json
+import numbers
 import os
 import socket
 import sys
@@ -142,10 +143,22 @@ class Results:
     """Share of the job's dev predictions in its most predicted class (1.0: it answers one class)."""
 
     def __post_init__(self) -> None:
+        """A file of done/ read back is checked here: a value of another type (null for a loss, text for a count)
+        would fail the report's arithmetic later, far from the file."""
+        for f in dataclasses.fields(self):
+            value, kind = getattr(self, f.name), f.type.removesuffix(" | None")  # annotations are text here
+            if value is None and kind != f.type:
+                continue
+            if isinstance(value, bool) or not isinstance(value, _KINDS[kind]):
+                raise ValueError(f"{f.name} {value!r} is not {kind}")
         for name in ("accuracy", "f1", "majority_accuracy", "majority_f1", "top_class_share"):  # the shares
             value = getattr(self, name)
             if value is not None and not 0 <= value <= 1:
                 raise ValueError(f"{name} {value} is outside [0, 1]")
+
+
+_KINDS = {"float": numbers.Real, "int": numbers.Integral, "str": str}
+"""The types of Results's fields (numpy's scalars too, as the metrics computed are)."""
 
 
 @dataclass(frozen=True)

@@ -606,16 +606,18 @@ def spoil(path: Path, kind: str, other: Path) -> None:
         del payload["results"]
     elif kind == "accuracy 2.0":
         payload["results"]["accuracy"] = 2.0
+    elif kind == "a null loss":
+        payload["results"]["dev_loss"] = None
     path.write_text(json.dumps(payload))
 
 
-@pytest.mark.parametrize("kind", ["another job's", "a list", "no results", "accuracy 2.0"])
+@pytest.mark.parametrize("kind", ["another job's", "a list", "no results", "accuracy 2.0", "a null loss"])
 def test_a_damaged_result_file_is_set_aside_and_its_job_runs_again(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], kind: str
 ) -> None:
     """Result files are written atomically, so one a task never writes was damaged since: another job's result
     under this job's name (every task would skip the job while the folder counts the other), a list, a result
-    without its results, an accuracy outside [0, 1]. Status, the report and the scheduler each move it to damaged/
+    without its results, an accuracy outside [0, 1], a loss of null. Status, the report and the scheduler each move it to damaged/
     (kept, never read again) and say so; its job counts as not done, and the same scheduler command runs it again to
     the same numbers, then runs nothing. (In-process tasks charge no attempt anyway; tests/test_finetune.py has the
     attempt a task that ended by itself is not charged.)"""
