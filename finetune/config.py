@@ -142,7 +142,7 @@ class GridOptions(ResultsOption):
     """W&B project of the job runs; unset: the pretraining run's tracking.project (else lnbert)."""
 
     def __post_init__(self) -> None:
-        ok = bool(self.lrs) and all(lr > 0 for lr in self.lrs)
-        require(ok, "lrs", f"must be a non-empty list of positive learning rates; got {self.lrs}")
+        ok = bool(self.lrs) and all(lr > 0 for lr in self.lrs) and len(set(self.lrs)) == len(self.lrs)
+        require(ok, "lrs", f"must be a non-empty list of distinct positive learning rates; got {self.lrs}")
         ok = bool(self.seeds) and all(s >= 0 for s in self.seeds) and len(set(self.seeds)) == len(self.seeds)
         require(ok, "seeds", f"must be a non-empty list of distinct integers >= 0; got {self.seeds}")

@@ -61,10 +61,11 @@ class Example:
 
 
 def get_task(name: str) -> GlueTask:
-    key = name.lower()
-    if key not in TASKS:
-        raise ValueError(f"unknown GLUE task {name!r}; valid tasks: {', '.join(TASKS)}")
-    return TASKS[key]
+    """A task by its name as jobs and results record it, in lower case: "MRPC" would key the same jobs apart."""
+    if name not in TASKS:
+        hint = f" (did you mean {name.lower()!r}?)" if name.lower() in TASKS else ""
+        raise ValueError(f"unknown GLUE task {name!r}{hint}; valid tasks: {', '.join(TASKS)}")
+    return TASKS[name]
 
 
 def expected_layout(task: GlueTask) -> str:

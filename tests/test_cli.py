@@ -178,7 +178,7 @@ def test_float_keys_are_found() -> None:
         (["--recipe.adam_eps=0"], r"recipe\.adam_eps must be > 0"),
         (["--recipe.adam_beta2=1"], r"recipe\.adam_beta2 must lie in \[0, 1\)"),
         (["--recipe.weight_decay=-0.1"], r"recipe\.weight_decay must be >= 0"),
-        (["--lrs=[0.001, 0]"], r"lrs must be a non-empty list of positive learning rates"),
+        (["--lrs=[0.001, 0]"], r"lrs must be a non-empty list of distinct positive learning rates"),
         (["--lrs=[]"], r"lrs must be a non-empty list"),
         (["--seeds=[-1]"], r"seeds must be a non-empty list of distinct integers >= 0"),
         (["--seeds=[1, 1]"], r"seeds must be a non-empty list of distinct integers"),

@@ -61,7 +61,7 @@ def test_mrpc_fixture_bom_and_unbalanced_quote() -> None:
 
 
 def test_rte_fixture_string_labels() -> None:
-    dev = load_task("RTE", FIXTURE_GLUE)["dev"]
+    dev = load_task("rte", FIXTURE_GLUE)["dev"]
     raw = (FIXTURE_GLUE / "RTE" / "dev.tsv").read_text().splitlines()[1:]
     # entailment = 0 and not_entailment = 1, as in nyu-mll/glue on the Hub.
     assert [e.label for e in dev] == [0 if line.endswith("\tentailment") else 1 for line in raw]
@@ -130,6 +130,15 @@ def test_unknown_task_lists_valid_ones() -> None:
         get_task("cola")
     with pytest.raises(ValueError, match="valid tasks"):
         RunConfig(model="x", task="sst2")
+    # Tasks key jobs and results by name: "MRPC" would run mrpc's jobs again apart, and the report would miss them.
+    with pytest.raises(ValueError, match="unknown GLUE task 'MRPC' \\(did you mean 'mrpc'\\?\\)"):
+        RunConfig(model="x", task="MRPC")
+
+
+def test_a_learning_rate_given_twice_is_refused() -> None:
+    """Its one job would count as two seeds with no spread between them."""
+    with pytest.raises(ConfigError, match="lrs must be a non-empty list of distinct positive learning rates"):
+        RunConfig(model="x", lrs=[5e-4, 0.0005])
 
 
 def test_missing_task_folder_names_path_and_layout(tmp_path: Path) -> None:
