@@ -13,6 +13,7 @@ disabled. RTE's string labels map as on the Hub: entailment = 0, not_entailment 
 from __future__ import annotations
 
 import csv
+import io
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -83,11 +84,17 @@ def _label_id(raw: str, task: GlueTask, where: str) -> int:
 
 
 def read_tsv(path: Path, task: GlueTask) -> list[Example]:
-    """One GLUE TSV file. ``utf-8-sig`` drops MRPC's byte-order mark; QUOTE_NONE keeps its stray quotes."""
+    """One GLUE TSV file. ``utf-8-sig`` drops MRPC's byte-order mark; QUOTE_NONE keeps its stray quotes. A file whose
+    last line has no line break was cut short (GLUE's files end with one): MRPC's last field is a sentence, so a cut
+    line still has all its fields, and its job's numbers would be of the cut sentence."""
     with open(path, encoding="utf-8-sig", newline="") as f:
-        rows = list(csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE))
+        text = f.read()
+    rows = list(csv.reader(io.StringIO(text), delimiter="\t", quoting=csv.QUOTE_NONE))
     if not rows:
         raise ValueError(f"{path} is empty; expected a header line and examples ({expected_layout(task)})")
+    if not text.endswith(("\n", "\r")):
+        raise ValueError(f"{path}:{len(rows)} ends without a line break: the file was cut short; copy it again (or, "
+                         "if that line is whole, end it with one)")  # fmt: skip
     header = rows[0]
     missing = [c for c in task.columns if c not in header]
     if missing:

@@ -150,6 +150,20 @@ def test_missing_task_folder_names_path_and_layout(tmp_path: Path) -> None:
         load_task("mrpc", tmp_path)
 
 
+def test_a_file_cut_within_its_last_line_is_refused(tmp_path: Path) -> None:
+    """MRPC's last field is a sentence: its last line cut short still has every field, so only the missing line break
+    says the file was cut."""
+    (tmp_path / "MRPC").mkdir()
+    whole = (FIXTURE_GLUE / "MRPC" / "dev.tsv").read_text(encoding="utf-8-sig")
+    path = tmp_path / "MRPC" / "dev.tsv"
+    path.write_text(whole[:-20])
+    lines = whole[:-20].count("\n") + 1
+    with pytest.raises(ValueError, match=rf"dev\.tsv:{lines} ends without a line break: the file was cut short"):
+        read_tsv(path, TASKS["mrpc"])
+    path.write_text(whole)
+    assert len(read_tsv(path, TASKS["mrpc"])) == lines - 1
+
+
 def test_bad_label_and_missing_column(tmp_path: Path) -> None:
     (tmp_path / "RTE").mkdir()
     path = tmp_path / "RTE" / "train.tsv"
