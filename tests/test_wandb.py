@@ -10,6 +10,7 @@ import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -161,19 +162,25 @@ def test_snapshots_are_model_artifacts_by_reference(pretrained: Path, pretrain_r
     assert snapshot_artifact(snapshot, run_id).manifest.digest() == artifacts[1]["digest"]
 
 
-def test_the_512_token_phase_continues_the_same_wandb_run(pretrained: Path, tmp_path: Path) -> None:
-    """A run continued from another run's checkpoint (the seq512 overlay) logs into that run's W&B run."""
-    cont = tmp_path / "seq48"
+def _phase(pretrained: Path, cont: Path, checkpoint: int, max_steps: int) -> tuple[LoggedRun, dict[str, Any]]:
+    """A 48-token phase in ``cont`` from the checkpoint of step ``checkpoint`` of ``pretrained``: its W&B run, and
+    the identity of the source's."""
     args = tiny_args(cont, pretrained.parent / "cache", "--tracking.backend=wandb", "--tracking.comparison=unit")
-    args += ["--data.max_seq_length=48", "--train.max_steps=8", "--train.snapshot_at_end=false",
-             f"--train.resume={pretrained / 'checkpoints' / 'step_00000006'}"]  # fmt: skip
+    args += ["--data.max_seq_length=48", f"--train.max_steps={max_steps}", "--train.snapshot_at_end=false",
+             f"--train.resume={pretrained / 'checkpoints' / f'step_{checkpoint:08d}'}"]  # fmt: skip
     torch.set_num_threads(1)
     try:
         assert pretrain_main(args) == 0
     finally:
         _reset_accelerate()
     (logged,) = read_runs(cont / "wandb")
-    source = json.loads((pretrained / WANDB_RUN_FILE).read_text())
+    return logged, json.loads((pretrained / WANDB_RUN_FILE).read_text())
+
+
+def test_the_512_token_phase_continues_the_same_wandb_run(pretrained: Path, tmp_path: Path) -> None:
+    """A run continued from another run's checkpoint (the seq512 overlay) logs into that run's W&B run."""
+    cont = tmp_path / "seq48"
+    logged, source = _phase(pretrained, cont, checkpoint=6, max_steps=8)
     assert logged.id == source["id"] and logged.group == source["group"]
     assert [s for s, _ in logged.logged("train/loss")] == [7, 8]  # the curve goes on
     assert logged.config["data"]["max_seq_length"] == 48  # the config says which phase logged last
@@ -185,17 +192,7 @@ def test_a_phase_from_a_checkpoint_its_source_logged_past_is_a_new_wandb_run(
 ) -> None:
     """The source logged steps 4-6 after the checkpoint of step 3: W&B keeps a step's first value, so the phase's
     steps 4-6 would be dropped from its curve. The phase logs to a new W&B run, in its own group, and says why."""
-    cont = tmp_path / "seq48"
-    args = tiny_args(cont, pretrained.parent / "cache", "--tracking.backend=wandb", "--tracking.comparison=unit")
-    args += ["--data.max_seq_length=48", "--train.max_steps=4", "--train.snapshot_at_end=false",
-             f"--train.resume={pretrained / 'checkpoints' / 'step_00000003'}"]  # fmt: skip
-    torch.set_num_threads(1)
-    try:
-        assert pretrain_main(args) == 0
-    finally:
-        _reset_accelerate()
-    (logged,) = read_runs(cont / "wandb")
-    source = json.loads((pretrained / WANDB_RUN_FILE).read_text())
+    logged, source = _phase(pretrained, tmp_path / "seq48", checkpoint=3, max_steps=4)
     assert logged.id != source["id"] and logged.group != source["group"]  # its recipe (48 tokens) is its own
     assert [s for s, _ in logged.logged("train/loss")] == [4]
     assert logged.config["continued_from"] == str(pretrained.resolve())
