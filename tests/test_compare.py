@@ -80,12 +80,13 @@ def test_contrasts_pair_the_seeds_both_have_and_correct_over_all():
                               "--baseline=pre", "--pairs=[[pre, post+w50], [pre-hc4, rezero]]"])  # fmt: skip
     base = [-0.15, -0.10, -0.20, -0.12, -0.18, -0.16, -0.11, -0.14]
     summaries = {
-        "pre": {"seeds": list(range(8)), "gaps": base, "marked": []},
+        "pre": {"seeds": list(range(8)), "gaps": base, "marked": [], "diverged": []},
         "pre-hc4": {"seeds": list(range(8)), "gaps": [g - 0.05 + 0.002 * (i % 2) for i, g in enumerate(base)],
-                    "marked": []},
-        "rezero": {"seeds": list(range(8)), "gaps": [g + 0.1 * (-1) ** i for i, g in enumerate(base)], "marked": []},
+                    "marked": [], "diverged": []},
+        "rezero": {"seeds": list(range(8)), "gaps": [g + 0.1 * (-1) ** i for i, g in enumerate(base)], "marked": [],
+                   "diverged": []},
         "post+w50": {"seeds": [0, 1, 2, 5], "gaps": [g + 0.04 + 0.002 * (g > -0.15) for g in (base[0], base[1], base[2], base[5])],
-                     "marked": [2]},
+                     "marked": [2], "diverged": []},
     }  # fmt: skip
     found = {(c["a"], c["b"]): c for c in compare.contrasts(args, summaries)}
     # every model against pre, then the pair not already there (pre vs post+w50 is post+w50 vs pre, reversed)
@@ -175,7 +176,9 @@ def _cell(out: Path, label: str, lr: float, seed: int, gap: float | None, *, war
     """A run folder as an ended grid cell leaves it (status, metrics, the probe and provenance files)."""
     run_dir = out / "runs" / Cell(label, 128, 12, warmup, lr, seed).name
     write_json(run_dir / "status.json", {"status": "diverged" if gap is None else "finished", "step": 6})
-    rows = [{"step": s, "train/mlm_loss": 7.0 - 0.1 * s} for s in range(1, 7)]
+    # Every run is evaluated at step 0: a diverged one's last validation line is that one (a low loss here, as a
+    # gap taken from it would rank its model first).
+    rows = [{"step": 0, "val/mlm_loss": 6.2 - 0.9}, *({"step": s, "train/mlm_loss": 7.0 - 0.1 * s} for s in range(1, 7))]
     rows += [] if gap is None else [{"step": 6, "val/mlm_loss": 6.2 + gap}]
     (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     write_json(run_dir / "grid_probe.json", {"train_unigram_entropy": 6.0, "val_unigram_cross_entropy": 6.2})
@@ -224,6 +227,24 @@ def test_the_report_picks_each_lr_and_marks_other_machines_and_unfinished_models
     _cell(tmp_path, "pre", 1e-3, 5, -0.16, inputs={**INPUTS, "tokenizer": "ffff000011112222"})
     with pytest.raises(ValueError, match="2 different tokenizers"):
         cli.main(_study(tmp_path, "--mixed_provenance=true"))
+
+
+def test_seeds_a_model_lost_to_divergence_are_named_beside_its_numbers(tmp_path):
+    """hc4 diverged in 3 of 6 seeds at its lr: its gaps, rank and contrast are of the 3 survivors, which flatter it;
+    the ranking and the contrast say so."""
+    for seed, g in enumerate([-0.15, -0.10, -0.20, -0.12, -0.18, -0.16]):
+        _cell(tmp_path, "pre", 1e-3, seed, g)
+        _cell(tmp_path, "pre-hc4", 1e-3, seed, None if seed % 2 else g - 0.3)
+    study = [a for a in _study(tmp_path) if not a.startswith(("--models", "--lrs"))]
+    assert cli.main([*study, "--models=[{placement: pre, lr: 1e-3}, {residual_scheme: hc4, lr: 1e-3}]"]) == 0
+    found = json.loads((tmp_path / "results.json").read_text())
+    hc4 = next(m for m in found["models"] if m["name"] == "pre-hc4")
+    assert (hc4["seeds"], hc4["diverged"]) == ([0, 2, 4], [1, 3, 5])
+    (contrast,) = found["contrasts"]
+    assert contrast["n"] == 3 and contrast["diverged"] == {"pre-hc4": [1, 3, 5]}
+    table = (tmp_path / "table.txt").read_text()
+    assert "pre-hc4 (lr 0.001, 3 of 6 seeds, 3 diverged)" in table
+    assert f"{contrast['verdict']} (pre-hc4: 3 diverged, left out)" in table
 
 
 def test_a_model_whose_stage_1_cells_have_not_ended_waits_for_them(tmp_path):

@@ -58,9 +58,12 @@ def candidate_cells(args: CompareConfig) -> list[Cell]:
 
 
 def gap(result: dict[str, Any] | None) -> float | None:
-    """A cell's gap (GAP); None until it ended with a validation loss."""
-    reference = ((result or {}).get("probe") or {}).get("val_unigram_cross_entropy")
-    loss = (result or {}).get("val_mlm_loss")
+    """A cell's gap (GAP) from its final validation loss; None until it finished (a diverged run's last validation
+    loss is of an earlier step, step 0's at worst: no final loss)."""
+    if (result or {}).get("status") != "finished":
+        return None
+    reference = (result.get("probe") or {}).get("val_unigram_cross_entropy")
+    loss = result.get("val_mlm_loss")
     return loss - reference if loss is not None and reference is not None else None
 
 
@@ -199,6 +202,8 @@ def model_summary(args: CompareConfig, m: StudyModel, lr: float | None, results:
         "mean_gap": statistics.fmean(gaps) if gaps else None,
         "low": interval.low if interval else None, "high": interval.high if interval else None,
         "trained": sum(r["outcome"] == "trained" for r in ended.values()),
+        # Seeds lost to divergence: the gaps are of the survivors, which flatter the model; said beside every number.
+        "diverged": [c.seed for c in cells if (results.get(c) or {}).get("outcome") == "diverged"],
         "marked": [c.seed for c in cells if c.name in marks],
     }  # fmt: skip
 
@@ -220,6 +225,7 @@ def contrasts(args: CompareConfig, summaries: dict[str, dict[str, Any]]) -> list
         gaps = [dict(zip(summaries[n]["seeds"], summaries[n]["gaps"], strict=True)) for n in (a, b)]
         seeds = [s for s in gaps[0] if s in gaps[1]]
         found.append({"a": a, "b": b, "seeds": seeds, "marked": bool(summaries[a]["marked"] or summaries[b]["marked"]),
+                      "diverged": {n: summaries[n]["diverged"] for n in (a, b) if summaries[n]["diverged"]},
                       **paired([gaps[0][s] for s in seeds], [gaps[1][s] for s in seeds], 1 - args.alpha)})  # fmt: skip
     tested = sum(c["p"] is not None for c in found)
     for c, p_holm in zip(found, holm([c["p"] for c in found]), strict=True):
@@ -459,7 +465,14 @@ def stage1_text(args: CompareConfig, stage1: dict, chosen: dict[str, float], wai
 
 def _label(s: dict[str, Any]) -> str:
     unfinished = f", {len(s['seeds'])} of {s['planned']} seeds" if len(s["seeds"]) < s["planned"] else ""
+    unfinished += f", {len(s['diverged'])} diverged" if s["diverged"] else ""
     return f"{s['name']} (lr {s['lr']:g}{unfinished}){' ' + MARK if s['marked'] else ''}"
+
+
+def _verdict(c: dict[str, Any]) -> str:
+    """The verdict, and the seeds a model lost to divergence: the test saw only the seeds that did not diverge."""
+    lost = "; ".join(f"{name}: {len(seeds)} diverged" for name, seeds in c["diverged"].items())
+    return f"{c['verdict']} ({lost}, left out)" if lost else c["verdict"]
 
 
 def ranking_text(args: CompareConfig, ranked: list[dict[str, Any]], waiting: dict[str, str]) -> str:
@@ -477,7 +490,7 @@ def ranking_text(args: CompareConfig, ranked: list[dict[str, Any]], waiting: dic
 def contrasts_text(args: CompareConfig, found: list[dict[str, Any]]) -> str:
     rows = [[f"{c['a']} - {c['b']}{' ' + MARK if c['marked'] else ''}", c["n"], _number(c["mean"]),
              f"[{_number(c['low'])}, {_number(c['high'])}]", _number(c["p"], ".3g"), _number(c["p_holm"], ".3g"),
-             c["verdict"], _number(c["detectable"], ".3f")] for c in found]  # fmt: skip
+             _verdict(c), _number(c["detectable"], ".3f")] for c in found]  # fmt: skip
     tested = sum(c["p"] is not None for c in found)
     head = (f"paired differences of the gaps (a - b; negative: a ahead), one pair per seed both ran; "
             f"{100 * (1 - args.alpha):g}% interval and p (scipy.stats.ttest_rel), Holm over the {tested} tested "
@@ -555,7 +568,7 @@ def plot_compare(args: CompareConfig, ranked: list[dict[str, Any]], found: list[
         if c["low"] is not None:
             cx.errorbar(c["mean"], y, xerr=[[c["mean"] - c["low"]], [c["high"] - c["mean"]]], fmt="o", capsize=3,
                         color=VERDICT_COLORS[c["verdict"]])  # fmt: skip
-    cx.set_yticks(range(len(found)), [f"{c['a']} - {c['b']} (n={c['n']}): {c['verdict']}{' ' + MARK if c['marked'] else ''}"
+    cx.set_yticks(range(len(found)), [f"{c['a']} - {c['b']} (n={c['n']}): {_verdict(c)}{' ' + MARK if c['marked'] else ''}"
                                       for c in found], fontsize=8)  # fmt: skip
     cx.invert_yaxis()
     cx.axvline(0, color="gray", lw=0.8)
