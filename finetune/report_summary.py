@@ -14,7 +14,7 @@ from typing import Any
 
 from finetune.config import DEFAULT_LRS, DEFAULT_SEEDS, FinetuneConfig
 from finetune.manifest import recipe_hash
-from finetune.report_numbers import WIDE_GAP_SHARE, RunInfo, recipe_differences, unconfigured
+from finetune.report_numbers import WIDE_GAP_SHARE, RunInfo, clipped_interval, recipe_differences, unconfigured
 from pretrain.common.cli import read_yaml
 from pretrain.run_folder.layout import RUN_CONFIG_FILE
 
@@ -150,9 +150,9 @@ def warnings_for(points: list[dict[str, Any]], tasks: list[str], baselines: dict
 
 
 def _lower_bound(point: dict[str, Any]) -> float:
-    """The accuracy interval's lower end; the mean itself where there is no interval (one seed)."""
+    """The accuracy interval's lower end; where there is none (one seed), no accuracy: one seed beats nothing."""
     low = point.get("accuracy_low")
-    return point["accuracy"] if low is None or math.isnan(low) else low
+    return -math.inf if low is None or math.isnan(low) else low
 
 
 # Sections
@@ -226,11 +226,11 @@ def _mean_ci(mean: float, ci: float, scale: float = 100, digits: int = 2) -> str
     return f"{scale * mean:.{digits}f}" + ("" if math.isnan(ci) else f" ± {scale * ci:.{digits}f}")
 
 
-def _accuracy_cell(point: dict[str, Any]) -> str:
-    """Mean ± half-width; a clipped interval is given by its bounds, so the table never shows a share > 100%."""
-    if not point["accuracy_clipped"]:
-        return _mean_ci(point["accuracy"], point["accuracy_ci"])
-    return f"{100 * point['accuracy']:.2f} [{100 * point['accuracy_low']:.2f}, {100 * point['accuracy_high']:.2f}]†"
+def _share_cell(mean: float, half_width: float) -> str:
+    """A share (accuracy, F1): mean ± half-width; an interval past [0, 1] is given by its bounds clipped to it (†),
+    so the table never shows a share > 100%."""
+    low, high, clipped = clipped_interval(mean, half_width)
+    return f"{100 * mean:.2f} [{100 * low:.2f}, {100 * high:.2f}]†" if clipped else _mean_ci(mean, half_width)
 
 
 def _seeds_cell(point: dict[str, Any]) -> str:
@@ -253,8 +253,11 @@ def _steps_cell(row: dict[str, Any]) -> str:
 def steps_sentence(table: list[dict[str, Any]], target: float, runs: Sequence[RunInfo]) -> str:
     """Which run reaches the target first, in how many steps, against which, and what else differs (recipe_caveat)."""
     reached = sorted((row for row in table if row["steps"] is not None), key=lambda row: row["steps"])
+    missed = [row["run"] for row in table if row["steps"] is None]
+    never = (f" {', '.join(missed)} {'does' if len(missed) == 1 else 'do'} not reach it in the steps logged "
+             "(— below).") if missed else ""  # fmt: skip
     if len(reached) < 2:
-        return f"Fewer than two runs reach validation loss {target:.4g}: no comparison of their steps."
+        return f"Fewer than two runs reach validation loss {target:.4g}: no comparison of their steps.{never}"
     fastest, slowest = reached[0], reached[-1]
     if not fastest["steps"]:
         return f"{fastest['run']} starts at or below validation loss {target:.4g}: no comparison of steps."
@@ -262,7 +265,7 @@ def steps_sentence(table: list[dict[str, Any]], target: float, runs: Sequence[Ru
     pair = [run for row in (fastest, slowest) for run in runs if run.label == row["run"]]
     return (f"In this comparison, {fastest['run']} reaches validation loss {target:.4g} in {_steps_cell(fastest)} "
             f"steps, {about}{slowest['steps'] / fastest['steps']:.2f}x fewer than {slowest['run']} "
-            f"({_steps_cell(slowest)} steps). {recipe_caveat(pair)}").rstrip()
+            f"({_steps_cell(slowest)} steps).{never} {recipe_caveat(pair)}").rstrip()
 
 
 def steps_section(table: list[dict[str, Any]], target: float, runs: Sequence[RunInfo]) -> list[str]:
@@ -274,13 +277,17 @@ def steps_section(table: list[dict[str, Any]], target: float, runs: Sequence[Run
         "Steps are interpolated linearly between evaluations. They measure these runs (their model, data and "
         "schedule) against each other; the paper's step counts are of BERT-base on its own corpus and scale.",
         "",
-        "| run | steps | steps / slowest | slowest / steps |",
+        "| run | steps | steps / slowest | slowest / steps |",  # slowest: of the runs that reach it
         "|---|---:|---:|---:|",
     ]
+    reached = [row for row in table if row["steps"] is not None]
+    slowest = max(reached, key=lambda row: row["steps"]) if reached else None
     for row in table:
         speedup = 1 / row["ratio"] if row["ratio"] else None
-        lines.append(f"| {row['run']} | {_steps_cell(row)} | {_fmt(row['ratio'], '.3f')} | "
-                     f"{_fmt(speedup, '.2f')}{'x' if speedup else ''} |")  # fmt: skip
+        # The slowest's own ratio is 1 exactly; another's is as approximate as either of its two steps.
+        about = "~" if row["steps"] is not None and row is not slowest and (row["approximate"] or slowest["approximate"]) else ""
+        lines.append(f"| {row['run']} | {_steps_cell(row)} | {about}{_fmt(row['ratio'], '.3f')} | "
+                     f"{about}{_fmt(speedup, '.2f')}{'x' if speedup else ''} |")  # fmt: skip
     lines.append("")
     for row in (row for row in table if row["approximate"]):
         lines += [
@@ -349,9 +356,9 @@ def points_section(points: list[dict[str, Any]], one_class_share: float) -> list
         "|---|---|---:|---:|---:|---:|---:|---:|---|",
     ]
     for p in points:
-        f1 = "—" if p["f1"] is None else _mean_ci(p["f1"], p["f1_ci"])
+        f1 = "—" if p["f1"] is None else _share_cell(p["f1"], p["f1_ci"])
         lines.append(f"| {p['task'].upper()} | {p['run']} | {p['step']} | {p['lr']:g} | {_seeds_cell(p)} | "
-                     f"{_accuracy_cell(p)} | {f1} | {_mean_ci(p['dev_loss'], p['dev_loss_ci'], 1, 4)} | "
+                     f"{_share_cell(p['accuracy'], p['accuracy_ci'])} | {f1} | {_mean_ci(p['dev_loss'], p['dev_loss_ci'], 1, 4)} | "
                      f"{_flag_cell(p)} |")  # fmt: skip
     return [*lines, ""]
 

@@ -188,7 +188,7 @@ def test_report_cli_with_target_loss_and_wandb_offline(
         str(out),
     ]
     assert report_main([*args, "--target_loss=5.5", "--wandb"]) == 0
-    assert "| post_ln (post) | ~250 | 1.000 | 1.00x |" in capsys.readouterr().out
+    assert "| post_ln (post) | ~250 | 1.000 | 1.00x |" in capsys.readouterr().out  # the slowest: 1 exactly
     # Re-run, the runs in the other order, with the target the report chooses: the same W&B run, updated.
     swapped = [f"--runs=[{runs['pre_ln']}, {runs['post_ln']}]", *args[1:]]
     assert report_main([*swapped, "--wandb"]) == 0
@@ -274,7 +274,8 @@ def test_a_task_where_no_point_beats_the_majority_class_says_so() -> None:
         "model before reading its accuracies."
     )
     assert warnings_for([point], ["rte"], baselines) == [warning]
-    assert warnings_for([{**point, "accuracy": 0.6}], ["rte"], baselines) == []  # one seed: no interval, the mean
+    # One seed has no interval: however high, it beats nothing.
+    assert warnings_for([{**point, "accuracy": 0.69, "accuracy_low": None}], ["rte"], baselines) == [warning]
     # A mean a point above the majority class whose interval reaches below it does not beat it (as the CPU
     # reproduction's RTE: 53.43 ± 3.59 against 52.71); one whose whole interval is above it does.
     assert warnings_for([{**point, "accuracy": 0.55, "accuracy_low": 0.51}], ["rte"], baselines) == [warning]
@@ -384,6 +385,23 @@ def test_runs_of_one_recipe_have_no_caveat(runs: dict[str, Path], tmp_path: Path
     assert "The runs share their recipe besides the model variant" in summary
 
 
+def test_an_f1_interval_is_clipped_as_an_accuracy_is() -> None:
+    from finetune.report_summary import _share_cell
+
+    assert _share_cell(0.79, 2.4142) == "79.00 [0.00, 100.00]†"  # two seeds' t-interval past both ends
+    assert _share_cell(0.79, 0.05) == "79.00 ± 5.00" and _share_cell(0.79, float("nan")) == "79.00"
+
+
+def test_a_run_that_never_reaches_the_target_is_named() -> None:
+    from finetune.report_summary import steps_sentence
+
+    table = [{"run": "a", "steps": 100.0, "approximate": False}, {"run": "b", "steps": 200.0, "approximate": False},
+             {"run": "c", "steps": None, "approximate": False}]  # fmt: skip
+    sentence = steps_sentence(table, 4.5, [])
+    assert "a reaches validation loss 4.5 in 100 steps, 2.00x fewer than b (200 steps). c does not reach it" in sentence
+    assert steps_sentence(table[1:], 4.5, []).endswith("c does not reach it in the steps logged (— below).")
+
+
 def test_a_wide_interpolation_gap_is_marked(tmp_path: Path) -> None:
     """A 120-step run evaluated every 100 steps (evaluations at 0, 100 and 120) against one evaluated every 10."""
     runs = {
@@ -397,7 +415,8 @@ def test_a_wide_interpolation_gap_is_marked(tmp_path: Path) -> None:
     assert table["post_ln (post)"]["approximate"] and table["post_ln (post)"]["bracket"] == (0, 100)
     assert not table["pre_ln (pre)"]["approximate"]  # 168, between 160 and 170
     summary = (tmp_path / "fig" / "summary.md").read_text()
-    assert "| post_ln (post) | ~70 |" in summary and "| pre_ln (pre) | 168 |" in summary
+    # A ratio is as approximate as either step it divides; the slowest's own is 1 exactly.
+    assert "| post_ln (post) | ~70 | ~0.417 | ~2.40x |" in summary and "| pre_ln (pre) | 168 | 1.000 | 1.00x |" in summary
     assert "post_ln (post) reaches validation loss 5.2 in ~70 steps, ~2.40x fewer than pre_ln (pre)" in summary
     assert "~ post_ln (post): interpolated between the evaluations at steps 0 and 100" in summary
     assert "more than 10% of the figure apart" in summary
