@@ -245,7 +245,8 @@ def task_baselines(rows: list[dict[str, Any]], task: str, data_dir: str | None =
 def best_lr_points(jobs: list[dict[str, Any]], runs: list[RunInfo], task: str,
                    one_class_share: float) -> list[dict[str, Any]]:  # fmt: skip
     """For each (run, step) with a result: the lr with the best mean dev accuracy, its mean and CI over seeds, dev
-    loss, one-class seeds; ``jobs`` not done yet give ``planned_seeds`` and ``not_done`` (``incomplete``)."""
+    loss, one-class seeds, seeds whose fine-tuning diverged (a loss not finite); ``jobs`` not done yet give
+    ``planned_seeds`` and ``not_done`` (``incomplete``)."""
     label_of = {run.run_id: run.label for run in runs}
     groups: dict[tuple[str, int], dict[float, list[dict[str, Any]]]] = defaultdict(lambda: defaultdict(list))
     planned: dict[tuple[str, int, float], set[int]] = defaultdict(set)
@@ -274,5 +275,6 @@ def best_lr_points(jobs: list[dict[str, Any]], runs: list[RunInfo], task: str,
             "f1": float(np.mean(f1s)) if f1s else None, "f1_ci": confidence_interval(f1s) if f1s else None,
             "dev_loss": float(np.mean(dev_losses)), "dev_loss_ci": confidence_interval(dev_losses),
             "one_class_seeds": one_class, "one_class": one_class == len(group),
+            "diverged_seeds": sum(not math.isfinite(r["dev_loss"]) for r in group),
         })  # fmt: skip
     return points

@@ -240,9 +240,12 @@ def _seeds_cell(point: dict[str, Any]) -> str:
 
 
 def _flag_cell(point: dict[str, Any]) -> str:
-    if point["one_class"]:
-        return f"**one class** ({point['one_class_seeds']}/{point['seeds']} seeds)"
-    return f"{point['one_class_seeds']}/{point['seeds']} seeds" if point["one_class_seeds"] else ""
+    seeds = point["seeds"]
+    parts = [f"**diverged** ({point['diverged_seeds']}/{seeds} seeds: dev loss not finite)"] if point["diverged_seeds"] else []
+    if point["one_class_seeds"]:
+        one_class = f"{point['one_class_seeds']}/{seeds} seeds"
+        parts.append(f"**one class** ({one_class})" if point["one_class"] else one_class)
+    return " ".join(parts)
 
 
 def _steps_cell(row: dict[str, Any]) -> str:
@@ -349,7 +352,7 @@ def points_section(points: list[dict[str, Any]], one_class_share: float) -> list
         "",
         "Best lr by mean accuracy; mean ± 95% t-interval over seeds; † the interval reaches past [0, 100] and is "
         f"given by its bounds clipped to it. One class: at least {100 * one_class_share:.0f}% of a seed's dev "
-        "predictions fall in one class (n/n: every seed's). Seeds d/p: d of the p seeds of that lr are done; "
+        "predictions fall in one class (n/n: every seed's); diverged: a seed's dev loss is not finite. Seeds d/p: d of the p seeds of that lr are done; "
         "* incomplete: jobs of that run and step (any lr) are not done, so its best lr and mean may change.",
         "",
         "| task | run | step | best lr | seeds | accuracy (%) | F1 (%) | dev loss | one class |",

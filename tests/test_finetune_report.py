@@ -385,6 +385,19 @@ def test_runs_of_one_recipe_have_no_caveat(runs: dict[str, Path], tmp_path: Path
     assert "The runs share their recipe besides the model variant" in summary
 
 
+def test_a_job_whose_fine_tuning_diverged_is_flagged_in_its_point() -> None:
+    from finetune.report_numbers import RunInfo, best_lr_points
+    from finetune.report_summary import _flag_cell
+
+    run = RunInfo(path=Path("r"), name="r", placement="post", variant="post", run_id="id", label="r (post)", config={})
+    jobs = [{"task": "rte", "run_id": "id", "pretrain_step": 10, "lr": 2e-5, "seed": seed, "status": "done",
+             "accuracy": 0.5, "f1": None, "dev_loss": loss, "top_class_share": 0.6}
+            for seed, loss in ((0, 0.69), (1, float("nan")))]  # fmt: skip
+    (point,) = best_lr_points(jobs, [run], "rte", 0.95)
+    assert point["diverged_seeds"] == 1
+    assert _flag_cell(point) == "**diverged** (1/2 seeds: dev loss not finite)"
+
+
 def test_an_f1_interval_is_clipped_as_an_accuracy_is() -> None:
     from finetune.report_summary import _share_cell
 

@@ -359,7 +359,7 @@ def job_run(spec: JobSpec, settings: WandbSettings | None) -> Iterator[JobRun | 
 
 POINT_COLUMNS = ["task", "run", "norm_placement", "variant", "step", "lr", "seeds", "planned_seeds", "incomplete",
                  "accuracy", "accuracy_ci", "accuracy_low", "accuracy_high", "f1", "f1_ci", "dev_loss", "dev_loss_ci",
-                 "one_class_seeds", "one_class"]  # fmt: skip
+                 "one_class_seeds", "one_class", "diverged_seeds"]  # fmt: skip
 
 
 def log_report(runs: Sequence[Any], config: Any, figure5: dict[str, Any], seed_columns: list[str]) -> str:
