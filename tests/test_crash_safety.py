@@ -464,6 +464,33 @@ def test_a_prepared_instance_damaged_since_is_named_not_fed_to_the_model(
                      "that folder", status["message"]), status  # fmt: skip
 
 
+def test_a_flipped_offset_in_a_prepared_shard_is_damage_made_again_not_a_crash(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """An offset of a shard's token lists pointing past the file (one flipped bit, the shard's time kept, so its
+    checksum is not read) had the memory-mapped reads leave the file: a segfault, status left running, the same
+    command crashing again. Arrow's own validation finds it at load: the instances are set aside and made again."""
+    import datasets
+    import numpy as np
+
+    cache = tmp_path / "cache"
+    argv = tiny_args(tmp_path / "run", cache)
+    assert main([*argv, "--train.stop_at_step=3"]) == 0
+    (folder,) = cache.glob("instances-*/")
+    shard = next((folder / "validation").glob("*.arrow"))
+    lengths = [len(ids) for ids in datasets.Dataset.from_file(str(shard))[:3]["input_ids"]]
+    offsets = np.cumsum([0, *lengths], dtype="<i4").tobytes()
+    data, made = shard.read_bytes(), shard.stat()
+    at = data.index(offsets) + 4  # the end of the first instance
+    shard.write_bytes(data[:at] + np.array([1 << 27], dtype="<i4").tobytes() + data[at + 4 :])
+    os.utime(shard, ns=(made.st_atime_ns, made.st_mtime_ns))
+    capsys.readouterr()
+    assert main([*argv, "--train.resume=auto"]) == 0
+    out = capsys.readouterr().out
+    assert f"warning: the prepared instances in {folder} cannot be read (ArrowInvalid: " in out, out
+    assert "the instances are made again from the corpus" in out and read_status(tmp_path / "run")["status"] == "finished"
+
+
 HOLD_THE_LOCK = """
 import sys, time
 from pretrain.run_folder.lock import run_folder_lock
