@@ -464,7 +464,7 @@ def test_a_prepared_instance_damaged_since_is_named_not_fed_to_the_model(
                      "that folder", status["message"]), status  # fmt: skip
 
 
-def test_a_flipped_offset_in_a_prepared_shard_is_damage_made_again_not_a_crash(
+def test_a_flipped_offset_or_a_removed_summary_in_prepared_instances_is_damage_made_again(
     tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:
     """An offset of a shard's token lists pointing past the file (one flipped bit, the shard's time kept, so its
@@ -489,6 +489,10 @@ def test_a_flipped_offset_in_a_prepared_shard_is_damage_made_again_not_a_crash(
     out = capsys.readouterr().out
     assert f"warning: the prepared instances in {folder} cannot be read (ArrowInvalid: " in out, out
     assert "the instances are made again from the corpus" in out and read_status(tmp_path / "run")["status"] == "finished"
+    # Its summary.json removed: published whole with it, so the folder was damaged; had stopped every run for good.
+    (folder / "summary.json").unlink()
+    assert main([*tiny_args(tmp_path / "run2", cache), "--train.max_steps=1"]) == 0
+    assert f"{folder} cannot be read (FileNotFoundError: no summary.json): moved to " in capsys.readouterr().out
 
 
 HOLD_THE_LOCK = """

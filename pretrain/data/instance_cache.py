@@ -83,21 +83,28 @@ def cached_instances(documents: Callable[[], tuple[datasets.Dataset, datasets.Da
         # first and reuse its result. The lock goes with its process, so a killed preparation blocks nobody.
         with exclusive_lock(_lock_path(folder)):
             if not (folder / SUMMARY_FILE).is_file():
+                if folder.exists():  # published whole, with its summary: one without it was damaged since
+                    _set_aside(folder, DamagedEntry(folder, FileNotFoundError(f"no {SUMMARY_FILE}")))
                 prepare()
     try:
         return _load(folder)
     except DamagedEntry:
-        # Derived data, made again as it was made (the instances do not depend on processes or shards); the
-        # damaged folder is kept beside it. Under the lock, so that one process does it and the others reuse it.
+        # Under the lock, so that one process makes it again and the others reuse it.
         with exclusive_lock(_lock_path(folder)):
             try:
                 return _load(folder)
             except DamagedEntry as err:
-                aside = folder.with_name(f"{folder.name}.damaged-{time.time_ns()}")
-                folder.rename(aside)
-                print(f"warning: {err}: moved to {aside}; the instances are made again from the corpus", flush=True)
+                _set_aside(folder, err)
                 prepare()
         return _load(folder)
+
+
+def _set_aside(folder: Path, err: DamagedEntry) -> None:
+    """A damaged entry is kept beside the one made again: derived data, made again as it was made (the instances do
+    not depend on processes or shards)."""
+    aside = folder.with_name(f"{folder.name}.damaged-{time.time_ns()}")
+    folder.rename(aside)
+    print(f"warning: {err}: moved to {aside}; the instances are made again from the corpus", flush=True)
 
 
 def is_finished(folder: Path) -> bool:
