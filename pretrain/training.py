@@ -696,7 +696,7 @@ def prepare_training(cfg: PretrainConfig, accelerator: Accelerator, resume_from:
         flops_per_token=flops_per_token(unwrapped.config, cfg.data.max_seq_length, mlm_head_share=mlm_head_share),
         peak_flops_per_device=peak_flops,
     )
-    state = start_state(cfg, accelerator, resume_from, data_fingerprint(cfg, data.tokenizer))
+    state = start_state(cfg, accelerator, resume_from, data_fingerprint(cfg, data.tokenizer, data.instances))
     if accelerator.is_main_process:
         start_run_folder(setup, state, same_run)
     return setup, state
@@ -712,7 +712,8 @@ def start_state(cfg: PretrainConfig, accelerator: Accelerator, resume_from: Path
         state = load_checkpoint(accelerator, resume_from)
         per_micro_step = cfg.train.micro_batch_size(accelerator.num_processes)
         if state.data_fingerprint != fingerprint:
-            accelerator.print(f"resuming {resume_from} with different data settings: the data starts over")
+            accelerator.print(f"resuming {resume_from} with other data (its settings, or a corpus file changed in "
+                              "place: other prepared instances): the data starts over")  # fmt: skip
             state = dataclasses.replace(state, epoch=0, samples_in_epoch=0, data_fingerprint=fingerprint)
         elif extra := state.samples_in_epoch % per_micro_step:
             accelerator.print(f"resuming {resume_from} at sequence {state.samples_in_epoch} of epoch {state.epoch}, "

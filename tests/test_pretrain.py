@@ -251,6 +251,29 @@ def test_resume_reproduces_the_uninterrupted_run_exactly(
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
+def test_a_corpus_changed_in_place_is_other_data_and_one_touched_is_not(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """The same path and options, other text: the prepared instances differ, and the resumed run says that the data
+    starts over (it had continued at its position in other data without a word). Copied again with a new time but
+    the same text, the instances are made again to the same bytes: the run continues where it was."""
+    corpus = tmp_path / "corpus.jsonl"
+    lines = [json.dumps({"text": f"The {w} sat on mat {i}.\nA {w} ran past the red barn {i} times."})
+             for i, w in enumerate(["cat", "dog", "bird", "fox", "owl", "cow"] * 5)]  # fmt: skip
+    corpus.write_text("\n".join(lines) + "\n")
+    argv = tiny_args(tmp_path / "run", tmp_path / "cache", f"--data.sources=[{{kind: json, path: {corpus}}}]",
+                     "--data.vocab_size=120", "--train.max_steps=9")  # fmt: skip
+    assert main([*argv, "--train.stop_at_step=3"]) == 0
+    corpus.write_text(corpus.read_text())  # a new modification time, the same bytes
+    capsys.readouterr()
+    assert main([*argv, "--train.stop_at_step=6", "--train.resume=auto"]) == 0
+    assert "the data starts over" not in capsys.readouterr().out
+    corpus.write_text("\n".join(line.replace("sat on", "slept by") for line in lines) + "\n")
+    assert main([*argv, "--train.resume=auto"]) == 0
+    assert "with other data (its settings, or a corpus file changed in place: other prepared instances): the data " \
+           "starts over" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize("variant", ["pre-mhclite4", "pre-frac4", "pre-denseformer"])
 def test_a_residual_scheme_resumes_exactly(tmp_path: Path, data_cache: Path, variant: str) -> None:
     """A residual scheme's run stopped at a checkpoint and resumed: the same per-step losses and bit-identical

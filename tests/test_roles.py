@@ -103,15 +103,16 @@ _OTHER_DATA = DataConfig(
 # CACHE_FORMAT_VERSION enters both cache keys: a deliberate bump changes them, and these values with it (the last,
 # to 5: summary.json records each shard's checksum). The data
 # fingerprints changed (from b109991157ec0d1f and 78bb2ffc61ea9b2d) when the batch split left them: a data position
-# counts sequences, which holds for any number of processes. The recipe
+# counts sequences, which holds for any number of processes; and (from 2b762b27d94286bf and cc2f9c3b175b44e2) when
+# they took in the prepared instances' checksums (None here: none prepared). The recipe
 # hashes changed (from f573bf8a and 3c59ba3d) when the residual scheme's six fields joined the model section, and
 # (from 0b07e65c and 8be0b38e) when the 2025-26 designs' fields did: the recipe holds every model field, so every
 # run's W&B group did too.
 KEYS_BEFORE = {
     "default": {"tokenizer_key": "2f4aeeac7ec6d81fbc3f", "instances_key": "90427cd2fcffaac61856",
-                "data_fingerprint": "2b762b27d94286bf", "recipe_hash": "03640549"},
+                "data_fingerprint": "a6ba9d358a6781c3", "recipe_hash": "03640549"},
     "other": {"tokenizer_key": "a0bbd139bf17331a8fad", "instances_key": "aaf5079dd77798978b7a",
-              "data_fingerprint": "cc2f9c3b175b44e2", "recipe_hash": "c0d5c68f"},
+              "data_fingerprint": "a82c0a2c938461ae", "recipe_hash": "c0d5c68f"},
 }  # fmt: skip
 
 
@@ -123,7 +124,7 @@ def test_cache_keys_fingerprint_and_recipe_hash_are_pinned(name: str, monkeypatc
     assert {
         "tokenizer_key": tokenizer._tokenizer_cache_key(cfg.data, 3),
         "instances_key": instance_cache.data_cache_key(cfg.data, _Tokenizer(), seed=3),
-        "data_fingerprint": data_fingerprint(cfg, _Tokenizer()),
+        "data_fingerprint": data_fingerprint(cfg, _Tokenizer(), None),
         "recipe_hash": short_hash(recipe(to_dict(cfg), 64)),
     } == KEYS_BEFORE[name]
 

@@ -16,9 +16,9 @@ from pathlib import Path
 from typing import Any
 
 FORMAT_KEY = "format_version"
-RUN_FORMAT = 4  # 2: run_config.json gained the residual-scheme fields; 3: checkpoints hold the model's own parameter
+RUN_FORMAT = 5  # 2: run_config.json gained the residual-scheme fields; 3: checkpoints hold the model's own parameter
 # names (no "module."/"_orig_mod."), train_state.json the data position in sequences, the global batch, the processes;
-# 4: train_state.json counts the lines of metrics.jsonl
+# 4: train_state.json counts the lines of metrics.jsonl; 5: its data fingerprint covers the prepared instances
 RESULTS_FORMAT = 3  # 3: a result names the device it computed on
 STUDY_FORMAT = 2  # 1: each model names gpas, attention_gate and value_residual; 2: and qk_norm
 

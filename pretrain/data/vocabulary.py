@@ -16,6 +16,7 @@ from pretrain.common.cli import ConfigError, to_dict
 from pretrain.common.roles import not_keyed_in
 from pretrain.config import PretrainConfig
 from pretrain.data.config import DataConfig
+from pretrain.data.instance_cache import PARTS, read_summary
 from pretrain.data.tokenizer import vocab_hash
 from pretrain.run_folder.layout import TOKENIZER_DIR, run_folder_of
 
@@ -49,11 +50,14 @@ def check_one_vocabulary(accelerator: Accelerator, tokenizer: Any) -> None:
         )
 
 
-def data_fingerprint(cfg: PretrainConfig, tokenizer: Any) -> str:
+def data_fingerprint(cfg: PretrainConfig, tokenizer: Any, instances: Path | None) -> str:
     """What fixes the order of the training sequences: data config, vocabulary, seed (a position is only meaningful
-    for the same order; the batch is not in it, as the position counts sequences). The vocabulary counts, not the
-    tokenizer's name or folder."""
+    for the same order; the batch is not in it, as the position counts sequences), and the prepared ``instances``'
+    checksums: a corpus file changed in place since (the same config and path) makes other instances. The vocabulary
+    counts, not the tokenizer's name or folder."""
     mechanics = not_keyed_in(type(cfg.data), "batches")  # pretrain/data/config.py: keyed_in
     data = {k: v for k, v in to_dict(cfg.data).items() if k not in mechanics}
-    key = [data, vocab_hash(tokenizer), cfg.train.seed]
+    summary = read_summary(instances) if instances is not None else None  # streamed: no prepared instances
+    checksums = summary and [[r["sha256"] for _, r in sorted(summary[part]["shards"].items())] for part in PARTS]
+    key = [data, vocab_hash(tokenizer), cfg.train.seed, checksums]
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
