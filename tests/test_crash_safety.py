@@ -865,18 +865,25 @@ def test_a_corpus_line_that_is_not_json_is_named(tmp_path: Path, data_cache: Pat
         main(tiny_args(tmp_path / "r", data_cache, source))
 
 
-def test_corpus_lines_without_text_are_counted_and_an_all_bad_source_refused(
+def test_corpus_lines_without_text_are_counted_text_of_another_type_refused(
     tmp_path: Path, data_cache: Path, capsys: pytest.CaptureFixture
 ) -> None:
     from pretrain.data.config import check_json_lines
 
     path = tmp_path / "c.jsonl"
-    path.write_text('{"text": "a document"}\n{"body": "no text"}\n{"text": 5}\n')
+    path.write_text('{"text": "a document"}\n{"body": "no text"}\n{"text": null}\n')
     check_json_lines(path, "text", "data.sources[0]")
     assert "2 of 3 lines have no string 'text' field (first: line 2)" in capsys.readouterr().err
     path.write_text('{"body": "no text"}\n{"text": null}\n')
     with pytest.raises(ValueError, match=r"text column 'text' not found; columns are \['body'\] \(none of the 2 lines"):
         check_json_lines(path, "text", "data.sources[0]")
+    # Text that is not text: datasets would convert it ("12345") and train on it; a line that is no object: a crash.
+    for line, what in (('{"text": 12345}', r"'text' is a JSON number \(12345\), not text"),
+                       ('{"text": {"a": 1}}', r"'text' is a JSON object \(\{\"a\": 1\}\), not text"),
+                       ('"a document"', r" is a JSON string, not an object")):  # fmt: skip
+        path.write_text(f'{{"text": "a document"}}\n{line}\n')
+        with pytest.raises(ValueError, match=rf"data.sources\[0\]: {re.escape(str(path))} line 2.*{what}"):
+            check_json_lines(path, "text", "data.sources[0]")
 
 
 # --------------------------------------------------------------------------------------------------

@@ -193,11 +193,15 @@ class DataConfig:
         return found
 
 
+_JSON_TYPES = {dict: "object", list: "array", str: "string", int: "number", float: "number", bool: "boolean"}
+
+
 def check_json_lines(path: Path, text_column: str, where: str, max_lines: int | None = None) -> None:
     """Validate a JSON Lines file (its first ``max_lines`` lines; None: all) before ``datasets`` reads it: a line that
     is not JSON stops with the file and line (``datasets`` buries it in a long DatasetGenerationError); lines whose
-    ``text_column`` is missing or not a string are counted and reported (they would be dropped or converted
-    silently); a file where every line read is like that is refused. A ``.json`` file that is one JSON document (not
+    ``text_column`` is missing or null are counted and reported (skipped); one that is no JSON object, or whose
+    text is a number, an object or a list (datasets would convert it to text and train on it), is refused with its
+    line; a file where no line read has the text is refused. A ``.json`` file that is one JSON document (not
     JSON Lines) is left alone."""
     bad, total, first_bad, columns = 0, 0, None, None
     # Invalid UTF-8 is check_utf8's to name (corpus.py), with its byte offset, when the whole corpus is read.
@@ -214,10 +218,20 @@ def check_json_lines(path: Path, text_column: str, where: str, max_lines: int | 
                     f"{where}: {path} line {line_no} is not valid JSON ({err.msg} at column {err.colno}); every "
                     "line of a JSON Lines corpus must be one JSON object"
                 ) from None
+            if not isinstance(record, dict):
+                if line_no == 1 and path.suffix == ".json":
+                    return  # a JSON document on one line (an array of records): datasets reads it as a whole
+                raise ValueError(f"{where}: {path} line {line_no} is a JSON {_JSON_TYPES[type(record)]}, not an "
+                                 "object; every line of a JSON Lines corpus must be one JSON object")  # fmt: skip
             total += 1
-            if columns is None and isinstance(record, dict):
-                columns = list(record)
-            if not isinstance(record, dict) or not isinstance(record.get(text_column), str):
+            columns = columns or list(record)
+            if (text := record.get(text_column)) is not None and not isinstance(text, str):
+                # datasets would make it text ("12345", '{"a": 1}') and train on it
+                raise ValueError(f"{where}: {path} line {line_no}: {text_column!r} is a JSON "
+                                 f"{_JSON_TYPES[type(text)]} ({json.dumps(text)[:40]}), not text; make it a string, "
+                                 "remove the line, or set data.sources[...].text_column to the field that holds the "
+                                 "text")  # fmt: skip
+            if text is None:
                 bad += 1
                 first_bad = first_bad or line_no
     if total and bad == total:
