@@ -6,6 +6,7 @@ import dataclasses
 import json
 import os
 import random
+import shutil
 from collections import Counter
 from pathlib import Path
 
@@ -572,9 +573,16 @@ def test_a_damaged_tokenizer_folder_or_unreadable_cache_is_named_with_the_fix(
     with pytest.raises(ValueError, match=rf"the tokenizer in {folder} cannot be read .*each of its snapshots holds one"):
         load_or_train_tokenizer(named)
     (cached,) = (tmp_path / "cache").glob("tokenizer-*")
+    shutil.copytree(cached, tmp_path / "whole")
     (cached / "tokenizer.json").write_text("[]")
     with pytest.raises(ValueError, match=rf"the tokenizer in {cached} cannot be read .*remove that folder to train it"):
         load_or_train_tokenizer(json_config)
+    # A file of it removed (transformers would build another tokenizer from what is left): the same fix.
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copytree(tmp_path / "whole", cached, dirs_exist_ok=True)
+        (cached / name).unlink()
+        with pytest.raises(ValueError, match=rf"the tokenizer in {cached} lacks {name} .*remove that folder to train"):
+            load_or_train_tokenizer(json_config)
 
 
 def test_streaming_yields_instances(tmp_path: Path, corpus: Path) -> None:

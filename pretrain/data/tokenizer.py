@@ -128,13 +128,19 @@ def cached_tokenizer(
     if cfg.tokenizer is not None:
         return _load_named_tokenizer(cfg.tokenizer)
     cached = trained_tokenizer_dir(cfg, seed)
-    if not (cached / "tokenizer.json").is_file():
+    if not cached.is_dir():
         if trained_elsewhere is None:
             return None
         with atomic_dir(cached) as tmp:
             AutoTokenizer.from_pretrained(str(trained_elsewhere)).save_pretrained(tmp)
+    what = f"data.cache_dir={cfg.cache_dir!r}"
     fix = "remove that folder to train it again (a new vocabulary: the instances are made again for it)"
-    return _load_folder(cached, f"data.cache_dir={cfg.cache_dir!r}", fix)
+    # Published whole (atomic_dir): a file of it missing was removed since. Without tokenizer.json transformers
+    # builds a tokenizer of the special tokens alone, without tokenizer_config.json one without them.
+    if missing := [name for name in ("tokenizer.json", "tokenizer_config.json") if not (cached / name).is_file()]:
+        raise ValueError(f"{what}: the tokenizer in {cached} lacks {', '.join(missing)} (removed since it was "
+                         f"saved); {fix}")  # fmt: skip
+    return _load_folder(cached, what, fix)
 
 
 def load_or_train_tokenizer(
