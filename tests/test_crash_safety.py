@@ -886,6 +886,27 @@ def test_corpus_lines_without_text_are_counted_text_of_another_type_refused(
             check_json_lines(path, "text", "data.sources[0]")
 
 
+def test_a_gzipped_corpus_is_checked_as_a_plain_one(tmp_path: Path) -> None:
+    """A .jsonl.gz had skipped every check: a bad line or byte reached datasets' traceback (exit 1), a file that is
+    not gzip a BadGzipFile."""
+    import gzip
+
+    from pretrain.data.config import check_json_lines
+    from pretrain.data.corpus import check_utf8
+
+    path = tmp_path / "c.jsonl.gz"
+    path.write_bytes(gzip.compress(b'{"text": "fine"}\n{"text": "torn\n'))
+    with pytest.raises(ValueError, match=r"c.jsonl.gz line 2 is not valid JSON"):
+        check_json_lines(path, "text", "data.sources[0]")
+    path.write_bytes(gzip.compress(b'{"text": "caf\xe9"}\n'))
+    with pytest.raises(ValueError, match=r"c.jsonl.gz: invalid UTF-8 at byte offset 13 \(line 1\)"):
+        check_utf8(path)
+    for damaged in (b'{"text": "not compressed"}\n', gzip.compress(b'{"text": "fine"}\n' * 50)[:30]):
+        path.write_bytes(damaged)
+        with pytest.raises(ValueError, match=r"c.jsonl.gz is not a whole gzip file \(.*\): copy it again"):
+            check_utf8(path)
+
+
 # --------------------------------------------------------------------------------------------------
 # 9. A full disk stops the run cleanly before a save, previous checkpoints intact
 # --------------------------------------------------------------------------------------------------

@@ -7,13 +7,18 @@ pretrain/common/roles.py), from which the cache keys and the resume checks take 
 
 from __future__ import annotations
 
+import contextlib
 import glob
+import gzip
 import json
 import math
 import sys
+import zlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 from itertools import islice
 from pathlib import Path
+from typing import IO
 
 from pretrain.common.roles import role
 
@@ -188,12 +193,25 @@ class DataConfig:
             if len(files) > 1:
                 found.append(f"{where}: {len(files)} {source.kind} files, read as one source: {files[0]}, ...")
             for path in files:
-                if source.kind == "json" and not path.name.endswith(".gz"):
+                if source.kind == "json":
                     check_json_lines(path, source.text_column, where, max_lines=FIRST_LINES)
         return found
 
 
 _JSON_TYPES = {dict: "object", list: "array", str: "string", int: "number", float: "number", bool: "boolean"}
+
+
+@contextlib.contextmanager
+def corpus_file(path: Path, *, binary: bool = False) -> Iterator[IO]:
+    """A corpus file open for reading (text: UTF-8, invalid bytes replaced), through gzip where its name ends in .gz,
+    so that a compressed file is checked as a plain one is; a gzip file cut short or not gzip is named with the fix."""
+    text = {} if binary else {"encoding": "utf-8", "errors": "replace"}
+    mode = "rb" if binary else "rt"
+    try:
+        with gzip.open(path, mode, **text) if path.name.endswith(".gz") else path.open(mode, **text) as f:
+            yield f
+    except (gzip.BadGzipFile, EOFError, zlib.error) as err:
+        raise ValueError(f"{path} is not a whole gzip file ({err}): copy it again, or decompress it") from None
 
 
 def check_json_lines(path: Path, text_column: str, where: str, max_lines: int | None = None) -> None:
@@ -205,21 +223,21 @@ def check_json_lines(path: Path, text_column: str, where: str, max_lines: int | 
     JSON Lines) is left alone."""
     bad, total, first_bad, columns = 0, 0, None, None
     # Invalid UTF-8 is check_utf8's to name (corpus.py), with its byte offset, when the whole corpus is read.
-    with path.open(encoding="utf-8", errors="replace") as f:
+    with corpus_file(path) as f:
         for line_no, line in enumerate(islice(f, max_lines), start=1):
             if not line.strip():
                 continue
             try:
                 record = json.loads(line)
             except json.JSONDecodeError as err:
-                if line_no == 1 and path.suffix == ".json":
+                if line_no == 1 and path.name.removesuffix(".gz").endswith(".json"):
                     return  # a pretty-printed JSON document: datasets reads it as a whole
                 raise ValueError(
                     f"{where}: {path} line {line_no} is not valid JSON ({err.msg} at column {err.colno}); every "
                     "line of a JSON Lines corpus must be one JSON object"
                 ) from None
             if not isinstance(record, dict):
-                if line_no == 1 and path.suffix == ".json":
+                if line_no == 1 and path.name.removesuffix(".gz").endswith(".json"):
                     return  # a JSON document on one line (an array of records): datasets reads it as a whole
                 raise ValueError(f"{where}: {path} line {line_no} is a JSON {_JSON_TYPES[type(record)]}, not an "
                                  "object; every line of a JSON Lines corpus must be one JSON object")  # fmt: skip

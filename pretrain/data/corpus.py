@@ -27,7 +27,7 @@ from typing import Any
 import datasets
 import numpy as np
 
-from pretrain.data.config import LOCAL_SUFFIXES, DataConfig, SourceConfig, check_json_lines
+from pretrain.data.config import LOCAL_SUFFIXES, DataConfig, SourceConfig, check_json_lines, corpus_file
 
 logger = logging.getLogger(__name__)
 
@@ -104,7 +104,7 @@ def check_utf8(path: Path, *, chunk_bytes: int = 1 << 24) -> None:
     readers would fail deep inside pyarrow or silently drop text)."""
     decoder = codecs.getincrementaldecoder("utf-8")("strict")
     offset, line = 0, 1
-    with path.open("rb") as f:
+    with corpus_file(path, binary=True) as f:
         while True:
             chunk = f.read(chunk_bytes)
             try:
@@ -162,7 +162,7 @@ def _read_source(source: SourceConfig, index: int, cfg: DataConfig, where: str) 
             ) from e
     files = source.local_files(index)  # refuses a corpus whose files are all empty
     for p in files:
-        if source.kind in ("json", "text") and not p.name.endswith(".gz"):
+        if source.kind in ("json", "text"):
             check_utf8(p)
             if source.kind == "json":
                 check_json_lines(p, source.text_column, where)
