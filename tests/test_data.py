@@ -718,7 +718,8 @@ def _random_examples(n: int, vocab: int, seed: int = 0) -> list[dict]:
      ("input_ids", lambda v, vocab: [-1, *v[1:]], r"token ids outside the tokenizer's vocabulary \(0-{top}\): \[-1\]"),
      ("token_type_ids", lambda v, vocab: [*v[:-1], 7], "segment ids other than 0 and 1"),
      ("token_type_ids", lambda v, vocab: v[:-1], r"{short} segment ids for {long} tokens"),
-     ("next_sentence_label", lambda v, vocab: -3, "next-sentence labels other than 0 and 1")],
+     ("next_sentence_label", lambda v, vocab: -3, "next-sentence labels other than 0 and 1"),
+     ("input_ids", lambda v, vocab: v * 9, r"{nine} tokens, more than the 128 it was made for")],
 )  # fmt: skip
 def test_an_instance_its_tokenizer_cannot_have_written_is_named(mask_tokenizer, column, damage, said) -> None:
     """Damaged bytes of a prepared instance: named with the instance and where it was read from, before the model
@@ -726,9 +727,11 @@ def test_an_instance_its_tokenizer_cannot_have_written_is_named(mask_tokenizer, 
     vocab = len(mask_tokenizer)
     examples = _random_examples(4, vocab)
     long = len(examples[2]["input_ids"])
-    said = said.format(top=vocab - 1, vocab=vocab, short=long - 1, long=long)
+    said = said.format(top=vocab - 1, vocab=vocab, short=long - 1, long=long, nine=9 * long)
     examples[2][column] = damage(examples[2][column], vocab)
-    collator = MaskingCollator(mask_tokenizer, prepared=Path("CACHE/instances-KEY"))
+    if len(examples[2]["input_ids"]) > long:  # offsets damaged in range: a longer instance, segment ids as long
+        examples[2]["token_type_ids"] = [0] * len(examples[2]["input_ids"])
+    collator = MaskingCollator(mask_tokenizer, prepared=Path("CACHE/instances-KEY"), max_length=128)  # each <= 81
     with pytest.raises(DamagedInstance, match=rf"^instance {examples[2]['instance_id']} holds {said}: the prepared "
                                               "instances in CACHE/instances-KEY were damaged since"):  # fmt: skip
         collator(examples)

@@ -21,7 +21,8 @@ class MaskingCollator:
     number of DataLoader workers) reproduces exactly the same masks; set_epoch gives each epoch new ones."""
 
     def __init__(self, tokenizer: PreTrainedTokenizerBase, *, mlm_probability: float = 0.15, seed: int = 0,
-                 pad_to_multiple_of: int | None = 8, prepared: Path | None = None) -> None:  # fmt: skip
+                 pad_to_multiple_of: int | None = 8, prepared: Path | None = None,
+                 max_length: int | None = None) -> None:  # fmt: skip
         if not 0.0 < mlm_probability < 1.0:
             raise ValueError(f"mlm_probability={mlm_probability} must be in (0, 1) (BERT: 0.15)")
         if tokenizer.mask_token_id is None or tokenizer.pad_token_id is None:
@@ -31,12 +32,13 @@ class MaskingCollator:
         self.special_ids = np.array(sorted(set(tokenizer.all_special_ids)), dtype=np.int64)
         self.random_ids = np.setdiff1d(np.arange(len(tokenizer), dtype=np.int64), self.special_ids)
         self.vocab_size, self.prepared = len(tokenizer), prepared  # prepared: the instances' folder, for errors
+        self.max_length = max_length  # what the instances were made for (data.max_seq_length): none is longer
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
 
     # An instance its tokenizer cannot have written (token ids outside the vocabulary, segment ids other than 0 and 1
-    # or not one per token, an NSP label other than 0 and 1) has bytes damaged since it was prepared: the model would
+    # or not one per token, more tokens than data.max_seq_length, an NSP label other than 0 and 1) has bytes damaged since it was prepared: the model would
     # fail indexing an embedding, on a GPU with a device-side assert that names nothing. Two reductions per instance for
     # the token ids, two per batch for the labels: 2.3% of collating 256 x 128 tokens.
 
@@ -47,6 +49,8 @@ class MaskingCollator:
                 self._refuse(example, f"token ids outside the tokenizer's vocabulary (0-{self.vocab_size - 1}): {bad}")
             if len(example["token_type_ids"]) != len(ids):
                 self._refuse(example, f"{len(example['token_type_ids'])} segment ids for {len(ids)} tokens")
+            if self.max_length is not None and len(ids) > self.max_length:
+                self._refuse(example, f"{len(ids)} tokens, more than the {self.max_length} it was made for")
 
     def check_labels(self, examples: list[dict], batch: dict[str, np.ndarray]) -> None:
         for name, what in (("token_type_ids", "segment ids"), ("next_sentence_label", "next-sentence labels")):

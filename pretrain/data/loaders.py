@@ -55,11 +55,11 @@ class Loaders:
 def build_dataloaders(cfg: PretrainConfig, data: PretrainingData, num_processes: int) -> Loaders:
     train_cfg = cfg.train
     batch = train_cfg.per_device_batch_size
-    collator = MaskingCollator(data.tokenizer, mlm_probability=cfg.data.mlm_probability, seed=train_cfg.seed,
-                               prepared=data.instances)  # fmt: skip
+    options = dict(mlm_probability=cfg.data.mlm_probability, seed=train_cfg.seed, prepared=data.instances,
+                   max_length=cfg.data.max_seq_length)  # fmt: skip
+    collator = MaskingCollator(data.tokenizer, **options)
     # Validation masks are fixed (epoch 0 of their own collator), so every evaluation sees the same task.
-    val_collator = MaskingCollator(data.tokenizer, mlm_probability=cfg.data.mlm_probability, seed=train_cfg.seed,
-                                   prepared=data.instances)  # fmt: skip
+    val_collator = MaskingCollator(data.tokenizer, **options)
     # Own generators: creating a loader iterator then draws no number from the global RNG, which dropout uses.
     generator = torch.Generator().manual_seed(train_cfg.seed)
     common = dict(num_workers=train_cfg.num_workers, generator=generator, pin_memory=copies_asynchronously(),
