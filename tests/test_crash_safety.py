@@ -884,6 +884,13 @@ def test_corpus_lines_without_text_are_counted_text_of_another_type_refused(
         path.write_text(f'{{"text": "a document"}}\n{line}\n')
         with pytest.raises(ValueError, match=rf"data.sources\[0\]: {re.escape(str(path))} line 2.*{what}"):
             check_json_lines(path, "text", "data.sources[0]")
+    # JSON that Arrow refuses as text (datasets' traceback), and a file of blank lines ("corresponds to no data").
+    path.write_text('{"text": "a document"}\n{"text": "half a pair \\ud800"}\n')
+    with pytest.raises(ValueError, match=r"line 2: 'text' holds a lone surrogate escape"):
+        check_json_lines(path, "text", "data.sources[0]")
+    path.write_text("\n  \n\n")
+    with pytest.raises(ValueError, match=r"c.jsonl holds no JSON line \(blank lines only\)"):
+        check_json_lines(path, "text", "data.sources[0]")
 
 
 def test_a_gzipped_corpus_is_checked_as_a_plain_one(tmp_path: Path) -> None:

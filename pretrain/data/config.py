@@ -221,7 +221,7 @@ def check_json_lines(path: Path, text_column: str, where: str, max_lines: int | 
     text is a number, an object or a list (datasets would convert it to text and train on it), is refused with its
     line; a file where no line read has the text is refused. A ``.json`` file that is one JSON document (not
     JSON Lines) is left alone."""
-    bad, total, first_bad, columns = 0, 0, None, None
+    bad, total, first_bad, columns, line_no = 0, 0, None, None, 0
     # Invalid UTF-8 is check_utf8's to name (corpus.py), with its byte offset, when the whole corpus is read.
     with corpus_file(path) as f:
         for line_no, line in enumerate(islice(f, max_lines), start=1):
@@ -252,6 +252,16 @@ def check_json_lines(path: Path, text_column: str, where: str, max_lines: int | 
             if text is None:
                 bad += 1
                 first_bad = first_bad or line_no
+            elif not text.isascii():
+                try:
+                    text.encode("utf-8")
+                except UnicodeEncodeError:  # a lone surrogate escape ("\ud800"): JSON, but not text Arrow takes
+                    raise ValueError(f"{where}: {path} line {line_no}: {text_column!r} holds a lone surrogate escape "
+                                     "(\\ud800-\\udfff without its pair), which is not text; fix or remove the "
+                                     "line") from None  # fmt: skip
+    if not total and line_no and max_lines is None:  # an empty file is left to the source's own check
+        raise ValueError(f"{where}: {path} holds no JSON line (blank lines only); remove it from the source, or "
+                         "write its documents into it")  # fmt: skip
     if total and bad == total:
         lines = f"the {total}" if max_lines is None else f"the first {total}"
         raise ValueError(
