@@ -350,10 +350,12 @@ def points_section(points: list[dict[str, Any]], one_class_share: float) -> list
     lines = [
         "## Dev results per pretraining step",
         "",
-        "Best lr by mean accuracy; mean ± 95% t-interval over seeds; † the interval reaches past [0, 100] and is "
-        f"given by its bounds clipped to it. One class: at least {100 * one_class_share:.0f}% of a seed's dev "
-        "predictions fall in one class (n/n: every seed's); diverged: a seed's dev loss is not finite. Seeds d/p: d of the p seeds of that lr are done; "
-        "* incomplete: jobs of that run and step (any lr) are not done, so its best lr and mean may change.",
+        "Best lr by mean accuracy on the dev set it is then scored on (as in the paper: dev results over a "
+        "learning-rate grid; the choice favours the number slightly, more so with few seeds); mean ± 95% t-interval "
+        "over seeds; † the interval reaches past [0, 100] and is given by its bounds clipped to it. One class: at "
+        f"least {100 * one_class_share:.0f}% of a seed's dev predictions fall in one class (n/n: every seed's); "
+        "diverged: a seed's dev loss is not finite. Seeds d/p: d of the p seeds of that lr are done; * incomplete: "
+        "jobs of that run and step (any lr) are not done, so its best lr and mean may change.",
         "",
         "| task | run | step | best lr | seeds | accuracy (%) | F1 (%) | dev loss | one class |",
         "|---|---|---:|---:|---:|---:|---:|---:|---|",
