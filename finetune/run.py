@@ -83,8 +83,13 @@ def check_loads(model: str, dev: list[Example] | None) -> None:
     if dev is not None:
         try:
             load_tokenizer(model, dev)
-        except ValueError as err:
+        except CheckpointMismatch as err:
             raise ConfigError(f"--model {model!r}: {err}") from None
+        except Exception as err:  # a damaged tokenizer.json: a JSON error, or the tokenizers library's bare Exception
+            if not is_damage(err):
+                raise
+            raise ConfigError(f"--model {model!r}: its tokenizer cannot be read ({err}): the files are damaged or "
+                              "incomplete; copy them again, or pass another --model") from None  # fmt: skip
     try:
         load_classifier(model)
     except CheckpointMismatch as err:

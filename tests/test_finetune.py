@@ -364,8 +364,8 @@ def test_a_hub_folder_is_fine_tuned_only_with_its_own_tokenizer_and_readable_wei
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """Refused before any job, each naming the fix: a folder without tokenizer files (transformers builds a tokenizer
-    of the special tokens alone, and the jobs would learn from [UNK]s), a tokenizer larger than the model's vocabulary,
-    a pytorch_model.bin cut short. A classifier of another task's labels is replaced by a new one. The job key of a
+    of the special tokens alone, and the jobs would learn from [UNK]s), a tokenizer larger than the model's vocabulary
+    or cut short, a pytorch_model.bin cut short. A classifier of another task's labels is replaced by a new one. The job key of a
     plain folder covers its tokenizer: another tokenizer gives other numbers."""
     from transformers import BertConfig, BertForSequenceClassification
 
@@ -387,6 +387,10 @@ def test_a_hub_folder_is_fine_tuned_only_with_its_own_tokenizer_and_readable_wei
     (small / "config.json").write_text(json.dumps({**config, "vocab_size": 20}))
     err = _refused([f"--model={small}", *args], monkeypatch, capsys)
     assert re.search(r"has \d+ tokens, more than the model's 20 embeddings \(config.json vocab_size\)", err), err
+    torn = tmp_path / "torn"
+    shutil.copytree(folder, torn)
+    (torn / "tokenizer.json").write_text('{"version": "1.0", "trunc')
+    assert "its tokenizer cannot be read (" in _refused([f"--model={torn}", *args], monkeypatch, capsys)
     three = tmp_path / "mnli"
     config = BertConfig.from_pretrained(folder, num_labels=3)
     BertForSequenceClassification.from_pretrained(folder, config=config).save_pretrained(three)
