@@ -880,7 +880,8 @@ def test_corpus_lines_without_text_are_counted_text_of_another_type_refused(
     # Text that is not text: datasets would convert it ("12345") and train on it; a line that is no object: a crash.
     for line, what in (('{"text": 12345}', r"'text' is a JSON number \(12345\), not text"),
                        ('{"text": {"a": 1}}', r"'text' is a JSON object \(\{\"a\": 1\}\), not text"),
-                       ('"a document"', r" is a JSON string, not an object")):  # fmt: skip
+                       ('"a document"', r" is a JSON string, not an object"),
+                       ("null", r" is a JSON null, not an object")):  # fmt: skip
         path.write_text(f'{{"text": "a document"}}\n{line}\n')
         with pytest.raises(ValueError, match=rf"data.sources\[0\]: {re.escape(str(path))} line 2.*{what}"):
             check_json_lines(path, "text", "data.sources[0]")

@@ -198,7 +198,8 @@ class DataConfig:
         return found
 
 
-_JSON_TYPES = {dict: "object", list: "array", str: "string", int: "number", float: "number", bool: "boolean"}
+_JSON_TYPES = {dict: "object", list: "array", str: "string", int: "number", float: "number", bool: "boolean",
+               type(None): "null"}  # fmt: skip
 
 
 @contextlib.contextmanager
