@@ -53,8 +53,10 @@ def check_one_vocabulary(accelerator: Accelerator, tokenizer: Any) -> None:
 def data_fingerprint(cfg: PretrainConfig, tokenizer: Any, instances: Path | None) -> str:
     """What fixes the order of the training sequences: data config, vocabulary, seed (a position is only meaningful
     for the same order; the batch is not in it, as the position counts sequences), and the prepared ``instances``'
-    checksums: a corpus file changed in place since (the same config and path) makes other instances. The vocabulary
-    counts, not the tokenizer's name or folder."""
+    checksums: a corpus file changed in place since (the same config and path) makes other instances. The checksums
+    are the shards', whose grouping follows data.num_proc: instances made again (after damage) with another num_proc
+    read as other data too, and the data starts over, said, rather than continue on data it cannot vouch for. The
+    vocabulary counts, not the tokenizer's name or folder."""
     mechanics = not_keyed_in(type(cfg.data), "batches")  # pretrain/data/config.py: keyed_in
     data = {k: v for k, v in to_dict(cfg.data).items() if k not in mechanics}
     summary = read_summary(instances) if instances is not None else None  # streamed: no prepared instances
