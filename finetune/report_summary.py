@@ -240,8 +240,8 @@ def _seeds_cell(point: dict[str, Any]) -> str:
 
 
 def _flag_cell(point: dict[str, Any]) -> str:
-    seeds = point["seeds"]
-    parts = [f"**diverged** ({point['diverged_seeds']}/{seeds} seeds: dev loss not finite)"] if point["diverged_seeds"] else []
+    seeds, diverged = point["seeds"], point["diverged_seeds"]
+    parts = [f"**diverged** ({diverged}/{seeds} seeds: dev loss not finite)"] if diverged else []
     if point["one_class_seeds"]:
         one_class = f"{point['one_class_seeds']}/{seeds} seeds"
         parts.append(f"**one class** ({one_class})" if point["one_class"] else one_class)
@@ -288,7 +288,8 @@ def steps_section(table: list[dict[str, Any]], target: float, runs: Sequence[Run
     for row in table:
         speedup = 1 / row["ratio"] if row["ratio"] else None
         # The slowest's own ratio is 1 exactly; another's is as approximate as either of its two steps.
-        about = "~" if row["steps"] is not None and row is not slowest and (row["approximate"] or slowest["approximate"]) else ""
+        rough = row["steps"] is not None and row is not slowest and (row["approximate"] or slowest["approximate"])
+        about = "~" if rough else ""
         lines.append(f"| {row['run']} | {_steps_cell(row)} | {about}{_fmt(row['ratio'], '.3f')} | "
                      f"{about}{_fmt(speedup, '.2f')}{'x' if speedup else ''} |")  # fmt: skip
     lines.append("")
@@ -363,7 +364,8 @@ def points_section(points: list[dict[str, Any]], one_class_share: float) -> list
     for p in points:
         f1 = "—" if p["f1"] is None else _share_cell(p["f1"], p["f1_ci"])
         lines.append(f"| {p['task'].upper()} | {p['run']} | {p['step']} | {p['lr']:g} | {_seeds_cell(p)} | "
-                     f"{_share_cell(p['accuracy'], p['accuracy_ci'])} | {f1} | {_mean_ci(p['dev_loss'], p['dev_loss_ci'], 1, 4)} | "
+                     f"{_share_cell(p['accuracy'], p['accuracy_ci'])} | {f1} | "
+                     f"{_mean_ci(p['dev_loss'], p['dev_loss_ci'], 1, 4)} | "
                      f"{_flag_cell(p)} |")  # fmt: skip
     return [*lines, ""]
 

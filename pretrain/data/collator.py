@@ -38,9 +38,10 @@ class MaskingCollator:
         self.epoch = epoch
 
     # An instance its tokenizer cannot have written (token ids outside the vocabulary, segment ids other than 0 and 1
-    # or not one per token, more tokens than data.max_seq_length, an NSP label other than 0 and 1) has bytes damaged since it was prepared: the model would
-    # fail indexing an embedding, on a GPU with a device-side assert that names nothing. Two reductions per instance for
-    # the token ids, two per batch for the labels: 2.3% of collating 256 x 128 tokens.
+    # or not one per token, more tokens than data.max_seq_length, an NSP label other than 0 and 1) has bytes damaged
+    # since it was prepared: the model would fail indexing an embedding, on a GPU with a device-side assert that names
+    # nothing. Two reductions per instance for the token ids, two per batch for the labels: 2.3% of collating 256 x 128
+    # tokens (measured before the length check, one comparison per instance, joined them).
 
     def check_tokens(self, examples: list[dict], original_ids: list[np.ndarray]) -> None:
         for example, ids in zip(examples, original_ids, strict=True):
