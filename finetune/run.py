@@ -73,42 +73,35 @@ def check_loads(model: str, dev: list[Example] | None) -> None:
     """A model folder whose weights are not of its config.json (a file replaced, or copied from another run), cannot
     be read (cut short by a copy), or whose tokenizer is not the model's (on the task's ``dev`` examples, when read
     already) fails every job alike: refused here, before any job, by loading it as they do."""
-    from safetensors import SafetensorError
-
     from finetune.train import load_classifier, load_tokenizer
     from pretrain.modeling import CheckpointMismatch
 
     if not Path(model).is_dir():  # a Hub model: its jobs download it
         return
-    if dev is not None:
+    checks = [("tokenizer", lambda: load_tokenizer(model, dev), is_damage)] if dev is not None else []
+    checks.append(("weights", lambda: load_classifier(model), unreadable_weights))
+    for part, load, unreadable in checks:
         try:
-            load_tokenizer(model, dev)
+            load()
         except CheckpointMismatch as err:
-            raise ConfigError(f"--model {model!r}: {err}") from None
-        except Exception as err:  # a damaged tokenizer.json: a JSON error, or the tokenizers library's bare Exception
-            if not is_damage(err):
+            raise ConfigError(f"--model {model!r} cannot be fine-tuned: {err} Or pass another --model.") from None
+        except Exception as err:  # a tokenizer.json cut short: a JSON error, or the tokenizers library's bare Exception
+            if not unreadable(err):  # the file system refused the read, or another error: its own
                 raise
-            raise ConfigError(f"--model {model!r}: its tokenizer cannot be read ({err}): the files are damaged or "
+            raise ConfigError(f"--model {model!r}: its {part} cannot be read ({err}): the files are damaged or "
                               "incomplete; copy them again, or pass another --model") from None  # fmt: skip
-    try:
-        load_classifier(model)
-    except CheckpointMismatch as err:
-        raise ConfigError(f"--model {model!r} cannot be fine-tuned: {err} Or pass another --model.") from None
-    except (SafetensorError, OSError, pickle.UnpicklingError, RuntimeError) as err:
-        if not unreadable_weights(err):
-            raise
-        raise ConfigError(f"--model {model!r}: its weights cannot be read ({err}): the files are damaged or incomplete; "
-                          "copy them again, or pass another --model") from None  # fmt: skip
 
 
 def unreadable_weights(err: BaseException) -> bool:
     """How safetensors and torch.load say that a weights file was cut short or overwritten; not a file system that
-    refused the read (EIO, ESTALE, EACCES: its own error), nor another RuntimeError."""
+    refused the read (EIO, ESTALE, EACCES: its own error), nor another error."""
+    from safetensors import SafetensorError
+
     if isinstance(err, RuntimeError):
         return "PytorchStreamReader" in str(err)  # pytorch_model.bin: torch's zip reader found no archive
     if isinstance(err, OSError):
         return is_damage(err) or err.errno == errno.EINVAL  # EINVAL: that reader seeking past a cut file's end
-    return True
+    return isinstance(err, SafetensorError | pickle.UnpicklingError)
 
 
 def run(config: RunConfig) -> list[dict[str, Any]]:
